@@ -1,0 +1,162 @@
+//! The device abstraction: every op of a GPT-2 training step, as one trait that the CPU
+//! backend implements now and the CUDA backend (feature `cuda`) implements beside it.
+//!
+//! Conventions, shared by every backend:
+//! - All tensors are row-major f32 (bf16 is a CUDA compute mode, not a storage type here).
+//! - Shapes in comments: B batch, T sequence, C channels, NH heads, V vocabulary,
+//!   N = B*T rows, IC/OC matmul in/out channels.
+//! - An op that produces an **input gradient overwrites** its output; an op that produces a
+//!   **parameter gradient accumulates** into it (`+=`), so microbatches accumulate by calling
+//!   the op once each, in microbatch order.
+//! - Every op is deterministic: the same inputs give bitwise the same outputs whatever the
+//!   number of threads, so recompute, any stage count and any schedule agree to the bit.
+
+use crate::dropout::DropoutSpec;
+use crate::memory::{Category, MemoryLedger};
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// How a matmul weight is laid out in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `[IC, OC]`: Hugging Face GPT-2's Conv1D layout (`c_attn`, `c_proj`, `c_fc`).
+    InOut,
+    /// `[OC, IC]`: `nn.Linear` layout; the tied LM head uses the token embedding `[V, C]` so.
+    OutIn,
+}
+
+/// Hyper-parameters of one AdamW update of one tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Decoupled weight decay; 0 for biases and LayerNorm parameters.
+    pub weight_decay: f32,
+    /// 1-based step number, for bias correction.
+    pub step: u32,
+    /// Multiplies the gradient before the update (global grad-norm clipping).
+    pub grad_scale: f32,
+}
+
+pub trait Device: Send + Sync {
+    /// Human-readable name, e.g. "cpu (4 threads)".
+    fn name(&self) -> String;
+    /// The accounting of every buffer this device has handed out.
+    fn ledger(&self) -> &Arc<MemoryLedger>;
+
+    // ---- buffers -------------------------------------------------------------------
+    /// A zero-filled tensor, counted in the ledger under `category` until dropped.
+    fn zeros(&self, shape: &[usize], category: Category) -> Tensor;
+    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
+    fn to_host(&self, t: &Tensor) -> Vec<f32>;
+    /// dst = src (same number of elements).
+    fn copy(&self, dst: &mut Tensor, src: &Tensor);
+    fn fill_zero(&self, t: &mut Tensor);
+    /// acc += x, elementwise.
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor);
+    /// out = a + b, elementwise (the residual add).
+    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
+    /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent).
+    fn sum_squares(&self, t: &Tensor) -> f64;
+
+    // ---- embedding -----------------------------------------------------------------
+    /// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+    /// out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor);
+    /// dwte [V,C] += scatter(dout), dwpe [maxT,C] += sum over b of dout; dout [B,T,C].
+    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]);
+
+    // ---- layernorm (eps 1e-5, as GPT-2) --------------------------------------------
+    /// out [N,C], mean [N], rstd [N] from inp [N,C], weight [C], bias [C]
+    fn layernorm_forward(
+        &self,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+    );
+    /// dinp [N,C] = (overwrite); dweight [C] += ; dbias [C] +=
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    );
+
+    // ---- matmul --------------------------------------------------------------------
+    /// out [N,OC] = inp [N,IC] @ W (+ bias [OC]); W per `layout`.
+    fn matmul_forward(
+        &self,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        bias: Option<&Tensor>,
+    );
+    /// dinp [N,IC] = dout [N,OC] @ W^T (overwrite). The backward-input half.
+    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout);
+    /// dweight (per `layout`) += inp^T @ dout; dbias [OC] += column sums of dout.
+    /// The backward-weight half, which a zero-bubble schedule defers.
+    fn matmul_backward_weight(
+        &self,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        layout: WeightLayout,
+    );
+
+    // ---- attention core ------------------------------------------------------------
+    /// Causal self-attention core, per head: softmax(Q K^T / sqrt(hs) + causal mask),
+    /// dropout, times V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn output);
+    /// out [B,T,C]; att [B,NH,T,T] receives the softmax probabilities before dropout (what
+    /// backward needs; the dropout mask is regenerated from `dropout`'s key).
+    fn attention_forward(
+        &self,
+        out: &mut Tensor,
+        att: &mut Tensor,
+        qkv: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    );
+    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, att as saved by forward.
+    fn attention_backward(
+        &self,
+        dqkv: &mut Tensor,
+        dout: &Tensor,
+        qkv: &Tensor,
+        att: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    );
+
+    // ---- pointwise -----------------------------------------------------------------
+    /// GPT-2's tanh GELU: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor);
+    /// dinp (overwrite) = gelu'(inp) * dout
+    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+    /// out = inp * keep / (1 - p); keep drawn from Philox at (key, element index).
+    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec);
+    /// dinp (overwrite) = dout * keep / (1 - p), the same mask regenerated.
+    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec);
+
+    // ---- loss ----------------------------------------------------------------------
+    /// Softmax cross-entropy over the vocabulary. logits [N,V]; targets [N];
+    /// losses [N] receives -log p(target) per row. When `grad_scale` is Some(s), logits is
+    /// overwritten in place with dloss/dlogits = s * (softmax - onehot(target)).
+    fn cross_entropy(&self, losses: &mut Tensor, logits: &mut Tensor, targets: &[u32], grad_scale: Option<f32>);
+
+    // ---- optimizer -----------------------------------------------------------------
+    /// One AdamW step: m, v (same shape as param) updated in place, then param.
+    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep);
+}

@@ -1,0 +1,99 @@
+//! A tensor: a shape, storage on one device, and a ledger entry that lives exactly as long
+//! as the storage does.
+
+use crate::memory::{Category, MemoryLedger};
+use std::sync::Arc;
+
+/// Where a tensor's elements live.
+pub enum Storage {
+    Cpu(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Cuda(cudarc::driver::CudaSlice<f32>),
+}
+
+pub struct Tensor {
+    shape: Vec<usize>,
+    storage: Storage,
+    category: Category,
+    ledger: Arc<MemoryLedger>,
+}
+
+impl Tensor {
+    /// Wraps storage a device allocated; counts it in `ledger` until the tensor drops.
+    pub fn new(shape: &[usize], storage: Storage, category: Category, ledger: Arc<MemoryLedger>) -> Self {
+        let t = Tensor { shape: shape.to_vec(), storage, category, ledger };
+        t.ledger.allocated(category, t.bytes());
+        t
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<f32>()
+    }
+
+    pub fn category(&self) -> Category {
+        self.category
+    }
+
+    /// Moves the tensor to another ledger category (e.g. a workspace buffer kept as an
+    /// activation), keeping the accounting exact.
+    pub fn recategorize(&mut self, category: Category) {
+        self.ledger.freed(self.category, self.bytes());
+        self.category = category;
+        self.ledger.allocated(category, self.bytes());
+    }
+
+    /// Same elements under another shape of equal size.
+    pub fn reshape(&mut self, shape: &[usize]) {
+        assert_eq!(shape.iter().product::<usize>(), self.len(), "reshape {:?} -> {:?}", self.shape, shape);
+        self.shape = shape.to_vec();
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    pub fn storage_mut(&mut self) -> &mut Storage {
+        &mut self.storage
+    }
+
+    /// The elements of a CPU tensor. Panics on another device: a backend only reads its own.
+    pub fn cpu(&self) -> &[f32] {
+        match &self.storage {
+            Storage::Cpu(v) => v,
+            #[allow(unreachable_patterns)]
+            _ => panic!("cpu() on a tensor that is not on the CPU"),
+        }
+    }
+
+    pub fn cpu_mut(&mut self) -> &mut [f32] {
+        match &mut self.storage {
+            Storage::Cpu(v) => v,
+            #[allow(unreachable_patterns)]
+            _ => panic!("cpu_mut() on a tensor that is not on the CPU"),
+        }
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        self.ledger.freed(self.category, self.bytes());
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?})", self.shape, self.category)
+    }
+}
