@@ -1,0 +1,27 @@
+//! User mistakes versus internal failures.
+//!
+//! A [`UserError`] is a mistake in a config, flag or file: the CLI prints its one line and
+//! exits with code 2. Anything else is a bug or an environment failure (exit code 1).
+
+use std::fmt;
+
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl fmt::Display for UserError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+/// An `anyhow::Error` that the CLI reports as a user mistake (exit code 2).
+pub fn user_error(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UserError(msg.into()))
+}
+
+/// Whether an error, or anything in its chain, is a user mistake.
+pub fn is_user_error(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.is::<UserError>())
+}
