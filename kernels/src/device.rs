@@ -5,6 +5,9 @@
 //! - All tensors are row-major f32 (bf16 is a CUDA compute mode, not a storage type here).
 //! - Shapes in comments: B batch, T sequence, C channels, NH heads, V vocabulary,
 //!   N = B*T rows, IC/OC matmul in/out channels.
+//! - Row-wise ops (layernorm, matmul, cross_entropy, bias) take the last dimension as the
+//!   row width and treat every leading dimension as rows: a [B,T,C] tensor is N = B*T rows.
+//!   Attention reads B and T from `qkv`'s shape [B,T,3C] and NH from `n_head`.
 //! - An op that produces an **input gradient overwrites** its output; an op that produces a
 //!   **parameter gradient accumulates** into it (`+=`), so microbatches accumulate by calling
 //!   the op once each, in microbatch order.
