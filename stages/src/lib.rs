@@ -1,1 +1,17 @@
-//! stages
+//! stages: the GPT-2 model as hand-written layers, split into chunks that pipeline stages
+//! own, with the activation stash and the recompute policy that shapes it.
+
+pub mod chunk;
+pub mod flops;
+pub mod init;
+pub mod layers;
+pub mod params;
+pub mod recompute;
+pub mod saved;
+pub mod shape;
+pub mod stage;
+
+pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, ModelChunk};
+pub use params::{ChunkLayout, Parameters};
+pub use recompute::{FullMethod, RecomputePolicy, SelectiveModules};
+pub use shape::{DropoutProbs, GptShape};

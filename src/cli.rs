@@ -1,0 +1,87 @@
+//! The command line: subcommands and their own flags. Config keys are not flags here: any
+//! `--kebab-case-key VALUE` is split off first as a config override (see config.rs).
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pipetrain",
+    version,
+    about = "Pipeline-parallel GPT pretraining, activation recompute, schedule simulation"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Pretrain a GPT-2-style model from a YAML config (config keys override as --kebab-case VALUE).
+    Train(TrainArgs),
+    /// Simulate a schedule/recompute plan: time and memory per stage, no weights, no GPU.
+    Simulate(crate::simulate::SimulateArgs),
+    /// Tokenize a UTF-8 text file into an llm.c/nanoGPT .bin token file (GPT-2 BPE).
+    Tokenize(TokenizeArgs),
+    /// Export a checkpoint as a Hugging Face GPT-2 directory (config.json + model.safetensors).
+    Export(ExportArgs),
+    /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
+    Eval(EvalArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// The run config (YAML, Megatron-LM key names).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Directory for everything the run writes (metrics, checkpoints, report, trace).
+    #[arg(long, default_value = "runs/latest")]
+    pub run_dir: PathBuf,
+    /// Continue from the run dir's latest checkpoint, bit for bit.
+    #[arg(long)]
+    pub resume: bool,
+    /// Write a Chrome trace of every stage's measured actions.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// No progress bar (logs one line per log_interval instead).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Replace OUTPUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// A checkpoint dir, or a run dir (its latest checkpoint).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The Hugging Face directory to write.
+    #[arg(long)]
+    pub hf: PathBuf,
+    /// Replace the contents of a non-empty HF dir.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 dir.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The token file (.bin) to evaluate on.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Number of consecutive non-overlapping windows of seq_length tokens.
+    #[arg(long)]
+    pub windows: usize,
+    /// Tokens per window (defaults to the checkpoint's n_positions).
+    #[arg(long)]
+    pub seq_length: Option<usize>,
+}

@@ -1,0 +1,623 @@
+//! The run config: one flat YAML mapping whose keys are Megatron-LM argument names in
+//! snake_case, each overridable on the command line as `--kebab-case VALUE` (CLI beats YAML).
+//!
+//! Errors name where the value came from (the file or the flag), the key and the value, in
+//! one line, as a [`UserError`](crate::error::UserError).
+
+use crate::error::user_error;
+use serde::{Deserialize, Serialize};
+use serde_norway::{Mapping, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    // ---- model ----
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    /// Defaults to 4 * hidden_size.
+    pub ffn_hidden_size: Option<usize>,
+    pub seq_length: usize,
+    pub max_position_embeddings: usize,
+    pub vocab_size: usize,
+    pub hidden_dropout: f32,
+    pub attention_dropout: f32,
+    pub init_method_std: f32,
+
+    // ---- pipeline ----
+    pub pipeline_model_parallel_size: usize,
+    pub virtual_pipeline_model_parallel_size: Option<usize>,
+    pub pipeline_schedule: String,
+    /// Explicit number of transformer blocks per pipeline stage (ours); balanced by cost
+    /// when unset.
+    pub num_layers_per_stage: Option<Vec<usize>>,
+
+    // ---- recompute ----
+    pub recompute_granularity: Option<String>,
+    pub recompute_method: Option<String>,
+    pub recompute_num_layers: Option<usize>,
+    pub recompute_modules: Option<Vec<String>>,
+    /// Per-stage recompute_num_layers (ours): under 1F1B early stages hold more microbatches.
+    pub recompute_num_layers_per_stage: Option<Vec<usize>>,
+
+    // ---- training ----
+    pub micro_batch_size: usize,
+    pub global_batch_size: usize,
+    pub train_iters: usize,
+    pub lr: f32,
+    pub min_lr: f32,
+    pub lr_warmup_iters: usize,
+    pub lr_decay_style: String,
+    /// Defaults to train_iters.
+    pub lr_decay_iters: Option<usize>,
+    pub weight_decay: f32,
+    pub adam_beta1: f32,
+    pub adam_beta2: f32,
+    pub adam_eps: f32,
+    /// Global gradient-norm clipping threshold; 0 disables.
+    pub clip_grad: f32,
+    pub seed: u64,
+    pub eval_interval: usize,
+    pub eval_iters: usize,
+    /// 0 saves only at the end.
+    pub save_interval: usize,
+    pub log_interval: usize,
+
+    // ---- data, device, checkpoints ----
+    pub train_data_path: Option<PathBuf>,
+    pub valid_data_path: Option<PathBuf>,
+    pub device: String,
+    pub precision: String,
+    /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
+    pub load: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            num_layers: 12,
+            hidden_size: 768,
+            num_attention_heads: 12,
+            ffn_hidden_size: None,
+            seq_length: 1024,
+            max_position_embeddings: 1024,
+            vocab_size: 50257,
+            hidden_dropout: 0.1,
+            attention_dropout: 0.1,
+            init_method_std: 0.02,
+            pipeline_model_parallel_size: 1,
+            virtual_pipeline_model_parallel_size: None,
+            pipeline_schedule: "1f1b".into(),
+            num_layers_per_stage: None,
+            recompute_granularity: None,
+            recompute_method: None,
+            recompute_num_layers: None,
+            recompute_modules: None,
+            recompute_num_layers_per_stage: None,
+            micro_batch_size: 1,
+            global_batch_size: 1,
+            train_iters: 100,
+            lr: 6e-4,
+            min_lr: 6e-5,
+            lr_warmup_iters: 0,
+            lr_decay_style: "cosine".into(),
+            lr_decay_iters: None,
+            weight_decay: 0.1,
+            adam_beta1: 0.9,
+            adam_beta2: 0.95,
+            adam_eps: 1e-8,
+            clip_grad: 1.0,
+            seed: 1234,
+            eval_interval: 100,
+            eval_iters: 10,
+            save_interval: 0,
+            log_interval: 1,
+            train_data_path: None,
+            valid_data_path: None,
+            device: "cpu".into(),
+            precision: "fp32".into(),
+            load: None,
+        }
+    }
+}
+
+/// Where a key's value came from, for error messages.
+#[derive(Clone, Debug)]
+enum Origin {
+    File(PathBuf),
+    Flag(String),
+}
+
+impl Origin {
+    fn describe(&self, key: &str) -> String {
+        match self {
+            Origin::File(p) => format!("{}: key `{key}`", p.display()),
+            Origin::Flag(flag) => format!("command line: {flag}"),
+        }
+    }
+}
+
+/// Keys whose values are lists, so `--key 4,3,1` on the command line means `[4, 3, 1]`.
+const LIST_KEYS: [&str; 3] = ["num_layers_per_stage", "recompute_modules", "recompute_num_layers_per_stage"];
+
+/// Every config key, in declaration order (the serialised default's keys).
+pub fn known_keys() -> Vec<String> {
+    match serde_norway::to_value(Config::default()) {
+        Ok(Value::Mapping(m)) => m.keys().filter_map(|k| k.as_str().map(str::to_owned)).collect(),
+        _ => unreachable!("Config serialises to a mapping"),
+    }
+}
+
+/// `--hidden-size` -> `hidden_size`, if that is a config key.
+pub fn flag_to_key(flag: &str) -> Option<String> {
+    let key = flag.strip_prefix("--")?.replace('-', "_");
+    known_keys().contains(&key).then_some(key)
+}
+
+/// Splits command-line arguments into config overrides (`--kebab-key VALUE` for any config
+/// key) and the rest, which belong to the subcommand's own flags.
+pub fn split_overrides(args: &[String]) -> anyhow::Result<(Vec<(String, String)>, Vec<String>)> {
+    let mut overrides = Vec::new();
+    let mut rest = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        if flag_to_key(&flag).is_some() {
+            let value = match inline {
+                Some(v) => v,
+                None => {
+                    i += 1;
+                    args.get(i)
+                        .cloned()
+                        .ok_or_else(|| user_error(format!("command line: {flag} needs a value")))?
+                }
+            };
+            overrides.push((flag, value));
+        } else {
+            rest.push(arg.clone());
+        }
+        i += 1;
+    }
+    Ok((overrides, rest))
+}
+
+/// Reads `path`, applies `overrides` (flag, value) on top, and validates the result.
+pub fn load(path: &Path, overrides: &[(String, String)]) -> anyhow::Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| user_error(format!("{}: cannot read config: {e}", path.display())))?;
+    let doc: Value = serde_norway::from_str(&text).map_err(|e| {
+        user_error(format!("{}: malformed YAML: {}", path.display(), one_line(&e.to_string())))
+    })?;
+    let mut entries: Vec<(String, Value, Origin)> = Vec::new();
+    match doc {
+        Value::Mapping(m) => {
+            for (k, v) in m {
+                let key = k.as_str().ok_or_else(|| {
+                    user_error(format!("{}: key {} is not a string", path.display(), show(&k)))
+                })?;
+                entries.push((key.to_string(), v, Origin::File(path.to_path_buf())));
+            }
+        }
+        Value::Null => {}
+        other => {
+            return Err(user_error(format!(
+                "{}: a config is one flat mapping of keys to values, found {}",
+                path.display(),
+                show(&other)
+            )))
+        }
+    }
+    for (flag, raw) in overrides {
+        let key =
+            flag_to_key(flag).ok_or_else(|| user_error(format!("command line: unknown flag {flag}")))?;
+        let value = parse_flag_value(&key, raw)
+            .map_err(|e| user_error(format!("command line: {flag} {raw}: {}", one_line(&e.to_string()))))?;
+        entries.retain(|(k, _, _)| k != &key);
+        entries.push((key, value, Origin::Flag(format!("{flag} {raw}"))));
+    }
+    from_entries(path, &entries)
+}
+
+fn parse_flag_value(key: &str, raw: &str) -> Result<Value, serde_norway::Error> {
+    if LIST_KEYS.contains(&key) && !raw.trim_start().starts_with('[') {
+        serde_norway::from_str(&format!("[{raw}]"))
+    } else {
+        serde_norway::from_str(raw)
+    }
+}
+
+fn from_entries(path: &Path, entries: &[(String, Value, Origin)]) -> anyhow::Result<Config> {
+    let known = known_keys();
+    let mut map = Mapping::new();
+    for (key, value, origin) in entries {
+        if !known.contains(key) {
+            let hint = closest(key, &known).map(|k| format!(" (did you mean `{k}`?)")).unwrap_or_default();
+            return Err(user_error(format!("{}: unknown key{hint}", origin.describe(key))));
+        }
+        // Deserialise each key alone first, so a type error names exactly its key and value.
+        let mut single = Mapping::new();
+        single.insert(Value::String(key.clone()), value.clone());
+        if let Err(e) = serde_norway::from_value::<Config>(Value::Mapping(single)) {
+            return Err(user_error(format!(
+                "{}: bad value {}: {}",
+                origin.describe(key),
+                show(value),
+                one_line(&e.to_string())
+            )));
+        }
+        map.insert(Value::String(key.clone()), value.clone());
+    }
+    let config: Config = serde_norway::from_value(Value::Mapping(map))
+        .map_err(|e| user_error(format!("config: {}", one_line(&e.to_string()))))?;
+    let origin_of = |key: &str| {
+        entries
+            .iter()
+            .rev()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, _, o)| o.describe(key))
+            .unwrap_or_else(|| format!("{}: key `{key}` (unset)", path.display()))
+    };
+    config.validate().map_err(|(key, msg)| user_error(format!("{}: {msg}", origin_of(key))))?;
+    Ok(config)
+}
+
+/// A YAML value as it would be written, on one line.
+fn show(v: &Value) -> String {
+    serde_norway::to_string(v).map(|s| one_line(s.trim())).unwrap_or_else(|_| format!("{v:?}"))
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The known key nearest to `key` by edit distance, if it is near enough to be a typo.
+fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a String> {
+    known.iter().map(|k| (edit_distance(key, k), k)).filter(|(d, _)| *d <= 3).min().map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+impl Config {
+    pub fn ffn_size(&self) -> usize {
+        self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
+    }
+
+    /// Microbatches per global batch, as in Megatron.
+    pub fn num_microbatches(&self) -> usize {
+        self.global_batch_size / self.micro_batch_size
+    }
+
+    pub fn virtual_stages(&self) -> usize {
+        self.virtual_pipeline_model_parallel_size.unwrap_or(1)
+    }
+
+    /// Checks values that are well-typed but impossible. Errors are (key, message).
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
+            if v == 0 {
+                return Err((key, "must be at least 1, got 0".into()));
+            }
+            Ok(())
+        }
+        positive("num_layers", self.num_layers)?;
+        positive("hidden_size", self.hidden_size)?;
+        positive("num_attention_heads", self.num_attention_heads)?;
+        positive("seq_length", self.seq_length)?;
+        positive("vocab_size", self.vocab_size)?;
+        positive("micro_batch_size", self.micro_batch_size)?;
+        positive("global_batch_size", self.global_batch_size)?;
+        positive("pipeline_model_parallel_size", self.pipeline_model_parallel_size)?;
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err((
+                "hidden_size",
+                format!(
+                    "{} is not a multiple of num_attention_heads {}",
+                    self.hidden_size, self.num_attention_heads
+                ),
+            ));
+        }
+        if self.ffn_hidden_size == Some(0) {
+            return Err(("ffn_hidden_size", "must be at least 1, got 0".into()));
+        }
+        if self.seq_length > self.max_position_embeddings {
+            return Err((
+                "seq_length",
+                format!(
+                    "{} exceeds max_position_embeddings {}",
+                    self.seq_length, self.max_position_embeddings
+                ),
+            ));
+        }
+        if self.vocab_size > 65536 {
+            return Err(("vocab_size", format!("{} does not fit the uint16 token files", self.vocab_size)));
+        }
+        if self.global_batch_size % self.micro_batch_size != 0 {
+            return Err((
+                "global_batch_size",
+                format!(
+                    "{} is not a multiple of micro_batch_size {}",
+                    self.global_batch_size, self.micro_batch_size
+                ),
+            ));
+        }
+        for (key, p) in
+            [("hidden_dropout", self.hidden_dropout), ("attention_dropout", self.attention_dropout)]
+        {
+            if !(0.0..1.0).contains(&p) {
+                return Err((key, format!("{p} is not a probability in [0, 1)")));
+            }
+        }
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(("lr", format!("{} must be a finite number >= 0", self.lr)));
+        }
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return Err(("min_lr", format!("{} must be between 0 and lr {}", self.min_lr, self.lr)));
+        }
+        for (key, b) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err((key, format!("{b} must be in [0, 1)")));
+            }
+        }
+        if !(self.adam_eps > 0.0) {
+            return Err(("adam_eps", format!("{} must be > 0", self.adam_eps)));
+        }
+        if !(self.clip_grad >= 0.0) {
+            return Err(("clip_grad", format!("{} must be >= 0 (0 disables clipping)", self.clip_grad)));
+        }
+        if !(self.weight_decay >= 0.0) {
+            return Err(("weight_decay", format!("{} must be >= 0", self.weight_decay)));
+        }
+        if !["cosine", "linear", "constant"].contains(&self.lr_decay_style.as_str()) {
+            return Err((
+                "lr_decay_style",
+                format!("`{}` is not one of cosine, linear, constant", self.lr_decay_style),
+            ));
+        }
+        if !["cpu", "cuda"].contains(&self.device.as_str()) {
+            return Err(("device", format!("`{}` is not one of cpu, cuda", self.device)));
+        }
+        if !["fp32", "bf16"].contains(&self.precision.as_str()) {
+            return Err(("precision", format!("`{}` is not one of fp32, bf16", self.precision)));
+        }
+        if self.precision == "bf16" && self.device == "cpu" {
+            return Err(("precision", "bf16 needs device: cuda; the CPU backend computes in fp32".into()));
+        }
+        if !["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"].contains(&self.pipeline_schedule.as_str()) {
+            return Err((
+                "pipeline_schedule",
+                format!("`{}` is not one of gpipe, 1f1b, interleaved-1f1b, zb-h1", self.pipeline_schedule),
+            ));
+        }
+        if let Some(v) = self.virtual_pipeline_model_parallel_size {
+            positive("virtual_pipeline_model_parallel_size", v)?;
+            if v > 1 && self.pipeline_schedule != "interleaved-1f1b" {
+                return Err((
+                    "virtual_pipeline_model_parallel_size",
+                    format!(
+                        "{v} needs pipeline_schedule: interleaved-1f1b, got `{}`",
+                        self.pipeline_schedule
+                    ),
+                ));
+            }
+        }
+        self.validate_recompute()
+    }
+
+    fn validate_recompute(&self) -> Result<(), (&'static str, String)> {
+        let granularity = self.recompute_granularity.as_deref().unwrap_or("none");
+        match granularity {
+            "none" => {
+                if let Some(m) = &self.recompute_method {
+                    return Err(("recompute_method", format!("`{m}` needs recompute_granularity: full")));
+                }
+                if let Some(n) = self.recompute_num_layers {
+                    return Err(("recompute_num_layers", format!("{n} needs recompute_granularity: full")));
+                }
+            }
+            "full" => {
+                match self.recompute_method.as_deref() {
+                    Some("uniform") | Some("block") => {}
+                    Some(m) => {
+                        return Err(("recompute_method", format!("`{m}` is not one of uniform, block")));
+                    }
+                    None => {
+                        return Err((
+                            "recompute_method",
+                            "recompute_granularity full needs recompute_method uniform or block".into(),
+                        ))
+                    }
+                }
+                match (self.recompute_num_layers, &self.recompute_num_layers_per_stage) {
+                    (Some(0), _) => {
+                        return Err(("recompute_num_layers", "must be at least 1, got 0".into()));
+                    }
+                    (None, None) => {
+                        return Err((
+                            "recompute_num_layers",
+                            "recompute_granularity full needs recompute_num_layers N >= 1".into(),
+                        ))
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err((
+                            "recompute_num_layers_per_stage",
+                            "set either recompute_num_layers or recompute_num_layers_per_stage, not both"
+                                .into(),
+                        ))
+                    }
+                    _ => {}
+                }
+                if let Some(per_stage) = &self.recompute_num_layers_per_stage {
+                    if per_stage.len() != self.pipeline_model_parallel_size {
+                        return Err((
+                            "recompute_num_layers_per_stage",
+                            format!(
+                                "{per_stage:?} has {} entries, pipeline_model_parallel_size is {}",
+                                per_stage.len(),
+                                self.pipeline_model_parallel_size
+                            ),
+                        ));
+                    }
+                }
+                if self.recompute_modules.is_some() {
+                    return Err((
+                        "recompute_modules",
+                        "applies to recompute_granularity: selective only".into(),
+                    ));
+                }
+            }
+            "selective" => {
+                if let Some(n) = self.recompute_num_layers {
+                    return Err((
+                        "recompute_num_layers",
+                        format!("{n} must be unset with recompute_granularity: selective"),
+                    ));
+                }
+                if self.recompute_num_layers_per_stage.is_some() {
+                    return Err((
+                        "recompute_num_layers_per_stage",
+                        "must be unset with recompute_granularity: selective".into(),
+                    ));
+                }
+                if let Some(m) = &self.recompute_method {
+                    return Err((
+                        "recompute_method",
+                        format!("`{m}` must be unset with recompute_granularity: selective"),
+                    ));
+                }
+                for module in self.recompute_modules.iter().flatten() {
+                    if !["core_attn", "mlp", "layernorm"].contains(&module.as_str()) {
+                        return Err((
+                            "recompute_modules",
+                            format!("`{module}` is not one of core_attn, mlp, layernorm"),
+                        ));
+                    }
+                }
+            }
+            other => {
+                return Err((
+                    "recompute_granularity",
+                    format!("`{other}` is not one of none, full, selective"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn err_of(text: &str, overrides: &[(&str, &str)]) -> String {
+        let dir = std::env::temp_dir().join(format!("pipetrain-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "c.yaml", text);
+        let ov: Vec<(String, String)> =
+            overrides.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let e = load(&p, &ov).unwrap_err();
+        assert!(crate::error::is_user_error(&e));
+        e.to_string().replace(&p.display().to_string(), "c.yaml")
+    }
+
+    #[test]
+    fn cli_beats_yaml_and_lists_parse_from_commas() {
+        let dir = std::env::temp_dir().join(format!("pipetrain-config-ok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "c.yaml", "hidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\n");
+        let ov = vec![
+            ("--hidden-size".to_string(), "128".to_string()),
+            ("--recompute-granularity".into(), "selective".into()),
+            ("--recompute-modules".into(), "core_attn,mlp".into()),
+        ];
+        let c = load(&p, &ov).unwrap();
+        assert_eq!(c.hidden_size, 128);
+        assert_eq!(c.seq_length, 32);
+        assert_eq!(c.recompute_granularity.as_deref(), Some("selective"));
+        assert_eq!(c.recompute_modules, Some(vec!["core_attn".to_string(), "mlp".to_string()]));
+    }
+
+    #[test]
+    fn errors_name_file_key_and_value() {
+        assert_eq!(
+            err_of("hiden_size: 64\n", &[]),
+            "c.yaml: key `hiden_size`: unknown key (did you mean `hidden_size`?)"
+        );
+        let wrong_type = err_of("hidden_size: abc\n", &[]);
+        assert!(wrong_type.starts_with("c.yaml: key `hidden_size`: bad value abc: "), "{wrong_type}");
+        assert_eq!(
+            err_of("hidden_size: 100\nnum_attention_heads: 12\n", &[]),
+            "c.yaml: key `hidden_size`: 100 is not a multiple of num_attention_heads 12"
+        );
+        assert_eq!(
+            err_of("micro_batch_size: 3\nglobal_batch_size: 8\n", &[]),
+            "c.yaml: key `global_batch_size`: 8 is not a multiple of micro_batch_size 3"
+        );
+        assert_eq!(
+            err_of("seq_length: 2048\n", &[]),
+            "c.yaml: key `seq_length`: 2048 exceeds max_position_embeddings 1024"
+        );
+        assert_eq!(
+            err_of("seq_length: 64\n", &[("--seq-length", "4096")]),
+            "command line: --seq-length 4096: 4096 exceeds max_position_embeddings 1024"
+        );
+        assert!(err_of("a: [1, 2\n", &[]).starts_with("c.yaml: malformed YAML: "));
+        assert_eq!(
+            err_of("- 1\n- 2\n", &[]),
+            "c.yaml: a config is one flat mapping of keys to values, found - 1 - 2"
+        );
+    }
+
+    #[test]
+    fn recompute_combinations_are_checked() {
+        assert_eq!(
+            err_of("recompute_granularity: selective\nrecompute_num_layers: 2\n", &[]),
+            "c.yaml: key `recompute_num_layers`: 2 must be unset with recompute_granularity: selective"
+        );
+        assert_eq!(
+            err_of("recompute_granularity: full\nrecompute_num_layers: 2\n", &[]),
+            "c.yaml: key `recompute_method` (unset): recompute_granularity full needs recompute_method uniform or block"
+        );
+        assert_eq!(
+            err_of("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 0\n", &[]),
+            "c.yaml: key `recompute_num_layers`: must be at least 1, got 0"
+        );
+        assert_eq!(
+            err_of("recompute_granularity: selective\nrecompute_modules: [attn]\n", &[]),
+            "c.yaml: key `recompute_modules`: `attn` is not one of core_attn, mlp, layernorm"
+        );
+    }
+
+    #[test]
+    fn overrides_split_from_other_flags() {
+        let args: Vec<String> = ["--config", "x.yaml", "--lr", "0.1", "--train-iters=5", "--trace", "t.json"]
+            .map(String::from)
+            .into();
+        let (ov, rest) = split_overrides(&args).unwrap();
+        assert_eq!(ov, vec![("--lr".into(), "0.1".into()), ("--train-iters".into(), "5".into())]);
+        assert_eq!(rest, ["--config", "x.yaml", "--trace", "t.json"].map(String::from));
+    }
+}

@@ -1,0 +1,52 @@
+//! `pipetrain eval`: the mean loss of a checkpoint over the first N consecutive
+//! non-overlapping windows of a token file (window k reads tokens k*T .. k*T+T-1 and
+//! predicts k*T+1 .. k*T+T).
+
+use crate::checkpoint;
+use crate::cli::EvalArgs;
+use crate::data::TokenFile;
+use crate::error::user_error;
+use crate::train::{mean, model};
+use kernels::cpu::CpuDevice;
+use stages::{ChunkLayout, Microbatch, RecomputePolicy};
+
+pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
+    let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
+    let seq_length = args.seq_length.unwrap_or(ck.config.n_positions);
+    if seq_length == 0 || seq_length > ck.config.n_positions {
+        return Err(user_error(format!(
+            "command line: --seq-length {seq_length} must be between 1 and the model's n_positions {}",
+            ck.config.n_positions
+        )));
+    }
+    let data = TokenFile::open(&args.data)?;
+    data.check_seq_len(seq_length)?;
+    data.check_vocab(ck.config.vocab_size)?;
+    let available = data.eval_windows(seq_length);
+    if args.windows == 0 || args.windows > available {
+        return Err(user_error(format!(
+            "{}: --windows {} but the file holds {available} windows of {seq_length} tokens",
+            args.data.display(),
+            args.windows
+        )));
+    }
+    let cfg = model::config_from_hf(&ck.config, seq_length, 1);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dev = CpuDevice::new(threads);
+    let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };
+    let chunk = model::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
+    let mut total = 0.0;
+    for k in 0..args.windows {
+        let batch = data.eval_batch(k, 1, seq_length)?;
+        let mb = Microbatch {
+            step: 0,
+            index: 0,
+            tokens: &batch.inputs,
+            targets: &batch.targets,
+            grad_scale: None,
+        };
+        total += mean(&chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head"));
+    }
+    println!("{:.6}", total / args.windows as f64);
+    Ok(())
+}

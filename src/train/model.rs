@@ -1,0 +1,157 @@
+//! From the config to the model: its shape, the chunks a stage holds, their recompute
+//! policies, and the conversion of their parameters to and from named tensors.
+
+use crate::checkpoint::{HfGpt2Config, NamedTensor};
+use crate::config::Config;
+use crate::error::user_error;
+use kernels::{Category, Device};
+use stages::params::{chunk_param_specs, model_param_specs};
+use stages::{
+    ChunkLayout, DropoutProbs, FullMethod, GptShape, ModelChunk, Parameters, RecomputePolicy,
+    SelectiveModules,
+};
+
+pub fn shape(c: &Config) -> GptShape {
+    GptShape {
+        num_layers: c.num_layers,
+        hidden: c.hidden_size,
+        heads: c.num_attention_heads,
+        ffn: c.ffn_size(),
+        seq_len: c.seq_length,
+        max_positions: c.max_position_embeddings,
+        vocab: c.vocab_size,
+        micro_batch: c.micro_batch_size,
+    }
+}
+
+pub fn dropout(c: &Config) -> DropoutProbs {
+    DropoutProbs { hidden: c.hidden_dropout, attention: c.attention_dropout }
+}
+
+/// The recompute policy of pipeline stage `stage` (the config was validated).
+pub fn recompute_policy(c: &Config, stage: usize) -> RecomputePolicy {
+    match c.recompute_granularity.as_deref() {
+        Some("full") => {
+            let method = if c.recompute_method.as_deref() == Some("block") {
+                FullMethod::Block
+            } else {
+                FullMethod::Uniform
+            };
+            let num_layers = match &c.recompute_num_layers_per_stage {
+                Some(per_stage) => per_stage[stage],
+                None => c.recompute_num_layers.unwrap_or(1),
+            };
+            if num_layers == 0 {
+                RecomputePolicy::None
+            } else {
+                RecomputePolicy::Full { method, num_layers }
+            }
+        }
+        Some("selective") => RecomputePolicy::Selective(
+            SelectiveModules::from_names(c.recompute_modules.as_deref().unwrap_or(&[]))
+                .expect("validated recompute_modules"),
+        ),
+        _ => RecomputePolicy::None,
+    }
+}
+
+/// Builds a chunk from initial or given parameters.
+pub fn build_chunk(
+    dev: &dyn Device,
+    c: &Config,
+    layout: ChunkLayout,
+    policy: RecomputePolicy,
+    weights: Option<&[NamedTensor]>,
+) -> anyhow::Result<ModelChunk> {
+    let s = shape(c);
+    let params = match weights {
+        None => Parameters::init(dev, &s, &layout, c.seed),
+        Some(named) => {
+            let specs = chunk_param_specs(&s, &layout);
+            let values = specs
+                .iter()
+                .map(|spec| {
+                    let t = named.iter().find(|t| t.name == spec.name).ok_or_else(|| {
+                        user_error(format!(
+                            "weights: no tensor `{}` (needed by the config's model)",
+                            spec.name
+                        ))
+                    })?;
+                    if t.shape != spec.shape {
+                        return Err(user_error(format!(
+                            "weights: `{}` has shape {:?}, the config needs {:?}",
+                            spec.name, t.shape, spec.shape
+                        )));
+                    }
+                    Ok(dev.from_host(&t.data, &spec.shape, Category::Parameters))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Parameters::with_values(dev, &layout, specs, values)
+        }
+    };
+    Ok(ModelChunk { shape: s, layout, params, policy, dropout: dropout(c), seed: c.seed })
+}
+
+/// The named tensors of every chunk in global parameter order, each once (the tied LM
+/// head's copy is the same tensor as the embedding's). `pick` chooses values, exp_avg or
+/// exp_avg_sq.
+pub fn named<'a>(
+    chunks: impl Iterator<Item = &'a ModelChunk>,
+    dev_of: impl Fn(&ModelChunk) -> &dyn Device,
+    pick: impl Fn(&Parameters, usize) -> &kernels::Tensor,
+) -> Vec<NamedTensor> {
+    let mut out: Vec<(usize, NamedTensor)> = Vec::new();
+    for chunk in chunks {
+        let p = &chunk.params;
+        for (i, spec) in p.specs.iter().enumerate() {
+            if out.iter().any(|(g, _)| *g == spec.global_index) {
+                continue;
+            }
+            let data = dev_of(chunk).to_host(pick(p, i));
+            out.push((
+                spec.global_index,
+                NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data },
+            ));
+        }
+    }
+    out.sort_by_key(|(g, _)| *g);
+    out.into_iter().map(|(_, t)| t).collect()
+}
+
+/// The whole model's expected (name, shape) list, for checking loaded weights.
+pub fn expected_shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
+    model_param_specs(&shape(c)).into_iter().map(|s| (s.name, s.shape)).collect()
+}
+
+/// The checkpoint's config.json for this model.
+pub fn hf_config(c: &Config) -> HfGpt2Config {
+    HfGpt2Config {
+        vocab_size: c.vocab_size,
+        n_positions: c.max_position_embeddings,
+        n_embd: c.hidden_size,
+        n_layer: c.num_layers,
+        n_head: c.num_attention_heads,
+        n_inner: c.ffn_hidden_size,
+        resid_pdrop: c.hidden_dropout,
+        embd_pdrop: c.hidden_dropout,
+        attn_pdrop: c.attention_dropout,
+    }
+}
+
+/// A config for running a checkpoint's model (eval): its shape, dropout off.
+pub fn config_from_hf(h: &HfGpt2Config, seq_length: usize, micro_batch_size: usize) -> Config {
+    Config {
+        num_layers: h.n_layer,
+        hidden_size: h.n_embd,
+        num_attention_heads: h.n_head,
+        ffn_hidden_size: h.n_inner,
+        seq_length,
+        max_position_embeddings: h.n_positions,
+        vocab_size: h.vocab_size,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        micro_batch_size,
+        global_batch_size: micro_batch_size,
+        ..Config::default()
+    }
+}

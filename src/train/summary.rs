@@ -1,0 +1,97 @@
+//! The end-of-run summary: printed, and written as `report.json` in the run dir.
+
+use kernels::{Category, MemorySnapshot};
+use serde_json::json;
+use std::path::Path;
+
+pub struct Summary {
+    pub steps: usize,
+    pub final_loss: Option<f64>,
+    pub final_val_loss: Option<f64>,
+    pub tokens_per_s: f64,
+    pub model_flops_per_step: f64,
+    /// FLOP/s of a large matmul measured in this process: the MFU denominator.
+    pub peak_flops: f64,
+    pub elapsed_s: f64,
+    /// One per stage.
+    pub memory: Vec<MemorySnapshot>,
+    pub last_checkpoint_step: usize,
+}
+
+impl Summary {
+    pub fn achieved_flops(&self) -> f64 {
+        self.model_flops_per_step * self.steps as f64 / self.elapsed_s.max(1e-9)
+    }
+
+    pub fn mfu(&self) -> f64 {
+        self.achieved_flops() / self.peak_flops
+    }
+
+    pub fn print(&self) {
+        let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
+        println!("== pipetrain run summary ==");
+        println!(
+            "steps            {} in {:.1} s (last checkpoint: step {})",
+            self.steps, self.elapsed_s, self.last_checkpoint_step
+        );
+        println!("final train loss {}", f(self.final_loss));
+        println!("final val loss   {}", f(self.final_val_loss));
+        println!("tokens/s         {:.0}", self.tokens_per_s);
+        println!(
+            "MFU              {:.1}% ({:.1} GFLOP/s model, matmul peak {:.1} GFLOP/s measured here)",
+            100.0 * self.mfu(),
+            self.achieved_flops() / 1e9,
+            self.peak_flops / 1e9
+        );
+        for (i, m) in self.memory.iter().enumerate() {
+            let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
+            println!(
+                "stage {i} peak     {} (activations {}, workspace {}, parameters+grads+optimizer {})",
+                human_bytes(m.peak_bytes),
+                human_bytes(cat(Category::Activations)),
+                human_bytes(cat(Category::Workspace)),
+                human_bytes(
+                    cat(Category::Parameters) + cat(Category::Gradients) + cat(Category::OptimizerState)
+                ),
+            );
+        }
+    }
+
+    pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
+        let stages: Vec<_> = self
+            .memory
+            .iter()
+            .map(|m| {
+                let cats: serde_json::Map<String, serde_json::Value> = m
+                    .categories
+                    .iter()
+                    .map(|(c, _, peak)| (format!("{c:?}").to_lowercase(), (*peak).into()))
+                    .collect();
+                json!({ "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats })
+            })
+            .collect();
+        let report = json!({
+            "steps": self.steps,
+            "final_loss": self.final_loss,
+            "final_val_loss": self.final_val_loss,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu(),
+            "matmul_peak_flops": self.peak_flops,
+            "elapsed_s": self.elapsed_s,
+            "stages": stages,
+        });
+        std::fs::write(run_dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
+        Ok(())
+    }
+}
+
+pub fn human_bytes(b: usize) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}

@@ -1,0 +1,279 @@
+//! A model chunk: the contiguous part of the model that one pipeline stage (or one virtual
+//! stage, with interleaving) holds, with its parameters and its recompute policy.
+//!
+//! `forward` runs one microbatch and returns what `backward` needs (the stash, shaped by the
+//! recompute policy); `backward` consumes it, recomputing what the policy dropped just
+//! before the layer that needs it.
+
+use crate::layers::block::{Block, BlockActs};
+use crate::layers::head::HeadActs;
+use crate::layers::weight_grads::{self, GradTarget, WeightGrad, WeightGrads};
+use crate::layers::{embedding, head, DropoutCtx};
+use crate::params::{ChunkLayout, Parameters};
+use crate::recompute::{RecomputePolicy, SelectiveModules};
+use crate::shape::{DropoutProbs, GptShape};
+use kernels::{Category, Device, Tensor};
+
+/// One microbatch as a chunk sees it.
+#[derive(Clone, Copy)]
+pub struct Microbatch<'a> {
+    pub step: u32,
+    pub index: u32,
+    /// Inputs [B*T] (read by the chunk with the embedding).
+    pub tokens: &'a [u32],
+    /// Targets [B*T] (read by the chunk with the head).
+    pub targets: &'a [u32],
+    /// Multiplies dloss/dlogits: 1 / (B*T*microbatches) averages over the global batch.
+    /// None evaluates (no dropout, no stash).
+    pub grad_scale: Option<f32>,
+}
+
+/// What a segment of blocks keeps for backward.
+enum SegmentStash {
+    /// Every block's kept tensors, in block order, from block offset `start`.
+    Stored { start: usize, acts: Vec<BlockActs> },
+    /// Full recompute of blocks `start..end`: only the segment's input [B,T,C].
+    Recompute { start: usize, end: usize, input: Tensor },
+}
+
+/// Everything one microbatch's forward left for its backward on this chunk.
+pub struct ChunkStash {
+    microbatch: u32,
+    step: u32,
+    tokens: Option<Vec<u32>>,
+    segments: Vec<SegmentStash>,
+    head: Option<HeadActs>,
+}
+
+/// A forward's results.
+pub struct ForwardOutput {
+    /// The activation to send to the next chunk [B,T,C] (None on the head's chunk).
+    pub output: Option<Tensor>,
+    /// Per-token losses [B*T] (head chunk only).
+    pub losses: Option<Vec<f32>>,
+    pub stash: Option<ChunkStash>,
+}
+
+pub struct ModelChunk {
+    pub shape: GptShape,
+    pub layout: ChunkLayout,
+    pub params: Parameters,
+    pub policy: RecomputePolicy,
+    pub dropout: DropoutProbs,
+    pub seed: u64,
+}
+
+/// Weight gradients a split backward left for the backward-weight action.
+pub struct DeferredWeightGrads(Vec<WeightGrad>);
+
+impl DeferredWeightGrads {
+    pub fn held_bytes(&self) -> usize {
+        self.0.iter().map(|w| w.inp.bytes() + w.dout.bytes()).sum()
+    }
+}
+
+impl ModelChunk {
+    fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
+        DropoutCtx { seed: self.seed, step, microbatch, probs: self.dropout, training }
+    }
+
+    fn block(&self, offset: usize) -> Block<'_> {
+        let layer = self.layout.blocks.start + offset;
+        let base = self.params.block_base(layer);
+        Block { s: &self.shape, layer, w: &self.params.values[base..base + 12] }
+    }
+
+    fn selective_modules(&self) -> SelectiveModules {
+        match self.policy {
+            RecomputePolicy::Selective(m) => m,
+            _ => SelectiveModules::NONE,
+        }
+    }
+
+    /// Forward of one microbatch. `input` [B,T,C] is the previous chunk's output (None on the
+    /// embedding's chunk).
+    pub fn forward(&self, dev: &dyn Device, mb: &Microbatch, input: Option<Tensor>) -> ForwardOutput {
+        let training = mb.grad_scale.is_some();
+        let dropout = self.dropout_ctx(mb.step, mb.index, training);
+        let p = &self.params;
+        let mut x = match input {
+            Some(x) => x,
+            None => {
+                let wte = p.wte_index().expect("embedding chunk holds wte");
+                embedding::forward(dev, &self.shape, &p.values[wte], &p.values[wte + 1], mb.tokens, &dropout)
+            }
+        };
+        let blocks = self.layout.blocks.len();
+        let mut segments = Vec::new();
+        for seg in self.policy.segments(blocks) {
+            if !training {
+                for offset in seg.start..seg.end {
+                    x = self
+                        .block(offset)
+                        .forward(dev, x, &dropout, SelectiveModules::NONE, Category::Workspace)
+                        .0;
+                }
+            } else if seg.recompute {
+                // Keep only the segment's input; every other tensor is freed as we go.
+                let mut kept_input = None;
+                for offset in seg.start..seg.end {
+                    let (y, acts) = self.block(offset).forward(
+                        dev,
+                        x,
+                        &dropout,
+                        SelectiveModules::NONE,
+                        Category::Workspace,
+                    );
+                    if kept_input.is_none() {
+                        let mut input = acts.input;
+                        input.recategorize(Category::Activations);
+                        kept_input = Some(input);
+                    }
+                    x = y;
+                }
+                let input = kept_input.expect("segment has a block");
+                segments.push(SegmentStash::Recompute { start: seg.start, end: seg.end, input });
+            } else {
+                let mut stored = Vec::with_capacity(seg.end - seg.start);
+                for offset in seg.start..seg.end {
+                    x.recategorize(Category::Activations);
+                    let (y, acts) = self.block(offset).forward(
+                        dev,
+                        x,
+                        &dropout,
+                        self.selective_modules(),
+                        Category::Activations,
+                    );
+                    stored.push(acts);
+                    x = y;
+                }
+                segments.push(SegmentStash::Stored { start: seg.start, acts: stored });
+            }
+        }
+        let tokens = (self.layout.embedding && training).then(|| mb.tokens.to_vec());
+        if !self.layout.head {
+            let stash = training.then_some(ChunkStash {
+                microbatch: mb.index,
+                step: mb.step,
+                tokens,
+                segments,
+                head: None,
+            });
+            return ForwardOutput { output: Some(x), losses: None, stash };
+        }
+        let wte = p.wte_index().expect("head chunk holds wte");
+        let lnf = p.ln_f_index();
+        let (losses, head) = head::forward(
+            dev,
+            &self.shape,
+            &p.values[wte],
+            &p.values[lnf],
+            &p.values[lnf + 1],
+            x,
+            mb.targets,
+            mb.grad_scale,
+        );
+        let stash =
+            training.then_some(ChunkStash { microbatch: mb.index, step: mb.step, tokens, segments, head });
+        ForwardOutput { output: None, losses: Some(losses), stash }
+    }
+
+    /// Backward of one microbatch from `dout` [B,T,C] (None on the head's chunk). Returns
+    /// the gradient of the chunk's input (None on the embedding's chunk) and, when `split`,
+    /// the weight gradients left for [`ModelChunk::backward_weight`].
+    pub fn backward(
+        &mut self,
+        dev: &dyn Device,
+        stash: ChunkStash,
+        dout: Option<Tensor>,
+        split: bool,
+    ) -> (Option<Tensor>, Option<DeferredWeightGrads>) {
+        let dropout = self.dropout_ctx(stash.step, stash.microbatch, true);
+        let mut wg = if split { WeightGrads::Deferred(Vec::new()) } else { WeightGrads::Now };
+        let s = self.shape;
+        let mut dx = match stash.head {
+            Some(acts) => {
+                let p = &mut self.params;
+                let wte = p.wte_index().expect("head chunk holds wte");
+                let lnf = p.ln_f_index();
+                let (target, head_wte) = match p.head_wte_grad.as_mut() {
+                    Some(g) => (GradTarget::HeadWte, Some(g)),
+                    None => (GradTarget::Param { weight: wte, bias: false }, None),
+                };
+                head::backward(
+                    dev,
+                    &s,
+                    &p.values[wte],
+                    &p.values[lnf],
+                    acts,
+                    &mut p.grads,
+                    lnf,
+                    head_wte,
+                    target,
+                    &mut wg,
+                )
+            }
+            None => dout.expect("a chunk without the head needs the output gradient"),
+        };
+        for seg in stash.segments.into_iter().rev() {
+            let (start, acts) = match seg {
+                SegmentStash::Stored { start, acts } => (start, acts),
+                SegmentStash::Recompute { start, end, input } => {
+                    (start, self.recompute_segment(dev, start..end, input, &dropout))
+                }
+            };
+            for (i, acts) in acts.into_iter().enumerate().rev() {
+                let offset = start + i;
+                let layer = self.layout.blocks.start + offset;
+                let base = self.params.block_base(layer);
+                let p = &mut self.params;
+                let block = Block { s: &s, layer, w: &p.values[base..base + 12] };
+                dx = block.backward(dev, acts, dx, &dropout, &mut p.grads, base, &mut wg);
+            }
+        }
+        if self.layout.embedding {
+            let p = &mut self.params;
+            let wte = p.wte_index().expect("embedding chunk holds wte");
+            let tokens = stash.tokens.expect("embedding stash keeps its tokens");
+            let (dwte, dwpe) = p.grads[wte..].split_at_mut(1);
+            embedding::backward(dev, &mut dwte[0], &mut dwpe[0], dx, &tokens, &dropout);
+            return (None, deferred(wg));
+        }
+        (Some(dx), deferred(wg))
+    }
+
+    /// Runs blocks `range` forward again from their segment's input, keeping everything
+    /// (as workspace: it lives only until this backward has consumed it).
+    fn recompute_segment(
+        &self,
+        dev: &dyn Device,
+        range: std::ops::Range<usize>,
+        input: Tensor,
+        dropout: &DropoutCtx,
+    ) -> Vec<BlockActs> {
+        let mut x = input;
+        let mut acts = Vec::with_capacity(range.len());
+        for offset in range {
+            let (y, a) =
+                self.block(offset).forward(dev, x, dropout, SelectiveModules::NONE, Category::Workspace);
+            acts.push(a);
+            x = y;
+        }
+        acts
+    }
+
+    /// The backward-weight action of a split backward: the deferred matmul weight gradients.
+    pub fn backward_weight(&mut self, dev: &dyn Device, deferred: DeferredWeightGrads) {
+        let p = &mut self.params;
+        for wg in &deferred.0 {
+            weight_grads::apply(dev, &mut p.grads, p.head_wte_grad.as_mut(), wg);
+        }
+    }
+}
+
+fn deferred(wg: WeightGrads) -> Option<DeferredWeightGrads> {
+    match wg {
+        WeightGrads::Now => None,
+        WeightGrads::Deferred(list) => Some(DeferredWeightGrads(list)),
+    }
+}

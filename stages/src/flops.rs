@@ -1,0 +1,64 @@
+//! FLOP counts from the layer shapes, for MFU and the simulator's durations. A matmul of
+//! [N,K] by [K,M] costs 2*N*K*M; the attention core counts its full T x T products (the
+//! usual convention for MFU, e.g. PaLM's and Megatron's).
+
+use crate::shape::GptShape;
+
+/// FLOPs of one microbatch through one part of the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Flops {
+    pub forward: f64,
+    /// Gradients of the inputs (and of the attention core, which has no weights).
+    pub backward_input: f64,
+    /// Gradients of the weights.
+    pub backward_weight: f64,
+}
+
+impl Flops {
+    pub fn total(&self) -> f64 {
+        self.forward + self.backward_input + self.backward_weight
+    }
+}
+
+/// One transformer block for one microbatch.
+pub fn block_flops(s: &GptShape) -> Flops {
+    let (n, c, f) = (s.tokens() as f64, s.hidden as f64, s.ffn as f64);
+    let matmul = 2.0 * n * (c * 3.0 * c + c * c + 2.0 * c * f);
+    let attention = 2.0 * 2.0 * s.micro_batch as f64 * s.seq_len as f64 * s.seq_len as f64 * c;
+    Flops { forward: matmul + attention, backward_input: matmul + 2.0 * attention, backward_weight: matmul }
+}
+
+/// The head (LM head matmul against the tied embedding) for one microbatch.
+pub fn head_flops(s: &GptShape) -> Flops {
+    let m = 2.0 * s.tokens() as f64 * s.hidden as f64 * s.vocab as f64;
+    Flops { forward: m, backward_input: m, backward_weight: m }
+}
+
+/// Model FLOPs of one training step over `microbatches` microbatches (no recompute counted:
+/// MFU measures useful work).
+pub fn train_step_flops(s: &GptShape, microbatches: usize) -> f64 {
+    (s.num_layers as f64 * block_flops(s).total() + head_flops(s).total()) * microbatches as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_six_n_plus_attention_for_gpt2_small() {
+        let s = GptShape {
+            num_layers: 12,
+            hidden: 768,
+            heads: 12,
+            ffn: 3072,
+            seq_len: 1024,
+            max_positions: 1024,
+            vocab: 50257,
+            micro_batch: 1,
+        };
+        // 6 * (non-embedding matmul params + LM head) per token + 12 * L * T * C attention.
+        let matmul_params = 12.0 * (768.0 * 2304.0 + 768.0 * 768.0 + 2.0 * 768.0 * 3072.0) + 768.0 * 50257.0;
+        let expected = 1024.0 * (6.0 * matmul_params + 12.0 * 12.0 * 1024.0 * 768.0);
+        assert_eq!(train_step_flops(&s, 1), expected);
+    }
+}

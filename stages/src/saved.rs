@@ -1,0 +1,117 @@
+//! What each layer keeps from forward for its backward: the single declaration that both the
+//! layers (at run time) and the simulator's memory model (before any run) read.
+//!
+//! A transformer block's forward produces the tensors of [`BlockTensor`]; the recompute
+//! policy decides, per tensor, whether it is kept until backward or dropped and recomputed
+//! just before the backward that needs it. Dropout masks are never stored: they are
+//! regenerated from the counter-based RNG.
+
+use crate::recompute::SelectiveModules;
+use crate::shape::GptShape;
+
+/// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockTensor {
+    /// x [B,T,C]: the block's input, read by ln_1's backward.
+    Input,
+    /// ln_1(x) [B,T,C]: input of c_attn, read by c_attn's weight gradient.
+    Ln1Out,
+    /// ln_1 mean and reciprocal std, [B,T] each.
+    Ln1Stats,
+    /// c_attn(ln_1(x)) [B,T,3C]: q, k, v.
+    Qkv,
+    /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout.
+    AttProbs,
+    /// attention output [B,T,C]: input of attn.c_proj.
+    AttOut,
+    /// x + dropout(c_proj(att)) [B,T,C]: the residual stream after attention, ln_2's input.
+    Residual,
+    /// ln_2(residual) [B,T,C]: input of c_fc.
+    Ln2Out,
+    /// ln_2 mean and reciprocal std, [B,T] each.
+    Ln2Stats,
+    /// c_fc(ln_2(..)) [B,T,F]: GELU's input.
+    FcOut,
+    /// gelu(c_fc(..)) [B,T,F]: input of mlp.c_proj.
+    GeluOut,
+}
+
+impl BlockTensor {
+    pub const ALL: [BlockTensor; 11] = [
+        BlockTensor::Input,
+        BlockTensor::Ln1Out,
+        BlockTensor::Ln1Stats,
+        BlockTensor::Qkv,
+        BlockTensor::AttProbs,
+        BlockTensor::AttOut,
+        BlockTensor::Residual,
+        BlockTensor::Ln2Out,
+        BlockTensor::Ln2Stats,
+        BlockTensor::FcOut,
+        BlockTensor::GeluOut,
+    ];
+
+    /// Elements of this tensor for one microbatch.
+    pub fn elements(self, s: &GptShape) -> usize {
+        let (n, c) = (s.tokens(), s.hidden);
+        match self {
+            BlockTensor::Input
+            | BlockTensor::Ln1Out
+            | BlockTensor::AttOut
+            | BlockTensor::Residual
+            | BlockTensor::Ln2Out => n * c,
+            BlockTensor::Ln1Stats | BlockTensor::Ln2Stats => 2 * n,
+            BlockTensor::Qkv => 3 * n * c,
+            BlockTensor::AttProbs => s.micro_batch * s.heads * s.seq_len * s.seq_len,
+            BlockTensor::FcOut | BlockTensor::GeluOut => n * s.ffn,
+        }
+    }
+
+    /// Whether selective recompute of `modules` drops this tensor (recomputing it in backward).
+    pub fn dropped_by(self, modules: SelectiveModules) -> bool {
+        match self {
+            BlockTensor::AttProbs => modules.core_attn,
+            BlockTensor::GeluOut => modules.mlp,
+            BlockTensor::Ln1Out | BlockTensor::Ln2Out => modules.layernorm,
+            _ => false,
+        }
+    }
+}
+
+/// How a block keeps its activations for one microbatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKeep {
+    /// Keeps every tensor except those the selective modules drop.
+    Stored(SelectiveModules),
+    /// Full recompute: keeps only its input, and only if it is the first block of its
+    /// recompute group (the others' inputs are recomputed too).
+    InputOnly { group_start: bool },
+}
+
+/// Bytes per stored element at fp32.
+pub const F32_BYTES: usize = 4;
+
+/// Bytes one block keeps for one microbatch under `keep`.
+pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
+    let elements: usize = match keep {
+        BlockKeep::Stored(modules) => {
+            BlockTensor::ALL.iter().filter(|t| !t.dropped_by(modules)).map(|t| t.elements(s)).sum()
+        }
+        BlockKeep::InputOnly { group_start: true } => BlockTensor::Input.elements(s),
+        BlockKeep::InputOnly { group_start: false } => 0,
+    };
+    elements * F32_BYTES
+}
+
+/// Bytes the embedding keeps per microbatch: nothing (its backward reads the tokens, which the
+/// stage keeps as integers, counted here as 4 bytes each).
+pub fn embedding_kept_bytes(s: &GptShape) -> usize {
+    s.tokens() * 4
+}
+
+/// Bytes the head keeps per microbatch: the final LayerNorm's input, output and statistics,
+/// the dlogits computed with the loss in forward [B,T,V], and the per-token losses.
+pub fn head_kept_bytes(s: &GptShape) -> usize {
+    let (n, c) = (s.tokens(), s.hidden);
+    (2 * n * c + 2 * n + n * s.vocab + n) * F32_BYTES
+}

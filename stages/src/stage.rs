@@ -1,0 +1,176 @@
+//! One pipeline stage: its device, its model chunks, the stash of in-flight microbatches,
+//! and the optimizer step over its parameters. The stage runtime drives it action by action;
+//! a single-stage run drives it directly.
+
+use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
+use kernels::{AdamWStep, Device, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Optimizer hyper-parameters of one step (the lr already scheduled).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OptimizerStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// 1-based.
+    pub step: u32,
+    /// Global grad-norm clipping factor (1 when not clipping).
+    pub grad_scale: f32,
+}
+
+pub struct Stage {
+    pub device: Arc<dyn Device>,
+    /// This stage's model chunks, chunk c being virtual stage c*p + rank.
+    pub chunks: Vec<ModelChunk>,
+    stash: HashMap<(usize, u32), ChunkStash>,
+    deferred: HashMap<(usize, u32), DeferredWeightGrads>,
+}
+
+impl Stage {
+    pub fn new(device: Arc<dyn Device>, chunks: Vec<ModelChunk>) -> Self {
+        Stage { device, chunks, stash: HashMap::new(), deferred: HashMap::new() }
+    }
+
+    /// Forward of `mb` on chunk `chunk`; returns the activation to send on (None on the head)
+    /// and, on the head, the per-token losses.
+    pub fn forward(
+        &mut self,
+        chunk: usize,
+        mb: &Microbatch,
+        input: Option<Tensor>,
+    ) -> (Option<Tensor>, Option<Vec<f32>>) {
+        let out = self.chunks[chunk].forward(&*self.device, mb, input);
+        if let Some(stash) = out.stash {
+            self.stash.insert((chunk, mb.index), stash);
+        }
+        (out.output, out.losses)
+    }
+
+    /// Backward of `microbatch` on `chunk` from `dout` (None on the head). With `split`, the
+    /// matmul weight gradients wait for [`Stage::backward_weight`].
+    pub fn backward(
+        &mut self,
+        chunk: usize,
+        microbatch: u32,
+        dout: Option<Tensor>,
+        split: bool,
+    ) -> Option<Tensor> {
+        let stash = self.stash.remove(&(chunk, microbatch)).expect("backward without its forward");
+        let (dinput, deferred) = self.chunks[chunk].backward(&*self.device, stash, dout, split);
+        if let Some(d) = deferred {
+            self.deferred.insert((chunk, microbatch), d);
+        }
+        dinput
+    }
+
+    pub fn backward_weight(&mut self, chunk: usize, microbatch: u32) {
+        let d =
+            self.deferred.remove(&(chunk, microbatch)).expect("backward-weight without its backward-input");
+        self.chunks[chunk].backward_weight(&*self.device, d);
+    }
+
+    /// Microbatches whose activations this stage holds right now.
+    pub fn in_flight(&self) -> usize {
+        self.stash.len()
+    }
+
+    pub fn zero_grads(&mut self) {
+        for c in &mut self.chunks {
+            c.params.zero_grads(&*self.device);
+        }
+    }
+
+    /// Sums the two gradients of the tied token embedding where one chunk holds both the
+    /// embedding and the head (a single-stage model).
+    pub fn fold_local_tied_grad(&mut self) {
+        for c in &mut self.chunks {
+            let p = &mut c.params;
+            if let (Some(head), Some(wte)) = (p.head_wte_grad.as_ref(), p.wte_index()) {
+                self.device.accumulate(&mut p.grads[wte], head);
+            }
+        }
+    }
+
+    /// This stage's part of the tied embedding's gradient, to send to the other holder:
+    /// the embedding's gradient (`embedding_side`) or the LM head's, from a chunk that holds
+    /// one but not the other.
+    pub fn tied_grad_part(&self, embedding_side: bool) -> Option<Vec<f32>> {
+        let c = self.chunks.iter().find(|c| is_tied_side(c, embedding_side))?;
+        let wte = c.params.wte_index()?;
+        Some(self.device.to_host(&c.params.grads[wte]))
+    }
+
+    /// Adds the other holder's part, so both copies of the tied gradient are the same sum
+    /// (a + b == b + a exactly in IEEE arithmetic, so the order of the two does not matter).
+    pub fn add_tied_grad_part(&mut self, embedding_side: bool, other: &[f32]) {
+        let dev = &*self.device;
+        if let Some(c) = self.chunks.iter_mut().find(|c| is_tied_side(c, embedding_side)) {
+            let wte = c.params.wte_index().expect("tied side holds wte");
+            let g = &mut c.params.grads[wte];
+            let other = dev.from_host(other, g.shape(), kernels::Category::Workspace);
+            dev.accumulate(g, &other);
+        }
+    }
+
+    /// (global parameter index, sum of squares of its gradient) for every parameter this
+    /// stage owns; the tied LM head copy is owned by the embedding's stage.
+    pub fn grad_sum_squares(&self) -> Vec<(usize, f64)> {
+        let mut out = Vec::new();
+        for c in &self.chunks {
+            for (spec, g) in c.params.specs.iter().zip(&c.params.grads) {
+                if spec.global_index == 0 && !c.layout.embedding {
+                    continue;
+                }
+                out.push((spec.global_index, self.device.sum_squares(g)));
+            }
+        }
+        out
+    }
+
+    /// AdamW on every parameter of this stage.
+    pub fn optimizer_step(&mut self, hp: OptimizerStep) {
+        let dev = &*self.device;
+        for c in &mut self.chunks {
+            let p = &mut c.params;
+            for i in 0..p.values.len() {
+                let step = AdamWStep {
+                    lr: hp.lr,
+                    beta1: hp.beta1,
+                    beta2: hp.beta2,
+                    eps: hp.eps,
+                    weight_decay: if p.specs[i].decay { hp.weight_decay } else { 0.0 },
+                    step: hp.step,
+                    grad_scale: hp.grad_scale,
+                };
+                dev.adamw(&mut p.values[i], &p.grads[i], &mut p.exp_avg[i], &mut p.exp_avg_sq[i], step);
+            }
+        }
+    }
+}
+
+fn is_tied_side(c: &ModelChunk, embedding_side: bool) -> bool {
+    if embedding_side {
+        c.layout.embedding && !c.layout.head
+    } else {
+        c.layout.head && !c.layout.embedding
+    }
+}
+
+/// The global gradient norm from every stage's per-parameter sums of squares, added in
+/// global parameter order so it is the same number whatever the partition.
+pub fn global_grad_norm(mut parts: Vec<(usize, f64)>) -> f64 {
+    parts.sort_by_key(|(i, _)| *i);
+    parts.iter().map(|(_, s)| s).sum::<f64>().sqrt()
+}
+
+/// The factor that clips the global norm to `clip` (1 when within it or clip is 0).
+pub fn clip_factor(norm: f64, clip: f32) -> f32 {
+    if clip > 0.0 && norm > clip as f64 {
+        (clip as f64 / (norm + 1e-6)) as f32
+    } else {
+        1.0
+    }
+}
