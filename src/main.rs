@@ -1,1 +1,63 @@
-fn main() {}
+//! pipetrain: pipeline-parallel GPT pretraining with Megatron-style activation recompute,
+//! and a simulator of schedules and recompute plans.
+
+mod checkpoint;
+mod cli;
+mod config;
+mod data;
+mod error;
+mod eval;
+mod export;
+mod simulate;
+mod train;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let (overrides, rest) = match config::split_overrides(&args[1..]) {
+        Ok(split) => split,
+        Err(e) => return report(e),
+    };
+    let cli = match cli::Cli::try_parse_from(std::iter::once(args[0].clone()).chain(rest)) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        cli::Command::Train(a) => train::run(&a, &overrides),
+        cli::Command::Simulate(a) => simulate::run(&a, &overrides),
+        cli::Command::Tokenize(a) => no_overrides(&overrides)
+            .and_then(|_| data::tokenize_file(&a.input, &a.output, a.force))
+            .map(|summary| println!("{summary}")),
+        cli::Command::Export(a) => no_overrides(&overrides).and_then(|_| export::run(&a)),
+        cli::Command::Eval(a) => no_overrides(&overrides).and_then(|_| eval::run(&a)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report(e),
+    }
+}
+
+fn no_overrides(overrides: &[(String, String)]) -> anyhow::Result<()> {
+    match overrides.first() {
+        Some((flag, _)) => {
+            Err(error::user_error(format!("command line: {flag} is a config key; this command takes no config")))
+        }
+        None => Ok(()),
+    }
+}
+
+/// One line for a user mistake (exit 2); the full chain for anything else (exit 1).
+fn report(e: anyhow::Error) -> ExitCode {
+    if error::is_user_error(&e) {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    } else {
+        eprintln!("error: {e:#}");
+        ExitCode::from(1)
+    }
+}
