@@ -252,17 +252,16 @@ pub fn mean(losses: &[f32]) -> f64 {
 }
 
 fn save(run_dir: &Path, cfg: &Config, stage: &Stage, state: &TrainerState) -> anyhow::Result<()> {
-    let dev = |_: &stages::ModelChunk| &*stage.device;
-    let model = model::named(stage.chunks.iter(), dev, |p, i| &p.values[i]);
-    let mut optimizer = model::named(stage.chunks.iter(), dev, |p, i| &p.exp_avg[i]);
-    for t in &mut optimizer {
-        t.name = checkpoint::exp_avg_name(&t.name);
-    }
-    let mut sq = model::named(stage.chunks.iter(), dev, |p, i| &p.exp_avg_sq[i]);
-    for t in &mut sq {
-        t.name = checkpoint::exp_avg_sq_name(&t.name);
-    }
-    optimizer.extend(sq);
+    let dev = &*stage.device;
+    let model = model::in_global_order(model::named(&stage.chunks, dev, |p, i| &p.values[i]));
+    let renamed = |tagged: Vec<(usize, NamedTensor)>, rename: fn(&str) -> String| {
+        model::in_global_order(tagged)
+            .into_iter()
+            .map(|t| NamedTensor { name: rename(&t.name), ..t })
+            .collect::<Vec<_>>()
+    };
+    let mut optimizer = renamed(model::named(&stage.chunks, dev, |p, i| &p.exp_avg[i]), checkpoint::exp_avg_name);
+    optimizer.extend(renamed(model::named(&stage.chunks, dev, |p, i| &p.exp_avg_sq[i]), checkpoint::exp_avg_sq_name));
     checkpoint::save_checkpoint(run_dir, &model::hf_config(cfg), &model, state, &optimizer)?;
     Ok(())
 }

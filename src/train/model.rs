@@ -92,30 +92,30 @@ pub fn build_chunk(
     Ok(ModelChunk { shape: s, layout, params, policy, dropout: dropout(c), seed: c.seed })
 }
 
-/// The named tensors of every chunk in global parameter order, each once (the tied LM
-/// head's copy is the same tensor as the embedding's). `pick` chooses values, exp_avg or
-/// exp_avg_sq.
-pub fn named<'a>(
-    chunks: impl Iterator<Item = &'a ModelChunk>,
-    dev_of: impl Fn(&ModelChunk) -> &dyn Device,
+/// The named tensors of `chunks` (on `dev`), tagged with their global index. `pick` chooses
+/// values, exp_avg or exp_avg_sq.
+pub fn named(
+    chunks: &[ModelChunk],
+    dev: &dyn Device,
     pick: impl Fn(&Parameters, usize) -> &kernels::Tensor,
-) -> Vec<NamedTensor> {
-    let mut out: Vec<(usize, NamedTensor)> = Vec::new();
+) -> Vec<(usize, NamedTensor)> {
+    let mut out = Vec::new();
     for chunk in chunks {
         let p = &chunk.params;
         for (i, spec) in p.specs.iter().enumerate() {
-            if out.iter().any(|(g, _)| *g == spec.global_index) {
-                continue;
-            }
-            let data = dev_of(chunk).to_host(pick(p, i));
-            out.push((
-                spec.global_index,
-                NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data },
-            ));
+            let data = dev.to_host(pick(p, i));
+            out.push((spec.global_index, NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data }));
         }
     }
-    out.sort_by_key(|(g, _)| *g);
-    out.into_iter().map(|(_, t)| t).collect()
+    out
+}
+
+/// Named tensors gathered from every stage, in global order, each once (the tied LM head's
+/// copy is identical to the embedding's).
+pub fn in_global_order(mut tagged: Vec<(usize, NamedTensor)>) -> Vec<NamedTensor> {
+    tagged.sort_by_key(|(g, _)| *g);
+    tagged.dedup_by_key(|(g, _)| *g);
+    tagged.into_iter().map(|(_, t)| t).collect()
 }
 
 /// The whole model's expected (name, shape) list, for checking loaded weights.

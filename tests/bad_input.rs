@@ -1,0 +1,100 @@
+//! Every user mistake is one clear line naming file, key and value, exit code 2, no panic,
+//! and nothing overwritten.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn train_err(dir: &Path, yaml: &str, extra: &[&str]) -> std::process::Output {
+    let cfg = write_config(dir, "c.yaml", yaml);
+    train(&cfg, &dir.join("run"), extra)
+}
+
+#[test]
+fn config_mistakes() {
+    let dir = temp_dir("bad-config");
+    let cases: [(String, &[&str], &str); 9] = [
+        (
+            format!("{SMALL}hidden_sise: 64\n"),
+            &[],
+            "key `hidden_sise`: unknown key (did you mean `hidden_size`?)",
+        ),
+        (SMALL.replace("hidden_size: 64", "hidden_size: wide"), &[], "key `hidden_size`: bad value wide"),
+        (
+            SMALL.replace("hidden_size: 64", "hidden_size: 66"),
+            &[],
+            "key `hidden_size`: 66 is not a multiple of num_attention_heads 4",
+        ),
+        (
+            SMALL.replace("global_batch_size: 4", "global_batch_size: 5"),
+            &[],
+            "key `global_batch_size`: 5 is not a multiple of micro_batch_size 2",
+        ),
+        (
+            SMALL.replace("seq_length: 32", "seq_length: 64"),
+            &[],
+            "key `seq_length`: 64 exceeds max_position_embeddings 32",
+        ),
+        (format!("{SMALL}lr: [1\n"), &[], "malformed YAML"),
+        (
+            SMALL.to_string(),
+            &["--micro-batch-size", "3"],
+            "key `global_batch_size`: 4 is not a multiple of micro_batch_size 3",
+        ),
+        (SMALL.to_string(), &["--lr", "fast"], "command line: --lr fast"),
+        (
+            format!("{SMALL}recompute_granularity: selective\nrecompute_num_layers: 1\n"),
+            &[],
+            "key `recompute_num_layers`: 1 must be unset with recompute_granularity: selective",
+        ),
+    ];
+    for (yaml, extra, needle) in cases {
+        let o = train_err(&dir, &yaml, extra);
+        assert_user_error(&o, needle);
+        assert!(stderr(&o).contains("c.yaml") || needle.starts_with("command line"), "{}", stderr(&o));
+        assert!(!dir.join("run").exists(), "a failed config created the run dir");
+    }
+}
+
+#[test]
+fn data_mistakes() {
+    let dir = temp_dir("bad-data");
+    let missing = train_err(&dir, &SMALL.replace("data/corpus/train.bin", "nowhere/train.bin"), &[]);
+    assert_user_error(&missing, "nowhere/train.bin");
+    let corrupt = dir.join("corrupt.bin");
+    std::fs::write(&corrupt, vec![7u8; 2048]).unwrap();
+    let o = train_err(&dir, &SMALL.replace("data/corpus/train.bin", corrupt.to_str().unwrap()), &[]);
+    assert_user_error(&o, "corrupt.bin");
+    assert!(stderr(&o).contains("magic"), "{}", stderr(&o));
+    // A valid file with 10 tokens is too short for one window of 32.
+    let short = dir.join("short.bin");
+    let mut bytes = vec![0u8; 1024];
+    bytes[0..4].copy_from_slice(&20240520i32.to_le_bytes());
+    bytes[4..8].copy_from_slice(&1i32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&10i32.to_le_bytes());
+    bytes.extend(std::iter::repeat_n(0u8, 20));
+    std::fs::write(&short, bytes).unwrap();
+    let o = train_err(&dir, &SMALL.replace("data/corpus/train.bin", short.to_str().unwrap()), &[]);
+    assert_user_error(&o, "short.bin: 10 tokens");
+}
+
+#[test]
+fn run_dir_and_checkpoint_mistakes_overwrite_nothing() {
+    let dir = temp_dir("bad-run");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let run = dir.join("run");
+    assert!(train(&cfg, &run, &["--train-iters", "2"]).status.success());
+    let metrics_before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+
+    let again = train(&cfg, &run, &["--train-iters", "2"]);
+    assert_user_error(&again, "already holds a run");
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics_before);
+
+    // A checkpoint of another shape: a 128-wide model cannot start from the 64-wide run.
+    let wide = train(&cfg, &dir.join("wide"), &["--hidden-size", "128", "--load", run.to_str().unwrap()]);
+    assert_user_error(&wide, "model.safetensors");
+    assert!(stderr(&wide).contains("hidden"), "{}", stderr(&wide));
+
+    let no_run = train(&cfg, &dir.join("none"), &["--resume"]);
+    assert_user_error(&no_run, "holds no run");
+}

@@ -1,0 +1,90 @@
+//! Helpers shared by the end-to-end tests: run the binary, small configs, temp dirs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// A fresh empty directory for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipetrain-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A two-layer, 64-wide model on the shipped corpus, dropout on: a few steps take a second.
+pub const SMALL: &str = "\
+num_layers: 2
+hidden_size: 64
+num_attention_heads: 4
+seq_length: 32
+max_position_embeddings: 32
+vocab_size: 50257
+hidden_dropout: 0.1
+attention_dropout: 0.1
+micro_batch_size: 2
+global_batch_size: 4
+train_iters: 4
+lr: 1.0e-3
+min_lr: 1.0e-4
+lr_warmup_iters: 2
+eval_interval: 2
+eval_iters: 2
+save_interval: 0
+seed: 7
+train_data_path: data/corpus/train.bin
+valid_data_path: data/corpus/val.bin
+";
+
+pub fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+pub fn train(config: &Path, run_dir: &Path, extra: &[&str]) -> Output {
+    bin()
+        .args(["train", "--quiet", "--config"])
+        .arg(config)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// (step, loss bits, val_loss bits) of every line of a run's metrics.jsonl.
+pub fn losses(run_dir: &Path) -> Vec<(u64, u64, Option<u64>)> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap().to_bits(),
+                v["val_loss"].as_f64().map(f64::to_bits),
+            )
+        })
+        .collect()
+}
+
+/// Asserts a user mistake: exit code 2, exactly one line on stderr containing `needle`,
+/// no panic.
+pub fn assert_user_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "more than one line: {err}");
+    assert!(err.contains(needle), "`{needle}` not in: {err}");
+}
