@@ -5,6 +5,8 @@
 //! hands out is a [`Tensor`] counted in that device's [`MemoryLedger`].
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod dropout;
 pub mod memory;

@@ -1,0 +1,30 @@
+// Bias add and the deterministic column sums behind every bias / LayerNorm parameter
+// gradient: per chunk of rows first, then over the chunks in order.
+
+// out[n, c] += bias[c]; one thread per element.
+extern "C" __global__ void bias_add(float* out, const float* bias, unsigned long long n_rows, int C) {
+    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * C) out[i] += bias[i % C];
+}
+
+// partial[chunk, c] = sum of x[row, c] over the rows of `chunk`, in row order.
+extern "C" __global__ void column_partial_sums(float* partial, const float* x, int N, int C,
+                                               int rows_per_chunk) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int chunk = blockIdx.y;
+    const int end = min(N, (chunk + 1) * rows_per_chunk);
+    float acc = 0.0f;
+    for (int row = chunk * rows_per_chunk; row < end; ++row) acc += x[(unsigned long long)row * C + c];
+    partial[(unsigned long long)chunk * C + c] = acc;
+}
+
+// out[c] += sum over chunks of partial[chunk, c], chunks in order: stage two of the column
+// sums above and of LayerNorm's parameter gradients.
+extern "C" __global__ void add_partials(float* out, const float* partial, int chunks, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int k = 0; k < chunks; ++k) acc += partial[(unsigned long long)k * C + c];
+    out[c] += acc;
+}

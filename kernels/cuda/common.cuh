@@ -1,0 +1,60 @@
+// Helpers shared by the kernels: fixed-shape warp and block reductions.
+//
+// Every reduction here combines values in an order fixed by the thread layout alone
+// (butterfly shuffles, then one warp over the per-warp results), never by timing, so a
+// kernel that uses them is bitwise deterministic.
+#pragma once
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+// NVRTC compiles without the C headers, so no INFINITY macro.
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, offset);
+    }
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, offset);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    }
+    return v;
+}
+
+// Sum over the whole block; every thread receives the result. blockDim.x must be a
+// multiple of 32 (at most 1024); `scratch` holds 32 values in shared memory.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads();  // a previous call may still be reading scratch
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : T(0);
+    return warp_sum(v);
+}
+
+// Maximum over the whole block, as block_sum.
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}

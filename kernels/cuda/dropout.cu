@@ -1,0 +1,28 @@
+// Dropout: y = x * keep / (1 - p), with keep drawn from Philox at (mask, element index).
+// The same kernel serves forward and backward: the gradient is masked and scaled exactly as
+// the activation was. One thread per group of four elements, the four words of one Philox
+// call.
+#include "philox.cuh"
+
+__device__ __forceinline__ void dropout_group(float* out, const float* inp, unsigned long long n,
+                                              const DropoutMask& mask, unsigned long long group) {
+    const uint4 words = mask_block_words(mask, (unsigned int)group);
+    for (unsigned int i = 0; i < 4; ++i) {
+        const unsigned long long index = group * 4 + i;
+        if (index < n) {
+            out[index] = inp[index] * (mask_keeps(mask, uint4_word(words, i)) ? mask.scale : 0.0f);
+        }
+    }
+}
+
+extern "C" __global__ void dropout_apply(float* out, const float* inp, unsigned long long n,
+                                         DropoutMask mask) {
+    const unsigned long long group = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (group * 4 < n) dropout_group(out, inp, n, mask, group);
+}
+
+// In place, for a buffer that is both input and output (attention's probability gradient).
+extern "C" __global__ void dropout_apply_inplace(float* x, unsigned long long n, DropoutMask mask) {
+    const unsigned long long group = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (group * 4 < n) dropout_group(x, x, n, mask, group);
+}

@@ -1,0 +1,78 @@
+// LayerNorm over the last dimension (eps 1e-5, as GPT-2), statistics in fp32.
+// One warp per row for the row-wise passes; the parameter gradients are column sums,
+// reduced in two fixed stages (per chunk of rows here, then `add_partials` in bias.cu) so
+// the result does not depend on scheduling.
+#include "common.cuh"
+
+#define LN_EPS 1e-5f
+
+// out = (x - mean) * rstd * weight + bias; mean and rstd saved per row for backward.
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                             const float* weight, const float* bias, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const float* x = inp + (unsigned long long)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) sum += x[c];
+    const float m = warp_sum(sum) / C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        const float d = x[c] - m;
+        sq += d * d;
+    }
+    const float s = 1.0f / sqrtf(warp_sum(sq) / C + LN_EPS);
+    float* y = out + (unsigned long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
+// with norm = (x - mean) * rstd and dnorm = dout * weight.
+extern "C" __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp,
+                                                    const float* weight, const float* mean,
+                                                    const float* rstd, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const unsigned long long base = (unsigned long long)row * C;
+    const float m = mean[row], s = rstd[row];
+    float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        const float dnorm = dout[base + c] * weight[c];
+        sum_dnorm += dnorm;
+        sum_dnorm_norm += dnorm * (inp[base + c] - m) * s;
+    }
+    const float mean_dnorm = warp_sum(sum_dnorm) / C;
+    const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        const float dnorm = dout[base + c] * weight[c];
+        const float norm = (inp[base + c] - m) * s;
+        dinp[base + c] = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+    }
+}
+
+// Stage one of dweight += sum_rows(dout * norm) and dbias += sum_rows(dout): block y sums
+// rows [y * rows_per_chunk, (y + 1) * rows_per_chunk) of one column per thread, in row
+// order, into partial_w / partial_b [chunks, C].
+extern "C" __global__ void layernorm_backward_params_partial(float* partial_w, float* partial_b,
+                                                             const float* dout, const float* inp,
+                                                             const float* mean, const float* rstd,
+                                                             int N, int C, int rows_per_chunk) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int chunk = blockIdx.y;
+    const int begin = chunk * rows_per_chunk;
+    const int end = min(N, begin + rows_per_chunk);
+    float w = 0.0f, b = 0.0f;
+    for (int row = begin; row < end; ++row) {
+        const unsigned long long i = (unsigned long long)row * C + c;
+        w += dout[i] * (inp[i] - mean[row]) * rstd[row];
+        b += dout[i];
+    }
+    partial_w[(unsigned long long)chunk * C + c] = w;
+    partial_b[(unsigned long long)chunk * C + c] = b;
+}

@@ -1,0 +1,344 @@
+//! The matmuls on cuBLAS. Our tensors are row-major and cuBLAS is column-major: a row-major
+//! [R, C] matrix is a column-major [C, R] one, so each product is computed transposed,
+//! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
+
+use super::device::{cu, cu_mut, rows_cols, CudaDevice};
+use crate::device::WeightLayout;
+use crate::tensor::Tensor;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
+use cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use std::os::raw::{c_int, c_longlong};
+
+/// The arithmetic of the layer matmuls (attention's batched products stay fp32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulPrecision {
+    /// Full fp32 (cuBLAS's default math mode: no TF32).
+    Fp32,
+    /// Operands rounded to bf16, products accumulated and stored in fp32; the weights
+    /// themselves stay fp32 (the master copy the optimizer updates).
+    Bf16,
+}
+
+/// One column-major product C = alpha * op(A) op(B) + beta * C, op(X) = X^T where `t*`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GemmShape {
+    pub ta: bool,
+    pub tb: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+}
+
+fn op(transpose: bool) -> cublasOperation_t {
+    if transpose {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+fn int(x: usize) -> c_int {
+    c_int::try_from(x).unwrap_or_else(|_| panic!("cuda: matmul dimension {x} exceeds cuBLAS's int"))
+}
+
+impl GemmShape {
+    fn config(&self, alpha: f32, beta: f32) -> GemmConfig<f32> {
+        GemmConfig {
+            transa: op(self.ta),
+            transb: op(self.tb),
+            m: int(self.m),
+            n: int(self.n),
+            k: int(self.k),
+            alpha,
+            lda: int(self.lda),
+            ldb: int(self.ldb),
+            beta,
+            ldc: int(self.ldc),
+        }
+    }
+}
+
+/// Matmul sizes: `n` rows, `ic` inputs, `oc` outputs.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    n: usize,
+    ic: usize,
+    oc: usize,
+}
+
+/// The dimensions from `rows` [N,OC] (out or dout), `inp` [N,IC] and the weight.
+fn dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayout) -> Dims {
+    let &[w0, w1] = weight.shape() else { panic!("matmul weight must be 2-D, got {weight:?}") };
+    let (ic, oc) = match layout {
+        WeightLayout::InOut => (w0, w1),
+        WeightLayout::OutIn => (w1, w0),
+    };
+    let (n, inp_cols) = rows_cols(inp);
+    assert_eq!(inp_cols, ic, "matmul: input {inp:?} vs weight {weight:?} ({layout:?})");
+    assert_eq!(rows.len(), n * oc, "matmul: {rows:?} vs {n} rows x {oc} outputs");
+    Dims { n, ic, oc }
+}
+
+/// out [N,OC] = inp [N,IC] W, as out^T = W^T inp^T: A = W, B = inp. Row-major W [IC,OC]
+/// (InOut) is column-major [OC,IC], already W^T; [OC,IC] (OutIn) needs the transpose.
+fn forward_shape(d: Dims, layout: WeightLayout) -> GemmShape {
+    let (ta, lda) = match layout {
+        WeightLayout::InOut => (false, d.oc),
+        WeightLayout::OutIn => (true, d.ic),
+    };
+    GemmShape { ta, tb: false, m: d.oc, n: d.n, k: d.ic, lda, ldb: d.ic, ldc: d.oc }
+}
+
+/// dinp [N,IC] = dout [N,OC] W^T, as dinp^T = W dout^T: A = W, B = dout.
+fn backward_input_shape(d: Dims, layout: WeightLayout) -> GemmShape {
+    let (ta, lda) = match layout {
+        WeightLayout::InOut => (true, d.oc),
+        WeightLayout::OutIn => (false, d.ic),
+    };
+    GemmShape { ta, tb: false, m: d.ic, n: d.n, k: d.oc, lda, ldb: d.oc, ldc: d.ic }
+}
+
+/// dW += inp^T dout. InOut dW [IC,OC] is column-major [OC,IC] = dout^T inp: A = dout,
+/// B = inp. OutIn dW [OC,IC] is column-major [IC,OC] = inp^T dout: A = inp, B = dout.
+/// Returns the shape and whether dout is operand A.
+fn backward_weight_shape(d: Dims, layout: WeightLayout) -> (GemmShape, bool) {
+    match layout {
+        WeightLayout::InOut => (
+            GemmShape { ta: false, tb: true, m: d.oc, n: d.ic, k: d.n, lda: d.oc, ldb: d.ic, ldc: d.oc },
+            true,
+        ),
+        WeightLayout::OutIn => (
+            GemmShape { ta: false, tb: true, m: d.ic, n: d.oc, k: d.n, lda: d.ic, ldb: d.oc, ldc: d.ic },
+            false,
+        ),
+    }
+}
+
+impl CudaDevice {
+    /// One fp32 gemm on this device's stream.
+    pub(super) fn gemm(
+        &self,
+        shape: GemmShape,
+        alpha: f32,
+        beta: f32,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+    ) {
+        let blas = self.blas();
+        // SAFETY: the shapes were checked against the tensors' sizes by the callers.
+        unsafe { blas.gemm(shape.config(alpha, beta), a, b, c) }
+            .unwrap_or_else(|e| panic!("cuda: cuBLAS gemm {shape:?} failed: {e:?}"));
+    }
+
+    /// `batch` fp32 gemms over consecutive matrices `stride_*` elements apart.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_batched(
+        &self,
+        shape: GemmShape,
+        batch: usize,
+        strides: (usize, usize, usize),
+        alpha: f32,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+    ) {
+        let stride = |s: usize| c_longlong::try_from(s).expect("cuda: stride fits in i64");
+        let config = StridedBatchedConfig {
+            gemm: shape.config(alpha, 0.0),
+            batch_size: int(batch),
+            stride_a: stride(strides.0),
+            stride_b: stride(strides.1),
+            stride_c: stride(strides.2),
+        };
+        let blas = self.blas();
+        // SAFETY: the shapes and strides were checked against the buffers by the callers.
+        unsafe { blas.gemm_strided_batched(config, a, b, c) }
+            .unwrap_or_else(|e| panic!("cuda: cuBLAS batched gemm {shape:?} x {batch} failed: {e:?}"));
+    }
+
+    /// A layer matmul in this device's precision: fp32, or bf16 operands into fp32.
+    fn layer_gemm(
+        &self,
+        shape: GemmShape,
+        beta: f32,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+    ) {
+        match self.precision {
+            MatmulPrecision::Fp32 => self.gemm(shape, 1.0, beta, a, b, c),
+            MatmulPrecision::Bf16 => self.gemm_bf16(shape, beta, a, b, c),
+        }
+    }
+
+    fn gemm_bf16(
+        &self,
+        shape: GemmShape,
+        beta: f32,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+    ) {
+        let (a16, b16) = (self.to_bf16(a), self.to_bf16(b));
+        let alpha = 1.0f32;
+        let blas = self.blas();
+        let (a_ptr, _a_sync) = a16.device_ptr(&self.stream);
+        let (b_ptr, _b_sync) = b16.device_ptr(&self.stream);
+        let (c_ptr, _c_sync) = c.device_ptr_mut(&self.stream);
+        let cfg = shape.config(alpha, beta);
+        // SAFETY: bf16 operands of the checked sizes; alpha and beta are f32 as
+        // CUBLAS_COMPUTE_32F requires; all three buffers are on this device's stream.
+        let status = unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cfg.transa,
+                cfg.transb,
+                cfg.m,
+                cfg.n,
+                cfg.k,
+                (&alpha) as *const f32 as *const _,
+                a_ptr as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                cfg.lda,
+                b_ptr as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                cfg.ldb,
+                (&beta) as *const f32 as *const _,
+                c_ptr as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                cfg.ldc,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        status.unwrap_or_else(|e| panic!("cuda: cuBLAS bf16 gemm {shape:?} failed: {e:?}"));
+    }
+
+    /// The cuBLAS handle, with this device's context current on the calling thread
+    /// (cuBLAS, unlike cudarc's own calls, uses whatever context is current).
+    fn blas(&self) -> std::sync::MutexGuard<'_, cudarc::cublas::CudaBlas> {
+        self.gpu.ctx.bind_to_thread().unwrap_or_else(|e| panic!("cuda: cannot bind the context: {e:?}"));
+        self.blas.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn matmul_forward_op(
+        &self,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        bias: Option<&Tensor>,
+    ) {
+        let d = dims(out, inp, weight, layout);
+        self.layer_gemm(forward_shape(d, layout), 0.0, cu(weight), cu(inp), cu_mut(out));
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), d.oc, "matmul: bias {bias:?} for {d:?}");
+            self.add_bias(cu_mut(out), cu(bias), d.n, d.oc);
+        }
+    }
+
+    pub(super) fn matmul_backward_input_op(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+    ) {
+        let d = dims(dout, dinp, weight, layout);
+        self.layer_gemm(backward_input_shape(d, layout), 0.0, cu(weight), cu(dout), cu_mut(dinp));
+    }
+
+    pub(super) fn matmul_backward_weight_op(
+        &self,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        layout: WeightLayout,
+    ) {
+        let d = dims(dout, inp, dweight, layout);
+        let (shape, dout_is_a) = backward_weight_shape(d, layout);
+        let (a, b) = if dout_is_a { (cu(dout), cu(inp)) } else { (cu(inp), cu(dout)) };
+        // beta = 1: parameter gradients accumulate over microbatches.
+        self.layer_gemm(shape, 1.0, a, b, cu_mut(dweight));
+        if let Some(dbias) = dbias {
+            assert_eq!(dbias.len(), d.oc, "matmul: dbias {dbias:?} for {d:?}");
+            self.add_column_sums(cu_mut(dbias), cu(dout), d.n, d.oc);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// cuBLAS's sgemm on the host, straight from its definition (column-major, leading
+    /// dimensions, transposes), to check our row-major mappings without a GPU.
+    pub fn host_gemm(s: GemmShape, alpha: f32, beta: f32, a: &[f32], b: &[f32], c: &mut [f32]) {
+        let at = |i: usize, p: usize| if s.ta { a[p + i * s.lda] } else { a[i + p * s.lda] };
+        let bt = |p: usize, j: usize| if s.tb { b[j + p * s.ldb] } else { b[p + j * s.ldb] };
+        for j in 0..s.n {
+            for i in 0..s.m {
+                let dot: f32 = (0..s.k).map(|p| at(i, p) * bt(p, j)).sum();
+                c[i + j * s.ldc] = alpha * dot + beta * c[i + j * s.ldc];
+            }
+        }
+    }
+
+    /// Row-major [r, k] x [k, c], with an accessor for the right operand.
+    pub fn row_major(r: usize, k: usize, c: usize, x: &[f32], y: impl Fn(usize, usize) -> f32) -> Vec<f32> {
+        (0..r * c).map(|i| (0..k).map(|p| x[i / c * k + p] * y(p, i % c)).sum()).collect()
+    }
+
+    pub fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7 + seed * 13) % 23) as f32 - 11.0).collect()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-3 * y.abs().max(1.0), "element {i}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn layer_matmul_mappings_compute_the_row_major_products() {
+        let d = Dims { n: 5, ic: 3, oc: 4 };
+        let (inp, dout) = (values(d.n * d.ic, 1), values(d.n * d.oc, 2));
+        let w = values(d.ic * d.oc, 3);
+        for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+            // W as a math matrix [IC, OC], whatever its storage.
+            let wm = |i: usize, o: usize| match layout {
+                WeightLayout::InOut => w[i * d.oc + o],
+                WeightLayout::OutIn => w[o * d.ic + i],
+            };
+            let mut out = vec![0.0; d.n * d.oc];
+            host_gemm(forward_shape(d, layout), 1.0, 0.0, &w, &inp, &mut out);
+            close(&out, &row_major(d.n, d.ic, d.oc, &inp, wm));
+
+            let mut dinp = vec![0.0; d.n * d.ic];
+            host_gemm(backward_input_shape(d, layout), 1.0, 0.0, &w, &dout, &mut dinp);
+            close(&dinp, &row_major(d.n, d.oc, d.ic, &dout, |o, i| wm(i, o)));
+
+            // dW accumulates onto what is there.
+            let mut dw = vec![1.0; d.ic * d.oc];
+            let (shape, dout_is_a) = backward_weight_shape(d, layout);
+            let (a, b) = if dout_is_a { (&dout, &inp) } else { (&inp, &dout) };
+            host_gemm(shape, 1.0, 1.0, a, b, &mut dw);
+            let inp_t: Vec<f32> = (0..d.ic * d.n).map(|x| inp[x % d.n * d.ic + x / d.n]).collect();
+            let dwm = row_major(d.ic, d.n, d.oc, &inp_t, |n, o| dout[n * d.oc + o]);
+            let want: Vec<f32> = (0..d.ic * d.oc)
+                .map(|x| match layout {
+                    WeightLayout::InOut => dwm[x] + 1.0,
+                    WeightLayout::OutIn => dwm[x % d.ic * d.oc + x / d.ic] + 1.0,
+                })
+                .collect();
+            close(&dw, &want);
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! [`CudaDevice`]: one GPU's stream, cuBLAS handle and ledger behind the [`Device`] trait.
+//! The ops themselves live in the files named after their kernel families; this file holds
+//! the buffers and the dispatch.
+
+use super::blas::MatmulPrecision;
+use super::gpu::{gpu, Gpu};
+use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::dropout::DropoutSpec;
+use crate::memory::{Category, MemoryLedger};
+use crate::tensor::{Storage, Tensor};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
+use std::sync::{Arc, Mutex};
+
+/// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
+/// the order they are called; several devices may share a GPU (and its compiled kernels).
+pub struct CudaDevice {
+    pub(super) ordinal: usize,
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) stream: Arc<CudaStream>,
+    /// cuBLAS handles are not meant for concurrent calls; a device serialises its own.
+    pub(super) blas: Mutex<CudaBlas>,
+    pub(super) precision: MatmulPrecision,
+    ledger: Arc<MemoryLedger>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` with fp32 matmuls and a fresh ledger. An error (no driver, no
+    /// such GPU, no NVRTC or cuBLAS library, a kernel that does not compile) is a message
+    /// that says which; this never panics for want of a GPU.
+    pub fn new(ordinal: usize) -> Result<CudaDevice, String> {
+        let gpu = gpu(ordinal)?;
+        // SAFETY: only tries to open the library by its candidate names.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err("the cuBLAS library (libcublas.so) was not found; install it (e.g. the PyPI \
+                        wheel nvidia-cublas) and put its lib directory on LD_LIBRARY_PATH"
+                .into());
+        }
+        let stream =
+            gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| format!("GPU {ordinal}: cannot start cuBLAS: {e:?}"))?;
+        Ok(CudaDevice {
+            ordinal,
+            gpu,
+            stream,
+            blas: Mutex::new(blas),
+            precision: MatmulPrecision::Fp32,
+            ledger: Arc::new(MemoryLedger::new()),
+        })
+    }
+
+    /// The same device with matmul operands rounded to bf16 (fp32 accumulation, fp32
+    /// results and master weights): the `precision: bf16` mode.
+    pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> CudaDevice {
+        self.precision = precision;
+        self
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Waits until every op issued so far on this device has finished (for timing).
+    pub fn synchronize(&self) {
+        self.stream.synchronize().unwrap_or_else(|e| panic!("cuda: synchronize failed: {e:?}"));
+    }
+
+    pub(super) fn scratch<T: cudarc::driver::DeviceRepr>(&self, len: usize) -> super::scratch::Scratch<T> {
+        super::scratch::Scratch::uninit(&self.stream, &self.ledger, len)
+    }
+
+    pub(super) fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> super::scratch::Scratch<T> {
+        super::scratch::Scratch::from_host(&self.stream, &self.ledger, data)
+    }
+
+    fn tensor(&self, shape: &[usize], slice: CudaSlice<f32>, category: Category) -> Tensor {
+        Tensor::new(shape, Storage::Cuda(slice), category, self.ledger.clone())
+    }
+}
+
+/// The device buffer of a tensor. A tensor of another device here is a bug in the caller.
+pub(super) fn cu(t: &Tensor) -> &CudaSlice<f32> {
+    match t.storage() {
+        Storage::Cuda(s) => s,
+        Storage::Cpu(_) => panic!("cuda: {t:?} is a CPU tensor"),
+    }
+}
+
+pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
+    let desc = format!("{t:?}");
+    match t.storage_mut() {
+        Storage::Cuda(s) => s,
+        Storage::Cpu(_) => panic!("cuda: {desc} is a CPU tensor"),
+    }
+}
+
+/// (rows, last dimension) of a tensor seen as a matrix over its last axis.
+pub(super) fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let cols = *t.shape().last().expect("a tensor with at least one dimension");
+    (t.len().checked_div(cols).unwrap_or(0), cols)
+}
+
+pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
+    assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
+}
+
+/// Threads per block of the elementwise kernels.
+const BLOCK: u32 = 256;
+
+/// One thread per item, `BLOCK` threads per block.
+pub(super) fn per_item(items: usize) -> LaunchConfig {
+    let blocks = items.div_ceil(BLOCK as usize);
+    let blocks =
+        u32::try_from(blocks).unwrap_or_else(|_| panic!("cuda: {items} items is too many for one grid"));
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One warp per row, `BLOCK / 32` rows per block.
+pub(super) fn per_row_warp(rows: usize) -> LaunchConfig {
+    per_item(rows * 32)
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> String {
+        let (major, minor) = self.gpu.compute_capability;
+        format!("cuda:{} ({}, sm_{major}{minor})", self.ordinal, self.gpu.name)
+    }
+
+    fn ledger(&self) -> &Arc<MemoryLedger> {
+        &self.ledger
+    }
+
+    fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
+        let len: usize = shape.iter().product();
+        // CUDA rejects an empty allocation, so an empty tensor holds one unused element.
+        let slice = self
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .unwrap_or_else(|e| panic!("cuda: cannot allocate {shape:?} on GPU {}: {e:?}", self.ordinal));
+        self.tensor(shape, slice, category)
+    }
+
+    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        assert_eq!(
+            data.len(),
+            shape.iter().product::<usize>(),
+            "from_host: {} values for {shape:?}",
+            data.len()
+        );
+        if data.is_empty() {
+            return self.zeros(shape, category);
+        }
+        let slice = self
+            .stream
+            .clone_htod(data)
+            .unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
+        self.tensor(shape, slice, category)
+    }
+
+    fn to_host(&self, t: &Tensor) -> Vec<f32> {
+        if t.is_empty() {
+            return Vec::new();
+        }
+        let host =
+            self.stream.clone_dtoh(cu(t)).unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
+        self.synchronize();
+        host
+    }
+
+    fn copy(&self, dst: &mut Tensor, src: &Tensor) {
+        assert_same_len(dst, src);
+        if src.is_empty() {
+            return;
+        }
+        self.stream
+            .memcpy_dtod(cu(src), cu_mut(dst))
+            .unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
+    }
+
+    fn fill_zero(&self, t: &mut Tensor) {
+        self.stream.memset_zeros(cu_mut(t)).unwrap_or_else(|e| panic!("cuda: cannot zero a tensor: {e:?}"));
+    }
+
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
+        assert_same_len(acc, x);
+        self.accumulate_op(acc, x);
+    }
+
+    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
+        assert_same_len(out, a);
+        assert_same_len(out, b);
+        self.add_op(out, a, b);
+    }
+
+    fn sum_squares(&self, t: &Tensor) -> f64 {
+        self.sum_squares_op(t)
+    }
+
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
+        self.embedding_forward_op(out, tokens, wte, wpe);
+    }
+
+    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]) {
+        self.embedding_backward_op(dwte, dwpe, dout, tokens);
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+    ) {
+        self.layernorm_forward_op(out, mean, rstd, inp, weight, bias);
+    }
+
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) {
+        self.layernorm_backward_op(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    }
+
+    fn matmul_forward(
+        &self,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        bias: Option<&Tensor>,
+    ) {
+        self.matmul_forward_op(out, inp, weight, layout, bias);
+    }
+
+    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout) {
+        self.matmul_backward_input_op(dinp, dout, weight, layout);
+    }
+
+    fn matmul_backward_weight(
+        &self,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        layout: WeightLayout,
+    ) {
+        self.matmul_backward_weight_op(dweight, dbias, dout, inp, layout);
+    }
+
+    fn attention_forward(
+        &self,
+        out: &mut Tensor,
+        att: &mut Tensor,
+        qkv: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    ) {
+        self.attention_forward_op(out, att, qkv, n_head, dropout);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &mut Tensor,
+        dout: &Tensor,
+        qkv: &Tensor,
+        att: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    ) {
+        self.attention_backward_op(dqkv, dout, qkv, att, n_head, dropout);
+    }
+
+    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        assert_same_len(out, inp);
+        self.gelu_forward_op(out, inp);
+    }
+
+    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        assert_same_len(dinp, inp);
+        assert_same_len(dinp, dout);
+        self.gelu_backward_op(dinp, inp, dout);
+    }
+
+    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(out, inp);
+        self.dropout_op(out, inp, &dropout);
+    }
+
+    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(dinp, dout);
+        // The mask multiplies the gradient exactly as it multiplied the activation.
+        self.dropout_op(dinp, dout, &dropout);
+    }
+
+    fn cross_entropy(
+        &self,
+        losses: &mut Tensor,
+        logits: &mut Tensor,
+        targets: &[u32],
+        grad_scale: Option<f32>,
+    ) {
+        self.cross_entropy_op(losses, logits, targets, grad_scale);
+    }
+
+    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
+        assert_same_len(param, grad);
+        assert_same_len(param, m);
+        assert_same_len(param, v);
+        self.adamw_op(param, grad, m, v, &hp);
+    }
+}

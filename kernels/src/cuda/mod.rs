@@ -1,0 +1,40 @@
+//! The CUDA backend (feature `cuda`): [`CudaDevice`] implements [`crate::Device`] with
+//! kernels from `kernels/cuda/*.cu`, compiled at run time by NVRTC for the GPU at hand,
+//! and cuBLAS for the matmuls. cudarc loads the CUDA libraries dynamically, so this builds
+//! with no CUDA toolkit, and [`CudaDevice::new`] returns an error, never a panic, where
+//! there is no driver or no GPU.
+
+/// Launches kernel `$name` of device `$dev` on its stream with `$cfg`, passing each
+/// argument by reference (so scalars must be named locals that outlive the launch). An
+/// empty grid is skipped: CUDA rejects it, and it would have no work to do.
+macro_rules! launch {
+    ($dev:expr, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let cfg: cudarc::driver::LaunchConfig = $cfg;
+        if cfg.grid_dim.0 > 0 && cfg.grid_dim.1 > 0 && cfg.grid_dim.2 > 0 {
+            use cudarc::driver::PushKernelArg as _;
+            let function = $dev.gpu.kernel($name);
+            let mut builder = $dev.stream.launch_builder(function);
+            $(builder.arg($arg);)+
+            // SAFETY: the arguments match the kernel's parameter list in kernels/cuda/, and
+            // every buffer was sized for the launch by the caller.
+            let launched = unsafe { builder.launch(cfg) };
+            if let Err(e) = launched {
+                panic!("cuda: launching {} failed: {e:?}", $name);
+            }
+        }
+    }};
+}
+
+mod attention;
+mod blas;
+pub mod compile;
+mod device;
+mod embedding;
+mod gpu;
+mod pointwise;
+mod rowwise;
+mod scratch;
+pub mod sources;
+
+pub use blas::MatmulPrecision;
+pub use device::CudaDevice;

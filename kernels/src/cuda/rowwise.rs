@@ -1,0 +1,197 @@
+//! The ops that reduce along rows or columns: LayerNorm, cross-entropy, bias gradients and
+//! the sum of squares. Every reduction has a fixed shape (warp per row, fixed chunks of
+//! rows or elements, then one ordered pass), so results are bitwise repeatable.
+
+use super::device::{assert_same_len, cu, cu_mut, per_item, per_row_warp, rows_cols, CudaDevice};
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+/// Rows per chunk in the first stage of a column sum. Fixed, not tuned to the GPU, so the
+/// rounding of a parameter gradient is the same on every GPU.
+const ROWS_PER_CHUNK: usize = 64;
+/// Elements per block in the first stage of `sum_squares`, fixed for the same reason.
+const SUM_SQUARES_CHUNK: usize = 1 << 16;
+/// Threads per block of the block-per-row and block-reduction kernels.
+const REDUCE_BLOCK: u32 = 512;
+
+/// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,
+/// one block row per chunk of rows.
+fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
+    let chunks = rows.div_ceil(ROWS_PER_CHUNK);
+    let mut cfg = per_item(cols);
+    cfg.grid_dim.1 = u32::try_from(chunks).expect("cuda: too many rows for a column sum");
+    (cfg, chunks)
+}
+
+fn as_i32(x: usize, what: &str) -> i32 {
+    i32::try_from(x).unwrap_or_else(|_| panic!("cuda: {what} {x} does not fit the kernels' int"))
+}
+
+impl CudaDevice {
+    pub(super) fn layernorm_forward_op(
+        &self,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
+        let (n_i, c_i) = (as_i32(n, "rows"), as_i32(c, "channels"));
+        launch!(
+            self,
+            "layernorm_forward",
+            per_row_warp(n),
+            cu_mut(out),
+            cu_mut(mean),
+            cu_mut(rstd),
+            cu(inp),
+            cu(weight),
+            cu(bias),
+            &n_i,
+            &c_i,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layernorm_backward_op(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
+        let (n_i, c_i) = (as_i32(n, "rows"), as_i32(c, "channels"));
+        launch!(
+            self,
+            "layernorm_backward_input",
+            per_row_warp(n),
+            cu_mut(dinp),
+            cu(dout),
+            cu(inp),
+            cu(weight),
+            cu(mean),
+            cu(rstd),
+            &n_i,
+            &c_i,
+        );
+        let (cfg, chunks) = per_column_chunk(n, c);
+        let mut partial_w = self.scratch::<f32>(chunks * c);
+        let mut partial_b = self.scratch::<f32>(chunks * c);
+        let rows_per_chunk = ROWS_PER_CHUNK as i32;
+        launch!(
+            self,
+            "layernorm_backward_params_partial",
+            cfg,
+            &mut *partial_w,
+            &mut *partial_b,
+            cu(dout),
+            cu(inp),
+            cu(mean),
+            cu(rstd),
+            &n_i,
+            &c_i,
+            &rows_per_chunk,
+        );
+        self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
+        self.add_partials(cu_mut(dbias), &partial_b, chunks, c);
+    }
+
+    /// out [C] += column sums of x [N, C].
+    pub(super) fn add_column_sums(
+        &self,
+        out: &mut CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let (cfg, chunks) = per_column_chunk(rows, cols);
+        let mut partial = self.scratch::<f32>(chunks * cols);
+        let (n_i, c_i, rows_per_chunk) =
+            (as_i32(rows, "rows"), as_i32(cols, "columns"), ROWS_PER_CHUNK as i32);
+        launch!(self, "column_partial_sums", cfg, &mut *partial, x, &n_i, &c_i, &rows_per_chunk);
+        self.add_partials(out, &partial, chunks, cols);
+    }
+
+    fn add_partials(&self, out: &mut CudaSlice<f32>, partial: &CudaSlice<f32>, chunks: usize, cols: usize) {
+        let (chunks_i, c_i) = (as_i32(chunks, "chunks"), as_i32(cols, "columns"));
+        launch!(self, "add_partials", per_item(cols), out, partial, &chunks_i, &c_i);
+    }
+
+    /// out [N, C] += bias [C] broadcast over rows.
+    pub(super) fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) {
+        let (n, c_i) = (rows as u64, as_i32(cols, "columns"));
+        launch!(self, "bias_add", per_item(rows * cols), out, bias, &n, &c_i);
+    }
+
+    pub(super) fn cross_entropy_op(
+        &self,
+        losses: &mut Tensor,
+        logits: &mut Tensor,
+        targets: &[u32],
+        grad_scale: Option<f32>,
+    ) {
+        let (n, v) = rows_cols(logits);
+        assert!(losses.len() == n && targets.len() == n, "cross_entropy: {n} rows of logits {logits:?}");
+        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
+            panic!("cross_entropy: target {bad} outside a vocabulary of {v}");
+        }
+        if n == 0 {
+            return;
+        }
+        let targets = self.upload(targets);
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(n).expect("cuda: too many cross-entropy rows"), 1, 1),
+            block_dim: (REDUCE_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (v_i, write_grad, scale) =
+            (as_i32(v, "vocabulary"), grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
+        launch!(
+            self,
+            "cross_entropy",
+            cfg,
+            cu_mut(losses),
+            cu_mut(logits),
+            &*targets,
+            &v_i,
+            &write_grad,
+            &scale
+        );
+    }
+
+    pub(super) fn sum_squares_op(&self, t: &Tensor) -> f64 {
+        if t.is_empty() {
+            return 0.0;
+        }
+        let blocks = t.len().div_ceil(SUM_SQUARES_CHUNK);
+        let mut partial = self.scratch::<f64>(blocks);
+        let mut total = self.scratch::<f64>(1);
+        let (n, chunk, count) = (t.len() as u64, SUM_SQUARES_CHUNK as u64, as_i32(blocks, "blocks"));
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(blocks).expect("cuda: too many elements"), 1, 1),
+            block_dim: (REDUCE_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, "sum_squares_partial", cfg, &mut *partial, cu(t), &n, &chunk);
+        let single = LaunchConfig { grid_dim: (1, 1, 1), ..cfg };
+        launch!(self, "sum_partials", single, &mut *total, &*partial, &count);
+        let host =
+            self.stream.clone_dtoh(&*total).unwrap_or_else(|e| panic!("cuda: sum_squares download: {e:?}"));
+        self.synchronize();
+        host[0]
+    }
+}

@@ -1,0 +1,71 @@
+//! Every CUDA source of the backend, embedded in the binary so that a run needs no files
+//! beside it, and listed so that tests can compile each one.
+
+/// One `.cu` file: a kernel family compiled by NVRTC into one module.
+pub struct KernelSource {
+    /// The file name under `kernels/cuda/`.
+    pub name: &'static str,
+    pub source: &'static str,
+    /// The `extern "C"` kernels the module exports; the device loads exactly these.
+    pub kernels: &'static [&'static str],
+}
+
+/// Headers the sources `#include "..."`, resolved from here rather than from a directory.
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("philox.cuh", include_str!("../../cuda/philox.cuh")),
+];
+
+pub const SOURCES: &[KernelSource] = &[
+    KernelSource { name: "adamw.cu", source: include_str!("../../cuda/adamw.cu"), kernels: &["adamw"] },
+    KernelSource {
+        name: "attention.cu",
+        source: include_str!("../../cuda/attention.cu"),
+        kernels: &["split_heads", "merge_heads", "causal_softmax_forward", "causal_softmax_backward"],
+    },
+    KernelSource {
+        name: "bias.cu",
+        source: include_str!("../../cuda/bias.cu"),
+        kernels: &["bias_add", "column_partial_sums", "add_partials"],
+    },
+    KernelSource {
+        name: "cast.cu",
+        source: include_str!("../../cuda/cast.cu"),
+        kernels: &["f32_to_bf16", "bf16_to_f32"],
+    },
+    KernelSource {
+        name: "cross_entropy.cu",
+        source: include_str!("../../cuda/cross_entropy.cu"),
+        kernels: &["cross_entropy"],
+    },
+    KernelSource {
+        name: "dropout.cu",
+        source: include_str!("../../cuda/dropout.cu"),
+        kernels: &["dropout_apply", "dropout_apply_inplace"],
+    },
+    KernelSource {
+        name: "elementwise.cu",
+        source: include_str!("../../cuda/elementwise.cu"),
+        kernels: &["accumulate", "add"],
+    },
+    KernelSource {
+        name: "embedding.cu",
+        source: include_str!("../../cuda/embedding.cu"),
+        kernels: &["embedding_forward", "embedding_backward_wte", "embedding_backward_wpe"],
+    },
+    KernelSource {
+        name: "gelu.cu",
+        source: include_str!("../../cuda/gelu.cu"),
+        kernels: &["gelu_forward", "gelu_backward"],
+    },
+    KernelSource {
+        name: "layernorm.cu",
+        source: include_str!("../../cuda/layernorm.cu"),
+        kernels: &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params_partial"],
+    },
+    KernelSource {
+        name: "sum_squares.cu",
+        source: include_str!("../../cuda/sum_squares.cu"),
+        kernels: &["sum_squares_partial", "sum_partials"],
+    },
+];

@@ -1,0 +1,102 @@
+//! The CUDA kernels, checked without a GPU: every source is listed, every listed kernel
+//! exists, and NVRTC compiles each file to PTX for the GPU generations we target. Only
+//! the NVRTC library is needed (`.ci/install-nvrtc.sh`); without it the compile test skips
+//! and says so.
+#![cfg(feature = "cuda")]
+
+use kernels::cuda::compile::{compile, nvrtc_available, nvrtc_version};
+use kernels::cuda::sources::{KernelSource, HEADERS, SOURCES};
+use std::collections::BTreeSet;
+
+/// A100 and H100/H200.
+const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+
+fn cuda_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda")
+}
+
+#[test]
+fn every_file_in_the_cuda_directory_is_listed() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(cuda_dir())
+        .expect("kernels/cuda exists")
+        .map(|e| e.expect("readable entry").file_name().into_string().expect("utf-8 name"))
+        .collect();
+    let listed: BTreeSet<String> =
+        SOURCES.iter().map(|s| s.name).chain(HEADERS.iter().map(|h| h.0)).map(String::from).collect();
+    assert_eq!(on_disk, listed, "kernels/cuda and sources.rs disagree");
+}
+
+#[test]
+fn listed_kernels_are_exactly_the_sources_entry_points() {
+    for source in SOURCES {
+        let defined: BTreeSet<&str> = source
+            .source
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .map(|rest| rest.split('(').next().expect("a kernel name").trim())
+            .collect();
+        let listed: BTreeSet<&str> = source.kernels.iter().copied().collect();
+        assert_eq!(defined, listed, "{}: kernels defined vs listed", source.name);
+    }
+}
+
+#[test]
+fn nvrtc_compiles_every_kernel() {
+    if !nvrtc_available() {
+        eprintln!("SKIP nvrtc_compiles_every_kernel: libnvrtc not found (run .ci/install-nvrtc.sh)");
+        return;
+    }
+    let (major, minor) = nvrtc_version().expect("NVRTC reports its version");
+    eprintln!("NVRTC {major}.{minor}");
+    for arch in ARCHS {
+        for source in SOURCES {
+            let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+            for kernel in source.kernels {
+                assert!(
+                    ptx.contains(&format!(".entry {kernel}(")),
+                    "{}: no entry {kernel} in the PTX",
+                    source.name
+                );
+            }
+            // Determinism: float atomics would make sums depend on timing. No kernel uses any.
+            let atomic = ptx.split_whitespace().find(|op| op.starts_with("atom.") || op.starts_with("red."));
+            assert_eq!(atomic, None, "{}: the PTX for {arch} has an atomic", source.name);
+        }
+    }
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
+    if !nvrtc_available() {
+        eprintln!("SKIP a_kernel_that_does_not_compile...: libnvrtc not found (run .ci/install-nvrtc.sh)");
+        return;
+    }
+    let broken = KernelSource {
+        name: "broken.cu",
+        source: "extern \"C\" __global__ void k(float* x) { x[0] = no_such_name; }\n",
+        kernels: &["k"],
+    };
+    let err = compile(&broken, ARCHS[0]).expect_err("an undefined name must not compile");
+    assert!(err.contains("broken.cu") && err.contains("no_such_name"), "{err}");
+}
+
+/// philox.cuh transcribes kernels/src/philox.rs and cannot be run here; at least its
+/// constants must be the Rust ones (the GPU tests compare whole masks).
+#[test]
+fn philox_constants_match_the_rust_definition() {
+    let rust = include_str!("../src/philox.rs").replace('_', "").to_lowercase();
+    let cuda = include_str!("../cuda/philox.cuh").to_lowercase();
+    for name in ["m0", "m1", "w0", "w1"] {
+        let rust_value = rust
+            .split(&format!("const {name}: u32 = "))
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .unwrap_or_else(|| panic!("philox.rs defines {name}"));
+        let cuda_value = cuda
+            .split(&format!("#define philox_{name} "))
+            .nth(1)
+            .and_then(|r| r.split('u').next())
+            .unwrap_or_else(|| panic!("philox.cuh defines PHILOX_{name}"));
+        assert_eq!(rust_value.trim(), cuda_value.trim(), "Philox constant {name}");
+    }
+}
