@@ -13,7 +13,7 @@
 //!   dk  = dS^T q * scale    ProbsTransposedTimes (q, dS)
 
 use super::blas::GemmShape;
-use super::device::{assert_same_len, cu, cu_mut, per_item, per_row_warp, CudaDevice};
+use super::device::{assert_same_len, cu, cu_mut, int, per_item, per_row_warp, CudaDevice};
 use super::scratch::Scratch;
 use crate::dropout::DropoutSpec;
 use crate::tensor::Tensor;
@@ -83,10 +83,6 @@ impl Product {
     }
 }
 
-fn as_i32(x: usize) -> i32 {
-    i32::try_from(x).unwrap_or_else(|_| panic!("cuda: attention dimension {x} does not fit an int"))
-}
-
 impl CudaDevice {
     /// dst [B,NH,T,hs] = columns offset..offset+C of src rows `stride` wide.
     fn split_heads(
@@ -97,8 +93,8 @@ impl CudaDevice {
         stride: usize,
         offset: usize,
     ) {
-        let (b, t, nh, hs) = (as_i32(d.b), as_i32(d.t), as_i32(d.nh), as_i32(d.hs()));
-        let (stride, offset) = (as_i32(stride), as_i32(offset));
+        let (b, t, nh, hs) = (int(d.b), int(d.t), int(d.nh), int(d.hs()));
+        let (stride, offset) = (int(stride), int(offset));
         launch!(self, "split_heads", per_item(d.act_len()), dst, src, &b, &t, &nh, &hs, &stride, &offset);
     }
 
@@ -111,8 +107,8 @@ impl CudaDevice {
         stride: usize,
         offset: usize,
     ) {
-        let (b, t, nh, hs) = (as_i32(d.b), as_i32(d.t), as_i32(d.nh), as_i32(d.hs()));
-        let (stride, offset) = (as_i32(stride), as_i32(offset));
+        let (b, t, nh, hs) = (int(d.b), int(d.t), int(d.nh), int(d.hs()));
+        let (stride, offset) = (int(stride), int(offset));
         launch!(self, "merge_heads", per_item(d.act_len()), dst, src, &b, &t, &nh, &hs, &stride, &offset);
     }
 
@@ -163,7 +159,7 @@ impl CudaDevice {
         let [q, k, v] = self.split_qkv(qkv, d);
         // Scores straight into att, then the causal softmax in place.
         self.heads_gemm(d, Product::Scores, d.scale(), &k, &q, cu_mut(att));
-        let (rows, t) = ((d.heads() * d.t) as u64, as_i32(d.t));
+        let (rows, t) = ((d.heads() * d.t) as u64, int(d.t));
         launch!(self, "causal_softmax_forward", per_row_warp(d.heads() * d.t), cu_mut(att), &rows, &t);
 
         let dropped = dropout.as_ref().map(|spec| self.dropped(cu(att), d, spec));
@@ -207,7 +203,7 @@ impl CudaDevice {
         }
 
         // Through the softmax (in place: dP becomes dS), then S = scale * q k^T.
-        let (rows, t) = ((d.heads() * d.t) as u64, as_i32(d.t));
+        let (rows, t) = ((d.heads() * d.t) as u64, int(d.t));
         launch!(self, "causal_softmax_backward", per_row_warp(d.heads() * d.t), &mut *dp, cu(att), &rows, &t);
         let mut dq = self.scratch::<f32>(d.act_len());
         self.heads_gemm(d, Product::ProbsTimes, d.scale(), &k, &dp, &mut dq);

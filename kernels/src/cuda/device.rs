@@ -4,12 +4,13 @@
 
 use super::blas::MatmulPrecision;
 use super::gpu::{gpu, Gpu};
+use super::scratch::Scratch;
 use crate::device::{AdamWStep, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Storage, Tensor};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 use std::sync::{Arc, Mutex};
 
 /// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
@@ -66,12 +67,12 @@ impl CudaDevice {
         self.stream.synchronize().unwrap_or_else(|e| panic!("cuda: synchronize failed: {e:?}"));
     }
 
-    pub(super) fn scratch<T: cudarc::driver::DeviceRepr>(&self, len: usize) -> super::scratch::Scratch<T> {
-        super::scratch::Scratch::uninit(&self.stream, &self.ledger, len)
+    pub(super) fn scratch<T: DeviceRepr>(&self, len: usize) -> Scratch<T> {
+        Scratch::uninit(&self.stream, &self.ledger, len)
     }
 
-    pub(super) fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> super::scratch::Scratch<T> {
-        super::scratch::Scratch::from_host(&self.stream, &self.ledger, data)
+    pub(super) fn upload<T: DeviceRepr>(&self, data: &[T]) -> Scratch<T> {
+        Scratch::from_host(&self.stream, &self.ledger, data)
     }
 
     fn tensor(&self, shape: &[usize], slice: CudaSlice<f32>, category: Category) -> Tensor {
@@ -88,10 +89,12 @@ pub(super) fn cu(t: &Tensor) -> &CudaSlice<f32> {
 }
 
 pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
-    let desc = format!("{t:?}");
+    if let Storage::Cpu(_) = t.storage() {
+        panic!("cuda: {t:?} is a CPU tensor");
+    }
     match t.storage_mut() {
         Storage::Cuda(s) => s,
-        Storage::Cpu(_) => panic!("cuda: {desc} is a CPU tensor"),
+        Storage::Cpu(_) => unreachable!("checked above"),
     }
 }
 
@@ -103,6 +106,11 @@ pub(super) fn rows_cols(t: &Tensor) -> (usize, usize) {
 
 pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
     assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
+}
+
+/// A size as the kernels' `int` parameters take it.
+pub(super) fn int(x: usize) -> i32 {
+    i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
 /// Threads per block of the elementwise kernels.

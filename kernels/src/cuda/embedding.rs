@@ -2,7 +2,7 @@
 //! KiB), and backward also uploads the rows grouped by token so the scatter-add into dwte
 //! needs no atomics and sums in row order.
 
-use super::device::{cu, cu_mut, per_item, rows_cols, CudaDevice};
+use super::device::{cu, cu_mut, int, per_item, rows_cols, CudaDevice};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
@@ -31,10 +31,6 @@ fn btc(t: &Tensor, what: &str) -> (usize, usize, usize) {
     (b, t_, c)
 }
 
-fn as_i32(x: usize) -> i32 {
-    i32::try_from(x).unwrap_or_else(|_| panic!("cuda: embedding dimension {x} does not fit an int"))
-}
-
 impl CudaDevice {
     pub(super) fn embedding_forward_op(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
         let (b, t, c) = btc(out, "out");
@@ -43,7 +39,7 @@ impl CudaDevice {
             return;
         }
         let ids = self.upload(tokens);
-        let (rows, t_i, c_i) = ((b * t) as u64, as_i32(t), as_i32(c));
+        let (rows, t_i, c_i) = ((b * t) as u64, int(t), int(c));
         launch!(
             self,
             "embedding_forward",
@@ -72,14 +68,14 @@ impl CudaDevice {
         }
         let (layout, groups) = rows_by_token(tokens);
         let layout = self.upload(&layout);
-        let (g_i, c_i) = (as_i32(groups), as_i32(c));
+        let (g_i, c_i) = (int(groups), int(c));
         let per_token = LaunchConfig {
             grid_dim: (u32::try_from(groups).expect("cuda: token groups fit a grid"), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         launch!(self, "embedding_backward_wte", per_token, cu_mut(dwte), cu(dout), &*layout, &g_i, &c_i);
-        let (b_i, t_i) = (as_i32(b), as_i32(t));
+        let (b_i, t_i) = (int(b), int(t));
         launch!(self, "embedding_backward_wpe", per_item(t * c), cu_mut(dwpe), cu(dout), &b_i, &t_i, &c_i);
     }
 }

@@ -2,7 +2,7 @@
 //! the sum of squares. Every reduction has a fixed shape (warp per row, fixed chunks of
 //! rows or elements, then one ordered pass), so results are bitwise repeatable.
 
-use super::device::{assert_same_len, cu, cu_mut, per_item, per_row_warp, rows_cols, CudaDevice};
+use super::device::{assert_same_len, cu, cu_mut, int, per_item, per_row_warp, rows_cols, CudaDevice};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
@@ -23,10 +23,6 @@ fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
     (cfg, chunks)
 }
 
-fn as_i32(x: usize, what: &str) -> i32 {
-    i32::try_from(x).unwrap_or_else(|_| panic!("cuda: {what} {x} does not fit the kernels' int"))
-}
-
 impl CudaDevice {
     pub(super) fn layernorm_forward_op(
         &self,
@@ -41,7 +37,7 @@ impl CudaDevice {
         assert_same_len(out, inp);
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
-        let (n_i, c_i) = (as_i32(n, "rows"), as_i32(c, "channels"));
+        let (n_i, c_i) = (int(n), int(c));
         launch!(
             self,
             "layernorm_forward",
@@ -74,7 +70,7 @@ impl CudaDevice {
         assert_same_len(dout, inp);
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
-        let (n_i, c_i) = (as_i32(n, "rows"), as_i32(c, "channels"));
+        let (n_i, c_i) = (int(n), int(c));
         launch!(
             self,
             "layernorm_backward_input",
@@ -120,20 +116,19 @@ impl CudaDevice {
     ) {
         let (cfg, chunks) = per_column_chunk(rows, cols);
         let mut partial = self.scratch::<f32>(chunks * cols);
-        let (n_i, c_i, rows_per_chunk) =
-            (as_i32(rows, "rows"), as_i32(cols, "columns"), ROWS_PER_CHUNK as i32);
+        let (n_i, c_i, rows_per_chunk) = (int(rows), int(cols), ROWS_PER_CHUNK as i32);
         launch!(self, "column_partial_sums", cfg, &mut *partial, x, &n_i, &c_i, &rows_per_chunk);
         self.add_partials(out, &partial, chunks, cols);
     }
 
     fn add_partials(&self, out: &mut CudaSlice<f32>, partial: &CudaSlice<f32>, chunks: usize, cols: usize) {
-        let (chunks_i, c_i) = (as_i32(chunks, "chunks"), as_i32(cols, "columns"));
+        let (chunks_i, c_i) = (int(chunks), int(cols));
         launch!(self, "add_partials", per_item(cols), out, partial, &chunks_i, &c_i);
     }
 
     /// out [N, C] += bias [C] broadcast over rows.
     pub(super) fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) {
-        let (n, c_i) = (rows as u64, as_i32(cols, "columns"));
+        let (n, c_i) = (rows as u64, int(cols));
         launch!(self, "bias_add", per_item(rows * cols), out, bias, &n, &c_i);
     }
 
@@ -158,8 +153,7 @@ impl CudaDevice {
             block_dim: (REDUCE_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (v_i, write_grad, scale) =
-            (as_i32(v, "vocabulary"), grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
+        let (v_i, write_grad, scale) = (int(v), grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
         launch!(
             self,
             "cross_entropy",
@@ -180,7 +174,7 @@ impl CudaDevice {
         let blocks = t.len().div_ceil(SUM_SQUARES_CHUNK);
         let mut partial = self.scratch::<f64>(blocks);
         let mut total = self.scratch::<f64>(1);
-        let (n, chunk, count) = (t.len() as u64, SUM_SQUARES_CHUNK as u64, as_i32(blocks, "blocks"));
+        let (n, chunk, count) = (t.len() as u64, SUM_SQUARES_CHUNK as u64, int(blocks));
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(blocks).expect("cuda: too many elements"), 1, 1),
             block_dim: (REDUCE_BLOCK, 1, 1),
