@@ -52,6 +52,7 @@ fn open(ordinal: usize) -> Result<Gpu, String> {
     let name = ctx.name().map_err(|e| format!("GPU {ordinal}: cannot read its name: {e:?}"))?;
     let cc = ctx.compute_capability().map_err(|e| format!("GPU {ordinal}: {e:?}"))?;
     check_nvrtc_not_newer_than_driver()?;
+    keep_freed_memory(&ctx).map_err(|e| format!("GPU {ordinal}: cannot configure its memory pool: {e:?}"))?;
 
     let arch = format!("compute_{}{}", cc.0, cc.1);
     let ptx = SOURCES.par_iter().map(|s| compile(s, &arch)).collect::<Result<Vec<_>, _>>()?;
@@ -68,6 +69,27 @@ fn open(ordinal: usize) -> Result<Gpu, String> {
         }
     }
     Ok(Gpu { ctx, name, compute_capability: cc, kernels })
+}
+
+/// Ops allocate and free scratch buffers all the time (stream-ordered, from the device's
+/// pool). By default the pool hands freed memory back to the driver at every
+/// synchronisation, so the next allocation pays for it again; keep it instead. The ledger
+/// still counts what is live, which is what the memory reports use.
+fn keep_freed_memory(ctx: &CudaContext) -> Result<(), cudarc::driver::DriverError> {
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: a device of a live context; the attribute takes a u64 by pointer.
+    unsafe {
+        let pool = cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device())?;
+        cudarc::driver::sys::cuMemPoolSetAttribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+    }
 }
 
 /// The driver JIT-compiles our PTX, and it cannot read the PTX of a newer NVRTC. Caught
