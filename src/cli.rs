@@ -46,6 +46,9 @@ pub struct TrainArgs {
     /// No progress bar (logs one line per log_interval instead).
     #[arg(long)]
     pub quiet: bool,
+    /// The MFU denominator in FLOP/s; measured (a second of matmul) at start when not given.
+    #[arg(long)]
+    pub peak_flops: Option<f64>,
 }
 
 #[derive(Args, Debug)]

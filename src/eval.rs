@@ -6,8 +6,9 @@ use crate::checkpoint;
 use crate::cli::EvalArgs;
 use crate::data::TokenFile;
 use crate::error::user_error;
-use crate::train::{mean, model};
+use crate::train::model;
 use kernels::cpu::CpuDevice;
+use stages::runtime::mean;
 use stages::{ChunkLayout, Microbatch, RecomputePolicy};
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {

@@ -4,10 +4,9 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub struct Metrics {
-    path: PathBuf,
     file: std::fs::File,
     bar: Option<ProgressBar>,
     log_interval: usize,
@@ -48,11 +47,7 @@ impl Metrics {
             bar.set_position(keep_through_step as u64);
             bar
         });
-        Ok(Metrics { path, file, bar, log_interval: log_interval.max(1) })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Metrics { file, bar, log_interval: log_interval.max(1) })
     }
 
     /// Records one step: appends its JSON line and updates the bar (or logs a line).

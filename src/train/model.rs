@@ -104,7 +104,10 @@ pub fn named(
         let p = &chunk.params;
         for (i, spec) in p.specs.iter().enumerate() {
             let data = dev.to_host(pick(p, i));
-            out.push((spec.global_index, NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data }));
+            out.push((
+                spec.global_index,
+                NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data },
+            ));
         }
     }
     out

@@ -15,6 +15,10 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// One per stage.
     pub memory: Vec<MemorySnapshot>,
+    /// What each stage holds and its recompute policy.
+    pub stage_descriptions: Vec<String>,
+    /// Measured bubble rate per stage (None before a second step).
+    pub bubble: Option<Vec<f64>>,
     pub last_checkpoint_step: usize,
 }
 
@@ -45,14 +49,16 @@ impl Summary {
         );
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
+            println!("stage {i}          {}", self.stage_descriptions[i]);
             println!(
-                "stage {i} peak     {} (activations {}, workspace {}, parameters+grads+optimizer {})",
+                "stage {i} peak     {} (activations {}, workspace {}, parameters+grads+optimizer {}){}",
                 human_bytes(m.peak_bytes),
                 human_bytes(cat(Category::Activations)),
                 human_bytes(cat(Category::Workspace)),
                 human_bytes(
                     cat(Category::Parameters) + cat(Category::Gradients) + cat(Category::OptimizerState)
                 ),
+                self.bubble.as_ref().map_or(String::new(), |b| format!(", bubble {:.1}%", 100.0 * b[i])),
             );
         }
     }
@@ -61,13 +67,15 @@ impl Summary {
         let stages: Vec<_> = self
             .memory
             .iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(i, m)| {
                 let cats: serde_json::Map<String, serde_json::Value> = m
                     .categories
                     .iter()
                     .map(|(c, _, peak)| (format!("{c:?}").to_lowercase(), (*peak).into()))
                     .collect();
-                json!({ "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats })
+                let bubble = self.bubble.as_ref().map(|b| b[i]);
+                json!({ "holds": self.stage_descriptions[i], "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats, "bubble_rate": bubble })
             })
             .collect();
         let report = json!({

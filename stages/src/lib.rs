@@ -5,11 +5,15 @@ pub mod chunk;
 pub mod flops;
 pub mod init;
 pub mod layers;
+pub mod memory_model;
 pub mod params;
+pub mod partition;
 pub mod recompute;
+pub mod runtime;
 pub mod saved;
 pub mod shape;
 pub mod stage;
+pub mod transport;
 
 pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, ModelChunk};
 pub use params::{ChunkLayout, Parameters};

@@ -91,16 +91,25 @@ pub enum BlockKeep {
 /// Bytes per stored element at fp32.
 pub const F32_BYTES: usize = 4;
 
+/// Bytes of stored tensors given as (elements, bytes per element): the one sum behind every
+/// activation figure, so a layer declared at other precisions (e.g. Megatron's 16-bit
+/// tensors with 1-byte dropout masks) is counted the same way.
+pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
+    entries.iter().map(|(elements, bytes)| elements * bytes).sum()
+}
+
 /// Bytes one block keeps for one microbatch under `keep`.
 pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
-    let elements: usize = match keep {
-        BlockKeep::Stored(modules) => {
-            BlockTensor::ALL.iter().filter(|t| !t.dropped_by(modules)).map(|t| t.elements(s)).sum()
-        }
-        BlockKeep::InputOnly { group_start: true } => BlockTensor::Input.elements(s),
-        BlockKeep::InputOnly { group_start: false } => 0,
+    let kept: Vec<(usize, usize)> = match keep {
+        BlockKeep::Stored(modules) => BlockTensor::ALL
+            .iter()
+            .filter(|t| !t.dropped_by(modules))
+            .map(|t| (t.elements(s), F32_BYTES))
+            .collect(),
+        BlockKeep::InputOnly { group_start: true } => vec![(BlockTensor::Input.elements(s), F32_BYTES)],
+        BlockKeep::InputOnly { group_start: false } => vec![],
     };
-    elements * F32_BYTES
+    kept_bytes(&kept)
 }
 
 /// Bytes the embedding keeps per microbatch: nothing (its backward reads the tokens, which the

@@ -1,0 +1,206 @@
+//! The trainer's pipeline: p stages (each its own device and thread), the lowered schedule
+//! they execute, and what happens around a step: the tied-embedding gradient exchange, the
+//! global grad norm and the per-stage optimizer step.
+
+use super::model;
+use crate::checkpoint::NamedTensor;
+use crate::config::Config;
+use crate::data::TokenFile;
+use crate::error::user_error;
+use kernels::cpu::CpuDevice;
+use kernels::Device;
+use schedules::{generate, lower, LoweredSchedule, ScheduleKind, Shape};
+use stages::partition;
+use stages::runtime::{
+    forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
+};
+use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub struct Pipeline {
+    pub stages: Vec<Stage>,
+    pub schedule: LoweredSchedule,
+}
+
+/// A finished training step.
+pub struct StepOutcome {
+    /// Mean loss over every token of the global batch.
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub reports: Vec<StageStepReport>,
+}
+
+impl Pipeline {
+    /// Builds the stages for `cfg` (from `weights` when given), splitting `threads` cores.
+    pub fn build(
+        cfg: &Config,
+        cfg_path: &Path,
+        weights: Option<&[NamedTensor]>,
+        threads: usize,
+    ) -> anyhow::Result<Self> {
+        let key_err =
+            |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", cfg_path.display()));
+        let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
+        let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
+            .map_err(|e| key_err("pipeline_schedule", e.to_string()))?;
+        let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
+            key_err("pipeline_schedule", format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule))
+        })?;
+        let shape = model::shape(cfg);
+        let counts = match &cfg.num_layers_per_stage {
+            Some(counts) => partition::explicit(cfg.num_layers, counts, p * v)
+                .map_err(|e| key_err("num_layers_per_stage", e))?,
+            None => {
+                partition::balanced(&shape, p * v).map_err(|e| key_err("pipeline_model_parallel_size", e))?
+            }
+        };
+        let layouts = partition::layouts(&counts);
+        let sched_shape = schedule.schedule().shape();
+        let per_stage_threads = (threads / p).max(1);
+        let mut stages = Vec::with_capacity(p);
+        for rank in 0..p {
+            let device: Arc<dyn Device> = Arc::new(CpuDevice::new(per_stage_threads));
+            let policy = model::recompute_policy(cfg, rank);
+            let chunks = (0..v)
+                .map(|c| {
+                    let layout = layouts[sched_shape.virtual_stage(rank, c)].clone();
+                    model::build_chunk(&*device, cfg, layout, policy, weights)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            stages.push(Stage::new(device, chunks));
+        }
+        Ok(Pipeline { stages, schedule })
+    }
+
+    /// One line per stage: what it holds and how it recomputes.
+    pub fn describe_stages(&self) -> Vec<String> {
+        self.stages
+            .iter()
+            .map(|s| {
+                let chunks: Vec<String> = s
+                    .chunks
+                    .iter()
+                    .map(|c| {
+                        let l = &c.layout;
+                        let mut parts = Vec::new();
+                        if l.embedding {
+                            parts.push("embedding".to_string());
+                        }
+                        match l.blocks.len() {
+                            0 => {}
+                            1 => parts.push(format!("h.{}", l.blocks.start)),
+                            _ => parts.push(format!("h.{}-h.{}", l.blocks.start, l.blocks.end - 1)),
+                        }
+                        if l.head {
+                            parts.push("head".to_string());
+                        }
+                        parts.join(" + ")
+                    })
+                    .collect();
+                format!("{}; recompute {}", chunks.join(" | "), s.chunks[0].policy.describe())
+            })
+            .collect()
+    }
+
+    fn shape(&self) -> Shape {
+        self.schedule.schedule().shape()
+    }
+
+    /// Forward and backward of every microbatch of step `step` on every stage, then the
+    /// gradient exchange of the tied embedding. Gradients are left for [`Self::optimizer_step`].
+    pub fn train_step(
+        &mut self,
+        cfg: &Config,
+        data: &TokenFile,
+        step: usize,
+        fault: Option<FaultInjection>,
+    ) -> anyhow::Result<StepOutcome> {
+        let m = cfg.num_microbatches();
+        let microbatches = (0..m)
+            .map(|mb| {
+                let b =
+                    data.train_batch(cfg.seed, step as u32, mb as u32, cfg.micro_batch_size, cfg.seq_length)?;
+                Ok(MicrobatchData { inputs: b.inputs, targets: b.targets })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for s in &mut self.stages {
+            s.zero_grads();
+        }
+        let grad_scale = 1.0 / (cfg.micro_batch_size * cfg.seq_length * m) as f32;
+        let inputs =
+            StepInputs { step: step as u32, microbatches: &microbatches, grad_scale: Some(grad_scale) };
+        let reports = run_step(&mut self.stages, &StepPlan::lowered(&self.schedule), &inputs, fault)?;
+        self.exchange_tied_grads();
+        let loss = mean_loss(&reports, m);
+        let grad_norm = global_grad_norm(self.stages.iter().flat_map(|s| s.grad_sum_squares()).collect());
+        Ok(StepOutcome { loss, grad_norm, reports })
+    }
+
+    /// Sums the two gradients of the tied token embedding on both of its holders.
+    fn exchange_tied_grads(&mut self) {
+        let last = self.stages.len() - 1;
+        if self.stages.len() == 1 && self.shape().chunks == 1 {
+            self.stages[0].fold_local_tied_grad();
+            return;
+        }
+        let embedding_part = self.stages[0].tied_grad_part(true).expect("stage 0 holds the embedding");
+        let head_part = self.stages[last].tied_grad_part(false).expect("the last stage holds the head");
+        self.stages[0].add_tied_grad_part(true, &head_part);
+        self.stages[last].add_tied_grad_part(false, &embedding_part);
+    }
+
+    /// AdamW on every stage at once (each on its own device), gradients clipped to the global
+    /// norm.
+    pub fn optimizer_step(&mut self, cfg: &Config, lr: f32, step: usize, grad_norm: f64) {
+        let hp = OptimizerStep {
+            lr,
+            beta1: cfg.adam_beta1,
+            beta2: cfg.adam_beta2,
+            eps: cfg.adam_eps,
+            weight_decay: cfg.weight_decay,
+            step: step as u32,
+            grad_scale: clip_factor(grad_norm, cfg.clip_grad),
+        };
+        std::thread::scope(|scope| {
+            for s in &mut self.stages {
+                scope.spawn(move || s.optimizer_step(hp));
+            }
+        });
+    }
+
+    /// Mean loss of `iters` validation microbatches, forward only through the pipeline.
+    pub fn evaluate(&mut self, cfg: &Config, data: &TokenFile, iters: usize) -> anyhow::Result<f64> {
+        let microbatches = (0..iters)
+            .map(|i| {
+                let b = data.eval_batch(i, cfg.micro_batch_size, cfg.seq_length)?;
+                Ok(MicrobatchData { inputs: b.inputs, targets: b.targets })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let shape = Shape { microbatches: iters, ..self.shape() };
+        let (lists, channels) = forward_only(shape);
+        let plan = StepPlan { shape, lists: &lists, channels: &channels, capacity: 1 };
+        let inputs = StepInputs { step: 0, microbatches: &microbatches, grad_scale: None };
+        let reports = run_step(&mut self.stages, &plan, &inputs, None)?;
+        Ok(mean_loss(&reports, iters))
+    }
+
+    /// Every parameter (or optimizer moment, per `pick`) of the model in global order.
+    pub fn named(
+        &self,
+        pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor + Copy,
+    ) -> Vec<NamedTensor> {
+        model::in_global_order(
+            self.stages.iter().flat_map(|s| model::named(&s.chunks, &*s.device, pick)).collect(),
+        )
+    }
+}
+
+/// The mean of the microbatches' mean losses, in microbatch order.
+fn mean_loss(reports: &[StageStepReport], microbatches: usize) -> f64 {
+    let mut losses: Vec<(usize, f64)> = reports.iter().flat_map(|r| r.losses.iter().copied()).collect();
+    losses.sort_by_key(|(mb, _)| *mb);
+    debug_assert_eq!(losses.len(), microbatches);
+    losses.iter().map(|(_, l)| l).sum::<f64>() / microbatches as f64
+}

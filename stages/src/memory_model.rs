@@ -1,0 +1,44 @@
+//! The memory a chunk needs, predicted from the same declarations the layers obey at run
+//! time (saved.rs): what the simulator reports and what the device ledger must measure.
+
+use crate::params::{chunk_param_specs, ChunkLayout};
+use crate::recompute::RecomputePolicy;
+use crate::saved::{block_kept_bytes, embedding_kept_bytes, head_kept_bytes, F32_BYTES};
+use crate::shape::GptShape;
+
+/// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
+pub fn stash_bytes(s: &GptShape, layout: &ChunkLayout, policy: &RecomputePolicy) -> usize {
+    let blocks = layout.blocks.len();
+    let mut bytes: usize =
+        (0..blocks).map(|offset| block_kept_bytes(s, policy.block_keep(blocks, offset))).sum();
+    if layout.embedding {
+        bytes += embedding_kept_bytes(s);
+    }
+    if layout.head {
+        bytes += head_kept_bytes(s);
+    }
+    bytes
+}
+
+/// Elements of a chunk's parameters (a head-only chunk counts its copy of wte).
+pub fn param_elements(s: &GptShape, layout: &ChunkLayout) -> usize {
+    chunk_param_specs(s, layout).iter().map(|p| p.shape.iter().product::<usize>()).sum()
+}
+
+/// Parameters, gradients (plus the LM head's separate tied gradient where one chunk holds
+/// both ends) and the two AdamW moments, all fp32.
+pub fn static_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
+    let tied_head_grad = if layout.embedding && layout.head { s.vocab * s.hidden } else { 0 };
+    (4 * param_elements(s, layout) + tied_head_grad) * F32_BYTES
+}
+
+/// The activation bytes stored per microbatch that backward-input leaves for
+/// backward-weight in a split backward: the matmul inputs and output gradients of every block
+/// and of the head.
+pub fn deferred_weight_grad_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
+    let (n, c, f) = (s.tokens(), s.hidden, s.ffn);
+    // (ln1, dqkv), (atty, dattproj), (ln2, dfch), (gelu, dfcproj) per block.
+    let per_block = (c + 3 * c) + (c + c) + (c + f) + (f + c);
+    let head = if layout.head { c + s.vocab } else { 0 };
+    (layout.blocks.len() * per_block + head) * n * F32_BYTES
+}
