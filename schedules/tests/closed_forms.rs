@@ -218,3 +218,16 @@ fn latency_delays_each_hop() {
     assert_eq!(report.tokens_per_second(10.0), 2.0);
     assert_eq!(report.mfu(10.0, 1.0), 1.0);
 }
+
+#[test]
+fn split_backward_hands_its_weight_grad_bytes_to_w() {
+    // One stage, one microbatch: F keeps 10 bytes; B frees them and leaves 30 (recomputed
+    // inputs and output gradients) for W, which frees them.
+    let mut c = costs(1.0, 1.0, 1.0);
+    c.memory.activation_bytes = 10;
+    c.memory.weight_grad_bytes = 30;
+    let report = run(ScheduleKind::ZeroBubbleH1, 1, 1, 1, c);
+    let levels: Vec<u64> = report.stages[0].memory.iter().map(|p| p.bytes).collect();
+    assert_eq!(levels, vec![10, 30, 0]);
+    assert_eq!(report.stages[0].peak_memory, 30);
+}

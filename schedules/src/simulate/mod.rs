@@ -66,10 +66,10 @@ impl Stream {
     fn compute(&mut self, action: &Action, costs: &ChunkCosts, timeline: &mut Vec<TimelineEvent>) {
         let m = &costs.memory;
         // (event, recompute time, pass time, working bytes, bytes kept from the start on,
-        // bytes released at the end besides the working bytes)
-        let (kind, recompute, time, working, kept, released) = match action.kind {
+        // bytes released at the end besides the working bytes, bytes kept from the end on)
+        let (kind, recompute, time, working, kept, released, kept_after) = match action.kind {
             ActionKind::Forward => {
-                (EventKind::Forward, 0.0, costs.forward, m.forward_working_bytes, m.activation_bytes, 0)
+                (EventKind::Forward, 0.0, costs.forward, m.forward_working_bytes, m.activation_bytes, 0, 0)
             }
             ActionKind::Backward => (
                 EventKind::Backward,
@@ -78,6 +78,7 @@ impl Stream {
                 m.backward_input_working_bytes.max(m.backward_weight_working_bytes),
                 0,
                 m.activation_bytes,
+                0,
             ),
             ActionKind::BackwardInput => (
                 EventKind::BackwardInput,
@@ -85,7 +86,8 @@ impl Stream {
                 costs.backward_input,
                 m.backward_input_working_bytes,
                 0,
-                m.activation_bytes - m.weight_grad_bytes,
+                m.activation_bytes,
+                m.weight_grad_bytes,
             ),
             ActionKind::BackwardWeight => (
                 EventKind::BackwardWeight,
@@ -94,6 +96,7 @@ impl Stream {
                 m.backward_weight_working_bytes,
                 0,
                 m.weight_grad_bytes,
+                0,
             ),
             _ => unreachable!("transfers are not computed"),
         };
@@ -114,7 +117,7 @@ impl Stream {
             self.memory.change(begin, 0, m.recompute_working_bytes);
         }
         self.memory.change(begin, kept + working, 0);
-        self.memory.change(end, 0, working + released);
+        self.memory.change(end, kept_after, working + released);
         timeline.push(event(begin, end, kind));
         self.busy += recompute + time;
         self.clock = end;
