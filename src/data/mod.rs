@@ -1,0 +1,17 @@
+//! Token data: the llm.c `.bin` token file, GPT-2 tokenization, and the batch loader.
+
+mod loader;
+mod token_file;
+mod tokenize;
+
+pub use token_file::TokenFile;
+pub use tokenize::tokenize_file;
+
+/// A fresh, empty directory for one test.
+#[cfg(test)]
+pub(crate) fn test_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipetrain-test-{}", std::process::id())).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
