@@ -1,0 +1,249 @@
+//! Loading checkpoints (pipetrain's or Hugging Face GPT-2 directories) and exporting the
+//! Hugging Face part.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::save::{
+    write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};
+use super::shapes::{check_shapes, expected_shapes};
+use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
+use super::tensors::{normalize_hf_names, read_safetensors};
+use super::{HfGpt2Config, NamedTensor, TrainerState};
+use crate::error::user_error;
+
+/// A loaded checkpoint. `model` is in Hugging Face order (wte, wpe, h.0.*, ..., ln_f.*).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// The checkpoint directory that was read (after following `latest`).
+    pub dir: PathBuf,
+    pub config: HfGpt2Config,
+    pub model: Vec<NamedTensor>,
+    /// None for a Hugging Face export, which holds weights only.
+    pub trainer: Option<TrainerCheckpoint>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainerCheckpoint {
+    pub state: TrainerState,
+    /// `exp_avg.<p>`, `exp_avg_sq.<p>` for each parameter p, in the model's order.
+    pub optimizer: Vec<NamedTensor>,
+}
+
+/// Loads `path`: a checkpoint directory, a run directory (or its `checkpoints/`) whose
+/// `latest` pointer is followed, or a Hugging Face GPT-2 directory (config.json +
+/// model.safetensors, `transformer.` prefixes and a tied `lm_head.weight` accepted).
+pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
+    let dir = resolve(path)?;
+    let config_path = dir.join(CONFIG_FILE);
+    let text = fs::read_to_string(&config_path)
+        .map_err(|e| user_error(format!("{}: cannot read: {e}", config_path.display())))?;
+    let config = HfGpt2Config::from_json(&config_path, &text)?;
+
+    let model_path = dir.join(MODEL_FILE);
+    let found = normalize_hf_names(&model_path, read_safetensors(&model_path)?)?;
+    let expected = expected_shapes(&config);
+    check_shapes(&model_path, &expected, &found)?;
+    let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));
+
+    let (state_path, optimizer_path) = (dir.join(STATE_FILE), dir.join(OPTIMIZER_FILE));
+    let trainer = match (state_path.exists(), optimizer_path.exists()) {
+        (false, false) => None,
+        (true, true) => {
+            let text = fs::read_to_string(&state_path)
+                .map_err(|e| user_error(format!("{}: cannot read: {e}", state_path.display())))?;
+            let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
+                user_error(format!("{}: not a valid trainer state: {e}", state_path.display()))
+            })?;
+            let optimizer = read_safetensors(&optimizer_path)?;
+            check_optimizer(&optimizer_path, &model, &optimizer)?;
+            let names = model.iter().flat_map(|p| [exp_avg_name(&p.name), exp_avg_sq_name(&p.name)]);
+            Some(TrainerCheckpoint { state, optimizer: in_order(optimizer, names) })
+        }
+        (has_state, _) => {
+            let (present, missing) =
+                if has_state { (STATE_FILE, OPTIMIZER_FILE) } else { (OPTIMIZER_FILE, STATE_FILE) };
+            return Err(user_error(format!(
+                "{}: has {present} but not {missing}: incomplete checkpoint",
+                dir.display()
+            )));
+        }
+    };
+    Ok(Checkpoint { dir, config, model, trainer })
+}
+
+/// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
+/// `transformers.GPT2LMHeadModel.from_pretrained` loads. A non-empty `out_dir` is written
+/// into only with `force` (and then only those two files are replaced).
+pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
+    let shown = out_dir.display();
+    if out_dir.exists() {
+        let entries = fs::read_dir(out_dir)
+            .map_err(|e| user_error(format!("{shown}: exists and cannot be read as a directory: {e}")))?;
+        if entries.count() > 0 && !force {
+            return Err(user_error(format!("{shown}: exists and is not empty; pass --force to overwrite")));
+        }
+    }
+    fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
+    write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))
+}
+
+/// The checkpoint directory `path` names.
+fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.join(MODEL_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    for pointer in [path.join(CHECKPOINTS_DIR).join(LATEST_FILE), path.join(LATEST_FILE)] {
+        if let Ok(text) = fs::read_to_string(&pointer) {
+            let name = text.trim();
+            let dir = pointer.with_file_name(name);
+            if name.is_empty() || name.contains('/') || !dir.join(MODEL_FILE).is_file() {
+                return Err(user_error(format!(
+                    "{}: points to {name:?}, which is not a checkpoint beside it",
+                    pointer.display()
+                )));
+            }
+            return Ok(dir);
+        }
+    }
+    let shown = path.display();
+    Err(user_error(if path.exists() {
+        format!(
+            "{shown}: not a checkpoint: no {MODEL_FILE}, and no {CHECKPOINTS_DIR}/{LATEST_FILE} to follow"
+        )
+    } else {
+        format!("{shown}: no such checkpoint or run directory")
+    }))
+}
+
+/// `tensors` reordered to `names`, which the caller has checked they match one to one.
+fn in_order(mut tensors: Vec<NamedTensor>, names: impl Iterator<Item = String>) -> Vec<NamedTensor> {
+    names
+        .map(|name| {
+            let i = tensors.iter().position(|t| t.name == name).expect("checked: every name is present");
+            tensors.swap_remove(i)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::super::{save_checkpoint, tensors::write_safetensors};
+    use super::*;
+    use crate::data::test_dir;
+
+    #[test]
+    fn round_trip_is_bitwise_through_every_kind_of_path() {
+        let run = test_dir("ld_round_trip");
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        let opt = optimizer(&m);
+        let dir = save_checkpoint(&run, &cfg, &m, &state(3), &opt).unwrap();
+        for path in [run.clone(), run.join("checkpoints"), dir.clone()] {
+            let ck = load_checkpoint(&path).unwrap();
+            assert_eq!(ck.dir, dir);
+            assert_eq!(ck.config, cfg);
+            assert_bitwise_eq(&ck.model, &m);
+            let trainer = ck.trainer.unwrap();
+            assert_eq!(trainer.state, state(3));
+            assert_bitwise_eq(&trainer.optimizer, &opt);
+        }
+    }
+
+    #[test]
+    fn export_loads_back_without_trainer_state_and_refuses_to_overwrite() {
+        let run = test_dir("ld_export");
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
+        let ck = load_checkpoint(&run).unwrap();
+        let out = run.join("hf");
+        export_hf(&ck, &out, false).unwrap();
+        let back = load_checkpoint(&out).unwrap();
+        assert_eq!((back.trainer, &back.config), (None, &cfg));
+        assert_bitwise_eq(&back.model, &m);
+
+        let err = export_hf(&ck, &out, false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("{}: exists and is not empty; pass --force to overwrite", out.display())
+        );
+        export_hf(&ck, &out, true).unwrap();
+        let empty = run.join("empty");
+        fs::create_dir(&empty).unwrap();
+        export_hf(&ck, &empty, false).unwrap();
+    }
+
+    #[test]
+    fn imports_huggingface_prefixed_names_with_a_tied_head() {
+        let dir = test_dir("ld_hf_prefix");
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        let mut hf: Vec<NamedTensor> = m
+            .iter()
+            .rev()
+            .map(|t| NamedTensor { name: format!("transformer.{}", t.name), ..t.clone() })
+            .collect();
+        hf.push(NamedTensor { name: "lm_head.weight".into(), ..m[0].clone() });
+        hf.push(NamedTensor {
+            name: "transformer.h.0.attn.bias".into(),
+            shape: vec![1, 1, 2, 2],
+            data: vec![1.0; 4],
+        });
+        write_safetensors(&dir.join(MODEL_FILE), &hf).unwrap();
+        fs::write(dir.join(CONFIG_FILE), cfg.to_json().to_string()).unwrap();
+        let ck = load_checkpoint(&dir).unwrap();
+        assert_eq!(ck.trainer, None);
+        assert_bitwise_eq(&ck.model, &m);
+    }
+
+    #[test]
+    fn unreadable_checkpoints_are_user_errors() {
+        let run = test_dir("ld_errors");
+        let err = |p: &Path| load_checkpoint(p).unwrap_err().to_string();
+        assert_eq!(
+            err(&run.join("nope")),
+            format!("{}: no such checkpoint or run directory", run.join("nope").display())
+        );
+        assert_eq!(
+            err(&run),
+            format!(
+                "{}: not a checkpoint: no model.safetensors, and no checkpoints/latest to follow",
+                run.display()
+            )
+        );
+
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        let dir = save_checkpoint(&run, &cfg, &m, &state(1), &optimizer(&m)).unwrap();
+        fs::write(run.join("checkpoints/latest"), "step_000009\n").unwrap();
+        assert_eq!(
+            err(&run),
+            format!(
+                "{}: points to \"step_000009\", which is not a checkpoint beside it",
+                run.join("checkpoints/latest").display()
+            )
+        );
+
+        fs::remove_file(dir.join(OPTIMIZER_FILE)).unwrap();
+        assert_eq!(
+            err(&dir),
+            format!(
+                "{}: has trainer_state.json but not trainer_state.safetensors: incomplete checkpoint",
+                dir.display()
+            )
+        );
+
+        let wider = HfGpt2Config { n_embd: 16, ..cfg };
+        fs::write(dir.join(CONFIG_FILE), wider.to_json().to_string()).unwrap();
+        assert_eq!(
+            err(&dir),
+            format!(
+                "{}: wte.weight has shape [64, 8], the config needs [64, 16] (hidden_size 16)",
+                dir.join(MODEL_FILE).display()
+            )
+        );
+    }
+}

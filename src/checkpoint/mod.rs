@@ -1,0 +1,104 @@
+//! Checkpoints: safetensors weights in Hugging Face GPT-2 names and layout (so a checkpoint
+//! or an export loads in `transformers.GPT2LMHeadModel`), AdamW moments and trainer state
+//! beside them, written atomically.
+//!
+//! ```text
+//! run/checkpoints/step_000100/config.json                HF GPT2Config
+//!                            /model.safetensors          f32 weights, LM head tied (absent)
+//!                            /trainer_state.safetensors  exp_avg.<p>, exp_avg_sq.<p>
+//!                            /trainer_state.json         step, seed, data position, ...
+//! run/checkpoints/latest                                 "step_000100"
+//! ```
+
+mod hf_config;
+mod load;
+mod save;
+mod shapes;
+mod state;
+mod tensors;
+
+pub use hf_config::HfGpt2Config;
+pub use load::{export_hf, load_checkpoint};
+pub use save::save_checkpoint;
+pub use shapes::check_shapes;
+pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};
+pub use tensors::NamedTensor;
+
+/// Small models, optimizer states and comparisons shared by the tests.
+#[cfg(test)]
+mod testing {
+    use super::shapes::expected_shapes;
+    use super::*;
+
+    pub fn config() -> HfGpt2Config {
+        HfGpt2Config {
+            vocab_size: 64,
+            n_positions: 16,
+            n_embd: 8,
+            n_layer: 2,
+            n_head: 2,
+            n_inner: None,
+            resid_pdrop: 0.1,
+            embd_pdrop: 0.1,
+            attn_pdrop: 0.0,
+        }
+    }
+
+    /// Every value distinct and `scale` apart between models, negative zero and a subnormal
+    /// included, so that a bitwise comparison means something.
+    pub fn model(cfg: &HfGpt2Config, scale: f32) -> Vec<NamedTensor> {
+        let mut next = 0u32;
+        expected_shapes(cfg)
+            .into_iter()
+            .map(|(name, shape)| {
+                let data = (0..shape.iter().product::<usize>())
+                    .map(|_| {
+                        next += 1;
+                        match next {
+                            1 => -0.0,
+                            2 => 1e-40,
+                            n => scale * (n as f32).sin(),
+                        }
+                    })
+                    .collect();
+                NamedTensor { name, shape, data }
+            })
+            .collect()
+    }
+
+    pub fn optimizer(model: &[NamedTensor]) -> Vec<NamedTensor> {
+        model
+            .iter()
+            .flat_map(|p| {
+                let m = p.data.iter().map(|x| x * 0.5).collect();
+                let v = p.data.iter().map(|x| x * x).collect();
+                [
+                    NamedTensor { name: exp_avg_name(&p.name), shape: p.shape.clone(), data: m },
+                    NamedTensor { name: exp_avg_sq_name(&p.name), shape: p.shape.clone(), data: v },
+                ]
+            })
+            .collect()
+    }
+
+    pub fn state(step: u64) -> TrainerState {
+        TrainerState {
+            step,
+            seed: 1234,
+            data_position: step,
+            lr: 6e-4 * 0.1f64.sqrt(),
+            config_yaml: "num_layers: 2\nhidden_size: 8\n".into(),
+            train_losses: vec![(1, 10.987_654), (step, 0.1f32.sqrt())],
+            val_losses: vec![(step, 3.25)],
+        }
+    }
+
+    pub fn assert_bitwise_eq(a: &[NamedTensor], b: &[NamedTensor]) {
+        let names =
+            |v: &[NamedTensor]| v.iter().map(|t| (t.name.clone(), t.shape.clone())).collect::<Vec<_>>();
+        assert_eq!(names(a), names(b));
+        for (x, y) in a.iter().zip(b) {
+            let bits = |t: &NamedTensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(x) == bits(y), "{} differs", x.name);
+        }
+    }
+}

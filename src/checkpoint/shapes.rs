@@ -1,0 +1,187 @@
+//! The tensors a GPT-2 config implies, and the check that a file holds exactly those, with
+//! errors in the user's terms (Megatron config keys).
+
+use std::path::Path;
+
+use super::{HfGpt2Config, NamedTensor};
+use crate::error::user_error;
+
+/// Names and shapes of GPT-2's parameters in Hugging Face layout and order (Conv1D weights
+/// are [in, out]; the LM head is tied to `wte.weight` and not listed).
+pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
+    let (c, f) = (cfg.n_embd, cfg.ffn_size());
+    let mut out = vec![
+        ("wte.weight".to_string(), vec![cfg.vocab_size, c]),
+        ("wpe.weight".to_string(), vec![cfg.n_positions, c]),
+    ];
+    for i in 0..cfg.n_layer {
+        let block: [(&str, Vec<usize>); 12] = [
+            ("ln_1.weight", vec![c]),
+            ("ln_1.bias", vec![c]),
+            ("attn.c_attn.weight", vec![c, 3 * c]),
+            ("attn.c_attn.bias", vec![3 * c]),
+            ("attn.c_proj.weight", vec![c, c]),
+            ("attn.c_proj.bias", vec![c]),
+            ("ln_2.weight", vec![c]),
+            ("ln_2.bias", vec![c]),
+            ("mlp.c_fc.weight", vec![c, f]),
+            ("mlp.c_fc.bias", vec![f]),
+            ("mlp.c_proj.weight", vec![f, c]),
+            ("mlp.c_proj.bias", vec![c]),
+        ];
+        out.extend(block.into_iter().map(|(n, s)| (format!("h.{i}.{n}"), s)));
+    }
+    out.push(("ln_f.weight".to_string(), vec![c]));
+    out.push(("ln_f.bias".to_string(), vec![c]));
+    out
+}
+
+/// Errors, naming `file`, unless `found` holds exactly the `expected` tensors with their
+/// shapes. The first problem is reported: a layer-count mismatch, else a missing tensor, a
+/// wrong shape, or a tensor the config has no place for.
+pub fn check_shapes(
+    file: &Path,
+    expected: &[(String, Vec<usize>)],
+    found: &[NamedTensor],
+) -> anyhow::Result<()> {
+    let bad = |what: String| Err(user_error(format!("{}: {what}", file.display())));
+    let (want_layers, have_layers) = (
+        layer_count(expected.iter().map(|e| e.0.as_str())),
+        layer_count(found.iter().map(|t| t.name.as_str())),
+    );
+    if want_layers != have_layers {
+        return bad(format!("has {have_layers} layers, the config needs num_layers {want_layers}"));
+    }
+    for (name, shape) in expected {
+        match found.iter().find(|t| &t.name == name) {
+            None => return bad(format!("missing {name}, which the config needs")),
+            Some(t) if &t.shape != shape => {
+                return bad(format!(
+                    "{name} has shape {:?}, the config needs {shape:?}{}",
+                    t.shape,
+                    hint(name, &t.shape, shape)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    match found.iter().find(|t| !expected.iter().any(|e| e.0 == t.name)) {
+        Some(t) => bad(format!("unexpected tensor {}, which the config has no place for", t.name)),
+        None => Ok(()),
+    }
+}
+
+/// Number of transformer blocks named `h.{i}.*`.
+fn layer_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names
+        .filter_map(|n| n.strip_prefix("h.")?.split('.').next()?.parse::<usize>().ok())
+        .map(|i| i + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// " (key value)" for the config key behind the first dimension that differs.
+fn hint(name: &str, found: &[usize], expected: &[usize]) -> String {
+    let dims: &[(&str, usize)] = match name.split('.').collect::<Vec<_>>()[..] {
+        ["wte", _] => &[("vocab_size", 1), ("hidden_size", 1)],
+        ["wpe", _] => &[("max_position_embeddings", 1), ("hidden_size", 1)],
+        [.., "c_attn", "weight"] => &[("hidden_size", 1), ("hidden_size", 3)],
+        [.., "c_attn", "bias"] => &[("hidden_size", 3)],
+        [.., "mlp", "c_fc", "weight"] => &[("hidden_size", 1), ("ffn_hidden_size", 1)],
+        [.., "mlp", "c_fc", "bias"] => &[("ffn_hidden_size", 1)],
+        [.., "mlp", "c_proj", "weight"] => &[("ffn_hidden_size", 1), ("hidden_size", 1)],
+        _ => &[("hidden_size", 1), ("hidden_size", 1)],
+    };
+    if found.len() != expected.len() {
+        return String::new();
+    }
+    let differing = (0..expected.len()).find(|&i| found[i] != expected[i]);
+    match differing.and_then(|i| Some((dims.get(i)?, expected[i]))) {
+        Some(((key, mult), size)) => format!(" ({key} {})", size / mult),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(n_embd: usize, n_layer: usize) -> HfGpt2Config {
+        HfGpt2Config {
+            vocab_size: 100,
+            n_positions: 16,
+            n_embd,
+            n_layer,
+            n_head: 2,
+            n_inner: None,
+            resid_pdrop: 0.0,
+            embd_pdrop: 0.0,
+            attn_pdrop: 0.0,
+        }
+    }
+
+    fn tensors(cfg: &HfGpt2Config) -> Vec<NamedTensor> {
+        expected_shapes(cfg)
+            .into_iter()
+            .map(|(name, shape)| NamedTensor { data: vec![0.0; shape.iter().product()], name, shape })
+            .collect()
+    }
+
+    fn err(expected: &HfGpt2Config, found: &[NamedTensor]) -> String {
+        check_shapes(Path::new("ckpt/model.safetensors"), &expected_shapes(expected), found)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn gpt2_small_has_its_parameter_count() {
+        let small =
+            HfGpt2Config { vocab_size: 50257, n_positions: 1024, n_embd: 768, n_layer: 12, ..cfg(0, 0) };
+        let n: usize = expected_shapes(&small).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+        assert_eq!(n, 124_439_808);
+        assert_eq!(expected_shapes(&small).len(), 2 + 12 * 12 + 2);
+    }
+
+    #[test]
+    fn matching_tensors_pass() {
+        let c = cfg(8, 2);
+        check_shapes(Path::new("x"), &expected_shapes(&c), &tensors(&c)).unwrap();
+    }
+
+    #[test]
+    fn mismatches_name_the_tensor_and_the_config_key() {
+        assert_eq!(
+            err(&cfg(128, 2), &tensors(&cfg(64, 2))),
+            "ckpt/model.safetensors: wte.weight has shape [100, 64], the config needs [100, 128] (hidden_size 128)"
+        );
+        let mut found = tensors(&cfg(128, 2));
+        found[4].shape = vec![64, 192];
+        assert_eq!(
+            err(&cfg(128, 2), &found),
+            "ckpt/model.safetensors: h.0.attn.c_attn.weight has shape [64, 192], \
+             the config needs [128, 384] (hidden_size 128)"
+        );
+        let wider = HfGpt2Config { n_inner: Some(40), ..cfg(8, 2) };
+        assert_eq!(
+            err(&wider, &tensors(&cfg(8, 2))),
+            "ckpt/model.safetensors: h.0.mlp.c_fc.weight has shape [8, 32], \
+             the config needs [8, 40] (ffn_hidden_size 40)"
+        );
+        assert_eq!(
+            err(&cfg(8, 3), &tensors(&cfg(8, 2))),
+            "ckpt/model.safetensors: has 2 layers, the config needs num_layers 3"
+        );
+        let mut found = tensors(&cfg(8, 2));
+        found.retain(|t| t.name != "ln_f.bias");
+        assert_eq!(
+            err(&cfg(8, 2), &found),
+            "ckpt/model.safetensors: missing ln_f.bias, which the config needs"
+        );
+        let mut found = tensors(&cfg(8, 2));
+        found.push(NamedTensor { name: "score.weight".into(), shape: vec![1], data: vec![0.0] });
+        assert_eq!(
+            err(&cfg(8, 2), &found),
+            "ckpt/model.safetensors: unexpected tensor score.weight, which the config has no place for"
+        );
+    }
+}

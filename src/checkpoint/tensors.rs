@@ -1,0 +1,198 @@
+//! Named f32 tensors and their safetensors files.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{json, Map};
+
+use crate::error::user_error;
+
+/// One parameter (or optimizer moment) with its Hugging Face GPT-2 name and layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Writes `tensors` to `path` as safetensors and syncs it to disk. Written here rather than
+/// by `safetensors::serialize_to_file` so the tensors stream out without a second copy in
+/// memory and the file gets the usual permissions (that function persists a 0600 temp file).
+/// The `format: pt` metadata is what `transformers` requires before it loads a file.
+pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> anyhow::Result<()> {
+    let mut header = Map::new();
+    header.insert("__metadata__".into(), json!({ "format": "pt" }));
+    let mut offset = 0;
+    for t in tensors {
+        anyhow::ensure!(
+            t.shape.iter().product::<usize>() == t.data.len(),
+            "tensor {} has shape {:?} but {} values",
+            t.name,
+            t.shape,
+            t.data.len()
+        );
+        let end = offset + 4 * t.data.len();
+        let entry = json!({ "dtype": "F32", "shape": t.shape, "data_offsets": [offset, end] });
+        anyhow::ensure!(header.insert(t.name.clone(), entry).is_none(), "tensor {} appears twice", t.name);
+        offset = end;
+    }
+    let mut header = serde_json::to_vec(&header)?;
+    // The format aligns the data to 8 bytes by padding the header with spaces.
+    header.resize(header.len().next_multiple_of(8), b' ');
+
+    let mut w = BufWriter::new(File::create(path)?);
+    w.write_all(&(header.len() as u64).to_le_bytes())?;
+    w.write_all(&header)?;
+    for t in tensors {
+        for x in &t.data {
+            w.write_all(&x.to_le_bytes())?;
+        }
+    }
+    w.into_inner()?.sync_all()?;
+    Ok(())
+}
+
+/// Reads every tensor of a safetensors file, in no particular order. Only f32 is accepted:
+/// that is what pipetrain and `save_pretrained` of an f32 GPT-2 write.
+pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
+    let shown = path.display();
+    let file = File::open(path).map_err(|e| user_error(format!("{shown}: cannot open: {e}")))?;
+    // SAFETY: read-only map, dropped before returning; the data is copied out.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| user_error(format!("{shown}: cannot map: {e}")))?;
+    let st = SafeTensors::deserialize(&map)
+        .map_err(|e| user_error(format!("{shown}: not a valid safetensors file: {e}")))?;
+    st.iter()
+        .map(|(name, view)| {
+            if view.dtype() != Dtype::F32 {
+                return Err(user_error(format!(
+                    "{shown}: {name} has dtype {:?}; pipetrain reads F32 only",
+                    view.dtype()
+                )));
+            }
+            let data =
+                view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            Ok(NamedTensor { name: name.to_string(), shape: view.shape().to_vec(), data })
+        })
+        .collect()
+}
+
+/// Brings a Hugging Face GPT-2 weight file to pipetrain's names: strips the `transformer.`
+/// prefix that `GPT2LMHeadModel.save_pretrained` writes, drops the attention-mask buffers
+/// (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`) some versions save, and drops `lm_head.weight`
+/// after checking it is tied to `wte.weight`.
+pub fn normalize_hf_names(path: &Path, tensors: Vec<NamedTensor>) -> anyhow::Result<Vec<NamedTensor>> {
+    let mut kept = Vec::with_capacity(tensors.len());
+    let mut lm_head = None;
+    for mut t in tensors {
+        if let Some(rest) = t.name.strip_prefix("transformer.") {
+            t.name = rest.to_string();
+        }
+        if t.name == "lm_head.weight" {
+            lm_head = Some(t);
+        } else if !is_attention_mask_buffer(&t.name) {
+            kept.push(t);
+        }
+    }
+    if let Some(head) = lm_head {
+        let tied =
+            kept.iter().any(|t| t.name == "wte.weight" && t.shape == head.shape && t.data == head.data);
+        if !tied {
+            return Err(user_error(format!(
+                "{}: lm_head.weight differs from wte.weight; pipetrain needs the tied GPT-2 head",
+                path.display()
+            )));
+        }
+    }
+    Ok(kept)
+}
+
+fn is_attention_mask_buffer(name: &str) -> bool {
+    let mut parts = name.split('.');
+    matches!(
+        (parts.next(), parts.next().map(|i| i.parse::<usize>()), parts.next(), parts.next(), parts.next()),
+        (Some("h"), Some(Ok(_)), Some("attn"), Some("bias" | "masked_bias"), None)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::test_dir;
+
+    fn t(name: &str, data: &[f32]) -> NamedTensor {
+        NamedTensor { name: name.into(), shape: vec![data.len()], data: data.to_vec() }
+    }
+
+    #[test]
+    fn round_trip_is_bitwise() {
+        let dir = test_dir("st_round_trip");
+        let p = dir.join("m.safetensors");
+        let a = NamedTensor {
+            name: "b".into(),
+            shape: vec![2, 2],
+            data: vec![1.5, -0.0, f32::MIN_POSITIVE, 3e-41],
+        };
+        let b = t("a", &[f32::MAX]);
+        write_safetensors(&p, &[a.clone(), b.clone()]).unwrap();
+        let mut back = read_safetensors(&p).unwrap();
+        back.sort_by(|x, y| x.name.cmp(&y.name));
+        assert_eq!(back, [b, a]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back[1].data), bits(&[1.5, -0.0, f32::MIN_POSITIVE, 3e-41]));
+    }
+
+    #[test]
+    fn writes_the_metadata_transformers_requires() {
+        let dir = test_dir("st_metadata");
+        let p = dir.join("m.safetensors");
+        write_safetensors(&p, &[t("a", &[1.0])]).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(meta.metadata().as_ref().unwrap().get("format").map(String::as_str), Some("pt"));
+    }
+
+    #[test]
+    fn refuses_inconsistent_tensors() {
+        let p = test_dir("st_inconsistent").join("m.safetensors");
+        let short = NamedTensor { name: "a".into(), shape: vec![2, 2], data: vec![1.0] };
+        assert_eq!(
+            write_safetensors(&p, &[short]).unwrap_err().to_string(),
+            "tensor a has shape [2, 2] but 1 values"
+        );
+        let err = write_safetensors(&p, &[t("a", &[1.0]), t("a", &[2.0])]).unwrap_err();
+        assert_eq!(err.to_string(), "tensor a appears twice");
+    }
+
+    #[test]
+    fn garbage_is_a_user_error() {
+        let dir = test_dir("st_garbage");
+        let p = dir.join("m.safetensors");
+        std::fs::write(&p, b"not safetensors at all").unwrap();
+        let err = read_safetensors(&p).unwrap_err();
+        assert!(crate::error::is_user_error(&err));
+        assert!(err.to_string().starts_with(&format!("{}: not a valid safetensors file: ", p.display())));
+    }
+
+    #[test]
+    fn hf_names_are_normalized() {
+        let p = Path::new("hf/model.safetensors");
+        let input = vec![
+            t("transformer.wte.weight", &[1.0, 2.0]),
+            t("transformer.h.0.attn.bias", &[1.0]),
+            t("h.1.attn.masked_bias", &[1.0]),
+            t("transformer.h.0.attn.c_attn.bias", &[3.0]),
+            t("lm_head.weight", &[1.0, 2.0]),
+        ];
+        let names: Vec<String> = normalize_hf_names(p, input).unwrap().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["wte.weight", "h.0.attn.c_attn.bias"]);
+
+        let untied = vec![t("wte.weight", &[1.0, 2.0]), t("lm_head.weight", &[1.0, 2.5])];
+        assert_eq!(
+            normalize_hf_names(p, untied).unwrap_err().to_string(),
+            "hf/model.safetensors: lm_head.weight differs from wte.weight; pipetrain needs the tied GPT-2 head"
+        );
+    }
+}
