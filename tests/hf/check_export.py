@@ -1,0 +1,53 @@
+"""Load a pipetrain export in Hugging Face transformers and print what it computes.
+
+    pipetrain export --checkpoint RUN --hf OUT
+    python3 tests/hf/check_export.py OUT [--data val.bin --windows N --seq-length T]
+
+Prints the sum of the logits for a fixed input and, with --data, the mean loss over the first
+N non-overlapping windows of a token file, the figure `pipetrain eval --checkpoint OUT
+--data val.bin --windows N --seq-length T` prints: the two should agree to about 1e-5.
+Needs torch and transformers; not part of CI.
+"""
+
+import argparse
+
+import numpy as np
+import torch
+from transformers import GPT2LMHeadModel
+
+
+def windows(path: str, n: int, t: int) -> torch.Tensor:
+    """The first n windows of t + 1 tokens (window k starts at k * t) of an llm.c .bin file."""
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert header[0] == 20240520 and header[1] == 1, f"{path}: not a token file"
+    tokens = np.fromfile(path, dtype="<u2", offset=1024)
+    assert len(tokens) == header[2] and len(tokens) >= n * t + 1, f"{path}: too few tokens"
+    return torch.tensor(np.stack([tokens[k * t : k * t + t + 1] for k in range(n)]).astype(np.int64))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("--data")
+    p.add_argument("--windows", type=int, default=8)
+    p.add_argument("--seq-length", type=int)
+    a = p.parse_args()
+
+    model = GPT2LMHeadModel.from_pretrained(a.dir).eval()
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "head not tied"
+    vocab, n_pos = model.config.vocab_size, model.config.n_positions
+    fixed = torch.tensor([[50256, 464, 1266, 286, 1243, 13, 632, 373][: n_pos]]) % vocab
+    with torch.no_grad():
+        print(f"logits sum {model(fixed).logits.double().sum().item():.6f} for input {fixed.tolist()[0]}")
+        if a.data:
+            t = a.seq_length or n_pos
+            w = windows(a.data, a.windows, t)
+            # Mean over all windows' tokens: every window has t targets, so this equals the
+            # mean of per-window means that pipetrain eval prints.
+            loss = model(w[:, :-1], labels=None).logits.log_softmax(-1)
+            nll = -loss.gather(-1, w[:, 1:, None]).squeeze(-1)
+            print(f"mean loss {nll.double().mean().item():.6f} over {a.windows} windows of {t} tokens")
+
+
+if __name__ == "__main__":
+    main()
