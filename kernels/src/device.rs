@@ -52,6 +52,8 @@ pub trait Device: Send + Sync {
     // ---- buffers -------------------------------------------------------------------
     /// A zero-filled tensor, counted in the ledger under `category` until dropped.
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor;
+    /// A tensor holding a copy of `data`. (A device method, not a conversion of `self`.)
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
     /// dst = src (same number of elements).
