@@ -1,5 +1,385 @@
 //! The CPU backend: rayon + gemm, one file per kernel.
-//! (Being implemented; see kernels/src/device.rs for the contract.)
+//!
+//! Each kernel file holds plain functions on slices; [`CpuDevice`] unwraps tensors, checks
+//! shapes and calls them inside its own rayon pool, so a pipeline stage's ops use exactly the
+//! threads that stage was given.
+
+mod adamw;
+mod attention;
+mod cross_entropy;
+#[cfg(test)]
+mod device_tests;
+mod disjoint;
+mod dropout;
+mod elementwise;
+mod embedding;
+mod gelu;
+mod layernorm;
+mod math;
+mod matmul;
+mod peak;
+#[cfg(test)]
+mod testutil;
+
+pub use peak::measure_matmul_peak;
+
+use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::dropout::DropoutSpec;
+use crate::memory::{Category, MemoryLedger};
+use crate::tensor::{Storage, Tensor};
+use rayon::ThreadPool;
+use std::sync::Arc;
+
+/// Elements per parallel task in the elementwise kernels: large enough to amortise rayon's
+/// per-task cost, small enough to balance. Also the fixed reduction chunk of
+/// `sum_squares`, so changing it changes that op's rounding.
+const CHUNK: usize = 1 << 14;
 
 /// A CPU device with its own rayon pool.
-pub struct CpuDevice;
+pub struct CpuDevice {
+    pool: ThreadPool,
+    ledger: Arc<MemoryLedger>,
+}
+
+impl CpuDevice {
+    /// A device whose ops run on a new pool of `threads` threads (at least 1), with a fresh
+    /// memory ledger.
+    pub fn new(threads: usize) -> CpuDevice {
+        assert!(threads > 0, "a CPU device needs at least one thread");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("pipetrain-cpu-{i}"))
+            .build()
+            .expect("cannot start the CPU device's threads");
+        CpuDevice { pool, ledger: Arc::new(MemoryLedger::new()) }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// gemm's threading for a matmul that has the whole pool.
+    fn gemm_parallelism(&self) -> gemm::Parallelism {
+        match self.threads() {
+            1 => gemm::Parallelism::None,
+            n => gemm::Parallelism::Rayon(n),
+        }
+    }
+
+    fn workspace(&self, len: usize) -> Tensor {
+        self.zeros(&[len], Category::Workspace)
+    }
+}
+
+/// (rows, last dimension) of a tensor seen as a matrix over its last axis.
+fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let cols = *t.shape().last().expect("a tensor with at least one dimension");
+    (t.len().checked_div(cols).unwrap_or(0), cols)
+}
+
+fn assert_tokens_below(tokens: &[u32], vocab: usize) {
+    if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
+        panic!("token id {bad} is outside the vocabulary of {vocab}");
+    }
+}
+
+fn assert_same_len(a: &Tensor, b: &Tensor) {
+    assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads())
+    }
+
+    fn ledger(&self) -> &Arc<MemoryLedger> {
+        &self.ledger
+    }
+
+    fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
+        let len = shape.iter().product();
+        Tensor::new(shape, Storage::Cpu(vec![0.0; len]), category, self.ledger.clone())
+    }
+
+    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        assert_eq!(
+            data.len(),
+            shape.iter().product::<usize>(),
+            "from_host: {} values for {shape:?}",
+            data.len()
+        );
+        Tensor::new(shape, Storage::Cpu(data.to_vec()), category, self.ledger.clone())
+    }
+
+    fn to_host(&self, t: &Tensor) -> Vec<f32> {
+        t.cpu().to_vec()
+    }
+
+    fn copy(&self, dst: &mut Tensor, src: &Tensor) {
+        assert_same_len(dst, src);
+        self.pool.install(|| elementwise::copy(dst.cpu_mut(), src.cpu()));
+    }
+
+    fn fill_zero(&self, t: &mut Tensor) {
+        self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
+    }
+
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
+        assert_same_len(acc, x);
+        self.pool.install(|| elementwise::accumulate(acc.cpu_mut(), x.cpu()));
+    }
+
+    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
+        assert_same_len(out, a);
+        assert_same_len(out, b);
+        self.pool.install(|| elementwise::add(out.cpu_mut(), a.cpu(), b.cpu()));
+    }
+
+    fn sum_squares(&self, t: &Tensor) -> f64 {
+        self.pool.install(|| elementwise::sum_squares(t.cpu()))
+    }
+
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
+        let &[b, t, c] = out.shape() else { panic!("embedding out must be [B,T,C], got {out:?}") };
+        assert_eq!(tokens.len(), b * t, "embedding: {} tokens for {out:?}", tokens.len());
+        assert_eq!(rows_cols(wte).1, c, "embedding: wte {wte:?} vs out {out:?}");
+        assert_tokens_below(tokens, rows_cols(wte).0);
+        assert!(wpe.len() >= t * c && rows_cols(wpe).1 == c, "embedding: wpe {wpe:?} vs out {out:?}");
+        self.pool.install(|| embedding::forward(out.cpu_mut(), tokens, wte.cpu(), wpe.cpu(), t, c));
+    }
+
+    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]) {
+        let &[b, t, c] = dout.shape() else { panic!("embedding dout must be [B,T,C], got {dout:?}") };
+        assert_eq!(tokens.len(), b * t, "embedding: {} tokens for {dout:?}", tokens.len());
+        assert_eq!(rows_cols(dwte).1, c, "embedding: dwte {dwte:?} vs dout {dout:?}");
+        assert_tokens_below(tokens, rows_cols(dwte).0);
+        assert!(dwpe.len() >= t * c && rows_cols(dwpe).1 == c, "embedding: dwpe {dwpe:?} vs dout {dout:?}");
+        self.pool.install(|| {
+            embedding::backward(dwte.cpu_mut(), dwpe.cpu_mut(), dout.cpu(), tokens, t, c);
+        });
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
+        self.pool.install(|| {
+            layernorm::forward(
+                out.cpu_mut(),
+                mean.cpu_mut(),
+                rstd.cpu_mut(),
+                inp.cpu(),
+                weight.cpu(),
+                bias.cpu(),
+            )
+        });
+    }
+
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
+        let mut partials = self.workspace(layernorm::partials_len(n, c));
+        let saved =
+            layernorm::Saved { inp: inp.cpu(), weight: weight.cpu(), mean: mean.cpu(), rstd: rstd.cpu() };
+        self.pool.install(|| {
+            layernorm::backward(
+                dinp.cpu_mut(),
+                dweight.cpu_mut(),
+                dbias.cpu_mut(),
+                dout.cpu(),
+                saved,
+                partials.cpu_mut(),
+            )
+        });
+    }
+
+    fn matmul_forward(
+        &self,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        bias: Option<&Tensor>,
+    ) {
+        let dims = matmul_dims(out, inp, weight, layout);
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), dims.oc, "matmul: bias {bias:?} for {dims:?}");
+        }
+        let par = self.gemm_parallelism();
+        self.pool.install(|| {
+            matmul::forward(out.cpu_mut(), inp.cpu(), weight.cpu(), layout, bias.map(Tensor::cpu), dims, par)
+        });
+    }
+
+    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout) {
+        let dims = matmul_dims(dout, dinp, weight, layout);
+        let par = self.gemm_parallelism();
+        self.pool
+            .install(|| matmul::backward_input(dinp.cpu_mut(), dout.cpu(), weight.cpu(), layout, dims, par));
+    }
+
+    fn matmul_backward_weight(
+        &self,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        layout: WeightLayout,
+    ) {
+        let dims = matmul_dims(dout, inp, dweight, layout);
+        if let Some(dbias) = &dbias {
+            assert_eq!(dbias.len(), dims.oc, "matmul: dbias {dbias:?} for {dims:?}");
+        }
+        let par = self.gemm_parallelism();
+        self.pool.install(|| {
+            matmul::backward_weight(
+                dweight.cpu_mut(),
+                dbias.map(Tensor::cpu_mut),
+                dout.cpu(),
+                inp.cpu(),
+                layout,
+                dims,
+                par,
+            )
+        });
+    }
+
+    fn attention_forward(
+        &self,
+        out: &mut Tensor,
+        att: &mut Tensor,
+        qkv: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    ) {
+        let dims = attention_dims(qkv, n_head);
+        assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
+        assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
+        let groups = self.threads().min(dims.b * dims.nh);
+        let mut scratch = self.workspace(attention::forward_scratch_len(dims, groups, dropout.is_some()));
+        self.pool.install(|| {
+            attention::forward(
+                out.cpu_mut(),
+                att.cpu_mut(),
+                qkv.cpu(),
+                dims,
+                dropout.as_ref(),
+                scratch.cpu_mut(),
+                groups,
+            )
+        });
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &mut Tensor,
+        dout: &Tensor,
+        qkv: &Tensor,
+        att: &Tensor,
+        n_head: usize,
+        dropout: Option<DropoutSpec>,
+    ) {
+        let dims = attention_dims(qkv, n_head);
+        assert_same_len(dqkv, qkv);
+        assert_eq!(dout.len(), dims.b * dims.t * dims.c, "attention: dout {dout:?} for qkv {qkv:?}");
+        assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
+        let groups = self.threads().min(dims.b * dims.nh);
+        let mut scratch = self.workspace(attention::backward_scratch_len(dims, groups, dropout.is_some()));
+        let saved = attention::Saved { qkv: qkv.cpu(), att: att.cpu() };
+        self.pool.install(|| {
+            attention::backward(
+                dqkv.cpu_mut(),
+                dout.cpu(),
+                saved,
+                dims,
+                dropout.as_ref(),
+                scratch.cpu_mut(),
+                groups,
+            )
+        });
+    }
+
+    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        assert_same_len(out, inp);
+        self.pool.install(|| gelu::forward(out.cpu_mut(), inp.cpu()));
+    }
+
+    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        assert_same_len(dinp, inp);
+        assert_same_len(dinp, dout);
+        self.pool.install(|| gelu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu()));
+    }
+
+    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(out, inp);
+        self.pool.install(|| dropout::apply(out.cpu_mut(), inp.cpu(), &dropout));
+    }
+
+    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(dinp, dout);
+        // The mask multiplies the gradient exactly as it multiplied the activation.
+        self.pool.install(|| dropout::apply(dinp.cpu_mut(), dout.cpu(), &dropout));
+    }
+
+    fn cross_entropy(
+        &self,
+        losses: &mut Tensor,
+        logits: &mut Tensor,
+        targets: &[u32],
+        grad_scale: Option<f32>,
+    ) {
+        let (n, _) = rows_cols(logits);
+        assert!(losses.len() == n && targets.len() == n, "cross_entropy: {n} rows of logits {logits:?}");
+        self.pool.install(|| {
+            cross_entropy::forward_backward(losses.cpu_mut(), logits.cpu_mut(), targets, grad_scale)
+        });
+    }
+
+    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
+        assert_same_len(param, grad);
+        assert_same_len(param, m);
+        assert_same_len(param, v);
+        self.pool.install(|| adamw::step(param.cpu_mut(), grad.cpu(), m.cpu_mut(), v.cpu_mut(), &hp));
+    }
+}
+
+/// The matmul dimensions from `rows` [N,OC] (out or dout), `inp` [N,IC] and the weight.
+fn matmul_dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayout) -> matmul::Dims {
+    let &[w0, w1] = weight.shape() else { panic!("matmul weight must be 2-D, got {weight:?}") };
+    let (ic, oc) = match layout {
+        WeightLayout::InOut => (w0, w1),
+        WeightLayout::OutIn => (w1, w0),
+    };
+    let (n, inp_cols) = rows_cols(inp);
+    assert_eq!(inp_cols, ic, "matmul: input {inp:?} vs weight {weight:?} ({layout:?})");
+    assert_eq!(rows.len(), n * oc, "matmul: {rows:?} vs {n} rows x {oc} outputs");
+    matmul::Dims { n, ic, oc }
+}
+
+fn attention_dims(qkv: &Tensor, n_head: usize) -> attention::Dims {
+    let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
+    assert!(c3 % 3 == 0 && n_head > 0 && (c3 / 3) % n_head == 0, "attention: qkv {qkv:?}, {n_head} heads");
+    attention::Dims { b, t, c: c3 / 3, nh: n_head }
+}

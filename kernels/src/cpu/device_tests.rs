@@ -1,0 +1,171 @@
+//! Tests of `CpuDevice` as a whole: bitwise determinism across pool sizes, the dropout mask
+//! shared by forward and backward, and the ledger accounting of scratch.
+
+use super::testutil::random;
+use super::CpuDevice;
+use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
+use crate::memory::Category;
+use crate::philox;
+use crate::tensor::Tensor;
+
+// A small GPT-2 block. T spans two attention row blocks; 4C = 640 exceeds gemm's depth
+// block (512), so the accumulation across depth blocks is covered too; every elementwise
+// buffer of [N,4C] spans several parallel chunks.
+const B: usize = 2;
+const T: usize = 80;
+const C: usize = 160;
+const NH: usize = 4;
+const V: usize = 300;
+const N: usize = B * T;
+
+fn spec(site: DropoutSite, p: f32) -> DropoutSpec {
+    DropoutSpec { p, key: DropoutKey { seed: 5, step: 1, microbatch: 2, layer: 3, site } }
+}
+
+/// Runs every op of the device once and returns every output, in order.
+fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
+    let t = |seed: u64, shape: &[usize], scale: f32| {
+        dev.from_host(&random(seed, shape.iter().product(), scale), shape, Category::Activations)
+    };
+    let z = |shape: &[usize]| dev.zeros(shape, Category::Workspace);
+    let tokens: Vec<u32> = (0..N as u32).map(|i| i * 7 % V as u32).collect();
+    let mut outs: Vec<Vec<f32>> = Vec::new();
+    let mut keep = |x: &Tensor| outs.push(dev.to_host(x));
+
+    let (wte, wpe) = (t(1, &[V, C], 0.5), t(2, &[T, C], 0.5));
+    let mut x = z(&[B, T, C]);
+    dev.embedding_forward(&mut x, &tokens, &wte, &wpe);
+    keep(&x);
+
+    let (lnw, lnb) = (t(3, &[C], 1.0), t(4, &[C], 0.1));
+    let (mut ln, mut mean, mut rstd) = (z(&[N, C]), z(&[N]), z(&[N]));
+    dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &lnw, &lnb);
+    [&ln, &mean, &rstd].into_iter().for_each(&mut keep);
+
+    let (w_qkv, b_qkv) = (t(5, &[C, 3 * C], 0.1), t(6, &[3 * C], 0.1));
+    let mut qkv = z(&[B, T, 3 * C]);
+    dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv));
+    keep(&qkv);
+
+    let attn_drop = Some(spec(DropoutSite::AttentionProbs, 0.1));
+    let (mut y, mut att) = (z(&[B, T, C]), z(&[B, NH, T, T]));
+    dev.attention_forward(&mut y, &mut att, &qkv, NH, attn_drop);
+    [&y, &att].into_iter().for_each(&mut keep);
+
+    let w_fc = t(7, &[4 * C, C], 0.1); // OutIn
+    let (mut h, mut g) = (z(&[N, 4 * C]), z(&[N, 4 * C]));
+    dev.matmul_forward(&mut h, &y, &w_fc, WeightLayout::OutIn, None);
+    dev.gelu_forward(&mut g, &h);
+    let w_proj = t(8, &[4 * C, C], 0.1); // InOut, depth 4C
+    let mut p = z(&[N, C]);
+    dev.matmul_forward(&mut p, &g, &w_proj, WeightLayout::InOut, None);
+    let mut pd = z(&[N, C]);
+    dev.dropout_forward(&mut pd, &p, spec(DropoutSite::MlpResidual, 0.2));
+    let mut res = z(&[N, C]);
+    dev.add(&mut res, &pd, &x);
+    [&h, &g, &p, &pd, &res].into_iter().for_each(&mut keep);
+
+    let mut logits = z(&[N, V]);
+    dev.matmul_forward(&mut logits, &res, &wte, WeightLayout::OutIn, None);
+    let mut losses = z(&[N]);
+    dev.cross_entropy(&mut losses, &mut logits, &tokens, Some(1.0 / N as f32));
+    [&losses, &logits].into_iter().for_each(&mut keep);
+
+    // Backward through the same ops, parameter gradients starting non-zero.
+    let dres = t(9, &[N, C], 0.1);
+    let (mut dp, mut dg, mut dh, mut dy) = (z(&[N, C]), z(&[N, 4 * C]), z(&[N, 4 * C]), z(&[N, C]));
+    dev.dropout_backward(&mut dp, &dres, spec(DropoutSite::MlpResidual, 0.2));
+    let (mut dw_proj, mut dw_fc, mut dw_qkv) =
+        (t(10, &[4 * C, C], 0.1), t(11, &[4 * C, C], 0.1), z(&[C, 3 * C]));
+    let mut db_qkv = t(12, &[3 * C], 0.1);
+    dev.matmul_backward_input(&mut dg, &dp, &w_proj, WeightLayout::InOut);
+    dev.matmul_backward_weight(&mut dw_proj, None, &dp, &g, WeightLayout::InOut);
+    dev.gelu_backward(&mut dh, &h, &dg);
+    dev.matmul_backward_input(&mut dy, &dh, &w_fc, WeightLayout::OutIn);
+    dev.matmul_backward_weight(&mut dw_fc, None, &dh, &y, WeightLayout::OutIn);
+    let mut dqkv = z(&[B, T, 3 * C]);
+    dev.attention_backward(&mut dqkv, &dy, &qkv, &att, NH, attn_drop);
+    let mut dln = z(&[N, C]);
+    dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
+    dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
+    let (mut dx, mut dlnw, mut dlnb) = (z(&[B, T, C]), t(13, &[C], 0.1), z(&[C]));
+    dev.layernorm_backward(&mut dx, &mut dlnw, &mut dlnb, &dln, &x, &lnw, &mean, &rstd);
+    dev.accumulate(&mut dx, &dres);
+    let (mut dwte, mut dwpe) = (t(14, &[V, C], 0.1), z(&[T, C]));
+    dev.embedding_backward(&mut dwte, &mut dwpe, &dx, &tokens);
+    [&dp, &dg, &dw_proj, &dh, &dy, &dw_fc, &dqkv, &dln, &dw_qkv, &db_qkv, &dx, &dlnw, &dlnb, &dwte, &dwpe]
+        .into_iter()
+        .for_each(&mut keep);
+
+    let mut param = z(&[4 * C, C]);
+    dev.copy(&mut param, &w_proj);
+    let (mut m, mut v) = (t(15, &[4 * C, C], 0.01), z(&[4 * C, C]));
+    let hp = AdamWStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 3,
+        grad_scale: 0.7,
+    };
+    dev.adamw(&mut param, &dw_proj, &mut m, &mut v, hp);
+    [&param, &m, &v].into_iter().for_each(&mut keep);
+    let norm = dev.sum_squares(&dw_fc);
+    dev.fill_zero(&mut param);
+    keep(&param);
+    outs.push(vec![norm as f32, (norm - norm as f32 as f64) as f32]);
+    outs
+}
+
+#[test]
+fn every_op_is_bitwise_identical_on_1_and_3_threads() {
+    let bits = |outs: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+        outs.into_iter().map(|o| o.into_iter().map(f32::to_bits).collect()).collect()
+    };
+    let one = bits(every_output(&CpuDevice::new(1)));
+    let three = bits(every_output(&CpuDevice::new(3)));
+    assert_eq!(one.len(), three.len());
+    for (i, (a, b)) in one.iter().zip(&three).enumerate() {
+        assert!(a == b, "output #{i} differs between 1 and 3 threads");
+    }
+}
+
+#[test]
+fn dropout_backward_regenerates_the_forward_mask() {
+    let dev = CpuDevice::new(2);
+    let n = 50_000;
+    let s = spec(DropoutSite::Embedding, 0.3);
+    let inp = dev.from_host(&vec![1.0; n], &[n], Category::Activations);
+    let dout = dev.from_host(&random(1, n, 1.0), &[n], Category::Activations);
+    let (mut out, mut dinp) = (dev.zeros(&[n], Category::Activations), dev.zeros(&[n], Category::Workspace));
+    dev.dropout_forward(&mut out, &inp, s);
+    dev.dropout_backward(&mut dinp, &dout, s);
+    let (out, dinp, dout) = (dev.to_host(&out), dev.to_host(&dinp), dev.to_host(&dout));
+    for i in 0..n {
+        let kept = philox::keep(&s.key, i, s.p);
+        assert_eq!(out[i], if kept { 1.0 / 0.7 } else { 0.0 }, "forward element {i}");
+        assert_eq!(dinp[i], if kept { dout[i] * (1.0 / 0.7) } else { 0.0 }, "backward element {i}");
+    }
+}
+
+#[test]
+fn op_scratch_is_counted_as_workspace_and_released() {
+    let dev = CpuDevice::new(2);
+    let qkv = dev.from_host(&random(1, B * T * 3 * C, 1.0), &[B, T, 3 * C], Category::Activations);
+    let dout = dev.from_host(&random(2, B * T * C, 1.0), &[B, T, C], Category::Activations);
+    let (mut y, mut att) =
+        (dev.zeros(&[B, T, C], Category::Activations), dev.zeros(&[B, NH, T, T], Category::Activations));
+    let drop = Some(spec(DropoutSite::AttentionProbs, 0.1));
+    dev.attention_forward(&mut y, &mut att, &qkv, NH, drop);
+    let mut dqkv = dev.zeros(&[B, T, 3 * C], Category::Activations);
+    let ledger = dev.ledger();
+    ledger.reset_peaks();
+    dev.attention_backward(&mut dqkv, &dout, &qkv, &att, NH, drop);
+    // One group per thread, each with dS and the dropped probabilities, [T,T] each.
+    assert_eq!(ledger.peak(Category::Workspace), 2 * 2 * T * T * 4);
+    assert_eq!(ledger.live(Category::Workspace), 0);
+    assert_eq!(dev.name(), "cpu (2 threads)");
+    assert_eq!(dev.threads(), 2);
+}

@@ -1,0 +1,95 @@
+//! Token + position embedding.
+
+use super::disjoint::DisjointMut;
+use rayon::prelude::*;
+
+/// Embedding rows per parallel task in forward.
+const ROWS: usize = 16;
+/// Channels per parallel task in backward: each task owns these columns of every row of
+/// dwte and dwpe, so tokens that repeat never race and are summed in position order.
+const COLS: usize = 64;
+
+/// out [N,C] (N = B*T, t = n % T) = wte [V,C] [tokens[n]] + wpe [maxT,C] [t]
+pub fn forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], t: usize, c: usize) {
+    out.par_chunks_mut(c).with_min_len(ROWS).zip(tokens).enumerate().for_each(|(n, (row, &tok))| {
+        let tok_row = &wte[tok as usize * c..][..c];
+        let pos_row = &wpe[(n % t) * c..][..c];
+        for ((o, &a), &b) in row.iter_mut().zip(tok_row).zip(pos_row) {
+            *o = a + b;
+        }
+    });
+}
+
+/// dwte [V,C] += scatter of dout [N,C] by token; dwpe [maxT,C] += dout summed over batch.
+pub fn backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], t: usize, c: usize) {
+    let dwte = DisjointMut::new(dwte);
+    let dwpe = DisjointMut::new(dwpe);
+    (0..c.div_ceil(COLS)).into_par_iter().for_each(|chunk| {
+        let c0 = chunk * COLS;
+        let width = COLS.min(c - c0);
+        for (n, &tok) in tokens.iter().enumerate() {
+            let d = &dout[n * c + c0..][..width];
+            // SAFETY: this task alone touches columns c0..c0+width of every row, and the two
+            // slices lie in different buffers.
+            let (wte_row, wpe_row) =
+                unsafe { (dwte.slice(tok as usize * c + c0, width), dwpe.slice((n % t) * c + c0, width)) };
+            for ((a, b), &d) in wte_row.iter_mut().zip(wpe_row.iter_mut()).zip(d) {
+                *a += d;
+                *b += d;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::testutil::{assert_close, finite_diff, random, to_f64, weighted_sum};
+
+    const B: usize = 2;
+    const T: usize = 5;
+    const C: usize = 70; // more than COLS, not a multiple of it
+    const V: usize = 6;
+    const MAX_T: usize = 7;
+    const TOKENS: [u32; B * T] = [3, 1, 3, 0, 5, 5, 2, 3, 4, 1];
+
+    fn reference(wte: &[f64], wpe: &[f64]) -> Vec<f64> {
+        let mut out = vec![0.0; B * T * C];
+        for n in 0..B * T {
+            for ch in 0..C {
+                out[n * C + ch] = wte[TOKENS[n] as usize * C + ch] + wpe[(n % T) * C + ch];
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn forward_adds_token_and_position_rows_exactly() {
+        let (wte, wpe) = (random(1, V * C, 1.0), random(2, MAX_T * C, 1.0));
+        let mut out = vec![0.0; B * T * C];
+        forward(&mut out, &TOKENS, &wte, &wpe, T, C);
+        // One f32 add rounds the exact sum once, so the f64 reference rounds to the same bits.
+        let want = reference(&to_f64(&wte), &to_f64(&wpe));
+        assert!(out.iter().zip(&want).all(|(&o, &w)| o == w as f32));
+    }
+
+    #[test]
+    fn backward_matches_finite_differences_and_accumulates() {
+        let (wte, wpe) = (random(1, V * C, 1.0), random(2, MAX_T * C, 1.0));
+        let w = random(3, B * T * C, 1.0);
+        let wpe64 = to_f64(&wpe);
+        let wte64 = to_f64(&wte);
+        let fd_wte = finite_diff(&wte, |x| weighted_sum(&reference(x, &wpe64), &w));
+        let fd_wpe = finite_diff(&wpe, |x| weighted_sum(&reference(&wte64, x), &w));
+        let (mut dwte, mut dwpe) = (vec![0.0; V * C], vec![0.0; MAX_T * C]);
+        backward(&mut dwte, &mut dwpe, &w, &TOKENS, T, C);
+        // Tolerance: 1e-6 of the largest gradient (sums of at most 3 terms in f32).
+        assert_close(&dwte, &fd_wte, 1e-6, "dwte");
+        assert_close(&dwpe, &fd_wpe, 1e-6, "dwpe");
+        let (once_wte, once_wpe) = (dwte.clone(), dwpe.clone());
+        backward(&mut dwte, &mut dwpe, &w, &TOKENS, T, C);
+        let doubled =
+            |twice: &[f32], once: &[f32]| twice.iter().zip(once).all(|(&a, &b)| (a - 2.0 * b).abs() <= 1e-6);
+        assert!(doubled(&dwte, &once_wte) && doubled(&dwpe, &once_wpe), "a second call must add again");
+    }
+}
