@@ -1,0 +1,433 @@
+//! The CUDA backend against the CPU backend: every op runs on fresh random inputs on both
+//! devices, and the fp32 results agree to 1e-5 of the largest magnitude (exactly, where
+//! both compute the same single rounding). Each test skips, and says so, where there is no
+//! usable GPU; set PIPETRAIN_REQUIRE_GPU=1 on a GPU machine to make that a failure instead.
+#![cfg(feature = "cuda")]
+
+use kernels::cpu::CpuDevice;
+use kernels::cuda::{CudaDevice, MatmulPrecision};
+use kernels::{AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const TOL: f64 = 1e-5;
+
+fn gpu(test: &str) -> Option<CudaDevice> {
+    match CudaDevice::new(0) {
+        Ok(device) => Some(device),
+        Err(e) if std::env::var_os("PIPETRAIN_REQUIRE_GPU").is_some() => {
+            panic!("{test}: PIPETRAIN_REQUIRE_GPU is set, but there is no usable GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIP {test}: no usable GPU: {e}");
+            None
+        }
+    }
+}
+
+fn cpu() -> CpuDevice {
+    CpuDevice::new(4)
+}
+
+/// SplitMix64, seeded afresh for every test from the clock; the seed is printed so a
+/// failure can be replayed with PIPETRAIN_TEST_SEED.
+struct Rng(u64);
+
+impl Rng {
+    fn new(test: &str) -> Rng {
+        static SALT: AtomicU64 = AtomicU64::new(0);
+        let seed = match std::env::var("PIPETRAIN_TEST_SEED") {
+            Ok(s) => s.parse().expect("PIPETRAIN_TEST_SEED is a u64"),
+            Err(_) => {
+                let now =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                now.as_nanos() as u64 ^ SALT.fetch_add(0x9E37_79B9, Ordering::Relaxed)
+            }
+        };
+        eprintln!("{test}: seed {seed}");
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in [-scale, scale).
+    fn uniform(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+    }
+
+    fn below(&mut self, n: usize, bound: u32) -> Vec<u32> {
+        (0..n).map(|_| (self.next() % bound as u64) as u32).collect()
+    }
+}
+
+/// max |got - want| <= rtol * max |want|, and no NaN.
+fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0.0f64, |m, &w| m.max((w as f64).abs())).max(f64::MIN_POSITIVE);
+    let (worst, err) = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| if g.is_nan() || w.is_nan() { f64::INFINITY } else { (g as f64 - w as f64).abs() })
+        .enumerate()
+        .fold((0, 0.0f64), |best, (i, e)| if e > best.1 { (i, e) } else { best });
+    assert!(
+        err <= rtol * scale,
+        "{what}: error {err:e} at {worst} (gpu {} vs cpu {}) exceeds {rtol:e} of {scale:e}",
+        got[worst],
+        want[worst]
+    );
+}
+
+fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+        panic!("{what}: element {i} differs: {} vs {}", got[i], want[i]);
+    }
+}
+
+fn put(dev: &dyn Device, data: &[f32], shape: &[usize]) -> Tensor {
+    dev.from_host(data, shape, Category::Workspace)
+}
+
+fn dropout(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
+    DropoutSpec { p, key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site } }
+}
+
+// Shapes chosen to exercise every loop of the kernels: T above a warp, C above a warp and
+// not a multiple of it, rows spanning several chunks of the column sums.
+const B: usize = 2;
+const T: usize = 37;
+const C: usize = 96;
+const NH: usize = 4;
+const N: usize = B * T;
+
+#[test]
+fn new_without_a_usable_gpu_is_an_error_not_a_panic() {
+    assert!(CudaDevice::new(1 << 20).is_err(), "GPU 1048576 cannot exist");
+}
+
+#[test]
+fn buffers_round_trip_and_are_counted() {
+    let Some(gpu) = gpu("buffers_round_trip_and_are_counted") else { return };
+    let data = Rng::new("buffers").uniform(1000, 3.0);
+    let mut a = gpu.from_host(&data, &[10, 100], Category::Activations);
+    assert_bitwise("from_host/to_host", &gpu.to_host(&a), &data);
+    let mut b = gpu.zeros(&[1000], Category::Gradients);
+    assert!(gpu.to_host(&b).iter().all(|&x| x == 0.0));
+    gpu.copy(&mut b, &a);
+    assert_bitwise("copy", &gpu.to_host(&b), &data);
+    gpu.fill_zero(&mut a);
+    assert!(gpu.to_host(&a).iter().all(|&x| x == 0.0));
+    let empty = gpu.zeros(&[0, 5], Category::Workspace);
+    assert!(gpu.to_host(&empty).is_empty());
+    let ledger = gpu.ledger();
+    assert_eq!(ledger.live(Category::Activations), 4000);
+    assert_eq!(ledger.live(Category::Gradients), 4000);
+    drop((a, b, empty));
+    assert_eq!(ledger.live_bytes(), 0);
+}
+
+#[test]
+fn elementwise_ops_match_exactly() {
+    let Some(gpu) = gpu("elementwise_ops_match_exactly") else { return };
+    let mut rng = Rng::new("elementwise");
+    let (x, y) = (rng.uniform(70_001, 2.0), rng.uniform(70_001, 2.0));
+    let run = |dev: &dyn Device| {
+        let (a, b) = (put(dev, &x, &[x.len()]), put(dev, &y, &[y.len()]));
+        let mut out = dev.zeros(&[x.len()], Category::Workspace);
+        dev.add(&mut out, &a, &b);
+        let mut acc = put(dev, &x, &[x.len()]);
+        dev.accumulate(&mut acc, &b);
+        dev.accumulate(&mut acc, &out);
+        (dev.to_host(&out), dev.to_host(&acc), dev.sum_squares(&a))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert_bitwise("add", &got.0, &want.0);
+    assert_bitwise("accumulate", &got.1, &want.1);
+    assert!((got.2 - want.2).abs() <= 1e-12 * want.2, "sum_squares {} vs {}", got.2, want.2);
+}
+
+#[test]
+fn embedding_matches() {
+    let Some(gpu) = gpu("embedding_matches") else { return };
+    let mut rng = Rng::new("embedding");
+    let (vocab, max_t) = (50, T + 3); // few tokens, so many repeat
+    let tokens = rng.below(N, vocab as u32);
+    let (wte, wpe, dout) =
+        (rng.uniform(vocab * C, 1.0), rng.uniform(max_t * C, 1.0), rng.uniform(N * C, 1.0));
+    let (dwte0, dwpe0) = (rng.uniform(vocab * C, 1.0), rng.uniform(max_t * C, 1.0));
+    let run = |dev: &dyn Device| {
+        let (wte, wpe) = (put(dev, &wte, &[vocab, C]), put(dev, &wpe, &[max_t, C]));
+        let mut out = dev.zeros(&[B, T, C], Category::Workspace);
+        dev.embedding_forward(&mut out, &tokens, &wte, &wpe);
+        let (mut dwte, mut dwpe) = (put(dev, &dwte0, &[vocab, C]), put(dev, &dwpe0, &[max_t, C]));
+        dev.embedding_backward(&mut dwte, &mut dwpe, &put(dev, &dout, &[B, T, C]), &tokens);
+        [dev.to_host(&out), dev.to_host(&dwte), dev.to_host(&dwpe)]
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    // One add per output, and the gradients summed in the CPU's row order: exact.
+    for (what, (g, w)) in ["out", "dwte", "dwpe"].iter().zip(got.iter().zip(&want)) {
+        assert_bitwise(what, g, w);
+    }
+}
+
+#[test]
+fn layernorm_matches() {
+    let Some(gpu) = gpu("layernorm_matches") else { return };
+    let mut rng = Rng::new("layernorm");
+    let inp: Vec<f32> = rng.uniform(N * C, 2.0).iter().map(|x| x + 0.5).collect();
+    let (w, b, dout) = (rng.uniform(C, 1.0), rng.uniform(C, 1.0), rng.uniform(N * C, 1.0));
+    let (dw0, db0) = (rng.uniform(C, 1.0), rng.uniform(C, 1.0));
+    let run = |dev: &dyn Device| {
+        let (inp, w, b) = (put(dev, &inp, &[B, T, C]), put(dev, &w, &[C]), put(dev, &b, &[C]));
+        let mut out = dev.zeros(&[B, T, C], Category::Workspace);
+        let (mut mean, mut rstd) =
+            (dev.zeros(&[N], Category::Workspace), dev.zeros(&[N], Category::Workspace));
+        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &b);
+        let mut dinp = put(dev, &vec![f32::NAN; N * C], &[B, T, C]); // overwritten
+        let (mut dw, mut db) = (put(dev, &dw0, &[C]), put(dev, &db0, &[C]));
+        let dout = put(dev, &dout, &[B, T, C]);
+        dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &dout, &inp, &w, &mean, &rstd);
+        [out, mean, rstd, dinp, dw, db].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    for (what, (g, w)) in
+        ["out", "mean", "rstd", "dinp", "dweight", "dbias"].iter().zip(got.iter().zip(&want))
+    {
+        assert_close(what, g, w, TOL);
+    }
+}
+
+#[test]
+fn matmul_matches_in_both_layouts() {
+    let Some(gpu) = gpu("matmul_matches_in_both_layouts") else { return };
+    let mut rng = Rng::new("matmul");
+    let (ic, oc) = (C, 3 * C + 5);
+    let (inp, w, bias, dout) =
+        (rng.uniform(N * ic, 1.0), rng.uniform(ic * oc, 1.0), rng.uniform(oc, 1.0), rng.uniform(N * oc, 1.0));
+    let (dw0, db0) = (rng.uniform(ic * oc, 1.0), rng.uniform(oc, 1.0));
+    for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+        let w_shape = match layout {
+            WeightLayout::InOut => [ic, oc],
+            WeightLayout::OutIn => [oc, ic],
+        };
+        let run = |dev: &dyn Device| {
+            let (x, wt, bias) = (put(dev, &inp, &[B, T, ic]), put(dev, &w, &w_shape), put(dev, &bias, &[oc]));
+            let mut out = dev.zeros(&[B, T, oc], Category::Workspace);
+            dev.matmul_forward(&mut out, &x, &wt, layout, Some(&bias));
+            let mut out_nobias = dev.zeros(&[B, T, oc], Category::Workspace);
+            dev.matmul_forward(&mut out_nobias, &x, &wt, layout, None);
+            let dout = put(dev, &dout, &[B, T, oc]);
+            let mut dinp = put(dev, &vec![f32::NAN; N * ic], &[B, T, ic]);
+            dev.matmul_backward_input(&mut dinp, &dout, &wt, layout);
+            let (mut dw, mut db) = (put(dev, &dw0, &w_shape), put(dev, &db0, &[oc]));
+            dev.matmul_backward_weight(&mut dw, Some(&mut db), &dout, &x, layout);
+            [out, out_nobias, dinp, dw, db].map(|t| dev.to_host(&t))
+        };
+        let (want, got) = (run(&cpu()), run(&gpu));
+        for (what, (g, w)) in
+            ["out", "out without bias", "dinp", "dweight", "dbias"].iter().zip(got.iter().zip(&want))
+        {
+            assert_close(&format!("{what} ({layout:?})"), g, w, TOL);
+        }
+    }
+}
+
+#[test]
+fn bf16_matmul_is_close_to_fp32() {
+    let Some(gpu) = gpu("bf16_matmul_is_close_to_fp32") else { return };
+    let gpu = gpu.with_matmul_precision(MatmulPrecision::Bf16);
+    let mut rng = Rng::new("bf16 matmul");
+    let (inp, w) = (rng.uniform(N * C, 1.0), rng.uniform(C * C, 1.0));
+    let run = |dev: &dyn Device| {
+        let mut out = dev.zeros(&[N, C], Category::Workspace);
+        dev.matmul_forward(
+            &mut out,
+            &put(dev, &inp, &[N, C]),
+            &put(dev, &w, &[C, C]),
+            WeightLayout::InOut,
+            None,
+        );
+        dev.to_host(&out)
+    };
+    // bf16 keeps 8 significant bits: a few parts in a thousand of each product.
+    assert_close("bf16 matmul", &run(&gpu), &run(&cpu()), 2e-2);
+}
+
+#[test]
+fn bf16_rounding_is_the_half_crates() {
+    let Some(gpu) = gpu("bf16_rounding_is_the_half_crates") else { return };
+    let mut values = Rng::new("bf16 rounding").uniform(10_000, 1e4);
+    // Ties to even both ways, the largest finite values, subnormals, infinities.
+    values.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, f32::MAX, -f32::MAX, 1e-40, -1e-40, 0.0, -0.0]);
+    values.extend([f32::INFINITY, f32::NEG_INFINITY]);
+    let mut t = gpu.from_host(&values, &[values.len()], Category::Workspace);
+    gpu.round_to_bf16(&mut t);
+    let want: Vec<f32> = values.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+    assert_bitwise("bf16 round trip", &gpu.to_host(&t), &want);
+    let mut nan = gpu.from_host(&[f32::NAN], &[1], Category::Workspace);
+    gpu.round_to_bf16(&mut nan);
+    assert!(gpu.to_host(&nan)[0].is_nan());
+}
+
+fn attention_case(gpu: &CudaDevice, spec: Option<DropoutSpec>, rng: &mut Rng) {
+    let (qkv, dout) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0));
+    let run = |dev: &dyn Device| {
+        let qkv = put(dev, &qkv, &[B, T, 3 * C]);
+        let mut out = dev.zeros(&[B, T, C], Category::Workspace);
+        let mut att = dev.zeros(&[B, NH, T, T], Category::Workspace);
+        dev.attention_forward(&mut out, &mut att, &qkv, NH, spec);
+        let mut dqkv = put(dev, &vec![f32::NAN; N * 3 * C], &[B, T, 3 * C]);
+        dev.attention_backward(&mut dqkv, &put(dev, &dout, &[B, T, C]), &qkv, &att, NH, spec);
+        [out, att, dqkv].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(gpu));
+    let case = if spec.is_some() { "with dropout" } else { "without dropout" };
+    for (what, (g, w)) in ["out", "att", "dqkv"].iter().zip(got.iter().zip(&want)) {
+        assert_close(&format!("attention {what} {case}"), g, w, TOL);
+    }
+    let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
+    assert_eq!(masked(&got[1]), masked(&want[1]), "the causal mask differs {case}");
+}
+
+#[test]
+fn attention_matches_with_and_without_dropout() {
+    let Some(gpu) = gpu("attention_matches_with_and_without_dropout") else { return };
+    let mut rng = Rng::new("attention");
+    attention_case(&gpu, None, &mut rng);
+    attention_case(&gpu, Some(dropout(0.2, 3, DropoutSite::AttentionProbs)), &mut rng);
+    assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
+}
+
+#[test]
+fn gelu_matches() {
+    let Some(gpu) = gpu("gelu_matches") else { return };
+    let mut rng = Rng::new("gelu");
+    let (x, dout) = (rng.uniform(50_000, 6.0), rng.uniform(50_000, 1.0));
+    let run = |dev: &dyn Device| {
+        let x = put(dev, &x, &[x.len()]);
+        let mut out = dev.zeros(&[x.len()], Category::Workspace);
+        dev.gelu_forward(&mut out, &x);
+        let mut dinp = dev.zeros(&[x.len()], Category::Workspace);
+        dev.gelu_backward(&mut dinp, &x, &put(dev, &dout, &[x.len()]));
+        [out, dinp].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert_close("gelu", &got[0], &want[0], TOL);
+    assert_close("dgelu", &got[1], &want[1], TOL);
+}
+
+#[test]
+fn dropout_draws_the_cpus_mask_bit_for_bit() {
+    let Some(gpu) = gpu("dropout_draws_the_cpus_mask_bit_for_bit") else { return };
+    let mut rng = Rng::new("dropout");
+    let n = 100_003; // not a multiple of 4: the last Philox block is partial
+    let (x, dout) = (rng.uniform(n, 1.0), rng.uniform(n, 1.0));
+    for spec in [dropout(0.1, 5, DropoutSite::MlpResidual), dropout(0.5, 0, DropoutSite::Embedding)] {
+        let run = |dev: &dyn Device| {
+            let mut out = dev.zeros(&[n], Category::Workspace);
+            dev.dropout_forward(&mut out, &put(dev, &x, &[n]), spec);
+            let mut dinp = dev.zeros(&[n], Category::Workspace);
+            dev.dropout_backward(&mut dinp, &put(dev, &dout, &[n]), spec);
+            [out, dinp].map(|t| dev.to_host(&t))
+        };
+        let (want, got) = (run(&cpu()), run(&gpu));
+        assert_bitwise("dropout forward", &got[0], &want[0]);
+        assert_bitwise("dropout backward", &got[1], &want[1]);
+        let kept = (0..n).filter(|&i| kernels::philox::keep(&spec.key, i, spec.p)).count();
+        assert_eq!(got[0].iter().filter(|&&y| y != 0.0).count(), kept, "kept elements");
+    }
+}
+
+#[test]
+fn cross_entropy_matches_with_and_without_gradient() {
+    let Some(gpu) = gpu("cross_entropy_matches_with_and_without_gradient") else { return };
+    let mut rng = Rng::new("cross_entropy");
+    let v = 1000;
+    let (logits, targets) = (rng.uniform(N * v, 8.0), rng.below(N, v as u32));
+    for grad_scale in [None, Some(1.0 / N as f32)] {
+        let run = |dev: &dyn Device| {
+            let mut losses = dev.zeros(&[N], Category::Workspace);
+            let mut l = put(dev, &logits, &[B, T, v]);
+            dev.cross_entropy(&mut losses, &mut l, &targets, grad_scale);
+            [losses, l].map(|t| dev.to_host(&t))
+        };
+        let (want, got) = (run(&cpu()), run(&gpu));
+        assert_close(&format!("losses ({grad_scale:?})"), &got[0], &want[0], TOL);
+        assert_close(&format!("dlogits ({grad_scale:?})"), &got[1], &want[1], TOL);
+    }
+}
+
+#[test]
+fn adamw_matches_over_three_steps() {
+    let Some(gpu) = gpu("adamw_matches_over_three_steps") else { return };
+    let mut rng = Rng::new("adamw");
+    let n = 30_001;
+    let p0 = rng.uniform(n, 1.0);
+    let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.uniform(n, 0.1)).collect();
+    let run = |dev: &dyn Device| {
+        let mut p = put(dev, &p0, &[n]);
+        let (mut m, mut v) =
+            (dev.zeros(&[n], Category::OptimizerState), dev.zeros(&[n], Category::OptimizerState));
+        for (i, g) in grads.iter().enumerate() {
+            let hp = AdamWStep {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                step: i as u32 + 1,
+                grad_scale: 0.5,
+            };
+            dev.adamw(&mut p, &put(dev, g, &[n]), &mut m, &mut v, hp);
+        }
+        [p, m, v].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    for (what, (g, w)) in ["param", "m", "v"].iter().zip(got.iter().zip(&want)) {
+        assert_close(what, g, w, TOL);
+    }
+}
+
+#[test]
+fn every_op_is_bitwise_repeatable() {
+    let Some(gpu) = gpu("every_op_is_bitwise_repeatable") else { return };
+    let mut rng = Rng::new("repeatable");
+    let (qkv, dout, x) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0), rng.uniform(N * C, 1.0));
+    let spec = Some(dropout(0.1, 1, DropoutSite::AttentionProbs));
+    let run = || {
+        let qkv_t = put(&gpu, &qkv, &[B, T, 3 * C]);
+        let (mut out, mut att) =
+            (gpu.zeros(&[B, T, C], Category::Workspace), gpu.zeros(&[B, NH, T, T], Category::Workspace));
+        gpu.attention_forward(&mut out, &mut att, &qkv_t, NH, spec);
+        let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
+        let dout_t = put(&gpu, &dout, &[B, T, C]);
+        gpu.attention_backward(&mut dqkv, &dout_t, &qkv_t, &att, NH, spec);
+        let x_t = put(&gpu, &x, &[B, T, C]);
+        let (mut dw, mut db) =
+            (gpu.zeros(&[C, C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));
+        gpu.matmul_backward_weight(&mut dw, Some(&mut db), &dout_t, &x_t, WeightLayout::InOut);
+        let (mut lw, mut lb) = (gpu.zeros(&[C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));
+        let (mut ln, mut mean, mut rstd) = (
+            gpu.zeros(&[B, T, C], Category::Workspace),
+            gpu.zeros(&[N], Category::Workspace),
+            gpu.zeros(&[N], Category::Workspace),
+        );
+        let w = put(&gpu, &x[..C], &[C]);
+        gpu.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x_t, &w, &w);
+        let mut dx = gpu.zeros(&[B, T, C], Category::Workspace);
+        gpu.layernorm_backward(&mut dx, &mut lw, &mut lb, &dout_t, &x_t, &w, &mean, &rstd);
+        let norm = gpu.sum_squares(&dqkv);
+        ([out, att, dqkv, dw, db, dx, lw, lb].map(|t| gpu.to_host(&t)), norm)
+    };
+    let (first, second) = (run(), run());
+    for (i, (a, b)) in first.0.iter().zip(&second.0).enumerate() {
+        assert_bitwise(&format!("output {i}"), a, b);
+    }
+    assert_eq!(first.1.to_bits(), second.1.to_bits(), "sum_squares");
+}
