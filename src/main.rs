@@ -9,6 +9,7 @@ mod error;
 mod eval;
 mod export;
 mod simulate;
+mod trace;
 mod train;
 
 use clap::Parser;
@@ -16,9 +17,15 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let (overrides, rest) = match config::split_overrides(&args[1..]) {
-        Ok(split) => split,
-        Err(e) => return report(e),
+    // Only the commands that read a config take config keys as flags.
+    let takes_config = matches!(args.get(1).map(String::as_str), Some("train" | "simulate"));
+    let (overrides, rest) = if takes_config {
+        match config::split_overrides(&args[1..]) {
+            Ok(split) => split,
+            Err(e) => return report(e),
+        }
+    } else {
+        (Vec::new(), args[1..].to_vec())
     };
     let cli = match cli::Cli::try_parse_from(std::iter::once(args[0].clone()).chain(rest)) {
         Ok(cli) => cli,
@@ -30,24 +37,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Train(a) => train::run(&a, &overrides),
         cli::Command::Simulate(a) => simulate::run(&a, &overrides),
-        cli::Command::Tokenize(a) => no_overrides(&overrides)
-            .and_then(|_| data::tokenize_file(&a.input, &a.output, a.force))
-            .map(|summary| println!("{summary}")),
-        cli::Command::Export(a) => no_overrides(&overrides).and_then(|_| export::run(&a)),
-        cli::Command::Eval(a) => no_overrides(&overrides).and_then(|_| eval::run(&a)),
+        cli::Command::Tokenize(a) => {
+            data::tokenize_file(&a.input, &a.output, a.force).map(|summary| println!("{summary}"))
+        }
+        cli::Command::Export(a) => export::run(&a),
+        cli::Command::Eval(a) => eval::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => report(e),
-    }
-}
-
-fn no_overrides(overrides: &[(String, String)]) -> anyhow::Result<()> {
-    match overrides.first() {
-        Some((flag, _)) => {
-            Err(error::user_error(format!("command line: {flag} is a config key; this command takes no config")))
-        }
-        None => Ok(()),
     }
 }
 

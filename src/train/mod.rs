@@ -151,6 +151,8 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         elapsed_s: train_time,
         memory: pipeline.stages.iter().map(|s| s.device.ledger().snapshot()).collect(),
         stage_descriptions: pipeline.describe_stages(),
+        predicted_activations: pipeline.predicted_activation_peaks(),
+        max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
     };

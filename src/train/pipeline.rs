@@ -9,8 +9,8 @@ use crate::data::TokenFile;
 use crate::error::user_error;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
-use schedules::{generate, lower, LoweredSchedule, ScheduleKind, Shape};
-use stages::partition;
+use schedules::{generate, lower, simulate, ChunkCosts, ChunkMemory, Link, LoweredSchedule, ScheduleKind, Shape, SimInput};
+use stages::{memory_model, partition};
 use stages::runtime::{
     forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
 };
@@ -102,6 +102,32 @@ impl Pipeline {
                 format!("{}; recompute {}", chunks.join(" | "), s.chunks[0].policy.describe())
             })
             .collect()
+    }
+
+    /// Each stage's peak activation bytes as the simulator predicts them from the memory
+    /// model (stages::memory_model) for this schedule: what the ledger must measure.
+    pub fn predicted_activation_peaks(&self) -> Vec<u64> {
+        let shape = self.shape();
+        let costs = self
+            .stages
+            .iter()
+            .flat_map(|s| &s.chunks)
+            .map(|c| ChunkCosts {
+                forward: 1.0,
+                backward_input: 1.0,
+                backward_weight: 1.0,
+                recompute: 0.0,
+                memory: ChunkMemory {
+                    activation_bytes: memory_model::stash_bytes(&c.shape, &c.layout, &c.policy) as u64,
+                    weight_grad_bytes: memory_model::deferred_weight_grad_bytes(&c.shape, &c.layout) as u64,
+                    ..ChunkMemory::default()
+                },
+            })
+            .collect();
+        let input = SimInput::new(shape.stages, shape.chunks, costs, vec![0; shape.stages], Link::INSTANT)
+            .expect("costs for every (stage, chunk)");
+        let report = simulate(&self.schedule, &input).expect("a lowered schedule simulates");
+        report.stages.iter().map(|s| s.peak_memory).collect()
     }
 
     fn shape(&self) -> Shape {

@@ -15,6 +15,10 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// One per stage.
     pub memory: Vec<MemorySnapshot>,
+    /// Peak activation bytes per stage as the memory model predicts them.
+    pub predicted_activations: Vec<u64>,
+    /// Most microbatches each stage held activations of at once.
+    pub max_in_flight: Vec<usize>,
     /// What each stage holds and its recompute policy.
     pub stage_descriptions: Vec<String>,
     /// Measured bubble rate per stage (None before a second step).
@@ -51,9 +55,11 @@ impl Summary {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
             println!("stage {i}          {}", self.stage_descriptions[i]);
             println!(
-                "stage {i} peak     {} (activations {}, workspace {}, parameters+grads+optimizer {}){}",
+                "stage {i} peak     {} (activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
                 human_bytes(m.peak_bytes),
                 human_bytes(cat(Category::Activations)),
+                human_bytes(self.predicted_activations[i] as usize),
+                self.max_in_flight[i],
                 human_bytes(cat(Category::Workspace)),
                 human_bytes(
                     cat(Category::Parameters) + cat(Category::Gradients) + cat(Category::OptimizerState)
@@ -75,7 +81,11 @@ impl Summary {
                     .map(|(c, _, peak)| (format!("{c:?}").to_lowercase(), (*peak).into()))
                     .collect();
                 let bubble = self.bubble.as_ref().map(|b| b[i]);
-                json!({ "holds": self.stage_descriptions[i], "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats, "bubble_rate": bubble })
+                json!({
+                    "holds": self.stage_descriptions[i],
+                    "max_in_flight": self.max_in_flight[i],
+                    "predicted_activation_peak_bytes": self.predicted_activations[i],
+                    "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats, "bubble_rate": bubble })
             })
             .collect();
         let report = json!({

@@ -10,16 +10,21 @@ pub struct Timeline {
     /// Compute seconds and step seconds per stage, summed over the steps after the first
     /// (the first step warms caches and allocators up).
     busy: Vec<f64>,
+    /// Most microbatches each stage held activations of at once.
+    pub max_in_flight: Vec<usize>,
     total: f64,
     elapsed: f64,
 }
 
 impl Timeline {
     pub fn new(stages: usize) -> Self {
-        Timeline { steps: Vec::new(), busy: vec![0.0; stages], total: 0.0, elapsed: 0.0 }
+        Timeline { steps: Vec::new(), busy: vec![0.0; stages], max_in_flight: vec![0; stages], total: 0.0, elapsed: 0.0 }
     }
 
     pub fn record(&mut self, step: usize, step_s: f64, reports: &[StageStepReport]) {
+        for (m, r) in self.max_in_flight.iter_mut().zip(reports) {
+            *m = (*m).max(r.max_in_flight);
+        }
         if !self.steps.is_empty() {
             for (busy, r) in self.busy.iter_mut().zip(reports) {
                 *busy += r

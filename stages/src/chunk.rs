@@ -13,6 +13,7 @@ use crate::params::{ChunkLayout, Parameters};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
 use crate::shape::{DropoutProbs, GptShape};
 use kernels::{Category, Device, Tensor};
+use std::sync::Arc;
 
 /// One microbatch as a chunk sees it.
 #[derive(Clone, Copy)]
@@ -271,9 +272,20 @@ impl ModelChunk {
     }
 }
 
+/// The weight gradients left for backward-weight, now accounted as activations: what W
+/// will read is held like a stash until it runs.
 fn deferred(wg: WeightGrads) -> Option<DeferredWeightGrads> {
     match wg {
         WeightGrads::Now => None,
-        WeightGrads::Deferred(list) => Some(DeferredWeightGrads(list)),
+        WeightGrads::Deferred(mut list) => {
+            for w in &mut list {
+                for t in [&mut w.inp, &mut w.dout] {
+                    Arc::get_mut(t)
+                        .expect("backward holds no other reference once it is done")
+                        .recategorize(Category::Activations);
+                }
+            }
+            Some(DeferredWeightGrads(list))
+        }
     }
 }

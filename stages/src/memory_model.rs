@@ -3,7 +3,7 @@
 
 use crate::params::{chunk_param_specs, ChunkLayout};
 use crate::recompute::RecomputePolicy;
-use crate::saved::{block_kept_bytes, embedding_kept_bytes, head_kept_bytes, F32_BYTES};
+use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
 use crate::shape::GptShape;
 
 /// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
@@ -11,9 +11,6 @@ pub fn stash_bytes(s: &GptShape, layout: &ChunkLayout, policy: &RecomputePolicy)
     let blocks = layout.blocks.len();
     let mut bytes: usize =
         (0..blocks).map(|offset| block_kept_bytes(s, policy.block_keep(blocks, offset))).sum();
-    if layout.embedding {
-        bytes += embedding_kept_bytes(s);
-    }
     if layout.head {
         bytes += head_kept_bytes(s);
     }
@@ -32,9 +29,9 @@ pub fn static_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
     (4 * param_elements(s, layout) + tied_head_grad) * F32_BYTES
 }
 
-/// The activation bytes stored per microbatch that backward-input leaves for
-/// backward-weight in a split backward: the matmul inputs and output gradients of every block
-/// and of the head.
+/// Bytes a split backward's backward-input leaves for its backward-weight, per microbatch:
+/// the input and output gradient of every matmul of the chunk (kept, recomputed or computed
+/// by backward-input alike), which the runtime accounts as activations until W has run.
 pub fn deferred_weight_grad_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
     let (n, c, f) = (s.tokens(), s.hidden, s.ffn);
     // (ln1, dqkv), (atty, dattproj), (ln2, dfch), (gelu, dfcproj) per block.

@@ -112,15 +112,10 @@ pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
     kept_bytes(&kept)
 }
 
-/// Bytes the embedding keeps per microbatch: nothing (its backward reads the tokens, which the
-/// stage keeps as integers, counted here as 4 bytes each).
-pub fn embedding_kept_bytes(s: &GptShape) -> usize {
-    s.tokens() * 4
-}
-
 /// Bytes the head keeps per microbatch: the final LayerNorm's input, output and statistics,
-/// the dlogits computed with the loss in forward [B,T,V], and the per-token losses.
+/// and the dlogits computed with the loss in forward [B,T,V]. (The embedding keeps only its
+/// token ids, on the host.)
 pub fn head_kept_bytes(s: &GptShape) -> usize {
     let (n, c) = (s.tokens(), s.hidden);
-    (2 * n * c + 2 * n + n * s.vocab + n) * F32_BYTES
+    (2 * n * c + 2 * n + n * s.vocab) * F32_BYTES
 }
