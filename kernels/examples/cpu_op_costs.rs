@@ -1,0 +1,156 @@
+//! Times every op of one GPT-2-124M transformer block (forward and backward) and of the LM
+//! head with its loss on a CpuDevice, against the matmul peak of the same run: how much of a
+//! training step the non-matmul kernels cost.
+//!
+//! cargo run --release -p kernels --example cpu_op_costs -- [threads] [micro_batch] [seq_len]
+
+use kernels::cpu::{measure_matmul_peak, CpuDevice};
+use kernels::{Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use std::time::Instant;
+
+const C: usize = 768;
+const NH: usize = 12;
+const V: usize = 50257;
+
+fn main() {
+    let arg =
+        |i: usize, default: usize| std::env::args().nth(i).map_or(default, |a| a.parse().expect("a number"));
+    let (threads, b, t) = (arg(1, 2), arg(2, 4), arg(3, 256));
+    let n = b * t;
+    let dev = CpuDevice::new(threads);
+    let peak = measure_matmul_peak(&dev);
+    let z = |shape: &[usize]| dev.zeros(shape, Category::Activations);
+    let filled = |shape: &[usize], seed: usize| {
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> =
+            (0..len).map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 * 1e-4 - 0.1).collect();
+        dev.from_host(&data, shape, Category::Parameters)
+    };
+    let drop =
+        |site| DropoutSpec { p: 0.1, key: DropoutKey { seed: 1, step: 1, microbatch: 0, layer: 0, site } };
+    let mut rows: Vec<(&str, f64, f64)> = Vec::new(); // (op, seconds, matmul FLOPs)
+                                                      // One warm-up, then the best of up to 5 runs within half a second (the machine is shared).
+    let mut time = |name: &'static str, flops: f64, f: &mut dyn FnMut()| {
+        f();
+        let (mut best, mut spent) = (f64::MAX, 0.0);
+        for _ in 0..5 {
+            let start = Instant::now();
+            f();
+            let took = start.elapsed().as_secs_f64();
+            (best, spent) = (best.min(took), spent + took);
+            if spent > 0.5 {
+                break;
+            }
+        }
+        rows.push((name, best, flops));
+    };
+    let mm = |rows_: usize, ic: usize, oc: usize| 2.0 * (rows_ * ic * oc) as f64;
+
+    let (x, w_ln, b_ln) = (filled(&[b, t, C], 1), filled(&[C], 2), filled(&[C], 3));
+    let (mut ln, mut mean, mut rstd) = (z(&[n, C]), z(&[n]), z(&[n]));
+    let (w_qkv, b_qkv, w_o, w_fc, w_pr) = (
+        filled(&[C, 3 * C], 4),
+        filled(&[3 * C], 5),
+        filled(&[C, C], 6),
+        filled(&[C, 4 * C], 7),
+        filled(&[4 * C, C], 8),
+    );
+    let (mut qkv, mut y, mut att) = (z(&[b, t, 3 * C]), z(&[b, t, C]), z(&[b, NH, t, t]));
+    let (mut h, mut g, mut o, mut res) = (z(&[n, 4 * C]), z(&[n, 4 * C]), z(&[n, C]), z(&[n, C]));
+    let attn = Some(drop(DropoutSite::AttentionProbs));
+
+    time("layernorm fwd", 0.0, &mut || {
+        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln)
+    });
+    time("matmul fwd qkv", mm(n, C, 3 * C), &mut || {
+        dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
+    });
+    time("attention fwd", 0.0, &mut || dev.attention_forward(&mut y, &mut att, &qkv, NH, attn));
+    time("matmul fwd proj", mm(n, C, C), &mut || {
+        dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
+    });
+    time("dropout fwd", 0.0, &mut || dev.dropout_forward(&mut res, &o, drop(DropoutSite::AttentionResidual)));
+    time("residual add", 0.0, &mut || dev.add(&mut o, &res, &x));
+    time("matmul fwd fc", mm(n, C, 4 * C), &mut || {
+        dev.matmul_forward(&mut h, &ln, &w_fc, WeightLayout::InOut, None)
+    });
+    time("gelu fwd", 0.0, &mut || dev.gelu_forward(&mut g, &h));
+    time("matmul fwd fc proj", mm(n, 4 * C, C), &mut || {
+        dev.matmul_forward(&mut o, &g, &w_pr, WeightLayout::InOut, None)
+    });
+
+    let (mut dx, mut dln, mut dqkv, mut dy) = (z(&[n, C]), z(&[n, C]), z(&[b, t, 3 * C]), z(&[n, C]));
+    let (mut dh, mut dg) = (z(&[n, 4 * C]), z(&[n, 4 * C]));
+    let (mut dw_qkv, mut db_qkv, mut dw_fc, mut dw_pr) =
+        (z(&[C, 3 * C]), z(&[3 * C]), z(&[C, 4 * C]), z(&[4 * C, C]));
+    let (mut dw_ln, mut db_ln) = (z(&[C]), z(&[C]));
+    time("matmul bwd fc proj", 2.0 * mm(n, 4 * C, C), &mut || {
+        dev.matmul_backward_input(&mut dg, &o, &w_pr, WeightLayout::InOut);
+        dev.matmul_backward_weight(&mut dw_pr, None, &o, &g, WeightLayout::InOut);
+    });
+    time("gelu bwd", 0.0, &mut || dev.gelu_backward(&mut dh, &h, &dg));
+    time("matmul bwd fc", 2.0 * mm(n, C, 4 * C), &mut || {
+        dev.matmul_backward_input(&mut dln, &dh, &w_fc, WeightLayout::InOut);
+        dev.matmul_backward_weight(&mut dw_fc, None, &dh, &ln, WeightLayout::InOut);
+    });
+    time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
+    time("attention bwd", 0.0, &mut || dev.attention_backward(&mut dqkv, &dy, &qkv, &att, NH, attn));
+    time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
+        dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
+        dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
+    });
+    time("layernorm bwd", 0.0, &mut || {
+        dev.layernorm_backward(&mut dx, &mut dw_ln, &mut db_ln, &dln, &x, &w_ln, &mean, &rstd)
+    });
+    time("accumulate", 0.0, &mut || dev.accumulate(&mut dx, &dy));
+
+    let wte = filled(&[V, C], 9);
+    let mut dwte = z(&[V, C]);
+    let mut logits = z(&[n, V]);
+    let mut losses = z(&[n]);
+    let targets: Vec<u32> = (0..n as u32).map(|i| i * 31 % V as u32).collect();
+    time("matmul fwd lm head", mm(n, C, V), &mut || {
+        dev.matmul_forward(&mut logits, &ln, &wte, WeightLayout::OutIn, None)
+    });
+    time("cross entropy", 0.0, &mut || dev.cross_entropy(&mut losses, &mut logits, &targets, Some(1.0)));
+    time("matmul bwd lm head", 2.0 * mm(n, C, V), &mut || {
+        dev.matmul_backward_input(&mut dln, &logits, &wte, WeightLayout::OutIn);
+        dev.matmul_backward_weight(&mut dwte, None, &logits, &ln, WeightLayout::OutIn);
+    });
+    let param_grad: Tensor = filled(&[V, C], 10);
+    let (mut m, mut v, mut p) = (z(&[V, C]), z(&[V, C]), filled(&[V, C], 11));
+    let hp = kernels::AdamWStep {
+        lr: 1e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 1,
+        grad_scale: 1.0,
+    };
+    time("adamw (wte)", 0.0, &mut || dev.adamw(&mut p, &param_grad, &mut m, &mut v, hp));
+    time("sum_squares (wte)", 0.0, &mut || {
+        std::hint::black_box(dev.sum_squares(&param_grad));
+    });
+
+    println!("{} | B={b} T={t} | matmul peak {:.1} GFLOP/s", dev.name(), peak / 1e9);
+    for (name, secs, flops) in &rows {
+        let rate = if *flops > 0.0 {
+            format!("{:5.1}% of peak", 100.0 * flops / secs / peak)
+        } else {
+            String::new()
+        };
+        println!("{name:>20} {:9.3} ms  {rate}", secs * 1e3);
+    }
+    let (mm_time, other): (Vec<&(&str, f64, f64)>, Vec<_>) = rows.iter().partition(|r| r.2 > 0.0);
+    let sum = |rs: &[&(&str, f64, f64)]| rs.iter().map(|r| r.1).sum::<f64>();
+    let flops: f64 = mm_time.iter().map(|r| r.2).sum();
+    let (mm_s, other_s) = (sum(&mm_time), sum(&other));
+    println!(
+        "matmul {:.1} ms at {:.1}% of peak; everything else {:.1} ms = {:.1}% of the total",
+        mm_s * 1e3,
+        100.0 * flops / mm_s / peak,
+        other_s * 1e3,
+        100.0 * other_s / (mm_s + other_s)
+    );
+}
