@@ -88,3 +88,70 @@ pub fn assert_user_error(o: &Output, needle: &str) {
     assert_eq!(err.trim_end().lines().count(), 1, "more than one line: {err}");
     assert!(err.contains(needle), "`{needle}` not in: {err}");
 }
+
+/// A model small enough that a run takes a fraction of a second: 8 blocks so that p = 4
+/// with v = 2 has a block per virtual stage, vocabulary 96 on synthetic tokens.
+pub const MODEL: &str = "\
+num_layers: 8
+hidden_size: 32
+num_attention_heads: 4
+seq_length: 16
+max_position_embeddings: 16
+vocab_size: 96
+hidden_dropout: 0.1
+attention_dropout: 0.1
+micro_batch_size: 2
+train_iters: 3
+lr: 1.0e-2
+min_lr: 1.0e-3
+lr_warmup_iters: 1
+eval_interval: 3
+eval_iters: 2
+seed: 11
+";
+
+pub fn synthetic_data(dir: &Path) -> PathBuf {
+    let path = dir.join("tokens.bin");
+    let n = 4096u32;
+    let mut bytes = vec![0u8; 1024];
+    bytes[0..4].copy_from_slice(&20240520i32.to_le_bytes());
+    bytes[4..8].copy_from_slice(&1i32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&(n as i32).to_le_bytes());
+    for i in 0..n {
+        let t = ((i * 7 + i / 13 + (i * i) % 11) % 96) as u16;
+        bytes.extend(t.to_le_bytes());
+    }
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Trains the small model in `dir/name` with extra flags; panics unless it succeeds.
+pub fn run_small(dir: &Path, name: &str, args: &[String]) -> PathBuf {
+    let data = synthetic_data(dir);
+    let cfg = write_config(
+        dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    );
+    let run_dir = dir.join(name);
+    let mut extra: Vec<&str> = vec!["--peak-flops", "1e9"];
+    extra.extend(args.iter().map(String::as_str));
+    let o = train(&cfg, &run_dir, &extra);
+    assert!(o.status.success(), "{name}: {}", stderr(&o));
+    run_dir
+}
+
+/// The final checkpoint's weights file (step 3) of a small-model run.
+pub fn weights(run_dir: &Path) -> Vec<u8> {
+    std::fs::read(run_dir.join("checkpoints/step_000003/model.safetensors")).unwrap()
+}
+
+/// `--key value` flags.
+pub fn flags(list: &[(&str, String)]) -> Vec<String> {
+    list.iter().flat_map(|(k, v)| [format!("--{k}"), v.clone()]).collect()
+}
+
+/// A run's report.json.
+pub fn report(run_dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap()
+}
