@@ -25,3 +25,16 @@ pub fn user_error(msg: impl Into<String>) -> anyhow::Error {
 pub fn is_user_error(err: &anyhow::Error) -> bool {
     err.chain().any(|e| e.is::<UserError>())
 }
+
+/// The run stopped because the user asked it to (Ctrl-C), after saving: exit code 130, as a
+/// shell reports an interrupted command.
+#[derive(Debug)]
+pub struct Interrupted(pub String);
+
+impl fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}

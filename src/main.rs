@@ -49,9 +49,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// One line for a user mistake (exit 2); the full chain for anything else (exit 1).
+/// One line for a user mistake (exit 2) or an interruption (exit 130); the full chain for
+/// anything else (exit 1).
 fn report(e: anyhow::Error) -> ExitCode {
-    if error::is_user_error(&e) {
+    if e.is::<error::Interrupted>() {
+        eprintln!("{e}");
+        ExitCode::from(130)
+    } else if error::is_user_error(&e) {
         eprintln!("error: {e}");
         ExitCode::from(2)
     } else {

@@ -11,7 +11,7 @@ use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::{self, Config};
 use crate::data::TokenFile;
-use crate::error::user_error;
+use crate::error::{user_error, Interrupted};
 use kernels::cpu::CpuDevice;
 use pipeline::Pipeline;
 use stages::runtime::FaultInjection;
@@ -159,7 +159,10 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     report.print();
     report.write(&args.run_dir)?;
     if interrupted {
-        return Err(user_error("training interrupted by Ctrl-C; resume with --resume"));
+        return Err(anyhow::Error::new(Interrupted(format!(
+            "interrupted: checkpoint of step {last_saved} saved in {}; continue with --resume",
+            args.run_dir.display()
+        ))));
     }
     Ok(())
 }

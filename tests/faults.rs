@@ -1,0 +1,115 @@
+//! Failures end the run cleanly: a stage that errors or panics stops every stage within
+//! seconds with that stage's message and a non-zero exit, and the last checkpoint stays
+//! intact; Ctrl-C stops at a step boundary with a checkpoint.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > deadline {
+            child.kill().unwrap();
+            panic!("the run did not stop within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn spawn_train(dir: &Path, run: &str, extra: &[&str], fault: Option<&str>) -> Child {
+    let data = synthetic_data(dir);
+    let cfg = write_config(
+        dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    );
+    let mut c = bin();
+    c.args(["train", "--quiet", "--peak-flops", "1e9", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(dir.join(run))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(f) = fault {
+        c.env("PIPETRAIN_INJECT_FAULT", f);
+    }
+    c.spawn().unwrap()
+}
+
+fn latest(run_dir: &Path) -> String {
+    std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_failing_stage_stops_every_stage_with_its_message() {
+    let dir = temp_dir("faults");
+    let common = [
+        "--pipeline-model-parallel-size",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--train-iters",
+        "50",
+        "--save-interval",
+        "2",
+    ];
+    for (fault, message) in [
+        ("2:3", "error: stage 2: injected fault at step 3"),
+        ("1:3:panic", "error: stage 1 panicked: injected fault at step 3"),
+    ] {
+        let run = format!("run-{}", fault.replace(':', "-"));
+        let out = wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.trim_end().ends_with(message), "{err}");
+        // Step 2's checkpoint is whole and still the latest: it loads for a resume.
+        assert_eq!(latest(&dir.join(&run)), "step_000002");
+        let resumed = wait_with_deadline(
+            spawn_train(
+                &dir,
+                &run,
+                &[
+                    "--pipeline-model-parallel-size",
+                    "4",
+                    "--global-batch-size",
+                    "8",
+                    "--train-iters",
+                    "4",
+                    "--resume",
+                ],
+                None,
+            ),
+            Duration::from_secs(20),
+        );
+        assert!(resumed.status.success(), "{}", stderr(&resumed));
+    }
+}
+
+#[test]
+fn ctrl_c_stops_at_a_step_boundary_with_a_checkpoint() {
+    let dir = temp_dir("ctrl-c");
+    let child = spawn_train(
+        &dir,
+        "run",
+        &["--train-iters", "100000", "--pipeline-model-parallel-size", "2", "--global-batch-size", "4"],
+        None,
+    );
+    let metrics = dir.join("run/metrics.jsonl");
+    let start = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no steps recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let out = wait_with_deadline(child, Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    assert_eq!(latest(&dir.join("run")), format!("step_{steps:06}"));
+    assert!(stderr(&out).contains(&format!("checkpoint of step {steps} saved")), "{}", stderr(&out));
+}
