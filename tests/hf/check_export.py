@@ -1,11 +1,12 @@
 """Load a pipetrain export in Hugging Face transformers and print what it computes.
 
     pipetrain export --checkpoint RUN --hf OUT
-    python3 tests/hf/check_export.py OUT [--data val.bin --windows N --seq-length T]
+    python3 tests/hf/check_export.py OUT [val.bin] [--windows N --seq-length T]
 
-Prints the sum of the logits for a fixed input and, with --data, the mean loss over the first
-N non-overlapping windows of a token file, the figure `pipetrain eval --checkpoint OUT
---data val.bin --windows N --seq-length T` prints: the two should agree to about 1e-5.
+Prints the sum of the logits for a fixed input and, given a token file (positional or
+--data), the mean loss over its first N non-overlapping windows, the figure `pipetrain eval
+--checkpoint OUT --data val.bin --windows N --seq-length T` prints: the two should agree to
+about 1e-5.
 Needs torch and transformers; not part of CI.
 """
 
@@ -28,10 +29,12 @@ def windows(path: str, n: int, t: int) -> torch.Tensor:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("dir")
+    p.add_argument("bin", nargs="?", help="a token file (.bin); same as --data")
     p.add_argument("--data")
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--seq-length", type=int)
     a = p.parse_args()
+    a.data = a.data or a.bin
 
     model = GPT2LMHeadModel.from_pretrained(a.dir).eval()
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "head not tied"

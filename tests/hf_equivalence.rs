@@ -1,0 +1,216 @@
+//! pipetrain's GPT-2 computes the same function as Hugging Face's `GPT2LMHeadModel`.
+//!
+//! `tests/fixtures/hf_tiny` is a tiny GPT-2 saved by transformers' `save_pretrained` (random
+//! weights, every bias and LayerNorm parameter random too) together with the per-token losses
+//! transformers computed with it; `tests/hf/make_fixture.py` regenerates it (torch and
+//! transformers needed there, not here). The tests read the fixture as transformers wrote it
+//! and compare pipetrain's losses with transformers', through the model chunk and through
+//! `pipetrain eval`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use kernels::cpu::CpuDevice;
+use kernels::{Category, Device, Tensor};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use stages::params::chunk_param_specs;
+use stages::{ChunkLayout, DropoutProbs, GptShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
+
+/// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
+const REL_TOL: f64 = 1e-5;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny")
+}
+
+fn read_json(name: &str) -> Value {
+    let path = fixture().join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect()
+}
+
+fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// The model's shape from transformers' config.json.
+fn shape(micro_batch: usize, seq_len: usize) -> GptShape {
+    let c = read_json("config.json");
+    let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("config.json: {k}")) as usize;
+    assert_eq!(c["activation_function"], "gelu_new");
+    assert_eq!(c["layer_norm_epsilon"].as_f64(), Some(1e-5));
+    let hidden = get("n_embd");
+    GptShape {
+        num_layers: get("n_layer"),
+        hidden,
+        heads: get("n_head"),
+        ffn: c["n_inner"].as_u64().map_or(4 * hidden, |n| n as usize),
+        seq_len,
+        max_positions: get("n_positions"),
+        vocab: get("vocab_size"),
+        micro_batch,
+    }
+}
+
+/// model.safetensors as transformers saved it: pipetrain's names (`transformer.` stripped),
+/// shapes and f32 values. The tied `lm_head.weight`, if saved, must equal `wte.weight`;
+/// the attention-mask buffers are dropped.
+fn hf_weights() -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out = Vec::new();
+    let mut lm_head = None;
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), Dtype::F32, "{name}");
+        let data: Vec<f32> =
+            view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let name = name.strip_prefix("transformer.").unwrap_or(&name).to_string();
+        if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
+            continue;
+        }
+        if name == "lm_head.weight" {
+            lm_head = Some(data);
+            continue;
+        }
+        out.push((name, view.shape().to_vec(), data));
+    }
+    if let Some(head) = lm_head {
+        let wte = out.iter().find(|t| t.0 == "wte.weight").expect("wte.weight");
+        assert!(head == wte.2, "lm_head.weight is saved but differs from wte.weight: not tied");
+    }
+    out
+}
+
+/// The whole model as one chunk on the CPU, holding the fixture's weights; every tensor of
+/// the file is used exactly once.
+fn whole_model(dev: &CpuDevice, s: GptShape) -> ModelChunk {
+    let layout = ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true };
+    let specs = chunk_param_specs(&s, &layout);
+    let weights = hf_weights();
+    let mut names: Vec<&str> = weights.iter().map(|t| t.0.as_str()).collect();
+    let mut wanted: Vec<&str> = specs.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    wanted.sort_unstable();
+    assert_eq!(names, wanted, "the file's tensors are not the model's");
+    let values: Vec<Tensor> = specs
+        .iter()
+        .map(|spec| {
+            let (_, shape, data) = weights.iter().find(|t| t.0 == spec.name).unwrap();
+            assert_eq!(shape, &spec.shape, "{}", spec.name);
+            dev.from_host(data, shape, Category::Parameters)
+        })
+        .collect();
+    let params = Parameters::with_values(dev, &layout, specs, values);
+    ModelChunk {
+        shape: s,
+        layout,
+        params,
+        policy: RecomputePolicy::None,
+        dropout: DropoutProbs::default(),
+        seed: 0,
+    }
+}
+
+fn rel_err(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want.abs()
+}
+
+#[test]
+fn forward_matches_transformers_per_token_losses() {
+    let expected = read_json("expected.json");
+    let rows: Vec<Vec<usize>> = expected["tokens"].as_array().unwrap().iter().map(usizes).collect();
+    let (batch, seq_len) = (rows.len(), rows[0].len());
+    let flat = |key: &str| -> Vec<u32> {
+        expected[key].as_array().unwrap().iter().flat_map(usizes).map(|t| t as u32).collect()
+    };
+    let (tokens, targets) = (flat("tokens"), flat("targets"));
+    let want = f64s(&expected["losses"]);
+    assert_eq!(
+        (tokens.len(), targets.len(), want.len()),
+        (batch * seq_len, batch * seq_len, batch * seq_len)
+    );
+
+    let dev = CpuDevice::new(2);
+    // Both sequences in one microbatch, then each on its own: rows must not see each other.
+    let mut worst = (0.0f64, 0usize);
+    for micro_batch in [batch, 1] {
+        let chunk = whole_model(&dev, shape(micro_batch, seq_len));
+        for (i, rows) in (0..batch).collect::<Vec<_>>().chunks(micro_batch).enumerate() {
+            let span = rows[0] * seq_len..(rows[rows.len() - 1] + 1) * seq_len;
+            let mb = Microbatch {
+                step: 0,
+                index: i as u32,
+                tokens: &tokens[span.clone()],
+                targets: &targets[span.clone()],
+                grad_scale: None,
+            };
+            let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+            assert_eq!(got.len(), span.len());
+            for (k, (g, w)) in got.iter().zip(&want[span.clone()]).enumerate() {
+                let err = rel_err(*g as f64, *w);
+                assert!(
+                    err <= REL_TOL,
+                    "micro_batch {micro_batch}: token {}: pipetrain {g} vs transformers {w} (rel err {err:.2e})",
+                    span.start + k
+                );
+                if err > worst.0 {
+                    worst = (err, span.start + k);
+                }
+            }
+        }
+    }
+    eprintln!("max relative error vs transformers: {:.3e} (token {})", worst.0, worst.1);
+}
+
+/// The fixture's token stream as an llm.c .bin file.
+fn write_bin(path: &Path, tokens: &[usize]) {
+    let mut bytes = Vec::with_capacity(1024 + 2 * tokens.len());
+    let mut header = [0i32; 256];
+    header[..3].copy_from_slice(&[20240520, 1, tokens.len() as i32]);
+    header.iter().for_each(|h| bytes.extend(h.to_le_bytes()));
+    tokens.iter().for_each(|&t| bytes.extend(u16::try_from(t).unwrap().to_le_bytes()));
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn eval(data: &Path, windows: usize, seq_len: usize) -> f64 {
+    let out = common::bin()
+        .args(["eval", "--checkpoint"])
+        .arg(fixture())
+        .arg("--data")
+        .arg(data)
+        .args(["--windows", &windows.to_string(), "--seq-length", &seq_len.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pipetrain eval failed: {}", common::stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    stdout.trim().parse().unwrap_or_else(|_| panic!("eval printed {stdout:?}, not one number"))
+}
+
+#[test]
+fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
+    let expected = read_json("expected.json");
+    let stream = usizes(&expected["stream"]);
+    let losses = f64s(&expected["losses"]);
+    let seq_len = expected["tokens"][0].as_array().unwrap().len();
+    assert_eq!(stream.len(), losses.len() + 1, "the stream holds every window and one more token");
+    let dir = common::temp_dir("hf_eval");
+    let data = dir.join("stream.bin");
+    write_bin(&data, &stream);
+
+    // eval prints the mean with six decimals.
+    let close = |got: f64, want: f64| (got - want).abs() <= REL_TOL * want.abs() + 5e-7;
+    let want0 = expected["eval_window0_mean"].as_f64().unwrap();
+    let mean0 = losses[..seq_len].iter().sum::<f64>() / seq_len as f64;
+    assert!(close(mean0, want0), "fixture: window 0's mean {mean0} vs {want0}");
+    let got = eval(&data, 1, seq_len);
+    assert!(close(got, want0), "eval --windows 1 printed {got}, transformers {want0}");
+    let want_all = losses.iter().sum::<f64>() / losses.len() as f64;
+    let got = eval(&data, 2, seq_len);
+    assert!(close(got, want_all), "eval --windows 2 printed {got}, transformers {want_all}");
+    let _ = std::fs::remove_dir_all(dir);
+}
