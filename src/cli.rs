@@ -27,6 +27,21 @@ pub enum Command {
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),
+    /// Benchmarks: `recompute` (step time and activation memory per policy) or `pipeline`
+    /// (tokens/s per stage count), measured in one process.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// recompute | pipeline
+    pub what: String,
+    /// The run config (YAML); config keys override as --kebab-case VALUE.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Timed steps per variant (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,7 @@
 //! pipetrain: pipeline-parallel GPT pretraining with Megatron-style activation recompute,
 //! and a simulator of schedules and recompute plans.
 
+mod bench;
 mod checkpoint;
 mod cli;
 mod config;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // Only the commands that read a config take config keys as flags.
-    let takes_config = matches!(args.get(1).map(String::as_str), Some("train" | "simulate"));
+    let takes_config = matches!(args.get(1).map(String::as_str), Some("train" | "simulate" | "bench"));
     let (overrides, rest) = if takes_config {
         match config::split_overrides(&args[1..]) {
             Ok(split) => split,
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         }
         cli::Command::Export(a) => export::run(&a),
         cli::Command::Eval(a) => eval::run(&a),
+        cli::Command::Bench(a) => bench::run(&a, &overrides),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,8 +3,8 @@
 mod lr;
 mod metrics;
 pub mod model;
-mod pipeline;
-mod summary;
+pub mod pipeline;
+pub mod summary;
 mod timeline;
 
 use crate::checkpoint::{self, NamedTensor, TrainerState};

@@ -1,0 +1,139 @@
+//! `pipetrain bench`: benchmarks that print figures, comparing variants of one config
+//! measured in one process, round-robin step by step so that a noisy machine's drift falls
+//! on every variant alike.
+//!
+//! - `recompute`: step time of each recompute policy relative to none, and the activation
+//!   memory each keeps (measured by the ledger, and as the memory model predicts).
+//! - `pipeline`: tokens/s of p = 1 against p = 2 (and more) on the same cores.
+
+use crate::cli::BenchArgs;
+use crate::config::{self, Config};
+use crate::data::TokenFile;
+use crate::error::user_error;
+use crate::train::pipeline::Pipeline;
+use crate::train::summary::human_bytes;
+use kernels::Category;
+use std::time::Instant;
+
+struct Variant {
+    name: String,
+    cfg: Config,
+    pipeline: Pipeline,
+    step_s: Vec<f64>,
+}
+
+pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
+    let base = config::load(&args.config, overrides)?;
+    let data_path = base.train_data_path.clone().ok_or_else(|| {
+        user_error(format!("{}: key `train_data_path` is required for a benchmark", args.config.display()))
+    })?;
+    let data = TokenFile::open(&data_path)?;
+    data.check_seq_len(base.seq_length)?;
+    data.check_vocab(base.vocab_size)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let configs = match args.what.as_str() {
+        "recompute" => recompute_variants(&base),
+        "pipeline" => pipeline_variants(&base, threads),
+        other => {
+            return Err(user_error(format!("command line: bench {other}: expected recompute or pipeline")))
+        }
+    };
+    let mut variants = Vec::new();
+    for (name, cfg) in configs {
+        let pipeline = Pipeline::build(&cfg, &args.config, None, threads)?;
+        variants.push(Variant { name, cfg, pipeline, step_s: Vec::new() });
+    }
+    eprintln!("{} variants x ({} warm-up + {} timed) steps, round-robin", variants.len(), 1, args.steps);
+    for round in 0..=args.steps {
+        for v in &mut variants {
+            let t0 = Instant::now();
+            let out = v.pipeline.train_step(&v.cfg, &data, round + 1, None)?;
+            v.pipeline.optimizer_step(&v.cfg, v.cfg.lr, round + 1, out.grad_norm);
+            if round > 0 {
+                v.step_s.push(t0.elapsed().as_secs_f64());
+            } else {
+                for s in &v.pipeline.stages {
+                    s.device.ledger().reset_peaks();
+                }
+            }
+        }
+    }
+    print_table(&variants, &base);
+    Ok(())
+}
+
+fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
+    let selective = |modules: &[&str]| Config {
+        recompute_granularity: Some("selective".into()),
+        recompute_modules: Some(modules.iter().map(|m| m.to_string()).collect()),
+        ..base.clone()
+    };
+    let full = |method: &str, n: usize| Config {
+        recompute_granularity: Some("full".into()),
+        recompute_method: Some(method.into()),
+        recompute_num_layers: Some(n),
+        ..base.clone()
+    };
+    let none = Config {
+        recompute_granularity: None,
+        recompute_method: None,
+        recompute_num_layers: None,
+        recompute_modules: None,
+        ..base.clone()
+    };
+    vec![
+        ("none".into(), none),
+        ("selective core_attn".into(), selective(&["core_attn"])),
+        ("selective mlp".into(), selective(&["mlp"])),
+        ("selective layernorm".into(), selective(&["layernorm"])),
+        ("selective all".into(), selective(&["core_attn", "mlp", "layernorm"])),
+        ("full uniform N=1".into(), full("uniform", 1)),
+        ("full uniform N=2".into(), full("uniform", 2)),
+        ("full block N=1".into(), full("block", 1)),
+    ]
+}
+
+fn pipeline_variants(base: &Config, threads: usize) -> Vec<(String, Config)> {
+    let mut out = vec![("p=1".to_string(), Config { pipeline_model_parallel_size: 1, ..base.clone() })];
+    for p in (2..=threads.max(2)).filter(|p| base.num_layers + 1 >= *p) {
+        out.push((format!("p={p}"), Config { pipeline_model_parallel_size: p, ..base.clone() }));
+    }
+    out
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+fn print_table(variants: &[Variant], base: &Config) {
+    let tokens = (base.global_batch_size * base.seq_length) as f64;
+    let reference = median(&variants[0].step_s);
+    let reference_act: usize = activation_peak(&variants[0]);
+    println!(
+        "{:<22} {:>10} {:>9} {:>10} {:>14} {:>14} {:>8}",
+        "variant", "step s", "vs first", "tokens/s", "activations", "predicted", "saved"
+    );
+    for v in variants {
+        let step = median(&v.step_s);
+        let act = activation_peak(v);
+        let predicted: u64 = v.pipeline.predicted_activation_peaks().iter().max().copied().unwrap_or(0);
+        println!(
+            "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>14} {:>14} {:>7.1}%",
+            v.name,
+            step,
+            100.0 * (step / reference - 1.0),
+            tokens / step,
+            human_bytes(act),
+            human_bytes(predicted as usize),
+            100.0 * (1.0 - act as f64 / reference_act as f64),
+        );
+    }
+    println!("(median step of each variant; activations: the largest per-stage peak the ledger measured)");
+}
+
+/// The largest per-stage activation peak the ledger measured.
+fn activation_peak(v: &Variant) -> usize {
+    v.pipeline.stages.iter().map(|s| s.device.ledger().peak(Category::Activations)).max().unwrap_or(0)
+}
