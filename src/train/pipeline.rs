@@ -9,12 +9,14 @@ use crate::data::TokenFile;
 use crate::error::user_error;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
-use schedules::{generate, lower, simulate, ChunkCosts, ChunkMemory, Link, LoweredSchedule, ScheduleKind, Shape, SimInput};
-use stages::{memory_model, partition};
+use schedules::{
+    generate, lower, simulate, ChunkCosts, ChunkMemory, Link, LoweredSchedule, ScheduleKind, Shape, SimInput,
+};
 use stages::runtime::{
     forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
 };
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
+use stages::{memory_model, partition};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;

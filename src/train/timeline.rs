@@ -18,7 +18,13 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn new(stages: usize) -> Self {
-        Timeline { steps: Vec::new(), busy: vec![0.0; stages], max_in_flight: vec![0; stages], total: 0.0, elapsed: 0.0 }
+        Timeline {
+            steps: Vec::new(),
+            busy: vec![0.0; stages],
+            max_in_flight: vec![0; stages],
+            total: 0.0,
+            elapsed: 0.0,
+        }
     }
 
     pub fn record(&mut self, step: usize, step_s: f64, reports: &[StageStepReport]) {
