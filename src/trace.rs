@@ -1,0 +1,170 @@
+//! Chrome trace event JSON, the timeline format of measured (`train --trace`) and simulated
+//! (`simulate --trace`) runs alike; it opens in Perfetto and chrome://tracing.
+//!
+//! Every event is a complete ("X") event of process 0 on thread `stage`, with `ts` and `dur`
+//! in microseconds; each thread is named by a metadata event. [`read_chrome_trace`] reads
+//! back what [`write_chrome_trace`] writes (the simulator calibrates from measured traces).
+
+use crate::error::user_error;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+
+/// The categories both writers use, so a measured and a simulated trace read alike.
+pub mod category {
+    pub const FORWARD: &str = "forward";
+    pub const BACKWARD: &str = "backward";
+    pub const BACKWARD_INPUT: &str = "backward-input";
+    pub const BACKWARD_WEIGHT: &str = "backward-weight";
+    /// Simulated only: the trainer's recompute runs inside its backward.
+    pub const RECOMPUTE: &str = "recompute";
+    pub const SEND_ACTIVATION: &str = "send-activation";
+    pub const SEND_GRAD: &str = "send-grad";
+    /// Simulated only: a message on the link, from departure to arrival.
+    pub const TRANSFER: &str = "transfer";
+}
+
+/// One interval on one track.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEvent {
+    /// The track (thread id); stages are tracks 0..p.
+    pub stage: usize,
+    pub name: String,
+    pub category: String,
+    pub start_s: f64,
+    pub dur_s: f64,
+    /// The event's `args` object (the trainer's: chunk, microbatch, step).
+    pub args: Value,
+}
+
+/// Writes `events` as a Chrome trace; `stage_names[i]` names track i. The file appears
+/// whole or not at all (written beside it, then renamed).
+pub fn write_chrome_trace(path: &Path, events: &[TraceEvent], stage_names: &[String]) -> anyhow::Result<()> {
+    let fail = |e: std::io::Error| user_error(format!("{}: cannot write the trace: {e}", path.display()));
+    let tmp = path.with_extension("json.partial");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
+    let mut write = || -> std::io::Result<()> {
+        out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n")?;
+        let mut first = true;
+        let mut emit = |v: Value, out: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
+            if !first {
+                out.write_all(b",\n")?;
+            }
+            first = false;
+            serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::other)
+        };
+        emit(json!({"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "pipetrain"}}), &mut out)?;
+        for (tid, name) in stage_names.iter().enumerate() {
+            emit(
+                json!({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name", "args": {"name": name}}),
+                &mut out,
+            )?;
+            let order = json!({"ph": "M", "pid": 0, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}});
+            emit(order, &mut out)?;
+        }
+        for e in events {
+            let event = json!({
+                "ph": "X",
+                "pid": 0,
+                "tid": e.stage,
+                "name": e.name,
+                "cat": e.category,
+                "ts": e.start_s * 1e6,
+                "dur": e.dur_s * 1e6,
+                "args": e.args,
+            });
+            emit(event, &mut out)?;
+        }
+        out.write_all(b"\n]}\n")?;
+        out.flush()
+    };
+    write().map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)
+}
+
+/// The complete events of a Chrome trace (a `{"traceEvents": [...]}` object or a bare
+/// array), in file order; metadata and other phases are skipped.
+pub fn read_chrome_trace(path: &Path) -> anyhow::Result<Vec<TraceEvent>> {
+    let bad = |msg: String| user_error(format!("{}: {msg}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the trace: {e}")))?;
+    let doc: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let list = match &doc {
+        Value::Array(list) => list,
+        Value::Object(o) => match o.get("traceEvents") {
+            Some(Value::Array(list)) => list,
+            _ => return Err(bad("no \"traceEvents\" array: not a Chrome trace".into())),
+        },
+        _ => return Err(bad("not a Chrome trace (an object or an array of events)".into())),
+    };
+    let mut events = Vec::new();
+    for (i, e) in list.iter().enumerate() {
+        if e.get("ph").and_then(Value::as_str) != Some("X") {
+            continue;
+        }
+        let number = |key: &str| e.get(key).and_then(Value::as_f64);
+        let (Some(tid), Some(ts), Some(dur)) =
+            (e.get("tid").and_then(Value::as_u64), number("ts"), number("dur"))
+        else {
+            return Err(bad(format!("event {i}: a complete event needs a numeric tid, ts and dur")));
+        };
+        let text = |key: &str| e.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+        events.push(TraceEvent {
+            stage: tid as usize,
+            name: text("name"),
+            category: text("cat"),
+            start_s: ts / 1e6,
+            dur_s: dur / 1e6,
+            args: e.get("args").cloned().unwrap_or(Value::Null),
+        });
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_complete_events_in_microseconds_and_reads_them_back() {
+        let dir = std::env::temp_dir().join(format!("pipetrain-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.json");
+        let events = vec![TraceEvent {
+            stage: 1,
+            name: "F0c0".into(),
+            category: category::FORWARD.into(),
+            start_s: 0.5,
+            dur_s: 0.25,
+            args: json!({"chunk": 0, "microbatch": 0, "step": 3}),
+        }];
+        write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let list = doc["traceEvents"].as_array().unwrap();
+        let x = list.iter().find(|e| e["ph"] == "X").unwrap();
+        assert_eq!(
+            (x["ts"].as_f64(), x["dur"].as_f64(), x["tid"].as_u64()),
+            (Some(5e5), Some(2.5e5), Some(1))
+        );
+        let names: Vec<&str> = list
+            .iter()
+            .filter(|e| e["name"] == "thread_name")
+            .map(|e| e["args"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["stage 0", "stage 1"]);
+        assert_eq!(read_chrome_trace(&path).unwrap(), events);
+        assert!(!dir.join("t.json.partial").exists());
+    }
+
+    #[test]
+    fn unreadable_traces_are_user_errors() {
+        let dir = std::env::temp_dir().join(format!("pipetrain-trace-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.json");
+        std::fs::write(&path, "{\"events\": []}").unwrap();
+        let e = read_chrome_trace(&path).unwrap_err();
+        assert!(crate::error::is_user_error(&e));
+        assert!(e.to_string().ends_with("bad.json: no \"traceEvents\" array: not a Chrome trace"), "{e}");
+        let e = write_chrome_trace(&dir.join("missing/t.json"), &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("cannot write the trace"), "{e}");
+    }
+}
