@@ -1,7 +1,28 @@
 //! `pipetrain simulate`: predicted time and memory per stage for a config's schedule and
-//! recompute plan.
+//! recompute plan, from the very action lists the trainer executes.
+//!
+//! setup.rs (config to schedule, split and policies), durations.rs / measured.rs /
+//! hardware.rs (op times), memory.rs (bytes per stage), input.rs (the schedule simulator's
+//! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
+mod durations;
+mod hardware;
+mod input;
+mod measured;
+mod memory;
+mod report;
+mod setup;
+mod svg;
+mod sweep;
+mod timeline;
+mod units;
+
+use crate::error::user_error;
 use clap::Args;
+use durations::GivenTimes;
+use hardware::Hardware;
+use report::Report;
+use setup::Setup;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -9,8 +30,139 @@ pub struct SimulateArgs {
     /// The run config (YAML, Megatron-LM key names).
     #[arg(long)]
     pub config: PathBuf,
+    /// Hardware profile for op times, MFU and the default memory limit: a100-80gb, h100-sxm,
+    /// h200 or cpu-measured [default: h100-sxm with device cuda, cpu-measured with cpu].
+    #[arg(long, value_name = "NAME")]
+    pub hardware: Option<String>,
+    /// Op times given directly, in ms per stage and microbatch, instead of the hardware model,
+    /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6
+    #[arg(long, value_name = "OP=MS,..")]
+    pub op_times: Option<String>,
+    /// Op times calibrated from a `pipetrain train --trace` Chrome trace: medians per stage,
+    /// chunk and op over its last step.
+    #[arg(long, value_name = "TRACE.json")]
+    pub measured: Option<PathBuf>,
+    /// Device memory per stage, e.g. 80GiB or 40GB [default: the hardware's memory].
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Write the simulated timeline as a Chrome trace (opens in Perfetto).
+    #[arg(long, value_name = "OUT.json")]
+    pub trace: Option<PathBuf>,
+    /// Write the pipeline chart (one row per stage) as SVG.
+    #[arg(long, value_name = "OUT.svg")]
+    pub svg: Option<PathBuf>,
+    /// Print the report (or the sweep) as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the lowered schedule, the per-stage action lists the trainer runs, and stop.
+    #[arg(long)]
+    pub print_schedule: bool,
+    /// Rank every schedule x recompute setting x micro batch size by iteration time.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Print the fastest sweep candidate that fits the memory limit, as config lines.
+    #[arg(long)]
+    pub plan: bool,
+    /// Show only the first N rows of the sweep.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
 }
 
-pub fn run(_args: &SimulateArgs, _overrides: &[(String, String)]) -> anyhow::Result<()> {
-    Err(crate::error::user_error("simulate: not built yet"))
+/// Flags that cannot go together, as one line.
+fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
+    let given_times = if args.op_times.is_some() {
+        Some("--op-times")
+    } else {
+        args.measured.as_ref().map(|_| "--measured")
+    };
+    if args.op_times.is_some() && args.measured.is_some() {
+        return Err(user_error("--op-times and --measured: give the op times one way"));
+    }
+    if args.sweep || args.plan {
+        let mode = if args.plan { "--plan" } else { "--sweep" };
+        if let Some(flag) = given_times {
+            return Err(user_error(format!(
+                "{flag} with {mode}: given times fit one configuration; the sweep times each from the hardware model"
+            )));
+        }
+        if args.trace.is_some() || args.svg.is_some() || args.print_schedule {
+            return Err(user_error(format!(
+                "{mode}: --trace, --svg and --print-schedule show one simulation"
+            )));
+        }
+    }
+    if args.top.is_some() && !args.sweep {
+        return Err(user_error("--top applies to --sweep"));
+    }
+    Ok(())
+}
+
+pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
+    check_flags(args)?;
+    let cfg = crate::config::load(&args.config, overrides)?;
+    let given = args.op_times.as_deref().map(GivenTimes::parse).transpose()?;
+    let explicit_limit =
+        args.memory_limit.as_deref().map(|s| units::parse_bytes("--memory-limit", s)).transpose()?;
+    let hardware_name =
+        args.hardware.as_deref().unwrap_or(if cfg.device == "cuda" { "h100-sxm" } else { "cpu-measured" });
+
+    if args.sweep || args.plan {
+        let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
+        let limit = explicit_limit.or(hw.memory_bytes);
+        let outcomes = sweep::sweep(&cfg, &args.config, &hw, limit);
+        if args.plan {
+            let best = outcomes.iter().find(|o| o.fits).ok_or_else(|| no_plan(&outcomes, limit))?;
+            print!("{}", sweep::plan_yaml(best, &cfg, limit));
+        } else if args.json {
+            println!("{}", sweep::json(&outcomes, limit));
+        } else {
+            sweep::print(&outcomes, limit, args.top);
+        }
+        return Ok(());
+    }
+
+    let setup = Setup::new(&cfg, &args.config)?;
+    if args.print_schedule {
+        print!("{}", setup.schedule);
+        return Ok(());
+    }
+    let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
+    let (durations, times_from) = match (&given, &args.measured) {
+        (Some(g), _) => (g.durations(&setup, &hw)?, "op-times"),
+        (None, Some(trace)) => (measured::durations(trace, &setup, &hw)?, "measured"),
+        (None, None) => (durations::from_hardware(&setup, &hw), "hardware"),
+    };
+    let sim = input::run(&setup, &durations)?;
+    let memory_limit = explicit_limit.or(hw.memory_bytes);
+    let report =
+        Report { setup: &setup, hw: &hw, durations: &durations, sim: &sim, times_from, memory_limit };
+    if let Some(path) = &args.trace {
+        timeline::write(path, &setup, &sim)?;
+    }
+    if let Some(path) = &args.svg {
+        svg::write(path, &setup, &sim)?;
+    }
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        println!("pipetrain simulate: {}", args.config.display());
+        report.print();
+    }
+    Ok(())
+}
+
+/// Why there is no plan, in one line.
+fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
+    let limit = limit.map_or("the limit".into(), units::format_bytes);
+    match outcomes.iter().min_by_key(|o| o.max_peak()) {
+        Some(o) => user_error(format!(
+            "--plan: nothing fits {limit} per device; the least memory is {} ({}, v={}, micro batch {}, recompute {})",
+            units::format_bytes(o.max_peak()),
+            o.kind,
+            o.v,
+            o.micro_batch_size,
+            o.recompute.describe()
+        )),
+        None => user_error("--plan: no schedule suits this config's shape"),
+    }
 }

@@ -1,0 +1,145 @@
+//! Hardware profiles: what turns FLOPs and bytes into seconds, and the memory a device has.
+//!
+//! Assumptions (one GPU per pipeline stage, no tensor or data parallelism):
+//! * `efficiency` is the fraction of the dense peak that a transformer layer's forward and
+//!   backward sustain at large sizes, their memory-bound parts (LayerNorm, GELU, softmax,
+//!   dropout) included. Megatron-LM reaches about 52% of the A100's peak end to end on
+//!   large GPTs (Narayanan et al. 2021, bubbles and communication included), so about 60%
+//!   per layer; H100s reach a smaller fraction of their higher peak (about 50%), H200s a
+//!   little more (55%) with their faster memory.
+//! * Memory-bound recompute (GELU, LayerNorm) streams at [`MEMORY_EFFICIENCY`] of the HBM
+//!   bandwidth.
+//! * Stages talk over NVLink-class links (per direction: A100 NVLink 3 300 GB/s, H100/H200
+//!   NVLink 4 450 GB/s) with 10 µs of latency per message (NCCL point-to-point).
+//! * Device memory is what nvidia-smi reports in total (A100 80GB: 81920 MiB, H100 SXM:
+//!   81559 MiB, H200: 143771 MiB); allocator slack and the CUDA context come out of it.
+//! * Peaks are dense bf16; with `precision: fp32` the GPU profiles use the TF32 tensor-core
+//!   rate, half of it.
+
+use super::units::format_rate;
+use crate::error::user_error;
+
+/// Streaming kernels reach about 80% of the nominal HBM bandwidth (STREAM-like copies).
+pub const MEMORY_EFFICIENCY: f64 = 0.8;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hardware {
+    pub name: String,
+    /// Dense FLOP/s at the run's precision.
+    pub peak_flops: f64,
+    pub efficiency: f64,
+    /// Bytes per second of device memory.
+    pub memory_bandwidth: f64,
+    /// Bytes per second, one direction of one link between neighbouring stages.
+    pub link_bandwidth: f64,
+    /// Seconds per message.
+    pub link_latency: f64,
+    /// Device memory, the default memory limit (None: unknown).
+    pub memory_bytes: Option<u64>,
+}
+
+pub const NAMES: [&str; 4] = ["a100-80gb", "h100-sxm", "h200", "cpu-measured"];
+
+impl Hardware {
+    /// The profile `name` for `precision` (fp32 | bf16). `cpu-measured` times a matmul on
+    /// this machine's cores now (about a second).
+    pub fn lookup(name: &str, precision: &str) -> anyhow::Result<Hardware> {
+        let gpu = |peak_bf16_tflops: f64, efficiency: f64, hbm_tb_s: f64, link_gb_s: f64, mib: u64| {
+            let peak = peak_bf16_tflops * 1e12;
+            Hardware {
+                name: name.to_string(),
+                peak_flops: if precision == "bf16" { peak } else { peak / 2.0 },
+                efficiency,
+                memory_bandwidth: hbm_tb_s * 1e12,
+                link_bandwidth: link_gb_s * 1e9,
+                link_latency: 10e-6,
+                memory_bytes: Some(mib << 20),
+            }
+        };
+        Ok(match name {
+            "a100-80gb" => gpu(312.0, 0.60, 2.0, 300.0, 81920),
+            "h100-sxm" => gpu(989.0, 0.50, 3.35, 450.0, 81559),
+            "h200" => gpu(989.0, 0.55, 4.8, 450.0, 143771),
+            "cpu-measured" => cpu_measured(),
+            other => {
+                return Err(user_error(format!(
+                    "--hardware {other}: unknown hardware (expected one of: {})",
+                    NAMES.join(", ")
+                )))
+            }
+        })
+    }
+
+    /// FLOP/s that the model's layers achieve.
+    pub fn achieved_flops(&self) -> f64 {
+        self.peak_flops * self.efficiency
+    }
+
+    /// Bytes per second that streaming (memory-bound) kernels achieve.
+    pub fn achieved_bandwidth(&self) -> f64 {
+        self.memory_bandwidth * MEMORY_EFFICIENCY
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}: {} peak x {:.2} efficiency, memory {}, link {} + {:.0} us",
+            self.name,
+            format_rate(self.peak_flops, "FLOP"),
+            self.efficiency,
+            format_rate(self.memory_bandwidth, "B"),
+            format_rate(self.link_bandwidth, "B"),
+            self.link_latency * 1e6
+        )
+    }
+}
+
+/// This machine's CPU as the trainer's CPU backend uses it: the fp32 matmul peak of all its
+/// cores, measured; the trainer's kernels reach about half of it per layer. Memory bandwidth
+/// (20 GB/s) and the in-process "link" (a copy at that bandwidth) are typical server
+/// figures, not measured; the memory limit is the machine's RAM.
+fn cpu_measured() -> Hardware {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let peak = kernels::cpu::measure_matmul_peak(&kernels::cpu::CpuDevice::new(threads));
+    Hardware {
+        name: format!("cpu-measured ({threads} threads)"),
+        peak_flops: peak,
+        efficiency: 0.5,
+        memory_bandwidth: 20e9,
+        link_bandwidth: 20e9,
+        link_latency: 5e-6,
+        memory_bytes: total_ram(),
+    }
+}
+
+/// MemTotal from /proc/meminfo (Linux); None elsewhere.
+fn total_ram() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_profiles_carry_the_published_peaks() {
+        let h100 = Hardware::lookup("h100-sxm", "bf16").unwrap();
+        assert_eq!((h100.peak_flops, h100.memory_bandwidth, h100.link_bandwidth), (989e12, 3.35e12, 450e9));
+        assert_eq!(Hardware::lookup("a100-80gb", "bf16").unwrap().peak_flops, 312e12);
+        assert_eq!(Hardware::lookup("a100-80gb", "fp32").unwrap().peak_flops, 156e12);
+        let h200 = Hardware::lookup("h200", "bf16").unwrap();
+        assert_eq!((h200.memory_bandwidth, h200.memory_bytes), (4.8e12, Some(143771 << 20)));
+        assert_eq!(h100.achieved_flops(), 494.5e12);
+    }
+
+    #[test]
+    fn unknown_hardware_lists_the_known_ones() {
+        assert_eq!(
+            Hardware::lookup("tpu", "bf16").unwrap_err().to_string(),
+            "--hardware tpu: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"
+        );
+    }
+}

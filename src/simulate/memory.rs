@@ -1,0 +1,193 @@
+//! The memory of each stage: what it holds all along (parameters, gradients, optimizer
+//! state) and, per microbatch in flight, what each chunk keeps under its recompute policy,
+//! plus the transient bytes of each action.
+//!
+//! Kept bytes come from the trainer's own declarations (stages::memory_model, saved.rs), at
+//! fp32. Precision rule: every stored activation takes the precision's bytes per element
+//! (fp32: 4, bf16: 2), so bf16 halves the fp32 figures. Under bf16 each stage also holds a 16-bit copy of its weights beside the fp32 master weights,
+//! gradients and Adam moments (Megatron's 18 bytes per parameter).
+//!
+//! Working bytes (estimates; the schedule simulator holds each only while its action runs):
+//! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
+//!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent;
+//! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
+//!   their tensors, or one block's selectively dropped tensors;
+//! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
+//!   [B,T,F], one [B,T,3C], the [B,NH,T,T] score gradient), the received and the sent
+//!   gradient [B,T,C];
+//! * backward-weight: nothing (it reads what backward-input left and adds into the
+//!   gradients, which are static).
+//!
+//! The received activation is not a separate buffer: it becomes the first block's stashed
+//! input.
+
+use super::setup::Setup;
+use schedules::{ChunkMemory, ScheduleKind};
+use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
+use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
+use stages::{RecomputePolicy, SelectiveModules};
+
+/// Memory of one microbatch through chunk `chunk` of stage `stage`.
+pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
+    let s = &setup.shape;
+    let layout = setup.layout(stage, chunk);
+    let policy = &setup.policies[stage];
+    let eb = setup.activation_bytes_per_element();
+    // fp32 figures from stages, in the run's precision.
+    let at_precision = |fp32_bytes: usize| (fp32_bytes / F32_BYTES * eb) as u64;
+    let blocks = layout.blocks.len();
+    let stash = at_precision(stash_bytes(s, layout, policy));
+
+    let element = |elements: usize| (elements * eb) as u64;
+    let message = element(s.tokens() * s.hidden);
+    let scores = element(s.micro_batch * s.heads * s.seq_len * s.seq_len);
+    let full_block = at_precision(block_kept_bytes(s, BlockKeep::Stored(SelectiveModules::NONE)));
+    let kept = |offset| at_precision(block_kept_bytes(s, policy.block_keep(blocks, offset)));
+    let dropped_in_forward = (0..blocks).map(|o| full_block - kept(o)).max().unwrap_or(0);
+    let sends_activation = !layout.head;
+
+    let recompute_working = match policy {
+        RecomputePolicy::None => 0,
+        RecomputePolicy::Full { .. } => {
+            let longest =
+                policy.segments(blocks).iter().filter(|g| g.recompute).map(|g| g.end - g.start).max();
+            longest.unwrap_or(0) as u64 * full_block
+        }
+        RecomputePolicy::Selective(modules) if blocks > 0 => {
+            full_block - at_precision(block_kept_bytes(s, BlockKeep::Stored(*modules)))
+        }
+        RecomputePolicy::Selective(_) => 0,
+    };
+    let grad_scratch = if blocks > 0 { element(s.tokens() * (2 * s.ffn + 3 * s.hidden)) + scores } else { 0 };
+    let grad_messages = message * (u64::from(!layout.head) + u64::from(!layout.embedding));
+
+    // ZB-H1's backward-input leaves the matmul inputs and output gradients for
+    // backward-weight. The schedule simulator keeps them as part of the stash, so where
+    // recompute makes the stash smaller than them it is raised to them (conservative: the
+    // forward-to-backward level is then overstated by the difference).
+    let (activation_bytes, weight_grad_bytes) = if setup.kind == ScheduleKind::ZeroBubbleH1 {
+        let deferred = at_precision(deferred_weight_grad_bytes(s, layout));
+        (stash.max(deferred), deferred)
+    } else {
+        (stash, 0)
+    };
+    ChunkMemory {
+        activation_bytes,
+        weight_grad_bytes,
+        forward_working_bytes: dropped_in_forward + 2 * message + if sends_activation { message } else { 0 },
+        recompute_working_bytes: recompute_working,
+        backward_input_working_bytes: recompute_working + grad_scratch + grad_messages,
+        backward_weight_working_bytes: 0,
+    }
+}
+
+/// What stage `stage` holds all along: its chunks' parameters, gradients and AdamW moments
+/// (fp32), plus the 16-bit weight copy under bf16.
+pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
+    let s = &setup.shape;
+    (0..setup.v)
+        .map(|c| {
+            let layout = setup.layout(stage, c);
+            let half_copy = if setup.cfg.precision == "bf16" { 2 * param_elements(s, layout) } else { 0 };
+            (static_bytes(s, layout) + half_copy) as u64
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::simulate::setup::tests::gpt2_small;
+    use stages::saved::kept_bytes;
+    use std::path::Path;
+
+    /// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    /// Models", section 4.1): a Megatron layer stores, at 16 bits with 1-byte dropout
+    /// masks, sbh(34 + 5as/h) bytes. The same sum our memory model uses gives exactly that.
+    #[test]
+    fn megatron_layer_matches_korthikanti_et_al() {
+        let (s, b, h, a) = (2048usize, 1usize, 12288usize, 96usize);
+        let (sbh, as2b) = (s * b * h, a * s * s * b);
+        let (half, mask) = (2, 1);
+        let layer = [
+            (sbh, half),     // QKV matmul input
+            (2 * sbh, half), // Q and K
+            (as2b, half),    // softmax output
+            (as2b, mask),    // attention dropout mask
+            (as2b, half),    // attention dropout output
+            (sbh, half),     // V
+            (sbh, half),     // output projection input
+            (sbh, mask),     // attention-residual dropout mask
+            (sbh, half),     // MLP input
+            (4 * sbh, half), // GELU input
+            (4 * sbh, half), // GELU output (second matmul's input)
+            (sbh, mask),     // MLP-residual dropout mask
+            (2 * sbh, half), // the two LayerNorms' inputs
+        ];
+        assert_eq!(kept_bytes(&layer), sbh * 34 + 5 * a * s * s * b);
+        assert_eq!(kept_bytes(&layer) as f64, sbh as f64 * (34.0 + 5.0 * (a * s) as f64 / h as f64));
+    }
+
+    /// Our fp32 block keeps 16 [B,T,C]-sized elements per token and channel (input, ln_1,
+    /// qkv, attention output, residual, ln_2, and the two [B,T,4C]), the [B,NH,T,T]
+    /// probabilities and 4 LayerNorm statistics per token: sbh(64 + 4as/h) + 16sb bytes. For
+    /// GPT-2 small at T=1024, B=1: 100,679,680 bytes (96.0 MiB) per layer, 50,348,032 with
+    /// selective core_attn recompute.
+    #[test]
+    fn gpt2_small_fp32_layer_bytes() {
+        let s = crate::train::model::shape(&Config::default());
+        assert_eq!((s.seq_len, s.hidden, s.heads, s.micro_batch), (1024, 768, 12, 1));
+        let all = block_kept_bytes(&s, BlockKeep::Stored(SelectiveModules::NONE));
+        assert_eq!(all, 100_679_680);
+        assert_eq!(all, 1024 * 768 * 64 + 4 * 12 * 1024 * 1024 + 16 * 1024);
+        let selective = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
+        assert_eq!(block_kept_bytes(&s, BlockKeep::Stored(selective)), 50_348_032);
+    }
+
+    fn setup(cfg: Config) -> Setup {
+        Setup::new(&cfg, Path::new("c.yaml")).unwrap()
+    }
+
+    #[test]
+    fn bf16_halves_the_activations_and_adds_a_weight_copy() {
+        let fp32 = setup(gpt2_small(4, "1f1b", 1, 8));
+        let bf16 =
+            setup(Config { precision: "bf16".into(), device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
+        let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
+        assert_eq!(a.activation_bytes, 4 * 100_679_680);
+        assert_eq!(b.activation_bytes, a.activation_bytes / 2);
+        let params = param_elements(&fp32.shape, fp32.layout(0, 0)) as u64;
+        assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
+        assert_eq!(stage_static_bytes(&bf16, 0), 18 * params);
+    }
+
+    #[test]
+    fn recompute_trades_stash_for_working_bytes() {
+        let full = |n| Config {
+            recompute_granularity: Some("full".into()),
+            recompute_method: Some("uniform".into()),
+            recompute_num_layers: Some(n),
+            ..gpt2_small(4, "1f1b", 1, 8)
+        };
+        let block = 100_679_680u64;
+        let (one, two) = (chunk_memory(&setup(full(1)), 1, 0), chunk_memory(&setup(full(2)), 1, 0));
+        // Stage 1 holds h.4-h.7: groups of 1 keep 4 inputs, groups of 2 keep 2.
+        assert_eq!((one.activation_bytes, two.activation_bytes), (4 * 1024 * 768 * 4, 2 * 1024 * 768 * 4));
+        assert_eq!((one.recompute_working_bytes, two.recompute_working_bytes), (block, 2 * block));
+        let none = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
+        assert_eq!((none.recompute_working_bytes, none.activation_bytes), (0, 4 * block));
+        // Full recompute's forward holds one block's dropped tensors at a time.
+        assert_eq!(one.forward_working_bytes - none.forward_working_bytes, block - 1024 * 768 * 4);
+    }
+
+    #[test]
+    fn zb_h1_keeps_the_weight_gradient_inputs_until_backward_weight() {
+        let zb = setup(gpt2_small(4, "zb-h1", 1, 8));
+        let m = chunk_memory(&zb, 1, 0);
+        let deferred = deferred_weight_grad_bytes(&zb.shape, zb.layout(1, 0)) as u64;
+        assert_eq!((m.weight_grad_bytes, m.activation_bytes), (deferred, 4 * 100_679_680));
+        let one_f_one_b = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
+        assert_eq!(one_f_one_b.weight_grad_bytes, 0);
+    }
+}

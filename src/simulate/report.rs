@@ -1,0 +1,203 @@
+//! The simulation report: printed for people, or one JSON object for scripts.
+
+use super::durations::{Durations, P2p};
+use super::hardware::Hardware;
+use super::input::message_bytes;
+use super::setup::Setup;
+use super::units::{format_bytes, format_rate};
+use schedules::SimReport;
+use serde_json::{json, Value};
+use stages::flops::train_step_flops;
+
+pub struct Report<'a> {
+    pub setup: &'a Setup,
+    pub hw: &'a Hardware,
+    pub durations: &'a Durations,
+    pub sim: &'a SimReport,
+    /// Where the op times came from: `hardware`, `op-times` or `measured`.
+    pub times_from: &'a str,
+    pub memory_limit: Option<u64>,
+}
+
+impl Report<'_> {
+    pub fn tokens_per_second(&self) -> f64 {
+        self.sim.tokens_per_second(self.setup.tokens_per_iteration())
+    }
+
+    /// Model FLOPs (no recompute) over the p devices' peak.
+    pub fn mfu(&self) -> f64 {
+        self.sim.mfu(train_step_flops(&self.setup.shape, self.setup.m), self.hw.peak_flops)
+    }
+
+    fn fits(&self, stage: usize) -> bool {
+        self.memory_limit.is_none_or(|limit| self.sim.stages[stage].peak_memory <= limit)
+    }
+
+    /// Seconds of one microbatch's passes on a stage, its chunks summed: F, B, W, R.
+    fn stage_times(&self, stage: usize) -> [f64; 4] {
+        let v = self.setup.v;
+        self.durations.chunks[stage * v..(stage + 1) * v].iter().fold([0.0; 4], |t, c| {
+            [t[0] + c.forward, t[1] + c.backward_input, t[2] + c.backward_weight, t[3] + c.recompute]
+        })
+    }
+
+    /// Seconds one message takes on an idle link.
+    fn p2p_seconds(&self) -> f64 {
+        match self.durations.p2p {
+            P2p::Link { latency, bandwidth } => latency + message_bytes(self.setup) as f64 / bandwidth,
+            P2p::PerMessage(t) => t,
+        }
+    }
+
+    pub fn print(&self) {
+        let (s, c) = (&self.setup.shape, &self.setup.cfg);
+        let setup = self.setup;
+        println!(
+            "model     {} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}: {:.2}B parameters; {} activations",
+            s.num_layers,
+            s.hidden,
+            s.heads,
+            s.ffn,
+            s.seq_len,
+            s.vocab,
+            s.total_params() as f64 / 1e9,
+            c.precision
+        );
+        println!(
+            "pipeline  {}: {} stages x {} chunk(s), {} microbatches of {} (global batch {})",
+            setup.kind, setup.p, setup.v, setup.m, c.micro_batch_size, c.global_batch_size
+        );
+        println!("hardware  {}", self.hw.describe());
+        println!(
+            "times     from {}; p2p {:.3} ms per {} message; per microbatch below, chunks summed (ms)",
+            self.times_from,
+            self.p2p_seconds() * 1e3,
+            format_bytes(message_bytes(setup))
+        );
+        println!();
+        let width = (0..setup.p).map(|r| setup.stage_layers(r).len()).max().unwrap_or(0).max(6);
+        let rwidth = setup.policies.iter().map(|p| p.describe().len()).max().unwrap_or(0).max(9);
+        println!(
+            "stage  {:width$}  {:rwidth$}  {:>8} {:>8} {:>8} {:>8}  {:>12}  {:>6}  {:>10}",
+            "layers", "recompute", "forward", "bwd-in", "bwd-w", "recomp", "peak memory", "busy", "idle"
+        );
+        for (r, st) in self.sim.stages.iter().enumerate() {
+            let t = self.stage_times(r).map(|x| x * 1e3);
+            let over = if self.fits(r) { "" } else { "  over the limit" };
+            println!(
+                "{r:>5}  {:width$}  {:rwidth$}  {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {:>12}  {:>5.1}%  {:>10}{over}",
+                setup.stage_layers(r),
+                setup.policies[r].describe(),
+                t[0],
+                t[1],
+                t[2],
+                t[3],
+                format_bytes(st.peak_memory),
+                100.0 * st.busy / self.sim.iteration_time,
+                seconds(st.idle),
+            );
+        }
+        println!();
+        println!(
+            "iteration {}   bubble {:.2}%   tokens/s {:.0}   MFU {:.1}% of {} x {}",
+            seconds(self.sim.iteration_time),
+            100.0 * self.sim.bubble_rate,
+            self.tokens_per_second(),
+            100.0 * self.mfu(),
+            setup.p,
+            format_rate(self.hw.peak_flops, "FLOP")
+        );
+        if let Some(limit) = self.memory_limit {
+            let over: Vec<usize> = (0..setup.p).filter(|&r| !self.fits(r)).collect();
+            if over.is_empty() {
+                println!("memory    every stage fits {}", format_bytes(limit));
+            } else {
+                println!("memory    stage(s) {} exceed {}", ranges(&over), format_bytes(limit));
+            }
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        let setup = self.setup;
+        let c = &setup.cfg;
+        let stages: Vec<Value> = self
+            .sim
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(r, st)| {
+                let t = self.stage_times(r).map(|x| x * 1e3);
+                json!({
+                    "stage": r,
+                    "layers": setup.stage_layers(r),
+                    "recompute": setup.policies[r].describe(),
+                    "peak_memory_bytes": st.peak_memory,
+                    "static_bytes": super::memory::stage_static_bytes(setup, r),
+                    "busy_ms": st.busy * 1e3,
+                    "idle_ms": st.idle * 1e3,
+                    "forward_ms": t[0],
+                    "backward_input_ms": t[1],
+                    "backward_weight_ms": t[2],
+                    "recompute_ms": t[3],
+                    "fits": self.fits(r),
+                })
+            })
+            .collect();
+        json!({
+            "iteration_time_ms": self.sim.iteration_time * 1e3,
+            "bubble_rate": self.sim.bubble_rate,
+            "tokens_per_s": self.tokens_per_second(),
+            "mfu": self.mfu(),
+            "pipeline_schedule": setup.kind.name(),
+            "pipeline_model_parallel_size": setup.p,
+            "virtual_pipeline_model_parallel_size": setup.v,
+            "microbatches": setup.m,
+            "micro_batch_size": c.micro_batch_size,
+            "global_batch_size": c.global_batch_size,
+            "precision": c.precision,
+            "parameters": setup.shape.total_params(),
+            "hardware": self.hw.name,
+            "peak_flops": self.hw.peak_flops,
+            "times_from": self.times_from,
+            "p2p_ms": self.p2p_seconds() * 1e3,
+            "memory_limit_bytes": self.memory_limit,
+            "fits": (0..setup.p).all(|r| self.fits(r)),
+            "stages": stages,
+        })
+    }
+}
+
+/// Sorted numbers as runs: `0-3, 5, 7-8`.
+fn ranges(xs: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &x in xs {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == x => *end = x,
+            _ => runs.push((x, x)),
+        }
+    }
+    let run = |(a, b): &(usize, usize)| if a == b { a.to_string() } else { format!("{a}-{b}") };
+    runs.iter().map(run).collect::<Vec<_>>().join(", ")
+}
+
+/// `1.234 s` or `12.3 ms`.
+pub fn seconds(t: f64) -> String {
+    if t >= 1.0 {
+        format!("{t:.3} s")
+    } else {
+        format!("{:.2} ms", t * 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_lists_read_as_runs() {
+        assert_eq!(ranges(&[0, 1, 2, 3, 5, 7, 8]), "0-3, 5, 7-8");
+        assert_eq!(ranges(&[4]), "4");
+        assert_eq!(seconds(1.5), "1.500 s");
+        assert_eq!(seconds(0.0123), "12.30 ms");
+    }
+}

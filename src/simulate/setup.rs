@@ -1,0 +1,179 @@
+//! From a config to what the simulator needs: the model's shape, the schedule, the split of
+//! the blocks over the virtual stages and each stage's recompute policy — chosen exactly as
+//! the trainer chooses them (stages::partition, train::model::recompute_policy).
+
+use crate::config::Config;
+use crate::error::user_error;
+use crate::train::model;
+use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
+use stages::partition;
+use stages::saved::F32_BYTES;
+use stages::{ChunkLayout, GptShape, RecomputePolicy};
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// Bytes per activation element: the trainer keeps fp32 activations; `precision: bf16`
+/// models 16-bit ones, as mixed-precision trainers keep them.
+pub fn activation_bytes_per_element(precision: &str) -> usize {
+    if precision == "bf16" {
+        2
+    } else {
+        F32_BYTES
+    }
+}
+
+pub struct Setup {
+    pub cfg: Config,
+    pub shape: GptShape,
+    pub kind: ScheduleKind,
+    /// Stages, chunks per stage and microbatches.
+    pub p: usize,
+    pub v: usize,
+    pub m: usize,
+    /// One per virtual stage (chunk c of stage r is virtual stage c*p + r).
+    pub layouts: Vec<ChunkLayout>,
+    /// One per stage; every chunk of a stage follows it.
+    pub policies: Vec<RecomputePolicy>,
+    /// Shared: the sweep simulates one schedule under many recompute settings.
+    pub schedule: Arc<LoweredSchedule>,
+}
+
+impl Setup {
+    /// The simulation of `cfg` (validated, read from `path`). Impossible shapes are user
+    /// errors naming the key, as the trainer names them.
+    pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
+        let key_err = |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", path.display()));
+        let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
+        let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
+            .map_err(|e| key_err("pipeline_schedule", e.to_string()))?;
+        let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
+            key_err("pipeline_schedule", format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule))
+        })?;
+        Self::with_schedule(cfg, path, kind, Arc::new(schedule))
+    }
+
+    /// As [`Setup::new`] with the schedule already lowered (the sweep shares one per shape).
+    pub fn with_schedule(
+        cfg: &Config,
+        path: &Path,
+        kind: ScheduleKind,
+        schedule: Arc<LoweredSchedule>,
+    ) -> anyhow::Result<Setup> {
+        let key_err = |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", path.display()));
+        let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
+        let shape = model::shape(cfg);
+        let counts = match &cfg.num_layers_per_stage {
+            Some(counts) => partition::explicit(cfg.num_layers, counts, p * v)
+                .map_err(|e| key_err("num_layers_per_stage", e))?,
+            None => {
+                partition::balanced(&shape, p * v).map_err(|e| key_err("pipeline_model_parallel_size", e))?
+            }
+        };
+        let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
+        Ok(Setup {
+            cfg: cfg.clone(),
+            shape,
+            kind,
+            p,
+            v,
+            m,
+            layouts: partition::layouts(&counts),
+            policies,
+            schedule,
+        })
+    }
+
+    /// The same model, schedule and split under `cfg`'s recompute settings.
+    pub fn with_recompute(&self, cfg: &Config) -> Setup {
+        Setup {
+            cfg: cfg.clone(),
+            policies: (0..self.p).map(|r| model::recompute_policy(cfg, r)).collect(),
+            layouts: self.layouts.clone(),
+            schedule: Arc::clone(&self.schedule),
+            ..*self
+        }
+    }
+
+    pub fn layout(&self, stage: usize, chunk: usize) -> &ChunkLayout {
+        &self.layouts[chunk * self.p + stage]
+    }
+
+    pub fn activation_bytes_per_element(&self) -> usize {
+        activation_bytes_per_element(&self.cfg.precision)
+    }
+
+    /// Global batch times sequence length.
+    pub fn tokens_per_iteration(&self) -> f64 {
+        (self.cfg.global_batch_size * self.cfg.seq_length) as f64
+    }
+
+    /// What stage `stage` holds, e.g. `h.0-h.5 + embedding`; chunks joined by ", ".
+    pub fn stage_layers(&self, stage: usize) -> String {
+        let chunks: Vec<String> = (0..self.v)
+            .map(|c| {
+                let l = self.layout(stage, c);
+                let mut parts = Vec::new();
+                match l.blocks.len() {
+                    0 => {}
+                    1 => parts.push(format!("h.{}", l.blocks.start)),
+                    _ => parts.push(format!("h.{}-h.{}", l.blocks.start, l.blocks.end - 1)),
+                }
+                if l.embedding {
+                    parts.push("embedding".into());
+                }
+                if l.head {
+                    parts.push("head".into());
+                }
+                parts.join(" + ")
+            })
+            .collect();
+        chunks.join(", ")
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// GPT-2 small at T=1024 on `p` stages under `schedule`.
+    pub fn gpt2_small(p: usize, schedule: &str, v: usize, global_batch: usize) -> Config {
+        Config {
+            pipeline_model_parallel_size: p,
+            pipeline_schedule: schedule.into(),
+            virtual_pipeline_model_parallel_size: (v > 1).then_some(v),
+            global_batch_size: global_batch,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn splits_as_the_trainer_and_names_the_layers() {
+        let s = Setup::new(&gpt2_small(4, "1f1b", 1, 8), Path::new("c.yaml")).unwrap();
+        assert_eq!((s.p, s.v, s.m), (4, 1, 8));
+        let names: Vec<String> = (0..4).map(|r| s.stage_layers(r)).collect();
+        assert_eq!(names, ["h.0-h.3 + embedding", "h.4-h.7", "h.8-h.11", "head"]);
+        let s = Setup::new(&gpt2_small(2, "interleaved-1f1b", 2, 4), Path::new("c.yaml")).unwrap();
+        assert_eq!(s.stage_layers(0), "h.0-h.3 + embedding, h.8-h.11");
+        assert_eq!(s.stage_layers(1), "h.4-h.7, head");
+    }
+
+    #[test]
+    fn impossible_shapes_name_the_key() {
+        let err = |cfg: Config| Setup::new(&cfg, Path::new("c.yaml")).err().unwrap().to_string();
+        assert_eq!(
+            err(gpt2_small(4, "interleaved-1f1b", 2, 6)),
+            "c.yaml: key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number \
+             of microbatches (6) must be a multiple of pipeline_model_parallel_size (4), as in Megatron-LM: \
+             microbatches go through the model chunks in groups of 4"
+        );
+        assert_eq!(
+            err(Config { num_layers: 3, ..gpt2_small(8, "1f1b", 1, 8) }),
+            "c.yaml: key `pipeline_model_parallel_size`: cannot split 3 layers over 8 pipeline stages (chunks)"
+        );
+        assert_eq!(
+            err(Config { num_layers_per_stage: Some(vec![6, 5]), ..gpt2_small(2, "1f1b", 1, 8) }),
+            "c.yaml: key `num_layers_per_stage`: [6, 5] sums to 11, num_layers is 12"
+        );
+    }
+}

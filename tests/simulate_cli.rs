@@ -1,0 +1,294 @@
+//! `pipetrain simulate` end to end: the report, its JSON, the Chrome trace, the SVG chart,
+//! the sweep and plan, calibration from a trace, and one-line errors for bad input.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// GPT-2 small (the config defaults) on 4 stages, 8 microbatches of 1, bf16 on GPUs.
+const GPT2_P4: &str = "\
+pipeline_model_parallel_size: 4
+pipeline_schedule: 1f1b
+micro_batch_size: 1
+global_batch_size: 8
+device: cuda
+precision: bf16
+";
+
+fn simulate(config: &Path, extra: &[&str]) -> Output {
+    bin().args(["simulate", "--config"]).arg(config).args(extra).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "exit {:?}: {}", o.status.code(), stderr(o));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn json_of(config: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&stdout(&simulate(config, &args))).unwrap()
+}
+
+fn gpt2_config(name: &str, extra_yaml: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let cfg = write_config(&dir, "c.yaml", &format!("{GPT2_P4}{extra_yaml}"));
+    (dir, cfg)
+}
+
+#[test]
+fn report_lists_every_stage_and_the_totals() {
+    let (_dir, cfg) = gpt2_config("sim-report", "");
+    let out = stdout(&simulate(&cfg, &["--hardware", "h100-sxm", "--memory-limit", "1GiB"]));
+    assert!(
+        out.contains("pipeline  1f1b: 4 stages x 1 chunk(s), 8 microbatches of 1 (global batch 8)"),
+        "{out}"
+    );
+    assert!(out.contains("hardware  h100-sxm: 989 TFLOP/s peak x 0.50 efficiency"), "{out}");
+    let rows: Vec<&str> =
+        out.lines().filter(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit())).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for (row, layers) in rows.iter().zip(["h.0-h.3 + embedding", "h.4-h.7", "h.8-h.11", "head"]) {
+        assert!(
+            row.contains(layers) && row.contains("none") && row.contains("iB ") && row.contains('%'),
+            "{row}"
+        );
+    }
+    for total in ["iteration ", "bubble ", "tokens/s ", "MFU "] {
+        assert!(out.contains(total), "no {total} in {out}");
+    }
+    // Stages 0 and 1 hold 4 and 3 microbatches in flight: over 1 GiB.
+    assert!(out.contains("memory    stage(s) 0-1 exceed 1.00 GiB"), "{out}");
+}
+
+#[test]
+fn json_report_has_the_closed_form_of_1f1b() {
+    let (_dir, cfg) = gpt2_config("sim-json", "");
+    let v = json_of(
+        &cfg,
+        &["--hardware", "h100-sxm", "--op-times", "forward=1,backward-input=1,backward-weight=1"],
+    );
+    // (m + p - 1) * (F + B) with B = I + W, and bubble (p - 1) / (m + p - 1).
+    assert!((v["iteration_time_ms"].as_f64().unwrap() - 33.0).abs() < 1e-9, "{v}");
+    assert!((v["bubble_rate"].as_f64().unwrap() - 3.0 / 11.0).abs() < 1e-12, "{v}");
+    assert!((v["tokens_per_s"].as_f64().unwrap() - 8.0 * 1024.0 / 0.033).abs() < 1e-6, "{v}");
+    assert!(v["mfu"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["times_from"], "op-times");
+    assert_eq!(v["pipeline_model_parallel_size"], 4);
+    let stages = v["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 4);
+    assert_eq!(stages[0]["layers"], "h.0-h.3 + embedding");
+    assert_eq!(stages[3]["layers"], "head");
+    for s in stages {
+        let (busy, idle) = (s["busy_ms"].as_f64().unwrap(), s["idle_ms"].as_f64().unwrap());
+        assert!((busy - 24.0).abs() < 1e-9 && (idle - 9.0).abs() < 1e-9, "{s}");
+        assert!(s["peak_memory_bytes"].as_u64().unwrap() > s["static_bytes"].as_u64().unwrap());
+    }
+    // 1F1B: stage 0 holds 4 microbatches, stage 3 one.
+    let peak = |r: usize| stages[r]["peak_memory_bytes"].as_u64().unwrap();
+    assert!(peak(1) > peak(2), "{v}");
+}
+
+#[test]
+fn chrome_trace_has_a_track_per_stage_and_distinct_categories() {
+    let (dir, cfg) = gpt2_config(
+        "sim-trace",
+        "recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 2\n",
+    );
+    let trace = dir.join("t.json");
+    stdout(&simulate(
+        &cfg,
+        &["--hardware", "a100-80gb", "--pipeline-schedule", "zb-h1", "--trace", trace.to_str().unwrap()],
+    ));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let complete: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    let tids = |cat: &str| {
+        let mut t: Vec<u64> =
+            complete.iter().filter(|e| e["cat"] == cat).map(|e| e["tid"].as_u64().unwrap()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    };
+    assert_eq!(tids("forward"), [0, 1, 2, 3]);
+    assert_eq!(tids("backward-input"), [0, 1, 2, 3]);
+    assert_eq!(tids("backward-weight"), [0, 1, 2, 3]);
+    assert_eq!(tids("recompute"), [0, 1, 2]); // the head-only stage has no blocks to recompute
+    assert_eq!(tids("transfer"), [4, 5, 6, 7]); // each stage's sends, beside its compute
+    let count = |cat: &str| complete.iter().filter(|e| e["cat"] == cat).count();
+    assert_eq!((count("forward"), count("backward-input"), count("backward-weight")), (32, 32, 32));
+    assert_eq!(count("transfer"), 2 * 3 * 8);
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names[..4],
+        ["stage 0: h.0-h.3 + embedding", "stage 1: h.4-h.7", "stage 2: h.8-h.11", "stage 3: head"]
+    );
+    assert_eq!(names[4], "stage 0 sends");
+    let f = complete.iter().find(|e| e["cat"] == "forward").unwrap();
+    assert_eq!((f["pid"].as_u64(), f["args"]["step"].as_u64()), (Some(0), Some(0)));
+    assert!(f["dur"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn svg_chart_has_a_row_per_stage_a_legend_and_an_axis() {
+    let (dir, cfg) = gpt2_config("sim-svg", "");
+    let svg = dir.join("p.svg");
+    let p16 = ["--pipeline-model-parallel-size", "16", "--num-layers", "48", "--global-batch-size", "32"];
+    stdout(&simulate(&cfg, &[&["--hardware", "h200", "--svg", svg.to_str().unwrap()][..], &p16].concat()));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(text.trim_end().ends_with("</svg>"));
+    for r in 0..16 {
+        assert!(text.contains(&format!(">stage {r}</text>")), "no row for stage {r}");
+    }
+    for word in ["forward", "backward / backward-input", "backward-weight", "recompute", ">time</text>"] {
+        assert!(text.contains(word), "no {word}");
+    }
+    assert!(text.contains("1f1b, p=16, v=1, m=32: iteration"));
+}
+
+#[test]
+fn print_schedule_is_the_lowered_ir() {
+    let (_dir, cfg) = gpt2_config("sim-ir", "");
+    let out = stdout(&simulate(&cfg, &["--print-schedule", "--pipeline-schedule", "zb-h1"]));
+    let schedule: schedules::Schedule = out.parse().unwrap();
+    let shape = schedule.shape();
+    assert_eq!((shape.stages, shape.chunks, shape.microbatches), (4, 1, 8));
+    assert!(out.lines().nth(1).unwrap().starts_with("stage 0: F0 SA0@1"), "{out}");
+}
+
+#[test]
+fn measured_trace_calibrates_the_op_times() {
+    let (dir, cfg) = gpt2_config("sim-measured", "");
+    let mut events = Vec::new();
+    for step in [1, 2] {
+        for stage in 0..4 {
+            for mb in 0..8 {
+                let ms = if step == 2 { 2.0 } else { 50.0 }; // only the last step counts
+                for (cat, dur) in [("forward", ms), ("backward", 2.0 * ms), ("send-activation", 0.5)] {
+                    events.push(serde_json::json!({
+                        "ph": "X", "pid": 0, "tid": stage, "name": "x", "cat": cat, "ts": 0.0,
+                        "dur": dur * 1e3, "args": {"chunk": 0, "microbatch": mb, "step": step}
+                    }));
+                }
+            }
+        }
+    }
+    let trace = dir.join("measured.json");
+    std::fs::write(&trace, serde_json::json!({"traceEvents": events}).to_string()).unwrap();
+    let v = json_of(&cfg, &["--hardware", "h100-sxm", "--measured", trace.to_str().unwrap()]);
+    assert_eq!(v["times_from"], "measured");
+    assert!((v["p2p_ms"].as_f64().unwrap() - 0.5).abs() < 1e-12, "{v}");
+    let s1 = &v["stages"][1];
+    assert!((s1["forward_ms"].as_f64().unwrap() - 2.0).abs() < 1e-12, "{s1}");
+    let backward = s1["backward_input_ms"].as_f64().unwrap() + s1["backward_weight_ms"].as_f64().unwrap();
+    assert!((backward - 4.0).abs() < 1e-12, "{s1}");
+}
+
+#[test]
+fn sweep_ranks_every_candidate_by_iteration_time() {
+    let (_dir, cfg) = gpt2_config("sim-sweep", "");
+    let v = json_of(&cfg, &["--sweep", "--hardware", "h100-sxm", "--memory-limit", "2GiB"]);
+    let c = v["candidates"].as_array().unwrap();
+    let times: Vec<f64> = c.iter().map(|x| x["iteration_time_ms"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]));
+    for schedule in ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"] {
+        assert!(c.iter().any(|x| x["pipeline_schedule"] == schedule), "no {schedule}");
+    }
+    for recompute in
+        ["none", "selective core_attn", "selective core_attn+mlp", "full/uniform N=3", "full/block N=1"]
+    {
+        assert!(c.iter().any(|x| x["recompute"] == recompute), "no {recompute}");
+    }
+    let sizes: Vec<u64> = c.iter().map(|x| x["micro_batch_size"].as_u64().unwrap()).collect();
+    assert!([1, 2, 4, 8].iter().all(|b| sizes.contains(b)));
+    for x in c {
+        assert_eq!(x["fits"].as_bool().unwrap(), x["peak_memory_bytes"].as_u64().unwrap() <= 2 << 30, "{x}");
+    }
+    assert!(c.iter().any(|x| x["fits"] == true) && c.iter().any(|x| x["fits"] == false));
+}
+
+#[test]
+fn plan_is_yaml_that_fits_when_applied() {
+    let (dir, cfg) = gpt2_config("sim-plan", "");
+    let limit = "1300MiB";
+    let plan = stdout(&simulate(&cfg, &["--plan", "--hardware", "h100-sxm", "--memory-limit", limit]));
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let keys: Vec<&str> = lines.keys().map(|k| k.as_str().unwrap()).collect();
+    assert_eq!(
+        keys,
+        [
+            "pipeline_schedule",
+            "virtual_pipeline_model_parallel_size",
+            "micro_batch_size",
+            "recompute_granularity",
+            "recompute_method",
+            "recompute_num_layers",
+            "recompute_modules",
+            "recompute_num_layers_per_stage"
+        ]
+    );
+    // The config as given does not fit; with the plan's lines pasted over it, it does.
+    let before = json_of(&cfg, &["--hardware", "h100-sxm", "--memory-limit", limit]);
+    assert_eq!(before["fits"], false);
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(GPT2_P4).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &["--hardware", "h100-sxm", "--memory-limit", limit]);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    for s in after["stages"].as_array().unwrap() {
+        assert!(s["peak_memory_bytes"].as_u64().unwrap() <= 1300 << 20);
+    }
+    assert!(plan.starts_with(
+        "# pipetrain simulate --plan: the fastest of the sweep that fits 1.27 GiB per device\n"
+    ));
+}
+
+#[test]
+fn shipped_configs_simulate() {
+    let v = json_of(Path::new("configs/gpt3-175b.yaml"), &["--hardware", "a100-80gb"]);
+    assert_eq!(v["parameters"].as_u64().unwrap(), 174_604_259_328);
+    assert_eq!((v["microbatches"].as_u64(), v["stages"].as_array().unwrap().len()), (Some(1536), 16));
+    let v = json_of(Path::new("configs/1t.yaml"), &[]);
+    assert_eq!(
+        (v["virtual_pipeline_model_parallel_size"].as_u64(), v["microbatches"].as_u64()),
+        (Some(2), Some(1024))
+    );
+    assert_eq!(v["stages"][63]["layers"], "h.63, h.127 + head");
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let (dir, cfg) = gpt2_config("sim-bad", "");
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &["--pipeline-schedule", "interleaved-1f1b", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size", "6"],
+            "c.yaml: key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number of microbatches (6) must be a multiple of pipeline_model_parallel_size (4)",
+        ),
+        (
+            &["--pipeline-schedule", "interleaved-1f1b", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size", "2"],
+            "interleaved-1f1b with p=4, v=2, m=2",
+        ),
+        (&["--num-layers", "2"], "c.yaml: key `pipeline_model_parallel_size`: cannot split 2 layers over 4 pipeline stages (chunks)"),
+        (&["--op-times", "forward=0,backward=1"], "--op-times forward=0,backward=1: forward=0: a time must be > 0 ms"),
+        (&["--op-times", "forward=1,backward=-3"], "--op-times forward=1,backward=-3: backward=-3: a time must be > 0 ms"),
+        (&["--hardware", "tpu-v9"], "--hardware tpu-v9: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"),
+        (&["--memory-limit", "80XB"], "--memory-limit 80XB: give a size with a unit"),
+        (&["--measured", "no-such-trace.json"], "no-such-trace.json: cannot read the trace"),
+        (&["--sweep", "--op-times", "forward=1,backward=1"], "--op-times with --sweep"),
+    ];
+    let svg = dir.join("never.svg");
+    for (extra, needle) in cases {
+        let o = simulate(&cfg, &[extra, &["--svg", svg.to_str().unwrap()][..]].concat());
+        assert_user_error(&o, needle);
+        assert!(!svg.exists(), "a failed simulation wrote its chart");
+    }
+}
