@@ -533,7 +533,10 @@ mod tests {
     }
 
     fn err_of(text: &str, overrides: &[(&str, &str)]) -> String {
-        let dir = std::env::temp_dir().join(format!("pipetrain-config-{}", std::process::id()));
+        // One directory per call: the tests run in parallel.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("pipetrain-config-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = write(&dir, "c.yaml", text);
         let ov: Vec<(String, String)> =

@@ -5,35 +5,23 @@ use std::path::Path;
 
 use super::{HfGpt2Config, NamedTensor};
 use crate::error::user_error;
+use stages::params::model_param_specs;
+use stages::GptShape;
 
 /// Names and shapes of GPT-2's parameters in Hugging Face layout and order (Conv1D weights
-/// are [in, out]; the LM head is tied to `wte.weight` and not listed).
+/// are [in, out]; the LM head is tied to `wte.weight` and not listed): the model's own list.
 pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
-    let (c, f) = (cfg.n_embd, cfg.ffn_size());
-    let mut out = vec![
-        ("wte.weight".to_string(), vec![cfg.vocab_size, c]),
-        ("wpe.weight".to_string(), vec![cfg.n_positions, c]),
-    ];
-    for i in 0..cfg.n_layer {
-        let block: [(&str, Vec<usize>); 12] = [
-            ("ln_1.weight", vec![c]),
-            ("ln_1.bias", vec![c]),
-            ("attn.c_attn.weight", vec![c, 3 * c]),
-            ("attn.c_attn.bias", vec![3 * c]),
-            ("attn.c_proj.weight", vec![c, c]),
-            ("attn.c_proj.bias", vec![c]),
-            ("ln_2.weight", vec![c]),
-            ("ln_2.bias", vec![c]),
-            ("mlp.c_fc.weight", vec![c, f]),
-            ("mlp.c_fc.bias", vec![f]),
-            ("mlp.c_proj.weight", vec![f, c]),
-            ("mlp.c_proj.bias", vec![c]),
-        ];
-        out.extend(block.into_iter().map(|(n, s)| (format!("h.{i}.{n}"), s)));
-    }
-    out.push(("ln_f.weight".to_string(), vec![c]));
-    out.push(("ln_f.bias".to_string(), vec![c]));
-    out
+    let shape = GptShape {
+        num_layers: cfg.n_layer,
+        hidden: cfg.n_embd,
+        heads: cfg.n_head,
+        ffn: cfg.ffn_size(),
+        seq_len: cfg.n_positions,
+        max_positions: cfg.n_positions,
+        vocab: cfg.vocab_size,
+        micro_batch: 1,
+    };
+    model_param_specs(&shape).into_iter().map(|p| (p.name, p.shape)).collect()
 }
 
 /// Errors, naming `file`, unless `found` holds exactly the `expected` tensors with their

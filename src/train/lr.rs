@@ -32,12 +32,14 @@ mod tests {
     #[test]
     fn warmup_then_cosine_to_min() {
         let c = Config { lr: 1e-3, min_lr: 1e-4, lr_warmup_iters: 10, train_iters: 110, ..Config::default() };
-        assert_eq!(learning_rate(&c, 1), 1e-4);
+        // The schedule computes in f64 from the f32 config values.
+        let (max, min) = (1e-3f32 as f64, 1e-4f32 as f64);
+        assert_eq!(learning_rate(&c, 1), (max / 10.0) as f32);
         assert_eq!(learning_rate(&c, 10), 1e-3);
-        assert_eq!(learning_rate(&c, 60), ((1e-4f64 + 0.5 * (1e-3 - 1e-4)) as f32));
+        assert_eq!(learning_rate(&c, 60), (min + 0.5 * (max - min)) as f32);
         assert_eq!(learning_rate(&c, 110), 1e-4);
         assert_eq!(learning_rate(&c, 500), 1e-4);
         let linear = Config { lr_decay_style: "linear".into(), ..c.clone() };
-        assert_eq!(learning_rate(&linear, 35), ((1e-4f64 + 0.75 * (1e-3 - 1e-4)) as f32));
+        assert_eq!(learning_rate(&linear, 35), (min + 0.75 * (max - min)) as f32);
     }
 }

@@ -43,7 +43,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     if let Some(ck) = &loaded {
         checkpoint::check_shapes(
             &ck.dir.join("model.safetensors"),
-            &model::expected_shapes(&cfg),
+            &checkpoint::expected_shapes(&model::hf_config(&cfg)),
             &ck.model,
         )?;
     }

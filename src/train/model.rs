@@ -5,7 +5,7 @@ use crate::checkpoint::{HfGpt2Config, NamedTensor};
 use crate::config::Config;
 use crate::error::user_error;
 use kernels::{Category, Device};
-use stages::params::{chunk_param_specs, model_param_specs};
+use stages::params::chunk_param_specs;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, GptShape, ModelChunk, Parameters, RecomputePolicy,
     SelectiveModules,
@@ -119,11 +119,6 @@ pub fn in_global_order(mut tagged: Vec<(usize, NamedTensor)>) -> Vec<NamedTensor
     tagged.sort_by_key(|(g, _)| *g);
     tagged.dedup_by_key(|(g, _)| *g);
     tagged.into_iter().map(|(_, t)| t).collect()
-}
-
-/// The whole model's expected (name, shape) list, for checking loaded weights.
-pub fn expected_shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
-    model_param_specs(&shape(c)).into_iter().map(|s| (s.name, s.shape)).collect()
 }
 
 /// The checkpoint's config.json for this model.
