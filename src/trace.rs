@@ -20,6 +20,9 @@ pub mod category {
     pub const RECOMPUTE: &str = "recompute";
     pub const SEND_ACTIVATION: &str = "send-activation";
     pub const SEND_GRAD: &str = "send-grad";
+    /// Measured only: a stage waiting for, then copying in, a tensor from its neighbour.
+    pub const RECV_ACTIVATION: &str = "recv-activation";
+    pub const RECV_GRAD: &str = "recv-grad";
     /// Simulated only: a message on the link, from departure to arrival.
     pub const TRANSFER: &str = "transfer";
 }

@@ -92,7 +92,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     for s in &pipeline.stages {
         s.device.ledger().reset_peaks();
     }
-    let mut timeline = timeline::Timeline::new(pipeline.stages.len());
+    let mut timeline = timeline::Timeline::new(pipeline.stages.len(), cfg.virtual_stages());
     let mut trained_steps = 0usize;
     let mut train_time = 0.0f64;
     let mut last_saved = start_step;

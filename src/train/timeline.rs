@@ -10,6 +10,8 @@ pub struct Timeline {
     /// Compute seconds and step seconds per stage, summed over the steps after the first
     /// (the first step warms caches and allocators up).
     busy: Vec<f64>,
+    /// Model chunks per stage, for naming actions.
+    chunks: usize,
     /// Most microbatches each stage held activations of at once.
     pub max_in_flight: Vec<usize>,
     total: f64,
@@ -17,10 +19,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub fn new(stages: usize) -> Self {
+    pub fn new(stages: usize, chunks: usize) -> Self {
         Timeline {
             steps: Vec::new(),
             busy: vec![0.0; stages],
+            chunks,
             max_in_flight: vec![0; stages],
             total: 0.0,
             elapsed: 0.0,
@@ -60,7 +63,7 @@ impl Timeline {
                     let a = t.action;
                     events.push(crate::trace::TraceEvent {
                         stage: a.stage,
-                        name: format!("{}{}c{}", short(a.kind), a.microbatch, a.chunk),
+                        name: a.token(self.chunks).to_string(),
                         category: category(a.kind).to_string(),
                         start_s: offset + t.start_s,
                         dur_s: t.end_s - t.start_s,
@@ -79,28 +82,16 @@ impl Timeline {
 }
 
 /// The trace category of an action, shared with the simulator's traces.
-pub fn category(kind: ActionKind) -> &'static str {
+fn category(kind: ActionKind) -> &'static str {
+    use crate::trace::category::*;
     match kind {
-        ActionKind::Forward => "forward",
-        ActionKind::Backward => "backward",
-        ActionKind::BackwardInput => "backward-input",
-        ActionKind::BackwardWeight => "backward-weight",
-        ActionKind::SendActivation { .. } => "send-activation",
-        ActionKind::RecvActivation { .. } => "recv-activation",
-        ActionKind::SendGrad { .. } => "send-grad",
-        ActionKind::RecvGrad { .. } => "recv-grad",
-    }
-}
-
-fn short(kind: ActionKind) -> &'static str {
-    match kind {
-        ActionKind::Forward => "F",
-        ActionKind::Backward => "B",
-        ActionKind::BackwardInput => "I",
-        ActionKind::BackwardWeight => "W",
-        ActionKind::SendActivation { .. } => "SA",
-        ActionKind::RecvActivation { .. } => "RA",
-        ActionKind::SendGrad { .. } => "SG",
-        ActionKind::RecvGrad { .. } => "RG",
+        ActionKind::Forward => FORWARD,
+        ActionKind::Backward => BACKWARD,
+        ActionKind::BackwardInput => BACKWARD_INPUT,
+        ActionKind::BackwardWeight => BACKWARD_WEIGHT,
+        ActionKind::SendActivation { .. } => SEND_ACTIVATION,
+        ActionKind::RecvActivation { .. } => RECV_ACTIVATION,
+        ActionKind::SendGrad { .. } => SEND_GRAD,
+        ActionKind::RecvGrad { .. } => RECV_GRAD,
     }
 }
