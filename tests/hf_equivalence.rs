@@ -106,14 +106,7 @@ fn whole_model(dev: &CpuDevice, s: GptShape) -> ModelChunk {
         })
         .collect();
     let params = Parameters::with_values(dev, &layout, specs, values);
-    ModelChunk {
-        shape: s,
-        layout,
-        params,
-        policy: RecomputePolicy::None,
-        dropout: DropoutProbs::default(),
-        seed: 0,
-    }
+    ModelChunk::new(s, layout, params, RecomputePolicy::None, DropoutProbs::default(), 0)
 }
 
 fn rel_err(got: f64, want: f64) -> f64 {

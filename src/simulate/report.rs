@@ -78,14 +78,14 @@ impl Report<'_> {
         let width = (0..setup.p).map(|r| setup.stage_layers(r).len()).max().unwrap_or(0).max(6);
         let rwidth = setup.policies.iter().map(|p| p.describe().len()).max().unwrap_or(0).max(9);
         println!(
-            "stage  {:width$}  {:rwidth$}  {:>8} {:>8} {:>8} {:>8}  {:>12}  {:>6}  {:>10}",
+            "stage  {:width$}  {:rwidth$}  {:>9} {:>9} {:>9} {:>8}  {:>12}  {:>6}  {:>10}",
             "layers", "recompute", "forward", "bwd-in", "bwd-w", "recomp", "peak memory", "busy", "idle"
         );
         for (r, st) in self.sim.stages.iter().enumerate() {
             let t = self.stage_times(r).map(|x| x * 1e3);
             let over = if self.fits(r) { "" } else { "  over the limit" };
             println!(
-                "{r:>5}  {:width$}  {:rwidth$}  {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {:>12}  {:>5.1}%  {:>10}{over}",
+                "{r:>5}  {:width$}  {:rwidth$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2}  {:>12}  {:>5.1}%  {:>10}{over}",
                 setup.stage_layers(r),
                 setup.policies[r].describe(),
                 t[0],

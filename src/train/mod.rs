@@ -152,6 +152,8 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         memory: pipeline.stages.iter().map(|s| s.device.ledger().snapshot()).collect(),
         stage_descriptions: pipeline.describe_stages(),
         predicted_activations: pipeline.predicted_activation_peaks(),
+        predicted_without_recompute: pipeline.predicted_activation_peaks_without_recompute(),
+        recompute_s: pipeline.recompute_seconds(),
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,

@@ -89,7 +89,7 @@ pub fn build_chunk(
             Parameters::with_values(dev, &layout, specs, values)
         }
     };
-    Ok(ModelChunk { shape: s, layout, params, policy, dropout: dropout(c), seed: c.seed })
+    Ok(ModelChunk::new(s, layout, params, policy, dropout(c), c.seed))
 }
 
 /// The named tensors of `chunks` (on `dev`), tagged with their global index. `pick` chooses

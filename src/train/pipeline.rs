@@ -16,7 +16,7 @@ use stages::runtime::{
     forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
 };
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
-use stages::{memory_model, partition};
+use stages::{memory_model, partition, ModelChunk, RecomputePolicy};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -109,6 +109,20 @@ impl Pipeline {
     /// Each stage's peak activation bytes as the simulator predicts them from the memory
     /// model (stages::memory_model) for this schedule: what the ledger must measure.
     pub fn predicted_activation_peaks(&self) -> Vec<u64> {
+        self.predicted_peaks_under(|c| c.policy)
+    }
+
+    /// The same prediction without recompute: what the policies save is the difference.
+    pub fn predicted_activation_peaks_without_recompute(&self) -> Vec<u64> {
+        self.predicted_peaks_under(|_| RecomputePolicy::None)
+    }
+
+    /// Seconds each stage spent recomputing, over the whole run.
+    pub fn recompute_seconds(&self) -> Vec<f64> {
+        self.stages.iter().map(|s| s.chunks.iter().map(|c| c.recompute_s).sum()).collect()
+    }
+
+    fn predicted_peaks_under(&self, policy: impl Fn(&ModelChunk) -> RecomputePolicy) -> Vec<u64> {
         let shape = self.shape();
         let costs = self
             .stages
@@ -120,7 +134,7 @@ impl Pipeline {
                 backward_weight: 1.0,
                 recompute: 0.0,
                 memory: ChunkMemory {
-                    activation_bytes: memory_model::stash_bytes(&c.shape, &c.layout, &c.policy) as u64,
+                    activation_bytes: memory_model::stash_bytes(&c.shape, &c.layout, &policy(c)) as u64,
                     weight_grad_bytes: memory_model::deferred_weight_grad_bytes(&c.shape, &c.layout) as u64,
                     ..ChunkMemory::default()
                 },

@@ -17,6 +17,10 @@ pub struct Summary {
     pub memory: Vec<MemorySnapshot>,
     /// Peak activation bytes per stage as the memory model predicts them.
     pub predicted_activations: Vec<u64>,
+    /// The same prediction without recompute, so the report can say what recompute saved.
+    pub predicted_without_recompute: Vec<u64>,
+    /// Seconds each stage spent recomputing dropped activations.
+    pub recompute_s: Vec<f64>,
     /// Most microbatches each stage held activations of at once.
     pub max_in_flight: Vec<usize>,
     /// What each stage holds and its recompute policy.
@@ -54,6 +58,15 @@ impl Summary {
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
             println!("stage {i}          {}", self.stage_descriptions[i]);
+            let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
+            if saved > 0 || self.recompute_s[i] > 0.0 {
+                println!(
+                    "stage {i} recompute saved {} of activations ({:.0}%), recomputing took {:.2} s",
+                    human_bytes(saved as usize),
+                    100.0 * saved as f64 / self.predicted_without_recompute[i].max(1) as f64,
+                    self.recompute_s[i]
+                );
+            }
             println!(
                 "stage {i} peak     {} (activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
                 human_bytes(m.peak_bytes),
@@ -85,6 +98,8 @@ impl Summary {
                     "holds": self.stage_descriptions[i],
                     "max_in_flight": self.max_in_flight[i],
                     "predicted_activation_peak_bytes": self.predicted_activations[i],
+                    "predicted_activation_peak_bytes_without_recompute": self.predicted_without_recompute[i],
+                    "recompute_s": self.recompute_s[i],
                     "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats, "bubble_rate": bubble })
             })
             .collect();

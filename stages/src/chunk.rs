@@ -5,7 +5,7 @@
 //! recompute policy); `backward` consumes it, recomputing what the policy dropped just
 //! before the layer that needs it.
 
-use crate::layers::block::{Block, BlockActs};
+use crate::layers::block::{timed, Block, BlockActs};
 use crate::layers::head::HeadActs;
 use crate::layers::weight_grads::{self, GradTarget, WeightGrad, WeightGrads};
 use crate::layers::{embedding, head, DropoutCtx};
@@ -62,6 +62,8 @@ pub struct ModelChunk {
     pub policy: RecomputePolicy,
     pub dropout: DropoutProbs,
     pub seed: u64,
+    /// Seconds spent recomputing dropped activations, summed over the chunk's backwards.
+    pub recompute_s: f64,
 }
 
 /// Weight gradients a split backward left for the backward-weight action.
@@ -74,6 +76,17 @@ impl DeferredWeightGrads {
 }
 
 impl ModelChunk {
+    pub fn new(
+        shape: GptShape,
+        layout: ChunkLayout,
+        params: Parameters,
+        policy: RecomputePolicy,
+        dropout: DropoutProbs,
+        seed: u64,
+    ) -> Self {
+        ModelChunk { shape, layout, params, policy, dropout, seed, recompute_s: 0.0 }
+    }
+
     fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
         DropoutCtx { seed: self.seed, step, microbatch, probs: self.dropout, training }
     }
@@ -220,7 +233,11 @@ impl ModelChunk {
             let (start, acts) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, input } => {
-                    (start, self.recompute_segment(dev, start..end, input, &dropout))
+                    let mut seconds = 0.0;
+                    let acts =
+                        timed(&mut seconds, || self.recompute_segment(dev, start..end, input, &dropout));
+                    self.recompute_s += seconds;
+                    (start, acts)
                 }
             };
             for (i, acts) in acts.into_iter().enumerate().rev() {
@@ -229,7 +246,16 @@ impl ModelChunk {
                 let base = self.params.block_base(layer);
                 let p = &mut self.params;
                 let block = Block { s: &s, layer, w: &p.values[base..base + 12] };
-                dx = block.backward(dev, acts, dx, &dropout, &mut p.grads, base, &mut wg);
+                dx = block.backward(
+                    dev,
+                    acts,
+                    dx,
+                    &dropout,
+                    &mut p.grads,
+                    base,
+                    &mut wg,
+                    &mut self.recompute_s,
+                );
             }
         }
         if self.layout.embedding {

@@ -149,7 +149,9 @@ impl Block<'_> {
 
     /// Backward from dy [B,T,C]; returns dx [B,T,C]. Parameter gradients accumulate into
     /// `grads` (this block's twelve, same order as `w`), matmul weight gradients through
-    /// `weight_grads` (at once or deferred), whose targets are offset by `grad_base`.
+    /// `weight_grads` (at once or deferred), whose targets are offset by `grad_base`. Time
+    /// spent recomputing dropped tensors is added to `recompute_s`.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         dev: &dyn Device,
@@ -159,6 +161,7 @@ impl Block<'_> {
         grads: &mut [Tensor],
         grad_base: usize,
         weight_grads: &mut WeightGrads,
+        recompute_s: &mut f64,
     ) -> Tensor {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
@@ -175,9 +178,11 @@ impl Block<'_> {
         let dfcproj =
             dropout_backward_or_keep(dev, dy.clone(), dropout.spec(self.layer, DropoutSite::MlpResidual));
         let fch_gelu = acts.fch_gelu.unwrap_or_else(|| {
-            let mut g = ws(&[b, t, f]);
-            dev.gelu_forward(&mut g, &acts.fch);
-            g
+            timed(recompute_s, || {
+                let mut g = ws(&[b, t, f]);
+                dev.gelu_forward(&mut g, &acts.fch);
+                g
+            })
         });
         let mut dgelu = ws(&[b, t, f]); // [B,T,F]
         dev.matmul_backward_input(&mut dgelu, &dfcproj, &w[FC_PROJ_W], WeightLayout::InOut);
@@ -224,10 +229,12 @@ impl Block<'_> {
         push(weight_grads, grads, target(ATTN_PROJ_W), Arc::new(acts.atty), dattproj);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
-            let mut att = ws(&[b, s.heads, t, t]);
-            let mut scratch_out = ws(&[b, t, c]);
-            dev.attention_forward(&mut scratch_out, &mut att, &acts.qkv, s.heads, att_drop);
-            att
+            timed(recompute_s, || {
+                let mut att = ws(&[b, s.heads, t, t]);
+                let mut scratch_out = ws(&[b, t, c]);
+                dev.attention_forward(&mut scratch_out, &mut att, &acts.qkv, s.heads, att_drop);
+                att
+            })
         });
         let mut dqkv = ws(&[b, t, 3 * c]); // [B,T,3C]
         dev.attention_backward(&mut dqkv, &datty, &acts.qkv, &att, s.heads, att_drop);
@@ -259,6 +266,14 @@ impl Block<'_> {
         dev.accumulate(&mut dx, &dresidual);
         dx
     }
+}
+
+/// Runs `f`, adding its wall time to `total`.
+pub fn timed<T>(total: &mut f64, f: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let out = f();
+    *total += start.elapsed().as_secs_f64();
+    out
 }
 
 /// ln(inp) into a fresh workspace tensor; statistics recomputed bitwise equal to the saved.
