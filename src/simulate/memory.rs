@@ -4,8 +4,9 @@
 //!
 //! Kept bytes come from the trainer's own declarations (stages::memory_model, saved.rs), at
 //! fp32. Precision rule: every stored activation takes the precision's bytes per element
-//! (fp32: 4, bf16: 2), so bf16 halves the fp32 figures. Under bf16 each stage also holds a 16-bit copy of its weights beside the fp32 master weights,
-//! gradients and Adam moments (Megatron's 18 bytes per parameter).
+//! (fp32: 4, bf16: 2), so bf16 halves the fp32 figures. Under bf16 each stage also holds a
+//! 16-bit copy of its weights beside the fp32 master weights, gradients and Adam moments
+//! (Megatron's 18 bytes per parameter).
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
 //! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
@@ -22,7 +23,7 @@
 //! input.
 
 use super::setup::Setup;
-use schedules::{ChunkMemory, ScheduleKind};
+use schedules::ChunkMemory;
 use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
 use stages::{RecomputePolicy, SelectiveModules};
@@ -61,18 +62,12 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     let grad_scratch = if blocks > 0 { element(s.tokens() * (2 * s.ffn + 3 * s.hidden)) + scores } else { 0 };
     let grad_messages = message * (u64::from(!layout.head) + u64::from(!layout.embedding));
 
-    // ZB-H1's backward-input leaves the matmul inputs and output gradients for
-    // backward-weight. The schedule simulator keeps them as part of the stash, so where
-    // recompute makes the stash smaller than them it is raised to them (conservative: the
-    // forward-to-backward level is then overstated by the difference).
-    let (activation_bytes, weight_grad_bytes) = if setup.kind == ScheduleKind::ZeroBubbleH1 {
-        let deferred = at_precision(deferred_weight_grad_bytes(s, layout));
-        (stash.max(deferred), deferred)
-    } else {
-        (stash, 0)
-    };
+    // A split backward (ZB-H1) leaves the matmul inputs and output gradients for
+    // backward-weight: kept, recomputed or computed by backward-input alike, so possibly more
+    // than the stash. Unsplit backwards ignore it.
+    let weight_grad_bytes = at_precision(deferred_weight_grad_bytes(s, layout));
     ChunkMemory {
-        activation_bytes,
+        activation_bytes: stash,
         weight_grad_bytes,
         forward_working_bytes: dropped_in_forward + 2 * message + if sends_activation { message } else { 0 },
         recompute_working_bytes: recompute_working,
@@ -182,12 +177,18 @@ mod tests {
     }
 
     #[test]
-    fn zb_h1_keeps_the_weight_gradient_inputs_until_backward_weight() {
-        let zb = setup(gpt2_small(4, "zb-h1", 1, 8));
+    fn split_backwards_hold_the_weight_gradient_inputs_until_backward_weight() {
+        let full = Config {
+            recompute_granularity: Some("full".into()),
+            recompute_method: Some("uniform".into()),
+            recompute_num_layers: Some(4),
+            ..gpt2_small(4, "zb-h1", 1, 8)
+        };
+        let zb = setup(full);
         let m = chunk_memory(&zb, 1, 0);
         let deferred = deferred_weight_grad_bytes(&zb.shape, zb.layout(1, 0)) as u64;
-        assert_eq!((m.weight_grad_bytes, m.activation_bytes), (deferred, 4 * 100_679_680));
-        let one_f_one_b = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
-        assert_eq!(one_f_one_b.weight_grad_bytes, 0);
+        // Full recompute keeps one input, W holds every block's matmul inputs and gradients.
+        assert_eq!((m.activation_bytes, m.weight_grad_bytes), (1024 * 768 * 4, deferred));
+        assert!(m.weight_grad_bytes > m.activation_bytes);
     }
 }
