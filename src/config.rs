@@ -605,6 +605,10 @@ mod tests {
             "c.yaml: key `recompute_method` (unset): recompute_granularity full needs recompute_method uniform or block"
         );
         assert_eq!(
+            err_of("recompute_granularity: full\nrecompute_method: block\n", &[]),
+            "c.yaml: key `recompute_num_layers` (unset): recompute_granularity full needs recompute_num_layers N >= 1"
+        );
+        assert_eq!(
             err_of("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 0\n", &[]),
             "c.yaml: key `recompute_num_layers`: must be at least 1, got 0"
         );

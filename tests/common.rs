@@ -143,7 +143,12 @@ pub fn run_small(dir: &Path, name: &str, args: &[String]) -> PathBuf {
 
 /// The final checkpoint's weights file (step 3) of a small-model run.
 pub fn weights(run_dir: &Path) -> Vec<u8> {
-    std::fs::read(run_dir.join("checkpoints/step_000003/model.safetensors")).unwrap()
+    weights_at(run_dir, 3)
+}
+
+/// The weights file of the checkpoint of `step`.
+pub fn weights_at(run_dir: &Path, step: usize) -> Vec<u8> {
+    std::fs::read(run_dir.join(format!("checkpoints/step_{step:06}/model.safetensors"))).unwrap()
 }
 
 /// `--key value` flags.

@@ -29,7 +29,17 @@ fn policies() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
         ("selective-mlp", selective("mlp")),
         ("selective-layernorm", selective("layernorm")),
         ("selective-all", selective("core_attn,mlp,layernorm")),
+        (
+            "per-stage",
+            vec![("recompute-granularity", "full".to_string()), ("recompute-method", "uniform".to_string())],
+        ),
     ]
+}
+
+/// `recompute_num_layers_per_stage` for `p` stages: more recompute on early stages, which
+/// hold more microbatches under 1F1B, none on the last.
+fn per_stage_counts(p: usize) -> String {
+    (0..p).map(|r| (p - 1 - r).to_string()).collect::<Vec<_>>().join(",")
 }
 
 fn schedule_flags(schedule: &str, p: usize) -> Vec<(&'static str, String)> {
@@ -58,6 +68,9 @@ fn every_policy_schedule_and_stage_count_gives_the_same_bits_and_predicted_memor
                 let name = format!("{policy}-{schedule}-p{p}");
                 let mut f = schedule_flags(schedule, p);
                 f.extend(policy_flags.iter().cloned());
+                if policy == "per-stage" {
+                    f.push(("recompute-num-layers-per-stage", per_stage_counts(p)));
+                }
                 let r = run_small(&dir, &name, &flags(&f));
                 assert_eq!(losses(&r), base_losses, "{name}: losses differ");
                 assert!(weights(&r) == base_weights, "{name}: weights differ");

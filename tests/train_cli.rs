@@ -87,3 +87,74 @@ fn a_run_writes_metrics_report_and_checkpoint_and_learns() {
     assert!(report["mfu"].as_f64().unwrap() > 0.0);
     assert!(run.join("checkpoints/latest").exists());
 }
+
+#[test]
+fn a_run_resumes_with_another_stage_count() {
+    let dir = temp_dir("resume-p");
+    let f = |p: &str, iters: &str| {
+        flags(&[
+            ("pipeline-model-parallel-size", p.into()),
+            ("global-batch-size", "8".into()),
+            ("train-iters", iters.into()),
+            ("lr-decay-iters", "6".into()),
+        ])
+    };
+    let full = run_small(&dir, "full", &f("1", "6"));
+    run_small(&dir, "split", &f("1", "3"));
+    let mut resume = f("4", "6");
+    resume.push("--resume".into());
+    let resumed = run_small(&dir, "split", &resume);
+    let train_only = |v: Vec<(u64, u64, Option<u64>)>| v.into_iter().map(|x| (x.0, x.1)).collect::<Vec<_>>();
+    assert_eq!(train_only(losses(&resumed)), train_only(losses(&full)));
+    assert!(weights_at(&resumed, 6) == weights_at(&full, 6));
+}
+
+#[test]
+fn tokenize_export_and_eval_round_trip() {
+    let dir = temp_dir("tokenize-export-eval");
+    let text = dir.join("in.txt");
+    std::fs::write(&text, "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.\n".repeat(40)).unwrap();
+    let bin_path = dir.join("out.bin");
+    let tok = bin().arg("tokenize").arg(&text).arg(&bin_path).output().unwrap();
+    assert!(tok.status.success(), "{}", stderr(&tok));
+    assert!(String::from_utf8_lossy(&tok.stdout).contains("tokens"));
+    // Refuses to overwrite.
+    let again = bin().arg("tokenize").arg(&text).arg(&bin_path).output().unwrap();
+    assert_user_error(&again, "out.bin");
+
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let run = dir.join("run");
+    let o = train(&cfg, &run, &["--train-iters", "2", "--peak-flops", "1e9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hf = dir.join("hf");
+    let ex = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(&hf).output().unwrap();
+    assert!(ex.status.success(), "{}", stderr(&ex));
+    assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
+    let eval = |ck: &std::path::Path| {
+        let o = bin()
+            .args(["eval", "--windows", "3", "--checkpoint"])
+            .arg(ck)
+            .arg("--data")
+            .arg(&bin_path)
+            .args(["--seq-length", "32"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let from_run = eval(&run);
+    assert_eq!(from_run, eval(&hf));
+    let loss: f64 = from_run.trim().parse().unwrap();
+    assert!(loss > 5.0 && loss < 11.5, "{loss}");
+
+    // And a run can start from the exported Hugging Face directory: its first loss is the
+    // loss the weights give, not a fresh initialisation's ln(V).
+    let started = train(
+        &cfg,
+        &dir.join("from-hf"),
+        &["--train-iters", "1", "--load", hf.to_str().unwrap(), "--peak-flops", "1e9"],
+    );
+    assert!(started.status.success(), "{}", stderr(&started));
+    let fresh = losses(&dir.join("run"))[0].1;
+    assert_ne!(losses(&dir.join("from-hf"))[0].1, fresh);
+}
