@@ -159,7 +159,13 @@ pub trait Device: Send + Sync {
     /// Softmax cross-entropy over the vocabulary. logits [N,V]; targets [N];
     /// losses [N] receives -log p(target) per row. When `grad_scale` is Some(s), logits is
     /// overwritten in place with dloss/dlogits = s * (softmax - onehot(target)).
-    fn cross_entropy(&self, losses: &mut Tensor, logits: &mut Tensor, targets: &[u32], grad_scale: Option<f32>);
+    fn cross_entropy(
+        &self,
+        losses: &mut Tensor,
+        logits: &mut Tensor,
+        targets: &[u32],
+        grad_scale: Option<f32>,
+    );
 
     // ---- optimizer -----------------------------------------------------------------
     /// One AdamW step: m, v (same shape as param) updated in place, then param.
