@@ -155,9 +155,12 @@ pub fn flag_to_key(flag: &str) -> Option<String> {
     known_keys().contains(&key).then_some(key)
 }
 
+/// Config keys set on the command line: (flag as given, value).
+pub type Overrides = Vec<(String, String)>;
+
 /// Splits command-line arguments into config overrides (`--kebab-key VALUE` for any config
 /// key) and the rest, which belong to the subcommand's own flags.
-pub fn split_overrides(args: &[String]) -> anyhow::Result<(Vec<(String, String)>, Vec<String>)> {
+pub fn split_overrides(args: &[String]) -> anyhow::Result<(Overrides, Vec<String>)> {
     let mut overrides = Vec::new();
     let mut rest = Vec::new();
     let mut i = 0;
@@ -325,7 +328,7 @@ impl Config {
         positive("micro_batch_size", self.micro_batch_size)?;
         positive("global_batch_size", self.global_batch_size)?;
         positive("pipeline_model_parallel_size", self.pipeline_model_parallel_size)?;
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err((
                 "hidden_size",
                 format!(
@@ -349,7 +352,7 @@ impl Config {
         if self.vocab_size > 65536 {
             return Err(("vocab_size", format!("{} does not fit the uint16 token files", self.vocab_size)));
         }
-        if self.global_batch_size % self.micro_batch_size != 0 {
+        if !self.global_batch_size.is_multiple_of(self.micro_batch_size) {
             return Err((
                 "global_batch_size",
                 format!(
@@ -376,13 +379,13 @@ impl Config {
                 return Err((key, format!("{b} must be in [0, 1)")));
             }
         }
-        if !(self.adam_eps > 0.0) {
+        if self.adam_eps.is_nan() || self.adam_eps <= 0.0 {
             return Err(("adam_eps", format!("{} must be > 0", self.adam_eps)));
         }
-        if !(self.clip_grad >= 0.0) {
+        if self.clip_grad.is_nan() || self.clip_grad < 0.0 {
             return Err(("clip_grad", format!("{} must be >= 0 (0 disables clipping)", self.clip_grad)));
         }
-        if !(self.weight_decay >= 0.0) {
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err(("weight_decay", format!("{} must be >= 0", self.weight_decay)));
         }
         if !["cosine", "linear", "constant"].contains(&self.lr_decay_style.as_str()) {

@@ -3,7 +3,6 @@
 
 mod common;
 use common::*;
-use std::path::Path;
 
 #[test]
 fn every_schedule_and_stage_count_matches_one_stage_bitwise() {
@@ -16,7 +15,7 @@ fn every_schedule_and_stage_count_matches_one_stage_bitwise() {
             for p in 1..=4usize {
                 let interleaved = schedule == "interleaved-1f1b";
                 // Megatron's interleaving needs p >= 2 and m a multiple of p.
-                if interleaved && (p < 2 || m % p != 0) {
+                if interleaved && (p < 2 || !m.is_multiple_of(p)) {
                     continue;
                 }
                 let mut a = vec![
@@ -40,7 +39,7 @@ fn every_schedule_and_stage_count_matches_one_stage_bitwise() {
 fn uneven_explicit_splits_match_too() {
     let dir = temp_dir("pipeline-uneven");
     let gb = ("global-batch-size", "6".to_string());
-    let base = run_small(&dir, "p1", &flags(&[gb.clone()]));
+    let base = run_small(&dir, "p1", &flags(std::slice::from_ref(&gb)));
     for (p, split) in [(2, "5,3"), (3, "1,4,3"), (4, "3,1,1,3")] {
         let name = format!("p{p}-{split}");
         let r = run_small(

@@ -68,7 +68,7 @@ impl Metrics {
                 bar.set_position(step);
                 bar.set_message(msg);
             }
-            None if step as usize % self.log_interval == 0 => eprintln!("step {step} {msg}"),
+            None if (step as usize).is_multiple_of(self.log_interval) => eprintln!("step {step} {msg}"),
             None => {}
         }
         Ok(())

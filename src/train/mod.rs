@@ -119,7 +119,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         state.lr = lr as f64;
         state.train_losses.push((step as u64, outcome.loss as f32));
         if let Some(valid) = &valid_data {
-            if cfg.eval_interval > 0 && (step % cfg.eval_interval == 0 || step == cfg.train_iters) {
+            if cfg.eval_interval > 0 && (step.is_multiple_of(cfg.eval_interval) || step == cfg.train_iters) {
                 let v = pipeline.evaluate(&cfg, valid, cfg.eval_iters.max(1))?;
                 record["val_loss"] = v.into();
                 state.val_losses.push((step as u64, v as f32));
@@ -127,7 +127,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         }
         metrics.step(record)?;
         interrupted = stop.load(Ordering::SeqCst);
-        if (cfg.save_interval > 0 && step % cfg.save_interval == 0) || step == cfg.train_iters || interrupted
+        if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval)) || step == cfg.train_iters || interrupted
         {
             save(&args.run_dir, &cfg, &pipeline, &state)?;
             last_saved = step;

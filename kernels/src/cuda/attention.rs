@@ -31,7 +31,7 @@ impl Dims {
     fn from_qkv(qkv: &Tensor, n_head: usize) -> Dims {
         let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
         assert!(
-            c3 % 3 == 0 && n_head > 0 && (c3 / 3) % n_head == 0,
+            c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head),
             "attention: qkv {qkv:?}, {n_head} heads"
         );
         Dims { b, t, c: c3 / 3, nh: n_head }

@@ -57,7 +57,7 @@ pub(super) fn shape(p: usize, v: usize, m: usize, group: usize) -> Result<Shape,
             "needs virtual_pipeline_model_parallel_size >= 2, got {v} (with one chunk per stage use 1f1b)"
         ));
     }
-    if group == p && m % p != 0 {
+    if group == p && !m.is_multiple_of(p) {
         return fail(format!(
             "the number of microbatches ({m}) must be a multiple of pipeline_model_parallel_size ({p}), \
              as in Megatron-LM: microbatches go through the model chunks in groups of {p}"

@@ -23,6 +23,7 @@ pub struct HeadActs {
 
 /// Forward and loss. x [B,T,C]; targets [B*T]. Returns the per-token losses [B*T] (host)
 /// and, when `grad_scale` is Some (training), what backward needs.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     dev: &dyn Device,
     s: &GptShape,
@@ -60,7 +61,7 @@ pub fn backward(
     acts: HeadActs,
     grads: &mut [Tensor],
     ln_f_index: usize,
-    mut head_wte: Option<&mut Tensor>,
+    head_wte: Option<&mut Tensor>,
     wte_target: GradTarget,
     weight_grads: &mut WeightGrads,
 ) -> Tensor {
@@ -74,7 +75,7 @@ pub fn backward(
         inp: Arc::new(acts.lnf),
         dout: dlogits,
     };
-    weight_grads.push(dev, grads, head_wte.as_deref_mut(), wg);
+    weight_grads.push(dev, grads, head_wte, wg);
     let mut dx = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
     let (gw, gb) = grads[ln_f_index..].split_at_mut(1);
     dev.layernorm_backward(&mut dx, &mut gw[0], &mut gb[0], &dlnf, &acts.input, ln_w, &acts.mean, &acts.rstd);
