@@ -127,7 +127,9 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         }
         metrics.step(record)?;
         interrupted = stop.load(Ordering::SeqCst);
-        if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval)) || step == cfg.train_iters || interrupted
+        if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval))
+            || step == cfg.train_iters
+            || interrupted
         {
             save(&args.run_dir, &cfg, &pipeline, &state)?;
             last_saved = step;

@@ -380,6 +380,9 @@ fn matmul_dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayou
 
 fn attention_dims(qkv: &Tensor, n_head: usize) -> attention::Dims {
     let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
-    assert!(c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head), "attention: qkv {qkv:?}, {n_head} heads");
+    assert!(
+        c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head),
+        "attention: qkv {qkv:?}, {n_head} heads"
+    );
     attention::Dims { b, t, c: c3 / 3, nh: n_head }
 }
