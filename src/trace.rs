@@ -25,6 +25,10 @@ pub mod category {
     pub const RECV_GRAD: &str = "recv-grad";
     /// Simulated only: a message on the link, from departure to arrival.
     pub const TRANSFER: &str = "transfer";
+    /// One per stage and step: from the end of the step's last action to the end of the
+    /// stage's optimizer step (the tied-gradient exchange and the global grad norm, which
+    /// every stage waits for, then its AdamW).
+    pub const OPTIMIZER: &str = "optimizer";
 }
 
 /// One interval on one track.

@@ -84,11 +84,28 @@ fn json_report_has_the_closed_form_of_1f1b() {
     for s in stages {
         let (busy, idle) = (s["busy_ms"].as_f64().unwrap(), s["idle_ms"].as_f64().unwrap());
         assert!((busy - 24.0).abs() < 1e-9 && (idle - 9.0).abs() < 1e-9, "{s}");
+        assert_eq!(s["optimizer_ms"].as_f64(), Some(0.0), "{s}");
         assert!(s["peak_memory_bytes"].as_u64().unwrap() > s["static_bytes"].as_u64().unwrap());
     }
     // 1F1B: stage 0 holds 4 microbatches, stage 3 one.
     let peak = |r: usize| stages[r]["peak_memory_bytes"].as_u64().unwrap();
     assert!(peak(1) > peak(2), "{v}");
+}
+
+#[test]
+fn the_optimizer_phase_ends_the_step() {
+    let (_dir, cfg) = gpt2_config("sim-optimizer", "");
+    let times = "forward=1,backward-input=1,backward-weight=1,optimizer=2";
+    let v = json_of(&cfg, &["--hardware", "h100-sxm", "--op-times", times]);
+    // The lists end at 33 ms (the closed form above), then every stage takes 2 ms more,
+    // which is not compute: the bubble grows by it.
+    assert!((v["iteration_time_ms"].as_f64().unwrap() - 35.0).abs() < 1e-9, "{v}");
+    assert!((v["bubble_rate"].as_f64().unwrap() - 11.0 / 35.0).abs() < 1e-12, "{v}");
+    for s in v["stages"].as_array().unwrap() {
+        let ms = |key: &str| s[key].as_f64().unwrap();
+        assert!((ms("optimizer_ms") - 2.0).abs() < 1e-12, "{s}");
+        assert!((ms("busy_ms") - 24.0).abs() < 1e-9 && (ms("idle_ms") - 9.0).abs() < 1e-9, "{s}");
+    }
 }
 
 #[test]
@@ -117,9 +134,12 @@ fn chrome_trace_has_a_track_per_stage_and_distinct_categories() {
     assert_eq!(tids("backward-weight"), [0, 1, 2, 3]);
     assert_eq!(tids("recompute"), [0, 1, 2]); // the head-only stage has no blocks to recompute
     assert_eq!(tids("transfer"), [4, 5, 6, 7]); // each stage's sends, beside its compute
+    assert_eq!(tids("optimizer"), [0, 1, 2, 3]);
     let count = |cat: &str| complete.iter().filter(|e| e["cat"] == cat).count();
     assert_eq!((count("forward"), count("backward-input"), count("backward-weight")), (32, 32, 32));
-    assert_eq!(count("transfer"), 2 * 3 * 8);
+    assert_eq!((count("transfer"), count("optimizer")), (2 * 3 * 8, 4));
+    let optimizer = complete.iter().find(|e| e["cat"] == "optimizer").unwrap();
+    assert_eq!(optimizer["name"], "optimizer");
     let names: Vec<&str> = events
         .iter()
         .filter(|e| e["name"] == "thread_name")
@@ -147,7 +167,9 @@ fn svg_chart_has_a_row_per_stage_a_legend_and_an_axis() {
     for r in 0..16 {
         assert!(text.contains(&format!(">stage {r}</text>")), "no row for stage {r}");
     }
-    for word in ["forward", "backward / backward-input", "backward-weight", "recompute", ">time</text>"] {
+    for word in
+        ["forward", "backward / backward-input", "backward-weight", "recompute", "optimizer", ">time</text>"]
+    {
         assert!(text.contains(word), "no {word}");
     }
     assert!(text.contains("1f1b, p=16, v=1, m=32: iteration"));

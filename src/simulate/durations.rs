@@ -1,12 +1,15 @@
-//! How long each pass of one microbatch through one chunk takes: from the layer shapes and a
-//! hardware profile, or as given on the command line (`--op-times`, per stage as papers
-//! report them), or as measured (`--measured`, see measured.rs).
+//! How long each pass of one microbatch through one chunk takes, and each stage's
+//! post-schedule phase (tied-gradient exchange, grad norm, optimizer step): from the layer
+//! shapes and a hardware profile, or as given on the command line (`--op-times`, per stage as
+//! papers report them), or as measured (`--measured`, see measured.rs).
 
 use super::hardware::Hardware;
+use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::error::user_error;
 use stages::flops::{block_flops, head_flops, Flops};
-use stages::RecomputePolicy;
+use stages::saved::F32_BYTES;
+use stages::{ChunkLayout, RecomputePolicy};
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -27,11 +30,13 @@ pub enum P2p {
     PerMessage(f64),
 }
 
-/// Op times per (stage, chunk), indexed `stage * v + chunk`, and the link.
+/// Op times per (stage, chunk), indexed `stage * v + chunk`, the link, and per stage the
+/// seconds from the end of the last list to the end of its optimizer step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Durations {
     pub chunks: Vec<OpTimes>,
     pub p2p: P2p,
+    pub optimizer: Vec<f64>,
 }
 
 /// FLOPs of one microbatch through chunk `chunk` of stage `stage`. The embedding, a gather
@@ -77,6 +82,38 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
     }
 }
 
+/// Bytes per parameter the optimizer phase streams, all fp32 (the trainer's tensors, a
+/// mixed-precision trainer's master copies): AdamW reads the parameter, its gradient and
+/// both moments and writes the parameter and the moments (28); the trainer then zeroes the
+/// gradient for the next step (4).
+const ADAMW_BYTES: f64 = 28.0 + 4.0;
+/// The global grad norm reads every gradient once.
+const GRAD_NORM_BYTES: f64 = 4.0;
+
+/// Seconds of each stage's post-schedule phase on `hw`, all memory-bound: the tied
+/// embedding's gradient exchange and the global grad norm (each stage reads its gradients
+/// on its own device, in parallel), which every stage waits for, then its own AdamW.
+fn optimizer_seconds(setup: &Setup, hw: &Hardware) -> Vec<f64> {
+    let bandwidth = hw.achieved_bandwidth();
+    let params: Vec<f64> = (0..setup.p).map(|r| stage_parameters(setup, r) as f64).collect();
+    let norm = params.iter().map(|n| n * GRAD_NORM_BYTES / bandwidth).fold(0.0, f64::max);
+    let shared = tied_exchange_seconds(setup, hw) + norm;
+    params.iter().map(|n| shared + n * ADAMW_BYTES / bandwidth).collect()
+}
+
+/// The tied embedding's gradient [V, C]: when the embedding and the head are on different
+/// stages, each holder's part crosses the link (both directions at once); then each holder
+/// adds the two (reads two, writes one).
+fn tied_exchange_seconds(setup: &Setup, hw: &Hardware) -> f64 {
+    let bytes = (setup.shape.vocab * setup.shape.hidden * F32_BYTES) as f64;
+    let stage_with = |part: fn(&ChunkLayout) -> bool| {
+        (0..setup.p).find(|&r| (0..setup.v).any(|c| part(setup.layout(r, c))))
+    };
+    let crosses = stage_with(|l| l.embedding) != stage_with(|l| l.head);
+    let link = if crosses { hw.link_latency + bytes / hw.link_bandwidth } else { 0.0 };
+    link + 3.0 * bytes / hw.achieved_bandwidth()
+}
+
 /// Op times from the model's FLOPs on `hw`.
 pub fn from_hardware(setup: &Setup, hw: &Hardware) -> Durations {
     let rate = hw.achieved_flops();
@@ -92,19 +129,28 @@ pub fn from_hardware(setup: &Setup, hw: &Hardware) -> Durations {
             }
         })
         .collect();
-    Durations { chunks, p2p: P2p::Link { latency: hw.link_latency, bandwidth: hw.link_bandwidth } }
+    Durations {
+        chunks,
+        p2p: P2p::Link { latency: hw.link_latency, bandwidth: hw.link_bandwidth },
+        optimizer: optimizer_seconds(setup, hw),
+    }
 }
 
 /// `--op-times`: milliseconds per stage and microbatch, e.g.
 /// `forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6`. `backward=` may stand
-/// for both halves; `recompute=` and `p2p=` are optional.
+/// for both halves; `recompute=`, `p2p=` and `optimizer=` (per stage and step: the
+/// post-schedule phase, exchange and grad norm included) are optional.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GivenTimes {
     forward: f64,
     backward: Backward,
     recompute: Option<f64>,
     p2p: f64,
+    optimizer: f64,
 }
+
+const GIVEN_OPS: [&str; 7] =
+    ["forward", "backward-input", "backward-weight", "backward", "recompute", "p2p", "optimizer"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Backward {
@@ -119,12 +165,8 @@ impl GivenTimes {
         for item in text.split(',').map(str::trim) {
             let (key, value) = item.split_once('=').ok_or_else(|| err(format!("`{item}` is not NAME=MS")))?;
             let key = key.trim();
-            if !["forward", "backward", "backward-input", "backward-weight", "recompute", "p2p"]
-                .contains(&key)
-            {
-                return Err(err(format!(
-                    "unknown op `{key}` (expected forward, backward-input, backward-weight, backward, recompute, p2p)"
-                )));
+            if !GIVEN_OPS.contains(&key) {
+                return Err(err(format!("unknown op `{key}` (expected {})", GIVEN_OPS.join(", "))));
             }
             let ms: f64 =
                 value.trim().parse().map_err(|_| err(format!("{key}={value}: not a number of ms")))?;
@@ -143,7 +185,13 @@ impl GivenTimes {
             (None, Some(input), Some(weight)) => Backward::Split { input, weight },
             _ => return Err(err("give backward-input=MS and backward-weight=MS, or backward=MS".into())),
         };
-        Ok(GivenTimes { forward, backward, recompute: get("recompute"), p2p: get("p2p").unwrap_or(0.0) })
+        Ok(GivenTimes {
+            forward,
+            backward,
+            recompute: get("recompute"),
+            p2p: get("p2p").unwrap_or(0.0),
+            optimizer: get("optimizer").unwrap_or(0.0),
+        })
     }
 
     /// Every stage alike, each of its v chunks doing 1/v of it. What the times leave open
@@ -180,7 +228,7 @@ impl GivenTimes {
                 }
             })
             .collect();
-        Ok(Durations { chunks, p2p: P2p::PerMessage(self.p2p) })
+        Ok(Durations { chunks, p2p: P2p::PerMessage(self.p2p), optimizer: vec![self.optimizer; setup.p] })
     }
 }
 
@@ -239,9 +287,31 @@ mod tests {
     }
 
     #[test]
+    fn the_optimizer_phase_streams_each_stage_parameters() {
+        let bandwidth = 3.35e12 * 0.8;
+        let (block, wte, wpe, ln_f) = (7_087_872.0, 50257.0 * 768.0, 1024.0 * 768.0, 1536.0);
+        let first = wte + wpe + 4.0 * block;
+        // The tied gradient crosses the link (10 us + bytes / 450 GB/s) and is added (3
+        // passes); the norm waits for the largest stage's read; then each stage's AdamW.
+        let exchange = 10e-6 + 4.0 * wte / 450e9 + 12.0 * wte / bandwidth;
+        let shared = exchange + 4.0 * first / bandwidth;
+        let want = [first, 4.0 * block, 4.0 * block, wte + ln_f].map(|n| shared + 32.0 * n / bandwidth);
+        let got = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100()).optimizer;
+        for (got, want) in got.iter().zip(want) {
+            assert!((got - want).abs() < 1e-15, "{got} s, expected {want} s");
+        }
+        // One stage holds both ends: nothing crosses a link.
+        let all = wte + wpe + 12.0 * block + ln_f;
+        let got = from_hardware(&setup(gpt2_small(1, "1f1b", 1, 8)), &h100()).optimizer;
+        let want = (12.0 * wte + 4.0 * all + 32.0 * all) / bandwidth;
+        assert!((got[0] - want).abs() < 1e-15, "{got:?} s, expected {want} s");
+    }
+
+    #[test]
     fn given_times_are_per_stage_and_checked() {
         let given =
-            GivenTimes::parse("forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6").unwrap();
+            GivenTimes::parse("forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6,optimizer=2.5")
+                .unwrap();
         let d = given.durations(&setup(gpt2_small(2, "interleaved-1f1b", 2, 4)), &h100()).unwrap();
         assert_eq!(d.chunks.len(), 4);
         let ms = |t: OpTimes| [t.forward, t.backward_input, t.backward_weight, t.recompute].map(|x| x * 1e3);
@@ -249,10 +319,11 @@ mod tests {
             assert!((got - want).abs() < 1e-12, "{got} ms, expected {want} ms");
         }
         assert_eq!(d.p2p, P2p::PerMessage(0.0006));
+        assert_eq!(d.optimizer, [0.0025, 0.0025]);
         let whole = GivenTimes::parse("forward=1,backward=2").unwrap();
         let d = whole.durations(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100()).unwrap();
         assert!((d.chunks[1].backward_input + d.chunks[1].backward_weight - 0.002).abs() < 1e-15);
-        assert_eq!(d.p2p, P2p::PerMessage(0.0));
+        assert_eq!((d.p2p, d.optimizer), (P2p::PerMessage(0.0), vec![0.0; 4]));
         let err = |text: &str| GivenTimes::parse(text).unwrap_err().to_string();
         assert_eq!(
             err("forward=0,backward=1"),

@@ -1,5 +1,5 @@
 //! The schedule simulator's input for a setup: op times and memory per (stage, chunk),
-//! static memory per stage, and the link.
+//! static memory and optimizer time per stage, and the link.
 
 use super::durations::{Durations, P2p};
 use super::memory::{chunk_memory, stage_static_bytes};
@@ -37,7 +37,8 @@ pub fn sim_input(setup: &Setup, durations: &Durations) -> anyhow::Result<SimInpu
         }
     }
     let static_bytes = (0..setup.p).map(|r| stage_static_bytes(setup, r)).collect();
-    Ok(SimInput::new(setup.p, setup.v, costs, static_bytes, link(setup, durations.p2p))?)
+    let input = SimInput::new(setup.p, setup.v, costs, static_bytes, link(setup, durations.p2p))?;
+    Ok(input.with_optimizer_times(durations.optimizer.clone())?)
 }
 
 /// Simulates one iteration of the setup's schedule.

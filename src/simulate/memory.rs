@@ -79,14 +79,14 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 /// What stage `stage` holds all along: its chunks' parameters, gradients and AdamW moments
 /// (fp32), plus the 16-bit weight copy under bf16.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    let s = &setup.shape;
-    (0..setup.v)
-        .map(|c| {
-            let layout = setup.layout(stage, c);
-            let half_copy = if setup.cfg.precision == "bf16" { 2 * param_elements(s, layout) } else { 0 };
-            (static_bytes(s, layout) + half_copy) as u64
-        })
-        .sum()
+    let fp32: usize = (0..setup.v).map(|c| static_bytes(&setup.shape, setup.layout(stage, c))).sum();
+    let half_copy = if setup.cfg.precision == "bf16" { 2 * stage_parameters(setup, stage) } else { 0 };
+    (fp32 + half_copy) as u64
+}
+
+/// Parameters stage `stage` holds and steps (a tied embedding counts on both holders).
+pub fn stage_parameters(setup: &Setup, stage: usize) -> usize {
+    (0..setup.v).map(|c| param_elements(&setup.shape, setup.layout(stage, c))).sum()
 }
 
 #[cfg(test)]

@@ -35,11 +35,12 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "NAME")]
     pub hardware: Option<String>,
     /// Op times given directly, in ms per stage and microbatch, instead of the hardware model,
-    /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6
+    /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6; optionally
+    /// optimizer=MS, each stage's time after its list (exchange, grad norm, AdamW)
     #[arg(long, value_name = "OP=MS,..")]
     pub op_times: Option<String>,
     /// Op times calibrated from a `pipetrain train --trace` Chrome trace: medians per stage,
-    /// chunk and op over its last step.
+    /// chunk and op over its last step, and each stage's optimizer phase in it.
     #[arg(long, value_name = "TRACE.json")]
     pub measured: Option<PathBuf>,
     /// Device memory per stage, e.g. 80GiB or 40GB [default: the hardware's memory].

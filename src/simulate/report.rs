@@ -69,7 +69,7 @@ impl Report<'_> {
         );
         println!("hardware  {}", self.hw.describe());
         println!(
-            "times     from {}; p2p {:.3} ms per {} message; per microbatch below, chunks summed (ms)",
+            "times     from {}; p2p {:.3} ms per {} message; per microbatch below, chunks summed (ms); optimizer per step",
             self.times_from,
             self.p2p_seconds() * 1e3,
             format_bytes(message_bytes(setup))
@@ -78,20 +78,30 @@ impl Report<'_> {
         let width = (0..setup.p).map(|r| setup.stage_layers(r).len()).max().unwrap_or(0).max(6);
         let rwidth = setup.policies.iter().map(|p| p.describe().len()).max().unwrap_or(0).max(9);
         println!(
-            "stage  {:width$}  {:rwidth$}  {:>9} {:>9} {:>9} {:>8}  {:>12}  {:>6}  {:>10}",
-            "layers", "recompute", "forward", "bwd-in", "bwd-w", "recomp", "peak memory", "busy", "idle"
+            "stage  {:width$}  {:rwidth$}  {:>9} {:>9} {:>9} {:>8} {:>9}  {:>12}  {:>6}  {:>10}",
+            "layers",
+            "recompute",
+            "forward",
+            "bwd-in",
+            "bwd-w",
+            "recomp",
+            "optimizer",
+            "peak memory",
+            "busy",
+            "idle"
         );
         for (r, st) in self.sim.stages.iter().enumerate() {
             let t = self.stage_times(r).map(|x| x * 1e3);
             let over = if self.fits(r) { "" } else { "  over the limit" };
             println!(
-                "{r:>5}  {:width$}  {:rwidth$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2}  {:>12}  {:>5.1}%  {:>10}{over}",
+                "{r:>5}  {:width$}  {:rwidth$}  {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>9.2}  {:>12}  {:>5.1}%  {:>10}{over}",
                 setup.stage_layers(r),
                 setup.policies[r].describe(),
                 t[0],
                 t[1],
                 t[2],
                 t[3],
+                st.optimizer * 1e3,
                 format_bytes(st.peak_memory),
                 100.0 * st.busy / self.sim.iteration_time,
                 seconds(st.idle),
@@ -139,6 +149,7 @@ impl Report<'_> {
                     "backward_input_ms": t[1],
                     "backward_weight_ms": t[2],
                     "recompute_ms": t[3],
+                    "optimizer_ms": st.optimizer * 1e3,
                     "fits": self.fits(r),
                 })
             })

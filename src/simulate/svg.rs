@@ -1,6 +1,7 @@
 //! The pipeline chart: one row per stage, time across, every compute pass a box coloured by
 //! its microbatch (hue) and shaded by its pass — forward light, backward dark, weight
-//! gradient mid-tone and hatched, recompute pale and dotted.
+//! gradient mid-tone and hatched, recompute pale and dotted; each stage's optimizer step
+//! after its list is grey.
 
 use super::report::seconds;
 use super::setup::Setup;
@@ -46,6 +47,7 @@ fn style(kind: EventKind, hue: f64) -> (String, Option<&'static str>, bool) {
         EventKind::Backward | EventKind::BackwardInput => (hsl(hue, 0.7, 0.38), None, true),
         EventKind::BackwardWeight => (hsl(hue, 0.7, 0.58), Some("hatch"), false),
         EventKind::Recompute => (hsl(hue, 0.25, 0.85), Some("dots"), false),
+        EventKind::Optimizer => ("#9e9e9e".to_string(), None, true),
         EventKind::Transfer { .. } => unreachable!("transfers are not drawn"),
     }
 }
@@ -116,8 +118,11 @@ pub fn render(setup: &Setup, sim: &SimReport) -> String {
             let _ =
                 writeln!(w, r#"<rect x="{x:.2}" y="{y}" width="{bw:.2}" height="{ROW}" fill="url(#{id})"/>"#);
         }
-        let label =
-            if setup.v > 1 { format!("{}.{}", e.microbatch, e.chunk) } else { e.microbatch.to_string() };
+        let label = match e.kind {
+            EventKind::Optimizer => "optimizer".to_string(),
+            _ if setup.v > 1 => format!("{}.{}", e.microbatch, e.chunk),
+            _ => e.microbatch.to_string(),
+        };
         if bw > 7.0 * label.len() as f64 + 4.0 {
             let colour = if white_text { "white" } else { "black" };
             let _ = writeln!(
@@ -140,6 +145,7 @@ fn legend(w: &mut String) {
         (EventKind::Backward, "backward / backward-input"),
         (EventKind::BackwardWeight, "backward-weight"),
         (EventKind::Recompute, "recompute"),
+        (EventKind::Optimizer, "optimizer"),
     ];
     let mut x = LEFT;
     for (kind, name) in items {

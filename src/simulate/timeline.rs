@@ -1,6 +1,7 @@
 //! The simulated timeline as a Chrome trace, in the trainer's categories and names so the
 //! two read alike. Stage r's compute is track r; its outgoing messages, which overlap its
-//! compute, are track p + r (overlapping slices on one track would not nest).
+//! compute, are track p + r (overlapping slices on one track would not nest). Each stage's
+//! optimizer step, after its list, is on its compute track, named as the trainer names it.
 
 use super::setup::Setup;
 use crate::trace::{category, write_chrome_trace, TraceEvent};
@@ -18,6 +19,7 @@ pub fn label(kind: EventKind) -> (&'static str, &'static str) {
         EventKind::Recompute => (category::RECOMPUTE, "R"),
         EventKind::Transfer { payload: Payload::Activation, .. } => (category::TRANSFER, "SA"),
         EventKind::Transfer { payload: Payload::Grad, .. } => (category::TRANSFER, "SG"),
+        EventKind::Optimizer => (category::OPTIMIZER, category::OPTIMIZER),
     }
 }
 
@@ -29,6 +31,7 @@ pub fn write(path: &Path, setup: &Setup, sim: &SimReport) -> anyhow::Result<()> 
         .map(|e| {
             let (cat, short) = label(e.kind);
             let mut args = json!({"chunk": e.chunk, "microbatch": e.microbatch, "step": 0});
+            let mut name = format!("{short}{}c{}", e.microbatch, e.chunk);
             let track = match e.kind {
                 EventKind::Transfer { to, payload } => {
                     args["to"] = json!(to);
@@ -36,11 +39,17 @@ pub fn write(path: &Path, setup: &Setup, sim: &SimReport) -> anyhow::Result<()> 
                         json!(if payload == Payload::Activation { "activation" } else { "grad" });
                     p + e.stage
                 }
+                EventKind::Optimizer => {
+                    // As the trainer writes it: one per stage and step, for no microbatch.
+                    args = json!({"step": 0});
+                    name = short.to_string();
+                    e.stage
+                }
                 _ => e.stage,
             };
             TraceEvent {
                 stage: track,
-                name: format!("{short}{}c{}", e.microbatch, e.chunk),
+                name,
                 category: cat.to_string(),
                 start_s: e.start,
                 dur_s: e.end - e.start,

@@ -92,6 +92,8 @@ pub struct SimInput {
     costs: Vec<ChunkCosts>,
     static_bytes: Vec<u64>,
     link: Link,
+    /// Per stage: the time after the lists (see [`SimInput::with_optimizer_times`]).
+    optimizer: Vec<f64>,
 }
 
 impl SimInput {
@@ -133,7 +135,21 @@ impl SimInput {
         if link.bandwidth.is_nan() || link.bandwidth <= 0.0 {
             return fail(format!("link bandwidth {} must be positive", link.bandwidth));
         }
-        Ok(Self { stages, chunks, costs, static_bytes, link })
+        Ok(Self { stages, chunks, costs, static_bytes, link, optimizer: vec![0.0; stages] })
+    }
+
+    /// Sets each stage's post-schedule time (0 by default): from the end of the last stage's
+    /// list to the end of this stage's optimizer step, i.e. the gradient exchange and global
+    /// grad norm that every stage waits for, then its own optimizer step.
+    pub fn with_optimizer_times(self, optimizer: Vec<f64>) -> Result<Self, ScheduleError> {
+        let fail = |msg: String| Err(ScheduleError::Input(msg));
+        if optimizer.len() != self.stages {
+            return fail(format!("{} optimizer times for {} stages", optimizer.len(), self.stages));
+        }
+        if let Some((stage, t)) = optimizer.iter().enumerate().find(|(_, t)| !(t.is_finite() && **t >= 0.0)) {
+            return fail(format!("stage {stage}: optimizer time {t} is not a finite time >= 0"));
+        }
+        Ok(Self { optimizer, ..self })
     }
 
     /// The same costs for every (stage, chunk) and the same static memory on every stage.
@@ -166,6 +182,10 @@ impl SimInput {
     pub fn link(&self) -> &Link {
         &self.link
     }
+
+    pub fn optimizer(&self, stage: usize) -> f64 {
+        self.optimizer[stage]
+    }
 }
 
 #[cfg(test)]
@@ -187,6 +207,15 @@ mod tests {
         );
         let dead = Link { bandwidth: 0.0, ..Link::INSTANT };
         assert!(err(SimInput::uniform(1, 1, ok, 0, dead)).contains("bandwidth 0 must be positive"));
+        let two = || SimInput::uniform(2, 1, ok, 0, Link::INSTANT).unwrap();
+        assert_eq!(
+            err(two().with_optimizer_times(vec![1.0])),
+            "simulator input: 1 optimizer times for 2 stages"
+        );
+        assert_eq!(
+            err(two().with_optimizer_times(vec![1.0, f64::NAN])),
+            "simulator input: stage 1: optimizer time NaN is not a finite time >= 0"
+        );
     }
 
     #[test]

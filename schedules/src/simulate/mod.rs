@@ -10,6 +10,11 @@
 //!   peer ([`Link`]: per-direction FIFO, `latency + bytes / bandwidth`). Sends are buffered
 //!   (NCCL `isend`), never waiting for the receiver.
 //! * A receive makes the stream wait until the message has arrived.
+//! * After the lists, every stage waits for the global grad norm (it needs every stage's
+//!   gradients), then runs its own optimizer step: stage r's optimizer event spans
+//!   `[makespan, makespan + optimizer(r)]` ([`SimInput::with_optimizer_times`], which
+//!   includes the exchange and the norm), and the iteration ends with the slowest of them.
+//!   That time is not busy time: busy time and the bubble rate count pipeline compute only.
 //!
 //! Every resource (a stage's stream, a link) serves its work in an order fixed by the lists,
 //! so the simulation is a dataflow pass: the executor ([`crate::execute`]) visits actions in
@@ -190,17 +195,72 @@ pub fn simulate(schedule: &LoweredSchedule, input: &SimInput) -> Result<SimRepor
         }
     })?;
 
-    let iteration_time = streams.iter().map(|s| s.clock).fold(0.0, f64::max);
+    let makespan = streams.iter().map(|s| s.clock).fold(0.0, f64::max);
+    timeline.extend(optimizer_events(input, makespan));
+    let iteration_time = makespan + (0..p).map(|r| input.optimizer(r)).fold(0.0, f64::max);
     let busiest = streams.iter().map(|s| s.busy).fold(0.0, f64::max);
     let bubble_rate = if iteration_time > 0.0 { (iteration_time - busiest) / iteration_time } else { 0.0 };
     let stages = streams
         .into_iter()
-        .map(|s| StageReport {
+        .enumerate()
+        .map(|(r, s)| StageReport {
             busy: s.busy,
-            idle: iteration_time - s.busy,
+            optimizer: input.optimizer(r),
+            idle: iteration_time - s.busy - input.optimizer(r),
             peak_memory: s.memory.peak,
             memory: s.memory.points,
         })
         .collect();
     Ok(SimReport { iteration_time, bubble_rate, stages, timeline })
+}
+
+/// Each stage's optimizer step, from the end of the last list on (none where it takes no
+/// time, so plain schedule timelines stay as they were).
+fn optimizer_events(input: &SimInput, makespan: f64) -> impl Iterator<Item = TimelineEvent> + '_ {
+    (0..input.stages()).filter(|&r| input.optimizer(r) > 0.0).map(move |stage| TimelineEvent {
+        stage,
+        chunk: 0,
+        microbatch: 0,
+        start: makespan,
+        end: makespan + input.optimizer(stage),
+        kind: EventKind::Optimizer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{generate, lower, ScheduleKind};
+
+    /// 1F1B, p = 2, m = 2, unit forward and backward: the lists end at 6 (closed form).
+    fn run(optimizer: Vec<f64>) -> SimReport {
+        let lowered = lower(&generate(ScheduleKind::OneFOneB, 2, 1, 2).unwrap()).unwrap();
+        let costs = ChunkCosts { forward: 1.0, backward_input: 1.0, ..Default::default() };
+        let input = SimInput::uniform(2, 1, costs, 0, Link::INSTANT).unwrap();
+        simulate(&lowered, &input.with_optimizer_times(optimizer).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_step_ends_with_the_slowest_optimizer_after_the_last_list() {
+        let report = run(vec![3.0, 1.0]);
+        assert_eq!(report.iteration_time, 6.0 + 3.0);
+        // Busy time is the lists' compute (4 each); the optimizer phase is bubble.
+        assert_eq!(report.bubble_rate, 5.0 / 9.0);
+        let split: Vec<_> = report.stages.iter().map(|s| (s.busy, s.optimizer, s.idle)).collect();
+        assert_eq!(split, [(4.0, 3.0, 2.0), (4.0, 1.0, 4.0)]);
+        let optimizer: Vec<_> = report
+            .timeline
+            .iter()
+            .filter(|e| e.kind == EventKind::Optimizer)
+            .map(|e| (e.stage, e.start, e.end))
+            .collect();
+        assert_eq!(optimizer, [(0, 6.0, 9.0), (1, 6.0, 7.0)]);
+    }
+
+    #[test]
+    fn zero_optimizer_times_leave_the_schedule_alone() {
+        let report = run(vec![0.0, 0.0]);
+        assert_eq!((report.iteration_time, report.bubble_rate), (6.0, 2.0 / 6.0));
+        assert!(report.timeline.iter().all(|e| e.kind != EventKind::Optimizer));
+    }
 }

@@ -5,13 +5,17 @@ use crate::ir::Payload;
 /// Result of simulating one iteration (all microbatches through the pipeline, from time 0).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimReport {
-    /// When the last stage finishes its list.
+    /// When the last stage finishes its list, plus the longest optimizer time: every stage
+    /// waits for the global grad norm, so the step ends with the slowest optimizer step.
     pub iteration_time: f64,
     /// `(iteration_time - busiest stage's busy time) / iteration_time` (0 for an empty run).
+    /// Busy time is pipeline compute only, so the optimizer phase counts as bubble: the
+    /// share of the step the busiest stage spends outside its forward and backward passes,
+    /// as the trainer measures it.
     pub bubble_rate: f64,
     pub stages: Vec<StageReport>,
-    /// Every compute pass (recompute separately) and every transfer, in simulation order,
-    /// not sorted by time.
+    /// Every compute pass (recompute separately), every transfer and every non-zero
+    /// optimizer step, in simulation order, not sorted by time.
     pub timeline: Vec<TimelineEvent>,
 }
 
@@ -31,9 +35,11 @@ impl SimReport {
 /// One stage's share of the iteration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageReport {
-    /// Time spent computing, recompute included.
+    /// Time spent on the list's compute passes, recompute included (not the optimizer).
     pub busy: f64,
-    /// `iteration_time - busy`.
+    /// The stage's post-schedule time (exchange, grad norm, optimizer step), as given.
+    pub optimizer: f64,
+    /// `iteration_time - busy - optimizer`: time spent waiting.
     pub idle: f64,
     pub peak_memory: u64,
     /// Step series: from each point's time on, the stage holds `bytes` (until the next point).
@@ -49,7 +55,8 @@ pub struct MemoryPoint {
     pub bytes: u64,
 }
 
-/// One interval of work: a compute pass on `stage`, or a transfer sent by `stage`.
+/// One interval of work: a compute pass on `stage`, a transfer sent by `stage`, or the
+/// stage's optimizer step (with `chunk` and `microbatch` 0: it covers them all).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TimelineEvent {
     pub stage: usize,
@@ -73,4 +80,7 @@ pub enum EventKind {
         to: usize,
         payload: Payload,
     },
+    /// The stage's post-schedule time, from the end of the last stage's list (only when its
+    /// time is non-zero).
+    Optimizer,
 }
