@@ -31,6 +31,29 @@ fn a_measured_trace_feeds_the_simulator() {
     assert_eq!((sends("send-activation"), sends("recv-activation")), (12, 12));
     assert_eq!((sends("send-grad"), sends("recv-grad")), (12, 12));
     assert!(events.iter().all(|e| e["dur"].as_f64().unwrap() >= 0.0 && e["args"]["step"].is_u64()));
+    // One optimizer event per stage and step, from the end of the step's last action; the
+    // next step starts after the last of them ends (times in µs, rounded once each way).
+    let end = |e: &serde_json::Value| e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap();
+    let mut steps = Vec::new();
+    for step in 1..=3u64 {
+        let (optimizer, actions): (Vec<&serde_json::Value>, Vec<_>) = events
+            .iter()
+            .copied()
+            .filter(|e| e["args"]["step"] == step)
+            .partition(|e| e["cat"] == "optimizer");
+        let tids: Vec<u64> = optimizer.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+        assert_eq!(tids, [0, 1], "step {step}");
+        let last_action = actions.iter().map(|e| end(e)).fold(0.0, f64::max);
+        for e in &optimizer {
+            assert!((e["ts"].as_f64().unwrap() - last_action).abs() < 1.0, "step {step}: {e}");
+        }
+        let first = actions.iter().map(|e| e["ts"].as_f64().unwrap()).fold(f64::INFINITY, f64::min);
+        steps.push((first, optimizer.iter().map(|e| end(e)).fold(0.0, f64::max)));
+    }
+    for w in steps.windows(2) {
+        let ((_, end), (next, _)) = (w[0], w[1]);
+        assert!(end <= next + 1.0, "a step ends at {end} µs, the next starts at {next} µs");
+    }
 
     for s in report(&run)["stages"].as_array().unwrap() {
         let b = s["bubble_rate"].as_f64().unwrap();
@@ -45,4 +68,7 @@ fn a_measured_trace_feeds_the_simulator() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["iteration_time_ms"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["stages"].as_array().unwrap().len(), 2);
+    for s in r["stages"].as_array().unwrap() {
+        assert!(s["optimizer_ms"].as_f64().unwrap() > 0.0, "{s}");
+    }
 }

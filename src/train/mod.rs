@@ -101,11 +101,11 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         let t0 = Instant::now();
         let outcome = pipeline.train_step(&cfg, &train_data, step, fault)?;
         let lr = lr::learning_rate(&cfg, step);
-        pipeline.optimizer_step(&cfg, lr, step, outcome.grad_norm);
+        let optimizer_s = pipeline.optimizer_step(&cfg, lr, step, outcome.grad_norm);
         let step_s = t0.elapsed().as_secs_f64();
         train_time += step_s;
         trained_steps += 1;
-        timeline.record(step, step_s, &outcome.reports);
+        timeline.record(step, step_s, &outcome.reports, &outcome.post_schedule_s(&optimizer_s));
         let mut record = metrics::step_record(
             step,
             outcome.loss,

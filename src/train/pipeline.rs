@@ -20,6 +20,7 @@ use stages::{memory_model, partition, ModelChunk, RecomputePolicy};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub struct Pipeline {
     pub stages: Vec<Stage>,
@@ -32,6 +33,22 @@ pub struct StepOutcome {
     pub loss: f64,
     pub grad_norm: f64,
     pub reports: Vec<StageStepReport>,
+    /// Seconds from the end of the step's last action to the end of the global grad norm
+    /// (the tied-gradient exchange, then the norm): every stage waits for it before AdamW.
+    pub exchange_and_norm_s: f64,
+}
+
+impl StepOutcome {
+    /// Per stage, the seconds from the end of the step's last action to the end of its
+    /// optimizer step, given what [`Pipeline::optimizer_step`] returned.
+    pub fn post_schedule_s(&self, optimizer_s: &[f64]) -> Vec<f64> {
+        optimizer_s.iter().map(|t| self.exchange_and_norm_s + t).collect()
+    }
+}
+
+/// When the step's last action ended, in seconds on the runtime's step clock.
+pub fn last_action_end(reports: &[StageStepReport]) -> f64 {
+    reports.iter().flat_map(|r| &r.timings).map(|t| t.end_s).fold(0.0, f64::max)
 }
 
 impl Pipeline {
@@ -151,7 +168,8 @@ impl Pipeline {
     }
 
     /// Forward and backward of every microbatch of step `step` on every stage, then the
-    /// gradient exchange of the tied embedding. Gradients are left for [`Self::optimizer_step`].
+    /// gradient exchange of the tied embedding and the global grad norm. Gradients start at
+    /// zero (as built, and as [`Self::optimizer_step`] leaves them) and are left for it.
     pub fn train_step(
         &mut self,
         cfg: &Config,
@@ -167,17 +185,18 @@ impl Pipeline {
                 Ok(MicrobatchData { inputs: b.inputs, targets: b.targets })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        for s in &mut self.stages {
-            s.zero_grads();
-        }
         let grad_scale = 1.0 / (cfg.micro_batch_size * cfg.seq_length * m) as f32;
         let inputs =
             StepInputs { step: step as u32, microbatches: &microbatches, grad_scale: Some(grad_scale) };
+        // Started just before the runtime starts its own step clock (it only builds the
+        // channels in between), so the two clocks agree to microseconds.
+        let clock = Instant::now();
         let reports = run_step(&mut self.stages, &StepPlan::lowered(&self.schedule), &inputs, fault)?;
         self.exchange_tied_grads();
         let loss = mean_loss(&reports, m);
         let grad_norm = global_grad_norm(self.stages.iter().flat_map(|s| s.grad_sum_squares()).collect());
-        Ok(StepOutcome { loss, grad_norm, reports })
+        let exchange_and_norm_s = clock.elapsed().as_secs_f64() - last_action_end(&reports);
+        Ok(StepOutcome { loss, grad_norm, reports, exchange_and_norm_s })
     }
 
     /// Sums the two gradients of the tied token embedding on both of its holders.
@@ -194,8 +213,9 @@ impl Pipeline {
     }
 
     /// AdamW on every stage at once (each on its own device), gradients clipped to the global
-    /// norm.
-    pub fn optimizer_step(&mut self, cfg: &Config, lr: f32, step: usize, grad_norm: f64) {
+    /// norm, then the gradients zeroed for the next step. Returns each stage's seconds, from
+    /// before its thread starts to its end (what the step waits for).
+    pub fn optimizer_step(&mut self, cfg: &Config, lr: f32, step: usize, grad_norm: f64) -> Vec<f64> {
         let hp = OptimizerStep {
             lr,
             beta1: cfg.adam_beta1,
@@ -205,11 +225,23 @@ impl Pipeline {
             step: step as u32,
             grad_scale: clip_factor(grad_norm, cfg.clip_grad),
         };
+        let start = Instant::now();
         std::thread::scope(|scope| {
-            for s in &mut self.stages {
-                scope.spawn(move || s.optimizer_step(hp));
-            }
-        });
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .map(|s| {
+                    scope.spawn(move || {
+                        s.optimizer_step(hp);
+                        // Here rather than before the next step's lists: on every stage at
+                        // once, and inside the post-schedule time the simulator models.
+                        s.zero_grads();
+                        start.elapsed().as_secs_f64()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        })
     }
 
     /// Mean loss of `iters` validation microbatches, forward only through the pipeline.

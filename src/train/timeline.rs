@@ -1,12 +1,27 @@
-//! The measured timeline of a run: when every stage ran each action of each step, for the
-//! Chrome trace (`train --trace`) and the measured bubble rate per stage.
+//! The measured timeline of a run: when every stage ran each action of each step, and its
+//! post-schedule phase (exchange, grad norm, AdamW), for the Chrome trace (`train --trace`)
+//! and the measured bubble rate per stage.
 
+use super::pipeline::last_action_end;
+use crate::trace::TraceEvent;
 use schedules::ActionKind;
 use stages::runtime::{ActionTiming, StageStepReport};
 
+/// One step as measured.
+struct StepRecord {
+    step: usize,
+    /// Seconds from the first step's start to this step's.
+    offset: f64,
+    /// Per stage, its actions.
+    timings: Vec<Vec<ActionTiming>>,
+    /// When the step's last action ended, in seconds since the step's start.
+    schedule_end: f64,
+    /// Per stage, seconds from `schedule_end` to the end of its optimizer step.
+    post_schedule: Vec<f64>,
+}
+
 pub struct Timeline {
-    /// (step, offset of the step's start in seconds since the first step, timings) per step.
-    steps: Vec<(usize, f64, Vec<Vec<ActionTiming>>)>,
+    steps: Vec<StepRecord>,
     /// Compute seconds and step seconds per stage, summed over the steps after the first
     /// (the first step warms caches and allocators up).
     busy: Vec<f64>,
@@ -30,7 +45,9 @@ impl Timeline {
         }
     }
 
-    pub fn record(&mut self, step: usize, step_s: f64, reports: &[StageStepReport]) {
+    /// Records a step of `step_s` seconds: the stages' reports and, per stage, the seconds
+    /// from the end of the step's last action to the end of its optimizer step.
+    pub fn record(&mut self, step: usize, step_s: f64, reports: &[StageStepReport], post_schedule: &[f64]) {
         for (m, r) in self.max_in_flight.iter_mut().zip(reports) {
             *m = (*m).max(r.max_in_flight);
         }
@@ -45,7 +62,13 @@ impl Timeline {
             }
             self.total += step_s;
         }
-        self.steps.push((step, self.elapsed, reports.iter().map(|r| r.timings.clone()).collect()));
+        self.steps.push(StepRecord {
+            step,
+            offset: self.elapsed,
+            timings: reports.iter().map(|r| r.timings.clone()).collect(),
+            schedule_end: last_action_end(reports),
+            post_schedule: post_schedule.to_vec(),
+        });
         self.elapsed += step_s;
     }
 
@@ -54,23 +77,29 @@ impl Timeline {
         (self.total > 0.0).then(|| self.busy.iter().map(|b| 1.0 - b / self.total).collect())
     }
 
-    /// Every recorded action as a trace event.
-    pub fn events(&self) -> Vec<crate::trace::TraceEvent> {
+    /// Every recorded action, and every stage's post-schedule phase, as trace events.
+    pub fn events(&self) -> Vec<TraceEvent> {
         let mut events = Vec::new();
-        for (step, offset, stages) in &self.steps {
-            for timings in stages {
-                for t in timings {
-                    let a = t.action;
-                    events.push(crate::trace::TraceEvent {
-                        stage: a.stage,
-                        name: a.token(self.chunks).to_string(),
-                        category: category(a.kind).to_string(),
-                        start_s: offset + t.start_s,
-                        dur_s: t.end_s - t.start_s,
-                        args: serde_json::json!({ "chunk": a.chunk, "microbatch": a.microbatch, "step": step }),
-                    });
-                }
+        for s in &self.steps {
+            for t in s.timings.iter().flatten() {
+                let a = t.action;
+                events.push(TraceEvent {
+                    stage: a.stage,
+                    name: a.token(self.chunks).to_string(),
+                    category: category(a.kind).to_string(),
+                    start_s: s.offset + t.start_s,
+                    dur_s: t.end_s - t.start_s,
+                    args: serde_json::json!({ "chunk": a.chunk, "microbatch": a.microbatch, "step": s.step }),
+                });
             }
+            events.extend(s.post_schedule.iter().enumerate().map(|(stage, &dur_s)| TraceEvent {
+                stage,
+                name: crate::trace::category::OPTIMIZER.to_string(),
+                category: crate::trace::category::OPTIMIZER.to_string(),
+                start_s: s.offset + s.schedule_end,
+                dur_s,
+                args: serde_json::json!({ "step": s.step }),
+            }));
         }
         events
     }
