@@ -3,14 +3,11 @@
 //! the trainer chooses them (stages::partition, train::model::recompute_policy).
 
 use crate::config::Config;
-use crate::error::user_error;
 use crate::train::model;
-use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::partition;
+use schedules::{LoweredSchedule, ScheduleKind};
 use stages::saved::F32_BYTES;
 use stages::{ChunkLayout, GptShape, RecomputePolicy};
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 
 /// Bytes per activation element: the trainer keeps fp32 activations; `precision: bf16`
@@ -43,13 +40,7 @@ impl Setup {
     /// The simulation of `cfg` (validated, read from `path`). Impossible shapes are user
     /// errors naming the key, as the trainer names them.
     pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
-        let key_err = |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", path.display()));
-        let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-        let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
-            .map_err(|e| key_err("pipeline_schedule", e.to_string()))?;
-        let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
-            key_err("pipeline_schedule", format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule))
-        })?;
+        let (kind, schedule) = model::lowered_schedule(cfg, path)?;
         Self::with_schedule(cfg, path, kind, Arc::new(schedule))
     }
 
@@ -60,28 +51,11 @@ impl Setup {
         kind: ScheduleKind,
         schedule: Arc<LoweredSchedule>,
     ) -> anyhow::Result<Setup> {
-        let key_err = |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", path.display()));
         let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
         let shape = model::shape(cfg);
-        let counts = match &cfg.num_layers_per_stage {
-            Some(counts) => partition::explicit(cfg.num_layers, counts, p * v)
-                .map_err(|e| key_err("num_layers_per_stage", e))?,
-            None => {
-                partition::balanced(&shape, p * v).map_err(|e| key_err("pipeline_model_parallel_size", e))?
-            }
-        };
+        let layouts = model::chunk_layouts(cfg, path)?;
         let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
-        Ok(Setup {
-            cfg: cfg.clone(),
-            shape,
-            kind,
-            p,
-            v,
-            m,
-            layouts: partition::layouts(&counts),
-            policies,
-            schedule,
-        })
+        Ok(Setup { cfg: cfg.clone(), shape, kind, p, v, m, layouts, policies, schedule })
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.

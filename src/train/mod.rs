@@ -20,14 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The MFU denominator on a GPU unless `--peak-flops` says otherwise: H100 SXM dense bf16.
+const H100_DENSE_BF16_FLOPS: f64 = 989e12;
+
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides)?;
-    if cfg.device == "cuda" {
-        return Err(user_error(format!(
-            "{}: key `device`: cuda needs a build with `--features cuda` and a GPU; use device: cpu",
-            args.config.display()
-        )));
-    }
     let train_path = cfg.train_data_path.clone().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
     })?;
@@ -76,8 +73,11 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     let shape = model::shape(&cfg);
     let microbatches = cfg.num_microbatches();
     let tokens_per_step = (cfg.global_batch_size * cfg.seq_length) as f64;
-    let peak_flops =
-        args.peak_flops.unwrap_or_else(|| kernels::cpu::measure_matmul_peak(&CpuDevice::new(threads)));
+    let peak_flops = match (args.peak_flops, cfg.device.as_str()) {
+        (Some(peak), _) => peak,
+        (None, "cuda") => H100_DENSE_BF16_FLOPS,
+        (None, _) => kernels::cpu::measure_matmul_peak(&CpuDevice::new(threads)),
+    };
     let mut metrics =
         metrics::Metrics::open(&args.run_dir, start_step, cfg.train_iters, args.quiet, cfg.log_interval)?;
     let mut state = state.unwrap_or_else(|| TrainerState {

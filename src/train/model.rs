@@ -5,11 +5,15 @@ use crate::checkpoint::{HfGpt2Config, NamedTensor};
 use crate::config::Config;
 use crate::error::user_error;
 use kernels::{Category, Device};
+use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::params::chunk_param_specs;
+use stages::partition;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, GptShape, ModelChunk, Parameters, RecomputePolicy,
     SelectiveModules,
 };
+use std::path::Path;
+use std::str::FromStr;
 
 pub fn shape(c: &Config) -> GptShape {
     GptShape {
@@ -152,4 +156,36 @@ pub fn config_from_hf(h: &HfGpt2Config, seq_length: usize, micro_batch_size: usi
         global_batch_size: micro_batch_size,
         ..Config::default()
     }
+}
+
+fn key_error(path: &Path, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
+    user_error(format!("{}: key `{key}`: {msg}", path.display()))
+}
+
+/// The schedule `cfg` asks for, generated and lowered; an impossible shape is a user error
+/// naming `pipeline_schedule` (the config read from `path`).
+pub fn lowered_schedule(cfg: &Config, path: &Path) -> anyhow::Result<(ScheduleKind, LoweredSchedule)> {
+    let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
+    let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
+        .map_err(|e| key_error(path, "pipeline_schedule", e))?;
+    let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
+        key_error(
+            path,
+            "pipeline_schedule",
+            format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule),
+        )
+    })?;
+    Ok((kind, schedule))
+}
+
+/// What each virtual stage holds: `num_layers_per_stage` when given, else balanced by cost.
+pub fn chunk_layouts(cfg: &Config, path: &Path) -> anyhow::Result<Vec<ChunkLayout>> {
+    let virtual_stages = cfg.pipeline_model_parallel_size * cfg.virtual_stages();
+    let counts = match &cfg.num_layers_per_stage {
+        Some(counts) => partition::explicit(cfg.num_layers, counts, virtual_stages)
+            .map_err(|e| key_error(path, "num_layers_per_stage", e))?,
+        None => partition::balanced(&shape(cfg), virtual_stages)
+            .map_err(|e| key_error(path, "pipeline_model_parallel_size", e))?,
+    };
+    Ok(partition::layouts(&counts))
 }

@@ -9,16 +9,13 @@ use crate::data::TokenFile;
 use crate::error::user_error;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
-use schedules::{
-    generate, lower, simulate, ChunkCosts, ChunkMemory, Link, LoweredSchedule, ScheduleKind, Shape, SimInput,
-};
+use schedules::{simulate, ChunkCosts, ChunkMemory, Link, LoweredSchedule, Shape, SimInput};
 use stages::runtime::{
     forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
 };
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
-use stages::{memory_model, partition, ModelChunk, RecomputePolicy};
+use stages::{memory_model, ModelChunk, RecomputePolicy};
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -59,28 +56,14 @@ impl Pipeline {
         weights: Option<&[NamedTensor]>,
         threads: usize,
     ) -> anyhow::Result<Self> {
-        let key_err =
-            |key: &str, msg: String| user_error(format!("{}: key `{key}`: {msg}", cfg_path.display()));
-        let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-        let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
-            .map_err(|e| key_err("pipeline_schedule", e.to_string()))?;
-        let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
-            key_err("pipeline_schedule", format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule))
-        })?;
-        let shape = model::shape(cfg);
-        let counts = match &cfg.num_layers_per_stage {
-            Some(counts) => partition::explicit(cfg.num_layers, counts, p * v)
-                .map_err(|e| key_err("num_layers_per_stage", e))?,
-            None => {
-                partition::balanced(&shape, p * v).map_err(|e| key_err("pipeline_model_parallel_size", e))?
-            }
-        };
-        let layouts = partition::layouts(&counts);
+        let (p, v) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages());
+        let (_, schedule) = model::lowered_schedule(cfg, cfg_path)?;
+        let layouts = model::chunk_layouts(cfg, cfg_path)?;
         let sched_shape = schedule.schedule().shape();
         let per_stage_threads = (threads / p).max(1);
         let mut stages = Vec::with_capacity(p);
         for rank in 0..p {
-            let device: Arc<dyn Device> = Arc::new(CpuDevice::new(per_stage_threads));
+            let device = stage_device(cfg, cfg_path, per_stage_threads)?;
             let policy = model::recompute_policy(cfg, rank);
             let chunks = (0..v)
                 .map(|c| {
@@ -277,4 +260,31 @@ fn mean_loss(reports: &[StageStepReport], microbatches: usize) -> f64 {
     losses.sort_by_key(|(mb, _)| *mb);
     debug_assert_eq!(losses.len(), microbatches);
     losses.iter().map(|(_, l)| l).sum::<f64>() / microbatches as f64
+}
+
+/// A stage's device: a CPU with its share of the cores, or the GPU.
+fn stage_device(cfg: &Config, cfg_path: &Path, cpu_threads: usize) -> anyhow::Result<Arc<dyn Device>> {
+    match cfg.device.as_str() {
+        "cuda" => cuda_device(cfg, cfg_path),
+        _ => Ok(Arc::new(CpuDevice::new(cpu_threads))),
+    }
+}
+
+/// Every stage on the one GPU (ordinal 0), each with its own stream; `precision: bf16` runs
+/// the matmuls in bf16 with fp32 accumulation and master weights.
+#[cfg(feature = "cuda")]
+fn cuda_device(cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+    use kernels::cuda::{CudaDevice, MatmulPrecision};
+    let device = CudaDevice::new(0)
+        .map_err(|e| user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display())))?;
+    let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
+    Ok(Arc::new(device.with_matmul_precision(precision)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+    Err(user_error(format!(
+        "{}: key `device`: cuda needs a build with `--features cuda`; use device: cpu",
+        cfg_path.display()
+    )))
 }

@@ -1,0 +1,42 @@
+//! `device: cuda`: the trainer on the GPU (feature `cuda`). Without a GPU the run must fail
+//! as a clear one-line user error, and the GPU comparisons skip, saying so.
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::*;
+
+fn gpu_present() -> bool {
+    match kernels::cuda::CudaDevice::new(0) {
+        Ok(_) => true,
+        Err(why) => {
+            eprintln!("SKIP GPU training comparisons: {why}");
+            false
+        }
+    }
+}
+
+#[test]
+fn device_cuda_trains_like_the_cpu_or_fails_clearly() {
+    let dir = temp_dir("cuda-train");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let twenty = ["--train-iters", "20", "--peak-flops", "1e12", "--eval-interval", "0"];
+    if !gpu_present() {
+        let o = train(&cfg, &dir.join("gpu"), &[&twenty[..], &["--device", "cuda"]].concat());
+        assert_user_error(&o, "key `device`: cuda:");
+        assert!(!dir.join("gpu").join("metrics.jsonl").exists());
+        return;
+    }
+    let cpu = train(&cfg, &dir.join("cpu"), &twenty);
+    assert!(cpu.status.success(), "{}", stderr(&cpu));
+    for run in ["gpu-a", "gpu-b"] {
+        let o = train(&cfg, &dir.join(run), &[&twenty[..], &["--device", "cuda"]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    // Bitwise reproducible run to run on the GPU.
+    assert_eq!(losses(&dir.join("gpu-a")), losses(&dir.join("gpu-b")));
+    // fp32 on the GPU matches the CPU to 1e-4 relative over 20 steps.
+    for (c, g) in losses(&dir.join("cpu")).iter().zip(losses(&dir.join("gpu-a"))) {
+        let (c, g) = (f64::from_bits(c.1), f64::from_bits(g.1));
+        assert!((c - g).abs() <= 1e-4 * c.abs(), "cpu {c} vs gpu {g}");
+    }
+}
