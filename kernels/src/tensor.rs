@@ -11,18 +11,37 @@ pub enum Storage {
     Cuda(cudarc::driver::CudaSlice<f32>),
 }
 
+/// Where a dropped tensor's storage goes (a device's buffer cache).
+pub trait Recycle: Send + Sync {
+    fn recycle(&self, storage: Storage);
+}
+
 pub struct Tensor {
     shape: Vec<usize>,
     storage: Storage,
     category: Category,
     ledger: Arc<MemoryLedger>,
+    recycler: Option<Arc<dyn Recycle>>,
 }
 
 impl Tensor {
     /// Wraps storage a device allocated; counts it in `ledger` until the tensor drops.
     pub fn new(shape: &[usize], storage: Storage, category: Category, ledger: Arc<MemoryLedger>) -> Self {
-        let t = Tensor { shape: shape.to_vec(), storage, category, ledger };
+        let t = Tensor { shape: shape.to_vec(), storage, category, ledger, recycler: None };
         t.ledger.allocated(category, t.bytes());
+        t
+    }
+
+    /// As [`Tensor::new`], handing the storage to `recycler` when the tensor drops.
+    pub fn recycled(
+        shape: &[usize],
+        storage: Storage,
+        category: Category,
+        ledger: Arc<MemoryLedger>,
+        recycler: Arc<dyn Recycle>,
+    ) -> Self {
+        let mut t = Self::new(shape, storage, category, ledger);
+        t.recycler = Some(recycler);
         t
     }
 
@@ -89,6 +108,9 @@ impl Tensor {
 impl Drop for Tensor {
     fn drop(&mut self) {
         self.ledger.freed(self.category, self.bytes());
+        if let Some(r) = &self.recycler {
+            r.recycle(std::mem::replace(&mut self.storage, Storage::Cpu(Vec::new())));
+        }
     }
 }
 

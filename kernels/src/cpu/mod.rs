@@ -6,6 +6,7 @@
 
 mod adamw;
 mod attention;
+mod buffers;
 mod cross_entropy;
 #[cfg(test)]
 mod device_tests;
@@ -27,6 +28,7 @@ use crate::device::{AdamWStep, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Storage, Tensor};
+use buffers::BufferCache;
 use rayon::ThreadPool;
 use std::sync::Arc;
 
@@ -39,6 +41,7 @@ const CHUNK: usize = 1 << 14;
 pub struct CpuDevice {
     pool: ThreadPool,
     ledger: Arc<MemoryLedger>,
+    buffers: Arc<BufferCache>,
 }
 
 impl CpuDevice {
@@ -51,11 +54,22 @@ impl CpuDevice {
             .thread_name(|i| format!("pipetrain-cpu-{i}"))
             .build()
             .expect("cannot start the CPU device's threads");
-        CpuDevice { pool, ledger: Arc::new(MemoryLedger::new()) }
+        CpuDevice { pool, ledger: Arc::new(MemoryLedger::new()), buffers: Arc::default() }
     }
 
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// Bytes of freed buffers the device keeps for reuse (not in the ledger: no tensor holds
+    /// them).
+    pub fn cached_bytes(&self) -> usize {
+        self.buffers.cached_bytes()
+    }
+
+    /// Wraps a buffer of this device's cache as a tensor that returns it there when dropped.
+    fn tensor(&self, shape: &[usize], data: Vec<f32>, category: Category) -> Tensor {
+        Tensor::recycled(shape, Storage::Cpu(data), category, self.ledger.clone(), self.buffers.clone())
     }
 
     /// gemm's threading for a matmul that has the whole pool.
@@ -97,8 +111,9 @@ impl Device for CpuDevice {
     }
 
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
-        let len = shape.iter().product();
-        Tensor::new(shape, Storage::Cpu(vec![0.0; len]), category, self.ledger.clone())
+        let mut data = self.buffers.take(shape.iter().product());
+        data.fill(0.0);
+        self.tensor(shape, data, category)
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
@@ -108,7 +123,9 @@ impl Device for CpuDevice {
             "from_host: {} values for {shape:?}",
             data.len()
         );
-        Tensor::new(shape, Storage::Cpu(data.to_vec()), category, self.ledger.clone())
+        let mut buffer = self.buffers.take(data.len());
+        buffer.copy_from_slice(data);
+        self.tensor(shape, buffer, category)
     }
 
     fn to_host(&self, t: &Tensor) -> Vec<f32> {

@@ -1,0 +1,67 @@
+//! A cache of freed CPU buffers, by length, so that the tensors of each step reuse the
+//! memory of the last instead of asking the allocator for fresh pages (which the kernel
+//! then zero-faults one by one: a third of a small model's step time otherwise).
+//!
+//! Like PyTorch's caching allocator: the ledger counts the tensors alive (what the model
+//! needs), the cache holds what was freed and not yet reused ([`BufferCache::cached_bytes`]).
+
+use crate::tensor::{Recycle, Storage};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct BufferCache {
+    free: Mutex<HashMap<usize, Vec<Vec<f32>>>>,
+    cached_bytes: AtomicUsize,
+}
+
+impl BufferCache {
+    /// A buffer of `len` elements with unspecified contents, reused when one is cached.
+    pub fn take(&self, len: usize) -> Vec<f32> {
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&len).and_then(Vec::pop);
+        match reused {
+            Some(v) => {
+                self.cached_bytes.fetch_sub(len * 4, Ordering::Relaxed);
+                v
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    /// Bytes held for reuse, outside every tensor.
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Recycle for BufferCache {
+    fn recycle(&self, storage: Storage) {
+        #[allow(irrefutable_let_patterns)]
+        if let Storage::Cpu(v) = storage {
+            if v.is_empty() {
+                return;
+            }
+            self.cached_bytes.fetch_add(v.len() * 4, Ordering::Relaxed);
+            self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(v.len()).or_default().push(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_buffers_are_reused_by_length() {
+        let cache = BufferCache::default();
+        let a = cache.take(8);
+        let ptr = a.as_ptr();
+        cache.recycle(Storage::Cpu(a));
+        assert_eq!(cache.cached_bytes(), 32);
+        assert_eq!(cache.take(4).len(), 4);
+        let b = cache.take(8);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(cache.cached_bytes(), 0);
+    }
+}
