@@ -46,16 +46,7 @@ mod tests {
 
     #[test]
     fn matches_six_n_plus_attention_for_gpt2_small() {
-        let s = GptShape {
-            num_layers: 12,
-            hidden: 768,
-            heads: 12,
-            ffn: 3072,
-            seq_len: 1024,
-            max_positions: 1024,
-            vocab: 50257,
-            micro_batch: 1,
-        };
+        let s = GptShape::GPT2_SMALL;
         // 6 * (non-embedding matmul params + LM head) per token + 12 * L * T * C attention.
         let matmul_params = 12.0 * (768.0 * 2304.0 + 768.0 * 768.0 + 2.0 * 768.0 * 3072.0) + 768.0 * 50257.0;
         let expected = 1024.0 * (6.0 * matmul_params + 12.0 * 12.0 * 1024.0 * 768.0);

@@ -92,16 +92,7 @@ mod tests {
     use super::*;
 
     fn gpt2(layers: usize) -> GptShape {
-        GptShape {
-            num_layers: layers,
-            hidden: 768,
-            heads: 12,
-            ffn: 3072,
-            seq_len: 1024,
-            max_positions: 1024,
-            vocab: 50257,
-            micro_batch: 1,
-        }
+        GptShape { num_layers: layers, ..GptShape::GPT2_SMALL }
     }
 
     #[test]

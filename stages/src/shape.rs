@@ -22,6 +22,19 @@ pub struct GptShape {
 }
 
 impl GptShape {
+    /// GPT-2 small (124M) at T = 1024, one sequence per microbatch: the shape tests check
+    /// figures against.
+    pub const GPT2_SMALL: GptShape = GptShape {
+        num_layers: 12,
+        hidden: 768,
+        heads: 12,
+        ffn: 3072,
+        seq_len: 1024,
+        max_positions: 1024,
+        vocab: 50257,
+        micro_batch: 1,
+    };
+
     /// N = B*T, rows of every activation matrix.
     pub fn tokens(&self) -> usize {
         self.micro_batch * self.seq_len
@@ -59,16 +72,7 @@ mod tests {
 
     #[test]
     fn gpt2_small_has_124m_parameters() {
-        let s = GptShape {
-            num_layers: 12,
-            hidden: 768,
-            heads: 12,
-            ffn: 3072,
-            seq_len: 1024,
-            max_positions: 1024,
-            vocab: 50257,
-            micro_batch: 1,
-        };
+        let s = GptShape::GPT2_SMALL;
         assert_eq!(s.total_params(), 124_439_808);
     }
 }
