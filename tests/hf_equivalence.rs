@@ -54,6 +54,7 @@ fn shape(micro_batch: usize, seq_len: usize) -> GptShape {
         max_positions: get("n_positions"),
         vocab: get("vocab_size"),
         micro_batch,
+        attention_dropout: false,
     }
 }
 

@@ -55,9 +55,10 @@ fn main() {
         filled(&[C, 4 * C], 7),
         filled(&[4 * C, C], 8),
     );
-    let (mut qkv, mut y, mut att) = (z(&[b, t, 3 * C]), z(&[b, t, C]), z(&[b, NH, t, t]));
+    let (mut qkv, mut y) = (z(&[b, t, 3 * C]), z(&[b, t, C]));
+    let (mut att, mut dropped) = (z(&[b, NH, t, t]), z(&[b, NH, t, t]));
     let (mut h, mut g, mut o, mut res) = (z(&[n, 4 * C]), z(&[n, 4 * C]), z(&[n, C]), z(&[n, C]));
-    let attn = Some(drop(DropoutSite::AttentionProbs));
+    let attn = drop(DropoutSite::AttentionProbs);
 
     time("layernorm fwd", 0.0, &mut || {
         dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln)
@@ -65,7 +66,9 @@ fn main() {
     time("matmul fwd qkv", mm(n, C, 3 * C), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
-    time("attention fwd", 0.0, &mut || dev.attention_forward(&mut y, &mut att, &qkv, NH, attn));
+    time("attention fwd", 0.0, &mut || {
+        dev.attention_forward(&mut y, &mut att, Some((attn, &mut dropped)), &qkv, NH)
+    });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
     });
@@ -94,7 +97,9 @@ fn main() {
         dev.matmul_backward_weight(&mut dw_fc, None, &dh, &ln, WeightLayout::InOut);
     });
     time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
-    time("attention bwd", 0.0, &mut || dev.attention_backward(&mut dqkv, &dy, &qkv, &att, NH, attn));
+    time("attention bwd", 0.0, &mut || {
+        dev.attention_backward(&mut dqkv, &dy, &qkv, &att, Some((attn, &dropped)), NH)
+    });
     time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
         dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);

@@ -122,27 +122,28 @@ pub trait Device: Send + Sync {
     );
 
     // ---- attention core ------------------------------------------------------------
-    /// Causal self-attention core, per head: softmax(Q K^T / sqrt(hs) + causal mask),
-    /// dropout, times V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn output);
-    /// out [B,T,C]; att [B,NH,T,T] receives the softmax probabilities before dropout (what
-    /// backward needs; the dropout mask is regenerated from `dropout`'s key).
+    /// Causal self-attention core, per head: P = softmax(Q K^T / sqrt(hs) + causal mask),
+    /// P' = dropout(P), out = P' V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn
+    /// output); out [B,T,C]; att [B,NH,T,T] receives P; under `dropout`, its tensor
+    /// [B,NH,T,T] receives P'. Backward reads both; the mask itself is never stored (it is
+    /// regenerated from the dropout's key).
     fn attention_forward(
         &self,
         out: &mut Tensor,
         att: &mut Tensor,
+        dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     );
-    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, att as saved by forward.
+    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and att and P' as forward saved them.
     fn attention_backward(
         &self,
         dqkv: &mut Tensor,
         dout: &Tensor,
         qkv: &Tensor,
         att: &Tensor,
+        dropout: Option<(DropoutSpec, &Tensor)>,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     );
 
     // ---- pointwise -----------------------------------------------------------------

@@ -281,14 +281,16 @@ fn attention_case(gpu: &CudaDevice, spec: Option<DropoutSpec>, rng: &mut Rng) {
         let qkv = put(dev, &qkv, &[B, T, 3 * C]);
         let mut out = dev.zeros(&[B, T, C], Category::Workspace);
         let mut att = dev.zeros(&[B, NH, T, T], Category::Workspace);
-        dev.attention_forward(&mut out, &mut att, &qkv, NH, spec);
+        let mut dropped = dev.zeros(&[B, NH, T, T], Category::Workspace);
+        dev.attention_forward(&mut out, &mut att, spec.map(|s| (s, &mut dropped)), &qkv, NH);
         let mut dqkv = put(dev, &vec![f32::NAN; N * 3 * C], &[B, T, 3 * C]);
-        dev.attention_backward(&mut dqkv, &put(dev, &dout, &[B, T, C]), &qkv, &att, NH, spec);
-        [out, att, dqkv].map(|t| dev.to_host(&t))
+        let dout = put(dev, &dout, &[B, T, C]);
+        dev.attention_backward(&mut dqkv, &dout, &qkv, &att, spec.map(|s| (s, &dropped)), NH);
+        [out, att, dropped, dqkv].map(|t| dev.to_host(&t))
     };
     let (want, got) = (run(&cpu()), run(gpu));
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    for (what, (g, w)) in ["out", "att", "dqkv"].iter().zip(got.iter().zip(&want)) {
+    for (what, (g, w)) in ["out", "att", "dropped", "dqkv"].iter().zip(got.iter().zip(&want)) {
         assert_close(&format!("attention {what} {case}"), g, w, TOL);
     }
     let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
@@ -399,15 +401,16 @@ fn every_op_is_bitwise_repeatable() {
     let Some(gpu) = gpu("every_op_is_bitwise_repeatable") else { return };
     let mut rng = Rng::new("repeatable");
     let (qkv, dout, x) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0), rng.uniform(N * C, 1.0));
-    let spec = Some(dropout(0.1, 1, DropoutSite::AttentionProbs));
+    let spec = dropout(0.1, 1, DropoutSite::AttentionProbs);
     let run = || {
         let qkv_t = put(&gpu, &qkv, &[B, T, 3 * C]);
-        let (mut out, mut att) =
-            (gpu.zeros(&[B, T, C], Category::Workspace), gpu.zeros(&[B, NH, T, T], Category::Workspace));
-        gpu.attention_forward(&mut out, &mut att, &qkv_t, NH, spec);
+        let scores = || gpu.zeros(&[B, NH, T, T], Category::Workspace);
+        let (mut out, mut att, mut dropped) =
+            (gpu.zeros(&[B, T, C], Category::Workspace), scores(), scores());
+        gpu.attention_forward(&mut out, &mut att, Some((spec, &mut dropped)), &qkv_t, NH);
         let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
         let dout_t = put(&gpu, &dout, &[B, T, C]);
-        gpu.attention_backward(&mut dqkv, &dout_t, &qkv_t, &att, NH, spec);
+        gpu.attention_backward(&mut dqkv, &dout_t, &qkv_t, &att, Some((spec, &dropped)), NH);
         let x_t = put(&gpu, &x, &[B, T, C]);
         let (mut dw, mut db) =
             (gpu.zeros(&[C, C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));
@@ -423,7 +426,7 @@ fn every_op_is_bitwise_repeatable() {
         let mut dx = gpu.zeros(&[B, T, C], Category::Workspace);
         gpu.layernorm_backward(&mut dx, &mut lw, &mut lb, &dout_t, &x_t, &w, &mean, &rstd);
         let norm = gpu.sum_squares(&dqkv);
-        ([out, att, dqkv, dw, db, dx, lw, lb].map(|t| gpu.to_host(&t)), norm)
+        ([out, att, dropped, dqkv, dw, db, dx, lw, lb].map(|t| gpu.to_host(&t)), norm)
     };
     let (first, second) = (run(), run());
     for (i, (a, b)) in first.0.iter().zip(&second.0).enumerate() {

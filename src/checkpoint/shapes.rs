@@ -20,6 +20,7 @@ pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
         max_positions: cfg.n_positions,
         vocab: cfg.vocab_size,
         micro_batch: 1,
+        attention_dropout: false,
     };
     model_param_specs(&shape).into_iter().map(|p| (p.name, p.shape)).collect()
 }

@@ -126,18 +126,32 @@ mod tests {
 
     /// Our fp32 block keeps 16 [B,T,C]-sized elements per token and channel (input, ln_1,
     /// qkv, attention output, residual, ln_2, and the two [B,T,4C]), the [B,NH,T,T]
-    /// probabilities and 4 LayerNorm statistics per token: sbh(64 + 4as/h) + 16sb bytes. For
-    /// GPT-2 small at T=1024, B=1: 100,679,680 bytes (96.0 MiB) per layer, 50,348,032 with
-    /// selective core_attn recompute.
+    /// probabilities, their dropped copy under attention dropout, and 4 LayerNorm statistics
+    /// per token: sbh(64 + 4as/h) + 16sb bytes without attention dropout, sbh(64 + 8as/h) +
+    /// 16sb with it. For GPT-2 small at T=1024, B=1 (as/h = 16), selective core_attn keeps
+    /// sbh 64 + 16sb either way: a cut of 50.0% without attention dropout and 66.7% with it
+    /// (Megatron's sbh(34 + 5as/h) at 16 bits gives 70% with dropout, 50% without).
     #[test]
     fn gpt2_small_fp32_layer_bytes() {
-        let s = crate::train::model::shape(&Config::default());
+        let s = crate::train::model::shape(&Config { attention_dropout: 0.0, ..Config::default() });
         assert_eq!((s.seq_len, s.hidden, s.heads, s.micro_batch), (1024, 768, 12, 1));
-        let all = block_kept_bytes(&s, BlockKeep::Stored(SelectiveModules::NONE));
-        assert_eq!(all, 100_679_680);
-        assert_eq!(all, 1024 * 768 * 64 + 4 * 12 * 1024 * 1024 + 16 * 1024);
-        let selective = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
-        assert_eq!(block_kept_bytes(&s, BlockKeep::Stored(selective)), 50_348_032);
+        assert!(!s.attention_dropout);
+        let none = |s| block_kept_bytes(s, BlockKeep::Stored(SelectiveModules::NONE));
+        let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
+        let selective = |s| block_kept_bytes(s, BlockKeep::Stored(core_attn));
+        assert_eq!(none(&s), 100_679_680);
+        assert_eq!(none(&s), 1024 * 768 * 64 + 4 * 12 * 1024 * 1024 + 16 * 1024);
+        assert_eq!(selective(&s), 50_348_032);
+
+        // Megatron's default attention_dropout, 0.1.
+        let dropout = crate::train::model::shape(&Config::default());
+        assert!(dropout.attention_dropout);
+        assert_eq!(none(&dropout), 151_011_328);
+        assert_eq!(none(&dropout), 1024 * 768 * 64 + 8 * 12 * 1024 * 1024 + 16 * 1024);
+        assert_eq!(selective(&dropout), 50_348_032);
+        let cut = |s| 1.0 - selective(s) as f64 / none(s) as f64;
+        assert_eq!((cut(&s) * 1000.0).round(), 500.0);
+        assert_eq!((cut(&dropout) * 1000.0).round(), 667.0);
     }
 
     fn setup(cfg: Config) -> Setup {
@@ -150,7 +164,7 @@ mod tests {
         let bf16 =
             setup(Config { precision: "bf16".into(), device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
         let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
-        assert_eq!(a.activation_bytes, 4 * 100_679_680);
+        assert_eq!(a.activation_bytes, 4 * 151_011_328);
         assert_eq!(b.activation_bytes, a.activation_bytes / 2);
         let params = param_elements(&fp32.shape, fp32.layout(0, 0)) as u64;
         assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
@@ -165,7 +179,7 @@ mod tests {
             recompute_num_layers: Some(n),
             ..gpt2_small(4, "1f1b", 1, 8)
         };
-        let block = 100_679_680u64;
+        let block = 151_011_328u64;
         let (one, two) = (chunk_memory(&setup(full(1)), 1, 0), chunk_memory(&setup(full(2)), 1, 0));
         // Stage 1 holds h.4-h.7: groups of 1 keep 4 inputs, groups of 2 keep 2.
         assert_eq!((one.activation_bytes, two.activation_bytes), (4 * 1024 * 768 * 4, 2 * 1024 * 768 * 4));

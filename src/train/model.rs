@@ -25,6 +25,7 @@ pub fn shape(c: &Config) -> GptShape {
         max_positions: c.max_position_embeddings,
         vocab: c.vocab_size,
         micro_batch: c.micro_batch_size,
+        attention_dropout: c.attention_dropout > 0.0,
     }
 }
 

@@ -20,8 +20,12 @@ pub enum BlockTensor {
     Ln1Stats,
     /// c_attn(ln_1(x)) [B,T,3C]: q, k, v.
     Qkv,
-    /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout.
+    /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout: the softmax's backward
+    /// reads it.
     AttProbs,
+    /// dropout(AttProbs) [B,NH,T,T], the input of the product with v, whose backward reads
+    /// it. Only where training drops attention probabilities (`GptShape::attention_dropout`).
+    AttDropped,
     /// attention output [B,T,C]: input of attn.c_proj.
     AttOut,
     /// x + dropout(c_proj(att)) [B,T,C]: the residual stream after attention, ln_2's input.
@@ -37,12 +41,13 @@ pub enum BlockTensor {
 }
 
 impl BlockTensor {
-    pub const ALL: [BlockTensor; 11] = [
+    pub const ALL: [BlockTensor; 12] = [
         BlockTensor::Input,
         BlockTensor::Ln1Out,
         BlockTensor::Ln1Stats,
         BlockTensor::Qkv,
         BlockTensor::AttProbs,
+        BlockTensor::AttDropped,
         BlockTensor::AttOut,
         BlockTensor::Residual,
         BlockTensor::Ln2Out,
@@ -63,6 +68,8 @@ impl BlockTensor {
             BlockTensor::Ln1Stats | BlockTensor::Ln2Stats => 2 * n,
             BlockTensor::Qkv => 3 * n * c,
             BlockTensor::AttProbs => s.micro_batch * s.heads * s.seq_len * s.seq_len,
+            BlockTensor::AttDropped if s.attention_dropout => BlockTensor::AttProbs.elements(s),
+            BlockTensor::AttDropped => 0,
             BlockTensor::FcOut | BlockTensor::GeluOut => n * s.ffn,
         }
     }
@@ -70,7 +77,7 @@ impl BlockTensor {
     /// Whether selective recompute of `modules` drops this tensor (recomputing it in backward).
     pub fn dropped_by(self, modules: SelectiveModules) -> bool {
         match self {
-            BlockTensor::AttProbs => modules.core_attn,
+            BlockTensor::AttProbs | BlockTensor::AttDropped => modules.core_attn,
             BlockTensor::GeluOut => modules.mlp,
             BlockTensor::Ln1Out | BlockTensor::Ln2Out => modules.layernorm,
             _ => false,

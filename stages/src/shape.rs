@@ -19,6 +19,9 @@ pub struct GptShape {
     pub vocab: usize,
     /// B, sequences per microbatch.
     pub micro_batch: usize,
+    /// Training drops attention probabilities (attention_dropout > 0): each block then
+    /// keeps the dropped probabilities beside the probabilities.
+    pub attention_dropout: bool,
 }
 
 impl GptShape {
@@ -33,6 +36,7 @@ impl GptShape {
         max_positions: 1024,
         vocab: 50257,
         micro_batch: 1,
+        attention_dropout: false,
     };
 
     /// N = B*T, rows of every activation matrix.

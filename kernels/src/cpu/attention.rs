@@ -1,5 +1,6 @@
 //! The causal self-attention core, per (batch, head): S = Q K^T / sqrt(hs) under the causal
-//! mask, P = softmax(S) (saved to `att`), dropout on P, out = P V.
+//! mask, P = softmax(S) (saved to `att`), P' = dropout(P) (saved to `dropped`), out = P' V.
+//! Backward reads P (softmax) and P' (dV), and regenerates the mask for dP from its key.
 //!
 //! The (batch, head) pairs are cut into one contiguous group per thread, each with its own
 //! scratch slots; every pair is computed the same way whatever group it falls in, so the
@@ -33,25 +34,18 @@ impl Dims {
     }
 }
 
-/// Scratch `forward` needs for `groups` groups: the dropped probabilities, [T,T] a group.
-pub fn forward_scratch_len(d: Dims, groups: usize, dropout: bool) -> usize {
-    if dropout {
-        groups * d.t * d.t
-    } else {
-        0
-    }
+/// Scratch `backward` needs for `groups` groups: dP / dS, [T,T] a group.
+pub fn backward_scratch_len(d: Dims, groups: usize) -> usize {
+    groups * d.t * d.t
 }
 
-/// Scratch `backward` needs: dP / dS [T,T] a group, plus the dropped probabilities.
-pub fn backward_scratch_len(d: Dims, groups: usize, dropout: bool) -> usize {
-    groups * (1 + dropout as usize) * d.t * d.t
-}
-
-/// What forward saved: qkv [B,T,3C] and att [B,NH,T,T].
+/// What forward saved: qkv [B,T,3C], att (P) [B,NH,T,T] and, under dropout, the dropped
+/// probabilities (P') [B,NH,T,T] with the dropout that made them.
 #[derive(Clone, Copy)]
 pub struct Saved<'a> {
     pub qkv: &'a [f32],
     pub att: &'a [f32],
+    pub dropout: Option<(&'a DropoutSpec, &'a [f32])>,
 }
 
 /// Where one head's operands live.
@@ -104,14 +98,14 @@ fn for_each_group<A: Send>(
     });
 }
 
-/// out [B,T,C], att [B,NH,T,T] from qkv [B,T,3C]; `scratch` of `forward_scratch_len`.
+/// out [B,T,C], att [B,NH,T,T] and, under `dropout`, its dropped [B,NH,T,T] from
+/// qkv [B,T,3C].
 pub fn forward(
     out: &mut [f32],
     att: &mut [f32],
+    dropout: Option<(&DropoutSpec, &mut [f32])>,
     qkv: &[f32],
     d: Dims,
-    dropout: Option<&DropoutSpec>,
-    scratch: &mut [f32],
     groups: usize,
 ) {
     assert!(qkv.len() == d.b * d.t * 3 * d.c && out.len() * 3 == qkv.len() && att.len() == d.att_len());
@@ -121,9 +115,19 @@ pub fn forward(
     }
     let per_group = (d.b * d.nh).div_ceil(groups);
     let out = DisjointMut::new(out);
-    for_each_group(att.par_chunks_mut(per_group * tt), scratch, groups, |att_group, g, dropped| {
+    let (spec, dropped) = match dropout {
+        Some((spec, dropped)) => {
+            assert_eq!(dropped.len(), d.att_len(), "dropped probabilities");
+            (Some(spec), Some(DisjointMut::new(dropped)))
+        }
+        None => (None, None),
+    };
+    att.par_chunks_mut(per_group * tt).enumerate().for_each(|(g, att_group)| {
         for (j, att_bh) in att_group.chunks_exact_mut(tt).enumerate() {
-            head_forward(d, &Head::new(d, g * per_group + j), att_bh, qkv, out, dropout, dropped);
+            let head = Head::new(d, g * per_group + j);
+            // SAFETY: head bh alone uses its [T,T] block of dropped.
+            let dropout = spec.zip(dropped.map(|x| unsafe { x.slice(head.bh * tt, tt) }));
+            head_forward(d, &head, att_bh, qkv, out, dropout);
         }
     });
 }
@@ -134,8 +138,7 @@ fn head_forward(
     att: &mut [f32],
     qkv: &[f32],
     out: DisjointMut,
-    dropout: Option<&DropoutSpec>,
-    dropped: &mut [f32],
+    dropout: Option<(&DropoutSpec, &mut [f32])>,
 ) {
     let (t, c3, hs) = (d.t, 3 * d.c, d.c / d.nh);
     let scale = 1.0 / (hs as f32).sqrt();
@@ -159,7 +162,7 @@ fn head_forward(
     }
     let probs: &[f32] = match dropout {
         None => att,
-        Some(spec) => {
+        Some((spec, dropped)) => {
             drop_probs(d, head, att, spec, dropped);
             dropped
         }
@@ -186,29 +189,22 @@ fn drop_probs(d: Dims, head: &Head, att: &[f32], spec: &DropoutSpec, dropped: &m
 
 /// dqkv [B,T,3C] (overwrite) from dout [B,T,C] and what forward saved; `scratch` of
 /// `backward_scratch_len`.
-pub fn backward(
-    dqkv: &mut [f32],
-    dout: &[f32],
-    saved: Saved,
-    d: Dims,
-    dropout: Option<&DropoutSpec>,
-    scratch: &mut [f32],
-    groups: usize,
-) {
-    let Saved { qkv, att } = saved;
+pub fn backward(dqkv: &mut [f32], dout: &[f32], saved: Saved, d: Dims, scratch: &mut [f32], groups: usize) {
+    let Saved { qkv, att, dropout } = saved;
     assert!(qkv.len() == d.b * d.t * 3 * d.c && dqkv.len() == qkv.len() && dout.len() * 3 == qkv.len());
     assert_eq!(att.len(), d.att_len());
+    assert!(dropout.is_none_or(|(_, dropped)| dropped.len() == d.att_len()), "dropped probabilities");
     let tt = d.t * d.t;
     if tt == 0 || d.b == 0 {
         return;
     }
     let per_group = (d.b * d.nh).div_ceil(groups);
     let dqkv = DisjointMut::new(dqkv);
-    for_each_group(att.par_chunks(per_group * tt), scratch, groups, |att_group, g, slot| {
-        let (dscores, dropped) = slot.split_at_mut(tt);
+    for_each_group(att.par_chunks(per_group * tt), scratch, groups, |att_group, g, dscores| {
         for (j, att_bh) in att_group.chunks_exact(tt).enumerate() {
             let head = Head::new(d, g * per_group + j);
-            head_backward(d, &head, att_bh, qkv, dout, dqkv, dropout, dscores, dropped);
+            let dropout = dropout.map(|(spec, dropped)| (spec, &dropped[head.bh * tt..][..tt]));
+            head_backward(d, &head, att_bh, qkv, dout, dqkv, dropout, dscores);
         }
     });
 }
@@ -221,20 +217,13 @@ fn head_backward(
     qkv: &[f32],
     dout: &[f32],
     dqkv: DisjointMut,
-    dropout: Option<&DropoutSpec>,
+    dropout: Option<(&DropoutSpec, &[f32])>,
     dscores: &mut [f32],
-    dropped: &mut [f32],
 ) {
     let (t, c, c3, hs) = (d.t, d.c, 3 * d.c, d.c / d.nh);
     let scale = 1.0 / (hs as f32).sqrt();
     let none = Parallelism::None;
-    let probs: &[f32] = match dropout {
-        None => att,
-        Some(spec) => {
-            drop_probs(d, head, att, spec, dropped);
-            dropped
-        }
-    };
+    let probs = dropout.map_or(att, |(_, dropped)| dropped);
     for (j0, j1) in blocks(t) {
         // dV[j0..j1] = probs[j0..t, j0..j1]^T @ dout[j0..t] (rows above j0 are masked)
         // dscores[i0..i1, 0..i1] = dout[i0..i1] @ V[0..i1]^T
@@ -251,7 +240,7 @@ fn head_backward(
     // Back through dropout, then softmax: dS = P * (dP - sum_j P dP); 0 above the diagonal.
     for (i, (row, p)) in dscores.chunks_exact_mut(t).zip(att.chunks_exact(t)).enumerate() {
         let (live, masked) = row.split_at_mut(i + 1);
-        if let Some(spec) = dropout {
+        if let Some((spec, _)) = dropout {
             scale_by_mask(spec, head.mask_row(d, i), live);
         }
         let p = &p[..=i];
@@ -332,22 +321,28 @@ mod tests {
         (out, att)
     }
 
-    fn run_forward(qkv: &[f32], d: Dims, dropout: Option<&DropoutSpec>) -> (Vec<f32>, Vec<f32>) {
+    /// (out, att, dropped); dropped is empty without dropout.
+    fn run_forward(qkv: &[f32], d: Dims, dropout: Option<&DropoutSpec>) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let (mut out, mut att) = (vec![f32::NAN; d.b * d.t * d.c], vec![f32::NAN; d.att_len()]);
-        let mut scratch = vec![0.0; forward_scratch_len(d, GROUPS, dropout.is_some())];
-        forward(&mut out, &mut att, qkv, d, dropout, &mut scratch, GROUPS);
-        (out, att)
+        let mut dropped = vec![f32::NAN; if dropout.is_some() { d.att_len() } else { 0 }];
+        forward(&mut out, &mut att, dropout.map(|spec| (spec, &mut dropped[..])), qkv, d, GROUPS);
+        (out, att, dropped)
     }
 
     #[test]
     fn forward_matches_f64_reference_with_and_without_dropout() {
         let qkv = random(1, D.b * D.t * 3 * D.c, 2.0);
         for dropout in [None, Some(&SPEC)] {
-            let (out, att) = run_forward(&qkv, D, dropout);
-            let (want_out, want_att) = reference(&to_f64(&qkv), D, &multipliers(D, dropout));
+            let (out, att, dropped) = run_forward(&qkv, D, dropout);
+            let mask = multipliers(D, dropout);
+            let (want_out, want_att) = reference(&to_f64(&qkv), D, &mask);
             // Tolerance: 1e-5 of the largest value (softmax and 70-term sums in f32).
             assert_close(&out, &want_out, 1e-5, "out");
             assert_close(&att, &want_att, 1e-5, "att");
+            if dropout.is_some() {
+                let want_dropped: Vec<f64> = want_att.iter().zip(&mask).map(|(p, m)| p * m).collect();
+                assert_close(&dropped, &want_dropped, 1e-5, "dropped");
+            }
             let upper = (0..D.att_len()).filter(|&x| (x % D.t) > (x / D.t) % D.t);
             assert!(upper.clone().all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
         }
@@ -365,10 +360,11 @@ mod tests {
         for dropout in [None, Some(&SPEC)] {
             let mask = multipliers(d, dropout);
             let fd = finite_diff_at(&qkv, sampled(), |x| weighted_sum(&reference(x, d, &mask).0, &w));
-            let (_, att) = run_forward(&qkv, d, dropout);
+            let (_, att, dropped) = run_forward(&qkv, d, dropout);
             let mut dqkv = vec![f32::NAN; qkv.len()];
-            let mut scratch = vec![0.0; backward_scratch_len(d, GROUPS, dropout.is_some())];
-            backward(&mut dqkv, &w, Saved { qkv: &qkv, att: &att }, d, dropout, &mut scratch, GROUPS);
+            let mut scratch = vec![0.0; backward_scratch_len(d, GROUPS)];
+            let saved = Saved { qkv: &qkv, att: &att, dropout: dropout.map(|spec| (spec, &dropped[..])) };
+            backward(&mut dqkv, &w, saved, d, &mut scratch, GROUPS);
             let got: Vec<f32> = sampled().map(|i| dqkv[i]).collect();
             // Tolerance: 1e-4 of the largest gradient component.
             assert_close(&got, &fd, 1e-4, "dqkv");

@@ -48,10 +48,10 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv));
     keep(&qkv);
 
-    let attn_drop = Some(spec(DropoutSite::AttentionProbs, 0.1));
-    let (mut y, mut att) = (z(&[B, T, C]), z(&[B, NH, T, T]));
-    dev.attention_forward(&mut y, &mut att, &qkv, NH, attn_drop);
-    [&y, &att].into_iter().for_each(&mut keep);
+    let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
+    let (mut y, mut att, mut dropped) = (z(&[B, T, C]), z(&[B, NH, T, T]), z(&[B, NH, T, T]));
+    dev.attention_forward(&mut y, &mut att, Some((attn_drop, &mut dropped)), &qkv, NH);
+    [&y, &att, &dropped].into_iter().for_each(&mut keep);
 
     let w_fc = t(7, &[4 * C, C], 0.1); // OutIn
     let (mut h, mut g) = (z(&[N, 4 * C]), z(&[N, 4 * C]));
@@ -85,7 +85,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.matmul_backward_input(&mut dy, &dh, &w_fc, WeightLayout::OutIn);
     dev.matmul_backward_weight(&mut dw_fc, None, &dh, &y, WeightLayout::OutIn);
     let mut dqkv = z(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dy, &qkv, &att, NH, attn_drop);
+    dev.attention_backward(&mut dqkv, &dy, &qkv, &att, Some((attn_drop, &dropped)), NH);
     let mut dln = z(&[N, C]);
     dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
     dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
@@ -155,16 +155,18 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     let dev = CpuDevice::new(2);
     let qkv = dev.from_host(&random(1, B * T * 3 * C, 1.0), &[B, T, 3 * C], Category::Activations);
     let dout = dev.from_host(&random(2, B * T * C, 1.0), &[B, T, C], Category::Activations);
-    let (mut y, mut att) =
-        (dev.zeros(&[B, T, C], Category::Activations), dev.zeros(&[B, NH, T, T], Category::Activations));
-    let drop = Some(spec(DropoutSite::AttentionProbs, 0.1));
-    dev.attention_forward(&mut y, &mut att, &qkv, NH, drop);
-    let mut dqkv = dev.zeros(&[B, T, 3 * C], Category::Activations);
+    let act = |shape: &[usize]| dev.zeros(shape, Category::Activations);
+    let (mut y, mut att, mut dropped) = (act(&[B, T, C]), act(&[B, NH, T, T]), act(&[B, NH, T, T]));
+    let drop = spec(DropoutSite::AttentionProbs, 0.1);
     let ledger = dev.ledger();
     ledger.reset_peaks();
-    dev.attention_backward(&mut dqkv, &dout, &qkv, &att, NH, drop);
-    // One group per thread, each with dS and the dropped probabilities, [T,T] each.
-    assert_eq!(ledger.peak(Category::Workspace), 2 * 2 * T * T * 4);
+    dev.attention_forward(&mut y, &mut att, Some((drop, &mut dropped)), &qkv, NH);
+    // Forward writes straight into its outputs.
+    assert_eq!(ledger.peak(Category::Workspace), 0);
+    let mut dqkv = act(&[B, T, 3 * C]);
+    dev.attention_backward(&mut dqkv, &dout, &qkv, &att, Some((drop, &dropped)), NH);
+    // One group per thread, each with dS [T,T].
+    assert_eq!(ledger.peak(Category::Workspace), 2 * T * T * 4);
     assert_eq!(ledger.live(Category::Workspace), 0);
     assert_eq!(dev.name(), "cpu (2 threads)");
     assert_eq!(dev.threads(), 2);

@@ -287,26 +287,22 @@ impl Device for CpuDevice {
         &self,
         out: &mut Tensor,
         att: &mut Tensor,
+        dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
         let dims = attention_dims(qkv, n_head);
         assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
         assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
         let groups = self.threads().min(dims.b * dims.nh);
-        let mut scratch = self.workspace(attention::forward_scratch_len(dims, groups, dropout.is_some()));
-        self.pool.install(|| {
-            attention::forward(
-                out.cpu_mut(),
-                att.cpu_mut(),
-                qkv.cpu(),
-                dims,
-                dropout.as_ref(),
-                scratch.cpu_mut(),
-                groups,
-            )
-        });
+        let (out, att, qkv) = (out.cpu_mut(), att.cpu_mut(), qkv.cpu());
+        match dropout {
+            Some((spec, dropped)) => {
+                let dropped = dropped.cpu_mut();
+                self.pool.install(|| attention::forward(out, att, Some((&spec, dropped)), qkv, dims, groups))
+            }
+            None => self.pool.install(|| attention::forward(out, att, None, qkv, dims, groups)),
+        }
     }
 
     fn attention_backward(
@@ -315,26 +311,22 @@ impl Device for CpuDevice {
         dout: &Tensor,
         qkv: &Tensor,
         att: &Tensor,
+        dropout: Option<(DropoutSpec, &Tensor)>,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
         let dims = attention_dims(qkv, n_head);
         assert_same_len(dqkv, qkv);
         assert_eq!(dout.len(), dims.b * dims.t * dims.c, "attention: dout {dout:?} for qkv {qkv:?}");
         assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
         let groups = self.threads().min(dims.b * dims.nh);
-        let mut scratch = self.workspace(attention::backward_scratch_len(dims, groups, dropout.is_some()));
-        let saved = attention::Saved { qkv: qkv.cpu(), att: att.cpu() };
+        let mut scratch = self.workspace(attention::backward_scratch_len(dims, groups));
+        let saved = attention::Saved {
+            qkv: qkv.cpu(),
+            att: att.cpu(),
+            dropout: dropout.as_ref().map(|(spec, dropped)| (spec, dropped.cpu())),
+        };
         self.pool.install(|| {
-            attention::backward(
-                dqkv.cpu_mut(),
-                dout.cpu(),
-                saved,
-                dims,
-                dropout.as_ref(),
-                scratch.cpu_mut(),
-                groups,
-            )
+            attention::backward(dqkv.cpu_mut(), dout.cpu(), saved, dims, scratch.cpu_mut(), groups)
         });
     }
 

@@ -1,7 +1,7 @@
 //! The causal self-attention core on a GPU: heads split out of qkv into [B,NH,T,hs]
 //! copies, scores and products as cuBLAS batched gemms over the B*NH heads, and the causal
-//! softmax and dropout as kernels. The probabilities are saved before dropout; backward
-//! regenerates the dropout mask from its key.
+//! softmax and dropout as kernels. Forward saves the probabilities P and, under dropout,
+//! P' = dropout(P); backward reads both and regenerates the mask for dP' from its key.
 //!
 //! Per head, with row-major q, k, v, dy [T,hs] and P, P' = dropout(P), dS [T,T], the six
 //! products and the [`Product`] that computes each (operands A, B):
@@ -135,24 +135,20 @@ impl CudaDevice {
         })
     }
 
-    /// `probs` with the dropout of `spec` applied, as a new buffer.
-    fn dropped(&self, probs: &CudaSlice<f32>, d: Dims, spec: &DropoutSpec) -> Scratch<f32> {
-        let mut out = self.scratch::<f32>(d.att_len());
-        self.dropout_slices(&mut out, probs, d.att_len(), spec);
-        out
-    }
-
     pub(super) fn attention_forward_op(
         &self,
         out: &mut Tensor,
         att: &mut Tensor,
+        dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
         let d = Dims::from_qkv(qkv, n_head);
         assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
         assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
+        if let Some((_, dropped)) = &dropout {
+            assert_same_len(dropped, att);
+        }
         if d.act_len() == 0 {
             return;
         }
@@ -162,10 +158,15 @@ impl CudaDevice {
         let (rows, t) = ((d.heads() * d.t) as u64, int(d.t));
         launch!(self, "causal_softmax_forward", per_row_warp(d.heads() * d.t), cu_mut(att), &rows, &t);
 
-        let dropped = dropout.as_ref().map(|spec| self.dropped(cu(att), d, spec));
-        let probs = dropped.as_deref().unwrap_or(cu(att));
+        let probs = match dropout {
+            Some((spec, dropped)) => {
+                self.dropout_slices(cu_mut(dropped), cu(att), d.att_len(), &spec);
+                &*dropped
+            }
+            None => &*att,
+        };
         let mut y = self.scratch::<f32>(d.act_len());
-        self.heads_gemm(d, Product::ProbsTimes, 1.0, &v, probs, &mut y);
+        self.heads_gemm(d, Product::ProbsTimes, 1.0, &v, cu(probs), &mut y);
         self.merge_heads(cu_mut(out), &y, d, d.c, 0);
     }
 
@@ -175,13 +176,16 @@ impl CudaDevice {
         dout: &Tensor,
         qkv: &Tensor,
         att: &Tensor,
+        dropout: Option<(DropoutSpec, &Tensor)>,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
         let d = Dims::from_qkv(qkv, n_head);
         assert_same_len(dqkv, qkv);
         assert_eq!(dout.len(), d.act_len(), "attention: dout {dout:?} for qkv {qkv:?}");
         assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
+        if let Some((_, dropped)) = &dropout {
+            assert_same_len(dropped, att);
+        }
         if d.act_len() == 0 {
             return;
         }
@@ -189,16 +193,13 @@ impl CudaDevice {
         let mut dy = self.scratch::<f32>(d.act_len());
         self.split_heads(&mut dy, cu(dout), d, d.c, 0);
 
-        // Through y = dropout(P) v.
+        // Through y = P' v.
         let mut dp = self.scratch::<f32>(d.att_len());
         self.heads_gemm(d, Product::Scores, 1.0, &v, &dy, &mut dp);
         let mut dv = self.scratch::<f32>(d.act_len());
-        {
-            let dropped = dropout.as_ref().map(|spec| self.dropped(cu(att), d, spec));
-            let probs = dropped.as_deref().unwrap_or(cu(att));
-            self.heads_gemm(d, Product::ProbsTransposedTimes, 1.0, &dy, probs, &mut dv);
-        }
-        if let Some(spec) = &dropout {
+        let probs = dropout.map_or(att, |(_, dropped)| dropped);
+        self.heads_gemm(d, Product::ProbsTransposedTimes, 1.0, &dy, cu(probs), &mut dv);
+        if let Some((spec, _)) = &dropout {
             self.dropout_inplace(&mut dp, d.att_len(), spec);
         }
 

@@ -269,11 +269,11 @@ impl Device for CudaDevice {
         &self,
         out: &mut Tensor,
         att: &mut Tensor,
+        dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
-        self.attention_forward_op(out, att, qkv, n_head, dropout);
+        self.attention_forward_op(out, att, dropout, qkv, n_head);
     }
 
     fn attention_backward(
@@ -282,10 +282,10 @@ impl Device for CudaDevice {
         dout: &Tensor,
         qkv: &Tensor,
         att: &Tensor,
+        dropout: Option<(DropoutSpec, &Tensor)>,
         n_head: usize,
-        dropout: Option<DropoutSpec>,
     ) {
-        self.attention_backward_op(dqkv, dout, qkv, att, n_head, dropout);
+        self.attention_backward_op(dqkv, dout, qkv, att, dropout, n_head);
     }
 
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {

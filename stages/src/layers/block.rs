@@ -7,14 +7,16 @@
 //!
 //! Forward keeps the tensors of [`BlockTensor`](crate::saved::BlockTensor) except those the
 //! selective modules drop; backward recomputes a dropped tensor just before the step that
-//! reads it and frees it after.
+//! reads it and frees it after. Nothing else is recomputed: without a recompute policy,
+//! backward runs on what forward kept (dropout masks, never stored, are regenerated from
+//! their key).
 
 use super::dropout_ctx::DropoutCtx;
-use super::weight_grads::{GradTarget, WeightGrad, WeightGrads};
+use super::weight_grads::{WeightGrad, WeightGrads};
 use crate::params::*;
 use crate::recompute::SelectiveModules;
 use crate::shape::GptShape;
-use kernels::{Category, Device, DropoutSite, Tensor, WeightLayout};
+use kernels::{Category, Device, DropoutSite, DropoutSpec, Tensor, WeightLayout};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
@@ -28,8 +30,8 @@ pub struct BlockActs {
     pub ln1_rstd: Tensor,
     /// [B,T,3C]
     pub qkv: Tensor,
-    /// softmax probabilities [B,NH,T,T]
-    pub att: Option<Tensor>,
+    /// the attention core's probabilities
+    pub att: Option<AttentionProbs>,
     /// attention output [B,T,C]
     pub atty: Tensor,
     /// x + dropout(attn proj) [B,T,C]
@@ -45,6 +47,39 @@ pub struct BlockActs {
     pub fch_gelu: Option<Tensor>,
 }
 
+/// What the attention core's backward reads besides q, k, v.
+pub struct AttentionProbs {
+    /// softmax probabilities P [B,NH,T,T]
+    pub probs: Tensor,
+    /// under attention dropout, dropout(P) [B,NH,T,T]
+    pub dropped: Option<Tensor>,
+}
+
+impl AttentionProbs {
+    /// P and P' for attention_forward to fill, allocated under `category`.
+    fn zeros(dev: &dyn Device, s: &GptShape, dropout: Option<DropoutSpec>, category: Category) -> Self {
+        let shape = [s.micro_batch, s.heads, s.seq_len, s.seq_len];
+        AttentionProbs {
+            probs: dev.zeros(&shape, category),
+            dropped: dropout.map(|_| dev.zeros(&shape, category)),
+        }
+    }
+
+    /// The core's forward from qkv [B,T,3C] into these, and out [B,T,C].
+    fn forward(
+        &mut self,
+        dev: &dyn Device,
+        out: &mut Tensor,
+        qkv: &Tensor,
+        heads: usize,
+        dropout: Option<DropoutSpec>,
+    ) {
+        let dropped =
+            dropout.map(|spec| (spec, self.dropped.as_mut().expect("attention dropout has its output")));
+        dev.attention_forward(out, &mut self.probs, dropped, qkv, heads);
+    }
+}
+
 /// Transformer block `layer` (global index) of a model of shape `s`.
 pub struct Block<'a> {
     pub s: &'a GptShape,
@@ -53,7 +88,7 @@ pub struct Block<'a> {
     pub w: &'a [Tensor],
 }
 
-fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<kernels::DropoutSpec>) -> Tensor {
+fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
     match spec {
         Some(spec) => {
             let mut out = dev.zeros(t.shape(), Category::Workspace);
@@ -64,11 +99,7 @@ fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<kernels::DropoutSpe
     }
 }
 
-fn dropout_backward_or_keep(
-    dev: &dyn Device,
-    d: Arc<Tensor>,
-    spec: Option<kernels::DropoutSpec>,
-) -> Arc<Tensor> {
+fn dropout_backward_or_keep(dev: &dyn Device, d: Arc<Tensor>, spec: Option<DropoutSpec>) -> Arc<Tensor> {
     match spec {
         Some(spec) => {
             let mut out = dev.zeros(d.shape(), Category::Workspace);
@@ -103,10 +134,10 @@ impl Block<'_> {
         dev.layernorm_forward(&mut ln1, &mut ln1_mean, &mut ln1_rstd, &x, &w[LN1_W], &w[LN1_B]);
         let mut qkv = dev.zeros(&[b, t, 3 * c], keep_as); // [B,T,3C]
         dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
-        let mut att = dev.zeros(&[b, s.heads, t, t], cat(modules.core_attn)); // [B,NH,T,T]
-        let mut atty = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
-        dev.attention_forward(&mut atty, &mut att, &qkv, s.heads, att_drop);
+        let mut att = AttentionProbs::zeros(dev, s, att_drop, cat(modules.core_attn)); // [B,NH,T,T] x 1|2
+        let mut atty = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
+        att.forward(dev, &mut atty, &qkv, s.heads, att_drop);
         let mut attproj = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
@@ -167,9 +198,9 @@ impl Block<'_> {
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
         let w = self.w;
         let ws = |shape: &[usize]| dev.zeros(shape, Category::Workspace);
-        let target = |weight: usize| GradTarget::Param { weight: grad_base + weight, bias: true };
-        let push = |wg: &mut WeightGrads, grads: &mut [Tensor], target, inp, dout| {
-            wg.push(dev, grads, None, WeightGrad { target, layout: WeightLayout::InOut, inp, dout })
+        let target = |weight: usize| grad_base + weight;
+        let push = |wg: &mut WeightGrads, grads: &mut [Tensor], weight, inp, dout| {
+            wg.push(dev, grads, WeightGrad { weight, inp, dout })
         };
         let block_grads = grad_base..grad_base + 12;
         let dy = Arc::new(dy);
@@ -230,14 +261,15 @@ impl Block<'_> {
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
             timed(recompute_s, || {
-                let mut att = ws(&[b, s.heads, t, t]);
-                let mut scratch_out = ws(&[b, t, c]);
-                dev.attention_forward(&mut scratch_out, &mut att, &acts.qkv, s.heads, att_drop);
+                let mut att = AttentionProbs::zeros(dev, s, att_drop, Category::Workspace);
+                att.forward(dev, &mut ws(&[b, t, c]), &acts.qkv, s.heads, att_drop);
                 att
             })
         });
         let mut dqkv = ws(&[b, t, 3 * c]); // [B,T,3C]
-        dev.attention_backward(&mut dqkv, &datty, &acts.qkv, &att, s.heads, att_drop);
+        let dropped =
+            att_drop.map(|spec| (spec, att.dropped.as_ref().expect("attention dropout kept its output")));
+        dev.attention_backward(&mut dqkv, &datty, &acts.qkv, &att.probs, dropped, s.heads);
         drop(att);
         drop(datty);
         drop(acts.qkv);
