@@ -35,7 +35,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dev = CpuDevice::new(threads);
     let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };
-    let chunk = model::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
+    let mut chunk = model::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
     let mut total = 0.0;
     for k in 0..args.windows {
         let batch = data.eval_batch(k, 1, seq_length)?;

@@ -133,7 +133,7 @@ fn forward_matches_transformers_per_token_losses() {
     // Both sequences in one microbatch, then each on its own: rows must not see each other.
     let mut worst = (0.0f64, 0usize);
     for micro_batch in [batch, 1] {
-        let chunk = whole_model(&dev, shape(micro_batch, seq_len));
+        let mut chunk = whole_model(&dev, shape(micro_batch, seq_len));
         for (i, rows) in (0..batch).collect::<Vec<_>>().chunks(micro_batch).enumerate() {
             let span = rows[0] * seq_len..(rows[rows.len() - 1] + 1) * seq_len;
             let mb = Microbatch {

@@ -80,7 +80,10 @@ pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Du
                 (Some(input), Some(weight), _) => (input, weight),
                 (_, _, Some(whole)) => {
                     let m = model.chunks[stage * setup.v + chunk];
-                    let share = m.backward_input / (m.backward_input + m.backward_weight);
+                    // The head alone has no matmul in its backward (the LM head's runs in
+                    // forward): all of it is backward-input.
+                    let modelled = m.backward_input + m.backward_weight;
+                    let share = if modelled > 0.0 { m.backward_input / modelled } else { 1.0 };
                     (whole * share, whole * (1.0 - share))
                 }
                 _ => return Err(missing("backward")),

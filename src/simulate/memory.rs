@@ -10,7 +10,9 @@
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
 //! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
-//!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent;
+//!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent; on the
+//!   head's chunk, the head's forward-and-backward: ln_f's output [B,T,C] and the
+//!   logits, which become dlogits, [B,T,V];
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
@@ -46,6 +48,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     let kept = |offset| at_precision(block_kept_bytes(s, policy.block_keep(blocks, offset)));
     let dropped_in_forward = (0..blocks).map(|o| full_block - kept(o)).max().unwrap_or(0);
     let sends_activation = !layout.head;
+    let head_working = if layout.head { element(s.tokens() * (s.hidden + s.vocab)) } else { 0 };
 
     let recompute_working = match policy {
         RecomputePolicy::None => 0,
@@ -69,7 +72,10 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     ChunkMemory {
         activation_bytes: stash,
         weight_grad_bytes,
-        forward_working_bytes: dropped_in_forward + 2 * message + if sends_activation { message } else { 0 },
+        forward_working_bytes: dropped_in_forward
+            + 2 * message
+            + if sends_activation { message } else { 0 }
+            + head_working,
         recompute_working_bytes: recompute_working,
         backward_input_working_bytes: recompute_working + grad_scratch + grad_messages,
         backward_weight_working_bytes: 0,

@@ -6,8 +6,8 @@
 //! before the layer that needs it.
 
 use crate::layers::block::{timed, Block, BlockActs};
-use crate::layers::head::HeadActs;
-use crate::layers::weight_grads::{self, GradTarget, WeightGrad, WeightGrads};
+use crate::layers::head::{HeadActs, LossGrad};
+use crate::layers::weight_grads::{self, WeightGrad, WeightGrads};
 use crate::layers::{embedding, head, DropoutCtx};
 use crate::params::{ChunkLayout, Parameters};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
@@ -69,12 +69,6 @@ pub struct ModelChunk {
 /// Weight gradients a split backward left for the backward-weight action.
 pub struct DeferredWeightGrads(Vec<WeightGrad>);
 
-impl DeferredWeightGrads {
-    pub fn held_bytes(&self) -> usize {
-        self.0.iter().map(|w| w.inp.bytes() + w.dout.bytes()).sum()
-    }
-}
-
 impl ModelChunk {
     pub fn new(
         shape: GptShape,
@@ -106,7 +100,7 @@ impl ModelChunk {
 
     /// Forward of one microbatch. `input` [B,T,C] is the previous chunk's output (None on the
     /// embedding's chunk).
-    pub fn forward(&self, dev: &dyn Device, mb: &Microbatch, input: Option<Tensor>) -> ForwardOutput {
+    pub fn forward(&mut self, dev: &dyn Device, mb: &Microbatch, input: Option<Tensor>) -> ForwardOutput {
         let training = mb.grad_scale.is_some();
         let dropout = self.dropout_ctx(mb.step, mb.index, training);
         let p = &self.params;
@@ -175,8 +169,16 @@ impl ModelChunk {
             });
             return ForwardOutput { output: Some(x), losses: None, stash };
         }
+        let p = &mut self.params;
         let wte = p.wte_index().expect("head chunk holds wte");
         let lnf = p.ln_f_index();
+        // The LM head's gradient of wte: its own tensor where this chunk also holds the
+        // embedding (the two are summed before the optimizer step), else wte's gradient.
+        let dwte = match p.head_wte_grad.as_mut() {
+            Some(g) => g,
+            None => &mut p.grads[wte],
+        };
+        let grad = mb.grad_scale.map(|scale| LossGrad { scale, dwte });
         let (losses, head) = head::forward(
             dev,
             &self.shape,
@@ -185,7 +187,7 @@ impl ModelChunk {
             &p.values[lnf + 1],
             x,
             mb.targets,
-            mb.grad_scale,
+            grad,
         );
         let stash =
             training.then_some(ChunkStash { microbatch: mb.index, step: mb.step, tokens, segments, head });
@@ -208,24 +210,9 @@ impl ModelChunk {
         let mut dx = match stash.head {
             Some(acts) => {
                 let p = &mut self.params;
-                let wte = p.wte_index().expect("head chunk holds wte");
                 let lnf = p.ln_f_index();
-                let (target, head_wte) = match p.head_wte_grad.as_mut() {
-                    Some(g) => (GradTarget::HeadWte, Some(g)),
-                    None => (GradTarget::Param { weight: wte, bias: false }, None),
-                };
-                head::backward(
-                    dev,
-                    &s,
-                    &p.values[wte],
-                    &p.values[lnf],
-                    acts,
-                    &mut p.grads,
-                    lnf,
-                    head_wte,
-                    target,
-                    &mut wg,
-                )
+                let (dln_w, dln_b) = p.grads[lnf..].split_at_mut(1);
+                head::backward(dev, &s, &p.values[lnf], acts, &mut dln_w[0], &mut dln_b[0])
             }
             None => dout.expect("a chunk without the head needs the output gradient"),
         };
@@ -293,7 +280,7 @@ impl ModelChunk {
     pub fn backward_weight(&mut self, dev: &dyn Device, deferred: DeferredWeightGrads) {
         let p = &mut self.params;
         for wg in &deferred.0 {
-            weight_grads::apply(dev, &mut p.grads, p.head_wte_grad.as_mut(), wg);
+            weight_grads::apply(dev, &mut p.grads, wg);
         }
     }
 }

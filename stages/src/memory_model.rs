@@ -34,8 +34,8 @@ pub fn static_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
 /// by backward-input alike), which the runtime accounts as activations until W has run.
 pub fn deferred_weight_grad_bytes(s: &GptShape, layout: &ChunkLayout) -> usize {
     let (n, c, f) = (s.tokens(), s.hidden, s.ffn);
-    // (ln1, dqkv), (atty, dattproj), (ln2, dfch), (gelu, dfcproj) per block.
+    // (ln1, dqkv), (atty, dattproj), (ln2, dfch), (gelu, dfcproj) per block. The head's
+    // matmul has none: its whole backward runs in forward.
     let per_block = (c + 3 * c) + (c + c) + (c + f) + (f + c);
-    let head = if layout.head { c + s.vocab } else { 0 };
-    (layout.blocks.len() * per_block + head) * n * F32_BYTES
+    layout.blocks.len() * per_block * n * F32_BYTES
 }

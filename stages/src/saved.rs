@@ -119,10 +119,10 @@ pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
     kept_bytes(&kept)
 }
 
-/// Bytes the head keeps per microbatch: the final LayerNorm's input, output and statistics,
-/// and the dlogits computed with the loss in forward [B,T,V]. (The embedding keeps only its
-/// token ids, on the host.)
+/// Bytes the head keeps per microbatch: what the final LayerNorm's backward reads, its input
+/// and statistics and the gradient of its output, which the LM head's backward computed in
+/// forward. (The embedding keeps only its token ids, on the host.)
 pub fn head_kept_bytes(s: &GptShape) -> usize {
     let (n, c) = (s.tokens(), s.hidden);
-    (2 * n * c + 2 * n + n * s.vocab) * F32_BYTES
+    (2 * n * c + 2 * n) * F32_BYTES
 }

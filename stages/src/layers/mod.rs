@@ -8,4 +8,4 @@ pub mod head;
 pub mod weight_grads;
 
 pub use dropout_ctx::DropoutCtx;
-pub use weight_grads::{GradTarget, WeightGrad, WeightGrads};
+pub use weight_grads::{WeightGrad, WeightGrads};
