@@ -38,6 +38,10 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             return Err(user_error(format!("command line: bench {other}: expected recompute or pipeline")))
         }
     };
+    let configs = match &args.variants {
+        Some(wanted) => only(configs, wanted)?,
+        None => configs,
+    };
     let mut variants = Vec::new();
     for (name, cfg) in configs {
         let pipeline = Pipeline::build(&cfg, &args.config, None, threads)?;
@@ -91,6 +95,18 @@ fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
         ("full uniform N=2".into(), full("uniform", 2)),
         ("full block N=1".into(), full("block", 1)),
     ]
+}
+
+/// The variants named in `wanted`, in the bench's order; an unknown name is a user error.
+fn only(all: Vec<(String, Config)>, wanted: &[String]) -> anyhow::Result<Vec<(String, Config)>> {
+    if let Some(unknown) = wanted.iter().find(|w| !all.iter().any(|(name, _)| name == *w)) {
+        let names: Vec<&str> = all.iter().map(|(name, _)| name.as_str()).collect();
+        return Err(user_error(format!(
+            "--variants: no variant `{unknown}`; expected some of {}",
+            names.join(", ")
+        )));
+    }
+    Ok(all.into_iter().filter(|(name, _)| wanted.contains(name)).collect())
 }
 
 fn pipeline_variants(base: &Config, threads: usize) -> Vec<(String, Config)> {

@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Timed steps per variant (after one warm-up step).
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
+    /// Run only these variants, comma-separated names as the table prints them (each
+    /// variant holds a whole model, so fewer fit a large shape in memory).
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Option<Vec<String>>,
 }
 
 #[derive(Args, Debug)]

@@ -1,0 +1,39 @@
+//! `pipetrain bench` end to end on the small config: the recompute table's rows, with the
+//! activation peak the ledger measured equal to the memory model's, and one-line errors.
+
+mod common;
+use common::*;
+
+fn bench(config: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    bin().args(["bench", "recompute", "--steps", "1", "--config"]).arg(config).args(extra).output().unwrap()
+}
+
+#[test]
+fn recompute_table_measures_what_the_model_predicts() {
+    let dir = temp_dir("bench-recompute");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let out = bench(&cfg, &["--variants", "none,selective core_attn,full uniform N=1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = table.lines().skip(1).take_while(|l| !l.starts_with('(')).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[..22].trim_end()).collect();
+    assert_eq!(names, ["none", "selective core_attn", "full uniform N=1"], "{table}");
+    let mut saved = Vec::new();
+    for row in &rows {
+        // ... activations, predicted, saved: each size is a number and a unit.
+        let cols: Vec<&str> = row[22..].split_whitespace().collect();
+        let [.., measured, measured_unit, predicted, predicted_unit, cut] = cols[..] else { panic!("{row}") };
+        assert_eq!((measured, measured_unit), (predicted, predicted_unit), "{row}");
+        saved.push(cut.trim_end_matches('%').parse::<f64>().unwrap());
+    }
+    assert_eq!(saved[0], 0.0, "{table}");
+    assert!(0.0 < saved[1] && saved[1] < saved[2], "{table}");
+}
+
+#[test]
+fn unknown_variant_is_one_line() {
+    let dir = temp_dir("bench-variants");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let out = bench(&cfg, &["--variants", "none,selective everything"]);
+    assert_user_error(&out, "--variants: no variant `selective everything`; expected some of none, ");
+}
