@@ -62,6 +62,32 @@ pub fn block_words(key: &DropoutKey, block: u32) -> [u32; 4] {
     philox4x32_10([block, mb, step, site], key_words(key.seed))
 }
 
+/// Blocks [`block_words`] draws at once in [`lanes_words`].
+pub const LANES: usize = 16;
+
+/// The words of blocks `first .. first + LANES`, as `block_words` gives each: the rounds
+/// run on LANES counters side by side (structure of arrays), which the compiler turns into
+/// SIMD multiplies, where one block at a time is a serial chain.
+#[inline]
+pub fn lanes_words(key: &DropoutKey, first: u32) -> [[u32; 4]; LANES] {
+    let [mb, step, site] = counter_base(key);
+    let mut k = key_words(key.seed);
+    let mut c0: [u32; LANES] = std::array::from_fn(|i| first.wrapping_add(i as u32));
+    let (mut c1, mut c2, mut c3) = ([mb; LANES], [step; LANES], [site; LANES]);
+    for round in 0..10 {
+        if round > 0 {
+            k[0] = k[0].wrapping_add(W0);
+            k[1] = k[1].wrapping_add(W1);
+        }
+        for i in 0..LANES {
+            let (hi0, lo0) = mulhilo(M0, c0[i]);
+            let (hi1, lo1) = mulhilo(M1, c2[i]);
+            (c0[i], c1[i], c2[i], c3[i]) = (hi1 ^ c1[i] ^ k[0], lo1, hi0 ^ c3[i] ^ k[1], lo0);
+        }
+    }
+    std::array::from_fn(|i| [c0[i], c1[i], c2[i], c3[i]])
+}
+
 /// Whether element `index` of the mask `key` is kept at drop probability `p`.
 pub fn keep(key: &DropoutKey, index: usize, p: f32) -> bool {
     let words = block_words(key, (index / 4) as u32);
@@ -85,6 +111,23 @@ mod tests {
             philox4x32_10([0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344], [0xa4093822, 0x299f31d0]),
             [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
         );
+    }
+
+    #[test]
+    fn lanes_draw_the_blocks_one_by_one_draws() {
+        let key = DropoutKey {
+            seed: u64::MAX - 5,
+            step: 9,
+            microbatch: 4,
+            layer: 11,
+            site: DropoutSite::AttentionProbs,
+        };
+        for first in [0, 1, 1000, u32::MAX - 3] {
+            let lanes = lanes_words(&key, first);
+            for (i, words) in lanes.iter().enumerate() {
+                assert_eq!(*words, block_words(&key, first.wrapping_add(i as u32)), "block {first}+{i}");
+            }
+        }
     }
 
     #[test]

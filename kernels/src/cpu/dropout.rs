@@ -7,29 +7,38 @@ use crate::philox;
 use rayon::prelude::*;
 
 /// xs [n] *= mask / (1 - p), where xs[k] is element `first + k` of the mask. One Philox
-/// call serves four consecutive elements.
+/// call serves four consecutive elements; whole runs of `philox::LANES` calls are drawn
+/// together.
 pub fn scale_by_mask(spec: &DropoutSpec, first: usize, xs: &mut [f32]) {
     if spec.p == 0.0 {
         return; // every element kept, scale 1: the mask would change nothing
     }
     let threshold = philox::drop_threshold(spec.p);
     let scale = 1.0 / (1.0 - spec.p);
-    // Elements of `xs`, starting at word `lane` of Philox block `block`.
-    let apply = |xs: &mut [f32], block: usize, lane: usize| {
-        let block = u32::try_from(block).expect("dropout mask index beyond Philox's 2^34 elements");
-        let words = philox::block_words(&spec.key, block);
-        for (x, &word) in xs.iter_mut().zip(&words[lane..]) {
+    let apply = |xs: &mut [f32], words: &[u32]| {
+        for (x, &word) in xs.iter_mut().zip(words) {
             *x *= if word as u64 >= threshold { scale } else { 0.0 };
         }
     };
+    let block = |b: usize| u32::try_from(b).expect("dropout mask index beyond Philox's 2^34 elements");
+    // Up to the first block boundary, from word `first % 4` of its block.
     let head = ((4 - first % 4) % 4).min(xs.len());
     let (head_xs, rest) = xs.split_at_mut(head);
     if head > 0 {
-        apply(head_xs, first / 4, first % 4);
+        apply(head_xs, &philox::block_words(&spec.key, block(first / 4))[first % 4..]);
     }
-    // The rest starts on a block boundary: whole blocks, then one partial block.
-    for (b, block_xs) in rest.chunks_mut(4).enumerate() {
-        apply(block_xs, (first + head) / 4 + b, 0);
+    // Then whole runs of LANES blocks, then single blocks (the last maybe partial).
+    let first_block = (first + head) / 4;
+    let done = rest.len() / (4 * philox::LANES) * philox::LANES;
+    let mut runs = rest.chunks_exact_mut(4 * philox::LANES);
+    for (r, run) in (&mut runs).enumerate() {
+        let words = philox::lanes_words(&spec.key, block(first_block + r * philox::LANES));
+        for (xs, words) in run.chunks_exact_mut(4).zip(&words) {
+            apply(xs, words);
+        }
+    }
+    for (b, xs) in runs.into_remainder().chunks_mut(4).enumerate() {
+        apply(xs, &philox::block_words(&spec.key, block(first_block + done + b)));
     }
 }
 
@@ -73,7 +82,7 @@ mod tests {
     #[test]
     fn unaligned_windows_see_the_same_mask_elements() {
         let spec = DropoutSpec { p: 0.5, key: KEY };
-        for (first, n) in [(5, 11), (6, 1), (7, 2), (8, 4), (9, 0), (0, 3)] {
+        for (first, n) in [(5, 11), (6, 1), (7, 2), (8, 4), (9, 0), (0, 3), (3, 200), (64, 129)] {
             let mut xs = vec![1.0; n];
             scale_by_mask(&spec, first, &mut xs);
             let want: Vec<f32> =
