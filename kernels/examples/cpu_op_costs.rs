@@ -67,7 +67,7 @@ fn main() {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
     time("attention fwd", 0.0, &mut || {
-        dev.attention_forward(&mut y, &mut att, Some((attn, &mut dropped)), &qkv, NH)
+        dev.attention_forward(Some(&mut y), &mut att, Some((attn, &mut dropped)), &qkv, NH)
     });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)

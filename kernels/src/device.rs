@@ -52,6 +52,10 @@ pub trait Device: Send + Sync {
     // ---- buffers -------------------------------------------------------------------
     /// A zero-filled tensor, counted in the ledger under `category` until dropped.
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor;
+    /// A tensor for an op that writes every element: its contents until then are
+    /// unspecified (a reused buffer's old values), which saves the zero fill. Counted as
+    /// `zeros`.
+    fn empty(&self, shape: &[usize], category: Category) -> Tensor;
     /// A tensor holding a copy of `data`. (A device method, not a conversion of `self`.)
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
@@ -124,12 +128,13 @@ pub trait Device: Send + Sync {
     // ---- attention core ------------------------------------------------------------
     /// Causal self-attention core, per head: P = softmax(Q K^T / sqrt(hs) + causal mask),
     /// P' = dropout(P), out = P' V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn
-    /// output); out [B,T,C]; att [B,NH,T,T] receives P; under `dropout`, its tensor
-    /// [B,NH,T,T] receives P'. Backward reads both; the mask itself is never stored (it is
-    /// regenerated from the dropout's key).
+    /// output); att [B,NH,T,T] receives P; under `dropout`, its tensor [B,NH,T,T] receives
+    /// P'; out [B,T,C], unless None (a recompute of P and P' for backward). Backward reads P
+    /// and P'; the mask itself is never stored (it is regenerated from the dropout's key).
+    /// Every element of att and P' is written, so they may come from [`Device::empty`].
     fn attention_forward(
         &self,
-        out: &mut Tensor,
+        out: Option<&mut Tensor>,
         att: &mut Tensor,
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,

@@ -282,7 +282,7 @@ fn attention_case(gpu: &CudaDevice, spec: Option<DropoutSpec>, rng: &mut Rng) {
         let mut out = dev.zeros(&[B, T, C], Category::Workspace);
         let mut att = dev.zeros(&[B, NH, T, T], Category::Workspace);
         let mut dropped = dev.zeros(&[B, NH, T, T], Category::Workspace);
-        dev.attention_forward(&mut out, &mut att, spec.map(|s| (s, &mut dropped)), &qkv, NH);
+        dev.attention_forward(Some(&mut out), &mut att, spec.map(|s| (s, &mut dropped)), &qkv, NH);
         let mut dqkv = put(dev, &vec![f32::NAN; N * 3 * C], &[B, T, 3 * C]);
         let dout = put(dev, &dout, &[B, T, C]);
         dev.attention_backward(&mut dqkv, &dout, &qkv, &att, spec.map(|s| (s, &dropped)), NH);
@@ -407,7 +407,7 @@ fn every_op_is_bitwise_repeatable() {
         let scores = || gpu.zeros(&[B, NH, T, T], Category::Workspace);
         let (mut out, mut att, mut dropped) =
             (gpu.zeros(&[B, T, C], Category::Workspace), scores(), scores());
-        gpu.attention_forward(&mut out, &mut att, Some((spec, &mut dropped)), &qkv_t, NH);
+        gpu.attention_forward(Some(&mut out), &mut att, Some((spec, &mut dropped)), &qkv_t, NH);
         let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
         let dout_t = put(&gpu, &dout, &[B, T, C]);
         gpu.attention_backward(&mut dqkv, &dout_t, &qkv_t, &att, Some((spec, &dropped)), NH);

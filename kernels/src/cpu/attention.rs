@@ -98,23 +98,24 @@ fn for_each_group<A: Send>(
     });
 }
 
-/// out [B,T,C], att [B,NH,T,T] and, under `dropout`, its dropped [B,NH,T,T] from
-/// qkv [B,T,3C].
+/// att [B,NH,T,T], under `dropout` its dropped [B,NH,T,T], and unless `out` is None (a
+/// recompute for backward) out [B,T,C], from qkv [B,T,3C].
 pub fn forward(
-    out: &mut [f32],
+    out: Option<&mut [f32]>,
     att: &mut [f32],
     dropout: Option<(&DropoutSpec, &mut [f32])>,
     qkv: &[f32],
     d: Dims,
     groups: usize,
 ) {
-    assert!(qkv.len() == d.b * d.t * 3 * d.c && out.len() * 3 == qkv.len() && att.len() == d.att_len());
+    assert!(qkv.len() == d.b * d.t * 3 * d.c && att.len() == d.att_len());
+    assert!(out.as_ref().is_none_or(|out| out.len() * 3 == qkv.len()), "attention out");
     let tt = d.t * d.t;
     if tt == 0 || d.b == 0 {
         return;
     }
     let per_group = (d.b * d.nh).div_ceil(groups);
-    let out = DisjointMut::new(out);
+    let out = out.map(DisjointMut::new);
     let (spec, dropped) = match dropout {
         Some((spec, dropped)) => {
             assert_eq!(dropped.len(), d.att_len(), "dropped probabilities");
@@ -137,7 +138,7 @@ fn head_forward(
     head: &Head,
     att: &mut [f32],
     qkv: &[f32],
-    out: DisjointMut,
+    out: Option<DisjointMut>,
     dropout: Option<(&DropoutSpec, &mut [f32])>,
 ) {
     let (t, c3, hs) = (d.t, 3 * d.c, d.c / d.nh);
@@ -167,6 +168,7 @@ fn head_forward(
             dropped
         }
     };
+    let Some(out) = out else { return };
     for (i0, i1) in blocks(t) {
         // out[i0..i1] = probs[i0..i1, 0..i1] @ V[0..i1]
         // SAFETY: this head alone writes its [T,hs] block of out; the reads stay in bounds.
@@ -325,7 +327,7 @@ mod tests {
     fn run_forward(qkv: &[f32], d: Dims, dropout: Option<&DropoutSpec>) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let (mut out, mut att) = (vec![f32::NAN; d.b * d.t * d.c], vec![f32::NAN; d.att_len()]);
         let mut dropped = vec![f32::NAN; if dropout.is_some() { d.att_len() } else { 0 }];
-        forward(&mut out, &mut att, dropout.map(|spec| (spec, &mut dropped[..])), qkv, d, GROUPS);
+        forward(Some(&mut out), &mut att, dropout.map(|spec| (spec, &mut dropped[..])), qkv, d, GROUPS);
         (out, att, dropped)
     }
 
@@ -343,6 +345,10 @@ mod tests {
                 let want_dropped: Vec<f64> = want_att.iter().zip(&mask).map(|(p, m)| p * m).collect();
                 assert_close(&dropped, &want_dropped, 1e-5, "dropped");
             }
+            // A recompute (no out) writes the same probabilities, bit for bit, over stale data.
+            let (mut again, mut again_dropped) = (vec![7.0; att.len()], vec![7.0; dropped.len()]);
+            forward(None, &mut again, dropout.map(|spec| (spec, &mut again_dropped[..])), &qkv, D, GROUPS);
+            assert!(again == att && again_dropped == dropped, "recomputed probabilities differ");
             let upper = (0..D.att_len()).filter(|&x| (x % D.t) > (x / D.t) % D.t);
             assert!(upper.clone().all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
         }

@@ -50,7 +50,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
 
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let (mut y, mut att, mut dropped) = (z(&[B, T, C]), z(&[B, NH, T, T]), z(&[B, NH, T, T]));
-    dev.attention_forward(&mut y, &mut att, Some((attn_drop, &mut dropped)), &qkv, NH);
+    dev.attention_forward(Some(&mut y), &mut att, Some((attn_drop, &mut dropped)), &qkv, NH);
     [&y, &att, &dropped].into_iter().for_each(&mut keep);
 
     let w_fc = t(7, &[4 * C, C], 0.1); // OutIn
@@ -160,7 +160,7 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     let drop = spec(DropoutSite::AttentionProbs, 0.1);
     let ledger = dev.ledger();
     ledger.reset_peaks();
-    dev.attention_forward(&mut y, &mut att, Some((drop, &mut dropped)), &qkv, NH);
+    dev.attention_forward(Some(&mut y), &mut att, Some((drop, &mut dropped)), &qkv, NH);
     // Forward writes straight into its outputs.
     assert_eq!(ledger.peak(Category::Workspace), 0);
     let mut dqkv = act(&[B, T, 3 * C]);

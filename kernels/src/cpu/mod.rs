@@ -111,9 +111,13 @@ impl Device for CpuDevice {
     }
 
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
-        let mut data = self.buffers.take(shape.iter().product());
-        data.fill(0.0);
-        self.tensor(shape, data, category)
+        let mut t = self.empty(shape, category);
+        t.cpu_mut().fill(0.0);
+        t
+    }
+
+    fn empty(&self, shape: &[usize], category: Category) -> Tensor {
+        self.tensor(shape, self.buffers.take(shape.iter().product()), category)
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
@@ -285,17 +289,19 @@ impl Device for CpuDevice {
 
     fn attention_forward(
         &self,
-        out: &mut Tensor,
+        out: Option<&mut Tensor>,
         att: &mut Tensor,
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
     ) {
         let dims = attention_dims(qkv, n_head);
-        assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
+        if let Some(out) = &out {
+            assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
+        }
         assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
         let groups = self.threads().min(dims.b * dims.nh);
-        let (out, att, qkv) = (out.cpu_mut(), att.cpu_mut(), qkv.cpu());
+        let (out, att, qkv) = (out.map(|out| out.cpu_mut()), att.cpu_mut(), qkv.cpu());
         match dropout {
             Some((spec, dropped)) => {
                 let dropped = dropped.cpu_mut();

@@ -137,14 +137,16 @@ impl CudaDevice {
 
     pub(super) fn attention_forward_op(
         &self,
-        out: &mut Tensor,
+        out: Option<&mut Tensor>,
         att: &mut Tensor,
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         n_head: usize,
     ) {
         let d = Dims::from_qkv(qkv, n_head);
-        assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
+        if let Some(out) = &out {
+            assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
+        }
         assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
         if let Some((_, dropped)) = &dropout {
             assert_same_len(dropped, att);
@@ -165,6 +167,7 @@ impl CudaDevice {
             }
             None => &*att,
         };
+        let Some(out) = out else { return };
         let mut y = self.scratch::<f32>(d.act_len());
         self.heads_gemm(d, Product::ProbsTimes, 1.0, &v, cu(probs), &mut y);
         self.merge_heads(cu_mut(out), &y, d, d.c, 0);

@@ -149,6 +149,15 @@ impl Device for CudaDevice {
         self.tensor(shape, slice, category)
     }
 
+    fn empty(&self, shape: &[usize], category: Category) -> Tensor {
+        let len: usize = shape.iter().product();
+        // SAFETY: f32 has no invalid bit patterns; the caller's op writes every element
+        // before any is read (the contract of `empty`).
+        let slice = unsafe { self.stream.alloc::<f32>(len.max(1)) }
+            .unwrap_or_else(|e| panic!("cuda: cannot allocate {shape:?} on GPU {}: {e:?}", self.ordinal));
+        self.tensor(shape, slice, category)
+    }
+
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
         assert_eq!(
             data.len(),
@@ -267,7 +276,7 @@ impl Device for CudaDevice {
 
     fn attention_forward(
         &self,
-        out: &mut Tensor,
+        out: Option<&mut Tensor>,
         att: &mut Tensor,
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,

@@ -56,20 +56,22 @@ pub struct AttentionProbs {
 }
 
 impl AttentionProbs {
-    /// P and P' for attention_forward to fill, allocated under `category`.
-    fn zeros(dev: &dyn Device, s: &GptShape, dropout: Option<DropoutSpec>, category: Category) -> Self {
+    /// P and P' for attention_forward to fill (every element: no zero fill needed),
+    /// allocated under `category`.
+    fn empty(dev: &dyn Device, s: &GptShape, dropout: Option<DropoutSpec>, category: Category) -> Self {
         let shape = [s.micro_batch, s.heads, s.seq_len, s.seq_len];
         AttentionProbs {
-            probs: dev.zeros(&shape, category),
-            dropped: dropout.map(|_| dev.zeros(&shape, category)),
+            probs: dev.empty(&shape, category),
+            dropped: dropout.map(|_| dev.empty(&shape, category)),
         }
     }
 
-    /// The core's forward from qkv [B,T,3C] into these, and out [B,T,C].
+    /// The core's forward from qkv [B,T,3C] into these, and into out [B,T,C] unless None
+    /// (a recompute for backward).
     fn forward(
         &mut self,
         dev: &dyn Device,
-        out: &mut Tensor,
+        out: Option<&mut Tensor>,
         qkv: &Tensor,
         heads: usize,
         dropout: Option<DropoutSpec>,
@@ -135,9 +137,9 @@ impl Block<'_> {
         let mut qkv = dev.zeros(&[b, t, 3 * c], keep_as); // [B,T,3C]
         dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
-        let mut att = AttentionProbs::zeros(dev, s, att_drop, cat(modules.core_attn)); // [B,NH,T,T] x 1|2
+        let mut att = AttentionProbs::empty(dev, s, att_drop, cat(modules.core_attn)); // [B,NH,T,T] x 1|2
         let mut atty = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
-        att.forward(dev, &mut atty, &qkv, s.heads, att_drop);
+        att.forward(dev, Some(&mut atty), &qkv, s.heads, att_drop);
         let mut attproj = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
@@ -261,8 +263,8 @@ impl Block<'_> {
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
             timed(recompute_s, || {
-                let mut att = AttentionProbs::zeros(dev, s, att_drop, Category::Workspace);
-                att.forward(dev, &mut ws(&[b, t, c]), &acts.qkv, s.heads, att_drop);
+                let mut att = AttentionProbs::empty(dev, s, att_drop, Category::Workspace);
+                att.forward(dev, None, &acts.qkv, s.heads, att_drop);
                 att
             })
         });
