@@ -23,16 +23,26 @@ fn mulhilo(a: u32, b: u32) -> (u32, u32) {
 /// Ten rounds of Philox4x32 on `counter` under `key`.
 #[inline]
 pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    let mut c = counter;
+    let [c0, c1, c2, c3] = rounds(counter.map(|w| [w]), key);
+    [c0[0], c1[0], c2[0], c3[0]]
+}
+
+/// Ten rounds of Philox4x32 on N counters side by side, word j of counter i at `c[j][i]`
+/// (structure of arrays): the compiler turns the N independent multiplies into SIMD ones.
+#[inline(always)]
+fn rounds<const N: usize>(mut c: [[u32; N]; 4], key: [u32; 2]) -> [[u32; N]; 4] {
     let mut k = key;
     for round in 0..10 {
         if round > 0 {
             k[0] = k[0].wrapping_add(W0);
             k[1] = k[1].wrapping_add(W1);
         }
-        let (hi0, lo0) = mulhilo(M0, c[0]);
-        let (hi1, lo1) = mulhilo(M1, c[2]);
-        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+        let [c0, c1, c2, c3] = &mut c;
+        for i in 0..N {
+            let (hi0, lo0) = mulhilo(M0, c0[i]);
+            let (hi1, lo1) = mulhilo(M1, c2[i]);
+            (c0[i], c1[i], c2[i], c3[i]) = (hi1 ^ c1[i] ^ k[0], lo1, hi0 ^ c3[i] ^ k[1], lo0);
+        }
     }
     c
 }
@@ -65,26 +75,13 @@ pub fn block_words(key: &DropoutKey, block: u32) -> [u32; 4] {
 /// Blocks [`block_words`] draws at once in [`lanes_words`].
 pub const LANES: usize = 16;
 
-/// The words of blocks `first .. first + LANES`, as `block_words` gives each: the rounds
-/// run on LANES counters side by side (structure of arrays), which the compiler turns into
-/// SIMD multiplies, where one block at a time is a serial chain.
+/// The words of blocks `first .. first + LANES`, as `block_words` gives each, drawn side by
+/// side (one block at a time is a serial chain of multiplies).
 #[inline]
 pub fn lanes_words(key: &DropoutKey, first: u32) -> [[u32; 4]; LANES] {
     let [mb, step, site] = counter_base(key);
-    let mut k = key_words(key.seed);
-    let mut c0: [u32; LANES] = std::array::from_fn(|i| first.wrapping_add(i as u32));
-    let (mut c1, mut c2, mut c3) = ([mb; LANES], [step; LANES], [site; LANES]);
-    for round in 0..10 {
-        if round > 0 {
-            k[0] = k[0].wrapping_add(W0);
-            k[1] = k[1].wrapping_add(W1);
-        }
-        for i in 0..LANES {
-            let (hi0, lo0) = mulhilo(M0, c0[i]);
-            let (hi1, lo1) = mulhilo(M1, c2[i]);
-            (c0[i], c1[i], c2[i], c3[i]) = (hi1 ^ c1[i] ^ k[0], lo1, hi0 ^ c3[i] ^ k[1], lo0);
-        }
-    }
+    let blocks = std::array::from_fn(|i| first.wrapping_add(i as u32));
+    let [c0, c1, c2, c3] = rounds([blocks, [mb; LANES], [step; LANES], [site; LANES]], key_words(key.seed));
     std::array::from_fn(|i| [c0[i], c1[i], c2[i], c3[i]])
 }
 

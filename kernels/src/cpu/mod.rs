@@ -302,13 +302,9 @@ impl Device for CpuDevice {
         assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
         let groups = self.threads().min(dims.b * dims.nh);
         let (out, att, qkv) = (out.map(|out| out.cpu_mut()), att.cpu_mut(), qkv.cpu());
-        match dropout {
-            Some((spec, dropped)) => {
-                let dropped = dropped.cpu_mut();
-                self.pool.install(|| attention::forward(out, att, Some((&spec, dropped)), qkv, dims, groups))
-            }
-            None => self.pool.install(|| attention::forward(out, att, None, qkv, dims, groups)),
-        }
+        let mut dropout = dropout.map(|(spec, dropped)| (spec, dropped.cpu_mut()));
+        let dropout = dropout.as_mut().map(|(spec, dropped)| (&*spec, &mut **dropped));
+        self.pool.install(|| attention::forward(out, att, dropout, qkv, dims, groups));
     }
 
     fn attention_backward(
