@@ -122,3 +122,46 @@ fn one_f_one_b_stage_r_holds_at_most_min_p_minus_r_m_microbatches() {
         }
     }
 }
+
+#[test]
+fn the_report_gives_each_stages_policy_what_it_kept_and_saved_and_the_recompute_time() {
+    let dir = temp_dir("recompute-report");
+    let data = synthetic_data(&dir);
+    let cfg = write_config(
+        &dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    );
+    let stages_of = |name: &str, extra: &[&str]| {
+        let run_dir = dir.join(name);
+        let o = train(
+            &cfg,
+            &run_dir,
+            &[
+                &["--peak-flops", "1e9", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8"],
+                extra,
+            ]
+            .concat(),
+        );
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        (String::from_utf8(o.stdout).unwrap(), report(&run_dir)["stages"].as_array().unwrap().clone())
+    };
+    let (_, none) = stages_of("none", &[]);
+    let (out, selective) = stages_of("selective", &["--recompute-granularity", "selective"]);
+    for (rank, (n, s)) in none.iter().zip(&selective).enumerate() {
+        let bytes = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+        assert!(s["holds"].as_str().unwrap().ends_with("recompute selective (core_attn)"), "{s}");
+        assert!(n["holds"].as_str().unwrap().ends_with("recompute none"), "{n}");
+        // Kept: what the ledger measured, as predicted; saved: against the run without
+        // recompute, whose prediction the report also gives.
+        let kept = bytes(s, "predicted_activation_peak_bytes");
+        assert_eq!(bytes(&s["peak_bytes_by_category"], "activations"), kept);
+        let without = bytes(s, "predicted_activation_peak_bytes_without_recompute");
+        assert_eq!(without, bytes(n, "predicted_activation_peak_bytes"), "stage {rank}");
+        assert!(kept < without, "stage {rank}: {s}");
+        assert!(s["recompute_s"].as_f64().unwrap() > 0.0 && n["recompute_s"].as_f64().unwrap() == 0.0);
+        let pct = format!("({:.0}%)", 100.0 * (without - kept) as f64 / without as f64);
+        let line = out.lines().find(|l| l.starts_with(&format!("stage {rank} recompute saved "))).unwrap();
+        assert!(line.contains(&pct) && line.contains(", recomputing took "), "{line}");
+    }
+}
