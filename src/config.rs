@@ -32,6 +32,9 @@ pub struct Config {
     /// Explicit number of transformer blocks per pipeline stage (ours); balanced by cost
     /// when unset.
     pub num_layers_per_stage: Option<Vec<usize>>,
+    /// Data-parallel replicas of the whole pipeline. Under MPI it is derived as
+    /// world / pipeline_model_parallel_size (as in Megatron) and, when given, must agree.
+    pub data_parallel_size: Option<usize>,
 
     // ---- recompute ----
     pub recompute_granularity: Option<String>,
@@ -90,6 +93,7 @@ impl Default for Config {
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: "1f1b".into(),
             num_layers_per_stage: None,
+            data_parallel_size: None,
             recompute_granularity: None,
             recompute_method: None,
             recompute_num_layers: None,
@@ -303,9 +307,14 @@ impl Config {
         self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
     }
 
-    /// Microbatches per global batch, as in Megatron.
+    /// Microbatches per replica and step, as in Megatron: global / (micro x dp).
     pub fn num_microbatches(&self) -> usize {
-        self.global_batch_size / self.micro_batch_size
+        self.global_batch_size / (self.micro_batch_size * self.data_parallel())
+    }
+
+    /// Data-parallel replicas (1 when unset).
+    pub fn data_parallel(&self) -> usize {
+        self.data_parallel_size.unwrap_or(1)
     }
 
     pub fn virtual_stages(&self) -> usize {
@@ -352,11 +361,24 @@ impl Config {
         if self.vocab_size > 65536 {
             return Err(("vocab_size", format!("{} does not fit the uint16 token files", self.vocab_size)));
         }
+        if let Some(dp) = self.data_parallel_size {
+            positive("data_parallel_size", dp)?;
+        }
         if !self.global_batch_size.is_multiple_of(self.micro_batch_size) {
             return Err((
                 "global_batch_size",
                 format!(
                     "{} is not a multiple of micro_batch_size {}",
+                    self.global_batch_size, self.micro_batch_size
+                ),
+            ));
+        }
+        let dp = self.data_parallel();
+        if !self.global_batch_size.is_multiple_of(self.micro_batch_size * dp) {
+            return Err((
+                "global_batch_size",
+                format!(
+                    "{} is not a multiple of micro_batch_size {} x data_parallel_size {dp}",
                     self.global_batch_size, self.micro_batch_size
                 ),
             ));
