@@ -10,16 +10,69 @@ use crate::cli::BenchArgs;
 use crate::config::{self, Config};
 use crate::data::TokenFile;
 use crate::error::user_error;
-use crate::train::pipeline::Pipeline;
+use crate::train::model;
+use crate::train::rank::Rank;
 use crate::train::summary::human_bytes;
 use kernels::Category;
+use stages::dist::{threads, Topology};
+use std::path::Path;
 use std::time::Instant;
 
 struct Variant {
     name: String,
     cfg: Config,
-    pipeline: Pipeline,
+    /// Its p stages, each a rank of the threads backend.
+    ranks: Vec<Rank>,
+    predicted_activations: u64,
     step_s: Vec<f64>,
+}
+
+impl Variant {
+    fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
+        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1 };
+        let (_, schedule) = model::lowered_schedule(&cfg, path)?;
+        let predicted = model::predicted_activation_peaks(&cfg, path, &schedule, true)?;
+        let ranks = threads::world(topology, schedule.required_capacity().get())
+            .into_iter()
+            .enumerate()
+            .map(|(id, (t, c))| {
+                Rank::build(
+                    &cfg,
+                    path,
+                    None,
+                    threads / topology.pipeline,
+                    id,
+                    topology,
+                    Box::new(t),
+                    Box::new(c),
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Variant {
+            name,
+            cfg,
+            ranks,
+            predicted_activations: predicted.into_iter().max().unwrap_or(0),
+            step_s: Vec::new(),
+        })
+    }
+
+    /// One training step, every stage on its own thread.
+    fn step(&mut self, data: &TokenFile, step: usize) -> anyhow::Result<()> {
+        let cfg = &self.cfg;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .map(|r| {
+                    scope.spawn(move || {
+                        r.train_step(cfg, data, step, cfg.lr, Instant::now(), None).map(|_| ())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        })
+    }
 }
 
 pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
@@ -44,20 +97,18 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     };
     let mut variants = Vec::new();
     for (name, cfg) in configs {
-        let pipeline = Pipeline::build(&cfg, &args.config, None, threads)?;
-        variants.push(Variant { name, cfg, pipeline, step_s: Vec::new() });
+        variants.push(Variant::build(name, cfg, &args.config, threads)?);
     }
     eprintln!("{} variants x ({} warm-up + {} timed) steps, round-robin", variants.len(), 1, args.steps);
     for round in 0..=args.steps {
         for v in &mut variants {
             let t0 = Instant::now();
-            let out = v.pipeline.train_step(&v.cfg, &data, round + 1, None)?;
-            v.pipeline.optimizer_step(&v.cfg, v.cfg.lr, round + 1, out.grad_norm);
+            v.step(&data, round + 1)?;
             if round > 0 {
                 v.step_s.push(t0.elapsed().as_secs_f64());
             } else {
-                for s in &v.pipeline.stages {
-                    s.device.ledger().reset_peaks();
+                for r in &v.ranks {
+                    r.stage.device.ledger().reset_peaks();
                 }
             }
         }
@@ -134,7 +185,7 @@ fn print_table(variants: &[Variant], base: &Config) {
     for v in variants {
         let step = median(&v.step_s);
         let act = activation_peak(v);
-        let predicted: u64 = v.pipeline.predicted_activation_peaks().iter().max().copied().unwrap_or(0);
+        let predicted = v.predicted_activations;
         println!(
             "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>14} {:>14} {:>7.1}%",
             v.name,
@@ -151,5 +202,5 @@ fn print_table(variants: &[Variant], base: &Config) {
 
 /// The largest per-stage activation peak the ledger measured.
 fn activation_peak(v: &Variant) -> usize {
-    v.pipeline.stages.iter().map(|s| s.device.ledger().peak(Category::Activations)).max().unwrap_or(0)
+    v.ranks.iter().map(|r| r.stage.device.ledger().peak(Category::Activations)).max().unwrap_or(0)
 }

@@ -273,6 +273,25 @@ fn from_entries(path: &Path, entries: &[(String, Value, Origin)]) -> anyhow::Res
     Ok(config)
 }
 
+/// The first key whose value differs between two configs written as YAML, as
+/// "key `k`: a vs b" (for telling ranks that read different configs apart).
+#[cfg(any(feature = "mpi", test))]
+pub fn first_difference(a: &str, b: &str) -> String {
+    let parse = |t: &str| match serde_norway::from_str::<Value>(t) {
+        Ok(Value::Mapping(m)) => m,
+        _ => Mapping::new(),
+    };
+    let (a, b) = (parse(a), parse(b));
+    for key in known_keys() {
+        let k = Value::String(key.clone());
+        let (x, y) = (a.get(&k).unwrap_or(&Value::Null), b.get(&k).unwrap_or(&Value::Null));
+        if x != y {
+            return format!("key `{key}`: {} vs {}", show(x), show(y));
+        }
+    }
+    "the configs differ".into()
+}
+
 /// A YAML value as it would be written, on one line.
 fn show(v: &Value) -> String {
     serde_norway::to_string(v).map(|s| one_line(s.trim())).unwrap_or_else(|_| format!("{v:?}"))
@@ -641,6 +660,11 @@ mod tests {
             err_of("recompute_granularity: selective\nrecompute_modules: [attn]\n", &[]),
             "c.yaml: key `recompute_modules`: `attn` is not one of core_attn, mlp, layernorm"
         );
+    }
+
+    #[test]
+    fn the_first_differing_key_is_named() {
+        assert_eq!(first_difference("lr: 0.1\nseed: 3\n", "lr: 0.1\nseed: 4\n"), "key `seed`: 3 vs 4");
     }
 
     #[test]

@@ -38,3 +38,16 @@ impl fmt::Display for Interrupted {
 }
 
 impl std::error::Error for Interrupted {}
+
+/// A failure already reported by another rank (rank 0 says it once for all): exit with this
+/// code and print nothing.
+#[derive(Debug)]
+pub struct Quiet(pub u8);
+
+impl fmt::Display for Quiet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for Quiet {}

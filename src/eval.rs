@@ -44,7 +44,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
             index: 0,
             tokens: &batch.inputs,
             targets: &batch.targets,
-            grad_scale: None,
+            mode: stages::Mode::Eval,
         };
         total += mean(&chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head"));
     }

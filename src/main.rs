@@ -54,7 +54,9 @@ fn main() -> ExitCode {
 /// One line for a user mistake (exit 2) or an interruption (exit 130); the full chain for
 /// anything else (exit 1).
 fn report(e: anyhow::Error) -> ExitCode {
-    if e.is::<error::Interrupted>() {
+    if let Some(error::Quiet(code)) = e.downcast_ref::<error::Quiet>() {
+        ExitCode::from(*code)
+    } else if e.is::<error::Interrupted>() {
         eprintln!("{e}");
         ExitCode::from(130)
     } else if error::is_user_error(&e) {

@@ -1,5 +1,5 @@
-//! Failures end the run cleanly: a stage that errors or panics stops every stage within
-//! seconds with that stage's message and a non-zero exit, and the last checkpoint stays
+//! Failures end the run cleanly: a rank that errors or panics stops every rank within
+//! seconds with that rank's message and a non-zero exit, and the last checkpoint stays
 //! intact; Ctrl-C stops at a step boundary with a checkpoint.
 
 mod common;
@@ -59,8 +59,8 @@ fn a_failing_stage_stops_every_stage_with_its_message() {
         "2",
     ];
     for (fault, message) in [
-        ("2:3", "error: stage 2: injected fault at step 3"),
-        ("1:3:panic", "error: stage 1 panicked: injected fault at step 3"),
+        ("2:3", "error: rank 2: stage 2: injected fault at step 3"),
+        ("1:3:panic", "error: rank 1 panicked: injected fault at step 3"),
     ] {
         let run = format!("run-{}", fault.replace(':', "-"));
         let out = wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));

@@ -141,7 +141,7 @@ fn forward_matches_transformers_per_token_losses() {
                 index: i as u32,
                 tokens: &tokens[span.clone()],
                 targets: &targets[span.clone()],
-                grad_scale: None,
+                mode: stages::Mode::Eval,
             };
             let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
             assert_eq!(got.len(), span.len());

@@ -16,7 +16,7 @@
 
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::Tensor;
+use crate::tensor::{Detached, Tensor};
 use std::sync::Arc;
 
 /// How a matmul weight is laid out in memory.
@@ -60,6 +60,9 @@ pub trait Device: Send + Sync {
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
+    /// Takes over a tensor another device of this process detached, counting it here: the
+    /// same storage where this device can use it as it is, a copy only where it cannot.
+    fn adopt(&self, t: Detached, category: Category) -> Tensor;
     /// dst = src (same number of elements).
     fn copy(&self, dst: &mut Tensor, src: &Tensor);
     fn fill_zero(&self, t: &mut Tensor);

@@ -16,4 +16,4 @@ pub mod tensor;
 pub use device::{AdamWStep, Device, WeightLayout};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
-pub use tensor::{Storage, Tensor};
+pub use tensor::{Detached, Storage, Tensor};

@@ -105,6 +105,27 @@ impl Tensor {
     }
 }
 
+/// A tensor's storage between two devices of one process: counted by no ledger, so a
+/// transport can hand it from one stage to another without copying it.
+pub struct Detached {
+    pub shape: Vec<usize>,
+    pub storage: Storage,
+}
+
+impl Tensor {
+    /// Takes the storage out of this device's accounting, to hand to another device's
+    /// [`Device::adopt`](crate::Device::adopt).
+    pub fn detach(mut self) -> Detached {
+        self.ledger.freed(self.category, self.bytes());
+        let storage = std::mem::replace(&mut self.storage, Storage::Cpu(Vec::new()));
+        let shape = std::mem::take(&mut self.shape);
+        // What drops now is an empty husk: no bytes for the ledger, nothing to recycle.
+        self.shape = vec![0];
+        self.recycler = None;
+        Detached { shape, storage }
+    }
+}
+
 impl Drop for Tensor {
     fn drop(&mut self) {
         self.ledger.freed(self.category, self.bytes());

@@ -10,13 +10,9 @@ use serde_json::{json, Map};
 
 use crate::error::user_error;
 
-/// One parameter (or optimizer moment) with its Hugging Face GPT-2 name and layout.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NamedTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
+/// One parameter (or optimizer moment) with its Hugging Face GPT-2 name and layout; the
+/// same type crosses ranks when checkpoints are gathered and scattered.
+pub use stages::NamedTensor;
 
 /// Writes `tensors` to `path` as safetensors and syncs it to disk. Written here rather than
 /// by `safetensors::serialize_to_file` so the tensors stream out without a second copy in

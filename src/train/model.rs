@@ -190,3 +190,72 @@ pub fn chunk_layouts(cfg: &Config, path: &Path) -> anyhow::Result<Vec<ChunkLayou
     };
     Ok(partition::layouts(&counts))
 }
+
+/// The layouts of stage `stage`'s chunks: chunk c is virtual stage c*p + stage.
+pub fn stage_layouts(cfg: &Config, path: &Path, stage: usize) -> anyhow::Result<Vec<ChunkLayout>> {
+    let layouts = chunk_layouts(cfg, path)?;
+    let shape = schedules::Shape {
+        stages: cfg.pipeline_model_parallel_size,
+        chunks: cfg.virtual_stages(),
+        microbatches: cfg.num_microbatches(),
+    };
+    Ok((0..cfg.virtual_stages()).map(|c| layouts[shape.virtual_stage(stage, c)].clone()).collect())
+}
+
+/// One line for a stage: what it holds and how it recomputes.
+pub fn describe_stage(cfg: &Config, layouts: &[ChunkLayout], stage: usize) -> String {
+    let chunks: Vec<String> = layouts
+        .iter()
+        .map(|l| {
+            let mut parts = Vec::new();
+            if l.embedding {
+                parts.push("embedding".to_string());
+            }
+            match l.blocks.len() {
+                0 => {}
+                1 => parts.push(format!("h.{}", l.blocks.start)),
+                _ => parts.push(format!("h.{}-h.{}", l.blocks.start, l.blocks.end - 1)),
+            }
+            if l.head {
+                parts.push("head".to_string());
+            }
+            parts.join(" + ")
+        })
+        .collect();
+    format!("{}; recompute {}", chunks.join(" | "), recompute_policy(cfg, stage).describe())
+}
+
+/// Each stage's peak activation bytes as the simulator predicts them from the memory model
+/// (stages::memory_model) for this schedule — what the ledger must measure — under each
+/// stage's recompute policy, or under none (`with_recompute` false) to say what it saved.
+pub fn predicted_activation_peaks(
+    cfg: &Config,
+    path: &Path,
+    schedule: &LoweredSchedule,
+    with_recompute: bool,
+) -> anyhow::Result<Vec<u64>> {
+    use schedules::{simulate, ChunkCosts, ChunkMemory, Link, SimInput};
+    let s = shape(cfg);
+    let p = cfg.pipeline_model_parallel_size;
+    let mut costs = Vec::new();
+    for stage in 0..p {
+        let policy = if with_recompute { recompute_policy(cfg, stage) } else { RecomputePolicy::None };
+        for layout in stage_layouts(cfg, path, stage)? {
+            costs.push(ChunkCosts {
+                forward: 1.0,
+                backward_input: 1.0,
+                backward_weight: 1.0,
+                recompute: 0.0,
+                memory: ChunkMemory {
+                    activation_bytes: stages::memory_model::stash_bytes(&s, &layout, &policy) as u64,
+                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(&s, &layout) as u64,
+                    ..ChunkMemory::default()
+                },
+            });
+        }
+    }
+    let input = SimInput::new(p, cfg.virtual_stages(), costs, vec![0; p], Link::INSTANT)
+        .expect("costs for every (stage, chunk)");
+    let report = simulate(schedule, &input).expect("a lowered schedule simulates");
+    Ok(report.stages.iter().map(|s| s.peak_memory).collect())
+}

@@ -13,7 +13,8 @@ pub struct Summary {
     /// FLOP/s of a large matmul measured in this process: the MFU denominator.
     pub peak_flops: f64,
     pub elapsed_s: f64,
-    /// One per stage.
+    /// (stage, replica) of every rank, in rank order: every list below has one per rank.
+    pub ranks: Vec<(usize, usize)>,
     pub memory: Vec<MemorySnapshot>,
     /// Peak activation bytes per stage as the memory model predicts them.
     pub predicted_activations: Vec<u64>,
@@ -55,20 +56,26 @@ impl Summary {
             self.achieved_flops() / 1e9,
             self.peak_flops / 1e9
         );
+        let replicas = self.ranks.iter().map(|r| r.1 + 1).max().unwrap_or(1);
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
-            println!("stage {i}          {}", self.stage_descriptions[i]);
+            let (stage, replica) = self.ranks[i];
+            let label = match replicas {
+                1 => format!("stage {stage}"),
+                _ => format!("rank {i} (stage {stage}, replica {replica})"),
+            };
+            println!("{label:<16} {}", self.stage_descriptions[i]);
             let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
             if saved > 0 || self.recompute_s[i] > 0.0 {
                 println!(
-                    "stage {i} recompute saved {} of activations ({:.0}%), recomputing took {:.2} s",
+                    "{label} recompute saved {} of activations ({:.0}%), recomputing took {:.2} s",
                     human_bytes(saved as usize),
                     100.0 * saved as f64 / self.predicted_without_recompute[i].max(1) as f64,
                     self.recompute_s[i]
                 );
             }
             println!(
-                "stage {i} peak     {} (activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
+                "{label} peak     {} (activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
                 human_bytes(m.peak_bytes),
                 human_bytes(cat(Category::Activations)),
                 human_bytes(self.predicted_activations[i] as usize),
@@ -95,6 +102,9 @@ impl Summary {
                     .collect();
                 let bubble = self.bubble.as_ref().map(|b| b[i]);
                 json!({
+                    "rank": i,
+                    "stage": self.ranks[i].0,
+                    "replica": self.ranks[i].1,
                     "holds": self.stage_descriptions[i],
                     "max_in_flight": self.max_in_flight[i],
                     "predicted_activation_peak_bytes": self.predicted_activations[i],

@@ -1,53 +1,69 @@
-//! The measured timeline of a run: when every stage ran each action of each step, and its
-//! post-schedule phase (exchange, grad norm, AdamW), for the Chrome trace (`train --trace`)
-//! and the measured bubble rate per stage.
+//! The measured timeline of a run: when every rank ran each action of each step, and its
+//! post-schedule phase (gradient reductions, grad norm, AdamW), for the Chrome trace
+//! (`train --trace`) and the measured bubble rate per rank. With one replica a rank is its
+//! stage.
 
-use super::pipeline::last_action_end;
+use super::report::StepReport;
 use crate::trace::TraceEvent;
 use schedules::ActionKind;
-use stages::runtime::{ActionTiming, StageStepReport};
+use stages::dist::Topology;
+use stages::runtime::ActionTiming;
 
 /// One step as measured.
 struct StepRecord {
     step: usize,
     /// Seconds from the first step's start to this step's.
     offset: f64,
-    /// Per stage, its actions.
+    /// Per rank, its actions.
     timings: Vec<Vec<ActionTiming>>,
-    /// When the step's last action ended, in seconds since the step's start.
-    schedule_end: f64,
-    /// Per stage, seconds from `schedule_end` to the end of its optimizer step.
-    post_schedule: Vec<f64>,
+    /// Per rank, (start, end) of its post-schedule phase: from the end of the step's last
+    /// action (on any rank: every rank's reductions wait for it) to the end of its
+    /// optimizer step, in seconds since the step's start.
+    post_schedule: Vec<(f64, f64)>,
 }
 
 pub struct Timeline {
     steps: Vec<StepRecord>,
-    /// Compute seconds and step seconds per stage, summed over the steps after the first
-    /// (the first step warms caches and allocators up).
+    /// Compute seconds per rank, summed over the steps after the first (the first step
+    /// warms caches and allocators up).
     busy: Vec<f64>,
+    topology: Topology,
     /// Model chunks per stage, for naming actions.
     chunks: usize,
-    /// Most microbatches each stage held activations of at once.
+    /// Most microbatches each rank held activations of at once.
     pub max_in_flight: Vec<usize>,
     total: f64,
     elapsed: f64,
 }
 
 impl Timeline {
-    pub fn new(stages: usize, chunks: usize) -> Self {
+    pub fn new(topology: Topology, chunks: usize) -> Self {
         Timeline {
             steps: Vec::new(),
-            busy: vec![0.0; stages],
+            busy: vec![0.0; topology.world()],
+            topology,
             chunks,
-            max_in_flight: vec![0; stages],
+            max_in_flight: vec![0; topology.world()],
             total: 0.0,
             elapsed: 0.0,
         }
     }
 
-    /// Records a step of `step_s` seconds: the stages' reports and, per stage, the seconds
-    /// from the end of the step's last action to the end of its optimizer step.
-    pub fn record(&mut self, step: usize, step_s: f64, reports: &[StageStepReport], post_schedule: &[f64]) {
+    /// Records a step of `step_s` seconds from every rank's report, each rank's times moved
+    /// onto rank 0's step clock.
+    pub fn record(&mut self, step: usize, step_s: f64, reports: &[StepReport]) {
+        let shift = |r: &StepReport| r.start_wall_s - reports[0].start_wall_s;
+        let timings: Vec<Vec<ActionTiming>> = reports
+            .iter()
+            .map(|r| {
+                let dt = shift(r);
+                r.timings
+                    .iter()
+                    .map(|t| ActionTiming { start_s: t.start_s + dt, end_s: t.end_s + dt, ..t.clone() })
+                    .collect()
+            })
+            .collect();
+        let schedule_end = reports.iter().map(|r| r.last_action_end() + shift(r)).fold(0.0, f64::max);
         for (m, r) in self.max_in_flight.iter_mut().zip(reports) {
             *m = (*m).max(r.max_in_flight);
         }
@@ -65,26 +81,26 @@ impl Timeline {
         self.steps.push(StepRecord {
             step,
             offset: self.elapsed,
-            timings: reports.iter().map(|r| r.timings.clone()).collect(),
-            schedule_end: last_action_end(reports),
-            post_schedule: post_schedule.to_vec(),
+            timings,
+            post_schedule: reports.iter().map(|r| (schedule_end, r.end_s + shift(r))).collect(),
         });
         self.elapsed += step_s;
     }
 
-    /// Per stage: the share of step time not spent computing (None with fewer than 2 steps).
+    /// Per rank: the share of step time not spent computing (None with fewer than 2 steps).
     pub fn bubble_rates(&self) -> Option<Vec<f64>> {
         (self.total > 0.0).then(|| self.busy.iter().map(|b| 1.0 - b / self.total).collect())
     }
 
-    /// Every recorded action, and every stage's post-schedule phase, as trace events.
+    /// Every recorded action, and every rank's post-schedule phase, as trace events (the
+    /// rank is the trace's thread).
     pub fn events(&self) -> Vec<TraceEvent> {
         let mut events = Vec::new();
         for s in &self.steps {
-            for t in s.timings.iter().flatten() {
+            for (rank, t) in s.timings.iter().enumerate().flat_map(|(r, ts)| ts.iter().map(move |t| (r, t))) {
                 let a = t.action;
                 events.push(TraceEvent {
-                    stage: a.stage,
+                    stage: rank,
                     name: a.token(self.chunks).to_string(),
                     category: category(a.kind).to_string(),
                     start_s: s.offset + t.start_s,
@@ -92,12 +108,12 @@ impl Timeline {
                     args: serde_json::json!({ "chunk": a.chunk, "microbatch": a.microbatch, "step": s.step }),
                 });
             }
-            events.extend(s.post_schedule.iter().enumerate().map(|(stage, &dur_s)| TraceEvent {
-                stage,
+            events.extend(s.post_schedule.iter().enumerate().map(|(rank, &(start, end))| TraceEvent {
+                stage: rank,
                 name: crate::trace::category::OPTIMIZER.to_string(),
                 category: crate::trace::category::OPTIMIZER.to_string(),
-                start_s: s.offset + s.schedule_end,
-                dur_s,
+                start_s: s.offset + start,
+                dur_s: end - start,
                 args: serde_json::json!({ "step": s.step }),
             }));
         }
@@ -105,7 +121,13 @@ impl Timeline {
     }
 
     pub fn write_trace(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        let names: Vec<String> = (0..self.busy.len()).map(|s| format!("stage {s}")).collect();
+        let t = self.topology;
+        let names: Vec<String> = (0..t.world())
+            .map(|r| match t.data {
+                1 => format!("stage {r}"),
+                _ => format!("rank {r}: stage {}, replica {}", t.stage_of(r), t.replica_of(r)),
+            })
+            .collect();
         crate::trace::write_chrome_trace(path, &self.events(), &names)
     }
 }

@@ -24,9 +24,17 @@ pub struct Microbatch<'a> {
     pub tokens: &'a [u32],
     /// Targets [B*T] (read by the chunk with the head).
     pub targets: &'a [u32],
-    /// Multiplies dloss/dlogits: 1 / (B*T*microbatches) averages over the global batch.
-    /// None evaluates (no dropout, no stash).
-    pub grad_scale: Option<f32>,
+    pub mode: Mode,
+}
+
+/// Whether a forward trains or evaluates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    /// Dropout on, activations kept for backward; dloss/dlogits multiplied by `grad_scale`
+    /// (1 / tokens of the global batch averages over it).
+    Train { grad_scale: f32 },
+    /// Forward only: no dropout, nothing kept.
+    Eval,
 }
 
 /// What a segment of blocks keeps for backward.
@@ -101,7 +109,7 @@ impl ModelChunk {
     /// Forward of one microbatch. `input` [B,T,C] is the previous chunk's output (None on the
     /// embedding's chunk).
     pub fn forward(&mut self, dev: &dyn Device, mb: &Microbatch, input: Option<Tensor>) -> ForwardOutput {
-        let training = mb.grad_scale.is_some();
+        let training = matches!(mb.mode, Mode::Train { .. });
         let dropout = self.dropout_ctx(mb.step, mb.index, training);
         let p = &self.params;
         let mut x = match input {
@@ -178,7 +186,10 @@ impl ModelChunk {
             Some(g) => g,
             None => &mut p.grads[wte],
         };
-        let grad = mb.grad_scale.map(|scale| LossGrad { scale, dwte });
+        let grad = match mb.mode {
+            Mode::Train { grad_scale } => Some(LossGrad { scale: grad_scale, dwte }),
+            Mode::Eval => None,
+        };
         let (losses, head) = head::forward(
             dev,
             &self.shape,

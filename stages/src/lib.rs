@@ -2,6 +2,7 @@
 //! own, with the activation stash and the recompute policy that shapes it.
 
 pub mod chunk;
+pub mod dist;
 pub mod flops;
 pub mod init;
 pub mod layers;
@@ -13,9 +14,9 @@ pub mod runtime;
 pub mod saved;
 pub mod shape;
 pub mod stage;
-pub mod transport;
 
-pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, ModelChunk};
+pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode, ModelChunk};
+pub use dist::NamedTensor;
 pub use params::{ChunkLayout, Parameters};
 pub use recompute::{FullMethod, RecomputePolicy, SelectiveModules};
 pub use shape::{DropoutProbs, GptShape};

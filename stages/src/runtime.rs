@@ -1,14 +1,15 @@
-//! The stage runtime: each stage, on its own thread, executes its lowered action list — the
-//! very list `simulate` times — moving tensors only through its [`Transport`].
+//! The stage runtime: a stage executes its lowered action list — the very list `simulate`
+//! times — moving tensors only through its [`Transport`]. Which thread or process runs it,
+//! and how the ranks are launched, is the caller's.
 //!
-//! A stage that fails (an error or a panic) drops its transport; every peer waiting on it
-//! then fails with `PeerStopped`, so the whole step ends within one action, and the driver
-//! reports the failing stage's own message.
+//! A stage that fails drops its transport; every peer waiting on it then fails with
+//! `PeerStopped`, so the whole step ends within one action, and the launcher reports the
+//! failing stage's own message.
 
-use crate::chunk::Microbatch;
+use crate::chunk::{Microbatch, Mode};
+use crate::dist::{DistError, Message, Transport};
 use crate::stage::Stage;
-use crate::transport::{InProcess, Message, Transport, TransportError};
-use kernels::{Category, Tensor};
+use kernels::Tensor;
 use schedules::{Action, ActionKind, Channel, LoweredSchedule, Payload, Shape};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -19,12 +20,15 @@ pub struct MicrobatchData {
     pub targets: Vec<u32>,
 }
 
-/// What every stage needs to run one step.
+/// What a stage needs to run one step.
 pub struct StepInputs<'a> {
     pub step: u32,
+    /// This replica's microbatches; the action lists number them from 0.
     pub microbatches: &'a [MicrobatchData],
-    /// None: evaluation (forward only, no dropout, nothing stashed).
-    pub grad_scale: Option<f32>,
+    /// The global index of this replica's microbatch 0 (replica r of dp, m each: r * m), so
+    /// dropout masks are keyed as with one replica.
+    pub first_microbatch: usize,
+    pub mode: Mode,
 }
 
 /// When one action ran, in seconds since the step's clock started.
@@ -38,7 +42,7 @@ pub struct ActionTiming {
 /// What a stage reports after a step.
 #[derive(Debug, Default)]
 pub struct StageStepReport {
-    /// (microbatch, mean loss over its tokens), from the stage holding the head.
+    /// (global microbatch, mean loss over its tokens), from the stage holding the head.
     pub losses: Vec<(usize, f64)>,
     pub timings: Vec<ActionTiming>,
     /// Most microbatches whose activations the stage held at once.
@@ -48,19 +52,25 @@ pub struct StageStepReport {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("stage {stage}: {source}")]
-    Transport { stage: usize, source: TransportError },
+    Transport { stage: usize, source: DistError },
     #[error("stage {stage}: received {got} for {action}, expected it for virtual stage {expected_vs}, microbatch {expected_mb}")]
     Mismatch { stage: usize, action: String, got: String, expected_vs: usize, expected_mb: usize },
-    #[error("stage {stage} panicked: {message}")]
-    Panic { stage: usize, message: String },
     #[error("stage {stage}: injected fault at step {step}")]
     Injected { stage: usize, step: u32 },
 }
 
-/// A deliberate failure, for testing that a failing stage stops the run cleanly.
+impl RuntimeError {
+    /// Whether this stage only saw a peer stop (a consequence, not a root cause).
+    pub fn is_peer_stopped(&self) -> bool {
+        matches!(self, RuntimeError::Transport { source: DistError::PeerStopped { .. }, .. })
+    }
+}
+
+/// A deliberate failure, for testing that a failing rank stops the run cleanly: the rank
+/// fails in the middle of `step`, after its first action, while its peers wait on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultInjection {
-    pub stage: usize,
+    pub rank: usize,
     pub step: u32,
     /// Panic (true) or return an error (false).
     pub panic: bool,
@@ -114,77 +124,9 @@ pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
     (lists, channels)
 }
 
-/// Runs one step on every stage, each on its own thread, linked by in-process channels.
-/// Returns each stage's report, or the first root-cause failure.
-pub fn run_step(
-    stages: &mut [Stage],
-    plan: &StepPlan,
-    inputs: &StepInputs,
-    fault: Option<FaultInjection>,
-) -> Result<Vec<StageStepReport>, RuntimeError> {
-    let p = stages.len();
-    let transports = InProcess::mesh(p, plan.channels, plan.capacity);
-    let clock = Instant::now();
-    let results: Vec<Result<StageStepReport, RuntimeError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = stages
-            .iter_mut()
-            .zip(transports)
-            .enumerate()
-            .map(|(rank, (stage, mut transport))| {
-                let actions = &plan.lists[rank];
-                let shape = plan.shape;
-                scope.spawn(move || {
-                    if let Some(f) = fault.filter(|f| f.stage == rank && f.step == inputs.step) {
-                        if f.panic {
-                            panic!("injected fault at step {}", f.step);
-                        }
-                        return Err(RuntimeError::Injected { stage: rank, step: f.step });
-                    }
-                    run_stage(stage, rank, shape, actions, &mut transport, inputs, clock)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| h.join().unwrap_or_else(|payload| Err(panic_error(rank, payload))))
-            .collect()
-    });
-    root_cause(results)
-}
-
-fn panic_error(stage: usize, payload: Box<dyn std::any::Any + Send>) -> RuntimeError {
-    let message = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".into());
-    RuntimeError::Panic { stage, message }
-}
-
-/// All reports, or the error of the stage that failed first-hand (not one that only saw a
-/// peer stop).
-fn root_cause(
-    results: Vec<Result<StageStepReport, RuntimeError>>,
-) -> Result<Vec<StageStepReport>, RuntimeError> {
-    let mut reports = Vec::with_capacity(results.len());
-    let mut secondary = None;
-    for r in results {
-        match r {
-            Ok(report) => reports.push(report),
-            Err(e @ RuntimeError::Transport { source: TransportError::PeerStopped { .. }, .. }) => {
-                secondary.get_or_insert(e);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    match secondary {
-        Some(e) => Err(e),
-        None => Ok(reports),
-    }
-}
-
-/// Executes one stage's action list for one step.
+/// Executes stage `rank`'s action list for one step. `fault`, when given, fails this stage
+/// after its first action.
+#[allow(clippy::too_many_arguments)]
 pub fn run_stage(
     stage: &mut Stage,
     rank: usize,
@@ -193,6 +135,7 @@ pub fn run_stage(
     transport: &mut dyn Transport,
     inputs: &StepInputs,
     clock: Instant,
+    fault: Option<FaultInjection>,
 ) -> Result<StageStepReport, RuntimeError> {
     let dev = stage.device.clone();
     let mut report = StageStepReport::default();
@@ -202,7 +145,14 @@ pub fn run_stage(
     let mut outbox_act: HashMap<(usize, usize), Tensor> = HashMap::new();
     let mut outbox_grad: HashMap<(usize, usize), Tensor> = HashMap::new();
     let transport_err = |source| RuntimeError::Transport { stage: rank, source };
-    for action in actions {
+    let global = |mb: usize| (inputs.first_microbatch + mb) as u32;
+    for (i, action) in actions.iter().enumerate() {
+        if let Some(f) = fault.filter(|_| i == 1) {
+            if f.panic {
+                panic!("injected fault at step {}", f.step);
+            }
+            return Err(RuntimeError::Injected { stage: rank, step: f.step });
+        }
         let key = (action.chunk, action.microbatch);
         let start = clock.elapsed().as_secs_f64();
         match action.kind {
@@ -210,29 +160,29 @@ pub fn run_stage(
                 let data = &inputs.microbatches[action.microbatch];
                 let mb = Microbatch {
                     step: inputs.step,
-                    index: action.microbatch as u32,
+                    index: global(action.microbatch),
                     tokens: &data.inputs,
                     targets: &data.targets,
-                    grad_scale: inputs.grad_scale,
+                    mode: inputs.mode,
                 };
                 let (output, losses) = stage.forward(action.chunk, &mb, inbox_act.remove(&key));
                 if let Some(out) = output {
                     outbox_act.insert(key, out);
                 }
                 if let Some(l) = losses {
-                    report.losses.push((action.microbatch, mean(&l)));
+                    report.losses.push((global(action.microbatch) as usize, mean(&l)));
                 }
                 report.max_in_flight = report.max_in_flight.max(stage.in_flight());
             }
             ActionKind::Backward | ActionKind::BackwardInput => {
                 let split = action.kind == ActionKind::BackwardInput;
                 if let Some(dinput) =
-                    stage.backward(action.chunk, action.microbatch as u32, inbox_grad.remove(&key), split)
+                    stage.backward(action.chunk, global(action.microbatch), inbox_grad.remove(&key), split)
                 {
                     outbox_grad.insert(key, dinput);
                 }
             }
-            ActionKind::BackwardWeight => stage.backward_weight(action.chunk, action.microbatch as u32),
+            ActionKind::BackwardWeight => stage.backward_weight(action.chunk, global(action.microbatch)),
             ActionKind::SendActivation { to } | ActionKind::SendGrad { to } => {
                 let payload = action.kind.transfer().expect("a send").1;
                 let outbox = if payload == Payload::Activation { &mut outbox_act } else { &mut outbox_grad };
@@ -240,15 +190,13 @@ pub fn run_stage(
                 let msg = Message {
                     virtual_stage: shape.virtual_stage(rank, action.chunk),
                     microbatch: action.microbatch,
-                    shape: t.shape().to_vec(),
-                    data: dev.to_host(&t),
+                    tensor: t,
                 };
-                drop(t);
-                transport.send(to, payload, msg).map_err(transport_err)?;
+                transport.send(to, payload, msg, &*dev).map_err(transport_err)?;
             }
             ActionKind::RecvActivation { from } | ActionKind::RecvGrad { from } => {
                 let payload = action.kind.transfer().expect("a receive").1;
-                let msg = transport.recv(from, payload).map_err(transport_err)?;
+                let msg = transport.recv(from, payload, &*dev).map_err(transport_err)?;
                 let vs = shape.virtual_stage(rank, action.chunk);
                 let expected_vs = if payload == Payload::Activation { vs - 1 } else { vs + 1 };
                 if msg.virtual_stage != expected_vs || msg.microbatch != action.microbatch {
@@ -260,9 +208,8 @@ pub fn run_stage(
                         expected_mb: action.microbatch,
                     });
                 }
-                let t = dev.from_host(&msg.data, &msg.shape, Category::Transfer);
                 let inbox = if payload == Payload::Activation { &mut inbox_act } else { &mut inbox_grad };
-                inbox.insert(key, t);
+                inbox.insert(key, msg.tensor);
             }
         }
         report.timings.push(ActionTiming {

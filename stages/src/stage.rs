@@ -94,25 +94,18 @@ impl Stage {
         }
     }
 
-    /// This stage's part of the tied embedding's gradient, to send to the other holder:
-    /// the embedding's gradient (`embedding_side`) or the LM head's, from a chunk that holds
-    /// one but not the other.
-    pub fn tied_grad_part(&self, embedding_side: bool) -> Option<Vec<f32>> {
-        let c = self.chunks.iter().find(|c| is_tied_side(c, embedding_side))?;
+    /// The gradient of this stage's copy of the tied token embedding where the other copy
+    /// is on another stage: the embedding's (first stage) or the LM head's (last stage).
+    /// Both holders sum the two, so both copies stay identical.
+    pub fn tied_grad_mut(&mut self) -> Option<&mut Tensor> {
+        let c = self.chunks.iter_mut().find(|c| c.layout.embedding != c.layout.head)?;
         let wte = c.params.wte_index()?;
-        Some(self.device.to_host(&c.params.grads[wte]))
+        Some(&mut c.params.grads[wte])
     }
 
-    /// Adds the other holder's part, so both copies of the tied gradient are the same sum
-    /// (a + b == b + a exactly in IEEE arithmetic, so the order of the two does not matter).
-    pub fn add_tied_grad_part(&mut self, embedding_side: bool, other: &[f32]) {
-        let dev = &*self.device;
-        if let Some(c) = self.chunks.iter_mut().find(|c| is_tied_side(c, embedding_side)) {
-            let wte = c.params.wte_index().expect("tied side holds wte");
-            let g = &mut c.params.grads[wte];
-            let other = dev.from_host(other, g.shape(), kernels::Category::Workspace);
-            dev.accumulate(g, &other);
-        }
+    /// Every parameter gradient of this stage, chunk by chunk in parameter order.
+    pub fn grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.chunks.iter_mut().flat_map(|c| c.params.grads.iter_mut())
     }
 
     /// (global parameter index, sum of squares of its gradient) for every parameter this
@@ -148,14 +141,6 @@ impl Stage {
                 dev.adamw(&mut p.values[i], &p.grads[i], &mut p.exp_avg[i], &mut p.exp_avg_sq[i], step);
             }
         }
-    }
-}
-
-fn is_tied_side(c: &ModelChunk, embedding_side: bool) -> bool {
-    if embedding_side {
-        c.layout.embedding && !c.layout.head
-    } else {
-        c.layout.head && !c.layout.embedding
     }
 }
 

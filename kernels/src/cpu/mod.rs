@@ -27,7 +27,7 @@ pub use peak::measure_matmul_peak;
 use crate::device::{AdamWStep, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::{Detached, Storage, Tensor};
 use buffers::BufferCache;
 use rayon::ThreadPool;
 use std::sync::Arc;
@@ -134,6 +134,17 @@ impl Device for CpuDevice {
 
     fn to_host(&self, t: &Tensor) -> Vec<f32> {
         t.cpu().to_vec()
+    }
+
+    fn adopt(&self, t: Detached, category: Category) -> Tensor {
+        match t.storage {
+            // Every CPU device of a process shares one memory: the buffer itself moves.
+            Storage::Cpu(data) => self.tensor(&t.shape, data, category),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => {
+                panic!("cpu: a GPU tensor reached a CPU stage; a run's stages share one kind of device")
+            }
+        }
     }
 
     fn copy(&self, dst: &mut Tensor, src: &Tensor) {

@@ -8,7 +8,7 @@ use super::scratch::Scratch;
 use crate::device::{AdamWStep, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::{Detached, Storage, Tensor};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 use std::sync::{Arc, Mutex};
@@ -183,6 +183,23 @@ impl Device for CudaDevice {
             self.stream.clone_dtoh(cu(t)).unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
         self.synchronize();
         host
+    }
+
+    fn adopt(&self, t: Detached, category: Category) -> Tensor {
+        match t.storage {
+            // Another stage's stream on this GPU: the same memory, the use ordered after the
+            // producer's write by the slice's events (cudarc's event tracking).
+            Storage::Cuda(slice) if Arc::ptr_eq(slice.context(), &self.gpu.ctx) => {
+                self.tensor(&t.shape, slice, category)
+            }
+            Storage::Cuda(slice) => {
+                let copy = self.stream.clone_dtod(&slice).unwrap_or_else(|e| {
+                    panic!("cuda: cannot copy {:?} to GPU {}: {e:?}", t.shape, self.ordinal)
+                });
+                self.tensor(&t.shape, copy, category)
+            }
+            Storage::Cpu(data) => self.from_host(&data, &t.shape, category),
+        }
     }
 
     fn copy(&self, dst: &mut Tensor, src: &Tensor) {

@@ -1,0 +1,228 @@
+//! Where the backends are chosen. Without a launcher (or as the only rank of one) every rank
+//! is a thread of this process, p x dp of them. Under `mpirun` or Slurm's `srun`, each
+//! process is one rank of an MPI job (feature `mpi`), world = p x dp.
+//!
+//! Failures: with threads, a failing rank's ends drop, every peer waiting on it stops with
+//! `PeerStopped`, and the root cause is reported. Under MPI, a mistake every rank sees the
+//! same way (the config, the world size) is one line from rank 0 and exit 2 on every rank;
+//! any other failure is printed by its rank, which then ends the job (`MPI_Abort`).
+
+use super::model;
+use super::worker::{self, RankSetup};
+use crate::cli::TrainArgs;
+use crate::config::Config;
+use crate::error::{is_user_error, user_error, Quiet};
+use stages::dist::{threads, DistError, Topology};
+use stages::runtime::FaultInjection;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set by Ctrl-C or SIGTERM: the run stops at the next step boundary, with a checkpoint.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// What a launcher announced in the environment: (world size, this process's rank).
+pub fn launched() -> Option<(usize, usize)> {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    [
+        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+        ("PMI_SIZE", "PMI_RANK"),
+        ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),
+    ]
+    .iter()
+    .find_map(|(size, rank)| Some((var(size)?, var(rank)?)))
+}
+
+/// Under a launcher, only rank 0 reports a mistake every rank makes alike.
+pub fn quiet_unless_root(e: anyhow::Error) -> anyhow::Error {
+    match launched() {
+        Some((world, rank)) if world > 1 && rank != 0 && is_user_error(&e) => anyhow::Error::new(Quiet(2)),
+        _ => e,
+    }
+}
+
+/// The GPU of this process: its rank on this machine, as the launcher numbers them.
+#[cfg(feature = "cuda")]
+pub fn local_gpu() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+    match launched() {
+        Some((world, _)) if world > 1 => processes(args, cfg, world),
+        _ => in_threads(args, &cfg),
+    }
+}
+
+/// Every rank a thread of this process, sharing its cores.
+fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
+    let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: cfg.data_parallel() };
+    let (_, schedule) = model::lowered_schedule(cfg, &args.config)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fault = fault_injection()?;
+    let ends = threads::world(topology, schedule.required_capacity().get());
+    let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(id, (transport, collective))| {
+                scope.spawn(move || {
+                    let setup = RankSetup {
+                        id,
+                        topology,
+                        transport: Box::new(transport),
+                        collective: Box::new(collective),
+                        cpu_threads: cores / topology.world(),
+                        stop: &STOP,
+                        fault,
+                    };
+                    worker::run(args, cfg, setup)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| h.join().unwrap_or_else(|payload| Err(panic_error(rank, payload))))
+            .collect()
+    });
+    root_cause(results, topology)
+}
+
+fn panic_error(rank: usize, payload: Box<dyn std::any::Any + Send>) -> anyhow::Error {
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into());
+    anyhow::anyhow!("rank {rank} panicked: {message}")
+}
+
+/// Success, or the error of the rank that failed first-hand (not one that only saw a peer
+/// stop), named by its rank when there are several.
+fn root_cause(results: Vec<anyhow::Result<()>>, topology: Topology) -> anyhow::Result<()> {
+    let peer_stopped = |e: &anyhow::Error| {
+        e.chain().any(|c| matches!(c.downcast_ref::<DistError>(), Some(DistError::PeerStopped { .. })))
+    };
+    let mut secondary = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(()) => {}
+            Err(e) if peer_stopped(&e) => {
+                secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(name_rank(e, rank, topology)),
+        }
+    }
+    secondary.map_or(Ok(()), Err)
+}
+
+/// An internal failure says which rank it came from; a user mistake stays one plain line.
+fn name_rank(e: anyhow::Error, rank: usize, topology: Topology) -> anyhow::Error {
+    if is_user_error(&e)
+        || e.is::<crate::error::Interrupted>()
+        || topology.world() == 1
+        || e.to_string().starts_with("rank ")
+    {
+        e
+    } else {
+        e.context(format!("rank {rank}"))
+    }
+}
+
+/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic]` makes a rank fail in the middle of a step:
+/// how the tests check that one failing rank stops the whole run cleanly.
+fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
+    let Ok(spec) = std::env::var("PIPETRAIN_INJECT_FAULT") else { return Ok(None) };
+    let parts: Vec<&str> = spec.split(':').collect();
+    let parse = |s: &str| s.parse::<u32>().ok();
+    match parts.as_slice() {
+        [rank, step] | [rank, step, "panic"] if parse(rank).is_some() && parse(step).is_some() => {
+            Ok(Some(FaultInjection {
+                rank: parse(rank).unwrap_or(0) as usize,
+                step: parse(step).unwrap_or(0),
+                panic: parts.len() == 3,
+            }))
+        }
+        _ => Err(user_error(format!("PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP or RANK:STEP:panic"))),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn processes(_args: &TrainArgs, _cfg: Config, world: usize) -> anyhow::Result<()> {
+    Err(quiet_unless_root(user_error(format!(
+        "started as one of {world} ranks by mpirun or srun, but this binary was built without the `mpi` \
+         feature; rebuild with `cargo build --release --features mpi`, or run it without a launcher"
+    ))))
+}
+
+/// This process is one rank of an MPI job.
+#[cfg(feature = "mpi")]
+fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Result<()> {
+    use stages::dist::mpi::MpiWorld;
+    let mpi = MpiWorld::init().map_err(|e| anyhow::anyhow!("MPI: {e}"))?;
+    let (id, world) = (mpi.rank(), mpi.size());
+    let result = agree_on_config(args, &mut cfg, &mpi, world).and_then(|topology| {
+        let (transport, collective) = mpi.endpoints(topology);
+        let setup = RankSetup {
+            id,
+            topology,
+            transport: Box::new(transport),
+            collective: Box::new(collective),
+            cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()) / mpi.local_ranks,
+            stop: &STOP,
+            fault: fault_injection()?,
+        };
+        worker::run(args, &cfg, setup).map_err(|e| {
+            if e.is::<crate::error::Interrupted>() || e.is::<Quiet>() {
+                return e;
+            }
+            // Past the start, a failure is this rank's alone: say so, and end the job.
+            let (line, code) = match is_user_error(&e) {
+                true => (format!("error: {e}"), 2),
+                false => (format!("error: rank {id}: {e:#}"), 1),
+            };
+            eprintln!("{line}");
+            mpi.abort(code)
+        })
+    });
+    result.map_err(|e| if id != 0 && is_user_error(&e) { anyhow::Error::new(Quiet(2)) } else { e })
+}
+
+/// The world's layout from the config and the world size, and a check that every rank read
+/// the same config; a mistake here every rank sees alike, so none aborts.
+#[cfg(feature = "mpi")]
+fn agree_on_config(
+    args: &TrainArgs,
+    cfg: &mut Config,
+    mpi: &stages::dist::mpi::MpiWorld,
+    world: usize,
+) -> anyhow::Result<Topology> {
+    let path = args.config.display();
+    let p = cfg.pipeline_model_parallel_size;
+    if !world.is_multiple_of(p) {
+        return Err(user_error(format!(
+            "{path}: key `pipeline_model_parallel_size`: {p} does not divide the {world} ranks mpirun started"
+        )));
+    }
+    let dp = world / p;
+    if let Some(given) = cfg.data_parallel_size.filter(|&d| d != dp) {
+        return Err(user_error(format!(
+            "{path}: key `data_parallel_size`: {given}, but {world} ranks / pipeline_model_parallel_size {p} = {dp}"
+        )));
+    }
+    cfg.data_parallel_size = Some(dp);
+    cfg.validate().map_err(|(key, msg)| user_error(format!("{path}: key `{key}`: {msg}")))?;
+    let mine = serde_norway::to_string(&*cfg)?;
+    let (_, mut probe) = mpi.endpoints(Topology { pipeline: 1, data: world });
+    let all = stages::dist::Collective::all_gather(&mut probe, stages::dist::Group::World, mine.as_bytes())?;
+    if let Some(other) = all.iter().position(|c| c != &all[0]) {
+        let differing = crate::config::first_difference(&all[0], &all[other]);
+        return Err(user_error(format!(
+            "rank {other} read a config that differs from rank 0's: {differing}"
+        )));
+    }
+    Ok(Topology { pipeline: p, data: dp })
+}

@@ -1,0 +1,280 @@
+//! One rank of a run: its pipeline stage (its own chunks' parameters, gradients and AdamW
+//! moments, nothing else), the lowered schedule, and its two ends of the seam: the
+//! transport that carries the action lists' tensors and the collective that does
+//! everything after them. Every rank calls the same methods in the same order, whether it
+//! is a thread (the threads backend) or a process (MPI).
+
+use super::model;
+use super::report::StepReport;
+use crate::checkpoint::NamedTensor;
+use crate::config::Config;
+use crate::data::TokenFile;
+use anyhow::Context;
+use kernels::cpu::CpuDevice;
+use kernels::Device;
+use schedules::{LoweredSchedule, Shape};
+use stages::dist::{Collective, Group, Reader, Topology, Transport, Writer};
+use stages::runtime::{forward_only, run_stage, FaultInjection, MicrobatchData, StepInputs};
+use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
+use stages::Mode;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct Rank {
+    pub id: usize,
+    pub topology: Topology,
+    pub stage: Stage,
+    pub schedule: LoweredSchedule,
+    transport: Box<dyn Transport>,
+    collective: Box<dyn Collective>,
+}
+
+/// What one training step left on this rank.
+pub struct StepResult {
+    /// This rank's part of the step, as every rank will see it.
+    pub report: StepReport,
+    pub grad_norm: f64,
+}
+
+impl Rank {
+    /// Builds this rank's stage from `weights` (the tensors its chunks need; None
+    /// initialises them from the seed) with a CPU device of `cpu_threads` threads or the GPU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn build(
+        cfg: &Config,
+        cfg_path: &Path,
+        weights: Option<&[NamedTensor]>,
+        cpu_threads: usize,
+        id: usize,
+        topology: Topology,
+        transport: Box<dyn Transport>,
+        collective: Box<dyn Collective>,
+    ) -> anyhow::Result<Rank> {
+        let stage_index = topology.stage_of(id);
+        let (_, schedule) = model::lowered_schedule(cfg, cfg_path)?;
+        let layouts = model::stage_layouts(cfg, cfg_path, stage_index)?;
+        let device = stage_device(cfg, cfg_path, cpu_threads)?;
+        let policy = model::recompute_policy(cfg, stage_index);
+        let chunks = layouts
+            .into_iter()
+            .map(|layout| model::build_chunk(&*device, cfg, layout, policy, weights))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Rank { id, topology, stage: Stage::new(device, chunks), schedule, transport, collective })
+    }
+
+    pub fn stage_index(&self) -> usize {
+        self.topology.stage_of(self.id)
+    }
+
+    pub fn replica(&self) -> usize {
+        self.topology.replica_of(self.id)
+    }
+
+    pub fn collective(&mut self) -> &mut dyn Collective {
+        &mut *self.collective
+    }
+
+    fn shape(&self) -> Shape {
+        self.schedule.schedule().shape()
+    }
+
+    /// One training step: this stage's action list for this replica's microbatches, the
+    /// gradient reductions (data-parallel, then the tied embedding), the global grad norm
+    /// and AdamW. Gradients start at zero and are left at zero. Times are measured from
+    /// `clock`, the step's start.
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step(
+        &mut self,
+        cfg: &Config,
+        data: &TokenFile,
+        step: usize,
+        lr: f32,
+        clock: Instant,
+        fault: Option<FaultInjection>,
+    ) -> anyhow::Result<StepResult> {
+        let (m, dp) = (cfg.num_microbatches(), self.topology.data);
+        let first = self.replica() * m;
+        let microbatches = (first..first + m)
+            .map(|mb| {
+                let b =
+                    data.train_batch(cfg.seed, step as u32, mb as u32, cfg.micro_batch_size, cfg.seq_length)?;
+                Ok(MicrobatchData { inputs: b.inputs, targets: b.targets })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let grad_scale = 1.0 / (cfg.micro_batch_size * cfg.seq_length * m * dp) as f32;
+        let inputs = StepInputs {
+            step: step as u32,
+            microbatches: &microbatches,
+            first_microbatch: first,
+            mode: Mode::Train { grad_scale },
+        };
+        let (stage_index, shape) = (self.stage_index(), self.shape());
+        let fault = fault.filter(|f| f.rank == self.id && f.step == step as u32);
+        let lists = self.schedule.schedule().stages();
+        let stage_report = run_stage(
+            &mut self.stage,
+            stage_index,
+            shape,
+            &lists[stage_index],
+            &mut *self.transport,
+            &inputs,
+            clock,
+            fault,
+        )?;
+        self.reduce_grads()?;
+        let grad_norm = self.grad_norm()?;
+        self.optimizer_step(cfg, lr, step, grad_norm);
+        let report = StepReport::new(stage_report, clock.elapsed().as_secs_f64());
+        Ok(StepResult { report, grad_norm })
+    }
+
+    /// Sums gradients across data-parallel replicas, then the tied embedding's two halves.
+    fn reduce_grads(&mut self) -> anyhow::Result<()> {
+        let dev = self.stage.device.clone();
+        self.stage.fold_local_tied_grad();
+        if self.topology.data > 1 {
+            for g in self.stage.grads_mut() {
+                self.collective.all_reduce_sum(Group::DataParallel, g, &*dev)?;
+            }
+        }
+        if let Some(g) = self.stage.tied_grad_mut() {
+            self.collective.all_reduce_sum(Group::TiedEmbedding, g, &*dev)?;
+        }
+        Ok(())
+    }
+
+    /// The global gradient norm: every stage's per-parameter sums of squares, added in
+    /// global parameter order, so every rank gets the same number whatever the partition.
+    fn grad_norm(&mut self) -> anyhow::Result<f64> {
+        let mut w = Writer::default();
+        let parts = self.stage.grad_sum_squares();
+        w.u64(parts.len() as u64);
+        for (index, sum) in &parts {
+            w.u64(*index as u64).u64(sum.to_bits());
+        }
+        let mut all = Vec::new();
+        for bytes in self.collective.all_gather(Group::Pipeline, &w.0)? {
+            let mut r = Reader(&bytes);
+            for _ in 0..r.usize()? {
+                all.push((r.usize()?, f64::from_bits(r.u64()?)));
+            }
+        }
+        Ok(global_grad_norm(all))
+    }
+
+    /// AdamW on this stage, gradients clipped to the global norm, then zeroed for the next step.
+    fn optimizer_step(&mut self, cfg: &Config, lr: f32, step: usize, grad_norm: f64) {
+        self.stage.optimizer_step(OptimizerStep {
+            lr,
+            beta1: cfg.adam_beta1,
+            beta2: cfg.adam_beta2,
+            eps: cfg.adam_eps,
+            weight_decay: cfg.weight_decay,
+            step: step as u32,
+            grad_scale: clip_factor(grad_norm, cfg.clip_grad),
+        });
+        self.stage.zero_grads();
+    }
+
+    /// Mean loss of `iters` validation windows, forward only. The replicas split the
+    /// windows in contiguous blocks; the mean is taken in window order, so it is the same
+    /// bits for any data-parallel size.
+    pub fn evaluate(&mut self, cfg: &Config, data: &TokenFile, iters: usize) -> anyhow::Result<f64> {
+        let per_replica = iters.div_ceil(self.topology.data);
+        let first = (self.replica() * per_replica).min(iters);
+        let count = per_replica.min(iters - first);
+        let microbatches = (first..first + count)
+            .map(|i| {
+                let b = data.eval_batch(i, cfg.micro_batch_size, cfg.seq_length)?;
+                Ok(MicrobatchData { inputs: b.inputs, targets: b.targets })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let shape = Shape { microbatches: count, ..self.shape() };
+        let (lists, _) = forward_only(shape);
+        let inputs =
+            StepInputs { step: 0, microbatches: &microbatches, first_microbatch: first, mode: Mode::Eval };
+        let stage_index = self.stage_index();
+        let report = run_stage(
+            &mut self.stage,
+            stage_index,
+            shape,
+            &lists[stage_index],
+            &mut *self.transport,
+            &inputs,
+            Instant::now(),
+            None,
+        )?;
+        let mut w = Writer::default();
+        w.u64(report.losses.len() as u64);
+        for (window, loss) in &report.losses {
+            w.u64(*window as u64).u64(loss.to_bits());
+        }
+        let mut losses = Vec::new();
+        for bytes in self.collective.all_gather(Group::World, &w.0)? {
+            let mut r = Reader(&bytes);
+            for _ in 0..r.usize()? {
+                losses.push((r.usize()?, f64::from_bits(r.u64()?)));
+            }
+        }
+        Ok(super::report::mean_loss(losses))
+    }
+
+    /// This stage's parameters (or optimizer moments, per `pick`), tagged with their global
+    /// index.
+    pub fn named(
+        &self,
+        pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
+    ) -> Vec<(usize, NamedTensor)> {
+        model::named(&self.stage.chunks, &*self.stage.device, pick)
+    }
+
+    /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names).
+    pub fn restore_optimizer(&mut self, optimizer: &[NamedTensor]) -> anyhow::Result<()> {
+        let dev = self.stage.device.clone();
+        for chunk in &mut self.stage.chunks {
+            let p = &mut chunk.params;
+            for i in 0..p.specs.len() {
+                for (name, target) in [
+                    (crate::checkpoint::exp_avg_name(&p.specs[i].name), &mut p.exp_avg[i]),
+                    (crate::checkpoint::exp_avg_sq_name(&p.specs[i].name), &mut p.exp_avg_sq[i]),
+                ] {
+                    let t = optimizer
+                        .iter()
+                        .find(|t| t.name == name)
+                        .with_context(|| format!("trainer state: no tensor `{name}`"))?;
+                    let host = dev.from_host(&t.data, target.shape(), kernels::Category::Workspace);
+                    dev.copy(target, &host);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stage's device: a CPU with its share of the cores, or the GPU.
+fn stage_device(cfg: &Config, cfg_path: &Path, cpu_threads: usize) -> anyhow::Result<Arc<dyn Device>> {
+    match cfg.device.as_str() {
+        "cuda" => cuda_device(cfg, cfg_path),
+        _ => Ok(Arc::new(CpuDevice::new(cpu_threads.max(1)))),
+    }
+}
+
+/// The GPU of this process (each stage its own stream); `precision: bf16` runs the matmuls
+/// in bf16 with fp32 accumulation and master weights.
+#[cfg(feature = "cuda")]
+fn cuda_device(cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+    use kernels::cuda::{CudaDevice, MatmulPrecision};
+    let device = CudaDevice::new(super::launch::local_gpu())
+        .map_err(|e| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display())))?;
+    let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
+    Ok(Arc::new(device.with_matmul_precision(precision)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+    Err(crate::error::user_error(format!(
+        "{}: key `device`: cuda needs a build with `--features cuda`; use device: cpu",
+        cfg_path.display()
+    )))
+}

@@ -1,0 +1,300 @@
+//! The training loop of one rank. Every rank runs it, in lockstep through its collective;
+//! rank 0 alone touches the run dir (metrics, checkpoints, report, trace) and the terminal.
+
+use super::rank::Rank;
+use super::report::{mean_loss, RankSummary, StepReport};
+use super::{lr, metrics, model, shards, summary, timeline};
+use crate::checkpoint::{self, TrainerState};
+use crate::cli::TrainArgs;
+use crate::config::Config;
+use crate::data::TokenFile;
+use crate::error::{user_error, Interrupted};
+use kernels::cpu::CpuDevice;
+use stages::dist::{Collective, Group, Topology, Transport};
+use stages::runtime::FaultInjection;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// The MFU denominator of one GPU unless `--peak-flops` says otherwise: H100 SXM dense bf16.
+const H100_DENSE_BF16_FLOPS: f64 = 989e12;
+
+/// What a launcher hands one rank.
+pub struct RankSetup<'a> {
+    pub id: usize,
+    pub topology: Topology,
+    pub transport: Box<dyn Transport>,
+    pub collective: Box<dyn Collective>,
+    /// CPU threads this rank's device may use.
+    pub cpu_threads: usize,
+    /// Set when this process is asked to stop (Ctrl-C, SIGTERM).
+    pub stop: &'a AtomicBool,
+    pub fault: Option<FaultInjection>,
+}
+
+pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<()> {
+    let RankSetup { id, topology, transport, mut collective, cpu_threads, stop, fault } = setup;
+    let root = id == 0;
+    let train_path = cfg.train_data_path.clone().ok_or_else(|| {
+        user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
+    })?;
+    let train_data = open_data(&train_path, cfg)?;
+    let valid_data = cfg.valid_data_path.as_deref().map(|p| open_data(p, cfg)).transpose()?;
+
+    // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share.
+    let (parts, mut state) = match root {
+        true => {
+            let (parts, state) = root_start(args, cfg, topology)?;
+            (Some(parts), Some(state))
+        }
+        false => (None, None),
+    };
+    let start = shards::decode_start(&collective.scatter(parts)?)?;
+    let peak_flops = match (args.peak_flops, cfg.device.as_str()) {
+        (Some(peak), _) => peak,
+        (None, "cuda") => H100_DENSE_BF16_FLOPS * topology.world() as f64,
+        // Every rank measures its own cores at once: the job's peak is their sum.
+        (None, _) => {
+            let mine = kernels::cpu::measure_matmul_peak(&CpuDevice::new(cpu_threads.max(1)));
+            let all = collective.all_gather(Group::World, &mine.to_bits().to_le_bytes())?;
+            all.iter().map(|b| f64::from_bits(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))).sum()
+        }
+    };
+    let mut rank = Rank::build(
+        cfg,
+        &args.config,
+        start.weights.as_deref(),
+        cpu_threads,
+        id,
+        topology,
+        transport,
+        collective,
+    )?;
+    if let Some(opt) = &start.optimizer {
+        rank.restore_optimizer(opt)?;
+    }
+
+    let start_step = start.step;
+    let microbatches = cfg.num_microbatches();
+    let tokens_per_step = (cfg.global_batch_size * cfg.seq_length) as f64;
+    let mut metrics = match root {
+        true => Some(metrics::Metrics::open(
+            &args.run_dir,
+            start_step,
+            cfg.train_iters,
+            args.quiet,
+            cfg.log_interval,
+        )?),
+        false => None,
+    };
+    rank.stage.device.ledger().reset_peaks();
+    let lists: Vec<Vec<schedules::Action>> = (0..topology.world())
+        .map(|r| rank.schedule.schedule().stages()[topology.stage_of(r)].clone())
+        .collect();
+    let mut timeline = timeline::Timeline::new(topology, cfg.virtual_stages());
+    let mut trained_steps = 0usize;
+    let mut train_time = 0.0f64;
+    let mut last_saved = start_step;
+    let mut interrupted = false;
+    for step in start_step + 1..=cfg.train_iters {
+        // Every rank starts the step together (rank 0 writes between steps).
+        rank.collective().all_gather(Group::World, &[])?;
+        let (t0, wall) = (Instant::now(), std::time::SystemTime::now());
+        let lr = lr::learning_rate(cfg, step);
+        let mut outcome = rank.train_step(cfg, &train_data, step, lr, t0, fault)?;
+        outcome.report.stop = stop.load(Ordering::SeqCst);
+        outcome.report.start_wall_s =
+            wall.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let reports = rank
+            .collective()
+            .all_gather(Group::World, &outcome.report.encode())?
+            .iter()
+            .zip(&lists)
+            .map(|(bytes, actions)| StepReport::decode(bytes, actions))
+            .collect::<Result<Vec<_>, _>>()?;
+        let loss = mean_loss(reports.iter().flat_map(|r| r.losses.iter().copied()).collect());
+        // Every rank stops at the same step boundary once any was asked to.
+        interrupted = reports.iter().any(|r| r.stop);
+        let step_s = t0.elapsed().as_secs_f64();
+        train_time += step_s;
+        trained_steps += 1;
+        let mut record =
+            metrics::step_record(step, loss, lr, outcome.grad_norm, tokens_per_step / step_s, step_s * 1e3);
+        if let Some(state) = &mut state {
+            timeline.record(step, step_s, &reports);
+            state.step = step as u64;
+            state.data_position = step as u64;
+            state.lr = lr as f64;
+            state.train_losses.push((step as u64, loss as f32));
+        }
+        if let Some(valid) = &valid_data {
+            if cfg.eval_interval > 0 && (step.is_multiple_of(cfg.eval_interval) || step == cfg.train_iters) {
+                let v = rank.evaluate(cfg, valid, cfg.eval_iters.max(1))?;
+                record["val_loss"] = v.into();
+                if let Some(state) = &mut state {
+                    state.val_losses.push((step as u64, v as f32));
+                }
+            }
+        }
+        if let Some(m) = &mut metrics {
+            m.step(record)?;
+        }
+        if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval))
+            || step == cfg.train_iters
+            || interrupted
+        {
+            save(&args.run_dir, cfg, &mut rank, state.as_ref())?;
+            last_saved = step;
+        }
+        if interrupted {
+            if let Some(m) = &metrics {
+                m.println(&format!("interrupted: stopped after step {step}, checkpoint saved"));
+            }
+            break;
+        }
+    }
+    let mine = RankSummary {
+        memory: rank.stage.device.ledger().snapshot(),
+        recompute_s: rank.stage.chunks.iter().map(|c| c.recompute_s).sum(),
+    };
+    let summaries = rank.collective().gather(&mine.encode())?;
+    let (Some(m), Some(state), Some(summaries)) = (metrics, state, summaries) else { return Ok(()) };
+    m.finish();
+    if let Some(path) = &args.trace {
+        timeline.write_trace(path)?;
+    }
+    let summaries = summaries.iter().map(|b| RankSummary::decode(b)).collect::<Result<Vec<_>, _>>()?;
+    let per_rank =
+        |per_stage: Vec<u64>| (0..topology.world()).map(|r| per_stage[topology.stage_of(r)]).collect();
+    let report = summary::Summary {
+        steps: trained_steps,
+        final_loss: state.train_losses.last().map(|x| x.1 as f64),
+        final_val_loss: state.val_losses.last().map(|x| x.1 as f64),
+        tokens_per_s: tokens_per_step * trained_steps as f64 / train_time.max(1e-9),
+        model_flops_per_step: stages::flops::train_step_flops(
+            &model::shape(cfg),
+            microbatches * topology.data,
+        ),
+        peak_flops,
+        elapsed_s: train_time,
+        ranks: (0..topology.world()).map(|r| (topology.stage_of(r), topology.replica_of(r))).collect(),
+        memory: summaries.iter().map(|s| s.memory.clone()).collect(),
+        stage_descriptions: (0..topology.world())
+            .map(|r| {
+                let stage = topology.stage_of(r);
+                Ok(model::describe_stage(cfg, &model::stage_layouts(cfg, &args.config, stage)?, stage))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        predicted_activations: per_rank(model::predicted_activation_peaks(
+            cfg,
+            &args.config,
+            &rank.schedule,
+            true,
+        )?),
+        predicted_without_recompute: per_rank(model::predicted_activation_peaks(
+            cfg,
+            &args.config,
+            &rank.schedule,
+            false,
+        )?),
+        recompute_s: summaries.iter().map(|s| s.recompute_s).collect(),
+        max_in_flight: timeline.max_in_flight.clone(),
+        bubble: timeline.bubble_rates(),
+        last_checkpoint_step: last_saved,
+    };
+    report.print();
+    report.write(&args.run_dir)?;
+    if interrupted {
+        return Err(anyhow::Error::new(Interrupted(format!(
+            "interrupted: checkpoint of step {last_saved} saved in {}; continue with --resume",
+            args.run_dir.display()
+        ))));
+    }
+    Ok(())
+}
+
+/// Rank 0's start: the run dir made (or the one to resume checked), the checkpoint or
+/// `load` weights read, and every rank's share of them; the trainer state to continue.
+fn root_start(
+    args: &TrainArgs,
+    cfg: &Config,
+    topology: Topology,
+) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState)> {
+    let resume_from = prepare_run_dir(&args.run_dir, args.resume)?;
+    let loaded = match (&resume_from, &cfg.load) {
+        (Some(dir), _) => Some(checkpoint::load_checkpoint(dir)?),
+        (None, Some(load)) => Some(checkpoint::load_checkpoint(load)?),
+        (None, None) => None,
+    };
+    if let Some(ck) = &loaded {
+        checkpoint::check_shapes(
+            &ck.dir.join("model.safetensors"),
+            &checkpoint::expected_shapes(&model::hf_config(cfg)),
+            &ck.model,
+        )?;
+    }
+    let (weights, trainer) = match loaded {
+        Some(ck) if resume_from.is_some() => (Some(ck.model), ck.trainer),
+        Some(ck) => (Some(ck.model), None),
+        None => (None, None),
+    };
+    let (state, optimizer) = match trainer {
+        Some(t) => (Some(t.state), Some(t.optimizer)),
+        None => (None, None),
+    };
+    let step = state.as_ref().map_or(0, |s| s.step as usize);
+    let parts =
+        shards::start_parts(cfg, &args.config, topology, step, weights.as_deref(), optimizer.as_deref())?;
+    std::fs::write(args.run_dir.join("config.yaml"), serde_norway::to_string(cfg)?)?;
+    let state = state.unwrap_or_else(|| TrainerState {
+        step: 0,
+        seed: cfg.seed,
+        data_position: 0,
+        lr: 0.0,
+        config_yaml: serde_norway::to_string(cfg).unwrap_or_default(),
+        train_losses: vec![],
+        val_losses: vec![],
+    });
+    Ok((parts, state))
+}
+
+/// Every rank sends its stage (the first replica's); rank 0 writes the checkpoint.
+fn save(run_dir: &Path, cfg: &Config, rank: &mut Rank, state: Option<&TrainerState>) -> anyhow::Result<()> {
+    let mine = shards::encode_stage(rank);
+    let Some(parts) = rank.collective().gather(&mine)? else { return Ok(()) };
+    let (model, optimizer) = shards::assemble(&parts)?;
+    let state = state.expect("rank 0 keeps the trainer state");
+    checkpoint::save_checkpoint(run_dir, &model::hf_config(cfg), &model, state, &optimizer)?;
+    Ok(())
+}
+
+fn open_data(path: &Path, cfg: &Config) -> anyhow::Result<TokenFile> {
+    let f = TokenFile::open(path)?;
+    f.check_seq_len(cfg.seq_length)?;
+    f.check_vocab(cfg.vocab_size)?;
+    Ok(f)
+}
+
+/// Creates the run dir; with `resume`, returns the checkpoint to continue from. A run dir
+/// that already holds a run is never overwritten.
+fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let has_run = run_dir.join("metrics.jsonl").exists() || run_dir.join("checkpoints").exists();
+    if resume {
+        if !has_run {
+            return Err(user_error(format!(
+                "{}: --resume, but this run dir holds no run",
+                run_dir.display()
+            )));
+        }
+        return Ok(Some(run_dir.to_path_buf()));
+    }
+    if has_run {
+        return Err(user_error(format!(
+            "{}: already holds a run; pass --resume to continue it or choose another --run-dir",
+            run_dir.display()
+        )));
+    }
+    std::fs::create_dir_all(run_dir)
+        .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
+    Ok(None)
+}

@@ -1,0 +1,170 @@
+//! Every crossing between ranks, behind two interfaces:
+//!
+//! - a [`Transport`] moves the point-to-point tensors of the lowered action lists (one
+//!   stage's activation to the next, a gradient back);
+//! - a [`Collective`] does everything after the lists: the tied-embedding gradient sum, the
+//!   data-parallel gradient reduction, the global grad norm, losses and reports to rank 0,
+//!   checkpoint gather and scatter, and evaluation's losses.
+//!
+//! A backend implements both, in one file: [`threads`] (every rank a thread of one process,
+//! the embedded default), `mpi` (feature `mpi`: a rank per process, across machines) and
+//! `nccl` (feature `cuda`: GPU to GPU, bootstrapped over MPI). Ranks follow Megatron's
+//! default order with tensor parallelism 1: `rank = dp_rank + dp * pp_rank` ([`Topology`]).
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(all(feature = "cuda", feature = "mpi"))]
+pub mod nccl;
+pub mod threads;
+mod wire;
+
+use kernels::{Device, Tensor};
+use schedules::Payload;
+
+pub use wire::{decode_tensors, encode_tensors, NamedTensor, Reader, Writer};
+
+/// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub pipeline: usize,
+    pub data: usize,
+}
+
+/// A set of ranks that a collective runs over, named from one member's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Group {
+    /// Every rank.
+    World,
+    /// The stages of this rank's replica, in stage order.
+    Pipeline,
+    /// This stage's replicas, in replica order.
+    DataParallel,
+    /// The first and the last stage of this rank's replica: the two holders of the tied
+    /// embedding (one rank when they are the same stage).
+    TiedEmbedding,
+}
+
+impl Topology {
+    pub fn world(&self) -> usize {
+        self.pipeline * self.data
+    }
+
+    /// The rank of `stage` in `replica`.
+    pub fn rank(&self, stage: usize, replica: usize) -> usize {
+        replica + self.data * stage
+    }
+
+    pub fn stage_of(&self, rank: usize) -> usize {
+        rank / self.data
+    }
+
+    pub fn replica_of(&self, rank: usize) -> usize {
+        rank % self.data
+    }
+
+    /// The members of `group` as seen from `rank`, in the order collectives combine them.
+    pub fn members(&self, group: Group, rank: usize) -> Vec<usize> {
+        let (stage, replica) = (self.stage_of(rank), self.replica_of(rank));
+        match group {
+            Group::World => (0..self.world()).collect(),
+            Group::Pipeline => (0..self.pipeline).map(|s| self.rank(s, replica)).collect(),
+            Group::DataParallel => (0..self.data).map(|r| self.rank(stage, r)).collect(),
+            Group::TiedEmbedding => {
+                let mut ends = vec![self.rank(0, replica), self.rank(self.pipeline - 1, replica)];
+                ends.dedup();
+                ends
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DistError {
+    /// The peer is gone: it stopped (failed) before this crossing could happen.
+    #[error("rank {peer} stopped before the transfer")]
+    PeerStopped { peer: usize },
+    #[error("no {payload:?} channel between stage {from} and stage {to}")]
+    NoChannel { from: usize, to: usize, payload: Payload },
+    /// A message that is not what the protocol expects (a bug, or mismatched binaries).
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// A tensor in flight, tagged with what it is so the receiver can check it got the right one.
+#[derive(Debug)]
+pub struct Message {
+    /// The virtual stage that sent it.
+    pub virtual_stage: usize,
+    pub microbatch: usize,
+    pub tensor: Tensor,
+}
+
+/// One stage's ends of the point-to-point channels of its replica. `to` and `from` are
+/// pipeline stages, as the action lists name them. Each (peer, payload) is a FIFO channel;
+/// a send never waits for its receive beyond the buffering the lowered lists were proven
+/// to complete with, so no schedule can deadlock.
+pub trait Transport: Send {
+    /// Sends `msg`, whose tensor lives on `dev`.
+    fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError>;
+    /// The next message from `from` on `payload`, its tensor on `dev`.
+    fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError>;
+}
+
+/// Collective operations among the ranks of a [`Group`]. Every member calls the same
+/// operations in the same order. Results combine members in group order, so they are the
+/// same bits on every member, on every backend, run after run.
+pub trait Collective: Send {
+    fn rank(&self) -> usize;
+    fn topology(&self) -> Topology;
+    /// Every member's bytes, in member order, at every member.
+    fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError>;
+    /// Replaces `t` on every member by the members' elementwise sum, added in member order:
+    /// ((t0 + t1) + t2) + ...
+    fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError>;
+    /// Rank 0 receives every rank's bytes in rank order; the others get None.
+    fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError>;
+    /// Rank 0 hands each rank its part (`parts`, one per rank, given on rank 0 only).
+    fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError>;
+}
+
+/// Elementwise sum in member order of equally long host vectors: what every backend's
+/// [`Collective::all_reduce_sum`] computes, here once so all give the same bits.
+pub fn sum_in_order<'a>(parts: impl IntoIterator<Item = &'a [f32]>) -> Vec<f32> {
+    let mut parts = parts.into_iter();
+    let mut acc = parts.next().expect("a group has at least one member").to_vec();
+    for p in parts {
+        assert_eq!(p.len(), acc.len(), "all_reduce_sum: members hold different sizes");
+        for (a, x) in acc.iter_mut().zip(p) {
+            *a += x;
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_rank_order_with_pipeline_outermost() {
+        let t = Topology { pipeline: 3, data: 2 };
+        assert_eq!(t.world(), 6);
+        assert_eq!(t.rank(0, 1), 1);
+        assert_eq!(t.rank(2, 0), 4);
+        assert_eq!((t.stage_of(5), t.replica_of(5)), (2, 1));
+        assert_eq!(t.members(Group::Pipeline, 3), vec![1, 3, 5]);
+        assert_eq!(t.members(Group::DataParallel, 3), vec![2, 3]);
+        assert_eq!(t.members(Group::TiedEmbedding, 2), vec![0, 4]);
+        assert_eq!(t.members(Group::World, 0), (0..6).collect::<Vec<_>>());
+        let single = Topology { pipeline: 1, data: 2 };
+        assert_eq!(single.members(Group::TiedEmbedding, 1), vec![1]);
+    }
+
+    #[test]
+    fn sums_in_member_order() {
+        // (1e8 + 1) - 1e8 is 0 in f32 and 1 in the other order: the order is the contract.
+        let (a, b, c) = ([1e8f32], [1.0f32], [-1e8f32]);
+        assert_eq!(sum_in_order([&a[..], &b[..], &c[..]]), vec![0.0]);
+        assert_eq!(sum_in_order([&a[..], &c[..], &b[..]]), vec![1.0]);
+    }
+}

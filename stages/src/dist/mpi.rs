@@ -1,0 +1,370 @@
+//! The MPI backend (feature `mpi`): a rank per process, across processes and machines,
+//! launched by `mpirun` or Slurm's `srun` on the system's OpenMPI.
+//!
+//! Point-to-point tensors go as one message each (a small header, then the elements) with
+//! non-blocking sends, so a send never waits for its receive: the lowered lists, proven to
+//! complete with bounded FIFO channels, complete here too, and a 1F1B neighbour that sends
+//! while its peer sends cannot deadlock. Each (sender, payload) pair is its own tag, and
+//! MPI keeps messages of one tag in order. Collectives run on communicators split by
+//! [`Group`]; sums are taken in member order by [`sum_in_order`], as on every backend.
+//!
+//! A rank that dies takes the job with it: OpenMPI's launcher ends every rank and names
+//! the one that failed. A rank that fails with an error calls `MPI_Abort` after printing it.
+
+use super::wire::{Reader, Writer};
+use super::{sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
+use kernels::{Category, Device, Tensor};
+use mpi::datatype::PartitionMut;
+use mpi::point_to_point::MatchedReceiveVec;
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use mpi::Count;
+use schedules::Payload;
+use std::time::Duration;
+
+/// MPI's message sizes are C ints: larger transfers go in pieces of this many bytes.
+const PIECE: usize = 1 << 30;
+
+/// This process's place in an MPI job. Dropping it finalises MPI, so it must outlive the
+/// rank's transport and collective.
+pub struct MpiWorld {
+    universe: mpi::environment::Universe,
+    /// Ranks on this machine (for sharing its cores).
+    pub local_ranks: usize,
+}
+
+impl MpiWorld {
+    /// Initialises MPI with full thread support, so a rank's handles may move to the thread
+    /// that runs it.
+    pub fn init() -> Result<MpiWorld, String> {
+        let (universe, level) =
+            mpi::initialize_with_threading(mpi::Threading::Multiple).ok_or("MPI was already initialised")?;
+        if level != mpi::Threading::Multiple {
+            return Err(format!(
+                "this MPI library offers thread support {level:?}, and pipetrain needs Multiple"
+            ));
+        }
+        let local_ranks = universe.world().split_shared(0).size() as usize;
+        Ok(MpiWorld { universe, local_ranks })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.universe.world().rank() as usize
+    }
+
+    pub fn size(&self) -> usize {
+        self.universe.world().size() as usize
+    }
+
+    /// Ends every rank of the job (after this rank has said why).
+    pub fn abort(&self, code: i32) -> ! {
+        self.universe.world().abort(code)
+    }
+
+    /// This rank's transport and collective for `topology` (world = its size).
+    pub fn endpoints(&self, topology: Topology) -> (MpiTransport, MpiCollective) {
+        let world = self.universe.world();
+        let rank = world.rank() as usize;
+        assert_eq!(topology.world(), world.size() as usize, "the topology covers the whole job");
+        let (stage, replica) = (topology.stage_of(rank), topology.replica_of(rank));
+        // Every rank takes part in every split, in the same order.
+        let split = |color: Option<usize>, key: usize| {
+            let color = color.map_or_else(Color::undefined, |c| Color::with_value(c as i32));
+            world.split_by_color_with_key(color, key as i32)
+        };
+        let pipeline = split(Some(replica), stage).expect("every rank is in a pipeline");
+        let data = split(Some(stage), replica).expect("every rank is in a data-parallel group");
+        let holds_tied = stage == 0 || stage == topology.pipeline - 1;
+        let tied = split(holds_tied.then_some(replica), stage);
+        let transport = MpiTransport { comm: world.duplicate(), topology, replica, pending: Vec::new() };
+        let collective = MpiCollective { world: world.duplicate(), pipeline, data, tied, topology, rank };
+        (transport, collective)
+    }
+}
+
+/// A send in progress and the buffer it reads, freed once the request completes.
+struct PendingSend {
+    request: Request<'static, [u8], StaticScope>,
+    buffer: *mut [u8],
+}
+
+impl PendingSend {
+    fn start(comm: &SimpleCommunicator, to: usize, tag: i32, bytes: Vec<u8>) -> PendingSend {
+        let buffer: &'static mut [u8] = Box::leak(bytes.into_boxed_slice());
+        let ptr: *mut [u8] = buffer;
+        let request = comm.process_at_rank(to as i32).immediate_send_with_tag(StaticScope, &*buffer, tag);
+        PendingSend { request, buffer: ptr }
+    }
+
+    /// Frees the buffer if the send is done; gives the send back if not.
+    fn test(self) -> Option<PendingSend> {
+        let PendingSend { request, buffer } = self;
+        match request.test() {
+            Ok(_) => {
+                // SAFETY: the request completed, so MPI no longer reads the buffer, and it
+                // came from `Box::leak` in `start`.
+                drop(unsafe { Box::from_raw(buffer) });
+                None
+            }
+            Err(request) => Some(PendingSend { request, buffer }),
+        }
+    }
+
+    fn wait(self) {
+        self.request.wait();
+        // SAFETY: as in `test`.
+        drop(unsafe { Box::from_raw(self.buffer) });
+    }
+}
+
+// SAFETY (both): MPI runs with MPI_THREAD_MULTIPLE (checked in `init`), under which its
+// handles may be used from any thread; each value has one owner at a time.
+unsafe impl Send for MpiTransport {}
+unsafe impl Send for MpiCollective {}
+
+/// One rank's point-to-point channels to the other stages of its replica.
+pub struct MpiTransport {
+    comm: SimpleCommunicator,
+    topology: Topology,
+    replica: usize,
+    pending: Vec<PendingSend>,
+}
+
+fn tag(payload: Payload) -> i32 {
+    match payload {
+        Payload::Activation => 0,
+        Payload::Grad => 1,
+    }
+}
+
+impl MpiTransport {
+    fn reap(&mut self) {
+        self.pending = std::mem::take(&mut self.pending).into_iter().filter_map(PendingSend::test).collect();
+    }
+}
+
+impl MpiTransport {
+    /// Sends `bytes` to stage `to` of this replica, without waiting for the receive.
+    pub(super) fn send_bytes(&mut self, to: usize, payload: Payload, bytes: Vec<u8>) {
+        self.reap();
+        let dest = self.topology.rank(to, self.replica);
+        self.pending.push(PendingSend::start(&self.comm, dest, tag(payload), bytes));
+    }
+
+    /// The next message from stage `from` of this replica.
+    pub(super) fn recv_bytes(&mut self, from: usize, payload: Payload) -> Vec<u8> {
+        let source = self.topology.rank(from, self.replica) as i32;
+        let tag = tag(payload);
+        // Polls rather than blocks, yielding the core: with more ranks than cores, a
+        // waiting rank must not take the core its peer computes on.
+        let mut polls = 0u32;
+        let matched = loop {
+            if let Some(m) = self.comm.process_at_rank(source).immediate_matched_probe_with_tag(tag) {
+                break m;
+            }
+            self.reap();
+            polls += 1;
+            if polls < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        };
+        matched.matched_receive_vec::<u8>().0
+    }
+}
+
+impl Transport for MpiTransport {
+    fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
+        let mut w = header(msg.virtual_stage, msg.microbatch, msg.tensor.shape());
+        w.f32s(&dev.to_host(&msg.tensor));
+        drop(msg.tensor);
+        self.send_bytes(to, payload, w.0);
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
+        let bytes = self.recv_bytes(from, payload);
+        let mut r = Reader(&bytes);
+        let (virtual_stage, microbatch, shape) = read_header(&mut r)?;
+        let data = r.f32s()?;
+        if data.len() != shape.iter().product::<usize>() {
+            return Err(DistError::Protocol(format!(
+                "a message of {} values for shape {shape:?}",
+                data.len()
+            )));
+        }
+        Ok(Message { virtual_stage, microbatch, tensor: dev.from_host(&data, &shape, Category::Transfer) })
+    }
+}
+
+/// What a point-to-point message says of its tensor: (virtual stage, microbatch, shape).
+pub(super) fn header(virtual_stage: usize, microbatch: usize, shape: &[usize]) -> Writer {
+    let mut w = Writer::default();
+    w.u64(virtual_stage as u64).u64(microbatch as u64).u64(shape.len() as u64);
+    for &d in shape {
+        w.u64(d as u64);
+    }
+    w
+}
+
+pub(super) fn read_header(r: &mut Reader) -> Result<(usize, usize, Vec<usize>), DistError> {
+    let (virtual_stage, microbatch, ndim) = (r.usize()?, r.usize()?, r.usize()?);
+    let shape = (0..ndim).map(|_| r.usize()).collect::<Result<Vec<_>, _>>()?;
+    Ok((virtual_stage, microbatch, shape))
+}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        for send in self.pending.drain(..) {
+            send.wait();
+        }
+    }
+}
+
+/// One rank's collectives.
+pub struct MpiCollective {
+    world: SimpleCommunicator,
+    pipeline: SimpleCommunicator,
+    data: SimpleCommunicator,
+    /// None on the stages that hold no copy of the tied embedding.
+    tied: Option<SimpleCommunicator>,
+    topology: Topology,
+    rank: usize,
+}
+
+impl MpiCollective {
+    fn comm(&self, group: Group) -> &SimpleCommunicator {
+        match group {
+            Group::World => &self.world,
+            Group::Pipeline => &self.pipeline,
+            Group::DataParallel => &self.data,
+            Group::TiedEmbedding => {
+                self.tied.as_ref().expect("only the tied embedding's holders use its group")
+            }
+        }
+    }
+
+    /// Sends `bytes` to `to` on the world communicator, in pieces MPI's counts can hold.
+    fn send_large(&self, to: usize, bytes: &[u8]) {
+        let p = self.world.process_at_rank(to as i32);
+        p.send(&(bytes.len() as u64));
+        for piece in bytes.chunks(PIECE) {
+            p.send(piece);
+        }
+    }
+
+    fn recv_large(&self, from: usize) -> Vec<u8> {
+        let p = self.world.process_at_rank(from as i32);
+        let (len, _) = p.receive::<u64>();
+        let mut out = Vec::with_capacity(len as usize);
+        while out.len() < len as usize {
+            let (piece, _) = p.receive_vec::<u8>();
+            out.extend_from_slice(&piece);
+        }
+        out
+    }
+}
+
+fn counts(lens: &[usize]) -> Result<(Vec<Count>, Vec<Count>), DistError> {
+    let too_large = || DistError::Protocol("a collective of more than 2^31 elements".into());
+    let counts: Vec<Count> =
+        lens.iter().map(|&l| Count::try_from(l).map_err(|_| too_large())).collect::<Result<_, _>>()?;
+    let mut displs = Vec::with_capacity(counts.len());
+    let mut at: Count = 0;
+    for &c in &counts {
+        displs.push(at);
+        at = at.checked_add(c).ok_or_else(too_large)?;
+    }
+    Ok((counts, displs))
+}
+
+impl Collective for MpiCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let comm = self.comm(group);
+        let n = comm.size() as usize;
+        let mut lens = vec![0u64; n];
+        comm.all_gather_into(&(bytes.len() as u64), &mut lens[..]);
+        let lens: Vec<usize> = lens.into_iter().map(|l| l as usize).collect();
+        let (c, d) = counts(&lens)?;
+        let mut all = vec![0u8; lens.iter().sum()];
+        comm.all_gather_varcount_into(bytes, &mut PartitionMut::new(&mut all[..], c, &d[..]));
+        let mut out = Vec::with_capacity(n);
+        let mut rest = &all[..];
+        for len in lens {
+            let (head, tail) = rest.split_at(len);
+            out.push(head.to_vec());
+            rest = tail;
+        }
+        Ok(out)
+    }
+
+    fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        let comm = self.comm(group);
+        let n = comm.size() as usize;
+        if n == 1 {
+            return Ok(());
+        }
+        // A reduce-scatter then an all-gather, as a ring all-reduce moves 2(n-1)/n of the
+        // bytes: member j sums slice j of every member's tensor, in member order.
+        let host = dev.to_host(t);
+        let len = host.len();
+        let slice = |j: usize| (j * len / n)..((j + 1) * len / n);
+        let me = comm.rank() as usize;
+        let mine = slice(me).len();
+        let (send_counts, send_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
+        let (recv_counts, recv_displs) = counts(&vec![mine; n])?;
+        let mut pieces = vec![0f32; mine * n];
+        comm.all_to_all_varcount_into(
+            &mpi::datatype::Partition::new(&host[..], send_counts, &send_displs[..]),
+            &mut PartitionMut::new(&mut pieces[..], recv_counts, &recv_displs[..]),
+        );
+        let reduced = sum_in_order((0..n).map(|i| &pieces[i * mine..(i + 1) * mine]));
+        let (all_counts, all_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
+        let mut sum = vec![0f32; len];
+        comm.all_gather_varcount_into(
+            &reduced[..],
+            &mut PartitionMut::new(&mut sum[..], all_counts, &all_displs[..]),
+        );
+        let host = dev.from_host(&sum, t.shape(), Category::Workspace);
+        dev.copy(t, &host);
+        Ok(())
+    }
+
+    fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {
+        if self.rank != 0 {
+            self.send_large(0, bytes);
+            return Ok(None);
+        }
+        let mut all = vec![bytes.to_vec()];
+        all.extend((1..self.topology.world()).map(|r| self.recv_large(r)));
+        Ok(Some(all))
+    }
+
+    fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
+        if self.rank != 0 {
+            return Ok(self.recv_large(0));
+        }
+        let mut parts = parts.ok_or_else(|| DistError::Protocol("scatter: rank 0 gave no parts".into()))?;
+        if parts.len() != self.topology.world() {
+            return Err(DistError::Protocol(format!(
+                "scatter: {} parts for {} ranks",
+                parts.len(),
+                self.topology.world()
+            )));
+        }
+        for (r, part) in parts.iter().enumerate().skip(1) {
+            self.send_large(r, part);
+        }
+        Ok(std::mem::take(&mut parts[0]))
+    }
+}

@@ -1,0 +1,182 @@
+//! The NCCL backend (features `cuda` and `mpi`): one process per GPU, tensors GPU to GPU
+//! with no host copy. MPI launches the ranks and carries what is small or host-side: each
+//! communicator's unique id, the tensor headers, and the byte collectives (losses,
+//! reports, checkpoints).
+//!
+//! NEVER RUN ON A GPU: this file compiles and is lint-clean in CI; no GPU has been
+//! available to the project yet (the README says what has run where).
+//!
+//! Deadlock freedom: an NCCL send waits on the GPU until its receive is posted, so a stream
+//! that holds both directions could wait on itself (1F1B neighbours send to each other at
+//! the same time). Activations and gradients therefore travel on two communicators, each
+//! with its own stream: a rank's activation sends never queue behind its gradient
+//! receives, or the reverse. Every use of a tensor on another stream than the one that
+//! wrote it waits on cudarc's events.
+//!
+//! Sums are deterministic and equal to the other backends': each member broadcasts its
+//! tensor (one NCCL group), and every member adds the copies in member order on its GPU.
+
+use super::mpi::{MpiCollective, MpiWorld};
+use super::wire::Reader;
+use super::{Collective, DistError, Group, Message, Topology, Transport};
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{Comm, Id};
+use kernels::{Category, Device, Storage, Tensor};
+use schedules::Payload;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn nccl_error(what: &str, e: impl std::fmt::Debug) -> DistError {
+    DistError::Protocol(format!("NCCL {what}: {e:?}"))
+}
+
+/// An NCCL communicator over `group`'s members, its unique id made by the first member
+/// and handed to the others over MPI.
+fn comm_over(mpi: &mut MpiCollective, group: Group, stream: Arc<CudaStream>) -> Result<Comm, DistError> {
+    let members = mpi.topology().members(group, mpi.rank());
+    let me = members.iter().position(|&m| m == mpi.rank()).expect("a rank is in its own groups");
+    let id = if me == 0 { Some(Id::new().map_err(|e| nccl_error("unique id", e))?) } else { None };
+    let mine: Vec<u8> = id.map(|id| id.internal().iter().map(|&c| c as u8).collect()).unwrap_or_default();
+    let all = mpi.all_gather(group, &mine)?;
+    let bytes: [std::ffi::c_char; 128] =
+        std::array::from_fn(|i| all[0].get(i).copied().unwrap_or(0) as std::ffi::c_char);
+    Comm::from_rank(stream, me, members.len(), Id::uninit(bytes)).map_err(|e| nccl_error("communicator", e))
+}
+
+/// This rank's NCCL transport and collective on GPU `ordinal`.
+pub fn endpoints(
+    mpi: &MpiWorld,
+    topology: Topology,
+    ordinal: usize,
+) -> Result<(NcclTransport, NcclCollective), DistError> {
+    let (headers, mut bytes) = mpi.endpoints(topology);
+    let ctx = CudaContext::new(ordinal).map_err(|e| nccl_error("context", e))?;
+    let stream = || ctx.new_stream().map_err(|e| nccl_error("stream", e));
+    let activations = comm_over(&mut bytes, Group::Pipeline, stream()?)?;
+    let grads = comm_over(&mut bytes, Group::Pipeline, stream()?)?;
+    let mut sums = HashMap::new();
+    let holds_tied = topology.members(Group::TiedEmbedding, bytes.rank()).contains(&bytes.rank());
+    for group in [Group::World, Group::Pipeline, Group::DataParallel, Group::TiedEmbedding] {
+        if group != Group::TiedEmbedding || holds_tied {
+            sums.insert(group, comm_over(&mut bytes, group, stream()?)?);
+        }
+    }
+    Ok((NcclTransport { headers, activations, grads }, NcclCollective { bytes, sums }))
+}
+
+/// Point-to-point tensors: the header over MPI, the elements over NCCL.
+pub struct NcclTransport {
+    headers: super::mpi::MpiTransport,
+    activations: Comm,
+    grads: Comm,
+}
+
+// SAFETY (both): an NCCL communicator may be used from any thread as long as calls on it do
+// not overlap; each value has one owner at a time, and MPI runs with MPI_THREAD_MULTIPLE.
+unsafe impl Send for NcclTransport {}
+unsafe impl Send for NcclCollective {}
+
+fn slice(t: &Tensor) -> &cudarc::driver::CudaSlice<f32> {
+    match t.storage() {
+        Storage::Cuda(s) => s,
+        Storage::Cpu(_) => panic!("nccl: {t:?} is not on a GPU"),
+    }
+}
+
+fn slice_mut(t: &mut Tensor) -> &mut cudarc::driver::CudaSlice<f32> {
+    match t.storage_mut() {
+        Storage::Cuda(s) => s,
+        Storage::Cpu(_) => panic!("nccl: a tensor that is not on a GPU"),
+    }
+}
+
+impl NcclTransport {
+    fn comm(&self, payload: Payload) -> &Comm {
+        match payload {
+            Payload::Activation => &self.activations,
+            Payload::Grad => &self.grads,
+        }
+    }
+}
+
+impl Transport for NcclTransport {
+    fn send(
+        &mut self,
+        to: usize,
+        payload: Payload,
+        msg: Message,
+        _dev: &dyn Device,
+    ) -> Result<(), DistError> {
+        let header = super::mpi::header(msg.virtual_stage, msg.microbatch, msg.tensor.shape());
+        self.headers.send_bytes(to, payload, header.0);
+        self.comm(payload).send(slice(&msg.tensor), to as i32).map_err(|e| nccl_error("send", e))?;
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
+        let bytes = self.headers.recv_bytes(from, payload);
+        let (virtual_stage, microbatch, shape) = super::mpi::read_header(&mut Reader(&bytes))?;
+        let mut tensor = dev.empty(&shape, Category::Transfer);
+        self.comm(payload).recv(slice_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
+        Ok(Message { virtual_stage, microbatch, tensor })
+    }
+}
+
+/// Byte collectives over MPI; tensor sums over NCCL.
+pub struct NcclCollective {
+    bytes: MpiCollective,
+    sums: HashMap<Group, Comm>,
+}
+
+impl Collective for NcclCollective {
+    fn rank(&self) -> usize {
+        self.bytes.rank()
+    }
+
+    fn topology(&self) -> Topology {
+        self.bytes.topology()
+    }
+
+    fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        self.bytes.all_gather(group, bytes)
+    }
+
+    fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        let comm = self.sums.get(&group).expect("a communicator for each of this rank's groups");
+        let n = comm.world_size();
+        if n == 1 {
+            return Ok(());
+        }
+        let me = comm.rank();
+        // Every other member's copy of the tensor, broadcast by that member.
+        let mut copies: Vec<Option<Tensor>> =
+            (0..n).map(|i| (i != me).then(|| dev.empty(t.shape(), Category::Workspace))).collect();
+        {
+            let _group = comm.group();
+            for (i, copy) in copies.iter_mut().enumerate() {
+                let buffer = match copy {
+                    Some(c) => slice_mut(c),
+                    None => slice_mut(t),
+                };
+                comm.broadcast_in_place(buffer, i as i32).map_err(|e| nccl_error("broadcast", e))?;
+            }
+        }
+        // ((t0 + t1) + t2) + ... in member order, as every backend adds.
+        let part = |i: usize| copies[i].as_ref().unwrap_or(t);
+        let mut acc = dev.empty(t.shape(), Category::Workspace);
+        dev.copy(&mut acc, part(0));
+        for i in 1..n {
+            dev.accumulate(&mut acc, part(i));
+        }
+        dev.copy(t, &acc);
+        Ok(())
+    }
+
+    fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {
+        self.bytes.gather(bytes)
+    }
+
+    fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
+        self.bytes.scatter(parts)
+    }
+}

@@ -1,0 +1,298 @@
+//! The embedded backend: every rank is a thread of this process.
+//!
+//! The transport links the stages of a replica with bounded FIFO channels, one per (sender,
+//! receiver, payload); a tensor moves through them without a copy (its storage leaves the
+//! sender's ledger and joins the receiver's). The collective is a rendezvous per group:
+//! each member posts its part, the last to arrive completes the round, and every member
+//! reads the same parts. A rank's ends, dropped when its thread ends (an error or a panic
+//! included), fail every peer still waiting on it with `PeerStopped`.
+
+use super::{sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
+use kernels::{Category, Detached, Device, Tensor};
+use schedules::Payload;
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Every rank's transport and collective for a world of `topology`, indexed by rank. Each
+/// channel buffers `capacity` messages: at least what the lowered lists were proven to
+/// complete with.
+pub fn world(topology: Topology, capacity: usize) -> Vec<(InProcess, ThreadsCollective)> {
+    let shared = Arc::new(Shared::default());
+    let mut transports: Vec<InProcess> = (0..topology.world())
+        .map(|rank| InProcess {
+            stage: topology.stage_of(rank),
+            senders: HashMap::new(),
+            receivers: HashMap::new(),
+        })
+        .collect();
+    for replica in 0..topology.data {
+        for from in 0..topology.pipeline {
+            for to in (0..topology.pipeline).filter(|&to| to != from) {
+                for payload in [Payload::Activation, Payload::Grad] {
+                    let (tx, rx) = sync_channel(capacity.max(1));
+                    transports[topology.rank(from, replica)].senders.insert((to, payload), tx);
+                    transports[topology.rank(to, replica)].receivers.insert((from, payload), rx);
+                }
+            }
+        }
+    }
+    transports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| (t, ThreadsCollective { rank, topology, shared: shared.clone() }))
+        .collect()
+}
+
+/// A tensor between two threads: its storage, detached from the sender's ledger.
+struct InFlight {
+    virtual_stage: usize,
+    microbatch: usize,
+    tensor: Detached,
+}
+
+/// One stage's ends of its replica's channels.
+pub struct InProcess {
+    stage: usize,
+    senders: HashMap<(usize, Payload), SyncSender<InFlight>>,
+    receivers: HashMap<(usize, Payload), Receiver<InFlight>>,
+}
+
+impl Transport for InProcess {
+    fn send(
+        &mut self,
+        to: usize,
+        payload: Payload,
+        msg: Message,
+        _dev: &dyn Device,
+    ) -> Result<(), DistError> {
+        let tx =
+            self.senders.get(&(to, payload)).ok_or(DistError::NoChannel { from: self.stage, to, payload })?;
+        let flight = InFlight {
+            virtual_stage: msg.virtual_stage,
+            microbatch: msg.microbatch,
+            tensor: msg.tensor.detach(),
+        };
+        tx.send(flight).map_err(|_| DistError::PeerStopped { peer: to })
+    }
+
+    fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
+        let rx = self.receivers.get(&(from, payload)).ok_or(DistError::NoChannel {
+            from,
+            to: self.stage,
+            payload,
+        })?;
+        let f = rx.recv().map_err(|_| DistError::PeerStopped { peer: from })?;
+        Ok(Message {
+            virtual_stage: f.virtual_stage,
+            microbatch: f.microbatch,
+            tensor: dev.adopt(f.tensor, Category::Transfer),
+        })
+    }
+}
+
+/// What a member posts to a round.
+enum Part {
+    Bytes(Vec<u8>),
+    Floats(Vec<f32>),
+    /// Rank 0's parts of a scatter, one per rank.
+    Parts(Vec<Vec<u8>>),
+}
+
+/// One group's rendezvous.
+struct Board {
+    /// Rounds completed.
+    round: u64,
+    slots: Vec<Option<Part>>,
+    /// The parts of the last completed round, in member order.
+    result: Arc<Vec<Part>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Keyed by the group's members: a group instance is its member list.
+    boards: HashMap<Vec<usize>, Board>,
+    /// Ranks whose thread has ended.
+    stopped: HashSet<usize>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One rank's handle on the world's rendezvous boards.
+pub struct ThreadsCollective {
+    rank: usize,
+    topology: Topology,
+    shared: Arc<Shared>,
+}
+
+impl ThreadsCollective {
+    /// Posts `part` to the current round of `group` and waits for the round to complete.
+    fn round(&self, group: Group, part: Part) -> Result<Arc<Vec<Part>>, DistError> {
+        let members = self.topology.members(group, self.rank);
+        let me = members.iter().position(|&m| m == self.rank).expect("a rank is in its own groups");
+        let n = members.len();
+        let mut state = self.shared.lock();
+        let board = state.boards.entry(members.clone()).or_insert_with(|| Board {
+            round: 0,
+            slots: (0..n).map(|_| None).collect(),
+            result: Arc::new(Vec::new()),
+        });
+        let round = board.round;
+        board.slots[me] = Some(part);
+        if board.slots.iter().all(Option::is_some) {
+            board.result = Arc::new(board.slots.iter_mut().map(|s| s.take().expect("all posted")).collect());
+            board.round += 1;
+            let result = board.result.clone();
+            self.shared.changed.notify_all();
+            return Ok(result);
+        }
+        loop {
+            let board = &state.boards[&members];
+            if board.round != round {
+                return Ok(board.result.clone());
+            }
+            // A member that stopped without posting to this round never will.
+            if let Some(&peer) = members
+                .iter()
+                .zip(&board.slots)
+                .find(|(m, s)| s.is_none() && state.stopped.contains(m))
+                .map(|(m, _)| m)
+            {
+                return Err(DistError::PeerStopped { peer });
+            }
+            state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for ThreadsCollective {
+    fn drop(&mut self) {
+        self.shared.lock().stopped.insert(self.rank);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Collective for ThreadsCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let parts = self.round(group, Part::Bytes(bytes.to_vec()))?;
+        Ok(parts
+            .iter()
+            .map(|p| if let Part::Bytes(b) = p { b.clone() } else { unreachable!("a gather round") })
+            .collect())
+    }
+
+    fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        if self.topology.members(group, self.rank).len() == 1 {
+            return Ok(());
+        }
+        let parts = self.round(group, Part::Floats(dev.to_host(t)))?;
+        let sum = sum_in_order(parts.iter().map(|p| {
+            if let Part::Floats(f) = p {
+                &f[..]
+            } else {
+                unreachable!("a reduce round")
+            }
+        }));
+        let host = dev.from_host(&sum, t.shape(), Category::Workspace);
+        dev.copy(t, &host);
+        Ok(())
+    }
+
+    fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {
+        let all = self.all_gather(Group::World, bytes)?;
+        Ok((self.rank == 0).then_some(all))
+    }
+
+    fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
+        let posted = self.round(Group::World, Part::Parts(parts.unwrap_or_default()))?;
+        match &posted[0] {
+            Part::Parts(p) => p.get(self.rank).cloned().ok_or_else(|| {
+                DistError::Protocol(format!(
+                    "scatter: rank 0 gave {} parts, none for rank {}",
+                    p.len(),
+                    self.rank
+                ))
+            }),
+            _ => unreachable!("a scatter round"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::cpu::CpuDevice;
+
+    #[test]
+    fn tensors_move_between_ledgers_without_copying() {
+        let topology = Topology { pipeline: 2, data: 1 };
+        let mut ends = world(topology, 1);
+        let (mut b, _) = ends.pop().unwrap();
+        let (mut a, _) = ends.pop().unwrap();
+        let (da, db) = (CpuDevice::new(1), CpuDevice::new(1));
+        let t = da.from_host(&[1.0, 2.0, 3.0], &[3], Category::Workspace);
+        let ptr = t.cpu().as_ptr();
+        a.send(1, Payload::Activation, Message { virtual_stage: 0, microbatch: 4, tensor: t }, &da).unwrap();
+        assert_eq!(da.ledger().live(Category::Workspace), 0);
+        let got = b.recv(0, Payload::Activation, &db).unwrap();
+        assert_eq!((got.virtual_stage, got.microbatch, got.tensor.cpu()), (0, 4, &[1.0, 2.0, 3.0][..]));
+        assert_eq!(got.tensor.cpu().as_ptr(), ptr);
+        assert_eq!(db.ledger().live(Category::Transfer), 12);
+    }
+
+    #[test]
+    fn collectives_agree_and_a_stopped_member_fails_its_peers() {
+        let topology = Topology { pipeline: 1, data: 3 };
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = world(topology, 1)
+                .into_iter()
+                .map(|(_, mut c)| {
+                    s.spawn(move || {
+                        let dev = CpuDevice::new(1);
+                        let r = c.rank() as f32;
+                        let mut t = dev.from_host(&[r, 10.0 * r], &[2], Category::Gradients);
+                        c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
+                        let names = c.all_gather(Group::World, format!("r{}", c.rank()).as_bytes()).unwrap();
+                        let part =
+                            c.scatter((c.rank() == 0).then(|| vec![vec![7], vec![8], vec![9]])).unwrap();
+                        if c.rank() == 1 {
+                            return Err(DistError::Protocol("rank 1 leaves".into()));
+                        }
+                        let after = c.all_gather(Group::World, b"x");
+                        Ok((t.cpu().to_vec(), names, part, after))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            if rank == 1 {
+                assert!(r.is_err());
+                continue;
+            }
+            let (sum, names, part, after) = r.unwrap();
+            assert_eq!(sum, vec![3.0, 30.0]);
+            assert_eq!(names, vec![b"r0".to_vec(), b"r1".to_vec(), b"r2".to_vec()]);
+            assert_eq!(part, vec![7 + rank as u8]);
+            assert_eq!(after, Err(DistError::PeerStopped { peer: 1 }));
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Ranks as processes: under `mpirun`, every schedule gives the threads run's losses and
+//! weights bit for bit (dropout and recompute on), data parallelism included; a killed or
+//! failing rank ends the job quickly, naming it, with the last checkpoint whole; runs
+//! resume across launchers. Each test skips, saying why, where `mpirun` is missing or the
+//! binary was built without the `mpi` feature.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `mpirun` for `np` ranks of the test binary, as CI runs it: as root, more ranks than
+/// cores, and waiting ranks yielding their core.
+fn mpirun(np: usize) -> Option<Command> {
+    if !cfg!(feature = "mpi") {
+        eprintln!("skipped: the binary is built without the `mpi` feature (cargo test --features mpi)");
+        return None;
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: no `mpirun` on PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        return None;
+    }
+    let mut c = Command::new("mpirun");
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", &np.to_string()])
+        .arg(env!("CARGO_BIN_EXE_pipetrain"));
+    Some(c)
+}
+
+/// The small model's config in `dir`, on synthetic tokens.
+fn config(dir: &Path) -> PathBuf {
+    let data = synthetic_data(dir);
+    write_config(
+        dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    )
+}
+
+fn train_args(cfg: &Path, run_dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "--quiet", "--peak-flops", "1e9", "--config"].map(String::from).into();
+    a.push(cfg.display().to_string());
+    a.push("--run-dir".into());
+    a.push(run_dir.display().to_string());
+    a.extend(extra.iter().cloned());
+    a
+}
+
+/// Trains under `mpirun -np np`; panics unless it succeeds.
+fn run_mpi(mut mpirun: Command, dir: &Path, name: &str, extra: &[String]) -> PathBuf {
+    let run_dir = dir.join(name);
+    let out = mpirun.args(train_args(&config(dir), &run_dir, extra)).output().unwrap();
+    assert!(out.status.success(), "{name}: {}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    run_dir
+}
+
+#[test]
+fn every_schedule_under_mpirun_matches_threads_bitwise() {
+    let dir = temp_dir("mpi-bitwise");
+    let cases = [
+        ("gpipe", 2, "none"),
+        ("1f1b", 2, "selective"),
+        ("1f1b", 3, "full"),
+        ("zb-h1", 2, "full"),
+        ("zb-h1", 4, "selective"),
+        ("interleaved-1f1b", 2, "selective"),
+        ("gpipe", 4, "full"),
+    ];
+    for (schedule, p, recompute) in cases {
+        let Some(mpirun) = mpirun(p) else { return };
+        let mut a = vec![
+            ("pipeline-schedule", schedule.to_string()),
+            ("pipeline-model-parallel-size", p.to_string()),
+            ("global-batch-size", "8".to_string()),
+        ];
+        if schedule == "interleaved-1f1b" {
+            a.push(("virtual-pipeline-model-parallel-size", "2".into()));
+        }
+        match recompute {
+            "selective" => a.push(("recompute-granularity", "selective".into())),
+            "full" => a.extend([
+                ("recompute-granularity", "full".to_string()),
+                ("recompute-method", "uniform".into()),
+                ("recompute-num-layers", "1".into()),
+            ]),
+            _ => {}
+        }
+        let name = format!("{schedule}-p{p}-{recompute}");
+        let threads = run_small(&dir, &format!("{name}-threads"), &flags(&a));
+        let processes = run_mpi(mpirun, &dir, &format!("{name}-mpi"), &flags(&a));
+        assert_eq!(losses(&processes), losses(&threads), "{name}: losses differ from threads");
+        assert!(weights(&processes) == weights(&threads), "{name}: weights differ from threads");
+        let report = report(&processes);
+        assert_eq!(report["stages"].as_array().unwrap().len(), p, "{name}: the report holds every rank");
+    }
+}
+
+#[test]
+fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
+    let dir = temp_dir("mpi-dp");
+    let a = flags(&[("pipeline-model-parallel-size", "2".into()), ("global-batch-size", "8".into())]);
+    let Some(first) = mpirun(4) else { return };
+    let one = run_mpi(first, &dir, "dp2-a", &a);
+    let two = run_mpi(mpirun(4).unwrap(), &dir, "dp2-b", &a);
+    assert_eq!(losses(&one), losses(&two), "dp=2 is not bitwise run to run");
+    assert!(weights(&one) == weights(&two));
+    let mut t = a.clone();
+    t.extend(flags(&[("data-parallel-size", "2".into())]));
+    let threads = run_small(&dir, "dp2-threads", &t);
+    assert_eq!(losses(&one), losses(&threads), "dp=2 under MPI differs from dp=2 in threads");
+    assert!(weights(&one) == weights(&threads));
+    let single = run_small(&dir, "dp1", &a);
+    for ((s, a, _), (_, b, _)) in losses(&one).iter().zip(losses(&single)) {
+        let (a, b) = (f64::from_bits(*a), f64::from_bits(b));
+        assert!(((a - b) / b).abs() < 1e-5, "step {s}: dp=2 loss {a} vs dp=1 {b}");
+    }
+    let report = report(&one);
+    let ranks: Vec<(u64, u64)> = report["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["stage"].as_u64().unwrap(), s["replica"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ranks, [(0, 0), (0, 1), (1, 0), (1, 1)], "rank = dp_rank + dp * pp_rank");
+}
+
+#[test]
+fn a_run_resumes_from_threads_into_processes_exactly() {
+    let dir = temp_dir("mpi-resume");
+    let a = flags(&[("pipeline-model-parallel-size", "2".into()), ("global-batch-size", "4".into())]);
+    let Some(mpirun) = mpirun(2) else { return };
+    let whole = run_small(&dir, "whole", &a);
+    let mut first = a.clone();
+    first.extend(flags(&[("train-iters", "2".into())]));
+    let run = run_small(&dir, "split", &first);
+    let mut rest = a.clone();
+    rest.push("--resume".into());
+    run_mpi(mpirun, &dir, "split", &rest);
+    assert_eq!(losses(&run), losses(&whole));
+    assert!(weights(&run) == weights(&whole), "resumed under mpirun, the weights differ");
+}
+
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > deadline {
+            child.kill().unwrap();
+            panic!("the job did not stop within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = start.elapsed();
+    (child.wait_with_output().unwrap(), took)
+}
+
+/// The pid of MPI rank `rank` among `mpirun`'s children.
+fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{mpirun_pid}/task/{mpirun_pid}/children")).ok()?;
+    children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|pid| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|env| {
+                env.split(|&b| b == 0).any(|kv| kv == format!("OMPI_COMM_WORLD_RANK={rank}").as_bytes())
+            })
+            .unwrap_or(false)
+    })
+}
+
+fn steps_recorded(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+}
+
+fn latest(run_dir: &Path) -> String {
+    std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes_exactly() {
+    let dir = temp_dir("mpi-kill");
+    let Some(mut mpirun) = mpirun(2) else { return };
+    let run = dir.join("run");
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "4".into()),
+        ("train-iters", "100000".into()),
+        ("save-interval", "2".into()),
+    ]);
+    let child = mpirun
+        .args(train_args(&config(&dir), &run, &a))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while steps_recorded(&run) < 5 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let victim = rank_pid(child.id(), 1).expect("rank 1 among mpirun's children");
+    assert!(Command::new("kill").args(["-KILL", &victim.to_string()]).status().unwrap().success());
+    let (out, took) = wait_with_deadline(child, Duration::from_secs(10));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("rank 1"), "the message does not name rank 1: {err}");
+    eprintln!("the job ended {took:?} after rank 1 was killed");
+    // The last checkpoint is whole: a resume (in threads, to a fixed step) equals a run
+    // that was never interrupted.
+    let saved: usize = latest(&run).trim_start_matches("step_").parse().unwrap();
+    let upto = (saved + 1).to_string();
+    let mut resume = a.clone();
+    resume.extend(flags(&[("train-iters", upto.clone())]));
+    resume.push("--resume".into());
+    let o = train(&config(&dir), &run, &resume.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut whole = a.clone();
+    whole.extend(flags(&[("train-iters", upto)]));
+    let reference = run_small(&dir, "reference", &whole);
+    assert!(weights_at(&run, saved + 1) == weights_at(&reference, saved + 1), "the resume is not exact");
+}
+
+#[test]
+fn a_failing_rank_ends_the_job_with_its_message() {
+    let dir = temp_dir("mpi-fault");
+    let Some(mut mpirun) = mpirun(2) else { return };
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("train-iters", "50".into()),
+        ("save-interval", "2".into()),
+    ]);
+    let child = mpirun
+        .env("PIPETRAIN_INJECT_FAULT", "1:3")
+        .args(train_args(&config(&dir), &dir.join("run"), &a))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, _) = wait_with_deadline(child, Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("error: rank 1: stage 1: injected fault at step 3"), "{err}");
+    assert_eq!(latest(&dir.join("run")), "step_000002");
+}
+
+#[test]
+fn a_world_that_p_does_not_divide_is_one_line_from_rank_0() {
+    let dir = temp_dir("mpi-world");
+    let Some(mut mpirun) = mpirun(3) else { return };
+    let out = mpirun
+        .args(train_args(
+            &config(&dir),
+            &dir.join("run"),
+            &flags(&[("pipeline-model-parallel-size", "2".into())]),
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(
+        ours[0].ends_with("key `pipeline_model_parallel_size`: 2 does not divide the 3 ranks mpirun started"),
+        "{err}"
+    );
+    assert!(!dir.join("run").exists(), "nothing is written");
+}
