@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 /// `mpirun` for `np` ranks of the test binary, as CI runs it: as root, more ranks than
 /// cores, and waiting ranks yielding their core.
 fn mpirun(np: usize) -> Option<Command> {
+    mpirun_with(np, &[])
+}
+
+/// The same, with more of mpirun's own options.
+fn mpirun_with(np: usize, options: &[&str]) -> Option<Command> {
     if !cfg!(feature = "mpi") {
         eprintln!("skipped: the binary is built without the `mpi` feature (cargo test --features mpi)");
         return None;
@@ -25,7 +30,9 @@ fn mpirun(np: usize) -> Option<Command> {
     c.current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", &np.to_string()])
+        .args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1"])
+        .args(options)
+        .args(["-np", &np.to_string()])
         .arg(env!("CARGO_BIN_EXE_pipetrain"));
     Some(c)
 }
@@ -130,7 +137,12 @@ fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
 #[test]
 fn a_run_resumes_from_threads_into_processes_exactly() {
     let dir = temp_dir("mpi-resume");
-    let a = flags(&[("pipeline-model-parallel-size", "2".into()), ("global-batch-size", "4".into())]);
+    // The learning rate decays over lr_decay_iters, fixed so both halves follow one schedule.
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "4".into()),
+        ("lr-decay-iters", "3".into()),
+    ]);
     let Some(mpirun) = mpirun(2) else { return };
     let whole = run_small(&dir, "whole", &a);
     let mut first = a.clone();
@@ -139,7 +151,9 @@ fn a_run_resumes_from_threads_into_processes_exactly() {
     let mut rest = a.clone();
     rest.push("--resume".into());
     run_mpi(mpirun, &dir, "split", &rest);
-    assert_eq!(losses(&run), losses(&whole));
+    let train_losses =
+        |r: &Path| losses(r).into_iter().map(|(step, loss, _)| (step, loss)).collect::<Vec<_>>();
+    assert_eq!(train_losses(&run), train_losses(&whole));
     assert!(weights(&run) == weights(&whole), "resumed under mpirun, the weights differ");
 }
 
@@ -185,6 +199,7 @@ fn a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes_exactly() {
         ("pipeline-model-parallel-size", "2".into()),
         ("global-batch-size", "4".into()),
         ("train-iters", "100000".into()),
+        ("lr-decay-iters", "100000".into()),
         ("save-interval", "2".into()),
     ]);
     let child = mpirun
@@ -226,6 +241,7 @@ fn a_failing_rank_ends_the_job_with_its_message() {
     let Some(mut mpirun) = mpirun(2) else { return };
     let a = flags(&[
         ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "4".into()),
         ("train-iters", "50".into()),
         ("save-interval", "2".into()),
     ]);
@@ -251,7 +267,7 @@ fn a_world_that_p_does_not_divide_is_one_line_from_rank_0() {
         .args(train_args(
             &config(&dir),
             &dir.join("run"),
-            &flags(&[("pipeline-model-parallel-size", "2".into())]),
+            &flags(&[("pipeline-model-parallel-size", "2".into()), ("global-batch-size", "4".into())]),
         ))
         .output()
         .unwrap();
@@ -264,4 +280,60 @@ fn a_world_that_p_does_not_divide_is_one_line_from_rank_0() {
         "{err}"
     );
     assert!(!dir.join("run").exists(), "nothing is written");
+}
+
+#[test]
+fn ctrl_c_to_mpirun_saves_at_a_step_boundary() {
+    let dir = temp_dir("mpi-ctrl-c");
+    // On Ctrl-C, mpirun sends SIGTERM and, this many seconds later, SIGKILL: the time the
+    // ranks have to reach the step boundary and save.
+    let Some(mut mpirun) = mpirun_with(2, &["--mca", "odls_base_sigkill_timeout", "10"]) else { return };
+    let run = dir.join("run");
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "4".into()),
+        ("train-iters", "100000".into()),
+    ]);
+    let child = mpirun
+        .args(train_args(&config(&dir), &run, &a))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while steps_recorded(&run) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let (out, _) = wait_with_deadline(child, Duration::from_secs(30));
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    let steps = steps_recorded(&run);
+    assert_eq!(latest(&run), format!("step_{steps:06}"), "{err}");
+    assert!(err.contains(&format!("interrupted: checkpoint of step {steps} saved")), "{err}");
+}
+
+#[test]
+fn ranks_that_read_different_configs_stop_with_one_line() {
+    let dir = temp_dir("mpi-differ");
+    let Some(mut mpirun) = mpirun(1) else { return };
+    let cfg = config(&dir);
+    let run = dir.join("run");
+    let common = [("pipeline-model-parallel-size", "2".to_string()), ("global-batch-size", "4".into())];
+    let mut a = train_args(&cfg, &run, &flags(&common));
+    // Two programs in one job (MPMD): the second rank is given another learning rate.
+    a.extend([":", "-np", "1", env!("CARGO_BIN_EXE_pipetrain")].map(String::from));
+    let mut other = common.to_vec();
+    other.push(("lr", "0.5".into()));
+    a.extend(train_args(&cfg, &run, &flags(&other)));
+    let out = mpirun.args(&a).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(
+        ours,
+        ["error: rank 1 read a config that differs from rank 0's: key `lr`: 0.01 vs 0.5"],
+        "{err}"
+    );
 }

@@ -14,10 +14,33 @@ use crate::config::Config;
 use crate::error::{is_user_error, user_error, Quiet};
 use stages::dist::{threads, DistError, Topology};
 use stages::runtime::FaultInjection;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Set by Ctrl-C or SIGTERM: the run stops at the next step boundary, with a checkpoint.
 static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Milliseconds the last training step took on this process.
+static LAST_STEP_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Records how long a step took, for the grace a signalled rank gets.
+pub fn note_step(seconds: f64) {
+    LAST_STEP_MS.store((seconds * 1e3) as u64, Ordering::Relaxed);
+}
+
+/// What a signal does. Without a launcher: stop at the next step boundary and save, however
+/// long the step takes. Under a launcher the same, but a launcher sends the same SIGTERM
+/// when it ends a job because a rank died, and then the survivors wait on a peer that will
+/// never answer: a rank that has not stopped within 5 s plus two steps exits on its own.
+fn on_signal() {
+    STOP.store(true, Ordering::SeqCst);
+    if launched().is_some_and(|(world, _)| world > 1) {
+        let grace = Duration::from_millis(5000 + 2 * LAST_STEP_MS.load(Ordering::Relaxed));
+        std::thread::sleep(grace);
+        eprintln!("stopped by a signal; no step boundary within {grace:?} (a peer is gone)");
+        std::process::exit(143);
+    }
+}
 
 /// What a launcher announced in the environment: (world size, this process's rank).
 pub fn launched() -> Option<(usize, usize)> {
@@ -49,7 +72,7 @@ pub fn local_gpu() -> usize {
 }
 
 pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+    let _ = ctrlc::set_handler(on_signal);
     match launched() {
         Some((world, _)) if world > 1 => processes(args, cfg, world),
         _ => in_threads(args, &cfg),
@@ -219,7 +242,8 @@ fn agree_on_config(
     let (_, mut probe) = mpi.endpoints(Topology { pipeline: 1, data: world });
     let all = stages::dist::Collective::all_gather(&mut probe, stages::dist::Group::World, mine.as_bytes())?;
     if let Some(other) = all.iter().position(|c| c != &all[0]) {
-        let differing = crate::config::first_difference(&all[0], &all[other]);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let differing = crate::config::first_difference(&text(&all[0]), &text(&all[other]));
         return Err(user_error(format!(
             "rank {other} read a config that differs from rank 0's: {differing}"
         )));

@@ -295,6 +295,10 @@ impl Collective for MpiCollective {
         let mut lens = vec![0u64; n];
         comm.all_gather_into(&(bytes.len() as u64), &mut lens[..]);
         let lens: Vec<usize> = lens.into_iter().map(|l| l as usize).collect();
+        if lens.iter().all(|&l| l == 0) {
+            // Nothing to move (a rendezvous); OpenMPI rejects an all-empty Allgatherv.
+            return Ok(vec![Vec::new(); n]);
+        }
         let (c, d) = counts(&lens)?;
         let mut all = vec![0u8; lens.iter().sum()];
         comm.all_gather_varcount_into(bytes, &mut PartitionMut::new(&mut all[..], c, &d[..]));
