@@ -18,8 +18,10 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Pretrain a GPT-2-style model from a YAML config (config keys override as --kebab-case VALUE).
+    #[command(after_help = crate::config::alias_help())]
     Train(TrainArgs),
     /// Simulate a schedule/recompute plan: time and memory per stage, no weights, no GPU.
+    #[command(after_help = crate::config::alias_help())]
     Simulate(crate::simulate::SimulateArgs),
     /// Tokenize a UTF-8 text file into an llm.c/nanoGPT .bin token file (GPT-2 BPE).
     Tokenize(TokenizeArgs),

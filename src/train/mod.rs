@@ -61,7 +61,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         restore_optimizer(&mut pipeline, opt)?;
     }
     let fault = fault_injection()?;
-    std::fs::write(args.run_dir.join("config.yaml"), serde_norway::to_string(&cfg)?)?;
+    std::fs::write(args.run_dir.join("config.yaml"), cfg.to_yaml()?)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -85,7 +85,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         seed: cfg.seed,
         data_position: 0,
         lr: 0.0,
-        config_yaml: serde_norway::to_string(&cfg).unwrap_or_default(),
+        config_yaml: cfg.to_yaml().unwrap_or_default(),
         train_losses: vec![],
         val_losses: vec![],
     });
@@ -159,6 +159,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
+        aliases: cfg.aliases.clone(),
     };
     report.print();
     report.write(&args.run_dir)?;

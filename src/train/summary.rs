@@ -1,5 +1,6 @@
 //! The end-of-run summary: printed, and written as `report.json` in the run dir.
 
+use crate::config::AliasUse;
 use kernels::{Category, MemorySnapshot};
 use serde_json::json;
 use std::path::Path;
@@ -28,6 +29,8 @@ pub struct Summary {
     /// Measured bubble rate per stage (None before a second step).
     pub bubble: Option<Vec<f64>>,
     pub last_checkpoint_step: usize,
+    /// The config's aliases and the canonical settings they became.
+    pub aliases: Vec<AliasUse>,
 }
 
 impl Summary {
@@ -46,6 +49,9 @@ impl Summary {
             "steps            {} in {:.1} s (last checkpoint: step {})",
             self.steps, self.elapsed_s, self.last_checkpoint_step
         );
+        for alias in &self.aliases {
+            println!("config           {}", alias.describe());
+        }
         println!("final train loss {}", f(self.final_loss));
         println!("final val loss   {}", f(self.final_val_loss));
         println!("tokens/s         {:.0}", self.tokens_per_s);
@@ -111,6 +117,7 @@ impl Summary {
             "mfu": self.mfu(),
             "matmul_peak_flops": self.peak_flops,
             "elapsed_s": self.elapsed_s,
+            "config_aliases": self.aliases,
             "stages": stages,
         });
         std::fs::write(run_dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
