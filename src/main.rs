@@ -9,6 +9,7 @@ mod data;
 mod error;
 mod eval;
 mod export;
+mod generate;
 mod simulate;
 mod trace;
 mod train;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         }
         cli::Command::Export(a) => export::run(&a),
         cli::Command::Eval(a) => eval::run(&a),
+        cli::Command::Generate(a) => generate::run(&a),
         cli::Command::Bench(a) => bench::run(&a, &overrides),
     };
     match result {

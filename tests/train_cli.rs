@@ -89,6 +89,45 @@ fn a_run_writes_metrics_report_and_checkpoint_and_learns() {
 }
 
 #[test]
+fn a_recompute_alias_shows_as_its_canonical_form_and_the_summary_ends_with_a_sample() {
+    let dir = temp_dir("alias-sample");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let run = dir.join("run");
+    // Not --quiet: the summary ends with a greedy sample. A switch given without a value.
+    let o = bin()
+        .args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--train-iters", "2", "--checkpoint-activations"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let canonical = "recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1";
+    let described = format!("{canonical} (given as checkpoint_activations: true)");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains(&format!("config           {described}")), "{stdout}");
+    let last = stdout.lines().last().unwrap();
+    assert!(last.starts_with("sample (greedy)  \"") && last.ends_with('"'), "{stdout}");
+    let yaml = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(yaml.starts_with(&format!("# {described}\n")), "{yaml}");
+    for line in ["recompute_granularity: full\n", "recompute_method: uniform\n", "recompute_num_layers: 1\n"] {
+        assert!(yaml.contains(line), "{line} missing from {yaml}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        report["config_aliases"],
+        serde_json::json!([{ "given": "checkpoint_activations: true", "means": canonical }])
+    );
+    let sample = report["sample"].as_str().unwrap();
+    assert!(!sample.is_empty());
+    assert_eq!(format!("sample (greedy)  {sample:?}"), last);
+    // The stage runs the recompute the alias means.
+    assert!(stdout.contains("stage 0 recompute saved"), "{stdout}");
+}
+
+#[test]
 fn a_run_resumes_with_another_stage_count() {
     let dir = temp_dir("resume-p");
     let f = |p: &str, iters: &str| {

@@ -23,6 +23,9 @@ use std::time::Instant;
 /// The MFU denominator on a GPU unless `--peak-flops` says otherwise: H100 SXM dense bf16.
 const H100_DENSE_BF16_FLOPS: f64 = 989e12;
 
+/// Length of the greedy sample that ends the summary: a line's worth.
+const SAMPLE_TOKENS: usize = 24;
+
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides)?;
     let train_path = cfg.train_data_path.clone().ok_or_else(|| {
@@ -160,6 +163,11 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
         aliases: cfg.aliases.clone(),
+        sample: if args.quiet {
+            None
+        } else {
+            crate::generate::greedy_sample(&model::hf_config(&cfg), &pipeline.named(|p, i| &p.values[i]), SAMPLE_TOKENS)
+        },
     };
     report.print();
     report.write(&args.run_dir)?;

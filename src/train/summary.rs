@@ -31,6 +31,8 @@ pub struct Summary {
     pub last_checkpoint_step: usize,
     /// The config's aliases and the canonical settings they became.
     pub aliases: Vec<AliasUse>,
+    /// A greedy continuation of `<|endoftext|>` by the final model (not with `--quiet`).
+    pub sample: Option<String>,
 }
 
 impl Summary {
@@ -86,6 +88,10 @@ impl Summary {
                 self.bubble.as_ref().map_or(String::new(), |b| format!(", bubble {:.1}%", 100.0 * b[i])),
             );
         }
+        if let Some(text) = &self.sample {
+            // Quoted and escaped: the model's newlines stay on the summary's one line.
+            println!("sample (greedy)  {text:?}");
+        }
     }
 
     pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
@@ -118,6 +124,7 @@ impl Summary {
             "matmul_peak_flops": self.peak_flops,
             "elapsed_s": self.elapsed_s,
             "config_aliases": self.aliases,
+            "sample": self.sample,
             "stages": stages,
         });
         std::fs::write(run_dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
