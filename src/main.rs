@@ -11,6 +11,7 @@ mod eval;
 mod export;
 mod generate;
 mod simulate;
+mod svg;
 mod trace;
 mod train;
 

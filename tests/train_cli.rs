@@ -40,6 +40,21 @@ fn resume_continues_bit_for_bit() {
         |v: &[(u64, u64, Option<u64>)]| v.iter().filter(|x| x.0 % 2 == 0).map(|x| x.2).collect::<Vec<_>>();
     assert_eq!(at_even(&split), at_even(&full));
     assert!(at_even(&full).iter().all(Option::is_some));
+    // The resumed run's chart goes on from the first part's: the train loss and its moving
+    // average are drawn from the same numbers as the unbroken run's, and the val points
+    // are the unbroken run's plus the first part's last eval.
+    let points = |run: &str| {
+        let svg = std::fs::read_to_string(dir.join(run).join("loss.svg")).unwrap();
+        svg.lines()
+            .filter_map(|l| l.strip_prefix("<polyline points=\""))
+            .map(|l| l.split('"').next().unwrap().split(' ').map(String::from).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let (split, full) = (points("split"), points("full"));
+    assert_eq!(split[0].len(), 6, "a point per step: {:?}", split[0]);
+    assert_eq!(split[..2], full[..2]);
+    assert_eq!((split[2].len(), full[2].len()), (4, 3));
+    assert!(full[2].iter().all(|p| split[2].contains(p)), "{:?} {:?}", split[2], full[2]);
 }
 
 #[test]
@@ -86,6 +101,12 @@ fn a_run_writes_metrics_report_and_checkpoint_and_learns() {
         serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
     assert!(report["mfu"].as_f64().unwrap() > 0.0);
     assert!(run.join("checkpoints/latest").exists());
+    let chart = run.join("loss.svg");
+    assert!(stdout.contains(&format!("loss chart       {}", chart.display())), "{stdout}");
+    assert_eq!(report["loss_chart"], chart.to_str().unwrap());
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4, "train, moving average, val, tokens/s");
+    assert_eq!(svg.matches("<circle").count(), 4, "a marker per eval");
 }
 
 #[test]
@@ -111,7 +132,8 @@ fn a_recompute_alias_shows_as_its_canonical_form_and_the_summary_ends_with_a_sam
     assert!(last.starts_with("sample (greedy)  \"") && last.ends_with('"'), "{stdout}");
     let yaml = std::fs::read_to_string(run.join("config.yaml")).unwrap();
     assert!(yaml.starts_with(&format!("# {described}\n")), "{yaml}");
-    for line in ["recompute_granularity: full\n", "recompute_method: uniform\n", "recompute_num_layers: 1\n"] {
+    for line in ["recompute_granularity: full\n", "recompute_method: uniform\n", "recompute_num_layers: 1\n"]
+    {
         assert!(yaml.contains(line), "{line} missing from {yaml}");
     }
     let report: serde_json::Value =

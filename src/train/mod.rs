@@ -1,5 +1,6 @@
 //! `pipetrain train`: the training loop around the pipeline stages.
 
+mod loss_chart;
 mod lr;
 mod metrics;
 pub mod model;
@@ -121,14 +122,19 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         state.data_position = step as u64;
         state.lr = lr as f64;
         state.train_losses.push((step as u64, outcome.loss as f32));
+        let mut evaluated = false;
         if let Some(valid) = &valid_data {
             if cfg.eval_interval > 0 && (step.is_multiple_of(cfg.eval_interval) || step == cfg.train_iters) {
                 let v = pipeline.evaluate(&cfg, valid, cfg.eval_iters.max(1))?;
                 record["val_loss"] = v.into();
                 state.val_losses.push((step as u64, v as f32));
+                evaluated = true;
             }
         }
         metrics.step(record)?;
+        if evaluated {
+            loss_chart::write(&args.run_dir)?;
+        }
         interrupted = stop.load(Ordering::SeqCst);
         if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval))
             || step == cfg.train_iters
@@ -143,6 +149,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         }
     }
     metrics.finish();
+    loss_chart::write(&args.run_dir)?;
     if let Some(path) = &args.trace {
         timeline.write_trace(path)?;
     }
@@ -162,11 +169,16 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
+        loss_chart: loss_chart::path(&args.run_dir),
         aliases: cfg.aliases.clone(),
         sample: if args.quiet {
             None
         } else {
-            crate::generate::greedy_sample(&model::hf_config(&cfg), &pipeline.named(|p, i| &p.values[i]), SAMPLE_TOKENS)
+            crate::generate::greedy_sample(
+                &model::hf_config(&cfg),
+                &pipeline.named(|p, i| &p.values[i]),
+                SAMPLE_TOKENS,
+            )
         },
     };
     report.print();

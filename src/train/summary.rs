@@ -3,7 +3,7 @@
 use crate::config::AliasUse;
 use kernels::{Category, MemorySnapshot};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub struct Summary {
     pub steps: usize,
@@ -29,6 +29,8 @@ pub struct Summary {
     /// Measured bubble rate per stage (None before a second step).
     pub bubble: Option<Vec<f64>>,
     pub last_checkpoint_step: usize,
+    /// `RUN/loss.svg`.
+    pub loss_chart: PathBuf,
     /// The config's aliases and the canonical settings they became.
     pub aliases: Vec<AliasUse>,
     /// A greedy continuation of `<|endoftext|>` by the final model (not with `--quiet`).
@@ -57,6 +59,7 @@ impl Summary {
         println!("final train loss {}", f(self.final_loss));
         println!("final val loss   {}", f(self.final_val_loss));
         println!("tokens/s         {:.0}", self.tokens_per_s);
+        println!("loss chart       {}", self.loss_chart.display());
         println!(
             "MFU              {:.1}% ({:.1} GFLOP/s model, matmul peak {:.1} GFLOP/s measured here)",
             100.0 * self.mfu(),
@@ -123,6 +126,7 @@ impl Summary {
             "mfu": self.mfu(),
             "matmul_peak_flops": self.peak_flops,
             "elapsed_s": self.elapsed_s,
+            "loss_chart": self.loss_chart,
             "config_aliases": self.aliases,
             "sample": self.sample,
             "stages": stages,
