@@ -9,8 +9,8 @@
 
 mod aliases;
 
-pub use aliases::AliasUse;
 use crate::error::user_error;
+pub use aliases::AliasUse;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use std::path::{Path, PathBuf};
@@ -171,7 +171,7 @@ impl Entry {
         Entry { written: key.clone(), written_value: value.clone(), key, value, origin, default_only: false }
     }
 
-    fn from_alias(&self) -> bool {
+    fn is_alias_setting(&self) -> bool {
         self.written != self.key
     }
 
@@ -638,10 +638,17 @@ mod tests {
 
     #[test]
     fn aliases_resolve_to_their_canonical_spelling() {
-        let full = |n: usize| format!("recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: {n}\n");
+        let full = |n: usize| {
+            format!("recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: {n}\n")
+        };
         let block2 = "recompute_granularity: full\nrecompute_method: block\n";
-        let cases: [(&str, &[(&str, &str)], String); 9] = [
-            ("checkpoint_num_layers: 2\nrecompute_granularity: full\nrecompute_method: block\n", &[], format!("{block2}recompute_num_layers: 2\n")),
+        type Overrides<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(&str, Overrides, String); 9] = [
+            (
+                "checkpoint_num_layers: 2\nrecompute_granularity: full\nrecompute_method: block\n",
+                &[],
+                format!("{block2}recompute_num_layers: 2\n"),
+            ),
             ("checkpoint_activations: true\n", &[], full(1)),
             ("checkpoint_activations: true\ncheckpoint_num_layers: 3\n", &[], full(3)),
             ("checkpoint_activations: true\nrecompute_num_layers: 3\n", &[], full(3)),
@@ -801,12 +808,22 @@ mod tests {
 
     #[test]
     fn a_switch_needs_no_value() {
-        let args: Vec<String> =
-            ["--recompute-activations", "--config", "x.yaml", "--use-activation-checkpoint", "false", "--checkpoint-activations"]
-                .map(String::from)
-                .into();
+        let args: Vec<String> = [
+            "--recompute-activations",
+            "--config",
+            "x.yaml",
+            "--use-activation-checkpoint",
+            "false",
+            "--checkpoint-activations",
+        ]
+        .map(String::from)
+        .into();
         let (ov, rest) = split_overrides(&args).unwrap();
-        let want = [("--recompute-activations", "true"), ("--use-activation-checkpoint", "false"), ("--checkpoint-activations", "true")];
+        let want = [
+            ("--recompute-activations", "true"),
+            ("--use-activation-checkpoint", "false"),
+            ("--checkpoint-activations", "true"),
+        ];
         assert_eq!(ov, want.map(|(f, v)| (f.to_string(), v.to_string())));
         assert_eq!(rest, ["--config", "x.yaml"].map(String::from));
         let err = split_overrides(&["--checkpoint-num-layers".to_string()]).unwrap_err();

@@ -62,10 +62,19 @@ fn mistakes_are_one_line_and_exit_2() {
     let long = vec!["a"; 17].join(" ");
     let cases: [(&[&str], &str); 5] = [
         (&["--prompt", &long], "command line: --prompt: 17 tokens, more than the model's 16 positions"),
-        (&["--prompt", "Hello"], "command line: --prompt: token 15496 (\"Hello\") is outside the model's vocabulary of 96"),
-        (&["--prompt", "!", "--temperature=-1"], "command line: --temperature -1: must be a number >= 0 (0 is greedy)"),
+        (
+            &["--prompt", "Hello"],
+            "command line: --prompt: token 15496 (\"Hello\") is outside the model's vocabulary of 96",
+        ),
+        (
+            &["--prompt", "!", "--temperature=-1"],
+            "command line: --temperature -1: must be a number >= 0 (0 is greedy)",
+        ),
         (&["--prompt", "!", "--top-k", "0"], "command line: --top-k 0: must be at least 1"),
-        (&["--prompt", "!", "--temperature", "NaN"], "command line: --temperature NaN: must be a number >= 0"),
+        (
+            &["--prompt", "!", "--temperature", "NaN"],
+            "command line: --temperature NaN: must be a number >= 0",
+        ),
     ];
     for (extra, needle) in cases {
         assert_user_error(&generate(extra), needle);

@@ -341,7 +341,10 @@ fn bad_input_is_one_line_and_exit_2() {
 fn a_recompute_alias_shows_as_its_canonical_form() {
     let (_dir, cfg) = gpt2_config("sim-alias", "");
     let out = stdout(&simulate(&cfg, &["--recompute-activations"]));
-    assert!(out.contains("config    recompute_granularity: selective (given as recompute_activations: true)"), "{out}");
+    assert!(
+        out.contains("config    recompute_granularity: selective (given as recompute_activations: true)"),
+        "{out}"
+    );
     let v = json_of(&cfg, &["--use-activation-checkpoint", "true"]);
     assert_eq!(
         v["config_aliases"],
@@ -350,11 +353,32 @@ fn a_recompute_alias_shows_as_its_canonical_form() {
             "means": "recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1"
         }])
     );
-    assert_eq!(v["stages"][0]["recompute"], json_of(&cfg, &["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])["stages"][0]["recompute"]);
-    for alias in ["checkpoint_num_layers", "checkpoint_activations", "recompute_activations", "use_activation_checkpoint"] {
+    assert_eq!(
+        v["stages"][0]["recompute"],
+        json_of(
+            &cfg,
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "uniform",
+                "--recompute-num-layers",
+                "1"
+            ]
+        )["stages"][0]["recompute"]
+    );
+    for alias in [
+        "checkpoint_num_layers",
+        "checkpoint_activations",
+        "recompute_activations",
+        "use_activation_checkpoint",
+    ] {
         for command in ["train", "simulate"] {
             let help = bin().args([command, "--help"]).output().unwrap();
-            assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("  {alias}: ")), "{command} --help: {alias}");
+            assert!(
+                String::from_utf8_lossy(&help.stdout).contains(&format!("  {alias}: ")),
+                "{command} --help: {alias}"
+            );
         }
     }
 }
@@ -366,7 +390,13 @@ fn an_alias_that_disagrees_with_its_canonical_key_exits_2() {
         &simulate(&cfg, &["--checkpoint-activations", "--recompute-granularity", "selective"]),
         "command line: --checkpoint-activations true and command line: --recompute-granularity selective disagree on recompute_granularity: full vs selective",
     );
-    let both = write_config(&dir, "both.yaml", &format!("{GPT2_P4}checkpoint_activations: true\ncheckpoint_num_layers: 2\nrecompute_num_layers: 3\n"));
+    let both = write_config(
+        &dir,
+        "both.yaml",
+        &format!(
+            "{GPT2_P4}checkpoint_activations: true\ncheckpoint_num_layers: 2\nrecompute_num_layers: 3\n"
+        ),
+    );
     let shown = both.display();
     assert_user_error(
         &simulate(&both, &[]),

@@ -64,10 +64,13 @@ pub struct Implied {
 /// What `alias: value` means. Err is the reason the value is wrong, for the caller to place.
 pub fn expand(alias: &str, value: &Value) -> Result<Vec<Implied>, String> {
     let set = |key, v: &str| Implied { key, value: Value::String(v.into()), default_only: false };
-    let layers = |n: u64, default_only| Implied { key: "recompute_num_layers", value: n.into(), default_only };
+    let layers =
+        |n: u64, default_only| Implied { key: "recompute_num_layers", value: n.into(), default_only };
     if alias == "checkpoint_num_layers" {
         return match value.as_u64() {
-            Some(_) => Ok(vec![Implied { key: "recompute_num_layers", value: value.clone(), default_only: false }]),
+            Some(_) => {
+                Ok(vec![Implied { key: "recompute_num_layers", value: value.clone(), default_only: false }])
+            }
             None => Err("expected a number of layers".into()),
         };
     }
@@ -101,7 +104,12 @@ pub(super) fn resolve(entries: Vec<Entry>) -> anyhow::Result<(Vec<Entry>, Vec<Al
             user_error(format!("{}: bad value {}: {why}", e.origin.describe(&e.key), show(&e.value)))
         })?;
         for i in implied {
-            expanded.push(Entry { key: i.key.into(), value: i.value, default_only: i.default_only, ..e.clone() });
+            expanded.push(Entry {
+                key: i.key.into(),
+                value: i.value,
+                default_only: i.default_only,
+                ..e.clone()
+            });
         }
     }
     let is_flag = |e: &Entry| matches!(e.origin, Origin::Flag(_));
@@ -112,7 +120,7 @@ pub(super) fn resolve(entries: Vec<Entry>) -> anyhow::Result<(Vec<Entry>, Vec<Al
     expanded.retain(|e| !(e.default_only && given.contains(&e.key)));
 
     let mut used: Vec<AliasUse> = Vec::new();
-    for e in expanded.iter().filter(|e| e.from_alias()) {
+    for e in expanded.iter().filter(|e| e.is_alias_setting()) {
         let given = format!("{}: {}", e.written, show(&e.written_value));
         let setting = format!("{}: {}", e.key, show(&e.value));
         match used.iter_mut().find(|u| u.given == given) {
@@ -142,7 +150,8 @@ pub(super) fn resolve(entries: Vec<Entry>) -> anyhow::Result<(Vec<Entry>, Vec<Al
 
 /// `--help` text: the aliases and what each means.
 pub fn help() -> String {
-    let mut text = String::from("Recompute aliases (in YAML, or as --kebab-case flags; a switch needs no value):\n");
+    let mut text =
+        String::from("Recompute aliases (in YAML, or as --kebab-case flags; a switch needs no value):\n");
     for (alias, means) in ALIASES {
         text.push_str(&format!("  {alias}: {means}\n"));
     }

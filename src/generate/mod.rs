@@ -27,10 +27,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     if generated < args.max_new_tokens {
-        eprintln!(
-            "stopped after {generated} new tokens: the model has {} positions",
-            ck.config.n_positions
-        );
+        eprintln!("stopped after {generated} new tokens: the model has {} positions", ck.config.n_positions);
     }
     Ok(())
 }
@@ -156,7 +153,11 @@ mod tests {
         // Generation through either path gives the same tokens.
         let run = |cache| {
             let mut out = Vec::new();
-            generate(&model, &[0], 15, sampler, cache, |t| Ok::<(), ()>(out.push(t))).unwrap();
+            let emit = |t| {
+                out.push(t);
+                Ok::<(), ()>(())
+            };
+            generate(&model, &[0], 15, sampler, cache, emit).unwrap();
             out
         };
         let with = run(true);

@@ -13,12 +13,12 @@ use kernels::{Category, Device, Tensor, WeightLayout};
 
 /// One transformer block's parameters, in Hugging Face's names and layout.
 struct Block {
-    ln_1: (Tensor, Tensor),  // [C], [C]
-    c_attn: (Tensor, Tensor), // [C,3C], [3C]
+    ln_1: (Tensor, Tensor),      // [C], [C]
+    c_attn: (Tensor, Tensor),    // [C,3C], [3C]
     attn_proj: (Tensor, Tensor), // [C,C], [C]
-    ln_2: (Tensor, Tensor),  // [C], [C]
-    c_fc: (Tensor, Tensor),  // [C,F], [F]
-    mlp_proj: (Tensor, Tensor), // [F,C], [C]
+    ln_2: (Tensor, Tensor),      // [C], [C]
+    c_fc: (Tensor, Tensor),      // [C,F], [F]
+    mlp_proj: (Tensor, Tensor),  // [F,C], [C]
 }
 
 /// The keys and values of every position seen so far, per layer.
@@ -48,7 +48,8 @@ impl Gpt2 {
             &weights.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("checked tensor {name}")).data
         };
         let on_dev = |name: &str| {
-            let t = weights.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("checked tensor {name}"));
+            let t =
+                weights.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("checked tensor {name}"));
             dev.from_host(&t.data, &t.shape, Category::Parameters)
         };
         let pair = |prefix: String| (on_dev(&format!("{prefix}.weight")), on_dev(&format!("{prefix}.bias")));
@@ -114,7 +115,13 @@ impl Gpt2 {
             let att = attend(&qkv[..c], keys, values, self.config.n_head); // [C]
             let att = dev.from_host(&att, &[1, c], Category::Workspace); // [1,C]
             let mut proj = new(c); // [1,C]
-            dev.matmul_forward(&mut proj, &att, &block.attn_proj.0, WeightLayout::InOut, Some(&block.attn_proj.1));
+            dev.matmul_forward(
+                &mut proj,
+                &att,
+                &block.attn_proj.0,
+                WeightLayout::InOut,
+                Some(&block.attn_proj.1),
+            );
             let mut x1 = new(c); // [1,C]
             dev.add(&mut x1, &x, &proj);
             dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x1, &block.ln_2.0, &block.ln_2.1);
@@ -122,7 +129,13 @@ impl Gpt2 {
             let (mut fc, mut gelu) = (new(f), new(f)); // [1,F] each
             dev.matmul_forward(&mut fc, &ln, &block.c_fc.0, WeightLayout::InOut, Some(&block.c_fc.1));
             dev.gelu_forward(&mut gelu, &fc);
-            dev.matmul_forward(&mut proj, &gelu, &block.mlp_proj.0, WeightLayout::InOut, Some(&block.mlp_proj.1));
+            dev.matmul_forward(
+                &mut proj,
+                &gelu,
+                &block.mlp_proj.0,
+                WeightLayout::InOut,
+                Some(&block.mlp_proj.1),
+            );
             dev.add(&mut x, &x1, &proj);
         }
         cache.positions += 1;
@@ -133,7 +146,8 @@ impl Gpt2 {
     fn logits(&self, x: &Tensor) -> Vec<f32> {
         let dev = &self.dev;
         let mut ln = dev.empty(&[1, self.config.n_embd], Category::Workspace); // [1,C]
-        let (mut mean, mut rstd) = (dev.empty(&[1], Category::Workspace), dev.empty(&[1], Category::Workspace));
+        let (mut mean, mut rstd) =
+            (dev.empty(&[1], Category::Workspace), dev.empty(&[1], Category::Workspace));
         dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, x, &self.ln_f.0, &self.ln_f.1);
         let mut logits = dev.empty(&[1, self.config.vocab_size], Category::Workspace); // [1,V]
         dev.matmul_forward(&mut logits, &ln, &self.wte, WeightLayout::OutIn, None);
