@@ -8,18 +8,20 @@ use crate::error::user_error;
 use serde::Serialize;
 use serde_norway::Value;
 
-/// (alias, what it means), for `--help` and the README.
-pub const ALIASES: [(&str, &str); 4] = [
-    ("checkpoint_num_layers", "N: recompute_num_layers: N (Megatron's earlier name)"),
+/// (alias, its value, what that means), for `--help`.
+pub const ALIASES: [(&str, &str, &str); 4] = [
+    ("checkpoint_num_layers", "N", "recompute_num_layers: N (Megatron's earlier name)"),
     (
         "checkpoint_activations",
-        "true: recompute_granularity: full, recompute_method: uniform, recompute_num_layers from \
+        "true",
+        "recompute_granularity: full, recompute_method: uniform, recompute_num_layers from \
          checkpoint_num_layers, default 1 (Megatron's earlier flag)",
     ),
-    ("recompute_activations", "true: recompute_granularity: selective (Megatron's shorthand)"),
+    ("recompute_activations", "true", "recompute_granularity: selective (Megatron's shorthand)"),
     (
         "use_activation_checkpoint",
-        "true: recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1 \
+        "true",
+        "recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1 \
          (minimal GPT trainers)",
     ),
 ];
@@ -28,7 +30,7 @@ pub const ALIASES: [(&str, &str); 4] = [
 const SWITCHES: [&str; 3] = ["checkpoint_activations", "recompute_activations", "use_activation_checkpoint"];
 
 pub fn is_alias(key: &str) -> bool {
-    ALIASES.iter().any(|(alias, _)| *alias == key)
+    ALIASES.iter().any(|(alias, _, _)| *alias == key)
 }
 
 pub fn is_switch(key: &str) -> bool {
@@ -152,8 +154,8 @@ pub(super) fn resolve(entries: Vec<Entry>) -> anyhow::Result<(Vec<Entry>, Vec<Al
 pub fn help() -> String {
     let mut text =
         String::from("Recompute aliases (in YAML, or as --kebab-case flags; a switch needs no value):\n");
-    for (alias, means) in ALIASES {
-        text.push_str(&format!("  {alias}: {means}\n"));
+    for (alias, value, means) in ALIASES {
+        text.push_str(&format!("  {alias}: {value}  means  {means}\n"));
     }
     text
 }
