@@ -70,9 +70,7 @@ pub fn expand(alias: &str, value: &Value) -> Result<Vec<Implied>, String> {
         |n: u64, default_only| Implied { key: "recompute_num_layers", value: n.into(), default_only };
     if alias == "checkpoint_num_layers" {
         return match value.as_u64() {
-            Some(_) => {
-                Ok(vec![Implied { key: "recompute_num_layers", value: value.clone(), default_only: false }])
-            }
+            Some(n) => Ok(vec![layers(n, false)]),
             None => Err("expected a number of layers".into()),
         };
     }
