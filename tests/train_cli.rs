@@ -145,6 +145,15 @@ fn a_recompute_alias_shows_as_its_canonical_form_and_the_summary_ends_with_a_sam
     let sample = report["sample"].as_str().unwrap();
     assert!(!sample.is_empty());
     assert_eq!(format!("sample (greedy)  {sample:?}"), last);
+    // It is the saved final model's: generate from the run dir says the same.
+    let g = bin()
+        .args(["generate", "--checkpoint"])
+        .arg(&run)
+        .args(["--temperature", "0", "--max-new-tokens", "24"])
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{}", stderr(&g));
+    assert_eq!(String::from_utf8_lossy(&g.stdout), format!("<|endoftext|>{sample}\n"));
     // The stage runs the recompute the alias means.
     assert!(stdout.contains("stage 0 recompute saved"), "{stdout}");
 }
