@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Steps in the trailing mean of the train loss.
-pub const MOVING_AVERAGE: usize = 20;
+const MOVING_AVERAGE: usize = 20;
 
 const WIDTH: f64 = 900.0;
 const LEFT: f64 = 70.0;
