@@ -10,7 +10,7 @@
 mod aliases;
 
 use crate::error::user_error;
-pub use aliases::AliasUse;
+pub use aliases::{help as alias_help, AliasUse};
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use std::path::{Path, PathBuf};
@@ -159,7 +159,8 @@ struct Entry {
     key: String,
     value: Value,
     origin: Origin,
-    /// The key as written: `key` itself, or the alias it came from.
+    /// The key and value as written: `key` and `value` themselves, or the alias they came
+    /// from and its value.
     written: String,
     written_value: Value,
     /// An alias's default, which yields to any value given for the key.
@@ -199,11 +200,6 @@ pub fn known_keys() -> Vec<String> {
 pub fn flag_to_key(flag: &str) -> Option<String> {
     let key = flag.strip_prefix("--")?.replace('-', "_");
     (known_keys().contains(&key) || aliases::is_alias(&key)).then_some(key)
-}
-
-/// The aliases and their meanings, for `--help`.
-pub fn alias_help() -> String {
-    aliases::help()
 }
 
 /// Config keys set on the command line: (flag as given, value).
