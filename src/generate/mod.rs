@@ -10,7 +10,7 @@ use crate::cli::GenerateArgs;
 use crate::data::{bpe_decode, bpe_encode, EOT, TEXT_VOCAB};
 use crate::error::user_error;
 use model::Gpt2;
-pub use sample::Sampler;
+use sample::Sampler;
 use std::io::Write;
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
