@@ -18,8 +18,10 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Pretrain a GPT-2-style model from a YAML config (config keys override as --kebab-case VALUE).
+    #[command(after_help = crate::config::alias_help())]
     Train(TrainArgs),
     /// Simulate a schedule/recompute plan: time and memory per stage, no weights, no GPU.
+    #[command(after_help = crate::config::alias_help())]
     Simulate(crate::simulate::SimulateArgs),
     /// Tokenize a UTF-8 text file into an llm.c/nanoGPT .bin token file (GPT-2 BPE).
     Tokenize(TokenizeArgs),
@@ -27,6 +29,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),
+    /// Continue a prompt with a checkpoint's model, token by token to stdout (GPT-2 BPE).
+    Generate(GenerateArgs),
     /// Benchmarks: `recompute` (step time and activation memory per policy) or `pipeline`
     /// (tokens/s per stage count), measured in one process.
     Bench(BenchArgs),
@@ -90,6 +94,32 @@ pub struct ExportArgs {
     /// Replace the contents of a non-empty HF dir.
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 dir.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The text to continue [default: <|endoftext|>, as a document starts].
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Tokens to generate (fewer if the model's positions fill up first).
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 always takes the most likely token.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Seed of the sampling draws: the same seed gives the same output [default: from the clock].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run every position again for each new token instead of keeping a KV cache (slower;
+    /// the same output, for checking).
+    #[arg(long)]
+    pub no_kv_cache: bool,
 }
 
 #[derive(Args, Debug)]

@@ -3,8 +3,14 @@
 //!
 //! Errors name where the value came from (the file or the flag), the key and the value, in
 //! one line, as a [`UserError`](crate::error::UserError).
+//!
+//! Older or common spellings of the recompute settings are accepted and resolved to the
+//! canonical keys (aliases.rs); the config remembers which were used.
+
+mod aliases;
 
 use crate::error::user_error;
+pub use aliases::{help as alias_help, AliasUse};
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use std::path::{Path, PathBuf};
@@ -74,6 +80,10 @@ pub struct Config {
     pub precision: String,
     /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
     pub load: Option<PathBuf>,
+
+    /// The aliases the config was written with (not a key: set by [`load`]).
+    #[serde(skip)]
+    pub aliases: Vec<AliasUse>,
 }
 
 impl Default for Config {
@@ -122,6 +132,7 @@ impl Default for Config {
             device: "cpu".into(),
             precision: "fp32".into(),
             load: None,
+            aliases: Vec::new(),
         }
     }
 }
@@ -142,6 +153,38 @@ impl Origin {
     }
 }
 
+/// One setting: a canonical key and its value, and how it was written.
+#[derive(Clone, Debug)]
+struct Entry {
+    key: String,
+    value: Value,
+    origin: Origin,
+    /// The key and value as written: `key` and `value` themselves, or the alias they came
+    /// from and its value.
+    written: String,
+    written_value: Value,
+    /// An alias's default, which yields to any value given for the key.
+    default_only: bool,
+}
+
+impl Entry {
+    fn new(key: String, value: Value, origin: Origin) -> Entry {
+        Entry { written: key.clone(), written_value: value.clone(), key, value, origin, default_only: false }
+    }
+
+    fn is_alias_setting(&self) -> bool {
+        self.written != self.key
+    }
+
+    /// Where and how it was written, e.g. ``c.yaml: `checkpoint_activations: true` ``.
+    fn said(&self) -> String {
+        match &self.origin {
+            Origin::File(p) => format!("{}: `{}: {}`", p.display(), self.written, show(&self.written_value)),
+            Origin::Flag(flag) => format!("command line: {flag}"),
+        }
+    }
+}
+
 /// Keys whose values are lists, so `--key 4,3,1` on the command line means `[4, 3, 1]`.
 const LIST_KEYS: [&str; 3] = ["num_layers_per_stage", "recompute_modules", "recompute_num_layers_per_stage"];
 
@@ -153,17 +196,18 @@ pub fn known_keys() -> Vec<String> {
     }
 }
 
-/// `--hidden-size` -> `hidden_size`, if that is a config key.
+/// `--hidden-size` -> `hidden_size`, if that is a config key or an alias of one.
 pub fn flag_to_key(flag: &str) -> Option<String> {
     let key = flag.strip_prefix("--")?.replace('-', "_");
-    known_keys().contains(&key).then_some(key)
+    (known_keys().contains(&key) || aliases::is_alias(&key)).then_some(key)
 }
 
 /// Config keys set on the command line: (flag as given, value).
 pub type Overrides = Vec<(String, String)>;
 
 /// Splits command-line arguments into config overrides (`--kebab-key VALUE` for any config
-/// key) and the rest, which belong to the subcommand's own flags.
+/// key) and the rest, which belong to the subcommand's own flags. A switch may stand alone:
+/// `--recompute-activations` is `--recompute-activations true`.
 pub fn split_overrides(args: &[String]) -> anyhow::Result<(Overrides, Vec<String>)> {
     let mut overrides = Vec::new();
     let mut rest = Vec::new();
@@ -174,9 +218,11 @@ pub fn split_overrides(args: &[String]) -> anyhow::Result<(Overrides, Vec<String
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        if flag_to_key(&flag).is_some() {
+        if let Some(key) = flag_to_key(&flag) {
+            let next_is_bool = matches!(args.get(i + 1).map(String::as_str), Some("true" | "false"));
             let value = match inline {
                 Some(v) => v,
+                None if aliases::is_switch(&key) && !next_is_bool => "true".into(),
                 None => {
                     i += 1;
                     args.get(i)
@@ -200,14 +246,14 @@ pub fn load(path: &Path, overrides: &[(String, String)]) -> anyhow::Result<Confi
     let doc: Value = serde_norway::from_str(&text).map_err(|e| {
         user_error(format!("{}: malformed YAML: {}", path.display(), one_line(&e.to_string())))
     })?;
-    let mut entries: Vec<(String, Value, Origin)> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     match doc {
         Value::Mapping(m) => {
             for (k, v) in m {
                 let key = k.as_str().ok_or_else(|| {
                     user_error(format!("{}: key {} is not a string", path.display(), show(&k)))
                 })?;
-                entries.push((key.to_string(), v, Origin::File(path.to_path_buf())));
+                entries.push(Entry::new(key.to_string(), v, Origin::File(path.to_path_buf())));
             }
         }
         Value::Null => {}
@@ -224,10 +270,11 @@ pub fn load(path: &Path, overrides: &[(String, String)]) -> anyhow::Result<Confi
             flag_to_key(flag).ok_or_else(|| user_error(format!("command line: unknown flag {flag}")))?;
         let value = parse_flag_value(&key, raw)
             .map_err(|e| user_error(format!("command line: {flag} {raw}: {}", one_line(&e.to_string()))))?;
-        entries.retain(|(k, _, _)| k != &key);
-        entries.push((key, value, Origin::Flag(format!("{flag} {raw}"))));
+        entries.retain(|e| e.key != key);
+        entries.push(Entry::new(key, value, Origin::Flag(format!("{flag} {raw}"))));
     }
-    from_entries(path, &entries)
+    let (entries, used) = aliases::resolve(entries)?;
+    Ok(Config { aliases: used, ..from_entries(path, &entries)? })
 }
 
 fn parse_flag_value(key: &str, raw: &str) -> Result<Value, serde_norway::Error> {
@@ -238,10 +285,10 @@ fn parse_flag_value(key: &str, raw: &str) -> Result<Value, serde_norway::Error> 
     }
 }
 
-fn from_entries(path: &Path, entries: &[(String, Value, Origin)]) -> anyhow::Result<Config> {
+fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
     let known = known_keys();
     let mut map = Mapping::new();
-    for (key, value, origin) in entries {
+    for Entry { key, value, origin, written, .. } in entries {
         if !known.contains(key) {
             let hint = closest(key, &known).map(|k| format!(" (did you mean `{k}`?)")).unwrap_or_default();
             return Err(user_error(format!("{}: unknown key{hint}", origin.describe(key))));
@@ -252,7 +299,7 @@ fn from_entries(path: &Path, entries: &[(String, Value, Origin)]) -> anyhow::Res
         if let Err(e) = serde_norway::from_value::<Config>(Value::Mapping(single)) {
             return Err(user_error(format!(
                 "{}: bad value {}: {}",
-                origin.describe(key),
+                origin.describe(written),
                 show(value),
                 one_line(&e.to_string())
             )));
@@ -265,8 +312,8 @@ fn from_entries(path: &Path, entries: &[(String, Value, Origin)]) -> anyhow::Res
         entries
             .iter()
             .rev()
-            .find(|(k, _, _)| k == key)
-            .map(|(_, _, o)| o.describe(key))
+            .find(|e| e.key == key)
+            .map(|e| e.origin.describe(&e.written))
             .unwrap_or_else(|| format!("{}: key `{key}` (unset)", path.display()))
     };
     config.validate().map_err(|(key, msg)| user_error(format!("{}: {msg}", origin_of(key))))?;
@@ -322,6 +369,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 impl Config {
+    /// The config as YAML in canonical keys, headed by a comment for each alias it was
+    /// written with: what a run dir keeps.
+    pub fn to_yaml(&self) -> anyhow::Result<String> {
+        let mut text: String = self.aliases.iter().map(|a| format!("# {}\n", a.describe())).collect();
+        text.push_str(&serde_norway::to_string(self)?);
+        Ok(text)
+    }
+
     pub fn ffn_size(&self) -> usize {
         self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
     }
@@ -576,7 +631,8 @@ mod tests {
         p
     }
 
-    fn err_of(text: &str, overrides: &[(&str, &str)]) -> String {
+    /// Loads `text` with `overrides`; errors with the file's path shown as `c.yaml`.
+    fn load_text(text: &str, overrides: &[(&str, &str)]) -> Result<Config, String> {
         // One directory per call: the tests run in parallel.
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -585,9 +641,102 @@ mod tests {
         let p = write(&dir, "c.yaml", text);
         let ov: Vec<(String, String)> =
             overrides.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        let e = load(&p, &ov).unwrap_err();
-        assert!(crate::error::is_user_error(&e));
-        e.to_string().replace(&p.display().to_string(), "c.yaml")
+        load(&p, &ov).map_err(|e| {
+            assert!(crate::error::is_user_error(&e));
+            e.to_string().replace(&p.display().to_string(), "c.yaml")
+        })
+    }
+
+    fn err_of(text: &str, overrides: &[(&str, &str)]) -> String {
+        load_text(text, overrides).unwrap_err()
+    }
+
+    #[test]
+    fn aliases_resolve_to_their_canonical_spelling() {
+        let full = |n: usize| {
+            format!("recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: {n}\n")
+        };
+        let block2 = "recompute_granularity: full\nrecompute_method: block\n";
+        type Overrides<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(&str, Overrides, String); 9] = [
+            (
+                "checkpoint_num_layers: 2\nrecompute_granularity: full\nrecompute_method: block\n",
+                &[],
+                format!("{block2}recompute_num_layers: 2\n"),
+            ),
+            ("checkpoint_activations: true\n", &[], full(1)),
+            ("checkpoint_activations: true\ncheckpoint_num_layers: 3\n", &[], full(3)),
+            ("checkpoint_activations: true\nrecompute_num_layers: 3\n", &[], full(3)),
+            ("checkpoint_activations: false\n", &[], String::new()),
+            ("recompute_activations: true\n", &[], "recompute_granularity: selective\n".into()),
+            ("use_activation_checkpoint: true\n", &[], full(1)),
+            ("", &[("--checkpoint-activations", "true"), ("--checkpoint-num-layers", "2")], full(2)),
+            // The command line beats the file key by key, whatever the spelling.
+            ("recompute_granularity: selective\n", &[("--use-activation-checkpoint", "true")], full(1)),
+        ];
+        for (aliased, overrides, canonical) in cases {
+            let got = load_text(aliased, overrides).unwrap();
+            assert!(!got.aliases.is_empty() || aliased.contains("false"), "{aliased}");
+            assert_eq!(Config { aliases: vec![], ..got }, load_text(&canonical, &[]).unwrap(), "{aliased}");
+        }
+        let c = load_text("checkpoint_activations: true\ncheckpoint_num_layers: 2\n", &[]).unwrap();
+        let describe: Vec<String> = c.aliases.iter().map(AliasUse::describe).collect();
+        assert_eq!(
+            describe,
+            [
+                "recompute_granularity: full, recompute_method: uniform (given as checkpoint_activations: true)",
+                "recompute_num_layers: 2 (given as checkpoint_num_layers: 2)"
+            ]
+        );
+        assert!(c.to_yaml().unwrap().starts_with(
+            "# recompute_granularity: full, recompute_method: uniform (given as checkpoint_activations: true)\n\
+             # recompute_num_layers: 2 (given as checkpoint_num_layers: 2)\nnum_layers: 12\n"
+        ));
+    }
+
+    #[test]
+    fn an_alias_and_its_canonical_key_must_agree() {
+        assert_eq!(
+            err_of("checkpoint_num_layers: 2\nrecompute_num_layers: 3\nrecompute_granularity: full\n", &[]),
+            "c.yaml: `checkpoint_num_layers: 2` and c.yaml: `recompute_num_layers: 3` disagree on recompute_num_layers: 2 vs 3"
+        );
+        assert_eq!(
+            err_of("checkpoint_activations: true\nrecompute_granularity: selective\n", &[]),
+            "c.yaml: `checkpoint_activations: true` and c.yaml: `recompute_granularity: selective` disagree on recompute_granularity: full vs selective"
+        );
+        assert_eq!(
+            err_of("recompute_activations: true\nuse_activation_checkpoint: true\n", &[]),
+            "c.yaml: `recompute_activations: true` and c.yaml: `use_activation_checkpoint: true` disagree on recompute_granularity: selective vs full"
+        );
+        assert_eq!(
+            err_of("use_activation_checkpoint: true\nrecompute_method: block\n", &[]),
+            "c.yaml: `use_activation_checkpoint: true` and c.yaml: `recompute_method: block` disagree on recompute_method: uniform vs block"
+        );
+        assert_eq!(
+            err_of("use_activation_checkpoint: true\ncheckpoint_num_layers: 2\n", &[]),
+            "c.yaml: `use_activation_checkpoint: true` and c.yaml: `checkpoint_num_layers: 2` disagree on recompute_num_layers: 1 vs 2"
+        );
+        assert_eq!(
+            err_of("", &[("--recompute-activations", "true"), ("--recompute-granularity", "full")]),
+            "command line: --recompute-activations true and command line: --recompute-granularity full disagree on recompute_granularity: selective vs full"
+        );
+        assert_eq!(
+            err_of("checkpoint_activations: yes\n", &[]),
+            "c.yaml: key `checkpoint_activations`: bad value yes: expected true or false"
+        );
+        assert_eq!(
+            err_of("checkpoint_num_layers: -1\n", &[]),
+            "c.yaml: key `checkpoint_num_layers`: bad value -1: expected a number of layers"
+        );
+        // The canonical checks name the alias the value came from.
+        assert_eq!(
+            err_of("recompute_activations: true\nrecompute_num_layers: 2\n", &[]),
+            "c.yaml: key `recompute_num_layers`: 2 must be unset with recompute_granularity: selective"
+        );
+        assert_eq!(
+            err_of("checkpoint_num_layers: 2\n", &[]),
+            "c.yaml: key `checkpoint_num_layers`: 2 needs recompute_granularity: full"
+        );
     }
 
     #[test]
@@ -675,5 +824,29 @@ mod tests {
         let (ov, rest) = split_overrides(&args).unwrap();
         assert_eq!(ov, vec![("--lr".into(), "0.1".into()), ("--train-iters".into(), "5".into())]);
         assert_eq!(rest, ["--config", "x.yaml", "--trace", "t.json"].map(String::from));
+    }
+
+    #[test]
+    fn a_switch_needs_no_value() {
+        let args: Vec<String> = [
+            "--recompute-activations",
+            "--config",
+            "x.yaml",
+            "--use-activation-checkpoint",
+            "false",
+            "--checkpoint-activations",
+        ]
+        .map(String::from)
+        .into();
+        let (ov, rest) = split_overrides(&args).unwrap();
+        let want = [
+            ("--recompute-activations", "true"),
+            ("--use-activation-checkpoint", "false"),
+            ("--checkpoint-activations", "true"),
+        ];
+        assert_eq!(ov, want.map(|(f, v)| (f.to_string(), v.to_string())));
+        assert_eq!(rest, ["--config", "x.yaml"].map(String::from));
+        let err = split_overrides(&["--checkpoint-num-layers".to_string()]).unwrap_err();
+        assert_eq!(err.to_string(), "command line: --checkpoint-num-layers needs a value");
     }
 }

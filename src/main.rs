@@ -9,7 +9,9 @@ mod data;
 mod error;
 mod eval;
 mod export;
+mod generate;
 mod simulate;
+mod svg;
 mod trace;
 mod train;
 
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         }
         cli::Command::Export(a) => export::run(&a),
         cli::Command::Eval(a) => eval::run(&a),
+        cli::Command::Generate(a) => generate::run(&a),
         cli::Command::Bench(a) => bench::run(&a, &overrides),
     };
     match result {

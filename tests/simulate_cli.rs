@@ -93,6 +93,26 @@ fn json_report_has_the_closed_form_of_1f1b() {
 }
 
 #[test]
+fn free_transfers_give_the_textbook_bubbles() {
+    // Equal op times and p2p=0: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1.
+    let (_dir, cfg) = gpt2_config("sim-free-p2p", "");
+    let times = "forward=1,backward-input=1,backward-weight=1,p2p=0";
+    for (p, m) in [(2, 3), (4, 8), (3, 12)] {
+        for (kind, work) in [("gpipe", m), ("1f1b", m), ("zb-h1", 3 * m)] {
+            let (ps, ms) = (p.to_string(), m.to_string());
+            let args = ["--op-times", times, "--pipeline-schedule", kind];
+            let v = json_of(
+                &cfg,
+                &[&args[..], &["--pipeline-model-parallel-size", &ps, "--global-batch-size", &ms]].concat(),
+            );
+            let want = (p - 1) as f64 / (work + p - 1) as f64;
+            let got = v["bubble_rate"].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-9, "{kind} p={p} m={m}: bubble {got}, expected {want}");
+        }
+    }
+}
+
+#[test]
 fn the_optimizer_phase_ends_the_step() {
     let (_dir, cfg) = gpt2_config("sim-optimizer", "");
     let times = "forward=1,backward-input=1,backward-weight=1,optimizer=2";
@@ -290,7 +310,7 @@ fn shipped_configs_simulate() {
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
     let (dir, cfg) = gpt2_config("sim-bad", "");
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--pipeline-schedule", "interleaved-1f1b", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size", "6"],
             "c.yaml: key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number of microbatches (6) must be a multiple of pipeline_model_parallel_size (4)",
@@ -302,6 +322,8 @@ fn bad_input_is_one_line_and_exit_2() {
         (&["--num-layers", "2"], "c.yaml: key `pipeline_model_parallel_size`: cannot split 2 layers over 4 pipeline stages (chunks)"),
         (&["--op-times", "forward=0,backward=1"], "--op-times forward=0,backward=1: forward=0: a time must be > 0 ms"),
         (&["--op-times", "forward=1,backward=-3"], "--op-times forward=1,backward=-3: backward=-3: a time must be > 0 ms"),
+        (&["--op-times", "forward=1,backward=1,p2p=-1"], "--op-times forward=1,backward=1,p2p=-1: p2p=-1: a time must be >= 0 ms"),
+        (&["--op-times", "forward=1,backward=1,p2p=nan"], "--op-times forward=1,backward=1,p2p=nan: p2p=nan: a time must be >= 0 ms"),
         (&["--hardware", "tpu-v9"], "--hardware tpu-v9: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"),
         (&["--memory-limit", "80XB"], "--memory-limit 80XB: give a size with a unit"),
         (&["--measured", "no-such-trace.json"], "no-such-trace.json: cannot read the trace"),
@@ -313,4 +335,71 @@ fn bad_input_is_one_line_and_exit_2() {
         assert_user_error(&o, needle);
         assert!(!svg.exists(), "a failed simulation wrote its chart");
     }
+}
+
+#[test]
+fn a_recompute_alias_shows_as_its_canonical_form() {
+    let (_dir, cfg) = gpt2_config("sim-alias", "");
+    let out = stdout(&simulate(&cfg, &["--recompute-activations"]));
+    assert!(
+        out.contains("config    recompute_granularity: selective (given as recompute_activations: true)"),
+        "{out}"
+    );
+    let v = json_of(&cfg, &["--use-activation-checkpoint", "true"]);
+    assert_eq!(
+        v["config_aliases"],
+        serde_json::json!([{
+            "given": "use_activation_checkpoint: true",
+            "means": "recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1"
+        }])
+    );
+    assert_eq!(
+        v["stages"][0]["recompute"],
+        json_of(
+            &cfg,
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "uniform",
+                "--recompute-num-layers",
+                "1"
+            ]
+        )["stages"][0]["recompute"]
+    );
+    for alias in [
+        "checkpoint_num_layers",
+        "checkpoint_activations",
+        "recompute_activations",
+        "use_activation_checkpoint",
+    ] {
+        for command in ["train", "simulate"] {
+            let help = bin().args([command, "--help"]).output().unwrap();
+            assert!(
+                String::from_utf8_lossy(&help.stdout).contains(&format!("  {alias}: ")),
+                "{command} --help: {alias}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_alias_that_disagrees_with_its_canonical_key_exits_2() {
+    let (dir, cfg) = gpt2_config("sim-alias-conflict", "");
+    assert_user_error(
+        &simulate(&cfg, &["--checkpoint-activations", "--recompute-granularity", "selective"]),
+        "command line: --checkpoint-activations true and command line: --recompute-granularity selective disagree on recompute_granularity: full vs selective",
+    );
+    let both = write_config(
+        &dir,
+        "both.yaml",
+        &format!(
+            "{GPT2_P4}checkpoint_activations: true\ncheckpoint_num_layers: 2\nrecompute_num_layers: 3\n"
+        ),
+    );
+    let shown = both.display();
+    assert_user_error(
+        &simulate(&both, &[]),
+        &format!("{shown}: `checkpoint_num_layers: 2` and {shown}: `recompute_num_layers: 3` disagree on recompute_num_layers: 2 vs 3"),
+    );
 }

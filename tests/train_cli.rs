@@ -40,6 +40,21 @@ fn resume_continues_bit_for_bit() {
         |v: &[(u64, u64, Option<u64>)]| v.iter().filter(|x| x.0 % 2 == 0).map(|x| x.2).collect::<Vec<_>>();
     assert_eq!(at_even(&split), at_even(&full));
     assert!(at_even(&full).iter().all(Option::is_some));
+    // The resumed run's chart goes on from the first part's: the train loss and its moving
+    // average are drawn from the same numbers as the unbroken run's, and the val points
+    // are the unbroken run's plus the first part's last eval.
+    let points = |run: &str| {
+        let svg = std::fs::read_to_string(dir.join(run).join("loss.svg")).unwrap();
+        svg.lines()
+            .filter_map(|l| l.strip_prefix("<polyline points=\""))
+            .map(|l| l.split('"').next().unwrap().split(' ').map(String::from).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let (split, full) = (points("split"), points("full"));
+    assert_eq!(split[0].len(), 6, "a point per step: {:?}", split[0]);
+    assert_eq!(split[..2], full[..2]);
+    assert_eq!((split[2].len(), full[2].len()), (4, 3));
+    assert!(full[2].iter().all(|p| split[2].contains(p)), "{:?} {:?}", split[2], full[2]);
 }
 
 #[test]
@@ -86,6 +101,61 @@ fn a_run_writes_metrics_report_and_checkpoint_and_learns() {
         serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
     assert!(report["mfu"].as_f64().unwrap() > 0.0);
     assert!(run.join("checkpoints/latest").exists());
+    let chart = run.join("loss.svg");
+    assert!(stdout.contains(&format!("loss chart       {}", chart.display())), "{stdout}");
+    assert_eq!(report["loss_chart"], chart.to_str().unwrap());
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4, "train, moving average, val, tokens/s");
+    assert_eq!(svg.matches("<circle").count(), 4, "a marker per eval");
+}
+
+#[test]
+fn a_recompute_alias_shows_as_its_canonical_form_and_the_summary_ends_with_a_sample() {
+    let dir = temp_dir("alias-sample");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let run = dir.join("run");
+    // Not --quiet: the summary ends with a greedy sample. A switch given without a value.
+    let o = bin()
+        .args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--train-iters", "2", "--checkpoint-activations"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let canonical = "recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1";
+    let described = format!("{canonical} (given as checkpoint_activations: true)");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains(&format!("config           {described}")), "{stdout}");
+    let last = stdout.lines().last().unwrap();
+    assert!(last.starts_with("sample (greedy)  \"") && last.ends_with('"'), "{stdout}");
+    let yaml = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(yaml.starts_with(&format!("# {described}\n")), "{yaml}");
+    for line in ["recompute_granularity: full\n", "recompute_method: uniform\n", "recompute_num_layers: 1\n"]
+    {
+        assert!(yaml.contains(line), "{line} missing from {yaml}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        report["config_aliases"],
+        serde_json::json!([{ "given": "checkpoint_activations: true", "means": canonical }])
+    );
+    let sample = report["sample"].as_str().unwrap();
+    assert!(!sample.is_empty());
+    assert_eq!(format!("sample (greedy)  {sample:?}"), last);
+    // It is the saved final model's: generate from the run dir says the same.
+    let g = bin()
+        .args(["generate", "--checkpoint"])
+        .arg(&run)
+        .args(["--temperature", "0", "--max-new-tokens", "24"])
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{}", stderr(&g));
+    assert_eq!(String::from_utf8_lossy(&g.stdout), format!("<|endoftext|>{sample}\n"));
+    // The stage runs the recompute the alias means.
+    assert!(stdout.contains("stage 0 recompute saved"), "{stdout}");
 }
 
 #[test]

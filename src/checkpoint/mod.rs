@@ -19,7 +19,7 @@ mod tensors;
 
 pub use hf_config::HfGpt2Config;
 pub use load::{export_hf, load_checkpoint};
-pub use save::save_checkpoint;
+pub use save::{save_checkpoint, write_atomic};
 pub use shapes::{check_shapes, expected_shapes};
 pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};
 pub use tensors::NamedTensor;

@@ -5,7 +5,7 @@ mod token_file;
 mod tokenize;
 
 pub use token_file::TokenFile;
-pub use tokenize::tokenize_file;
+pub use tokenize::{bpe_decode, bpe_encode, tokenize_file, EOT, TEXT_VOCAB};
 
 /// A fresh, empty directory for one test.
 #[cfg(test)]

@@ -41,13 +41,26 @@ impl fmt::Display for TokenizeSummary {
     }
 }
 
+/// Tokens GPT-2's BPE has text for: 0 ..= `<|endoftext|>`.
+pub const TEXT_VOCAB: usize = EOT as usize + 1;
+
 /// GPT-2 tokens of `text`, with the leading `<|endoftext|>`.
 pub fn encode(text: &str) -> Vec<u16> {
-    let bpe = tiktoken_rs::r50k_base_singleton();
     let mut tokens = vec![EOT];
     // r50k ranks are below 50257, so they fit u16.
-    tokens.extend(bpe.encode_with_special_tokens(text).into_iter().map(|t| t as u16));
+    tokens.extend(bpe_encode(text).into_iter().map(|t| t as u16));
     tokens
+}
+
+/// GPT-2 tokens of `text` alone; the literal `<|endoftext|>` becomes its token.
+pub fn bpe_encode(text: &str) -> Vec<u32> {
+    tiktoken_rs::r50k_base_singleton().encode_with_special_tokens(text)
+}
+
+/// The bytes of GPT-2 tokens below [`TEXT_VOCAB`]. One token may hold part of a UTF-8
+/// character, so a stream of them is bytes, valid text only once complete.
+pub fn bpe_decode(tokens: &[u32]) -> Vec<u8> {
+    tiktoken_rs::r50k_base_singleton().decode_bytes(tokens).expect("tokens below TEXT_VOCAB decode")
 }
 
 /// Tokenizes `input` into a token file at `output`. An existing `output` is replaced only

@@ -139,7 +139,8 @@ pub fn from_hardware(setup: &Setup, hw: &Hardware) -> Durations {
 /// `--op-times`: milliseconds per stage and microbatch, e.g.
 /// `forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6`. `backward=` may stand
 /// for both halves; `recompute=`, `p2p=` and `optimizer=` (per stage and step: the
-/// post-schedule phase, exchange and grad norm included) are optional.
+/// post-schedule phase, exchange and grad norm included) are optional. The ops in
+/// [`FREE_OPS`] may take 0 ms: the textbook bubble formulas assume free transfers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GivenTimes {
     forward: f64,
@@ -151,6 +152,11 @@ pub struct GivenTimes {
 
 const GIVEN_OPS: [&str; 7] =
     ["forward", "backward-input", "backward-weight", "backward", "recompute", "p2p", "optimizer"];
+
+/// Ops that may cost nothing: transfers, the optimizer phase, a recompute and the weight
+/// gradient can each be left out of a model of the step. A forward or an input gradient
+/// always computes something, so those stay > 0.
+const FREE_OPS: [&str; 4] = ["backward-weight", "recompute", "p2p", "optimizer"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Backward {
@@ -170,7 +176,11 @@ impl GivenTimes {
             }
             let ms: f64 =
                 value.trim().parse().map_err(|_| err(format!("{key}={value}: not a number of ms")))?;
-            if !(ms.is_finite() && ms > 0.0) {
+            if FREE_OPS.contains(&key) {
+                if !(ms.is_finite() && ms >= 0.0) {
+                    return Err(err(format!("{key}={value}: a time must be >= 0 ms")));
+                }
+            } else if !(ms.is_finite() && ms > 0.0) {
                 return Err(err(format!("{key}={value}: a time must be > 0 ms")));
             }
             if values.iter().any(|(k, _)| *k == key) {
@@ -333,8 +343,37 @@ mod tests {
             err("forward=1,backward=-2"),
             "--op-times forward=1,backward=-2: backward=-2: a time must be > 0 ms"
         );
+        assert_eq!(
+            err("forward=1,backward=2,p2p=-0.5"),
+            "--op-times forward=1,backward=2,p2p=-0.5: p2p=-0.5: a time must be >= 0 ms"
+        );
+        assert_eq!(
+            err("forward=1,backward=2,optimizer=NaN"),
+            "--op-times forward=1,backward=2,optimizer=NaN: optimizer=NaN: a time must be >= 0 ms"
+        );
+        assert_eq!(
+            err("forward=1,backward-input=0,backward-weight=1"),
+            "--op-times forward=1,backward-input=0,backward-weight=1: backward-input=0: a time must be > 0 ms"
+        );
         assert!(err("forward=1").ends_with("give backward-input=MS and backward-weight=MS, or backward=MS"));
         assert!(err("fwd=1").contains("unknown op `fwd`"));
         assert!(err("forward=fast,backward=1").ends_with("forward=fast: not a number of ms"));
+    }
+
+    #[test]
+    fn free_ops_may_take_zero_ms() {
+        let given =
+            GivenTimes::parse("forward=2,backward-input=3,backward-weight=0,recompute=0,p2p=0,optimizer=0")
+                .unwrap();
+        let cfg = Config {
+            recompute_granularity: Some("full".into()),
+            recompute_method: Some("uniform".into()),
+            recompute_num_layers: Some(1),
+            ..gpt2_small(4, "zb-h1", 1, 8)
+        };
+        let d = given.durations(&setup(cfg), &h100()).unwrap();
+        let want = OpTimes { forward: 0.002, backward_input: 0.003, backward_weight: 0.0, recompute: 0.0 };
+        assert_eq!(d.chunks, vec![want; 4]);
+        assert_eq!((d.p2p, d.optimizer), (P2p::PerMessage(0.0), vec![0.0; 4]));
     }
 }

@@ -67,6 +67,9 @@ impl Report<'_> {
             "pipeline  {}: {} stages x {} chunk(s), {} microbatches of {} (global batch {})",
             setup.kind, setup.p, setup.v, setup.m, c.micro_batch_size, c.global_batch_size
         );
+        for alias in &c.aliases {
+            println!("config    {}", alias.describe());
+        }
         println!("hardware  {}", self.hw.describe());
         println!(
             "times     from {}; p2p {:.3} ms per {} message; per microbatch below, chunks summed (ms); optimizer per step",
@@ -170,6 +173,7 @@ impl Report<'_> {
             "hardware": self.hw.name,
             "peak_flops": self.hw.peak_flops,
             "times_from": self.times_from,
+            "config_aliases": c.aliases,
             "p2p_ms": self.p2p_seconds() * 1e3,
             "memory_limit_bytes": self.memory_limit,
             "fits": (0..setup.p).all(|r| self.fits(r)),

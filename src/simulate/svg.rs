@@ -6,8 +6,8 @@
 use super::report::seconds;
 use super::setup::Setup;
 use crate::error::user_error;
+use crate::svg::{hsl, Svg};
 use schedules::{EventKind, SimReport};
-use std::fmt::Write as _;
 use std::path::Path;
 
 const WIDTH: f64 = 1600.0;
@@ -18,22 +18,13 @@ const ROW: f64 = 22.0;
 const GAP: f64 = 4.0;
 const AXIS: f64 = 40.0;
 
-/// #rrggbb of hue (degrees), saturation and lightness (0..1).
-fn hsl(h: f64, s: f64, l: f64) -> String {
-    let c = (1.0 - (2.0 * l - 1.0).abs()) * s;
-    let x = c * (1.0 - ((h / 60.0) % 2.0 - 1.0).abs());
-    let (r, g, b) = match (h / 60.0) as u32 % 6 {
-        0 => (c, x, 0.0),
-        1 => (x, c, 0.0),
-        2 => (0.0, c, x),
-        3 => (0.0, x, c),
-        4 => (x, 0.0, c),
-        _ => (c, 0.0, x),
-    };
-    let m = l - c / 2.0;
-    let byte = |v: f64| ((v + m) * 255.0).round() as u8;
-    format!("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b))
-}
+/// The overlay patterns the passes use: white hatching, dark dots.
+const PATTERNS: &str = concat!(
+    r#"<defs><pattern id="hatch" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"#,
+    r#"<line x1="0" y1="0" x2="0" y2="5" stroke="white" stroke-width="2" stroke-opacity="0.8"/></pattern>"#,
+    r#"<pattern id="dots" width="4" height="4" patternUnits="userSpaceOnUse">"#,
+    r#"<circle cx="2" cy="2" r="0.9" fill="black" fill-opacity="0.45"/></pattern></defs>"#
+);
 
 /// Neighbouring microbatches get far-apart hues (golden angle).
 fn hue(microbatch: usize) -> f64 {
@@ -52,11 +43,12 @@ fn style(kind: EventKind, hue: f64) -> (String, Option<&'static str>, bool) {
     }
 }
 
-/// A round tick step giving about 10 ticks over `span` seconds.
-fn tick_step(span: f64) -> f64 {
-    let raw = span / 10.0;
-    let pow = 10f64.powf(raw.log10().floor());
-    [1.0, 2.0, 5.0, 10.0].into_iter().map(|k| k * pow).find(|s| *s >= raw).unwrap_or(10.0 * pow)
+/// A pass's box, with its overlay pattern if it has one.
+fn pass_box(svg: &mut Svg, at: (f64, f64), size: (f64, f64), fill: &str, overlay: Option<&str>, edge: &str) {
+    svg.rect(at, size, fill, edge);
+    if let Some(id) = overlay {
+        svg.rect(at, size, &format!("url(#{id})"), "");
+    }
 }
 
 pub fn render(setup: &Setup, sim: &SimReport) -> String {
@@ -64,25 +56,10 @@ pub fn render(setup: &Setup, sim: &SimReport) -> String {
     let height = TOP + p as f64 * (ROW + GAP) + AXIS;
     let span = sim.iteration_time.max(f64::MIN_POSITIVE);
     let scale = (WIDTH - LEFT - RIGHT) / span;
-    let mut svg = String::new();
-    let w = &mut svg;
-    let _ = writeln!(
-        w,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(
-        w,
-        concat!(
-            r#"<defs><pattern id="hatch" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"#,
-            r#"<line x1="0" y1="0" x2="0" y2="5" stroke="white" stroke-width="2" stroke-opacity="0.8"/></pattern>"#,
-            r#"<pattern id="dots" width="4" height="4" patternUnits="userSpaceOnUse">"#,
-            r#"<circle cx="2" cy="2" r="0.9" fill="black" fill-opacity="0.45"/></pattern></defs>"#
-        )
-    );
-    let _ = writeln!(w, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        w,
-        r#"<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{}, p={}, v={}, m={}: iteration {}, bubble {:.1}%</text>"#,
+    let mut svg = Svg::new(WIDTH, height);
+    svg.raw(PATTERNS);
+    let title = format!(
+        "{}, p={}, v={}, m={}: iteration {}, bubble {:.1}%",
         setup.kind,
         p,
         setup.v,
@@ -90,21 +67,13 @@ pub fn render(setup: &Setup, sim: &SimReport) -> String {
         seconds(sim.iteration_time),
         100.0 * sim.bubble_rate
     );
-    legend(w);
+    svg.text((LEFT, 18.0), r#" font-size="14" font-weight="bold""#, &title);
+    legend(&mut svg);
 
     for r in 0..p {
         let y = TOP + r as f64 * (ROW + GAP);
-        let _ = writeln!(
-            w,
-            r##"<rect x="{LEFT}" y="{y}" width="{}" height="{ROW}" fill="#f2f2f2"/>"##,
-            WIDTH - LEFT - RIGHT
-        );
-        let _ = writeln!(
-            w,
-            r#"<text x="{}" y="{}" text-anchor="end">stage {r}</text>"#,
-            LEFT - 8.0,
-            y + ROW / 2.0 + 4.0
-        );
+        svg.rect((LEFT, y), (WIDTH - LEFT - RIGHT, ROW), "#f2f2f2", "");
+        svg.text((LEFT - 8.0, y + ROW / 2.0 + 4.0), r#" text-anchor="end""#, &format!("stage {r}"));
     }
     for e in sim.timeline.iter().filter(|e| !matches!(e.kind, EventKind::Transfer { .. })) {
         let (fill, overlay, white_text) = style(e.kind, hue(e.microbatch));
@@ -112,12 +81,7 @@ pub fn render(setup: &Setup, sim: &SimReport) -> String {
         let bw = ((e.end - e.start) * scale).max(0.5);
         let y = TOP + e.stage as f64 * (ROW + GAP);
         let edge = if bw > 3.0 { r#" stroke="white" stroke-width="0.5""# } else { "" };
-        let _ =
-            writeln!(w, r#"<rect x="{x:.2}" y="{y}" width="{bw:.2}" height="{ROW}" fill="{fill}"{edge}/>"#);
-        if let Some(id) = overlay {
-            let _ =
-                writeln!(w, r#"<rect x="{x:.2}" y="{y}" width="{bw:.2}" height="{ROW}" fill="url(#{id})"/>"#);
-        }
+        pass_box(&mut svg, (x, y), (bw, ROW), &fill, overlay, edge);
         let label = match e.kind {
             EventKind::Optimizer => "optimizer".to_string(),
             _ if setup.v > 1 => format!("{}.{}", e.microbatch, e.chunk),
@@ -125,20 +89,16 @@ pub fn render(setup: &Setup, sim: &SimReport) -> String {
         };
         if bw > 7.0 * label.len() as f64 + 4.0 {
             let colour = if white_text { "white" } else { "black" };
-            let _ = writeln!(
-                w,
-                r#"<text x="{:.2}" y="{}" text-anchor="middle" font-size="10" fill="{colour}">{label}</text>"#,
-                x + bw / 2.0,
-                y + ROW / 2.0 + 3.5
-            );
+            let attrs = format!(r#" text-anchor="middle" font-size="10" fill="{colour}""#);
+            svg.text((x + bw / 2.0, y + ROW / 2.0 + 3.5), &attrs, &label);
         }
     }
-    axis(w, span, scale, TOP + p as f64 * (ROW + GAP));
-    let _ = writeln!(w, "</svg>");
-    svg
+    let label = |t: f64| if t == 0.0 { "0".to_string() } else { seconds(t) };
+    svg.x_axis(TOP + p as f64 * (ROW + GAP), (LEFT, WIDTH - RIGHT), (0.0, span), 0.0, label, "time");
+    svg.finish()
 }
 
-fn legend(w: &mut String) {
+fn legend(svg: &mut Svg) {
     let hue = 210.0;
     let items = [
         (EventKind::Forward, "forward"),
@@ -150,53 +110,14 @@ fn legend(w: &mut String) {
     let mut x = LEFT;
     for (kind, name) in items {
         let (fill, overlay, _) = style(kind, hue);
-        let _ = writeln!(w, r#"<rect x="{x}" y="32" width="22" height="14" fill="{fill}"/>"#);
-        if let Some(id) = overlay {
-            let _ = writeln!(w, r#"<rect x="{x}" y="32" width="22" height="14" fill="url(#{id})"/>"#);
-        }
-        let _ = writeln!(w, r#"<text x="{}" y="43">{name}</text>"#, x + 28.0);
+        pass_box(svg, (x, 32.0), (22.0, 14.0), &fill, overlay, "");
+        svg.text((x + 28.0, 43.0), "", name);
         x += 28.0 + 7.0 * name.len() as f64 + 24.0;
     }
-    let _ = writeln!(
-        w,
-        r##"<text x="{x}" y="43" fill="#555">colour: microbatch (label: microbatch[.chunk])</text>"##
-    );
-}
-
-fn axis(w: &mut String, span: f64, scale: f64, y: f64) {
-    let _ = writeln!(w, r#"<line x1="{LEFT}" y1="{y}" x2="{}" y2="{y}" stroke="black"/>"#, WIDTH - RIGHT);
-    let step = tick_step(span);
-    let mut i = 0;
-    loop {
-        let t = i as f64 * step;
-        if t > span * (1.0 + 1e-9) {
-            break;
-        }
-        let x = LEFT + t * scale;
-        let _ = writeln!(w, r#"<line x1="{x:.2}" y1="{y}" x2="{x:.2}" y2="{}" stroke="black"/>"#, y + 5.0);
-        let label = if i == 0 { "0".to_string() } else { seconds(t) };
-        let _ = writeln!(w, r#"<text x="{x:.2}" y="{}" text-anchor="middle">{label}</text>"#, y + 18.0);
-        i += 1;
-    }
-    let _ = writeln!(w, r#"<text x="{}" y="{}" text-anchor="end">time</text>"#, WIDTH - RIGHT, y + 34.0);
+    svg.text((x, 43.0), r##" fill="#555""##, "colour: microbatch (label: microbatch[.chunk])");
 }
 
 pub fn write(path: &Path, setup: &Setup, sim: &SimReport) -> anyhow::Result<()> {
     std::fs::write(path, render(setup, sim))
         .map_err(|e| user_error(format!("--svg {}: cannot write the chart: {e}", path.display())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn colours_and_ticks() {
-        assert_eq!(hsl(0.0, 1.0, 0.5), "#ff0000");
-        assert_eq!(hsl(240.0, 1.0, 0.5), "#0000ff");
-        assert_eq!(hsl(120.0, 0.0, 1.0), "#ffffff");
-        assert_eq!(tick_step(1.0), 0.1);
-        assert_eq!(tick_step(0.7), 0.1);
-        assert_eq!(tick_step(13.0), 2.0);
-    }
 }

@@ -2,6 +2,7 @@
 //! training loop over its own pipeline stage.
 
 mod launch;
+mod loss_chart;
 mod lr;
 mod metrics;
 pub mod model;

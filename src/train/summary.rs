@@ -1,8 +1,9 @@
 //! The end-of-run summary: printed, and written as `report.json` in the run dir.
 
+use crate::config::AliasUse;
 use kernels::{Category, MemorySnapshot};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub struct Summary {
     pub steps: usize,
@@ -29,6 +30,12 @@ pub struct Summary {
     /// Measured bubble rate per stage (None before a second step).
     pub bubble: Option<Vec<f64>>,
     pub last_checkpoint_step: usize,
+    /// `RUN/loss.svg`.
+    pub loss_chart: PathBuf,
+    /// The config's aliases and the canonical settings they became.
+    pub aliases: Vec<AliasUse>,
+    /// A greedy continuation of `<|endoftext|>` by the final model (not with `--quiet`).
+    pub sample: Option<String>,
 }
 
 impl Summary {
@@ -47,9 +54,13 @@ impl Summary {
             "steps            {} in {:.1} s (last checkpoint: step {})",
             self.steps, self.elapsed_s, self.last_checkpoint_step
         );
+        for alias in &self.aliases {
+            println!("config           {}", alias.describe());
+        }
         println!("final train loss {}", f(self.final_loss));
         println!("final val loss   {}", f(self.final_val_loss));
         println!("tokens/s         {:.0}", self.tokens_per_s);
+        println!("loss chart       {}", self.loss_chart.display());
         println!(
             "MFU              {:.1}% ({:.1} GFLOP/s model, matmul peak {:.1} GFLOP/s measured here)",
             100.0 * self.mfu(),
@@ -87,6 +98,10 @@ impl Summary {
                 self.bubble.as_ref().map_or(String::new(), |b| format!(", bubble {:.1}%", 100.0 * b[i])),
             );
         }
+        if let Some(text) = &self.sample {
+            // Quoted and escaped: the model's newlines stay on the summary's one line.
+            println!("sample (greedy)  {text:?}");
+        }
     }
 
     pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
@@ -121,6 +136,9 @@ impl Summary {
             "mfu": self.mfu(),
             "matmul_peak_flops": self.peak_flops,
             "elapsed_s": self.elapsed_s,
+            "loss_chart": self.loss_chart,
+            "config_aliases": self.aliases,
+            "sample": self.sample,
             "stages": stages,
         });
         std::fs::write(run_dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;

@@ -3,8 +3,8 @@
 
 use super::rank::Rank;
 use super::report::{mean_loss, RankSummary, StepReport};
-use super::{lr, metrics, model, shards, summary, timeline};
-use crate::checkpoint::{self, TrainerState};
+use super::{loss_chart, lr, metrics, model, shards, summary, timeline};
+use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
@@ -18,6 +18,9 @@ use std::time::Instant;
 
 /// The MFU denominator of one GPU unless `--peak-flops` says otherwise: H100 SXM dense bf16.
 const H100_DENSE_BF16_FLOPS: f64 = 989e12;
+
+/// Length of the greedy sample that ends the summary: a line's worth.
+const SAMPLE_TOKENS: usize = 24;
 
 /// What a launcher hands one rank.
 pub struct RankSetup<'a> {
@@ -96,6 +99,8 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let mut train_time = 0.0f64;
     let mut last_saved = start_step;
     let mut interrupted = false;
+    // Rank 0's copy of the whole model at the last save, for the summary's sample.
+    let mut final_model = None;
     for step in start_step + 1..=cfg.train_iters {
         // Every rank starts the step together (rank 0 writes between steps).
         rank.collective().all_gather(Group::World, &[])?;
@@ -128,10 +133,12 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             state.lr = lr as f64;
             state.train_losses.push((step as u64, loss as f32));
         }
+        let mut evaluated = false;
         if let Some(valid) = &valid_data {
             if cfg.eval_interval > 0 && (step.is_multiple_of(cfg.eval_interval) || step == cfg.train_iters) {
                 let v = rank.evaluate(cfg, valid, cfg.eval_iters.max(1))?;
                 record["val_loss"] = v.into();
+                evaluated = true;
                 if let Some(state) = &mut state {
                     state.val_losses.push((step as u64, v as f32));
                 }
@@ -139,12 +146,15 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         }
         if let Some(m) = &mut metrics {
             m.step(record)?;
+            if evaluated {
+                loss_chart::write(&args.run_dir)?;
+            }
         }
         if (cfg.save_interval > 0 && step.is_multiple_of(cfg.save_interval))
             || step == cfg.train_iters
             || interrupted
         {
-            save(&args.run_dir, cfg, &mut rank, state.as_ref())?;
+            final_model = save(&args.run_dir, cfg, &mut rank, state.as_ref())?;
             last_saved = step;
         }
         if interrupted {
@@ -161,6 +171,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let summaries = rank.collective().gather(&mine.encode())?;
     let (Some(m), Some(state), Some(summaries)) = (metrics, state, summaries) else { return Ok(()) };
     m.finish();
+    loss_chart::write(&args.run_dir)?;
     if let Some(path) = &args.trace {
         timeline.write_trace(path)?;
     }
@@ -202,6 +213,14 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
+        loss_chart: loss_chart::path(&args.run_dir),
+        aliases: cfg.aliases.clone(),
+        sample: match (&final_model, args.quiet) {
+            (Some(model), false) => {
+                crate::generate::greedy_sample(&model::hf_config(cfg), model, SAMPLE_TOKENS)
+            }
+            _ => None,
+        },
     };
     report.print();
     report.write(&args.run_dir)?;
@@ -246,27 +265,33 @@ fn root_start(
     let step = state.as_ref().map_or(0, |s| s.step as usize);
     let parts =
         shards::start_parts(cfg, &args.config, topology, step, weights.as_deref(), optimizer.as_deref())?;
-    std::fs::write(args.run_dir.join("config.yaml"), serde_norway::to_string(cfg)?)?;
+    std::fs::write(args.run_dir.join("config.yaml"), cfg.to_yaml()?)?;
     let state = state.unwrap_or_else(|| TrainerState {
         step: 0,
         seed: cfg.seed,
         data_position: 0,
         lr: 0.0,
-        config_yaml: serde_norway::to_string(cfg).unwrap_or_default(),
+        config_yaml: cfg.to_yaml().unwrap_or_default(),
         train_losses: vec![],
         val_losses: vec![],
     });
     Ok((parts, state))
 }
 
-/// Every rank sends its stage (the first replica's); rank 0 writes the checkpoint.
-fn save(run_dir: &Path, cfg: &Config, rank: &mut Rank, state: Option<&TrainerState>) -> anyhow::Result<()> {
+/// Every rank sends its stage (the first replica's); rank 0 writes the checkpoint and
+/// returns the whole model.
+fn save(
+    run_dir: &Path,
+    cfg: &Config,
+    rank: &mut Rank,
+    state: Option<&TrainerState>,
+) -> anyhow::Result<Option<Vec<NamedTensor>>> {
     let mine = shards::encode_stage(rank);
-    let Some(parts) = rank.collective().gather(&mine)? else { return Ok(()) };
+    let Some(parts) = rank.collective().gather(&mine)? else { return Ok(None) };
     let (model, optimizer) = shards::assemble(&parts)?;
     let state = state.expect("rank 0 keeps the trainer state");
     checkpoint::save_checkpoint(run_dir, &model::hf_config(cfg), &model, state, &optimizer)?;
-    Ok(())
+    Ok(Some(model))
 }
 
 fn open_data(path: &Path, cfg: &Config) -> anyhow::Result<TokenFile> {

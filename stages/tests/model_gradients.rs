@@ -28,7 +28,13 @@ fn model(dev: &CpuDevice) -> ModelChunk {
 }
 
 fn microbatch<'a>(tokens: &'a [u32], targets: &'a [u32]) -> Microbatch<'a> {
-    Microbatch { step: 1, index: 0, tokens, targets, grad_scale: Some(1.0 / TOKENS as f32) }
+    Microbatch {
+        step: 1,
+        index: 0,
+        tokens,
+        targets,
+        mode: stages::Mode::Train { grad_scale: 1.0 / TOKENS as f32 },
+    }
 }
 
 /// The mean loss of a training forward (dropout on), in f64.

@@ -16,7 +16,7 @@ mod elementwise;
 mod embedding;
 mod gelu;
 mod layernorm;
-mod math;
+pub mod math;
 mod matmul;
 mod peak;
 #[cfg(test)]

@@ -1,0 +1,85 @@
+//! `pipetrain generate` end to end: greedy text from the committed Hugging Face GPT-2 equals
+//! transformers' `generate(do_sample=False)` token for token, seeded sampling repeats byte
+//! for byte, and mistakes are one line with exit code 2.
+//!
+//! `tests/fixtures/hf_tiny/generate.json` holds transformers' tokens; the script beside the
+//! fixture's, `tests/hf/make_generate_fixture.py`, regenerates it. Every token of that
+//! 96-token vocabulary is one distinct byte, so equal output bytes are equal tokens.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::Output;
+
+fn generate(extra: &[&str]) -> Output {
+    bin().args(["generate", "--checkpoint", "tests/fixtures/hf_tiny"]).args(extra).output().unwrap()
+}
+
+fn stdout_of(o: &Output) -> Vec<u8> {
+    assert!(o.status.success(), "exit {:?}: {}", o.status.code(), stderr(o));
+    o.stdout.clone()
+}
+
+fn tokens(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn greedy_generation_equals_transformers() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny/generate.json");
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let bpe = tiktoken_rs::r50k_base_singleton();
+    for case in expected["greedy"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        assert_eq!(bpe.encode_ordinary(prompt), tokens(&case["prompt_tokens"]), "{prompt}");
+        let new = tokens(&case["new_tokens"]);
+        let mut want = prompt.as_bytes().to_vec();
+        want.extend(bpe.decode_bytes(&new).unwrap());
+        want.push(b'\n');
+        let n = new.len().to_string();
+        let args = ["--prompt", prompt, "--max-new-tokens", &n, "--temperature", "0"];
+        assert_eq!(stdout_of(&generate(&args)), want, "{prompt}");
+        assert_eq!(stdout_of(&generate(&[&args[..], &["--no-kv-cache"]].concat())), want, "{prompt}");
+    }
+}
+
+#[test]
+fn seeded_sampling_repeats_byte_for_byte() {
+    let sample = |seed: &str| {
+        stdout_of(&generate(&["--prompt", "!", "--temperature", "1.2", "--top-k", "40", "--seed", seed]))
+    };
+    let first = sample("11");
+    // The prompt, then as many tokens as the 16 positions leave (each one byte here).
+    assert_eq!(first.len(), 1 + 15 + 1);
+    assert_eq!(sample("11"), first);
+    assert_ne!(sample("12"), first);
+    let o = generate(&["--prompt", "!", "--seed", "11"]);
+    assert_eq!(stderr(&o), "stopped after 15 new tokens: the model has 16 positions\n");
+}
+
+#[test]
+fn mistakes_are_one_line_and_exit_2() {
+    let long = vec!["a"; 17].join(" ");
+    let cases: [(&[&str], &str); 5] = [
+        (&["--prompt", &long], "command line: --prompt: 17 tokens, more than the model's 16 positions"),
+        (
+            &["--prompt", "Hello"],
+            "command line: --prompt: token 15496 (\"Hello\") is outside the model's vocabulary of 96",
+        ),
+        (
+            &["--prompt", "!", "--temperature=-1"],
+            "command line: --temperature -1: must be a number >= 0 (0 is greedy)",
+        ),
+        (&["--prompt", "!", "--top-k", "0"], "command line: --top-k 0: must be at least 1"),
+        (
+            &["--prompt", "!", "--temperature", "NaN"],
+            "command line: --temperature NaN: must be a number >= 0",
+        ),
+    ];
+    for (extra, needle) in cases {
+        assert_user_error(&generate(extra), needle);
+    }
+    let dir = temp_dir("generate-bad-checkpoint");
+    let o = bin().args(["generate", "--checkpoint"]).arg(&dir).output().unwrap();
+    assert_user_error(&o, "not a checkpoint: no model.safetensors, and no checkpoints/latest to follow");
+}

@@ -1,0 +1,65 @@
+"""Write tests/fixtures/hf_tiny/generate.json: the tokens transformers' greedy
+`generate(do_sample=False)` produces from the committed tiny GPT-2, for tests/generate_cli.rs.
+
+    python3 tests/hf/make_generate_fixture.py [FIXTURE_DIR]   # default: tests/fixtures/hf_tiny
+
+Needs torch and transformers (CPU is enough); CI only reads the committed output. The model
+never stops at its end-of-text token here (pipetrain generates the tokens asked for), and
+each prompt is given as the single-byte GPT-2 tokens its text encodes to, which the
+fixture's 96-token vocabulary holds.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import GPT2LMHeadModel
+
+# (prompt text, its GPT-2 BPE tokens, new tokens): byte tokens are the byte minus 33, and
+# the pre-tokenizer splits letters from punctuation, so nothing merges.
+CASES = [("!", [0], 15), ("x=y", [87, 28, 88], 13), ("Q", [48], 6)]
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixture = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_tiny")
+    model = GPT2LMHeadModel.from_pretrained(fixture, attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    cases = []
+    for text, prompt, new in CASES:
+        assert all(ord(ch) - 33 == t for ch, t in zip(text, prompt)), text
+        assert len(prompt) + new <= model.config.n_positions
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=0,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        assert len(tokens) == new, tokens
+        # Every choice clear of the runner-up, so fp32 rounding elsewhere cannot flip it.
+        margin = min((lambda top: (top[0] - top[1]).item())(s[0].topk(2).values) for s in out.scores)
+        assert margin > 1e-3, (text, margin)
+        cases.append({"prompt": text, "prompt_tokens": prompt, "new_tokens": tokens})
+
+    expected = {
+        "generated_by": "tests/hf/make_generate_fixture.py",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "greedy": cases,
+    }
+    path = os.path.join(fixture, "generate.json")
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in expected.items()) + "\n}\n")
+    print(f"wrote {path}: {[c['new_tokens'] for c in cases]}")
+
+
+if __name__ == "__main__":
+    main()
