@@ -5,10 +5,14 @@ use super::durations::{Durations, P2p};
 use super::memory::{chunk_memory, stage_static_bytes};
 use super::setup::Setup;
 use schedules::{simulate, ChunkCosts, Link, SimInput, SimReport};
+use stages::tensor_parallel::Split;
 
-/// Bytes of one message between stages: an activation or its gradient, [B,T,C].
+/// Bytes of one message between stages: an activation or its gradient, [B,T,C]; under
+/// tensor parallelism each rank sends its 1/t (Megatron's scatter-gather, or the sequence
+/// shard it holds).
 pub fn message_bytes(setup: &Setup) -> u64 {
-    (setup.shape.tokens() * setup.shape.hidden * setup.activation_bytes_per_element()) as u64
+    let elements = setup.tp.per_rank(setup.shape.tokens() * setup.shape.hidden, Split::Interior);
+    (elements * setup.activation_bytes_per_element()) as u64
 }
 
 pub fn link(setup: &Setup, p2p: P2p) -> Link {

@@ -2,12 +2,14 @@
 //! recompute plan, from the very action lists the trainer executes.
 //!
 //! setup.rs (config to schedule, split and policies), durations.rs / measured.rs /
-//! hardware.rs (op times), memory.rs (bytes per stage), input.rs (the schedule simulator's
+//! hardware.rs (op times), memory.rs (bytes per stage), korthikanti.rs (the published
+//! per-layer bytes, for comparison), input.rs (the schedule simulator's
 //! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
 mod durations;
 mod hardware;
 mod input;
+mod korthikanti;
 mod measured;
 mod memory;
 mod report;

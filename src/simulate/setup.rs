@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::train::model;
 use schedules::{LoweredSchedule, ScheduleKind};
 use stages::saved::F32_BYTES;
-use stages::{ChunkLayout, GptShape, RecomputePolicy};
+use stages::{ChunkLayout, GptShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,6 +23,10 @@ pub fn activation_bytes_per_element(precision: &str) -> usize {
 pub struct Setup {
     pub cfg: Config,
     pub shape: GptShape,
+    /// How every layer splits over t ranks; figures are one rank's.
+    pub tp: TensorParallel,
+    /// Data-parallel replicas of the pipeline.
+    pub dp: usize,
     pub kind: ScheduleKind,
     /// Stages, chunks per stage and microbatches.
     pub p: usize,
@@ -55,7 +59,8 @@ impl Setup {
         let shape = model::shape(cfg);
         let layouts = model::chunk_layouts(cfg, path)?;
         let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
-        Ok(Setup { cfg: cfg.clone(), shape, kind, p, v, m, layouts, policies, schedule })
+        let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
+        Ok(Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule })
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.
@@ -75,6 +80,11 @@ impl Setup {
 
     pub fn activation_bytes_per_element(&self) -> usize {
         activation_bytes_per_element(&self.cfg.precision)
+    }
+
+    /// GPUs: t x p x dp.
+    pub fn world_size(&self) -> usize {
+        self.tp.size * self.p * self.dp
     }
 
     /// Global batch times sequence length.

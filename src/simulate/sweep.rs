@@ -194,7 +194,6 @@ fn shape_outcomes(
         let s = setup.with_recompute(&c);
         let sim = input::run(&s, &from_hardware(&s, hw)).ok()?;
         let peak_memory: Vec<u64> = sim.stages.iter().map(|st| st.peak_memory).collect();
-        let model_flops = stages::flops::train_step_flops(&s.shape, s.m);
         Some(Outcome {
             kind,
             v,
@@ -203,7 +202,7 @@ fn shape_outcomes(
             iteration_time: sim.iteration_time,
             bubble_rate: sim.bubble_rate,
             tokens_per_s: sim.tokens_per_second(s.tokens_per_iteration()),
-            mfu: sim.mfu(model_flops, hw.peak_flops),
+            mfu: super::report::mfu(&s, &sim, hw),
             fits: limit.is_none_or(|l| peak_memory.iter().all(|&b| b <= l)),
             peak_memory,
         })

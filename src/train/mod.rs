@@ -25,6 +25,13 @@ const H100_DENSE_BF16_FLOPS: f64 = 989e12;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides)?;
+    if cfg.tensor_model_parallel_size > 1 {
+        return Err(user_error(format!(
+            "{}: key `tensor_model_parallel_size`: {}: the trainer runs 1; tensor parallelism is simulated only (pipetrain simulate)",
+            args.config.display(),
+            cfg.tensor_model_parallel_size
+        )));
+    }
     let train_path = cfg.train_data_path.clone().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
     })?;

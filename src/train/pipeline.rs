@@ -14,7 +14,7 @@ use stages::runtime::{
     forward_only, run_step, FaultInjection, MicrobatchData, StageStepReport, StepInputs, StepPlan,
 };
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
-use stages::{memory_model, ModelChunk, RecomputePolicy};
+use stages::{memory_model, ModelChunk, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -134,8 +134,17 @@ impl Pipeline {
                 backward_weight: 1.0,
                 recompute: 0.0,
                 memory: ChunkMemory {
-                    activation_bytes: memory_model::stash_bytes(&c.shape, &c.layout, &policy(c)) as u64,
-                    weight_grad_bytes: memory_model::deferred_weight_grad_bytes(&c.shape, &c.layout) as u64,
+                    activation_bytes: memory_model::stash_bytes(
+                        &c.shape,
+                        TensorParallel::NONE,
+                        &c.layout,
+                        &policy(c),
+                    ) as u64,
+                    weight_grad_bytes: memory_model::deferred_weight_grad_bytes(
+                        &c.shape,
+                        TensorParallel::NONE,
+                        &c.layout,
+                    ) as u64,
                     ..ChunkMemory::default()
                 },
             })

@@ -7,6 +7,7 @@
 
 use crate::init::normal_init;
 use crate::shape::GptShape;
+use crate::tensor_parallel::Split;
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
@@ -65,6 +66,10 @@ pub struct ParamSpec {
     pub init: Init,
     /// AdamW weight decay applies (matrices and embeddings, not biases or LayerNorm).
     pub decay: bool,
+    /// How Megatron splits it over tensor-parallel ranks: the token embedding by vocabulary,
+    /// column-parallel weights and biases by columns, row-parallel weights by rows (never by
+    /// sequence: a parameter is `Interior` or `Replicated`).
+    pub split: Split,
 }
 
 /// The full model's parameter list, in global order.
@@ -79,6 +84,7 @@ pub fn model_param_specs(s: &GptShape) -> Vec<ParamSpec> {
             global_index: 0,
             init: Init::Normal(std),
             decay: true,
+            split: Split::Interior,
         },
         ParamSpec {
             name: "wpe.weight".into(),
@@ -86,24 +92,26 @@ pub fn model_param_specs(s: &GptShape) -> Vec<ParamSpec> {
             global_index: 1,
             init: Init::Normal(std),
             decay: true,
+            split: Split::Replicated,
         },
     ];
     for i in 0..s.num_layers {
-        let shapes: [(Vec<usize>, Init, bool); 12] = [
-            (vec![c], Init::Ones, false),
-            (vec![c], Init::Zeros, false),
-            (vec![c, 3 * c], Init::Normal(std), true),
-            (vec![3 * c], Init::Zeros, false),
-            (vec![c, c], Init::Normal(proj_std), true),
-            (vec![c], Init::Zeros, false),
-            (vec![c], Init::Ones, false),
-            (vec![c], Init::Zeros, false),
-            (vec![c, f], Init::Normal(std), true),
-            (vec![f], Init::Zeros, false),
-            (vec![f, c], Init::Normal(proj_std), true),
-            (vec![c], Init::Zeros, false),
+        let (split, whole) = (Split::Interior, Split::Replicated);
+        let shapes: [(Vec<usize>, Init, bool, Split); 12] = [
+            (vec![c], Init::Ones, false, whole),
+            (vec![c], Init::Zeros, false, whole),
+            (vec![c, 3 * c], Init::Normal(std), true, split),
+            (vec![3 * c], Init::Zeros, false, split),
+            (vec![c, c], Init::Normal(proj_std), true, split),
+            (vec![c], Init::Zeros, false, whole),
+            (vec![c], Init::Ones, false, whole),
+            (vec![c], Init::Zeros, false, whole),
+            (vec![c, f], Init::Normal(std), true, split),
+            (vec![f], Init::Zeros, false, split),
+            (vec![f, c], Init::Normal(proj_std), true, split),
+            (vec![c], Init::Zeros, false, whole),
         ];
-        for (k, (shape, init, decay)) in shapes.into_iter().enumerate() {
+        for (k, (shape, init, decay, split)) in shapes.into_iter().enumerate() {
             let global_index = specs.len();
             specs.push(ParamSpec {
                 name: format!("h.{i}.{}", BLOCK_PARAM_NAMES[k]),
@@ -111,12 +119,14 @@ pub fn model_param_specs(s: &GptShape) -> Vec<ParamSpec> {
                 global_index,
                 init,
                 decay,
+                split,
             });
         }
     }
     for (name, init) in [("ln_f.weight", Init::Ones), ("ln_f.bias", Init::Zeros)] {
         let global_index = specs.len();
-        specs.push(ParamSpec { name: name.into(), shape: vec![c], global_index, init, decay: false });
+        let split = Split::Replicated;
+        specs.push(ParamSpec { name: name.into(), shape: vec![c], global_index, init, decay: false, split });
     }
     specs
 }
