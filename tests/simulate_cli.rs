@@ -248,6 +248,10 @@ fn plan_is_yaml_that_fits_when_applied() {
     assert_eq!(
         keys,
         [
+            "tensor_model_parallel_size",
+            "sequence_parallel",
+            "pipeline_model_parallel_size",
+            "data_parallel_size",
             "pipeline_schedule",
             "virtual_pipeline_model_parallel_size",
             "micro_batch_size",
@@ -279,6 +283,41 @@ fn plan_is_yaml_that_fits_when_applied() {
 /// The published runs of Korthikanti et al. 2022 (Table 3) on A100s: t = 8 with sequence
 /// parallelism, and the per-layer bytes equal to the paper's once masks and statistics are
 /// accounted for (see the README for the times against the paper's).
+/// Over a cluster the planner picks t, p and dp too, lists the runners-up, and its lines
+/// applied make a config that the simulator reports as fitting, on every GPU of the world.
+#[test]
+fn plan_over_gpus_fits_when_applied() {
+    let (dir, cfg) = gpt2_config("sim-plan-gpus", "");
+    let args = [
+        "--plan",
+        "--gpus",
+        "8",
+        "--hardware",
+        "h100-sxm",
+        "--memory-limit",
+        "1GiB",
+        "--global-batch-size",
+        "16",
+    ];
+    let plan = stdout(&simulate(&cfg, &args));
+    assert!(plan.contains("# the runners-up that fit:\n# rank   t   p   dp  schedule"), "{plan}");
+    assert!(plan.contains("\n#    2  "), "{plan}");
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(GPT2_P4).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    merged.insert("global_batch_size".into(), 16.into());
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &["--hardware", "h100-sxm", "--memory-limit", "1GiB"]);
+    assert_eq!(
+        (after["fits"].as_bool(), after["world_size"].as_u64()),
+        (Some(true), Some(8)),
+        "{plan}\n{after}"
+    );
+    assert_user_error(&simulate(&cfg, &["--gpus", "8"]), "--gpus applies to --plan and --sweep");
+}
+
 #[test]
 fn shipped_configs_simulate() {
     let published = [

@@ -47,5 +47,5 @@ pub fn sim_input(setup: &Setup, durations: &Durations) -> anyhow::Result<SimInpu
 
 /// Simulates one iteration of the setup's schedule.
 pub fn run(setup: &Setup, durations: &Durations) -> anyhow::Result<SimReport> {
-    Ok(simulate(&setup.schedule, &sim_input(setup, durations)?)?)
+    Ok(simulate(setup.schedule()?, &sim_input(setup, durations)?)?)
 }

@@ -6,6 +6,7 @@
 //! per-layer bytes, for comparison), input.rs (the schedule simulator's
 //! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
+mod cluster;
 mod durations;
 mod hardware;
 mod input;
@@ -63,9 +64,14 @@ pub struct SimulateArgs {
     /// Rank every schedule x recompute setting x micro batch size by iteration time.
     #[arg(long)]
     pub sweep: bool,
-    /// Print the fastest sweep candidate that fits the memory limit, as config lines.
+    /// Print the fastest sweep candidate that fits the memory limit, as config lines, and
+    /// the runners-up.
     #[arg(long)]
     pub plan: bool,
+    /// With --plan or --sweep: search the layout over N GPUs too, tensor x pipeline x data
+    /// parallel sizes (t within a node, sequence parallelism with t > 1).
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
     /// Show only the first N rows of the sweep.
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
@@ -97,6 +103,13 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
     if args.top.is_some() && !args.sweep {
         return Err(user_error("--top applies to --sweep"));
     }
+    match args.gpus {
+        Some(_) if !(args.sweep || args.plan) => {
+            return Err(user_error("--gpus applies to --plan and --sweep"))
+        }
+        Some(0) => return Err(user_error("--gpus 0: give at least 1 GPU")),
+        _ => {}
+    }
     Ok(())
 }
 
@@ -112,10 +125,26 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     if args.sweep || args.plan {
         let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
         let limit = explicit_limit.or(hw.memory_bytes);
-        let outcomes = sweep::sweep(&cfg, &args.config, &hw, limit);
+        let layouts = match args.gpus {
+            Some(n) => cluster::layouts(&cfg, n, hw.gpus_per_node),
+            None => vec![cfg.clone()],
+        };
+        if layouts.is_empty() {
+            return Err(user_error(format!(
+                "--gpus {}: no tensor x pipeline x data parallel layout fits the model and global batch",
+                args.gpus.unwrap_or(0)
+            )));
+        }
+        let search = if args.plan {
+            sweep::Search::Plan { fitting: 1 + RUNNERS_UP }
+        } else {
+            sweep::Search::Everything
+        };
+        let outcomes = sweep::sweep(&layouts, &args.config, &hw, limit, search);
         if args.plan {
-            let best = outcomes.iter().find(|o| o.fits).ok_or_else(|| no_plan(&outcomes, limit))?;
-            print!("{}", sweep::plan_yaml(best, &cfg, limit));
+            let plan = sweep::plan_yaml(&outcomes, &cfg, limit, RUNNERS_UP)
+                .ok_or_else(|| no_plan(&outcomes, limit))?;
+            print!("{plan}");
         } else if args.json {
             println!("{}", sweep::json(&outcomes, limit));
         } else {
@@ -126,7 +155,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
 
     let setup = Setup::new(&cfg, &args.config)?;
     if args.print_schedule {
-        print!("{}", setup.schedule);
+        print!("{}", setup.schedule()?);
         return Ok(());
     }
     let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
@@ -154,18 +183,26 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     Ok(())
 }
 
+/// Plans printed after the best.
+const RUNNERS_UP: usize = 5;
+
 /// Why there is no plan, in one line.
 fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
     let limit = limit.map_or("the limit".into(), units::format_bytes);
     match outcomes.iter().min_by_key(|o| o.max_peak()) {
         Some(o) => user_error(format!(
-            "--plan: nothing fits {limit} per device; the least memory is {} ({}, v={}, micro batch {}, recompute {})",
+            "--plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, recompute {})",
             units::format_bytes(o.max_peak()),
+            o.cfg.tensor_model_parallel_size,
+            o.cfg.pipeline_model_parallel_size,
+            o.cfg.data_parallel(),
             o.kind,
             o.v,
             o.micro_batch_size,
             o.recompute.describe()
         )),
-        None => user_error("--plan: no schedule suits this config's shape"),
+        None => user_error(format!(
+            "--plan: no schedule suits this config's shape, or its parameters and optimizer state alone exceed {limit} per device"
+        )),
     }
 }
