@@ -10,7 +10,7 @@ use crate::error::user_error;
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::F32_BYTES;
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
-use stages::{ChunkLayout, RecomputePolicy};
+use stages::RecomputePolicy;
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -157,11 +157,8 @@ pub fn all_reduce_seconds(setup: &Setup, params: f64, hw: &Hardware) -> f64 {
 fn tied_exchange_seconds(setup: &Setup, hw: &Hardware) -> f64 {
     let rows = setup.tp.per_rank(setup.shape.vocab, Split::Interior);
     let bytes = (rows * setup.shape.hidden * F32_BYTES) as f64;
-    let stage_with = |part: fn(&ChunkLayout) -> bool| {
-        (0..setup.p).find(|&r| (0..setup.v).any(|c| part(setup.layout(r, c))))
-    };
-    let crosses = stage_with(|l| l.embedding) != stage_with(|l| l.head);
-    let link = if crosses { hw.link_latency + bytes / p2p_bandwidth(setup, hw) } else { 0.0 };
+    let link =
+        if setup.tied_holders().is_some() { hw.link_latency + bytes / p2p_bandwidth(setup, hw) } else { 0.0 };
     link + 3.0 * bytes / hw.achieved_bandwidth()
 }
 

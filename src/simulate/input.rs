@@ -2,7 +2,7 @@
 //! static memory and optimizer time per stage, and the link.
 
 use super::durations::{Durations, P2p};
-use super::memory::{chunk_memory, stage_static_bytes};
+use super::memory::{chunk_memory, optimizer_working_bytes, stage_static_bytes};
 use super::setup::Setup;
 use schedules::{simulate, ChunkCosts, Link, SimInput, SimReport};
 use stages::tensor_parallel::Split;
@@ -42,7 +42,8 @@ pub fn sim_input(setup: &Setup, durations: &Durations) -> anyhow::Result<SimInpu
     }
     let static_bytes = (0..setup.p).map(|r| stage_static_bytes(setup, r)).collect();
     let input = SimInput::new(setup.p, setup.v, costs, static_bytes, link(setup, durations.p2p))?;
-    Ok(input.with_optimizer_times(durations.optimizer.clone())?)
+    let working = (0..setup.p).map(|r| optimizer_working_bytes(setup, r)).collect();
+    Ok(input.with_optimizer_times(durations.optimizer.clone())?.with_optimizer_working_bytes(working)?)
 }
 
 /// Simulates one iteration of the setup's schedule.

@@ -107,6 +107,18 @@ pub fn static_bytes_of(cfg: &Config, shape: &GptShape, tp: TensorParallel, chunk
     (fp32 + half_copy) as u64
 }
 
+/// What stage `stage` holds on top of its static bytes in the post-schedule phase: where the
+/// embedding and the head sit on different stages, each of the two receives the other's
+/// part of the tied gradient, [V, C] fp32 (one rank's V/t rows), before adding it to its own.
+pub fn optimizer_working_bytes(setup: &Setup, stage: usize) -> u64 {
+    match setup.tied_holders() {
+        Some((e, h)) if stage == e || stage == h => {
+            (setup.tp.per_rank(setup.shape.vocab * setup.shape.hidden, Split::Interior) * F32_BYTES) as u64
+        }
+        _ => 0,
+    }
+}
+
 /// Parameters one tensor-parallel rank of stage `stage` holds and steps (a tied embedding
 /// counts on both holders).
 pub fn stage_parameters(setup: &Setup, stage: usize) -> usize {

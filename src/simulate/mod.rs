@@ -20,13 +20,14 @@ mod sweep;
 mod timeline;
 mod units;
 
+use crate::config::Config;
 use crate::error::user_error;
 use clap::Args;
 use durations::GivenTimes;
 use hardware::Hardware;
 use report::Report;
 use setup::Setup;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -181,6 +182,20 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         report.print();
     }
     Ok(())
+}
+
+/// Each stage's whole peak (static, activations, working and transfer bytes) as `simulate`
+/// predicts it for `cfg`'s schedule, every pass taking the same time and messages none:
+/// what the trainer's ledger must measure.
+pub fn predicted_stage_peaks(cfg: &Config, path: &Path) -> anyhow::Result<Vec<u64>> {
+    let setup = Setup::new(cfg, path)?;
+    let unit = durations::OpTimes { forward: 1.0, backward_input: 1.0, backward_weight: 1.0, recompute: 0.0 };
+    let durations = durations::Durations {
+        chunks: vec![unit; setup.p * setup.v],
+        p2p: durations::P2p::PerMessage(0.0),
+        optimizer: vec![1.0; setup.p],
+    };
+    Ok(input::run(&setup, &durations)?.stages.iter().map(|s| s.peak_memory).collect())
 }
 
 /// Plans printed after the best.

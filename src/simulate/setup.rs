@@ -96,6 +96,18 @@ impl Setup {
         activation_bytes_per_element(&self.cfg.precision)
     }
 
+    /// The stages that hold the embedding and the head, when they differ: then each holds
+    /// its own part of the tied embedding's gradient and the two are exchanged.
+    pub fn tied_holders(&self) -> Option<(usize, usize)> {
+        let stage_with = |part: fn(&ChunkLayout) -> bool| {
+            (0..self.p).find(|&r| (0..self.v).any(|c| part(self.layout(r, c))))
+        };
+        match (stage_with(|l| l.embedding), stage_with(|l| l.head)) {
+            (Some(e), Some(h)) if e != h => Some((e, h)),
+            _ => None,
+        }
+    }
+
     /// GPUs: t x p x dp.
     pub fn world_size(&self) -> usize {
         self.tp.size * self.p * self.dp

@@ -1,6 +1,8 @@
 //! `pipetrain train`: the training loop around the pipeline stages.
 
 mod lr;
+#[cfg(test)]
+mod memory_truth;
 mod metrics;
 pub mod model;
 pub mod pipeline;
@@ -160,6 +162,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         elapsed_s: train_time,
         memory: pipeline.stages.iter().map(|s| s.device.ledger().snapshot()).collect(),
         stage_descriptions: pipeline.describe_stages(),
+        predicted_peaks: crate::simulate::predicted_stage_peaks(&cfg, &args.config)?,
         predicted_activations: pipeline.predicted_activation_peaks(),
         predicted_without_recompute: pipeline.predicted_activation_peaks_without_recompute(),
         recompute_s: pipeline.recompute_seconds(),
