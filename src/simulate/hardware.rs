@@ -20,6 +20,9 @@
 //!   81559 MiB, H200: 143771 MiB); allocator slack and the CUDA context come out of it.
 //! * Peaks are dense bf16; with `precision: fp32` the GPU profiles use the TF32 tensor-core
 //!   rate, half of it.
+//!
+//! Every figure can be overridden after the name: `--hardware a100-80gb,efficiency=0.65,
+//! network-gb-s=12.5` (see [`OVERRIDES`]).
 
 use super::units::format_rate;
 use crate::error::user_error;
@@ -52,10 +55,48 @@ pub struct Hardware {
 
 pub const NAMES: [&str; 4] = ["a100-80gb", "h100-sxm", "h200", "cpu-measured"];
 
+/// The figures `--hardware NAME,FIGURE=VALUE,..` may override.
+pub const OVERRIDES: [&str; 7] =
+    ["peak-tflops", "efficiency", "hbm-tb-s", "nvlink-gb-s", "network-gb-s", "gpus-per-node", "memory-gib"];
+
 impl Hardware {
-    /// The profile `name` for `precision` (fp32 | bf16). `cpu-measured` times a matmul on
-    /// this machine's cores now (about a second).
-    pub fn lookup(name: &str, precision: &str) -> anyhow::Result<Hardware> {
+    /// The profile `spec` names for `precision` (fp32 | bf16), with the figures it overrides
+    /// (`NAME,FIGURE=VALUE,..`; a peak given is at the run's precision).
+    pub fn lookup(spec: &str, precision: &str) -> anyhow::Result<Hardware> {
+        let mut items = spec.split(',');
+        let mut hw = Self::named(items.next().unwrap_or("").trim(), precision)?;
+        for item in items {
+            let err = |msg: String| user_error(format!("--hardware {spec}: {msg}"));
+            let (key, value) =
+                item.split_once('=').ok_or_else(|| err(format!("`{item}` is not FIGURE=VALUE")))?;
+            let x: f64 = value.trim().parse().map_err(|_| err(format!("{item}: not a number")))?;
+            if !(x.is_finite() && x > 0.0) {
+                return Err(err(format!("{item}: must be > 0")));
+            }
+            match key.trim() {
+                "peak-tflops" => hw.peak_flops = x * 1e12,
+                "efficiency" if x <= 1.0 => hw.efficiency = x,
+                "efficiency" => return Err(err(format!("{item}: a fraction of the peak, at most 1"))),
+                "hbm-tb-s" => hw.memory_bandwidth = x * 1e12,
+                "nvlink-gb-s" => hw.link_bandwidth = x * 1e9,
+                "network-gb-s" => hw.network_bandwidth = x * 1e9,
+                "gpus-per-node" if x.fract() == 0.0 => hw.gpus_per_node = Some(x as usize),
+                "gpus-per-node" => return Err(err(format!("{item}: a whole number"))),
+                "memory-gib" => hw.memory_bytes = Some((x * (1u64 << 30) as f64) as u64),
+                other => {
+                    return Err(err(format!(
+                        "unknown figure `{other}` (expected one of: {})",
+                        OVERRIDES.join(", ")
+                    )))
+                }
+            }
+        }
+        Ok(hw)
+    }
+
+    /// The profile `name` for `precision` as it ships. `cpu-measured` times a matmul on this
+    /// machine's cores now (about a second).
+    fn named(name: &str, precision: &str) -> anyhow::Result<Hardware> {
         let gpu = |peak_bf16_tflops: f64,
                    efficiency: f64,
                    hbm_tb_s: f64,
@@ -169,6 +210,21 @@ mod tests {
         let h200 = Hardware::lookup("h200", "bf16").unwrap();
         assert_eq!((h200.memory_bandwidth, h200.memory_bytes), (4.8e12, Some(143771 << 20)));
         assert_eq!(h100.achieved_flops(), 494.5e12);
+    }
+
+    #[test]
+    fn figures_are_overridden_after_the_name() {
+        let hw =
+            Hardware::lookup("a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4", "bf16").unwrap();
+        assert_eq!((hw.efficiency, hw.network_bandwidth, hw.gpus_per_node), (0.65, 12.5e9, Some(4)));
+        assert_eq!((hw.peak_flops, hw.link_bandwidth), (312e12, 300e9));
+        let err = |spec: &str| Hardware::lookup(spec, "bf16").unwrap_err().to_string();
+        assert_eq!(
+            err("h200,efficiency=1.5"),
+            "--hardware h200,efficiency=1.5: efficiency=1.5: a fraction of the peak, at most 1"
+        );
+        assert!(err("h200,speed=3").ends_with("unknown figure `speed` (expected one of: peak-tflops, efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib)"));
+        assert_eq!(err("h200,hbm-tb-s=fast"), "--hardware h200,hbm-tb-s=fast: hbm-tb-s=fast: not a number");
     }
 
     #[test]

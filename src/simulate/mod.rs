@@ -35,8 +35,10 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Hardware profile for op times, MFU and the default memory limit: a100-80gb, h100-sxm,
-    /// h200 or cpu-measured [default: h100-sxm with device cuda, cpu-measured with cpu].
-    #[arg(long, value_name = "NAME")]
+    /// h200 or cpu-measured [default: h100-sxm with device cuda, cpu-measured with cpu];
+    /// figures may follow, e.g. a100-80gb,efficiency=0.65,network-gb-s=12.5 (peak-tflops,
+    /// efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib).
+    #[arg(long, value_name = "NAME[,FIGURE=VALUE..]")]
     pub hardware: Option<String>,
     /// Op times given directly, in ms per stage and microbatch, instead of the hardware model,
     /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6; optionally
