@@ -42,7 +42,8 @@ pub struct SimulateArgs {
     pub hardware: Option<String>,
     /// Op times given directly, in ms per stage and microbatch, instead of the hardware model,
     /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6; optionally
-    /// optimizer=MS, each stage's time after its list (exchange, grad norm, AdamW)
+    /// optimizer=MS, each stage's time after its list (exchange, grad norm, AdamW), and
+    /// dp-allreduce=MS, its gradient all-reduce across data-parallel replicas (else modelled)
     #[arg(long, value_name = "OP=MS,..")]
     pub op_times: Option<String>,
     /// Op times calibrated from a `pipetrain train --trace` Chrome trace: medians per stage,
