@@ -316,6 +316,23 @@ fn plan_over_gpus_fits_when_applied() {
         "{plan}\n{after}"
     );
     assert_user_error(&simulate(&cfg, &["--gpus", "8"]), "--gpus applies to --plan and --sweep");
+    // The sweep shows the same space: every t x p x dp = 8 the model and batch allow.
+    let v = json_of(&cfg, &["--sweep", "--gpus", "8", "--hardware", "h100-sxm", "--global-batch-size", "16"]);
+    let mut layouts: Vec<(u64, u64, u64)> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let n = |k: &str| c[k].as_u64().unwrap();
+            (n("tensor_model_parallel_size"), n("pipeline_model_parallel_size"), n("data_parallel_size"))
+        })
+        .collect();
+    layouts.sort_unstable();
+    layouts.dedup();
+    assert_eq!(
+        layouts,
+        [(1, 1, 8), (1, 2, 4), (1, 4, 2), (1, 8, 1), (2, 1, 4), (2, 2, 2), (2, 4, 1), (4, 1, 2), (4, 2, 1)]
+    );
 }
 
 #[test]
