@@ -38,6 +38,10 @@ pub struct Config {
     /// Explicit number of transformer blocks per pipeline stage (ours); balanced by cost
     /// when unset.
     pub num_layers_per_stage: Option<Vec<usize>>,
+    /// t: ranks that split every layer, Megatron-style (simulated; the trainer runs 1).
+    pub tensor_model_parallel_size: usize,
+    /// With t > 1, the LayerNorm and dropout regions split along the sequence (simulated).
+    pub sequence_parallel: bool,
     /// Data-parallel replicas of the whole pipeline. Under MPI it is derived as
     /// world / pipeline_model_parallel_size (as in Megatron) and, when given, must agree.
     pub data_parallel_size: Option<usize>,
@@ -103,6 +107,8 @@ impl Default for Config {
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: "1f1b".into(),
             num_layers_per_stage: None,
+            tensor_model_parallel_size: 1,
+            sequence_parallel: false,
             data_parallel_size: None,
             recompute_granularity: None,
             recompute_method: None,
@@ -368,6 +374,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
+    if v == 0 {
+        return Err((key, "must be at least 1, got 0".into()));
+    }
+    Ok(())
+}
+
 impl Config {
     /// The config as YAML in canonical keys, headed by a comment for each alias it was
     /// written with: what a run dir keeps.
@@ -391,18 +404,17 @@ impl Config {
         self.data_parallel_size.unwrap_or(1)
     }
 
+    /// The tensor-parallel layout every layer is simulated with.
+    pub fn tensor_parallel(&self) -> stages::TensorParallel {
+        stages::TensorParallel { size: self.tensor_model_parallel_size, sequence: self.sequence_parallel }
+    }
+
     pub fn virtual_stages(&self) -> usize {
         self.virtual_pipeline_model_parallel_size.unwrap_or(1)
     }
 
     /// Checks values that are well-typed but impossible. Errors are (key, message).
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
-            if v == 0 {
-                return Err((key, "must be at least 1, got 0".into()));
-            }
-            Ok(())
-        }
         positive("num_layers", self.num_layers)?;
         positive("hidden_size", self.hidden_size)?;
         positive("num_attention_heads", self.num_attention_heads)?;
@@ -438,6 +450,7 @@ impl Config {
         if let Some(dp) = self.data_parallel_size {
             positive("data_parallel_size", dp)?;
         }
+        self.validate_tensor_parallel()?;
         if !self.global_batch_size.is_multiple_of(self.micro_batch_size) {
             return Err((
                 "global_batch_size",
@@ -518,6 +531,24 @@ impl Config {
             }
         }
         self.validate_recompute()
+    }
+
+    /// Megatron's divisibility rules for t: heads and the MLP split across ranks, and with
+    /// sequence parallelism the sequence too.
+    fn validate_tensor_parallel(&self) -> Result<(), (&'static str, String)> {
+        let t = self.tensor_model_parallel_size;
+        positive("tensor_model_parallel_size", t)?;
+        let splits = [
+            ("num_attention_heads", self.num_attention_heads, true),
+            ("ffn_hidden_size", self.ffn_size(), true),
+            ("seq_length", self.seq_length, self.sequence_parallel),
+        ];
+        for (what, n, applies) in splits {
+            if applies && !n.is_multiple_of(t) {
+                return Err(("tensor_model_parallel_size", format!("{t} does not divide {what} {n}")));
+            }
+        }
+        Ok(())
     }
 
     fn validate_recompute(&self) -> Result<(), (&'static str, String)> {

@@ -13,7 +13,7 @@ fn train_err(dir: &Path, yaml: &str, extra: &[&str]) -> std::process::Output {
 #[test]
 fn config_mistakes() {
     let dir = temp_dir("bad-config");
-    let cases: [(String, &[&str], &str); 9] = [
+    let cases: [(String, &[&str], &str); 11] = [
         (
             format!("{SMALL}hidden_sise: 64\n"),
             &[],
@@ -46,6 +46,16 @@ fn config_mistakes() {
             format!("{SMALL}recompute_granularity: selective\nrecompute_num_layers: 1\n"),
             &[],
             "key `recompute_num_layers`: 1 must be unset with recompute_granularity: selective",
+        ),
+        (
+            format!("{SMALL}tensor_model_parallel_size: 2\n"),
+            &[],
+            "c.yaml: key `tensor_model_parallel_size`: 2: the trainer runs 1; tensor parallelism is simulated only (pipetrain simulate)",
+        ),
+        (
+            format!("{SMALL}tensor_model_parallel_size: 3\n"),
+            &[],
+            "key `tensor_model_parallel_size`: 3 does not divide num_attention_heads 4",
         ),
     ];
     for (yaml, extra, needle) in cases {

@@ -9,7 +9,8 @@ use super::setup::Setup;
 use crate::error::user_error;
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::F32_BYTES;
-use stages::{ChunkLayout, RecomputePolicy};
+use stages::tensor_parallel::{Collective, LayerCollectives, Split};
+use stages::RecomputePolicy;
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -39,8 +40,9 @@ pub struct Durations {
     pub optimizer: Vec<f64>,
 }
 
-/// FLOPs of one microbatch through chunk `chunk` of stage `stage`. The embedding, a gather
-/// of B*T rows, costs next to nothing against a block and is left out.
+/// FLOPs of one microbatch through chunk `chunk` of stage `stage`, on one tensor-parallel
+/// rank. The embedding, a gather of B*T rows, costs next to nothing against a block and is
+/// left out.
 fn chunk_flops(setup: &Setup, stage: usize, chunk: usize) -> Flops {
     let s = &setup.shape;
     let layout = setup.layout(stage, chunk);
@@ -51,32 +53,65 @@ fn chunk_flops(setup: &Setup, stage: usize, chunk: usize) -> Flops {
         backward_input: blocks * block.backward_input + head.backward_input,
         backward_weight: blocks * block.backward_weight + head.backward_weight,
     }
+    .per_rank(setup.tp)
 }
 
-/// Seconds the chunk's recompute takes on `hw`: the forward of what the policy recomputes.
-/// Full: the recomputed blocks' whole forward. Selective: the attention core's forward
-/// (compute-bound), GELU and LayerNorm (memory-bound: one read and one write of their
-/// output-sized tensors each).
+/// Seconds of `collectives` among the t ranks of a layer on [B,T,C] activations: ring bytes
+/// over the bandwidth of ranks 1 apart (the tensor dimension is the fastest), plus a
+/// latency each.
+fn tensor_parallel_seconds(setup: &Setup, collectives: LayerCollectives, hw: &Hardware) -> f64 {
+    let t = setup.tp.size;
+    let count = collectives.all_reduce + collectives.all_gather + collectives.reduce_scatter;
+    let bytes = (setup.shape.tokens() * setup.shape.hidden * setup.activation_bytes_per_element()) as f64;
+    collectives.ring_bytes(bytes, t) / hw.collective_bandwidth(1, t) + count as f64 * hw.link_latency
+}
+
+/// Seconds of one microbatch's collectives per pass of a chunk: its blocks', and the
+/// embedding's and head's own (see `TensorParallel`).
+fn chunk_collective_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> [f64; 3] {
+    if setup.tp.size == 1 {
+        return [0.0; 3];
+    }
+    let layout = setup.layout(stage, chunk);
+    let blocks = layout.blocks.len() as f64;
+    let tp = setup.tp;
+    let seconds = |c| tensor_parallel_seconds(setup, c, hw);
+    let ends = if layout.embedding { seconds(tp.embedding_forward()) } else { 0.0 }
+        + if layout.head { seconds(tp.head_forward()) } else { 0.0 };
+    [
+        blocks * seconds(tp.block_forward()) + ends,
+        blocks * seconds(tp.block_backward_input()),
+        blocks * seconds(tp.block_backward_weight()),
+    ]
+}
+
+/// Seconds the chunk's recompute takes on `hw`, on one tensor-parallel rank: the forward of
+/// what the policy recomputes. Full: the recomputed blocks' whole forward, its collectives
+/// included. Selective: the attention core's forward (compute-bound, no collectives), GELU
+/// and LayerNorm (memory-bound: one read and one write of their output-sized tensors each).
 fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> f64 {
-    let s = &setup.shape;
+    let (s, tp) = (&setup.shape, setup.tp);
     let blocks = setup.layout(stage, chunk).blocks.len();
-    let block = block_flops(s);
+    let block = block_flops(s).per_rank(tp);
     let eb = setup.activation_bytes_per_element() as f64;
-    let streamed = |elements: usize| 2.0 * elements as f64 * eb / hw.achieved_bandwidth();
+    let streamed =
+        |elements: usize, split| 2.0 * tp.per_rank(elements, split) as f64 * eb / hw.achieved_bandwidth();
     match setup.policies[stage] {
         RecomputePolicy::None => 0.0,
         RecomputePolicy::Full { .. } => {
             let segments = setup.policies[stage].segments(blocks);
             let recomputed: usize = segments.iter().filter(|g| g.recompute).map(|g| g.end - g.start).sum();
-            recomputed as f64 * block.forward / hw.achieved_flops()
+            let forward =
+                block.forward / hw.achieved_flops() + tensor_parallel_seconds(setup, tp.block_forward(), hw);
+            recomputed as f64 * forward
         }
         RecomputePolicy::Selective(m) => {
             // The attention core has no weights, so its FLOPs are the block's forward FLOPs
             // less the matmuls' (which equal the weight-gradient FLOPs).
             let core_attn = (block.forward - block.backward_weight) / hw.achieved_flops();
             let per_block = if m.core_attn { core_attn } else { 0.0 }
-                + if m.mlp { streamed(s.tokens() * s.ffn) } else { 0.0 }
-                + if m.layernorm { 2.0 * streamed(s.tokens() * s.hidden) } else { 0.0 };
+                + if m.mlp { streamed(s.tokens() * s.ffn, Split::Interior) } else { 0.0 }
+                + if m.layernorm { 2.0 * streamed(s.tokens() * s.hidden, Split::Sequence) } else { 0.0 };
             blocks as f64 * per_block
         }
     }
@@ -90,57 +125,89 @@ const ADAMW_BYTES: f64 = 28.0 + 4.0;
 /// The global grad norm reads every gradient once.
 const GRAD_NORM_BYTES: f64 = 4.0;
 
-/// Seconds of each stage's post-schedule phase on `hw`, all memory-bound: the tied
-/// embedding's gradient exchange and the global grad norm (each stage reads its gradients
-/// on its own device, in parallel), which every stage waits for, then its own AdamW.
-fn optimizer_seconds(setup: &Setup, hw: &Hardware) -> Vec<f64> {
+/// Seconds of each stage's post-schedule phase on `hw`: the data-parallel gradient
+/// all-reduce (network-bound), the tied embedding's gradient exchange and the global grad
+/// norm (memory-bound; each stage reads its gradients on its own device, in parallel), which
+/// every stage waits for, then its own AdamW. `data_parallel` overrides the all-reduce.
+fn optimizer_seconds(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Vec<f64> {
     let bandwidth = hw.achieved_bandwidth();
     let params: Vec<f64> = (0..setup.p).map(|r| stage_parameters(setup, r) as f64).collect();
-    let norm = params.iter().map(|n| n * GRAD_NORM_BYTES / bandwidth).fold(0.0, f64::max);
+    let reduced = |n: f64| {
+        n * GRAD_NORM_BYTES / bandwidth + data_parallel.unwrap_or_else(|| all_reduce_seconds(setup, n, hw))
+    };
+    let norm = params.iter().map(|&n| reduced(n)).fold(0.0, f64::max);
     let shared = tied_exchange_seconds(setup, hw) + norm;
     params.iter().map(|n| shared + n * ADAMW_BYTES / bandwidth).collect()
 }
 
-/// The tied embedding's gradient [V, C]: when the embedding and the head are on different
-/// stages, each holder's part crosses the link (both directions at once); then each holder
-/// adds the two (reads two, writes one).
+/// The ring all-reduce of `params` fp32 gradients across the dp replicas, 2(dp-1)/dp of the
+/// bytes per rank, among ranks t apart (Megatron's order: tensor, then data).
+pub fn all_reduce_seconds(setup: &Setup, params: f64, hw: &Hardware) -> f64 {
+    let dp = setup.dp;
+    if dp == 1 {
+        return 0.0;
+    }
+    let bytes = Collective::AllReduce.ring_bytes(params * F32_BYTES as f64, dp);
+    hw.link_latency + bytes / hw.collective_bandwidth(setup.tp.size, dp)
+}
+
+/// The tied embedding's gradient [V, C] (one rank's V/t rows): when the embedding and the
+/// head are on different stages, each holder's part crosses the link (both directions at
+/// once); then each holder adds the two (reads two, writes one).
 fn tied_exchange_seconds(setup: &Setup, hw: &Hardware) -> f64 {
-    let bytes = (setup.shape.vocab * setup.shape.hidden * F32_BYTES) as f64;
-    let stage_with = |part: fn(&ChunkLayout) -> bool| {
-        (0..setup.p).find(|&r| (0..setup.v).any(|c| part(setup.layout(r, c))))
-    };
-    let crosses = stage_with(|l| l.embedding) != stage_with(|l| l.head);
-    let link = if crosses { hw.link_latency + bytes / hw.link_bandwidth } else { 0.0 };
+    let rows = setup.tp.per_rank(setup.shape.vocab, Split::Interior);
+    let bytes = (rows * setup.shape.hidden * F32_BYTES) as f64;
+    let link =
+        if setup.tied_holders().is_some() { hw.link_latency + bytes / p2p_bandwidth(setup, hw) } else { 0.0 };
     link + 3.0 * bytes / hw.achieved_bandwidth()
+}
+
+/// Bytes per second between pipeline stages: NVLink while the whole run fits one node,
+/// else the network (the pipeline is the slowest dimension of the rank order, so some
+/// stage boundary crosses nodes).
+fn p2p_bandwidth(setup: &Setup, hw: &Hardware) -> f64 {
+    if hw.within_node(1, setup.world_size()) {
+        hw.link_bandwidth
+    } else {
+        hw.network_bandwidth
+    }
 }
 
 /// Op times from the model's FLOPs on `hw`.
 pub fn from_hardware(setup: &Setup, hw: &Hardware) -> Durations {
+    model_durations(setup, hw, None)
+}
+
+/// As [`from_hardware`], with the data-parallel all-reduce given.
+fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Durations {
     let rate = hw.achieved_flops();
     let chunks = (0..setup.p)
         .flat_map(|r| (0..setup.v).map(move |c| (r, c)))
         .map(|(r, c)| {
             let f = chunk_flops(setup, r, c);
+            let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
             OpTimes {
-                forward: f.forward / rate,
-                backward_input: f.backward_input / rate,
-                backward_weight: f.backward_weight / rate,
+                forward: f.forward / rate + forward,
+                backward_input: f.backward_input / rate + backward_input,
+                backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }
         })
         .collect();
     Durations {
         chunks,
-        p2p: P2p::Link { latency: hw.link_latency, bandwidth: hw.link_bandwidth },
-        optimizer: optimizer_seconds(setup, hw),
+        p2p: P2p::Link { latency: hw.link_latency, bandwidth: p2p_bandwidth(setup, hw) },
+        optimizer: optimizer_seconds(setup, hw, data_parallel),
     }
 }
 
 /// `--op-times`: milliseconds per stage and microbatch, e.g.
 /// `forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6`. `backward=` may stand
-/// for both halves; `recompute=`, `p2p=` and `optimizer=` (per stage and step: the
-/// post-schedule phase, exchange and grad norm included) are optional. The ops in
-/// [`FREE_OPS`] may take 0 ms: the textbook bubble formulas assume free transfers.
+/// for both halves; `recompute=`, `p2p=`, `optimizer=` (per stage and step: the
+/// post-schedule phase, exchange and grad norm included) and `dp-allreduce=` (per stage and
+/// step: the data-parallel gradient all-reduce, else modelled from the hardware) are
+/// optional. The ops in [`FREE_OPS`] may take 0 ms: the textbook bubble formulas assume
+/// free transfers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GivenTimes {
     forward: f64,
@@ -148,15 +215,24 @@ pub struct GivenTimes {
     recompute: Option<f64>,
     p2p: f64,
     optimizer: f64,
+    data_parallel: Option<f64>,
 }
 
-const GIVEN_OPS: [&str; 7] =
-    ["forward", "backward-input", "backward-weight", "backward", "recompute", "p2p", "optimizer"];
+const GIVEN_OPS: [&str; 8] = [
+    "forward",
+    "backward-input",
+    "backward-weight",
+    "backward",
+    "recompute",
+    "p2p",
+    "optimizer",
+    "dp-allreduce",
+];
 
 /// Ops that may cost nothing: transfers, the optimizer phase, a recompute and the weight
 /// gradient can each be left out of a model of the step. A forward or an input gradient
 /// always computes something, so those stay > 0.
-const FREE_OPS: [&str; 4] = ["backward-weight", "recompute", "p2p", "optimizer"];
+const FREE_OPS: [&str; 5] = ["backward-weight", "recompute", "p2p", "optimizer", "dp-allreduce"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Backward {
@@ -201,6 +277,7 @@ impl GivenTimes {
             recompute: get("recompute"),
             p2p: get("p2p").unwrap_or(0.0),
             optimizer: get("optimizer").unwrap_or(0.0),
+            data_parallel: get("dp-allreduce"),
         })
     }
 
@@ -208,7 +285,7 @@ impl GivenTimes {
     /// (a recompute, or the split of a whole backward) follows the model's proportions on
     /// `hw`.
     pub fn durations(&self, setup: &Setup, hw: &Hardware) -> anyhow::Result<Durations> {
-        let model = from_hardware(setup, hw);
+        let model = model_durations(setup, hw, self.data_parallel);
         let recomputes = setup.policies.iter().any(|p| *p != RecomputePolicy::None);
         if self.recompute.is_some() && !recomputes {
             return Err(user_error("--op-times recompute=...: the config recomputes nothing"));
@@ -238,7 +315,16 @@ impl GivenTimes {
                 }
             })
             .collect();
-        Ok(Durations { chunks, p2p: P2p::PerMessage(self.p2p), optimizer: vec![self.optimizer; setup.p] })
+        if self.data_parallel.is_some() && setup.dp == 1 {
+            return Err(user_error("--op-times dp-allreduce=...: the config has data_parallel_size 1"));
+        }
+        // What the given optimizer time leaves out: the data-parallel all-reduce.
+        let all_reduce = |r: usize| {
+            self.data_parallel
+                .unwrap_or_else(|| all_reduce_seconds(setup, stage_parameters(setup, r) as f64, hw))
+        };
+        let optimizer = (0..setup.p).map(|r| self.optimizer + all_reduce(r)).collect();
+        Ok(Durations { chunks, p2p: P2p::PerMessage(self.p2p), optimizer })
     }
 }
 
@@ -315,6 +401,68 @@ mod tests {
         let got = from_hardware(&setup(gpt2_small(1, "1f1b", 1, 8)), &h100()).optimizer;
         let want = (12.0 * wte + 4.0 * all + 32.0 * all) / bandwidth;
         assert!((got[0] - want).abs() < 1e-15, "{got:?} s, expected {want} s");
+    }
+
+    fn with_tp(t: usize, sequence_parallel: bool) -> Config {
+        Config { tensor_model_parallel_size: t, sequence_parallel, ..gpt2_small(4, "1f1b", 1, 8) }
+    }
+
+    /// Each rank computes 1/t of every FLOP and adds its collectives: per block two
+    /// all-reduces each way without sequence parallelism; with it two all-gathers and two
+    /// reduce-scatters each way plus the weight gradients' two all-gathers. t = 1 is today's
+    /// model exactly, with or without the flag.
+    #[test]
+    fn tensor_parallel_splits_flops_and_adds_collectives() {
+        let h100 = h100();
+        let today = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100);
+        assert_eq!(from_hardware(&setup(with_tp(1, true)), &h100), today);
+        let block = block_flops(&setup(with_tp(4, false)).shape);
+        let rate = 989e12 * 0.5;
+        // [1024, 768] fp32 activations; a ring moves 3/4 of them per all-gather among 4
+        // GPUs of a node, at 80% of NVLink's 450 GB/s, 10 us per collective.
+        let share = 0.75 * (1024.0 * 768.0 * 4.0) / (0.8 * 450e9);
+        let tp = from_hardware(&setup(with_tp(4, false)), &h100).chunks[1];
+        let close = |got: f64, want: f64| assert!((got - want).abs() < 1e-15, "{got} s, expected {want} s");
+        close(tp.forward, 4.0 * (block.forward / 4.0 / rate + 2.0 * (2.0 * share + 10e-6)));
+        close(tp.backward_input, 4.0 * (block.backward_input / 4.0 / rate + 2.0 * (2.0 * share + 10e-6)));
+        close(tp.backward_weight, 4.0 * block.backward_weight / 4.0 / rate);
+        let sp = from_hardware(&setup(with_tp(4, true)), &h100).chunks[1];
+        close(sp.forward, tp.forward + 4.0 * 2.0 * 10e-6);
+        close(sp.backward_input, tp.backward_input + 4.0 * 2.0 * 10e-6);
+        close(sp.backward_weight, tp.backward_weight + 4.0 * 2.0 * (share + 10e-6));
+        // Selective recompute redoes the attention core alone: 1/t of it, no collective.
+        let selective = Config { recompute_granularity: Some("selective".into()), ..with_tp(4, true) };
+        let core = 4.0 * (1024.0 * 1024.0 * 768.0) * 4.0 / 4.0 / rate;
+        close(from_hardware(&setup(selective), &h100).chunks[1].recompute, core);
+    }
+
+    /// The data-parallel all-reduce: a ring over dp replicas moves 2(dp-1)/dp of each
+    /// stage's fp32 gradients, within a node over NVLink, across nodes over the network;
+    /// every stage waits for the slowest (stage 0, which holds the embedding).
+    #[test]
+    fn data_parallel_all_reduce_joins_the_optimizer_phase() {
+        let h100 = h100();
+        let with_dp = |dp: usize| Config { data_parallel_size: Some(dp), ..gpt2_small(4, "1f1b", 1, 8 * dp) };
+        let first = (50257.0 + 1024.0) * 768.0 + 4.0 * 7_087_872.0;
+        let one = from_hardware(&setup(with_dp(1)), &h100).optimizer;
+        let two = from_hardware(&setup(with_dp(2)), &h100).optimizer;
+        let ring = 10e-6 + 2.0 * 0.5 * first * 4.0 / (0.8 * 450e9);
+        for (a, b) in one.iter().zip(&two) {
+            assert!((b - a - ring).abs() < 1e-12, "{b} - {a} s, expected {ring} s");
+        }
+        // 16 replicas of a 1-GPU stage span two nodes: the network's 50 GB/s, for the ring
+        // and for the tied gradient between stages 0 and 3 (nodes apart now).
+        let sixteen = from_hardware(&setup(with_dp(16)), &h100).optimizer;
+        let ring = 10e-6 + 2.0 * 15.0 / 16.0 * first * 4.0 / (0.8 * 50e9);
+        let exchange = 50257.0 * 768.0 * 4.0 * (1.0 / 50e9 - 1.0 / 450e9);
+        assert!((sixteen[3] - one[3] - ring - exchange).abs() < 1e-12, "{sixteen:?} {one:?}");
+        // Given instead: added to each stage's given optimizer time.
+        let given = GivenTimes::parse("forward=1,backward=2,optimizer=3,dp-allreduce=5").unwrap();
+        assert_eq!(given.durations(&setup(with_dp(2)), &h100).unwrap().optimizer, [0.008; 4]);
+        assert_eq!(
+            given.durations(&setup(with_dp(1)), &h100).unwrap_err().to_string(),
+            "--op-times dp-allreduce=...: the config has data_parallel_size 1"
+        );
     }
 
     #[test]

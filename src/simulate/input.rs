@@ -2,13 +2,17 @@
 //! static memory and optimizer time per stage, and the link.
 
 use super::durations::{Durations, P2p};
-use super::memory::{chunk_memory, stage_static_bytes};
+use super::memory::{chunk_memory, optimizer_working_bytes, stage_static_bytes};
 use super::setup::Setup;
 use schedules::{simulate, ChunkCosts, Link, SimInput, SimReport};
+use stages::tensor_parallel::Split;
 
-/// Bytes of one message between stages: an activation or its gradient, [B,T,C].
+/// Bytes of one message between stages: an activation or its gradient, [B,T,C]; under
+/// tensor parallelism each rank sends its 1/t (Megatron's scatter-gather, or the sequence
+/// shard it holds).
 pub fn message_bytes(setup: &Setup) -> u64 {
-    (setup.shape.tokens() * setup.shape.hidden * setup.activation_bytes_per_element()) as u64
+    let elements = setup.tp.per_rank(setup.shape.tokens() * setup.shape.hidden, Split::Interior);
+    (elements * setup.activation_bytes_per_element()) as u64
 }
 
 pub fn link(setup: &Setup, p2p: P2p) -> Link {
@@ -38,10 +42,11 @@ pub fn sim_input(setup: &Setup, durations: &Durations) -> anyhow::Result<SimInpu
     }
     let static_bytes = (0..setup.p).map(|r| stage_static_bytes(setup, r)).collect();
     let input = SimInput::new(setup.p, setup.v, costs, static_bytes, link(setup, durations.p2p))?;
-    Ok(input.with_optimizer_times(durations.optimizer.clone())?)
+    let working = (0..setup.p).map(|r| optimizer_working_bytes(setup, r)).collect();
+    Ok(input.with_optimizer_times(durations.optimizer.clone())?.with_optimizer_working_bytes(working)?)
 }
 
 /// Simulates one iteration of the setup's schedule.
 pub fn run(setup: &Setup, durations: &Durations) -> anyhow::Result<SimReport> {
-    Ok(simulate(&setup.schedule, &sim_input(setup, durations)?)?)
+    Ok(simulate(setup.schedule()?, &sim_input(setup, durations)?)?)
 }

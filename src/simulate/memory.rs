@@ -25,30 +25,38 @@
 //! input.
 
 use super::setup::Setup;
+use crate::config::Config;
 use schedules::ChunkMemory;
 use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
-use stages::{RecomputePolicy, SelectiveModules};
+use stages::tensor_parallel::Split;
+use stages::{ChunkLayout, GptShape, RecomputePolicy, SelectiveModules, TensorParallel};
 
-/// Memory of one microbatch through chunk `chunk` of stage `stage`.
+/// Memory of one microbatch through chunk `chunk` of stage `stage`, on one tensor-parallel
+/// rank.
 pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
-    let s = &setup.shape;
+    let (s, tp) = (&setup.shape, setup.tp);
     let layout = setup.layout(stage, chunk);
     let policy = &setup.policies[stage];
     let eb = setup.activation_bytes_per_element();
     // fp32 figures from stages, in the run's precision.
     let at_precision = |fp32_bytes: usize| (fp32_bytes / F32_BYTES * eb) as u64;
     let blocks = layout.blocks.len();
-    let stash = at_precision(stash_bytes(s, layout, policy));
+    let stash = at_precision(stash_bytes(s, tp, layout, policy));
 
-    let element = |elements: usize| (elements * eb) as u64;
-    let message = element(s.tokens() * s.hidden);
-    let scores = element(s.micro_batch * s.heads * s.seq_len * s.seq_len);
-    let full_block = at_precision(block_kept_bytes(s, BlockKeep::Stored(SelectiveModules::NONE)));
-    let kept = |offset| at_precision(block_kept_bytes(s, policy.block_keep(blocks, offset)));
-    let dropped_in_forward = (0..blocks).map(|o| full_block - kept(o)).max().unwrap_or(0);
+    let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
+    let message = element(s.tokens() * s.hidden, Split::Sequence);
+    let scores = element(s.micro_batch * s.heads * s.seq_len * s.seq_len, Split::Interior);
+    let block = |keep| at_precision(block_kept_bytes(s, tp, keep));
+    let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
+    let dropped_in_forward =
+        (0..blocks).map(|o| full_block - block(policy.block_keep(blocks, o))).max().unwrap_or(0);
     let sends_activation = !layout.head;
-    let head_working = if layout.head { element(s.tokens() * (s.hidden + s.vocab)) } else { 0 };
+    let head_working = if layout.head {
+        element(s.tokens() * s.hidden, Split::Sequence) + element(s.tokens() * s.vocab, Split::Interior)
+    } else {
+        0
+    };
 
     let recompute_working = match policy {
         RecomputePolicy::None => 0,
@@ -57,18 +65,20 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
                 policy.segments(blocks).iter().filter(|g| g.recompute).map(|g| g.end - g.start).max();
             longest.unwrap_or(0) as u64 * full_block
         }
-        RecomputePolicy::Selective(modules) if blocks > 0 => {
-            full_block - at_precision(block_kept_bytes(s, BlockKeep::Stored(*modules)))
-        }
+        RecomputePolicy::Selective(modules) if blocks > 0 => full_block - block(BlockKeep::Stored(*modules)),
         RecomputePolicy::Selective(_) => 0,
     };
-    let grad_scratch = if blocks > 0 { element(s.tokens() * (2 * s.ffn + 3 * s.hidden)) + scores } else { 0 };
+    let grad_scratch = if blocks > 0 {
+        element(s.tokens() * (2 * s.ffn + 3 * s.hidden), Split::Interior) + scores
+    } else {
+        0
+    };
     let grad_messages = message * (u64::from(!layout.head) + u64::from(!layout.embedding));
 
     // A split backward (ZB-H1) leaves the matmul inputs and output gradients for
     // backward-weight: kept, recomputed or computed by backward-input alike, so possibly more
     // than the stash. Unsplit backwards ignore it.
-    let weight_grad_bytes = at_precision(deferred_weight_grad_bytes(s, layout));
+    let weight_grad_bytes = at_precision(deferred_weight_grad_bytes(s, tp, layout));
     ChunkMemory {
         activation_bytes: stash,
         weight_grad_bytes,
@@ -82,17 +92,37 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     }
 }
 
-/// What stage `stage` holds all along: its chunks' parameters, gradients and AdamW moments
-/// (fp32), plus the 16-bit weight copy under bf16.
+/// What stage `stage` holds all along, on one tensor-parallel rank: its chunks' parameters,
+/// gradients and AdamW moments (fp32), plus the 16-bit weight copy under bf16.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    let fp32: usize = (0..setup.v).map(|c| static_bytes(&setup.shape, setup.layout(stage, c))).sum();
-    let half_copy = if setup.cfg.precision == "bf16" { 2 * stage_parameters(setup, stage) } else { 0 };
+    let chunks: Vec<&ChunkLayout> = (0..setup.v).map(|c| setup.layout(stage, c)).collect();
+    static_bytes_of(&setup.cfg, &setup.shape, setup.tp, &chunks)
+}
+
+/// As [`stage_static_bytes`] for a stage holding `chunks` under `cfg` (its precision).
+pub fn static_bytes_of(cfg: &Config, shape: &GptShape, tp: TensorParallel, chunks: &[&ChunkLayout]) -> u64 {
+    let fp32: usize = chunks.iter().map(|l| static_bytes(shape, tp, l)).sum();
+    let params: usize = chunks.iter().map(|l| param_elements(shape, tp, l)).sum();
+    let half_copy = if cfg.precision == "bf16" { 2 * params } else { 0 };
     (fp32 + half_copy) as u64
 }
 
-/// Parameters stage `stage` holds and steps (a tied embedding counts on both holders).
+/// What stage `stage` holds on top of its static bytes in the post-schedule phase: where the
+/// embedding and the head sit on different stages, each of the two receives the other's
+/// part of the tied gradient, [V, C] fp32 (one rank's V/t rows), before adding it to its own.
+pub fn optimizer_working_bytes(setup: &Setup, stage: usize) -> u64 {
+    match setup.tied_holders() {
+        Some((e, h)) if stage == e || stage == h => {
+            (setup.tp.per_rank(setup.shape.vocab * setup.shape.hidden, Split::Interior) * F32_BYTES) as u64
+        }
+        _ => 0,
+    }
+}
+
+/// Parameters one tensor-parallel rank of stage `stage` holds and steps (a tied embedding
+/// counts on both holders).
 pub fn stage_parameters(setup: &Setup, stage: usize) -> usize {
-    (0..setup.v).map(|c| param_elements(&setup.shape, setup.layout(stage, c))).sum()
+    (0..setup.v).map(|c| param_elements(&setup.shape, setup.tp, setup.layout(stage, c))).sum()
 }
 
 #[cfg(test)]
@@ -142,9 +172,9 @@ mod tests {
         let s = crate::train::model::shape(&Config { attention_dropout: 0.0, ..Config::default() });
         assert_eq!((s.seq_len, s.hidden, s.heads, s.micro_batch), (1024, 768, 12, 1));
         assert!(!s.attention_dropout);
-        let none = |s| block_kept_bytes(s, BlockKeep::Stored(SelectiveModules::NONE));
+        let none = |s| block_kept_bytes(s, TensorParallel::NONE, BlockKeep::Stored(SelectiveModules::NONE));
         let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
-        let selective = |s| block_kept_bytes(s, BlockKeep::Stored(core_attn));
+        let selective = |s| block_kept_bytes(s, TensorParallel::NONE, BlockKeep::Stored(core_attn));
         assert_eq!(none(&s), 100_679_680);
         assert_eq!(none(&s), 1024 * 768 * 64 + 4 * 12 * 1024 * 1024 + 16 * 1024);
         assert_eq!(selective(&s), 50_348_032);
@@ -172,9 +202,39 @@ mod tests {
         let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
         assert_eq!(a.activation_bytes, 4 * 151_011_328);
         assert_eq!(b.activation_bytes, a.activation_bytes / 2);
-        let params = param_elements(&fp32.shape, fp32.layout(0, 0)) as u64;
+        let params = param_elements(&fp32.shape, TensorParallel::NONE, fp32.layout(0, 0)) as u64;
         assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
         assert_eq!(stage_static_bytes(&bf16, 0), 18 * params);
+    }
+
+    /// One GPU of t holds 1/t of the split parameters (the vocab-parallel embedding, the
+    /// attention's and MLP's matrices, their column-parallel biases) and all of the others;
+    /// with sequence parallelism 1/t of every activation byte.
+    #[test]
+    fn tensor_parallelism_splits_parameters_and_activations() {
+        let tp = |t, sequence_parallel| {
+            setup(Config { tensor_model_parallel_size: t, sequence_parallel, ..gpt2_small(4, "1f1b", 1, 8) })
+        };
+        let (c, f) = (768usize, 3072usize);
+        let split = 3 * c * c + 3 * c + c * c + c * f + f + f * c;
+        let (one, two) = (tp(1, false), tp(2, true));
+        assert_eq!(stage_parameters(&one, 1), 4 * (6 * c + split));
+        assert_eq!(stage_parameters(&two, 1), 4 * (6 * c + split / 2));
+        assert_eq!(stage_parameters(&two, 0), 50257 * c / 2 + 1024 * c + 4 * (6 * c + split / 2));
+        for r in 0..4 {
+            let (a, b) = (chunk_memory(&one, r, 0), chunk_memory(&two, r, 0));
+            assert_eq!(a.activation_bytes, 2 * b.activation_bytes, "stage {r}");
+            assert_eq!(a.weight_grad_bytes, 2 * b.weight_grad_bytes, "stage {r}");
+        }
+        // Without sequence parallelism, the LayerNorm side stays whole: 16 of a block's 64
+        // bytes per token and channel (and the statistics), and the attention (8 probabilities
+        // per head and token pair at fp32 with dropout) splits.
+        let plain = chunk_memory(&tp(2, false), 1, 0).activation_bytes;
+        let (n, h) = (1024u64, 768u64);
+        let whole = 4 * (4 * n * h + 4 * n) * 4;
+        let split = 4 * (12 * n * h * 4 + 8 * 12 * n * n) / 2;
+        assert_eq!(plain, whole + split);
+        assert_eq!(chunk_memory(&tp(1, true), 1, 0), chunk_memory(&one, 1, 0));
     }
 
     #[test]
@@ -206,7 +266,7 @@ mod tests {
         };
         let zb = setup(full);
         let m = chunk_memory(&zb, 1, 0);
-        let deferred = deferred_weight_grad_bytes(&zb.shape, zb.layout(1, 0)) as u64;
+        let deferred = deferred_weight_grad_bytes(&zb.shape, TensorParallel::NONE, zb.layout(1, 0)) as u64;
         // Full recompute keeps one input, W holds every block's matmul inputs and gradients.
         assert_eq!((m.activation_bytes, m.weight_grad_bytes), (1024 * 768 * 4, deferred));
         assert!(m.weight_grad_bytes > m.activation_bytes);

@@ -2,12 +2,15 @@
 //! recompute plan, from the very action lists the trainer executes.
 //!
 //! setup.rs (config to schedule, split and policies), durations.rs / measured.rs /
-//! hardware.rs (op times), memory.rs (bytes per stage), input.rs (the schedule simulator's
+//! hardware.rs (op times), memory.rs (bytes per stage), korthikanti.rs (the published
+//! per-layer bytes, for comparison), input.rs (the schedule simulator's
 //! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
+mod cluster;
 mod durations;
 mod hardware;
 mod input;
+mod korthikanti;
 mod measured;
 mod memory;
 mod report;
@@ -17,13 +20,14 @@ mod sweep;
 mod timeline;
 mod units;
 
+use crate::config::Config;
 use crate::error::user_error;
 use clap::Args;
 use durations::GivenTimes;
 use hardware::Hardware;
 use report::Report;
 use setup::Setup;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -31,13 +35,16 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Hardware profile for op times, MFU and the default memory limit: a100-80gb, h100-sxm,
-    /// h200 or cpu-measured [default: h100-sxm with device cuda, cpu-measured with cpu].
-    #[arg(long, value_name = "NAME")]
+    /// h200 or cpu-measured [default: h100-sxm with device cuda, cpu-measured with cpu];
+    /// figures may follow, e.g. a100-80gb,efficiency=0.65,network-gb-s=12.5 (peak-tflops,
+    /// efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib).
+    #[arg(long, value_name = "NAME[,FIGURE=VALUE..]")]
     pub hardware: Option<String>,
     /// Op times given directly, in ms per stage and microbatch, instead of the hardware model,
     /// e.g. forward=18.5,backward-input=18.1,backward-weight=9.3,p2p=0.6; optionally
-    /// optimizer=MS, each stage's time after its list (exchange, grad norm, AdamW).
-    /// backward-weight, recompute, p2p and optimizer may be 0 (free)
+    /// optimizer=MS, each stage's time after its list (exchange, grad norm, AdamW), and
+    /// dp-allreduce=MS, its gradient all-reduce across data-parallel replicas (else modelled).
+    /// backward-weight, recompute, p2p, optimizer and dp-allreduce may be 0 (free)
     #[arg(long, value_name = "OP=MS,..")]
     pub op_times: Option<String>,
     /// Op times calibrated from a `pipetrain train --trace` Chrome trace: medians per stage,
@@ -62,9 +69,14 @@ pub struct SimulateArgs {
     /// Rank every schedule x recompute setting x micro batch size by iteration time.
     #[arg(long)]
     pub sweep: bool,
-    /// Print the fastest sweep candidate that fits the memory limit, as config lines.
+    /// Print the fastest sweep candidate that fits the memory limit, as config lines, and
+    /// the runners-up.
     #[arg(long)]
     pub plan: bool,
+    /// With --plan or --sweep: search the layout over N GPUs too, tensor x pipeline x data
+    /// parallel sizes (t within a node, sequence parallelism with t > 1).
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
     /// Show only the first N rows of the sweep.
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
@@ -96,6 +108,13 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
     if args.top.is_some() && !args.sweep {
         return Err(user_error("--top applies to --sweep"));
     }
+    match args.gpus {
+        Some(_) if !(args.sweep || args.plan) => {
+            return Err(user_error("--gpus applies to --plan and --sweep"))
+        }
+        Some(0) => return Err(user_error("--gpus 0: give at least 1 GPU")),
+        _ => {}
+    }
     Ok(())
 }
 
@@ -111,10 +130,26 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     if args.sweep || args.plan {
         let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
         let limit = explicit_limit.or(hw.memory_bytes);
-        let outcomes = sweep::sweep(&cfg, &args.config, &hw, limit);
+        let layouts = match args.gpus {
+            Some(n) => cluster::layouts(&cfg, n, hw.gpus_per_node),
+            None => vec![cfg.clone()],
+        };
+        if layouts.is_empty() {
+            return Err(user_error(format!(
+                "--gpus {}: no tensor x pipeline x data parallel layout fits the model and global batch",
+                args.gpus.unwrap_or(0)
+            )));
+        }
+        let search = if args.plan {
+            sweep::Search::Plan { fitting: 1 + RUNNERS_UP }
+        } else {
+            sweep::Search::Everything
+        };
+        let outcomes = sweep::sweep(&layouts, &args.config, &hw, limit, search);
         if args.plan {
-            let best = outcomes.iter().find(|o| o.fits).ok_or_else(|| no_plan(&outcomes, limit))?;
-            print!("{}", sweep::plan_yaml(best, &cfg, limit));
+            let plan = sweep::plan_yaml(&outcomes, &cfg, limit, RUNNERS_UP)
+                .ok_or_else(|| no_plan(&outcomes, limit))?;
+            print!("{plan}");
         } else if args.json {
             println!("{}", sweep::json(&outcomes, limit));
         } else {
@@ -125,7 +160,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
 
     let setup = Setup::new(&cfg, &args.config)?;
     if args.print_schedule {
-        print!("{}", setup.schedule);
+        print!("{}", setup.schedule()?);
         return Ok(());
     }
     let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
@@ -153,18 +188,40 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     Ok(())
 }
 
+/// Each stage's whole peak (static, activations, working and transfer bytes) as `simulate`
+/// predicts it for `cfg`'s schedule, every pass taking the same time and messages none:
+/// what the trainer's ledger must measure.
+pub fn predicted_stage_peaks(cfg: &Config, path: &Path) -> anyhow::Result<Vec<u64>> {
+    let setup = Setup::new(cfg, path)?;
+    let unit = durations::OpTimes { forward: 1.0, backward_input: 1.0, backward_weight: 1.0, recompute: 0.0 };
+    let durations = durations::Durations {
+        chunks: vec![unit; setup.p * setup.v],
+        p2p: durations::P2p::PerMessage(0.0),
+        optimizer: vec![1.0; setup.p],
+    };
+    Ok(input::run(&setup, &durations)?.stages.iter().map(|s| s.peak_memory).collect())
+}
+
+/// Plans printed after the best.
+const RUNNERS_UP: usize = 5;
+
 /// Why there is no plan, in one line.
 fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
     let limit = limit.map_or("the limit".into(), units::format_bytes);
     match outcomes.iter().min_by_key(|o| o.max_peak()) {
         Some(o) => user_error(format!(
-            "--plan: nothing fits {limit} per device; the least memory is {} ({}, v={}, micro batch {}, recompute {})",
+            "--plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, recompute {})",
             units::format_bytes(o.max_peak()),
+            o.cfg.tensor_model_parallel_size,
+            o.cfg.pipeline_model_parallel_size,
+            o.cfg.data_parallel(),
             o.kind,
             o.v,
             o.micro_batch_size,
             o.recompute.describe()
         )),
-        None => user_error("--plan: no schedule suits this config's shape"),
+        None => user_error(format!(
+            "--plan: no schedule suits this config's shape, or its parameters and optimizer state alone exceed {limit} per device"
+        )),
     }
 }

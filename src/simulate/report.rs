@@ -3,11 +3,13 @@
 use super::durations::{Durations, P2p};
 use super::hardware::Hardware;
 use super::input::message_bytes;
+use super::korthikanti::{self, Kept};
 use super::setup::Setup;
 use super::units::{format_bytes, format_rate};
 use schedules::SimReport;
 use serde_json::{json, Value};
 use stages::flops::train_step_flops;
+use stages::saved::{block_kept_bytes, F32_BYTES};
 
 pub struct Report<'a> {
     pub setup: &'a Setup,
@@ -24,9 +26,37 @@ impl Report<'_> {
         self.sim.tokens_per_second(self.setup.tokens_per_iteration())
     }
 
-    /// Model FLOPs (no recompute) over the p devices' peak.
+    /// Model FLOPs (no recompute) over the peak of the GPUs: one replica's FLOPs over its t
+    /// x p GPUs (every replica does the same).
     pub fn mfu(&self) -> f64 {
-        self.sim.mfu(train_step_flops(&self.setup.shape, self.setup.m), self.hw.peak_flops)
+        mfu(self.setup, self.sim, self.hw)
+    }
+
+    /// One layer's activation bytes on one GPU of stage `stage` (its blocks' average), and
+    /// the paper's figure for the same case with what tells them apart at 16 bits (see
+    /// korthikanti.rs).
+    fn layer_bytes(&self, stage: usize) -> (f64, Option<Korthikanti>) {
+        let setup = self.setup;
+        let (s, tp) = (&setup.shape, setup.tp);
+        let policy = &setup.policies[stage];
+        let eb = setup.activation_bytes_per_element();
+        let blocks: usize = (0..setup.v).map(|c| setup.layout(stage, c).blocks.len()).sum();
+        let kept: usize = (0..setup.v)
+            .map(|c| {
+                let n = setup.layout(stage, c).blocks.len();
+                (0..n).map(|o| block_kept_bytes(s, tp, policy.block_keep(n, o))).sum::<usize>()
+            })
+            .sum();
+        let per_layer =
+            |bytes_per_element: usize| (kept / F32_BYTES * bytes_per_element) as f64 / blocks.max(1) as f64;
+        let paper = Kept::of(policy).filter(|_| blocks > 0).map(|k| Korthikanti {
+            ours_16bit: per_layer(2),
+            bytes: korthikanti::layer_bytes(s, tp, k),
+            masks: korthikanti::mask_bytes(s, tp, k) as f64,
+            statistics: (korthikanti::statistics_elements(s, tp, k) * 2) as f64,
+        });
+        let ours = per_layer(eb);
+        (ours, paper)
     }
 
     fn fits(&self, stage: usize) -> bool {
@@ -64,12 +94,20 @@ impl Report<'_> {
             c.precision
         );
         println!(
-            "pipeline  {}: {} stages x {} chunk(s), {} microbatches of {} (global batch {})",
+            "pipeline  {}: {} stages x {} chunk(s), {} microbatches of {} per replica (global batch {})",
             setup.kind, setup.p, setup.v, setup.m, c.micro_batch_size, c.global_batch_size
         );
         for alias in &c.aliases {
             println!("config    {}", alias.describe());
         }
+        println!(
+            "parallel  tensor {}{} x pipeline {} x data {} = {} GPUs; time and memory below are one GPU's",
+            setup.tp.size,
+            if setup.tp.sequence && setup.tp.size > 1 { " (sequence parallel)" } else { "" },
+            setup.p,
+            setup.dp,
+            setup.world_size()
+        );
         println!("hardware  {}", self.hw.describe());
         println!(
             "times     from {}; p2p {:.3} ms per {} message; per microbatch below, chunks summed (ms); optimizer per step",
@@ -111,13 +149,15 @@ impl Report<'_> {
             );
         }
         println!();
+        self.print_layer_bytes();
+        println!();
         println!(
             "iteration {}   bubble {:.2}%   tokens/s {:.0}   MFU {:.1}% of {} x {}",
             seconds(self.sim.iteration_time),
             100.0 * self.sim.bubble_rate,
             self.tokens_per_second(),
             100.0 * self.mfu(),
-            setup.p,
+            setup.world_size(),
             format_rate(self.hw.peak_flops, "FLOP")
         );
         if let Some(limit) = self.memory_limit {
@@ -127,6 +167,47 @@ impl Report<'_> {
             } else {
                 println!("memory    stage(s) {} exceed {}", ranges(&over), format_bytes(limit));
             }
+        }
+    }
+
+    /// Per stage, one layer's activations on one GPU beside Korthikanti et al.'s figure.
+    fn print_layer_bytes(&self) {
+        println!(
+            "activations per layer and microbatch on one GPU ({} bytes per element), against Korthikanti et al. 2022, Table 2",
+            self.setup.activation_bytes_per_element()
+        );
+        println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no LayerNorm statistics, which we keep)");
+        // Stages with the same figures share a line.
+        let mut lines: Vec<(Vec<usize>, String)> = Vec::new();
+        for r in 0..self.setup.p {
+            let (ours, paper) = self.layer_bytes(r);
+            let holds_blocks = (0..self.setup.v).any(|c| !self.setup.layout(r, c).blocks.is_empty());
+            let line = match paper {
+                _ if !holds_blocks => "no transformer layer".to_string(),
+                Some(k) => format!(
+                    "{}{} + masks {} - statistics {} = {}; paper {}",
+                    format_bytes(ours as u64),
+                    if ours == k.ours_16bit {
+                        String::new()
+                    } else {
+                        format!(", {} at 16 bits", format_bytes(k.ours_16bit as u64))
+                    },
+                    format_bytes(k.masks as u64),
+                    format_bytes(k.statistics as u64),
+                    format_bytes((k.ours_16bit + k.masks - k.statistics) as u64),
+                    format_bytes(k.bytes as u64)
+                ),
+                None => {
+                    format!("{} (the paper gives no figure for this recompute)", format_bytes(ours as u64))
+                }
+            };
+            match lines.last_mut() {
+                Some((stages, last)) if *last == line => stages.push(r),
+                _ => lines.push((vec![r], line)),
+            }
+        }
+        for (stages, line) in lines {
+            println!("  stage {}: {line}", ranges(&stages));
         }
     }
 
@@ -140,7 +221,10 @@ impl Report<'_> {
             .enumerate()
             .map(|(r, st)| {
                 let t = self.stage_times(r).map(|x| x * 1e3);
+                let (layer, paper) = self.layer_bytes(r);
                 json!({
+                    "layer_activation_bytes": layer,
+                    "korthikanti_layer_bytes": paper.map(|k| k.bytes),
                     "stage": r,
                     "layers": setup.stage_layers(r),
                     "recompute": setup.policies[r].describe(),
@@ -164,6 +248,10 @@ impl Report<'_> {
             "mfu": self.mfu(),
             "pipeline_schedule": setup.kind.name(),
             "pipeline_model_parallel_size": setup.p,
+            "tensor_model_parallel_size": setup.tp.size,
+            "sequence_parallel": setup.tp.sequence,
+            "data_parallel_size": setup.dp,
+            "world_size": setup.world_size(),
             "virtual_pipeline_model_parallel_size": setup.v,
             "microbatches": setup.m,
             "micro_batch_size": c.micro_batch_size,
@@ -180,6 +268,20 @@ impl Report<'_> {
             "stages": stages,
         })
     }
+}
+
+/// Korthikanti et al.'s bytes per layer, ours at their 16 bits, and the two terms that tell
+/// them apart.
+struct Korthikanti {
+    ours_16bit: f64,
+    bytes: f64,
+    masks: f64,
+    statistics: f64,
+}
+
+/// Model FLOPs (no recompute) of one replica over the peak of its t x p GPUs.
+pub fn mfu(setup: &Setup, sim: &SimReport, hw: &Hardware) -> f64 {
+    sim.mfu(train_step_flops(&setup.shape, setup.m), hw.peak_flops * setup.tp.size as f64)
 }
 
 /// Sorted numbers as runs: `0-3, 5, 7-8`.

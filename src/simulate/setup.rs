@@ -4,11 +4,11 @@
 
 use crate::config::Config;
 use crate::train::model;
-use schedules::{LoweredSchedule, ScheduleKind};
+use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::saved::F32_BYTES;
-use stages::{ChunkLayout, GptShape, RecomputePolicy};
+use stages::{ChunkLayout, GptShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Bytes per activation element: the trainer keeps fp32 activations; `precision: bf16`
 /// models 16-bit ones, as mixed-precision trainers keep them.
@@ -23,6 +23,10 @@ pub fn activation_bytes_per_element(precision: &str) -> usize {
 pub struct Setup {
     pub cfg: Config,
     pub shape: GptShape,
+    /// How every layer splits over t ranks; figures are one rank's.
+    pub tp: TensorParallel,
+    /// Data-parallel replicas of the pipeline.
+    pub dp: usize,
     pub kind: ScheduleKind,
     /// Stages, chunks per stage and microbatches.
     pub p: usize,
@@ -32,8 +36,9 @@ pub struct Setup {
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
-    /// Shared: the sweep simulates one schedule under many recompute settings.
-    pub schedule: Arc<LoweredSchedule>,
+    /// Lowered on first use and shared: the planner bounds a shape's time before it pays for
+    /// the lowering, and the sweep simulates one schedule under many recompute settings.
+    schedule: Arc<OnceLock<Result<LoweredSchedule, String>>>,
 }
 
 impl Setup {
@@ -41,21 +46,25 @@ impl Setup {
     /// errors naming the key, as the trainer names them.
     pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
         let (kind, schedule) = model::lowered_schedule(cfg, path)?;
-        Self::with_schedule(cfg, path, kind, Arc::new(schedule))
+        let setup = Self::unlowered(cfg, path, kind)?;
+        setup.schedule.get_or_init(|| Ok(schedule));
+        Ok(setup)
     }
 
-    /// As [`Setup::new`] with the schedule already lowered (the sweep shares one per shape).
-    pub fn with_schedule(
-        cfg: &Config,
-        path: &Path,
-        kind: ScheduleKind,
-        schedule: Arc<LoweredSchedule>,
-    ) -> anyhow::Result<Setup> {
+    /// As [`Setup::new`], the schedule `kind` lowered only when first simulated.
+    pub fn unlowered(cfg: &Config, path: &Path, kind: ScheduleKind) -> anyhow::Result<Setup> {
+        Ok(Self::with_layouts(cfg, kind, model::chunk_layouts(cfg, path)?))
+    }
+
+    /// As [`Setup::unlowered`] with the split already made (`model::chunk_layouts` of `cfg`:
+    /// the sweep shares one per layout and v).
+    pub fn with_layouts(cfg: &Config, kind: ScheduleKind, layouts: Vec<ChunkLayout>) -> Setup {
         let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
         let shape = model::shape(cfg);
-        let layouts = model::chunk_layouts(cfg, path)?;
         let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
-        Ok(Setup { cfg: cfg.clone(), shape, kind, p, v, m, layouts, policies, schedule })
+        let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
+        let schedule = Arc::new(OnceLock::new());
+        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule }
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.
@@ -69,12 +78,39 @@ impl Setup {
         }
     }
 
+    /// The lowered lists the trainer would run.
+    pub fn schedule(&self) -> anyhow::Result<&LoweredSchedule> {
+        let lowered = self.schedule.get_or_init(|| {
+            generate(self.kind, self.p, self.v, self.m).and_then(|s| lower(&s)).map_err(|e| e.to_string())
+        });
+        lowered
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{} with p={}, v={}, m={}: {e}", self.kind, self.p, self.v, self.m))
+    }
+
     pub fn layout(&self, stage: usize, chunk: usize) -> &ChunkLayout {
         &self.layouts[chunk * self.p + stage]
     }
 
     pub fn activation_bytes_per_element(&self) -> usize {
         activation_bytes_per_element(&self.cfg.precision)
+    }
+
+    /// The stages that hold the embedding and the head, when they differ: then each holds
+    /// its own part of the tied embedding's gradient and the two are exchanged.
+    pub fn tied_holders(&self) -> Option<(usize, usize)> {
+        let stage_with = |part: fn(&ChunkLayout) -> bool| {
+            (0..self.p).find(|&r| (0..self.v).any(|c| part(self.layout(r, c))))
+        };
+        match (stage_with(|l| l.embedding), stage_with(|l| l.head)) {
+            (Some(e), Some(h)) if e != h => Some((e, h)),
+            _ => None,
+        }
+    }
+
+    /// GPUs: t x p x dp.
+    pub fn world_size(&self) -> usize {
+        self.tp.size * self.p * self.dp
     }
 
     /// Global batch times sequence length.

@@ -9,21 +9,27 @@
 //! and, per stage, the smallest full-block N with which that stage fits (1F1B's early
 //! stages hold more microbatches, so they need more recompute than later ones).
 //!
-//! One schedule is generated and lowered per (schedule, v, micro batch size) and simulated
-//! under every recompute setting; the shapes run in parallel.
+//! With `--gpus N` the parallel layout is searched too: every t x p x dp = N of cluster.rs.
+//!
+//! One schedule is generated and lowered per (layout, schedule, v, micro batch size) and
+//! simulated under every recompute setting; the shapes run in parallel. The planner skips
+//! what cannot win: a shape whose parameters and optimizer state alone exceed the limit is
+//! not lowered, and a shape that fits without recompute tries no recompute.
 
 use super::durations::from_hardware;
 use super::hardware::Hardware;
 use super::input;
+use super::memory::static_bytes_of;
 use super::report::seconds;
 use super::setup::Setup;
 use super::units::format_bytes;
 use crate::config::Config;
 use rayon::prelude::*;
-use schedules::{generate, lower, ScheduleKind};
+use schedules::ScheduleKind;
 use serde_json::{json, Value};
+use stages::ChunkLayout;
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 /// A recompute setting, as config keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,6 +88,8 @@ impl Recompute {
 /// One simulated candidate.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The candidate's whole config.
+    pub cfg: Config,
     pub kind: ScheduleKind,
     pub v: usize,
     pub micro_batch_size: usize,
@@ -100,13 +108,20 @@ impl Outcome {
         self.peak_memory.iter().copied().max().unwrap_or(0)
     }
 
-    /// The config with this candidate's settings.
-    fn config(&self, base: &Config) -> Config {
-        let mut cfg = base.clone();
-        shape_config(&mut cfg, base, self.kind, self.v, self.micro_batch_size);
-        self.recompute.apply(&mut cfg);
-        cfg
+    /// t, p and dp.
+    fn layout(&self) -> (usize, usize, usize) {
+        (self.cfg.tensor_model_parallel_size, self.cfg.pipeline_model_parallel_size, self.cfg.data_parallel())
     }
+}
+
+/// How much of the candidate space to simulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Search {
+    /// Every candidate, for the sweep's table.
+    Everything,
+    /// Only what can be among the `fitting` fastest that fit (see the module docs), for the
+    /// plan and its runners-up.
+    Plan { fitting: usize },
 }
 
 /// Sets the schedule, v and micro batch size; an explicit split only applies to the v it
@@ -144,40 +159,135 @@ fn shapes(base: &Config) -> Vec<(ScheduleKind, usize, usize)> {
     out
 }
 
-/// Simulates every candidate of `base` on `hw`; sorted fastest first.
-pub fn sweep(base: &Config, path: &Path, hw: &Hardware, limit: Option<u64>) -> Vec<Outcome> {
-    let mut outcomes: Vec<Outcome> = shapes(base)
+/// Simulates the candidates of every layout in `bases` on `hw`; sorted fastest first.
+pub fn sweep(
+    bases: &[Config],
+    path: &Path,
+    hw: &Hardware,
+    limit: Option<u64>,
+    search: Search,
+) -> Vec<Outcome> {
+    let shapes: Vec<(usize, (ScheduleKind, usize, usize))> =
+        (0..bases.len()).flat_map(|i| shapes(&bases[i]).into_iter().map(move |shape| (i, shape))).collect();
+    // The split over stages and its static memory depend on the layout and v alone.
+    let mut splits: Vec<(usize, usize)> = shapes.iter().map(|&(i, (_, v, _))| (i, v)).collect();
+    splits.sort_unstable();
+    splits.dedup();
+    let splits: HashMap<(usize, usize), Split> =
+        splits.into_par_iter().filter_map(|(i, v)| Some(((i, v), Split::new(&bases[i], path, v)?))).collect();
+    let planning = matches!(search, Search::Plan { .. });
+    let mut shapes: Vec<Shape> = shapes
         .into_par_iter()
-        .flat_map_iter(|(kind, v, mbs)| shape_outcomes(base, path, hw, limit, kind, v, mbs))
+        .filter_map(|(i, (kind, v, mbs))| {
+            let split = splits.get(&(i, v))?;
+            if planning && limit.is_some_and(|l| split.static_floor > l) {
+                return None;
+            }
+            Shape::new(&bases[i], &split.layouts, hw, kind, v, mbs)
+        })
         .collect();
+    let mut outcomes: Vec<Outcome> = match search {
+        Search::Everything => {
+            shapes.into_par_iter().flat_map_iter(|s| shape_outcomes(&s, hw, limit, search)).collect()
+        }
+        Search::Plan { fitting } => {
+            // Fastest bound first; once `fitting` plans that fit beat a shape's bound, no
+            // shape from there on can place among them.
+            shapes.sort_by(|a, b| a.bound.total_cmp(&b.bound));
+            let mut outcomes: Vec<Outcome> = Vec::new();
+            for batch in shapes.chunks(2 * rayon::current_num_threads()) {
+                let mut times: Vec<f64> =
+                    outcomes.iter().filter(|o| o.fits).map(|o| o.iteration_time).collect();
+                times.sort_by(f64::total_cmp);
+                let beaten = |s: &Shape| times.len() >= fitting && s.bound > times[fitting - 1];
+                if beaten(&batch[0]) {
+                    break;
+                }
+                let found: Vec<Outcome> = batch
+                    .par_iter()
+                    .filter(|s| !beaten(s))
+                    .flat_map_iter(|s| shape_outcomes(s, hw, limit, search))
+                    .collect();
+                outcomes.extend(found);
+            }
+            outcomes
+        }
+    };
     outcomes
         .sort_by(|a, b| a.iteration_time.total_cmp(&b.iteration_time).then(a.max_peak().cmp(&b.max_peak())));
     outcomes
 }
 
-/// Every recompute setting on one shape; nothing when the shape is impossible.
-fn shape_outcomes(
-    base: &Config,
-    path: &Path,
-    hw: &Hardware,
-    limit: Option<u64>,
-    kind: ScheduleKind,
-    v: usize,
-    mbs: usize,
-) -> Vec<Outcome> {
-    let mut cfg = base.clone();
-    shape_config(&mut cfg, base, kind, v, mbs);
-    Recompute::None.apply(&mut cfg);
-    if cfg.validate().is_err() {
+/// The split of a layout's blocks over p x v chunks, and the most any stage's GPU holds all
+/// along (parameters, gradients, optimizer state): no schedule or recompute goes below it.
+struct Split {
+    layouts: Vec<ChunkLayout>,
+    static_floor: u64,
+}
+
+impl Split {
+    fn new(base: &Config, path: &Path, v: usize) -> Option<Split> {
+        let mut cfg = base.clone();
+        cfg.virtual_pipeline_model_parallel_size = (v > 1).then_some(v);
+        if v != base.virtual_stages() {
+            cfg.num_layers_per_stage = None;
+        }
+        let layouts = crate::train::model::chunk_layouts(&cfg, path).ok()?;
+        let (p, shape) = (cfg.pipeline_model_parallel_size, crate::train::model::shape(&cfg));
+        let static_floor = (0..p)
+            .map(|r| {
+                let chunks: Vec<_> = layouts.iter().skip(r).step_by(p).collect();
+                static_bytes_of(&cfg, &shape, cfg.tensor_parallel(), &chunks)
+            })
+            .max()?;
+        Some(Split { layouts, static_floor })
+    }
+}
+
+/// One (layout, schedule, v, micro batch size) with no recompute, its schedule not yet
+/// lowered, and a lower bound on its iteration time under any recompute setting: the
+/// busiest stage's compute without recompute, then its optimizer phase.
+struct Shape {
+    setup: Setup,
+    bound: f64,
+}
+
+impl Shape {
+    /// None when the shape is impossible. `layouts` is `base`'s split for `v`.
+    fn new(
+        base: &Config,
+        layouts: &[ChunkLayout],
+        hw: &Hardware,
+        kind: ScheduleKind,
+        v: usize,
+        mbs: usize,
+    ) -> Option<Shape> {
+        let mut cfg = base.clone();
+        shape_config(&mut cfg, base, kind, v, mbs);
+        Recompute::None.apply(&mut cfg);
+        cfg.validate().ok()?;
+        kind.shape(cfg.pipeline_model_parallel_size, v, cfg.num_microbatches()).ok()?;
+        let setup = Setup::with_layouts(&cfg, kind, layouts.to_vec());
+        let d = from_hardware(&setup, hw);
+        let bound = (0..setup.p)
+            .map(|r| {
+                let chunks = &d.chunks[r * setup.v..(r + 1) * setup.v];
+                let busy: f64 = chunks.iter().map(|c| c.forward + c.backward_input + c.backward_weight).sum();
+                setup.m as f64 * busy + d.optimizer[r]
+            })
+            .fold(0.0, f64::max);
+        Some(Shape { setup, bound })
+    }
+}
+
+/// Every recompute setting on one shape (planning: only those that can win).
+fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Search) -> Vec<Outcome> {
+    let setup = &shape.setup;
+    let (cfg, p, kind, v) = (&setup.cfg, setup.p, setup.kind, setup.v);
+    let mbs = cfg.micro_batch_size;
+    if setup.schedule().is_err() {
         return Vec::new();
     }
-    let (p, m) = (cfg.pipeline_model_parallel_size, cfg.num_microbatches());
-    let Ok(schedule) = generate(kind, p, v, m).and_then(|s| lower(&s)) else {
-        return Vec::new();
-    };
-    let Ok(setup) = Setup::with_schedule(&cfg, path, kind, Arc::new(schedule)) else {
-        return Vec::new();
-    };
     let most_blocks = setup.layouts.iter().map(|l| l.blocks.len()).max().unwrap_or(0);
     let mut settings = vec![
         Recompute::None,
@@ -193,9 +303,10 @@ fn shape_outcomes(
         c.validate().ok()?;
         let s = setup.with_recompute(&c);
         let sim = input::run(&s, &from_hardware(&s, hw)).ok()?;
+        let fits_in = |peaks: &[u64]| limit.is_none_or(|l| peaks.iter().all(|&b| b <= l));
         let peak_memory: Vec<u64> = sim.stages.iter().map(|st| st.peak_memory).collect();
-        let model_flops = stages::flops::train_step_flops(&s.shape, s.m);
         Some(Outcome {
+            cfg: c,
             kind,
             v,
             micro_batch_size: mbs,
@@ -203,11 +314,14 @@ fn shape_outcomes(
             iteration_time: sim.iteration_time,
             bubble_rate: sim.bubble_rate,
             tokens_per_s: sim.tokens_per_second(s.tokens_per_iteration()),
-            mfu: sim.mfu(model_flops, hw.peak_flops),
-            fits: limit.is_none_or(|l| peak_memory.iter().all(|&b| b <= l)),
+            mfu: super::report::mfu(&s, &sim, hw),
+            fits: fits_in(&peak_memory),
             peak_memory,
         })
     };
+    if matches!(search, Search::Plan { .. }) {
+        return planned_outcomes(simulate, most_blocks, p, limit);
+    }
     let mut outcomes: Vec<Outcome> = settings.into_iter().filter_map(simulate).collect();
     if let Some(per_stage) = limit.and_then(|l| smallest_fitting_block_n(&outcomes, p, l)) {
         outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
@@ -215,20 +329,62 @@ fn shape_outcomes(
     outcomes
 }
 
-/// Per stage, the smallest full-block N (0: no recompute) whose run fits `limit` on that
-/// stage. A stage's peak depends only on its own policy (its memory changes only at its own
-/// actions, in list order), so the uniform runs tell each stage's peak under any mix. None
-/// if some stage never fits or one N suits every stage (already a candidate).
+/// The planner's few runs on one shape: none; if it does not fit, the selective settings,
+/// full block N bisected to the smallest that fits every stage, the per-stage mix of what
+/// those runs found, and as a last resort full uniform over whole chunks (the least memory).
+fn planned_outcomes(
+    simulate: impl Fn(Recompute) -> Option<Outcome>,
+    most_blocks: usize,
+    p: usize,
+    limit: Option<u64>,
+) -> Vec<Outcome> {
+    let mut outcomes: Vec<Outcome> = simulate(Recompute::None).into_iter().collect();
+    let Some(limit) = limit else { return outcomes };
+    if outcomes.iter().any(|o| o.fits) {
+        return outcomes;
+    }
+    outcomes.extend(simulate(Recompute::Selective(vec!["core_attn"])));
+    outcomes.extend(simulate(Recompute::Selective(vec!["core_attn", "mlp"])));
+    let block = |num_layers| Recompute::Full { method: "block", num_layers };
+    let (mut low, mut high) = (1, most_blocks);
+    while low < high {
+        let mid = (low + high) / 2;
+        let Some(o) = simulate(block(mid)) else { break };
+        if o.fits {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+        outcomes.push(o);
+    }
+    if !outcomes.iter().any(|o| o.recompute == block(high)) {
+        outcomes.extend(simulate(block(high)));
+    }
+    if let Some(per_stage) = smallest_fitting_block_n(&outcomes, p, limit) {
+        outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
+    }
+    if !outcomes.iter().any(|o| o.fits) {
+        outcomes.extend(simulate(Recompute::Full { method: "uniform", num_layers: most_blocks }));
+    }
+    outcomes
+}
+
+/// Per stage, the smallest full-block N (0: no recompute) among the runs whose run fits
+/// `limit` on that stage. A stage's peak depends only on its own policy (its memory changes
+/// only at its own actions, in list order), so the uniform runs tell each stage's peak under
+/// any mix. None if some stage never fits or one N suits every stage (already a candidate).
 fn smallest_fitting_block_n(outcomes: &[Outcome], p: usize, limit: u64) -> Option<Vec<usize>> {
-    let by_n = |n: usize| {
-        outcomes.iter().find(|o| match &o.recompute {
-            Recompute::None => n == 0,
-            Recompute::Full { method: "block", num_layers } => *num_layers == n,
-            _ => false,
+    let mut runs: Vec<(usize, &Outcome)> = outcomes
+        .iter()
+        .filter_map(|o| match &o.recompute {
+            Recompute::None => Some((0, o)),
+            Recompute::Full { method: "block", num_layers } => Some((*num_layers, o)),
+            _ => None,
         })
-    };
+        .collect();
+    runs.sort_by_key(|(n, _)| *n);
     let ns = (0..p)
-        .map(|r| (0..).map_while(by_n).position(|o| o.peak_memory[r] <= limit))
+        .map(|r| runs.iter().find(|(_, o)| o.peak_memory[r] <= limit).map(|(n, _)| *n))
         .collect::<Option<Vec<usize>>>()?;
     (ns.iter().any(|&n| n != ns[0])).then_some(ns)
 }
@@ -243,15 +399,32 @@ pub fn print(outcomes: &[Outcome], limit: Option<u64>, top: Option<usize>) {
         ),
         None => println!("{} candidates (no memory limit); fastest first", outcomes.len()),
     }
-    let width = outcomes.iter().map(|o| o.recompute.describe().len()).max().unwrap_or(0).max(9);
-    println!(
-        "{:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>7} {:>6}  {:>12}  fits",
-        "rank", "schedule", "v", "mbs", "recompute", "iteration", "bubble", "MFU", "peak memory"
+    print!("{}", table(outcomes.iter().take(top.unwrap_or(usize::MAX)), 1, ""));
+}
+
+/// The candidates as a table ranked from `first_rank`, each line after `prefix`.
+fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: usize, prefix: &str) -> String {
+    let width = outcomes.clone().map(|o| o.recompute.describe().len()).max().unwrap_or(0).max(9);
+    let mut out = format!(
+        "{prefix}{:>4}  {:>2} {:>3} {:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>7} {:>6}  {:>12}  fits\n",
+        "rank",
+        "t",
+        "p",
+        "dp",
+        "schedule",
+        "v",
+        "mbs",
+        "recompute",
+        "iteration",
+        "bubble",
+        "MFU",
+        "peak memory"
     );
-    for (i, o) in outcomes.iter().take(top.unwrap_or(usize::MAX)).enumerate() {
-        println!(
-            "{:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>6.2}% {:>5.1}%  {:>12}  {}",
-            i + 1,
+    for (i, o) in outcomes.enumerate() {
+        let (t, p, dp) = o.layout();
+        out += &format!(
+            "{prefix}{:>4}  {t:>2} {p:>3} {dp:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>6.2}% {:>5.1}%  {:>12}  {}\n",
+            first_rank + i,
             o.kind.name(),
             o.v,
             o.micro_batch_size,
@@ -263,6 +436,7 @@ pub fn print(outcomes: &[Outcome], limit: Option<u64>, top: Option<usize>) {
             if o.fits { "yes" } else { "no" }
         );
     }
+    out
 }
 
 pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
@@ -270,8 +444,12 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
         .iter()
         .enumerate()
         .map(|(i, o)| {
+            let (t, p, dp) = o.layout();
             json!({
                 "rank": i + 1,
+                "tensor_model_parallel_size": t,
+                "pipeline_model_parallel_size": p,
+                "data_parallel_size": dp,
                 "pipeline_schedule": o.kind.name(),
                 "virtual_pipeline_model_parallel_size": o.v,
                 "micro_batch_size": o.micro_batch_size,
@@ -288,11 +466,19 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
     json!({"memory_limit_bytes": limit, "candidates": candidates})
 }
 
-/// The config lines of `best` (the fastest that fits), with comments saying what it is.
-/// Every key the plan decides is written, null where it must be unset, so pasting the lines
-/// over the config's own gives exactly the plan.
-pub fn plan_yaml(best: &Outcome, base: &Config, limit: Option<u64>) -> String {
-    let cfg = best.config(base);
+/// The config lines of the fastest candidate that fits, with comments saying what it is
+/// and the next `runners_up` that fit as a commented table. Every key the plan decides is
+/// written, null where it must be unset, so pasting the lines over the config's own gives
+/// exactly the plan.
+pub fn plan_yaml(
+    outcomes: &[Outcome],
+    base: &Config,
+    limit: Option<u64>,
+    runners_up: usize,
+) -> Option<String> {
+    let mut fitting = outcomes.iter().filter(|o| o.fits);
+    let best = fitting.next()?;
+    let cfg = &best.cfg;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
     let list = |v: &Option<Vec<String>>| v.as_ref().map(|l| format!("[{}]", l.join(", ")));
     let fits = limit.map_or("no memory limit".into(), |l| format!("fits {} per device", format_bytes(l)));
@@ -309,6 +495,10 @@ pub fn plan_yaml(best: &Outcome, base: &Config, limit: Option<u64>) -> String {
             100.0 * best.mfu,
             format_bytes(best.max_peak())
         ),
+        format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
+        format!("sequence_parallel: {}", cfg.sequence_parallel),
+        format!("pipeline_model_parallel_size: {}", cfg.pipeline_model_parallel_size),
+        format!("data_parallel_size: {}", cfg.data_parallel()),
         format!("pipeline_schedule: {}", cfg.pipeline_schedule),
         format!(
             "virtual_pipeline_model_parallel_size: {}",
@@ -327,7 +517,13 @@ pub fn plan_yaml(best: &Outcome, base: &Config, limit: Option<u64>) -> String {
     if base.num_layers_per_stage.is_some() && cfg.num_layers_per_stage.is_none() {
         lines.push("num_layers_per_stage: null".into());
     }
-    lines.join("\n") + "\n"
+    let rest: Vec<&Outcome> = fitting.take(runners_up).collect();
+    let mut text = lines.join("\n") + "\n";
+    if !rest.is_empty() {
+        text += "# the runners-up that fit:\n";
+        text += &table(rest.into_iter(), 2, "# ");
+    }
+    Some(text)
 }
 
 #[cfg(test)]
@@ -352,8 +548,9 @@ mod tests {
         // Stage 0 holds 4 microbatches of h.0-h.3 (about 1.6 GiB of activations without
         // recompute), stage 2 holds 2 of h.8-h.11: a 1.5 GiB limit needs recompute early only.
         let limit = 3 << 29;
-        let outcomes =
-            shape_outcomes(&base, Path::new("c.yaml"), &hw, Some(limit), ScheduleKind::OneFOneB, 1, 1);
+        let split = Split::new(&base, Path::new("c.yaml"), 1).unwrap();
+        let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
+        let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
         let Recompute::BlockPerStage(ns) = &per_stage.recompute else { unreachable!() };
         assert!(per_stage.fits);

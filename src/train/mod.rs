@@ -4,6 +4,8 @@
 mod launch;
 mod loss_chart;
 mod lr;
+#[cfg(test)]
+mod memory_truth;
 mod metrics;
 pub mod model;
 pub mod rank;
@@ -15,8 +17,16 @@ mod worker;
 
 use crate::cli::TrainArgs;
 use crate::config;
+use crate::error::user_error;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
+    if cfg.tensor_model_parallel_size > 1 {
+        return Err(launch::quiet_unless_root(user_error(format!(
+            "{}: key `tensor_model_parallel_size`: {}: the trainer runs 1; tensor parallelism is simulated only (pipetrain simulate)",
+            args.config.display(),
+            cfg.tensor_model_parallel_size
+        ))));
+    }
     launch::run(args, cfg)
 }

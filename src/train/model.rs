@@ -10,7 +10,7 @@ use stages::params::chunk_param_specs;
 use stages::partition;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, GptShape, ModelChunk, Parameters, RecomputePolicy,
-    SelectiveModules,
+    SelectiveModules, TensorParallel,
 };
 use std::path::Path;
 use std::str::FromStr;
@@ -247,8 +247,17 @@ pub fn predicted_activation_peaks(
                 backward_weight: 1.0,
                 recompute: 0.0,
                 memory: ChunkMemory {
-                    activation_bytes: stages::memory_model::stash_bytes(&s, &layout, &policy) as u64,
-                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(&s, &layout) as u64,
+                    activation_bytes: stages::memory_model::stash_bytes(
+                        &s,
+                        TensorParallel::NONE,
+                        &layout,
+                        &policy,
+                    ) as u64,
+                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(
+                        &s,
+                        TensorParallel::NONE,
+                        &layout,
+                    ) as u64,
                     ..ChunkMemory::default()
                 },
             });

@@ -17,6 +17,8 @@ pub struct Summary {
     /// (stage, replica) of every rank, in rank order: every list below has one per rank.
     pub ranks: Vec<(usize, usize)>,
     pub memory: Vec<MemorySnapshot>,
+    /// Peak bytes per stage, everything counted, as `simulate` predicts them.
+    pub predicted_peaks: Vec<u64>,
     /// Peak activation bytes per stage as the memory model predicts them.
     pub predicted_activations: Vec<u64>,
     /// The same prediction without recompute, so the report can say what recompute saved.
@@ -86,8 +88,9 @@ impl Summary {
                 );
             }
             println!(
-                "{label} peak     {} (activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
+                "{label} peak     {} (predicted {}; activations {} (predicted {}, {} microbatches), workspace {}, parameters+grads+optimizer {}){}",
                 human_bytes(m.peak_bytes),
+                human_bytes(self.predicted_peaks[i] as usize),
                 human_bytes(cat(Category::Activations)),
                 human_bytes(self.predicted_activations[i] as usize),
                 self.max_in_flight[i],
@@ -122,6 +125,7 @@ impl Summary {
                     "replica": self.ranks[i].1,
                     "holds": self.stage_descriptions[i],
                     "max_in_flight": self.max_in_flight[i],
+                    "predicted_peak_bytes": self.predicted_peaks[i],
                     "predicted_activation_peak_bytes": self.predicted_activations[i],
                     "predicted_activation_peak_bytes_without_recompute": self.predicted_without_recompute[i],
                     "recompute_s": self.recompute_s[i],

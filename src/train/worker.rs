@@ -197,6 +197,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
                 Ok(model::describe_stage(cfg, &model::stage_layouts(cfg, &args.config, stage)?, stage))
             })
             .collect::<anyhow::Result<_>>()?,
+        predicted_peaks: per_rank(crate::simulate::predicted_stage_peaks(cfg, &args.config)?),
         predicted_activations: per_rank(model::predicted_activation_peaks(
             cfg,
             &args.config,

@@ -3,6 +3,7 @@
 //! usual convention for MFU, e.g. PaLM's and Megatron's).
 
 use crate::shape::GptShape;
+use crate::tensor_parallel::TensorParallel;
 
 /// FLOPs of one microbatch through one part of the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -17,6 +18,17 @@ pub struct Flops {
 impl Flops {
     pub fn total(&self) -> f64 {
         self.forward + self.backward_input + self.backward_weight
+    }
+
+    /// One tensor-parallel rank's share: Megatron splits every matmul (the LM head's by
+    /// vocabulary) and the attention core (by heads) t ways.
+    pub fn per_rank(self, tp: TensorParallel) -> Flops {
+        let t = tp.size as f64;
+        Flops {
+            forward: self.forward / t,
+            backward_input: self.backward_input / t,
+            backward_weight: self.backward_weight / t,
+        }
     }
 }
 

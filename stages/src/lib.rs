@@ -14,9 +14,11 @@ pub mod runtime;
 pub mod saved;
 pub mod shape;
 pub mod stage;
+pub mod tensor_parallel;
 
 pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode, ModelChunk};
 pub use dist::NamedTensor;
 pub use params::{ChunkLayout, Parameters};
 pub use recompute::{FullMethod, RecomputePolicy, SelectiveModules};
 pub use shape::{DropoutProbs, GptShape};
+pub use tensor_parallel::TensorParallel;

@@ -7,6 +7,7 @@
 
 use crate::init::normal_init;
 use crate::shape::GptShape;
+use crate::tensor_parallel::Split;
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
@@ -65,77 +66,82 @@ pub struct ParamSpec {
     pub init: Init,
     /// AdamW weight decay applies (matrices and embeddings, not biases or LayerNorm).
     pub decay: bool,
+    /// How Megatron splits it over tensor-parallel ranks: the token embedding by vocabulary,
+    /// column-parallel weights and biases by columns, row-parallel weights by rows (never by
+    /// sequence: a parameter is `Interior` or `Replicated`).
+    pub split: Split,
 }
 
 /// The full model's parameter list, in global order.
 pub fn model_param_specs(s: &GptShape) -> Vec<ParamSpec> {
+    chunk_param_specs(s, &ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true })
+}
+
+/// The specs of one chunk, in global order. A head-only chunk also holds a copy of
+/// `wte.weight` (the tied LM head), listed first like the embedding's. Only the chunk's own
+/// specs are built (the planner sizes thousands of chunks).
+pub fn chunk_param_specs(s: &GptShape, layout: &ChunkLayout) -> Vec<ParamSpec> {
     let (c, f, std) = (s.hidden, s.ffn, 0.02f32);
     // GPT-2 scales the residual projections by 1/sqrt(2 * layers).
     let proj_std = std / (2.0 * s.num_layers as f32).sqrt();
-    let mut specs = vec![
-        ParamSpec {
-            name: "wte.weight".into(),
-            shape: vec![s.vocab, c],
-            global_index: 0,
-            init: Init::Normal(std),
-            decay: true,
-        },
-        ParamSpec {
+    let wte = ParamSpec {
+        name: "wte.weight".into(),
+        shape: vec![s.vocab, c],
+        global_index: 0,
+        init: Init::Normal(std),
+        decay: true,
+        split: Split::Interior,
+    };
+    let mut specs = Vec::new();
+    if layout.embedding {
+        specs.push(wte);
+        specs.push(ParamSpec {
             name: "wpe.weight".into(),
             shape: vec![s.max_positions, c],
             global_index: 1,
             init: Init::Normal(std),
             decay: true,
-        },
+            split: Split::Replicated,
+        });
+    } else if layout.head {
+        specs.push(wte);
+    }
+    let (split, whole) = (Split::Interior, Split::Replicated);
+    let block: [(Vec<usize>, Init, bool, Split); 12] = [
+        (vec![c], Init::Ones, false, whole),
+        (vec![c], Init::Zeros, false, whole),
+        (vec![c, 3 * c], Init::Normal(std), true, split),
+        (vec![3 * c], Init::Zeros, false, split),
+        (vec![c, c], Init::Normal(proj_std), true, split),
+        (vec![c], Init::Zeros, false, whole),
+        (vec![c], Init::Ones, false, whole),
+        (vec![c], Init::Zeros, false, whole),
+        (vec![c, f], Init::Normal(std), true, split),
+        (vec![f], Init::Zeros, false, split),
+        (vec![f, c], Init::Normal(proj_std), true, split),
+        (vec![c], Init::Zeros, false, whole),
     ];
-    for i in 0..s.num_layers {
-        let shapes: [(Vec<usize>, Init, bool); 12] = [
-            (vec![c], Init::Ones, false),
-            (vec![c], Init::Zeros, false),
-            (vec![c, 3 * c], Init::Normal(std), true),
-            (vec![3 * c], Init::Zeros, false),
-            (vec![c, c], Init::Normal(proj_std), true),
-            (vec![c], Init::Zeros, false),
-            (vec![c], Init::Ones, false),
-            (vec![c], Init::Zeros, false),
-            (vec![c, f], Init::Normal(std), true),
-            (vec![f], Init::Zeros, false),
-            (vec![f, c], Init::Normal(proj_std), true),
-            (vec![c], Init::Zeros, false),
-        ];
-        for (k, (shape, init, decay)) in shapes.into_iter().enumerate() {
-            let global_index = specs.len();
-            specs.push(ParamSpec {
-                name: format!("h.{i}.{}", BLOCK_PARAM_NAMES[k]),
-                shape,
-                global_index,
-                init,
-                decay,
-            });
+    for i in layout.blocks.clone() {
+        for (k, (shape, init, decay, split)) in block.iter().cloned().enumerate() {
+            let name = format!("h.{i}.{}", BLOCK_PARAM_NAMES[k]);
+            specs.push(ParamSpec { name, shape, global_index: 2 + 12 * i + k, init, decay, split });
         }
     }
-    for (name, init) in [("ln_f.weight", Init::Ones), ("ln_f.bias", Init::Zeros)] {
-        let global_index = specs.len();
-        specs.push(ParamSpec { name: name.into(), shape: vec![c], global_index, init, decay: false });
-    }
-    specs
-}
-
-/// The specs of one chunk, in global order. A head-only chunk also holds a copy of
-/// `wte.weight` (the tied LM head), listed first like the embedding's.
-pub fn chunk_param_specs(s: &GptShape, layout: &ChunkLayout) -> Vec<ParamSpec> {
-    let all = model_param_specs(s);
-    let first_block = 2 + 12 * layout.blocks.start;
-    let end_block = 2 + 12 * layout.blocks.end;
-    let mut specs = Vec::new();
-    if layout.embedding {
-        specs.extend_from_slice(&all[0..2]);
-    } else if layout.head {
-        specs.push(all[0].clone());
-    }
-    specs.extend_from_slice(&all[first_block..end_block]);
     if layout.head {
-        specs.extend_from_slice(&all[all.len() - 2..]);
+        for (k, (name, init)) in
+            [("ln_f.weight", Init::Ones), ("ln_f.bias", Init::Zeros)].into_iter().enumerate()
+        {
+            let global_index = 2 + 12 * s.num_layers + k;
+            let split = Split::Replicated;
+            specs.push(ParamSpec {
+                name: name.into(),
+                shape: vec![c],
+                global_index,
+                init,
+                decay: false,
+                split,
+            });
+        }
     }
     specs
 }

@@ -8,6 +8,7 @@
 
 use crate::recompute::SelectiveModules;
 use crate::shape::GptShape;
+use crate::tensor_parallel::{Split, TensorParallel};
 
 /// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +75,26 @@ impl BlockTensor {
         }
     }
 
+    /// How Megatron lays this tensor out over tensor-parallel ranks: the attention and MLP
+    /// interiors split by heads or columns; the LayerNorms' and residual's tensors are whole
+    /// on every rank, or split along the sequence with sequence parallelism.
+    pub fn split(self) -> Split {
+        match self {
+            BlockTensor::Qkv
+            | BlockTensor::AttProbs
+            | BlockTensor::AttDropped
+            | BlockTensor::AttOut
+            | BlockTensor::FcOut
+            | BlockTensor::GeluOut => Split::Interior,
+            BlockTensor::Input
+            | BlockTensor::Ln1Out
+            | BlockTensor::Ln1Stats
+            | BlockTensor::Residual
+            | BlockTensor::Ln2Out
+            | BlockTensor::Ln2Stats => Split::Sequence,
+        }
+    }
+
     /// Whether selective recompute of `modules` drops this tensor (recomputing it in backward).
     pub fn dropped_by(self, modules: SelectiveModules) -> bool {
         match self {
@@ -105,15 +126,14 @@ pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
     entries.iter().map(|(elements, bytes)| elements * bytes).sum()
 }
 
-/// Bytes one block keeps for one microbatch under `keep`.
-pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
+/// Bytes one block keeps for one microbatch under `keep`, on one of `tp`'s ranks.
+pub fn block_kept_bytes(s: &GptShape, tp: TensorParallel, keep: BlockKeep) -> usize {
+    let entry = |t: BlockTensor| (tp.per_rank(t.elements(s), t.split()), F32_BYTES);
     let kept: Vec<(usize, usize)> = match keep {
-        BlockKeep::Stored(modules) => BlockTensor::ALL
-            .iter()
-            .filter(|t| !t.dropped_by(modules))
-            .map(|t| (t.elements(s), F32_BYTES))
-            .collect(),
-        BlockKeep::InputOnly { group_start: true } => vec![(BlockTensor::Input.elements(s), F32_BYTES)],
+        BlockKeep::Stored(modules) => {
+            BlockTensor::ALL.into_iter().filter(|t| !t.dropped_by(modules)).map(entry).collect()
+        }
+        BlockKeep::InputOnly { group_start: true } => vec![entry(BlockTensor::Input)],
         BlockKeep::InputOnly { group_start: false } => vec![],
     };
     kept_bytes(&kept)
@@ -121,8 +141,9 @@ pub fn block_kept_bytes(s: &GptShape, keep: BlockKeep) -> usize {
 
 /// Bytes the head keeps per microbatch: what the final LayerNorm's backward reads, its input
 /// and statistics and the gradient of its output, which the LM head's backward computed in
-/// forward. (The embedding keeps only its token ids, on the host.)
-pub fn head_kept_bytes(s: &GptShape) -> usize {
+/// forward. (The embedding keeps only its token ids, on the host.) All of it lies outside
+/// the vocab-parallel matmul: split along the sequence with sequence parallelism.
+pub fn head_kept_bytes(s: &GptShape, tp: TensorParallel) -> usize {
     let (n, c) = (s.tokens(), s.hidden);
-    (2 * n * c + 2 * n) * F32_BYTES
+    tp.per_rank(2 * n * c + 2 * n, Split::Sequence) * F32_BYTES
 }

@@ -94,6 +94,9 @@ pub struct SimInput {
     link: Link,
     /// Per stage: the time after the lists (see [`SimInput::with_optimizer_times`]).
     optimizer: Vec<f64>,
+    /// Per stage: bytes held on top during that time (see
+    /// [`SimInput::with_optimizer_working_bytes`]).
+    optimizer_working: Vec<u64>,
 }
 
 impl SimInput {
@@ -135,7 +138,8 @@ impl SimInput {
         if link.bandwidth.is_nan() || link.bandwidth <= 0.0 {
             return fail(format!("link bandwidth {} must be positive", link.bandwidth));
         }
-        Ok(Self { stages, chunks, costs, static_bytes, link, optimizer: vec![0.0; stages] })
+        let (optimizer, optimizer_working) = (vec![0.0; stages], vec![0; stages]);
+        Ok(Self { stages, chunks, costs, static_bytes, link, optimizer, optimizer_working })
     }
 
     /// Sets each stage's post-schedule time (0 by default): from the end of the last stage's
@@ -150,6 +154,17 @@ impl SimInput {
             return fail(format!("stage {stage}: optimizer time {t} is not a finite time >= 0"));
         }
         Ok(Self { optimizer, ..self })
+    }
+
+    /// Sets the bytes each stage holds on top of what the lists left while its post-schedule
+    /// phase runs (0 by default), e.g. the other holder's part of a tied gradient.
+    pub fn with_optimizer_working_bytes(self, optimizer_working: Vec<u64>) -> Result<Self, ScheduleError> {
+        if optimizer_working.len() != self.stages {
+            let msg =
+                format!("{} optimizer working sizes for {} stages", optimizer_working.len(), self.stages);
+            return Err(ScheduleError::Input(msg));
+        }
+        Ok(Self { optimizer_working, ..self })
     }
 
     /// The same costs for every (stage, chunk) and the same static memory on every stage.
@@ -185,6 +200,10 @@ impl SimInput {
 
     pub fn optimizer(&self, stage: usize) -> f64 {
         self.optimizer[stage]
+    }
+
+    pub fn optimizer_working_bytes(&self, stage: usize) -> u64 {
+        self.optimizer_working[stage]
     }
 }
 

@@ -15,6 +15,8 @@
 //!   `[makespan, makespan + optimizer(r)]` ([`SimInput::with_optimizer_times`], which
 //!   includes the exchange and the norm), and the iteration ends with the slowest of them.
 //!   That time is not busy time: busy time and the bubble rate count pipeline compute only.
+//!   During it a stage holds what its lists left plus its optimizer working bytes
+//!   ([`SimInput::with_optimizer_working_bytes`]).
 //!
 //! Every resource (a stage's stream, a link) serves its work in an order fixed by the lists,
 //! so the simulation is a dataflow pass: the executor ([`crate::execute`]) visits actions in
@@ -196,6 +198,11 @@ pub fn simulate(schedule: &LoweredSchedule, input: &SimInput) -> Result<SimRepor
     })?;
 
     let makespan = streams.iter().map(|s| s.clock).fold(0.0, f64::max);
+    for (r, stream) in streams.iter_mut().enumerate() {
+        let working = input.optimizer_working_bytes(r);
+        stream.memory.change(makespan, working, 0);
+        stream.memory.change(makespan + input.optimizer(r), 0, working);
+    }
     timeline.extend(optimizer_events(input, makespan));
     let iteration_time = makespan + (0..p).map(|r| input.optimizer(r)).fold(0.0, f64::max);
     let busiest = streams.iter().map(|s| s.busy).fold(0.0, f64::max);
@@ -255,6 +262,21 @@ mod tests {
             .map(|e| (e.stage, e.start, e.end))
             .collect();
         assert_eq!(optimizer, [(0, 6.0, 9.0), (1, 6.0, 7.0)]);
+    }
+
+    #[test]
+    fn the_optimizer_phase_holds_its_working_bytes_on_what_the_lists_left() {
+        let lowered = lower(&generate(ScheduleKind::OneFOneB, 2, 1, 2).unwrap()).unwrap();
+        let memory = ChunkMemory { activation_bytes: 10, ..Default::default() };
+        let costs = ChunkCosts { forward: 1.0, backward_input: 1.0, memory, ..Default::default() };
+        let input = SimInput::uniform(2, 1, costs, 100, Link::INSTANT).unwrap();
+        let input = input.with_optimizer_times(vec![3.0, 1.0]).unwrap();
+        let report = simulate(&lowered, &input.with_optimizer_working_bytes(vec![5, 50]).unwrap()).unwrap();
+        // Stage 0 peaks at two microbatches in flight (120), stage 1 in its optimizer phase.
+        assert_eq!((report.stages[0].peak_memory, report.stages[1].peak_memory), (120, 150));
+        let tail: Vec<(f64, u64)> =
+            report.stages[1].memory.iter().rev().take(2).map(|p| (p.time, p.bytes)).collect();
+        assert_eq!(tail, [(7.0, 100), (6.0, 150)]);
     }
 
     #[test]

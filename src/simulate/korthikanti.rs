@@ -1,0 +1,156 @@
+//! The published activation memory of one transformer layer (Korthikanti et al. 2022,
+//! "Reducing Activation Recomputation in Large Transformer Models", Table 2), printed next
+//! to ours so a reader can check the model against the paper.
+//!
+//! The paper counts 16-bit activations and 1-byte dropout masks, and no LayerNorm
+//! statistics. We never store a mask (the counter-based RNG regenerates it) and keep the
+//! statistics, so at 16 bits: ours + masks - statistics = the paper's, exactly (a test holds
+//! it). The two residual dropouts' masks lie outside the tensor-parallel split, the
+//! attention dropout's inside it.
+
+use stages::recompute::RecomputePolicy;
+use stages::saved::BlockTensor;
+use stages::tensor_parallel::Split;
+use stages::{GptShape, TensorParallel};
+
+/// What a layer keeps, in the paper's three cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// No recompute.
+    Everything,
+    /// Selective recompute of the attention core.
+    SelectiveCoreAttention,
+    /// Full recompute, one layer per group: the layer's input.
+    Input,
+}
+
+impl Kept {
+    /// The paper's case for a stage's policy; None where the paper has no formula (other
+    /// selective modules, or groups of more than one layer).
+    pub fn of(policy: &RecomputePolicy) -> Option<Kept> {
+        match policy {
+            RecomputePolicy::None => Some(Kept::Everything),
+            RecomputePolicy::Selective(m) if m.core_attn && !m.mlp && !m.layernorm => {
+                Some(Kept::SelectiveCoreAttention)
+            }
+            RecomputePolicy::Full { num_layers: 1, .. } => Some(Kept::Input),
+            _ => None,
+        }
+    }
+}
+
+/// Table 2: bytes per layer on one GPU. sbh(34 + 5as/h) without parallelism; with t:
+/// sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h); selective
+/// recompute drops the 5as/h term; full recompute keeps 2sbh (a sequence shard of it with
+/// sequence parallelism, as Megatron stores it).
+pub fn layer_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> f64 {
+    let sbh = (s.seq_len * s.micro_batch * s.hidden) as f64;
+    let (a, sq, h, t) = (s.heads as f64, s.seq_len as f64, s.hidden as f64, tp.size as f64);
+    let attention = if kept == Kept::Everything { 5.0 * a * sq / h } else { 0.0 };
+    match (kept, tp.sequence && tp.size > 1) {
+        (Kept::Input, sp) => 2.0 * sbh / if sp { t } else { 1.0 },
+        (_, false) => sbh * (10.0 + 24.0 / t + attention / t),
+        (_, true) => sbh / t * (34.0 + attention),
+    }
+}
+
+/// The 1-byte dropout masks the paper stores and we regenerate: the attention dropout's
+/// (unless the attention core is recomputed) and the two residual dropouts'.
+pub fn mask_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
+    let residual = 2 * tp.per_rank(s.tokens() * s.hidden, Split::Sequence);
+    match kept {
+        Kept::Everything => residual + tp.per_rank(BlockTensor::AttProbs.elements(s), Split::Interior),
+        Kept::SelectiveCoreAttention => residual,
+        Kept::Input => 0,
+    }
+}
+
+/// The LayerNorm statistics we keep and the paper leaves out, in elements.
+pub fn statistics_elements(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
+    match kept {
+        Kept::Input => 0,
+        _ => [BlockTensor::Ln1Stats, BlockTensor::Ln2Stats]
+            .iter()
+            .map(|t| tp.per_rank(t.elements(s), t.split()))
+            .sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
+    use stages::{FullMethod, SelectiveModules};
+
+    /// GPT-3 175B's layer at s = 2048, b = 1 (h = 12288, a = 96), with attention dropout.
+    const GPT3: GptShape = GptShape {
+        num_layers: 96,
+        hidden: 12288,
+        heads: 96,
+        ffn: 4 * 12288,
+        seq_len: 2048,
+        max_positions: 2048,
+        vocab: 51200,
+        micro_batch: 1,
+        attention_dropout: true,
+    };
+
+    /// At 16 bits, for every t, with and without sequence parallelism, and each of the
+    /// paper's recompute cases: ours + masks - statistics is the paper's figure, exactly.
+    #[test]
+    fn ours_plus_masks_less_statistics_is_the_papers() {
+        let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
+        let cases = [
+            (RecomputePolicy::None, BlockKeep::Stored(SelectiveModules::NONE)),
+            (RecomputePolicy::Selective(core_attn), BlockKeep::Stored(core_attn)),
+            (
+                RecomputePolicy::Full { method: FullMethod::Uniform, num_layers: 1 },
+                BlockKeep::InputOnly { group_start: true },
+            ),
+        ];
+        for t in [1, 2, 8] {
+            for sequence in [false, true] {
+                let tp = TensorParallel { size: t, sequence };
+                for (policy, keep) in cases {
+                    let kept = Kept::of(&policy).unwrap();
+                    let ours = block_kept_bytes(&GPT3, tp, keep) / F32_BYTES * 2;
+                    let stats = statistics_elements(&GPT3, tp, kept) * 2;
+                    let relation = ours + mask_bytes(&GPT3, tp, kept) - stats;
+                    assert_eq!(
+                        relation as f64,
+                        layer_bytes(&GPT3, tp, kept),
+                        "t={t} sp={sequence} {policy:?}"
+                    );
+                }
+            }
+        }
+        // The paper's own numbers for this layer at t = 8 with SP: 34 sbh / t and 5as/h = 80.
+        let sp = TensorParallel { size: 8, sequence: true };
+        let sbh = 2048.0 * 12288.0;
+        assert_eq!(layer_bytes(&GPT3, sp, Kept::Everything), sbh / 8.0 * (34.0 + 80.0));
+        assert_eq!(layer_bytes(&GPT3, sp, Kept::SelectiveCoreAttention), sbh * 34.0 / 8.0);
+    }
+
+    /// With sequence parallelism every byte a layer keeps divides by t; t = 1 is the
+    /// trainer's layer.
+    #[test]
+    fn sequence_parallelism_divides_every_byte() {
+        let modules = [
+            SelectiveModules::NONE,
+            SelectiveModules { core_attn: true, ..SelectiveModules::NONE },
+            SelectiveModules { core_attn: true, mlp: true, layernorm: true },
+        ];
+        let keeps =
+            modules.map(BlockKeep::Stored).into_iter().chain([BlockKeep::InputOnly { group_start: true }]);
+        for keep in keeps {
+            let one = block_kept_bytes(&GPT3, TensorParallel::NONE, keep);
+            assert_eq!(block_kept_bytes(&GPT3, TensorParallel { size: 1, sequence: true }, keep), one);
+            for t in [2, 4, 8] {
+                assert_eq!(
+                    block_kept_bytes(&GPT3, TensorParallel { size: t, sequence: true }, keep) * t,
+                    one
+                );
+            }
+        }
+    }
+}

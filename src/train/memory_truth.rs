@@ -1,0 +1,57 @@
+//! The whole-stage peak that `simulate` predicts is what the trainer's ledger measures, at
+//! GPT-2 small's width, heads and vocabulary, where the stages holding the tied embedding
+//! are dominated by [B,T,V] logits and the [V,C] tied-gradient exchange (tiny's vocabulary
+//! hides both): within 2% on every stage. The schedules are the two the issue was found
+//! with (gpipe and interleaved-1f1b agree as closely at the real 124M shape; see the README).
+
+use super::model;
+use super::rank::Rank;
+use crate::config::Config;
+use crate::data::TokenFile;
+use stages::dist::{threads, Topology};
+use std::path::Path;
+use std::time::Instant;
+
+#[test]
+fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
+    let path = Path::new("gpt2-small-width.yaml");
+    let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
+    for (schedule, p) in [("1f1b", 2), ("zb-h1", 3)] {
+        // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains.
+        let cfg = Config {
+            num_layers: 3,
+            seq_length: 32,
+            micro_batch_size: 2,
+            global_batch_size: 8,
+            pipeline_model_parallel_size: p,
+            pipeline_schedule: schedule.into(),
+            ..Config::default()
+        };
+        let topology = Topology { pipeline: p, data: 1 };
+        let capacity = model::lowered_schedule(&cfg, path).unwrap().1.required_capacity().get();
+        let mut ranks: Vec<Rank> = threads::world(topology, capacity)
+            .into_iter()
+            .enumerate()
+            .map(|(id, (t, c))| {
+                Rank::build(&cfg, path, None, 1, id, topology, Box::new(t), Box::new(c)).unwrap()
+            })
+            .collect();
+        std::thread::scope(|s| {
+            for r in &mut ranks {
+                let (cfg, data) = (&cfg, &data);
+                s.spawn(move || r.train_step(cfg, data, 1, 1e-4, Instant::now(), None).unwrap());
+            }
+        });
+        let predicted = crate::simulate::predicted_stage_peaks(&cfg, path).unwrap();
+        for (r, rank) in ranks.iter().enumerate() {
+            let measured = rank.stage.device.ledger().snapshot().peak_bytes as f64;
+            let error = predicted[r] as f64 / measured - 1.0;
+            assert!(
+                error.abs() <= 0.02,
+                "{schedule} p={p} stage {r}: predicted {} bytes, measured {measured} ({:+.1}%)",
+                predicted[r],
+                100.0 * error
+            );
+        }
+    }
+}
