@@ -48,7 +48,8 @@ impl Family {
     /// Family `name` with some of its files (the source or a header) replaced by
     /// `(file name, text)`.
     pub fn edited(test: &str, name: &str, edits: &[(&str, String)]) -> Option<Family> {
-        let source = SOURCES.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no kernel family {name}"));
+        let source =
+            SOURCES.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no kernel family {name}"));
         let text = |file: &str, original: &str| {
             edits.iter().find(|(f, _)| *f == file).map_or(original.to_string(), |(_, t)| t.clone())
         };
@@ -102,7 +103,11 @@ impl Family {
             .arg(staging.join("main.cpp"))
             .output()
             .expect("run the C++ compiler");
-        assert!(out.status.success(), "{test}: the emulator does not compile:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{test}: the emulator does not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         if std::fs::rename(&staging, &dir).is_err() {
             std::fs::remove_dir_all(&staging).ok(); // another test got there first
         }
@@ -127,7 +132,11 @@ impl Family {
         let out = child.wait_with_output().expect("the emulator ends");
         let written = writer.join().expect("the writer thread");
         if !out.status.success() {
-            return Err(format!("the emulator failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "the emulator failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         written.expect("write the emulator's input");
         let mut outputs = Vec::new();
@@ -287,7 +296,9 @@ pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f64, floor: f64) -> Re
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let (g64, w64) = (g as f64, w as f64);
         if !((g64 - w64).abs() <= rtol * w64.abs().max(floor)) {
-            return Err(format!("{what}: element {i} is {g:e}, the CPU's {w:e} (tolerance {rtol:e} relative)"));
+            return Err(format!(
+                "{what}: element {i} is {g:e}, the CPU's {w:e} (tolerance {rtol:e} relative)"
+            ));
         }
     }
     Ok(())

@@ -9,3 +9,4 @@
 
 mod harness;
 mod pointwise;
+mod rowwise;
