@@ -135,7 +135,7 @@ impl Family {
             return Err(format!(
                 "the emulator failed ({}): {}",
                 out.status,
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&out.stderr).trim_end()
             ));
         }
         written.expect("write the emulator's input");
@@ -174,7 +174,7 @@ macro_rules! elem {
         }
     )*};
 }
-elem!(f32, f64, u32, u16, i32, u64);
+elem!(f32, f64, u32, u16, u8, i32, u64);
 
 /// A kernel argument: a buffer, or a value's bytes.
 pub enum Arg {

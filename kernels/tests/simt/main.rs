@@ -7,6 +7,11 @@
 //! where there is no C++ compiler.
 #![cfg(feature = "cuda")]
 
+mod attention;
+mod barriers;
+mod cast;
+mod embedding;
 mod harness;
+mod philox;
 mod pointwise;
 mod rowwise;

@@ -1,9 +1,10 @@
 //! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW.
 
-use crate::harness::{bitwise, close, max_abs, Arg, Elem, Family, Rng, Run};
+use crate::harness::{bitwise, close, max_abs, Arg, Family, Rng, Run};
+use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_item;
-use kernels::{philox, AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec};
+use kernels::{AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
 const RESIDUAL: usize = 4 * 1024 * 768;
@@ -66,18 +67,6 @@ fn gelu_matches_the_cpu() {
         close("gelu", &got.get(out), &want_out, 1e-5, max_abs(&want_out)).unwrap();
         close("dgelu", &got.get(dinp), &want_dinp, 1e-5, max_abs(&want_dinp)).unwrap();
     }
-}
-
-/// The mask argument of the dropout kernels: `DropoutMask` of philox.cuh, field for field
-/// with its C layout (padding after the key and after the scale).
-pub fn dropout_mask(spec: &DropoutSpec) -> Arg {
-    let mut bytes = Vec::new();
-    let words = philox::counter_base(&spec.key).into_iter().chain(philox::key_words(spec.key.seed));
-    words.chain([0]).for_each(|w| w.put(&mut bytes));
-    philox::drop_threshold(spec.p).put(&mut bytes);
-    (1.0 / (1.0 - spec.p)).put(&mut bytes);
-    0u32.put(&mut bytes);
-    Arg::Value(bytes)
 }
 
 fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
@@ -150,7 +139,9 @@ fn adamw_matches_the_cpu() {
             .chain(scalars.map(Arg::from))
             .collect();
         run.launch("adamw", per_item(n), &args);
-        [p, m, v].map(|b| run.read(b));
+        for buf in [p, m, v] {
+            run.read(buf);
+        }
         let got = family.run(run).unwrap();
         let dev = cpu();
         let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);

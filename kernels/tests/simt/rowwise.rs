@@ -5,7 +5,7 @@
 use crate::harness::{close, max_abs, Buf, Family, Rng, Run};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK,
+    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
 
@@ -68,7 +68,9 @@ pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed
             (ROWS_PER_CHUNK as i32).into(),
         ],
     );
-    [out, mean, rstd, dinp, pw, pb].map(|x| run.read(x));
+    for buf in [out, mean, rstd, dinp, pw, pb] {
+        run.read(buf);
+    }
     let got = family.run(run)?;
 
     // Stage two is bias.cu's, from the partial sums the first program wrote.
@@ -77,7 +79,9 @@ pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed
     let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
     add_partials(&mut run, dw, pw, chunks, c);
     add_partials(&mut run, db, pb, chunks, c);
-    [dw, db].map(|x| run.read(x));
+    for buf in [dw, db] {
+        run.read(buf);
+    }
     let params = bias_family.run(run)?;
 
     let dev = cpu();
@@ -132,7 +136,9 @@ pub fn cross_entropy(family: &Family, n: usize, v: usize, seed: u64) -> Result<(
             per_row_block(n),
             &[losses.into(), l.into(), t.into(), (v as i32).into(), write.into(), scale.into()],
         );
-        [losses, l].map(|x| run.read(x));
+        for buf in [losses, l] {
+            run.read(buf);
+        }
         let got = family.run(run)?;
         let dev = cpu();
         let mut tl = dev.from_host(&logits, &[n, v], Category::Workspace);
@@ -154,26 +160,26 @@ fn cross_entropy_matches_the_cpu() {
     cross_entropy(&family, 5, 37, 8).unwrap();
 }
 
-/// The sum of squares of n values, both stages, against the CPU's.
-pub fn sum_of_squares(family: &Family, n: usize, seed: u64) -> Result<(), String> {
+/// The sum of squares of n values against the CPU's: stage one (`sum_squares_partial`)
+/// run by `first`, stage two (`sum_partials`) by `second`, so that either can be a
+/// family with an edit.
+pub fn sum_of_squares(first: &Family, second: &Family, n: usize, seed: u64) -> Result<(), String> {
     let x = Rng::new(seed).uniform(n, 1.0);
     let (cfg, blocks) = sum_squares(n);
     let mut run = Run::new(seed);
-    let (gx, partial, total) = (run.buffer(&x), run.buffer(&vec![f64::NAN; blocks]), run.buffer(&[f64::NAN]));
+    let (gx, partial) = (run.buffer(&x), run.buffer(&vec![f64::NAN; blocks]));
     run.launch(
         "sum_squares_partial",
         cfg,
-        &[
-            partial.into(),
-            gx.into(),
-            (n as u64).into(),
-            (kernels::cuda::launch::SUM_SQUARES_CHUNK as u64).into(),
-        ],
+        &[partial.into(), gx.into(), (n as u64).into(), (SUM_SQUARES_CHUNK as u64).into()],
     );
-    let single = per_row_block(1);
-    run.launch("sum_partials", single, &[total.into(), partial.into(), (blocks as i32).into()]);
+    run.read(partial);
+    let partials = first.run(run)?.get::<f64>(partial);
+    let mut run = Run::new(seed + 1);
+    let (partial, total) = (run.buffer(&partials), run.buffer(&[f64::NAN]));
+    run.launch("sum_partials", per_row_block(1), &[total.into(), partial.into(), (blocks as i32).into()]);
     run.read(total);
-    let got = family.run(run)?.get::<f64>(total)[0];
+    let got = second.run(run)?.get::<f64>(total)[0];
     let dev = cpu();
     let want = dev.sum_squares(&dev.from_host(&x, &[n], Category::Workspace));
     // Both sum in f64 in their own fixed orders: far closer than 1e-5.
@@ -188,8 +194,8 @@ pub fn sum_of_squares(family: &Family, n: usize, seed: u64) -> Result<(), String
 fn sum_squares_matches_the_cpu() {
     let Some(family) = Family::of("sum_squares_matches_the_cpu", "sum_squares.cu") else { return };
     // wte's gradient (V * C, 590 blocks), and a length below one block's chunk.
-    sum_of_squares(&family, V * C, 9).unwrap();
-    sum_of_squares(&family, 1001, 10).unwrap();
+    sum_of_squares(&family, &family, V * C, 9).unwrap();
+    sum_of_squares(&family, &family, 1001, 10).unwrap();
 }
 
 #[test]
@@ -220,7 +226,9 @@ fn bias_kernels_match_the_cpu() {
             per_item(n * c),
             &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
         );
-        [db, gx].map(|b| run.read(b));
+        for buf in [db, gx] {
+            run.read(buf);
+        }
         let got = family.run(run).unwrap();
 
         // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.

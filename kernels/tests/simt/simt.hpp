@@ -16,6 +16,10 @@
 //   ends the program with a message.
 // - __shared__ variables are statics in one section, set to all ones bits (NaN) before each
 //   block, so a read of shared memory no thread has written shows.
+// - A kernel with shared memory runs twice from the same inputs: once with every warp
+//   seeing only its own writes to shared memory between barriers, once seeing those of the
+//   warps before it, in another order. Results that differ are reported as a race, which
+//   is what a missing barrier is (SharedMemory and launch_kernel below).
 // - Every buffer ends at an unmapped page, so a read or write past its end faults.
 // All orders come from the seed of the launch: a run is repeatable.
 #pragma once
@@ -205,9 +209,48 @@ struct Rng {
 extern "C" char __start_simt_shared[] __attribute__((weak));
 extern "C" char __stop_simt_shared[] __attribute__((weak));
 
-inline void poison_shared_memory() {
-    if (__start_simt_shared) memset(__start_simt_shared, 0xff, __stop_simt_shared - __start_simt_shared);
-}
+// The block's shared memory between two barriers, seen by the warps in one of two ways.
+// Shared: a warp sees every write of the warps that ran before it. Isolated: each warp
+// starts from what the last barrier left and sees only its own writes, and the writes of
+// all warps are merged at the barrier (two warps writing a byte differently is an error).
+// A kernel with no race between barriers computes the same bits either way; one that
+// reads what another warp wrote, or overwrites what another warp reads, without a barrier
+// between, does not (see launch_kernel).
+struct SharedMemory {
+    char* const begin = __start_simt_shared;
+    const size_t bytes = __start_simt_shared ? (size_t)(__stop_simt_shared - __start_simt_shared) : 0;
+    bool isolated = false;
+    std::vector<char> base, merged;
+    std::vector<int> writer;  // the warp that wrote each byte since the barrier, or -1
+
+    // Uninitialised memory reads as all ones bits (NaN), so a read of it shows.
+    void start_block() {
+        memset(begin, 0xff, bytes);
+        start_interval();
+    }
+    void start_interval() {
+        if (!isolated) return;
+        base.assign(begin, begin + bytes);
+        merged = base;
+        writer.assign(bytes, -1);
+    }
+    void start_warp() {
+        if (isolated) memcpy(begin, base.data(), bytes);
+    }
+    void end_warp(int warp) {
+        for (size_t i = 0; isolated && i < bytes; ++i) {
+            if (begin[i] == base[i]) continue;
+            if (writer[i] >= 0 && merged[i] != begin[i])
+                fail("warps %d and %d write shared byte %zu between the same barriers", writer[i], warp, i);
+            merged[i] = begin[i];
+            writer[i] = warp;
+        }
+    }
+    void end_interval() {
+        if (isolated) memcpy(begin, merged.data(), bytes);
+    }
+};
+inline SharedMemory shared;
 
 // Runs the lanes of warp `w` until none can go on without the other warps.
 inline void run_warp(std::vector<Thread*>& warp, Rng& rng) {
@@ -235,7 +278,7 @@ inline void run_warp(std::vector<Thread*>& warp, Rng& rng) {
 
 inline void run_block(Rng& rng) {
     const unsigned n = blockDim_.x * blockDim_.y * blockDim_.z;
-    poison_shared_memory();
+    shared.start_block();
     std::vector<std::vector<Thread*>> warps((n + WARP - 1) / WARP);
     for (unsigned i = 0; i < n; ++i) {
         Thread& t = threads[i];
@@ -249,7 +292,12 @@ inline void run_block(Rng& rng) {
     for (;;) {
         for (unsigned w = 0; w < order.size(); ++w) order[w] = w;
         rng.shuffle(order);
-        for (unsigned w : order) run_warp(warps[w], rng);
+        for (unsigned w : order) {
+            shared.start_warp();
+            run_warp(warps[w], rng);
+            shared.end_warp((int)w);
+        }
+        shared.end_interval();
         // Every thread now waits at a barrier or is done.
         const Thread* waiting = nullptr;
         bool exited = false;
@@ -268,6 +316,7 @@ inline void run_block(Rng& rng) {
         if (exited) fail("__syncthreads at %s:%d, which some threads of the block never reach", waiting->barrier_file,
                          waiting->barrier_line);
         for (unsigned i = 0; i < n; ++i) threads[i].state = State::Ready;
+        shared.start_interval();
     }
 }
 
@@ -350,6 +399,7 @@ struct Args {
     std::vector<char> bytes;
     size_t at = 0;
     int index = 0;
+    std::vector<unsigned> buffer_ids;  // those the kernel is passed
 
     template <typename P>
     P take() {
@@ -362,6 +412,7 @@ struct Args {
             memcpy(&id, &bytes[at], 4);
             at += 4;
             if (id >= buffers.size()) fail("parameter %d: no buffer %u", index, id);
+            buffer_ids.push_back(id);
             return reinterpret_cast<P>(buffers[id].data);
         } else {
             if (kind != 's') fail("parameter %d is a value, the harness passed a pointer", index);
@@ -385,7 +436,29 @@ void launch_kernel(void (*kernel)(P...), Args& args, dim3 grid, dim3 block, unsi
     auto call = [&] { std::apply(kernel, values); };
     body = [](void* f) { (*static_cast<decltype(call)*>(f))(); };
     body_args = &call;
+    if (shared.bytes == 0) {
+        run_grid(grid, block, seed);
+        return;
+    }
+    // With shared memory, the launch runs twice from the same inputs, isolated and then
+    // shared, in two orders; different results mean a race between barriers.
+    std::vector<std::vector<char>> inputs, isolated;
+    for (unsigned id : args.buffer_ids) inputs.emplace_back(buffers[id].data, buffers[id].data + buffers[id].len);
+    shared.isolated = true;
     run_grid(grid, block, seed);
+    for (size_t i = 0; i < args.buffer_ids.size(); ++i) {
+        Buffer& b = buffers[args.buffer_ids[i]];
+        isolated.emplace_back(b.data, b.data + b.len);
+        memcpy(b.data, inputs[i].data(), b.len);
+    }
+    shared.isolated = false;
+    run_grid(grid, block, ~seed);
+    for (size_t i = 0; i < args.buffer_ids.size(); ++i) {
+        const Buffer& b = buffers[args.buffer_ids[i]];
+        if (memcmp(b.data, isolated[i].data(), b.len) != 0)
+            fail("the result in buffer %u depends on the order of the warps between barriers: a race (a missing "
+                 "__syncthreads?)", args.buffer_ids[i]);
+    }
 }
 
 struct Kernel {

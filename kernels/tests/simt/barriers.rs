@@ -1,0 +1,109 @@
+//! Removing any one `__syncthreads` that a kernel needs makes the harness fail. Each
+//! barrier of kernels/cuda is cut out of the source text in turn, and every kernel that
+//! needs it is run against the CPU again, under three seeds, and must now differ; the same
+//! runs pass with the barrier in place.
+
+use crate::harness::Family;
+use crate::rowwise::{cross_entropy, sum_of_squares};
+use kernels::cuda::sources::{HEADERS, SOURCES};
+
+const BARRIER: &str = "__syncthreads();";
+
+/// The text of `file` without its `k`-th barrier.
+fn without_barrier(file: &str, k: usize) -> String {
+    let text =
+        SOURCES.iter().map(|s| (s.name, s.source)).chain(HEADERS.iter().copied()).find(|(f, _)| *f == file);
+    let text = text.unwrap_or_else(|| panic!("no file {file} in kernels/cuda")).1;
+    let at = text.match_indices(BARRIER).nth(k).unwrap_or_else(|| panic!("{file} has no barrier {k}")).0;
+    format!("{}/* barrier removed */{}", &text[..at], &text[at + BARRIER.len()..])
+}
+
+/// A kernel run against the CPU by a family, whole or with an edit.
+type Check = fn(intact: &Family, edited: &Family, seed: u64) -> Result<(), String>;
+
+/// 16 rows of a 3000-token vocabulary, with and without the gradient: six warps' worth of
+/// columns per thread, so every warp reduces real values.
+fn cross_entropy_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    cross_entropy(edited, 16, 3000, seed)
+}
+
+/// Four blocks of partial sums, so that stage two reduces more than one value.
+const SQUARES: usize = 3 * 65536 + 5;
+
+fn sum_squares_partial_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(edited, intact, SQUARES, seed)
+}
+
+fn sum_partials_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(intact, edited, SQUARES, seed)
+}
+
+/// Every barrier: its file, its index there, what it orders, and the kernels that need it
+/// (kernel, its family, how to check it).
+const CASES: &[(&str, usize, &str, &[(&str, &str, Check)])] = &[
+    (
+        "common.cuh",
+        0,
+        "block_sum: a previous block reduction has read the scratch it overwrites",
+        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
+    ),
+    (
+        "common.cuh",
+        1,
+        "block_sum: every warp's sum is in scratch before any is read",
+        &[
+            ("cross_entropy", "cross_entropy.cu", cross_entropy_kernel),
+            ("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel),
+            ("sum_partials", "sum_squares.cu", sum_partials_kernel),
+        ],
+    ),
+    // block_max's first barrier guards a previous reduction's reads, as block_sum's does;
+    // no kernel reduces anything before a block_max, so none needs it yet.
+    ("common.cuh", 2, "block_max: a previous block reduction has read the scratch", &[]),
+    (
+        "common.cuh",
+        3,
+        "block_max: every warp's maximum is in scratch before any is read",
+        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
+    ),
+    (
+        "cross_entropy.cu",
+        0,
+        "every thread has read the target's logit before the row is overwritten",
+        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
+    ),
+];
+
+const SEEDS: [u64; 3] = [21, 22, 23];
+
+#[test]
+fn every_barrier_is_listed() {
+    let files = SOURCES.iter().map(|s| (s.name, s.source)).chain(HEADERS.iter().copied());
+    for (file, text) in files {
+        let listed = CASES.iter().filter(|case| case.0 == file).count();
+        assert_eq!(listed, text.matches(BARRIER).count(), "{file}: barriers in the text vs listed here");
+    }
+}
+
+#[test]
+fn removing_a_needed_barrier_fails_the_harness() {
+    let test = "removing_a_needed_barrier_fails_the_harness";
+    let mut caught = 0;
+    for &(file, k, what, kernels) in CASES {
+        for &(kernel, family, check) in kernels {
+            let Some(intact) = Family::of(test, family) else { return };
+            let edited =
+                Family::edited(test, family, &[(file, without_barrier(file, k))]).expect("a compiler");
+            for seed in SEEDS {
+                check(&intact, &intact, seed)
+                    .unwrap_or_else(|e| panic!("{kernel} fails with every barrier: {e}"));
+                match check(&intact, &edited, seed) {
+                    Err(e) => eprintln!("{kernel} without {file} barrier {k} ({what}), seed {seed}: {e}"),
+                    Ok(()) => panic!("{kernel} passes without {file} barrier {k} ({what}), seed {seed}"),
+                }
+            }
+            caught += 1;
+        }
+    }
+    assert_eq!(caught, 6, "barrier and kernel pairs checked");
+}
