@@ -38,40 +38,57 @@ fn sum_partials_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<()
     sum_of_squares(intact, edited, SQUARES, seed)
 }
 
-/// Every barrier: its file, its index there, what it orders, and the kernels that need it
-/// (kernel, its family, how to check it).
-const CASES: &[(&str, usize, &str, &[(&str, &str, Check)])] = &[
-    (
-        "common.cuh",
-        0,
-        "block_sum: a previous block reduction has read the scratch it overwrites",
-        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
-    ),
-    (
-        "common.cuh",
-        1,
-        "block_sum: every warp's sum is in scratch before any is read",
-        &[
-            ("cross_entropy", "cross_entropy.cu", cross_entropy_kernel),
-            ("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel),
-            ("sum_partials", "sum_squares.cu", sum_partials_kernel),
+/// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, and the kernels
+/// that need it.
+struct Barrier {
+    file: &'static str,
+    index: usize,
+    orders: &'static str,
+    needed_by: &'static [Needs],
+}
+
+/// A kernel, its family, and how to check it.
+struct Needs(&'static str, &'static str, Check);
+
+const CROSS_ENTROPY: Needs = Needs("cross_entropy", "cross_entropy.cu", cross_entropy_kernel);
+
+const BARRIERS: &[Barrier] = &[
+    Barrier {
+        file: "common.cuh",
+        index: 0,
+        orders: "block_sum: a previous block reduction has read the scratch it overwrites",
+        needed_by: &[CROSS_ENTROPY],
+    },
+    Barrier {
+        file: "common.cuh",
+        index: 1,
+        orders: "block_sum: every warp's sum is in scratch before any is read",
+        needed_by: &[
+            CROSS_ENTROPY,
+            Needs("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel),
+            Needs("sum_partials", "sum_squares.cu", sum_partials_kernel),
         ],
-    ),
+    },
     // block_max's first barrier guards a previous reduction's reads, as block_sum's does;
     // no kernel reduces anything before a block_max, so none needs it yet.
-    ("common.cuh", 2, "block_max: a previous block reduction has read the scratch", &[]),
-    (
-        "common.cuh",
-        3,
-        "block_max: every warp's maximum is in scratch before any is read",
-        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
-    ),
-    (
-        "cross_entropy.cu",
-        0,
-        "every thread has read the target's logit before the row is overwritten",
-        &[("cross_entropy", "cross_entropy.cu", cross_entropy_kernel)],
-    ),
+    Barrier {
+        file: "common.cuh",
+        index: 2,
+        orders: "block_max: a previous block reduction has read the scratch",
+        needed_by: &[],
+    },
+    Barrier {
+        file: "common.cuh",
+        index: 3,
+        orders: "block_max: every warp's maximum is in scratch before any is read",
+        needed_by: &[CROSS_ENTROPY],
+    },
+    Barrier {
+        file: "cross_entropy.cu",
+        index: 0,
+        orders: "every thread has read the target's logit before the row is overwritten",
+        needed_by: &[CROSS_ENTROPY],
+    },
 ];
 
 const SEEDS: [u64; 3] = [21, 22, 23];
@@ -80,7 +97,7 @@ const SEEDS: [u64; 3] = [21, 22, 23];
 fn every_barrier_is_listed() {
     let files = SOURCES.iter().map(|s| (s.name, s.source)).chain(HEADERS.iter().copied());
     for (file, text) in files {
-        let listed = CASES.iter().filter(|case| case.0 == file).count();
+        let listed = BARRIERS.iter().filter(|b| b.file == file).count();
         assert_eq!(listed, text.matches(BARRIER).count(), "{file}: barriers in the text vs listed here");
     }
 }
@@ -89,8 +106,9 @@ fn every_barrier_is_listed() {
 fn removing_a_needed_barrier_fails_the_harness() {
     let test = "removing_a_needed_barrier_fails_the_harness";
     let mut caught = 0;
-    for &(file, k, what, kernels) in CASES {
-        for &(kernel, family, check) in kernels {
+    for barrier in BARRIERS {
+        let (file, k, what) = (barrier.file, barrier.index, barrier.orders);
+        for &Needs(kernel, family, check) in barrier.needed_by {
             let Some(intact) = Family::of(test, family) else { return };
             let edited =
                 Family::edited(test, family, &[(file, without_barrier(file, k))]).expect("a compiler");

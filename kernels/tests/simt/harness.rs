@@ -295,7 +295,8 @@ pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f64, floor: f64) -> Re
     }
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let (g64, w64) = (g as f64, w as f64);
-        if !((g64 - w64).abs() <= rtol * w64.abs().max(floor)) {
+        let err = (g64 - w64).abs();
+        if err.is_nan() || err > rtol * w64.abs().max(floor) {
             return Err(format!(
                 "{what}: element {i} is {g:e}, the CPU's {w:e} (tolerance {rtol:e} relative)"
             ));

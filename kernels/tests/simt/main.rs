@@ -11,7 +11,27 @@ mod attention;
 mod barriers;
 mod cast;
 mod embedding;
+mod emulator;
 mod harness;
 mod philox;
 mod pointwise;
 mod rowwise;
+
+use kernels::cuda::sources::SOURCES;
+
+#[test]
+fn every_kernel_is_launched_by_a_test() {
+    let tests: String = [
+        include_str!("attention.rs"),
+        include_str!("cast.rs"),
+        include_str!("embedding.rs"),
+        include_str!("pointwise.rs"),
+        include_str!("rowwise.rs"),
+    ]
+    .concat()
+    .split_whitespace()
+    .collect();
+    for kernel in SOURCES.iter().flat_map(|s| s.kernels) {
+        assert!(tests.contains(&format!("launch(\"{kernel}\"")), "no harness test launches {kernel}");
+    }
+}
