@@ -56,6 +56,25 @@ pub fn sum_squares(n: usize) -> (LaunchConfig, usize) {
     (per_row_block(blocks), blocks)
 }
 
+/// Query or key rows per block of the fused attention kernels, and their largest head
+/// size (`TILE`, `HS_MAX` in fused_attention.cu).
+pub const ATTENTION_TILE: usize = 32;
+pub const ATTENTION_MAX_HEAD_SIZE: usize = 64;
+
+/// The fused attention kernels over `heads` heads (B * NH) of `t` rows each: one block of
+/// 8 warps per tile of `ATTENTION_TILE` rows of one head.
+pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
+    assert!(
+        head_size <= ATTENTION_MAX_HEAD_SIZE,
+        "fused attention: head size {head_size} above {ATTENTION_MAX_HEAD_SIZE}"
+    );
+    LaunchConfig {
+        grid_dim: (grid(t.div_ceil(ATTENTION_TILE), "attention tiles"), grid(heads, "heads"), 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One block per distinct token of the embedding's backward (see [`rows_by_token`]).
 pub fn per_token(groups: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid(groups, "tokens"), 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }

@@ -9,24 +9,41 @@ use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_item, per_row_warp};
 use kernels::{Category, Device, DropoutKey, DropoutSite, DropoutSpec, WeightLayout};
 
-#[derive(Clone, Copy)]
-struct Dims {
-    b: usize,
-    t: usize,
-    c: usize,
-    nh: usize,
+/// qkv [B,T,3C], NH heads.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
 }
 
 impl Dims {
-    fn hs(&self) -> usize {
+    pub fn hs(&self) -> usize {
         self.c / self.nh
     }
-    fn heads(&self) -> usize {
+    pub fn heads(&self) -> usize {
         self.b * self.nh
     }
-    fn act(&self) -> usize {
+    pub fn act(&self) -> usize {
         self.b * self.t * self.c
     }
+}
+
+/// [out, att, dropped, dqkv] of the CPU's attention op, forward and backward (dropped is
+/// zeros without dropout).
+pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f32]) -> [Vec<f32>; 4] {
+    let dev = CpuDevice::new(2);
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let (b, t, c, nh) = (d.b, d.t, d.c, d.nh);
+    let tqkv = put(qkv, &[b, t, 3 * c]);
+    let mut out = dev.zeros(&[b, t, c], Category::Workspace);
+    let (mut att, mut dropped) =
+        (dev.zeros(&[b, nh, t, t], Category::Workspace), dev.zeros(&[b, nh, t, t], Category::Workspace));
+    dev.attention_forward(Some(&mut out), &mut att, spec.map(|s| (s, &mut dropped)), &tqkv, nh);
+    let mut dqkv = dev.zeros(&[b, t, 3 * c], Category::Workspace);
+    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &tqkv, &att, spec.map(|s| (s, &dropped)), nh);
+    [out, att, dropped, dqkv].map(|x| dev.to_host(&x))
 }
 
 /// The emulated families the op uses.
@@ -182,35 +199,16 @@ fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<
     let dk = heads_product(&dev, d, Product::ProbsTransposedTimes, scale, &ds, &q);
     let dqkv = merge(f, d, &vec![f32::NAN; 3 * d.act()], 3 * c, &[(&dq, 0), (&dk, c), (&dv, 2 * c)], seed)?;
 
-    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
-    let tqkv = put(&qkv, &[d.b, d.t, 3 * c]);
-    let mut tout = dev.zeros(&[d.b, d.t, c], Category::Workspace);
-    let (mut tatt, mut tdropped) = (
-        dev.zeros(&[d.b, d.nh, d.t, d.t], Category::Workspace),
-        dev.zeros(&[d.b, d.nh, d.t, d.t], Category::Workspace),
-    );
-    dev.attention_forward(Some(&mut tout), &mut tatt, spec.map(|s| (s, &mut tdropped)), &tqkv, d.nh);
-    let mut tdqkv = dev.zeros(&[d.b, d.t, 3 * c], Category::Workspace);
-    dev.attention_backward(
-        &mut tdqkv,
-        &put(&dout, &[d.b, d.t, c]),
-        &tqkv,
-        &tatt,
-        spec.map(|s| (s, &tdropped)),
-        d.nh,
-    );
-
+    let [want_out, want_att, want_dropped, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
     // Probabilities elementwise; the outputs and gradients sum terms of either sign, so
     // their errors are judged against the largest magnitude, as in the GPU tests.
-    close(&format!("att {case}"), &att, &dev.to_host(&tatt), 1e-5, 0.0)?;
+    close(&format!("att {case}"), &att, &want_att, 1e-5, 0.0)?;
     if spec.is_some() {
-        close(&format!("dropped {case}"), &dropped, &dev.to_host(&tdropped), 1e-5, 0.0)?;
+        close(&format!("dropped {case}"), &dropped, &want_dropped, 1e-5, 0.0)?;
     }
-    let want = dev.to_host(&tout);
-    close(&format!("out {case}"), &out, &want, 1e-5, max_abs(&want))?;
-    let want = dev.to_host(&tdqkv);
-    close(&format!("dqkv {case}"), &dqkv, &want, 1e-5, max_abs(&want))
+    close(&format!("out {case}"), &out, &want_out, 1e-5, max_abs(&want_out))?;
+    close(&format!("dqkv {case}"), &dqkv, &want_dqkv, 1e-5, max_abs(&want_dqkv))
 }
 
 #[test]

@@ -229,6 +229,12 @@ impl Run {
     }
 
     pub fn launch(&mut self, kernel: &str, cfg: LaunchConfig, args: &[Arg]) {
+        self.launch_blocks(kernel, cfg, args, &[]);
+    }
+
+    /// A launch of the whole grid that runs only `blocks` (linear ids, x fastest; all of
+    /// them if empty): the real dimensions, at the cost of a few blocks.
+    pub fn launch_blocks(&mut self, kernel: &str, cfg: LaunchConfig, args: &[Arg], blocks: &[u64]) {
         let mut encoded = Vec::new();
         for arg in args {
             match arg {
@@ -252,6 +258,8 @@ impl Run {
         }
         self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
         self.input.extend_from_slice(&self.seed.to_le_bytes());
+        self.input.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+        blocks.iter().for_each(|b| self.input.extend_from_slice(&b.to_le_bytes()));
         self.input.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
         self.input.extend_from_slice(&encoded);
     }

@@ -12,6 +12,7 @@ mod barriers;
 mod cast;
 mod embedding;
 mod emulator;
+mod fused_attention;
 mod harness;
 mod philox;
 mod pointwise;
@@ -25,6 +26,7 @@ fn every_kernel_is_launched_by_a_test() {
         include_str!("attention.rs"),
         include_str!("cast.rs"),
         include_str!("embedding.rs"),
+        include_str!("fused_attention.rs"),
         include_str!("pointwise.rs"),
         include_str!("rowwise.rs"),
     ]

@@ -8,9 +8,6 @@
 //   shuffled order, each as far as it can go (to a __syncthreads or its end); within a warp
 //   the lanes run in a shuffled order, each until its next warp shuffle. Every shuffle is a
 //   real exchange: it completes when every lane of the warp has reached one.
-//   Running one warp far ahead of the others is what a missing __syncthreads needs to show:
-//   a warp that writes shared memory before another has read it, or reads it before
-//   another has written it, then sees the wrong values.
 // - __syncthreads releases the block only when every thread waits at the same barrier; a
 //   barrier some thread never reaches, a shuffle some lane never reaches, or a deadlock
 //   ends the program with a message.
@@ -26,7 +23,6 @@
 
 #include <math.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,8 +316,17 @@ inline void run_block(Rng& rng) {
     }
 }
 
-// Runs every block of the grid, in an order shuffled by `seed`.
-inline void run_grid(dim3 grid, dim3 block, unsigned long long seed) {
+// How a kernel is launched: its grid and blocks, the seed of its orders, and the blocks to
+// run (their linear ids, x fastest), or none for all of them.
+struct Launch {
+    dim3 grid, block;
+    unsigned long long seed;
+    std::vector<unsigned long long> only;
+};
+
+// Runs the blocks of the launch, in an order shuffled by `seed`.
+inline void run_grid(const Launch& launch, unsigned long long seed) {
+    const dim3 grid = launch.grid, block = launch.block;
     const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
     const unsigned n = block.x * block.y * block.z;
     if (n == 0 || n > 1024) fail("a block of %u threads", n);
@@ -332,8 +337,10 @@ inline void run_grid(dim3 grid, dim3 block, unsigned long long seed) {
     gridDim_ = grid;
     blockDim_ = block;
     Rng rng{seed};
-    std::vector<unsigned long long> order(blocks);
-    for (unsigned long long b = 0; b < blocks; ++b) order[b] = b;
+    std::vector<unsigned long long> order = launch.only;
+    for (unsigned long long b = 0; launch.only.empty() && b < blocks; ++b) order.push_back(b);
+    for (unsigned long long b : order)
+        if (b >= blocks) fail("block %llu of a grid of %llu", b, blocks);
     rng.shuffle(order);
     for (unsigned long long b : order) {
         blockIdx_ = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y))};
@@ -429,7 +436,7 @@ struct Args {
 };
 
 template <typename... P>
-void launch_kernel(void (*kernel)(P...), Args& args, dim3 grid, dim3 block, unsigned long long seed) {
+void launch_kernel(void (*kernel)(P...), Args& args, const Launch& launch) {
     // Braced initialisation evaluates the arguments left to right, in parameter order.
     std::tuple<std::decay_t<P>...> values{args.template take<std::decay_t<P>>()...};
     if (args.at != args.bytes.size()) fail("more arguments than the kernel's %zu parameters", sizeof...(P));
@@ -437,7 +444,7 @@ void launch_kernel(void (*kernel)(P...), Args& args, dim3 grid, dim3 block, unsi
     body = [](void* f) { (*static_cast<decltype(call)*>(f))(); };
     body_args = &call;
     if (shared.bytes == 0) {
-        run_grid(grid, block, seed);
+        run_grid(launch, launch.seed);
         return;
     }
     // With shared memory, the launch runs twice from the same inputs, isolated and then
@@ -445,14 +452,14 @@ void launch_kernel(void (*kernel)(P...), Args& args, dim3 grid, dim3 block, unsi
     std::vector<std::vector<char>> inputs, isolated;
     for (unsigned id : args.buffer_ids) inputs.emplace_back(buffers[id].data, buffers[id].data + buffers[id].len);
     shared.isolated = true;
-    run_grid(grid, block, seed);
+    run_grid(launch, launch.seed);
     for (size_t i = 0; i < args.buffer_ids.size(); ++i) {
         Buffer& b = buffers[args.buffer_ids[i]];
         isolated.emplace_back(b.data, b.data + b.len);
         memcpy(b.data, inputs[i].data(), b.len);
     }
     shared.isolated = false;
-    run_grid(grid, block, ~seed);
+    run_grid(launch, ~launch.seed);
     for (size_t i = 0; i < args.buffer_ids.size(); ++i) {
         const Buffer& b = buffers[args.buffer_ids[i]];
         if (memcmp(b.data, isolated[i].data(), b.len) != 0)
@@ -463,15 +470,15 @@ void launch_kernel(void (*kernel)(P...), Args& args, dim3 grid, dim3 block, unsi
 
 struct Kernel {
     const char* name;
-    void (*launch)(Args&, dim3, dim3, unsigned long long);
+    void (*launch)(Args&, const Launch&);
 };
 
 template <auto K>
-void launch_entry(Args& args, dim3 grid, dim3 block, unsigned long long seed) {
-    launch_kernel(K, args, grid, block, seed);
+void launch_entry(Args& args, const Launch& launch) {
+    launch_kernel(K, args, launch);
 }
 
-// Commands: 'b' id len bytes (a buffer), 'l' name grid block seed args (a launch),
+// Commands: 'b' id len bytes (a buffer), 'l' name grid block seed blocks args (a launch),
 // 'r' id (write the buffer to standard output).
 inline int serve(const Kernel* kernels, size_t count) {
     int command;
@@ -485,10 +492,12 @@ inline int serve(const Kernel* kernels, size_t count) {
         } else if (command == 'l') {
             std::string name(read_value<unsigned>(), '\0');
             read_exact(&name[0], name.size());
-            dim3 grid, block;
-            read_exact(&grid, sizeof grid);
-            read_exact(&block, sizeof block);
-            const unsigned long long seed = read_value<unsigned long long>();
+            Launch launch;
+            read_exact(&launch.grid, sizeof launch.grid);
+            read_exact(&launch.block, sizeof launch.block);
+            launch.seed = read_value<unsigned long long>();
+            launch.only.resize(read_value<unsigned>());
+            read_exact(launch.only.data(), launch.only.size() * sizeof(unsigned long long));
             Args args;
             args.bytes.resize(read_value<unsigned>());
             read_exact(args.bytes.data(), args.bytes.size());
@@ -497,7 +506,7 @@ inline int serve(const Kernel* kernels, size_t count) {
                 if (name == kernels[i].name) k = &kernels[i];
             kernel_name = name;
             if (!k) fail("no such kernel in this family");
-            k->launch(args, grid, block, seed);
+            k->launch(args, launch);
         } else if (command == 'r') {
             const unsigned id = read_value<unsigned>();
             if (id >= buffers.size()) fail("no buffer %u to read", id);
@@ -520,4 +529,8 @@ inline int serve(const Kernel* kernels, size_t count) {
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
     return ::simt::shuffle_from(mask, v, ::simt::current->lane ^ (unsigned)lane_mask);
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+    return ::simt::shuffle_from(mask, v, (unsigned)src_lane);
 }
