@@ -35,7 +35,7 @@ fn unavailable() -> Option<String> {
     match Command::new(compiler()).arg("--version").output() {
         Ok(out) if out.status.success() => None,
         Ok(_) => Some(format!("the C++ compiler ({}) does not run", compiler())),
-        Err(e) => Some(format!("no C++ compiler ({}, or set $CXX): {e}", compiler())),
+        Err(e) => Some(format!("no C++ compiler `{}` ({e}); install one or point $CXX at one", compiler())),
     }
 }
 
@@ -53,32 +53,35 @@ impl Family {
         let text = |file: &str, original: &str| {
             edits.iter().find(|(f, _)| *f == file).map_or(original.to_string(), |(_, t)| t.clone())
         };
-        let mut files: Vec<(String, String)> =
-            HEADERS.iter().map(|&(h, original)| (h.to_string(), text(h, original))).collect();
-        files.push((name.to_string(), text(name, source.source)));
-        let table: String =
-            source.kernels.iter().map(|k| format!("    {{\"{k}\", simt::launch_entry<{k}>}},\n")).collect();
-        Family::build(test, files, &format!("#include \"{name}\"\n"), &table)
+        let sources = [(name, source.source)].into_iter().chain(HEADERS.iter().copied());
+        let files = sources.map(|(file, original)| (file.to_string(), text(file, original))).collect();
+        Family::build(test, files, name, source.kernels)
     }
 
     /// A program of kernels that are not in kernels/cuda (a probe of a header); `code`
     /// may include the headers.
     pub fn custom(test: &str, code: &str, kernels: &[&str]) -> Option<Family> {
-        let mut files: Vec<(String, String)> =
-            HEADERS.iter().map(|&(h, text)| (h.to_string(), text.to_string())).collect();
-        files.push(("custom.cu".into(), code.into()));
-        let table: String =
-            kernels.iter().map(|k| format!("    {{\"{k}\", simt::launch_entry<{k}>}},\n")).collect();
-        Family::build(test, files, "#include \"custom.cu\"\n", &table)
+        let sources = [("custom.cu", code)].into_iter().chain(HEADERS.iter().copied());
+        let files = sources.map(|(file, text)| (file.to_string(), text.to_string())).collect();
+        Family::build(test, files, "custom.cu", kernels)
     }
 
-    fn build(test: &str, mut files: Vec<(String, String)>, include: &str, table: &str) -> Option<Family> {
+    /// Compiles `files` (kernel sources and headers) with the emulator into a program that
+    /// serves the `kernels` of `main_file`.
+    fn build(
+        test: &str,
+        mut files: Vec<(String, String)>,
+        main_file: &str,
+        kernels: &[&str],
+    ) -> Option<Family> {
         if let Some(why) = unavailable() {
             eprintln!("SKIP {test}: {why}");
             return None;
         }
+        let table: String =
+            kernels.iter().map(|k| format!("    {{\"{k}\", simt::launch_entry<{k}>}},\n")).collect();
         let main = format!(
-            "#include \"simt.hpp\"\n{include}\nstatic const simt::Kernel kernels[] = {{\n{table}}};\n\
+            "#include \"simt.hpp\"\n#include \"{main_file}\"\n\nstatic const simt::Kernel kernels[] = {{\n{table}}};\n\
              int main() {{ return simt::serve(kernels, sizeof kernels / sizeof kernels[0]); }}\n"
         );
         files.push(("simt.hpp".into(), EMULATOR.into()));
