@@ -17,6 +17,9 @@
 #define TILE 32
 #define WARPS 8
 #define HS_MAX 64
+// Tile rows are padded by one float: lane l reading element d of row l then hits bank
+// (l + d) % 32 instead of all 32 lanes hitting bank d % 32.
+#define ROW (HS_MAX + 1)
 
 struct Head {
     unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
@@ -33,7 +36,7 @@ __device__ __forceinline__ Head head_of(int T, int NH, int hs) {
 
 // rows [row0, row0 + TILE) of one [T, hs] operand (row stride `stride`) into tile; zeros
 // past T.
-__device__ __forceinline__ void load_tile(float (*tile)[HS_MAX], const float* src, unsigned long long stride,
+__device__ __forceinline__ void load_tile(float (*tile)[ROW], const float* src, unsigned long long stride,
                                           int row0, int T, int hs) {
     for (int e = threadIdx.x; e < TILE * hs; e += blockDim.x) {
         const int r = e / hs, d = e % hs;
@@ -61,9 +64,9 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int hs) {
 // and holds dimensions lane and lane + 32 of o.
 extern "C" __global__ void fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int hs,
                                                    DropoutMask mask, int dropout) {
-    __shared__ float q[TILE][HS_MAX];
-    __shared__ float k[TILE][HS_MAX];
-    __shared__ float v[TILE][HS_MAX];
+    __shared__ float q[TILE][ROW];
+    __shared__ float k[TILE][ROW];
+    __shared__ float v[TILE][ROW];
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -119,10 +122,10 @@ extern "C" __global__ void fused_attention_forward(float* out, float* lse, const
 extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* delta, const float* qkv,
                                                           const float* out, const float* dout, const float* lse,
                                                           int T, int NH, int hs, DropoutMask mask, int dropout) {
-    __shared__ float q[TILE][HS_MAX];
-    __shared__ float dy[TILE][HS_MAX];
-    __shared__ float k[TILE][HS_MAX];
-    __shared__ float v[TILE][HS_MAX];
+    __shared__ float q[TILE][ROW];
+    __shared__ float dy[TILE][ROW];
+    __shared__ float k[TILE][ROW];
+    __shared__ float v[TILE][ROW];
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -179,10 +182,10 @@ extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* de
 extern "C" __global__ void fused_attention_backward_key_value(float* dqkv, const float* qkv, const float* dout,
                                                               const float* lse, const float* delta, int T, int NH,
                                                               int hs, DropoutMask mask, int dropout) {
-    __shared__ float q[TILE][HS_MAX];
-    __shared__ float dy[TILE][HS_MAX];
-    __shared__ float k[TILE][HS_MAX];
-    __shared__ float v[TILE][HS_MAX];
+    __shared__ float q[TILE][ROW];
+    __shared__ float dy[TILE][ROW];
+    __shared__ float k[TILE][ROW];
+    __shared__ float v[TILE][ROW];
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
