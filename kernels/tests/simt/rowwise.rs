@@ -2,7 +2,7 @@
 //! sum of squares of the gradient norm; each replays the launches of the CUDA op
 //! (kernels/src/cuda/rowwise.rs) and compares with the CPU op.
 
-use crate::harness::{close, max_abs, Buf, Family, Rng, Run};
+use crate::harness::{bitwise, close, max_abs, Buf, Family, Rng, Run};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
     per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
@@ -248,6 +248,6 @@ fn bias_kernels_match_the_cpu() {
         close("dbias", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
         // x + bias: one rounding, as the CPU's matmul adds its bias.
         let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
-        crate::harness::bitwise("bias_add", &got.get(gx), &want).unwrap();
+        bitwise("bias_add", &got.get(gx), &want).unwrap();
     }
 }
