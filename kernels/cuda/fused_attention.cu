@@ -44,7 +44,8 @@ __device__ __forceinline__ void load_tile(float (*tile)[ROW], const float* src, 
     }
 }
 
-// Whether the dropout keeps element (i, j) of head bh's probabilities, and its multiplier.
+// The multiplier of element (i, j) of head bh's probabilities: 1 without dropout, else
+// 1 / (1 - p) or 0 as the mask keeps or drops it.
 __device__ __forceinline__ float dropout_factor(const DropoutMask& mask, int dropout, unsigned long long bh, int T,
                                                 int i, int j) {
     if (!dropout) return 1.0f;
