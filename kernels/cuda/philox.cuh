@@ -1,6 +1,6 @@
 // Philox4x32-10 and the dropout mask: a line-by-line transcription of
 // kernels/src/philox.rs, so both backends draw bit-identical masks; keep the two in step.
-// kernels/tests/cuda_host.rs runs this header on the host against the Rust masks.
+// kernels/tests/simt/philox.rs runs this header on the host against the Rust masks.
 //
 // A mask element is drawn as:
 //   counter = [index / 4, microbatch, step, layer * 4 + site], key = [seed lo, seed hi],

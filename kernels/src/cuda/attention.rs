@@ -13,7 +13,8 @@
 //!   dk  = dS^T q * scale    ProbsTransposedTimes (q, dS)
 
 use super::blas::GemmShape;
-use super::device::{assert_same_len, cu, cu_mut, int, per_item, per_row_warp, CudaDevice};
+use super::device::{assert_same_len, cu, cu_mut, int, CudaDevice};
+use super::launch::{per_item, per_row_warp};
 use super::scratch::Scratch;
 use crate::dropout::DropoutSpec;
 use crate::tensor::Tensor;

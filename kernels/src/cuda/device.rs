@@ -10,7 +10,7 @@ use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Detached, Storage, Tensor};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use std::sync::{Arc, Mutex};
 
 /// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
@@ -111,22 +111,6 @@ pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
 /// A size as the kernels' `int` parameters take it.
 pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
-}
-
-/// Threads per block of the elementwise kernels.
-const BLOCK: u32 = 256;
-
-/// One thread per item, `BLOCK` threads per block.
-pub(super) fn per_item(items: usize) -> LaunchConfig {
-    let blocks = items.div_ceil(BLOCK as usize);
-    let blocks =
-        u32::try_from(blocks).unwrap_or_else(|_| panic!("cuda: {items} items is too many for one grid"));
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// One warp per row, `BLOCK / 32` rows per block.
-pub(super) fn per_row_warp(rows: usize) -> LaunchConfig {
-    per_item(rows * 32)
 }
 
 impl Device for CudaDevice {

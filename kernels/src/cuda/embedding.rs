@@ -2,29 +2,9 @@
 //! KiB), and backward also uploads the rows grouped by token so the scatter-add into dwte
 //! needs no atomics and sums in row order.
 
-use super::device::{cu, cu_mut, int, per_item, rows_cols, CudaDevice};
+use super::device::{cu, cu_mut, int, rows_cols, CudaDevice};
+use super::launch::{per_item, per_token, rows_by_token};
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
-
-/// [G distinct tokens, G+1 offsets, the rows of each token in ascending order], the layout
-/// `embedding_backward_wte` reads.
-fn rows_by_token(tokens: &[u32]) -> (Vec<u32>, usize) {
-    let mut rows: Vec<u32> = (0..tokens.len() as u32).collect();
-    rows.sort_by_key(|&r| tokens[r as usize]); // stable: rows stay ascending per token
-    let mut distinct = Vec::new();
-    let mut offsets = Vec::new();
-    for (i, &r) in rows.iter().enumerate() {
-        if distinct.last() != Some(&tokens[r as usize]) {
-            distinct.push(tokens[r as usize]);
-            offsets.push(i as u32);
-        }
-    }
-    offsets.push(rows.len() as u32);
-    let groups = distinct.len();
-    distinct.extend(offsets);
-    distinct.extend(rows);
-    (distinct, groups)
-}
 
 fn btc(t: &Tensor, what: &str) -> (usize, usize, usize) {
     let &[b, t_, c] = t.shape() else { panic!("embedding {what} must be [B,T,C], got {t:?}") };
@@ -69,12 +49,16 @@ impl CudaDevice {
         let (layout, groups) = rows_by_token(tokens);
         let layout = self.upload(&layout);
         let (g_i, c_i) = (int(groups), int(c));
-        let per_token = LaunchConfig {
-            grid_dim: (u32::try_from(groups).expect("cuda: token groups fit a grid"), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, "embedding_backward_wte", per_token, cu_mut(dwte), cu(dout), &*layout, &g_i, &c_i);
+        launch!(
+            self,
+            "embedding_backward_wte",
+            per_token(groups),
+            cu_mut(dwte),
+            cu(dout),
+            &*layout,
+            &g_i,
+            &c_i
+        );
         let (b_i, t_i) = (int(b), int(t));
         launch!(self, "embedding_backward_wpe", per_item(t * c), cu_mut(dwpe), cu(dout), &b_i, &t_i, &c_i);
     }
@@ -87,18 +71,5 @@ fn check(tokens: &[u32], b: usize, t: usize, c: usize, wte: &Tensor, wpe: &Tenso
     assert!(rows_cols(wpe) >= (t, c), "embedding: wpe {wpe:?} too short for T={t}, C={c}");
     if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab) {
         panic!("embedding: token {bad} outside a vocabulary of {vocab}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rows_by_token;
-
-    #[test]
-    fn rows_are_grouped_by_token_in_ascending_order() {
-        let (layout, groups) = rows_by_token(&[5, 2, 5, 7, 2, 5]);
-        assert_eq!(groups, 3);
-        // tokens | offsets | rows
-        assert_eq!(layout, [2, 5, 7, 0, 2, 5, 6, 1, 4, 0, 2, 5, 3]);
     }
 }

@@ -31,6 +31,7 @@ pub mod compile;
 mod device;
 mod embedding;
 mod gpu;
+pub mod launch;
 mod pointwise;
 mod rowwise;
 mod scratch;

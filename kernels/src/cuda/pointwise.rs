@@ -1,7 +1,8 @@
 //! The elementwise ops: residual add and accumulation, GELU, dropout, AdamW, and the
 //! f32 <-> bf16 casts.
 
-use super::device::{cu, cu_mut, per_item, CudaDevice};
+use super::device::{cu, cu_mut, CudaDevice};
+use super::launch::per_item;
 use super::scratch::Scratch;
 use crate::device::AdamWStep;
 use crate::dropout::DropoutSpec;

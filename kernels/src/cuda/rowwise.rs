@@ -2,26 +2,12 @@
 //! the sum of squares. Every reduction has a fixed shape (warp per row, fixed chunks of
 //! rows or elements, then one ordered pass), so results are bitwise repeatable.
 
-use super::device::{assert_same_len, cu, cu_mut, int, per_item, per_row_warp, rows_cols, CudaDevice};
+use super::device::{assert_same_len, cu, cu_mut, int, rows_cols, CudaDevice};
+use super::launch::{
+    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, LaunchConfig};
-
-/// Rows per chunk in the first stage of a column sum. Fixed, not tuned to the GPU, so the
-/// rounding of a parameter gradient is the same on every GPU.
-const ROWS_PER_CHUNK: usize = 64;
-/// Elements per block in the first stage of `sum_squares`, fixed for the same reason.
-const SUM_SQUARES_CHUNK: usize = 1 << 16;
-/// Threads per block of the block-per-row and block-reduction kernels.
-const REDUCE_BLOCK: u32 = 512;
-
-/// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,
-/// one block row per chunk of rows.
-fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
-    let chunks = rows.div_ceil(ROWS_PER_CHUNK);
-    let mut cfg = per_item(cols);
-    cfg.grid_dim.1 = u32::try_from(chunks).expect("cuda: too many rows for a column sum");
-    (cfg, chunks)
-}
 
 impl CudaDevice {
     pub(super) fn layernorm_forward_op(
@@ -148,16 +134,11 @@ impl CudaDevice {
             return;
         }
         let targets = self.upload(targets);
-        let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(n).expect("cuda: too many cross-entropy rows"), 1, 1),
-            block_dim: (REDUCE_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let (v_i, write_grad, scale) = (int(v), grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
         launch!(
             self,
             "cross_entropy",
-            cfg,
+            per_row_block(n),
             cu_mut(losses),
             cu_mut(logits),
             &*targets,
@@ -171,15 +152,10 @@ impl CudaDevice {
         if t.is_empty() {
             return 0.0;
         }
-        let blocks = t.len().div_ceil(SUM_SQUARES_CHUNK);
+        let (cfg, blocks) = sum_squares(t.len());
         let mut partial = self.scratch::<f64>(blocks);
         let mut total = self.scratch::<f64>(1);
         let (n, chunk, count) = (t.len() as u64, SUM_SQUARES_CHUNK as u64, int(blocks));
-        let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(blocks).expect("cuda: too many elements"), 1, 1),
-            block_dim: (REDUCE_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
         launch!(self, "sum_squares_partial", cfg, &mut *partial, cu(t), &n, &chunk);
         let single = LaunchConfig { grid_dim: (1, 1, 1), ..cfg };
         launch!(self, "sum_partials", single, &mut *total, &*partial, &count);

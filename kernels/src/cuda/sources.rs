@@ -54,6 +54,15 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &["embedding_forward", "embedding_backward_wte", "embedding_backward_wpe"],
     },
     KernelSource {
+        name: "fused_attention.cu",
+        source: include_str!("../../cuda/fused_attention.cu"),
+        kernels: &[
+            "fused_attention_forward",
+            "fused_attention_backward_query",
+            "fused_attention_backward_key_value",
+        ],
+    },
+    KernelSource {
         name: "gelu.cu",
         source: include_str!("../../cuda/gelu.cu"),
         kernels: &["gelu_forward", "gelu_backward"],

@@ -1,0 +1,114 @@
+//! How each kernel is launched: grid and block shapes, the fixed chunk sizes that decide
+//! rounding, and the host-side layout the embedding's backward reads. Public so that the
+//! SIMT emulation harness (kernels/tests/simt) launches the kernels exactly as the device
+//! does.
+
+use cudarc::driver::LaunchConfig;
+
+/// Threads per block of the elementwise and warp-per-row kernels.
+pub const BLOCK: u32 = 256;
+/// Threads per block of the block-per-row and block-reduction kernels.
+pub const REDUCE_BLOCK: u32 = 512;
+/// Rows per chunk in the first stage of a column sum. Fixed, not tuned to the GPU, so the
+/// rounding of a parameter gradient is the same on every GPU.
+pub const ROWS_PER_CHUNK: usize = 64;
+/// Elements per block in the first stage of `sum_squares`, fixed for the same reason.
+pub const SUM_SQUARES_CHUNK: usize = 1 << 16;
+
+fn grid(blocks: usize, what: &str) -> u32 {
+    u32::try_from(blocks)
+        .unwrap_or_else(|_| panic!("cuda: {blocks} blocks of {what} is too many for one grid"))
+}
+
+/// One thread per item, `BLOCK` threads per block.
+pub fn per_item(items: usize) -> LaunchConfig {
+    let blocks = grid(items.div_ceil(BLOCK as usize), "items");
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One warp per row, `BLOCK / 32` rows per block.
+pub fn per_row_warp(rows: usize) -> LaunchConfig {
+    per_item(rows * 32)
+}
+
+/// One block of `REDUCE_BLOCK` threads per row (cross-entropy over the vocabulary).
+pub fn per_row_block(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid(rows, "rows"), 1, 1),
+        block_dim: (REDUCE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,
+/// one block row per chunk of rows; and the number of chunks.
+pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
+    let chunks = rows.div_ceil(ROWS_PER_CHUNK);
+    let mut cfg = per_item(cols);
+    cfg.grid_dim.1 = grid(chunks, "row chunks");
+    (cfg, chunks)
+}
+
+/// Stage one of `sum_squares` over `n` elements: one block per `SUM_SQUARES_CHUNK`; and the
+/// number of blocks (of partial sums). Stage two is one block of the same size.
+pub fn sum_squares(n: usize) -> (LaunchConfig, usize) {
+    let blocks = n.div_ceil(SUM_SQUARES_CHUNK);
+    (per_row_block(blocks), blocks)
+}
+
+/// Query or key rows per block of the fused attention kernels, and their largest head
+/// size (`TILE`, `HS_MAX` in fused_attention.cu).
+pub const ATTENTION_TILE: usize = 32;
+pub const ATTENTION_MAX_HEAD_SIZE: usize = 64;
+
+/// The fused attention kernels over `heads` heads (B * NH) of `t` rows each: one block of
+/// 8 warps per tile of `ATTENTION_TILE` rows of one head.
+pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
+    assert!(
+        head_size <= ATTENTION_MAX_HEAD_SIZE,
+        "fused attention: head size {head_size} above {ATTENTION_MAX_HEAD_SIZE}"
+    );
+    LaunchConfig {
+        grid_dim: (grid(t.div_ceil(ATTENTION_TILE), "attention tiles"), grid(heads, "heads"), 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block per distinct token of the embedding's backward (see [`rows_by_token`]).
+pub fn per_token(groups: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid(groups, "tokens"), 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// [G distinct tokens, G+1 offsets, the rows of each token in ascending order], the layout
+/// `embedding_backward_wte` reads, and G.
+pub fn rows_by_token(tokens: &[u32]) -> (Vec<u32>, usize) {
+    let mut rows: Vec<u32> = (0..tokens.len() as u32).collect();
+    rows.sort_by_key(|&r| tokens[r as usize]); // stable: rows stay ascending per token
+    let mut distinct = Vec::new();
+    let mut offsets = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        if distinct.last() != Some(&tokens[r as usize]) {
+            distinct.push(tokens[r as usize]);
+            offsets.push(i as u32);
+        }
+    }
+    offsets.push(rows.len() as u32);
+    let groups = distinct.len();
+    distinct.extend(offsets);
+    distinct.extend(rows);
+    (distinct, groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_by_token;
+
+    #[test]
+    fn rows_are_grouped_by_token_in_ascending_order() {
+        let (layout, groups) = rows_by_token(&[5, 2, 5, 7, 2, 5]);
+        assert_eq!(groups, 3);
+        // tokens | offsets | rows
+        assert_eq!(layout, [2, 5, 7, 0, 2, 5, 6, 1, 4, 0, 2, 5, 3]);
+    }
+}

@@ -1,0 +1,211 @@
+//! Removing any one `__syncthreads` that a kernel needs makes the harness fail. Each
+//! barrier of kernels/cuda is cut out of the source text in turn, and every kernel that
+//! needs it is run against the CPU again, under three seeds, and must now fail; the same
+//! runs pass with the barrier in place, and a kernel that runs a barrier it does not need
+//! (the first of a block reduction that is its only one) passes without it.
+
+use crate::fused_attention::{fused_attention, ODD, SPEC};
+use crate::harness::Family;
+use crate::rowwise::{cross_entropy, sum_of_squares};
+use kernels::cuda::sources::{HEADERS, SOURCES};
+
+const BARRIER: &str = "__syncthreads();";
+
+/// The text of `file` without its `k`-th barrier.
+fn without_barrier(file: &str, k: usize) -> String {
+    let text =
+        SOURCES.iter().map(|s| (s.name, s.source)).chain(HEADERS.iter().copied()).find(|(f, _)| *f == file);
+    let text = text.unwrap_or_else(|| panic!("no file {file} in kernels/cuda")).1;
+    let at = text.match_indices(BARRIER).nth(k).unwrap_or_else(|| panic!("{file} has no barrier {k}")).0;
+    format!("{}/* barrier removed */{}", &text[..at], &text[at + BARRIER.len()..])
+}
+
+/// A kernel run against the CPU by a family, whole or with an edit.
+type Check = fn(intact: &Family, edited: &Family, seed: u64) -> Result<(), String>;
+
+/// 16 rows of a 3000-token vocabulary, with and without the gradient: six warps' worth of
+/// columns per thread, so every warp reduces real values.
+fn cross_entropy_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    cross_entropy(edited, 16, 3000, seed)
+}
+
+/// Four blocks of partial sums, so that stage two reduces more than one value.
+const SQUARES: usize = 3 * 65536 + 5;
+
+fn sum_squares_partial_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(edited, intact, SQUARES, seed)
+}
+
+fn sum_partials_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(intact, edited, SQUARES, seed)
+}
+
+/// Every head of two odd sequences (T = 37: two tiles) with dropout, through all three
+/// fused kernels.
+fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    let heads: Vec<usize> = (0..ODD.heads()).collect();
+    fused_attention(edited, ODD, &heads, Some(SPEC), seed)
+}
+
+/// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, the kernels that
+/// need it, and those that run it without needing it (the only reduction they make).
+struct Barrier {
+    file: &'static str,
+    index: usize,
+    orders: &'static str,
+    needed_by: &'static [Needs],
+    spare_in: &'static [Needs],
+}
+
+/// A kernel, its family, and how to check it.
+struct Needs(&'static str, &'static str, Check);
+
+const CROSS_ENTROPY: Needs = Needs("cross_entropy", "cross_entropy.cu", cross_entropy_kernel);
+const FORWARD: Needs = Needs("fused_attention_forward", "fused_attention.cu", fused_attention_kernels);
+const QUERY: Needs = Needs("fused_attention_backward_query", "fused_attention.cu", fused_attention_kernels);
+const SQUARES_PARTIAL: Needs = Needs("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel);
+const SQUARES_TOTAL: Needs = Needs("sum_partials", "sum_squares.cu", sum_partials_kernel);
+const KEY_VALUE: Needs =
+    Needs("fused_attention_backward_key_value", "fused_attention.cu", fused_attention_kernels);
+
+const BARRIERS: &[Barrier] = &[
+    Barrier {
+        file: "common.cuh",
+        index: 0,
+        orders: "block_sum: a previous block reduction has read the scratch it overwrites",
+        needed_by: &[CROSS_ENTROPY],
+        spare_in: &[SQUARES_PARTIAL, SQUARES_TOTAL],
+    },
+    Barrier {
+        file: "common.cuh",
+        index: 1,
+        orders: "block_sum: every warp's sum is in scratch before any is read",
+        needed_by: &[CROSS_ENTROPY, SQUARES_PARTIAL, SQUARES_TOTAL],
+        spare_in: &[],
+    },
+    // block_max's first barrier guards a previous reduction's reads, as block_sum's does;
+    // no kernel reduces anything before a block_max, so none needs it yet (nor block_sum's
+    // first in the sums of squares, their only reduction).
+    Barrier {
+        file: "common.cuh",
+        index: 2,
+        orders: "block_max: a previous block reduction has read the scratch",
+        needed_by: &[],
+        spare_in: &[CROSS_ENTROPY],
+    },
+    Barrier {
+        file: "common.cuh",
+        index: 3,
+        orders: "block_max: every warp's maximum is in scratch before any is read",
+        needed_by: &[CROSS_ENTROPY],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "cross_entropy.cu",
+        index: 0,
+        orders: "every thread has read the target's logit before the row is overwritten",
+        needed_by: &[CROSS_ENTROPY],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 0,
+        orders: "forward: every warp is done with a key tile before the next overwrites it",
+        needed_by: &[FORWARD],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 1,
+        orders: "forward: the query and key tiles are loaded before they are read",
+        needed_by: &[FORWARD],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 2,
+        orders: "backward, query side: dout's tile is loaded before delta is taken from it",
+        needed_by: &[QUERY],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 3,
+        orders: "backward, query side: every warp is done with a key tile before the next",
+        needed_by: &[QUERY],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 4,
+        orders: "backward, query side: the key tile is loaded before it is read",
+        needed_by: &[QUERY],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 5,
+        orders: "backward, key side: every warp is done with a query tile before the next",
+        needed_by: &[KEY_VALUE],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention.cu",
+        index: 6,
+        orders: "backward, key side: the query and key tiles are loaded before they are read",
+        needed_by: &[KEY_VALUE],
+        spare_in: &[],
+    },
+];
+
+const SEEDS: [u64; 3] = [21, 22, 23];
+
+#[test]
+fn every_barrier_is_listed() {
+    let files = SOURCES.iter().map(|s| (s.name, s.source)).chain(HEADERS.iter().copied());
+    for (file, text) in files {
+        let listed = BARRIERS.iter().filter(|b| b.file == file).count();
+        assert_eq!(listed, text.matches(BARRIER).count(), "{file}: barriers in the text vs listed here");
+    }
+}
+
+#[test]
+fn removing_a_needed_barrier_fails_the_harness() {
+    let test = "removing_a_needed_barrier_fails_the_harness";
+    let mut caught = 0;
+    for barrier in BARRIERS {
+        let (file, k, what) = (barrier.file, barrier.index, barrier.orders);
+        for &Needs(kernel, family, check) in barrier.needed_by {
+            let Some(intact) = Family::of(test, family) else { return };
+            let edited =
+                Family::edited(test, family, &[(file, without_barrier(file, k))]).expect("a compiler");
+            for seed in SEEDS {
+                check(&intact, &intact, seed)
+                    .unwrap_or_else(|e| panic!("{kernel} fails with every barrier: {e}"));
+                match check(&intact, &edited, seed) {
+                    Err(e) => eprintln!("{kernel} without {file} barrier {k} ({what}), seed {seed}: {e}"),
+                    Ok(()) => panic!("{kernel} passes without {file} barrier {k} ({what}), seed {seed}"),
+                }
+            }
+            caught += 1;
+        }
+    }
+    assert_eq!(caught, 13, "barrier and kernel pairs checked");
+}
+
+#[test]
+fn removing_a_spare_barrier_changes_nothing() {
+    let test = "removing_a_spare_barrier_changes_nothing";
+    for barrier in BARRIERS {
+        let (file, k) = (barrier.file, barrier.index);
+        for &Needs(kernel, family, check) in barrier.spare_in {
+            let Some(intact) = Family::of(test, family) else { return };
+            let edited =
+                Family::edited(test, family, &[(file, without_barrier(file, k))]).expect("a compiler");
+            for seed in SEEDS {
+                check(&intact, &edited, seed)
+                    .unwrap_or_else(|e| panic!("{kernel} without {file} barrier {k}, seed {seed}: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The fused attention kernels (fused_attention.cu) against the CPU's attention op:
+//! forward, then backward from forward's lse, with and without dropout. Not yet used by
+//! the CUDA device, whose attention op keeps P and P' as the Device trait asks.
+
+use crate::attention::{cpu_attention, Dims};
+use crate::harness::{close, max_abs, Arg, Buf, Family, Rng, Run};
+use crate::philox::dropout_mask;
+use kernels::cuda::launch::per_attention_tile;
+use kernels::{DropoutKey, DropoutSite, DropoutSpec};
+
+/// Head `bh`'s [T, hs] block of x, rows `stride` wide, columns from `offset`.
+fn head(x: &[f32], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<f32> {
+    let (b, h, hs) = (bh / d.nh, bh % d.nh, d.hs());
+    (0..d.t).flat_map(|t| &x[(b * d.t + t) * stride + offset + h * hs..][..hs]).copied().collect()
+}
+
+/// Forward and backward at `d`, running the blocks of heads `heads` (b * NH + h) only;
+/// Err on the first difference from the CPU in those heads.
+pub fn fused_attention(
+    family: &Family,
+    d: Dims,
+    heads: &[usize],
+    spec: Option<DropoutSpec>,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let (qkv, dout) = (rng.uniform(d.act() * 3, 2.0), rng.uniform(d.act(), 1.0));
+    let cfg = per_attention_tile(d.t, d.heads(), d.hs());
+    // Without dropout the mask is passed but not read.
+    let mask = || dropout_mask(&spec.unwrap_or(DropoutSpec { p: 0.0, key: KEY }));
+    let on = spec.is_some() as i32;
+    let rows = d.heads() * d.t;
+    let tiles = cfg.grid_dim.0 as usize;
+    let blocks: Vec<u64> =
+        heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect();
+
+    let mut run = Run::new(seed);
+    let (gqkv, gdout) = (run.buffer(&qkv), run.buffer(&dout));
+    let (out, lse, delta) = (
+        run.buffer(&vec![f32::NAN; d.act()]),
+        run.buffer(&vec![f32::NAN; rows]),
+        run.buffer(&vec![f32::NAN; rows]),
+    );
+    let dqkv = run.buffer(&vec![f32::NAN; 3 * d.act()]);
+    // The buffers, then T, NH, hs, the mask and whether to apply it.
+    let args = |bufs: &[Buf]| -> Vec<Arg> {
+        let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
+        bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
+    };
+    run.launch_blocks("fused_attention_forward", cfg, &args(&[out, lse, gqkv]), &blocks);
+    run.read(out);
+    run.launch_blocks(
+        "fused_attention_backward_query",
+        cfg,
+        &args(&[dqkv, delta, gqkv, out, gdout, lse]),
+        &blocks,
+    );
+    run.launch_blocks(
+        "fused_attention_backward_key_value",
+        cfg,
+        &args(&[dqkv, gqkv, gdout, lse, delta]),
+        &blocks,
+    );
+    run.read(dqkv);
+    let got = family.run(run)?;
+
+    let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
+    let case = if spec.is_some() { "with dropout" } else { "without dropout" };
+    let (out, dqkv, c) = (got.get(out), got.get(dqkv), d.c);
+    for &bh in heads {
+        // Sums of terms of either sign in another order: judged against the largest magnitude.
+        let want = head(&want_out, d, bh, c, 0);
+        close(
+            &format!("fused out, head {bh} {case}"),
+            &head(&out, d, bh, c, 0),
+            &want,
+            1e-5,
+            max_abs(&want),
+        )?;
+        for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
+            let want = head(&want_dqkv, d, bh, 3 * c, offset);
+            let got = head(&dqkv, d, bh, 3 * c, offset);
+            close(&format!("fused {part}, head {bh} {case}"), &got, &want, 1e-5, max_abs(&want))?;
+        }
+    }
+    Ok(())
+}
+
+const KEY: DropoutKey =
+    DropoutKey { seed: 99, step: 4, microbatch: 1, layer: 9, site: DropoutSite::AttentionProbs };
+
+/// Two odd heads: T = 37 ends inside a second tile, head size 24 below a warp.
+pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4 };
+pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY };
+
+#[test]
+fn fused_attention_matches_the_cpu() {
+    let Some(family) = Family::of("fused_attention_matches_the_cpu", "fused_attention.cu") else { return };
+    // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48 heads
+    // the last (b = 3, h = 11, the largest offsets) runs: every head's blocks do the same
+    // work, and one head's 32 query tiles and 32 key tiles take seconds to emulate.
+    let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
+    fused_attention(&family, gpt2, &[47], Some(SPEC), 31).unwrap();
+    let all: Vec<usize> = (0..ODD.heads()).collect();
+    fused_attention(&family, ODD, &all, None, 32).unwrap();
+    fused_attention(&family, ODD, &all, Some(SPEC), 33).unwrap();
+    // GPT-2's head size with T = 100, whose last tile is partial, in both heads.
+    fused_attention(&family, Dims { b: 1, t: 100, c: 128, nh: 2 }, &[0, 1], Some(SPEC), 34).unwrap();
+}

@@ -1,0 +1,348 @@
+//! The Rust side of the emulator (simt.hpp): builds one kernel family into a host program
+//! with the C++ compiler, feeds it buffers and launches, and compares what comes back.
+//!
+//! A family is built once per distinct source text (the build is cached under Cargo's
+//! target temporary directory, keyed by a hash of everything compiled), so a test may ask
+//! for a family with one file edited, e.g. with a barrier removed.
+
+use cudarc::driver::LaunchConfig;
+use kernels::cuda::sources::{HEADERS, SOURCES};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+const EMULATOR: &str = include_str!("simt.hpp");
+/// The GPU contracts a * b + c into one rounding where the host would not; with
+/// contraction off the host rounds as the CPU backend does, so exact ops stay exact.
+const CXXFLAGS: [&str; 3] = ["-std=c++17", "-O2", "-ffp-contract=off"];
+
+/// A kernel family compiled for the emulator.
+pub struct Family {
+    exe: PathBuf,
+}
+
+fn compiler() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".into())
+}
+
+/// Why the emulator cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    if !cfg!(target_arch = "x86_64") {
+        return Some("the emulator's context switch is written for x86-64".into());
+    }
+    match Command::new(compiler()).arg("--version").output() {
+        Ok(out) if out.status.success() => None,
+        Ok(_) => Some(format!("the C++ compiler ({}) does not run", compiler())),
+        Err(e) => Some(format!("no C++ compiler `{}` ({e}); install one or point $CXX at one", compiler())),
+    }
+}
+
+impl Family {
+    /// Family `name` (a file of kernels/cuda), or None having said why the test skips.
+    pub fn of(test: &str, name: &str) -> Option<Family> {
+        Family::edited(test, name, &[])
+    }
+
+    /// Family `name` with some of its files (the source or a header) replaced by
+    /// `(file name, text)`.
+    pub fn edited(test: &str, name: &str, edits: &[(&str, String)]) -> Option<Family> {
+        let source =
+            SOURCES.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no kernel family {name}"));
+        let text = |file: &str, original: &str| {
+            edits.iter().find(|(f, _)| *f == file).map_or(original.to_string(), |(_, t)| t.clone())
+        };
+        let sources = [(name, source.source)].into_iter().chain(HEADERS.iter().copied());
+        let files = sources.map(|(file, original)| (file.to_string(), text(file, original))).collect();
+        Family::build(test, files, name, source.kernels)
+    }
+
+    /// A program of kernels that are not in kernels/cuda (a probe of a header); `code`
+    /// may include the headers.
+    pub fn custom(test: &str, code: &str, kernels: &[&str]) -> Option<Family> {
+        let sources = [("custom.cu", code)].into_iter().chain(HEADERS.iter().copied());
+        let files = sources.map(|(file, text)| (file.to_string(), text.to_string())).collect();
+        Family::build(test, files, "custom.cu", kernels)
+    }
+
+    /// Compiles `files` (kernel sources and headers) with the emulator into a program that
+    /// serves the `kernels` of `main_file`.
+    fn build(
+        test: &str,
+        mut files: Vec<(String, String)>,
+        main_file: &str,
+        kernels: &[&str],
+    ) -> Option<Family> {
+        if let Some(why) = unavailable() {
+            eprintln!("SKIP {test}: {why}");
+            return None;
+        }
+        let table: String =
+            kernels.iter().map(|k| format!("    {{\"{k}\", simt::launch_entry<{k}>}},\n")).collect();
+        let main = format!(
+            "#include \"simt.hpp\"\n#include \"{main_file}\"\n\nstatic const simt::Kernel kernels[] = {{\n{table}}};\n\
+             int main() {{ return simt::serve(kernels, sizeof kernels / sizeof kernels[0]); }}\n"
+        );
+        files.push(("simt.hpp".into(), EMULATOR.into()));
+        files.push(("main.cpp".into(), main));
+        let mut hasher = DefaultHasher::new();
+        (&files, CXXFLAGS, compiler()).hash(&mut hasher);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("simt-{:016x}", hasher.finish()));
+        let exe = dir.join("kernels");
+        if exe.exists() {
+            return Some(Family { exe });
+        }
+        // Built beside, then renamed: tests that build the same family at once all succeed.
+        let staging = dir.with_extension(format!("{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::create_dir_all(&staging).expect("a build directory");
+        for (file, text) in &files {
+            std::fs::write(staging.join(file), text).expect("write a source file");
+        }
+        let out = Command::new(compiler())
+            .args(CXXFLAGS)
+            .arg("-o")
+            .arg(staging.join("kernels"))
+            .arg(staging.join("main.cpp"))
+            .output()
+            .expect("run the C++ compiler");
+        assert!(
+            out.status.success(),
+            "{test}: the emulator does not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if std::fs::rename(&staging, &dir).is_err() {
+            std::fs::remove_dir_all(&staging).ok(); // another test got there first
+        }
+        Some(Family { exe })
+    }
+
+    /// Runs the buffers and launches of `run`; the buffers it reads, or the emulator's
+    /// message (a fault, a deadlock, a barrier not every thread reaches).
+    pub fn run(&self, run: Run) -> Result<Outputs, String> {
+        let mut child = Command::new(&self.exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the emulator");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = run.input;
+        // Written from another thread: the program's output may fill its pipe first.
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let mut stdout = Vec::new();
+        child.stdout.take().expect("stdout").read_to_end(&mut stdout).expect("read the emulator's output");
+        let out = child.wait_with_output().expect("the emulator ends");
+        let written = writer.join().expect("the writer thread");
+        if !out.status.success() {
+            return Err(format!(
+                "the emulator failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            ));
+        }
+        written.expect("write the emulator's input");
+        let mut outputs = Vec::new();
+        let mut at = 0;
+        for (buf, len) in run.reads {
+            outputs.push((buf, stdout[at..at + len].to_vec()));
+            at += len;
+        }
+        assert_eq!(at, stdout.len(), "the emulator wrote more than was read");
+        Ok(Outputs(outputs))
+    }
+}
+
+/// A buffer of a [`Run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buf(u32);
+
+/// An element type of a buffer.
+pub trait Elem: Copy {
+    const BYTES: usize;
+    fn put(self, out: &mut Vec<u8>);
+    fn get(bytes: &[u8]) -> Self;
+}
+
+macro_rules! elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            const BYTES: usize = std::mem::size_of::<$t>();
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("one element"))
+            }
+        }
+    )*};
+}
+elem!(f32, f64, u32, u16, u8, i32, u64);
+
+/// A kernel argument: a buffer, or a value's bytes.
+pub enum Arg {
+    Buf(Buf),
+    Value(Vec<u8>),
+}
+
+impl From<Buf> for Arg {
+    fn from(b: Buf) -> Arg {
+        Arg::Buf(b)
+    }
+}
+
+macro_rules! value_arg {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Arg {
+            fn from(x: $t) -> Arg {
+                let mut bytes = Vec::new();
+                x.put(&mut bytes);
+                Arg::Value(bytes)
+            }
+        }
+    )*};
+}
+value_arg!(f32, u32, i32, u64);
+
+/// The buffers, launches and reads of one emulator run, in order.
+pub struct Run {
+    input: Vec<u8>,
+    buffers: Vec<usize>,
+    reads: Vec<(Buf, usize)>,
+    seed: u64,
+}
+
+impl Run {
+    /// `seed` orders the blocks, warps and lanes of every launch (each launch its own).
+    pub fn new(seed: u64) -> Run {
+        Run { input: Vec::new(), buffers: Vec::new(), reads: Vec::new(), seed }
+    }
+
+    pub fn buffer<T: Elem>(&mut self, data: &[T]) -> Buf {
+        let id = self.buffers.len() as u32;
+        self.input.push(b'b');
+        self.input.extend_from_slice(&id.to_le_bytes());
+        self.input.extend_from_slice(&((data.len() * T::BYTES) as u64).to_le_bytes());
+        self.input.reserve(data.len() * T::BYTES);
+        for &x in data {
+            x.put(&mut self.input);
+        }
+        self.buffers.push(data.len() * T::BYTES);
+        Buf(id)
+    }
+
+    pub fn launch(&mut self, kernel: &str, cfg: LaunchConfig, args: &[Arg]) {
+        self.launch_blocks(kernel, cfg, args, &[]);
+    }
+
+    /// A launch of the whole grid that runs only `blocks` (linear ids, x fastest; all of
+    /// them if empty): the real dimensions, at the cost of a few blocks.
+    pub fn launch_blocks(&mut self, kernel: &str, cfg: LaunchConfig, args: &[Arg], blocks: &[u64]) {
+        let mut encoded = Vec::new();
+        for arg in args {
+            match arg {
+                Arg::Buf(b) => {
+                    encoded.push(b'p');
+                    encoded.extend_from_slice(&b.0.to_le_bytes());
+                }
+                Arg::Value(bytes) => {
+                    encoded.push(b's');
+                    encoded.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                    encoded.extend_from_slice(bytes);
+                }
+            }
+        }
+        self.input.push(b'l');
+        self.input.extend_from_slice(&(kernel.len() as u32).to_le_bytes());
+        self.input.extend_from_slice(kernel.as_bytes());
+        let (g, b) = (cfg.grid_dim, cfg.block_dim);
+        for d in [g.0, g.1, g.2, b.0, b.1, b.2] {
+            self.input.extend_from_slice(&d.to_le_bytes());
+        }
+        self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.input.extend_from_slice(&self.seed.to_le_bytes());
+        self.input.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+        blocks.iter().for_each(|b| self.input.extend_from_slice(&b.to_le_bytes()));
+        self.input.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+        self.input.extend_from_slice(&encoded);
+    }
+
+    /// Asks for the buffer's contents as they are at this point of the run.
+    pub fn read(&mut self, buf: Buf) {
+        self.input.push(b'r');
+        self.input.extend_from_slice(&buf.0.to_le_bytes());
+        self.reads.push((buf, self.buffers[buf.0 as usize]));
+    }
+}
+
+/// The buffers a run read, in the order of its reads.
+pub struct Outputs(Vec<(Buf, Vec<u8>)>);
+
+impl Outputs {
+    /// The last read of `buf`.
+    pub fn get<T: Elem>(&self, buf: Buf) -> Vec<T> {
+        let (_, bytes) = self.0.iter().rev().find(|(b, _)| *b == buf).expect("a buffer the run read");
+        bytes.chunks_exact(T::BYTES).map(T::get).collect()
+    }
+}
+
+/// Equal bit for bit (NaNs included).
+pub fn bitwise(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, the CPU has {}", got.len(), want.len()));
+    }
+    match got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+        Some(i) => Err(format!("{what}: element {i} is {:e}, the CPU's {:e}", got[i], want[i])),
+        None => Ok(()),
+    }
+}
+
+/// Every element within `rtol` of the CPU's, relative to the larger of its own magnitude
+/// and `floor` (the scale below which a difference is rounding in the terms that cancelled,
+/// e.g. 1e-5 of the largest magnitude of the row); no NaN.
+pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f64, floor: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, the CPU has {}", got.len(), want.len()));
+    }
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (g64, w64) = (g as f64, w as f64);
+        let err = (g64 - w64).abs();
+        if err.is_nan() || err > rtol * w64.abs().max(floor) {
+            return Err(format!(
+                "{what}: element {i} is {g:e}, the CPU's {w:e} (tolerance {rtol:e} relative)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The largest magnitude of `xs`.
+pub fn max_abs(xs: &[f32]) -> f64 {
+    xs.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs()))
+}
+
+/// SplitMix64 with a fixed seed per test: the harness is repeatable.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in [-scale, scale).
+    pub fn uniform(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+    }
+
+    pub fn below(&mut self, n: usize, bound: u32) -> Vec<u32> {
+        (0..n).map(|_| (self.next() % bound as u64) as u32).collect()
+    }
+}

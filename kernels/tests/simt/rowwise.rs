@@ -1,0 +1,253 @@
+//! The reductions: LayerNorm, cross-entropy, the column sums of the bias gradients and the
+//! sum of squares of the gradient norm; each replays the launches of the CUDA op
+//! (kernels/src/cuda/rowwise.rs) and compares with the CPU op.
+
+use crate::harness::{bitwise, close, max_abs, Buf, Family, Rng, Run};
+use kernels::cpu::CpuDevice;
+use kernels::cuda::launch::{
+    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+};
+use kernels::{Category, Device, WeightLayout};
+
+/// GPT-2 124M's rows per step (B * T) and width.
+const N: usize = 4 * 1024;
+const C: usize = 768;
+const V: usize = 50257;
+
+fn cpu() -> CpuDevice {
+    CpuDevice::new(2)
+}
+
+/// out [C] += column sums of x [rows, C], as `add_column_sums` and LayerNorm's parameter
+/// gradients launch `add_partials` over the partial sums.
+fn add_partials(run: &mut Run, out: Buf, partial: Buf, chunks: usize, cols: usize) {
+    run.launch(
+        "add_partials",
+        per_item(cols),
+        &[out.into(), partial.into(), (chunks as i32).into(), (cols as i32).into()],
+    );
+}
+
+/// LayerNorm forward and backward at (n, c); Err on the first difference from the CPU.
+pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let inp: Vec<f32> = rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect();
+    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), rng.uniform(n * c, 1.0));
+    let (dw0, db0) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+    let (ni, ci) = (n as i32, c as i32);
+
+    let mut run = Run::new(seed);
+    let (gi, gw, gb, gd) = (run.buffer(&inp), run.buffer(&w), run.buffer(&b), run.buffer(&dout));
+    let (out, mean, rstd) =
+        (run.buffer(&vec![f32::NAN; n * c]), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
+    run.launch(
+        "layernorm_forward",
+        per_row_warp(n),
+        &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
+    );
+    let dinp = run.buffer(&vec![f32::NAN; n * c]);
+    run.launch(
+        "layernorm_backward_input",
+        per_row_warp(n),
+        &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
+    );
+    let (cfg, chunks) = per_column_chunk(n, c);
+    let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
+    run.launch(
+        "layernorm_backward_params_partial",
+        cfg,
+        &[
+            pw.into(),
+            pb.into(),
+            gd.into(),
+            gi.into(),
+            mean.into(),
+            rstd.into(),
+            ni.into(),
+            ci.into(),
+            (ROWS_PER_CHUNK as i32).into(),
+        ],
+    );
+    for buf in [out, mean, rstd, dinp, pw, pb] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    // Stage two is bias.cu's, from the partial sums the first program wrote.
+    let mut run = Run::new(seed + 1);
+    let (pw, pb) = (run.buffer(&got.get::<f32>(pw)), run.buffer(&got.get::<f32>(pb)));
+    let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
+    add_partials(&mut run, dw, pw, chunks, c);
+    add_partials(&mut run, db, pb, chunks, c);
+    for buf in [dw, db] {
+        run.read(buf);
+    }
+    let params = bias_family.run(run)?;
+
+    let dev = cpu();
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let (ti, tw, tb) = (put(&inp, &[n, c]), put(&w, &[c]), put(&b, &[c]));
+    let (mut tout, mut tmean, mut trstd) = (
+        dev.zeros(&[n, c], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+    );
+    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb);
+    let (mut tdinp, mut tdw, mut tdb) =
+        (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
+    dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &put(&dout, &[n, c]), &ti, &tw, &tmean, &trstd);
+    // out = norm * w + b, the gradients and the column sums cancel terms of order 1: their
+    // errors are judged against the largest magnitude (as in the GPU tests); mean and rstd
+    // elementwise.
+    close("layernorm mean", &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
+    close("layernorm rstd", &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    for (what, got, want) in [
+        ("layernorm out", got.get(out), dev.to_host(&tout)),
+        ("layernorm dinp", got.get(dinp), dev.to_host(&tdinp)),
+        ("layernorm dweight", params.get(dw), dev.to_host(&tdw)),
+        ("layernorm dbias", params.get(db), dev.to_host(&tdb)),
+    ] {
+        close(what, &got, &want, 1e-5, max_abs(&want))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn layernorm_matches_the_cpu() {
+    let test = "layernorm_matches_the_cpu";
+    let (Some(family), Some(bias)) = (Family::of(test, "layernorm.cu"), Family::of(test, "bias.cu")) else {
+        return;
+    };
+    // GPT-2 124M in full, then rows that end inside a block and a chunk, C not a multiple of 32.
+    layernorm(&family, &bias, N, C, 5).unwrap();
+    layernorm(&family, &bias, 75, 100, 6).unwrap();
+}
+
+/// Cross-entropy at n rows of v logits, with and without the gradient.
+pub fn cross_entropy(family: &Family, n: usize, v: usize, seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let (logits, targets) = (rng.uniform(n * v, 8.0), rng.below(n, v as u32));
+    for grad_scale in [None, Some(1.0 / 4096.0)] {
+        let mut run = Run::new(seed);
+        let (l, t, losses) = (run.buffer(&logits), run.buffer(&targets), run.buffer(&vec![f32::NAN; n]));
+        let (write, scale) = (grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
+        run.launch(
+            "cross_entropy",
+            per_row_block(n),
+            &[losses.into(), l.into(), t.into(), (v as i32).into(), write.into(), scale.into()],
+        );
+        for buf in [losses, l] {
+            run.read(buf);
+        }
+        let got = family.run(run)?;
+        let dev = cpu();
+        let mut tl = dev.from_host(&logits, &[n, v], Category::Workspace);
+        let mut tloss = dev.zeros(&[n], Category::Workspace);
+        dev.cross_entropy(&mut tloss, &mut tl, &targets, grad_scale);
+        close(&format!("losses ({grad_scale:?})"), &got.get(losses), &dev.to_host(&tloss), 1e-5, 0.0)?;
+        let want = dev.to_host(&tl);
+        close(&format!("dlogits ({grad_scale:?})"), &got.get(l), &want, 1e-5, 0.0)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn cross_entropy_matches_the_cpu() {
+    let Some(family) = Family::of("cross_entropy_matches_the_cpu", "cross_entropy.cu") else { return };
+    // All of GPT-2's 50257 logits in 64 of a step's 4096 rows (each row is one block, so
+    // more rows repeat the same work), and a vocabulary smaller than a block.
+    cross_entropy(&family, 64, V, 7).unwrap();
+    cross_entropy(&family, 5, 37, 8).unwrap();
+}
+
+/// The sum of squares of n values against the CPU's: stage one (`sum_squares_partial`)
+/// run by `first`, stage two (`sum_partials`) by `second`, so that either can be a
+/// family with an edit.
+pub fn sum_of_squares(first: &Family, second: &Family, n: usize, seed: u64) -> Result<(), String> {
+    let x = Rng::new(seed).uniform(n, 1.0);
+    let (cfg, blocks) = sum_squares(n);
+    let mut run = Run::new(seed);
+    let (gx, partial) = (run.buffer(&x), run.buffer(&vec![f64::NAN; blocks]));
+    run.launch(
+        "sum_squares_partial",
+        cfg,
+        &[partial.into(), gx.into(), (n as u64).into(), (SUM_SQUARES_CHUNK as u64).into()],
+    );
+    run.read(partial);
+    let partials = first.run(run)?.get::<f64>(partial);
+    let mut run = Run::new(seed + 1);
+    let (partial, total) = (run.buffer(&partials), run.buffer(&[f64::NAN]));
+    run.launch("sum_partials", per_row_block(1), &[total.into(), partial.into(), (blocks as i32).into()]);
+    run.read(total);
+    let got = second.run(run)?.get::<f64>(total)[0];
+    let dev = cpu();
+    let want = dev.sum_squares(&dev.from_host(&x, &[n], Category::Workspace));
+    // Both sum in f64 in their own fixed orders: far closer than 1e-5.
+    if (got - want).abs() <= 1e-12 * want {
+        Ok(())
+    } else {
+        Err(format!("sum of squares {got:e}, the CPU's {want:e}"))
+    }
+}
+
+#[test]
+fn sum_squares_matches_the_cpu() {
+    let Some(family) = Family::of("sum_squares_matches_the_cpu", "sum_squares.cu") else { return };
+    // wte's gradient (V * C, 590 blocks), and a length below one block's chunk.
+    sum_of_squares(&family, &family, V * C, 9).unwrap();
+    sum_of_squares(&family, &family, 1001, 10).unwrap();
+}
+
+#[test]
+fn bias_kernels_match_the_cpu() {
+    let Some(family) = Family::of("bias_kernels_match_the_cpu", "bias.cu") else { return };
+    let mut rng = Rng::new(11);
+    // c_fc's output (B * T rows of 4C) and an odd shape.
+    for (n, c) in [(N, 4 * C), (75, 100)] {
+        let (x, bias, db0) = (rng.uniform(n * c, 1.0), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+        let mut run = Run::new(n as u64);
+        let (gx, gb, db) = (run.buffer(&x), run.buffer(&bias), run.buffer(&db0));
+        let (cfg, chunks) = per_column_chunk(n, c);
+        let partial = run.buffer(&vec![f32::NAN; chunks * c]);
+        run.launch(
+            "column_partial_sums",
+            cfg,
+            &[
+                partial.into(),
+                gx.into(),
+                (n as i32).into(),
+                (c as i32).into(),
+                (ROWS_PER_CHUNK as i32).into(),
+            ],
+        );
+        add_partials(&mut run, db, partial, chunks, c);
+        run.launch(
+            "bias_add",
+            per_item(n * c),
+            &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
+        );
+        for buf in [db, gx] {
+            run.read(buf);
+        }
+        let got = family.run(run).unwrap();
+
+        // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.
+        let dev = cpu();
+        let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
+        let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
+        let dout = put(&x, &[n, c]);
+        dev.matmul_backward_weight(
+            &mut dw,
+            Some(&mut tdb),
+            &dout,
+            &put(&vec![0.0; n], &[n, 1]),
+            WeightLayout::InOut,
+        );
+        // A sum of n terms of either sign, in another order: judged against the largest sum.
+        let want = dev.to_host(&tdb);
+        close("dbias", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
+        // x + bias: one rounding, as the CPU's matmul adds its bias.
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
+        bitwise("bias_add", &got.get(gx), &want).unwrap();
+    }
+}
