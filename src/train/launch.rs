@@ -188,12 +188,12 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
     let mpi = MpiWorld::init().map_err(|e| anyhow::anyhow!("MPI: {e}"))?;
     let (id, world) = (mpi.rank(), mpi.size());
     let result = agree_on_config(args, &mut cfg, &mpi, world).and_then(|topology| {
-        let (transport, collective) = mpi.endpoints(topology);
+        let (transport, collective) = endpoints(&cfg, &mpi, topology)?;
         let setup = RankSetup {
             id,
             topology,
-            transport: Box::new(transport),
-            collective: Box::new(collective),
+            transport,
+            collective,
             cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()) / mpi.local_ranks,
             stop: &STOP,
             fault: fault_injection()?,
@@ -212,6 +212,34 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
         })
     });
     result.map_err(|e| if id != 0 && is_user_error(&e) { anyhow::Error::new(Quiet(2)) } else { e })
+}
+
+type Endpoints = (Box<dyn stages::dist::Transport>, Box<dyn stages::dist::Collective>);
+
+/// NCCL between GPUs where each rank on this machine has a GPU of its own (NCCL refuses
+/// two ranks on one GPU); MPI otherwise.
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+fn endpoints(
+    cfg: &Config,
+    mpi: &stages::dist::mpi::MpiWorld,
+    topology: Topology,
+) -> anyhow::Result<Endpoints> {
+    if cfg.device == "cuda" && mpi.local_ranks <= kernels::cuda::gpu_count() {
+        let (t, c) = stages::dist::nccl::endpoints(mpi, topology, local_gpu())?;
+        return Ok((Box::new(t), Box::new(c)));
+    }
+    let (t, c) = mpi.endpoints(topology);
+    Ok((Box::new(t), Box::new(c)))
+}
+
+#[cfg(all(feature = "mpi", not(feature = "cuda")))]
+fn endpoints(
+    _cfg: &Config,
+    mpi: &stages::dist::mpi::MpiWorld,
+    topology: Topology,
+) -> anyhow::Result<Endpoints> {
+    let (t, c) = mpi.endpoints(topology);
+    Ok((Box::new(t), Box::new(c)))
 }
 
 /// The world's layout from the config and the world size, and a check that every rank read

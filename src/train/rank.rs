@@ -129,17 +129,20 @@ impl Rank {
         Ok(StepResult { report, grad_norm })
     }
 
-    /// Sums gradients across data-parallel replicas, then the tied embedding's two halves.
+    /// Sums the tied embedding's two halves within this replica, then every gradient across
+    /// replicas. In this order the tied gradient is sum over replicas r of (embedding_r +
+    /// head_r) whether one stage holds both halves or two do, so the bits do not depend on
+    /// the partition.
     fn reduce_grads(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
         self.stage.fold_local_tied_grad();
+        if let Some(g) = self.stage.tied_grad_mut() {
+            self.collective.all_reduce_sum(Group::TiedEmbedding, g, &*dev)?;
+        }
         if self.topology.data > 1 {
             for g in self.stage.grads_mut() {
                 self.collective.all_reduce_sum(Group::DataParallel, g, &*dev)?;
             }
-        }
-        if let Some(g) = self.stage.tied_grad_mut() {
-            self.collective.all_reduce_sum(Group::TiedEmbedding, g, &*dev)?;
         }
         Ok(())
     }

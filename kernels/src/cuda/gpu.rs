@@ -39,6 +39,15 @@ pub(super) fn gpu(ordinal: usize) -> Result<Arc<Gpu>, String> {
     Ok(gpu)
 }
 
+/// GPUs this process can see (0 where there is no CUDA driver).
+pub fn gpu_count() -> usize {
+    // SAFETY: only tries to open the library by its candidate names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n as usize)
+}
+
 fn open(ordinal: usize) -> Result<Gpu, String> {
     // SAFETY: only tries to open the library by its candidate names. Without this check
     // cudarc panics on the first driver call.

@@ -39,3 +39,4 @@ pub mod sources;
 
 pub use blas::MatmulPrecision;
 pub use device::CudaDevice;
+pub use gpu::gpu_count;
