@@ -337,3 +337,25 @@ fn ranks_that_read_different_configs_stop_with_one_line() {
         "{err}"
     );
 }
+
+/// On a GPU machine: p = 2 GPU ranks under mpirun (NCCL where each has a GPU of its own,
+/// else the MPI transport on a shared GPU) give the losses of p = 2 GPU threads, bit for bit.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_ranks_under_mpirun_match_gpu_threads() {
+    if let Err(why) = kernels::cuda::CudaDevice::new(0) {
+        eprintln!("skipped: no GPU here ({why})");
+        return;
+    }
+    let dir = temp_dir("mpi-gpu");
+    let Some(mpirun) = mpirun(2) else { return };
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "8".into()),
+        ("device", "cuda".into()),
+    ]);
+    let threads = run_small(&dir, "threads", &a);
+    let processes = run_mpi(mpirun, &dir, "processes", &a);
+    assert_eq!(losses(&processes), losses(&threads), "GPU ranks under mpirun differ from GPU threads");
+    assert!(weights(&processes) == weights(&threads));
+}

@@ -62,13 +62,15 @@ pub fn quiet_unless_root(e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-/// The GPU of this process: its rank on this machine, as the launcher numbers them.
+/// The GPU of this process: its rank on this machine, as the launcher numbers them, modulo
+/// the GPUs there are (more ranks than GPUs share them, through the MPI transport).
 #[cfg(feature = "cuda")]
 pub fn local_gpu() -> usize {
-    ["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
+    let local: usize = ["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
         .iter()
         .find_map(|k| std::env::var(k).ok()?.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    local % kernels::cuda::gpu_count().max(1)
 }
 
 pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
