@@ -182,6 +182,22 @@ fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
     })
 }
 
+/// Starts a long run and returns once it has recorded `steps` steps.
+fn spawn_until(mut mpirun: Command, cfg: &Path, run: &Path, extra: &[String], steps: usize) -> Child {
+    let child = mpirun
+        .args(train_args(cfg, run, extra))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while steps_recorded(run) < steps {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
 fn steps_recorded(run_dir: &Path) -> usize {
     std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
 }
@@ -193,7 +209,7 @@ fn latest(run_dir: &Path) -> String {
 #[test]
 fn a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes_exactly() {
     let dir = temp_dir("mpi-kill");
-    let Some(mut mpirun) = mpirun(2) else { return };
+    let Some(mpirun) = mpirun(2) else { return };
     let run = dir.join("run");
     let a = flags(&[
         ("pipeline-model-parallel-size", "2".into()),
@@ -202,17 +218,7 @@ fn a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes_exactly() {
         ("lr-decay-iters", "100000".into()),
         ("save-interval", "2".into()),
     ]);
-    let child = mpirun
-        .args(train_args(&config(&dir), &run, &a))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while steps_recorded(&run) < 5 {
-        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let child = spawn_until(mpirun, &config(&dir), &run, &a, 5);
     let victim = rank_pid(child.id(), 1).expect("rank 1 among mpirun's children");
     assert!(Command::new("kill").args(["-KILL", &victim.to_string()]).status().unwrap().success());
     let (out, took) = wait_with_deadline(child, Duration::from_secs(10));
@@ -287,24 +293,14 @@ fn ctrl_c_to_mpirun_saves_at_a_step_boundary() {
     let dir = temp_dir("mpi-ctrl-c");
     // On Ctrl-C, mpirun sends SIGTERM and, this many seconds later, SIGKILL: the time the
     // ranks have to reach the step boundary and save.
-    let Some(mut mpirun) = mpirun_with(2, &["--mca", "odls_base_sigkill_timeout", "10"]) else { return };
+    let Some(mpirun) = mpirun_with(2, &["--mca", "odls_base_sigkill_timeout", "10"]) else { return };
     let run = dir.join("run");
     let a = flags(&[
         ("pipeline-model-parallel-size", "2".into()),
         ("global-batch-size", "4".into()),
         ("train-iters", "100000".into()),
     ]);
-    let child = mpirun
-        .args(train_args(&config(&dir), &run, &a))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while steps_recorded(&run) < 2 {
-        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let child = spawn_until(mpirun, &config(&dir), &run, &a, 2);
     assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let (out, _) = wait_with_deadline(child, Duration::from_secs(30));
     let err = stderr(&out);

@@ -150,19 +150,7 @@ impl Rank {
     /// The global gradient norm: every stage's per-parameter sums of squares, added in
     /// global parameter order, so every rank gets the same number whatever the partition.
     fn grad_norm(&mut self) -> anyhow::Result<f64> {
-        let mut w = Writer::default();
-        let parts = self.stage.grad_sum_squares();
-        w.u64(parts.len() as u64);
-        for (index, sum) in &parts {
-            w.u64(*index as u64).u64(sum.to_bits());
-        }
-        let mut all = Vec::new();
-        for bytes in self.collective.all_gather(Group::Pipeline, &w.0)? {
-            let mut r = Reader(&bytes);
-            for _ in 0..r.usize()? {
-                all.push((r.usize()?, f64::from_bits(r.u64()?)));
-            }
-        }
+        let all = self.all_gather_indexed(Group::Pipeline, &self.stage.grad_sum_squares())?;
         Ok(global_grad_norm(all))
     }
 
@@ -208,19 +196,21 @@ impl Rank {
             Instant::now(),
             None,
         )?;
-        let mut w = Writer::default();
-        w.u64(report.losses.len() as u64);
-        for (window, loss) in &report.losses {
-            w.u64(*window as u64).u64(loss.to_bits());
-        }
-        let mut losses = Vec::new();
-        for bytes in self.collective.all_gather(Group::World, &w.0)? {
-            let mut r = Reader(&bytes);
-            for _ in 0..r.usize()? {
-                losses.push((r.usize()?, f64::from_bits(r.u64()?)));
-            }
-        }
+        let losses = self.all_gather_indexed(Group::World, &report.losses)?;
         Ok(super::report::mean_loss(losses))
+    }
+
+    /// Every member's (index, value) pairs, concatenated in member order.
+    fn all_gather_indexed(
+        &mut self,
+        group: Group,
+        pairs: &[(usize, f64)],
+    ) -> anyhow::Result<Vec<(usize, f64)>> {
+        let mut all = Vec::new();
+        for bytes in self.collective.all_gather(group, &Writer::default().indexed(pairs).0)? {
+            all.extend(Reader(&bytes).indexed()?);
+        }
+        Ok(all)
     }
 
     /// This stage's parameters (or optimizer moments, per `pick`), tagged with their global

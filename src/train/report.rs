@@ -42,11 +42,7 @@ impl StepReport {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u64(self.losses.len() as u64);
-        for (mb, loss) in &self.losses {
-            w.u64(*mb as u64).u64(loss.to_bits());
-        }
-        w.u64(self.timings.len() as u64);
+        w.indexed(&self.losses).u64(self.timings.len() as u64);
         for t in &self.timings {
             w.u64(t.start_s.to_bits()).u64(t.end_s.to_bits());
         }
@@ -58,9 +54,7 @@ impl StepReport {
     /// Reads a report of the rank whose action list is `actions`.
     pub fn decode(bytes: &[u8], actions: &[Action]) -> Result<Self, DistError> {
         let mut r = Reader(bytes);
-        let losses = (0..r.usize()?)
-            .map(|_| Ok((r.usize()?, f64::from_bits(r.u64()?))))
-            .collect::<Result<_, DistError>>()?;
+        let losses = r.indexed()?;
         let n = r.usize()?;
         if n != actions.len() {
             return Err(DistError::Protocol(format!("{n} timings for {} actions", actions.len())));

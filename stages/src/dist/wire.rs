@@ -27,6 +27,15 @@ impl Writer {
         self
     }
 
+    /// (index, value) pairs: per-parameter sums, per-microbatch losses.
+    pub fn indexed(&mut self, pairs: &[(usize, f64)]) -> &mut Self {
+        self.u64(pairs.len() as u64);
+        for (i, x) in pairs {
+            self.u64(*i as u64).u64(x.to_bits());
+        }
+        self
+    }
+
     pub fn f32s(&mut self, data: &[f32]) -> &mut Self {
         self.u64(data.len() as u64);
         self.0.reserve(data.len() * 4);
@@ -61,6 +70,10 @@ impl Reader<'_> {
     pub fn bytes(&mut self) -> Result<Vec<u8>, DistError> {
         let n = self.usize()?;
         Ok(self.take(n)?.to_vec())
+    }
+
+    pub fn indexed(&mut self) -> Result<Vec<(usize, f64)>, DistError> {
+        (0..self.usize()?).map(|_| Ok((self.usize()?, f64::from_bits(self.u64()?)))).collect()
     }
 
     pub fn f32s(&mut self) -> Result<Vec<f32>, DistError> {
