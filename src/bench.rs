@@ -29,8 +29,9 @@ struct Variant {
 
 impl Variant {
     fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
-        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1 };
         let (_, schedule) = model::lowered_schedule(&cfg, path)?;
+        let placement = schedule.schedule().shape().placement;
+        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let predicted = model::predicted_activation_peaks(&cfg, path, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get())
             .into_iter()
@@ -70,7 +71,7 @@ impl Variant {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
         })
     }
 }

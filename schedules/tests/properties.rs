@@ -7,7 +7,6 @@ use schedules::{
     generate, lower, simulate, validate, ActionKind, ChannelCapacity, ChunkCosts, EventKind, Link,
     LoweredSchedule, Schedule, ScheduleKind, SimInput,
 };
-use std::num::NonZeroUsize;
 
 /// (kind, p, v, m) that `generate` accepts.
 fn config() -> impl Strategy<Value = (ScheduleKind, usize, usize, usize)> {

@@ -32,7 +32,7 @@ pub struct Setup {
     pub p: usize,
     pub v: usize,
     pub m: usize,
-    /// One per virtual stage (chunk c of stage r is virtual stage c*p + r).
+    /// One per virtual stage (see [`Setup::layout`] for which chunk of which stage holds it).
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
@@ -88,8 +88,15 @@ impl Setup {
             .map_err(|e| anyhow::anyhow!("{} with p={}, v={}, m={}: {e}", self.kind, self.p, self.v, self.m))
     }
 
+    /// The layout of chunk `chunk` of stage `stage`, placed as the schedule's Shape says.
     pub fn layout(&self, stage: usize, chunk: usize) -> &ChunkLayout {
-        &self.layouts[chunk * self.p + stage]
+        let placed = schedules::Shape {
+            stages: self.p,
+            chunks: self.v,
+            microbatches: self.m,
+            placement: self.kind.placement(),
+        };
+        &self.layouts[placed.virtual_stage(stage, chunk)]
     }
 
     pub fn activation_bytes_per_element(&self) -> usize {

@@ -61,7 +61,7 @@ pub(super) fn build(shape: Shape) -> Result<Schedule, ScheduleError> {
         }
         // The split starts halfway through phase 6: at the chunk-1 backward on odd stages, at
         // the chunk-0 one on even stages, which makes r + 1 split backwards either way.
-        let half = (r + 1) / 2;
+        let half = r.div_ceil(2);
         for i in 0..=r {
             stage.backward(1, i > half || (i == half && r % 2 == 1));
             stage.backward(0, i >= half);

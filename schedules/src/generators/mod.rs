@@ -19,7 +19,7 @@ pub mod one_f_one_b;
 pub mod zb_h1;
 pub mod zb_v;
 
-use crate::ir::{Action, ActionKind, InFlight, Schedule, Shape};
+use crate::ir::{Action, ActionKind, InFlight, Placement, Schedule, Shape};
 use crate::ScheduleError;
 use std::fmt;
 use std::str::FromStr;
@@ -67,9 +67,17 @@ impl ScheduleKind {
         }
     }
 
-    /// Whether the schedule places two chunks per stage in a V ([`crate::Placement::V`]).
+    /// Where the schedule places its chunks: in a V (two per stage) for zb-v and dualpipe-v.
+    pub fn placement(self) -> Placement {
+        match self {
+            Self::ZeroBubbleV | Self::DualPipeV => Placement::V,
+            _ => Placement::Interleaved,
+        }
+    }
+
+    /// Whether the schedule places two chunks per stage in a V.
     pub fn is_v(self) -> bool {
-        matches!(self, Self::ZeroBubbleV | Self::DualPipeV)
+        self.placement() == Placement::V
     }
 
     /// Checks that this schedule supports p stages, v chunks per stage and m microbatches.
