@@ -176,6 +176,18 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_v_holds_the_embedding_and_the_head_on_stage_0_with_nothing_to_exchange() {
+        // 12 blocks over 4 virtual stages: stage 0 holds virtual stages 0 and 3, stage 1
+        // virtual stages 1 and 2.
+        let s = Setup::new(&gpt2_small(2, "zb-v", 1, 4), Path::new("c.yaml")).unwrap();
+        assert_eq!((s.p, s.v), (2, 2));
+        assert!(s.layout(0, 0).embedding && s.layout(0, 1).head);
+        assert_eq!(s.layout(1, 0).blocks, s.layouts[1].blocks);
+        assert_eq!(s.layout(1, 1).blocks, s.layouts[2].blocks);
+        assert_eq!(s.tied_holders(), None);
+    }
+
+    #[test]
     fn impossible_shapes_name_the_key() {
         let err = |cfg: Config| Setup::new(&cfg, Path::new("c.yaml")).err().unwrap().to_string();
         assert_eq!(
