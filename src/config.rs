@@ -521,28 +521,24 @@ impl Config {
         if self.precision == "bf16" && self.device == "cpu" {
             return Err(("precision", "bf16 needs device: cuda; the CPU backend computes in fp32".into()));
         }
-        let names = || ScheduleKind::ALL.map(ScheduleKind::name).join(", ");
         let kind = self.schedule_kind().map_err(|_| {
-            ("pipeline_schedule", format!("`{}` is not one of {}", self.pipeline_schedule, names()))
+            let names = ScheduleKind::ALL.map(ScheduleKind::name).join(", ");
+            ("pipeline_schedule", format!("`{}` is not one of {names}", self.pipeline_schedule))
         })?;
         if let Some(v) = self.virtual_pipeline_model_parallel_size {
             positive("virtual_pipeline_model_parallel_size", v)?;
-            let fits = match kind {
-                ScheduleKind::Interleaved1F1B => true,
-                _ if kind.is_v() => v == 2,
-                _ => v == 1,
-            };
-            if !fits && kind.is_v() {
+            let key = "virtual_pipeline_model_parallel_size";
+            if kind.is_v() && v != 2 {
                 return Err((
-                    "virtual_pipeline_model_parallel_size",
-                    format!("{v} does not fit pipeline_schedule: {kind}, which places 2 chunks per stage in a V (leave it unset or 2)"),
+                    key,
+                    format!(
+                        "{v} does not fit pipeline_schedule: {kind}, which places 2 chunks per stage in a V \
+                         (leave it unset or 2)"
+                    ),
                 ));
             }
-            if !fits {
-                return Err((
-                    "virtual_pipeline_model_parallel_size",
-                    format!("{v} needs pipeline_schedule: interleaved-1f1b, got `{kind}`"),
-                ));
+            if !kind.is_v() && v > 1 && kind != ScheduleKind::Interleaved1F1B {
+                return Err((key, format!("{v} needs pipeline_schedule: interleaved-1f1b, got `{kind}`")));
             }
         }
         self.validate_recompute()
