@@ -29,8 +29,9 @@ struct Variant {
 
 impl Variant {
     fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
-        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1 };
         let (_, schedule) = model::lowered_schedule(&cfg, path)?;
+        let placement = schedule.schedule().shape().placement;
+        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let predicted = model::predicted_activation_peaks(&cfg, path, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get())
             .into_iter()

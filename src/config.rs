@@ -11,6 +11,7 @@ mod aliases;
 
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
+use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use std::path::{Path, PathBuf};
@@ -409,8 +410,16 @@ impl Config {
         stages::TensorParallel { size: self.tensor_model_parallel_size, sequence: self.sequence_parallel }
     }
 
+    /// Model chunks per stage: `virtual_pipeline_model_parallel_size`, else what the schedule
+    /// implies (2 for the V schedules, 1 for the others).
     pub fn virtual_stages(&self) -> usize {
-        self.virtual_pipeline_model_parallel_size.unwrap_or(1)
+        self.virtual_pipeline_model_parallel_size
+            .unwrap_or_else(|| self.schedule_kind().map_or(1, ScheduleKind::default_chunks))
+    }
+
+    /// `pipeline_schedule`, parsed (validation rejects names it cannot parse).
+    pub fn schedule_kind(&self) -> Result<ScheduleKind, schedules::ScheduleError> {
+        self.pipeline_schedule.parse()
     }
 
     /// Checks values that are well-typed but impossible. Errors are (key, message).
@@ -512,22 +521,24 @@ impl Config {
         if self.precision == "bf16" && self.device == "cpu" {
             return Err(("precision", "bf16 needs device: cuda; the CPU backend computes in fp32".into()));
         }
-        if !["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"].contains(&self.pipeline_schedule.as_str()) {
-            return Err((
-                "pipeline_schedule",
-                format!("`{}` is not one of gpipe, 1f1b, interleaved-1f1b, zb-h1", self.pipeline_schedule),
-            ));
-        }
+        let kind = self.schedule_kind().map_err(|_| {
+            let names = ScheduleKind::ALL.map(ScheduleKind::name).join(", ");
+            ("pipeline_schedule", format!("`{}` is not one of {names}", self.pipeline_schedule))
+        })?;
         if let Some(v) = self.virtual_pipeline_model_parallel_size {
             positive("virtual_pipeline_model_parallel_size", v)?;
-            if v > 1 && self.pipeline_schedule != "interleaved-1f1b" {
+            let key = "virtual_pipeline_model_parallel_size";
+            if kind.is_v() && v != 2 {
                 return Err((
-                    "virtual_pipeline_model_parallel_size",
+                    key,
                     format!(
-                        "{v} needs pipeline_schedule: interleaved-1f1b, got `{}`",
-                        self.pipeline_schedule
+                        "{v} does not fit pipeline_schedule: {kind}, which places 2 chunks per stage in a V \
+                         (leave it unset or 2)"
                     ),
                 ));
+            }
+            if !kind.is_v() && v > 1 && kind != ScheduleKind::Interleaved1F1B {
+                return Err((key, format!("{v} needs pipeline_schedule: interleaved-1f1b, got `{kind}`")));
             }
         }
         self.validate_recompute()

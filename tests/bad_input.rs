@@ -13,7 +13,7 @@ fn train_err(dir: &Path, yaml: &str, extra: &[&str]) -> std::process::Output {
 #[test]
 fn config_mistakes() {
     let dir = temp_dir("bad-config");
-    let cases: [(String, &[&str], &str); 11] = [
+    let cases: [(String, &[&str], &str); 13] = [
         (
             format!("{SMALL}hidden_sise: 64\n"),
             &[],
@@ -56,6 +56,18 @@ fn config_mistakes() {
             format!("{SMALL}tensor_model_parallel_size: 3\n"),
             &[],
             "key `tensor_model_parallel_size`: 3 does not divide num_attention_heads 4",
+        ),
+        (
+            format!("{SMALL}pipeline_schedule: zb-v\nvirtual_pipeline_model_parallel_size: 3\n"),
+            &[],
+            "key `virtual_pipeline_model_parallel_size`: 3 does not fit pipeline_schedule: zb-v, which places \
+             2 chunks per stage in a V (leave it unset or 2)",
+        ),
+        (
+            format!("{SMALL}pipeline_schedule: dualpipe-v\npipeline_model_parallel_size: 2\n"),
+            &[],
+            "key `pipeline_schedule`: dualpipe-v with p=2, v=2, m=2: dualpipe-v needs at least 2p = 4 \
+             microbatches, not 2",
         ),
     ];
     for (yaml, extra, needle) in cases {

@@ -1,5 +1,7 @@
 //! Pipeline parallelism changes nothing but speed: for every schedule, stage count and
-//! microbatch count (dropout on), losses and final weights are bitwise those of p = 1.
+//! microbatch count (dropout on), losses and final weights are bitwise those of p = 1. The V
+//! schedules (zb-v, dualpipe-v) hold the embedding and the head both on stage 0, so their
+//! tied gradient is summed there with no exchange.
 
 mod common;
 use common::*;
@@ -11,11 +13,11 @@ fn every_schedule_and_stage_count_matches_one_stage_bitwise() {
         let gb = (2 * m).to_string();
         let base = run_small(&dir, &format!("p1-m{m}"), &flags(&[("global-batch-size", gb.clone())]));
         let (base_losses, base_weights) = (losses(&base), weights(&base));
-        for schedule in ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"] {
+        for schedule in ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "dualpipe-v"] {
             for p in 1..=4usize {
                 let interleaved = schedule == "interleaved-1f1b";
-                // Megatron's interleaving needs p >= 2 and m a multiple of p.
-                if interleaved && (p < 2 || !m.is_multiple_of(p)) {
+                // Megatron's interleaving needs p >= 2 and m a multiple of p; DualPipeV m >= 2p.
+                if interleaved && (p < 2 || !m.is_multiple_of(p)) || schedule == "dualpipe-v" && m < 2 * p {
                     continue;
                 }
                 let mut a = vec![
@@ -53,5 +55,48 @@ fn uneven_explicit_splits_match_too() {
         );
         assert_eq!(losses(&r), losses(&base), "{name}");
         assert!(weights(&r) == weights(&base), "{name}: weights differ");
+    }
+}
+
+#[test]
+fn v_schedules_match_one_stage_bitwise_under_every_recompute_policy() {
+    let dir = temp_dir("pipeline-v-recompute");
+    // m = 8: enough for DualPipeV's 2p at p = 4.
+    let gb = ("global-batch-size", "16".to_string());
+    let full = |method: &str, n: &str| {
+        vec![
+            ("recompute-granularity", "full".to_string()),
+            ("recompute-method", method.to_string()),
+            ("recompute-num-layers", n.to_string()),
+        ]
+    };
+    let selective = |modules: &str| {
+        vec![("recompute-granularity", "selective".to_string()), ("recompute-modules", modules.to_string())]
+    };
+    let policies = [
+        full("uniform", "1"),
+        full("uniform", "3"),
+        full("block", "1"),
+        full("block", "8"),
+        selective("core_attn"),
+        selective("mlp"),
+        selective("layernorm,core_attn"),
+    ];
+    for (i, policy) in policies.iter().enumerate() {
+        let mut base_flags = vec![gb.clone()];
+        base_flags.extend(policy.iter().cloned());
+        let base = run_small(&dir, &format!("p1-{i}"), &flags(&base_flags));
+        // Each policy once per V schedule, at a stage count that turns with it (2 to 4).
+        for (schedule, p) in [("zb-v", 2 + i % 3), ("dualpipe-v", 2 + (i + 1) % 3)] {
+            let mut f = base_flags.clone();
+            f.extend([
+                ("pipeline-schedule", schedule.to_string()),
+                ("pipeline-model-parallel-size", p.to_string()),
+            ]);
+            let name = format!("{schedule}-p{p}-policy{i}");
+            let r = run_small(&dir, &name, &flags(&f));
+            assert_eq!(losses(&r), losses(&base), "{name}: losses differ from p=1");
+            assert!(weights(&r) == weights(&base), "{name}: final weights differ from p=1");
+        }
     }
 }

@@ -61,7 +61,7 @@ fn every_policy_schedule_and_stage_count_gives_the_same_bits_and_predicted_memor
     let (base_losses, base_weights) = (losses(&base), weights(&base));
     for (policy, policy_flags) in policies() {
         for p in [1usize, 2, 4] {
-            for schedule in ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"] {
+            for schedule in ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"] {
                 if schedule == "interleaved-1f1b" && p == 1 {
                     continue;
                 }

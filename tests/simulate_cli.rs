@@ -96,11 +96,13 @@ fn json_report_has_the_closed_form_of_1f1b() {
 
 #[test]
 fn free_transfers_give_the_textbook_bubbles() {
-    // Equal op times and p2p=0: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1.
+    // Equal op times and p2p=0: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1,
+    // (p-1)/(6m+p-1) for DualPipeV (two chunks per stage; m >= 2p).
     let (_dir, cfg) = gpt2_config("sim-free-p2p", "");
     let times = "forward=1,backward-input=1,backward-weight=1,p2p=0";
     for (p, m) in [(2, 3), (4, 8), (3, 12)] {
-        for (kind, work) in [("gpipe", m), ("1f1b", m), ("zb-h1", 3 * m)] {
+        let dualpipe = if m >= 2 * p { vec![("dualpipe-v", 6 * m)] } else { vec![] };
+        for (kind, work) in [("gpipe", m), ("1f1b", m), ("zb-h1", 3 * m)].into_iter().chain(dualpipe) {
             let (ps, ms) = (p.to_string(), m.to_string());
             let args = ["--op-times", times, "--pipeline-schedule", kind];
             let v = json_of(

@@ -9,7 +9,10 @@ pub enum ScheduleError {
     #[error("{0}")]
     Shape(String),
     /// A schedule name that is not one of the known ones.
-    #[error("unknown pipeline schedule {name:?} (expected one of: gpipe, 1f1b, interleaved-1f1b, zb-h1)")]
+    #[error(
+        "unknown pipeline schedule {name:?} (expected one of: {})",
+        crate::ScheduleKind::ALL.map(|kind| kind.name()).join(", ")
+    )]
     UnknownKind { name: String },
     /// The text form could not be parsed; `token` is the offending token or line start.
     #[error("line {line}: {token:?}: {reason}")]

@@ -1,9 +1,11 @@
 //! The schedule IR: what one pipeline stage does, in order.
 //!
 //! A [`Schedule`] is one ordered [`Action`] list per stage plus its [`Shape`]: `stages` (p),
-//! model `chunks` per stage (v) and `microbatches` (m). Chunk `c` of stage `r` is virtual
-//! stage `c * p + r` (Megatron-LM's interleaving); activations flow from virtual stage `s` to
-//! `s + 1` and gradients from `s + 1` back to `s`.
+//! model `chunks` per stage (v), `microbatches` (m) and the [`Placement`] of chunks on stages:
+//! interleaved (Megatron-LM: chunk `c` of stage `r` is virtual stage `c * p + r`) or V (two
+//! chunks, stage `r` holding virtual stages `r` and `2p - 1 - r`). Activations flow from
+//! virtual stage `s` to `s + 1` and gradients from `s + 1` back to `s`; where both are on one
+//! stage (V's turn at stage p - 1) the tensor stays there, with no transfer.
 //!
 //! Compute actions are [`ActionKind::Forward`], [`ActionKind::Backward`] (input and weight
 //! gradients together) or the split pair [`ActionKind::BackwardInput`] then
@@ -83,21 +85,40 @@ impl Action {
     }
 }
 
+/// How the virtual stages are laid on the stages: the one place that decides it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Chunk `c` of stage `r` is virtual stage `c * p + r` (also the single-chunk case).
+    #[default]
+    Interleaved,
+    /// Two chunks: stage `r` holds virtual stages `r` (chunk 0) and `2p - 1 - r` (chunk 1), so
+    /// stage 0 holds both ends of the model (ZB-V, DualPipeV).
+    V,
+}
+
 /// The dimensions of a schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// Pipeline stages, p (one device each).
     pub stages: usize,
-    /// Model chunks per stage, v (1 unless interleaved).
+    /// Model chunks per stage, v (1 unless interleaved or V).
     pub chunks: usize,
     /// Microbatches per iteration, m.
     pub microbatches: usize,
+    pub placement: Placement,
 }
 
 impl Shape {
-    /// A shape with every count at least 1.
+    /// An interleaved (or single-chunk) shape with every count at least 1.
     pub fn new(stages: usize, chunks: usize, microbatches: usize) -> Result<Self, ScheduleError> {
-        let shape = Self { stages, chunks, microbatches };
+        let shape = Self { stages, chunks, microbatches, placement: Placement::Interleaved };
+        shape.check()?;
+        Ok(shape)
+    }
+
+    /// A V shape: two chunks per stage, placed as [`Placement::V`].
+    pub fn v(stages: usize, microbatches: usize) -> Result<Self, ScheduleError> {
+        let shape = Self { stages, chunks: 2, microbatches, placement: Placement::V };
         shape.check()?;
         Ok(shape)
     }
@@ -110,6 +131,12 @@ impl Shape {
                 return Err(ScheduleError::Shape(format!("the number of {name} must be at least 1")));
             }
         }
+        if self.placement == Placement::V && self.chunks != 2 {
+            return Err(ScheduleError::Shape(format!(
+                "a V placement has 2 chunks per stage, not {}",
+                self.chunks
+            )));
+        }
         Ok(())
     }
 
@@ -120,12 +147,25 @@ impl Shape {
 
     /// The virtual stage that chunk `chunk` of stage `stage` holds.
     pub fn virtual_stage(&self, stage: usize, chunk: usize) -> usize {
-        chunk * self.stages + stage
+        match (self.placement, chunk) {
+            (Placement::V, 1) => 2 * self.stages - 1 - stage,
+            _ => chunk * self.stages + stage,
+        }
     }
 
     /// (stage, chunk) holding virtual stage `virtual_stage`.
     pub fn locate(&self, virtual_stage: usize) -> (usize, usize) {
-        (virtual_stage % self.stages, virtual_stage / self.stages)
+        let p = self.stages;
+        match self.placement {
+            Placement::V if virtual_stage >= p => (2 * p - 1 - virtual_stage, 1),
+            _ => (virtual_stage % p, virtual_stage / p),
+        }
+    }
+
+    /// True when virtual stages `a` and `b` sit on one stage, so a tensor between them
+    /// stays on that stage: lowering adds no transfer and the runtime hands it over locally.
+    pub fn same_stage(&self, a: usize, b: usize) -> bool {
+        self.locate(a).0 == self.locate(b).0
     }
 
     /// Dense index of (stage, chunk, microbatch), for per-microbatch tables.

@@ -32,7 +32,7 @@ pub mod validate;
 pub use error::ScheduleError;
 pub use execute::ChannelCapacity;
 pub use generators::{generate, interleaved::interleaved_1f1b, ScheduleKind};
-pub use ir::{Action, ActionKind, InFlight, Payload, Schedule, Shape};
+pub use ir::{Action, ActionKind, InFlight, Payload, Placement, Schedule, Shape};
 pub use lower::{lower, Channel, LoweredSchedule};
 pub use simulate::{
     simulate, ChunkCosts, ChunkMemory, EventKind, Link, MemoryPoint, SimInput, SimReport, StageReport,

@@ -4,6 +4,8 @@
 //! * After a Forward of virtual stage `s < p*v - 1`: `SendActivation` to the stage of `s + 1`.
 //! * After a Backward or BackwardInput of virtual stage `s > 0`: `SendGrad` to the stage of
 //!   `s - 1`. (BackwardWeight sends nothing: no other stage needs it.)
+//! * Neither where the neighbouring virtual stage is on the same stage (a V placement's turn):
+//!   the tensor stays there, and the list's own order carries the dependency.
 //! * Before a compute action that reads another stage's tensor: the receive for it, and, first,
 //!   any earlier-sent message on the same channel not yet received. Receives therefore happen
 //!   in send order on every channel (FIFO channels suffice), and never earlier than needed:
@@ -15,8 +17,8 @@
 //! [`LoweredSchedule::required_capacity`] messages per channel and completed, which (by
 //! persistence) means it completes under every thread interleaving with that capacity or
 //! more. In particular no stage ever blocks on a send whose receiver would first need
-//! something back from it. For every schedule the generators produce the capacity is 1
-//! (checked by the property tests), so `std::sync::mpsc::sync_channel(1)` works; a rendezvous
+//! something back from it. For the schedules the generators produce the capacity is 1, but
+//! ZB-V's greedy order needs 2 from p = 5 on (checked by the property tests); a rendezvous
 //! channel (capacity 0) would deadlock even plain 1F1B.
 
 use crate::execute::{run, ChannelCapacity};
@@ -190,7 +192,8 @@ pub fn lower(schedule: &Schedule) -> Result<LoweredSchedule, ScheduleError> {
     LoweredSchedule::new(Schedule::new(shape, lists)?)
 }
 
-/// Where a compute action's result goes: (receiving stage, its chunk, payload), if anywhere.
+/// Where a compute action's result goes: (receiving stage, its chunk, payload), if to another
+/// stage (a V schedule's turn keeps it on this one).
 fn output(shape: Shape, action: &Action) -> Option<(usize, usize, Payload)> {
     let s = shape.virtual_stage(action.stage, action.chunk);
     let (neighbour, payload) = match action.kind {
@@ -199,10 +202,11 @@ fn output(shape: Shape, action: &Action) -> Option<(usize, usize, Payload)> {
         _ => return None,
     };
     let (stage, chunk) = shape.locate(neighbour);
-    Some((stage, chunk, payload))
+    (stage != action.stage).then_some((stage, chunk, payload))
 }
 
-/// Where a compute action's cross-stage input comes from: (sending stage, payload), if any.
+/// Where a compute action's cross-stage input comes from: (sending stage, payload), if from
+/// another stage.
 fn input(shape: Shape, action: &Action) -> Option<(usize, Payload)> {
     let s = shape.virtual_stage(action.stage, action.chunk);
     let (neighbour, payload) = match action.kind {
@@ -212,7 +216,8 @@ fn input(shape: Shape, action: &Action) -> Option<(usize, Payload)> {
         }
         _ => return None,
     };
-    Some((shape.locate(neighbour).0, payload))
+    let stage = shape.locate(neighbour).0;
+    (stage != action.stage).then_some((stage, payload))
 }
 
 #[cfg(test)]
@@ -249,6 +254,27 @@ mod tests {
         assert_eq!(channels, [(0, 1, Activation), (0, 1, Grad), (1, 0, Activation), (1, 0, Grad)]);
         let stage_1 = lowered.schedule().to_string();
         assert!(stage_1.contains("stage 1: RA0c0@0 F0c0 SA0c0@0"), "{stage_1}");
+    }
+
+    #[test]
+    fn the_turn_of_a_v_stays_on_its_stage() {
+        // Stage 1 of 2 holds virtual stages 1 and 2: chunk 0's output feeds chunk 1 there and
+        // chunk 1's input gradient goes back to chunk 0 with no transfer; stage 0 holds both
+        // ends of the model.
+        let lowered = lower(&crate::generate(crate::ScheduleKind::DualPipeV, 2, 2, 4).unwrap()).unwrap();
+        let text = lowered.to_string();
+        assert!(text.starts_with("schedule stages=2 chunks=2 microbatches=4 placement=v\n"), "{text}");
+        assert!(
+            text.contains(
+                "stage 1: RA0c0@0 F0c0 F0c1 SA0c1@0 RA1c0@0 F1c0 F1c1 SA1c1@0 \
+                 RA2c0@0 F2c0 RG0c1@0 B0c1 F2c1 SA2c1@0 B0c0 SG0c0@0 "
+            ),
+            "{text}"
+        );
+        let channels: Vec<_> = lowered.channels().iter().map(|c| (c.from, c.to, c.payload)).collect();
+        use Payload::*;
+        assert_eq!(channels, [(0, 1, Activation), (0, 1, Grad), (1, 0, Activation), (1, 0, Grad)]);
+        assert_eq!(text.parse::<LoweredSchedule>().unwrap(), lowered);
     }
 
     #[test]

@@ -95,7 +95,11 @@ pub(crate) fn census(schedule: &Schedule, mode: Mode) -> Result<(), ScheduleErro
                     }
                 }
                 if mode == Mode::Lowered {
-                    let expected = [(4, s < last), (5, s > 0), (6, s > 0), (7, s < last)];
+                    // No transfer at the ends of the pipeline, nor to a virtual stage on this
+                    // same stage.
+                    let next = s < last && !shape.same_stage(s, s + 1);
+                    let prev = s > 0 && !shape.same_stage(s, s - 1);
+                    let expected = [(4, next), (5, prev), (6, prev), (7, next)];
                     for (kind, wanted) in expected {
                         if (c[kind] == 1) != wanted {
                             let what = ["SA", "RA", "SG", "RG"][kind - 4];
@@ -173,15 +177,40 @@ impl Progress {
                 Err(format!("virtual stage {neighbour} is on stage {actual}, not {peer}"))
             }
         };
-        match action.kind {
-            ActionKind::Forward if lowered && s > 0 => {
-                require(ACT_RECEIVED, &|| "its input activation is received".into())
+        // A neighbour on this same stage hands its tensor over locally: what must have run is
+        // its compute, earlier in this list.
+        let local = |neighbour: usize| {
+            let (stage, chunk) = shape.locate(neighbour);
+            (stage == action.stage).then_some(chunk)
+        };
+        let local_done = |done: bool, what: &dyn Fn() -> String| {
+            if done {
+                Ok(())
+            } else {
+                Err(format!("runs before {}", what()))
             }
+        };
+        match action.kind {
+            ActionKind::Forward if lowered && s > 0 => match local(s - 1) {
+                Some(chunk) => local_done(self.forward_done(action.stage, chunk, action.microbatch), &|| {
+                    let f = Action { chunk, ..*action };
+                    format!("its input's forward {}", f.token(shape.chunks))
+                }),
+                None => require(ACT_RECEIVED, &|| "its input activation is received".into()),
+            },
             ActionKind::Forward => Ok(()),
             ActionKind::Backward | ActionKind::BackwardInput => {
                 require(FORWARD, &|| format!("its forward {}", token(ActionKind::Forward)))?;
                 if lowered && s < last {
-                    require(GRAD_RECEIVED, &|| "its output gradient is received".into())?;
+                    match local(s + 1) {
+                        Some(chunk) => {
+                            local_done(self.input_grad_done(action.stage, chunk, action.microbatch), &|| {
+                                let f = Action { chunk, kind: ActionKind::Forward, ..*action };
+                                format!("the backward of {}", f.token(shape.chunks))
+                            })?
+                        }
+                        None => require(GRAD_RECEIVED, &|| "its output gradient is received".into())?,
+                    }
                 }
                 Ok(())
             }

@@ -11,7 +11,8 @@
 //!
 //! ```text
 //! schedule   = header , { stage-line } ;
-//! header     = "schedule" , "stages=" INT , "chunks=" INT , "microbatches=" INT ;
+//! header     = "schedule" , "stages=" INT , "chunks=" INT , "microbatches=" INT ,
+//!              [ "placement=v" ] ;
 //! stage-line = "stage" , INT , ":" , { action } ;
 //! action     = kind , INT , [ "c" , INT ] , [ "@" , INT ] ;
 //! kind       = "F" | "B" | "I" | "W" | "SA" | "RA" | "SG" | "RG" ;
@@ -24,13 +25,14 @@
 //!   weights only; `SA`/`RA` send/receive an activation, `SG`/`RG` send/receive a gradient.
 //!   So `SA3c1@2` is "send chunk 1's forward output for microbatch 3 to stage 2", and
 //!   `RG3c1@2` is "receive from stage 2 the gradient of chunk 1's output for microbatch 3".
-//! * The header's keys appear in that order. Each stage has exactly one line, in order
+//! * `placement=v` marks a V placement (two chunks, stage r holding virtual stages r and
+//!   2p-1-r); without it chunks are interleaved. The header's keys appear in that order. Each stage has exactly one line, in order
 //!   `0..stages`; an empty list is `stage 3:`.
 //! * `#` starts a comment that runs to the end of the line; blank lines are ignored.
 //!
 //! Parse errors give the line number and the offending token.
 
-use crate::ir::{Action, ActionKind, Schedule, Shape};
+use crate::ir::{Action, ActionKind, Placement, Schedule, Shape};
 use crate::ScheduleError;
 use std::fmt;
 use std::str::FromStr;
@@ -78,8 +80,11 @@ impl fmt::Display for Schedule {
         let shape = self.shape();
         writeln!(
             f,
-            "schedule stages={} chunks={} microbatches={}",
-            shape.stages, shape.chunks, shape.microbatches
+            "schedule stages={} chunks={} microbatches={}{}",
+            shape.stages,
+            shape.chunks,
+            shape.microbatches,
+            if shape.placement == Placement::V { " placement=v" } else { "" }
         )?;
         for (stage, list) in self.stages().iter().enumerate() {
             write!(f, "stage {stage}:")?;
@@ -165,8 +170,16 @@ fn parse_header(line: usize, header: &str) -> Result<Shape, ScheduleError> {
             .filter(|&n| n > 0)
             .ok_or_else(|| err(word, &format!("expected {key}=N with N >= 1")))?;
     }
-    if let Some(extra) = words.next() {
+    let mut rest = words.peekable();
+    let v = rest.next_if_eq(&"placement=v").is_some();
+    if let Some(extra) = rest.next() {
         return Err(err(extra, "unexpected text after the header"));
+    }
+    if v {
+        if values[1] != 2 {
+            return Err(err(header, "placement=v needs chunks=2"));
+        }
+        return Shape::v(values[0], values[2]);
     }
     Shape::new(values[0], values[1], values[2])
 }

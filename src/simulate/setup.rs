@@ -32,7 +32,7 @@ pub struct Setup {
     pub p: usize,
     pub v: usize,
     pub m: usize,
-    /// One per virtual stage (chunk c of stage r is virtual stage c*p + r).
+    /// One per virtual stage (see [`Setup::layout`] for which chunk of which stage holds it).
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
@@ -88,8 +88,15 @@ impl Setup {
             .map_err(|e| anyhow::anyhow!("{} with p={}, v={}, m={}: {e}", self.kind, self.p, self.v, self.m))
     }
 
+    /// The layout of chunk `chunk` of stage `stage`, placed as the schedule's Shape says.
     pub fn layout(&self, stage: usize, chunk: usize) -> &ChunkLayout {
-        &self.layouts[chunk * self.p + stage]
+        let placed = schedules::Shape {
+            stages: self.p,
+            chunks: self.v,
+            microbatches: self.m,
+            placement: self.kind.placement(),
+        };
+        &self.layouts[placed.virtual_stage(stage, chunk)]
     }
 
     pub fn activation_bytes_per_element(&self) -> usize {
@@ -166,6 +173,18 @@ pub(crate) mod tests {
         let s = Setup::new(&gpt2_small(2, "interleaved-1f1b", 2, 4), Path::new("c.yaml")).unwrap();
         assert_eq!(s.stage_layers(0), "h.0-h.3 + embedding, h.8-h.11");
         assert_eq!(s.stage_layers(1), "h.4-h.7, head");
+    }
+
+    #[test]
+    fn a_v_holds_the_embedding_and_the_head_on_stage_0_with_nothing_to_exchange() {
+        // 12 blocks over 4 virtual stages: stage 0 holds virtual stages 0 and 3, stage 1
+        // virtual stages 1 and 2.
+        let s = Setup::new(&gpt2_small(2, "zb-v", 1, 4), Path::new("c.yaml")).unwrap();
+        assert_eq!((s.p, s.v), (2, 2));
+        assert!(s.layout(0, 0).embedding && s.layout(0, 1).head);
+        assert_eq!(s.layout(1, 0).blocks, s.layouts[1].blocks);
+        assert_eq!(s.layout(1, 1).blocks, s.layouts[2].blocks);
+        assert_eq!(s.tied_holders(), None);
     }
 
     #[test]

@@ -83,8 +83,12 @@ pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
 
 /// Every rank a thread of this process, sharing its cores.
 fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
-    let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: cfg.data_parallel() };
     let (_, schedule) = model::lowered_schedule(cfg, &args.config)?;
+    let topology = Topology {
+        pipeline: cfg.pipeline_model_parallel_size,
+        data: cfg.data_parallel(),
+        placement: schedule.schedule().shape().placement,
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let fault = fault_injection()?;
     let ends = threads::world(topology, schedule.required_capacity().get());
@@ -216,6 +220,7 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
     result.map_err(|e| if id != 0 && is_user_error(&e) { anyhow::Error::new(Quiet(2)) } else { e })
 }
 
+#[cfg(feature = "mpi")]
 type Endpoints = (Box<dyn stages::dist::Transport>, Box<dyn stages::dist::Collective>);
 
 /// NCCL between GPUs where each rank on this machine has a GPU of its own (NCCL refuses
@@ -269,7 +274,8 @@ fn agree_on_config(
     cfg.data_parallel_size = Some(dp);
     cfg.validate().map_err(|(key, msg)| user_error(format!("{path}: key `{key}`: {msg}")))?;
     let mine = serde_norway::to_string(&*cfg)?;
-    let (_, mut probe) = mpi.endpoints(Topology { pipeline: 1, data: world });
+    let probe = Topology { pipeline: 1, data: world, placement: schedules::Placement::Interleaved };
+    let (_, mut probe) = mpi.endpoints(probe);
     let all = stages::dist::Collective::all_gather(&mut probe, stages::dist::Group::World, mine.as_bytes())?;
     if let Some(other) = all.iter().position(|c| c != &all[0]) {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
@@ -278,5 +284,6 @@ fn agree_on_config(
             "rank {other} read a config that differs from rank 0's: {differing}"
         )));
     }
-    Ok(Topology { pipeline: p, data: dp })
+    let placement = model::schedule_shape(cfg, &args.config)?.placement;
+    Ok(Topology { pipeline: p, data: dp, placement })
 }

@@ -27,8 +27,10 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
             pipeline_schedule: schedule.into(),
             ..Config::default()
         };
-        let topology = Topology { pipeline: p, data: 1 };
-        let capacity = model::lowered_schedule(&cfg, path).unwrap().1.required_capacity().get();
+        let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
+        let placement = schedule.schedule().shape().placement;
+        let topology = Topology { pipeline: p, data: 1, placement };
+        let capacity = schedule.required_capacity().get();
         let mut ranks: Vec<Rank> = threads::world(topology, capacity)
             .into_iter()
             .enumerate()

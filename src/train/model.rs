@@ -13,7 +13,6 @@ use stages::{
     SelectiveModules, TensorParallel,
 };
 use std::path::Path;
-use std::str::FromStr;
 
 pub fn shape(c: &Config) -> GptShape {
     GptShape {
@@ -167,8 +166,7 @@ fn key_error(path: &Path, key: &str, msg: impl std::fmt::Display) -> anyhow::Err
 /// naming `pipeline_schedule` (the config read from `path`).
 pub fn lowered_schedule(cfg: &Config, path: &Path) -> anyhow::Result<(ScheduleKind, LoweredSchedule)> {
     let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-    let kind = ScheduleKind::from_str(&cfg.pipeline_schedule)
-        .map_err(|e| key_error(path, "pipeline_schedule", e))?;
+    let kind = cfg.schedule_kind().map_err(|e| key_error(path, "pipeline_schedule", e))?;
     let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
         key_error(
             path,
@@ -191,15 +189,21 @@ pub fn chunk_layouts(cfg: &Config, path: &Path) -> anyhow::Result<Vec<ChunkLayou
     Ok(partition::layouts(&counts))
 }
 
-/// The layouts of stage `stage`'s chunks: chunk c is virtual stage c*p + stage.
+/// The layouts of stage `stage`'s chunks, placed as the schedule's [`schedules::Shape`] says
+/// (interleaved: chunk c is virtual stage c*p + stage; V: stage and 2p-1-stage).
 pub fn stage_layouts(cfg: &Config, path: &Path, stage: usize) -> anyhow::Result<Vec<ChunkLayout>> {
     let layouts = chunk_layouts(cfg, path)?;
-    let shape = schedules::Shape {
-        stages: cfg.pipeline_model_parallel_size,
-        chunks: cfg.virtual_stages(),
-        microbatches: cfg.num_microbatches(),
-    };
-    Ok((0..cfg.virtual_stages()).map(|c| layouts[shape.virtual_stage(stage, c)].clone()).collect())
+    let shape = schedule_shape(cfg, path)?;
+    Ok((0..shape.chunks).map(|c| layouts[shape.virtual_stage(stage, c)].clone()).collect())
+}
+
+/// The shape of the schedule `cfg` asks for; an impossible one is a user error naming
+/// `pipeline_schedule`.
+pub fn schedule_shape(cfg: &Config, path: &Path) -> anyhow::Result<schedules::Shape> {
+    let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
+    let kind = cfg.schedule_kind().map_err(|e| key_error(path, "pipeline_schedule", e))?;
+    kind.shape(p, v, m)
+        .map_err(|e| key_error(path, "pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))
 }
 
 /// One line for a stage: what it holds and how it recomputes.

@@ -97,7 +97,7 @@ impl<'a> StepPlan<'a> {
 }
 
 /// A forward-only plan (evaluation): every microbatch through every virtual stage in order,
-/// each forward's output sent on at once.
+/// each forward's output sent on at once (or, to a chunk of the same stage, handed over).
 pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
     let (p, v) = (shape.stages, shape.chunks);
     let last = p * v - 1;
@@ -106,12 +106,13 @@ pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
     for mb in 0..shape.microbatches {
         for vs in 0..=last {
             let (rank, chunk) = shape.locate(vs);
-            if vs > 0 {
+            // A neighbour on this same stage (a V's turn) hands its output over locally.
+            if vs > 0 && !shape.same_stage(vs - 1, vs) {
                 let from = shape.locate(vs - 1).0;
                 lists[rank].push(Action::new(rank, chunk, mb, ActionKind::RecvActivation { from }));
             }
             lists[rank].push(Action::new(rank, chunk, mb, ActionKind::Forward));
-            if vs < last {
+            if vs < last && !shape.same_stage(vs, vs + 1) {
                 let to = shape.locate(vs + 1).0;
                 lists[rank].push(Action::new(rank, chunk, mb, ActionKind::SendActivation { to }));
                 let c = Channel { from: rank, to, payload: Payload::Activation };
@@ -167,7 +168,10 @@ pub fn run_stage(
                 };
                 let (output, losses) = stage.forward(action.chunk, &mb, inbox_act.remove(&key));
                 if let Some(out) = output {
-                    outbox_act.insert(key, out);
+                    match local(shape, rank, action, 1) {
+                        Some(next) => inbox_act.insert((next, action.microbatch), out),
+                        None => outbox_act.insert(key, out),
+                    };
                 }
                 if let Some(l) = losses {
                     report.losses.push((global(action.microbatch) as usize, mean(&l)));
@@ -179,7 +183,10 @@ pub fn run_stage(
                 if let Some(dinput) =
                     stage.backward(action.chunk, global(action.microbatch), inbox_grad.remove(&key), split)
                 {
-                    outbox_grad.insert(key, dinput);
+                    match local(shape, rank, action, -1) {
+                        Some(previous) => inbox_grad.insert((previous, action.microbatch), dinput),
+                        None => outbox_grad.insert(key, dinput),
+                    };
                 }
             }
             ActionKind::BackwardWeight => stage.backward_weight(action.chunk, global(action.microbatch)),
@@ -219,6 +226,16 @@ pub fn run_stage(
         });
     }
     Ok(report)
+}
+
+/// The chunk of this stage that holds the virtual stage `step` (+1 or -1) away from the
+/// action's, if this stage holds it: a V placement's turn, where the tensor is handed over
+/// here instead of through the transport (the lowering adds no transfer for it).
+fn local(shape: Shape, rank: usize, action: &Action, step: isize) -> Option<usize> {
+    let neighbour = shape.virtual_stage(rank, action.chunk).checked_add_signed(step)?;
+    (neighbour < shape.virtual_stages())
+        .then(|| shape.locate(neighbour))
+        .and_then(|(stage, chunk)| (stage == rank).then_some(chunk))
 }
 
 /// Mean of per-token losses, summed in order in f64.

@@ -23,7 +23,7 @@ pub struct OptimizerStep {
 
 pub struct Stage {
     pub device: Arc<dyn Device>,
-    /// This stage's model chunks, chunk c being virtual stage c*p + rank.
+    /// This stage's model chunks, in the order of the schedule's chunks (placed by its Shape).
     pub chunks: Vec<ModelChunk>,
     stash: HashMap<(usize, u32), ChunkStash>,
     deferred: HashMap<(usize, u32), DeferredWeightGrads>,
@@ -83,22 +83,39 @@ impl Stage {
         }
     }
 
-    /// Sums the two gradients of the tied token embedding where one chunk holds both the
-    /// embedding and the head (a single-stage model).
+    /// Sums the two gradients of the tied token embedding where this stage holds both the
+    /// embedding and the head: in one chunk (a single stage) or in two (stage 0 of a V
+    /// placement, whose two copies then both hold the sum, as two stages do after their
+    /// exchange).
     pub fn fold_local_tied_grad(&mut self) {
-        for c in &mut self.chunks {
-            let p = &mut c.params;
-            if let (Some(head), Some(wte)) = (p.head_wte_grad.as_ref(), p.wte_index()) {
-                self.device.accumulate(&mut p.grads[wte], head);
-            }
+        let dev = &*self.device;
+        let embedding = self.chunks.iter().position(|c| c.layout.embedding);
+        let head = self.chunks.iter().position(|c| c.layout.head);
+        let (Some(e), Some(h)) = (embedding, head) else { return };
+        if e == h {
+            let p = &mut self.chunks[e].params;
+            let (head, wte) = (p.head_wte_grad.as_ref().expect("the head's own gradient"), p.wte_index());
+            dev.accumulate(&mut p.grads[wte.expect("embedding chunk holds wte")], head);
+            return;
         }
+        let (low, high) = self.chunks.split_at_mut(e.max(h));
+        let (embedding, head) = if e < h { (&mut low[e], &mut high[0]) } else { (&mut high[0], &mut low[h]) };
+        let (we, wh) = (embedding.params.wte_index(), head.params.wte_index());
+        let (we, wh) = (we.expect("embedding chunk holds wte"), wh.expect("head chunk holds wte"));
+        dev.accumulate(&mut embedding.params.grads[we], &head.params.grads[wh]);
+        dev.copy(&mut head.params.grads[wh], &embedding.params.grads[we]);
     }
 
     /// The gradient of this stage's copy of the tied token embedding where the other copy
     /// is on another stage: the embedding's (first stage) or the LM head's (last stage).
-    /// Both holders sum the two, so both copies stay identical.
+    /// Both holders sum the two, so both copies stay identical. None where this stage holds
+    /// both (see [`Stage::fold_local_tied_grad`]).
     pub fn tied_grad_mut(&mut self) -> Option<&mut Tensor> {
-        let c = self.chunks.iter_mut().find(|c| c.layout.embedding != c.layout.head)?;
+        let holds = |f: fn(&ModelChunk) -> bool| self.chunks.iter().any(f);
+        if holds(|c| c.layout.embedding) && holds(|c| c.layout.head) {
+            return None;
+        }
+        let c = self.chunks.iter_mut().find(|c| c.layout.embedding || c.layout.head)?;
         let wte = c.params.wte_index()?;
         Some(&mut c.params.grads[wte])
     }

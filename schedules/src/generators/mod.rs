@@ -6,16 +6,20 @@
 //! | `1f1b`             | [`one_f_one_b`] | 1                | any                     |
 //! | `interleaved-1f1b` | [`interleaved`] | >= 2 (p >= 2)    | a multiple of p         |
 //! | `zb-h1`            | [`zb_h1`]       | 1                | any                     |
+//! | `zb-v`             | [`zb_v`]        | 2, in a V        | any                     |
+//! | `dualpipe-v`       | [`dualpipe_v`]  | 2, in a V        | at least 2p             |
 //!
 //! Each generator also states the peak in-flight activations it promises per stage
 //! ([`ScheduleKind::promised_in_flight`]), which the tests hold it to.
 
+pub mod dualpipe_v;
 pub mod gpipe;
 pub mod interleaved;
 pub mod one_f_one_b;
 pub mod zb_h1;
+pub mod zb_v;
 
-use crate::ir::{Action, ActionKind, InFlight, Schedule, Shape};
+use crate::ir::{Action, ActionKind, InFlight, Placement, Schedule, Shape};
 use crate::ScheduleError;
 use std::fmt;
 use std::str::FromStr;
@@ -27,26 +31,65 @@ pub enum ScheduleKind {
     OneFOneB,
     Interleaved1F1B,
     ZeroBubbleH1,
+    ZeroBubbleV,
+    DualPipeV,
 }
 
 impl ScheduleKind {
-    pub const ALL: [ScheduleKind; 4] =
-        [Self::GPipe, Self::OneFOneB, Self::Interleaved1F1B, Self::ZeroBubbleH1];
+    pub const ALL: [ScheduleKind; 6] = [
+        Self::GPipe,
+        Self::OneFOneB,
+        Self::Interleaved1F1B,
+        Self::ZeroBubbleH1,
+        Self::ZeroBubbleV,
+        Self::DualPipeV,
+    ];
 
-    /// The config name: `gpipe | 1f1b | interleaved-1f1b | zb-h1`.
+    /// The config name: `gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-v | dualpipe-v`.
     pub fn name(self) -> &'static str {
         match self {
             Self::GPipe => "gpipe",
             Self::OneFOneB => "1f1b",
             Self::Interleaved1F1B => "interleaved-1f1b",
             Self::ZeroBubbleH1 => "zb-h1",
+            Self::ZeroBubbleV => "zb-v",
+            Self::DualPipeV => "dualpipe-v",
         }
+    }
+
+    /// The model chunks per stage this schedule implies when
+    /// `virtual_pipeline_model_parallel_size` is unset: 2 for the V schedules, else 1.
+    pub fn default_chunks(self) -> usize {
+        if self.is_v() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Where the schedule places its chunks: in a V (two per stage) for zb-v and dualpipe-v.
+    pub fn placement(self) -> Placement {
+        match self {
+            Self::ZeroBubbleV | Self::DualPipeV => Placement::V,
+            _ => Placement::Interleaved,
+        }
+    }
+
+    /// Whether the schedule places two chunks per stage in a V.
+    pub fn is_v(self) -> bool {
+        self.placement() == Placement::V
     }
 
     /// Checks that this schedule supports p stages, v chunks per stage and m microbatches.
     pub fn shape(self, p: usize, v: usize, m: usize) -> Result<Shape, ScheduleError> {
         match self {
             Self::Interleaved1F1B => interleaved::shape(p, v, m, p),
+            _ if self.is_v() && v != 2 => Err(ScheduleError::Shape(format!(
+                "{self} places two model chunks per stage in a V, so \
+                 virtual_pipeline_model_parallel_size must be 2 (or unset), not {v}"
+            ))),
+            Self::ZeroBubbleV => Shape::v(p, m),
+            Self::DualPipeV => dualpipe_v::shape(p, m),
             _ => {
                 if v != 1 {
                     return Err(ScheduleError::Shape(format!(
@@ -68,6 +111,8 @@ impl ScheduleKind {
             Self::OneFOneB => one_f_one_b::promised(shape),
             Self::Interleaved1F1B => interleaved::promised(shape, p),
             Self::ZeroBubbleH1 => zb_h1::promised(shape),
+            Self::ZeroBubbleV => zb_v::promised(shape),
+            Self::DualPipeV => dualpipe_v::promised(shape),
         })
     }
 }
@@ -97,6 +142,8 @@ pub fn generate(kind: ScheduleKind, p: usize, v: usize, m: usize) -> Result<Sche
         ScheduleKind::OneFOneB => one_f_one_b::build(shape),
         ScheduleKind::Interleaved1F1B => interleaved::build(shape, p),
         ScheduleKind::ZeroBubbleH1 => zb_h1::build(shape),
+        ScheduleKind::ZeroBubbleV => zb_v::build(shape),
+        ScheduleKind::DualPipeV => dualpipe_v::build(shape),
     }
 }
 
@@ -129,7 +176,8 @@ mod tests {
         let err = "pipedream".parse::<ScheduleKind>().unwrap_err().to_string();
         assert_eq!(
             err,
-            "unknown pipeline schedule \"pipedream\" (expected one of: gpipe, 1f1b, interleaved-1f1b, zb-h1)"
+            "unknown pipeline schedule \"pipedream\" (expected one of: gpipe, 1f1b, interleaved-1f1b, zb-h1, \
+             zb-v, dualpipe-v)"
         );
     }
 
@@ -139,5 +187,18 @@ mod tests {
         assert!(err.starts_with("1f1b runs one model chunk per stage"), "{err}");
         assert!(generate(ScheduleKind::GPipe, 0, 1, 8).is_err());
         assert!(generate(ScheduleKind::ZeroBubbleH1, 2, 1, 0).is_err());
+    }
+
+    #[test]
+    fn v_schedules_take_two_chunks_and_dualpipe_v_2p_microbatches() {
+        let err = generate(ScheduleKind::ZeroBubbleV, 4, 3, 8).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "zb-v places two model chunks per stage in a V, so virtual_pipeline_model_parallel_size \
+             must be 2 (or unset), not 3"
+        );
+        let err = generate(ScheduleKind::DualPipeV, 4, 2, 7).unwrap_err().to_string();
+        assert_eq!(err, "dualpipe-v needs at least 2p = 8 microbatches, not 7");
+        assert_eq!(generate(ScheduleKind::DualPipeV, 4, 2, 8).unwrap().shape(), Shape::v(4, 8).unwrap());
     }
 }

@@ -19,15 +19,17 @@ pub mod threads;
 mod wire;
 
 use kernels::{Device, Tensor};
-use schedules::Payload;
+use schedules::{Payload, Placement};
 
 pub use wire::{decode_tensors, encode_tensors, NamedTensor, Reader, Writer};
 
-/// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times.
+/// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times, with
+/// the schedule's placement of virtual stages (which decides who holds the tied embedding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
     pub pipeline: usize,
     pub data: usize,
+    pub placement: Placement,
 }
 
 /// A set of ranks that a collective runs over, named from one member's point of view.
@@ -39,8 +41,9 @@ pub enum Group {
     Pipeline,
     /// This stage's replicas, in replica order.
     DataParallel,
-    /// The first and the last stage of this rank's replica: the two holders of the tied
-    /// embedding (one rank when they are the same stage).
+    /// The stages of this rank's replica holding the first and the last virtual stage: the
+    /// two holders of the tied embedding (one rank when they are the same stage: p = 1, or
+    /// stage 0 of a V placement).
     TiedEmbedding,
 }
 
@@ -70,7 +73,11 @@ impl Topology {
             Group::Pipeline => (0..self.pipeline).map(|s| self.rank(s, replica)).collect(),
             Group::DataParallel => (0..self.data).map(|r| self.rank(stage, r)).collect(),
             Group::TiedEmbedding => {
-                let mut ends = vec![self.rank(0, replica), self.rank(self.pipeline - 1, replica)];
+                let last = match self.placement {
+                    Placement::V => 0,
+                    Placement::Interleaved => self.pipeline - 1,
+                };
+                let mut ends = vec![self.rank(0, replica), self.rank(last, replica)];
                 ends.dedup();
                 ends
             }
@@ -147,7 +154,7 @@ mod tests {
 
     #[test]
     fn megatron_rank_order_with_pipeline_outermost() {
-        let t = Topology { pipeline: 3, data: 2 };
+        let t = Topology { pipeline: 3, data: 2, placement: Placement::Interleaved };
         assert_eq!(t.world(), 6);
         assert_eq!(t.rank(0, 1), 1);
         assert_eq!(t.rank(2, 0), 4);
@@ -156,8 +163,11 @@ mod tests {
         assert_eq!(t.members(Group::DataParallel, 3), vec![2, 3]);
         assert_eq!(t.members(Group::TiedEmbedding, 2), vec![0, 4]);
         assert_eq!(t.members(Group::World, 0), (0..6).collect::<Vec<_>>());
-        let single = Topology { pipeline: 1, data: 2 };
+        let single = Topology { pipeline: 1, data: 2, placement: Placement::Interleaved };
         assert_eq!(single.members(Group::TiedEmbedding, 1), vec![1]);
+        // A V holds the embedding and the head both on stage 0.
+        let v = Topology { pipeline: 3, data: 2, placement: Placement::V };
+        assert_eq!(v.members(Group::TiedEmbedding, 5), vec![1]);
     }
 
     #[test]

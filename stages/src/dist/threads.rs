@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn tensors_move_between_ledgers_without_copying() {
-        let topology = Topology { pipeline: 2, data: 1 };
+        let topology = Topology { pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
         let mut ends = world(topology, 1);
         let (mut b, _) = ends.pop().unwrap();
         let (mut a, _) = ends.pop().unwrap();
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn collectives_agree_and_a_stopped_member_fails_its_peers() {
-        let topology = Topology { pipeline: 1, data: 3 };
+        let topology = Topology { pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
         let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = world(topology, 1)
                 .into_iter()
