@@ -75,6 +75,8 @@ fn every_schedule_under_mpirun_matches_threads_bitwise() {
         ("zb-h1", 4, "selective"),
         ("interleaved-1f1b", 2, "selective"),
         ("gpipe", 4, "full"),
+        ("zb-v", 2, "selective"),
+        ("dualpipe-v", 2, "full"),
     ];
     for (schedule, p, recompute) in cases {
         let Some(mpirun) = mpirun(p) else { return };
