@@ -16,6 +16,13 @@ impl fmt::Display for UserError {
 
 impl std::error::Error for UserError {}
 
+/// Writes `line` and its newline to stderr in one write: under mpirun, whose forwarding
+/// interleaves what ranks and mpirun itself print, a line written in pieces can be split.
+pub fn print_line(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{line}\n").as_bytes());
+}
+
 /// An `anyhow::Error` that the CLI reports as a user mistake (exit code 2).
 pub fn user_error(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UserError(msg.into()))

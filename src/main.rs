@@ -60,13 +60,13 @@ fn report(e: anyhow::Error) -> ExitCode {
     if let Some(error::Quiet(code)) = e.downcast_ref::<error::Quiet>() {
         ExitCode::from(*code)
     } else if e.is::<error::Interrupted>() {
-        eprintln!("{e}");
+        error::print_line(&e.to_string());
         ExitCode::from(130)
     } else if error::is_user_error(&e) {
-        eprintln!("error: {e}");
+        error::print_line(&format!("error: {e}"));
         ExitCode::from(2)
     } else {
-        eprintln!("error: {e:#}");
+        error::print_line(&format!("error: {e:#}"));
         ExitCode::from(1)
     }
 }

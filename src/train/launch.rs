@@ -37,7 +37,9 @@ fn on_signal() {
     if launched().is_some_and(|(world, _)| world > 1) {
         let grace = Duration::from_millis(5000 + 2 * LAST_STEP_MS.load(Ordering::Relaxed));
         std::thread::sleep(grace);
-        eprintln!("stopped by a signal; no step boundary within {grace:?} (a peer is gone)");
+        crate::error::print_line(&format!(
+            "stopped by a signal; no step boundary within {grace:?} (a peer is gone)"
+        ));
         std::process::exit(143);
     }
 }
@@ -213,7 +215,7 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
                 true => (format!("error: {e}"), 2),
                 false => (format!("error: rank {id}: {e:#}"), 1),
             };
-            eprintln!("{line}");
+            crate::error::print_line(&line);
             mpi.abort(code)
         })
     });
