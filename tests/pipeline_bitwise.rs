@@ -63,24 +63,14 @@ fn v_schedules_match_one_stage_bitwise_under_every_recompute_policy() {
     let dir = temp_dir("pipeline-v-recompute");
     // m = 8: enough for DualPipeV's 2p at p = 4.
     let gb = ("global-batch-size", "16".to_string());
-    let full = |method: &str, n: &str| {
-        vec![
-            ("recompute-granularity", "full".to_string()),
-            ("recompute-method", method.to_string()),
-            ("recompute-num-layers", n.to_string()),
-        ]
-    };
-    let selective = |modules: &str| {
-        vec![("recompute-granularity", "selective".to_string()), ("recompute-modules", modules.to_string())]
-    };
     let policies = [
-        full("uniform", "1"),
-        full("uniform", "3"),
-        full("block", "1"),
-        full("block", "8"),
-        selective("core_attn"),
-        selective("mlp"),
-        selective("layernorm,core_attn"),
+        full_recompute("uniform", "1"),
+        full_recompute("uniform", "3"),
+        full_recompute("block", "1"),
+        full_recompute("block", "8"),
+        selective_recompute("core_attn"),
+        selective_recompute("mlp"),
+        selective_recompute("layernorm,core_attn"),
     ];
     for (i, policy) in policies.iter().enumerate() {
         let mut base_flags = vec![gb.clone()];

@@ -7,28 +7,18 @@ use common::*;
 
 /// (name, flags) of every policy under test.
 fn policies() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
-    let full = |method: &str, n: &str| {
-        vec![
-            ("recompute-granularity", "full".to_string()),
-            ("recompute-method", method.to_string()),
-            ("recompute-num-layers", n.to_string()),
-        ]
-    };
-    let selective = |modules: &str| {
-        vec![("recompute-granularity", "selective".to_string()), ("recompute-modules", modules.to_string())]
-    };
     vec![
         ("none", vec![]),
-        ("uniform-1", full("uniform", "1")),
-        ("uniform-2", full("uniform", "2")),
-        ("uniform-3", full("uniform", "3")),
-        ("block-1", full("block", "1")),
-        ("block-2", full("block", "2")),
-        ("block-all", full("block", "8")),
-        ("selective-core_attn", selective("core_attn")),
-        ("selective-mlp", selective("mlp")),
-        ("selective-layernorm", selective("layernorm")),
-        ("selective-all", selective("core_attn,mlp,layernorm")),
+        ("uniform-1", full_recompute("uniform", "1")),
+        ("uniform-2", full_recompute("uniform", "2")),
+        ("uniform-3", full_recompute("uniform", "3")),
+        ("block-1", full_recompute("block", "1")),
+        ("block-2", full_recompute("block", "2")),
+        ("block-all", full_recompute("block", "8")),
+        ("selective-core_attn", selective_recompute("core_attn")),
+        ("selective-mlp", selective_recompute("mlp")),
+        ("selective-layernorm", selective_recompute("layernorm")),
+        ("selective-all", selective_recompute("core_attn,mlp,layernorm")),
         (
             "per-stage",
             vec![("recompute-granularity", "full".to_string()), ("recompute-method", "uniform".to_string())],

@@ -160,3 +160,17 @@ pub fn flags(list: &[(&str, String)]) -> Vec<String> {
 pub fn report(run_dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap()
 }
+
+/// The flags of full recompute by `method` (uniform or block) over `n` layers.
+pub fn full_recompute(method: &str, n: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("recompute-granularity", "full".to_string()),
+        ("recompute-method", method.to_string()),
+        ("recompute-num-layers", n.to_string()),
+    ]
+}
+
+/// The flags of selective recompute of `modules` (comma-separated).
+pub fn selective_recompute(modules: &str) -> Vec<(&'static str, String)> {
+    vec![("recompute-granularity", "selective".to_string()), ("recompute-modules", modules.to_string())]
+}
