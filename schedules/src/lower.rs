@@ -18,7 +18,7 @@
 //! persistence) means it completes under every thread interleaving with that capacity or
 //! more. In particular no stage ever blocks on a send whose receiver would first need
 //! something back from it. For the schedules the generators produce the capacity is 1, but
-//! ZB-V's greedy order needs 2 from p = 5 on (checked by the property tests); a rendezvous
+//! ZB-V's greedy order needs 2 from p = 6 on (checked by the property tests); a rendezvous
 //! channel (capacity 0) would deadlock even plain 1F1B.
 
 use crate::execute::{run, ChannelCapacity};

@@ -91,14 +91,22 @@ fn peak_in_flight_is_min_p_minus_r_m_for_1f1b_and_m_for_gpipe() {
 }
 
 #[test]
-fn every_promise_is_met_exactly() {
+fn every_promise_is_met_exactly_and_zb_v_stays_within_its_bounds() {
     for kind in ScheduleKind::ALL {
         for p in 1..=8 {
             for v in 1..=3 {
                 for m in 1..=16 {
                     let Ok(schedule) = generate(kind, p, v, m) else { continue };
                     let promised = kind.promised_in_flight(p, v, m).unwrap();
-                    assert_eq!(schedule.measured_in_flight(), promised, "{kind} p={p} v={v} m={m}");
+                    let measured = schedule.measured_in_flight();
+                    if kind == ScheduleKind::ZeroBubbleV {
+                        // A greedy order: bounds, not counts (the memory test below holds it to
+                        // the paper's accounting).
+                        let within = measured.iter().zip(&promised).all(|(m, p)| m.full <= p.full && m.total <= p.total);
+                        assert!(within, "{kind} p={p} m={m}: {measured:?} over {promised:?}");
+                    } else {
+                        assert_eq!(measured, promised, "{kind} p={p} v={v} m={m}");
+                    }
                 }
             }
         }
@@ -237,23 +245,18 @@ fn v_schedules_take_6m_plus_p_minus_1_units_zero_bubble_in_the_steady_state() {
     // F = B = W = 1 per chunk, two chunks per stage: a stage's work is 6m units. ZB-V's
     // published figure (Qi et al.) is no bubble but the ramp: stage r starts r units late and
     // ends p-1-r early, so the iteration takes 6m + p - 1 and the bubble rate is
-    // (p-1)/(6m+p-1), against 1F1B's (p-1)/(m+p-1) for the same model. DualPipeV, with
-    // each overlapped forward/backward pair run in turn, reaches it exactly; our greedy ZB-V
-    // does for p <= 2 and stays within 3 units of it (never below: it is a lower bound).
-    for p in 1..=8 {
+    // (p-1)/(6m+p-1), against 1F1B's (p-1)/(m+p-1) for the same model. Both V schedules
+    // reach it exactly, DualPipeV with each overlapped forward/backward pair run in turn.
+    for p in 1..=16 {
         for m in 2 * p..=4 * p {
             let best = 6 * m + p - 1;
-            let report = run(ScheduleKind::DualPipeV, p, 2, m, costs(1.0, 1.0, 1.0));
-            assert_eq!(report.iteration_time, best as f64, "dualpipe-v p={p} m={m}");
-            assert_eq!(report.bubble_rate, ratio(p - 1, best), "dualpipe-v p={p} m={m}");
-            for (r, stage) in report.stages.iter().enumerate() {
-                assert_eq!(stage.idle, (p - 1) as f64, "dualpipe-v p={p} m={m} stage {r}");
-            }
-            let report = run(ScheduleKind::ZeroBubbleV, p, 2, m, costs(1.0, 1.0, 1.0));
-            let time = report.iteration_time as usize;
-            assert!((best..=best + 3).contains(&time), "zb-v p={p} m={m}: {time} units");
-            if p <= 2 {
-                assert_eq!(report.bubble_rate, ratio(p - 1, best), "zb-v p={p} m={m}");
+            for kind in [ScheduleKind::ZeroBubbleV, ScheduleKind::DualPipeV] {
+                let report = run(kind, p, 2, m, costs(1.0, 1.0, 1.0));
+                assert_eq!(report.iteration_time, best as f64, "{kind} p={p} m={m}");
+                assert_eq!(report.bubble_rate, ratio(p - 1, best), "{kind} p={p} m={m}");
+                for (r, stage) in report.stages.iter().enumerate() {
+                    assert_eq!(stage.idle, (p - 1) as f64, "{kind} p={p} m={m} stage {r}");
+                }
             }
         }
     }
@@ -261,23 +264,28 @@ fn v_schedules_take_6m_plus_p_minus_1_units_zero_bubble_in_the_steady_state() {
 
 #[test]
 fn zb_v_holds_1f1b_peak_activations_on_every_stage_and_dualpipe_v_half_a_stage_more() {
-    // A V chunk is half a stage: 1F1B's stage 0 holds p whole-stage microbatches (2 bytes
-    // each here), ZB-V 2p half-stage ones (1 byte each) on every stage: the same peak, now
-    // level across the stages. DualPipeV holds one half-stage set more.
-    let c = |bytes| {
+    // A V chunk is half a stage: 1F1B's stage 0 holds p whole-stage microbatches (4 bytes
+    // each here), ZB-V 2p half-stage ones (2 bytes each) on every stage: the same peak, now
+    // level across the stages, also when half of a chunk's bytes wait for its W as the
+    // paper counts them. DualPipeV holds one half-stage set more.
+    let c = |activation_bytes, weight_grad_bytes| {
         let mut c = costs(1.0, 1.0, 1.0);
-        c.memory.activation_bytes = bytes;
+        c.memory.activation_bytes = activation_bytes;
+        c.memory.weight_grad_bytes = weight_grad_bytes;
         c
     };
-    for p in 1..=6 {
-        for m in [2 * p, 3 * p + 1] {
-            let one_f_one_b = run(ScheduleKind::OneFOneB, p, 1, m, c(2));
+    for p in 1..=8 {
+        for m in [2 * p, 3 * p + 1, 8 * p] {
+            let one_f_one_b = run(ScheduleKind::OneFOneB, p, 1, m, c(4, 0));
             let peak = one_f_one_b.stages[0].peak_memory;
-            assert_eq!(peak, 2 * p as u64);
-            let zb_v = run(ScheduleKind::ZeroBubbleV, p, 2, m, c(1));
-            assert!(zb_v.stages.iter().all(|s| s.peak_memory == peak), "zb-v p={p} m={m}");
-            let dualpipe_v = run(ScheduleKind::DualPipeV, p, 2, m, c(1));
-            assert!(dualpipe_v.stages.iter().all(|s| s.peak_memory == peak + 1), "dualpipe-v p={p} m={m}");
+            assert_eq!(peak, 4 * p as u64);
+            for weight_grad_bytes in [0, 1] {
+                let zb_v = run(ScheduleKind::ZeroBubbleV, p, 2, m, c(2, weight_grad_bytes));
+                let peaks: Vec<u64> = zb_v.stages.iter().map(|s| s.peak_memory).collect();
+                assert_eq!(peaks, vec![peak; p], "zb-v p={p} m={m} W bytes {weight_grad_bytes}");
+            }
+            let dualpipe_v = run(ScheduleKind::DualPipeV, p, 2, m, c(2, 0));
+            assert!(dualpipe_v.stages.iter().all(|s| s.peak_memory == peak + 2), "dualpipe-v p={p} m={m}");
         }
     }
 }

@@ -78,7 +78,7 @@ proptest! {
 
         let lowered = lower(&schedule).unwrap();
         // One message per channel suffices for every generator but ZB-V's greedy order, which
-        // from p = 5 on may send a second message before the first is taken (never a third).
+        // from p = 6 on may send a second message before the first is taken (never a third).
         let capacity = lowered.required_capacity().get();
         if kind == ScheduleKind::ZeroBubbleV {
             prop_assert!(capacity <= 2);

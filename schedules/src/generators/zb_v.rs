@@ -7,16 +7,23 @@
 //! list scheduler. At every unit each stage takes, first ready first:
 //! 1. a B, which is what the other stages wait for (chunk 0 first: when both are ready its
 //!    microbatch is the older one, whose activations have been held longest);
-//! 2. an F (chunk 1 first: it brings a microbatch closer to the loss), if its chunk has room:
-//!    chunk 0 holds at most `2p-1-r` and chunk 1 at most `r+1` microbatches whose W has not
-//!    run, 2p in all: p whole-stage microbatches, 1F1B's peak (the paper's limit for ZB-V);
+//! 2. an F (chunk 1 first: it brings a microbatch closer to the loss), if memory allows it;
 //! 3. otherwise the oldest W.
 //!
-//! With F = B = W = 1 and free transfers the paper's ZB-V keeps every stage busy from its first
-//! F to its last W but for the p-1 units of the ramp: `6m + p - 1` units for m >= 2p. This
-//! greedy order reaches that exactly for p <= 2 and comes within 3 units of it up to p = 8
-//! (the repository searches over several heuristics for the last units; we do not). See
-//! `schedules/tests/closed_forms.rs`.
+//! Memory is counted as the paper counts it: a chunk's activations are two halves, one freed by
+//! its B and one kept for its W, and a stage holds at most 2p halves' worth of whole sets, that
+//! is `2 * whole + waiting <= 4p` (`whole`: forwards whose B has not run; `waiting`: Bs whose W
+//! has not). That caps the whole sets at 2p half-stage chunks, 1F1B's peak of p whole-stage
+//! microbatches, and lets Ws wait, to fill the bubbles of the drain, only as far as the whole
+//! sets leave room. A W keeps what the weight gradients need (each matmul's input and output
+//! gradient), well under half of what a block keeps for B, so the peak in bytes is at most
+//! 1F1B's.
+//!
+//! With F = B = W = 1 and free transfers this keeps every stage busy from its first F to its
+//! last W but for the p-1 units of the ramp: `6m + p - 1` units, the paper's figure, for
+//! every m >= 2p (held for p <= 16 in `schedules/tests/closed_forms.rs`). Capping the
+//! waiting Ws harder costs bubbles: with `whole + waiting <= 2p` instead, the order is up to
+//! 3 units longer from p = 3 on.
 
 use super::per_stage;
 use crate::ir::{ActionKind, InFlight, Schedule, Shape};
@@ -29,8 +36,8 @@ struct Stage {
     /// Next microbatch to forward / to run B for, per chunk.
     forward: [usize; 2],
     backward: [usize; 2],
-    /// Per chunk: forwards whose W has not run.
-    held: [usize; 2],
+    /// Forwards whose B has not run (either chunk).
+    whole: usize,
     /// (chunk, microbatch) whose B ran and W has not, oldest first.
     weights: VecDeque<(usize, usize)>,
     order: Vec<(usize, usize, ActionKind)>,
@@ -51,7 +58,6 @@ pub(super) fn build(shape: Shape) -> Result<Schedule, ScheduleError> {
         let done = |end: &Option<usize>| end.is_some_and(|e| e <= t);
         let mut started = Vec::new();
         for (r, stage) in stages.iter_mut().enumerate() {
-            let cap = [2 * p - 1 - r, r + 1];
             let vs = |chunk| shape.virtual_stage(r, chunk);
             let b_ready = |chunk: usize, stage: &Stage| {
                 let mb = stage.backward[chunk];
@@ -65,8 +71,9 @@ pub(super) fn build(shape: Shape) -> Result<Schedule, ScheduleError> {
             };
             let pick = if let Some(chunk) = [0, 1].into_iter().find(|&c| b_ready(c, stage)) {
                 Some((chunk, stage.backward[chunk], ActionKind::BackwardInput))
-            } else if let Some(chunk) =
-                [1, 0].into_iter().find(|&c| f_ready(c, stage) && stage.held[c] < cap[c])
+            } else if let Some(chunk) = [1, 0]
+                .into_iter()
+                .find(|&c| f_ready(c, stage) && 2 * (stage.whole + 1) + stage.weights.len() <= 4 * p)
             {
                 Some((chunk, stage.forward[chunk], ActionKind::Forward))
             } else {
@@ -76,13 +83,14 @@ pub(super) fn build(shape: Shape) -> Result<Schedule, ScheduleError> {
                 match kind {
                     ActionKind::Forward => {
                         stage.forward[chunk] += 1;
-                        stage.held[chunk] += 1;
+                        stage.whole += 1;
                     }
                     ActionKind::BackwardInput => {
                         stage.backward[chunk] += 1;
+                        stage.whole -= 1;
                         stage.weights.push_back((chunk, mb));
                     }
-                    _ => stage.held[chunk] -= 1,
+                    _ => {}
                 }
                 stage.order.push((chunk, mb, kind));
                 started.push((vs(chunk), mb, kind));
@@ -107,14 +115,9 @@ pub(super) fn build(shape: Shape) -> Result<Schedule, ScheduleError> {
     })
 }
 
-/// Stage r holds at most `min(2p-1-r, m) + min(r+1, m)` chunk activation sets (see the
-/// module docs); all of them may be whole (B not yet run).
+/// Bounds, not exact counts (the order is greedy): `2 * whole + waiting <= 4p` at every point
+/// (see the module docs) gives at most `min(2p, 2m)` whole sets and `min(4p, 2m)` in all.
 pub(super) fn promised(shape: Shape) -> Vec<InFlight> {
     let (p, m) = (shape.stages, shape.microbatches);
-    (0..p)
-        .map(|r| {
-            let n = (2 * p - 1 - r).min(m) + (r + 1).min(m);
-            InFlight { full: n, total: n }
-        })
-        .collect()
+    vec![InFlight { full: (2 * p).min(2 * m), total: (4 * p).min(2 * m) }; p]
 }
