@@ -391,9 +391,17 @@ fn plan_picks_a_v_whose_lines_simulate_to_the_same_figures() {
         .unwrap();
     assert_eq!(candidates.iter().find(|c| c["fits"] == true), Some(planned_candidate));
     assert_eq!(after["iteration_time_ms"], planned_candidate["iteration_time_ms"]);
-    let peak =
-        after["stages"].as_array().unwrap().iter().map(|s| s["peak_memory_bytes"].as_u64().unwrap()).max();
-    assert_eq!(peak, planned_candidate["peak_memory_bytes"].as_u64());
+    let peaks: Vec<Value> =
+        after["stages"].as_array().unwrap().iter().map(|s| s["peak_memory_bytes"].clone()).collect();
+    assert_eq!(Value::from(peaks), planned_candidate["stage_peak_memory_bytes"]);
+    // `--plan --json` lists what the planner simulated: the plan, first of those that fit,
+    // with the same figures.
+    let weighed = json_of(config, &["--plan", "--hardware", "a100-80gb"]);
+    let plan_candidate =
+        weighed["candidates"].as_array().unwrap().iter().find(|c| c["fits"] == true).unwrap();
+    for figure in ["pipeline_schedule", "recompute", "iteration_time_ms", "stage_peak_memory_bytes"] {
+        assert_eq!(plan_candidate[figure], planned_candidate[figure], "{figure}");
+    }
 
     let report = stdout(&simulate(&planned, &["--hardware", "a100-80gb"]));
     let said = plan.lines().nth(1).unwrap();

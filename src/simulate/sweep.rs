@@ -466,6 +466,7 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
                 "tokens_per_s": o.tokens_per_s,
                 "mfu": o.mfu,
                 "peak_memory_bytes": o.max_peak(),
+                "stage_peak_memory_bytes": o.peak_memory,
                 "fits": o.fits,
             })
         })
