@@ -21,7 +21,7 @@ use super::durations::from_hardware;
 use super::hardware::Hardware;
 use super::input;
 use super::memory::stage_static_bytes;
-use super::report::seconds;
+use super::report::{ranges, seconds};
 use super::setup::Setup;
 use super::units::format_bytes;
 use crate::config::Config;
@@ -475,9 +475,9 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
 }
 
 /// The config lines of the fastest candidate that fits, with comments saying what it is
-/// and the next `runners_up` that fit as a commented table. Every key the plan decides is
-/// written, null where it must be unset, so pasting the lines over the config's own gives
-/// exactly the plan.
+/// and each stage's peak, and the next `runners_up` that fit as a commented table. Every key
+/// the plan decides is written, null where it must be unset, so pasting the lines over the
+/// config's own gives exactly the plan.
 pub fn plan_yaml(
     outcomes: &[Outcome],
     base: &Config,
@@ -503,6 +503,7 @@ pub fn plan_yaml(
             100.0 * best.mfu,
             format_bytes(best.max_peak())
         ),
+        format!("# peak memory per stage: {}", stages_by_peak(&best.peak_memory)),
         format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
         format!("sequence_parallel: {}", cfg.sequence_parallel),
         format!("pipeline_model_parallel_size: {}", cfg.pipeline_model_parallel_size),
@@ -532,6 +533,19 @@ pub fn plan_yaml(
         text += &table(rest.into_iter(), 2, "# ");
     }
     Some(text)
+}
+
+/// The stages grouped by their peak as printed, in stage order: `0: 77.50 GiB; 1-7: 74.44 GiB`.
+fn stages_by_peak(peaks: &[u64]) -> String {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (stage, &bytes) in peaks.iter().enumerate() {
+        let shown = format_bytes(bytes);
+        match groups.iter_mut().find(|(s, _)| *s == shown) {
+            Some((_, stages)) => stages.push(stage),
+            None => groups.push((shown, vec![stage])),
+        }
+    }
+    groups.iter().map(|(shown, stages)| format!("{}: {shown}", ranges(stages))).collect::<Vec<_>>().join("; ")
 }
 
 #[cfg(test)]
@@ -661,6 +675,7 @@ mod tests {
         assert!(outcomes.iter().any(|o| o.fits && !o.kind.is_v()), "the V beat others that fit");
 
         let lines = plan_yaml(&outcomes, &base, limit, 5).unwrap();
+        assert!(lines.contains("\n# peak memory per stage: 0: 77.50 GiB; 1-7: 74.44 GiB\n"), "{lines}");
         let mut merged: serde_norway::Mapping =
             serde_norway::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
         let planned: serde_norway::Mapping = serde_norway::from_str(&lines).unwrap();
