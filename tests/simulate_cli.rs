@@ -244,7 +244,7 @@ fn sweep_ranks_every_candidate_by_iteration_time() {
     let c = v["candidates"].as_array().unwrap();
     let times: Vec<f64> = c.iter().map(|x| x["iteration_time_ms"].as_f64().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));
-    for schedule in ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"] {
+    for schedule in ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"] {
         assert!(c.iter().any(|x| x["pipeline_schedule"] == schedule), "no {schedule}");
     }
     for recompute in
@@ -355,6 +355,58 @@ fn plan_over_gpus_fits_when_applied() {
         layouts,
         [(1, 1, 8), (1, 2, 4), (1, 4, 2), (1, 8, 1), (2, 1, 4), (2, 2, 2), (2, 4, 1), (4, 1, 2), (4, 2, 1)]
     );
+}
+
+/// Where a V schedule is the fastest that fits, the plan picks it: GPT-3 175B on its 64
+/// A100s plans DualPipeV. The config with the plan's lines pasted over it simulates as
+/// fitting, to the very time and peak the sweep gives that candidate, and its report
+/// prints the iteration time the plan's comment line does.
+#[test]
+fn plan_picks_a_v_whose_lines_simulate_to_the_same_figures() {
+    let dir = temp_dir("sim-plan-v");
+    let config = Path::new("configs/gpt3-175b.yaml");
+    let plan = stdout(&simulate(config, &["--plan", "--hardware", "a100-80gb"]));
+    assert!(
+        plan.contains("\npipeline_schedule: dualpipe-v\nvirtual_pipeline_model_parallel_size: null\n"),
+        "{plan}"
+    );
+    assert!(plan.contains("\nmicro_batch_size: 1\nrecompute_granularity: null\n"), "{plan}");
+    let mut merged: serde_norway::Mapping =
+        serde_norway::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+    merged.extend(serde_norway::from_str::<serde_norway::Mapping>(&plan).unwrap());
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &["--hardware", "a100-80gb"]);
+    assert_eq!(
+        (after["pipeline_schedule"].as_str(), after["fits"].as_bool()),
+        (Some("dualpipe-v"), Some(true))
+    );
+
+    let sweep = json_of(config, &["--sweep", "--hardware", "a100-80gb"]);
+    let candidates = sweep["candidates"].as_array().unwrap();
+    let planned_candidate = candidates
+        .iter()
+        .find(|c| {
+            c["pipeline_schedule"] == "dualpipe-v" && c["micro_batch_size"] == 1 && c["recompute"] == "none"
+        })
+        .unwrap();
+    assert_eq!(candidates.iter().find(|c| c["fits"] == true), Some(planned_candidate));
+    assert_eq!(after["iteration_time_ms"], planned_candidate["iteration_time_ms"]);
+    let peaks: Vec<Value> =
+        after["stages"].as_array().unwrap().iter().map(|s| s["peak_memory_bytes"].clone()).collect();
+    assert_eq!(Value::from(peaks), planned_candidate["stage_peak_memory_bytes"]);
+    // `--plan --json` lists what the planner simulated: the plan, first of those that fit,
+    // with the same figures.
+    let weighed = json_of(config, &["--plan", "--hardware", "a100-80gb"]);
+    let plan_candidate =
+        weighed["candidates"].as_array().unwrap().iter().find(|c| c["fits"] == true).unwrap();
+    for figure in ["pipeline_schedule", "recompute", "iteration_time_ms", "stage_peak_memory_bytes"] {
+        assert_eq!(plan_candidate[figure], planned_candidate[figure], "{figure}");
+    }
+
+    let report = stdout(&simulate(&planned, &["--hardware", "a100-80gb"]));
+    let said = plan.lines().nth(1).unwrap();
+    let iteration = said.split(": iteration ").nth(1).unwrap().split(',').next().unwrap();
+    assert!(report.contains(&format!("\niteration {iteration}   ")), "{said}\n{report}");
 }
 
 #[test]

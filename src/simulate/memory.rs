@@ -25,12 +25,11 @@
 //! input.
 
 use super::setup::Setup;
-use crate::config::Config;
 use schedules::ChunkMemory;
 use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
 use stages::tensor_parallel::Split;
-use stages::{ChunkLayout, GptShape, RecomputePolicy, SelectiveModules, TensorParallel};
+use stages::{RecomputePolicy, SelectiveModules};
 
 /// Memory of one microbatch through chunk `chunk` of stage `stage`, on one tensor-parallel
 /// rank.
@@ -95,15 +94,10 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 /// What stage `stage` holds all along, on one tensor-parallel rank: its chunks' parameters,
 /// gradients and AdamW moments (fp32), plus the 16-bit weight copy under bf16.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    let chunks: Vec<&ChunkLayout> = (0..setup.v).map(|c| setup.layout(stage, c)).collect();
-    static_bytes_of(&setup.cfg, &setup.shape, setup.tp, &chunks)
-}
-
-/// As [`stage_static_bytes`] for a stage holding `chunks` under `cfg` (its precision).
-pub fn static_bytes_of(cfg: &Config, shape: &GptShape, tp: TensorParallel, chunks: &[&ChunkLayout]) -> u64 {
-    let fp32: usize = chunks.iter().map(|l| static_bytes(shape, tp, l)).sum();
-    let params: usize = chunks.iter().map(|l| param_elements(shape, tp, l)).sum();
-    let half_copy = if cfg.precision == "bf16" { 2 * params } else { 0 };
+    let chunks = || (0..setup.v).map(|c| setup.layout(stage, c));
+    let fp32: usize = chunks().map(|l| static_bytes(&setup.shape, setup.tp, l)).sum();
+    let params: usize = chunks().map(|l| param_elements(&setup.shape, setup.tp, l)).sum();
+    let half_copy = if setup.cfg.precision == "bf16" { 2 * params } else { 0 };
     (fp32 + half_copy) as u64
 }
 
@@ -131,6 +125,7 @@ mod tests {
     use crate::config::Config;
     use crate::simulate::setup::tests::gpt2_small;
     use stages::saved::kept_bytes;
+    use stages::TensorParallel;
     use std::path::Path;
 
     /// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer

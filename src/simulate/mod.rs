@@ -60,7 +60,8 @@ pub struct SimulateArgs {
     /// Write the pipeline chart (one row per stage) as SVG.
     #[arg(long, value_name = "OUT.svg")]
     pub svg: Option<PathBuf>,
-    /// Print the report (or the sweep) as one JSON object.
+    /// Print the report as one JSON object; with --sweep the candidates, with --plan those the
+    /// planner simulated (the plan is the first that fits).
     #[arg(long)]
     pub json: bool,
     /// Print the lowered schedule, the per-stage action lists the trainer runs, and stop.
@@ -149,7 +150,11 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         if args.plan {
             let plan = sweep::plan_yaml(&outcomes, &cfg, limit, RUNNERS_UP)
                 .ok_or_else(|| no_plan(&outcomes, limit))?;
-            print!("{plan}");
+            if args.json {
+                println!("{}", sweep::json(&outcomes, limit));
+            } else {
+                print!("{plan}");
+            }
         } else if args.json {
             println!("{}", sweep::json(&outcomes, limit));
         } else {

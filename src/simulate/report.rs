@@ -285,7 +285,7 @@ pub fn mfu(setup: &Setup, sim: &SimReport, hw: &Hardware) -> f64 {
 }
 
 /// Sorted numbers as runs: `0-3, 5, 7-8`.
-fn ranges(xs: &[usize]) -> String {
+pub fn ranges(xs: &[usize]) -> String {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for &x in xs {
         match runs.last_mut() {

@@ -2,9 +2,10 @@
 //! simulated and ranked by iteration time, each marked by whether every stage fits the
 //! memory limit; the plan is the fastest that fits, as config lines.
 //!
-//! Schedules: gpipe, 1f1b, zb-h1, and interleaved-1f1b with v in {2, 4} (and the config's
-//! own v) where the shape allows. Micro batch sizes: the powers of two that divide the global
-//! batch (and the config's own). Recompute: none; selective core_attn; selective
+//! Schedules: gpipe, 1f1b, zb-h1, interleaved-1f1b with v in {2, 4} (and the config's own v),
+//! and the V schedules zb-v and dualpipe-v (two chunks per stage, stage 0 holding both the
+//! embedding and the head), each where its shape allows (DualPipeV: m >= 2p). Micro batch
+//! sizes: the powers of two that divide the global batch (and the config's own). Recompute: none; selective core_attn; selective
 //! core_attn + mlp; full uniform and full block with N = 1 .. the most blocks of a chunk;
 //! and, per stage, the smallest full-block N with which that stage fits (1F1B's early
 //! stages hold more microbatches, so they need more recompute than later ones).
@@ -19,13 +20,13 @@
 use super::durations::from_hardware;
 use super::hardware::Hardware;
 use super::input;
-use super::memory::static_bytes_of;
-use super::report::seconds;
+use super::memory::stage_static_bytes;
+use super::report::{ranges, seconds};
 use super::setup::Setup;
 use super::units::format_bytes;
 use crate::config::Config;
 use rayon::prelude::*;
-use schedules::ScheduleKind;
+use schedules::{Placement, ScheduleKind};
 use serde_json::{json, Value};
 use stages::ChunkLayout;
 use std::collections::HashMap;
@@ -124,11 +125,11 @@ pub enum Search {
     Plan { fitting: usize },
 }
 
-/// Sets the schedule, v and micro batch size; an explicit split only applies to the v it
-/// was written for.
+/// Sets the schedule, v (unset where the schedule implies it) and micro batch size; an
+/// explicit split only applies to the v it was written for.
 fn shape_config(cfg: &mut Config, base: &Config, kind: ScheduleKind, v: usize, micro_batch_size: usize) {
     cfg.pipeline_schedule = kind.name().into();
-    cfg.virtual_pipeline_model_parallel_size = (v > 1).then_some(v);
+    cfg.virtual_pipeline_model_parallel_size = (v != kind.default_chunks()).then_some(v);
     cfg.micro_batch_size = micro_batch_size;
     if v != base.virtual_stages() {
         cfg.num_layers_per_stage = None;
@@ -148,10 +149,12 @@ fn shapes(base: &Config) -> Vec<(ScheduleKind, usize, usize)> {
     interleave.sort_unstable();
     interleave.dedup();
     let mut out = Vec::new();
-    // Not the V schedules yet: a split's static floor (`Split`) takes stage r's chunks as the
-    // interleaved ones.
-    for kind in ScheduleKind::ALL.into_iter().filter(|kind| !kind.is_v()) {
-        let vs = if kind == ScheduleKind::Interleaved1F1B { interleave.clone() } else { vec![1] };
+    for kind in ScheduleKind::ALL {
+        let vs = if kind == ScheduleKind::Interleaved1F1B {
+            interleave.clone()
+        } else {
+            vec![kind.default_chunks()]
+        };
         for v in vs {
             for &b in &sizes {
                 out.push((kind, v, b));
@@ -171,17 +174,24 @@ pub fn sweep(
 ) -> Vec<Outcome> {
     let shapes: Vec<(usize, (ScheduleKind, usize, usize))> =
         (0..bases.len()).flat_map(|i| shapes(&bases[i]).into_iter().map(move |shape| (i, shape))).collect();
-    // The split over stages and its static memory depend on the layout and v alone.
-    let mut splits: Vec<(usize, usize)> = shapes.iter().map(|&(i, (_, v, _))| (i, v)).collect();
-    splits.sort_unstable();
-    splits.dedup();
-    let splits: HashMap<(usize, usize), Split> =
-        splits.into_par_iter().filter_map(|(i, v)| Some(((i, v), Split::new(&bases[i], path, v)?))).collect();
+    // The split over stages depends on the layout and v alone, its static memory also on
+    // where the schedule places the chunks: one per (layout, placement, v), made with the
+    // first schedule of that placement.
+    let mut split_kinds: HashMap<(usize, Placement, usize), ScheduleKind> = HashMap::new();
+    for &(i, (kind, v, _)) in &shapes {
+        split_kinds.entry((i, kind.placement(), v)).or_insert(kind);
+    }
+    let splits: HashMap<(usize, Placement, usize), Split> = split_kinds
+        .into_par_iter()
+        .filter_map(|((i, placement, v), kind)| {
+            Some(((i, placement, v), Split::new(&bases[i], path, kind, v)?))
+        })
+        .collect();
     let planning = matches!(search, Search::Plan { .. });
     let mut shapes: Vec<Shape> = shapes
         .into_par_iter()
         .filter_map(|(i, (kind, v, mbs))| {
-            let split = splits.get(&(i, v))?;
+            let split = splits.get(&(i, kind.placement(), v))?;
             if planning && limit.is_some_and(|l| split.static_floor > l) {
                 return None;
             }
@@ -221,28 +231,23 @@ pub fn sweep(
 }
 
 /// The split of a layout's blocks over p x v chunks, and the most any stage's GPU holds all
-/// along (parameters, gradients, optimizer state): no schedule or recompute goes below it.
+/// along (parameters, gradients, optimizer state; a V's stage 0 both the embedding and the
+/// head): no schedule or recompute goes below it.
 struct Split {
     layouts: Vec<ChunkLayout>,
     static_floor: u64,
 }
 
 impl Split {
-    fn new(base: &Config, path: &Path, v: usize) -> Option<Split> {
+    /// The split for `kind`'s placement of v chunks per stage; its static bytes are those
+    /// `simulate` reports for every schedule of that placement.
+    fn new(base: &Config, path: &Path, kind: ScheduleKind, v: usize) -> Option<Split> {
         let mut cfg = base.clone();
-        cfg.virtual_pipeline_model_parallel_size = (v > 1).then_some(v);
-        if v != base.virtual_stages() {
-            cfg.num_layers_per_stage = None;
-        }
+        shape_config(&mut cfg, base, kind, v, base.micro_batch_size);
         let layouts = crate::train::model::chunk_layouts(&cfg, path).ok()?;
-        let (p, shape) = (cfg.pipeline_model_parallel_size, crate::train::model::shape(&cfg));
-        let static_floor = (0..p)
-            .map(|r| {
-                let chunks: Vec<_> = layouts.iter().skip(r).step_by(p).collect();
-                static_bytes_of(&cfg, &shape, cfg.tensor_parallel(), &chunks)
-            })
-            .max()?;
-        Some(Split { layouts, static_floor })
+        let setup = Setup::with_layouts(&cfg, kind, layouts);
+        let static_floor = (0..setup.p).map(|r| stage_static_bytes(&setup, r)).max()?;
+        Some(Split { layouts: setup.layouts, static_floor })
     }
 }
 
@@ -461,6 +466,7 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
                 "tokens_per_s": o.tokens_per_s,
                 "mfu": o.mfu,
                 "peak_memory_bytes": o.max_peak(),
+                "stage_peak_memory_bytes": o.peak_memory,
                 "fits": o.fits,
             })
         })
@@ -469,9 +475,9 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
 }
 
 /// The config lines of the fastest candidate that fits, with comments saying what it is
-/// and the next `runners_up` that fit as a commented table. Every key the plan decides is
-/// written, null where it must be unset, so pasting the lines over the config's own gives
-/// exactly the plan.
+/// and each stage's peak, and the next `runners_up` that fit as a commented table. Every key
+/// the plan decides is written, null where it must be unset, so pasting the lines over the
+/// config's own gives exactly the plan.
 pub fn plan_yaml(
     outcomes: &[Outcome],
     base: &Config,
@@ -497,6 +503,7 @@ pub fn plan_yaml(
             100.0 * best.mfu,
             format_bytes(best.max_peak())
         ),
+        format!("# peak memory per stage: {}", stages_by_peak(&best.peak_memory)),
         format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
         format!("sequence_parallel: {}", cfg.sequence_parallel),
         format!("pipeline_model_parallel_size: {}", cfg.pipeline_model_parallel_size),
@@ -528,6 +535,19 @@ pub fn plan_yaml(
     Some(text)
 }
 
+/// The stages grouped by their peak as printed, in stage order: `0: 77.50 GiB; 1-7: 74.44 GiB`.
+fn stages_by_peak(peaks: &[u64]) -> String {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (stage, &bytes) in peaks.iter().enumerate() {
+        let shown = format_bytes(bytes);
+        match groups.iter_mut().find(|(s, _)| *s == shown) {
+            Some((_, stages)) => stages.push(stage),
+            None => groups.push((shown, vec![stage])),
+        }
+    }
+    groups.iter().map(|(shown, stages)| format!("{}: {shown}", ranges(stages))).collect::<Vec<_>>().join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +558,10 @@ mod tests {
         let base = Config { micro_batch_size: 3, ..gpt2_small(4, "1f1b", 1, 12) };
         let s = shapes(&base);
         assert!(s.contains(&(ScheduleKind::Interleaved1F1B, 4, 1)));
+        assert!(
+            s.contains(&(ScheduleKind::ZeroBubbleV, 2, 1)) && s.contains(&(ScheduleKind::DualPipeV, 2, 4))
+        );
+        assert!(!s.iter().any(|&(kind, v, _)| kind.is_v() && v != 2));
         let sizes: Vec<usize> =
             s.iter().filter(|(k, _, _)| *k == ScheduleKind::OneFOneB).map(|(_, _, b)| *b).collect();
         assert_eq!(sizes, [1, 2, 3, 4]);
@@ -550,7 +574,7 @@ mod tests {
         // Stage 0 holds 4 microbatches of h.0-h.3 (about 1.6 GiB of activations without
         // recompute), stage 2 holds 2 of h.8-h.11: a 1.5 GiB limit needs recompute early only.
         let limit = 3 << 29;
-        let split = Split::new(&base, Path::new("c.yaml"), 1).unwrap();
+        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
@@ -567,5 +591,107 @@ mod tests {
                 assert!(o.peak_memory[r] > limit, "stage {r} fits with fewer than {n}");
             }
         }
+    }
+
+    /// Recompute per stage applies to a V as to the others, each stage's one policy covering
+    /// both its chunks. GPT-2 small at 24 layers on 4 stages under DualPipeV, bf16, in 3 GiB:
+    /// stage 0, holding both ends of the model, needs the most; stage 1 needs none.
+    #[test]
+    fn per_stage_n_on_a_v() {
+        let hw = Hardware::lookup("h100-sxm", "bf16").unwrap();
+        let base = Config {
+            num_layers: 24,
+            precision: "bf16".into(),
+            device: "cuda".into(),
+            ..gpt2_small(4, "1f1b", 1, 8)
+        };
+        let limit = 3 << 30;
+        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::DualPipeV, 2).unwrap();
+        let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::DualPipeV, 2, 1).unwrap();
+        let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
+        let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
+        assert_eq!(per_stage.recompute, Recompute::BlockPerStage(vec![3, 0, 1, 1]));
+        assert!(per_stage.fits, "{:?}", per_stage.peak_memory);
+        // One block fewer does not fit stages 0, 2 and 3; stage 1 fits with none.
+        let peaks =
+            |recompute: Recompute| &outcomes.iter().find(|o| o.recompute == recompute).unwrap().peak_memory;
+        let (none, two) = (peaks(Recompute::None), peaks(Recompute::Full { method: "block", num_layers: 2 }));
+        assert!(two[0] > limit && none[1] <= limit && none[2] > limit && none[3] > limit, "{none:?} {two:?}");
+    }
+
+    /// A V places virtual stages 0 and 2p-1 on stage 0: the embedding and the head (each with
+    /// its copy of the tied wte) share one GPU. The floor the planner prunes by is the static
+    /// memory `simulate` reports for that schedule, not the interleaved placement's.
+    #[test]
+    fn a_v_split_floors_at_stage_0_holding_both_ends() {
+        let path = Path::new("c.yaml");
+        let base = gpt2_small(2, "1f1b", 1, 8);
+        let v_split = Split::new(&base, path, ScheduleKind::ZeroBubbleV, 2).unwrap();
+        let interleaved = Split::new(&base, path, ScheduleKind::Interleaved1F1B, 2).unwrap();
+        let blocks: Vec<usize> = v_split.layouts.iter().map(|l| l.blocks.len()).collect();
+        // The head (a [C, V] matmul and the loss) weighs as much as 4 blocks: a chunk alone.
+        assert_eq!(blocks, [4, 4, 4, 0]);
+        assert_eq!(interleaved.layouts, v_split.layouts);
+
+        // Bytes per parameter: fp32 weight, gradient and two AdamW moments.
+        let (c, vocab, positions) = (768u64, 50257u64, 1024u64);
+        let block = 12 * c * c + 13 * c;
+        let embedding = vocab * c + positions * c;
+        let head = vocab * c + 2 * c;
+        let v_stages = [16 * (embedding + 4 * block + head), 16 * (8 * block)];
+        assert_eq!(v_split.static_floor, v_stages[0]);
+        assert_eq!(v_split.static_floor, 1_701_347_328);
+        // Interleaved, stage 0 holds virtual stages 0 and 2, stage 1 virtual stages 1 and 3
+        // (the head): a lower floor, which a V would have been pruned by.
+        let interleaved_stages = [16 * (embedding + 8 * block), 16 * (4 * block + head)];
+        assert_eq!(interleaved.static_floor, interleaved_stages[0]);
+        assert!(interleaved.static_floor < v_split.static_floor);
+
+        for kind in ["zb-v", "dualpipe-v"] {
+            let simulated = Setup::new(&gpt2_small(2, kind, 1, 8), path).unwrap();
+            let reported: Vec<u64> = (0..2).map(|r| stage_static_bytes(&simulated, r)).collect();
+            assert_eq!(reported, v_stages, "{kind}");
+        }
+    }
+
+    /// GPT-3 175B on Korthikanti et al.'s 64 A100s (t = 8, p = 8, a global batch of 64):
+    /// DualPipeV's bubble, under 1%, beats every other schedule, and it fits 80 GiB without
+    /// recompute. Its config lines, pasted over the config, simulate to the planner's very
+    /// iteration time and per-stage peaks.
+    #[test]
+    fn the_plan_is_a_v_and_its_lines_simulate_to_its_figures() {
+        let dir = std::env::temp_dir().join(format!("pipetrain-plan-v-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/gpt3-175b.yaml");
+        let base = crate::config::load(&config, &[]).unwrap();
+        let hw = Hardware::lookup("a100-80gb", &base.precision).unwrap();
+        let limit = hw.memory_bytes;
+        let outcomes = sweep(std::slice::from_ref(&base), &config, &hw, limit, Search::Plan { fitting: 6 });
+        let best = outcomes.iter().find(|o| o.fits).unwrap();
+        assert_eq!(
+            (best.kind, best.micro_batch_size, &best.recompute),
+            (ScheduleKind::DualPipeV, 1, &Recompute::None)
+        );
+        assert!(outcomes.iter().any(|o| o.fits && !o.kind.is_v()), "the V beat others that fit");
+
+        let lines = plan_yaml(&outcomes, &base, limit, 5).unwrap();
+        assert!(lines.contains("\n# peak memory per stage: 0: 77.50 GiB; 1-7: 74.44 GiB\n"), "{lines}");
+        let mut merged: serde_norway::Mapping =
+            serde_norway::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        let planned: serde_norway::Mapping = serde_norway::from_str(&lines).unwrap();
+        merged.extend(planned);
+        let applied = dir.join("planned.yaml");
+        std::fs::write(&applied, serde_norway::to_string(&merged).unwrap()).unwrap();
+
+        // What `simulate --config planned.yaml` runs.
+        let cfg = crate::config::load(&applied, &[]).unwrap();
+        let setup = Setup::new(&cfg, &applied).unwrap();
+        let sim = input::run(&setup, &from_hardware(&setup, &hw)).unwrap();
+        let peaks: Vec<u64> = sim.stages.iter().map(|s| s.peak_memory).collect();
+        assert_eq!(setup.kind, ScheduleKind::DualPipeV);
+        assert_eq!(sim.iteration_time, best.iteration_time);
+        assert_eq!(peaks, best.peak_memory);
+        assert!(peaks.iter().all(|&b| b <= limit.unwrap()), "{peaks:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
