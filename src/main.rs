@@ -37,6 +37,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if !matches!(cli.command, cli::Command::Train(_)) {
+        end_quietly_when_the_reader_stops();
+    }
     let result = match cli.command {
         cli::Command::Train(a) => train::run(&a, &overrides),
         cli::Command::Simulate(a) => simulate::run(&a, &overrides),
@@ -51,6 +54,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => report(e),
+    }
+}
+
+/// Reports are read through pipes (`simulate --sweep | head`). Rust ignores SIGPIPE, so a
+/// reader that stops early made the next print panic; a read-only command now ends as `cat`
+/// does. Training keeps the default: a closed terminal is an error it handles, not a signal
+/// that kills it before its checkpoint.
+fn end_quietly_when_the_reader_stops() {
+    // SAFETY: sets the disposition of one signal before any thread starts; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

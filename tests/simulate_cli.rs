@@ -564,3 +564,23 @@ fn an_alias_that_disagrees_with_its_canonical_key_exits_2() {
         &format!("{shown}: `checkpoint_num_layers: 2` and {shown}: `recompute_num_layers: 3` disagree on recompute_num_layers: 2 vs 3"),
     );
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_the_report_quietly() {
+    // `simulate ... | head`: the reader has gone before the first line is written.
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let (_dir, cfg) = gpt2_config("sim-pipe", "");
+    let mut child = bin()
+        .args(["simulate", "--config"])
+        .arg(&cfg)
+        .args(["--sweep", "--hardware", "h100-sxm"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+}

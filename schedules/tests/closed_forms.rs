@@ -102,7 +102,10 @@ fn every_promise_is_met_exactly_and_zb_v_stays_within_its_bounds() {
                     if kind == ScheduleKind::ZeroBubbleV {
                         // A greedy order: bounds, not counts (the memory test below holds it to
                         // the paper's accounting).
-                        let within = measured.iter().zip(&promised).all(|(m, p)| m.full <= p.full && m.total <= p.total);
+                        let within = measured
+                            .iter()
+                            .zip(&promised)
+                            .all(|(m, p)| m.full <= p.full && m.total <= p.total);
                         assert!(within, "{kind} p={p} m={m}: {measured:?} over {promised:?}");
                     } else {
                         assert_eq!(measured, promised, "{kind} p={p} v={v} m={m}");
