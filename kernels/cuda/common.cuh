@@ -45,16 +45,3 @@ __device__ T block_sum(T v, T* scratch) {
     v = lane < warps ? scratch[lane] : T(0);
     return warp_sum(v);
 }
-
-// Maximum over the whole block, as block_sum.
-__device__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE;
-    const int warps = blockDim.x / WARP_SIZE;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : NEG_INF;
-    return warp_max(v);
-}

@@ -5,7 +5,7 @@
 //! - All tensors are row-major f32 (bf16 is a CUDA compute mode, not a storage type here).
 //! - Shapes in comments: B batch, T sequence, C channels, NH heads, V vocabulary,
 //!   N = B*T rows, IC/OC matmul in/out channels.
-//! - Row-wise ops (layernorm, matmul, cross_entropy, bias) take the last dimension as the
+//! - Row-wise ops (layernorm, matmul, classifier, bias) take the last dimension as the
 //!   row width and treat every leading dimension as rows: a [B,T,C] tensor is N = B*T rows.
 //!   Attention reads B and T from `qkv`'s shape [B,T,3C] and NH from `n_head`.
 //! - An op that produces an **input gradient overwrites** its output; an op that produces a
@@ -41,6 +41,25 @@ pub struct AdamWStep {
     pub step: u32,
     /// Multiplies the gradient before the update (global grad-norm clipping).
     pub grad_scale: f32,
+}
+
+/// The backward half of [`Device::classifier`].
+pub struct ClassifierGrad<'a> {
+    /// s, multiplying dloss/dlogits: 1 / (B*T*microbatches) averages over the global batch.
+    pub scale: f32,
+    /// dloss/dinp [N,C], overwritten.
+    pub dinp: &'a mut Tensor,
+    /// The LM head's gradient of the tied token embedding [V,C], accumulated.
+    pub dwte: &'a mut Tensor,
+}
+
+/// The CUDA backend pads each row of logits to a multiple of this many columns: every row
+/// starts 512-byte aligned, and the GEMMs' leading dimensions are multiples of 128.
+pub const VOCAB_PADDING: usize = 128;
+
+/// The columns of a padded logits row for a vocabulary of `vocab` (GPT-2's 50257: 50304).
+pub fn padded_vocab(vocab: usize) -> usize {
+    vocab.next_multiple_of(VOCAB_PADDING)
 }
 
 pub trait Device: Send + Sync {
@@ -164,16 +183,21 @@ pub trait Device: Send + Sync {
     /// dinp (overwrite) = dout * keep / (1 - p), the same mask regenerated.
     fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec);
 
-    // ---- loss ----------------------------------------------------------------------
-    /// Softmax cross-entropy over the vocabulary. logits [N,V]; targets [N];
-    /// losses [N] receives -log p(target) per row. When `grad_scale` is Some(s), logits is
-    /// overwritten in place with dloss/dlogits = s * (softmax - onehot(target)).
-    fn cross_entropy(
+    // ---- LM head and loss ------------------------------------------------------------
+    /// The LM head tied to the token embedding and softmax cross-entropy, fused as llm.c
+    /// fuses them: logits [N,V] = inp [N,C] @ wte [V,C]^T, and losses [N] receives
+    /// -log softmax(logits)[targets [N]]. With `grad` (training), the head's backward runs
+    /// here too, so that no [N,V] tensor outlives the call: dlogits = s * (softmax -
+    /// onehot(target)), dinp [N,C] = dlogits @ wte (overwrite), dwte [V,C] += dlogits^T @ inp.
+    /// A backend may pad the logits' rows (CUDA: to [`padded_vocab`] columns); a padded
+    /// column is never predicted, never in the loss, and gets no gradient.
+    fn classifier(
         &self,
         losses: &mut Tensor,
-        logits: &mut Tensor,
+        inp: &Tensor,
+        wte: &Tensor,
         targets: &[u32],
-        grad_scale: Option<f32>,
+        grad: Option<ClassifierGrad>,
     );
 
     // ---- optimizer -----------------------------------------------------------------

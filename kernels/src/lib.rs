@@ -13,7 +13,7 @@ pub mod memory;
 pub mod philox;
 pub mod tensor;
 
-pub use device::{AdamWStep, Device, WeightLayout};
+pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
 pub use tensor::{Detached, Storage, Tensor};

@@ -6,7 +6,9 @@
 
 use kernels::cpu::CpuDevice;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
-use kernels::{AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use kernels::{
+    AdamWStep, Category, ClassifierGrad, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const TOL: f64 = 1e-5;
@@ -347,21 +349,27 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
 }
 
 #[test]
-fn cross_entropy_matches_with_and_without_gradient() {
-    let Some(gpu) = gpu("cross_entropy_matches_with_and_without_gradient") else { return };
-    let mut rng = Rng::new("cross_entropy");
+fn classifier_matches_with_and_without_gradient() {
+    let Some(gpu) = gpu("classifier_matches_with_and_without_gradient") else { return };
+    let mut rng = Rng::new("classifier");
+    // A vocabulary that the GPU pads (1000 to 1024 columns).
     let v = 1000;
-    let (logits, targets) = (rng.uniform(N * v, 8.0), rng.below(N, v as u32));
+    let (x, wte, targets) = (rng.uniform(N * C, 1.0), rng.uniform(v * C, 1.0), rng.below(N, v as u32));
+    let dwte0 = rng.uniform(v * C, 0.1);
     for grad_scale in [None, Some(1.0 / N as f32)] {
         let run = |dev: &dyn Device| {
             let mut losses = dev.zeros(&[N], Category::Workspace);
-            let mut l = put(dev, &logits, &[B, T, v]);
-            dev.cross_entropy(&mut losses, &mut l, &targets, grad_scale);
-            [losses, l].map(|t| dev.to_host(&t))
+            let (mut dx, mut dwte) = (dev.zeros(&[B, T, C], Category::Workspace), put(dev, &dwte0, &[v, C]));
+            let grad = grad_scale.map(|scale| ClassifierGrad { scale, dinp: &mut dx, dwte: &mut dwte });
+            dev.classifier(&mut losses, &put(dev, &x, &[B, T, C]), &put(dev, &wte, &[v, C]), &targets, grad);
+            [losses, dx, dwte].map(|t| dev.to_host(&t))
         };
         let (want, got) = (run(&cpu()), run(&gpu));
-        assert_close(&format!("losses ({grad_scale:?})"), &got[0], &want[0], TOL);
-        assert_close(&format!("dlogits ({grad_scale:?})"), &got[1], &want[1], TOL);
+        for (what, g, w) in
+            [("losses", &got[0], &want[0]), ("dinp", &got[1], &want[1]), ("dwte", &got[2], &want[2])]
+        {
+            assert_close(&format!("{what} ({grad_scale:?})"), g, w, TOL);
+        }
     }
 }
 

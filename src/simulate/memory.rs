@@ -52,7 +52,8 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         (0..blocks).map(|o| full_block - block(policy.block_keep(blocks, o))).max().unwrap_or(0);
     let sends_activation = !layout.head;
     let head_working = if layout.head {
-        element(s.tokens() * s.hidden, Split::Sequence) + element(s.tokens() * s.vocab, Split::Interior)
+        element(s.tokens() * s.hidden, Split::Sequence)
+            + element(s.tokens() * setup.logits_columns(), Split::Interior)
     } else {
         0
     };
@@ -200,6 +201,21 @@ mod tests {
         let params = param_elements(&fp32.shape, TensorParallel::NONE, fp32.layout(0, 0)) as u64;
         assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
         assert_eq!(stage_static_bytes(&bf16, 0), 18 * params);
+    }
+
+    /// The CUDA device's logits rows are padded from 50257 to 50304 columns: the head's
+    /// stage works with that much more; the CPU's prediction and every other stage stay.
+    #[test]
+    fn cuda_pads_the_heads_logits_rows() {
+        let cpu = setup(gpt2_small(4, "1f1b", 1, 8));
+        let cuda = setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
+        let (a, b) = (chunk_memory(&cpu, 3, 0), chunk_memory(&cuda, 3, 0));
+        // 1024 tokens (micro batch 1) x 47 more fp32 columns.
+        assert_eq!(b.forward_working_bytes - a.forward_working_bytes, 1024 * (50304 - 50257) * 4);
+        assert_eq!(ChunkMemory { forward_working_bytes: a.forward_working_bytes, ..b }, a);
+        for r in 0..3 {
+            assert_eq!(chunk_memory(&cpu, r, 0), chunk_memory(&cuda, r, 0), "stage {r}");
+        }
     }
 
     /// One GPU of t holds 1/t of the split parameters (the vocab-parallel embedding, the

@@ -103,6 +103,16 @@ impl Setup {
         activation_bytes_per_element(&self.cfg.precision)
     }
 
+    /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device
+    /// pads them ([`kernels::padded_vocab`]); the CPU keeps V.
+    pub fn logits_columns(&self) -> usize {
+        if self.cfg.device == "cuda" {
+            kernels::padded_vocab(self.shape.vocab)
+        } else {
+            self.shape.vocab
+        }
+    }
+
     /// The stages that hold the embedding and the head, when they differ: then each holds
     /// its own part of the tied embedding's gradient and the two are exchanged.
     pub fn tied_holders(&self) -> Option<(usize, usize)> {

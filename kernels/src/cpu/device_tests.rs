@@ -3,7 +3,7 @@
 
 use super::testutil::random;
 use super::CpuDevice;
-use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::memory::Category;
 use crate::philox;
@@ -66,11 +66,10 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.add(&mut res, &pd, &x);
     [&h, &g, &p, &pd, &res].into_iter().for_each(&mut keep);
 
-    let mut logits = z(&[N, V]);
-    dev.matmul_forward(&mut logits, &res, &wte, WeightLayout::OutIn, None);
-    let mut losses = z(&[N]);
-    dev.cross_entropy(&mut losses, &mut logits, &tokens, Some(1.0 / N as f32));
-    [&losses, &logits].into_iter().for_each(&mut keep);
+    let (mut losses, mut dres_head, mut dwte_head) = (z(&[N]), z(&[N, C]), t(16, &[V, C], 0.1));
+    let head_grad = ClassifierGrad { scale: 1.0 / N as f32, dinp: &mut dres_head, dwte: &mut dwte_head };
+    dev.classifier(&mut losses, &res, &wte, &tokens, Some(head_grad));
+    [&losses, &dres_head, &dwte_head].into_iter().for_each(&mut keep);
 
     // Backward through the same ops, parameter gradients starting non-zero.
     let dres = t(9, &[N, C], 0.1);

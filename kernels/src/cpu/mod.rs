@@ -7,7 +7,8 @@
 mod adamw;
 mod attention;
 mod buffers;
-mod cross_entropy;
+/// Public so that the SIMT harness holds the CUDA fused classifier to it, row by row.
+pub mod cross_entropy;
 #[cfg(test)]
 mod device_tests;
 mod disjoint;
@@ -24,7 +25,7 @@ mod testutil;
 
 pub use peak::measure_matmul_peak;
 
-use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Detached, Storage, Tensor};
@@ -365,18 +366,25 @@ impl Device for CpuDevice {
         self.pool.install(|| dropout::apply(dinp.cpu_mut(), dout.cpu(), &dropout));
     }
 
-    fn cross_entropy(
+    fn classifier(
         &self,
         losses: &mut Tensor,
-        logits: &mut Tensor,
+        inp: &Tensor,
+        wte: &Tensor,
         targets: &[u32],
-        grad_scale: Option<f32>,
+        grad: Option<ClassifierGrad>,
     ) {
-        let (n, _) = rows_cols(logits);
-        assert!(losses.len() == n && targets.len() == n, "cross_entropy: {n} rows of logits {logits:?}");
-        self.pool.install(|| {
-            cross_entropy::forward_backward(losses.cpu_mut(), logits.cpu_mut(), targets, grad_scale)
-        });
+        let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
+        assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
+        let mut logits = self.zeros(&[n, v], Category::Workspace); // [N,V]
+        self.matmul_forward(&mut logits, inp, wte, WeightLayout::OutIn, None);
+        let scale = grad.as_ref().map(|g| g.scale);
+        self.pool
+            .install(|| cross_entropy::forward_backward(losses.cpu_mut(), logits.cpu_mut(), targets, scale));
+        let Some(grad) = grad else { return };
+        let dlogits = logits; // [N,V], overwritten in place by forward_backward
+        self.matmul_backward_input(grad.dinp, &dlogits, wte, WeightLayout::OutIn);
+        self.matmul_backward_weight(grad.dwte, None, &dlogits, inp, WeightLayout::OutIn);
     }
 
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {

@@ -62,12 +62,14 @@ impl GemmShape {
     }
 }
 
-/// Matmul sizes: `n` rows, `ic` inputs, `oc` outputs.
+/// Matmul sizes: `n` rows, `ic` inputs, `oc` outputs, and `ldo` elements from one row of
+/// out (or dout) to the next: `oc`, or more for the classifier's padded logits.
 #[derive(Clone, Copy, Debug)]
 struct Dims {
     n: usize,
     ic: usize,
     oc: usize,
+    ldo: usize,
 }
 
 /// The dimensions from `rows` [N,OC] (out or dout), `inp` [N,IC] and the weight.
@@ -80,7 +82,7 @@ fn dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayout) -> D
     let (n, inp_cols) = rows_cols(inp);
     assert_eq!(inp_cols, ic, "matmul: input {inp:?} vs weight {weight:?} ({layout:?})");
     assert_eq!(rows.len(), n * oc, "matmul: {rows:?} vs {n} rows x {oc} outputs");
-    Dims { n, ic, oc }
+    Dims { n, ic, oc, ldo: oc }
 }
 
 /// out [N,OC] = inp [N,IC] W, as out^T = W^T inp^T: A = W, B = inp. Row-major W [IC,OC]
@@ -90,7 +92,7 @@ fn forward_shape(d: Dims, layout: WeightLayout) -> GemmShape {
         WeightLayout::InOut => (false, d.oc),
         WeightLayout::OutIn => (true, d.ic),
     };
-    GemmShape { ta, tb: false, m: d.oc, n: d.n, k: d.ic, lda, ldb: d.ic, ldc: d.oc }
+    GemmShape { ta, tb: false, m: d.oc, n: d.n, k: d.ic, lda, ldb: d.ic, ldc: d.ldo }
 }
 
 /// dinp [N,IC] = dout [N,OC] W^T, as dinp^T = W dout^T: A = W, B = dout.
@@ -99,7 +101,7 @@ fn backward_input_shape(d: Dims, layout: WeightLayout) -> GemmShape {
         WeightLayout::InOut => (true, d.oc),
         WeightLayout::OutIn => (false, d.ic),
     };
-    GemmShape { ta, tb: false, m: d.ic, n: d.n, k: d.oc, lda, ldb: d.oc, ldc: d.ic }
+    GemmShape { ta, tb: false, m: d.ic, n: d.n, k: d.oc, lda, ldb: d.ldo, ldc: d.ic }
 }
 
 /// dW += inp^T dout. InOut dW [IC,OC] is column-major [OC,IC] = dout^T inp: A = dout,
@@ -108,11 +110,11 @@ fn backward_input_shape(d: Dims, layout: WeightLayout) -> GemmShape {
 fn backward_weight_shape(d: Dims, layout: WeightLayout) -> (GemmShape, bool) {
     match layout {
         WeightLayout::InOut => (
-            GemmShape { ta: false, tb: true, m: d.oc, n: d.ic, k: d.n, lda: d.oc, ldb: d.ic, ldc: d.oc },
+            GemmShape { ta: false, tb: true, m: d.oc, n: d.ic, k: d.n, lda: d.ldo, ldb: d.ic, ldc: d.oc },
             true,
         ),
         WeightLayout::OutIn => (
-            GemmShape { ta: false, tb: true, m: d.ic, n: d.oc, k: d.n, lda: d.ic, ldb: d.oc, ldc: d.ic },
+            GemmShape { ta: false, tb: true, m: d.ic, n: d.oc, k: d.n, lda: d.ic, ldb: d.ldo, ldc: d.ic },
             false,
         ),
     }
@@ -271,6 +273,45 @@ impl CudaDevice {
             self.add_column_sums(cu_mut(dbias), cu(dout), d.n, d.oc);
         }
     }
+
+    /// The tied LM head's forward into padded rows: logits [N, ldo] = inp [N,C] @ wte [V,C]^T
+    /// over the first V columns of each row; the rest of a row is left as it was.
+    pub(super) fn head_forward(&self, logits: &mut CudaSlice<f32>, ldo: usize, inp: &Tensor, wte: &Tensor) {
+        let d = head_dims(inp, wte, ldo);
+        assert!(logits.len() >= d.n * ldo, "classifier: {} logits for {d:?}", logits.len());
+        self.layer_gemm(forward_shape(d, WeightLayout::OutIn), 0.0, cu(wte), cu(inp), logits);
+    }
+
+    /// The LM head's backward from padded rows of dlogits [N, ldo], of which only the first
+    /// V columns are read: dinp [N,C] = dlogits @ wte (overwrite), dwte += dlogits^T @ inp.
+    pub(super) fn head_backward(
+        &self,
+        dinp: &mut Tensor,
+        dwte: &mut Tensor,
+        dlogits: &CudaSlice<f32>,
+        ldo: usize,
+        inp: &Tensor,
+        wte: &Tensor,
+    ) {
+        let d = head_dims(inp, wte, ldo);
+        assert!(dlogits.len() >= d.n * ldo, "classifier: {} dlogits for {d:?}", dlogits.len());
+        assert!(dinp.len() == inp.len() && dwte.len() == wte.len(), "classifier: {dinp:?}, {dwte:?}");
+        let backward_input = backward_input_shape(d, WeightLayout::OutIn);
+        self.layer_gemm(backward_input, 0.0, cu(wte), dlogits, cu_mut(dinp));
+        let (shape, dout_is_a) = backward_weight_shape(d, WeightLayout::OutIn);
+        let (a, b) = if dout_is_a { (dlogits, cu(inp)) } else { (cu(inp), dlogits) };
+        // beta = 1: parameter gradients accumulate over microbatches.
+        self.layer_gemm(shape, 1.0, a, b, cu_mut(dwte));
+    }
+}
+
+/// The head's sizes: inp [N,C], wte [V,C] (OutIn: V outputs), rows of `ldo` >= V columns.
+fn head_dims(inp: &Tensor, wte: &Tensor, ldo: usize) -> Dims {
+    let &[v, c] = wte.shape() else { panic!("classifier: wte must be 2-D, got {wte:?}") };
+    let (n, inp_cols) = rows_cols(inp);
+    assert_eq!(inp_cols, c, "classifier: input {inp:?} vs wte {wte:?}");
+    assert!(ldo >= v, "classifier: rows of {ldo} columns for a vocabulary of {v}");
+    Dims { n, ic: c, oc: v, ldo }
 }
 
 #[cfg(test)]
@@ -308,7 +349,7 @@ pub(super) mod tests {
 
     #[test]
     fn layer_matmul_mappings_compute_the_row_major_products() {
-        let d = Dims { n: 5, ic: 3, oc: 4 };
+        let d = Dims { n: 5, ic: 3, oc: 4, ldo: 4 };
         let (inp, dout) = (values(d.n * d.ic, 1), values(d.n * d.oc, 2));
         let w = values(d.ic * d.oc, 3);
         for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
@@ -340,5 +381,34 @@ pub(super) mod tests {
                 .collect();
             close(&dw, &want);
         }
+    }
+
+    #[test]
+    fn head_matmuls_write_and_read_only_the_vocabulary_of_padded_rows() {
+        let (n, c, v, ldo) = (3, 4, 5, 8);
+        let (padded, unpadded) = (Dims { n, ic: c, oc: v, ldo }, Dims { n, ic: c, oc: v, ldo: v });
+        let (inp, wte, dout) = (values(n * c, 1), values(v * c, 3), values(n * v, 2));
+        let layout = WeightLayout::OutIn;
+        let pad_rows = |rows: &[f32], fill: f32| -> Vec<f32> {
+            (0..n * ldo).map(|x| if x % ldo < v { rows[x / ldo * v + x % ldo] } else { fill }).collect()
+        };
+
+        // Forward: the same values as unpadded rows, the padding as it was.
+        let mut want = vec![0.0; n * v];
+        host_gemm(forward_shape(unpadded, layout), 1.0, 0.0, &wte, &inp, &mut want);
+        let mut logits = vec![7.5; n * ldo];
+        host_gemm(forward_shape(padded, layout), 1.0, 0.0, &wte, &inp, &mut logits);
+        assert_eq!(logits, pad_rows(&want, 7.5));
+
+        // Backward: NaN in the padding would reach every output that read it.
+        let dlogits = pad_rows(&dout, f32::NAN);
+        let (mut want, mut dinp) = (vec![0.0; n * c], vec![0.0; n * c]);
+        host_gemm(backward_input_shape(unpadded, layout), 1.0, 0.0, &wte, &dout, &mut want);
+        host_gemm(backward_input_shape(padded, layout), 1.0, 0.0, &wte, &dlogits, &mut dinp);
+        assert_eq!(dinp, want);
+        let (mut want, mut dwte) = (vec![1.0; v * c], vec![1.0; v * c]);
+        host_gemm(backward_weight_shape(unpadded, layout).0, 1.0, 1.0, &inp, &dout, &mut want);
+        host_gemm(backward_weight_shape(padded, layout).0, 1.0, 1.0, &inp, &dlogits, &mut dwte);
+        assert_eq!(dwte, want);
     }
 }

@@ -5,7 +5,7 @@
 use super::blas::MatmulPrecision;
 use super::gpu::{gpu, Gpu};
 use super::scratch::Scratch;
-use crate::device::{AdamWStep, Device, WeightLayout};
+use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Detached, Storage, Tensor};
@@ -320,14 +320,15 @@ impl Device for CudaDevice {
         self.dropout_op(dinp, dout, &dropout);
     }
 
-    fn cross_entropy(
+    fn classifier(
         &self,
         losses: &mut Tensor,
-        logits: &mut Tensor,
+        inp: &Tensor,
+        wte: &Tensor,
         targets: &[u32],
-        grad_scale: Option<f32>,
+        grad: Option<ClassifierGrad>,
     ) {
-        self.cross_entropy_op(losses, logits, targets, grad_scale);
+        self.classifier_op(losses, inp, wte, targets, grad);
     }
 
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {

@@ -31,7 +31,7 @@ pub fn per_row_warp(rows: usize) -> LaunchConfig {
     per_item(rows * 32)
 }
 
-/// One block of `REDUCE_BLOCK` threads per row (cross-entropy over the vocabulary).
+/// One block of `REDUCE_BLOCK` threads per row (the fused classifier over the vocabulary).
 pub fn per_row_block(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (grid(rows, "rows"), 1, 1),

@@ -1,10 +1,10 @@
-//! The ops that reduce along rows or columns: LayerNorm, cross-entropy, bias gradients and
-//! the sum of squares. Every reduction has a fixed shape (warp per row, fixed chunks of
-//! rows or elements, then one ordered pass), so results are bitwise repeatable.
+//! The ops that reduce along rows or columns: LayerNorm, bias gradients and the sum of
+//! squares. Every reduction has a fixed shape (warp per row, fixed chunks of rows or
+//! elements, then one ordered pass), so results are bitwise repeatable.
 
 use super::device::{assert_same_len, cu, cu_mut, int, rows_cols, CudaDevice};
 use super::launch::{
-    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+    per_column_chunk, per_item, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -116,36 +116,6 @@ impl CudaDevice {
     pub(super) fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
         launch!(self, "bias_add", per_item(rows * cols), out, bias, &n, &c_i);
-    }
-
-    pub(super) fn cross_entropy_op(
-        &self,
-        losses: &mut Tensor,
-        logits: &mut Tensor,
-        targets: &[u32],
-        grad_scale: Option<f32>,
-    ) {
-        let (n, v) = rows_cols(logits);
-        assert!(losses.len() == n && targets.len() == n, "cross_entropy: {n} rows of logits {logits:?}");
-        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
-            panic!("cross_entropy: target {bad} outside a vocabulary of {v}");
-        }
-        if n == 0 {
-            return;
-        }
-        let targets = self.upload(targets);
-        let (v_i, write_grad, scale) = (int(v), grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
-        launch!(
-            self,
-            "cross_entropy",
-            per_row_block(n),
-            cu_mut(losses),
-            cu_mut(logits),
-            &*targets,
-            &v_i,
-            &write_grad,
-            &scale
-        );
     }
 
     pub(super) fn sum_squares_op(&self, t: &Tensor) -> f64 {

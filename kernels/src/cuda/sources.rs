@@ -34,9 +34,9 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &["f32_to_bf16", "bf16_to_f32"],
     },
     KernelSource {
-        name: "cross_entropy.cu",
-        source: include_str!("../../cuda/cross_entropy.cu"),
-        kernels: &["cross_entropy"],
+        name: "classifier.cu",
+        source: include_str!("../../cuda/classifier.cu"),
+        kernels: &["fused_classifier"],
     },
     KernelSource {
         name: "dropout.cu",

@@ -10,6 +10,7 @@
 mod attention;
 mod barriers;
 mod cast;
+mod classifier;
 mod embedding;
 mod emulator;
 mod fused_attention;
@@ -25,6 +26,7 @@ fn every_kernel_is_launched_by_a_test() {
     let tests: String = [
         include_str!("attention.rs"),
         include_str!("cast.rs"),
+        include_str!("classifier.rs"),
         include_str!("embedding.rs"),
         include_str!("fused_attention.rs"),
         include_str!("pointwise.rs"),

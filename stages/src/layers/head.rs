@@ -1,13 +1,14 @@
 //! The head: final LayerNorm, LM head tied to the token embedding, softmax cross-entropy.
 //!
-//! In training the LM head's whole backward runs in forward, as llm.c does: the loss and
-//! dloss/dlogits come out of one pass over the logits (in place), dlogits goes straight
-//! into the gradients of ln_f's output and of wte, and is freed. The head then keeps only
-//! what ln_f's backward reads, [B,T,C]-sized, instead of a [B,T,V] dlogits per microbatch in
-//! flight (for GPT-2 small at T = 1024, 6 MiB instead of 202 MiB).
+//! In training the LM head's whole backward runs in forward, as llm.c does, inside one
+//! device op (`Device::classifier`): the loss and dloss/dlogits come out of one pass over the
+//! logits (in place), dlogits goes straight into the gradients of ln_f's output and of wte,
+//! and is freed. The head then keeps only what ln_f's backward reads, [B,T,C]-sized, instead
+//! of a [B,T,V] dlogits per microbatch in flight (for GPT-2 small at T = 1024, 6 MiB instead
+//! of 202 MiB). How the logits are laid out (the CUDA device pads their rows) is the device's.
 
 use crate::shape::GptShape;
-use kernels::{Category, Device, Tensor, WeightLayout};
+use kernels::{Category, ClassifierGrad, Device, Tensor};
 
 /// What the head keeps for backward: ln_f's backward.
 pub struct HeadActs {
@@ -49,16 +50,16 @@ pub fn forward(
     let mut mean = dev.zeros(&[b, t], keep); // [B,T]
     let mut rstd = dev.zeros(&[b, t], keep); // [B,T]
     dev.layernorm_forward(&mut lnf, &mut mean, &mut rstd, &x, ln_w, ln_b);
-    let mut logits = dev.zeros(&[b, t, s.vocab], Category::Workspace); // [B,T,V]
-    dev.matmul_forward(&mut logits, &lnf, wte, WeightLayout::OutIn, None);
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
-    dev.cross_entropy(&mut losses, &mut logits, targets, grad.as_ref().map(|g| g.scale));
-    let losses = dev.to_host(&losses);
-    let Some(grad) = grad else { return (losses, None) };
-    let dlogits = logits; // [B,T,V], overwritten in place by cross_entropy
+    let Some(grad) = grad else {
+        dev.classifier(&mut losses, &lnf, wte, targets, None);
+        return (dev.to_host(&losses), None);
+    };
     let mut dlnf = dev.zeros(&[b, t, c], Category::Activations); // [B,T,C]
-    dev.matmul_backward_input(&mut dlnf, &dlogits, wte, WeightLayout::OutIn);
-    dev.matmul_backward_weight(grad.dwte, None, &dlogits, &lnf, WeightLayout::OutIn);
+                                                                 // The logits [B,T,V] and their gradient live only inside the classifier.
+    let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dlnf, dwte: grad.dwte };
+    dev.classifier(&mut losses, &lnf, wte, targets, Some(head_grad));
+    let losses = dev.to_host(&losses);
     (losses, Some(HeadActs { input: x, mean, rstd, dlnf }))
 }
 

@@ -1,0 +1,88 @@
+// The fused classifier: softmax cross-entropy over the vocabulary and its gradient, one
+// block per row of logits [N, Vp]. A row's first V columns are the vocabulary; the rest is
+// padding (the CUDA device pads rows to a multiple of 128 columns), never read: it is never
+// predicted and never in the loss, and its gradient is written as zero.
+//
+// One reading pass finds the row's maximum and its sum of exponentials together (online
+// softmax: a thread rescales its running sum when its maximum grows); a second pass
+// overwrites the row with dloss/dlogits when a gradient is wanted. No probabilities are
+// stored: each is recomputed from the logit as its gradient is written.
+#include "common.cuh"
+
+// The running maximum of the values seen and the sum of exp(x - max) over them. A thread
+// that has seen no value (past the end of a short row) holds {NEG_INF, 0}.
+struct SoftmaxSum {
+    float max;
+    float sum;
+};
+
+__device__ __forceinline__ SoftmaxSum push(SoftmaxSum a, float x) {
+    if (x > a.max) return {x, a.sum * expf(a.max - x) + 1.0f};
+    return {a.max, a.sum + expf(x - a.max)};
+}
+
+// Both sums rescaled to the larger maximum. Commutative bit for bit (IEEE addition is), so
+// both lanes of a butterfly exchange hold the same result; two empty sums stay empty rather
+// than meet exp(-inf - -inf).
+__device__ __forceinline__ SoftmaxSum merge(SoftmaxSum a, SoftmaxSum b) {
+    const float m = fmaxf(a.max, b.max);
+    if (m == NEG_INF) return a;
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__device__ __forceinline__ SoftmaxSum warp_merge(SoftmaxSum v) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const SoftmaxSum other = {__shfl_xor_sync(FULL_MASK, v.max, offset),
+                                  __shfl_xor_sync(FULL_MASK, v.sum, offset)};
+        v = merge(v, other);
+    }
+    return v;
+}
+
+// The whole block's SoftmaxSum, in every thread; in a fixed order (warps, then one warp
+// over the warps' results), so bitwise repeatable. The kernel's only block reduction, so no
+// earlier reader of the scratch to wait for.
+__device__ SoftmaxSum block_merge(SoftmaxSum v, float* max_scratch, float* sum_scratch) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    v = warp_merge(v);
+    if (lane == 0) {
+        max_scratch[warp] = v.max;
+        sum_scratch[warp] = v.sum;
+    }
+    __syncthreads();
+    v = lane < warps ? SoftmaxSum{max_scratch[lane], sum_scratch[lane]} : SoftmaxSum{NEG_INF, 0.0f};
+    return warp_merge(v);
+}
+
+// losses [N] = -log softmax(row)[target]; with write_grad, each row [Vp] becomes
+// grad_scale * (softmax - onehot(target)) over its V columns and 0 over its padding.
+extern "C" __global__ void fused_classifier(float* losses, float* logits, const unsigned int* targets,
+                                            int V, int Vp, int write_grad, float grad_scale) {
+    __shared__ float max_scratch[WARP_SIZE];
+    __shared__ float sum_scratch[WARP_SIZE];
+    const unsigned long long row = blockIdx.x;
+    float* x = logits + row * Vp;
+    const unsigned int target = targets[row];
+
+    SoftmaxSum acc = {NEG_INF, 0.0f};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) acc = push(acc, x[j]);
+    acc = block_merge(acc, max_scratch, sum_scratch);
+
+    // Every thread has read x[target] before any thread overwrites it below.
+    const float target_logit = x[target];
+    __syncthreads();
+    if (threadIdx.x == 0) losses[row] = logf(acc.sum) - (target_logit - acc.max);
+    if (!write_grad) return;
+    // d/dlogit_j = s * softmax_j - s * [j == target], as s / sum * exp, then the target.
+    const float k = grad_scale / acc.sum;
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+        float g = 0.0f;
+        if (j < V) {
+            g = expf(x[j] - acc.max) * k;
+            if (j == (int)target) g -= grad_scale;
+        }
+        x[j] = g;
+    }
+}

@@ -1,0 +1,54 @@
+//! The LM head and its loss (`Device::classifier`): the logits GEMM into rows padded to
+//! [`padded_vocab`] columns, the fused classifier kernel (softmax, loss and dlogits in place,
+//! one block per row), then the head's two backward GEMMs reading dlogits from the same
+//! buffer, which is freed on return. wte itself stays [V,C] (checkpoints, the embedding and
+//! the optimizer never see the padding); only the logits' rows are padded.
+
+use super::device::{cu, cu_mut, int, rows_cols, CudaDevice};
+use super::launch::per_row_block;
+use crate::device::{padded_vocab, ClassifierGrad, Device};
+use crate::memory::Category;
+use crate::tensor::Tensor;
+
+impl CudaDevice {
+    pub(super) fn classifier_op(
+        &self,
+        losses: &mut Tensor,
+        inp: &Tensor,
+        wte: &Tensor,
+        targets: &[u32],
+        grad: Option<ClassifierGrad>,
+    ) {
+        let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
+        assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
+        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
+            panic!("classifier: target {bad} outside a vocabulary of {v}");
+        }
+        if n == 0 {
+            return;
+        }
+        let vp = padded_vocab(v);
+        // [N,Vp]: the GEMM writes each row's first V columns; the kernel never reads the
+        // padding and, with a gradient, writes it as zero.
+        let mut logits = self.empty(&[n, vp], Category::Workspace);
+        self.head_forward(cu_mut(&mut logits), vp, inp, wte);
+        let targets = self.upload(targets);
+        let scale = grad.as_ref().map_or(0.0, |g| g.scale);
+        let (v_i, vp_i, write_grad) = (int(v), int(vp), grad.is_some() as i32);
+        launch!(
+            self,
+            "fused_classifier",
+            per_row_block(n),
+            cu_mut(losses),
+            cu_mut(&mut logits),
+            &*targets,
+            &v_i,
+            &vp_i,
+            &write_grad,
+            &scale
+        );
+        if let Some(grad) = grad {
+            self.head_backward(grad.dinp, grad.dwte, cu(&logits), vp, inp, wte);
+        }
+    }
+}
