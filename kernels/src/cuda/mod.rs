@@ -30,6 +30,7 @@ mod blas;
 pub mod compile;
 mod device;
 mod embedding;
+mod fused_attention;
 mod gpu;
 pub mod launch;
 mod pointwise;

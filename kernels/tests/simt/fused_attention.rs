@@ -1,6 +1,7 @@
-//! The fused attention kernels (fused_attention.cu) against the CPU's attention op:
-//! forward, then backward from forward's lse, with and without dropout. Not yet used by
-//! the CUDA device, whose attention op keeps P and P' as the Device trait asks.
+//! The CUDA device's fused attention op (kernels/src/cuda/fused_attention.rs), launch for
+//! launch with its shapes and buffers, against the CPU's attention op through the same
+//! `Device` seam: forward into out and lse, then backward from out and lse (the query side
+//! leaving delta for the key side) into dqkv, with and without dropout.
 
 use crate::attention::{cpu_attention, Dims};
 use crate::harness::{close, max_abs, Arg, Buf, Family, Rng, Run};
