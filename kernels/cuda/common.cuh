@@ -1,4 +1,5 @@
-// Helpers shared by the kernels: fixed-shape warp and block reductions.
+// Helpers shared by the kernels: fixed-shape warp and block reductions, and the bf16
+// rounding.
 //
 // Every reduction here combines values in an order fixed by the thread layout alone
 // (butterfly shuffles, then one warp over the per-warp results), never by timing, so a
@@ -44,4 +45,15 @@ __device__ T block_sum(T v, T* scratch) {
     __syncthreads();
     v = lane < warps ? scratch[lane] : T(0);
     return warp_sum(v);
+}
+
+// An f32 rounded to bf16, as its bits (unsigned short: no CUDA header needed at run time):
+// round to nearest even with NaN kept quiet, the same as __float2bfloat16_rn and as the
+// `half` crate's bf16::from_f32, so both backends round alike.
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
+    const unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    // Adding 0x7fff plus the lowest kept bit rounds the dropped half to nearest, ties to
+    // even; a carry into the exponent is the correct rounding up (to infinity at the top).
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }

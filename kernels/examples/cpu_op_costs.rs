@@ -5,7 +5,7 @@
 //! cargo run --release -p kernels --example cpu_op_costs -- [threads] [micro_batch] [seq_len]
 
 use kernels::cpu::{cross_entropy, measure_matmul_peak, CpuDevice};
-use kernels::{Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use kernels::{AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
 use std::time::Instant;
 
 const C: usize = 768;
@@ -56,7 +56,8 @@ fn main() {
         filled(&[4 * C, C], 8),
     );
     let (mut qkv, mut y) = (z(&[b, t, 3 * C]), z(&[b, t, C]));
-    let (mut att, mut dropped) = (z(&[b, NH, t, t]), z(&[b, NH, t, t]));
+    let mut saved =
+        AttentionSaved::Probabilities { probs: z(&[b, NH, t, t]), dropped: Some(z(&[b, NH, t, t])) };
     let (mut h, mut g, mut o, mut res) = (z(&[n, 4 * C]), z(&[n, 4 * C]), z(&[n, C]), z(&[n, C]));
     let attn = drop(DropoutSite::AttentionProbs);
 
@@ -66,9 +67,7 @@ fn main() {
     time("matmul fwd qkv", mm(n, C, 3 * C), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
-    time("attention fwd", 0.0, &mut || {
-        dev.attention_forward(Some(&mut y), &mut att, Some((attn, &mut dropped)), &qkv, NH)
-    });
+    time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH));
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
     });
@@ -98,7 +97,7 @@ fn main() {
     });
     time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
     time("attention bwd", 0.0, &mut || {
-        dev.attention_backward(&mut dqkv, &dy, &qkv, &att, Some((attn, &dropped)), NH)
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH)
     });
     time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);

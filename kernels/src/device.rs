@@ -14,6 +14,7 @@
 //! - Every op is deterministic: the same inputs give bitwise the same outputs whatever the
 //!   number of threads, so recompute, any stage count and any schedule agree to the bit.
 
+use crate::attention::AttentionSaved;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::tensor::{Detached, Tensor};
@@ -150,26 +151,29 @@ pub trait Device: Send + Sync {
     // ---- attention core ------------------------------------------------------------
     /// Causal self-attention core, per head: P = softmax(Q K^T / sqrt(hs) + causal mask),
     /// P' = dropout(P), out = P' V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn
-    /// output); att [B,NH,T,T] receives P; under `dropout`, its tensor [B,NH,T,T] receives
-    /// P'; out [B,T,C], unless None (a recompute of P and P' for backward). Backward reads P
-    /// and P'; the mask itself is never stored (it is regenerated from the dropout's key).
-    /// Every element of att and P' is written, so they may come from [`Device::empty`].
+    /// output); out [B,T,C], unless None (a recompute of `saved` for backward). `saved`
+    /// receives what backward reads besides qkv and out, of the kind this backend keeps
+    /// (see [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in the caller.
+    /// The dropout mask is never stored: it is regenerated from its key.
     fn attention_forward(
         &self,
         out: Option<&mut Tensor>,
-        att: &mut Tensor,
-        dropout: Option<(DropoutSpec, &mut Tensor)>,
+        saved: &mut AttentionSaved,
+        dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
     );
-    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and att and P' as forward saved them.
+    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and out [B,T,C] and `saved` as
+    /// forward wrote them (the fused backward reads out; the unfused one does not need it).
+    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
         dqkv: &mut Tensor,
         dout: &Tensor,
+        out: &Tensor,
         qkv: &Tensor,
-        att: &Tensor,
-        dropout: Option<(DropoutSpec, &Tensor)>,
+        saved: &AttentionSaved,
+        dropout: Option<DropoutSpec>,
         n_head: usize,
     );
 

@@ -4,6 +4,7 @@
 //! with rayon + gemm, and the CUDA backend (feature `cuda`) beside it. Every buffer a device
 //! hands out is a [`Tensor`] counted in that device's [`MemoryLedger`].
 
+pub mod attention;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -13,6 +14,7 @@ pub mod memory;
 pub mod philox;
 pub mod tensor;
 
+pub use attention::{AttentionSaved, AttentionSaves, FUSED_MAX_HEAD_SIZE};
 pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};

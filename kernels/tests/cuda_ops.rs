@@ -7,7 +7,8 @@
 use kernels::cpu::CpuDevice;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
-    AdamWStep, Category, ClassifierGrad, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout,
+    AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, Device, DropoutKey, DropoutSite,
+    DropoutSpec, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -277,34 +278,52 @@ fn bf16_rounding_is_the_half_crates() {
     assert!(gpu.to_host(&nan)[0].is_nan());
 }
 
-fn attention_case(gpu: &CudaDevice, spec: Option<DropoutSpec>, rng: &mut Rng) {
+/// The GPU's attention core keeping `kind` against the CPU's, which keeps probabilities:
+/// out and dqkv, and P and P' (with the causal mask's zeros) where the GPU keeps them too.
+fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSpec>, rng: &mut Rng) {
     let (qkv, dout) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0));
-    let run = |dev: &dyn Device| {
+    let run = |dev: &dyn Device, kind| {
         let qkv = put(dev, &qkv, &[B, T, 3 * C]);
         let mut out = dev.zeros(&[B, T, C], Category::Workspace);
-        let mut att = dev.zeros(&[B, NH, T, T], Category::Workspace);
-        let mut dropped = dev.zeros(&[B, NH, T, T], Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut att, spec.map(|s| (s, &mut dropped)), &qkv, NH);
+        let mut saved = AttentionSaved::empty(dev, kind, [B, NH, T], spec.is_some(), Category::Workspace);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, NH);
         let mut dqkv = put(dev, &vec![f32::NAN; N * 3 * C], &[B, T, 3 * C]);
         let dout = put(dev, &dout, &[B, T, C]);
-        dev.attention_backward(&mut dqkv, &dout, &qkv, &att, spec.map(|s| (s, &dropped)), NH);
-        [out, att, dropped, dqkv].map(|t| dev.to_host(&t))
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, NH);
+        let probs = match &saved {
+            AttentionSaved::Probabilities { probs, dropped } => {
+                [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
+            }
+            AttentionSaved::RowLogSumExp { .. } => vec![],
+        };
+        ([out, dqkv].map(|t| dev.to_host(&t)), probs)
     };
-    let (want, got) = (run(&cpu()), run(gpu));
-    let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    for (what, (g, w)) in ["out", "att", "dropped", "dqkv"].iter().zip(got.iter().zip(&want)) {
+    let (want, got) = (run(&cpu(), AttentionSaves::Probabilities), run(gpu, kind));
+    let case =
+        format!("keeping {kind:?} {}", if spec.is_some() { "with dropout" } else { "without dropout" });
+    for (what, (g, w)) in ["out", "dqkv"].iter().zip(got.0.iter().zip(&want.0)) {
         assert_close(&format!("attention {what} {case}"), g, w, TOL);
     }
-    let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
-    assert_eq!(masked(&got[1]), masked(&want[1]), "the causal mask differs {case}");
+    if kind == AttentionSaves::Probabilities {
+        for (what, (g, w)) in ["P", "P'"].iter().zip(got.1.iter().zip(&want.1)) {
+            assert_close(&format!("attention {what} {case}"), g, w, TOL);
+        }
+        let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
+        assert_eq!(masked(&got.1[0]), masked(&want.1[0]), "the causal mask differs {case}");
+    }
 }
 
 #[test]
 fn attention_matches_with_and_without_dropout() {
     let Some(gpu) = gpu("attention_matches_with_and_without_dropout") else { return };
     let mut rng = Rng::new("attention");
-    attention_case(&gpu, None, &mut rng);
-    attention_case(&gpu, Some(dropout(0.2, 3, DropoutSite::AttentionProbs)), &mut rng);
+    // The fused core the device runs at this head size (24), and the unfused one it runs
+    // above 64.
+    assert_eq!(AttentionSaves::cuda(C / NH), AttentionSaves::RowLogSumExp);
+    for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
+        attention_case(&gpu, kind, None, &mut rng);
+        attention_case(&gpu, kind, Some(dropout(0.2, 3, DropoutSite::AttentionProbs)), &mut rng);
+    }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
@@ -412,13 +431,16 @@ fn every_op_is_bitwise_repeatable() {
     let spec = dropout(0.1, 1, DropoutSite::AttentionProbs);
     let run = || {
         let qkv_t = put(&gpu, &qkv, &[B, T, 3 * C]);
-        let scores = || gpu.zeros(&[B, NH, T, T], Category::Workspace);
-        let (mut out, mut att, mut dropped) =
-            (gpu.zeros(&[B, T, C], Category::Workspace), scores(), scores());
-        gpu.attention_forward(Some(&mut out), &mut att, Some((spec, &mut dropped)), &qkv_t, NH);
+        let mut out = gpu.zeros(&[B, T, C], Category::Workspace);
+        let mut saved =
+            AttentionSaved::empty(&gpu, AttentionSaves::cuda(C / NH), [B, NH, T], true, Category::Workspace);
+        gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH);
+        let AttentionSaved::RowLogSumExp { lse } = &saved else {
+            unreachable!("the fused core at head size 24")
+        };
         let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
         let dout_t = put(&gpu, &dout, &[B, T, C]);
-        gpu.attention_backward(&mut dqkv, &dout_t, &qkv_t, &att, Some((spec, &dropped)), NH);
+        gpu.attention_backward(&mut dqkv, &dout_t, &out, &qkv_t, &saved, Some(spec), NH);
         let x_t = put(&gpu, &x, &[B, T, C]);
         let (mut dw, mut db) =
             (gpu.zeros(&[C, C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));
@@ -434,7 +456,7 @@ fn every_op_is_bitwise_repeatable() {
         let mut dx = gpu.zeros(&[B, T, C], Category::Workspace);
         gpu.layernorm_backward(&mut dx, &mut lw, &mut lb, &dout_t, &x_t, &w, &mean, &rstd);
         let norm = gpu.sum_squares(&dqkv);
-        ([out, att, dropped, dqkv, dw, db, dx, lw, lb].map(|t| gpu.to_host(&t)), norm)
+        ([&out, lse, &dqkv, &dw, &db, &dx, &lw, &lb].map(|t| gpu.to_host(t)), norm)
     };
     let (first, second) = (run(), run());
     for (i, (a, b)) in first.0.iter().zip(&second.0).enumerate() {

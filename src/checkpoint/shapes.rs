@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::{HfGpt2Config, NamedTensor};
 use crate::error::user_error;
+use kernels::AttentionSaves;
 use stages::params::model_param_specs;
 use stages::GptShape;
 
@@ -21,6 +22,7 @@ pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
         vocab: cfg.vocab_size,
         micro_batch: 1,
         attention_dropout: false,
+        attention: AttentionSaves::Probabilities,
     };
     model_param_specs(&shape).into_iter().map(|p| (p.name, p.shape)).collect()
 }

@@ -8,7 +8,7 @@ use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::error::user_error;
 use stages::flops::{block_flops, head_flops, Flops};
-use stages::saved::F32_BYTES;
+use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
 use stages::RecomputePolicy;
 
@@ -107,9 +107,11 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
         }
         RecomputePolicy::Selective(m) => {
             // The attention core has no weights, so its FLOPs are the block's forward FLOPs
-            // less the matmuls' (which equal the weight-gradient FLOPs).
+            // less the matmuls' (which equal the weight-gradient FLOPs). A fused core drops
+            // nothing (see saved.rs), so nothing of it is recomputed.
             let core_attn = (block.forward - block.backward_weight) / hw.achieved_flops();
-            let per_block = if m.core_attn { core_attn } else { 0.0 }
+            let core_dropped = BlockTensor::attention_saved(s).dropped_by(m);
+            let per_block = if core_dropped { core_attn } else { 0.0 }
                 + if m.mlp { streamed(s.tokens() * s.ffn, Split::Interior) } else { 0.0 }
                 + if m.layernorm { 2.0 * streamed(s.tokens() * s.hidden, Split::Sequence) } else { 0.0 };
             blocks as f64 * per_block
@@ -380,6 +382,20 @@ mod tests {
         let gelu = 4.0 * 2.0 * (1024.0 * 3072.0 * 4.0) / (3.35e12 * 0.8);
         let both = with("selective", None, None, Some(&["core_attn", "mlp"])).recompute;
         assert!((both - core - gelu).abs() < 1e-15, "{both} {core} {gelu} {s:?}");
+    }
+
+    /// On a GPU the fused attention core keeps its row statistics under selective core_attn
+    /// (see saved.rs): its backward recomputes the probabilities anyway, and nothing more.
+    #[test]
+    fn selective_recompute_of_the_fused_core_costs_nothing() {
+        let cfg = |device: &str| Config {
+            device: device.into(),
+            recompute_granularity: Some("selective".into()),
+            ..gpt2_small(4, "1f1b", 1, 8)
+        };
+        let recompute = |device| from_hardware(&setup(cfg(device)), &h100()).chunks[1].recompute;
+        assert!(recompute("cpu") > 0.0);
+        assert_eq!(recompute("cuda"), 0.0);
     }
 
     #[test]

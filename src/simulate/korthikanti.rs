@@ -79,6 +79,7 @@ pub fn statistics_elements(s: &GptShape, tp: TensorParallel, kept: Kept) -> usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels::AttentionSaves;
     use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
     use stages::{FullMethod, SelectiveModules};
 
@@ -93,6 +94,7 @@ mod tests {
         vocab: 51200,
         micro_batch: 1,
         attention_dropout: true,
+        attention: AttentionSaves::Probabilities,
     };
 
     /// At 16 bits, for every t, with and without sequence parallelism, and each of the

@@ -16,8 +16,8 @@
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
-//!   [B,T,F], one [B,T,3C], the [B,NH,T,T] score gradient), the received and the sent
-//!   gradient [B,T,C];
+//!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
+//!   the fused core's [B,NH,T] row sums), the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
 //!   gradients, which are static).
 //!
@@ -25,6 +25,7 @@
 //! input.
 
 use super::setup::Setup;
+use kernels::AttentionSaves;
 use schedules::ChunkMemory;
 use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
@@ -45,7 +46,11 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 
     let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
     let message = element(s.tokens() * s.hidden, Split::Sequence);
-    let scores = element(s.micro_batch * s.heads * s.seq_len * s.seq_len, Split::Interior);
+    let attention_scratch = match s.attention {
+        AttentionSaves::Probabilities => s.micro_batch * s.heads * s.seq_len * s.seq_len,
+        AttentionSaves::RowLogSumExp => s.micro_batch * s.heads * s.seq_len,
+    };
+    let attention_scratch = element(attention_scratch, Split::Interior);
     let block = |keep| at_precision(block_kept_bytes(s, tp, keep));
     let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
     let dropped_in_forward =
@@ -69,7 +74,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         RecomputePolicy::Selective(_) => 0,
     };
     let grad_scratch = if blocks > 0 {
-        element(s.tokens() * (2 * s.ffn + 3 * s.hidden), Split::Interior) + scores
+        element(s.tokens() * (2 * s.ffn + 3 * s.hidden), Split::Interior) + attention_scratch
     } else {
         0
     };
@@ -186,17 +191,49 @@ mod tests {
         assert_eq!((cut(&dropout) * 1000.0).round(), 667.0);
     }
 
+    /// On a GPU the fused attention core keeps, per query row, the log-sum-exp of its scores
+    /// ([B,NH,T], 48 KiB at fp32) instead of the probabilities (48 MiB, 96 with dropout), so
+    /// GPT-2 small's block keeps what the CPU's keeps under selective core_attn plus those
+    /// rows, with or without attention dropout; and selective core_attn changes nothing: no
+    /// byte saved, no byte or second spent recomputing.
+    #[test]
+    fn gpt2_small_gpu_layer_bytes_and_free_selective_recompute() {
+        let cuda =
+            |attention_dropout| Config { device: "cuda".into(), attention_dropout, ..Config::default() };
+        let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
+        for s in [0.0, 0.1].map(|p| crate::train::model::shape(&cuda(p))) {
+            assert_eq!(s.attention, AttentionSaves::RowLogSumExp);
+            let none = block_kept_bytes(&s, TensorParallel::NONE, BlockKeep::Stored(SelectiveModules::NONE));
+            assert_eq!(none, 50_397_184);
+            assert_eq!(none, 50_348_032 + 4 * 12 * 1024);
+            assert_eq!(block_kept_bytes(&s, TensorParallel::NONE, BlockKeep::Stored(core_attn)), none);
+        }
+        let selective = Config { recompute_granularity: Some("selective".into()), ..cuda(0.1) };
+        let (none, selective) = (setup(cuda(0.1)), setup(selective));
+        for stage in 0..none.p {
+            let (a, b) = (chunk_memory(&none, stage, 0), chunk_memory(&selective, stage, 0));
+            assert_eq!(a, b, "stage {stage}");
+            assert_eq!(b.recompute_working_bytes, 0, "stage {stage}");
+        }
+        // Backward's attention scratch is the fused core's delta rows, [B,NH,T].
+        let cpu = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
+        let gpu = chunk_memory(&setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) }), 1, 0);
+        let (scores, rows) = (4 * 12 * 1024 * 1024, 4 * 12 * 1024);
+        assert_eq!(cpu.backward_input_working_bytes - gpu.backward_input_working_bytes, scores - rows);
+    }
+
     fn setup(cfg: Config) -> Setup {
         Setup::new(&cfg, Path::new("c.yaml")).unwrap()
     }
 
     #[test]
     fn bf16_halves_the_activations_and_adds_a_weight_copy() {
-        let fp32 = setup(gpt2_small(4, "1f1b", 1, 8));
+        let fp32 = setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
         let bf16 =
             setup(Config { precision: "bf16".into(), device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
         let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
-        assert_eq!(a.activation_bytes, 4 * 151_011_328);
+        // Four blocks of the fused core (see the GPU test below).
+        assert_eq!(a.activation_bytes, 4 * 50_397_184);
         assert_eq!(b.activation_bytes, a.activation_bytes / 2);
         let params = param_elements(&fp32.shape, TensorParallel::NONE, fp32.layout(0, 0)) as u64;
         assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
@@ -204,7 +241,7 @@ mod tests {
     }
 
     /// The CUDA device's logits rows are padded from 50257 to 50304 columns: the head's
-    /// stage works with that much more; the CPU's prediction and every other stage stay.
+    /// stage works with that much more, the other stages as much as on the CPU.
     #[test]
     fn cuda_pads_the_heads_logits_rows() {
         let cpu = setup(gpt2_small(4, "1f1b", 1, 8));
@@ -212,9 +249,11 @@ mod tests {
         let (a, b) = (chunk_memory(&cpu, 3, 0), chunk_memory(&cuda, 3, 0));
         // 1024 tokens (micro batch 1) x 47 more fp32 columns.
         assert_eq!(b.forward_working_bytes - a.forward_working_bytes, 1024 * (50304 - 50257) * 4);
-        assert_eq!(ChunkMemory { forward_working_bytes: a.forward_working_bytes, ..b }, a);
+        // The other stages' forward working bytes are the CPU's; the rest of what they hold
+        // differs by the fused attention core (see the tests below).
         for r in 0..3 {
-            assert_eq!(chunk_memory(&cpu, r, 0), chunk_memory(&cuda, r, 0), "stage {r}");
+            let (a, b) = (chunk_memory(&cpu, r, 0), chunk_memory(&cuda, r, 0));
+            assert_eq!(a.forward_working_bytes, b.forward_working_bytes, "stage {r}");
         }
     }
 

@@ -594,8 +594,9 @@ mod tests {
     }
 
     /// Recompute per stage applies to a V as to the others, each stage's one policy covering
-    /// both its chunks. GPT-2 small at 24 layers on 4 stages under DualPipeV, bf16, in 3 GiB:
-    /// stage 0, holding both ends of the model, needs the most; stage 1 needs none.
+    /// both its chunks. GPT-2 small at 24 layers on 4 stages under DualPipeV, bf16 on GPUs
+    /// (fused attention), in 2.25 GiB: stage 0, holding both ends of the model, needs 3 blocks
+    /// recomputed; the others fit with none.
     #[test]
     fn per_stage_n_on_a_v() {
         let hw = Hardware::lookup("h100-sxm", "bf16").unwrap();
@@ -605,18 +606,21 @@ mod tests {
             device: "cuda".into(),
             ..gpt2_small(4, "1f1b", 1, 8)
         };
-        let limit = 3 << 30;
+        let limit = 9 << 28;
         let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::DualPipeV, 2).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::DualPipeV, 2, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
-        assert_eq!(per_stage.recompute, Recompute::BlockPerStage(vec![3, 0, 1, 1]));
+        assert_eq!(per_stage.recompute, Recompute::BlockPerStage(vec![3, 0, 0, 0]));
         assert!(per_stage.fits, "{:?}", per_stage.peak_memory);
-        // One block fewer does not fit stages 0, 2 and 3; stage 1 fits with none.
+        // Two blocks do not fit stage 0; stages 1-3 fit with none.
         let peaks =
             |recompute: Recompute| &outcomes.iter().find(|o| o.recompute == recompute).unwrap().peak_memory;
         let (none, two) = (peaks(Recompute::None), peaks(Recompute::Full { method: "block", num_layers: 2 }));
-        assert!(two[0] > limit && none[1] <= limit && none[2] > limit && none[3] > limit, "{none:?} {two:?}");
+        assert!(
+            two[0] > limit && none[0] > limit && none[1..].iter().all(|&b| b <= limit),
+            "{none:?} {two:?}"
+        );
     }
 
     /// A V places virtual stages 0 and 2p-1 on stage 0: the embedding and the head (each with

@@ -4,7 +4,7 @@
 use crate::checkpoint::{HfGpt2Config, NamedTensor};
 use crate::config::Config;
 use crate::error::user_error;
-use kernels::{Category, Device};
+use kernels::{AttentionSaves, Category, Device};
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::params::chunk_param_specs;
 use stages::partition;
@@ -25,6 +25,10 @@ pub fn shape(c: &Config) -> GptShape {
         vocab: c.vocab_size,
         micro_batch: c.micro_batch_size,
         attention_dropout: c.attention_dropout > 0.0,
+        attention: match c.device.as_str() {
+            "cuda" => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads),
+            _ => AttentionSaves::Probabilities,
+        },
     }
 }
 

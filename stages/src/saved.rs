@@ -9,6 +9,7 @@
 use crate::recompute::SelectiveModules;
 use crate::shape::GptShape;
 use crate::tensor_parallel::{Split, TensorParallel};
+use kernels::AttentionSaves;
 
 /// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,11 +23,16 @@ pub enum BlockTensor {
     /// c_attn(ln_1(x)) [B,T,3C]: q, k, v.
     Qkv,
     /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout: the softmax's backward
-    /// reads it.
+    /// reads it. Only where the attention core keeps probabilities (the CPU backend).
     AttProbs,
     /// dropout(AttProbs) [B,NH,T,T], the input of the product with v, whose backward reads
-    /// it. Only where training drops attention probabilities (`GptShape::attention_dropout`).
+    /// it. Only where the core keeps probabilities and training drops them
+    /// (`GptShape::attention_dropout`).
     AttDropped,
+    /// The log-sum-exp of each query row's scores [B,NH,T], from which the fused core's
+    /// backward recomputes the probabilities (with q, k and the attention output). Only
+    /// where the core is fused (the CUDA backend).
+    AttLogSumExp,
     /// attention output [B,T,C]: input of attn.c_proj.
     AttOut,
     /// x + dropout(c_proj(att)) [B,T,C]: the residual stream after attention, ln_2's input.
@@ -42,13 +48,14 @@ pub enum BlockTensor {
 }
 
 impl BlockTensor {
-    pub const ALL: [BlockTensor; 12] = [
+    pub const ALL: [BlockTensor; 13] = [
         BlockTensor::Input,
         BlockTensor::Ln1Out,
         BlockTensor::Ln1Stats,
         BlockTensor::Qkv,
         BlockTensor::AttProbs,
         BlockTensor::AttDropped,
+        BlockTensor::AttLogSumExp,
         BlockTensor::AttOut,
         BlockTensor::Residual,
         BlockTensor::Ln2Out,
@@ -68,9 +75,16 @@ impl BlockTensor {
             | BlockTensor::Ln2Out => n * c,
             BlockTensor::Ln1Stats | BlockTensor::Ln2Stats => 2 * n,
             BlockTensor::Qkv => 3 * n * c,
+            BlockTensor::AttProbs | BlockTensor::AttDropped
+                if s.attention != AttentionSaves::Probabilities =>
+            {
+                0
+            }
+            BlockTensor::AttLogSumExp if s.attention != AttentionSaves::RowLogSumExp => 0,
             BlockTensor::AttProbs => s.micro_batch * s.heads * s.seq_len * s.seq_len,
             BlockTensor::AttDropped if s.attention_dropout => BlockTensor::AttProbs.elements(s),
             BlockTensor::AttDropped => 0,
+            BlockTensor::AttLogSumExp => s.micro_batch * s.heads * s.seq_len,
             BlockTensor::FcOut | BlockTensor::GeluOut => n * s.ffn,
         }
     }
@@ -83,6 +97,7 @@ impl BlockTensor {
             BlockTensor::Qkv
             | BlockTensor::AttProbs
             | BlockTensor::AttDropped
+            | BlockTensor::AttLogSumExp
             | BlockTensor::AttOut
             | BlockTensor::FcOut
             | BlockTensor::GeluOut => Split::Interior,
@@ -95,7 +110,21 @@ impl BlockTensor {
         }
     }
 
+    /// The tensor that stands for what the attention core keeps under `s.attention`
+    /// (AttProbs for the probabilities, with AttDropped beside it under dropout): the
+    /// block keeps or drops the core's tensors as it says.
+    pub fn attention_saved(s: &GptShape) -> BlockTensor {
+        match s.attention {
+            AttentionSaves::Probabilities => BlockTensor::AttProbs,
+            AttentionSaves::RowLogSumExp => BlockTensor::AttLogSumExp,
+        }
+    }
+
     /// Whether selective recompute of `modules` drops this tensor (recomputing it in backward).
+    /// The fused core's log-sum-exp is never dropped: its backward recomputes the
+    /// probabilities from it in any case, so selective recompute of the core costs nothing
+    /// more, and dropping the [B,NH,T] row statistics would save next to nothing at the
+    /// price of a whole attention forward.
     pub fn dropped_by(self, modules: SelectiveModules) -> bool {
         match self {
             BlockTensor::AttProbs | BlockTensor::AttDropped => modules.core_attn,

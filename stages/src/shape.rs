@@ -1,5 +1,7 @@
 //! The model's shape: everything the layers, the memory model and the FLOP counts derive from.
 
+use kernels::AttentionSaves;
+
 /// GPT-2-style decoder shape for one microbatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GptShape {
@@ -19,9 +21,12 @@ pub struct GptShape {
     pub vocab: usize,
     /// B, sequences per microbatch.
     pub micro_batch: usize,
-    /// Training drops attention probabilities (attention_dropout > 0): each block then
-    /// keeps the dropped probabilities beside the probabilities.
+    /// Training drops attention probabilities (attention_dropout > 0): where the attention
+    /// core keeps probabilities, each block then keeps the dropped ones beside them.
     pub attention_dropout: bool,
+    /// What the device's attention core keeps for backward: the probabilities (CPU) or the
+    /// per-row log-sum-exp (the CUDA backend's fused kernels).
+    pub attention: AttentionSaves,
 }
 
 impl GptShape {
@@ -37,6 +42,7 @@ impl GptShape {
         vocab: 50257,
         micro_batch: 1,
         attention_dropout: false,
+        attention: AttentionSaves::Probabilities,
     };
 
     /// N = B*T, rows of every activation matrix.

@@ -4,7 +4,7 @@
 //! head's backward, which runs in forward.
 
 use kernels::cpu::CpuDevice;
-use kernels::{Category, Device};
+use kernels::{AttentionSaves, Category, Device};
 use stages::{ChunkLayout, DropoutProbs, GptShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
 
 const SHAPE: GptShape = GptShape {
@@ -17,6 +17,7 @@ const SHAPE: GptShape = GptShape {
     vocab: 13,
     micro_batch: 2,
     attention_dropout: true,
+    attention: AttentionSaves::Probabilities,
 };
 const TOKENS: usize = SHAPE.micro_batch * SHAPE.seq_len;
 

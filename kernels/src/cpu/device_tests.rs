@@ -3,6 +3,7 @@
 
 use super::testutil::random;
 use super::CpuDevice;
+use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::memory::Category;
@@ -18,6 +19,11 @@ const C: usize = 160;
 const NH: usize = 4;
 const V: usize = 300;
 const N: usize = B * T;
+
+/// What the CPU's attention keeps under dropout: P and P'.
+fn probabilities(probs: Tensor, dropped: Tensor) -> AttentionSaved {
+    AttentionSaved::Probabilities { probs, dropped: Some(dropped) }
+}
 
 fn spec(site: DropoutSite, p: f32) -> DropoutSpec {
     DropoutSpec { p, key: DropoutKey { seed: 5, step: 1, microbatch: 2, layer: 3, site } }
@@ -49,9 +55,12 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     keep(&qkv);
 
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
-    let (mut y, mut att, mut dropped) = (z(&[B, T, C]), z(&[B, NH, T, T]), z(&[B, NH, T, T]));
-    dev.attention_forward(Some(&mut y), &mut att, Some((attn_drop, &mut dropped)), &qkv, NH);
-    [&y, &att, &dropped].into_iter().for_each(&mut keep);
+    let mut y = z(&[B, T, C]);
+    let mut saved = probabilities(z(&[B, NH, T, T]), z(&[B, NH, T, T]));
+    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH);
+    keep(&y);
+    let AttentionSaved::Probabilities { probs, dropped: Some(dropped) } = &saved else { unreachable!() };
+    [probs, dropped].into_iter().for_each(&mut keep);
 
     let w_fc = t(7, &[4 * C, C], 0.1); // OutIn
     let (mut h, mut g) = (z(&[N, 4 * C]), z(&[N, 4 * C]));
@@ -84,7 +93,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.matmul_backward_input(&mut dy, &dh, &w_fc, WeightLayout::OutIn);
     dev.matmul_backward_weight(&mut dw_fc, None, &dh, &y, WeightLayout::OutIn);
     let mut dqkv = z(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dy, &qkv, &att, Some((attn_drop, &dropped)), NH);
+    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH);
     let mut dln = z(&[N, C]);
     dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
     dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
@@ -155,15 +164,16 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     let qkv = dev.from_host(&random(1, B * T * 3 * C, 1.0), &[B, T, 3 * C], Category::Activations);
     let dout = dev.from_host(&random(2, B * T * C, 1.0), &[B, T, C], Category::Activations);
     let act = |shape: &[usize]| dev.zeros(shape, Category::Activations);
-    let (mut y, mut att, mut dropped) = (act(&[B, T, C]), act(&[B, NH, T, T]), act(&[B, NH, T, T]));
+    let mut y = act(&[B, T, C]);
+    let mut saved = probabilities(act(&[B, NH, T, T]), act(&[B, NH, T, T]));
     let drop = spec(DropoutSite::AttentionProbs, 0.1);
     let ledger = dev.ledger();
     ledger.reset_peaks();
-    dev.attention_forward(Some(&mut y), &mut att, Some((drop, &mut dropped)), &qkv, NH);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(drop), &qkv, NH);
     // Forward writes straight into its outputs.
     assert_eq!(ledger.peak(Category::Workspace), 0);
     let mut dqkv = act(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dout, &qkv, &att, Some((drop, &dropped)), NH);
+    dev.attention_backward(&mut dqkv, &dout, &y, &qkv, &saved, Some(drop), NH);
     // One group per thread, each with dS [T,T].
     assert_eq!(ledger.peak(Category::Workspace), 2 * T * T * 4);
     assert_eq!(ledger.live(Category::Workspace), 0);

@@ -25,6 +25,7 @@ mod testutil;
 
 pub use peak::measure_matmul_peak;
 
+use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
@@ -302,8 +303,8 @@ impl Device for CpuDevice {
     fn attention_forward(
         &self,
         out: Option<&mut Tensor>,
-        att: &mut Tensor,
-        dropout: Option<(DropoutSpec, &mut Tensor)>,
+        saved: &mut AttentionSaved,
+        dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
     ) {
@@ -311,11 +312,10 @@ impl Device for CpuDevice {
         if let Some(out) = &out {
             assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
         }
-        assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
+        let (att, dropped) = saved_probabilities(saved, dims, dropout.is_some());
         let groups = self.threads().min(dims.b * dims.nh);
         let (out, att, qkv) = (out.map(|out| out.cpu_mut()), att.cpu_mut(), qkv.cpu());
-        let mut dropout = dropout.map(|(spec, dropped)| (spec, dropped.cpu_mut()));
-        let dropout = dropout.as_mut().map(|(spec, dropped)| (&*spec, &mut **dropped));
+        let dropout = dropout.as_ref().zip(dropped.map(Tensor::cpu_mut));
         self.pool.install(|| attention::forward(out, att, dropout, qkv, dims, groups));
     }
 
@@ -323,21 +323,25 @@ impl Device for CpuDevice {
         &self,
         dqkv: &mut Tensor,
         dout: &Tensor,
+        _out: &Tensor,
         qkv: &Tensor,
-        att: &Tensor,
-        dropout: Option<(DropoutSpec, &Tensor)>,
+        saved: &AttentionSaved,
+        dropout: Option<DropoutSpec>,
         n_head: usize,
     ) {
         let dims = attention_dims(qkv, n_head);
         assert_same_len(dqkv, qkv);
         assert_eq!(dout.len(), dims.b * dims.t * dims.c, "attention: dout {dout:?} for qkv {qkv:?}");
-        assert_eq!(att.len(), dims.att_len(), "attention: att {att:?} for {dims:?}");
+        let AttentionSaved::Probabilities { probs: att, dropped } = saved else {
+            panic!("cpu: attention keeps probabilities, not {:?}", saved.kind())
+        };
+        check_probabilities(att, dropped.as_ref(), dims, dropout.is_some());
         let groups = self.threads().min(dims.b * dims.nh);
         let mut scratch = self.workspace(attention::backward_scratch_len(dims, groups));
         let saved = attention::Saved {
             qkv: qkv.cpu(),
             att: att.cpu(),
-            dropout: dropout.as_ref().map(|(spec, dropped)| (spec, dropped.cpu())),
+            dropout: dropout.as_ref().zip(dropped.as_ref().map(Tensor::cpu)),
         };
         self.pool.install(|| {
             attention::backward(dqkv.cpu_mut(), dout.cpu(), saved, dims, scratch.cpu_mut(), groups)
@@ -406,6 +410,29 @@ fn matmul_dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayou
     assert_eq!(inp_cols, ic, "matmul: input {inp:?} vs weight {weight:?} ({layout:?})");
     assert_eq!(rows.len(), n * oc, "matmul: {rows:?} vs {n} rows x {oc} outputs");
     matmul::Dims { n, ic, oc }
+}
+
+/// P and, under dropout, P' out of what attention forward fills, checked against `dims`.
+fn saved_probabilities(
+    saved: &mut AttentionSaved,
+    dims: attention::Dims,
+    dropout: bool,
+) -> (&mut Tensor, Option<&mut Tensor>) {
+    let kind = saved.kind();
+    let AttentionSaved::Probabilities { probs, dropped } = saved else {
+        panic!("cpu: attention keeps probabilities, not {kind:?}")
+    };
+    check_probabilities(probs, dropped.as_ref(), dims, dropout);
+    (probs, dropped.as_mut())
+}
+
+/// P [B,NH,T,T], and P' beside it exactly when there is dropout.
+fn check_probabilities(probs: &Tensor, dropped: Option<&Tensor>, dims: attention::Dims, dropout: bool) {
+    assert_eq!(probs.len(), dims.att_len(), "attention: probabilities {probs:?} for {dims:?}");
+    assert_eq!(dropped.is_some(), dropout, "attention: dropped probabilities {dropped:?}, dropout {dropout}");
+    if let Some(dropped) = dropped {
+        assert_same_len(dropped, probs);
+    }
 }
 
 fn attention_dims(qkv: &Tensor, n_head: usize) -> attention::Dims {

@@ -1,6 +1,7 @@
-//! The causal self-attention core on a GPU: heads split out of qkv into [B,NH,T,hs]
-//! copies, scores and products as cuBLAS batched gemms over the B*NH heads, and the causal
-//! softmax and dropout as kernels. Forward saves the probabilities P and, under dropout,
+//! The unfused causal self-attention core on a GPU, for head sizes above the fused
+//! kernels' (see fused_attention.rs): heads split out of qkv into [B,NH,T,hs] copies,
+//! scores and products as cuBLAS batched gemms over the B*NH heads, and the causal softmax
+//! and dropout as kernels. Forward saves the probabilities P and, under dropout,
 //! P' = dropout(P); backward reads both and regenerates the mask for dP' from its key.
 //!
 //! Per head, with row-major q, k, v, dy [T,hs] and P, P' = dropout(P), dS [T,T], the six
@@ -136,6 +137,8 @@ impl CudaDevice {
         })
     }
 
+    /// out [B,T,C] (unless None), P into att and, under dropout, P' into its tensor, all
+    /// [B,NH,T,T], from qkv [B,T,3C].
     pub(super) fn attention_forward_op(
         &self,
         out: Option<&mut Tensor>,
@@ -174,6 +177,7 @@ impl CudaDevice {
         self.merge_heads(cu_mut(out), &y, d, d.c, 0);
     }
 
+    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and P and P' as forward saved them.
     pub(super) fn attention_backward_op(
         &self,
         dqkv: &mut Tensor,

@@ -5,6 +5,7 @@
 use super::blas::MatmulPrecision;
 use super::gpu::{gpu, Gpu};
 use super::scratch::Scratch;
+use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
@@ -278,24 +279,41 @@ impl Device for CudaDevice {
     fn attention_forward(
         &self,
         out: Option<&mut Tensor>,
-        att: &mut Tensor,
-        dropout: Option<(DropoutSpec, &mut Tensor)>,
+        saved: &mut AttentionSaved,
+        dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
     ) {
-        self.attention_forward_op(out, att, dropout, qkv, n_head);
+        match saved {
+            AttentionSaved::RowLogSumExp { lse } => {
+                self.fused_attention_forward_op(out, lse, dropout, qkv, n_head)
+            }
+            AttentionSaved::Probabilities { probs, dropped } => {
+                let dropout = dropout.map(|spec| (spec, dropped.as_mut().expect("dropout has P' to fill")));
+                self.attention_forward_op(out, probs, dropout, qkv, n_head)
+            }
+        }
     }
 
     fn attention_backward(
         &self,
         dqkv: &mut Tensor,
         dout: &Tensor,
+        out: &Tensor,
         qkv: &Tensor,
-        att: &Tensor,
-        dropout: Option<(DropoutSpec, &Tensor)>,
+        saved: &AttentionSaved,
+        dropout: Option<DropoutSpec>,
         n_head: usize,
     ) {
-        self.attention_backward_op(dqkv, dout, qkv, att, dropout, n_head);
+        match saved {
+            AttentionSaved::RowLogSumExp { lse } => {
+                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, n_head)
+            }
+            AttentionSaved::Probabilities { probs, dropped } => {
+                let dropout = dropout.map(|spec| (spec, dropped.as_ref().expect("dropout kept P'")));
+                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, n_head)
+            }
+        }
     }
 
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {

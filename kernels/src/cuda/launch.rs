@@ -3,6 +3,7 @@
 //! SIMT emulation harness (kernels/tests/simt) launches the kernels exactly as the device
 //! does.
 
+use crate::attention::FUSED_MAX_HEAD_SIZE;
 use cudarc::driver::LaunchConfig;
 
 /// Threads per block of the elementwise and warp-per-row kernels.
@@ -56,17 +57,16 @@ pub fn sum_squares(n: usize) -> (LaunchConfig, usize) {
     (per_row_block(blocks), blocks)
 }
 
-/// Query or key rows per block of the fused attention kernels, and their largest head
-/// size (`TILE`, `HS_MAX` in fused_attention.cu).
+/// Query or key rows per block of the fused attention kernels (`TILE` in
+/// fused_attention.cu; their largest head size is [`FUSED_MAX_HEAD_SIZE`]).
 pub const ATTENTION_TILE: usize = 32;
-pub const ATTENTION_MAX_HEAD_SIZE: usize = 64;
 
 /// The fused attention kernels over `heads` heads (B * NH) of `t` rows each: one block of
 /// 8 warps per tile of `ATTENTION_TILE` rows of one head.
 pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
     assert!(
-        head_size <= ATTENTION_MAX_HEAD_SIZE,
-        "fused attention: head size {head_size} above {ATTENTION_MAX_HEAD_SIZE}"
+        head_size <= FUSED_MAX_HEAD_SIZE,
+        "fused attention: head size {head_size} above {FUSED_MAX_HEAD_SIZE}"
     );
     LaunchConfig {
         grid_dim: (grid(t.div_ceil(ATTENTION_TILE), "attention tiles"), grid(heads, "heads"), 1),

@@ -31,6 +31,7 @@ mod classifier;
 pub mod compile;
 mod device;
 mod embedding;
+mod fused_attention;
 mod gpu;
 pub mod launch;
 mod pointwise;

@@ -25,6 +25,9 @@ pub(super) struct DropoutMask {
 unsafe impl DeviceRepr for DropoutMask {}
 
 impl DropoutMask {
+    /// The argument of a kernel told not to apply dropout, which never reads it.
+    pub const UNUSED: DropoutMask = DropoutMask { counter: [0; 3], key: [0; 2], threshold: 0, scale: 1.0 };
+
     /// The counter, key and threshold of kernels/src/philox.rs, so the GPU draws the CPU's
     /// mask; kept elements are scaled by 1 / (1 - p).
     pub fn new(spec: &DropoutSpec) -> Self {

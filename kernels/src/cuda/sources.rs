@@ -17,7 +17,11 @@ pub const HEADERS: &[(&str, &str)] = &[
 ];
 
 pub const SOURCES: &[KernelSource] = &[
-    KernelSource { name: "adamw.cu", source: include_str!("../../cuda/adamw.cu"), kernels: &["adamw"] },
+    KernelSource {
+        name: "adamw.cu",
+        source: include_str!("../../cuda/adamw.cu"),
+        kernels: &["adamw", "adamw_with_bf16_copy"],
+    },
     KernelSource {
         name: "attention.cu",
         source: include_str!("../../cuda/attention.cu"),

@@ -7,7 +7,9 @@ use crate::harness::{close, max_abs, Family, Rng, Run};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_item, per_row_warp};
-use kernels::{Category, Device, DropoutKey, DropoutSite, DropoutSpec, WeightLayout};
+use kernels::{
+    AttentionSaved, AttentionSaves, Category, Device, DropoutKey, DropoutSite, DropoutSpec, WeightLayout,
+};
 
 /// qkv [B,T,3C], NH heads.
 #[derive(Clone, Copy, Debug)]
@@ -38,12 +40,16 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let (b, t, c, nh) = (d.b, d.t, d.c, d.nh);
     let tqkv = put(qkv, &[b, t, 3 * c]);
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
-    let (mut att, mut dropped) =
-        (dev.zeros(&[b, nh, t, t], Category::Workspace), dev.zeros(&[b, nh, t, t], Category::Workspace));
-    dev.attention_forward(Some(&mut out), &mut att, spec.map(|s| (s, &mut dropped)), &tqkv, nh);
+    let kind = AttentionSaves::Probabilities;
+    let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
+    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh);
     let mut dqkv = dev.zeros(&[b, t, 3 * c], Category::Workspace);
-    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &tqkv, &att, spec.map(|s| (s, &dropped)), nh);
-    [out, att, dropped, dqkv].map(|x| dev.to_host(&x))
+    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh);
+    let AttentionSaved::Probabilities { probs, dropped } = saved else {
+        unreachable!("asked for probabilities")
+    };
+    let dropped = dropped.map_or_else(|| vec![0.0; probs.len()], |d| dev.to_host(&d));
+    [dev.to_host(&out), dev.to_host(&probs), dropped, dev.to_host(&dqkv)]
 }
 
 /// The emulated families the op uses.

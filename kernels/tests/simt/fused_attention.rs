@@ -1,10 +1,11 @@
-//! The fused attention kernels (fused_attention.cu) against the CPU's attention op:
-//! forward, then backward from forward's lse, with and without dropout. Not yet used by
-//! the CUDA device, whose attention op keeps P and P' as the Device trait asks.
+//! The CUDA device's fused attention op (kernels/src/cuda/fused_attention.rs), launch for
+//! launch with its shapes and buffers, against the CPU's attention op through the same
+//! `Device` seam: forward into out and lse, then backward from out and lse (the query side
+//! leaving delta for the key side) into dqkv, with and without dropout.
 
 use crate::attention::{cpu_attention, Dims};
 use crate::harness::{close, max_abs, Arg, Buf, Family, Rng, Run};
-use crate::philox::dropout_mask;
+use crate::philox::{dropout_mask, unused_dropout_mask};
 use kernels::cuda::launch::per_attention_tile;
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
 
@@ -26,8 +27,8 @@ pub fn fused_attention(
     let mut rng = Rng::new(seed);
     let (qkv, dout) = (rng.uniform(d.act() * 3, 2.0), rng.uniform(d.act(), 1.0));
     let cfg = per_attention_tile(d.t, d.heads(), d.hs());
-    // Without dropout the mask is passed but not read.
-    let mask = || dropout_mask(&spec.unwrap_or(DropoutSpec { p: 0.0, key: KEY }));
+    // Without dropout the kernels are passed the device's unused mask and do not read it.
+    let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
     let on = spec.is_some() as i32;
     let rows = d.heads() * d.t;
     let tiles = cfg.grid_dim.0 as usize;

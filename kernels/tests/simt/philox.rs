@@ -23,6 +23,17 @@ pub fn dropout_mask(spec: &DropoutSpec) -> Arg {
     Arg::Value(dropout_mask_bytes(spec))
 }
 
+/// The mask argument the device passes a kernel told not to apply dropout
+/// (`DropoutMask::UNUSED`): zero words, threshold 0, scale 1.
+pub fn unused_dropout_mask() -> Arg {
+    let mut bytes = Vec::new();
+    [0u32; 6].into_iter().for_each(|w| w.put(&mut bytes));
+    0u64.put(&mut bytes);
+    1.0f32.put(&mut bytes);
+    0u32.put(&mut bytes);
+    Arg::Value(bytes)
+}
+
 /// One thread per case: the random word of element `indices[i]` under `masks[i]`, and
 /// whether the mask keeps it, as the dropout kernels draw them.
 const PROBE: &str = r#"

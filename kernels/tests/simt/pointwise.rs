@@ -1,6 +1,6 @@
 //! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW.
 
-use crate::harness::{bitwise, close, max_abs, Arg, Family, Rng, Run};
+use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_item;
@@ -132,16 +132,22 @@ fn adamw_matches_the_cpu() {
         let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
         let decay = 1.0 - hp.lr * hp.weight_decay;
         let mut run = Run::new(n as u64);
-        let (p, gg, m, v) = (run.buffer(&p0), run.buffer(&g), run.buffer(&m0), run.buffer(&v0));
         let scalars = [hp.beta1, hp.beta2, hp.eps, hp.grad_scale, decay, step_size, bias2_sqrt];
-        let args: Vec<Arg> = [p, gg, m, v]
-            .map(Arg::from)
-            .into_iter()
-            .chain([(n as u64).into()])
-            .chain(scalars.map(Arg::from))
-            .collect();
-        run.launch("adamw", per_item(n), &args);
-        for buf in [p, m, v] {
+        let args = |bufs: &[Buf]| -> Vec<Arg> {
+            bufs.iter()
+                .map(|&b| Arg::from(b))
+                .chain([(n as u64).into()])
+                .chain(scalars.map(Arg::from))
+                .collect()
+        };
+        // The fp32 step, and the step that also writes the bf16 copy, on copies of the same
+        // inputs.
+        let (p, gg, m, v) = (run.buffer(&p0), run.buffer(&g), run.buffer(&m0), run.buffer(&v0));
+        run.launch("adamw", per_item(n), &args(&[p, gg, m, v]));
+        let (p2, m2, v2) = (run.buffer(&p0), run.buffer(&m0), run.buffer(&v0));
+        let copy = run.buffer(&vec![0xffffu16; n]);
+        run.launch("adamw_with_bf16_copy", per_item(n), &args(&[p2, copy, gg, m2, v2]));
+        for buf in [p, m, v, p2, m2, v2, copy] {
             run.read(buf);
         }
         let got = family.run(run).unwrap();
@@ -152,6 +158,17 @@ fn adamw_matches_the_cpu() {
         for (what, buf, want) in [("param", p, &tp), ("m", m, &tm), ("v", v, &tv)] {
             let want = dev.to_host(want);
             close(what, &got.get(buf), &want, 1e-5, 0.0).unwrap();
+        }
+        // The same fp32 arithmetic, so the same bits as adamw's; the copy is exactly the
+        // `half` crate's rounding of the updated weights (the rounding of a given f32 has
+        // one right answer, so no tolerance).
+        for (what, fp32, with_copy) in [("param", p, p2), ("m", m, m2), ("v", v, v2)] {
+            bitwise(&format!("{what} beside a bf16 copy"), &got.get(with_copy), &got.get(fp32)).unwrap();
+        }
+        let (copy, updated) = (got.get::<u16>(copy), got.get::<f32>(p));
+        assert_eq!(copy.len(), n);
+        for (i, (&bits, &x)) in copy.iter().zip(&updated).enumerate() {
+            assert_eq!(bits, half::bf16::from_f32(x).to_bits(), "bf16 copy of element {i}, {x:e}");
         }
     }
 }

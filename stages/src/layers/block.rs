@@ -15,8 +15,9 @@ use super::dropout_ctx::DropoutCtx;
 use super::weight_grads::{WeightGrad, WeightGrads};
 use crate::params::*;
 use crate::recompute::SelectiveModules;
+use crate::saved::BlockTensor;
 use crate::shape::GptShape;
-use kernels::{Category, Device, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Tensor, WeightLayout};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
@@ -30,8 +31,9 @@ pub struct BlockActs {
     pub ln1_rstd: Tensor,
     /// [B,T,3C]
     pub qkv: Tensor,
-    /// the attention core's probabilities
-    pub att: Option<AttentionProbs>,
+    /// what the attention core's backward reads besides q, k, v and its output: the
+    /// probabilities or the per-row log-sum-exp, as the device keeps them
+    pub att: Option<AttentionSaved>,
     /// attention output [B,T,C]
     pub atty: Tensor,
     /// x + dropout(attn proj) [B,T,C]
@@ -45,41 +47,6 @@ pub struct BlockActs {
     pub fch: Tensor,
     /// gelu(fch) [B,T,F]
     pub fch_gelu: Option<Tensor>,
-}
-
-/// What the attention core's backward reads besides q, k, v.
-pub struct AttentionProbs {
-    /// softmax probabilities P [B,NH,T,T]
-    pub probs: Tensor,
-    /// under attention dropout, dropout(P) [B,NH,T,T]
-    pub dropped: Option<Tensor>,
-}
-
-impl AttentionProbs {
-    /// P and P' for attention_forward to fill (every element: no zero fill needed),
-    /// allocated under `category`.
-    fn empty(dev: &dyn Device, s: &GptShape, dropout: Option<DropoutSpec>, category: Category) -> Self {
-        let shape = [s.micro_batch, s.heads, s.seq_len, s.seq_len];
-        AttentionProbs {
-            probs: dev.empty(&shape, category),
-            dropped: dropout.map(|_| dev.empty(&shape, category)),
-        }
-    }
-
-    /// The core's forward from qkv [B,T,3C] into these, and into out [B,T,C] unless None
-    /// (a recompute for backward).
-    fn forward(
-        &mut self,
-        dev: &dyn Device,
-        out: Option<&mut Tensor>,
-        qkv: &Tensor,
-        heads: usize,
-        dropout: Option<DropoutSpec>,
-    ) {
-        let dropped =
-            dropout.map(|spec| (spec, self.dropped.as_mut().expect("attention dropout has its output")));
-        dev.attention_forward(out, &mut self.probs, dropped, qkv, heads);
-    }
 }
 
 /// Transformer block `layer` (global index) of a model of shape `s`.
@@ -137,9 +104,10 @@ impl Block<'_> {
         let mut qkv = dev.zeros(&[b, t, 3 * c], keep_as); // [B,T,3C]
         dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
-        let mut att = AttentionProbs::empty(dev, s, att_drop, cat(modules.core_attn)); // [B,NH,T,T] x 1|2
+        let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
+        let mut att = attention_saved(dev, s, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
-        att.forward(dev, Some(&mut atty), &qkv, s.heads, att_drop);
+        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads);
         let mut attproj = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
@@ -168,7 +136,7 @@ impl Block<'_> {
             ln1_mean,
             ln1_rstd,
             qkv,
-            att: (!modules.core_attn).then_some(att),
+            att: (!att_dropped).then_some(att),
             atty,
             residual,
             ln2: (!modules.layernorm).then_some(ln2),
@@ -259,19 +227,17 @@ impl Block<'_> {
         );
         let mut datty = ws(&[b, t, c]); // [B,T,C]
         dev.matmul_backward_input(&mut datty, &dattproj, &w[ATTN_PROJ_W], WeightLayout::InOut);
-        push(weight_grads, grads, target(ATTN_PROJ_W), Arc::new(acts.atty), dattproj);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
             timed(recompute_s, || {
-                let mut att = AttentionProbs::empty(dev, s, att_drop, Category::Workspace);
-                att.forward(dev, None, &acts.qkv, s.heads, att_drop);
+                let mut att = attention_saved(dev, s, att_drop, Category::Workspace);
+                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads);
                 att
             })
         });
         let mut dqkv = ws(&[b, t, 3 * c]); // [B,T,3C]
-        let dropped =
-            att_drop.map(|spec| (spec, att.dropped.as_ref().expect("attention dropout kept its output")));
-        dev.attention_backward(&mut dqkv, &datty, &acts.qkv, &att.probs, dropped, s.heads);
+        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads);
+        push(weight_grads, grads, target(ATTN_PROJ_W), Arc::new(acts.atty), dattproj);
         drop(att);
         drop(datty);
         drop(acts.qkv);
@@ -300,6 +266,16 @@ impl Block<'_> {
         dev.accumulate(&mut dx, &dresidual);
         dx
     }
+}
+
+/// What the attention core keeps, of the kind `s` declares, for its forward to fill.
+fn attention_saved(
+    dev: &dyn Device,
+    s: &GptShape,
+    dropout: Option<DropoutSpec>,
+    category: Category,
+) -> AttentionSaved {
+    AttentionSaved::empty(dev, s.attention, [s.micro_batch, s.heads, s.seq_len], dropout.is_some(), category)
 }
 
 /// Runs `f`, adding its wall time to `total`.

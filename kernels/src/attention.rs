@@ -1,0 +1,85 @@
+//! What the attention core's forward keeps for its backward: the backend's choice, named
+//! here so that the layers allocate it and the memory model counts it from one declaration.
+//!
+//! The CPU backend keeps the probabilities P = softmax(q k^T / sqrt(hs) + causal mask) and,
+//! under dropout, P' = dropout(P), both [B,NH,T,T], and its backward reads them. The CUDA
+//! backend's fused kernels (kernels/cuda/fused_attention.cu) keep only the log-sum-exp of
+//! each query row's scores, [B,NH,T], and recompute P tile by tile in backward, as
+//! FlashAttention does: no [T,T] tensor exists at any time.
+
+use crate::device::Device;
+use crate::memory::Category;
+use crate::tensor::Tensor;
+
+/// The largest head size the fused kernels take (`HS_MAX` in fused_attention.cu: a warp's
+/// lanes hold two dimensions each).
+pub const FUSED_MAX_HEAD_SIZE: usize = 64;
+
+/// Which tensors the attention core keeps for its backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionSaves {
+    /// P [B,NH,T,T], and under dropout P' [B,NH,T,T]: the unfused core (the CPU backend,
+    /// and the CUDA backend at head sizes above [`FUSED_MAX_HEAD_SIZE`]).
+    Probabilities,
+    /// lse [B,NH,T], max + log(sum of exp) of each query row's scaled scores: the fused core.
+    RowLogSumExp,
+}
+
+impl AttentionSaves {
+    /// What the CUDA backend keeps at head size `head_size`: the fused core wherever its
+    /// kernels take the head size.
+    pub fn cuda(head_size: usize) -> AttentionSaves {
+        if head_size <= FUSED_MAX_HEAD_SIZE {
+            AttentionSaves::RowLogSumExp
+        } else {
+            AttentionSaves::Probabilities
+        }
+    }
+}
+
+/// The tensors themselves, filled by [`Device::attention_forward`] and read by
+/// [`Device::attention_backward`].
+pub enum AttentionSaved {
+    Probabilities {
+        /// P [B,NH,T,T]
+        probs: Tensor,
+        /// P' = dropout(P) [B,NH,T,T], under attention dropout
+        dropped: Option<Tensor>,
+    },
+    RowLogSumExp {
+        /// lse [B,NH,T]
+        lse: Tensor,
+    },
+}
+
+impl AttentionSaved {
+    /// Tensors of kind `kind` for B = `batch`, NH = `heads`, T = `seq_len`, allocated under
+    /// `category` with [`Device::empty`]: the forward writes every element.
+    pub fn empty(
+        dev: &dyn Device,
+        kind: AttentionSaves,
+        [batch, heads, seq_len]: [usize; 3],
+        dropout: bool,
+        category: Category,
+    ) -> AttentionSaved {
+        match kind {
+            AttentionSaves::Probabilities => {
+                let shape = [batch, heads, seq_len, seq_len];
+                AttentionSaved::Probabilities {
+                    probs: dev.empty(&shape, category),
+                    dropped: dropout.then(|| dev.empty(&shape, category)),
+                }
+            }
+            AttentionSaves::RowLogSumExp => {
+                AttentionSaved::RowLogSumExp { lse: dev.empty(&[batch, heads, seq_len], category) }
+            }
+        }
+    }
+
+    pub fn kind(&self) -> AttentionSaves {
+        match self {
+            AttentionSaved::Probabilities { .. } => AttentionSaves::Probabilities,
+            AttentionSaved::RowLogSumExp { .. } => AttentionSaves::RowLogSumExp,
+        }
+    }
+}
