@@ -6,8 +6,11 @@
 //! statistics. We never store a mask (the counter-based RNG regenerates it) and keep the
 //! statistics, so at 16 bits: ours + masks - statistics = the paper's, exactly (a test holds
 //! it). The two residual dropouts' masks lie outside the tensor-parallel split, the
-//! attention dropout's inside it.
+//! attention dropout's inside it. The fused attention core of the CUDA device stores no
+//! softmax at all, only each row's log-sum-exp: there ours - log-sum-exp + masks - statistics
+//! + the core the paper counts = the paper's.
 
+use kernels::AttentionSaves;
 use stages::recompute::RecomputePolicy;
 use stages::saved::BlockTensor;
 use stages::tensor_parallel::Split;
@@ -76,10 +79,25 @@ pub fn statistics_elements(s: &GptShape, tp: TensorParallel, kept: Kept) -> usiz
     }
 }
 
+/// What the fused attention core changes, at 16 bits: (the log-sum-exp it keeps and the
+/// paper does not count, the core the paper counts and it never stores: softmax output,
+/// dropout mask and dropout output, 5as/h sbh/t, outside selective recompute). Zeros where
+/// attention keeps its probabilities.
+pub fn fused_core_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> (usize, usize) {
+    if s.attention != AttentionSaves::RowLogSumExp || kept == Kept::Input {
+        return (0, 0);
+    }
+    let lse = BlockTensor::AttLogSumExp;
+    let core = match kept {
+        Kept::Everything => 5 * tp.per_rank(s.micro_batch * s.heads * s.seq_len * s.seq_len, Split::Interior),
+        _ => 0,
+    };
+    (2 * tp.per_rank(lse.elements(s), lse.split()), core)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kernels::AttentionSaves;
     use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
     use stages::{FullMethod, SelectiveModules};
 
@@ -122,6 +140,26 @@ mod tests {
                         relation as f64,
                         layer_bytes(&GPT3, tp, kept),
                         "t={t} sp={sequence} {policy:?}"
+                    );
+                }
+            }
+        }
+        // The fused core keeps each row's log-sum-exp instead of the paper's 5as/h.
+        let fused = GptShape { attention: AttentionSaves::RowLogSumExp, ..GPT3 };
+        for t in [1, 2, 8] {
+            for sequence in [false, true] {
+                let tp = TensorParallel { size: t, sequence };
+                for (policy, keep) in &cases[..2] {
+                    let kept = Kept::of(policy).unwrap();
+                    let ours = block_kept_bytes(&fused, tp, *keep) / F32_BYTES * 2;
+                    let (lse, core) = fused_core_bytes(&fused, tp, kept);
+                    assert_eq!(lse, 2 * 96 * 2048 / t);
+                    let stats = statistics_elements(&fused, tp, kept) * 2;
+                    let relation = ours - lse + mask_bytes(&fused, tp, kept) - stats + core;
+                    assert_eq!(
+                        relation as f64,
+                        layer_bytes(&fused, tp, kept),
+                        "fused t={t} sp={sequence} {policy:?}"
                     );
                 }
             }

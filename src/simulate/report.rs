@@ -54,6 +54,7 @@ impl Report<'_> {
             bytes: korthikanti::layer_bytes(s, tp, k),
             masks: korthikanti::mask_bytes(s, tp, k) as f64,
             statistics: (korthikanti::statistics_elements(s, tp, k) * 2) as f64,
+            fused: korthikanti::fused_core_bytes(s, tp, k),
         });
         let ours = per_layer(eb);
         (ours, paper)
@@ -185,7 +186,7 @@ impl Report<'_> {
             let line = match paper {
                 _ if !holds_blocks => "no transformer layer".to_string(),
                 Some(k) => format!(
-                    "{}{} + masks {} - statistics {} = {}; paper {}",
+                    "{}{} + masks {} - statistics {}{} = {}; paper {}",
                     format_bytes(ours as u64),
                     if ours == k.ours_16bit {
                         String::new()
@@ -194,7 +195,17 @@ impl Report<'_> {
                     },
                     format_bytes(k.masks as u64),
                     format_bytes(k.statistics as u64),
-                    format_bytes((k.ours_16bit + k.masks - k.statistics) as u64),
+                    match k.fused {
+                        (0, _) => String::new(),
+                        (lse, core) => format!(
+                            " - log-sum-exp {} + attention core {} (fused: never stored)",
+                            format_bytes(lse as u64),
+                            format_bytes(core as u64)
+                        ),
+                    },
+                    format_bytes(
+                        (k.ours_16bit + k.masks - k.statistics - k.fused.0 as f64 + k.fused.1 as f64) as u64
+                    ),
                     format_bytes(k.bytes as u64)
                 ),
                 None => {
@@ -277,6 +288,8 @@ struct Korthikanti {
     bytes: f64,
     masks: f64,
     statistics: f64,
+    /// (log-sum-exp kept, attention core not stored) by a fused core; zeros otherwise.
+    fused: (usize, usize),
 }
 
 /// Model FLOPs (no recompute) of one replica over the peak of its t x p GPUs.
