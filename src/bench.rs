@@ -65,11 +65,7 @@ impl Variant {
             let handles: Vec<_> = self
                 .ranks
                 .iter_mut()
-                .map(|r| {
-                    scope.spawn(move || {
-                        r.train_step(cfg, data, step, cfg.lr, Instant::now(), None).map(|_| ())
-                    })
-                })
+                .map(|r| scope.spawn(move || r.train_step(cfg, data, step, cfg.lr, None).map(|_| ())))
                 .collect();
             handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
         })

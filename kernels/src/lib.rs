@@ -12,8 +12,10 @@ pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod tensor;
+pub mod timing;
 
 pub use device::{AdamWStep, Device, WeightLayout};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
-pub use tensor::{Detached, Storage, Tensor};
+pub use tensor::{Detached, Fence, Storage, Tensor};
+pub use timing::{Mark, Readings, Stopwatch};

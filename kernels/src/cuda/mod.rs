@@ -27,6 +27,7 @@ macro_rules! launch {
 
 mod attention;
 mod blas;
+mod clock;
 pub mod compile;
 mod device;
 mod embedding;
