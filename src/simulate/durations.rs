@@ -186,9 +186,11 @@ fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> 
         .map(|(r, c)| {
             let f = chunk_flops(setup, r, c);
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
+            let blocks = setup.layout(r, c).blocks.len() as f64;
+            let kernel_extra = blocks * setup.attention.backward_extra_flops(&setup.shape, setup.tp);
             OpTimes {
                 forward: f.forward / rate + forward,
-                backward_input: f.backward_input / rate + backward_input,
+                backward_input: (f.backward_input + kernel_extra) / rate + backward_input,
                 backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }
@@ -332,6 +334,7 @@ impl GivenTimes {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::simulate::attention::AttentionKernel;
     use crate::simulate::setup::tests::gpt2_small;
     use std::path::Path;
 
@@ -354,6 +357,21 @@ mod tests {
         assert_eq!(d.chunks[3].forward, head_flops(&s.shape).forward / rate);
         assert_eq!(d.chunks[1].recompute, 0.0);
         assert_eq!(d.p2p, P2p::Link { latency: 10e-6, bandwidth: 450e9 });
+    }
+
+    /// The fused attention's backward computes q k^T once more: 2 B T^2 C FLOPs per block
+    /// on top of the model's count; nothing else changes.
+    #[test]
+    fn fused_attention_backward_rebuilds_the_scores() {
+        let materialized = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100());
+        let fused_setup = setup(gpt2_small(4, "1f1b", 1, 8)).with_attention(AttentionKernel::Fused);
+        let fused = from_hardware(&fused_setup, &h100());
+        let rate = 989e12 * 0.5;
+        let (a, b) = (materialized.chunks[1], fused.chunks[1]);
+        assert_eq!(b.backward_input, a.backward_input + 4.0 * 2.0 * 1024.0 * 1024.0 * 768.0 / rate);
+        assert_eq!((b.forward, b.backward_weight, b.recompute), (a.forward, a.backward_weight, a.recompute));
+        // The head's chunk holds no block: the same either way.
+        assert_eq!(fused.chunks[3], materialized.chunks[3]);
     }
 
     #[test]

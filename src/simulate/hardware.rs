@@ -20,10 +20,17 @@
 //!   81559 MiB, H200: 143771 MiB); allocator slack and the CUDA context come out of it.
 //! * Peaks are dense bf16; with `precision: fp32` the GPU profiles use the TF32 tensor-core
 //!   rate, half of it.
+//! * The GPU profiles assume the CUDA backend's fused attention (see attention.rs): each
+//!   block keeps the log-sum-exp [B,NH,T] instead of the probabilities [B,NH,T,T], and its
+//!   backward computes q k^T once more. `cpu-measured` assumes the CPU backend's
+//!   materialized attention. Under `precision: bf16` activations are stored, recomputed and
+//!   sent at 2 bytes per element; weights, gradients and Adam moments stay fp32 (with a
+//!   16-bit weight copy beside them, memory.rs), and so do the gradient reductions.
 //!
 //! Every figure can be overridden after the name: `--hardware a100-80gb,efficiency=0.65,
 //! network-gb-s=12.5` (see [`OVERRIDES`]).
 
+use super::attention::AttentionKernel;
 use super::units::format_rate;
 use crate::error::user_error;
 
@@ -51,6 +58,8 @@ pub struct Hardware {
     pub link_latency: f64,
     /// Device memory, the default memory limit (None: unknown).
     pub memory_bytes: Option<u64>,
+    /// The attention kernel of the backend this hardware runs.
+    pub attention: AttentionKernel,
 }
 
 pub const NAMES: [&str; 4] = ["a100-80gb", "h100-sxm", "h200", "cpu-measured"];
@@ -114,6 +123,7 @@ impl Hardware {
                 gpus_per_node: Some(8),
                 link_latency: 10e-6,
                 memory_bytes: Some(mib << 20),
+                attention: AttentionKernel::Fused,
             }
         };
         Ok(match name {
@@ -156,14 +166,15 @@ impl Hardware {
     pub fn describe(&self) -> String {
         let node = self.gpus_per_node.map_or("one node".into(), |n| format!("{n} GPUs per node"));
         format!(
-            "{}: {} peak x {:.2} efficiency, memory {}, NVLink {}, network {} per GPU, {node}, {:.0} us per message",
+            "{}: {} peak x {:.2} efficiency, memory {}, NVLink {}, network {} per GPU, {node}, {:.0} us per message, {}",
             self.name,
             format_rate(self.peak_flops, "FLOP"),
             self.efficiency,
             format_rate(self.memory_bandwidth, "B"),
             format_rate(self.link_bandwidth, "B"),
             format_rate(self.network_bandwidth, "B"),
-            self.link_latency * 1e6
+            self.link_latency * 1e6,
+            self.attention.describe()
         )
     }
 }
@@ -186,6 +197,7 @@ fn cpu_measured() -> Hardware {
         gpus_per_node: None,
         link_latency: 5e-6,
         memory_bytes: total_ram(),
+        attention: AttentionKernel::Materialized,
     }
 }
 
@@ -210,6 +222,8 @@ mod tests {
         let h200 = Hardware::lookup("h200", "bf16").unwrap();
         assert_eq!((h200.memory_bandwidth, h200.memory_bytes), (4.8e12, Some(143771 << 20)));
         assert_eq!(h100.achieved_flops(), 494.5e12);
+        assert_eq!(h100.attention, AttentionKernel::Fused);
+        assert!(h100.describe().ends_with(", fused attention (output and log-sum-exp [B,NH,T] kept)"));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! plus the transient bytes of each action.
 //!
 //! Kept bytes come from the trainer's own declarations (stages::memory_model, saved.rs), at
-//! fp32. Precision rule: every stored activation takes the precision's bytes per element
+//! fp32, with each block's attention part as the setup's attention kernel keeps it
+//! (attention.rs: the fused kernel keeps no [B,NH,T,T] tensor). Precision rule: every stored activation takes the precision's bytes per element
 //! (fp32: 4, bf16: 2), so bf16 halves the fp32 figures. Under bf16 each stage also holds a
 //! 16-bit copy of its weights beside the fp32 master weights, gradients and Adam moments
 //! (Megatron's 18 bytes per parameter).
@@ -16,8 +17,8 @@
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
-//!   [B,T,F], one [B,T,3C], the [B,NH,T,T] score gradient), the received and the sent
-//!   gradient [B,T,C];
+//!   [B,T,F], one [B,T,3C], the [B,NH,T,T] score gradient, or the fused attention's
+//!   [B,NH,T] row sums), the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
 //!   gradients, which are static).
 //!
@@ -42,12 +43,17 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     // fp32 figures from stages, in the run's precision.
     let at_precision = |fp32_bytes: usize| (fp32_bytes / F32_BYTES * eb) as u64;
     let blocks = layout.blocks.len();
-    let stash = at_precision(stash_bytes(s, tp, layout, policy));
+    let block = |keep| setup.attention.block_kept(s, tp, keep, eb);
+    // The declared stash, each block's part as the attention kernel keeps it.
+    let kernel_saving: u64 = (0..blocks)
+        .map(|o| policy.block_keep(blocks, o))
+        .map(|keep| at_precision(block_kept_bytes(s, tp, keep)) - block(keep))
+        .sum();
+    let stash = at_precision(stash_bytes(s, tp, layout, policy)) - kernel_saving;
 
     let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
     let message = element(s.tokens() * s.hidden, Split::Sequence);
-    let scores = element(s.micro_batch * s.heads * s.seq_len * s.seq_len, Split::Interior);
-    let block = |keep| at_precision(block_kept_bytes(s, tp, keep));
+    let scores = setup.attention.backward_scratch(s, tp, eb);
     let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
     let dropped_in_forward =
         (0..blocks).map(|o| full_block - block(policy.block_keep(blocks, o))).max().unwrap_or(0);
@@ -129,6 +135,7 @@ pub fn stage_parameters(setup: &Setup, stage: usize) -> usize {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::simulate::attention::AttentionKernel;
     use crate::simulate::setup::tests::gpt2_small;
     use stages::saved::kept_bytes;
     use std::path::Path;
@@ -235,6 +242,31 @@ mod tests {
         let split = 4 * (12 * n * h * 4 + 8 * 12 * n * n) / 2;
         assert_eq!(plain, whole + split);
         assert_eq!(chunk_memory(&tp(1, true), 1, 0), chunk_memory(&one, 1, 0));
+    }
+
+    /// The GPU profiles' fused attention keeps a block's [B,NH,T] log-sum-exp instead of its
+    /// two [B,NH,T,T] probability tensors, and its backward needs a [B,NH,T] row sum instead
+    /// of the score gradient; the trainer's own (materialized) figures stay as they were.
+    #[test]
+    fn fused_attention_keeps_no_t_by_t_tensor() {
+        let materialized = setup(gpt2_small(4, "1f1b", 1, 8));
+        let fused = setup(gpt2_small(4, "1f1b", 1, 8)).with_attention(AttentionKernel::Fused);
+        let (probabilities, row_stat, scores) =
+            (8 * 12 * 1024 * 1024u64, 12 * 1024 * 4u64, 12 * 1024 * 1024 * 4u64);
+        let (a, b) = (chunk_memory(&materialized, 1, 0), chunk_memory(&fused, 1, 0));
+        assert_eq!(a.activation_bytes, 4 * 151_011_328);
+        assert_eq!(b.activation_bytes, 4 * (151_011_328 - probabilities + row_stat));
+        assert_eq!(a.backward_input_working_bytes - b.backward_input_working_bytes, scores - row_stat);
+        assert_eq!(a.forward_working_bytes, b.forward_working_bytes);
+        // Selective recompute of the core drops the same tensors either way; what it rebuilds
+        // before the backward is the probabilities, or only the log-sum-exp.
+        let core = |s: Setup| chunk_memory(&s, 1, 0);
+        let selective =
+            || Config { recompute_granularity: Some("selective".into()), ..gpt2_small(4, "1f1b", 1, 8) };
+        let (a, b) =
+            (core(setup(selective())), core(setup(selective()).with_attention(AttentionKernel::Fused)));
+        assert_eq!(a.activation_bytes, b.activation_bytes);
+        assert_eq!((a.recompute_working_bytes, b.recompute_working_bytes), (probabilities, row_stat));
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! recompute plan, from the very action lists the trainer executes.
 //!
 //! setup.rs (config to schedule, split and policies), durations.rs / measured.rs /
-//! hardware.rs (op times), memory.rs (bytes per stage), korthikanti.rs (the published
+//! hardware.rs (op times), memory.rs (bytes per stage), attention.rs (what the attention
+//! kernel a profile assumes changes in both), korthikanti.rs (the published
 //! per-layer bytes, for comparison), input.rs (the schedule simulator's
 //! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
+mod attention;
 mod cluster;
 mod durations;
 mod hardware;
@@ -164,6 +166,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         return Ok(());
     }
     let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
+    let setup = setup.with_attention(hw.attention);
     let (durations, times_from) = match (&given, &args.measured) {
         (Some(g), _) => (g.durations(&setup, &hw)?, "op-times"),
         (None, Some(trace)) => (measured::durations(trace, &setup, &hw)?, "measured"),

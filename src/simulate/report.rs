@@ -41,22 +41,26 @@ impl Report<'_> {
         let policy = &setup.policies[stage];
         let eb = setup.activation_bytes_per_element();
         let blocks: usize = (0..setup.v).map(|c| setup.layout(stage, c).blocks.len()).sum();
-        let kept: usize = (0..setup.v)
-            .map(|c| {
+        let keeps: Vec<_> = (0..setup.v)
+            .flat_map(|c| {
                 let n = setup.layout(stage, c).blocks.len();
-                (0..n).map(|o| block_kept_bytes(s, tp, policy.block_keep(n, o))).sum::<usize>()
+                (0..n).map(move |o| policy.block_keep(n, o))
             })
-            .sum();
-        let per_layer =
-            |bytes_per_element: usize| (kept / F32_BYTES * bytes_per_element) as f64 / blocks.max(1) as f64;
+            .collect();
+        // As declared (the paper's layer keeps its probabilities too), at 16 bits.
+        let declared: usize = keeps.iter().map(|&k| block_kept_bytes(s, tp, k)).sum();
+        let per_layer = |bytes_per_element: usize| {
+            (declared / F32_BYTES * bytes_per_element) as f64 / blocks.max(1) as f64
+        };
         let paper = Kept::of(policy).filter(|_| blocks > 0).map(|k| Korthikanti {
             ours_16bit: per_layer(2),
             bytes: korthikanti::layer_bytes(s, tp, k),
             masks: korthikanti::mask_bytes(s, tp, k) as f64,
             statistics: (korthikanti::statistics_elements(s, tp, k) * 2) as f64,
         });
-        let ours = per_layer(eb);
-        (ours, paper)
+        // As the setup's attention kernel keeps them, at the run's precision.
+        let ours: u64 = keeps.iter().map(|&k| setup.attention.block_kept(s, tp, k, eb)).sum();
+        (ours as f64 / blocks.max(1) as f64, paper)
     }
 
     fn fits(&self, stage: usize) -> bool {

@@ -2,6 +2,7 @@
 //! the blocks over the virtual stages and each stage's recompute policy — chosen exactly as
 //! the trainer chooses them (stages::partition, train::model::recompute_policy).
 
+use super::attention::AttentionKernel;
 use crate::config::Config;
 use crate::train::model;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
@@ -36,6 +37,9 @@ pub struct Setup {
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
+    /// The attention kernel: the trainer's devices' (materialized) unless a hardware
+    /// profile assumes another.
+    pub attention: AttentionKernel,
     /// Lowered on first use and shared: the planner bounds a shape's time before it pays for
     /// the lowering, and the sweep simulates one schedule under many recompute settings.
     schedule: Arc<OnceLock<Result<LoweredSchedule, String>>>,
@@ -64,7 +68,13 @@ impl Setup {
         let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
         let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
         let schedule = Arc::new(OnceLock::new());
-        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule }
+        let attention = AttentionKernel::Materialized;
+        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, attention, schedule }
+    }
+
+    /// The same setup with attention run by `kernel` (a hardware profile's).
+    pub fn with_attention(self, kernel: AttentionKernel) -> Setup {
+        Setup { attention: kernel, ..self }
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.

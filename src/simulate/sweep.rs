@@ -269,7 +269,7 @@ impl Shape {
         Recompute::None.apply(&mut cfg);
         cfg.validate().ok()?;
         kind.shape(cfg.pipeline_model_parallel_size, v, cfg.num_microbatches()).ok()?;
-        let setup = Setup::with_layouts(&cfg, kind, layouts.to_vec());
+        let setup = Setup::with_layouts(&cfg, kind, layouts.to_vec()).with_attention(hw.attention);
         let d = from_hardware(&setup, hw);
         let bound = (0..setup.p)
             .map(|r| {
