@@ -1,5 +1,6 @@
 //! The simulation report: printed for people, or one JSON object for scripts.
 
+use super::attention::AttentionKernel;
 use super::durations::{Durations, P2p};
 use super::hardware::Hardware;
 use super::input::message_bytes;
@@ -191,10 +192,15 @@ impl Report<'_> {
                 Some(k) => format!(
                     "{}{} + masks {} - statistics {} = {}; paper {}",
                     format_bytes(ours as u64),
-                    if ours == k.ours_16bit {
-                        String::new()
-                    } else {
-                        format!(", {} at 16 bits", format_bytes(k.ours_16bit as u64))
+                    match self.setup.attention {
+                        _ if ours == k.ours_16bit => String::new(),
+                        AttentionKernel::Fused => format!(
+                            " (fused attention); {} with the probabilities kept, at 16 bits",
+                            format_bytes(k.ours_16bit as u64)
+                        ),
+                        AttentionKernel::Materialized => {
+                            format!(", {} at 16 bits", format_bytes(k.ours_16bit as u64))
+                        }
                     },
                     format_bytes(k.masks as u64),
                     format_bytes(k.statistics as u64),
