@@ -179,6 +179,22 @@ impl Hardware {
     }
 }
 
+/// The dense peak FLOP/s at `precision` of the GPU a device is named after (its name as the
+/// driver gives it, e.g. "NVIDIA H100 80GB HBM3"), from the profile of that GPU; None for a
+/// GPU without one (an H100 PCIe, whose clocks are lower, included).
+pub fn gpu_peak_flops(device_name: &str, precision: &str) -> Option<f64> {
+    let profile = if device_name.contains("H200") {
+        "h200"
+    } else if device_name.contains("H100") && !device_name.contains("PCIe") {
+        "h100-sxm"
+    } else if device_name.contains("A100") {
+        "a100-80gb"
+    } else {
+        return None;
+    };
+    Hardware::named(profile, precision).ok().map(|hw| hw.peak_flops)
+}
+
 /// This machine's CPU as the trainer's CPU backend uses it: the fp32 matmul peak of all its
 /// cores, measured; the trainer's kernels reach about half of it per layer. Memory bandwidth
 /// (20 GB/s) and the in-process "link" (a copy at that bandwidth) are typical server
@@ -224,6 +240,15 @@ mod tests {
         assert_eq!(h100.achieved_flops(), 494.5e12);
         assert_eq!(h100.attention, AttentionKernel::Fused);
         assert!(h100.describe().ends_with(", fused attention (output and log-sum-exp [B,NH,T] kept)"));
+    }
+
+    #[test]
+    fn a_gpu_is_known_by_its_driver_name() {
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", "bf16"), Some(989e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", "fp32"), Some(494.5e12));
+        assert_eq!(gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", "bf16"), Some(312e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 PCIe, sm_90)", "bf16"), None);
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", "bf16"), None);
     }
 
     #[test]
