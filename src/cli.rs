@@ -31,19 +31,20 @@ pub enum Command {
     Eval(EvalArgs),
     /// Continue a prompt with a checkpoint's model, token by token to stdout (GPT-2 BPE).
     Generate(GenerateArgs),
-    /// Benchmarks: `recompute` (step time and activation memory per policy) or `pipeline`
-    /// (tokens/s per stage count), measured in one process.
+    /// Benchmarks: `recompute` (step time and activation memory per policy), `pipeline`
+    /// (tokens/s per stage count), measured in one process, or `gpu` (the GPU path against
+    /// the CPU, its predictions and PyTorch; exit 3 where there is no usable GPU).
     Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// recompute | pipeline
+    /// recompute | pipeline | gpu
     pub what: String,
     /// The run config (YAML); config keys override as --kebab-case VALUE.
     #[arg(long)]
     pub config: PathBuf,
-    /// Timed steps per variant (after one warm-up step).
+    /// Timed steps per variant (after one warm-up step); for `gpu`, of the MFU runs.
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
     /// Run only these variants, comma-separated names as the table prints them (each

@@ -1,7 +1,8 @@
 //! User mistakes versus internal failures.
 //!
 //! A [`UserError`] is a mistake in a config, flag or file: the CLI prints its one line and
-//! exits with code 2. Anything else is a bug or an environment failure (exit code 1).
+//! exits with code 2. [`NoDevice`] is hardware a command needs and this machine lacks
+//! (exit code 3). Anything else is a bug or an environment failure (exit code 1).
 
 use std::fmt;
 
@@ -58,3 +59,16 @@ impl fmt::Display for Quiet {
 }
 
 impl std::error::Error for Quiet {}
+
+/// The command measures hardware this machine lacks (`bench gpu` with no usable GPU): one
+/// line and exit code 3, so a script tells "nothing to measure here" from a failure.
+#[derive(Debug)]
+pub struct NoDevice(pub String);
+
+impl fmt::Display for NoDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoDevice {}

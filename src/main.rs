@@ -68,11 +68,14 @@ fn end_quietly_when_the_reader_stops() {
     }
 }
 
-/// One line for a user mistake (exit 2) or an interruption (exit 130); the full chain for
-/// anything else (exit 1).
+/// One line for a user mistake (exit 2), missing hardware (exit 3) or an interruption
+/// (exit 130); the full chain for anything else (exit 1).
 fn report(e: anyhow::Error) -> ExitCode {
     if let Some(error::Quiet(code)) = e.downcast_ref::<error::Quiet>() {
         ExitCode::from(*code)
+    } else if e.is::<error::NoDevice>() {
+        error::print_line(&e.to_string());
+        ExitCode::from(3)
     } else if e.is::<error::Interrupted>() {
         error::print_line(&e.to_string());
         ExitCode::from(130)

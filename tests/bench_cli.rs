@@ -37,3 +37,25 @@ fn unknown_variant_is_one_line() {
     let out = bench(&cfg, &["--variants", "none,selective everything"]);
     assert_user_error(&out, "--variants: no variant `selective everything`; expected some of none, ");
 }
+
+/// Without a usable GPU, `bench gpu` says why in one line and exits 3, apart from a failure
+/// (1) and a mistake (2). With a GPU it measures for minutes: that is its own run.
+#[test]
+fn bench_gpu_without_a_gpu_is_one_line_and_exit_3() {
+    #[cfg(feature = "cuda")]
+    let why = match kernels::cuda::CudaDevice::new(0) {
+        Ok(_) => {
+            eprintln!("SKIP bench_gpu_without_a_gpu: this machine has a GPU; run `pipetrain bench gpu`");
+            return;
+        }
+        Err(why) => why,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let why = "this binary was built without the `cuda` feature (cargo build --release --features cuda)";
+    let dir = temp_dir("bench-gpu");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let out = bin().args(["bench", "gpu", "--config"]).arg(&cfg).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert_eq!(stderr(&out), format!("bench gpu: no usable GPU: {why}\n"));
+    assert!(out.stdout.is_empty());
+}

@@ -90,6 +90,32 @@ fn a_failing_stage_stops_every_stage_with_its_message() {
     }
 }
 
+/// An error the device recorded outside any call (how CUDA's asynchronous errors arrive;
+/// injected here, so the path is checked without a GPU) is taken once per step: one line
+/// naming the rank, the step and the device, exit 1, and the last checkpoint intact.
+#[test]
+fn a_recorded_device_error_is_one_line_naming_rank_and_step() {
+    let dir = temp_dir("faults-device");
+    let args = [
+        "--pipeline-model-parallel-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "50",
+        "--save-interval",
+        "2",
+    ];
+    let out =
+        wait_with_deadline(spawn_train(&dir, "run", &args, Some("1:3:device")), Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err.trim_end().lines().last().unwrap_or_default();
+    assert!(line.starts_with("error: rank 1: step 3: cpu ("), "{err}");
+    assert!(line.ends_with(" threads): injected device error"), "{err}");
+    assert_eq!(latest(&dir.join("run")), "step_000002");
+}
+
 #[test]
 fn ctrl_c_stops_at_a_step_boundary_with_a_checkpoint() {
     let dir = temp_dir("ctrl-c");

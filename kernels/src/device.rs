@@ -17,7 +17,8 @@
 use crate::attention::AttentionSaved;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::{Detached, Tensor};
+use crate::tensor::{Detached, Fence, Tensor};
+use crate::timing::{Mark, Readings};
 use std::sync::Arc;
 
 /// How a matmul weight is laid out in memory.
@@ -81,8 +82,14 @@ pub trait Device: Send + Sync {
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
     /// Takes over a tensor another device of this process detached, counting it here: the
-    /// same storage where this device can use it as it is, a copy only where it cannot.
+    /// same storage where this device can use it as it is, a copy only where it cannot. Its
+    /// use here is ordered after the producer's `t.ready`.
     fn adopt(&self, t: Detached, category: Category) -> Tensor;
+    /// A fence after every op issued on this device so far, for a tensor leaving it:
+    /// whoever uses the tensor elsewhere waits on it, not on the producer's later work.
+    fn fence(&self) -> Fence;
+    /// Orders this device's later work after `fence` (another device's or stream's).
+    fn wait_for(&self, fence: &Fence);
     /// dst = src (same number of elements).
     fn copy(&self, dst: &mut Tensor, src: &Tensor);
     fn fill_zero(&self, t: &mut Tensor);
@@ -203,6 +210,20 @@ pub trait Device: Send + Sync {
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     );
+
+    // ---- timing and errors ---------------------------------------------------------
+    /// Restarts this device's clock at the point its issued work has reached; marks taken
+    /// before are forgotten.
+    fn clock_start(&self);
+    /// Marks the point this device's issued work has reached, without waiting for it: the
+    /// host clock on the CPU (an op is done when it returns), an event on the stream on CUDA.
+    fn clock_mark(&self) -> Mark;
+    /// Seconds from the clock's start to every mark since. CUDA waits here for the last
+    /// mark's work: read once per step, at its end, so timing adds one wait, not one per op.
+    fn clock_read(&self) -> Readings;
+    /// An error this device recorded where none could be returned (CUDA: what cudarc keeps
+    /// from frees and event bookkeeping), as one line, cleared once taken. None on the CPU.
+    fn take_error(&self) -> Option<String>;
 
     // ---- optimizer -----------------------------------------------------------------
     /// One AdamW step: m, v (same shape as param) updated in place, then param.

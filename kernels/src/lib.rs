@@ -13,9 +13,11 @@ pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod tensor;
+pub mod timing;
 
 pub use attention::{AttentionSaved, AttentionSaves, FUSED_MAX_HEAD_SIZE};
 pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
-pub use tensor::{Detached, Storage, Tensor};
+pub use tensor::{Detached, Fence, Storage, Tensor};
+pub use timing::{Mark, Readings, Stopwatch};

@@ -105,24 +105,45 @@ impl Tensor {
     }
 }
 
+/// The point in a device's work after which what it has issued is done
+/// ([`Device::fence`](crate::Device::fence)): nothing to wait for on the CPU, whose ops are
+/// done when they return; an event recorded on the device's stream on CUDA.
+pub enum Fence {
+    Done,
+    #[cfg(feature = "cuda")]
+    Event(cudarc::driver::CudaEvent),
+}
+
+#[cfg(feature = "cuda")]
+impl Fence {
+    /// A fence after the work issued so far on `stream` (a stream of the device's GPU that
+    /// is not the device's own, e.g. an NCCL communicator's).
+    pub fn after(stream: &cudarc::driver::CudaStream) -> Result<Fence, cudarc::driver::DriverError> {
+        stream.record_event(None).map(Fence::Event)
+    }
+}
+
 /// A tensor's storage between two devices of one process: counted by no ledger, so a
 /// transport can hand it from one stage to another without copying it.
 pub struct Detached {
     pub shape: Vec<usize>,
     pub storage: Storage,
+    /// Set by the producer when it let go: the adopting device orders its use after it.
+    pub ready: Fence,
 }
 
 impl Tensor {
     /// Takes the storage out of this device's accounting, to hand to another device's
-    /// [`Device::adopt`](crate::Device::adopt).
-    pub fn detach(mut self) -> Detached {
+    /// [`Device::adopt`](crate::Device::adopt), which waits on `ready` (the producer's
+    /// [`Device::fence`](crate::Device::fence), taken now).
+    pub fn detach(mut self, ready: Fence) -> Detached {
         self.ledger.freed(self.category, self.bytes());
         let storage = std::mem::replace(&mut self.storage, Storage::Cpu(Vec::new()));
         let shape = std::mem::take(&mut self.shape);
         // What drops now is an empty husk: no bytes for the ledger, nothing to recycle.
         self.shape = vec![0];
         self.recycler = None;
-        Detached { shape, storage }
+        Detached { shape, storage, ready }
     }
 }
 

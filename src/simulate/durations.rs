@@ -7,10 +7,11 @@ use super::hardware::Hardware;
 use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::error::user_error;
+use kernels::AttentionSaves;
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
-use stages::RecomputePolicy;
+use stages::{GptShape, RecomputePolicy, TensorParallel};
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -131,6 +132,18 @@ const GRAD_NORM_BYTES: f64 = 4.0;
 /// all-reduce (network-bound), the tied embedding's gradient exchange and the global grad
 /// norm (memory-bound; each stage reads its gradients on its own device, in parallel), which
 /// every stage waits for, then its own AdamW. `data_parallel` overrides the all-reduce.
+/// FLOPs one block's backward adds beyond the model's count on one rank: the fused attention
+/// backward (device cuda) computes q k^T again to rebuild P tile by tile, 2 B T^2 C, full
+/// T x T as `stages::flops` counts the core.
+fn fused_backward_extra_flops(s: &GptShape, tp: TensorParallel) -> f64 {
+    match s.attention {
+        AttentionSaves::Probabilities => 0.0,
+        AttentionSaves::RowLogSumExp => {
+            2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.hidden as f64 / tp.size as f64
+        }
+    }
+}
+
 fn optimizer_seconds(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Vec<f64> {
     let bandwidth = hw.achieved_bandwidth();
     let params: Vec<f64> = (0..setup.p).map(|r| stage_parameters(setup, r) as f64).collect();
@@ -188,9 +201,11 @@ fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> 
         .map(|(r, c)| {
             let f = chunk_flops(setup, r, c);
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
+            let blocks = setup.layout(r, c).blocks.len() as f64;
+            let kernel_extra = blocks * fused_backward_extra_flops(&setup.shape, setup.tp);
             OpTimes {
                 forward: f.forward / rate + forward,
-                backward_input: f.backward_input / rate + backward_input,
+                backward_input: (f.backward_input + kernel_extra) / rate + backward_input,
                 backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }
@@ -356,6 +371,21 @@ mod tests {
         assert_eq!(d.chunks[3].forward, head_flops(&s.shape).forward / rate);
         assert_eq!(d.chunks[1].recompute, 0.0);
         assert_eq!(d.p2p, P2p::Link { latency: 10e-6, bandwidth: 450e9 });
+    }
+
+    /// The fused attention's backward computes q k^T once more: 2 B T^2 C FLOPs per block
+    /// on top of the model's count; nothing else changes.
+    #[test]
+    fn fused_attention_backward_rebuilds_the_scores() {
+        let materialized = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100());
+        let cuda = Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) };
+        let fused = from_hardware(&setup(cuda), &h100());
+        let rate = 989e12 * 0.5;
+        let (a, b) = (materialized.chunks[1], fused.chunks[1]);
+        assert_eq!(b.backward_input, a.backward_input + 4.0 * 2.0 * 1024.0 * 1024.0 * 768.0 / rate);
+        assert_eq!((b.forward, b.backward_weight, b.recompute), (a.forward, a.backward_weight, a.recompute));
+        // The head's chunk holds no block: the same either way.
+        assert_eq!(fused.chunks[3], materialized.chunks[3]);
     }
 
     #[test]

@@ -20,6 +20,12 @@
 //!   81559 MiB, H200: 143771 MiB); allocator slack and the CUDA context come out of it.
 //! * Peaks are dense bf16; with `precision: fp32` the GPU profiles use the TF32 tensor-core
 //!   rate, half of it.
+//! * The attention kernel follows the config's device, as the trainer's does: with
+//!   `device: cuda` (head size <= 64) the fused kernel keeps each row's log-sum-exp
+//!   [B,NH,T] instead of the probabilities [B,NH,T,T] (stages::saved), and its backward
+//!   computes q k^T once more (durations.rs). Under `precision: bf16` activations are stored, recomputed and
+//!   sent at 2 bytes per element; weights, gradients and Adam moments stay fp32 (with a
+//!   16-bit weight copy beside them, memory.rs), and so do the gradient reductions.
 //!
 //! Every figure can be overridden after the name: `--hardware a100-80gb,efficiency=0.65,
 //! network-gb-s=12.5` (see [`OVERRIDES`]).
@@ -168,6 +174,22 @@ impl Hardware {
     }
 }
 
+/// The dense peak FLOP/s at `precision` of the GPU a device is named after (its name as the
+/// driver gives it, e.g. "NVIDIA H100 80GB HBM3"), from the profile of that GPU; None for a
+/// GPU without one (an H100 PCIe, whose clocks are lower, included).
+pub fn gpu_peak_flops(device_name: &str, precision: &str) -> Option<f64> {
+    let profile = if device_name.contains("H200") {
+        "h200"
+    } else if device_name.contains("H100") && !device_name.contains("PCIe") {
+        "h100-sxm"
+    } else if device_name.contains("A100") {
+        "a100-80gb"
+    } else {
+        return None;
+    };
+    Hardware::named(profile, precision).ok().map(|hw| hw.peak_flops)
+}
+
 /// This machine's CPU as the trainer's CPU backend uses it: the fp32 matmul peak of all its
 /// cores, measured; the trainer's kernels reach about half of it per layer. Memory bandwidth
 /// (20 GB/s) and the in-process "link" (a copy at that bandwidth) are typical server
@@ -210,6 +232,15 @@ mod tests {
         let h200 = Hardware::lookup("h200", "bf16").unwrap();
         assert_eq!((h200.memory_bandwidth, h200.memory_bytes), (4.8e12, Some(143771 << 20)));
         assert_eq!(h100.achieved_flops(), 494.5e12);
+    }
+
+    #[test]
+    fn a_gpu_is_known_by_its_driver_name() {
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", "bf16"), Some(989e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", "fp32"), Some(494.5e12));
+        assert_eq!(gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", "bf16"), Some(312e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 PCIe, sm_90)", "bf16"), None);
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", "bf16"), None);
     }
 
     #[test]

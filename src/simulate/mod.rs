@@ -20,6 +20,8 @@ mod sweep;
 mod timeline;
 mod units;
 
+pub use hardware::gpu_peak_flops;
+
 use crate::config::Config;
 use crate::error::user_error;
 use clap::Args;

@@ -13,7 +13,7 @@ use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::error::{is_user_error, user_error, Quiet};
 use stages::dist::{threads, DistError, Topology};
-use stages::runtime::FaultInjection;
+use stages::runtime::{Fault, FaultInjection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -163,21 +163,23 @@ fn name_rank(e: anyhow::Error, rank: usize, topology: Topology) -> anyhow::Error
     }
 }
 
-/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic]` makes a rank fail in the middle of a step:
-/// how the tests check that one failing rank stops the whole run cleanly.
+/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic|:device]` makes a rank fail in the middle of a
+/// step (or its device report an error at the step's end): how the tests check that one
+/// failing rank stops the whole run cleanly.
 fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
     let Ok(spec) = std::env::var("PIPETRAIN_INJECT_FAULT") else { return Ok(None) };
     let parts: Vec<&str> = spec.split(':').collect();
-    let parse = |s: &str| s.parse::<u32>().ok();
-    match parts.as_slice() {
-        [rank, step] | [rank, step, "panic"] if parse(rank).is_some() && parse(step).is_some() => {
-            Ok(Some(FaultInjection {
-                rank: parse(rank).unwrap_or(0) as usize,
-                step: parse(step).unwrap_or(0),
-                panic: parts.len() == 3,
-            }))
-        }
-        _ => Err(user_error(format!("PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP or RANK:STEP:panic"))),
+    let (rank, step, kind) = match parts.as_slice() {
+        [rank, step] => (*rank, *step, Fault::Error),
+        [rank, step, "panic"] => (*rank, *step, Fault::Panic),
+        [rank, step, "device"] => (*rank, *step, Fault::Device),
+        _ => ("", "", Fault::Error),
+    };
+    match (rank.parse::<usize>(), step.parse::<u32>()) {
+        (Ok(rank), Ok(step)) => Ok(Some(FaultInjection { rank, step, kind })),
+        _ => Err(user_error(format!(
+            "PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP, RANK:STEP:panic or RANK:STEP:device"
+        ))),
     }
 }
 

@@ -15,6 +15,8 @@ pub mod summary;
 mod timeline;
 mod worker;
 
+pub use report::mean_loss;
+
 use crate::cli::TrainArgs;
 use crate::config;
 use crate::error::user_error;

@@ -14,12 +14,11 @@ use kernels::cpu::CpuDevice;
 use kernels::Device;
 use schedules::{LoweredSchedule, Shape};
 use stages::dist::{Collective, Group, Reader, Topology, Transport, Writer};
-use stages::runtime::{forward_only, run_stage, FaultInjection, MicrobatchData, StepInputs};
+use stages::runtime::{forward_only, run_stage, Fault, FaultInjection, MicrobatchData, StepInputs};
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
 use stages::Mode;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 pub struct Rank {
     pub id: usize,
@@ -81,18 +80,18 @@ impl Rank {
 
     /// One training step: this stage's action list for this replica's microbatches, the
     /// gradient reductions (data-parallel, then the tied embedding), the global grad norm
-    /// and AdamW. Gradients start at zero and are left at zero. Times are measured from
-    /// `clock`, the step's start.
-    #[allow(clippy::too_many_arguments)]
+    /// and AdamW. Gradients start at zero and are left at zero. Times are the device clock's,
+    /// started here and read once at the end, when the device's recorded errors are checked.
     pub fn train_step(
         &mut self,
         cfg: &Config,
         data: &TokenFile,
         step: usize,
         lr: f32,
-        clock: Instant,
         fault: Option<FaultInjection>,
     ) -> anyhow::Result<StepResult> {
+        let dev = self.stage.device.clone();
+        dev.clock_start();
         let (m, dp) = (cfg.num_microbatches(), self.topology.data);
         let first = self.replica() * m;
         let microbatches = (first..first + m)
@@ -119,14 +118,28 @@ impl Rank {
             &lists[stage_index],
             &mut *self.transport,
             &inputs,
-            clock,
             fault,
         )?;
         self.reduce_grads()?;
         let grad_norm = self.grad_norm()?;
         self.optimizer_step(cfg, lr, step, grad_norm);
-        let report = StepReport::new(stage_report, clock.elapsed().as_secs_f64());
+        let end = dev.clock_mark();
+        let readings = dev.clock_read();
+        self.check_device(step, fault)?;
+        self.stage.settle_timing(&readings);
+        let report = StepReport::new(&stage_report, &readings, end);
         Ok(StepResult { report, grad_norm })
+    }
+
+    /// An error the device recorded during the step (or an injected one), as one line
+    /// naming the step and the device; the launcher names the rank.
+    fn check_device(&self, step: usize, fault: Option<FaultInjection>) -> anyhow::Result<()> {
+        let dev = &self.stage.device;
+        let injected = fault.filter(|f| f.kind == Fault::Device).map(|_| "injected device error".to_string());
+        match injected.or_else(|| dev.take_error()) {
+            Some(error) => Err(anyhow::anyhow!("step {step}: {}: {error}", dev.name())),
+            None => Ok(()),
+        }
     }
 
     /// Sums the tied embedding's two halves within this replica, then every gradient across
@@ -186,6 +199,8 @@ impl Rank {
         let inputs =
             StepInputs { step: 0, microbatches: &microbatches, first_microbatch: first, mode: Mode::Eval };
         let stage_index = self.stage_index();
+        // Its marks go unread; a fresh start keeps them from piling up on the device.
+        self.stage.device.clock_start();
         let report = run_stage(
             &mut self.stage,
             stage_index,
@@ -193,7 +208,6 @@ impl Rank {
             &lists[stage_index],
             &mut *self.transport,
             &inputs,
-            Instant::now(),
             None,
         )?;
         let losses = self.all_gather_indexed(Group::World, &report.losses)?;

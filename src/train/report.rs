@@ -3,6 +3,7 @@
 //! every rank holds every stage's action list and can name them.
 
 use kernels::{Category, MemorySnapshot};
+use kernels::{Mark, Readings};
 use schedules::Action;
 use stages::dist::{DistError, Reader, Writer};
 use stages::runtime::{ActionTiming, StageStepReport};
@@ -24,12 +25,14 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    pub fn new(r: StageStepReport, end_s: f64) -> Self {
+    /// The report of a step whose device clock read `readings`, its optimizer step ending
+    /// at `end`.
+    pub fn new(r: &StageStepReport, readings: &Readings, end: Mark) -> Self {
         StepReport {
-            losses: r.losses,
-            timings: r.timings,
+            losses: r.losses.clone(),
+            timings: r.timings(readings),
             max_in_flight: r.max_in_flight,
-            end_s,
+            end_s: readings.at(end),
             start_wall_s: 0.0,
             stop: false,
         }

@@ -106,7 +106,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         rank.collective().all_gather(Group::World, &[])?;
         let (t0, wall) = (Instant::now(), std::time::SystemTime::now());
         let lr = lr::learning_rate(cfg, step);
-        let mut outcome = rank.train_step(cfg, &train_data, step, lr, t0, fault)?;
+        let mut outcome = rank.train_step(cfg, &train_data, step, lr, fault)?;
         outcome.report.stop = stop.load(Ordering::SeqCst);
         outcome.report.start_wall_s =
             wall.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
@@ -164,10 +164,8 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             break;
         }
     }
-    let mine = RankSummary {
-        memory: rank.stage.device.ledger().snapshot(),
-        recompute_s: rank.stage.chunks.iter().map(|c| c.recompute_s).sum(),
-    };
+    let mine =
+        RankSummary { memory: rank.stage.device.ledger().snapshot(), recompute_s: rank.stage.recompute_s() };
     let summaries = rank.collective().gather(&mine.encode())?;
     let (Some(m), Some(state), Some(summaries)) = (metrics, state, summaries) else { return Ok(()) };
     m.finish();

@@ -5,14 +5,14 @@
 //! recompute policy); `backward` consumes it, recomputing what the policy dropped just
 //! before the layer that needs it.
 
-use crate::layers::block::{timed, Block, BlockActs};
+use crate::layers::block::{Block, BlockActs};
 use crate::layers::head::{HeadActs, LossGrad};
 use crate::layers::weight_grads::{self, WeightGrad, WeightGrads};
 use crate::layers::{embedding, head, DropoutCtx};
 use crate::params::{ChunkLayout, Parameters};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
 use crate::shape::{DropoutProbs, GptShape};
-use kernels::{Category, Device, Tensor};
+use kernels::{Category, Device, Stopwatch, Tensor};
 use std::sync::Arc;
 
 /// One microbatch as a chunk sees it.
@@ -70,8 +70,9 @@ pub struct ModelChunk {
     pub policy: RecomputePolicy,
     pub dropout: DropoutProbs,
     pub seed: u64,
-    /// Seconds spent recomputing dropped activations, summed over the chunk's backwards.
-    pub recompute_s: f64,
+    /// The device time of recomputing dropped activations: its `total_s` sums the chunk's
+    /// backwards up to the last read of the device clock ([`Stage::settle_timing`](crate::stage::Stage::settle_timing)).
+    pub recompute: Stopwatch,
 }
 
 /// Weight gradients a split backward left for the backward-weight action.
@@ -86,7 +87,7 @@ impl ModelChunk {
         dropout: DropoutProbs,
         seed: u64,
     ) -> Self {
-        ModelChunk { shape, layout, params, policy, dropout, seed, recompute_s: 0.0 }
+        ModelChunk { shape, layout, params, policy, dropout, seed, recompute: Stopwatch::default() }
     }
 
     fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
@@ -231,10 +232,10 @@ impl ModelChunk {
             let (start, acts) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, input } => {
-                    let mut seconds = 0.0;
-                    let acts =
-                        timed(&mut seconds, || self.recompute_segment(dev, start..end, input, &dropout));
-                    self.recompute_s += seconds;
+                    // Out of `self` while the segment, which borrows `self`, runs under it.
+                    let mut watch = std::mem::take(&mut self.recompute);
+                    let acts = watch.time(dev, || self.recompute_segment(dev, start..end, input, &dropout));
+                    self.recompute = watch;
                     (start, acts)
                 }
             };
@@ -244,16 +245,8 @@ impl ModelChunk {
                 let base = self.params.block_base(layer);
                 let p = &mut self.params;
                 let block = Block { s: &s, layer, w: &p.values[base..base + 12] };
-                dx = block.backward(
-                    dev,
-                    acts,
-                    dx,
-                    &dropout,
-                    &mut p.grads,
-                    base,
-                    &mut wg,
-                    &mut self.recompute_s,
-                );
+                dx =
+                    block.backward(dev, acts, dx, &dropout, &mut p.grads, base, &mut wg, &mut self.recompute);
             }
         }
         if self.layout.embedding {

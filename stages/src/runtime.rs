@@ -9,10 +9,9 @@
 use crate::chunk::{Microbatch, Mode};
 use crate::dist::{DistError, Message, Transport};
 use crate::stage::Stage;
-use kernels::Tensor;
+use kernels::{Mark, Readings, Tensor};
 use schedules::{Action, ActionKind, Channel, LoweredSchedule, Payload, Shape};
 use std::collections::HashMap;
-use std::time::Instant;
 
 /// One microbatch's tokens: inputs and targets [B*T] each.
 pub struct MicrobatchData {
@@ -39,14 +38,36 @@ pub struct ActionTiming {
     pub end_s: f64,
 }
 
+/// Where one action began and ended in the stage device's work, read at the step's end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActionMarks {
+    pub action: Action,
+    pub start: Mark,
+    pub end: Mark,
+}
+
 /// What a stage reports after a step.
 #[derive(Debug, Default)]
 pub struct StageStepReport {
     /// (global microbatch, mean loss over its tokens), from the stage holding the head.
     pub losses: Vec<(usize, f64)>,
-    pub timings: Vec<ActionTiming>,
+    pub marks: Vec<ActionMarks>,
     /// Most microbatches whose activations the stage held at once.
     pub max_in_flight: usize,
+}
+
+impl StageStepReport {
+    /// Each action's times, from the device clock's `readings` (taken after the step).
+    pub fn timings(&self, readings: &Readings) -> Vec<ActionTiming> {
+        self.marks
+            .iter()
+            .map(|m| ActionTiming {
+                action: m.action,
+                start_s: readings.at(m.start),
+                end_s: readings.at(m.end),
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +88,23 @@ impl RuntimeError {
 }
 
 /// A deliberate failure, for testing that a failing rank stops the run cleanly: the rank
-/// fails in the middle of `step`, after its first action, while its peers wait on it.
+/// fails in the middle of `step`, after its first action, while its peers wait on it; or,
+/// for a device error, when it checks its device at the step's end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultInjection {
     pub rank: usize,
     pub step: u32,
-    /// Panic (true) or return an error (false).
-    pub panic: bool,
+    pub kind: Fault,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The stage returns an error.
+    Error,
+    /// The stage panics.
+    Panic,
+    /// The device reports an error it recorded (as CUDA's asynchronous errors arrive).
+    Device,
 }
 
 /// The per-stage action lists one step executes, with the channels they use.
@@ -125,8 +156,9 @@ pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
     (lists, channels)
 }
 
-/// Executes stage `rank`'s action list for one step. `fault`, when given, fails this stage
-/// after its first action.
+/// Executes stage `rank`'s action list for one step, marking each action's start and end
+/// on the stage's device clock (which the caller starts and reads). `fault`, when given,
+/// fails this stage after its first action.
 #[allow(clippy::too_many_arguments)]
 pub fn run_stage(
     stage: &mut Stage,
@@ -135,7 +167,6 @@ pub fn run_stage(
     actions: &[Action],
     transport: &mut dyn Transport,
     inputs: &StepInputs,
-    clock: Instant,
     fault: Option<FaultInjection>,
 ) -> Result<StageStepReport, RuntimeError> {
     let dev = stage.device.clone();
@@ -148,14 +179,15 @@ pub fn run_stage(
     let transport_err = |source| RuntimeError::Transport { stage: rank, source };
     let global = |mb: usize| (inputs.first_microbatch + mb) as u32;
     for (i, action) in actions.iter().enumerate() {
-        if let Some(f) = fault.filter(|_| i == 1) {
-            if f.panic {
-                panic!("injected fault at step {}", f.step);
+        match fault.filter(|_| i == 1) {
+            Some(FaultInjection { kind: Fault::Panic, step, .. }) => panic!("injected fault at step {step}"),
+            Some(FaultInjection { kind: Fault::Error, step, .. }) => {
+                return Err(RuntimeError::Injected { stage: rank, step })
             }
-            return Err(RuntimeError::Injected { stage: rank, step: f.step });
+            _ => {}
         }
         let key = (action.chunk, action.microbatch);
-        let start = clock.elapsed().as_secs_f64();
+        let start = dev.clock_mark();
         match action.kind {
             ActionKind::Forward => {
                 let data = &inputs.microbatches[action.microbatch];
@@ -219,11 +251,7 @@ pub fn run_stage(
                 inbox.insert(key, msg.tensor);
             }
         }
-        report.timings.push(ActionTiming {
-            action: *action,
-            start_s: start,
-            end_s: clock.elapsed().as_secs_f64(),
-        });
+        report.marks.push(ActionMarks { action: *action, start, end: dev.clock_mark() });
     }
     Ok(report)
 }

@@ -3,7 +3,7 @@
 //! a single-stage run drives it directly.
 
 use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
-use kernels::{AdamWStep, Device, Tensor};
+use kernels::{AdamWStep, Device, Readings, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -70,6 +70,19 @@ impl Stage {
         let d =
             self.deferred.remove(&(chunk, microbatch)).expect("backward-weight without its backward-input");
         self.chunks[chunk].backward_weight(&*self.device, d);
+    }
+
+    /// Adds the recompute timed since the last settle to each chunk's total, from the
+    /// device clock's `readings`.
+    pub fn settle_timing(&mut self, readings: &Readings) {
+        for chunk in &mut self.chunks {
+            chunk.recompute.settle(readings);
+        }
+    }
+
+    /// Seconds this stage's chunks have spent recomputing, settled so far.
+    pub fn recompute_s(&self) -> f64 {
+        self.chunks.iter().map(|c| c.recompute.total_s).sum()
     }
 
     /// Microbatches whose activations this stage holds right now.

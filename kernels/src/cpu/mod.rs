@@ -29,7 +29,8 @@ use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::{Detached, Storage, Tensor};
+use crate::tensor::{Detached, Fence, Storage, Tensor};
+use crate::timing::{HostClock, Mark, Readings};
 use buffers::BufferCache;
 use rayon::ThreadPool;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ pub struct CpuDevice {
     pool: ThreadPool,
     ledger: Arc<MemoryLedger>,
     buffers: Arc<BufferCache>,
+    clock: HostClock,
 }
 
 impl CpuDevice {
@@ -56,7 +58,12 @@ impl CpuDevice {
             .thread_name(|i| format!("pipetrain-cpu-{i}"))
             .build()
             .expect("cannot start the CPU device's threads");
-        CpuDevice { pool, ledger: Arc::new(MemoryLedger::new()), buffers: Arc::default() }
+        CpuDevice {
+            pool,
+            ledger: Arc::new(MemoryLedger::new()),
+            buffers: Arc::default(),
+            clock: HostClock::default(),
+        }
     }
 
     pub fn threads(&self) -> usize {
@@ -145,6 +152,20 @@ impl Device for CpuDevice {
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => {
                 panic!("cpu: a GPU tensor reached a CPU stage; a run's stages share one kind of device")
+            }
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        Fence::Done
+    }
+
+    fn wait_for(&self, fence: &Fence) {
+        match fence {
+            Fence::Done => {}
+            #[cfg(feature = "cuda")]
+            Fence::Event(_) => {
+                panic!("cpu: asked to wait for a GPU; a run's stages share one kind of device")
             }
         }
     }
@@ -396,6 +417,22 @@ impl Device for CpuDevice {
         assert_same_len(param, m);
         assert_same_len(param, v);
         self.pool.install(|| adamw::step(param.cpu_mut(), grad.cpu(), m.cpu_mut(), v.cpu_mut(), &hp));
+    }
+
+    fn clock_start(&self) {
+        self.clock.start();
+    }
+
+    fn clock_mark(&self) -> Mark {
+        self.clock.mark()
+    }
+
+    fn clock_read(&self) -> Readings {
+        self.clock.read()
+    }
+
+    fn take_error(&self) -> Option<String> {
+        None
     }
 }
 

@@ -3,13 +3,15 @@
 //! the buffers and the dispatch.
 
 use super::blas::MatmulPrecision;
+use super::clock::EventClock;
 use super::gpu::{gpu, Gpu};
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::tensor::{Detached, Storage, Tensor};
+use crate::tensor::{Detached, Fence, Storage, Tensor};
+use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,7 @@ pub struct CudaDevice {
     pub(super) blas: Mutex<CudaBlas>,
     pub(super) precision: MatmulPrecision,
     ledger: Arc<MemoryLedger>,
+    clock: EventClock,
 }
 
 impl CudaDevice {
@@ -49,6 +52,7 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             precision: MatmulPrecision::Fp32,
             ledger: Arc::new(MemoryLedger::new()),
+            clock: EventClock::default(),
         })
     }
 
@@ -171,19 +175,47 @@ impl Device for CudaDevice {
     }
 
     fn adopt(&self, t: Detached, category: Category) -> Tensor {
+        // Everything this stream does with the tensor waits for the producer's fence: the
+        // order does not rest on cudarc's per-slice events alone (which a context created
+        // with event tracking off, or a slice made before a second stream, would lack).
+        self.wait_for(&t.ready);
         match t.storage {
-            // Another stage's stream on this GPU: the same memory, the use ordered after the
-            // producer's write by the slice's events (cudarc's event tracking).
+            // Another stage's stream on this GPU: the same memory.
             Storage::Cuda(slice) if Arc::ptr_eq(slice.context(), &self.gpu.ctx) => {
                 self.tensor(&t.shape, slice, category)
             }
             Storage::Cuda(slice) => {
-                let copy = self.stream.clone_dtod(&slice).unwrap_or_else(|e| {
+                // cudarc's cross-context copy records the source's read event on the source's
+                // own stream, before the copy runs on ours: freeing the source on its stream
+                // would not wait for the copy. The source's stream waits for it here, before
+                // `slice` drops (ARCHITECTURE.md, "Streams").
+                let copy_then_order = || -> Result<_, cudarc::driver::DriverError> {
+                    let copy = self.stream.clone_dtod(&slice)?;
+                    slice.stream().wait(&self.stream.record_event(None)?)?;
+                    Ok(copy)
+                };
+                let copy = copy_then_order().unwrap_or_else(|e| {
                     panic!("cuda: cannot copy {:?} to GPU {}: {e:?}", t.shape, self.ordinal)
                 });
                 self.tensor(&t.shape, copy, category)
             }
             Storage::Cpu(data) => self.from_host(&data, &t.shape, category),
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        let event = self
+            .stream
+            .record_event(None)
+            .unwrap_or_else(|e| panic!("cuda: GPU {}: cannot record a fence: {e:?}", self.ordinal));
+        Fence::Event(event)
+    }
+
+    fn wait_for(&self, fence: &Fence) {
+        if let Fence::Event(event) = fence {
+            self.stream
+                .wait(event)
+                .unwrap_or_else(|e| panic!("cuda: GPU {}: cannot wait for a fence: {e:?}", self.ordinal));
         }
     }
 
@@ -354,5 +386,22 @@ impl Device for CudaDevice {
         assert_same_len(param, m);
         assert_same_len(param, v);
         self.adamw_op(param, grad, m, v, &hp);
+    }
+
+    fn clock_start(&self) {
+        self.clock.start(&self.stream);
+    }
+
+    fn clock_mark(&self) -> Mark {
+        self.clock.mark(&self.stream)
+    }
+
+    fn clock_read(&self) -> Readings {
+        self.clock.read()
+    }
+
+    fn take_error(&self) -> Option<String> {
+        let err = self.gpu.ctx.check_err().err()?;
+        Some(format!("GPU {}: {err:?}, recorded by cudarc where no call could return it", self.ordinal))
     }
 }

@@ -28,6 +28,7 @@ macro_rules! launch {
 mod attention;
 mod blas;
 mod classifier;
+mod clock;
 pub mod compile;
 mod device;
 mod embedding;

@@ -10,8 +10,16 @@
 //! that holds both directions could wait on itself (1F1B neighbours send to each other at
 //! the same time). Activations and gradients therefore travel on two communicators, each
 //! with its own stream: a rank's activation sends never queue behind its gradient
-//! receives, or the reverse. Every use of a tensor on another stream than the one that
-//! wrote it waits on cudarc's events.
+//! receives, or the reverse.
+//!
+//! Streams: a communicator's stream is not the device's, and the order between them is
+//! explicit. A send's stream waits for the device's fence (the tensor's producer), and the
+//! device's stream then waits for the send before the tensor is freed on it. A receive
+//! buffer is allocated on the communicator's own stream (allocated on the device's, another
+//! stream may not touch it before the device's stream reaches the allocation, and a fresh
+//! slice's cudarc events, never recorded, would not say so), and the device's stream waits
+//! for the receive before using it. A collective's stream waits for the device's fence (the
+//! gradients, the copies' allocations) and the device's for it.
 //!
 //! Sums are deterministic and equal to the other backends': each member broadcasts its
 //! tensor (one NCCL group), and every member adds the copies in member order on its GPU.
@@ -21,13 +29,27 @@ use super::wire::Reader;
 use super::{Collective, DistError, Group, Message, Topology, Transport};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{Comm, Id};
-use kernels::{Category, Device, Storage, Tensor};
+use kernels::{Category, Device, Fence, Storage, Tensor};
 use schedules::Payload;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 fn nccl_error(what: &str, e: impl std::fmt::Debug) -> DistError {
     DistError::Protocol(format!("NCCL {what}: {e:?}"))
+}
+
+/// `comm`'s stream waits for everything `dev` has issued so far.
+fn comm_after_device(comm: &Comm, dev: &dyn Device) -> Result<(), DistError> {
+    match dev.fence() {
+        Fence::Event(event) => comm.stream().wait(&event).map_err(|e| nccl_error("stream wait", e)),
+        Fence::Done => Ok(()),
+    }
+}
+
+/// `dev`'s stream waits for everything `comm` has issued so far.
+fn device_after_comm(comm: &Comm, dev: &dyn Device) -> Result<(), DistError> {
+    dev.wait_for(&Fence::after(&comm.stream()).map_err(|e| nccl_error("event", e))?);
+    Ok(())
 }
 
 /// An NCCL communicator over `group`'s members, its unique id made by the first member
@@ -100,24 +122,30 @@ impl NcclTransport {
 }
 
 impl Transport for NcclTransport {
-    fn send(
-        &mut self,
-        to: usize,
-        payload: Payload,
-        msg: Message,
-        _dev: &dyn Device,
-    ) -> Result<(), DistError> {
+    fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
         let header = super::mpi::header(msg.virtual_stage, msg.microbatch, msg.tensor.shape());
         self.headers.send_bytes(to, payload, header.0);
-        self.comm(payload).send(slice(&msg.tensor), to as i32).map_err(|e| nccl_error("send", e))?;
-        Ok(())
+        let comm = self.comm(payload);
+        comm_after_device(comm, dev)?;
+        comm.send(slice(&msg.tensor), to as i32).map_err(|e| nccl_error("send", e))?;
+        // The tensor is freed on the device's stream when `msg` drops: after the send.
+        device_after_comm(comm, dev)
     }
 
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
         let bytes = self.headers.recv_bytes(from, payload);
         let (virtual_stage, microbatch, shape) = super::mpi::read_header(&mut Reader(&bytes))?;
-        let mut tensor = dev.empty(&shape, Category::Transfer);
-        self.comm(payload).recv(slice_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
+        let comm = self.comm(payload);
+        // The buffer is allocated on the communicator's stream, so the receive follows its
+        // allocation without waiting for the device: waiting for the device's fence would
+        // tie this receive to the device's earlier waits on its own sends, and through the
+        // peers' sends, close a cycle.
+        let len = shape.iter().product::<usize>().max(1);
+        // SAFETY: f32 has no invalid bit patterns, and the receive writes every element.
+        let buffer = unsafe { comm.stream().alloc::<f32>(len) }.map_err(|e| nccl_error("alloc", e))?;
+        let mut tensor = Tensor::new(&shape, Storage::Cuda(buffer), Category::Transfer, dev.ledger().clone());
+        comm.recv(slice_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
+        device_after_comm(comm, dev)?;
         Ok(Message { virtual_stage, microbatch, tensor })
     }
 }
@@ -151,6 +179,7 @@ impl Collective for NcclCollective {
         // Every other member's copy of the tensor, broadcast by that member.
         let mut copies: Vec<Option<Tensor>> =
             (0..n).map(|i| (i != me).then(|| dev.empty(t.shape(), Category::Workspace))).collect();
+        comm_after_device(comm, dev)?;
         {
             let _group = comm.group();
             for (i, copy) in copies.iter_mut().enumerate() {
@@ -161,6 +190,7 @@ impl Collective for NcclCollective {
                 comm.broadcast_in_place(buffer, i as i32).map_err(|e| nccl_error("broadcast", e))?;
             }
         }
+        device_after_comm(comm, dev)?;
         // ((t0 + t1) + t2) + ... in member order, as every backend adds.
         let part = |i: usize| copies[i].as_ref().unwrap_or(t);
         let mut acc = dev.empty(t.shape(), Category::Workspace);

@@ -59,19 +59,14 @@ pub struct InProcess {
 }
 
 impl Transport for InProcess {
-    fn send(
-        &mut self,
-        to: usize,
-        payload: Payload,
-        msg: Message,
-        _dev: &dyn Device,
-    ) -> Result<(), DistError> {
+    fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
         let tx =
             self.senders.get(&(to, payload)).ok_or(DistError::NoChannel { from: self.stage, to, payload })?;
         let flight = InFlight {
             virtual_stage: msg.virtual_stage,
             microbatch: msg.microbatch,
-            tensor: msg.tensor.detach(),
+            // The receiver's stream waits on this fence, taken after the producing ops.
+            tensor: msg.tensor.detach(dev.fence()),
         };
         tx.send(flight).map_err(|_| DistError::PeerStopped { peer: to })
     }

@@ -17,7 +17,7 @@ use crate::params::*;
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
 use crate::shape::GptShape;
-use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Stopwatch, Tensor, WeightLayout};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
@@ -150,8 +150,8 @@ impl Block<'_> {
 
     /// Backward from dy [B,T,C]; returns dx [B,T,C]. Parameter gradients accumulate into
     /// `grads` (this block's twelve, same order as `w`), matmul weight gradients through
-    /// `weight_grads` (at once or deferred), whose targets are offset by `grad_base`. Time
-    /// spent recomputing dropped tensors is added to `recompute_s`.
+    /// `weight_grads` (at once or deferred), whose targets are offset by `grad_base`. The
+    /// recomputing of dropped tensors is timed on `recompute`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -162,7 +162,7 @@ impl Block<'_> {
         grads: &mut [Tensor],
         grad_base: usize,
         weight_grads: &mut WeightGrads,
-        recompute_s: &mut f64,
+        recompute: &mut Stopwatch,
     ) -> Tensor {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
@@ -179,7 +179,7 @@ impl Block<'_> {
         let dfcproj =
             dropout_backward_or_keep(dev, dy.clone(), dropout.spec(self.layer, DropoutSite::MlpResidual));
         let fch_gelu = acts.fch_gelu.unwrap_or_else(|| {
-            timed(recompute_s, || {
+            recompute.time(dev, || {
                 let mut g = ws(&[b, t, f]);
                 dev.gelu_forward(&mut g, &acts.fch);
                 g
@@ -229,7 +229,7 @@ impl Block<'_> {
         dev.matmul_backward_input(&mut datty, &dattproj, &w[ATTN_PROJ_W], WeightLayout::InOut);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
-            timed(recompute_s, || {
+            recompute.time(dev, || {
                 let mut att = attention_saved(dev, s, att_drop, Category::Workspace);
                 dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads);
                 att
@@ -276,14 +276,6 @@ fn attention_saved(
     category: Category,
 ) -> AttentionSaved {
     AttentionSaved::empty(dev, s.attention, [s.micro_batch, s.heads, s.seq_len], dropout.is_some(), category)
-}
-
-/// Runs `f`, adding its wall time to `total`.
-pub fn timed<T>(total: &mut f64, f: impl FnOnce() -> T) -> T {
-    let start = std::time::Instant::now();
-    let out = f();
-    *total += start.elapsed().as_secs_f64();
-    out
 }
 
 /// ln(inp) into a fresh workspace tensor; statistics recomputed bitwise equal to the saved.

@@ -5,6 +5,9 @@
 //! - `recompute`: step time of each recompute policy relative to none, and the activation
 //!   memory each keeps (measured by the ledger, and as the memory model predicts).
 //! - `pipeline`: tokens/s of p = 1 against p = 2 (and more) on the same cores.
+//! - `gpu`: the GPU path against the CPU and against its predictions (gpu.rs).
+
+mod gpu;
 
 use crate::cli::BenchArgs;
 use crate::config::{self, Config};
@@ -58,38 +61,40 @@ impl Variant {
         })
     }
 
-    /// One training step, every stage on its own thread.
-    fn step(&mut self, data: &TokenFile, step: usize) -> anyhow::Result<()> {
+    /// One training step, every stage on its own thread; the step's mean loss.
+    fn step(&mut self, data: &TokenFile, step: usize) -> anyhow::Result<f64> {
         let cfg = &self.cfg;
-        std::thread::scope(|scope| {
+        let losses = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .ranks
                 .iter_mut()
                 .map(|r| {
-                    scope.spawn(move || {
-                        r.train_step(cfg, data, step, cfg.lr, Instant::now(), None).map(|_| ())
-                    })
+                    scope.spawn(move || r.train_step(cfg, data, step, cfg.lr, None).map(|o| o.report.losses))
                 })
                 .collect();
-            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-        })
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        Ok(crate::train::mean_loss(losses.concat()))
     }
 }
 
 pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let base = config::load(&args.config, overrides)?;
-    let data_path = base.train_data_path.clone().ok_or_else(|| {
-        user_error(format!("{}: key `train_data_path` is required for a benchmark", args.config.display()))
-    })?;
-    let data = TokenFile::open(&data_path)?;
-    data.check_seq_len(base.seq_length)?;
-    data.check_vocab(base.vocab_size)?;
+    if args.what == "gpu" {
+        return gpu::run(args, &base);
+    }
+    let data = training_data(&base, &args.config)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let configs = match args.what.as_str() {
         "recompute" => recompute_variants(&base),
         "pipeline" => pipeline_variants(&base, threads),
         other => {
-            return Err(user_error(format!("command line: bench {other}: expected recompute or pipeline")))
+            return Err(user_error(format!(
+                "command line: bench {other}: expected recompute, pipeline or gpu"
+            )))
         }
     };
     let configs = match &args.variants {
@@ -116,6 +121,17 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     }
     print_table(&variants, &base);
     Ok(())
+}
+
+/// The config's training tokens, checked against its shape.
+fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenFile> {
+    let data_path = cfg.train_data_path.clone().ok_or_else(|| {
+        user_error(format!("{}: key `train_data_path` is required for a benchmark", path.display()))
+    })?;
+    let data = TokenFile::open(&data_path)?;
+    data.check_seq_len(cfg.seq_length)?;
+    data.check_vocab(cfg.vocab_size)?;
+    Ok(data)
 }
 
 fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
