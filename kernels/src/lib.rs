@@ -4,6 +4,7 @@
 //! with rayon + gemm, and the CUDA backend (feature `cuda`) beside it. Every buffer a device
 //! hands out is a [`Tensor`] counted in that device's [`MemoryLedger`].
 
+pub mod counters;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -11,9 +12,12 @@ pub mod device;
 pub mod dropout;
 pub mod memory;
 pub mod philox;
+pub mod readout;
 pub mod tensor;
 
+pub use counters::DeviceCounters;
 pub use device::{AdamWStep, Device, WeightLayout};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
+pub use readout::{Readout, ReadoutStorage};
 pub use tensor::{Detached, Storage, Tensor};

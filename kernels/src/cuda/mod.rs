@@ -25,6 +25,7 @@ macro_rules! launch {
     }};
 }
 
+mod arena;
 mod attention;
 mod blas;
 pub mod compile;
@@ -33,6 +34,7 @@ mod embedding;
 mod gpu;
 pub mod launch;
 mod pointwise;
+mod readout;
 mod rowwise;
 mod scratch;
 pub mod sources;

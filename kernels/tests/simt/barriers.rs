@@ -29,15 +29,16 @@ fn cross_entropy_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), St
     cross_entropy(edited, 16, 3000, seed)
 }
 
-/// Four blocks of partial sums, so that stage two reduces more than one value.
-const SQUARES: usize = 3 * 65536 + 5;
+/// Four blocks of partial sums for one tensor, so that stage two reduces more than one
+/// value, and one block for another.
+const SQUARES: [usize; 2] = [3 * 65536 + 5, 1001];
 
-fn sum_squares_partial_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(edited, intact, SQUARES, seed)
+fn sum_squares_chunks_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(edited, intact, &SQUARES, seed)
 }
 
-fn sum_partials_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(intact, edited, SQUARES, seed)
+fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(intact, edited, &SQUARES, seed)
 }
 
 /// Every head of two odd sequences (T = 37: two tiles) with dropout, through all three
@@ -63,8 +64,8 @@ struct Needs(&'static str, &'static str, Check);
 const CROSS_ENTROPY: Needs = Needs("cross_entropy", "cross_entropy.cu", cross_entropy_kernel);
 const FORWARD: Needs = Needs("fused_attention_forward", "fused_attention.cu", fused_attention_kernels);
 const QUERY: Needs = Needs("fused_attention_backward_query", "fused_attention.cu", fused_attention_kernels);
-const SQUARES_PARTIAL: Needs = Needs("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel);
-const SQUARES_TOTAL: Needs = Needs("sum_partials", "sum_squares.cu", sum_partials_kernel);
+const SQUARES_PARTIAL: Needs = Needs("sum_squares_chunks", "sum_squares.cu", sum_squares_chunks_kernel);
+const SQUARES_TOTAL: Needs = Needs("sum_squares_totals", "sum_squares.cu", sum_squares_totals_kernel);
 const KEY_VALUE: Needs =
     Needs("fused_attention_backward_key_value", "fused_attention.cu", fused_attention_kernels);
 
