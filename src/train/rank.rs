@@ -123,9 +123,12 @@ impl Rank {
             fault,
         )?;
         self.reduce_grads()?;
-        let grad_norm = self.grad_norm()?;
+        self.stage.grad_sum_squares();
+        // The step's one host sync: its losses and the gradients' sums of squares together.
+        let values = self.stage.read_step();
+        let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
         self.optimizer_step(cfg, lr, step, grad_norm);
-        let report = StepReport::new(stage_report, clock.elapsed().as_secs_f64());
+        let report = StepReport::new(stage_report, values.losses, clock.elapsed().as_secs_f64());
         Ok(StepResult { report, grad_norm })
     }
 
@@ -149,8 +152,8 @@ impl Rank {
 
     /// The global gradient norm: every stage's per-parameter sums of squares, added in
     /// global parameter order, so every rank gets the same number whatever the partition.
-    fn grad_norm(&mut self) -> anyhow::Result<f64> {
-        let all = self.all_gather_indexed(Group::Pipeline, &self.stage.grad_sum_squares())?;
+    fn grad_norm(&mut self, sum_squares: &[(usize, f64)]) -> anyhow::Result<f64> {
+        let all = self.all_gather_indexed(Group::Pipeline, sum_squares)?;
         Ok(global_grad_norm(all))
     }
 
@@ -186,7 +189,7 @@ impl Rank {
         let inputs =
             StepInputs { step: 0, microbatches: &microbatches, first_microbatch: first, mode: Mode::Eval };
         let stage_index = self.stage_index();
-        let report = run_stage(
+        run_stage(
             &mut self.stage,
             stage_index,
             shape,
@@ -196,7 +199,8 @@ impl Rank {
             Instant::now(),
             None,
         )?;
-        let losses = self.all_gather_indexed(Group::World, &report.losses)?;
+        let losses = self.stage.read_step().losses;
+        let losses = self.all_gather_indexed(Group::World, &losses)?;
         Ok(super::report::mean_loss(losses))
     }
 

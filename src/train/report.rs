@@ -24,9 +24,9 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    pub fn new(r: StageStepReport, end_s: f64) -> Self {
+    pub fn new(r: StageStepReport, losses: Vec<(usize, f64)>, end_s: f64) -> Self {
         StepReport {
-            losses: r.losses,
+            losses,
             timings: r.timings,
             max_in_flight: r.max_in_flight,
             end_s,

@@ -28,9 +28,9 @@ pub struct LossGrad<'a> {
     pub dwte: &'a mut Tensor,
 }
 
-/// Forward and loss. x [B,T,C]; targets [B*T]. Returns the per-token losses [B*T] (host)
-/// and, when `grad` is Some (training), what backward needs, having added the LM head's
-/// gradient into `grad.dwte`.
+/// Forward and loss. x [B,T,C]; targets [B*T]. Returns the per-token losses [B,T] (on the
+/// device, as workspace: the caller reduces them there) and, when `grad` is Some
+/// (training), what backward needs, having added the LM head's gradient into `grad.dwte`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     dev: &dyn Device,
@@ -41,7 +41,7 @@ pub fn forward(
     mut x: Tensor,
     targets: &[u32],
     grad: Option<LossGrad>,
-) -> (Vec<f32>, Option<HeadActs>) {
+) -> (Tensor, Option<HeadActs>) {
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
     x.recategorize(keep);
@@ -53,7 +53,6 @@ pub fn forward(
     dev.matmul_forward(&mut logits, &lnf, wte, WeightLayout::OutIn, None);
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
     dev.cross_entropy(&mut losses, &mut logits, targets, grad.as_ref().map(|g| g.scale));
-    let losses = dev.to_host(&losses);
     let Some(grad) = grad else { return (losses, None) };
     let dlogits = logits; // [B,T,V], overwritten in place by cross_entropy
     let mut dlnf = dev.zeros(&[b, t, c], Category::Activations); // [B,T,C]
