@@ -55,12 +55,12 @@ pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
 }
 
 /// The fused sums of squares of tensors of `lens` elements: the first stage-one block of
-/// each tensor, one block per `SUM_SQUARES_CHUNK` of it (`first` in sum_squares.cu;
-/// `lens.len() + 1` entries, the last the number of blocks).
-pub fn sum_squares_first_blocks(lens: &[usize]) -> Vec<u64> {
+/// each tensor, one block per `chunk` of it (`SUM_SQUARES_CHUNK` on the device; `first` in
+/// sum_squares.cu; `lens.len() + 1` entries, the last the number of blocks).
+pub fn sum_squares_first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
     let mut first = vec![0u64];
     for &n in lens {
-        first.push(first.last().copied().unwrap_or(0) + n.div_ceil(SUM_SQUARES_CHUNK) as u64);
+        first.push(first.last().copied().unwrap_or(0) + n.div_ceil(chunk) as u64);
     }
     first
 }

@@ -58,7 +58,7 @@ impl CudaDevice {
         let key: Vec<u64> = addresses.iter().copied().chain(lens.iter().map(|&n| n as u64)).collect();
         let mut cached = self.norm_tables.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_none_or(|t| t.key != key) {
-            let first = sum_squares_first_blocks(&lens);
+            let first = sum_squares_first_blocks(&lens, SUM_SQUARES_CHUNK);
             let blocks = *first.last().expect("at least one entry") as usize;
             *cached = Some(NormTables {
                 tensors: self.upload_kept(&addresses),

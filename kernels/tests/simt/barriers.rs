@@ -7,6 +7,7 @@
 use crate::fused_attention::{fused_attention, ODD, SPEC};
 use crate::harness::Family;
 use crate::rowwise::{cross_entropy, sum_of_squares};
+use kernels::cuda::launch::SUM_SQUARES_CHUNK;
 use kernels::cuda::sources::{HEADERS, SOURCES};
 
 const BARRIER: &str = "__syncthreads();";
@@ -29,16 +30,19 @@ fn cross_entropy_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), St
     cross_entropy(edited, 16, 3000, seed)
 }
 
-/// Four blocks of partial sums for one tensor, so that stage two reduces more than one
-/// value, and one block for another.
+/// Stage one over four blocks of one tensor and one of another. Stage two over sixteen
+/// tensors of 40 partial sums each (chunks of 1024), so that every warp of each of its
+/// blocks reduces real values.
 const SQUARES: [usize; 2] = [3 * 65536 + 5, 1001];
+const SQUARES_STAGE_TWO: ([usize; 16], usize) = ([40 * 1024 - 3; 16], 1024);
 
 fn sum_squares_chunks_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(edited, intact, &SQUARES, seed)
+    sum_of_squares(edited, intact, &SQUARES, SUM_SQUARES_CHUNK, seed)
 }
 
 fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(intact, edited, &SQUARES, seed)
+    let (lens, chunk) = SQUARES_STAGE_TWO;
+    sum_of_squares(intact, edited, &lens, chunk, seed)
 }
 
 /// Every head of two odd sequences (T = 37: two tiles) with dropout, through all three

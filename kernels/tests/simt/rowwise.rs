@@ -161,13 +161,20 @@ fn cross_entropy_matches_the_cpu() {
     cross_entropy(&family, 5, 37, 8).unwrap();
 }
 
-/// The sums of squares of tensors of `lens` elements, in one fused pass, against the CPU's
-/// per tensor: stage one (`sum_squares_chunks`) run by `first`, stage two
-/// (`sum_squares_totals`) by `second`, so that either can be a family with an edit.
-pub fn sum_of_squares(first: &Family, second: &Family, lens: &[usize], seed: u64) -> Result<(), String> {
+/// The sums of squares of tensors of `lens` elements, in one fused pass over chunks of
+/// `chunk` (the device's `SUM_SQUARES_CHUNK`, or smaller to give stage two more partial
+/// sums), against the CPU's per tensor: stage one (`sum_squares_chunks`) run by `first`,
+/// stage two (`sum_squares_totals`) by `second`, so that either can be a family with an edit.
+pub fn sum_of_squares(
+    first: &Family,
+    second: &Family,
+    lens: &[usize],
+    chunk: usize,
+    seed: u64,
+) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let xs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.uniform(n, 1.0)).collect();
-    let first_blocks = sum_squares_first_blocks(lens);
+    let first_blocks = sum_squares_first_blocks(lens, chunk);
     let blocks = *first_blocks.last().unwrap() as usize;
     let (one, two) = sum_squares(blocks, lens.len());
     let mut run = Run::new(seed);
@@ -176,27 +183,33 @@ pub fn sum_of_squares(first: &Family, second: &Family, lens: &[usize], seed: u64
     let gl = run.buffer(&lens.iter().map(|&n| n as u64).collect::<Vec<_>>());
     let gfirst = run.buffer(&first_blocks);
     let partial = run.buffer(&vec![f64::NAN; blocks]);
-    let (count, chunk) = (lens.len() as i32, SUM_SQUARES_CHUNK as u64);
+    let (count, chunk) = (lens.len() as i32, chunk as u64);
     let args = [partial.into(), table.into(), gl.into(), gfirst.into(), count.into(), chunk.into()];
     run.launch("sum_squares_chunks", one, &args);
     run.read(partial);
     let partials = first.run(run)?.get::<f64>(partial);
     let mut run = Run::new(seed + 1);
     let (partial, gfirst) = (run.buffer(&partials), run.buffer(&first_blocks));
-    let totals = run.buffer(&vec![f64::NAN; lens.len()]);
-    run.launch("sum_squares_totals", two, &[totals.into(), partial.into(), gfirst.into()]);
-    run.read(totals);
-    let got = second.run(run)?.get::<f64>(totals);
+    // Stage two is small: it runs four times, each launch in its own order of warps, so that
+    // one order that happens to hide a race does not decide the check.
+    let totals: Vec<Buf> = (0..4).map(|_| run.buffer(&vec![f64::NAN; lens.len()])).collect();
+    for &out in &totals {
+        run.launch("sum_squares_totals", two, &[out.into(), partial.into(), gfirst.into()]);
+        run.read(out);
+    }
+    let outputs = second.run(run)?;
     let dev = cpu();
     for (i, x) in xs.iter().enumerate() {
         let want = dev.sum_squares(&dev.from_host(x, &[x.len()], Category::Workspace));
-        // Both sum in f64 in their own fixed orders: far closer than 1e-5.
-        if (got[i] - want).abs() > 1e-12 * want {
-            return Err(format!(
-                "tensor {i} of {}: sum of squares {:e}, the CPU's {want:e}",
-                lens.len(),
-                got[i]
-            ));
+        for &out in &totals {
+            let got = outputs.get::<f64>(out)[i];
+            // Both sum in f64 in their own fixed orders: far closer than 1e-5.
+            if (got - want).abs() > 1e-12 * want {
+                return Err(format!(
+                    "tensor {i} of {}: sum of squares {got:e}, the CPU's {want:e}",
+                    lens.len()
+                ));
+            }
         }
     }
     Ok(())
@@ -222,10 +235,10 @@ fn sum_squares_matches_the_cpu() {
     // and of many), then at their real sizes wpe and the first block's twelve (7.9 M
     // elements; all 124 M would take minutes to emulate), with an empty tensor among them.
     let scaled: Vec<usize> = lens.iter().map(|n| n / 64 + 1).collect();
-    sum_of_squares(&family, &family, &scaled, 9).unwrap();
+    sum_of_squares(&family, &family, &scaled, SUM_SQUARES_CHUNK, 9).unwrap();
     let mut real = lens[1..14].to_vec();
     real.insert(3, 0);
-    sum_of_squares(&family, &family, &real, 10).unwrap();
+    sum_of_squares(&family, &family, &real, SUM_SQUARES_CHUNK, 10).unwrap();
 }
 
 #[test]
