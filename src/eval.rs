@@ -7,8 +7,9 @@ use crate::cli::EvalArgs;
 use crate::data::TokenFile;
 use crate::error::user_error;
 use crate::train::model;
+use kernels::cpu::math::mean_in_order;
 use kernels::cpu::CpuDevice;
-use stages::runtime::mean;
+use kernels::Device;
 use stages::{ChunkLayout, Microbatch, RecomputePolicy};
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
@@ -46,7 +47,8 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
             targets: &batch.targets,
             mode: stages::Mode::Eval,
         };
-        total += mean(&chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head"));
+        let losses = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+        total += mean_in_order(&dev.to_host(&losses));
     }
     println!("{:.6}", total / args.windows as f64);
     Ok(())

@@ -145,6 +145,7 @@ fn forward_matches_transformers_per_token_losses() {
                 mode: stages::Mode::Eval,
             };
             let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+            let got = dev.to_host(&got);
             assert_eq!(got.len(), span.len());
             for (k, (g, w)) in got.iter().zip(&want[span.clone()]).enumerate() {
                 let err = rel_err(*g as f64, *w);

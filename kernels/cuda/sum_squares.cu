@@ -1,13 +1,32 @@
-// Sum of squares in f64 (the global gradient norm), deterministic: stage one gives each
-// block a fixed chunk of elements, whatever the GPU; stage two reduces the per-chunk sums
-// in one block, in a fixed order.
+// Sums of squares in f64 of many tensors in one pass (every parameter gradient of a stage:
+// the global gradient norm), deterministic, written to the device so the host reads them
+// with the step's other values in its one synchronisation.
+//
+// Stage one gives each block a fixed chunk of one tensor, whatever the GPU; stage two
+// reduces each tensor's chunk sums in one block, in a fixed order, into that tensor's slot.
+// `first` [count + 1] numbers the stage-one blocks: tensor t owns blocks first[t] ..
+// first[t + 1] (ceil(len / chunk) of them; none for an empty tensor).
 #include "common.cuh"
 
-extern "C" __global__ void sum_squares_partial(double* partial, const float* x, unsigned long long n,
-                                               unsigned long long chunk) {
+// The tensor that owns stage-one block `b`: the last t with first[t] <= b.
+__device__ int owner(const unsigned long long* first, int count, unsigned long long b) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+extern "C" __global__ void sum_squares_chunks(double* partial, const float* const* tensors,
+                                              const unsigned long long* lens,
+                                              const unsigned long long* first, int count,
+                                              unsigned long long chunk) {
     __shared__ double scratch[WARP_SIZE];
-    const unsigned long long begin = blockIdx.x * chunk;
-    const unsigned long long end = min(n, begin + chunk);
+    const int t = owner(first, count, blockIdx.x);
+    const float* x = tensors[t];
+    const unsigned long long begin = (blockIdx.x - first[t]) * chunk;
+    const unsigned long long end = min(lens[t], begin + chunk);
     double acc = 0.0;
     for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const double xi = x[i];
@@ -17,11 +36,13 @@ extern "C" __global__ void sum_squares_partial(double* partial, const float* x, 
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// Launched as a single block.
-extern "C" __global__ void sum_partials(double* out, const double* partial, int count) {
+// One block per tensor: out[t] = the sum of its chunks' partial sums.
+extern "C" __global__ void sum_squares_totals(double* out, const double* partial,
+                                              const unsigned long long* first) {
     __shared__ double scratch[WARP_SIZE];
+    const int t = blockIdx.x;
     double acc = 0.0;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    for (unsigned long long i = first[t] + threadIdx.x; i < first[t + 1]; i += blockDim.x) acc += partial[i];
     acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) out[0] = acc;
+    if (threadIdx.x == 0) out[t] = acc;
 }

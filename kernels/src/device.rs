@@ -15,8 +15,10 @@
 //!   number of threads, so recompute, any stage count and any schedule agree to the bit.
 
 use crate::attention::AttentionSaved;
+use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
+use crate::readout::Readout;
 use crate::tensor::{Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
 use std::sync::Arc;
@@ -69,6 +71,8 @@ pub trait Device: Send + Sync {
     fn name(&self) -> String;
     /// The accounting of every buffer this device has handed out.
     fn ledger(&self) -> &Arc<MemoryLedger>;
+    /// Host syncs and backing-allocator calls so far (see [`crate::counters`]).
+    fn counters(&self) -> DeviceCounters;
 
     // ---- buffers -------------------------------------------------------------------
     /// A zero-filled tensor, counted in the ledger under `category` until dropped.
@@ -80,6 +84,7 @@ pub trait Device: Send + Sync {
     /// A tensor holding a copy of `data`. (A device method, not a conversion of `self`.)
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
+    /// A copy of the elements on the host: a host sync.
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
     /// Takes over a tensor another device of this process detached, counting it here: the
     /// same storage where this device can use it as it is, a copy only where it cannot. Its
@@ -97,8 +102,20 @@ pub trait Device: Send + Sync {
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor);
     /// out = a + b, elementwise (the residual add).
     fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
-    /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent).
+    /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent), as
+    /// [`Device::sum_squares_into`] computes it, read at once: a host sync, for tests and tools.
     fn sum_squares(&self, t: &Tensor) -> f64;
+
+    // ---- values for the host, read once per step ------------------------------------
+    /// `len` zeroed f64 slots on the device, counted in the ledger as workspace.
+    fn readout(&self, len: usize) -> Readout;
+    /// out[slot] = the mean of losses [N], added in f64 in order (a microbatch's loss).
+    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor);
+    /// out[first + i] = the sum of squares of tensors[i], each in f64 over fixed chunks, all
+    /// in one pass (the per-parameter terms of the global gradient norm).
+    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]);
+    /// The slots on the host: a host sync, the one a training step makes.
+    fn read(&self, r: &Readout) -> Vec<f64>;
 
     // ---- embedding -----------------------------------------------------------------
     /// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]

@@ -5,6 +5,7 @@
 //! hands out is a [`Tensor`] counted in that device's [`MemoryLedger`].
 
 pub mod attention;
+pub mod counters;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -12,12 +13,15 @@ pub mod device;
 pub mod dropout;
 pub mod memory;
 pub mod philox;
+pub mod readout;
 pub mod tensor;
 pub mod timing;
 
 pub use attention::{AttentionSaved, AttentionSaves, FUSED_MAX_HEAD_SIZE};
+pub use counters::DeviceCounters;
 pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
+pub use readout::{Readout, ReadoutStorage};
 pub use tensor::{Detached, Fence, Storage, Tensor};
 pub use timing::{Mark, Readings, Stopwatch};

@@ -155,6 +155,42 @@ fn elementwise_ops_match_exactly() {
     assert!((got.2 - want.2).abs() <= 1e-12 * want.2, "sum_squares {} vs {}", got.2, want.2);
 }
 
+/// A step's readout: two losses and three gradients' sums of squares (one empty, one of
+/// several chunks) in one fused pass, read with one host sync and reused by a second step
+/// with no allocation.
+#[test]
+fn readout_matches_with_one_sync_per_read() {
+    let Some(gpu) = gpu("readout_matches_with_one_sync_per_read") else { return };
+    let mut rng = Rng::new("readout");
+    let losses: Vec<Vec<f32>> =
+        (0..2).map(|_| rng.uniform(N, 3.0).iter().map(|x| x.abs()).collect()).collect();
+    let grads = [rng.uniform(3 * 65_536 + 7, 1.0), Vec::new(), rng.uniform(1001, 1.0)];
+    let run = |dev: &dyn Device| {
+        let l: Vec<Tensor> = losses.iter().map(|x| put(dev, x, &[x.len()])).collect();
+        let g: Vec<Tensor> = grads.iter().map(|x| put(dev, x, &[x.len()])).collect();
+        let mut out = dev.readout(5);
+        let mut step = || {
+            let before = dev.counters();
+            dev.loss_mean(&mut out, 0, &l[0]);
+            dev.loss_mean(&mut out, 1, &l[1]);
+            dev.sum_squares_into(&mut out, 2, &g.iter().collect::<Vec<_>>());
+            let values = dev.read(&out);
+            (values, dev.counters() - before)
+        };
+        let first = step();
+        let second = step();
+        assert_eq!(first.0, second.0, "a second step gives the same values");
+        assert_eq!(second.1, kernels::DeviceCounters { host_syncs: 1, backing_allocations: 0 });
+        first.0
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert_eq!(got[..2], want[..2], "losses, added in the same order");
+    assert_eq!(got[3], 0.0, "an empty tensor");
+    for i in [2, 4] {
+        assert!((got[i] - want[i]).abs() <= 1e-12 * want[i], "sum of squares {i}: {} vs {}", got[i], want[i]);
+    }
+}
+
 #[test]
 fn embedding_matches() {
     let Some(gpu) = gpu("embedding_matches") else { return };

@@ -12,6 +12,8 @@ pub mod rank;
 mod report;
 mod shards;
 pub mod summary;
+#[cfg(test)]
+mod sync_count;
 mod timeline;
 mod worker;
 

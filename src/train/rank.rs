@@ -121,13 +121,16 @@ impl Rank {
             fault,
         )?;
         self.reduce_grads()?;
-        let grad_norm = self.grad_norm()?;
+        self.stage.grad_sum_squares();
+        // The step's one host sync: its losses and the gradients' sums of squares together.
+        let values = self.stage.read_step();
+        let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
         self.optimizer_step(cfg, lr, step, grad_norm);
         let end = dev.clock_mark();
         let readings = dev.clock_read();
         self.check_device(step, fault)?;
         self.stage.settle_timing(&readings);
-        let report = StepReport::new(&stage_report, &readings, end);
+        let report = StepReport::new(&stage_report, values.losses, &readings, end);
         Ok(StepResult { report, grad_norm })
     }
 
@@ -162,8 +165,8 @@ impl Rank {
 
     /// The global gradient norm: every stage's per-parameter sums of squares, added in
     /// global parameter order, so every rank gets the same number whatever the partition.
-    fn grad_norm(&mut self) -> anyhow::Result<f64> {
-        let all = self.all_gather_indexed(Group::Pipeline, &self.stage.grad_sum_squares())?;
+    fn grad_norm(&mut self, sum_squares: &[(usize, f64)]) -> anyhow::Result<f64> {
+        let all = self.all_gather_indexed(Group::Pipeline, sum_squares)?;
         Ok(global_grad_norm(all))
     }
 
@@ -201,7 +204,7 @@ impl Rank {
         let stage_index = self.stage_index();
         // Its marks go unread; a fresh start keeps them from piling up on the device.
         self.stage.device.clock_start();
-        let report = run_stage(
+        run_stage(
             &mut self.stage,
             stage_index,
             shape,
@@ -210,7 +213,8 @@ impl Rank {
             &inputs,
             None,
         )?;
-        let losses = self.all_gather_indexed(Group::World, &report.losses)?;
+        let losses = self.stage.read_step().losses;
+        let losses = self.all_gather_indexed(Group::World, &losses)?;
         Ok(super::report::mean_loss(losses))
     }
 

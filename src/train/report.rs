@@ -25,11 +25,11 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    /// The report of a step whose device clock read `readings`, its optimizer step ending
-    /// at `end`.
-    pub fn new(r: &StageStepReport, readings: &Readings, end: Mark) -> Self {
+    /// The report of a step whose losses were read from the device, and whose device clock
+    /// read `readings`, its optimizer step ending at `end`.
+    pub fn new(r: &StageStepReport, losses: Vec<(usize, f64)>, readings: &Readings, end: Mark) -> Self {
         StepReport {
-            losses: r.losses.clone(),
+            losses,
             timings: r.timings(readings),
             max_in_flight: r.max_in_flight,
             end_s: readings.at(end),

@@ -58,8 +58,8 @@ pub struct ChunkStash {
 pub struct ForwardOutput {
     /// The activation to send to the next chunk [B,T,C] (None on the head's chunk).
     pub output: Option<Tensor>,
-    /// Per-token losses [B*T] (head chunk only).
-    pub losses: Option<Vec<f32>>,
+    /// Per-token losses [B,T] on the device (head chunk only).
+    pub losses: Option<Tensor>,
     pub stash: Option<ChunkStash>,
 }
 

@@ -49,8 +49,6 @@ pub struct ActionMarks {
 /// What a stage reports after a step.
 #[derive(Debug, Default)]
 pub struct StageStepReport {
-    /// (global microbatch, mean loss over its tokens), from the stage holding the head.
-    pub losses: Vec<(usize, f64)>,
     pub marks: Vec<ActionMarks>,
     /// Most microbatches whose activations the stage held at once.
     pub max_in_flight: usize,
@@ -157,8 +155,9 @@ pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
 }
 
 /// Executes stage `rank`'s action list for one step, marking each action's start and end
-/// on the stage's device clock (which the caller starts and reads). `fault`, when given,
-/// fails this stage after its first action.
+/// on the stage's device clock (which the caller starts and reads) and leaving the losses of
+/// the microbatches whose head ran here on the device for [`Stage::read_step`](crate::Stage::read_step).
+/// `fault`, when given, fails this stage after its first action.
 #[allow(clippy::too_many_arguments)]
 pub fn run_stage(
     stage: &mut Stage,
@@ -170,6 +169,7 @@ pub fn run_stage(
     fault: Option<FaultInjection>,
 ) -> Result<StageStepReport, RuntimeError> {
     let dev = stage.device.clone();
+    stage.begin_step(inputs.microbatches.len());
     let mut report = StageStepReport::default();
     // Tensors waiting for the action that consumes them, by (chunk, microbatch).
     let mut inbox_act: HashMap<(usize, usize), Tensor> = HashMap::new();
@@ -198,15 +198,11 @@ pub fn run_stage(
                     targets: &data.targets,
                     mode: inputs.mode,
                 };
-                let (output, losses) = stage.forward(action.chunk, &mb, inbox_act.remove(&key));
-                if let Some(out) = output {
+                if let Some(out) = stage.forward(action.chunk, &mb, inbox_act.remove(&key)) {
                     match local(shape, rank, action, 1) {
                         Some(next) => inbox_act.insert((next, action.microbatch), out),
                         None => outbox_act.insert(key, out),
                     };
-                }
-                if let Some(l) = losses {
-                    report.losses.push((global(action.microbatch) as usize, mean(&l)));
                 }
                 report.max_in_flight = report.max_in_flight.max(stage.in_flight());
             }
@@ -264,9 +260,4 @@ fn local(shape: Shape, rank: usize, action: &Action, step: isize) -> Option<usiz
     (neighbour < shape.virtual_stages())
         .then(|| shape.locate(neighbour))
         .and_then(|(stage, chunk)| (stage == rank).then_some(chunk))
-}
-
-/// Mean of per-token losses, summed in order in f64.
-pub fn mean(losses: &[f32]) -> f64 {
-    losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len() as f64
 }

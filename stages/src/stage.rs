@@ -3,7 +3,7 @@
 //! a single-stage run drives it directly.
 
 use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
-use kernels::{AdamWStep, Device, Readings, Tensor};
+use kernels::{AdamWStep, Device, Readings, Readout, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -27,26 +27,73 @@ pub struct Stage {
     pub chunks: Vec<ModelChunk>,
     stash: HashMap<(usize, u32), ChunkStash>,
     deferred: HashMap<(usize, u32), DeferredWeightGrads>,
+    /// This step's values for the host, on the device until [`Stage::read_step`]: the mean
+    /// loss of each microbatch whose head forward ran here (slots from 0, in forward order),
+    /// then the sum of squares of each gradient this stage owns (slots from
+    /// `microbatches`). Kept by length, so a step and an evaluation each reuse theirs.
+    readouts: HashMap<usize, Readout>,
+    /// This step's: its microbatches, and the length of its readout.
+    microbatches: usize,
+    readout_len: usize,
+    /// The global microbatch of each loss slot filled this step.
+    loss_slots: Vec<usize>,
+    /// The global parameter index of each sum-of-squares slot filled this step.
+    norm_slots: Vec<usize>,
+}
+
+/// What a step leaves for the host, read with one synchronisation.
+#[derive(Debug, Default, PartialEq)]
+pub struct StepValues {
+    /// (global microbatch, mean loss over its tokens), in forward order.
+    pub losses: Vec<(usize, f64)>,
+    /// (global parameter index, sum of squares of its gradient), after
+    /// [`Stage::grad_sum_squares`].
+    pub grad_sum_squares: Vec<(usize, f64)>,
 }
 
 impl Stage {
     pub fn new(device: Arc<dyn Device>, chunks: Vec<ModelChunk>) -> Self {
-        Stage { device, chunks, stash: HashMap::new(), deferred: HashMap::new() }
+        Stage {
+            device,
+            chunks,
+            stash: HashMap::new(),
+            deferred: HashMap::new(),
+            readouts: HashMap::new(),
+            microbatches: 0,
+            readout_len: 0,
+            loss_slots: Vec::new(),
+            norm_slots: Vec::new(),
+        }
     }
 
-    /// Forward of `mb` on chunk `chunk`; returns the activation to send on (None on the head)
-    /// and, on the head, the per-token losses.
-    pub fn forward(
-        &mut self,
-        chunk: usize,
-        mb: &Microbatch,
-        input: Option<Tensor>,
-    ) -> (Option<Tensor>, Option<Vec<f32>>) {
+    /// Starts a step (or an evaluation) of `microbatches` on this stage.
+    pub fn begin_step(&mut self, microbatches: usize) {
+        let len = microbatches + owned_grads(&self.chunks).count();
+        let dev = &self.device;
+        self.readouts.entry(len).or_insert_with(|| dev.readout(len));
+        self.microbatches = microbatches;
+        self.readout_len = len;
+        self.loss_slots.clear();
+        self.norm_slots.clear();
+    }
+
+    fn readout(&mut self) -> &mut Readout {
+        self.readouts.get_mut(&self.readout_len).expect("begin_step makes the step's readout")
+    }
+
+    /// Forward of `mb` on chunk `chunk`; returns the activation to send on (None on the
+    /// head, whose microbatch loss stays on the device for [`Stage::read_step`]).
+    pub fn forward(&mut self, chunk: usize, mb: &Microbatch, input: Option<Tensor>) -> Option<Tensor> {
         let out = self.chunks[chunk].forward(&*self.device, mb, input);
         if let Some(stash) = out.stash {
             self.stash.insert((chunk, mb.index), stash);
         }
-        (out.output, out.losses)
+        if let Some(losses) = out.losses {
+            let (dev, slot) = (self.device.clone(), self.loss_slots.len());
+            dev.loss_mean(self.readout(), slot, &losses);
+            self.loss_slots.push(mb.index as usize);
+        }
+        out.output
     }
 
     /// Backward of `microbatch` on `chunk` from `dout` (None on the head). With `split`, the
@@ -138,19 +185,25 @@ impl Stage {
         self.chunks.iter_mut().flat_map(|c| c.params.grads.iter_mut())
     }
 
-    /// (global parameter index, sum of squares of its gradient) for every parameter this
-    /// stage owns; the tied LM head copy is owned by the embedding's stage.
-    pub fn grad_sum_squares(&self) -> Vec<(usize, f64)> {
-        let mut out = Vec::new();
-        for c in &self.chunks {
-            for (spec, g) in c.params.specs.iter().zip(&c.params.grads) {
-                if spec.global_index == 0 && !c.layout.embedding {
-                    continue;
-                }
-                out.push((spec.global_index, self.device.sum_squares(g)));
-            }
+    /// The sum of squares of every gradient this stage owns, in one fused pass on the
+    /// device, for [`Stage::read_step`] (the terms of the global gradient norm).
+    pub fn grad_sum_squares(&mut self) {
+        let (indices, grads): (Vec<usize>, Vec<&Tensor>) = owned_grads(&self.chunks).unzip();
+        let readout = self.readouts.get_mut(&self.readout_len).expect("begin_step makes the step's readout");
+        self.device.sum_squares_into(readout, self.microbatches, &grads);
+        self.norm_slots = indices;
+    }
+
+    /// This step's losses and (after [`Stage::grad_sum_squares`]) sums of squares: the one
+    /// download of the step.
+    pub fn read_step(&mut self) -> StepValues {
+        let dev = self.device.clone();
+        let values = dev.read(self.readout());
+        let m = self.microbatches;
+        StepValues {
+            losses: self.loss_slots.iter().zip(&values).map(|(&mb, &l)| (mb, l)).collect(),
+            grad_sum_squares: self.norm_slots.iter().zip(&values[m..]).map(|(&i, &s)| (i, s)).collect(),
         }
-        out
     }
 
     /// AdamW on every parameter of this stage.
@@ -172,6 +225,19 @@ impl Stage {
             }
         }
     }
+}
+
+/// (global parameter index, gradient) of every parameter these chunks own, chunk by chunk in
+/// parameter order; the tied LM head copy is owned by the embedding's stage.
+fn owned_grads(chunks: &[ModelChunk]) -> impl Iterator<Item = (usize, &Tensor)> {
+    chunks.iter().flat_map(|c| {
+        c.params
+            .specs
+            .iter()
+            .zip(&c.params.grads)
+            .filter(|(spec, _)| spec.global_index != 0 || c.layout.embedding)
+            .map(|(spec, g)| (spec.global_index, g))
+    })
 }
 
 /// The global gradient norm from every stage's per-parameter sums of squares, added in

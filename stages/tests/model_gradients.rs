@@ -41,7 +41,7 @@ fn microbatch<'a>(tokens: &'a [u32], targets: &'a [u32]) -> Microbatch<'a> {
 /// The mean loss of a training forward (dropout on), in f64.
 fn loss(chunk: &mut ModelChunk, dev: &CpuDevice, mb: &Microbatch) -> f64 {
     let losses = chunk.forward(dev, mb, None).losses.expect("the whole model holds the head");
-    losses.iter().map(|&l| l as f64).sum::<f64>() / TOKENS as f64
+    dev.to_host(&losses).iter().map(|&l| l as f64).sum::<f64>() / TOKENS as f64
 }
 
 #[test]

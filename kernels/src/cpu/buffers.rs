@@ -5,6 +5,7 @@
 //! Like PyTorch's caching allocator: the ledger counts the tensors alive (what the model
 //! needs), the cache holds what was freed and not yet reused ([`BufferCache::cached_bytes`]).
 
+use crate::counters::Counters;
 use crate::tensor::{Recycle, Storage};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,15 +18,19 @@ pub struct BufferCache {
 }
 
 impl BufferCache {
-    /// A buffer of `len` elements with unspecified contents, reused when one is cached.
-    pub fn take(&self, len: usize) -> Vec<f32> {
+    /// A buffer of `len` elements with unspecified contents, reused when one is cached; a
+    /// fresh one otherwise, counted in `counters` as a backing allocation.
+    pub fn take(&self, len: usize, counters: &Counters) -> Vec<f32> {
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&len).and_then(Vec::pop);
         match reused {
             Some(v) => {
                 self.cached_bytes.fetch_sub(len * 4, Ordering::Relaxed);
                 v
             }
-            None => vec![0.0; len],
+            None => {
+                counters.backing_allocation();
+                vec![0.0; len]
+            }
         }
     }
 
@@ -54,14 +59,16 @@ mod tests {
 
     #[test]
     fn freed_buffers_are_reused_by_length() {
-        let cache = BufferCache::default();
-        let a = cache.take(8);
+        let (cache, counters) = (BufferCache::default(), Counters::default());
+        let a = cache.take(8, &counters);
         let ptr = a.as_ptr();
         cache.recycle(Storage::Cpu(a));
         assert_eq!(cache.cached_bytes(), 32);
-        assert_eq!(cache.take(4).len(), 4);
-        let b = cache.take(8);
+        assert_eq!(cache.take(4, &counters).len(), 4);
+        let b = cache.take(8, &counters);
         assert_eq!(b.as_ptr(), ptr);
         assert_eq!(cache.cached_bytes(), 0);
+        // The 8 and the 4 came from the allocator; the second 8 from the cache.
+        assert_eq!(counters.snapshot().backing_allocations, 2);
     }
 }

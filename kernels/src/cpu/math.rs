@@ -6,6 +6,11 @@
 //! length alone, never of the thread count. `exp` is a polynomial the compiler can inline and
 //! vectorise, where the libm call cannot be.
 
+/// The mean of `xs` added in f64 in order (a microbatch's loss from its per-token losses).
+pub fn mean_in_order(xs: &[f32]) -> f64 {
+    xs.iter().map(|&x| x as f64).sum::<f64>() / xs.len() as f64
+}
+
 /// Independent partial sums per reduction.
 pub const LANES: usize = 16;
 

@@ -26,9 +26,11 @@ mod testutil;
 pub use peak::measure_matmul_peak;
 
 use crate::attention::AttentionSaved;
+use crate::counters::{Counters, DeviceCounters};
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
+use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::{Detached, Fence, Storage, Tensor};
 use crate::timing::{HostClock, Mark, Readings};
 use buffers::BufferCache;
@@ -46,6 +48,7 @@ pub struct CpuDevice {
     ledger: Arc<MemoryLedger>,
     buffers: Arc<BufferCache>,
     clock: HostClock,
+    counters: Counters,
 }
 
 impl CpuDevice {
@@ -63,6 +66,7 @@ impl CpuDevice {
             ledger: Arc::new(MemoryLedger::new()),
             buffers: Arc::default(),
             clock: HostClock::default(),
+            counters: Counters::default(),
         }
     }
 
@@ -106,6 +110,15 @@ fn assert_tokens_below(tokens: &[u32], vocab: usize) {
     }
 }
 
+/// The slots of a CPU readout. Panics on another device's: a backend only writes its own.
+fn slots(r: &mut Readout) -> &mut [f64] {
+    match r.storage_mut() {
+        ReadoutStorage::Cpu(v) => v,
+        #[allow(unreachable_patterns)]
+        _ => panic!("cpu: a readout of another device"),
+    }
+}
+
 fn assert_same_len(a: &Tensor, b: &Tensor) {
     assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
 }
@@ -119,6 +132,10 @@ impl Device for CpuDevice {
         &self.ledger
     }
 
+    fn counters(&self) -> DeviceCounters {
+        self.counters.snapshot()
+    }
+
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
         let mut t = self.empty(shape, category);
         t.cpu_mut().fill(0.0);
@@ -126,7 +143,7 @@ impl Device for CpuDevice {
     }
 
     fn empty(&self, shape: &[usize], category: Category) -> Tensor {
-        self.tensor(shape, self.buffers.take(shape.iter().product()), category)
+        self.tensor(shape, self.buffers.take(shape.iter().product(), &self.counters), category)
     }
 
     fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
@@ -136,12 +153,13 @@ impl Device for CpuDevice {
             "from_host: {} values for {shape:?}",
             data.len()
         );
-        let mut buffer = self.buffers.take(data.len());
+        let mut buffer = self.buffers.take(data.len(), &self.counters);
         buffer.copy_from_slice(data);
         self.tensor(shape, buffer, category)
     }
 
     fn to_host(&self, t: &Tensor) -> Vec<f32> {
+        self.counters.host_sync();
         t.cpu().to_vec()
     }
 
@@ -191,7 +209,36 @@ impl Device for CpuDevice {
     }
 
     fn sum_squares(&self, t: &Tensor) -> f64 {
-        self.pool.install(|| elementwise::sum_squares(t.cpu()))
+        let mut out = self.readout(1);
+        self.sum_squares_into(&mut out, 0, &[t]);
+        self.read(&out)[0]
+    }
+
+    fn readout(&self, len: usize) -> Readout {
+        self.counters.backing_allocation();
+        Readout::new(len, ReadoutStorage::Cpu(vec![0.0; len]), self.ledger.clone())
+    }
+
+    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
+        slots(out)[slot] = math::mean_in_order(losses.cpu());
+    }
+
+    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
+        let out = &mut slots(out)[first..first + tensors.len()];
+        self.pool.install(|| {
+            for (slot, t) in out.iter_mut().zip(tensors) {
+                *slot = elementwise::sum_squares(t.cpu());
+            }
+        });
+    }
+
+    fn read(&self, r: &Readout) -> Vec<f64> {
+        self.counters.host_sync();
+        match r.storage() {
+            ReadoutStorage::Cpu(v) => v.clone(),
+            #[allow(unreachable_patterns)]
+            _ => panic!("cpu: a readout of another device"),
+        }
     }
 
     fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {

@@ -2,14 +2,17 @@
 //! The ops themselves live in the files named after their kernel families; this file holds
 //! the buffers and the dispatch.
 
+use super::arena::Arena;
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu};
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
+use crate::counters::{Counters, DeviceCounters};
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
+use crate::readout::Readout;
 use crate::tensor::{Detached, Fence, Storage, Tensor};
 use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
@@ -25,7 +28,12 @@ pub struct CudaDevice {
     /// cuBLAS handles are not meant for concurrent calls; a device serialises its own.
     pub(super) blas: Mutex<CudaBlas>,
     pub(super) precision: MatmulPrecision,
-    ledger: Arc<MemoryLedger>,
+    pub(super) ledger: Arc<MemoryLedger>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) arena: Arc<Arena>,
+    /// The fused grad norm's tables for the last set of tensors it was given (see
+    /// `readout.rs`): gradients never move, so after the first step it uploads nothing.
+    pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
     clock: EventClock,
 }
 
@@ -45,6 +53,7 @@ impl CudaDevice {
             gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| format!("GPU {ordinal}: cannot start cuBLAS: {e:?}"))?;
+        let counters = Arc::new(Counters::default());
         Ok(CudaDevice {
             ordinal,
             gpu,
@@ -53,6 +62,9 @@ impl CudaDevice {
             precision: MatmulPrecision::Fp32,
             ledger: Arc::new(MemoryLedger::new()),
             clock: EventClock::default(),
+            arena: Arc::new(Arena::new(counters.clone())),
+            counters,
+            norm_tables: Mutex::new(None),
         })
     }
 
@@ -72,16 +84,23 @@ impl CudaDevice {
         self.stream.synchronize().unwrap_or_else(|e| panic!("cuda: synchronize failed: {e:?}"));
     }
 
-    pub(super) fn scratch<T: DeviceRepr>(&self, len: usize) -> Scratch<T> {
-        Scratch::uninit(&self.stream, &self.ledger, len)
+    pub(super) fn scratch<T: DeviceRepr + Send + 'static>(&self, len: usize) -> Scratch<T> {
+        Scratch::uninit(&self.stream, &self.arena, &self.ledger, len)
     }
 
-    pub(super) fn upload<T: DeviceRepr>(&self, data: &[T]) -> Scratch<T> {
-        Scratch::from_host(&self.stream, &self.ledger, data)
+    pub(super) fn upload<T: DeviceRepr + Send + 'static>(&self, data: &[T]) -> Scratch<T> {
+        Scratch::from_host(&self.stream, &self.arena, &self.ledger, data)
     }
 
+    /// Wraps a buffer as a tensor that goes back to the arena when dropped.
     fn tensor(&self, shape: &[usize], slice: CudaSlice<f32>, category: Category) -> Tensor {
-        Tensor::new(shape, Storage::Cuda(slice), category, self.ledger.clone())
+        Tensor::recycled(shape, Storage::Cuda(slice), category, self.ledger.clone(), self.arena.clone())
+    }
+
+    /// Waits for the stream and counts it: every download the host waits for.
+    pub(super) fn host_sync(&self) {
+        self.counters.host_sync();
+        self.synchronize();
     }
 }
 
@@ -128,22 +147,19 @@ impl Device for CudaDevice {
         &self.ledger
     }
 
+    fn counters(&self) -> DeviceCounters {
+        self.counters.snapshot()
+    }
+
     fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
-        let len: usize = shape.iter().product();
-        // CUDA rejects an empty allocation, so an empty tensor holds one unused element.
-        let slice = self
-            .stream
-            .alloc_zeros::<f32>(len.max(1))
-            .unwrap_or_else(|e| panic!("cuda: cannot allocate {shape:?} on GPU {}: {e:?}", self.ordinal));
-        self.tensor(shape, slice, category)
+        let mut t = self.empty(shape, category);
+        self.fill_zero(&mut t);
+        t
     }
 
     fn empty(&self, shape: &[usize], category: Category) -> Tensor {
-        let len: usize = shape.iter().product();
-        // SAFETY: f32 has no invalid bit patterns; the caller's op writes every element
-        // before any is read (the contract of `empty`).
-        let slice = unsafe { self.stream.alloc::<f32>(len.max(1)) }
-            .unwrap_or_else(|e| panic!("cuda: cannot allocate {shape:?} on GPU {}: {e:?}", self.ordinal));
+        // An empty tensor holds one unused element (the arena never hands out none).
+        let slice = self.arena.take::<f32>(&self.stream, shape.iter().product());
         self.tensor(shape, slice, category)
     }
 
@@ -154,23 +170,24 @@ impl Device for CudaDevice {
             "from_host: {} values for {shape:?}",
             data.len()
         );
-        if data.is_empty() {
-            return self.zeros(shape, category);
+        let mut t = self.empty(shape, category);
+        if !data.is_empty() {
+            self.stream
+                .memcpy_htod(data, cu_mut(&mut t))
+                .unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
         }
-        let slice = self
-            .stream
-            .clone_htod(data)
-            .unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
-        self.tensor(shape, slice, category)
+        t
     }
 
     fn to_host(&self, t: &Tensor) -> Vec<f32> {
         if t.is_empty() {
             return Vec::new();
         }
-        let host =
-            self.stream.clone_dtoh(cu(t)).unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
-        self.synchronize();
+        let mut host = vec![0.0; t.len()];
+        self.stream
+            .memcpy_dtoh(&cu(t).slice(..t.len()), &mut host)
+            .unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
+        self.host_sync();
         host
     }
 
@@ -190,7 +207,8 @@ impl Device for CudaDevice {
                 // would not wait for the copy. The source's stream waits for it here, before
                 // `slice` drops (ARCHITECTURE.md, "Streams").
                 let copy_then_order = || -> Result<_, cudarc::driver::DriverError> {
-                    let copy = self.stream.clone_dtod(&slice)?;
+                    let mut copy = self.arena.take::<f32>(&self.stream, slice.len());
+                    self.stream.memcpy_dtod(&slice, &mut copy)?;
                     slice.stream().wait(&self.stream.record_event(None)?)?;
                     Ok(copy)
                 };
@@ -245,7 +263,25 @@ impl Device for CudaDevice {
     }
 
     fn sum_squares(&self, t: &Tensor) -> f64 {
-        self.sum_squares_op(t)
+        let mut out = self.readout(1);
+        self.sum_squares_into(&mut out, 0, &[t]);
+        self.read(&out)[0]
+    }
+
+    fn readout(&self, len: usize) -> Readout {
+        self.readout_op(len)
+    }
+
+    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
+        self.loss_mean_op(out, slot, losses);
+    }
+
+    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
+        self.sum_squares_into_op(out, first, tensors);
+    }
+
+    fn read(&self, r: &Readout) -> Vec<f64> {
+        self.read_op(r)
     }
 
     fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
@@ -397,6 +433,8 @@ impl Device for CudaDevice {
     }
 
     fn clock_read(&self) -> Readings {
+        // Waits for the step's last mark: a second host wait per step beside the readout's.
+        self.counters.host_sync();
         self.clock.read()
     }
 

@@ -41,6 +41,11 @@ pub fn per_row_block(rows: usize) -> LaunchConfig {
     }
 }
 
+/// One thread: `loss_mean`, which adds in token order.
+pub fn single_thread() -> LaunchConfig {
+    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
+}
+
 /// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,
 /// one block row per chunk of rows; and the number of chunks.
 pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
@@ -50,11 +55,21 @@ pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
     (cfg, chunks)
 }
 
-/// Stage one of `sum_squares` over `n` elements: one block per `SUM_SQUARES_CHUNK`; and the
-/// number of blocks (of partial sums). Stage two is one block of the same size.
-pub fn sum_squares(n: usize) -> (LaunchConfig, usize) {
-    let blocks = n.div_ceil(SUM_SQUARES_CHUNK);
-    (per_row_block(blocks), blocks)
+/// The fused sums of squares of tensors of `lens` elements: the first stage-one block of
+/// each tensor, one block per `chunk` of it (`SUM_SQUARES_CHUNK` on the device; `first` in
+/// sum_squares.cu; `lens.len() + 1` entries, the last the number of blocks).
+pub fn sum_squares_first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
+    let mut first = vec![0u64];
+    for &n in lens {
+        first.push(first.last().copied().unwrap_or(0) + n.div_ceil(chunk) as u64);
+    }
+    first
+}
+
+/// Stage one (`sum_squares_chunks`, one block per chunk: `blocks` is the last of
+/// [`sum_squares_first_blocks`]) and stage two (`sum_squares_totals`, one block per tensor).
+pub fn sum_squares(blocks: usize, tensors: usize) -> (LaunchConfig, LaunchConfig) {
+    (per_row_block(blocks), per_row_block(tensors))
 }
 
 /// Query or key rows per block of the fused attention kernels (`TILE` in

@@ -25,6 +25,7 @@ macro_rules! launch {
     }};
 }
 
+mod arena;
 mod attention;
 mod blas;
 mod classifier;
@@ -36,6 +37,7 @@ mod fused_attention;
 mod gpu;
 pub mod launch;
 mod pointwise;
+mod readout;
 mod rowwise;
 mod scratch;
 pub mod sources;

@@ -1,13 +1,11 @@
-//! The ops that reduce along rows or columns: LayerNorm, bias gradients and the sum of
-//! squares. Every reduction has a fixed shape (warp per row, fixed chunks of rows or
-//! elements, then one ordered pass), so results are bitwise repeatable.
+//! The ops that reduce along rows or columns: LayerNorm and bias gradients. Every reduction
+//! has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
+//! pass), so results are bitwise repeatable.
 
 use super::device::{assert_same_len, cu, cu_mut, int, rows_cols, CudaDevice};
-use super::launch::{
-    per_column_chunk, per_item, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
-};
+use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
 use crate::tensor::Tensor;
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::CudaSlice;
 
 impl CudaDevice {
     pub(super) fn layernorm_forward_op(
@@ -116,22 +114,5 @@ impl CudaDevice {
     pub(super) fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
         launch!(self, "bias_add", per_item(rows * cols), out, bias, &n, &c_i);
-    }
-
-    pub(super) fn sum_squares_op(&self, t: &Tensor) -> f64 {
-        if t.is_empty() {
-            return 0.0;
-        }
-        let (cfg, blocks) = sum_squares(t.len());
-        let mut partial = self.scratch::<f64>(blocks);
-        let mut total = self.scratch::<f64>(1);
-        let (n, chunk, count) = (t.len() as u64, SUM_SQUARES_CHUNK as u64, int(blocks));
-        launch!(self, "sum_squares_partial", cfg, &mut *partial, cu(t), &n, &chunk);
-        let single = LaunchConfig { grid_dim: (1, 1, 1), ..cfg };
-        launch!(self, "sum_partials", single, &mut *total, &*partial, &count);
-        let host =
-            self.stream.clone_dtoh(&*total).unwrap_or_else(|e| panic!("cuda: sum_squares download: {e:?}"));
-        self.synchronize();
-        host[0]
     }
 }

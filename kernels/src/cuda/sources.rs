@@ -77,8 +77,13 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params_partial"],
     },
     KernelSource {
+        name: "loss_mean.cu",
+        source: include_str!("../../cuda/loss_mean.cu"),
+        kernels: &["loss_mean"],
+    },
+    KernelSource {
         name: "sum_squares.cu",
         source: include_str!("../../cuda/sum_squares.cu"),
-        kernels: &["sum_squares_partial", "sum_partials"],
+        kernels: &["sum_squares_chunks", "sum_squares_totals"],
     },
 ];

@@ -8,6 +8,7 @@ use crate::classifier::{classifier, FILLS};
 use crate::fused_attention::{fused_attention, ODD, SPEC};
 use crate::harness::Family;
 use crate::rowwise::sum_of_squares;
+use kernels::cuda::launch::SUM_SQUARES_CHUNK;
 use kernels::cuda::sources::{HEADERS, SOURCES};
 
 const BARRIER: &str = "__syncthreads();";
@@ -30,15 +31,19 @@ fn classifier_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), Strin
     classifier(edited, 16, 3000, &FILLS[..1], seed)
 }
 
-/// Four blocks of partial sums, so that stage two reduces more than one value.
-const SQUARES: usize = 3 * 65536 + 5;
+/// Stage one over four blocks of one tensor and one of another. Stage two over sixteen
+/// tensors of 40 partial sums each (chunks of 1024), so that every warp of each of its
+/// blocks reduces real values.
+const SQUARES: [usize; 2] = [3 * 65536 + 5, 1001];
+const SQUARES_STAGE_TWO: ([usize; 16], usize) = ([40 * 1024 - 3; 16], 1024);
 
-fn sum_squares_partial_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(edited, intact, SQUARES, seed)
+fn sum_squares_chunks_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    sum_of_squares(edited, intact, &SQUARES, SUM_SQUARES_CHUNK, seed)
 }
 
-fn sum_partials_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(intact, edited, SQUARES, seed)
+fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    let (lens, chunk) = SQUARES_STAGE_TWO;
+    sum_of_squares(intact, edited, &lens, chunk, seed)
 }
 
 /// Every head of two odd sequences (T = 37: two tiles) with dropout, through all three
@@ -64,8 +69,8 @@ struct Needs(&'static str, &'static str, Check);
 const CLASSIFIER: Needs = Needs("fused_classifier", "classifier.cu", classifier_kernel);
 const FORWARD: Needs = Needs("fused_attention_forward", "fused_attention.cu", fused_attention_kernels);
 const QUERY: Needs = Needs("fused_attention_backward_query", "fused_attention.cu", fused_attention_kernels);
-const SQUARES_PARTIAL: Needs = Needs("sum_squares_partial", "sum_squares.cu", sum_squares_partial_kernel);
-const SQUARES_TOTAL: Needs = Needs("sum_partials", "sum_squares.cu", sum_partials_kernel);
+const SQUARES_PARTIAL: Needs = Needs("sum_squares_chunks", "sum_squares.cu", sum_squares_chunks_kernel);
+const SQUARES_TOTAL: Needs = Needs("sum_squares_totals", "sum_squares.cu", sum_squares_totals_kernel);
 const KEY_VALUE: Needs =
     Needs("fused_attention_backward_key_value", "fused_attention.cu", fused_attention_kernels);
 

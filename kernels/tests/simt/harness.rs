@@ -231,6 +231,18 @@ impl Run {
         Buf(id)
     }
 
+    /// A buffer holding the emulator's addresses of `bufs`, as a kernel's array of device
+    /// pointers (`const float* const*`) holds them.
+    pub fn pointers(&mut self, bufs: &[Buf]) -> Buf {
+        let id = self.buffers.len() as u32;
+        self.input.push(b't');
+        self.input.extend_from_slice(&id.to_le_bytes());
+        self.input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
+        bufs.iter().for_each(|b| self.input.extend_from_slice(&b.0.to_le_bytes()));
+        self.buffers.push(bufs.len() * 8);
+        Buf(id)
+    }
+
     pub fn launch(&mut self, kernel: &str, cfg: LaunchConfig, args: &[Arg]) {
         self.launch_blocks(kernel, cfg, args, &[]);
     }

@@ -5,7 +5,8 @@
 use crate::harness::{bitwise, close, max_abs, Buf, Family, Rng, Run};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    per_column_chunk, per_item, per_row_block, per_row_warp, sum_squares, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+    per_column_chunk, per_item, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
+    ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
 
@@ -124,42 +125,84 @@ fn layernorm_matches_the_cpu() {
     layernorm(&family, &bias, 75, 100, 6).unwrap();
 }
 
-/// The sum of squares of n values against the CPU's: stage one (`sum_squares_partial`)
-/// run by `first`, stage two (`sum_partials`) by `second`, so that either can be a
-/// family with an edit.
-pub fn sum_of_squares(first: &Family, second: &Family, n: usize, seed: u64) -> Result<(), String> {
-    let x = Rng::new(seed).uniform(n, 1.0);
-    let (cfg, blocks) = sum_squares(n);
+/// The sums of squares of tensors of `lens` elements, in one fused pass over chunks of
+/// `chunk` (the device's `SUM_SQUARES_CHUNK`, or smaller to give stage two more partial
+/// sums), against the CPU's per tensor: stage one (`sum_squares_chunks`) run by `first`,
+/// stage two (`sum_squares_totals`) by `second`, so that either can be a family with an edit.
+pub fn sum_of_squares(
+    first: &Family,
+    second: &Family,
+    lens: &[usize],
+    chunk: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let xs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.uniform(n, 1.0)).collect();
+    let first_blocks = sum_squares_first_blocks(lens, chunk);
+    let blocks = *first_blocks.last().unwrap() as usize;
+    let (one, two) = sum_squares(blocks, lens.len());
     let mut run = Run::new(seed);
-    let (gx, partial) = (run.buffer(&x), run.buffer(&vec![f64::NAN; blocks]));
-    run.launch(
-        "sum_squares_partial",
-        cfg,
-        &[partial.into(), gx.into(), (n as u64).into(), (SUM_SQUARES_CHUNK as u64).into()],
-    );
+    let tensors: Vec<Buf> = xs.iter().map(|x| run.buffer(x)).collect();
+    let table = run.pointers(&tensors);
+    let gl = run.buffer(&lens.iter().map(|&n| n as u64).collect::<Vec<_>>());
+    let gfirst = run.buffer(&first_blocks);
+    let partial = run.buffer(&vec![f64::NAN; blocks]);
+    let (count, chunk) = (lens.len() as i32, chunk as u64);
+    let args = [partial.into(), table.into(), gl.into(), gfirst.into(), count.into(), chunk.into()];
+    run.launch("sum_squares_chunks", one, &args);
     run.read(partial);
     let partials = first.run(run)?.get::<f64>(partial);
     let mut run = Run::new(seed + 1);
-    let (partial, total) = (run.buffer(&partials), run.buffer(&[f64::NAN]));
-    run.launch("sum_partials", per_row_block(1), &[total.into(), partial.into(), (blocks as i32).into()]);
-    run.read(total);
-    let got = second.run(run)?.get::<f64>(total)[0];
-    let dev = cpu();
-    let want = dev.sum_squares(&dev.from_host(&x, &[n], Category::Workspace));
-    // Both sum in f64 in their own fixed orders: far closer than 1e-5.
-    if (got - want).abs() <= 1e-12 * want {
-        Ok(())
-    } else {
-        Err(format!("sum of squares {got:e}, the CPU's {want:e}"))
+    let (partial, gfirst) = (run.buffer(&partials), run.buffer(&first_blocks));
+    // Stage two is small: it runs four times, each launch in its own order of warps, so that
+    // one order that happens to hide a race does not decide the check.
+    let totals: Vec<Buf> = (0..4).map(|_| run.buffer(&vec![f64::NAN; lens.len()])).collect();
+    for &out in &totals {
+        run.launch("sum_squares_totals", two, &[out.into(), partial.into(), gfirst.into()]);
+        run.read(out);
     }
+    let outputs = second.run(run)?;
+    let dev = cpu();
+    for (i, x) in xs.iter().enumerate() {
+        let want = dev.sum_squares(&dev.from_host(x, &[x.len()], Category::Workspace));
+        for &out in &totals {
+            let got = outputs.get::<f64>(out)[i];
+            // Both sum in f64 in their own fixed orders: far closer than 1e-5.
+            if (got - want).abs() > 1e-12 * want {
+                return Err(format!(
+                    "tensor {i} of {}: sum of squares {got:e}, the CPU's {want:e}",
+                    lens.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The element counts of GPT-2 124M's 148 parameter tensors, in global parameter order:
+/// wte, wpe, twelve blocks of twelve, ln_f's two.
+fn gpt2_parameter_lens() -> Vec<usize> {
+    let block = [C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C];
+    let mut lens = vec![V * C, 1024 * C];
+    (0..12).for_each(|_| lens.extend(block));
+    lens.extend([C, C]);
+    lens
 }
 
 #[test]
 fn sum_squares_matches_the_cpu() {
     let Some(family) = Family::of("sum_squares_matches_the_cpu", "sum_squares.cu") else { return };
-    // wte's gradient (V * C, 590 blocks), and a length below one block's chunk.
-    sum_of_squares(&family, &family, V * C, 9).unwrap();
-    sum_of_squares(&family, &family, 1001, 10).unwrap();
+    let lens = gpt2_parameter_lens();
+    assert_eq!(lens.len(), 148);
+    assert_eq!(lens.iter().sum::<usize>(), 124_439_808, "GPT-2 124M's parameter count");
+    // All 148 in one pass at 1/64 of their sizes (every table entry, tensors of one block
+    // and of many), then at their real sizes wpe and the first block's twelve (7.9 M
+    // elements; all 124 M would take minutes to emulate), with an empty tensor among them.
+    let scaled: Vec<usize> = lens.iter().map(|n| n / 64 + 1).collect();
+    sum_of_squares(&family, &family, &scaled, SUM_SQUARES_CHUNK, 9).unwrap();
+    let mut real = lens[1..14].to_vec();
+    real.insert(3, 0);
+    sum_of_squares(&family, &family, &real, SUM_SQUARES_CHUNK, 10).unwrap();
 }
 
 #[test]
@@ -213,5 +256,25 @@ fn bias_kernels_match_the_cpu() {
         // x + bias: one rounding, as the CPU's matmul adds its bias.
         let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
         bitwise("bias_add", &got.get(gx), &want).unwrap();
+    }
+}
+
+/// A microbatch's mean loss over a step's 4096 tokens and over 5, bit for bit with the CPU's
+/// (both add in f64 in token order).
+#[test]
+fn loss_mean_matches_the_cpu() {
+    let Some(family) = Family::of("loss_mean_matches_the_cpu", "loss_mean.cu") else { return };
+    for (n, seed) in [(N, 11), (5, 12)] {
+        let losses: Vec<f32> = Rng::new(seed).uniform(n, 4.0).iter().map(|x| x.abs() + 6.0).collect();
+        let mut run = Run::new(seed);
+        let (gl, out) = (run.buffer(&losses), run.buffer(&[f64::NAN]));
+        run.launch("loss_mean", single_thread(), &[out.into(), gl.into(), (n as u64).into()]);
+        run.read(out);
+        let got = family.run(run).unwrap().get::<f64>(out)[0];
+        let dev = cpu();
+        let mut want = dev.readout(1);
+        dev.loss_mean(&mut want, 0, &dev.from_host(&losses, &[n], Category::Workspace));
+        let want = dev.read(&want)[0];
+        assert_eq!(got.to_bits(), want.to_bits(), "n = {n}: {got:e} vs the CPU's {want:e}");
     }
 }

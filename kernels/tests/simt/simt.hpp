@@ -478,7 +478,8 @@ void launch_entry(Args& args, const Launch& launch) {
     launch_kernel(K, args, launch);
 }
 
-// Commands: 'b' id len bytes (a buffer), 'l' name grid block seed blocks args (a launch),
+// Commands: 'b' id len bytes (a buffer), 't' id count ids (a buffer of the addresses of
+// buffers: an array of device pointers), 'l' name grid block seed blocks args (a launch),
 // 'r' id (write the buffer to standard output).
 inline int serve(const Kernel* kernels, size_t count) {
     int command;
@@ -489,6 +490,17 @@ inline int serve(const Kernel* kernels, size_t count) {
             if (id != buffers.size()) fail("buffer %u out of order", id);
             buffers.push_back(allocate(len));
             read_exact(buffers.back().data, len);
+        } else if (command == 't') {
+            const unsigned id = read_value<unsigned>();
+            const unsigned count = read_value<unsigned>();
+            if (id != buffers.size()) fail("buffer %u out of order", id);
+            Buffer table = allocate(count * sizeof(char*));
+            for (unsigned i = 0; i < count; ++i) {
+                const unsigned target = read_value<unsigned>();
+                if (target >= buffers.size()) fail("address table %u: no buffer %u", id, target);
+                reinterpret_cast<char**>(table.data)[i] = buffers[target].data;
+            }
+            buffers.push_back(table);
         } else if (command == 'l') {
             std::string name(read_value<unsigned>(), '\0');
             read_exact(&name[0], name.size());

@@ -7,7 +7,7 @@
 //! reads the same parts. A rank's ends, dropped when its thread ends (an error or a panic
 //! included), fail every peer still waiting on it with `PeerStopped`.
 
-use super::{sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
+use super::{Collective, DistError, Group, Message, Topology, Transport};
 use kernels::{Category, Detached, Device, Tensor};
 use schedules::Payload;
 use std::collections::{HashMap, HashSet};
@@ -89,7 +89,9 @@ impl Transport for InProcess {
 /// What a member posts to a round.
 enum Part {
     Bytes(Vec<u8>),
-    Floats(Vec<f32>),
+    /// A device copy of a member's tensor for each other member (none for itself), each
+    /// taken by the member it is for.
+    Tensors(Mutex<Vec<Option<Detached>>>),
     /// Rank 0's parts of a scatter, one per rank.
     Parts(Vec<Vec<u8>>),
 }
@@ -194,20 +196,39 @@ impl Collective for ThreadsCollective {
             .collect())
     }
 
+    /// The members' tensors cross as the transport's do, device buffers handed over without
+    /// a download, and each member adds them on its device in member order: no host sync.
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
-        if self.topology.members(group, self.rank).len() == 1 {
+        let members = self.topology.members(group, self.rank);
+        let me = members.iter().position(|&m| m == self.rank).expect("a rank is in its own groups");
+        if members.len() == 1 {
             return Ok(());
         }
-        let parts = self.round(group, Part::Floats(dev.to_host(t)))?;
-        let sum = sum_in_order(parts.iter().map(|p| {
-            if let Part::Floats(f) = p {
-                &f[..]
-            } else {
-                unreachable!("a reduce round")
-            }
-        }));
-        let host = dev.from_host(&sum, t.shape(), Category::Workspace);
-        dev.copy(t, &host);
+        let copies = (0..members.len())
+            .map(|k| {
+                (k != me).then(|| {
+                    let mut copy = dev.empty(t.shape(), Category::Workspace);
+                    dev.copy(&mut copy, t);
+                    copy.detach(dev.fence())
+                })
+            })
+            .collect();
+        let parts = self.round(group, Part::Tensors(Mutex::new(copies)))?;
+        let mut theirs = parts.iter().enumerate().map(|(k, p)| {
+            let Part::Tensors(copies) = p else { unreachable!("a reduce round") };
+            let mine = (k != me).then(|| copies.lock().unwrap_or_else(|e| e.into_inner())[me].take());
+            mine.map(|copy| dev.adopt(copy.expect("each copy is taken once"), Category::Workspace))
+        });
+        // ((t0 + t1) + t2) + ..., as `sum_in_order` adds: member 0 adds into its own tensor,
+        // the others into member 0's copy, then keep the sum.
+        let Some(mut sum) = theirs.next().expect("a group has members") else {
+            theirs.for_each(|x| dev.accumulate(t, &x.expect("another member's")));
+            return Ok(());
+        };
+        for x in theirs {
+            dev.accumulate(&mut sum, x.as_ref().unwrap_or(t));
+        }
+        dev.copy(t, &sum);
         Ok(())
     }
 
@@ -251,6 +272,35 @@ mod tests {
         assert_eq!((got.virtual_stage, got.microbatch, got.tensor.cpu()), (0, 4, &[1.0, 2.0, 3.0][..]));
         assert_eq!(got.tensor.cpu().as_ptr(), ptr);
         assert_eq!(db.ledger().live(Category::Transfer), 12);
+    }
+
+    /// Three members whose sum depends on the order of the additions: every member gets
+    /// `sum_in_order`'s bits, with no download and nothing left in its ledger but its tensor.
+    #[test]
+    fn all_reduce_adds_in_member_order_on_the_device() {
+        let topology = Topology { pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
+        let parts = [[1.0e8f32, 1.0], [-1.0e8, 1.0e8], [1.0, -1.0e8]];
+        let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = world(topology, 1)
+                .into_iter()
+                .map(|(_, mut c)| {
+                    s.spawn(move || {
+                        let dev = CpuDevice::new(1);
+                        let mut t = dev.from_host(&parts[c.rank()], &[2], Category::Gradients);
+                        let before = dev.counters();
+                        c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
+                        let syncs = dev.counters().host_syncs - before.host_syncs;
+                        (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(want, vec![1.0, 0.0], "the order matters for these parts");
+        for (rank, (sum, syncs, live)) in results.into_iter().enumerate() {
+            assert_eq!((sum, syncs, live), (want.clone(), 0, 8), "rank {rank}");
+        }
     }
 
     #[test]

@@ -29,9 +29,9 @@ pub struct LossGrad<'a> {
     pub dwte: &'a mut Tensor,
 }
 
-/// Forward and loss. x [B,T,C]; targets [B*T]. Returns the per-token losses [B*T] (host)
-/// and, when `grad` is Some (training), what backward needs, having added the LM head's
-/// gradient into `grad.dwte`.
+/// Forward and loss. x [B,T,C]; targets [B*T]. Returns the per-token losses [B,T] (on the
+/// device, as workspace: the caller reduces them there) and, when `grad` is Some
+/// (training), what backward needs, having added the LM head's gradient into `grad.dwte`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     dev: &dyn Device,
@@ -42,7 +42,7 @@ pub fn forward(
     mut x: Tensor,
     targets: &[u32],
     grad: Option<LossGrad>,
-) -> (Vec<f32>, Option<HeadActs>) {
+) -> (Tensor, Option<HeadActs>) {
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
     x.recategorize(keep);
@@ -53,13 +53,12 @@ pub fn forward(
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
     let Some(grad) = grad else {
         dev.classifier(&mut losses, &lnf, wte, targets, None);
-        return (dev.to_host(&losses), None);
+        return (losses, None);
     };
     let mut dlnf = dev.zeros(&[b, t, c], Category::Activations); // [B,T,C]
                                                                  // The logits [B,T,V] and their gradient live only inside the classifier.
     let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dlnf, dwte: grad.dwte };
     dev.classifier(&mut losses, &lnf, wte, targets, Some(head_grad));
-    let losses = dev.to_host(&losses);
     (losses, Some(HeadActs { input: x, mean, rstd, dlnf }))
 }
 

@@ -1,0 +1,60 @@
+//! The device's arena: buffers freed during a step (tensors and op scratch alike) are kept,
+//! by element type and length, and handed out again, so after the first step a step's
+//! buffers all come from here and the hot loop calls no allocator. The ledger still counts
+//! what tensors and scratch hold, exactly as before; the arena holds the rest.
+//!
+//! A buffer keeps the stream it was allocated on and cudarc's events, so a reuse on another
+//! stream (an adopted tensor's, under the threads backend) still waits for its last use.
+
+use crate::counters::Counters;
+use crate::tensor::{Recycle, Storage};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type Key = (TypeId, usize);
+
+pub(super) struct Arena {
+    free: Mutex<HashMap<Key, Vec<Box<dyn Any + Send>>>>,
+    counters: Arc<Counters>,
+}
+
+impl Arena {
+    pub fn new(counters: Arc<Counters>) -> Arena {
+        Arena { free: Mutex::default(), counters }
+    }
+
+    /// `len` elements (at least one: CUDA rejects an empty allocation), unspecified: a
+    /// freed buffer of that type and length, or, counted as a backing allocation, a new one.
+    pub fn take<T: DeviceRepr + Send + 'static>(&self, stream: &Arc<CudaStream>, len: usize) -> CudaSlice<T> {
+        let len = len.max(1);
+        let reused =
+            self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&key::<T>(len)).and_then(Vec::pop);
+        if let Some(slice) = reused {
+            return *slice.downcast::<CudaSlice<T>>().expect("the arena files buffers by their type");
+        }
+        self.counters.backing_allocation();
+        // SAFETY: every caller writes the elements before reading them (`empty`, scratch), or
+        // fills them first (`zeros`, uploads).
+        unsafe { stream.alloc::<T>(len) }
+            .unwrap_or_else(|e| panic!("cuda: cannot allocate {len} elements: {e:?}"))
+    }
+
+    pub fn put<T: DeviceRepr + Send + 'static>(&self, slice: CudaSlice<T>) {
+        let key = key::<T>(slice.len());
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().push(Box::new(slice));
+    }
+}
+
+fn key<T: 'static>(len: usize) -> Key {
+    (TypeId::of::<T>(), len)
+}
+
+impl Recycle for Arena {
+    fn recycle(&self, storage: Storage) {
+        if let Storage::Cuda(slice) = storage {
+            self.put(slice);
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The values a step leaves on the device for the host (see [`crate::readout`]): each
+//! microbatch's mean loss (`loss_mean.cu`) and every parameter gradient's sum of squares in
+//! one fused pass (`sum_squares.cu`), read back with one synchronisation.
+
+use super::device::{cu, int, CudaDevice};
+use super::launch::{single_thread, sum_squares, sum_squares_first_blocks, SUM_SQUARES_CHUNK};
+use crate::readout::{Readout, ReadoutStorage};
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaSlice, DevicePtr};
+
+/// The fused norm's inputs on the device for one set of tensors: their addresses, lengths
+/// and first stage-one blocks. `key` is the host's copy of the first two, to tell whether a
+/// later call passes the same tensors.
+pub(super) struct NormTables {
+    key: Vec<u64>,
+    tensors: CudaSlice<u64>,
+    lens: CudaSlice<u64>,
+    first: CudaSlice<u64>,
+    blocks: usize,
+}
+
+fn slots(r: &mut Readout) -> &mut CudaSlice<f64> {
+    match r.storage_mut() {
+        ReadoutStorage::Cuda(s) => s,
+        ReadoutStorage::Cpu(_) => panic!("cuda: a CPU readout"),
+    }
+}
+
+impl CudaDevice {
+    pub(super) fn readout_op(&self, len: usize) -> Readout {
+        let mut slice = self.arena.take::<f64>(&self.stream, len);
+        self.stream.memset_zeros(&mut slice).unwrap_or_else(|e| panic!("cuda: cannot zero a readout: {e:?}"));
+        Readout::new(len, ReadoutStorage::Cuda(slice), self.ledger.clone())
+    }
+
+    pub(super) fn loss_mean_op(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
+        assert!(slot < out.len(), "cuda: loss slot {slot} of a readout of {}", out.len());
+        let n = losses.len() as u64;
+        let mut target = slots(out).slice_mut(slot..slot + 1);
+        launch!(self, "loss_mean", single_thread(), &mut target, cu(losses), &n);
+    }
+
+    pub(super) fn sum_squares_into_op(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
+        assert!(
+            first + tensors.len() <= out.len(),
+            "cuda: {} sums from slot {first} of {}",
+            tensors.len(),
+            out.len()
+        );
+        if tensors.is_empty() {
+            return;
+        }
+        // The addresses are read on this stream; the guards record that use for cudarc's
+        // event tracking when they drop, after the launches.
+        let (addresses, _reads): (Vec<u64>, Vec<_>) =
+            tensors.iter().map(|t| cu(t).device_ptr(&self.stream)).unzip();
+        let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        let key: Vec<u64> = addresses.iter().copied().chain(lens.iter().map(|&n| n as u64)).collect();
+        let mut cached = self.norm_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.as_ref().is_none_or(|t| t.key != key) {
+            let first = sum_squares_first_blocks(&lens, SUM_SQUARES_CHUNK);
+            let blocks = *first.last().expect("at least one entry") as usize;
+            *cached = Some(NormTables {
+                tensors: self.upload_kept(&addresses),
+                lens: self.upload_kept(&key[addresses.len()..]),
+                first: self.upload_kept(&first),
+                blocks,
+                key,
+            });
+        }
+        let tables = cached.as_ref().expect("set above");
+        let mut partial = self.scratch::<f64>(tables.blocks);
+        let (one, two) = sum_squares(tables.blocks, tensors.len());
+        let (count, chunk) = (int(tensors.len()), SUM_SQUARES_CHUNK as u64);
+        launch!(
+            self,
+            "sum_squares_chunks",
+            one,
+            &mut *partial,
+            &tables.tensors,
+            &tables.lens,
+            &tables.first,
+            &count,
+            &chunk
+        );
+        let mut target = slots(out).slice_mut(first..first + tensors.len());
+        launch!(self, "sum_squares_totals", two, &mut target, &*partial, &tables.first);
+    }
+
+    pub(super) fn read_op(&self, r: &Readout) -> Vec<f64> {
+        let ReadoutStorage::Cuda(slice) = r.storage() else { panic!("cuda: a CPU readout") };
+        let mut host = vec![0.0; r.len()];
+        if !host.is_empty() {
+            self.stream
+                .memcpy_dtoh(&slice.slice(..r.len()), &mut host)
+                .unwrap_or_else(|e| panic!("cuda: cannot read a readout back: {e:?}"));
+        }
+        self.host_sync();
+        host
+    }
+
+    /// A copy of `data` that the norm's tables keep (a few KiB per stage, uploaded once; like
+    /// the compiled kernels, outside the ledger).
+    fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
+        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
+        self.stream
+            .memcpy_htod(data, &mut slice)
+            .unwrap_or_else(|e| panic!("cuda: cannot upload a norm table: {e:?}"));
+        slice
+    }
+}

@@ -1,0 +1,77 @@
+//! A training step makes one host sync per rank — the step's losses and its gradients' sums
+//! of squares, read together — and, after the first step, no call to the backing
+//! allocator: every tensor and scratch buffer comes from the device's cache of freed ones.
+//! Each rank's device counts both where a CUDA device would synchronise or allocate, so
+//! this CPU run says the same about the structure of a CUDA step.
+
+use super::model;
+use super::rank::Rank;
+use crate::config::Config;
+use crate::data::TokenFile;
+use kernels::DeviceCounters;
+use stages::dist::{threads, Topology};
+use std::path::Path;
+
+/// Every rank's device counts over `steps` training steps after a first one, under
+/// `schedule` with p = 2, m = 4, dropout on and `recompute`.
+fn counts_after_the_first_step(schedule: &str, recompute: &str, steps: usize) -> Vec<DeviceCounters> {
+    let path = Path::new("sync-count.yaml");
+    let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
+    let cfg = Config {
+        num_layers: 4,
+        hidden_size: 64,
+        num_attention_heads: 4,
+        seq_length: 16,
+        max_position_embeddings: 16,
+        micro_batch_size: 2,
+        global_batch_size: 8,
+        pipeline_model_parallel_size: 2,
+        pipeline_schedule: schedule.into(),
+        virtual_pipeline_model_parallel_size: (schedule == "interleaved-1f1b").then_some(2),
+        recompute_granularity: Some(recompute.into()),
+        recompute_method: (recompute == "full").then(|| "uniform".into()),
+        recompute_num_layers: (recompute == "full").then_some(1),
+        ..Config::default()
+    };
+    let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
+    let placement = schedule.schedule().shape().placement;
+    let topology = Topology { pipeline: 2, data: 1, placement };
+    let capacity = schedule.required_capacity().get();
+    let mut ranks: Vec<Rank> = threads::world(topology, capacity)
+        .into_iter()
+        .enumerate()
+        .map(|(id, (t, c))| Rank::build(&cfg, path, None, 1, id, topology, Box::new(t), Box::new(c)).unwrap())
+        .collect();
+    let run = |ranks: &mut [Rank], step: usize| {
+        std::thread::scope(|s| {
+            for r in ranks.iter_mut() {
+                let (cfg, data) = (&cfg, &data);
+                s.spawn(move || r.train_step(cfg, data, step, 1e-3, None).unwrap());
+            }
+        });
+    };
+    run(&mut ranks, 1);
+    let before: Vec<DeviceCounters> = ranks.iter().map(|r| r.stage.device.counters()).collect();
+    for step in 2..2 + steps {
+        run(&mut ranks, step);
+    }
+    ranks.iter().zip(before).map(|(r, before)| r.stage.device.counters() - before).collect()
+}
+
+#[test]
+fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
+    let steps = 3;
+    let once_per_step = DeviceCounters { host_syncs: steps as u64, backing_allocations: 0 };
+    for (schedule, recompute) in [
+        ("1f1b", "full"),
+        ("gpipe", "selective"),
+        ("zb-h1", "full"),
+        ("interleaved-1f1b", "selective"),
+        ("zb-v", "full"),
+    ] {
+        let counts = counts_after_the_first_step(schedule, recompute, steps);
+        for (rank, got) in counts.iter().enumerate() {
+            assert_eq!(*got, once_per_step, "{schedule}, recompute {recompute}, rank {rank}, {steps} steps");
+        }
+    }
+}
