@@ -14,6 +14,7 @@ pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod readout;
+pub mod splitmix;
 pub mod tensor;
 pub mod timing;
 
@@ -23,5 +24,6 @@ pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, 
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
 pub use readout::{Readout, ReadoutStorage};
+pub use splitmix::SplitMix64;
 pub use tensor::{Detached, Fence, Storage, Tensor};
 pub use timing::{Mark, Readings, Stopwatch};

@@ -8,7 +8,7 @@ use kernels::cpu::CpuDevice;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, Device, DropoutKey, DropoutSite,
-    DropoutSpec, Tensor, WeightLayout,
+    DropoutSpec, SplitMix64, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,39 +33,17 @@ fn cpu() -> CpuDevice {
 
 /// SplitMix64, seeded afresh for every test from the clock; the seed is printed so a
 /// failure can be replayed with PIPETRAIN_TEST_SEED.
-struct Rng(u64);
-
-impl Rng {
-    fn new(test: &str) -> Rng {
-        static SALT: AtomicU64 = AtomicU64::new(0);
-        let seed = match std::env::var("PIPETRAIN_TEST_SEED") {
-            Ok(s) => s.parse().expect("PIPETRAIN_TEST_SEED is a u64"),
-            Err(_) => {
-                let now =
-                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                now.as_nanos() as u64 ^ SALT.fetch_add(0x9E37_79B9, Ordering::Relaxed)
-            }
-        };
-        eprintln!("{test}: seed {seed}");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `n` values uniform in [-scale, scale).
-    fn uniform(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
-    }
-
-    fn below(&mut self, n: usize, bound: u32) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % bound as u64) as u32).collect()
-    }
+fn seeded(test: &str) -> SplitMix64 {
+    static SALT: AtomicU64 = AtomicU64::new(0);
+    let seed = match std::env::var("PIPETRAIN_TEST_SEED") {
+        Ok(s) => s.parse().expect("PIPETRAIN_TEST_SEED is a u64"),
+        Err(_) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            now.as_nanos() as u64 ^ SALT.fetch_add(0x9E37_79B9, Ordering::Relaxed)
+        }
+    };
+    eprintln!("{test}: seed {seed}");
+    SplitMix64::new(seed)
 }
 
 /// max |got - want| <= rtol * max |want|, and no NaN.
@@ -117,7 +95,7 @@ fn new_without_a_usable_gpu_is_an_error_not_a_panic() {
 #[test]
 fn buffers_round_trip_and_are_counted() {
     let Some(gpu) = gpu("buffers_round_trip_and_are_counted") else { return };
-    let data = Rng::new("buffers").uniform(1000, 3.0);
+    let data = seeded("buffers").uniform(1000, 3.0);
     let mut a = gpu.from_host(&data, &[10, 100], Category::Activations);
     assert_bitwise("from_host/to_host", &gpu.to_host(&a), &data);
     let mut b = gpu.zeros(&[1000], Category::Gradients);
@@ -138,7 +116,7 @@ fn buffers_round_trip_and_are_counted() {
 #[test]
 fn elementwise_ops_match_exactly() {
     let Some(gpu) = gpu("elementwise_ops_match_exactly") else { return };
-    let mut rng = Rng::new("elementwise");
+    let mut rng = seeded("elementwise");
     let (x, y) = (rng.uniform(70_001, 2.0), rng.uniform(70_001, 2.0));
     let run = |dev: &dyn Device| {
         let (a, b) = (put(dev, &x, &[x.len()]), put(dev, &y, &[y.len()]));
@@ -161,7 +139,7 @@ fn elementwise_ops_match_exactly() {
 #[test]
 fn readout_matches_with_one_sync_per_read() {
     let Some(gpu) = gpu("readout_matches_with_one_sync_per_read") else { return };
-    let mut rng = Rng::new("readout");
+    let mut rng = seeded("readout");
     let losses: Vec<Vec<f32>> =
         (0..2).map(|_| rng.uniform(N, 3.0).iter().map(|x| x.abs()).collect()).collect();
     let grads = [rng.uniform(3 * 65_536 + 7, 1.0), Vec::new(), rng.uniform(1001, 1.0)];
@@ -194,7 +172,7 @@ fn readout_matches_with_one_sync_per_read() {
 #[test]
 fn embedding_matches() {
     let Some(gpu) = gpu("embedding_matches") else { return };
-    let mut rng = Rng::new("embedding");
+    let mut rng = seeded("embedding");
     let (vocab, max_t) = (50, T + 3); // few tokens, so many repeat
     let tokens = rng.below(N, vocab as u32);
     let (wte, wpe, dout) =
@@ -218,7 +196,7 @@ fn embedding_matches() {
 #[test]
 fn layernorm_matches() {
     let Some(gpu) = gpu("layernorm_matches") else { return };
-    let mut rng = Rng::new("layernorm");
+    let mut rng = seeded("layernorm");
     let inp: Vec<f32> = rng.uniform(N * C, 2.0).iter().map(|x| x + 0.5).collect();
     let (w, b, dout) = (rng.uniform(C, 1.0), rng.uniform(C, 1.0), rng.uniform(N * C, 1.0));
     let (dw0, db0) = (rng.uniform(C, 1.0), rng.uniform(C, 1.0));
@@ -245,7 +223,7 @@ fn layernorm_matches() {
 #[test]
 fn matmul_matches_in_both_layouts() {
     let Some(gpu) = gpu("matmul_matches_in_both_layouts") else { return };
-    let mut rng = Rng::new("matmul");
+    let mut rng = seeded("matmul");
     let (ic, oc) = (C, 3 * C + 5);
     let (inp, w, bias, dout) =
         (rng.uniform(N * ic, 1.0), rng.uniform(ic * oc, 1.0), rng.uniform(oc, 1.0), rng.uniform(N * oc, 1.0));
@@ -281,7 +259,7 @@ fn matmul_matches_in_both_layouts() {
 fn bf16_matmul_is_close_to_fp32() {
     let Some(gpu) = gpu("bf16_matmul_is_close_to_fp32") else { return };
     let gpu = gpu.with_matmul_precision(MatmulPrecision::Bf16);
-    let mut rng = Rng::new("bf16 matmul");
+    let mut rng = seeded("bf16 matmul");
     let (inp, w) = (rng.uniform(N * C, 1.0), rng.uniform(C * C, 1.0));
     let run = |dev: &dyn Device| {
         let mut out = dev.zeros(&[N, C], Category::Workspace);
@@ -301,7 +279,7 @@ fn bf16_matmul_is_close_to_fp32() {
 #[test]
 fn bf16_rounding_is_the_half_crates() {
     let Some(gpu) = gpu("bf16_rounding_is_the_half_crates") else { return };
-    let mut values = Rng::new("bf16 rounding").uniform(10_000, 1e4);
+    let mut values = seeded("bf16 rounding").uniform(10_000, 1e4);
     // Ties to even both ways, the largest finite values, subnormals, infinities.
     values.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, f32::MAX, -f32::MAX, 1e-40, -1e-40, 0.0, -0.0]);
     values.extend([f32::INFINITY, f32::NEG_INFINITY]);
@@ -316,7 +294,7 @@ fn bf16_rounding_is_the_half_crates() {
 
 /// The GPU's attention core keeping `kind` against the CPU's, which keeps probabilities:
 /// out and dqkv, and P and P' (with the causal mask's zeros) where the GPU keeps them too.
-fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSpec>, rng: &mut Rng) {
+fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSpec>, rng: &mut SplitMix64) {
     let (qkv, dout) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0));
     let run = |dev: &dyn Device, kind| {
         let qkv = put(dev, &qkv, &[B, T, 3 * C]);
@@ -352,7 +330,7 @@ fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSp
 #[test]
 fn attention_matches_with_and_without_dropout() {
     let Some(gpu) = gpu("attention_matches_with_and_without_dropout") else { return };
-    let mut rng = Rng::new("attention");
+    let mut rng = seeded("attention");
     // The fused core the device runs at this head size (24), and the unfused one it runs
     // above 64.
     assert_eq!(AttentionSaves::cuda(C / NH), AttentionSaves::RowLogSumExp);
@@ -366,7 +344,7 @@ fn attention_matches_with_and_without_dropout() {
 #[test]
 fn gelu_matches() {
     let Some(gpu) = gpu("gelu_matches") else { return };
-    let mut rng = Rng::new("gelu");
+    let mut rng = seeded("gelu");
     let (x, dout) = (rng.uniform(50_000, 6.0), rng.uniform(50_000, 1.0));
     let run = |dev: &dyn Device| {
         let x = put(dev, &x, &[x.len()]);
@@ -384,7 +362,7 @@ fn gelu_matches() {
 #[test]
 fn dropout_draws_the_cpus_mask_bit_for_bit() {
     let Some(gpu) = gpu("dropout_draws_the_cpus_mask_bit_for_bit") else { return };
-    let mut rng = Rng::new("dropout");
+    let mut rng = seeded("dropout");
     let n = 100_003; // not a multiple of 4: the last Philox block is partial
     let (x, dout) = (rng.uniform(n, 1.0), rng.uniform(n, 1.0));
     for spec in [dropout(0.1, 5, DropoutSite::MlpResidual), dropout(0.5, 0, DropoutSite::Embedding)] {
@@ -406,7 +384,7 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
 #[test]
 fn classifier_matches_with_and_without_gradient() {
     let Some(gpu) = gpu("classifier_matches_with_and_without_gradient") else { return };
-    let mut rng = Rng::new("classifier");
+    let mut rng = seeded("classifier");
     // A vocabulary that the GPU pads (1000 to 1024 columns).
     let v = 1000;
     let (x, wte, targets) = (rng.uniform(N * C, 1.0), rng.uniform(v * C, 1.0), rng.below(N, v as u32));
@@ -431,7 +409,7 @@ fn classifier_matches_with_and_without_gradient() {
 #[test]
 fn adamw_matches_over_three_steps() {
     let Some(gpu) = gpu("adamw_matches_over_three_steps") else { return };
-    let mut rng = Rng::new("adamw");
+    let mut rng = seeded("adamw");
     let n = 30_001;
     let p0 = rng.uniform(n, 1.0);
     let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.uniform(n, 0.1)).collect();
@@ -462,7 +440,7 @@ fn adamw_matches_over_three_steps() {
 #[test]
 fn every_op_is_bitwise_repeatable() {
     let Some(gpu) = gpu("every_op_is_bitwise_repeatable") else { return };
-    let mut rng = Rng::new("repeatable");
+    let mut rng = seeded("repeatable");
     let (qkv, dout, x) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0), rng.uniform(N * C, 1.0));
     let spec = dropout(0.1, 1, DropoutSite::AttentionProbs);
     let run = || {

@@ -1,19 +1,11 @@
 //! Test helpers: reproducible random inputs, finite differences in f64, and a norm-relative
 //! comparison.
 
+use crate::splitmix::SplitMix64;
+
 /// `n` values uniform in [-scale, scale) from a SplitMix64 stream seeded by `seed`.
 pub fn random(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
+    SplitMix64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03).uniform(n, scale)
 }
 
 pub fn to_f64(xs: &[f32]) -> Vec<f64> {

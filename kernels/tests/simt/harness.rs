@@ -334,27 +334,4 @@ pub fn max_abs(xs: &[f32]) -> f64 {
 }
 
 /// SplitMix64 with a fixed seed per test: the harness is repeatable.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `n` values uniform in [-scale, scale).
-    pub fn uniform(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
-    }
-
-    pub fn below(&mut self, n: usize, bound: u32) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % bound as u64) as u32).collect()
-    }
-}
+pub type Rng = kernels::SplitMix64;

@@ -7,7 +7,7 @@
 use super::{Row, Verdict};
 use kernels::{
     AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, Device, DropoutKey, DropoutSite,
-    DropoutSpec, Tensor, WeightLayout,
+    DropoutSpec, SplitMix64, Tensor, WeightLayout,
 };
 
 /// The tests' bound: fp32 against fp32, different summation orders.
@@ -47,32 +47,10 @@ struct Inputs {
     targets: Vec<u32>,
 }
 
-/// SplitMix64: the same inputs on every run.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `n` values uniform in [-scale, scale).
-    fn uniform(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
-    }
-
-    fn below(&mut self, n: usize, bound: usize) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % bound as u64) as u32).collect()
-    }
-}
-
 impl Inputs {
     fn new(s: Sizes) -> Inputs {
         let (n, c) = (s.b * s.t, s.c);
-        let mut d = Draw(1234);
+        let mut d = SplitMix64::new(1234);
         Inputs {
             s,
             x: d.uniform(n * c, 1.0),
@@ -85,8 +63,8 @@ impl Inputs {
             ln_b: d.uniform(c, 0.1),
             wte: d.uniform(s.vocab * c, 0.05),
             wpe: d.uniform(s.t * c, 0.05),
-            tokens: d.below(n, s.vocab),
-            targets: d.below(n, s.vocab),
+            tokens: d.below(n, s.vocab as u32),
+            targets: d.below(n, s.vocab as u32),
         }
     }
 }
