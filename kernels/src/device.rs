@@ -19,7 +19,7 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
-use crate::tensor::{Detached, Fence, Tensor};
+use crate::tensor::{rows_cols, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
 use std::sync::Arc;
 
@@ -55,6 +55,22 @@ pub struct ClassifierGrad<'a> {
     pub dinp: &'a mut Tensor,
     /// The LM head's gradient of the tied token embedding [V,C], accumulated.
     pub dwte: &'a mut Tensor,
+}
+
+/// N and V of a [`Device::classifier`] call, after the checks every backend makes: losses
+/// and targets have N entries, and every target is below V.
+pub(crate) fn classifier_rows(
+    losses: &Tensor,
+    inp: &Tensor,
+    wte: &Tensor,
+    targets: &[u32],
+) -> (usize, usize) {
+    let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
+    assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
+    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
+        panic!("classifier: target {bad} outside a vocabulary of {v}");
+    }
+    (n, v)
 }
 
 /// The CUDA backend pads each row of logits to a multiple of this many columns: every row

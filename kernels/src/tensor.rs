@@ -161,3 +161,9 @@ impl std::fmt::Debug for Tensor {
         write!(f, "Tensor({:?}, {:?})", self.shape, self.category)
     }
 }
+
+/// A tensor as a matrix: (rows, columns), the last dimension being the columns.
+pub(crate) fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let cols = *t.shape().last().expect("a tensor with at least one dimension");
+    (t.len().checked_div(cols).unwrap_or(0), cols)
+}

@@ -27,11 +27,11 @@ pub use peak::measure_matmul_peak;
 
 use crate::attention::AttentionSaved;
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{classifier_rows, AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::{Readout, ReadoutStorage};
-use crate::tensor::{Detached, Fence, Storage, Tensor};
+use crate::tensor::{rows_cols, Detached, Fence, Storage, Tensor};
 use crate::timing::{HostClock, Mark, Readings};
 use buffers::BufferCache;
 use rayon::ThreadPool;
@@ -99,11 +99,6 @@ impl CpuDevice {
 }
 
 /// (rows, last dimension) of a tensor seen as a matrix over its last axis.
-fn rows_cols(t: &Tensor) -> (usize, usize) {
-    let cols = *t.shape().last().expect("a tensor with at least one dimension");
-    (t.len().checked_div(cols).unwrap_or(0), cols)
-}
-
 fn assert_tokens_below(tokens: &[u32], vocab: usize) {
     if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
         panic!("token id {bad} is outside the vocabulary of {vocab}");
@@ -446,8 +441,7 @@ impl Device for CpuDevice {
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     ) {
-        let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
-        assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
+        let (n, v) = classifier_rows(losses, inp, wte, targets);
         let mut logits = self.zeros(&[n, v], Category::Workspace); // [N,V]
         self.matmul_forward(&mut logits, inp, wte, WeightLayout::OutIn, None);
         let scale = grad.as_ref().map(|g| g.scale);

@@ -4,9 +4,9 @@
 //! buffer, which is freed on return. wte itself stays [V,C] (checkpoints, the embedding and
 //! the optimizer never see the padding); only the logits' rows are padded.
 
-use super::device::{cu, cu_mut, int, rows_cols, CudaDevice};
+use super::device::{cu, cu_mut, int, CudaDevice};
 use super::launch::per_row_block;
-use crate::device::{padded_vocab, ClassifierGrad, Device};
+use crate::device::{classifier_rows, padded_vocab, ClassifierGrad, Device};
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
@@ -19,11 +19,7 @@ impl CudaDevice {
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     ) {
-        let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
-        assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
-        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
-            panic!("classifier: target {bad} outside a vocabulary of {v}");
-        }
+        let (n, v) = classifier_rows(losses, inp, wte, targets);
         if n == 0 {
             return;
         }

@@ -13,6 +13,7 @@ use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
+pub(super) use crate::tensor::rows_cols;
 use crate::tensor::{Detached, Fence, Storage, Tensor};
 use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
@@ -123,11 +124,6 @@ pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
 }
 
 /// (rows, last dimension) of a tensor seen as a matrix over its last axis.
-pub(super) fn rows_cols(t: &Tensor) -> (usize, usize) {
-    let cols = *t.shape().last().expect("a tensor with at least one dimension");
-    (t.len().checked_div(cols).unwrap_or(0), cols)
-}
-
 pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
     assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
 }
