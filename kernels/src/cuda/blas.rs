@@ -3,6 +3,7 @@
 //! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
 
 use super::device::{cu, cu_mut, rows_cols, CudaDevice};
+use super::scratch::Scratch;
 use crate::device::WeightLayout;
 use crate::tensor::Tensor;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
@@ -174,19 +175,19 @@ impl CudaDevice {
     ) {
         match self.precision {
             MatmulPrecision::Fp32 => self.gemm(shape, 1.0, beta, a, b, c),
-            MatmulPrecision::Bf16 => self.gemm_bf16(shape, beta, a, b, c),
+            MatmulPrecision::Bf16 => self.gemm_bf16(shape, beta, &self.to_bf16(a), &self.to_bf16(b), c),
         }
     }
 
+    /// One product of bf16 operands (as bits) into fp32 C.
     fn gemm_bf16(
         &self,
         shape: GemmShape,
         beta: f32,
-        a: &CudaSlice<f32>,
-        b: &CudaSlice<f32>,
+        a16: &CudaSlice<u16>,
+        b16: &CudaSlice<u16>,
         c: &mut CudaSlice<f32>,
     ) {
-        let (a16, b16) = (self.to_bf16(a), self.to_bf16(b));
         let alpha = 1.0f32;
         let blas = self.blas();
         let (a_ptr, _a_sync) = a16.device_ptr(&self.stream);
@@ -275,43 +276,84 @@ impl CudaDevice {
     }
 
     /// The tied LM head's forward into padded rows: logits [N, ldo] = inp [N,C] @ wte [V,C]^T
-    /// over the first V columns of each row; the rest of a row is left as it was.
-    pub(super) fn head_forward(&self, logits: &mut CudaSlice<f32>, ldo: usize, inp: &Tensor, wte: &Tensor) {
-        let d = head_dims(inp, wte, ldo);
-        assert!(logits.len() >= d.n * ldo, "classifier: {} logits for {d:?}", logits.len());
-        self.layer_gemm(forward_shape(d, WeightLayout::OutIn), 0.0, cu(wte), cu(inp), logits);
+    /// over the first V columns of each row (fp32; the rest of a row is left as it was), or
+    /// over all ldo columns from the bf16 head weight, whose padding rows make those zero.
+    pub(super) fn head_forward(&self, logits: &mut CudaSlice<f32>, inp: &Tensor, weight: &HeadWeight) {
+        let (d, _) = head_dims(inp, weight);
+        assert!(logits.len() >= d.n * d.ldo, "classifier: {} logits for {d:?}", logits.len());
+        let shape = forward_shape(d, WeightLayout::OutIn);
+        match weight {
+            HeadWeight::Fp32 { wte, .. } => self.gemm(shape, 1.0, 0.0, cu(wte), cu(inp), logits),
+            HeadWeight::Bf16Padded { wte16, .. } => self.gemm_bf16(shape, 0.0, wte16, &self.to_bf16(cu(inp)), logits),
+        }
     }
 
-    /// The LM head's backward from padded rows of dlogits [N, ldo], of which only the first
-    /// V columns are read: dinp [N,C] = dlogits @ wte (overwrite), dwte += dlogits^T @ inp.
+    /// The LM head's backward from padded rows of dlogits [N, ldo] (the padding columns zero):
+    /// dinp [N,C] = dlogits @ wte (overwrite), dwte [V,C] += dlogits^T @ inp over the first V
+    /// columns.
     pub(super) fn head_backward(
         &self,
         dinp: &mut Tensor,
         dwte: &mut Tensor,
         dlogits: &CudaSlice<f32>,
-        ldo: usize,
         inp: &Tensor,
-        wte: &Tensor,
+        weight: &HeadWeight,
     ) {
-        let d = head_dims(inp, wte, ldo);
-        assert!(dlogits.len() >= d.n * ldo, "classifier: {} dlogits for {d:?}", dlogits.len());
-        assert!(dinp.len() == inp.len() && dwte.len() == wte.len(), "classifier: {dinp:?}, {dwte:?}");
+        let (d, v) = head_dims(inp, weight);
+        assert!(dlogits.len() >= d.n * d.ldo, "classifier: {} dlogits for {d:?}", dlogits.len());
+        assert!(dinp.len() == inp.len() && dwte.len() == v * d.ic, "classifier: {dinp:?}, {dwte:?}");
         let backward_input = backward_input_shape(d, WeightLayout::OutIn);
-        self.layer_gemm(backward_input, 0.0, cu(wte), dlogits, cu_mut(dinp));
-        let (shape, dout_is_a) = backward_weight_shape(d, WeightLayout::OutIn);
-        let (a, b) = if dout_is_a { (dlogits, cu(inp)) } else { (cu(inp), dlogits) };
-        // beta = 1: parameter gradients accumulate over microbatches.
-        self.layer_gemm(shape, 1.0, a, b, cu_mut(dwte));
+        // dwte has V rows: its product runs over the vocabulary proper.
+        let (shape, dout_is_a) = backward_weight_shape(Dims { oc: v, ..d }, WeightLayout::OutIn);
+        match weight {
+            HeadWeight::Fp32 { wte, .. } => {
+                self.gemm(backward_input, 1.0, 0.0, cu(wte), dlogits, cu_mut(dinp));
+                let (a, b) = if dout_is_a { (dlogits, cu(inp)) } else { (cu(inp), dlogits) };
+                // beta = 1: parameter gradients accumulate over microbatches.
+                self.gemm(shape, 1.0, 1.0, a, b, cu_mut(dwte));
+            }
+            HeadWeight::Bf16Padded { wte16, .. } => {
+                let (dlogits16, inp16) = (self.to_bf16(dlogits), self.to_bf16(cu(inp)));
+                self.gemm_bf16(backward_input, 0.0, wte16, &dlogits16, cu_mut(dinp));
+                let (a, b) = if dout_is_a { (&*dlogits16, &*inp16) } else { (&*inp16, &*dlogits16) };
+                self.gemm_bf16(shape, 1.0, a, b, cu_mut(dwte));
+            }
+        }
+    }
+
+    /// The head's weight in this device's precision for rows of `ldo` logits.
+    pub(super) fn head_weight<'a>(&self, wte: &'a Tensor, ldo: usize) -> HeadWeight<'a> {
+        let &[v, c] = wte.shape() else { panic!("classifier: wte must be 2-D, got {wte:?}") };
+        assert!(ldo >= v, "classifier: rows of {ldo} columns for a vocabulary of {v}");
+        match self.precision {
+            MatmulPrecision::Fp32 => HeadWeight::Fp32 { wte, ldo },
+            MatmulPrecision::Bf16 => {
+                let wte16 = self.to_bf16_padded(cu(wte), ldo * c);
+                HeadWeight::Bf16Padded { wte16, v, c }
+            }
+        }
     }
 }
 
-/// The head's sizes: inp [N,C], wte [V,C] (OutIn: V outputs), rows of `ldo` >= V columns.
-fn head_dims(inp: &Tensor, wte: &Tensor, ldo: usize) -> Dims {
-    let &[v, c] = wte.shape() else { panic!("classifier: wte must be 2-D, got {wte:?}") };
+/// The tied LM head's weight as its GEMMs read it. Under bf16 it is a copy padded with zero
+/// rows to [ldo, C], so the forward and backward-input products run over the padded
+/// vocabulary (a multiple of 128): with V itself (50257, odd) as a dimension cuBLAS falls
+/// back to unaligned kernels many times slower.
+pub(super) enum HeadWeight<'a> {
+    Fp32 { wte: &'a Tensor, ldo: usize },
+    Bf16Padded { wte16: Scratch<u16>, v: usize, c: usize },
+}
+
+/// The head's sizes from inp [N,C] and its weight: `oc` the columns its products run
+/// over (V for fp32, the padded ldo under bf16), `v` the vocabulary proper.
+fn head_dims(inp: &Tensor, weight: &HeadWeight) -> (Dims, usize) {
     let (n, inp_cols) = rows_cols(inp);
-    assert_eq!(inp_cols, c, "classifier: input {inp:?} vs wte {wte:?}");
-    assert!(ldo >= v, "classifier: rows of {ldo} columns for a vocabulary of {v}");
-    Dims { n, ic: c, oc: v, ldo }
+    let (v, c, ldo, oc) = match weight {
+        HeadWeight::Fp32 { wte, ldo } => (wte.shape()[0], wte.shape()[1], *ldo, wte.shape()[0]),
+        HeadWeight::Bf16Padded { wte16, v, c } => (*v, *c, wte16.len() / c, wte16.len() / c),
+    };
+    assert_eq!(inp_cols, c, "classifier: input {inp:?} vs a head of {c} columns");
+    (Dims { n, ic: c, oc, ldo }, v)
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@ impl CudaDevice {
         // [N,Vp]: the GEMM writes each row's first V columns; the kernel never reads the
         // padding and, with a gradient, writes it as zero.
         let mut logits = self.empty(&[n, vp], Category::Workspace);
-        self.head_forward(cu_mut(&mut logits), vp, inp, wte);
+        let weight = self.head_weight(wte, vp);
+        self.head_forward(cu_mut(&mut logits), inp, &weight);
         let targets = self.upload(targets);
         let scale = grad.as_ref().map_or(0.0, |g| g.scale);
         let (v_i, vp_i, write_grad) = (int(v), int(vp), grad.is_some() as i32);
@@ -44,7 +45,7 @@ impl CudaDevice {
             &scale
         );
         if let Some(grad) = grad {
-            self.head_backward(grad.dinp, grad.dwte, cu(&logits), vp, inp, wte);
+            self.head_backward(grad.dinp, grad.dwte, cu(&logits), inp, &weight);
         }
     }
 }

@@ -119,9 +119,19 @@ impl CudaDevice {
 
     /// A bf16 copy (as bits) of an f32 buffer, rounded to nearest even.
     pub(super) fn to_bf16(&self, x: &CudaSlice<f32>) -> Scratch<u16> {
-        let mut out = self.scratch::<u16>(x.len());
+        self.to_bf16_padded(x, x.len())
+    }
+
+    /// As [`Self::to_bf16`], into `len` >= x.len() elements, the rest zero.
+    pub(super) fn to_bf16_padded(&self, x: &CudaSlice<f32>, len: usize) -> Scratch<u16> {
+        assert!(len >= x.len(), "cuda: padding {} elements to {len}", x.len());
+        let mut out = self.scratch::<u16>(len);
         let n = x.len() as u64;
         launch!(self, "f32_to_bf16", per_item(x.len()), &mut *out, x, &n);
+        if len > x.len() {
+            let mut padding = out.slice_mut(x.len()..);
+            self.stream.memset_zeros(&mut padding).unwrap_or_else(|e| panic!("cuda: cannot zero padding: {e:?}"));
+        }
         out
     }
 }
