@@ -25,10 +25,15 @@ pub mod category {
     pub const RECV_GRAD: &str = "recv-grad";
     /// Simulated only: a message on the link, from departure to arrival.
     pub const TRANSFER: &str = "transfer";
-    /// One per stage and step: from the end of the step's last action to the end of the
-    /// stage's optimizer step (the tied-gradient exchange and the global grad norm, which
-    /// every stage waits for, then its AdamW).
+    /// One per stage and step. Simulated: from the end of the step's last action to the
+    /// end of the stage's optimizer step (the tied-gradient exchange and the global grad
+    /// norm, which every stage waits for, then its AdamW). Measured: the AdamW update alone,
+    /// which the trainer runs at the start of the next step (so a step waits for its device
+    /// once); the rest of the phase is `reduce`.
     pub const OPTIMIZER: &str = "optimizer";
+    /// Measured only, one per stage and step: from the end of the step's last action to the
+    /// end of the stage's gradient reductions and its grad norm's readout.
+    pub const REDUCE: &str = "reduce";
 }
 
 /// One interval on one track.

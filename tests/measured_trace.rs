@@ -31,24 +31,41 @@ fn a_measured_trace_feeds_the_simulator() {
     assert_eq!((sends("send-activation"), sends("recv-activation")), (12, 12));
     assert_eq!((sends("send-grad"), sends("recv-grad")), (12, 12));
     assert!(events.iter().all(|e| e["dur"].as_f64().unwrap() >= 0.0 && e["args"]["step"].is_u64()));
-    // One optimizer event per stage and step, from the end of the step's last action; the
-    // next step starts after the last of them ends (times in µs, rounded once each way).
+    // One reduce event per stage and step, from the end of the step's last action; from the
+    // second step on, one optimizer event per stage (the previous step's update) before the
+    // step's first action. The next step starts after the last reduce ends (times in µs,
+    // rounded once each way).
     let end = |e: &serde_json::Value| e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap();
+    let of = |events: &[&serde_json::Value], cat: &str| -> Vec<u64> {
+        events.iter().filter(|e| e["cat"] == cat).map(|e| e["tid"].as_u64().unwrap()).collect()
+    };
     let mut steps = Vec::new();
     for step in 1..=3u64 {
-        let (optimizer, actions): (Vec<&serde_json::Value>, Vec<_>) = events
-            .iter()
-            .copied()
-            .filter(|e| e["args"]["step"] == step)
-            .partition(|e| e["cat"] == "optimizer");
-        let tids: Vec<u64> = optimizer.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
-        assert_eq!(tids, [0, 1], "step {step}");
+        let in_step: Vec<&serde_json::Value> =
+            events.iter().copied().filter(|e| e["args"]["step"] == step).collect();
+        let actions: Vec<&serde_json::Value> =
+            in_step.iter().copied().filter(|e| e["cat"] != "reduce" && e["cat"] != "optimizer").collect();
+        assert_eq!(of(&in_step, "reduce"), [0, 1], "step {step}");
+        let updates: &[u64] = if step == 1 { &[] } else { &[0, 1] };
+        assert_eq!(of(&in_step, "optimizer"), updates, "step {step}");
         let last_action = actions.iter().map(|e| end(e)).fold(0.0, f64::max);
-        for e in &optimizer {
+        let first = actions.iter().map(|e| e["ts"].as_f64().unwrap()).fold(f64::INFINITY, f64::min);
+        for e in in_step.iter().filter(|e| e["cat"] == "reduce") {
             assert!((e["ts"].as_f64().unwrap() - last_action).abs() < 1.0, "step {step}: {e}");
         }
-        let first = actions.iter().map(|e| e["ts"].as_f64().unwrap()).fold(f64::INFINITY, f64::min);
-        steps.push((first, optimizer.iter().map(|e| end(e)).fold(0.0, f64::max)));
+        for e in in_step.iter().filter(|e| e["cat"] == "optimizer") {
+            let own_first = actions
+                .iter()
+                .filter(|a| a["tid"] == e["tid"])
+                .map(|a| a["ts"].as_f64().unwrap())
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                end(e) <= own_first + 1.0,
+                "step {step}: the update ends after its stage's first action: {e}"
+            );
+        }
+        let reduced = in_step.iter().filter(|e| e["cat"] == "reduce").map(|e| end(e)).fold(0.0, f64::max);
+        steps.push((first, reduced));
     }
     for w in steps.windows(2) {
         let ((_, end), (next, _)) = (w[0], w[1]);

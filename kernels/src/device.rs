@@ -252,7 +252,8 @@ pub trait Device: Send + Sync {
     /// host clock on the CPU (an op is done when it returns), an event on the stream on CUDA.
     fn clock_mark(&self) -> Mark;
     /// Seconds from the clock's start to every mark since. CUDA waits here for the last
-    /// mark's work: read once per step, at its end, so timing adds one wait, not one per op.
+    /// mark's work unless it is done: read after a step's readout (which every mark
+    /// precedes), timing adds no wait at all.
     fn clock_read(&self) -> Readings;
     /// An error this device recorded where none could be returned (CUDA: what cudarc keeps
     /// from frees and event bookkeeping), as one line, cleared once taken. None on the CPU.

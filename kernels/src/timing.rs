@@ -1,9 +1,9 @@
 //! Time as a device sees it. The trainer times its actions, its recompute and its optimizer
 //! by marking points in a device's work ([`crate::Device::clock_mark`]) and reading them all
-//! once, at the step's end ([`crate::Device::clock_read`]). On the CPU a mark is the host
-//! clock, since an op is done when it returns; on CUDA it is an event recorded on the
-//! device's stream, so marking never waits and a step costs one wait for its last mark, not
-//! one per action.
+//! once, after the step's readout ([`crate::Device::clock_read`]). On the CPU a mark is the
+//! host clock, since an op is done when it returns; on CUDA it is an event recorded on the
+//! device's stream, so marking never waits, and since the readout's sync follows every
+//! mark, reading them waits for nothing more.
 
 use crate::device::Device;
 use std::sync::Mutex;

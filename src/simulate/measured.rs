@@ -8,8 +8,8 @@
 //! is split into its input and weight halves in the model's FLOP proportion (so a 1F1B trace
 //! can time ZB-H1). The link time per message is the median duration of the send events: a
 //! receive also waits for its peer, so it measures the schedule rather than the link. Each
-//! stage's post-schedule time is its `optimizer` event (one per stage and step; 0 in traces
-//! without them).
+//! stage's post-schedule time is its `reduce` event plus its `optimizer` event (the update
+//! the trainer runs at the next step's start; each 0 where a step has none).
 
 use super::durations::{from_hardware, Durations, OpTimes, P2p};
 use super::hardware::Hardware;
@@ -102,17 +102,23 @@ pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Du
     Ok(Durations { chunks, p2p: P2p::PerMessage(p2p), optimizer: optimizer_times(&events, setup.p, last) })
 }
 
-/// Per stage, the median of its `optimizer` events in step `last` (0 where there is none).
+/// Per stage, the median of its `reduce` events plus that of its `optimizer` events in
+/// step `last` (0 for a kind there is none of).
 fn optimizer_times(events: &[TraceEvent], stages: usize, last: u64) -> Vec<f64> {
-    let of_stage = |stage: usize| -> Vec<f64> {
-        events
+    let of_stage = |stage: usize, kind: &str| -> f64 {
+        let xs: Vec<f64> = events
             .iter()
             .filter(in_last_step(last))
-            .filter(|e| e.stage == stage && e.category == category::OPTIMIZER)
+            .filter(|e| e.stage == stage && e.category == kind)
             .map(|e| e.dur_s)
-            .collect()
+            .collect();
+        if xs.is_empty() {
+            0.0
+        } else {
+            median(xs)
+        }
     };
-    (0..stages).map(of_stage).map(|xs| if xs.is_empty() { 0.0 } else { median(xs) }).collect()
+    (0..stages).map(|s| of_stage(s, category::REDUCE) + of_stage(s, category::OPTIMIZER)).collect()
 }
 
 fn in_last_step(last: u64) -> impl Fn(&&TraceEvent) -> bool {
@@ -154,7 +160,9 @@ mod tests {
         events.push(event(1, "send-grad", 1, 0, 0.25));
         events.push(event(1, "recv-activation", 1, 0, 9.0));
         events.push(event(0, "optimizer", 0, 0, 100.0)); // step 0: ignored
-        events.push(event(0, "optimizer", 1, 0, 5.0)); // stage 1 has none: 0
+        events.push(event(0, "optimizer", 1, 0, 5.0));
+        events.push(event(0, "reduce", 1, 0, 0.75)); // stage 0: 0.75 + 5 ms
+        events.push(event(1, "reduce", 1, 0, 1.5)); // stage 1 has no update: 1.5 ms
         write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
 
         let setup = Setup::new(&gpt2_small(2, "zb-h1", 1, 3), Path::new("c.yaml")).unwrap();
@@ -166,7 +174,7 @@ mod tests {
         );
         let P2p::PerMessage(p2p) = d.p2p else { panic!("{:?}", d.p2p) };
         assert!((p2p - 0.375e-3).abs() < 1e-15, "{p2p}");
-        assert_eq!(d.optimizer, [0.005, 0.0]);
+        assert_eq!(d.optimizer, [0.00575, 0.0015]);
 
         let four = Setup::new(&gpt2_small(4, "1f1b", 1, 4), Path::new("c.yaml")).unwrap();
         let err = durations(&path, &four, &hw).unwrap_err().to_string();

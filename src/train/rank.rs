@@ -27,6 +27,11 @@ pub struct Rank {
     pub schedule: LoweredSchedule,
     transport: Box<dyn Transport>,
     collective: Box<dyn Collective>,
+    /// The AdamW update of the last step's gradients, not applied yet: it runs at the start
+    /// of the next step, or at [`Rank::apply_pending_update`] before anything reads the
+    /// weights. So a step waits for its device once, at its readout, and not again for the
+    /// end of its update.
+    pending_update: Option<OptimizerStep>,
 }
 
 /// What one training step left on this rank.
@@ -59,7 +64,15 @@ impl Rank {
             .into_iter()
             .map(|layout| model::build_chunk(&*device, cfg, layout, policy, weights))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Rank { id, topology, stage: Stage::new(device, chunks), schedule, transport, collective })
+        Ok(Rank {
+            id,
+            topology,
+            stage: Stage::new(device, chunks),
+            schedule,
+            transport,
+            collective,
+            pending_update: None,
+        })
     }
 
     pub fn stage_index(&self) -> usize {
@@ -78,10 +91,12 @@ impl Rank {
         self.schedule.schedule().shape()
     }
 
-    /// One training step: this stage's action list for this replica's microbatches, the
-    /// gradient reductions (data-parallel, then the tied embedding), the global grad norm
-    /// and AdamW. Gradients start at zero and are left at zero. Times are the device clock's,
-    /// started here and read once at the end, when the device's recorded errors are checked.
+    /// One training step: the last step's AdamW update (pending until now), then this
+    /// stage's action list for this replica's microbatches, the gradient reductions
+    /// (data-parallel, then the tied embedding) and the global grad norm; this step's update
+    /// is left pending. Gradients start at zero and are left for the update. Times are the
+    /// device clock's, started here and read at the step's one host sync (its readout), when
+    /// the device's recorded errors are checked.
     pub fn train_step(
         &mut self,
         cfg: &Config,
@@ -92,6 +107,11 @@ impl Rank {
     ) -> anyhow::Result<StepResult> {
         let dev = self.stage.device.clone();
         dev.clock_start();
+        let update = self.pending_update.is_some().then(|| {
+            let start = dev.clock_mark();
+            self.apply_pending_update();
+            (start, dev.clock_mark())
+        });
         let (m, dp) = (cfg.num_microbatches(), self.topology.data);
         let first = self.replica() * m;
         let microbatches = (first..first + m)
@@ -122,16 +142,34 @@ impl Rank {
         )?;
         self.reduce_grads()?;
         self.stage.grad_sum_squares();
+        let end = dev.clock_mark();
         // The step's one host sync: its losses and the gradients' sums of squares together.
+        // Every mark above precedes it, so reading the clock waits for nothing more.
         let values = self.stage.read_step();
         let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
-        self.optimizer_step(cfg, lr, step, grad_norm);
-        let end = dev.clock_mark();
         let readings = dev.clock_read();
         self.check_device(step, fault)?;
+        self.pending_update = Some(OptimizerStep {
+            lr,
+            beta1: cfg.adam_beta1,
+            beta2: cfg.adam_beta2,
+            eps: cfg.adam_eps,
+            weight_decay: cfg.weight_decay,
+            step: step as u32,
+            grad_scale: clip_factor(grad_norm, cfg.clip_grad),
+        });
         self.stage.settle_timing(&readings);
-        let report = StepReport::new(&stage_report, values.losses, &readings, end);
+        let report = StepReport::new(&stage_report, values.losses, &readings, update, end);
         Ok(StepResult { report, grad_norm })
+    }
+
+    /// Applies the pending AdamW update, if any, then zeroes the gradients for the next
+    /// step. Whatever reads the weights (evaluation, a checkpoint) calls this first.
+    pub fn apply_pending_update(&mut self) {
+        if let Some(update) = self.pending_update.take() {
+            self.stage.optimizer_step(update);
+            self.stage.zero_grads();
+        }
     }
 
     /// An error the device recorded during the step (or an injected one), as one line
@@ -170,24 +208,11 @@ impl Rank {
         Ok(global_grad_norm(all))
     }
 
-    /// AdamW on this stage, gradients clipped to the global norm, then zeroed for the next step.
-    fn optimizer_step(&mut self, cfg: &Config, lr: f32, step: usize, grad_norm: f64) {
-        self.stage.optimizer_step(OptimizerStep {
-            lr,
-            beta1: cfg.adam_beta1,
-            beta2: cfg.adam_beta2,
-            eps: cfg.adam_eps,
-            weight_decay: cfg.weight_decay,
-            step: step as u32,
-            grad_scale: clip_factor(grad_norm, cfg.clip_grad),
-        });
-        self.stage.zero_grads();
-    }
-
     /// Mean loss of `iters` validation windows, forward only. The replicas split the
     /// windows in contiguous blocks; the mean is taken in window order, so it is the same
     /// bits for any data-parallel size.
     pub fn evaluate(&mut self, cfg: &Config, data: &TokenFile, iters: usize) -> anyhow::Result<f64> {
+        self.apply_pending_update();
         let per_replica = iters.div_ceil(self.topology.data);
         let first = (self.replica() * per_replica).min(iters);
         let count = per_replica.min(iters - first);
@@ -237,6 +262,10 @@ impl Rank {
         &self,
         pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
     ) -> Vec<(usize, NamedTensor)> {
+        assert!(
+            self.pending_update.is_none(),
+            "weights read with an update pending: apply_pending_update first"
+        );
         model::named(&self.stage.chunks, &*self.stage.device, pick)
     }
 

@@ -15,7 +15,11 @@ pub struct StepReport {
     pub losses: Vec<(usize, f64)>,
     pub timings: Vec<ActionTiming>,
     pub max_in_flight: usize,
-    /// Seconds from the step's start to the end of this rank's optimizer step.
+    /// (start, end) of the AdamW update this step began with (the previous step's
+    /// gradients'), in seconds from the step's start; None where none was pending.
+    pub update: Option<(f64, f64)>,
+    /// Seconds from the step's start to the end of this rank's post-schedule phase (its
+    /// gradient reductions and the grad norm's readout).
     pub end_s: f64,
     /// When this rank's step started, in seconds since the Unix epoch: ranks' step clocks
     /// start a few hundred microseconds apart, and this lines them up.
@@ -26,12 +30,20 @@ pub struct StepReport {
 
 impl StepReport {
     /// The report of a step whose losses were read from the device, and whose device clock
-    /// read `readings`, its optimizer step ending at `end`.
-    pub fn new(r: &StageStepReport, losses: Vec<(usize, f64)>, readings: &Readings, end: Mark) -> Self {
+    /// read `readings`: its update between the marks `update`, its post-schedule phase
+    /// ending at `end`.
+    pub fn new(
+        r: &StageStepReport,
+        losses: Vec<(usize, f64)>,
+        readings: &Readings,
+        update: Option<(Mark, Mark)>,
+        end: Mark,
+    ) -> Self {
         StepReport {
             losses,
             timings: r.timings(readings),
             max_in_flight: r.max_in_flight,
+            update: update.map(|(start, end)| (readings.at(start), readings.at(end))),
             end_s: readings.at(end),
             start_wall_s: 0.0,
             stop: false,
@@ -49,7 +61,10 @@ impl StepReport {
         for t in &self.timings {
             w.u64(t.start_s.to_bits()).u64(t.end_s.to_bits());
         }
-        w.u64(self.max_in_flight as u64).u64(self.end_s.to_bits()).u64(self.start_wall_s.to_bits());
+        let (update_start, update_end) = self.update.unwrap_or_default();
+        w.u64(self.max_in_flight as u64).u64(self.update.is_some() as u64);
+        w.u64(update_start.to_bits()).u64(update_end.to_bits());
+        w.u64(self.end_s.to_bits()).u64(self.start_wall_s.to_bits());
         w.u64(self.stop as u64);
         w.0
     }
@@ -72,9 +87,11 @@ impl StepReport {
                 })
             })
             .collect::<Result<_, DistError>>()?;
-        let (max_in_flight, end_s) = (r.usize()?, f64::from_bits(r.u64()?));
-        let (start_wall_s, stop) = (f64::from_bits(r.u64()?), r.u64()? != 0);
-        Ok(StepReport { losses, timings, max_in_flight, end_s, start_wall_s, stop })
+        let (max_in_flight, updated) = (r.usize()?, r.u64()? != 0);
+        let (update_start, update_end) = (f64::from_bits(r.u64()?), f64::from_bits(r.u64()?));
+        let update = updated.then_some((update_start, update_end));
+        let (end_s, start_wall_s, stop) = (f64::from_bits(r.u64()?), f64::from_bits(r.u64()?), r.u64()? != 0);
+        Ok(StepReport { losses, timings, max_in_flight, update, end_s, start_wall_s, stop })
     }
 }
 
@@ -138,6 +155,7 @@ mod tests {
                 .map(|(i, a)| ActionTiming { action: *a, start_s: i as f64, end_s: i as f64 + 0.5 })
                 .collect(),
             max_in_flight: 2,
+            update: Some((0.25, 0.5)),
             end_s: 3.0,
             start_wall_s: 1.8e9,
             stop: true,
@@ -146,9 +164,19 @@ mod tests {
         assert!(StepReport::decode(&bytes, &actions[..1]).is_err());
         let back = StepReport::decode(&bytes, &actions).unwrap();
         assert_eq!(
-            (back.losses, back.timings, back.max_in_flight, back.end_s, back.start_wall_s, back.stop),
-            (report.losses, report.timings, 2, 3.0, 1.8e9, true)
+            (
+                back.losses,
+                back.timings,
+                back.max_in_flight,
+                back.update,
+                back.end_s,
+                back.start_wall_s,
+                back.stop
+            ),
+            (report.losses, report.timings, 2, Some((0.25, 0.5)), 3.0, 1.8e9, true)
         );
+        let first_step = StepReport { update: None, ..StepReport::default() };
+        assert_eq!(StepReport::decode(&first_step.encode(), &[]).unwrap().update, None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! of squares, read together — and, after the first step, no call to the backing
 //! allocator: every tensor and scratch buffer comes from the device's cache of freed ones.
 //! Each rank's device counts both where a CUDA device would synchronise or allocate, so
-//! this CPU run says the same about the structure of a CUDA step.
+//! the CPU run says the same about the structure of a CUDA step; on a GPU the same test
+//! counts the CUDA device's real waits and allocations.
 
 use super::model;
 use super::rank::Rank;
@@ -12,9 +13,14 @@ use kernels::DeviceCounters;
 use stages::dist::{threads, Topology};
 use std::path::Path;
 
-/// Every rank's device counts over `steps` training steps after a first one, under
-/// `schedule` with p = 2, m = 4, dropout on and `recompute`.
-fn counts_after_the_first_step(schedule: &str, recompute: &str, steps: usize) -> Vec<DeviceCounters> {
+/// Every rank's device counts over `steps` training steps after a first one, on `device`,
+/// under `schedule` with p = 2, m = 4, dropout on and `recompute`.
+fn counts_after_the_first_step(
+    device: &str,
+    schedule: &str,
+    recompute: &str,
+    steps: usize,
+) -> Vec<DeviceCounters> {
     let path = Path::new("sync-count.yaml");
     let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
     let cfg = Config {
@@ -31,6 +37,7 @@ fn counts_after_the_first_step(schedule: &str, recompute: &str, steps: usize) ->
         recompute_granularity: Some(recompute.into()),
         recompute_method: (recompute == "full").then(|| "uniform".into()),
         recompute_num_layers: (recompute == "full").then_some(1),
+        device: device.into(),
         ..Config::default()
     };
     let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
@@ -58,8 +65,9 @@ fn counts_after_the_first_step(schedule: &str, recompute: &str, steps: usize) ->
     ranks.iter().zip(before).map(|(r, before)| r.stage.device.counters() - before).collect()
 }
 
-#[test]
-fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
+/// Five schedules with recompute on `device`: one host sync per step per rank, and no
+/// allocation after the first step.
+fn assert_once_per_step(device: &str) {
     let steps = 3;
     let once_per_step = DeviceCounters { host_syncs: steps as u64, backing_allocations: 0 };
     for (schedule, recompute) in [
@@ -69,9 +77,28 @@ fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
         ("interleaved-1f1b", "selective"),
         ("zb-v", "full"),
     ] {
-        let counts = counts_after_the_first_step(schedule, recompute, steps);
+        let counts = counts_after_the_first_step(device, schedule, recompute, steps);
         for (rank, got) in counts.iter().enumerate() {
-            assert_eq!(*got, once_per_step, "{schedule}, recompute {recompute}, rank {rank}, {steps} steps");
+            assert_eq!(
+                *got, once_per_step,
+                "{device}: {schedule}, recompute {recompute}, rank {rank}, {steps} steps"
+            );
         }
     }
+}
+
+#[test]
+fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
+    assert_once_per_step("cpu");
+}
+
+/// The same on a GPU, where the counts are real waits and cudaMallocs.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_gpu_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
+    if let Err(why) = kernels::cuda::CudaDevice::new(0) {
+        eprintln!("skipped: no GPU here ({why})");
+        return;
+    }
+    assert_once_per_step("cuda");
 }

@@ -1,7 +1,7 @@
-//! The measured timeline of a run: when every rank ran each action of each step, and its
-//! post-schedule phase (gradient reductions, grad norm, AdamW), for the Chrome trace
-//! (`train --trace`) and the measured bubble rate per rank. With one replica a rank is its
-//! stage.
+//! The measured timeline of a run: when every rank ran each action of each step, its
+//! post-schedule phase (gradient reductions, grad norm) and its AdamW update (at the start
+//! of the next step), for the Chrome trace (`train --trace`) and the measured bubble rate
+//! per rank. With one replica a rank is its stage.
 
 use super::report::StepReport;
 use crate::trace::TraceEvent;
@@ -17,9 +17,11 @@ struct StepRecord {
     /// Per rank, its actions.
     timings: Vec<Vec<ActionTiming>>,
     /// Per rank, (start, end) of its post-schedule phase: from the end of the step's last
-    /// action (on any rank: every rank's reductions wait for it) to the end of its
-    /// optimizer step, in seconds since the step's start.
+    /// action (on any rank: every rank's reductions wait for it) to the end of its grad
+    /// norm's readout, in seconds since the step's start.
     post_schedule: Vec<(f64, f64)>,
+    /// Per rank, (start, end) of the AdamW update the step began with, where there was one.
+    updates: Vec<Option<(f64, f64)>>,
 }
 
 pub struct Timeline {
@@ -83,6 +85,7 @@ impl Timeline {
             offset: self.elapsed,
             timings,
             post_schedule: reports.iter().map(|r| (schedule_end, r.end_s + shift(r))).collect(),
+            updates: reports.iter().map(|r| r.update.map(|(a, b)| (a + shift(r), b + shift(r)))).collect(),
         });
         self.elapsed += step_s;
     }
@@ -92,8 +95,8 @@ impl Timeline {
         (self.total > 0.0).then(|| self.busy.iter().map(|b| 1.0 - b / self.total).collect())
     }
 
-    /// Every recorded action, and every rank's post-schedule phase, as trace events (the
-    /// rank is the trace's thread).
+    /// Every recorded action, and every rank's post-schedule phase and update, as trace
+    /// events (the rank is the trace's thread).
     pub fn events(&self) -> Vec<TraceEvent> {
         let mut events = Vec::new();
         for s in &self.steps {
@@ -108,14 +111,22 @@ impl Timeline {
                     args: serde_json::json!({ "chunk": a.chunk, "microbatch": a.microbatch, "step": s.step }),
                 });
             }
-            events.extend(s.post_schedule.iter().enumerate().map(|(rank, &(start, end))| TraceEvent {
+            let phase = |rank: usize, (start, end): (f64, f64), category: &str| TraceEvent {
                 stage: rank,
-                name: crate::trace::category::OPTIMIZER.to_string(),
-                category: crate::trace::category::OPTIMIZER.to_string(),
+                name: category.to_string(),
+                category: category.to_string(),
                 start_s: s.offset + start,
                 dur_s: end - start,
                 args: serde_json::json!({ "step": s.step }),
-            }));
+            };
+            use crate::trace::category::{OPTIMIZER, REDUCE};
+            events.extend(s.post_schedule.iter().enumerate().map(|(rank, &span)| phase(rank, span, REDUCE)));
+            events.extend(
+                s.updates
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(rank, span)| span.map(|span| phase(rank, span, OPTIMIZER))),
+            );
         }
         events
     }

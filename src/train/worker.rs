@@ -285,6 +285,7 @@ fn save(
     rank: &mut Rank,
     state: Option<&TrainerState>,
 ) -> anyhow::Result<Option<Vec<NamedTensor>>> {
+    rank.apply_pending_update();
     let mine = shards::encode_stage(rank);
     let Some(parts) = rank.collective().gather(&mine)? else { return Ok(None) };
     let (model, optimizer) = shards::assemble(&parts)?;

@@ -1,6 +1,7 @@
 //! A CUDA device's clock: events recorded on its stream. Marking records an event and
 //! returns; reading waits for the last mark, then takes every mark's time from the start
-//! event, so a step is timed with one wait at its end.
+//! event. The trainer reads after its step's readout, which every mark precedes, so the
+//! read finds them complete and waits for nothing.
 
 use crate::timing::{Mark, Readings};
 use cudarc::driver::sys::CUevent_flags;
@@ -46,11 +47,16 @@ impl EventClock {
         Mark::new(e.epoch, e.marks.len() - 1)
     }
 
-    pub fn read(&self) -> Readings {
+    /// Every mark's time, and whether the host had to wait for the last mark.
+    pub fn read(&self) -> (Readings, bool) {
         let e = self.events();
-        // The one wait: for the last mark, after which every earlier one is complete too.
+        // At most one wait: for the last mark, after which every earlier one is complete too.
+        let mut waited = false;
         if let Some(last) = e.marks.last() {
-            last.synchronize().unwrap_or_else(|err| read_failed(err));
+            if !last.try_is_complete().unwrap_or_else(|err| read_failed(err)) {
+                waited = true;
+                last.synchronize().unwrap_or_else(|err| read_failed(err));
+            }
         }
         let seconds = match &e.start {
             Some(start) => e
@@ -63,7 +69,7 @@ impl EventClock {
                 .collect(),
             None => Vec::new(),
         };
-        Readings::new(e.epoch, seconds)
+        (Readings::new(e.epoch, seconds), waited)
     }
 }
 
