@@ -22,7 +22,7 @@ mod sweep;
 mod timeline;
 mod units;
 
-pub use hardware::gpu_peak_flops;
+pub use hardware::{gpu_peak_flops, gpu_profile, profile_peak_flops};
 
 use crate::config::Config;
 use crate::error::user_error;
