@@ -70,7 +70,8 @@ pub struct TrainArgs {
     /// No progress bar (logs one line per log_interval instead).
     #[arg(long)]
     pub quiet: bool,
-    /// The MFU denominator in FLOP/s; measured (a second of matmul) at start when not given.
+    /// The MFU denominator in FLOP/s; when not given, measured at start on the CPU (a second
+    /// of matmul), the GPU's published peak at the run's precision on CUDA.
     #[arg(long)]
     pub peak_flops: Option<f64>,
 }

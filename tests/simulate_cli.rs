@@ -64,6 +64,33 @@ fn report_lists_every_stage_and_the_totals() {
     // Stage 0 holds 4 microbatches in flight: over 1.25 GiB (stage 1's 3 fit, the fused
     // attention core keeping no T x T tensor).
     assert!(out.contains("memory    stage(s) 0 exceed 1.25 GiB"), "{out}");
+    // bf16 is modelled at 16 bits, which the trainer does not store: one line says so and
+    // gives the trainer's own peak of each stage.
+    let storage = out.lines().find(|l| l.starts_with("storage ")).unwrap_or_else(|| panic!("{out}"));
+    let (said, peaks) = storage.split_once(": ").unwrap();
+    assert_eq!(
+        said,
+        "storage   these bf16 figures model 16-bit activations and a 16-bit weight copy, which pipetrain's \
+         trainer does not store yet (it keeps fp32 activations under bf16); the trainer's own peak per stage"
+    );
+    assert_eq!(peaks.split(", ").filter(|p| p.ends_with("iB")).count(), 4, "{storage}");
+    let fp32 = stdout(&simulate(&cfg, &["--hardware", "h100-sxm", "--precision", "fp32"]));
+    assert!(!fp32.contains("storage "), "{fp32}");
+}
+
+#[test]
+fn json_report_gives_the_trainers_own_peaks_beside_the_16_bit_ones() {
+    let (_dir, cfg) = gpt2_config("sim-json-storage", "");
+    let v = json_of(&cfg, &["--hardware", "h100-sxm"]);
+    assert_eq!(v["models_16bit_storage"], true);
+    for s in v["stages"].as_array().unwrap() {
+        // fp32 activations and no weight copy hold more than 16-bit ones.
+        let (trainer, modelled) = (&s["trainer_peak_memory_bytes"], &s["peak_memory_bytes"]);
+        assert!(trainer.as_u64().unwrap() > modelled.as_u64().unwrap(), "{s}");
+    }
+    let v = json_of(&cfg, &["--hardware", "h100-sxm", "--precision", "fp32"]);
+    assert_eq!(v["models_16bit_storage"], false);
+    assert!(v["stages"].as_array().unwrap().iter().all(|s| s["trainer_peak_memory_bytes"].is_null()), "{v}");
 }
 
 #[test]

@@ -174,19 +174,29 @@ impl Hardware {
     }
 }
 
-/// The dense peak FLOP/s at `precision` of the GPU a device is named after (its name as the
-/// driver gives it, e.g. "NVIDIA H100 80GB HBM3"), from the profile of that GPU; None for a
-/// GPU without one (an H100 PCIe, whose clocks are lower, included).
+/// The dense peak FLOP/s at `precision` of the GPU a device is named after, from its
+/// profile ([`gpu_profile`]); None for a GPU without one.
 pub fn gpu_peak_flops(device_name: &str, precision: &str) -> Option<f64> {
-    let profile = if device_name.contains("H200") {
-        "h200"
+    gpu_profile(device_name).and_then(|profile| profile_peak_flops(profile, precision))
+}
+
+/// The profile of the GPU a device is named after (its name as the driver gives it, e.g.
+/// "NVIDIA H100 80GB HBM3"); None for a GPU without one (an H100 PCIe, whose clocks are
+/// lower, included).
+pub fn gpu_profile(device_name: &str) -> Option<&'static str> {
+    if device_name.contains("H200") {
+        Some("h200")
     } else if device_name.contains("H100") && !device_name.contains("PCIe") {
-        "h100-sxm"
+        Some("h100-sxm")
     } else if device_name.contains("A100") {
-        "a100-80gb"
+        Some("a100-80gb")
     } else {
-        return None;
-    };
+        None
+    }
+}
+
+/// The dense peak FLOP/s at `precision` of the GPU profile named `profile`.
+pub fn profile_peak_flops(profile: &str, precision: &str) -> Option<f64> {
     Hardware::named(profile, precision).ok().map(|hw| hw.peak_flops)
 }
 

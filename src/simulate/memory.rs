@@ -3,27 +3,33 @@
 //! plus the transient bytes of each action.
 //!
 //! Kept bytes come from the trainer's own declarations (stages::memory_model, saved.rs), at
-//! fp32. Precision rule: every stored activation takes the precision's bytes per element
-//! (fp32: 4, bf16: 2), so bf16 halves the fp32 figures. Under bf16 each stage also holds a
-//! 16-bit copy of its weights beside the fp32 master weights, gradients and Adam moments
-//! (Megatron's 18 bytes per parameter).
+//! fp32. Precision rule (setup.rs, [`super::setup::Storage`]): at 16 bits, as `simulate`
+//! reports bf16, every stored activation takes 2 bytes per element, halving the fp32
+//! figures, and each stage also holds a 16-bit copy of its weights beside the fp32 master
+//! weights, gradients and Adam moments (Megatron's 18 bytes per parameter). As the trainer
+//! stores bf16 today, activations stay fp32, there is no weight copy, and each pass also
+//! holds its largest matmul's bf16 operand copies (matmul_copies.rs).
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
 //! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
 //!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent; on the
 //!   head's chunk, the head's forward-and-backward: ln_f's output [B,T,C] and the
-//!   logits, which become dlogits, [B,T,V];
+//!   logits, which become dlogits, [B,T,V]; the largest matmul's operand copies, the
+//!   blocks' or the head's;
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
-//!   their tensors, or one block's selectively dropped tensors;
+//!   their tensors, or one block's selectively dropped tensors — and a forward matmul's
+//!   operand copies;
 //! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
 //!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
-//!   the fused core's [B,NH,T] row sums), the received and the sent gradient [B,T,C];
-//! * backward-weight: nothing (it reads what backward-input left and adds into the
-//!   gradients, which are static).
+//!   the fused core's [B,NH,T] row sums), the received and the sent gradient [B,T,C], and a
+//!   backward matmul's operand copies;
+//! * backward-weight: a weight-gradient matmul's operand copies (it reads what
+//!   backward-input left and adds into the gradients, which are static).
 //!
 //! The received activation is not a separate buffer: it becomes the first block's stashed
 //! input.
 
+use super::matmul_copies;
 use super::setup::Setup;
 use kernels::AttentionSaves;
 use schedules::ChunkMemory;
@@ -79,6 +85,10 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         0
     };
     let grad_messages = message * (u64::from(!layout.head) + u64::from(!layout.embedding));
+    let has_blocks = |copies: fn(&Setup) -> u64| if blocks > 0 { copies(setup) } else { 0 };
+    let forward_copies = has_blocks(matmul_copies::block_forward_bytes);
+    let head_copies = if layout.head { matmul_copies::head_bytes(setup) } else { 0 };
+    let recompute_copies = if recompute_working > 0 { forward_copies } else { 0 };
 
     // A split backward (ZB-H1) leaves the matmul inputs and output gradients for
     // backward-weight: kept, recomputed or computed by backward-input alike, so possibly more
@@ -90,21 +100,24 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         forward_working_bytes: dropped_in_forward
             + 2 * message
             + if sends_activation { message } else { 0 }
-            + head_working,
-        recompute_working_bytes: recompute_working,
-        backward_input_working_bytes: recompute_working + grad_scratch + grad_messages,
-        backward_weight_working_bytes: 0,
+            + head_working
+            + forward_copies.max(head_copies),
+        recompute_working_bytes: recompute_working + recompute_copies,
+        backward_input_working_bytes: recompute_working
+            + grad_scratch
+            + grad_messages
+            + has_blocks(matmul_copies::block_backward_input_bytes),
+        backward_weight_working_bytes: has_blocks(matmul_copies::block_backward_weight_bytes),
     }
 }
 
 /// What stage `stage` holds all along, on one tensor-parallel rank: its chunks' parameters,
-/// gradients and AdamW moments (fp32), plus the 16-bit weight copy under bf16.
+/// gradients and AdamW moments (fp32), plus the 16-bit weight copy where the setup models
+/// one.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    let chunks = || (0..setup.v).map(|c| setup.layout(stage, c));
-    let fp32: usize = chunks().map(|l| static_bytes(&setup.shape, setup.tp, l)).sum();
-    let params: usize = chunks().map(|l| param_elements(&setup.shape, setup.tp, l)).sum();
-    let half_copy = if setup.cfg.precision == "bf16" { 2 * params } else { 0 };
-    (fp32 + half_copy) as u64
+    let fp32: usize =
+        (0..setup.v).map(|c| static_bytes(&setup.shape, setup.tp, setup.layout(stage, c))).sum();
+    (fp32 + stage_parameters(setup, stage) * setup.weight_copy_bytes_per_parameter()) as u64
 }
 
 /// What stage `stage` holds on top of its static bytes in the post-schedule phase: where the

@@ -1,5 +1,6 @@
 //! The end-of-run summary: printed, and written as `report.json` in the run dir.
 
+use super::peak::PeakSource;
 use crate::config::AliasUse;
 use kernels::{Category, MemorySnapshot};
 use serde_json::json;
@@ -11,8 +12,9 @@ pub struct Summary {
     pub final_val_loss: Option<f64>,
     pub tokens_per_s: f64,
     pub model_flops_per_step: f64,
-    /// FLOP/s of a large matmul measured in this process: the MFU denominator.
+    /// The MFU denominator: the job's peak FLOP/s.
     pub peak_flops: f64,
+    pub peak_source: PeakSource,
     pub elapsed_s: f64,
     /// (stage, replica) of every rank, in rank order: every list below has one per rank.
     pub ranks: Vec<(usize, usize)>,
@@ -63,12 +65,7 @@ impl Summary {
         println!("final val loss   {}", f(self.final_val_loss));
         println!("tokens/s         {:.0}", self.tokens_per_s);
         println!("loss chart       {}", self.loss_chart.display());
-        println!(
-            "MFU              {:.1}% ({:.1} GFLOP/s model, matmul peak {:.1} GFLOP/s measured here)",
-            100.0 * self.mfu(),
-            self.achieved_flops() / 1e9,
-            self.peak_flops / 1e9
-        );
+        println!("{}", mfu_line(self.mfu(), self.achieved_flops(), self.peak_flops, &self.peak_source));
         let replicas = self.ranks.iter().map(|r| r.1 + 1).max().unwrap_or(1);
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
@@ -138,7 +135,8 @@ impl Summary {
             "final_val_loss": self.final_val_loss,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu(),
-            "matmul_peak_flops": self.peak_flops,
+            "peak_flops": self.peak_flops,
+            "peak_flops_from": self.peak_source.describe(),
             "elapsed_s": self.elapsed_s,
             "loss_chart": self.loss_chart,
             "config_aliases": self.aliases,
@@ -150,6 +148,17 @@ impl Summary {
     }
 }
 
+/// The summary's MFU line: the model's FLOP/s over the peak, and where the peak came from.
+fn mfu_line(mfu: f64, achieved_flops: f64, peak_flops: f64, source: &PeakSource) -> String {
+    format!(
+        "MFU              {:.1}% ({:.1} GFLOP/s model, matmul peak {:.1} GFLOP/s {})",
+        100.0 * mfu,
+        achieved_flops / 1e9,
+        peak_flops / 1e9,
+        source.describe()
+    )
+}
+
 pub fn human_bytes(b: usize) -> String {
     let b = b as f64;
     if b >= 1024.0 * 1024.0 * 1024.0 {
@@ -158,5 +167,24 @@ pub fn human_bytes(b: usize) -> String {
         format!("{:.1} MiB", b / (1024.0 * 1024.0))
     } else {
         format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mfu_line_says_where_the_peak_came_from() {
+        let h100 =
+            PeakSource::Published { profile: "h100-sxm".into(), precision: "bf16".into(), assumed_for: None };
+        assert_eq!(
+            mfu_line(0.25, 247.25e12, 989e12, &h100),
+            "MFU              25.0% (247250.0 GFLOP/s model, matmul peak 989000.0 GFLOP/s published, h100-sxm bf16)"
+        );
+        assert_eq!(
+            mfu_line(0.5, 81e9, 162e9, &PeakSource::Measured),
+            "MFU              50.0% (81.0 GFLOP/s model, matmul peak 162.0 GFLOP/s measured here)"
+        );
     }
 }

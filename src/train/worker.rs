@@ -3,21 +3,17 @@
 
 use super::rank::Rank;
 use super::report::{mean_loss, RankSummary, StepReport};
-use super::{loss_chart, lr, metrics, model, shards, summary, timeline};
+use super::{loss_chart, lr, metrics, model, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
 use crate::error::{user_error, Interrupted};
-use kernels::cpu::CpuDevice;
 use stages::dist::{Collective, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-
-/// The MFU denominator of one GPU unless `--peak-flops` says otherwise: H100 SXM dense bf16.
-const H100_DENSE_BF16_FLOPS: f64 = 989e12;
 
 /// Length of the greedy sample that ends the summary: a line's worth.
 const SAMPLE_TOKENS: usize = 24;
@@ -53,16 +49,6 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         false => (None, None),
     };
     let start = shards::decode_start(&collective.scatter(parts)?)?;
-    let peak_flops = match (args.peak_flops, cfg.device.as_str()) {
-        (Some(peak), _) => peak,
-        (None, "cuda") => H100_DENSE_BF16_FLOPS * topology.world() as f64,
-        // Every rank measures its own cores at once: the job's peak is their sum.
-        (None, _) => {
-            let mine = kernels::cpu::measure_matmul_peak(&CpuDevice::new(cpu_threads.max(1)));
-            let all = collective.all_gather(Group::World, &mine.to_bits().to_le_bytes())?;
-            all.iter().map(|b| f64::from_bits(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))).sum()
-        }
-    };
     let mut rank = Rank::build(
         cfg,
         &args.config,
@@ -76,6 +62,9 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     if let Some(opt) = &start.optimizer {
         rank.restore_optimizer(opt)?;
     }
+    let device = std::sync::Arc::clone(&rank.stage.device);
+    let (peak_flops, peak_source) =
+        peak::job_peak(args.peak_flops, cfg, &*device, cpu_threads, rank.collective())?;
 
     let start_step = start.step;
     let microbatches = cfg.num_microbatches();
@@ -186,6 +175,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             microbatches * topology.data,
         ),
         peak_flops,
+        peak_source,
         elapsed_s: train_time,
         ranks: (0..topology.world()).map(|r| (topology.stage_of(r), topology.replica_of(r))).collect(),
         memory: summaries.iter().map(|s| s.memory.clone()).collect(),
