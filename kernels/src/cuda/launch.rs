@@ -96,7 +96,10 @@ pub fn per_token(groups: usize) -> LaunchConfig {
 }
 
 /// [G distinct tokens, G+1 offsets, the rows of each token in ascending order], the layout
-/// `embedding_backward_wte` reads, and G.
+/// `embedding_backward_wte` reads, and G. The layout is padded with zeros to its longest,
+/// 3N + 1 for N tokens (G = N), which the kernel never reads: its length, the upload's,
+/// is then the same every step, so the device's arena reuses one buffer for it instead of
+/// allocating one per distinct G.
 pub fn rows_by_token(tokens: &[u32]) -> (Vec<u32>, usize) {
     let mut rows: Vec<u32> = (0..tokens.len() as u32).collect();
     rows.sort_by_key(|&r| tokens[r as usize]); // stable: rows stay ascending per token
@@ -112,6 +115,7 @@ pub fn rows_by_token(tokens: &[u32]) -> (Vec<u32>, usize) {
     let groups = distinct.len();
     distinct.extend(offsets);
     distinct.extend(rows);
+    distinct.resize(3 * tokens.len() + 1, 0);
     (distinct, groups)
 }
 
@@ -123,7 +127,9 @@ mod tests {
     fn rows_are_grouped_by_token_in_ascending_order() {
         let (layout, groups) = rows_by_token(&[5, 2, 5, 7, 2, 5]);
         assert_eq!(groups, 3);
-        // tokens | offsets | rows
-        assert_eq!(layout, [2, 5, 7, 0, 2, 5, 6, 1, 4, 0, 2, 5, 3]);
+        // tokens | offsets | rows | padding to 3N + 1
+        assert_eq!(layout, [2, 5, 7, 0, 2, 5, 6, 1, 4, 0, 2, 5, 3, 0, 0, 0, 0, 0, 0]);
+        // Every token distinct: the longest layout, unpadded.
+        assert_eq!(rows_by_token(&[3, 1]), (vec![1, 3, 0, 1, 2, 1, 0], 2));
     }
 }
