@@ -9,9 +9,9 @@
 //!   the GPU's published peak (the simulator's profile of it), and PyTorch's MFU for the same
 //!   shape and step on the same GPU, where `python3 -c 'import torch'` works.
 //!
-//! Where there is no usable GPU this is one line and exit code 3. NEVER RUN ON A GPU: the
-//! table, the no-GPU line, the op comparison and the loss curves are tested on the CPU; the
-//! GPU rows are not.
+//! Where there is no usable GPU this is one line and exit code 3. The table, the no-GPU
+//! line, the op comparison and the loss curves are tested on the CPU; the whole command has
+//! run on an H100 (README, "Benchmarks").
 
 use super::{training_data, Variant};
 use crate::cli::BenchArgs;
@@ -27,8 +27,9 @@ const CURVE_STEPS: usize = 20;
 /// The GPU's fp32 loss against the CPU's, relative, at every step: different summation
 /// orders, nothing else (as `tests/cuda_train.rs` holds them).
 const FP32_TOLERANCE: f64 = 1e-4;
-/// bf16 matmul operands against fp32, relative to the fp32 loss, at every step: a bound
-/// to revise once a GPU has measured the gap.
+/// bf16 matmul operands against fp32, relative to the fp32 loss, at every step: bf16
+/// keeps 8 significant bits, a few parts in a thousand per product. (An H100 measured a
+/// worst step of 6.5e-5 with fp32 attention, GPT-2 small at seq 256.)
 const BF16_TOLERANCE: f64 = 2e-2;
 /// The ledger's whole-stage peak against the prediction (the CPU's agree within 2%).
 const MEMORY_TOLERANCE: f64 = 2e-2;
