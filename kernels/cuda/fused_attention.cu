@@ -23,13 +23,19 @@
 //   forward: S = Q K^T and O += P V over 64 x 64 keys: 8 loads per 16 FMAs in both.
 //   backward, query side, 32 keys: S and dP = dO V^T (4 x 2 each: 12 loads per 16 FMAs),
 //     dq += dS K (4 x 4: 8 per 16).
-//   backward, key side, 16 queries: S^T and dP^T (4 x 1 each: 10 loads per 8 FMAs), dk += dS^T Q
-//     and dv += P'^T dO (4 x 4 each: 16 loads per 32 FMAs).
+//   backward, key side, 16 queries: S^T and dP^T (4 x 1 each: 10 loads per 8 FMAs),
+//     dk += dS^T Q and dv += P'^T dO (4 x 4 each: 16 loads per 32 FMAs).
+// Shared memory is 48 KB per block in each kernel: the largest tiles that fit, the
+// streaming tile of the backward kernels smaller than the block's own because those hold
+// two stationary [64, 64] operands.
+//
 // Forward at GPT-2 small (B = 4, T = 1024, 12 heads of 64) makes 48 heads x 136 tiles x
-// 64 x 64 pairs x 128 FMAs = 6.8 GFLOP, about 0.35 ms at 20 TFLOP/s; backward about
-// twice that per kernel. Shared memory is 48 KB per block in each kernel: the largest
-// tiles that fit, the streaming tile of the backward kernels smaller than the block's own
-// because those hold two stationary [64, 64] operands.
+// 64 x 64 pairs x 128 FMAs = 6.8 GFLOP; backward about twice that in each kernel. Shared
+// loads alone would allow about 0.25 ms for the forward on an H100. Measured there, against
+// one score per lane before: forward 0.66 ms (10 TFLOP/s; 1.5 ms before), query side
+// 0.98 ms (2.5), key side 1.33 ms (4.3). What bounds them now is instruction issue, a
+// scalar load and its address for every two FMAs, and a tile's global loads not overlapping
+// its products.
 #include "common.cuh"
 #include "philox.cuh"
 
@@ -39,12 +45,17 @@
 #define HS_MAX 64      // the micro-tile of a [TILE, hs] output covers 64 columns
 #define KEYS_BACK 32   // keys per step of the query side's backward
 #define QUERIES_BACK 16  // queries per step of the key side's backward
+// Three blocks per SM, as 3 x 48 KB of shared memory fit an H100's (or an A100's) SM:
+// registers capped to fit, so one block computes while another waits on its loads.
+#define BLOCKS_PER_SM 3
 
-// Index of element (r, c) of a shared tile `cols` wide (a power of two up to 64): columns
-// are permuted within each row by XOR with the row, so both 16 consecutive columns of one
-// row and one column of 16 consecutive rows fall in distinct banks (the tiles are read
-// both ways and have no room for padding within 48 KB).
-__device__ __forceinline__ int at(int r, int c, int cols) { return r * cols + (c ^ (r % cols)); }
+// Index of element (r, c) of a shared tile `cols` wide (a power of two, 16 to 64): columns
+// are permuted within each aligned group of 16 by XOR with the row's low four bits, so both
+// 16 consecutive columns of one row and one column of 16 consecutive rows fall in distinct
+// banks (the tiles are read both ways and have no room for padding within 48 KB). As only
+// low bits move, at(r + 16m, c + 16n) = at(r, c) + 16 (m cols + n) for r, c < 16: the
+// elements of a micro-tile lie at one computed address plus constants.
+__device__ __forceinline__ int at(int r, int c, int cols) { return r * cols + (c ^ (r & (SIDE - 1))); }
 
 struct Head {
     unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
@@ -59,23 +70,19 @@ __device__ __forceinline__ Head head_of(int T, int NH, int hs) {
                 (unsigned long long)bh};
 }
 
-// Rows [row0, row0 + rows) of one [T, hs] operand (row stride `stride`) into tile
-// [rows][HS_MAX], zeros past T; columns from hs on are not written.
-__device__ __forceinline__ void load_rows(float* tile, const float* src, unsigned long long stride, int row0,
-                                          int rows, int T, int hs) {
+// How a tile holds rows of an operand: as [rows][HS_MAX], or transposed as [hs][rows].
+enum Layout { ROWS, TRANSPOSED };
+
+// Rows [row0, row0 + rows) of one [T, hs] operand (row stride `stride`) into tile, zeros
+// past T; columns from hs on are not written. Consecutive threads read consecutive columns
+// of a row, so the global loads coalesce (transposed, their stores meet two to a bank).
+__device__ __forceinline__ void load_tile(float* tile, Layout layout, const float* src, unsigned long long stride,
+                                          int row0, int rows, int T, int hs) {
+#pragma unroll 4  // several loads in flight, not one at a time
     for (int e = threadIdx.x; e < rows * hs; e += blockDim.x) {
         const int r = e / hs, d = e % hs;
-        tile[at(r, d, HS_MAX)] = row0 + r < T ? src[(unsigned long long)(row0 + r) * stride + d] : 0.0f;
-    }
-}
-
-// The same rows transposed, into tile [hs][rows]: consecutive threads take consecutive
-// rows of one column, so their stores fall in distinct banks.
-__device__ __forceinline__ void load_transposed(float* tile, const float* src, unsigned long long stride, int row0,
-                                                int rows, int T, int hs) {
-    for (int e = threadIdx.x; e < rows * hs; e += blockDim.x) {
-        const int r = e % rows, d = e / rows;
-        tile[at(d, r, rows)] = row0 + r < T ? src[(unsigned long long)(row0 + r) * stride + d] : 0.0f;
+        const float x = row0 + r < T ? src[(unsigned long long)(row0 + r) * stride + d] : 0.0f;
+        tile[layout == TRANSPOSED ? at(d, r, rows) : at(r, d, HS_MAX)] = x;
     }
 }
 
@@ -90,8 +97,9 @@ __device__ __forceinline__ float dropout_factor(const DropoutMask& mask, unsigne
 // out [B, T, C] and lse [B * NH * T]. Thread (ty, tx) keeps, for query rows i0 + ty + 16a,
 // the running maximum m, its own part of the sum l (over its key columns; the 16 lanes of
 // the row add theirs at the end) and dimensions tx + 16c of the output o.
-extern "C" __global__ void fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int hs,
-                                                   DropoutMask mask, int dropout) {
+extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
+    fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
+                            int dropout) {
     __shared__ float q[HS_MAX * TILE];   // [hs][TILE]: the query tile, transposed
     __shared__ float kp[HS_MAX * TILE];  // [hs][TILE]: the key tile, transposed; then P [TILE][TILE]
     __shared__ float v[TILE * HS_MAX];   // [TILE][hs]: the value tile
@@ -100,7 +108,7 @@ extern "C" __global__ void fused_attention_forward(float* out, float* lse, const
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int i0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_transposed(q, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
+    load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
 
     float m[MICRO], l[MICRO], o[MICRO][MICRO];
     for (int a = 0; a < MICRO; ++a) {
@@ -112,15 +120,16 @@ extern "C" __global__ void fused_attention_forward(float* out, float* lse, const
     // in each, so its maximum is finite from the first.
     for (int j0 = 0; j0 <= i0; j0 += TILE) {
         __syncthreads();  // every thread is done with the previous tile's P and V
-        load_transposed(kp, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
-        load_rows(v, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
+        load_tile(kp, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
+        load_tile(v, ROWS, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
         __syncthreads();  // the tiles (and the query tile) are loaded
 
         float s[MICRO][MICRO] = {};  // [row a][key b]
         for (int d = 0; d < hs; ++d) {
+            const float *qd = q + at(d, ty, TILE), *kd = kp + at(d, tx, TILE);
             float qa[MICRO], kb[MICRO];
-            for (int a = 0; a < MICRO; ++a) qa[a] = q[at(d, ty + SIDE * a, TILE)];
-            for (int b = 0; b < MICRO; ++b) kb[b] = kp[at(d, tx + SIDE * b, TILE)];
+            for (int a = 0; a < MICRO; ++a) qa[a] = qd[SIDE * a];
+            for (int b = 0; b < MICRO; ++b) kb[b] = kd[SIDE * b];
             for (int a = 0; a < MICRO; ++a)
                 for (int b = 0; b < MICRO; ++b) s[a][b] += qa[a] * kb[b];
         }
@@ -156,9 +165,10 @@ extern "C" __global__ void fused_attention_forward(float* out, float* lse, const
         // o += P V; keys past T have P = 0 and zero rows of v. Dimensions from hs on read
         // columns of v never written and are never stored.
         for (int j = 0; j < TILE; ++j) {
+            const float *pj = kp + at(ty, j, TILE), *vj = v + at(j, tx, HS_MAX);
             float pa[MICRO], vc[MICRO];
-            for (int a = 0; a < MICRO; ++a) pa[a] = kp[at(ty + SIDE * a, j, TILE)];
-            for (int c = 0; c < MICRO; ++c) vc[c] = v[at(j, tx + SIDE * c, HS_MAX)];
+            for (int a = 0; a < MICRO; ++a) pa[a] = pj[SIDE * TILE * a];
+            for (int c = 0; c < MICRO; ++c) vc[c] = vj[SIDE * c];
             for (int a = 0; a < MICRO; ++a)
                 for (int c = 0; c < MICRO; ++c) o[a][c] += pa[a] * vc[c];
         }
@@ -181,9 +191,9 @@ extern "C" __global__ void fused_attention_forward(float* out, float* lse, const
 // dq_i = scale * sum_j dS_ij k_j into dqkv, with P_ij = exp(s_ij - lse_i),
 // dP_ij = keep_ij * (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i). Thread (ty, tx)
 // takes query rows i0 + ty + 16a: keys tx + 16b of each key tile, dimensions tx + 16c of dq.
-extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* delta, const float* qkv,
-                                                          const float* out, const float* dout, const float* lse,
-                                                          int T, int NH, int hs, DropoutMask mask, int dropout) {
+extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
+    fused_attention_backward_query(float* dqkv, float* delta, const float* qkv, const float* out, const float* dout,
+                                   const float* lse, int T, int NH, int hs, DropoutMask mask, int dropout) {
     __shared__ float q[HS_MAX * TILE];        // [hs][TILE]: the query tile, transposed
     __shared__ float dy[HS_MAX * TILE];       // [hs][TILE]: dout's rows, transposed
     __shared__ float k[HS_MAX * KEYS_BACK];   // [hs][KEYS_BACK]: the key tile, transposed
@@ -193,8 +203,8 @@ extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* de
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int i0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_transposed(q, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
-    load_transposed(dy, dout + hd.io, C, i0, TILE, T, hs);
+    load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
+    load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, TILE, T, hs);
     __syncthreads();  // dy is loaded
 
     float D[MICRO], row_lse[MICRO], dq[MICRO][MICRO];
@@ -212,20 +222,21 @@ extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* de
     }
     for (int j0 = 0; j0 < i0 + TILE && j0 < T; j0 += KEYS_BACK) {
         __syncthreads();  // every thread is done with the previous key tile and its dS
-        load_transposed(k, qkv + hd.qkv + C, 3 * C, j0, KEYS_BACK, T, hs);
-        load_transposed(vds, qkv + hd.qkv + 2 * C, 3 * C, j0, KEYS_BACK, T, hs);
+        load_tile(k, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, KEYS_BACK, T, hs);
+        load_tile(vds, TRANSPOSED, qkv + hd.qkv + 2 * C, 3 * C, j0, KEYS_BACK, T, hs);
         __syncthreads();  // the key tile is loaded
 
         float s[MICRO][2] = {}, dp[MICRO][2] = {};  // [row a][key b]
         for (int d = 0; d < hs; ++d) {
+            const int row = at(d, ty, TILE), key = at(d, tx, KEYS_BACK);
             float qa[MICRO], ya[MICRO], kb[2], vb[2];
             for (int a = 0; a < MICRO; ++a) {
-                qa[a] = q[at(d, ty + SIDE * a, TILE)];
-                ya[a] = dy[at(d, ty + SIDE * a, TILE)];
+                qa[a] = q[row + SIDE * a];
+                ya[a] = dy[row + SIDE * a];
             }
             for (int b = 0; b < 2; ++b) {
-                kb[b] = k[at(d, tx + SIDE * b, KEYS_BACK)];
-                vb[b] = vds[at(d, tx + SIDE * b, KEYS_BACK)];
+                kb[b] = k[key + SIDE * b];
+                vb[b] = vds[key + SIDE * b];
             }
             for (int a = 0; a < MICRO; ++a)
                 for (int b = 0; b < 2; ++b) {
@@ -251,9 +262,10 @@ extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* de
 
         // dq += dS K. Dimensions from hs on read rows of k never written and are never stored.
         for (int j = 0; j < KEYS_BACK; ++j) {
+            const float *dsj = vds + at(ty, j, KEYS_BACK), *kj = k + at(tx, j, KEYS_BACK);
             float dsa[MICRO], kc[MICRO];
-            for (int a = 0; a < MICRO; ++a) dsa[a] = vds[at(ty + SIDE * a, j, KEYS_BACK)];
-            for (int c = 0; c < MICRO; ++c) kc[c] = k[at(tx + SIDE * c, j, KEYS_BACK)];
+            for (int a = 0; a < MICRO; ++a) dsa[a] = dsj[SIDE * KEYS_BACK * a];
+            for (int c = 0; c < MICRO; ++c) kc[c] = kj[SIDE * KEYS_BACK * c];
             for (int a = 0; a < MICRO; ++a)
                 for (int c = 0; c < MICRO; ++c) dq[a][c] += dsa[a] * kc[c];
         }
@@ -273,9 +285,9 @@ extern "C" __global__ void fused_attention_backward_query(float* dqkv, float* de
 // delta): dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij q_i over the query
 // tiles from the diagonal on. Thread (ty, tx) takes keys j0 + ty + 16a: query tx of each
 // query tile, dimensions tx + 16c of dk and dv.
-extern "C" __global__ void fused_attention_backward_key_value(float* dqkv, const float* qkv, const float* dout,
-                                                              const float* lse, const float* delta, int T, int NH,
-                                                              int hs, DropoutMask mask, int dropout) {
+extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
+    fused_attention_backward_key_value(float* dqkv, const float* qkv, const float* dout, const float* lse,
+                                       const float* delta, int T, int NH, int hs, DropoutMask mask, int dropout) {
     __shared__ float k[HS_MAX * TILE];             // [hs][TILE]: the key tile, transposed
     __shared__ float v[HS_MAX * TILE];             // [hs][TILE]: the value tile, transposed
     __shared__ float q[HS_MAX * QUERIES_BACK];     // [hs][QUERIES_BACK]: the query tile, transposed
@@ -287,23 +299,24 @@ extern "C" __global__ void fused_attention_backward_key_value(float* dqkv, const
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int j0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_transposed(k, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
-    load_transposed(v, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
+    load_tile(k, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
+    load_tile(v, TRANSPOSED, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
 
     float dk[MICRO][MICRO] = {}, dv[MICRO][MICRO] = {};
     for (int i0 = j0; i0 < T; i0 += QUERIES_BACK) {
         __syncthreads();  // every thread is done with the previous query tile, P' and dS
-        load_transposed(q, qkv + hd.qkv, 3 * C, i0, QUERIES_BACK, T, hs);
-        load_transposed(dy, dout + hd.io, C, i0, QUERIES_BACK, T, hs);
+        load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, QUERIES_BACK, T, hs);
+        load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, QUERIES_BACK, T, hs);
         __syncthreads();  // the query tile (and the key tile) are loaded
 
         const int i = i0 + tx;
         float s[MICRO] = {}, dp[MICRO] = {};  // [key a]
         for (int d = 0; d < hs; ++d) {
-            const float qd = q[at(d, tx, QUERIES_BACK)], yd = dy[at(d, tx, QUERIES_BACK)];
+            const int query = at(d, tx, QUERIES_BACK), key = at(d, ty, TILE);
+            const float qd = q[query], yd = dy[query];
             for (int a = 0; a < MICRO; ++a) {
-                s[a] += qd * k[at(d, ty + SIDE * a, TILE)];
-                dp[a] += yd * v[at(d, ty + SIDE * a, TILE)];
+                s[a] += qd * k[key + SIDE * a];
+                dp[a] += yd * v[key + SIDE * a];
             }
         }
         float keep[MICRO];
@@ -322,14 +335,15 @@ extern "C" __global__ void fused_attention_backward_key_value(float* dqkv, const
         // dv += P'^T dO and dk += dS^T Q. Dimensions from hs on read rows of q and dy never
         // written and are never stored.
         for (int ii = 0; ii < QUERIES_BACK; ++ii) {
+            const int key = at(ty, ii, QUERIES_BACK), dim = at(tx, ii, QUERIES_BACK);
             float pa[MICRO], dsa[MICRO], yc[MICRO], qc[MICRO];
             for (int a = 0; a < MICRO; ++a) {
-                pa[a] = kept[at(ty + SIDE * a, ii, QUERIES_BACK)];
-                dsa[a] = ds[at(ty + SIDE * a, ii, QUERIES_BACK)];
+                pa[a] = kept[key + SIDE * QUERIES_BACK * a];
+                dsa[a] = ds[key + SIDE * QUERIES_BACK * a];
             }
             for (int c = 0; c < MICRO; ++c) {
-                yc[c] = dy[at(tx + SIDE * c, ii, QUERIES_BACK)];
-                qc[c] = q[at(tx + SIDE * c, ii, QUERIES_BACK)];
+                yc[c] = dy[dim + SIDE * QUERIES_BACK * c];
+                qc[c] = q[dim + SIDE * QUERIES_BACK * c];
             }
             for (int a = 0; a < MICRO; ++a)
                 for (int c = 0; c < MICRO; ++c) {
