@@ -11,8 +11,11 @@
 // NVRTC compiles without the C headers, so no INFINITY macro.
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+// warp_sum and warp_max reduce over each aligned group of `lanes` lanes (a power of two
+// up to the warp: a row of a 16-wide thread grid is half a warp); every lane of the warp
+// takes part, and each receives its group's result.
+__device__ __forceinline__ float warp_sum(float v, int lanes = WARP_SIZE) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
         v += __shfl_xor_sync(FULL_MASK, v, offset);
     }
     return v;
@@ -25,8 +28,8 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+__device__ __forceinline__ float warp_max(float v, int lanes = WARP_SIZE) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
         v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
     }
     return v;

@@ -11,8 +11,8 @@ use crate::device::Device;
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
-/// The largest head size the fused kernels take (`HS_MAX` in fused_attention.cu: a warp's
-/// lanes hold two dimensions each).
+/// The largest head size the fused kernels take (`HS_MAX` in fused_attention.cu: the
+/// micro-tiles of a row of 16 threads cover 64 dimensions).
 pub const FUSED_MAX_HEAD_SIZE: usize = 64;
 
 /// Which tensors the attention core keeps for its backward.

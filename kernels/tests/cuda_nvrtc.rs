@@ -34,7 +34,14 @@ fn listed_kernels_are_exactly_the_sources_entry_points() {
             .source
             .split("extern \"C\" __global__ void ")
             .skip(1)
-            .map(|rest| rest.split('(').next().expect("a kernel name").trim())
+            .map(|rest| {
+                // The name may follow the kernel's __launch_bounds__(...).
+                let rest = match rest.strip_prefix("__launch_bounds__(") {
+                    Some(bounds) => &bounds[bounds.find(')').expect("closed launch bounds") + 1..],
+                    None => rest,
+                };
+                rest.split('(').next().expect("a kernel name").trim()
+            })
             .collect();
         let listed: BTreeSet<&str> = source.kernels.iter().copied().collect();
         assert_eq!(defined, listed, "{}: kernels defined vs listed", source.name);

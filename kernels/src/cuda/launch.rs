@@ -74,10 +74,11 @@ pub fn sum_squares(blocks: usize, tensors: usize) -> (LaunchConfig, LaunchConfig
 
 /// Query or key rows per block of the fused attention kernels (`TILE` in
 /// fused_attention.cu; their largest head size is [`FUSED_MAX_HEAD_SIZE`]).
-pub const ATTENTION_TILE: usize = 32;
+pub const ATTENTION_TILE: usize = 64;
 
-/// The fused attention kernels over `heads` heads (B * NH) of `t` rows each: one block of
-/// 8 warps per tile of `ATTENTION_TILE` rows of one head.
+/// The fused attention kernels over `heads` heads (B * NH) of `t` rows each: one block per
+/// tile of `ATTENTION_TILE` rows of one head, its `BLOCK` threads a 16 x 16 grid (`SIDE`
+/// in fused_attention.cu).
 pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
     assert!(
         head_size <= FUSED_MAX_HEAD_SIZE,

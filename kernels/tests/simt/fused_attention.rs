@@ -93,6 +93,8 @@ const KEY: DropoutKey =
 /// Two odd heads: T = 37 ends inside a second tile, head size 24 below a warp.
 pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4 };
 pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY };
+/// GPT-2's head size with T = 100: two tiles, the last partial, in both heads.
+pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2 };
 
 #[test]
 fn fused_attention_matches_the_cpu() {
@@ -105,6 +107,5 @@ fn fused_attention_matches_the_cpu() {
     let all: Vec<usize> = (0..ODD.heads()).collect();
     fused_attention(&family, ODD, &all, None, 32).unwrap();
     fused_attention(&family, ODD, &all, Some(SPEC), 33).unwrap();
-    // GPT-2's head size with T = 100, whose last tile is partial, in both heads.
-    fused_attention(&family, Dims { b: 1, t: 100, c: 128, nh: 2 }, &[0, 1], Some(SPEC), 34).unwrap();
+    fused_attention(&family, TWO_TILES, &[0, 1], Some(SPEC), 34).unwrap();
 }

@@ -44,6 +44,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __launch_bounds__(...)  // a register budget: nothing to the emulator
 #define __shared__ static __attribute__((section("simt_shared")))
 
 struct uint4 {
