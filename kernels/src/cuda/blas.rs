@@ -284,7 +284,9 @@ impl CudaDevice {
         let shape = forward_shape(d, WeightLayout::OutIn);
         match weight {
             HeadWeight::Fp32 { wte, .. } => self.gemm(shape, 1.0, 0.0, cu(wte), cu(inp), logits),
-            HeadWeight::Bf16Padded { wte16, .. } => self.gemm_bf16(shape, 0.0, wte16, &self.to_bf16(cu(inp)), logits),
+            HeadWeight::Bf16Padded { wte16, .. } => {
+                self.gemm_bf16(shape, 0.0, wte16, &self.to_bf16(cu(inp)), logits)
+            }
         }
     }
 

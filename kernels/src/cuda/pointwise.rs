@@ -130,7 +130,9 @@ impl CudaDevice {
         launch!(self, "f32_to_bf16", per_item(x.len()), &mut *out, x, &n);
         if len > x.len() {
             let mut padding = out.slice_mut(x.len()..);
-            self.stream.memset_zeros(&mut padding).unwrap_or_else(|e| panic!("cuda: cannot zero padding: {e:?}"));
+            self.stream
+                .memset_zeros(&mut padding)
+                .unwrap_or_else(|e| panic!("cuda: cannot zero padding: {e:?}"));
         }
         out
     }
