@@ -13,6 +13,7 @@ pub struct KernelSource {
 /// Headers the sources `#include "..."`, resolved from here rather than from a directory.
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("mma.cuh", include_str!("../../cuda/mma.cuh")),
     ("philox.cuh", include_str!("../../cuda/philox.cuh")),
 ];
 

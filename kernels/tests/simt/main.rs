@@ -15,6 +15,7 @@ mod embedding;
 mod emulator;
 mod fused_attention;
 mod harness;
+mod mma;
 mod philox;
 mod pointwise;
 mod rowwise;
