@@ -68,6 +68,15 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "fused_attention_mma.cu",
+        source: include_str!("../../cuda/fused_attention_mma.cu"),
+        kernels: &[
+            "fused_attention_forward_bf16",
+            "fused_attention_backward_query_bf16",
+            "fused_attention_backward_key_value_bf16",
+        ],
+    },
+    KernelSource {
         name: "gelu.cu",
         source: include_str!("../../cuda/gelu.cu"),
         kernels: &["gelu_forward", "gelu_backward"],
