@@ -40,6 +40,9 @@
 #define STEPS (HS_MAX / 16)  // head-dimension k steps of a product, at most
 #define DTILES (HS_MAX / 8)  // [16, 8] accumulators across the head dimension, at most
 #define KTILES (TILE / 8)    // [16, 8] accumulators across a tile
+// Fragments and accumulators are arrays that must live in registers, so every index into
+// them must be known at compile time: loops over them are bounded by the array's size
+// (STEPS, DTILES) and unrolled, and stop early at the head size.
 
 struct Head {
     unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
@@ -92,9 +95,11 @@ __device__ __forceinline__ float keep_factor(const DropoutMask& mask, int dropou
 // warp, hs / 16 steps) against rows [8n, 8n + 8) of the staged tile `y`, for n < KTILES.
 __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4],
                                        const unsigned int (*y)[WORDS], int hs) {
+    #pragma unroll
     for (int n = 0; n < KTILES; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        for (int kk = 0; kk < hs / 16; ++kk) {
+        #pragma unroll
+        for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
             unsigned int b[2];
             load_b(b, &y[0][0], WORDS, 8 * n, kk);
             mma_bf16_16816(s[n], x[kk], b);
@@ -106,10 +111,12 @@ __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[
 // they enter), Y [TILE, hs] staged in columns (yt[d][w] pairs rows 2w, 2w + 1).
 __device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4],
                                            const unsigned int (*yt)[WORDS], int hs) {
+    #pragma unroll
     for (int c = 0; c < TILE / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
-        for (int n = 0; n < hs / 8; ++n) {
+        #pragma unroll
+        for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
             unsigned int b[2];
             load_b(b, &yt[0][0], WORDS, 8 * n, c);
             mma_bf16_16816(acc[n], a, b);
@@ -145,8 +152,10 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
     const float scale = 1.0f / sqrtf((float)hs);
 
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
-    for (int kk = 0; kk < hs / 16; ++kk) load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
+    #pragma unroll
+    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4];
+    #pragma unroll
     for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
     // Key tiles up to the one holding the tile's last row: the rest are masked out.
@@ -160,7 +169,9 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
         // Scaled and masked (j > i is -inf); the rows' new maxima over the quad. Key 0 is in
         // the first tile and every row's, so a row's maximum is finite from the first tile.
         float m_new[2] = {m[0], m[1]};
+        #pragma unroll
         for (int n = 0; n < KTILES; ++n) {
+            #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
                 s[n][e] = j <= i ? scale * s[n][e] : NEG_INF;
@@ -168,13 +179,16 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
             }
         }
         float correction[2], sum[2] = {0.0f, 0.0f};
+        #pragma unroll
         for (int h = 0; h < 2; ++h) {
             m_new[h] = quad_max(m_new[h]);
             correction[h] = expf(m[h] - m_new[h]);
             m[h] = m_new[h];
         }
         // P into s, summed undropped; then P' = P * keep, which the output accumulates.
+        #pragma unroll
         for (int n = 0; n < KTILES; ++n) {
+            #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
                 const float p = j <= i ? expf(s[n][e] - m[e / 2]) : 0.0f;
@@ -182,18 +196,24 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
                 s[n][e] = p == 0.0f ? 0.0f : p * keep_factor(mask, dropout, hd.bh, T, i, j);
             }
         }
+        #pragma unroll
         for (int h = 0; h < 2; ++h) l[h] = l[h] * correction[h] + quad_sum(sum[h]);
-        for (int n = 0; n < hs / 8; ++n) {
+        #pragma unroll
+        for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
+            #pragma unroll
             for (int e = 0; e < 4; ++e) o[n][e] *= correction[e / 2];
         }
         accumulate(o, s, vt, hs);
     }
-    for (int n = 0; n < hs / 8; ++n) {
+    #pragma unroll
+    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
+        #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = r0 + acc_row(e);
             if (i < T) out[hd.io + (unsigned long long)i * C + 8 * n + acc_col(e)] = o[n][e] / l[e / 2];
         }
     }
+    #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
         if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] + logf(l[h]);
@@ -217,12 +237,14 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
     const float scale = 1.0f / sqrtf((float)hs);
 
     unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
-    for (int kk = 0; kk < hs / 16; ++kk) {
+    #pragma unroll
+    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
         load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
         load_a_rounded(dy[kk], dout + hd.io, C, r0, T, kk);
     }
     // delta and lse of this lane's rows g and g + 8; the quad splits a row's dimensions.
     float D[2], L[2];
+    #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
         float part = 0.0f;
@@ -235,6 +257,7 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
         if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
     }
     float dq[DTILES][4];
+    #pragma unroll
     for (int n = 0; n < DTILES; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
     for (int j0 = 0; j0 <= i0 + TILE - 1 && j0 < T; j0 += TILE) {
@@ -247,7 +270,9 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
         scores(s, q, k, hs);
         scores(dp, dy, v, hs);
         // dS into s; zero above the diagonal and in rows past T.
+        #pragma unroll
         for (int n = 0; n < KTILES; ++n) {
+            #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
                 float ds = 0.0f;
@@ -260,7 +285,9 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
         }
         accumulate(dq, s, kt, hs);
     }
-    for (int n = 0; n < hs / 8; ++n) {
+    #pragma unroll
+    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
+        #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = r0 + acc_row(e);
             if (i < T) dqkv[hd.qkv + (unsigned long long)i * 3 * C + 8 * n + acc_col(e)] = scale * dq[n][e];
@@ -287,12 +314,15 @@ extern "C" __global__ void fused_attention_backward_key_value_bf16(float* dqkv, 
     const float scale = 1.0f / sqrtf((float)hs);
 
     unsigned int k[STEPS][4], v[STEPS][4];  // the warp's keys and values, read once
-    for (int kk = 0; kk < hs / 16; ++kk) {
+    #pragma unroll
+    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
         load_a_rounded(k[kk], qkv + hd.qkv + C, 3 * C, c0, T, kk);
         load_a_rounded(v[kk], qkv + hd.qkv + 2 * C, 3 * C, c0, T, kk);
     }
     float dk[DTILES][4], dv[DTILES][4];
+    #pragma unroll
     for (int n = 0; n < DTILES; ++n) {
+        #pragma unroll
         for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
     }
 
@@ -312,7 +342,9 @@ extern "C" __global__ void fused_attention_backward_key_value_bf16(float* dqkv, 
         scores(dp, v, dy, hs);
         // P' into s and dS into dp, both transposed (row j, column i); zero above the
         // diagonal and past T.
+        #pragma unroll
         for (int n = 0; n < KTILES; ++n) {
+            #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int col = 8 * n + acc_col(e), i = i0 + col, j = c0 + acc_row(e);
                 float kept = 0.0f, ds = 0.0f;
@@ -329,7 +361,9 @@ extern "C" __global__ void fused_attention_backward_key_value_bf16(float* dqkv, 
         accumulate(dv, s, dyt, hs);
         accumulate(dk, dp, qt, hs);
     }
-    for (int n = 0; n < hs / 8; ++n) {
+    #pragma unroll
+    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
+        #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int j = c0 + acc_row(e);
             if (j >= T) continue;

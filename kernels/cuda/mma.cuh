@@ -104,6 +104,7 @@ __device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* ti
 __device__ __forceinline__ void load_a_rounded(unsigned int a[4], const float* x, unsigned long long stride, int r0,
                                                int rows, int kk) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int row = r0 + g + 8 * (r % 2), col = 16 * kk + 2 * t + 8 * (r / 2);
         const float* p = x + (unsigned long long)row * stride + col;
