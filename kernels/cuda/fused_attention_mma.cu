@@ -6,8 +6,8 @@
 // style. The fp32 kernels spend most of a GPT-2 step in attention on CUDA cores; bf16
 // operands into fp32 accumulators run those products on the tensor cores.
 //
-// Rounding: q, k, v and dout are rounded to bf16 as they are staged, and P, P' and dS
-// before they enter a product; every accumulator, the softmax's maximum and sum, lse,
+// Rounding: q, k, v and dout are rounded to bf16 as they are staged or loaded into
+// fragments, and P, P' and dS before they enter a product; every accumulator, the softmax's maximum and sum, lse,
 // delta and the outputs stay fp32.
 //
 // Tiles: blocks of WARPS = 4 warps own TILE = 64 rows (queries for the forward and the
@@ -44,6 +44,8 @@
 // them must be known at compile time: loops over them are bounded by the array's size
 // (STEPS, DTILES) and unrolled, and stop early at the head size.
 
+// Head, head_of and keep_factor are fused_attention.cu's Head, head_of and
+// dropout_factor: keep them in step.
 struct Head {
     unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
     unsigned long long io;   // offset of the head's columns in out / dout (row stride C)
@@ -91,8 +93,8 @@ __device__ __forceinline__ float keep_factor(const DropoutMask& mask, int dropou
     return mask_keeps(mask, uint4_word(words, (unsigned int)(index % 4))) ? mask.scale : 0.0f;
 }
 
-// s[n] += X Y^T over the head dimension for one warp: X's A fragments `x` (rows of the
-// warp, hs / 16 steps) against rows [8n, 8n + 8) of the staged tile `y`, for n < KTILES.
+// s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
+// fragments `x` (the warp's 16 rows, hs / 16 steps) against the staged rows of `y`.
 __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4],
                                        const unsigned int (*y)[WORDS], int hs) {
     #pragma unroll
@@ -124,8 +126,8 @@ __device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[K
     }
 }
 
-// The row (0) or column (1) offset within a warp's [16, 8] accumulator of its element e
-// (0..3), for this lane: rows g and g + 8, columns 2t and 2t + 1.
+// The row and the column, within a warp's [16, 8] accumulator, of this lane's element e
+// (0..3): rows g and g + 8, columns 2t and 2t + 1.
 __device__ __forceinline__ int acc_row(int e) { return threadIdx.x % WARP_SIZE / 4 + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x % 4) + e % 2; }
 
