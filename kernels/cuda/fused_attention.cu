@@ -36,6 +36,7 @@
 // 0.98 ms (2.5), key side 1.33 ms (4.3). What bounds them now is instruction issue, a
 // scalar load and its address for every two FMAs, and a tile's global loads not overlapping
 // its products.
+#include "attention_head.cuh"
 #include "common.cuh"
 #include "philox.cuh"
 
@@ -57,19 +58,6 @@
 // elements of a micro-tile lie at one computed address plus constants.
 __device__ __forceinline__ int at(int r, int c, int cols) { return r * cols + (c ^ (r & (SIDE - 1))); }
 
-struct Head {
-    unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
-    unsigned long long io;   // offset of the head's columns in out / dout (row stride C)
-    unsigned long long bh;   // b * NH + h
-};
-
-__device__ __forceinline__ Head head_of(int T, int NH, int hs) {
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const unsigned long long C = (unsigned long long)NH * hs;
-    return Head{(unsigned long long)b * T * 3 * C + (unsigned long long)h * hs, (unsigned long long)b * T * C + h * hs,
-                (unsigned long long)bh};
-}
-
 // How a tile holds rows of an operand: as [rows][HS_MAX], or transposed as [hs][rows].
 enum Layout { ROWS, TRANSPOSED };
 
@@ -84,14 +72,6 @@ __device__ __forceinline__ void load_tile(float* tile, Layout layout, const floa
         const float x = row0 + r < T ? src[(unsigned long long)(row0 + r) * stride + d] : 0.0f;
         tile[layout == TRANSPOSED ? at(d, r, rows) : at(r, d, HS_MAX)] = x;
     }
-}
-
-// The multiplier of element (i, j) of head bh's probabilities under dropout: 1 / (1 - p)
-// or 0 as the mask keeps or drops it. Called only when dropout is on.
-__device__ __forceinline__ float dropout_factor(const DropoutMask& mask, unsigned long long bh, int T, int i, int j) {
-    const unsigned long long index = (bh * T + i) * T + j;
-    const uint4 words = mask_block_words(mask, (unsigned int)(index / 4));
-    return mask_keeps(mask, uint4_word(words, (unsigned int)(index % 4))) ? mask.scale : 0.0f;
 }
 
 // out [B, T, C] and lse [B * NH * T]. Thread (ty, tx) keeps, for query rows i0 + ty + 16a,

@@ -87,3 +87,22 @@ fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
     let err = compile(&broken, ARCHS[0]).expect_err("an undefined name must not compile");
     assert!(err.contains("broken.cu") && err.contains("no_such_name"), "{err}");
 }
+
+#[test]
+fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
+    if !nvrtc_available() {
+        eprintln!(
+            "SKIP the_bf16_attention_runs_on_tensor_cores...: libnvrtc not found (run .ci/install-nvrtc.sh)"
+        );
+        return;
+    }
+    // mma.cuh compiles to a trap below sm_80; every target here is sm_80 or later, so the
+    // PTX must hold the instruction itself and no trap.
+    let source =
+        SOURCES.iter().find(|s| s.name == "fused_attention_mma.cu").expect("the tensor-core kernels");
+    for arch in ARCHS {
+        let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{arch}: no bf16 mma");
+        assert!(!ptx.contains("trap;"), "{arch}: the PTX traps");
+    }
+}

@@ -5,6 +5,8 @@
 #![cfg(feature = "cuda")]
 
 use kernels::cpu::CpuDevice;
+use kernels::cuda::compile::compile;
+use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, Device, DropoutKey, DropoutSite,
@@ -294,16 +296,26 @@ fn bf16_rounding_is_the_half_crates() {
 
 /// The GPU's attention core keeping `kind` against the CPU's, which keeps probabilities:
 /// out and dqkv, and P and P' (with the causal mask's zeros) where the GPU keeps them too.
-fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSpec>, rng: &mut SplitMix64) {
-    let (qkv, dout) = (rng.uniform(N * 3 * C, 2.0), rng.uniform(N * C, 1.0));
+/// At `dims` = [B, T, C, NH], within `tol`.
+fn attention_case(
+    gpu: &CudaDevice,
+    kind: AttentionSaves,
+    spec: Option<DropoutSpec>,
+    dims: [usize; 4],
+    tol: f64,
+    rng: &mut SplitMix64,
+) {
+    let [b, t, c, nh] = dims;
+    let n = b * t;
+    let (qkv, dout) = (rng.uniform(n * 3 * c, 2.0), rng.uniform(n * c, 1.0));
     let run = |dev: &dyn Device, kind| {
-        let qkv = put(dev, &qkv, &[B, T, 3 * C]);
-        let mut out = dev.zeros(&[B, T, C], Category::Workspace);
-        let mut saved = AttentionSaved::empty(dev, kind, [B, NH, T], spec.is_some(), Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, NH);
-        let mut dqkv = put(dev, &vec![f32::NAN; N * 3 * C], &[B, T, 3 * C]);
-        let dout = put(dev, &dout, &[B, T, C]);
-        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, NH);
+        let qkv = put(dev, &qkv, &[b, t, 3 * c]);
+        let mut out = dev.zeros(&[b, t, c], Category::Workspace);
+        let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh);
+        let mut dqkv = put(dev, &vec![f32::NAN; n * 3 * c], &[b, t, 3 * c]);
+        let dout = put(dev, &dout, &[b, t, c]);
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh);
         let probs = match &saved {
             AttentionSaved::Probabilities { probs, dropped } => {
                 [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
@@ -316,11 +328,11 @@ fn attention_case(gpu: &CudaDevice, kind: AttentionSaves, spec: Option<DropoutSp
     let case =
         format!("keeping {kind:?} {}", if spec.is_some() { "with dropout" } else { "without dropout" });
     for (what, (g, w)) in ["out", "dqkv"].iter().zip(got.0.iter().zip(&want.0)) {
-        assert_close(&format!("attention {what} {case}"), g, w, TOL);
+        assert_close(&format!("attention {what} {case}"), g, w, tol);
     }
     if kind == AttentionSaves::Probabilities {
         for (what, (g, w)) in ["P", "P'"].iter().zip(got.1.iter().zip(&want.1)) {
-            assert_close(&format!("attention {what} {case}"), g, w, TOL);
+            assert_close(&format!("attention {what} {case}"), g, w, tol);
         }
         let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
         assert_eq!(masked(&got.1[0]), masked(&want.1[0]), "the causal mask differs {case}");
@@ -335,10 +347,75 @@ fn attention_matches_with_and_without_dropout() {
     // above 64.
     assert_eq!(AttentionSaves::cuda(C / NH), AttentionSaves::RowLogSumExp);
     for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
-        attention_case(&gpu, kind, None, &mut rng);
-        attention_case(&gpu, kind, Some(dropout(0.2, 3, DropoutSite::AttentionProbs)), &mut rng);
+        attention_case(&gpu, kind, None, [B, T, C, NH], TOL, &mut rng);
+        let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
+        attention_case(&gpu, kind, spec, [B, T, C, NH], TOL, &mut rng);
     }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
+}
+
+#[test]
+fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
+    let Some(gpu) = gpu("bf16_attention_on_tensor_cores_is_close_to_fp32") else { return };
+    let gpu = gpu.with_matmul_precision(MatmulPrecision::Bf16);
+    let mut rng = seeded("bf16 attention");
+    let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
+    // bf16 operands of every product (fused_attention_mma.cu), judged against the largest
+    // magnitude as kernels/tests/simt/fused_attention_mma.rs judges the same kernels: heads
+    // of 64 with a partial last tile, and of 32 and 16 at odd T.
+    for dims in [[2, 100, 128, 2], [2, 77, 64, 2], [1, 37, 48, 3]] {
+        attention_case(&gpu, AttentionSaves::RowLogSumExp, None, dims, 2e-2, &mut rng);
+        attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, dims, 2e-2, &mut rng);
+    }
+    // A head size of 24 is no multiple of 16: the fp32 kernels, to fp32's tolerance.
+    attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, [B, T, C, NH], TOL, &mut rng);
+    assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
+}
+
+#[test]
+fn tensor_core_mma_is_the_emulators() {
+    use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+    let Some(gpu) = gpu("tensor_core_mma_is_the_emulators") else { return };
+    let ctx = CudaContext::new(gpu.ordinal()).expect("a context");
+    let (major, minor) = ctx.compute_capability().expect("a compute capability");
+    if major < 8 {
+        eprintln!(
+            "SKIP tensor_core_mma_is_the_emulators: no bf16 mma before sm_80 (this GPU is sm_{major}{minor})"
+        );
+        return;
+    }
+    // The kernel of kernels/tests/simt/mma.rs, whose fragments follow the PTX ISA's layouts:
+    // the tensor cores must compute the plain matrix product that the emulator computes.
+    let source = KernelSource {
+        name: "mma_layout.cu",
+        source: include_str!("mma_layout.cu"),
+        kernels: &["mma_layout"],
+    };
+    let ptx = compile(&source, &format!("compute_{major}{minor}")).unwrap_or_else(|e| panic!("{e}"));
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).expect("the module loads");
+    let function = module.load_function("mma_layout").expect("the kernel");
+    let stream = ctx.default_stream();
+    let mut rng = seeded("tensor core mma");
+    // Multiples of 1/8 up to 2: exact in bf16, and every product and sum exact in fp32.
+    let mut eighths = |n| rng.uniform(n, 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect::<Vec<f32>>();
+    let (a, b, c) = (eighths(16 * 16), eighths(16 * 8), eighths(16 * 8));
+    let want: Vec<f32> = (0..16 * 8)
+        .map(|e| c[e] + (0..16).map(|k| a[e / 8 * 16 + k] * b[k * 8 + e % 8]).sum::<f32>())
+        .collect();
+    let device = |x: &[f32]| {
+        let mut d = stream.alloc_zeros::<f32>(x.len()).expect("an allocation");
+        stream.memcpy_htod(x, &mut d).expect("a copy");
+        d
+    };
+    let (da, db, dc, mut dd) = (device(&a), device(&b), device(&c), device(&[f32::NAN; 16 * 8]));
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(&mut dd).arg(&da).arg(&db).arg(&dc);
+    // SAFETY: the kernel takes four float buffers of 128, 256, 128 and 128 elements.
+    unsafe { launch.launch(cfg) }.expect("the launch");
+    let mut got = vec![0.0f32; 16 * 8];
+    stream.memcpy_dtoh(&dd, &mut got).expect("a copy back");
+    assert_bitwise("tensor-core mma", &got, &want);
 }
 
 #[test]

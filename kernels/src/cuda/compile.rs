@@ -48,21 +48,40 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, String> {
     Ok(ptx.to_src())
 }
 
-/// The source with each `#include "header"` replaced by that header from [`HEADERS`]
-/// (`#line` directives keep NVRTC's messages pointing at the right file and line).
+/// The source with each `#include "header"` replaced by that header from [`HEADERS`],
+/// headers within headers too, each header once (as its `#pragma once` asks of a
+/// preprocessor that reads files; NVRTC sees one text). `#line` directives keep NVRTC's
+/// messages pointing at the right file and line.
 fn with_headers(source: &KernelSource) -> Result<String, String> {
     let mut out = String::with_capacity(source.source.len());
-    for (i, line) in source.source.lines().enumerate() {
-        let Some(name) = line.trim().strip_prefix("#include \"").and_then(|s| s.strip_suffix('"')) else {
+    inline_headers(source.name, source.source, &mut Vec::new(), &mut out)?;
+    Ok(out)
+}
+
+/// `text` (file `name`) onto `out`, its includes inlined; `included` lists the headers
+/// already inlined.
+fn inline_headers(
+    name: &str,
+    text: &str,
+    included: &mut Vec<&'static str>,
+    out: &mut String,
+) -> Result<(), String> {
+    for (i, line) in text.lines().enumerate() {
+        let Some(header) = line.trim().strip_prefix("#include \"").and_then(|s| s.strip_suffix('"')) else {
             out.push_str(line);
             out.push('\n');
             continue;
         };
-        let header = HEADERS
+        let &(header, body) = HEADERS
             .iter()
-            .find(|(h, _)| *h == name)
-            .ok_or_else(|| format!("{}:{}: unknown header \"{name}\"", source.name, i + 1))?;
-        out.push_str(&format!("#line 1 \"{name}\"\n{}\n#line {} \"{}\"\n", header.1, i + 2, source.name));
+            .find(|(h, _)| *h == header)
+            .ok_or_else(|| format!("{name}:{}: unknown header \"{header}\"", i + 1))?;
+        if !included.contains(&header) {
+            included.push(header);
+            out.push_str(&format!("#line 1 \"{header}\"\n"));
+            inline_headers(header, body, included, out)?;
+        }
+        out.push_str(&format!("#line {} \"{name}\"\n", i + 2));
     }
-    Ok(out)
+    Ok(())
 }

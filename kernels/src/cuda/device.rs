@@ -70,7 +70,8 @@ impl CudaDevice {
     }
 
     /// The same device with matmul operands rounded to bf16 (fp32 accumulation, fp32
-    /// results and master weights): the `precision: bf16` mode.
+    /// results and master weights), the fused attention's products included (on tensor
+    /// cores, fused_attention_mma.cu): the `precision: bf16` mode.
     pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> CudaDevice {
         self.precision = precision;
         self

@@ -91,6 +91,32 @@ pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchCon
     }
 }
 
+/// Query or key rows per block of the tensor-core attention kernels (`TILE` in
+/// fused_attention_mma.cu), 16 per warp: the rows of one m16n8k16 product.
+pub const ATTENTION_MMA_TILE: usize = 64;
+/// The k of one bf16 m16n8k16 product: the tensor-core kernels take head sizes that are
+/// multiples of it (up to [`FUSED_MAX_HEAD_SIZE`]).
+pub const ATTENTION_MMA_K: usize = 16;
+
+/// Whether the tensor-core attention kernels take head size `head_size`.
+pub fn attention_mma_fits(head_size: usize) -> bool {
+    head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= FUSED_MAX_HEAD_SIZE
+}
+
+/// The tensor-core (bf16) fused attention kernels over `heads` heads (B * NH) of `t` rows
+/// each: one block of 4 warps per tile of `ATTENTION_MMA_TILE` rows of one head.
+pub fn per_attention_tile_bf16(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
+    assert!(
+        attention_mma_fits(head_size),
+        "fused bf16 attention: head size {head_size} is not a multiple of {ATTENTION_MMA_K} up to {FUSED_MAX_HEAD_SIZE}"
+    );
+    LaunchConfig {
+        grid_dim: (grid(t.div_ceil(ATTENTION_MMA_TILE), "attention tiles"), grid(heads, "heads"), 1),
+        block_dim: (4 * 32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One block per distinct token of the embedding's backward (see [`rows_by_token`]).
 pub fn per_token(groups: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid(groups, "tokens"), 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }

@@ -8,7 +8,7 @@
 /// argument by reference (so scalars must be named locals that outlive the launch). An
 /// empty grid is skipped: CUDA rejects it, and it would have no work to do.
 macro_rules! launch {
-    ($dev:expr, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+    ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         let cfg: cudarc::driver::LaunchConfig = $cfg;
         if cfg.grid_dim.0 > 0 && cfg.grid_dim.1 > 0 && cfg.grid_dim.2 > 0 {
             use cudarc::driver::PushKernelArg as _;

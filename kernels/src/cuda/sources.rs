@@ -12,7 +12,9 @@ pub struct KernelSource {
 
 /// Headers the sources `#include "..."`, resolved from here rather than from a directory.
 pub const HEADERS: &[(&str, &str)] = &[
+    ("attention_head.cuh", include_str!("../../cuda/attention_head.cuh")),
     ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("mma.cuh", include_str!("../../cuda/mma.cuh")),
     ("philox.cuh", include_str!("../../cuda/philox.cuh")),
 ];
 
@@ -64,6 +66,15 @@ pub const SOURCES: &[KernelSource] = &[
             "fused_attention_forward",
             "fused_attention_backward_query",
             "fused_attention_backward_key_value",
+        ],
+    },
+    KernelSource {
+        name: "fused_attention_mma.cu",
+        source: include_str!("../../cuda/fused_attention_mma.cu"),
+        kernels: &[
+            "fused_attention_forward_bf16",
+            "fused_attention_backward_query_bf16",
+            "fused_attention_backward_key_value_bf16",
         ],
     },
     KernelSource {

@@ -5,7 +5,8 @@
 //! (the first of a block reduction that is its only one) passes without it.
 
 use crate::classifier::{classifier, FILLS};
-use crate::fused_attention::{fused_attention, ODD, SPEC, TWO_TILES};
+use crate::fused_attention::{fused_attention, FP32, ODD, SPEC, TWO_TILES};
+use crate::fused_attention_mma::{BF16, ODD as ODD_BF16};
 use crate::harness::Family;
 use crate::rowwise::sum_of_squares;
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
@@ -52,8 +53,15 @@ fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Res
 /// kernels.
 fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
     let heads: Vec<usize> = (0..ODD.heads()).collect();
-    fused_attention(edited, ODD, &heads, Some(SPEC), seed)?;
-    fused_attention(edited, TWO_TILES, &[0, 1], Some(SPEC), seed)
+    fused_attention(edited, &FP32, ODD, &heads, Some(SPEC), seed)?;
+    fused_attention(edited, &FP32, TWO_TILES, &[0, 1], Some(SPEC), seed)
+}
+
+/// The same through the tensor-core kernels: every head of two sequences of T = 77 (two
+/// tiles of 64) with dropout.
+fn fused_attention_mma_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    let heads: Vec<usize> = (0..ODD_BF16.heads()).collect();
+    fused_attention(edited, &BF16, ODD_BF16, &heads, Some(SPEC), seed)
 }
 
 /// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, the kernels that
@@ -76,6 +84,13 @@ const SQUARES_PARTIAL: Needs = Needs("sum_squares_chunks", "sum_squares.cu", sum
 const SQUARES_TOTAL: Needs = Needs("sum_squares_totals", "sum_squares.cu", sum_squares_totals_kernel);
 const KEY_VALUE: Needs =
     Needs("fused_attention_backward_key_value", "fused_attention.cu", fused_attention_kernels);
+
+const FORWARD_BF16: Needs =
+    Needs("fused_attention_forward_bf16", "fused_attention_mma.cu", fused_attention_mma_kernels);
+const QUERY_BF16: Needs =
+    Needs("fused_attention_backward_query_bf16", "fused_attention_mma.cu", fused_attention_mma_kernels);
+const KEY_VALUE_BF16: Needs =
+    Needs("fused_attention_backward_key_value_bf16", "fused_attention_mma.cu", fused_attention_mma_kernels);
 
 const BARRIERS: &[Barrier] = &[
     // block_sum's first barrier guards a previous reduction's reads of the scratch; the sums
@@ -192,6 +207,48 @@ const BARRIERS: &[Barrier] = &[
         needed_by: &[KEY_VALUE],
         spare_in: &[],
     },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 0,
+        orders: "bf16 forward: every warp is done with a key tile before the next overwrites it",
+        needed_by: &[FORWARD_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 1,
+        orders: "bf16 forward: the key tile is staged before it is read",
+        needed_by: &[FORWARD_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 2,
+        orders: "bf16 backward, query side: every warp is done with a key tile before the next",
+        needed_by: &[QUERY_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 3,
+        orders: "bf16 backward, query side: the key tile is staged before it is read",
+        needed_by: &[QUERY_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 4,
+        orders: "bf16 backward, key side: every warp is done with a query tile before the next",
+        needed_by: &[KEY_VALUE_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "fused_attention_mma.cu",
+        index: 5,
+        orders: "bf16 backward, key side: the query tile, lse and delta are staged before they are read",
+        needed_by: &[KEY_VALUE_BF16],
+        spare_in: &[],
+    },
 ];
 
 const SEEDS: [u64; 3] = [21, 22, 23];
@@ -226,7 +283,7 @@ fn removing_a_needed_barrier_fails_the_harness() {
             caught += 1;
         }
     }
-    assert_eq!(caught, 16, "barrier and kernel pairs checked");
+    assert_eq!(caught, 22, "barrier and kernel pairs checked");
 }
 
 #[test]

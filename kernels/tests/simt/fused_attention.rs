@@ -6,8 +6,31 @@
 use crate::attention::{cpu_attention, Dims};
 use crate::harness::{close, max_abs, Arg, Buf, Family, Rng, Run};
 use crate::philox::{dropout_mask, unused_dropout_mask};
+use cudarc::driver::LaunchConfig;
 use kernels::cuda::launch::per_attention_tile;
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
+
+/// One family of the fused attention kernels: its file of kernels/cuda, its three kernels,
+/// their launch (T, B * NH, hs), and how close to the CPU's its outputs must be, relative
+/// to the largest magnitude of each output of a head.
+pub struct Fused {
+    pub file: &'static str,
+    pub forward: &'static str,
+    pub query: &'static str,
+    pub key_value: &'static str,
+    pub launch: fn(usize, usize, usize) -> LaunchConfig,
+    pub tol: f64,
+}
+
+/// The fp32 kernels: sums of the same fp32 terms as the CPU's in another order.
+pub const FP32: Fused = Fused {
+    file: "fused_attention.cu",
+    forward: "fused_attention_forward",
+    query: "fused_attention_backward_query",
+    key_value: "fused_attention_backward_key_value",
+    launch: per_attention_tile,
+    tol: 1e-5,
+};
 
 /// Head `bh`'s [T, hs] block of x, rows `stride` wide, columns from `offset`.
 fn head(x: &[f32], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<f32> {
@@ -15,10 +38,11 @@ fn head(x: &[f32], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<f32>
     (0..d.t).flat_map(|t| &x[(b * d.t + t) * stride + offset + h * hs..][..hs]).copied().collect()
 }
 
-/// Forward and backward at `d`, running the blocks of heads `heads` (b * NH + h) only;
-/// Err on the first difference from the CPU in those heads.
+/// Forward and backward of `kernels` (built as `family`) at `d`, running the blocks of
+/// heads `heads` (b * NH + h) only; Err on the first difference from the CPU in those heads.
 pub fn fused_attention(
     family: &Family,
+    kernels: &Fused,
     d: Dims,
     heads: &[usize],
     spec: Option<DropoutSpec>,
@@ -26,7 +50,7 @@ pub fn fused_attention(
 ) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let (qkv, dout) = (rng.uniform(d.act() * 3, 2.0), rng.uniform(d.act(), 1.0));
-    let cfg = per_attention_tile(d.t, d.heads(), d.hs());
+    let cfg = (kernels.launch)(d.t, d.heads(), d.hs());
     // Without dropout the kernels are passed the device's unused mask and do not read it.
     let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
     let on = spec.is_some() as i32;
@@ -48,40 +72,24 @@ pub fn fused_attention(
         let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
         bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
     };
-    run.launch_blocks("fused_attention_forward", cfg, &args(&[out, lse, gqkv]), &blocks);
+    run.launch_blocks(kernels.forward, cfg, &args(&[out, lse, gqkv]), &blocks);
     run.read(out);
-    run.launch_blocks(
-        "fused_attention_backward_query",
-        cfg,
-        &args(&[dqkv, delta, gqkv, out, gdout, lse]),
-        &blocks,
-    );
-    run.launch_blocks(
-        "fused_attention_backward_key_value",
-        cfg,
-        &args(&[dqkv, gqkv, gdout, lse, delta]),
-        &blocks,
-    );
+    run.launch_blocks(kernels.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &blocks);
+    run.launch_blocks(kernels.key_value, cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &blocks);
     run.read(dqkv);
     let got = family.run(run)?;
 
     let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    let (out, dqkv, c) = (got.get(out), got.get(dqkv), d.c);
+    let (out, dqkv, c, tol) = (got.get(out), got.get(dqkv), d.c, kernels.tol);
     for &bh in heads {
         // Sums of terms of either sign in another order: judged against the largest magnitude.
         let want = head(&want_out, d, bh, c, 0);
-        close(
-            &format!("fused out, head {bh} {case}"),
-            &head(&out, d, bh, c, 0),
-            &want,
-            1e-5,
-            max_abs(&want),
-        )?;
+        close(&format!("fused out, head {bh} {case}"), &head(&out, d, bh, c, 0), &want, tol, max_abs(&want))?;
         for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
             let want = head(&want_dqkv, d, bh, 3 * c, offset);
             let got = head(&dqkv, d, bh, 3 * c, offset);
-            close(&format!("fused {part}, head {bh} {case}"), &got, &want, 1e-5, max_abs(&want))?;
+            close(&format!("fused {part}, head {bh} {case}"), &got, &want, tol, max_abs(&want))?;
         }
     }
     Ok(())
@@ -98,14 +106,14 @@ pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2 };
 
 #[test]
 fn fused_attention_matches_the_cpu() {
-    let Some(family) = Family::of("fused_attention_matches_the_cpu", "fused_attention.cu") else { return };
+    let Some(family) = Family::of("fused_attention_matches_the_cpu", FP32.file) else { return };
     // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48 heads
     // the last (b = 3, h = 11, the largest offsets) runs: every head's blocks do the same
     // work, and one head's 32 query tiles and 32 key tiles take seconds to emulate.
     let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
-    fused_attention(&family, gpt2, &[47], Some(SPEC), 31).unwrap();
+    fused_attention(&family, &FP32, gpt2, &[47], Some(SPEC), 31).unwrap();
     let all: Vec<usize> = (0..ODD.heads()).collect();
-    fused_attention(&family, ODD, &all, None, 32).unwrap();
-    fused_attention(&family, ODD, &all, Some(SPEC), 33).unwrap();
-    fused_attention(&family, TWO_TILES, &[0, 1], Some(SPEC), 34).unwrap();
+    fused_attention(&family, &FP32, ODD, &all, None, 32).unwrap();
+    fused_attention(&family, &FP32, ODD, &all, Some(SPEC), 33).unwrap();
+    fused_attention(&family, &FP32, TWO_TILES, &[0, 1], Some(SPEC), 34).unwrap();
 }

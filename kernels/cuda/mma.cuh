@@ -1,0 +1,123 @@
+// Warp-level bf16 matrix products on tensor cores: mma.sync.aligned.m16n8k16 with bf16
+// operands and fp32 accumulators (sm_80 and later), and the fragments it takes.
+//
+// One instruction computes D = A * B + C for the whole warp: A [16, 16] and B [16, 8] in
+// bf16, C and D [16, 8] in fp32. Each lane holds a fixed part of each operand, as the PTX
+// ISA lays them out ("Matrix Fragments for mma.m16n8k16 with floating point type"), with
+// g = lane / 4 (groupID) and t = lane % 4 (threadID_in_group); a .b32 register holds two
+// bf16, the lower column (A) or row (B) in its low 16 bits:
+//   A, 4 registers:  a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
+//                    a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
+//   B, 2 registers:  b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
+//   C and D, 4 fp32: d[0] = D[g][2t]  d[1] = D[g][2t+1]  d[2] = D[g+8][2t]  d[3] = D[g+8][2t+1]
+// So the A fragment of a row-major matrix, and the B fragment of the transpose of one
+// (B[k][n] = X[n][k]), are pairs of neighbours along a row of X: a tile of bf16 pairs, one
+// 32-bit word per two columns, serves both. And the accumulators of two neighbouring
+// [16, 8] products are, rounded, the A fragment of their [16, 16] concatenation (see
+// a_from_accumulators), so a product's result feeds the next product without shared memory.
+//
+// On the GPU the product is the instruction. Compiled for the host (the SIMT emulator of
+// kernels/tests/simt), the lanes exchange their fragments with shuffles and each computes
+// its four elements of D from the same layouts, so the harness checks the kernels'
+// fragment bookkeeping; kernels/tests/simt/mma.rs pins the layouts against a plain
+// matrix product, and kernels/tests/cuda_ops.rs runs the instruction against it.
+#pragma once
+
+#include "common.cuh"
+
+// Two floats rounded to bf16 and packed into one word, `lo` in the low half.
+__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
+    return (unsigned int)f32_to_bf16_bits(lo) | ((unsigned int)f32_to_bf16_bits(hi) << 16);
+}
+
+// d += a * b over the warp, in the layouts above. Every lane of the warp must call it.
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[4], const unsigned int b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    // No bf16 mma before sm_80: the file still compiles (the device compiles every source
+    // for its GPU), and the device launches no kernel that uses this there.
+    __trap();
+#else
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    // Lane 4 * r + s holds columns 2s, 2s+1, 2s+8, 2s+9 of A's rows r and r+8, and the same
+    // rows of B's column r; this lane needs A's rows g and g+8 and B's columns 2t and 2t+1
+    // whole, so it takes them from the four lanes of each of those groups.
+    float a_row[2][16], b_col[2][16];
+    const auto bf16 = [](unsigned int pair, int high) { return __uint_as_float((high ? pair >> 16 : pair) << 16); };
+    for (int s = 0; s < 4; ++s) {
+        // Two registers per 64-bit shuffle: a[0], a[1] (columns 2s, 2s+1 of rows g, g+8) and
+        // a[2], a[3] (columns 2s+8, 2s+9), then B's registers from its two columns' lanes.
+        const unsigned long long a01 = __shfl_sync(FULL_MASK, (unsigned long long)a[1] << 32 | a[0], 4 * g + s);
+        const unsigned long long a23 = __shfl_sync(FULL_MASK, (unsigned long long)a[3] << 32 | a[2], 4 * g + s);
+        const unsigned long long b_pair = (unsigned long long)b[1] << 32 | b[0];
+        const unsigned long long b0 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t) + s);
+        const unsigned long long b1 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t + 1) + s);
+        for (int half = 0; half < 2; ++half) {
+            a_row[0][2 * s + half] = bf16((unsigned int)a01, half);
+            a_row[1][2 * s + half] = bf16((unsigned int)(a01 >> 32), half);
+            a_row[0][2 * s + 8 + half] = bf16((unsigned int)a23, half);
+            a_row[1][2 * s + 8 + half] = bf16((unsigned int)(a23 >> 32), half);
+            b_col[0][2 * s + half] = bf16((unsigned int)b0, half);
+            b_col[0][2 * s + 8 + half] = bf16((unsigned int)(b0 >> 32), half);
+            b_col[1][2 * s + half] = bf16((unsigned int)b1, half);
+            b_col[1][2 * s + 8 + half] = bf16((unsigned int)(b1 >> 32), half);
+        }
+    }
+    // Products of bf16 are exact in fp32; the sum is fp32, in k order (the tensor core's
+    // order and intermediate rounding are its own: the kernels are checked to a tolerance).
+    for (int e = 0; e < 4; ++e) {
+        float sum = d[e];
+        for (int k = 0; k < 16; ++k) sum += a_row[e / 2][k] * b_col[e % 2][k];
+        d[e] = sum;
+    }
+#endif
+}
+
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a tile of bf16
+// pairs (`stride` words a row: word w of a row holds columns 2w, 2w+1).
+__device__ __forceinline__ void load_a(unsigned int a[4], const unsigned int* tile, int stride, int r0, int kk) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const unsigned int* top = tile + (r0 + g) * stride + 8 * kk + t;
+    const unsigned int* bottom = top + 8 * stride;
+    a[0] = top[0];
+    a[1] = bottom[0];
+    a[2] = top[4];
+    a[3] = bottom[4];
+}
+
+// The B fragment B[k][n] = X[n0 + n][16 kk + k] of a tile X of bf16 pairs: B is the
+// transpose of X's rows [n0, n0 + 8), columns [16 kk, 16 kk + 16).
+__device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* tile, int stride, int n0, int kk) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const unsigned int* row = tile + (n0 + g) * stride + 8 * kk + t;
+    b[0] = row[0];
+    b[1] = row[4];
+}
+
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major fp32
+// matrix x (row stride `stride`), rounded to bf16; rows from `rows` on read as zeros.
+__device__ __forceinline__ void load_a_rounded(unsigned int a[4], const float* x, unsigned long long stride, int r0,
+                                               int rows, int kk) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    #pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int row = r0 + g + 8 * (r % 2), col = 16 * kk + 2 * t + 8 * (r / 2);
+        const float* p = x + (unsigned long long)row * stride + col;
+        a[r] = row < rows ? pack_bf16(p[0], p[1]) : 0u;
+    }
+}
+
+// The A fragment of columns [16 c, 16 c + 16) of a [16, N] fp32 product held as [16, 8]
+// accumulators, rounded to bf16: acc[2c] and acc[2c+1] (`lo` and `hi`) hold exactly the
+// rows and columns that the fragment's registers need.
+__device__ __forceinline__ void a_from_accumulators(unsigned int a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
