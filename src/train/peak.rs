@@ -40,8 +40,10 @@ impl PeakSource {
     }
 }
 
-/// The job's peak FLOP/s, every rank's summed, and (rank 0's) source. Every rank calls it
-/// at once: on the CPU each measures its own cores.
+/// The job's peak FLOP/s, summed over its processors, and (rank 0's) source. Every rank
+/// calls it at once: on the CPU each measures its own share of the cores; on CUDA ranks that
+/// share a GPU (threads of one process, or processes on one machine with fewer GPUs than
+/// ranks) count it once.
 pub fn job_peak(
     given: Option<f64>,
     cfg: &Config,
@@ -52,14 +54,38 @@ pub fn job_peak(
     if let Some(peak) = given {
         return Ok((peak, PeakSource::Given));
     }
-    let (mine, source) = match cfg.device.as_str() {
-        "cuda" => published(&device.name(), &cfg.precision),
-        _ => (kernels::cpu::measure_matmul_peak(&CpuDevice::new(cpu_threads.max(1))), PeakSource::Measured),
+    // Each rank's peak, and the processor it belongs to: a GPU by machine and name, a CPU
+    // share by nothing (every rank's share is its own).
+    let (mine, source, processor) = match cfg.device.as_str() {
+        "cuda" => {
+            let (peak, source) = published(&device.name(), &cfg.precision);
+            (peak, source, format!("{} {}", host_name(), device.name()))
+        }
+        _ => {
+            let peak = kernels::cpu::measure_matmul_peak(&CpuDevice::new(cpu_threads.max(1)));
+            (peak, PeakSource::Measured, String::new())
+        }
     };
-    let all = collective.all_gather(Group::World, &mine.to_bits().to_le_bytes())?;
-    let sum =
-        all.iter().map(|b| f64::from_bits(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))).sum();
-    Ok((sum, source))
+    let mut message = mine.to_bits().to_le_bytes().to_vec();
+    message.extend(processor.as_bytes());
+    let all = collective.all_gather(Group::World, &message)?;
+    Ok((sum_per_processor(&all), source))
+}
+
+/// The sum of the ranks' peaks (8 bytes each, then the processor's name), each named
+/// processor counted once.
+fn sum_per_processor(messages: &[Vec<u8>]) -> f64 {
+    let mut seen = std::collections::HashSet::new();
+    messages
+        .iter()
+        .filter(|m| m.len() == 8 || seen.insert(&m[8..]))
+        .map(|m| f64::from_bits(u64::from_le_bytes(m[..8].try_into().expect("8 bytes"))))
+        .sum()
+}
+
+/// This machine's name (empty where the system does not say).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 
 /// The published peak of the GPU named `device`, or of [`ASSUMED_PROFILE`] for one without
@@ -77,6 +103,20 @@ fn published(device: &str, precision: &str) -> (f64, PeakSource) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn message(peak: f64, processor: &str) -> Vec<u8> {
+        [&peak.to_bits().to_le_bytes()[..], processor.as_bytes()].concat()
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_count_it_once_and_cpu_shares_all_count() {
+        let gpu =
+            |host: &str, n: u8| message(989e12, &format!("{host} cuda:{n} (NVIDIA H100 80GB HBM3, sm_90)"));
+        // Two stages on one GPU, a third rank on the machine's other GPU, a fourth elsewhere.
+        let all = [gpu("a", 0), gpu("a", 0), gpu("a", 1), gpu("b", 0)];
+        assert_eq!(sum_per_processor(&all), 3.0 * 989e12);
+        assert_eq!(sum_per_processor(&[message(2e11, ""), message(2e11, "")]), 4e11);
+    }
 
     #[test]
     fn a_gpu_is_measured_against_its_published_peak_at_the_runs_precision() {
