@@ -45,7 +45,12 @@
 // 22.5 GFLOP backward per layer.
 //
 // Launch (per_attention_tile_bf16 in launch.rs): grid (T / TILE rounded up, B * NH), one
-// block of WARPS warps per tile.
+// block of WARPS warps per tile. GPUs in practice dispatch blocks in order of blockIdx.x
+// (x fastest), and the causal half makes a block's work proportional to the tiles it
+// streams, so the longest go first and the last wave holds the shortest: the forward and
+// the query side take their query tiles in reverse (block 0 the last tile, which streams
+// every key tile), the key side its key tiles in order (block 0 the first, which streams
+// every query tile).
 #include "attention_head.cuh"
 #include "common.cuh"
 #include "mma.cuh"
@@ -179,7 +184,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // out [B, T, C] and lse [B * NH * T]. Warp w owns query rows i0 + 16w .. + 15; this lane
 // keeps the running maximum m (log2 units), its part of the sum l and the output o of its
-// two rows g and g + 8. Key tiles 0 ..= blockIdx.x: the rest are masked out.
+// two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_forward_bf16(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
                                  int dropout) {
@@ -187,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
-    const int warp = threadIdx.x / WARP_SIZE, tiles = blockIdx.x + 1;
-    const int i0 = blockIdx.x * TILE, r0 = i0 + 16 * warp;
+    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x, tiles = tile + 1;
+    const int i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = LOG2E / sqrtf((float)hs);
 
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
@@ -289,8 +294,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
-    const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tiles = blockIdx.x + 1;
-    const int i0 = blockIdx.x * TILE, r0 = i0 + 16 * warp;
+    const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
+    const int tiles = tile + 1, i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
     unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
