@@ -16,10 +16,13 @@
 // the other side streams through in tiles of 64 rows, staged in shared memory as bf16
 // pairs along the row (mma.cuh). Products that contract over the head dimension take
 // their B fragments from those rows as words (load_b); products that contract over the
-// tile take them from the same rows as 16-bit halves (load_b_columns), so no tile is
-// staged twice, transposed. A warp's [16, 64] scores are 8 accumulators of [16, 8], which,
-// rounded, are the A operand of the next product with no trip through shared memory.
-// Head sizes are multiples of 16 (the k of one product) up to HS_MAX.
+// tile (P' v, dS k, P'^T dout, dS^T q) take them from the same rows with their output
+// columns permuted, so that a lane's fragments for the whole head dimension are one
+// 16-byte load a row (accumulate, store_columns): no tile is staged twice, transposed. A
+// warp's [16, 64] scores are 8 accumulators of [16, 8], which, rounded, are the A operand
+// of the next product with no trip through shared memory. Head sizes are multiples of 16
+// (the k of one product) up to HS_MAX; below it the permuted products run over HS_MAX
+// columns, the staged zeros past hs included.
 //
 // Staging, double-buffered with one barrier per tile: tile n + 1's global loads are issued
 // (fetch_tile: float4 along the rows, every load of a thread in flight at once) before a
@@ -27,7 +30,13 @@
 // latency runs under tile n's tensor-core work; the barrier at the top of each tile both
 // publishes the tile staged during the previous one and retires the buffer the next will
 // overwrite. Only tiles that cross the diagonal (or T) are masked; the others take no
-// per-element test, and the dropout factor is a loop of its own, run only with dropout.
+// per-element test. With dropout on, a lane draws its 32 elements' mask bits in a loop of
+// their own (kept); with it off nothing is drawn and no element tests a bit.
+//
+// Registers (ptxas through NVRTC, no spills): the forward fits in 168, held there by its
+// launch bounds, so 3 blocks (12 warps) share an SM; the two backward kernels, which hold
+// two [16, 64] fp32 accumulators and the next tile's loads besides, take about 250, 2
+// blocks an SM.
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
@@ -99,24 +108,14 @@ __device__ __forceinline__ void fetch_tile(float4 f[FETCHES], const float* x, un
 }
 
 // The fetched share, rounded, into a staged tile: 8 bytes a lane, so that a half-warp
-// writes one row's 32 consecutive words, free of bank conflicts.
-__device__ __forceinline__ void store_tile(Tile tile, const float4 f[FETCHES], int hs) {
+// writes one row's 32 consecutive words, free of bank conflicts. Columns past hs are
+// staged as the zeros fetched there, which accumulate's permuted products read.
+__device__ __forceinline__ void store_tile(Tile tile, const float4 f[FETCHES]) {
     const int r = threadIdx.x / QUADS, q = threadIdx.x % QUADS;
     #pragma unroll
-    for (int e = 0; e < FETCHES; ++e) {
-        if (4 * q < hs)
-            *reinterpret_cast<uint2*>(&tile[r + e * FETCH_ROWS][2 * q]) =
-                make_uint2(pack_bf16(f[e].x, f[e].y), pack_bf16(f[e].z, f[e].w));
-    }
-}
-
-// The B fragment B[k][n] = Y[16 c + k][n0 + n] of a staged tile Y: each register pairs two
-// rows of one column, read as 16-bit halves (the low half of word w is column 2w).
-__device__ __forceinline__ void load_b_columns(unsigned int b[2], const Tile y, int n0, int c) {
-    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(&y[16 * c + 2 * t][0]) + n0 + g;
-    b[0] = h[0] | (unsigned int)h[2 * WORDS] << 16;              // rows 2t, 2t + 1
-    b[1] = h[16 * WORDS] | (unsigned int)h[18 * WORDS] << 16;  // rows 2t + 8, 2t + 9
+    for (int e = 0; e < FETCHES; ++e)
+        *reinterpret_cast<uint2*>(&tile[r + e * FETCH_ROWS][2 * q]) =
+            make_uint2(pack_bf16(f[e].x, f[e].y), pack_bf16(f[e].z, f[e].w));
 }
 
 // s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
@@ -134,19 +133,52 @@ __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[
     }
 }
 
+// The bf16 pair (lo's column n, hi's column n) of two staged rows' runs of 8 columns, as
+// 4 words each: the B register of one column over two neighbouring rows.
+__device__ __forceinline__ unsigned int column_pair(uint4 lo, uint4 hi, int n) {
+    const unsigned int l = uint4_word(lo, n / 2), h = uint4_word(hi, n / 2);
+    return n % 2 ? (l >> 16) | (h & 0xffff0000u) : (l & 0xffffu) | (h << 16);
+}
+
 // acc += P Y over the tile for one warp: P [16, TILE] in accumulators (rounded to bf16 as
-// they enter), Y [TILE, hs] the staged rows, read down its columns.
-__device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4], const Tile y, int hs) {
+// they enter), Y [TILE, HS_MAX] the staged rows, read down its columns. The products'
+// columns are permuted: column n' of accumulator acc[n] is Y's column 8 n' + n (see
+// store_columns), so that this lane's B fragments of all DTILES products of a k step lie
+// in 8 consecutive columns of its 4 rows (8g .. 8g + 7 of rows 2t, 2t + 1, 2t + 8, 2t + 9):
+// 4 loads of 16 bytes, free of bank conflicts (the 8 lanes of a quarter-warp start 8t + 4g
+// banks apart), where a column at a time took 32 loads of 16 bits and twice the shared
+// memory bandwidth. Below HS_MAX the zero columns past hs cost their products.
+static_assert(DTILES == 8, "a lane's run of columns is one 16-byte load");
+__device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4], const Tile y) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     #pragma unroll
     for (int c = 0; c < TILE / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
+        uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
         #pragma unroll
-        for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
-            unsigned int b[2];
-            load_b_columns(b, y, 8 * n, c);
+        for (int r = 0; r < 4; ++r)
+            run[r] = *reinterpret_cast<const uint4*>(&y[16 * c + 2 * t + r % 2 + 8 * (r / 2)][4 * g]);
+        #pragma unroll
+        for (int n = 0; n < DTILES; ++n) {
+            const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
             mma_bf16_16816(acc[n], a, b);
         }
+    }
+}
+
+// Row g + 8h of a warp's [16, HS_MAX] product accumulated by `accumulate`, times `scale`,
+// into `row` (16-byte aligned): this lane holds columns 16t .. 16t + 15 (acc[n][2h + k] is
+// column 16t + 8k + n), written unless they lie past hs.
+__device__ __forceinline__ void store_columns(float* row, const float acc[DTILES][4], int h, float scale, int hs) {
+    const int t = threadIdx.x % 4;
+    if (16 * t >= hs) return;
+    float4* out = reinterpret_cast<float4*>(row + 16 * t);
+    #pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int e = 2 * h + k;
+        out[2 * k] = make_float4(scale * acc[0][e], scale * acc[1][e], scale * acc[2][e], scale * acc[3][e]);
+        out[2 * k + 1] = make_float4(scale * acc[4][e], scale * acc[5][e], scale * acc[6][e], scale * acc[7][e]);
     }
 }
 
@@ -172,6 +204,24 @@ __device__ __forceinline__ void mask_scores(float s[KTILES][4], int r0, int c0, 
     }
 }
 
+// The dropout factors of this lane's elements of a warp's [16, TILE] tile, rows from r0 and
+// columns from c0 (queries in the rows, or with `transposed` in the columns): bit 4n + e
+// of the result is set where attention_head.cuh's dropout_factor keeps element s[n][e]
+// (its factor mask.scale, else 0). The elements are drawn one at a time in a loop that is
+// not unrolled, so that 32 elements' Philox rounds do not compete for registers with the
+// products' accumulators, and the bits index no register array.
+__device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned long long bh, int T, int r0, int c0,
+                                             bool transposed) {
+    unsigned int bits = 0;
+    #pragma unroll 1
+    for (int b = 0; b < 4 * KTILES; ++b) {
+        const int row = r0 + acc_row(b % 4), col = c0 + 8 * (b / 4) + acc_col(b % 4);
+        const int i = transposed ? col : row, j = transposed ? row : col;
+        if (dropout_factor(mask, bh, T, i, j) != 0.0f) bits |= 1u << b;
+    }
+    return bits;
+}
+
 // Over the four lanes of a quad (t = 0..3), which together hold a row of a product.
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
@@ -185,7 +235,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // out [B, T, C] and lse [B * NH * T]. Warp w owns query rows i0 + 16w .. + 15; this lane
 // keeps the running maximum m (log2 units), its part of the sum l and the output o of its
 // two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// At most 168 registers a thread, so that 3 blocks share an SM (see the header).
+extern "C" __global__ void __launch_bounds__(THREADS, 3)
     fused_attention_forward_bf16(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
                                  int dropout) {
     alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
@@ -205,9 +256,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
     float4 f[FETCHES];
     fetch_tile(f, keys, 3 * C, 0, T, hs);
-    store_tile(k[0], f, hs);
+    store_tile(k[0], f);
     fetch_tile(f, values, 3 * C, 0, T, hs);
-    store_tile(v[0], f, hs);
+    store_tile(v[0], f);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
@@ -215,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         float s[KTILES][4];
         scores(s, q, k[cur], hs);
         if (next) {
-            store_tile(k[1 - cur], f, hs);
+            store_tile(k[1 - cur], f);
             fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
         }
         if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
@@ -248,36 +299,26 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             }
         }
         if (dropout) {  // P' = P * keep, which the output accumulates
+            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
             #pragma unroll
             for (int c = 0; c < KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[c][e] *= dropout_factor(mask, hd.bh, T, r0 + acc_row(e), j0 + 8 * c + acc_col(e));
+                for (int e = 0; e < 4; ++e) s[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
         #pragma unroll
-        for (int d = 0; d < DTILES && 8 * d < hs; ++d) {
+        for (int d = 0; d < DTILES; ++d) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) o[d][e] *= correction[e / 2];
         }
-        accumulate(o, s, v[cur], hs);
-        if (next) store_tile(v[1 - cur], f, hs);
-    }
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = quad_sum(l[h]);
-    #pragma unroll
-    for (int d = 0; d < DTILES && 8 * d < hs; ++d) {
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = r0 + acc_row(2 * h);
-            if (i < T)
-                *reinterpret_cast<float2*>(out + hd.io + (unsigned long long)i * C + 8 * d + acc_col(0)) =
-                    make_float2(o[d][2 * h] / l[h], o[d][2 * h + 1] / l[h]);
-        }
+        accumulate(o, s, v[cur]);
+        if (next) store_tile(v[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
+        l[h] = quad_sum(l[h]);
+        if (i < T) store_columns(out + hd.io + (unsigned long long)i * C, o, h, 1.0f / l[h], hs);
         if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] * LN2 + logf(l[h]);
     }
 }
@@ -327,24 +368,24 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
     float4 f[FETCHES];
     fetch_tile(f, keys, 3 * C, 0, T, hs);
-    store_tile(k[0], f, hs);
+    store_tile(k[0], f);
     fetch_tile(f, values, 3 * C, 0, T, hs);
-    store_tile(v[0], f, hs);
+    store_tile(v[0], f);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
         if (next) fetch_tile(f, keys, 3 * C, j0 + TILE, T, hs);
         float s[KTILES][4], dp[KTILES][4];
         scores(s, q, k[cur], hs);
-        if (next) store_tile(k[1 - cur], f, hs);
+        if (next) store_tile(k[1 - cur], f);
         scores(dp, dy, v[cur], hs);
         if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
         if (dropout) {
+            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
             #pragma unroll
             for (int c = 0; c < KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dp[c][e] *= dropout_factor(mask, hd.bh, T, r0 + acc_row(e), j0 + 8 * c + acc_col(e));
+                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
         // dS into s; zero where masked (P = 0).
@@ -356,18 +397,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         }
         // The next value tile's loads run under dq's product, which leaves s, not dp, live.
         if (next) fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
-        accumulate(dq, s, k[cur], hs);
-        if (next) store_tile(v[1 - cur], f, hs);
+        accumulate(dq, s, k[cur]);
+        if (next) store_tile(v[1 - cur], f);
     }
     #pragma unroll
-    for (int d = 0; d < DTILES && 8 * d < hs; ++d) {
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = r0 + acc_row(2 * h);
-            if (i < T)
-                *reinterpret_cast<float2*>(dqkv + hd.qkv + (unsigned long long)i * 3 * C + 8 * d + acc_col(0)) =
-                    make_float2(scale * dq[d][2 * h], scale * dq[d][2 * h + 1]);
-        }
+    for (int h = 0; h < 2; ++h) {
+        const int i = r0 + acc_row(2 * h);
+        if (i < T) store_columns(dqkv + hd.qkv + (unsigned long long)i * 3 * C, dq, h, scale, hs);
     }
 }
 
@@ -418,9 +454,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     fetch_stats(j0);
     store_stats(first % 2);
     fetch_tile(f, queries, 3 * C, j0, T, hs);
-    store_tile(q[first % 2], f, hs);
+    store_tile(q[first % 2], f);
     fetch_tile(f, grads, C, j0, T, hs);
-    store_tile(dy[first % 2], f, hs);
+    store_tile(dy[first % 2], f);
     for (int n = first; n < tiles; ++n) {
         const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
@@ -428,55 +464,58 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             fetch_stats(i0 + TILE);
             fetch_tile(f, queries, 3 * C, i0 + TILE, T, hs);
         }
+        // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live together
+        // only while dS is formed.
         float s[KTILES][4], dp[KTILES][4];
         scores(s, k, q[cur], hs);
         if (next) {
             store_stats(1 - cur);
-            store_tile(q[1 - cur], f, hs);
+            store_tile(q[1 - cur], f);
         }
-        scores(dp, v, dy[cur], hs);
         if (n == first || i0 + TILE > T) mask_scores(s, c0, i0, T, true);
-        // P into s (zero where masked), then P' into s and dS into dp, both transposed (row
-        // j, column i).
+        // P into s, transposed (row j, column i); zero where masked.
         #pragma unroll
         for (int c = 0; c < KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
         }
+        const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
+        if (dropout) {  // dv takes P' = P * keep, dS below P itself
+            #pragma unroll
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) dp[c][e] = bits >> (4 * c + e) & 1u ? mask.scale * s[c][e] : 0.0f;
+            }
+            accumulate(dv, dp, dy[cur]);
+        } else {
+            accumulate(dv, s, dy[cur]);
+        }
+        scores(dp, v, dy[cur], hs);
+        // dS into dp: P (keep * dP - delta).
         if (dropout) {
             #pragma unroll
             for (int c = 0; c < KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = 8 * c + acc_col(e);
-                    const float factor = dropout_factor(mask, hd.bh, T, i0 + col, c0 + acc_row(e));
-                    dp[c][e] = s[c][e] * (dp[c][e] * factor - D[cur][col]);
-                    s[c][e] *= factor;
-                }
-            }
-        } else {
-            #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
-        accumulate(dv, s, dy[cur], hs);
-        // The next output gradient tile's loads run under dk's product, which leaves dS, not
-        // P', live.
+        #pragma unroll
+        for (int c = 0; c < KTILES; ++c) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+        }
+        // The next output gradient tile's loads run under dk's product, which leaves only dS
+        // live.
         if (next) fetch_tile(f, grads, C, i0 + TILE, T, hs);
-        accumulate(dk, dp, q[cur], hs);
-        if (next) store_tile(dy[1 - cur], f, hs);
+        accumulate(dk, dp, q[cur]);
+        if (next) store_tile(dy[1 - cur], f);
     }
     #pragma unroll
-    for (int d = 0; d < DTILES && 8 * d < hs; ++d) {
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int j = c0 + acc_row(2 * h);
-            if (j >= T) continue;
-            float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C + 8 * d + acc_col(0);
-            *reinterpret_cast<float2*>(g + C) = make_float2(scale * dk[d][2 * h], scale * dk[d][2 * h + 1]);
-            *reinterpret_cast<float2*>(g + 2 * C) = make_float2(dv[d][2 * h], dv[d][2 * h + 1]);
-        }
+    for (int h = 0; h < 2; ++h) {
+        const int j = c0 + acc_row(2 * h);
+        if (j >= T) continue;
+        float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
+        store_columns(g + C, dk, h, scale, hs);
+        store_columns(g + 2 * C, dv, h, 1.0f, hs);
     }
 }
