@@ -70,8 +70,9 @@
 #define THREADS (WARPS * WARP_SIZE)
 #define HS_MAX 64
 // A staged row of bf16 pairs: HS_MAX / 2 words, padded by 4 so that the lanes of a
-// fragment load (rows g, words t: word 36 g + t) hit 32 different banks, and so do those
-// of a column load (rows 2t, words g / 2: word 72 t + g / 2, lanes g and g ^ 1 sharing one).
+// fragment load (rows g, words t: word 36 g + t) hit 32 different banks, and the 8 lanes
+// of a quarter-warp's 16-byte load in accumulate (rows 2t, words 4g: word 72 t + 4g) start
+// 4 banks apart, and a half-warp's 8-byte stores in store_tile cover one row's 32 words.
 #define WORDS (HS_MAX / 2 + 4)
 #define STEPS (HS_MAX / 16)  // head-dimension k steps of a product, at most
 #define DTILES (HS_MAX / 8)  // [16, 8] accumulators across the head dimension, at most
@@ -89,10 +90,10 @@ typedef unsigned int Tile[TILE][WORDS];
 
 // This thread's share of rows [row0, row0 + TILE) of a [T, hs] operand (row stride
 // `stride`), into registers: QUADS threads cover a row, float4 by float4, so that a
-// half-warp reads one row's 256 bytes, and fetch e takes the thread's row plus e * FETCH_ROWS;
-// all of a thread's loads are in flight together. Zeros past T; nothing past hs. One 64-bit
-// address a call, 32-bit offsets from it, so that the compiler keeps no per-fetch address
-// live across the loop over tiles. The addresses are 16-byte aligned: the head's columns
+// half-warp reads one row's 256 bytes, and fetch e takes the thread's row plus
+// e * FETCH_ROWS; all of a thread's loads are in flight together. Zeros past T and past
+// hs. One 64-bit address a call, 32-bit offsets from it, so that the compiler keeps no
+// per-fetch address live across the loop over tiles. The addresses are 16-byte aligned: the head's columns
 // start at a multiple of hs, a multiple of 16, and so does every row.
 #define FETCH_ROWS (THREADS / QUADS)
 __device__ __forceinline__ void fetch_tile(float4 f[FETCHES], const float* x, unsigned long long stride, int row0,
