@@ -7,16 +7,44 @@
 // operands into fp32 accumulators run those products on the tensor cores.
 //
 // Rounding: q, k, v and dout are rounded to bf16 as they are staged or loaded into
-// fragments, and P, P' and dS before they enter a product; every accumulator, the softmax's maximum and sum, lse,
-// delta and the outputs stay fp32.
+// fragments, and P, P' and dS before they enter a product; every accumulator, the
+// softmax's maximum and sum, lse, delta and the outputs stay fp32. Exponentials are taken
+// as exp2f of scores scaled by log2(e) / sqrt(hs) (the softmax's maximum in those units).
 //
 // Tiles: blocks of WARPS = 4 warps own TILE = 64 rows (queries for the forward and the
 // query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
-// the other side comes in tiles of 64, staged in shared memory as bf16 pairs (mma.cuh), in
-// rows for the products that contract over the head dimension and in columns (transposed)
-// for those that contract over the tile. A warp's [16, 64] scores are 8 accumulators of
-// [16, 8], which, rounded, are the A operand of the next product with no trip through
-// shared memory. Head sizes are multiples of 16 (the k of one product) up to HS_MAX.
+// the other side streams through in tiles of 64 rows, staged in shared memory as bf16
+// pairs along the row (mma.cuh). Products that contract over the head dimension take
+// their B fragments from those rows as words (load_b); products that contract over the
+// tile (P' v, dS k, P'^T dout, dS^T q) take them from the same rows with their output
+// columns permuted, so that a lane's fragments for the whole head dimension are one
+// 16-byte load a row (accumulate, store_columns): no tile is staged twice, transposed. A
+// warp's [16, 64] scores are 8 accumulators of [16, 8], which, rounded, are the A operand
+// of the next product with no trip through shared memory. Head sizes are multiples of 16
+// (the k of one product) up to HS_MAX; below it the permuted products run over HS_MAX
+// columns, the staged zeros past hs included.
+//
+// Staging, double-buffered with one barrier per tile: tile n + 1's global loads are issued
+// (fetch_tile: float4 along the rows, every load of a thread in flight at once) before a
+// product of tile n and written to the other buffer (store_tile) after it, so their
+// latency runs under tile n's tensor-core work; the barrier at the top of each tile both
+// publishes the tile staged during the previous one and retires the buffer the next will
+// overwrite. Only tiles that cross the diagonal (or T) are masked; the others take no
+// per-element test. With dropout on, a lane draws its 32 elements' mask bits in a loop of
+// their own (kept); with it off nothing is drawn and no element tests a bit.
+//
+// Registers (ptxas through NVRTC, no spills): the forward fits in 168, held there by its
+// launch bounds, so 3 blocks (12 warps) share an SM; the two backward kernels, which hold
+// two [16, 64] fp32 accumulators and the next tile's loads besides, take about 250, 2
+// blocks an SM.
+//
+// Where the time went before this design (an estimate from the code and the measured
+// 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
+// of scalar 4-byte loads with a run-time division per element, each iteration waiting on
+// its own loads, between two barriers per tile, so that every tile cost a few global
+// round trips that nothing overlapped; transposed copies written with 8-way bank
+// conflicts; expf and a causal test on every element of every tile. The new design is
+// not yet measured on a GPU.
 //
 // Work per call, counting a multiply-add as 2 FLOPs over the causal half of the T x T
 // scores (the diagonal tiles' masked half is computed too): the forward makes 2 products
@@ -26,7 +54,12 @@
 // 22.5 GFLOP backward per layer.
 //
 // Launch (per_attention_tile_bf16 in launch.rs): grid (T / TILE rounded up, B * NH), one
-// block of WARPS warps per tile.
+// block of WARPS warps per tile. GPUs in practice dispatch blocks in order of blockIdx.x
+// (x fastest), and the causal half makes a block's work proportional to the tiles it
+// streams, so the longest go first and the last wave holds the shortest: the forward and
+// the query side take their query tiles in reverse (block 0 the last tile, which streams
+// every key tile), the key side its key tiles in order (block 0 the first, which streams
+// every query tile).
 #include "attention_head.cuh"
 #include "common.cuh"
 #include "mma.cuh"
@@ -34,52 +67,61 @@
 
 #define TILE 64
 #define WARPS 4
+#define THREADS (WARPS * WARP_SIZE)
 #define HS_MAX 64
-// A staged row of bf16 pairs: TILE / 2 (= HS_MAX / 2) words, padded by 4 so that the
-// lanes of a fragment load (rows g, words t: word 36 g + t) hit 32 different banks.
-#define WORDS (TILE / 2 + 4)
+// A staged row of bf16 pairs: HS_MAX / 2 words, padded by 4 so that the lanes of a
+// fragment load (rows g, words t: word 36 g + t) hit 32 different banks, and the 8 lanes
+// of a quarter-warp's 16-byte load in accumulate (rows 2t, words 4g: word 72 t + 4g) start
+// 4 banks apart, and a half-warp's 8-byte stores in store_tile cover one row's 32 words.
+#define WORDS (HS_MAX / 2 + 4)
 #define STEPS (HS_MAX / 16)  // head-dimension k steps of a product, at most
 #define DTILES (HS_MAX / 8)  // [16, 8] accumulators across the head dimension, at most
 #define KTILES (TILE / 8)    // [16, 8] accumulators across a tile
-// Fragments and accumulators are arrays that must live in registers, so every index into
-// them must be known at compile time: loops over them are bounded by the array's size
-// (STEPS, DTILES) and unrolled, and stop early at the head size.
+#define QUADS (HS_MAX / 4)   // float4 in a row, at most
+#define FETCHES (TILE * QUADS / THREADS)  // float4 a thread fetches of a staged tile
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+// Fragments, accumulators and fetched tiles are arrays that must live in registers, so
+// every index into them must be known at compile time: loops over them are bounded by the
+// array's size (STEPS, DTILES, FETCHES) and unrolled, and stop early at the head size.
 
-// Rows [row0, row0 + TILE) of one [T, hs] operand (row stride `stride`) as bf16 pairs
-// along the row: tile[r][w] = (x[row0 + r][2w], x[row0 + r][2w + 1]); zeros past T.
-__device__ __forceinline__ void stage_rows(unsigned int (*tile)[WORDS], const float* x, unsigned long long stride,
-                                           int row0, int T, int hs) {
-    const int words = hs / 2;
-    for (int e = threadIdx.x; e < TILE * words; e += blockDim.x) {
-        const int r = e / words, w = e % words;
-        const float* p = x + (unsigned long long)(row0 + r) * stride + 2 * w;
-        tile[r][w] = row0 + r < T ? pack_bf16(p[0], p[1]) : 0u;
+// TILE rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
+typedef unsigned int Tile[TILE][WORDS];
+
+// This thread's share of rows [row0, row0 + TILE) of a [T, hs] operand (row stride
+// `stride`), into registers: QUADS threads cover a row, float4 by float4, so that a
+// half-warp reads one row's 256 bytes, and fetch e takes the thread's row plus
+// e * FETCH_ROWS; all of a thread's loads are in flight together. Zeros past T and past
+// hs. One 64-bit address a call, 32-bit offsets from it, so that the compiler keeps no
+// per-fetch address live across the loop over tiles. The addresses are 16-byte aligned: the head's columns
+// start at a multiple of hs, a multiple of 16, and so does every row.
+#define FETCH_ROWS (THREADS / QUADS)
+__device__ __forceinline__ void fetch_tile(float4 f[FETCHES], const float* x, unsigned long long stride, int row0,
+                                           int T, int hs) {
+    const int r = row0 + threadIdx.x / QUADS, c = 4 * (threadIdx.x % QUADS);
+    const float* p = x + (unsigned long long)r * stride + c;
+    const int step = FETCH_ROWS * (int)stride;
+    #pragma unroll
+    for (int e = 0; e < FETCHES; ++e) {
+        f[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r + e * FETCH_ROWS < T && c < hs) f[e] = *reinterpret_cast<const float4*>(p + e * step);
     }
 }
 
-// The same rows transposed, as bf16 pairs along the column: tile[d][w] =
-// (x[row0 + 2w][d], x[row0 + 2w + 1][d]); zeros past T.
-__device__ __forceinline__ void stage_columns(unsigned int (*tile)[WORDS], const float* x,
-                                              unsigned long long stride, int row0, int T, int hs) {
-    for (int e = threadIdx.x; e < TILE / 2 * hs; e += blockDim.x) {
-        const int w = e / hs, d = e % hs, r = row0 + 2 * w;  // neighbouring threads read along a row
-        const float lo = r < T ? x[(unsigned long long)r * stride + d] : 0.0f;
-        const float hi = r + 1 < T ? x[(unsigned long long)(r + 1) * stride + d] : 0.0f;
-        tile[d][w] = pack_bf16(lo, hi);
-    }
-}
-
-// The multiplier of element (i, j) of head bh's probabilities: 1 without dropout, else
-// attention_head.cuh's dropout factor.
-__device__ __forceinline__ float keep_factor(const DropoutMask& mask, int dropout, unsigned long long bh, int T, int i,
-                                             int j) {
-    return dropout ? dropout_factor(mask, bh, T, i, j) : 1.0f;
+// The fetched share, rounded, into a staged tile: 8 bytes a lane, so that a half-warp
+// writes one row's 32 consecutive words, free of bank conflicts. Columns past hs are
+// staged as the zeros fetched there, which accumulate's permuted products read.
+__device__ __forceinline__ void store_tile(Tile tile, const float4 f[FETCHES]) {
+    const int r = threadIdx.x / QUADS, q = threadIdx.x % QUADS;
+    #pragma unroll
+    for (int e = 0; e < FETCHES; ++e)
+        *reinterpret_cast<uint2*>(&tile[r + e * FETCH_ROWS][2 * q]) =
+            make_uint2(pack_bf16(f[e].x, f[e].y), pack_bf16(f[e].z, f[e].w));
 }
 
 // s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
 // fragments `x` (the warp's 16 rows, hs / 16 steps) against the staged rows of `y`.
-__device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4],
-                                       const unsigned int (*y)[WORDS], int hs) {
+__device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4], const Tile y, int hs) {
     #pragma unroll
     for (int n = 0; n < KTILES; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -92,20 +134,52 @@ __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[
     }
 }
 
+// The bf16 pair (lo's column n, hi's column n) of two staged rows' runs of 8 columns, as
+// 4 words each: the B register of one column over two neighbouring rows.
+__device__ __forceinline__ unsigned int column_pair(uint4 lo, uint4 hi, int n) {
+    const unsigned int l = uint4_word(lo, n / 2), h = uint4_word(hi, n / 2);
+    return n % 2 ? (l >> 16) | (h & 0xffff0000u) : (l & 0xffffu) | (h << 16);
+}
+
 // acc += P Y over the tile for one warp: P [16, TILE] in accumulators (rounded to bf16 as
-// they enter), Y [TILE, hs] staged in columns (yt[d][w] pairs rows 2w, 2w + 1).
-__device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4],
-                                           const unsigned int (*yt)[WORDS], int hs) {
+// they enter), Y [TILE, HS_MAX] the staged rows, read down its columns. The products'
+// columns are permuted: column n' of accumulator acc[n] is Y's column 8 n' + n (see
+// store_columns), so that this lane's B fragments of all DTILES products of a k step lie
+// in 8 consecutive columns of its 4 rows (8g .. 8g + 7 of rows 2t, 2t + 1, 2t + 8, 2t + 9):
+// 4 loads of 16 bytes, free of bank conflicts (the 8 lanes of a quarter-warp start 8t + 4g
+// banks apart), where a column at a time took 32 loads of 16 bits and twice the shared
+// memory bandwidth. Below HS_MAX the zero columns past hs cost their products.
+static_assert(DTILES == 8, "a lane's run of columns is one 16-byte load");
+__device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4], const Tile y) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     #pragma unroll
     for (int c = 0; c < TILE / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
+        uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
         #pragma unroll
-        for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
-            unsigned int b[2];
-            load_b(b, &yt[0][0], WORDS, 8 * n, c);
+        for (int r = 0; r < 4; ++r)
+            run[r] = *reinterpret_cast<const uint4*>(&y[16 * c + 2 * t + r % 2 + 8 * (r / 2)][4 * g]);
+        #pragma unroll
+        for (int n = 0; n < DTILES; ++n) {
+            const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
             mma_bf16_16816(acc[n], a, b);
         }
+    }
+}
+
+// Row g + 8h of a warp's [16, HS_MAX] product accumulated by `accumulate`, times `scale`,
+// into `row` (16-byte aligned): this lane holds columns 16t .. 16t + 15 (acc[n][2h + k] is
+// column 16t + 8k + n), written unless they lie past hs.
+__device__ __forceinline__ void store_columns(float* row, const float acc[DTILES][4], int h, float scale, int hs) {
+    const int t = threadIdx.x % 4;
+    if (16 * t >= hs) return;
+    float4* out = reinterpret_cast<float4*>(row + 16 * t);
+    #pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int e = 2 * h + k;
+        out[2 * k] = make_float4(scale * acc[0][e], scale * acc[1][e], scale * acc[2][e], scale * acc[3][e]);
+        out[2 * k + 1] = make_float4(scale * acc[4][e], scale * acc[5][e], scale * acc[6][e], scale * acc[7][e]);
     }
 }
 
@@ -113,6 +187,41 @@ __device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[K
 // (0..3): rows g and g + 8, columns 2t and 2t + 1.
 __device__ __forceinline__ int acc_row(int e) { return threadIdx.x % WARP_SIZE / 4 + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x % 4) + e % 2; }
+
+// A warp's [16, TILE] scores of a tile that crosses the diagonal or T, rows from r0 and
+// columns from c0: -inf where key j may not see query i, so that their exponentials are 0.
+// With queries in the rows (`transposed` false) that is j > i; rows past T are computed
+// and never stored. With queries in the columns (the key side), also i >= T, which would
+// otherwise add to every key's sums.
+__device__ __forceinline__ void mask_scores(float s[KTILES][4], int r0, int c0, int T, bool transposed) {
+    #pragma unroll
+    for (int n = 0; n < KTILES; ++n) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = r0 + acc_row(e), col = c0 + 8 * n + acc_col(e);
+            const int i = transposed ? col : row, j = transposed ? row : col;
+            if (j > i || (transposed && i >= T)) s[n][e] = NEG_INF;
+        }
+    }
+}
+
+// The dropout factors of this lane's elements of a warp's [16, TILE] tile, rows from r0 and
+// columns from c0 (queries in the rows, or with `transposed` in the columns): bit 4n + e
+// of the result is set where attention_head.cuh's dropout_factor keeps element s[n][e]
+// (its factor mask.scale, else 0). The elements are drawn one at a time in a loop that is
+// not unrolled, so that 32 elements' Philox rounds do not compete for registers with the
+// products' accumulators, and the bits index no register array.
+__device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned long long bh, int T, int r0, int c0,
+                                             bool transposed) {
+    unsigned int bits = 0;
+    #pragma unroll 1
+    for (int b = 0; b < 4 * KTILES; ++b) {
+        const int row = r0 + acc_row(b % 4), col = c0 + 8 * (b / 4) + acc_col(b % 4);
+        const int i = transposed ? col : row, j = transposed ? row : col;
+        if (dropout_factor(mask, bh, T, i, j) != 0.0f) bits |= 1u << b;
+    }
+    return bits;
+}
 
 // Over the four lanes of a quad (t = 0..3), which together hold a row of a product.
 __device__ __forceinline__ float quad_max(float v) {
@@ -125,16 +234,19 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // out [B, T, C] and lse [B * NH * T]. Warp w owns query rows i0 + 16w .. + 15; this lane
-// keeps the running maximum m, sum l and output o of its two rows g and g + 8.
-extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, const float* qkv, int T, int NH,
-                                                        int hs, DropoutMask mask, int dropout) {
-    __shared__ unsigned int k[TILE][WORDS];     // k[j][w]: key j0 + j, dimensions 2w, 2w + 1
-    __shared__ unsigned int vt[HS_MAX][WORDS];  // vt[d][w]: dimension d of values j0 + 2w, j0 + 2w + 1
+// keeps the running maximum m (log2 units), its part of the sum l and the output o of its
+// two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
+// At most 168 registers a thread, so that 3 blocks share an SM (see the header).
+extern "C" __global__ void __launch_bounds__(THREADS, 3)
+    fused_attention_forward_bf16(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
+                                 int dropout) {
+    alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const int warp = threadIdx.x / WARP_SIZE;
-    const int i0 = blockIdx.x * TILE, r0 = i0 + 16 * warp;
-    const float scale = 1.0f / sqrtf((float)hs);
+    const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x, tiles = tile + 1;
+    const int i0 = tile * TILE, r0 = i0 + 16 * warp;
+    const float scale = LOG2E / sqrtf((float)hs);
 
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
     #pragma unroll
@@ -143,65 +255,72 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
     #pragma unroll
     for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    // Key tiles up to the one holding the tile's last row: the rest are masked out.
-    for (int j0 = 0; j0 <= i0 + TILE - 1 && j0 < T; j0 += TILE) {
-        __syncthreads();  // every warp is done with the previous key tile
-        stage_rows(k, qkv + hd.qkv + C, 3 * C, j0, T, hs);
-        stage_columns(vt, qkv + hd.qkv + 2 * C, 3 * C, j0, T, hs);
-        __syncthreads();  // the key tile is staged
+    float4 f[FETCHES];
+    fetch_tile(f, keys, 3 * C, 0, T, hs);
+    store_tile(k[0], f);
+    fetch_tile(f, values, 3 * C, 0, T, hs);
+    store_tile(v[0], f);
+    for (int n = 0; n < tiles; ++n) {
+        const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
+        if (next) fetch_tile(f, keys, 3 * C, j0 + TILE, T, hs);
         float s[KTILES][4];
-        scores(s, q, k, hs);
-        // Scaled and masked (j > i is -inf); the rows' new maxima over the quad. Key 0 is in
-        // the first tile and every row's, so a row's maximum is finite from the first tile.
+        scores(s, q, k[cur], hs);
+        if (next) {
+            store_tile(k[1 - cur], f);
+            fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
+        }
+        if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
+        // The rows' new maxima over the quad. Key 0 is in the first tile and every row's, so
+        // a row's maximum is finite from the first tile.
         float m_new[2] = {m[0], m[1]};
         #pragma unroll
-        for (int n = 0; n < KTILES; ++n) {
+        for (int c = 0; c < KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
-                s[n][e] = j <= i ? scale * s[n][e] : NEG_INF;
-                m_new[e / 2] = fmaxf(m_new[e / 2], s[n][e]);
+                s[c][e] *= scale;
+                m_new[e / 2] = fmaxf(m_new[e / 2], s[c][e]);
             }
         }
-        float correction[2], sum[2] = {0.0f, 0.0f};
+        float correction[2];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             m_new[h] = quad_max(m_new[h]);
-            correction[h] = expf(m[h] - m_new[h]);
+            correction[h] = exp2f(m[h] - m_new[h]);
             m[h] = m_new[h];
+            l[h] *= correction[h];
         }
-        // P into s, summed undropped; then P' = P * keep, which the output accumulates.
+        // P into s, summed undropped (this lane's columns; the quad's parts add up at the end).
         #pragma unroll
-        for (int n = 0; n < KTILES; ++n) {
+        for (int c = 0; c < KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
-                const float p = j <= i ? expf(s[n][e] - m[e / 2]) : 0.0f;
-                sum[e / 2] += p;
-                s[n][e] = p == 0.0f ? 0.0f : p * keep_factor(mask, dropout, hd.bh, T, i, j);
+                s[c][e] = exp2f(s[c][e] - m[e / 2]);
+                l[e / 2] += s[c][e];
+            }
+        }
+        if (dropout) {  // P' = P * keep, which the output accumulates
+            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
+            #pragma unroll
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) s[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
         #pragma unroll
-        for (int h = 0; h < 2; ++h) l[h] = l[h] * correction[h] + quad_sum(sum[h]);
-        #pragma unroll
-        for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
+        for (int d = 0; d < DTILES; ++d) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) o[n][e] *= correction[e / 2];
+            for (int e = 0; e < 4; ++e) o[d][e] *= correction[e / 2];
         }
-        accumulate(o, s, vt, hs);
-    }
-    #pragma unroll
-    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = r0 + acc_row(e);
-            if (i < T) out[hd.io + (unsigned long long)i * C + 8 * n + acc_col(e)] = o[n][e] / l[e / 2];
-        }
+        accumulate(o, s, v[cur]);
+        if (next) store_tile(v[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
-        if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] + logf(l[h]);
+        l[h] = quad_sum(l[h]);
+        if (i < T) store_columns(out + hd.io + (unsigned long long)i * C, o, h, 1.0f / l[h], hs);
+        if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] * LN2 + logf(l[h]);
     }
 }
 
@@ -209,17 +328,17 @@ extern "C" __global__ void fused_attention_forward_bf16(float* out, float* lse, 
 // (fp32) into delta [B * NH * T] for the key side, and dq_i = scale * sum_j dS_ij k_j into
 // dqkv, with P_ij = exp(s_ij - lse_i), dP_ij = keep_ij * (dout_i . v_j) and
 // dS_ij = P_ij (dP_ij - delta_i).
-extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, float* delta, const float* qkv,
-                                                               const float* out, const float* dout, const float* lse,
-                                                               int T, int NH, int hs, DropoutMask mask, int dropout) {
-    __shared__ unsigned int k[TILE][WORDS];     // keys in rows, for the scores
-    __shared__ unsigned int kt[HS_MAX][WORDS];  // keys in columns, for dq
-    __shared__ unsigned int v[TILE][WORDS];     // values in rows, for dP
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_query_bf16(float* dqkv, float* delta, const float* qkv, const float* out,
+                                        const float* dout, const float* lse, int T, int NH, int hs,
+                                        DropoutMask mask, int dropout) {
+    alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4;
-    const int i0 = blockIdx.x * TILE, r0 = i0 + 16 * warp;
-    const float scale = 1.0f / sqrtf((float)hs);
+    const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
+    const int tiles = tile + 1, i0 = tile * TILE, r0 = i0 + 16 * warp;
+    const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
     unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
     #pragma unroll
@@ -227,56 +346,65 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
         load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
         load_a_rounded(dy[kk], dout + hd.io, C, r0, T, kk);
     }
-    // delta and lse of this lane's rows g and g + 8; the quad splits a row's dimensions.
+    // delta and lse (log2 units) of this lane's rows g and g + 8; the quad splits a row's
+    // dimensions, float4 by float4.
     float D[2], L[2];
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
         float part = 0.0f;
-        for (int d = t; i < T && d < hs; d += 4) {
+        for (int d = 4 * t; i < T && d < hs; d += 16) {
             const unsigned long long at = hd.io + (unsigned long long)i * C + d;
-            part += dout[at] * out[at];
+            const float4 a = *reinterpret_cast<const float4*>(dout + at);
+            const float4 b = *reinterpret_cast<const float4*>(out + at);
+            part += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
         D[h] = quad_sum(part);
-        L[h] = i < T ? lse[hd.bh * T + i] : 0.0f;
+        L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
         if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
     }
     float dq[DTILES][4];
     #pragma unroll
-    for (int n = 0; n < DTILES; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    for (int d = 0; d < DTILES; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
 
-    for (int j0 = 0; j0 <= i0 + TILE - 1 && j0 < T; j0 += TILE) {
-        __syncthreads();  // every warp is done with the previous key tile
-        stage_rows(k, qkv + hd.qkv + C, 3 * C, j0, T, hs);
-        stage_columns(kt, qkv + hd.qkv + C, 3 * C, j0, T, hs);
-        stage_rows(v, qkv + hd.qkv + 2 * C, 3 * C, j0, T, hs);
-        __syncthreads();  // the key tile is staged
+    float4 f[FETCHES];
+    fetch_tile(f, keys, 3 * C, 0, T, hs);
+    store_tile(k[0], f);
+    fetch_tile(f, values, 3 * C, 0, T, hs);
+    store_tile(v[0], f);
+    for (int n = 0; n < tiles; ++n) {
+        const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
+        if (next) fetch_tile(f, keys, 3 * C, j0 + TILE, T, hs);
         float s[KTILES][4], dp[KTILES][4];
-        scores(s, q, k, hs);
-        scores(dp, dy, v, hs);
-        // dS into s; zero above the diagonal and in rows past T.
-        #pragma unroll
-        for (int n = 0; n < KTILES; ++n) {
+        scores(s, q, k[cur], hs);
+        if (next) store_tile(k[1 - cur], f);
+        scores(dp, dy, v[cur], hs);
+        if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
+        if (dropout) {
+            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = r0 + acc_row(e), j = j0 + 8 * n + acc_col(e);
-                float ds = 0.0f;
-                if (j <= i && i < T) {
-                    const float p = expf(scale * s[n][e] - L[e / 2]);
-                    ds = p * (dp[n][e] * keep_factor(mask, dropout, hd.bh, T, i, j) - D[e / 2]);
-                }
-                s[n][e] = ds;
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
-        accumulate(dq, s, kt, hs);
+        // dS into s; zero where masked (P = 0).
+        #pragma unroll
+        for (int c = 0; c < KTILES; ++c) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[c][e] = exp2f(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
+        }
+        // The next value tile's loads run under dq's product, which leaves s, not dp, live.
+        if (next) fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
+        accumulate(dq, s, k[cur]);
+        if (next) store_tile(v[1 - cur], f);
     }
     #pragma unroll
-    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = r0 + acc_row(e);
-            if (i < T) dqkv[hd.qkv + (unsigned long long)i * 3 * C + 8 * n + acc_col(e)] = scale * dq[n][e];
-        }
+    for (int h = 0; h < 2; ++h) {
+        const int i = r0 + acc_row(2 * h);
+        if (i < T) store_columns(dqkv + hd.qkv + (unsigned long long)i * 3 * C, dq, h, scale, hs);
     }
 }
 
@@ -284,19 +412,18 @@ extern "C" __global__ void fused_attention_backward_query_bf16(float* dqkv, floa
 // delta): dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij q_i over the query
 // tiles from the diagonal on. Warp w owns keys j0 + 16w .. + 15 and works on the
 // transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are queries.
-extern "C" __global__ void fused_attention_backward_key_value_bf16(float* dqkv, const float* qkv, const float* dout,
-                                                                   const float* lse, const float* delta, int T,
-                                                                   int NH, int hs, DropoutMask mask, int dropout) {
-    __shared__ unsigned int q[TILE][WORDS];      // queries in rows, for S^T
-    __shared__ unsigned int qt[HS_MAX][WORDS];   // queries in columns, for dk
-    __shared__ unsigned int dy[TILE][WORDS];     // output gradients in rows, for dP^T
-    __shared__ unsigned int dyt[HS_MAX][WORDS];  // output gradients in columns, for dv
-    __shared__ float L[TILE], D[TILE];           // lse and delta of the query tile
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_key_value_bf16(float* dqkv, const float* qkv, const float* dout, const float* lse,
+                                            const float* delta, int T, int NH, int hs, DropoutMask mask,
+                                            int dropout) {
+    alignas(16) __shared__ Tile q[2], dy[2];  // query and output gradient tiles in rows, tile n in [n % 2]
+    __shared__ float L[2][TILE], D[2][TILE];  // lse (log2 units) and delta of those queries
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const int warp = threadIdx.x / WARP_SIZE;
+    const float *queries = qkv + hd.qkv, *grads = dout + hd.io;
+    const int warp = threadIdx.x / WARP_SIZE, first = blockIdx.x, tiles = (T + TILE - 1) / TILE;
     const int j0 = blockIdx.x * TILE, c0 = j0 + 16 * warp;
-    const float scale = 1.0f / sqrtf((float)hs);
+    const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
     unsigned int k[STEPS][4], v[STEPS][4];  // the warp's keys and values, read once
     #pragma unroll
@@ -306,55 +433,90 @@ extern "C" __global__ void fused_attention_backward_key_value_bf16(float* dqkv, 
     }
     float dk[DTILES][4], dv[DTILES][4];
     #pragma unroll
-    for (int n = 0; n < DTILES; ++n) {
+    for (int d = 0; d < DTILES; ++d) {
         #pragma unroll
-        for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
     }
 
-    for (int i0 = j0; i0 < T; i0 += TILE) {
-        __syncthreads();  // every warp is done with the previous query tile
-        stage_rows(q, qkv + hd.qkv, 3 * C, i0, T, hs);
-        stage_columns(qt, qkv + hd.qkv, 3 * C, i0, T, hs);
-        stage_rows(dy, dout + hd.io, C, i0, T, hs);
-        stage_columns(dyt, dout + hd.io, C, i0, T, hs);
-        for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
-            L[r] = i0 + r < T ? lse[hd.bh * T + i0 + r] : 0.0f;
-            D[r] = i0 + r < T ? delta[hd.bh * T + i0 + r] : 0.0f;
+    // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
+    float4 f[FETCHES];
+    float lse_i = 0.0f, delta_i = 0.0f;
+    const auto fetch_stats = [&](int i0) {
+        const int i = i0 + threadIdx.x;
+        lse_i = threadIdx.x < TILE && i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
+        delta_i = threadIdx.x < TILE && i < T ? delta[hd.bh * T + i] : 0.0f;
+    };
+    const auto store_stats = [&](int buffer) {
+        if (threadIdx.x < TILE) {
+            L[buffer][threadIdx.x] = lse_i;
+            D[buffer][threadIdx.x] = delta_i;
         }
-        __syncthreads();  // the query tile is staged
+    };
+    fetch_stats(j0);
+    store_stats(first % 2);
+    fetch_tile(f, queries, 3 * C, j0, T, hs);
+    store_tile(q[first % 2], f);
+    fetch_tile(f, grads, C, j0, T, hs);
+    store_tile(dy[first % 2], f);
+    for (int n = first; n < tiles; ++n) {
+        const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
+        if (next) {
+            fetch_stats(i0 + TILE);
+            fetch_tile(f, queries, 3 * C, i0 + TILE, T, hs);
+        }
+        // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live together
+        // only while dS is formed.
         float s[KTILES][4], dp[KTILES][4];
-        scores(s, k, q, hs);
-        scores(dp, v, dy, hs);
-        // P' into s and dS into dp, both transposed (row j, column i); zero above the
-        // diagonal and past T.
+        scores(s, k, q[cur], hs);
+        if (next) {
+            store_stats(1 - cur);
+            store_tile(q[1 - cur], f);
+        }
+        if (n == first || i0 + TILE > T) mask_scores(s, c0, i0, T, true);
+        // P into s, transposed (row j, column i); zero where masked.
         #pragma unroll
-        for (int n = 0; n < KTILES; ++n) {
+        for (int c = 0; c < KTILES; ++c) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = 8 * n + acc_col(e), i = i0 + col, j = c0 + acc_row(e);
-                float kept = 0.0f, ds = 0.0f;
-                if (j <= i && i < T) {
-                    const float p = expf(scale * s[n][e] - L[col]);
-                    const float factor = keep_factor(mask, dropout, hd.bh, T, i, j);
-                    kept = p * factor;
-                    ds = p * (dp[n][e] * factor - D[col]);
-                }
-                s[n][e] = kept;
-                dp[n][e] = ds;
+            for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
+        }
+        const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
+        if (dropout) {  // dv takes P' = P * keep, dS below P itself
+            #pragma unroll
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) dp[c][e] = bits >> (4 * c + e) & 1u ? mask.scale * s[c][e] : 0.0f;
+            }
+            accumulate(dv, dp, dy[cur]);
+        } else {
+            accumulate(dv, s, dy[cur]);
+        }
+        scores(dp, v, dy[cur], hs);
+        // dS into dp: P (keep * dP - delta).
+        if (dropout) {
+            #pragma unroll
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
             }
         }
-        accumulate(dv, s, dyt, hs);
-        accumulate(dk, dp, qt, hs);
+        #pragma unroll
+        for (int c = 0; c < KTILES; ++c) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+        }
+        // The next output gradient tile's loads run under dk's product, which leaves only dS
+        // live.
+        if (next) fetch_tile(f, grads, C, i0 + TILE, T, hs);
+        accumulate(dk, dp, q[cur]);
+        if (next) store_tile(dy[1 - cur], f);
     }
     #pragma unroll
-    for (int n = 0; n < DTILES && 8 * n < hs; ++n) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = c0 + acc_row(e);
-            if (j >= T) continue;
-            float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C + 8 * n + acc_col(e);
-            g[C] = scale * dk[n][e];
-            g[2 * C] = dv[n][e];
-        }
+    for (int h = 0; h < 2; ++h) {
+        const int j = c0 + acc_row(2 * h);
+        if (j >= T) continue;
+        float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
+        store_columns(g + C, dk, h, scale, hs);
+        store_columns(g + 2 * C, dv, h, 1.0f, hs);
     }
 }

@@ -53,12 +53,18 @@ struct uint4 {
 struct uint2 {
     unsigned int x, y;
 };
+// CUDA's vector type of four floats, aligned as CUDA aligns it (a vector load or store
+// must be).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
 struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
 };
 
 inline uint4 make_uint4(unsigned int a, unsigned int b, unsigned int c, unsigned int d) { return {a, b, c, d}; }
 inline uint2 make_uint2(unsigned int a, unsigned int b) { return {a, b}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline unsigned int __umulhi(unsigned int a, unsigned int b) {
     return (unsigned int)(((unsigned long long)a * b) >> 32);
 }
