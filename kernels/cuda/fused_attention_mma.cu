@@ -119,6 +119,14 @@ __device__ __forceinline__ void store_tile(Tile tile, const float4 f[FETCHES]) {
             make_uint2(pack_bf16(f[e].x, f[e].y), pack_bf16(f[e].z, f[e].w));
 }
 
+// Rows [row0, row0 + TILE) of x fetched and staged at once, with `f` as the fetch's
+// registers: the first tile of a loop, which then stages each next tile around its products.
+__device__ __forceinline__ void stage_tile(Tile tile, float4 f[FETCHES], const float* x, unsigned long long stride,
+                                           int row0, int T, int hs) {
+    fetch_tile(f, x, stride, row0, T, hs);
+    store_tile(tile, f);
+}
+
 // s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
 // fragments `x` (the warp's 16 rows, hs / 16 steps) against the staged rows of `y`.
 __device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4], const Tile y, int hs) {
@@ -251,15 +259,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
     #pragma unroll
     for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4];
-    #pragma unroll
-    for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4] = {};
 
     float4 f[FETCHES];
-    fetch_tile(f, keys, 3 * C, 0, T, hs);
-    store_tile(k[0], f);
-    fetch_tile(f, values, 3 * C, 0, T, hs);
-    store_tile(v[0], f);
+    stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
+    stage_tile(v[0], f, values, 3 * C, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
@@ -363,15 +367,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
         if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
     }
-    float dq[DTILES][4];
-    #pragma unroll
-    for (int d = 0; d < DTILES; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    float dq[DTILES][4] = {};
 
     float4 f[FETCHES];
-    fetch_tile(f, keys, 3 * C, 0, T, hs);
-    store_tile(k[0], f);
-    fetch_tile(f, values, 3 * C, 0, T, hs);
-    store_tile(v[0], f);
+    stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
+    stage_tile(v[0], f, values, 3 * C, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
@@ -431,12 +431,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         load_a_rounded(k[kk], qkv + hd.qkv + C, 3 * C, c0, T, kk);
         load_a_rounded(v[kk], qkv + hd.qkv + 2 * C, 3 * C, c0, T, kk);
     }
-    float dk[DTILES][4], dv[DTILES][4];
-    #pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
-    }
+    float dk[DTILES][4] = {}, dv[DTILES][4] = {};
 
     // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
     float4 f[FETCHES];
@@ -454,10 +449,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     };
     fetch_stats(j0);
     store_stats(first % 2);
-    fetch_tile(f, queries, 3 * C, j0, T, hs);
-    store_tile(q[first % 2], f);
-    fetch_tile(f, grads, C, j0, T, hs);
-    store_tile(dy[first % 2], f);
+    stage_tile(q[first % 2], f, queries, 3 * C, j0, T, hs);
+    stage_tile(dy[first % 2], f, grads, C, j0, T, hs);
     for (int n = first; n < tiles; ++n) {
         const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer

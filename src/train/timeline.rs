@@ -4,6 +4,7 @@
 //! per rank. With one replica a rank is its stage.
 
 use super::report::StepReport;
+use crate::trace::category::{OPTIMIZER, REDUCE};
 use crate::trace::TraceEvent;
 use schedules::ActionKind;
 use stages::dist::Topology;
@@ -119,7 +120,6 @@ impl Timeline {
                 dur_s: end - start,
                 args: serde_json::json!({ "step": s.step }),
             };
-            use crate::trace::category::{OPTIMIZER, REDUCE};
             events.extend(s.post_schedule.iter().enumerate().map(|(rank, &span)| phase(rank, span, REDUCE)));
             events.extend(
                 s.updates
