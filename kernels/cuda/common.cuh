@@ -1,5 +1,5 @@
-// Helpers shared by the kernels: fixed-shape warp and block reductions, and the bf16
-// rounding.
+// Helpers shared by the kernels: fixed-shape warp and block reductions, the bf16
+// rounding, and the loads and stores of kernels templated on their storage type.
 //
 // Every reduction here combines values in an order fixed by the thread layout alone
 // (butterfly shuffles, then one warp over the per-warp results), never by timing, so a
@@ -60,3 +60,17 @@ __device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
     // even; a carry into the exponent is the correct rounding up (to infinity at the top).
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+
+// A bf16 element of a tensor stored in bf16 (`precision: bf16` activations and weight
+// copies), as its bits. A struct rather than a bare unsigned short, so that a kernel
+// templated on its storage type overloads on it and never mistakes it for an integer.
+struct bf16 {
+    unsigned short bits;
+};
+
+// Loads and stores of a kernel templated on its storage type T (float or bf16): the
+// arithmetic is fp32 either way, and a bf16 store rounds once, to nearest even.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __uint_as_float((unsigned int)x.bits << 16); }
+__device__ __forceinline__ void store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store(bf16* p, float x) { p->bits = f32_to_bf16_bits(x); }
