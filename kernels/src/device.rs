@@ -2,7 +2,10 @@
 //! backend implements now and the CUDA backend (feature `cuda`) implements beside it.
 //!
 //! Conventions, shared by every backend:
-//! - All tensors are row-major f32 (bf16 is a CUDA compute mode, not a storage type here).
+//! - All tensors are row-major. Parameters, their gradients, optimizer moments, LayerNorm
+//!   statistics and losses are f32; activations and their gradients are stored in the
+//!   device's [`Device::activation_dtype`]: bf16 on a CUDA device under `precision: bf16`,
+//!   f32 everywhere else. Every op computes in f32 and rounds once when it stores bf16.
 //! - Shapes in comments: B batch, T sequence, C channels, NH heads, V vocabulary,
 //!   N = B*T rows, IC/OC matmul in/out channels.
 //! - Row-wise ops (layernorm, matmul, classifier, bias) take the last dimension as the
@@ -19,7 +22,7 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
-use crate::tensor::{rows_cols, Detached, Fence, Tensor};
+use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
 use std::sync::Arc;
 
@@ -91,17 +94,37 @@ pub trait Device: Send + Sync {
     fn counters(&self) -> DeviceCounters;
 
     // ---- buffers -------------------------------------------------------------------
-    /// A zero-filled tensor, counted in the ledger under `category` until dropped.
-    fn zeros(&self, shape: &[usize], category: Category) -> Tensor;
-    /// A tensor for an op that writes every element: its contents until then are
+    /// The element type of the activations (and their gradients) this device stores: the
+    /// layers allocate them with it.
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
+    /// A zero-filled tensor of `dtype`, counted in the ledger under `category` until
+    /// dropped. A dtype the device does not store (bf16 on the CPU) is a bug in the caller.
+    fn zeros_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor;
+    /// A tensor of `dtype` for an op that writes every element: its contents until then are
     /// unspecified (a reused buffer's old values), which saves the zero fill. Counted as
-    /// `zeros`.
-    fn empty(&self, shape: &[usize], category: Category) -> Tensor;
-    /// A tensor holding a copy of `data`. (A device method, not a conversion of `self`.)
+    /// `zeros_of`.
+    fn empty_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor;
+    /// A tensor of `dtype` holding a copy of `data`, rounded to bf16 for a bf16 tensor.
+    /// (A device method, not a conversion of `self`.)
     #[allow(clippy::wrong_self_convention)]
-    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor;
-    /// A copy of the elements on the host: a host sync.
+    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor;
+    /// A copy of the elements on the host, in f32 whatever the tensor stores: a host sync.
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
+    /// An f32 [`Device::zeros_of`].
+    fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
+        self.zeros_of(DType::F32, shape, category)
+    }
+    /// An f32 [`Device::empty_of`].
+    fn empty(&self, shape: &[usize], category: Category) -> Tensor {
+        self.empty_of(DType::F32, shape, category)
+    }
+    /// An f32 [`Device::from_host_of`].
+    #[allow(clippy::wrong_self_convention)]
+    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        self.from_host_of(DType::F32, data, shape, category)
+    }
     /// Takes over a tensor another device of this process detached, counting it here: the
     /// same storage where this device can use it as it is, a copy only where it cannot. Its
     /// use here is ordered after the producer's `t.ready`.
@@ -111,7 +134,7 @@ pub trait Device: Send + Sync {
     fn fence(&self) -> Fence;
     /// Orders this device's later work after `fence` (another device's or stream's).
     fn wait_for(&self, fence: &Fence);
-    /// dst = src (same number of elements).
+    /// dst = src (same number of elements and dtype).
     fn copy(&self, dst: &mut Tensor, src: &Tensor);
     fn fill_zero(&self, t: &mut Tensor);
     /// acc += x, elementwise.

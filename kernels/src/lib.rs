@@ -25,5 +25,5 @@ pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
 pub use readout::{Readout, ReadoutStorage};
 pub use splitmix::SplitMix64;
-pub use tensor::{Detached, Fence, Storage, Tensor};
+pub use tensor::{DType, Detached, Fence, Storage, Tensor};
 pub use timing::{Mark, Readings, Stopwatch};

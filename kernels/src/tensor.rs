@@ -4,11 +4,55 @@
 use crate::memory::{Category, MemoryLedger};
 use std::sync::Arc;
 
+/// The type of a tensor's stored elements. The arithmetic is f32 either way: a bf16 tensor
+/// is read into f32 and rounded once, to nearest even, when written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    /// Activations and their gradients on a CUDA device under `precision: bf16`.
+    Bf16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
 /// Where a tensor's elements live.
 pub enum Storage {
     Cpu(Vec<f32>),
     #[cfg(feature = "cuda")]
     Cuda(cudarc::driver::CudaSlice<f32>),
+    /// bf16 elements, as their bits.
+    #[cfg(feature = "cuda")]
+    CudaBf16(cudarc::driver::CudaSlice<u16>),
+    /// An f32 parameter (the master copy the optimizer updates) with the bf16 copy that
+    /// bf16 matmuls read, kept equal to it rounded by every op that writes the parameter;
+    /// the copy's rows are padded with zeros to a multiple of
+    /// [`VOCAB_PADDING`](crate::VOCAB_PADDING), so the LM head's GEMMs run over the padded
+    /// vocabulary.
+    #[cfg(feature = "cuda")]
+    CudaMaster {
+        master: cudarc::driver::CudaSlice<f32>,
+        bf16: cudarc::driver::CudaSlice<u16>,
+    },
+}
+
+impl Storage {
+    /// Bytes of device (or host) memory this storage holds for `len` elements.
+    fn bytes(&self, len: usize) -> usize {
+        match self {
+            #[cfg(feature = "cuda")]
+            Storage::CudaBf16(_) => len * DType::Bf16.size(),
+            #[cfg(feature = "cuda")]
+            Storage::CudaMaster { bf16, .. } => len * DType::F32.size() + bf16.len() * DType::Bf16.size(),
+            _ => len * DType::F32.size(),
+        }
+    }
 }
 
 /// Where a dropped tensor's storage goes (a device's buffer cache).
@@ -57,8 +101,17 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// What the ledger counts for this tensor: its elements, and a parameter's bf16 copy.
     pub fn bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<f32>()
+        self.storage.bytes(self.len())
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.storage {
+            #[cfg(feature = "cuda")]
+            Storage::CudaBf16(_) => DType::Bf16,
+            _ => DType::F32,
+        }
     }
 
     pub fn category(&self) -> Category {

@@ -300,15 +300,27 @@ fn stage_device(cfg: &Config, cfg_path: &Path, cpu_threads: usize) -> anyhow::Re
     }
 }
 
-/// The GPU of this process (each stage its own stream); `precision: bf16` runs the matmuls
-/// in bf16 with fp32 accumulation and master weights.
+/// The GPU of this process (each stage its own stream); `precision: bf16` stores
+/// activations in bf16 and runs the matmuls on bf16 operands with fp32 accumulation and
+/// master weights.
 #[cfg(feature = "cuda")]
 fn cuda_device(cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
     use kernels::cuda::{CudaDevice, MatmulPrecision};
-    let device = CudaDevice::new(super::launch::local_gpu())
-        .map_err(|e| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display())))?;
+    let device_error =
+        |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
     let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
-    Ok(Arc::new(device.with_matmul_precision(precision)))
+    let head_size = cfg.hidden_size / cfg.num_attention_heads;
+    // bf16 activations have only the tensor-core attention kernels.
+    if precision == MatmulPrecision::Bf16 && !kernels::cuda::launch::attention_mma_fits(head_size) {
+        return Err(crate::error::user_error(format!(
+            "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
+            cfg_path.display(),
+            kernels::cuda::launch::ATTENTION_MMA_K,
+            kernels::FUSED_MAX_HEAD_SIZE
+        )));
+    }
+    let device = CudaDevice::new(super::launch::local_gpu()).map_err(device_error)?;
+    Ok(Arc::new(device.with_matmul_precision(precision).map_err(device_error)?))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -31,7 +31,7 @@ use crate::device::{classifier_rows, AdamWStep, ClassifierGrad, Device, WeightLa
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::{Readout, ReadoutStorage};
-use crate::tensor::{rows_cols, Detached, Fence, Storage, Tensor};
+use crate::tensor::{rows_cols, DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{HostClock, Mark, Readings};
 use buffers::BufferCache;
 use rayon::ThreadPool;
@@ -98,6 +98,11 @@ impl CpuDevice {
     }
 }
 
+/// The CPU stores f32 only (its activation dtype): any other is a bug in the caller.
+fn assert_f32(dtype: DType) {
+    assert_eq!(dtype, DType::F32, "cpu: tensors are f32 here, {dtype:?} asked");
+}
+
 /// (rows, last dimension) of a tensor seen as a matrix over its last axis.
 fn assert_tokens_below(tokens: &[u32], vocab: usize) {
     if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
@@ -131,17 +136,19 @@ impl Device for CpuDevice {
         self.counters.snapshot()
     }
 
-    fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
-        let mut t = self.empty(shape, category);
+    fn zeros_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor {
+        let mut t = self.empty_of(dtype, shape, category);
         t.cpu_mut().fill(0.0);
         t
     }
 
-    fn empty(&self, shape: &[usize], category: Category) -> Tensor {
+    fn empty_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor {
+        assert_f32(dtype);
         self.tensor(shape, self.buffers.take(shape.iter().product(), &self.counters), category)
     }
 
-    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        assert_f32(dtype);
         assert_eq!(
             data.len(),
             shape.iter().product::<usize>(),
@@ -163,9 +170,7 @@ impl Device for CpuDevice {
             // Every CPU device of a process shares one memory: the buffer itself moves.
             Storage::Cpu(data) => self.tensor(&t.shape, data, category),
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => {
-                panic!("cpu: a GPU tensor reached a CPU stage; a run's stages share one kind of device")
-            }
+            _ => panic!("cpu: a GPU tensor reached a CPU stage; a run's stages share one kind of device"),
         }
     }
 

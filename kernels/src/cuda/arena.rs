@@ -53,8 +53,14 @@ fn key<T: 'static>(len: usize) -> Key {
 
 impl Recycle for Arena {
     fn recycle(&self, storage: Storage) {
-        if let Storage::Cuda(slice) = storage {
-            self.put(slice);
+        match storage {
+            Storage::Cuda(slice) => self.put(slice),
+            Storage::CudaBf16(slice) => self.put(slice),
+            Storage::CudaMaster { master, bf16 } => {
+                self.put(master);
+                self.put(bf16);
+            }
+            Storage::Cpu(_) => {}
         }
     }
 }

@@ -2,22 +2,22 @@
 //! [R, C] matrix is a column-major [C, R] one, so each product is computed transposed,
 //! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
 
-use super::device::{cu, cu_mut, rows_cols, CudaDevice};
-use super::scratch::Scratch;
+use super::device::{buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, BufMut, CudaDevice};
 use crate::device::WeightLayout;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use std::os::raw::{c_int, c_longlong};
 
-/// The arithmetic of the layer matmuls (attention's batched products stay fp32).
+/// The arithmetic of the layer matmuls, and so the dtype of the activations they read
+/// ([`Device::activation_dtype`](crate::Device::activation_dtype)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulPrecision {
-    /// Full fp32 (cuBLAS's default math mode: no TF32).
+    /// Full fp32 (cuBLAS's default math mode: no TF32), f32 activations.
     Fp32,
-    /// Operands rounded to bf16, products accumulated and stored in fp32; the weights
-    /// themselves stay fp32 (the master copy the optimizer updates).
+    /// bf16 activations and bf16 weight copies as operands, accumulated in fp32; the
+    /// weights themselves stay fp32 (the master copy the optimizer updates).
     Bf16,
 }
 
@@ -164,38 +164,21 @@ impl CudaDevice {
             .unwrap_or_else(|e| panic!("cuda: cuBLAS batched gemm {shape:?} x {batch} failed: {e:?}"));
     }
 
-    /// A layer matmul in this device's precision: fp32, or bf16 operands into fp32.
-    fn layer_gemm(
-        &self,
-        shape: GemmShape,
-        beta: f32,
-        a: &CudaSlice<f32>,
-        b: &CudaSlice<f32>,
-        c: &mut CudaSlice<f32>,
-    ) {
-        match self.precision {
-            MatmulPrecision::Fp32 => self.gemm(shape, 1.0, beta, a, b, c),
-            MatmulPrecision::Bf16 => self.gemm_bf16(shape, beta, &self.to_bf16(a), &self.to_bf16(b), c),
-        }
-    }
-
-    /// One product of bf16 operands (as bits) into fp32 C.
-    fn gemm_bf16(
-        &self,
-        shape: GemmShape,
-        beta: f32,
-        a16: &CudaSlice<u16>,
-        b16: &CudaSlice<u16>,
-        c: &mut CudaSlice<f32>,
-    ) {
+    /// One product of bf16 operands (as bits) with fp32 accumulation, into C of either
+    /// type (bf16 C is rounded once, from the fp32 sum; beta scales C read in its type).
+    fn gemm_bf16(&self, shape: GemmShape, beta: f32, a16: &CudaSlice<u16>, b16: &CudaSlice<u16>, c: BufMut) {
         let alpha = 1.0f32;
         let blas = self.blas();
         let (a_ptr, _a_sync) = a16.device_ptr(&self.stream);
         let (b_ptr, _b_sync) = b16.device_ptr(&self.stream);
-        let (c_ptr, _c_sync) = c.device_ptr_mut(&self.stream);
+        let ((c_ptr, _c_sync), c_type) = match c {
+            BufMut::F32(c) => (c.device_ptr_mut(&self.stream), cudaDataType_t::CUDA_R_32F),
+            BufMut::Bf16(c) => (c.device_ptr_mut(&self.stream), cudaDataType_t::CUDA_R_16BF),
+        };
         let cfg = shape.config(alpha, beta);
-        // SAFETY: bf16 operands of the checked sizes; alpha and beta are f32 as
-        // CUBLAS_COMPUTE_32F requires; all three buffers are on this device's stream.
+        // SAFETY: bf16 operands and a C of the checked sizes and the type given; alpha and
+        // beta are f32 as CUBLAS_COMPUTE_32F requires; all three buffers are on this
+        // device's stream.
         let status = unsafe {
             cudarc::cublas::result::gemm_ex(
                 *blas.handle(),
@@ -213,13 +196,25 @@ impl CudaDevice {
                 cfg.ldb,
                 (&beta) as *const f32 as *const _,
                 c_ptr as *mut _,
-                cudaDataType_t::CUDA_R_32F,
+                c_type,
                 cfg.ldc,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
         status.unwrap_or_else(|e| panic!("cuda: cuBLAS bf16 gemm {shape:?} failed: {e:?}"));
+    }
+
+    /// A product whose operands are the activations `a` and `b` or a weight (its bf16 copy
+    /// for bf16 activations): fp32 throughout for f32 activations, bf16 operands for bf16
+    /// ones. Nothing is cast: bf16 activations come from the kernels that wrote them, a
+    /// weight's copy from AdamW.
+    fn layer_gemm(&self, dtype: DType, shape: GemmShape, beta: f32, a: &Tensor, b: &Tensor, c: BufMut) {
+        match (dtype, c) {
+            (DType::F32, BufMut::F32(c)) => self.gemm(shape, 1.0, beta, cu(a), cu(b), c),
+            (DType::Bf16, c) => self.gemm_bf16(shape, beta, cu16(a), cu16(b), c),
+            (DType::F32, BufMut::Bf16(_)) => panic!("cuda: an f32 product into a bf16 tensor"),
+        }
     }
 
     /// The cuBLAS handle, with this device's context current on the calling thread
@@ -238,10 +233,13 @@ impl CudaDevice {
         bias: Option<&Tensor>,
     ) {
         let d = dims(out, inp, weight, layout);
-        self.layer_gemm(forward_shape(d, layout), 0.0, cu(weight), cu(inp), cu_mut(out));
+        let dtype = same_dtype(&[out, inp]);
+        self.layer_gemm(dtype, forward_shape(d, layout), 0.0, weight, inp, buf_mut(out));
         if let Some(bias) = bias {
             assert_eq!(bias.len(), d.oc, "matmul: bias {bias:?} for {d:?}");
-            self.add_bias(cu_mut(out), cu(bias), d.n, d.oc);
+            // In bf16, a second rounding after the product's: cuBLAS has no bias epilogue
+            // (cuBLASLt would fuse it).
+            self.add_bias(out, bias, d.n, d.oc);
         }
     }
 
@@ -253,7 +251,8 @@ impl CudaDevice {
         layout: WeightLayout,
     ) {
         let d = dims(dout, dinp, weight, layout);
-        self.layer_gemm(backward_input_shape(d, layout), 0.0, cu(weight), cu(dout), cu_mut(dinp));
+        let dtype = same_dtype(&[dinp, dout]);
+        self.layer_gemm(dtype, backward_input_shape(d, layout), 0.0, weight, dout, buf_mut(dinp));
     }
 
     pub(super) fn matmul_backward_weight_op(
@@ -265,27 +264,28 @@ impl CudaDevice {
         layout: WeightLayout,
     ) {
         let d = dims(dout, inp, dweight, layout);
+        let dtype = same_dtype(&[dout, inp]);
         let (shape, dout_is_a) = backward_weight_shape(d, layout);
-        let (a, b) = if dout_is_a { (cu(dout), cu(inp)) } else { (cu(inp), cu(dout)) };
-        // beta = 1: parameter gradients accumulate over microbatches.
-        self.layer_gemm(shape, 1.0, a, b, cu_mut(dweight));
+        let (a, b) = if dout_is_a { (dout, inp) } else { (inp, dout) };
+        // beta = 1: parameter gradients (f32) accumulate over microbatches.
+        self.layer_gemm(dtype, shape, 1.0, a, b, BufMut::F32(cu_mut(dweight)));
         if let Some(dbias) = dbias {
             assert_eq!(dbias.len(), d.oc, "matmul: dbias {dbias:?} for {d:?}");
-            self.add_column_sums(cu_mut(dbias), cu(dout), d.n, d.oc);
+            self.add_column_sums(cu_mut(dbias), dout, d.n, d.oc);
         }
     }
 
     /// The tied LM head's forward into padded rows: logits [N, ldo] = inp [N,C] @ wte [V,C]^T
     /// over the first V columns of each row (fp32; the rest of a row is left as it was), or
-    /// over all ldo columns from the bf16 head weight, whose padding rows make those zero.
-    pub(super) fn head_forward(&self, logits: &mut CudaSlice<f32>, inp: &Tensor, weight: &HeadWeight) {
+    /// over all ldo columns from wte's bf16 copy, whose padding rows make those zero.
+    pub(super) fn head_forward(&self, logits: &mut Tensor, inp: &Tensor, weight: &HeadWeight) {
         let (d, _) = head_dims(inp, weight);
-        assert!(logits.len() >= d.n * d.ldo, "classifier: {} logits for {d:?}", logits.len());
+        assert!(logits.len() >= d.n * d.ldo, "classifier: {logits:?} for {d:?}");
         let shape = forward_shape(d, WeightLayout::OutIn);
         match weight {
-            HeadWeight::Fp32 { wte, .. } => self.gemm(shape, 1.0, 0.0, cu(wte), cu(inp), logits),
+            HeadWeight::Fp32 { wte, .. } => self.gemm(shape, 1.0, 0.0, cu(wte), cu(inp), cu_mut(logits)),
             HeadWeight::Bf16Padded { wte16, .. } => {
-                self.gemm_bf16(shape, 0.0, wte16, &self.to_bf16(cu(inp)), logits)
+                self.gemm_bf16(shape, 0.0, wte16, cu16(inp), buf_mut(logits))
             }
         }
     }
@@ -297,53 +297,52 @@ impl CudaDevice {
         &self,
         dinp: &mut Tensor,
         dwte: &mut Tensor,
-        dlogits: &CudaSlice<f32>,
+        dlogits: &Tensor,
         inp: &Tensor,
         weight: &HeadWeight,
     ) {
         let (d, v) = head_dims(inp, weight);
-        assert!(dlogits.len() >= d.n * d.ldo, "classifier: {} dlogits for {d:?}", dlogits.len());
+        assert!(dlogits.len() >= d.n * d.ldo, "classifier: {dlogits:?} for {d:?}");
         assert!(dinp.len() == inp.len() && dwte.len() == v * d.ic, "classifier: {dinp:?}, {dwte:?}");
         let backward_input = backward_input_shape(d, WeightLayout::OutIn);
         // dwte has V rows: its product runs over the vocabulary proper.
         let (shape, dout_is_a) = backward_weight_shape(Dims { oc: v, ..d }, WeightLayout::OutIn);
+        let (a, b) = if dout_is_a { (dlogits, inp) } else { (inp, dlogits) };
         match weight {
             HeadWeight::Fp32 { wte, .. } => {
-                self.gemm(backward_input, 1.0, 0.0, cu(wte), dlogits, cu_mut(dinp));
-                let (a, b) = if dout_is_a { (dlogits, cu(inp)) } else { (cu(inp), dlogits) };
+                self.gemm(backward_input, 1.0, 0.0, cu(wte), cu(dlogits), cu_mut(dinp));
                 // beta = 1: parameter gradients accumulate over microbatches.
-                self.gemm(shape, 1.0, 1.0, a, b, cu_mut(dwte));
+                self.gemm(shape, 1.0, 1.0, cu(a), cu(b), cu_mut(dwte));
             }
             HeadWeight::Bf16Padded { wte16, .. } => {
-                let (dlogits16, inp16) = (self.to_bf16(dlogits), self.to_bf16(cu(inp)));
-                self.gemm_bf16(backward_input, 0.0, wte16, &dlogits16, cu_mut(dinp));
-                let (a, b) = if dout_is_a { (&*dlogits16, &*inp16) } else { (&*inp16, &*dlogits16) };
-                self.gemm_bf16(shape, 1.0, a, b, cu_mut(dwte));
+                self.gemm_bf16(backward_input, 0.0, wte16, cu16(dlogits), buf_mut(dinp));
+                self.gemm_bf16(shape, 1.0, cu16(a), cu16(b), BufMut::F32(cu_mut(dwte)));
             }
         }
     }
 
-    /// The head's weight in this device's precision for rows of `ldo` logits.
-    pub(super) fn head_weight<'a>(&self, wte: &'a Tensor, ldo: usize) -> HeadWeight<'a> {
+    /// The head's weight for rows of `ldo` logits, as the activations' dtype reads it.
+    pub(super) fn head_weight<'a>(&self, wte: &'a Tensor, inp: &Tensor, ldo: usize) -> HeadWeight<'a> {
         let &[v, c] = wte.shape() else { panic!("classifier: wte must be 2-D, got {wte:?}") };
         assert!(ldo >= v, "classifier: rows of {ldo} columns for a vocabulary of {v}");
-        match self.precision {
-            MatmulPrecision::Fp32 => HeadWeight::Fp32 { wte, ldo },
-            MatmulPrecision::Bf16 => {
-                let wte16 = self.to_bf16_padded(cu(wte), ldo * c);
+        match inp.dtype() {
+            DType::F32 => HeadWeight::Fp32 { wte, ldo },
+            DType::Bf16 => {
+                let wte16 = cu16(wte);
+                assert_eq!(wte16.len(), ldo * c, "classifier: wte's bf16 copy is not padded to {ldo} rows");
                 HeadWeight::Bf16Padded { wte16, v, c }
             }
         }
     }
 }
 
-/// The tied LM head's weight as its GEMMs read it. Under bf16 it is a copy padded with zero
-/// rows to [ldo, C], so the forward and backward-input products run over the padded
-/// vocabulary (a multiple of 128): with V itself (50257, odd) as a dimension cuBLAS falls
-/// back to unaligned kernels many times slower.
+/// The tied LM head's weight as its GEMMs read it. Under bf16 it is wte's bf16 copy, whose
+/// rows are padded with zeros to [ldo, C], so the forward and backward-input products run
+/// over the padded vocabulary (a multiple of 128): with V itself (50257, odd) as a
+/// dimension cuBLAS falls back to unaligned kernels many times slower.
 pub(super) enum HeadWeight<'a> {
     Fp32 { wte: &'a Tensor, ldo: usize },
-    Bf16Padded { wte16: Scratch<u16>, v: usize, c: usize },
+    Bf16Padded { wte16: &'a CudaSlice<u16>, v: usize, c: usize },
 }
 
 /// The head's sizes from inp [N,C] and its weight: `oc` the columns its products run

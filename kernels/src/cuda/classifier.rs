@@ -2,9 +2,10 @@
 //! [`padded_vocab`] columns, the fused classifier kernel (softmax, loss and dlogits in place,
 //! one block per row), then the head's two backward GEMMs reading dlogits from the same
 //! buffer, which is freed on return. wte itself stays [V,C] (checkpoints, the embedding and
-//! the optimizer never see the padding); only the logits' rows are padded.
+//! the optimizer never see the padding); only the logits' rows are padded, and, under bf16,
+//! wte's bf16 copy. The logits are in the activations' dtype.
 
-use super::device::{cu, cu_mut, int, CudaDevice};
+use super::device::{buf_mut, by_dtype, cu_mut, int, CudaDevice};
 use super::launch::per_row_block;
 use crate::device::{classifier_rows, padded_vocab, ClassifierGrad, Device};
 use crate::memory::Category;
@@ -24,20 +25,21 @@ impl CudaDevice {
             return;
         }
         let vp = padded_vocab(v);
-        // [N,Vp]: the GEMM writes each row's first V columns; the kernel never reads the
-        // padding and, with a gradient, writes it as zero.
-        let mut logits = self.empty(&[n, vp], Category::Workspace);
-        let weight = self.head_weight(wte, vp);
-        self.head_forward(cu_mut(&mut logits), inp, &weight);
+        // [N,Vp] in the activations' dtype: the f32 GEMM writes each row's first V columns,
+        // the bf16 one all Vp (zero in the padding, from the copy's zero rows); the kernel
+        // never reads the padding and, with a gradient, writes it as zero.
+        let mut logits = self.empty_of(inp.dtype(), &[n, vp], Category::Workspace);
+        let weight = self.head_weight(wte, inp, vp);
+        self.head_forward(&mut logits, inp, &weight);
         let targets = self.upload(targets);
         let scale = grad.as_ref().map_or(0.0, |g| g.scale);
         let (v_i, vp_i, write_grad) = (int(v), int(vp), grad.is_some() as i32);
         launch!(
             self,
-            "fused_classifier",
+            by_dtype(logits.dtype(), ("fused_classifier", "fused_classifier_bf16")),
             per_row_block(n),
             cu_mut(losses),
-            cu_mut(&mut logits),
+            buf_mut(&mut logits),
             &*targets,
             &v_i,
             &vp_i,
@@ -45,7 +47,7 @@ impl CudaDevice {
             &scale
         );
         if let Some(grad) = grad {
-            self.head_backward(grad.dinp, grad.dwte, cu(&logits), inp, &weight);
+            self.head_backward(grad.dinp, grad.dwte, &logits, inp, &weight);
         }
     }
 }

@@ -6,18 +6,19 @@ use super::arena::Arena;
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu};
+use super::launch::per_item;
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
 pub(super) use crate::tensor::rows_cols;
-use crate::tensor::{Detached, Fence, Storage, Tensor};
+use crate::tensor::{DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchArgs, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
 /// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
@@ -69,12 +70,21 @@ impl CudaDevice {
         })
     }
 
-    /// The same device with matmul operands rounded to bf16 (fp32 accumulation, fp32
-    /// results and master weights), the fused attention's products included (on tensor
-    /// cores, fused_attention_mma.cu): the `precision: bf16` mode.
-    pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> CudaDevice {
+    /// The same device storing activations in `precision`: under bf16, activations and
+    /// their gradients are bf16 tensors, matrix parameters carry a bf16 copy that AdamW
+    /// refreshes, and every matmul and the fused attention run on tensor cores into fp32
+    /// accumulators; parameters, their gradients and the optimizer stay fp32. bf16 needs
+    /// tensor-core bf16 (sm_80 on): an older GPU is an error that says so.
+    pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Result<CudaDevice, String> {
+        let (major, minor) = self.gpu.compute_capability;
+        if precision == MatmulPrecision::Bf16 && major < 8 {
+            return Err(format!(
+                "precision bf16 needs a GPU of compute capability 8.0 or later (bf16 tensor cores); {} is sm_{major}{minor}",
+                self.name()
+            ));
+        }
         self.precision = precision;
-        self
+        Ok(self)
     }
 
     pub fn ordinal(&self) -> usize {
@@ -94,9 +104,9 @@ impl CudaDevice {
         Scratch::from_host(&self.stream, &self.arena, &self.ledger, data)
     }
 
-    /// Wraps a buffer as a tensor that goes back to the arena when dropped.
-    fn tensor(&self, shape: &[usize], slice: CudaSlice<f32>, category: Category) -> Tensor {
-        Tensor::recycled(shape, Storage::Cuda(slice), category, self.ledger.clone(), self.arena.clone())
+    /// Wraps storage as a tensor that goes back to the arena when dropped.
+    fn tensor(&self, shape: &[usize], storage: Storage, category: Category) -> Tensor {
+        Tensor::recycled(shape, storage, category, self.ledger.clone(), self.arena.clone())
     }
 
     /// Waits for the stream and counts it: every download the host waits for.
@@ -104,27 +114,144 @@ impl CudaDevice {
         self.counters.host_sync();
         self.synchronize();
     }
+
+    fn on_this_gpu<T>(&self, slice: &CudaSlice<T>) -> bool {
+        Arc::ptr_eq(slice.context(), &self.gpu.ctx)
+    }
+
+    /// A copy on this GPU of a tensor another GPU's stage detached.
+    fn copy_from_another_gpu<T: DeviceRepr + Send + 'static>(
+        &self,
+        slice: CudaSlice<T>,
+        shape: &[usize],
+    ) -> CudaSlice<T> {
+        // cudarc's cross-context copy records the source's read event on the source's own
+        // stream, before the copy runs on ours: freeing the source on its stream would not
+        // wait for the copy. The source's stream waits for it here, before `slice` drops
+        // (ARCHITECTURE.md, "Streams").
+        let copy_then_order = || -> Result<_, cudarc::driver::DriverError> {
+            let mut copy = self.arena.take::<T>(&self.stream, slice.len());
+            self.stream.memcpy_dtod(&slice, &mut copy)?;
+            slice.stream().wait(&self.stream.record_event(None)?)?;
+            Ok(copy)
+        };
+        copy_then_order()
+            .unwrap_or_else(|e| panic!("cuda: cannot copy {shape:?} to GPU {}: {e:?}", self.ordinal))
+    }
+
+    /// Whether a parameter of `shape` carries a bf16 copy: a matrix (a matmul weight or the
+    /// tied embedding) on a device whose matmuls are bf16. Vectors (biases, LayerNorm) are
+    /// read in f32 by the kernels that use them.
+    fn keeps_bf16_copy(&self, shape: &[usize], category: Category) -> bool {
+        self.precision == MatmulPrecision::Bf16 && category == Category::Parameters && shape.len() == 2
+    }
+
+    /// Makes a parameter's bf16 copy equal to its master rounded (the padding rows stay
+    /// zero): after every op that writes a parameter other than AdamW, which refreshes it in
+    /// its own pass.
+    fn refresh_bf16_copy(&self, t: &mut Tensor) {
+        if let Storage::CudaMaster { master, bf16 } = t.storage_mut() {
+            let n = master.len() as u64;
+            launch!(self, "f32_to_bf16", per_item(master.len()), bf16, &*master, &n);
+        }
+    }
 }
 
-/// The device buffer of a tensor. A tensor of another device here is a bug in the caller.
+/// The f32 buffer of a tensor (a parameter's master copy). A tensor of another device or
+/// another dtype here is a bug in the caller.
 pub(super) fn cu(t: &Tensor) -> &CudaSlice<f32> {
     match t.storage() {
-        Storage::Cuda(s) => s,
-        Storage::Cpu(_) => panic!("cuda: {t:?} is a CPU tensor"),
+        Storage::Cuda(s) | Storage::CudaMaster { master: s, .. } => s,
+        _ => panic!("cuda: {t:?} is not an f32 GPU tensor"),
     }
 }
 
 pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
-    if let Storage::Cpu(_) = t.storage() {
-        panic!("cuda: {t:?} is a CPU tensor");
-    }
+    let what = format!("{t:?}");
     match t.storage_mut() {
-        Storage::Cuda(s) => s,
-        Storage::Cpu(_) => unreachable!("checked above"),
+        Storage::Cuda(s) | Storage::CudaMaster { master: s, .. } => s,
+        _ => panic!("cuda: {what} is not an f32 GPU tensor"),
     }
 }
 
-/// (rows, last dimension) of a tensor seen as a matrix over its last axis.
+/// A tensor's bf16 elements for a cuBLAS operand: a bf16 tensor's own, or a parameter's
+/// bf16 copy (rows padded, see [`Storage::CudaMaster`]).
+pub(super) fn cu16(t: &Tensor) -> &CudaSlice<u16> {
+    match t.storage() {
+        Storage::CudaBf16(s) | Storage::CudaMaster { bf16: s, .. } => s,
+        _ => panic!("cuda: {t:?} has no bf16 elements (a parameter without its bf16 copy?)"),
+    }
+}
+
+pub(super) fn cu16_mut(t: &mut Tensor) -> &mut CudaSlice<u16> {
+    let what = format!("{t:?}");
+    match t.storage_mut() {
+        Storage::CudaBf16(s) => s,
+        _ => panic!("cuda: {what} is not a bf16 GPU tensor"),
+    }
+}
+
+/// A tensor's elements as a kernel argument, whichever their type: the kernel (an f32 one
+/// or its `_bf16` twin, see [`by_dtype`]) is chosen to match.
+pub(super) enum Buf<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>),
+}
+
+pub(super) enum BufMut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<u16>),
+}
+
+pub(super) fn buf(t: &Tensor) -> Buf<'_> {
+    match t.dtype() {
+        DType::F32 => Buf::F32(cu(t)),
+        DType::Bf16 => Buf::Bf16(cu16(t)),
+    }
+}
+
+pub(super) fn buf_mut(t: &mut Tensor) -> BufMut<'_> {
+    match t.dtype() {
+        DType::F32 => BufMut::F32(cu_mut(t)),
+        DType::Bf16 => BufMut::Bf16(cu16_mut(t)),
+    }
+}
+
+// SAFETY (both): each pushes its slice exactly as cudarc pushes a slice of that type,
+// with the same stream-ordering events.
+unsafe impl<'a, 'b: 'a> PushKernelArg<Buf<'b>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: Buf<'b>) -> &mut Self {
+        match arg {
+            Buf::F32(s) => self.arg(s),
+            Buf::Bf16(s) => self.arg(s),
+        }
+    }
+}
+
+unsafe impl<'a, 'b: 'a> PushKernelArg<BufMut<'b>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: BufMut<'b>) -> &mut Self {
+        match arg {
+            BufMut::F32(s) => self.arg(s),
+            BufMut::Bf16(s) => self.arg(s),
+        }
+    }
+}
+
+/// The one dtype of an op's activation tensors (a mixture is a bug in the caller).
+pub(super) fn same_dtype(tensors: &[&Tensor]) -> DType {
+    let dtype = tensors[0].dtype();
+    assert!(tensors.iter().all(|t| t.dtype() == dtype), "cuda: an op's activations mix dtypes: {tensors:?}");
+    dtype
+}
+
+/// A kernel family's f32 kernel or its bf16-storage twin: `(name, name_bf16)`.
+pub(super) fn by_dtype(dtype: DType, names: (&'static str, &'static str)) -> &'static str {
+    match dtype {
+        DType::F32 => names.0,
+        DType::Bf16 => names.1,
+    }
+}
+
 pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
     assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
 }
@@ -148,31 +275,55 @@ impl Device for CudaDevice {
         self.counters.snapshot()
     }
 
-    fn zeros(&self, shape: &[usize], category: Category) -> Tensor {
-        let mut t = self.empty(shape, category);
+    fn activation_dtype(&self) -> DType {
+        match self.precision {
+            MatmulPrecision::Fp32 => DType::F32,
+            MatmulPrecision::Bf16 => DType::Bf16,
+        }
+    }
+
+    fn zeros_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor {
+        let mut t = self.empty_of(dtype, shape, category);
         self.fill_zero(&mut t);
         t
     }
 
-    fn empty(&self, shape: &[usize], category: Category) -> Tensor {
+    fn empty_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor {
         // An empty tensor holds one unused element (the arena never hands out none).
-        let slice = self.arena.take::<f32>(&self.stream, shape.iter().product());
-        self.tensor(shape, slice, category)
+        let len = shape.iter().product();
+        let storage = match dtype {
+            DType::Bf16 => Storage::CudaBf16(self.arena.take::<u16>(&self.stream, len)),
+            DType::F32 if self.keeps_bf16_copy(shape, category) => {
+                let mut bf16 = self.arena.take::<u16>(&self.stream, padded_vocab(shape[0]) * shape[1]);
+                // The padding rows stay zero for the tensor's life; the rest is refreshed.
+                self.stream.memset_zeros(&mut bf16).unwrap_or_else(|e| panic!("cuda: cannot zero: {e:?}"));
+                Storage::CudaMaster { master: self.arena.take::<f32>(&self.stream, len), bf16 }
+            }
+            DType::F32 => Storage::Cuda(self.arena.take::<f32>(&self.stream, len)),
+        };
+        self.tensor(shape, storage, category)
     }
 
-    fn from_host(&self, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {
         assert_eq!(
             data.len(),
             shape.iter().product::<usize>(),
             "from_host: {} values for {shape:?}",
             data.len()
         );
-        let mut t = self.empty(shape, category);
-        if !data.is_empty() {
-            self.stream
-                .memcpy_htod(data, cu_mut(&mut t))
-                .unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
+        let mut t = self.empty_of(dtype, shape, category);
+        if data.is_empty() {
+            return t;
         }
+        let uploaded = match dtype {
+            DType::F32 => self.stream.memcpy_htod(data, cu_mut(&mut t)),
+            DType::Bf16 => {
+                let bits: Vec<u16> = data.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+                self.stream.memcpy_htod(&bits, cu16_mut(&mut t))
+            }
+        };
+        uploaded.unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
+        self.refresh_bf16_copy(&mut t);
         t
     }
 
@@ -180,10 +331,18 @@ impl Device for CudaDevice {
         if t.is_empty() {
             return Vec::new();
         }
-        let mut host = vec![0.0; t.len()];
-        self.stream
-            .memcpy_dtoh(&cu(t).slice(..t.len()), &mut host)
-            .unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
+        let downloaded = match t.dtype() {
+            DType::F32 => {
+                let mut host = vec![0.0; t.len()];
+                self.stream.memcpy_dtoh(&cu(t).slice(..t.len()), &mut host).map(|()| host)
+            }
+            DType::Bf16 => {
+                let mut bits = vec![0u16; t.len()];
+                let copied = self.stream.memcpy_dtoh(&cu16(t).slice(..t.len()), &mut bits);
+                copied.map(|()| bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
+            }
+        };
+        let host = downloaded.unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
         self.host_sync();
         host
     }
@@ -193,29 +352,16 @@ impl Device for CudaDevice {
         // order does not rest on cudarc's per-slice events alone (which a context created
         // with event tracking off, or a slice made before a second stream, would lack).
         self.wait_for(&t.ready);
-        match t.storage {
+        let storage = match t.storage {
             // Another stage's stream on this GPU: the same memory.
-            Storage::Cuda(slice) if Arc::ptr_eq(slice.context(), &self.gpu.ctx) => {
-                self.tensor(&t.shape, slice, category)
-            }
-            Storage::Cuda(slice) => {
-                // cudarc's cross-context copy records the source's read event on the source's
-                // own stream, before the copy runs on ours: freeing the source on its stream
-                // would not wait for the copy. The source's stream waits for it here, before
-                // `slice` drops (ARCHITECTURE.md, "Streams").
-                let copy_then_order = || -> Result<_, cudarc::driver::DriverError> {
-                    let mut copy = self.arena.take::<f32>(&self.stream, slice.len());
-                    self.stream.memcpy_dtod(&slice, &mut copy)?;
-                    slice.stream().wait(&self.stream.record_event(None)?)?;
-                    Ok(copy)
-                };
-                let copy = copy_then_order().unwrap_or_else(|e| {
-                    panic!("cuda: cannot copy {:?} to GPU {}: {e:?}", t.shape, self.ordinal)
-                });
-                self.tensor(&t.shape, copy, category)
-            }
-            Storage::Cpu(data) => self.from_host(&data, &t.shape, category),
-        }
+            Storage::Cuda(slice) if self.on_this_gpu(&slice) => Storage::Cuda(slice),
+            Storage::CudaBf16(slice) if self.on_this_gpu(&slice) => Storage::CudaBf16(slice),
+            Storage::Cuda(slice) => Storage::Cuda(self.copy_from_another_gpu(slice, &t.shape)),
+            Storage::CudaBf16(slice) => Storage::CudaBf16(self.copy_from_another_gpu(slice, &t.shape)),
+            Storage::CudaMaster { .. } => panic!("cuda: a parameter {:?} was handed between stages", t.shape),
+            Storage::Cpu(data) => return self.from_host(&data, &t.shape, category),
+        };
+        self.tensor(&t.shape, storage, category)
     }
 
     fn fence(&self) -> Fence {
@@ -239,18 +385,27 @@ impl Device for CudaDevice {
         if src.is_empty() {
             return;
         }
-        self.stream
-            .memcpy_dtod(cu(src), cu_mut(dst))
-            .unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
+        let copied = match same_dtype(&[dst, src]) {
+            DType::F32 => self.stream.memcpy_dtod(cu(src), cu_mut(dst)),
+            DType::Bf16 => self.stream.memcpy_dtod(cu16(src), cu16_mut(dst)),
+        };
+        copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
+        self.refresh_bf16_copy(dst);
     }
 
     fn fill_zero(&self, t: &mut Tensor) {
-        self.stream.memset_zeros(cu_mut(t)).unwrap_or_else(|e| panic!("cuda: cannot zero a tensor: {e:?}"));
+        let zeroed = match t.dtype() {
+            DType::F32 => self.stream.memset_zeros(cu_mut(t)),
+            DType::Bf16 => self.stream.memset_zeros(cu16_mut(t)),
+        };
+        zeroed.unwrap_or_else(|e| panic!("cuda: cannot zero a tensor: {e:?}"));
+        self.refresh_bf16_copy(t);
     }
 
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
         assert_same_len(acc, x);
         self.accumulate_op(acc, x);
+        self.refresh_bf16_copy(acc);
     }
 
     fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {

@@ -1,8 +1,9 @@
 //! Token + position embedding. Token ids live on the host; each call uploads them (a few
 //! KiB), and backward also uploads the rows grouped by token so the scatter-add into dwte
-//! needs no atomics and sums in row order.
+//! needs no atomics and sums in row order. The activation side (out, dout) is f32 or bf16;
+//! the tables and their gradients are f32.
 
-use super::device::{cu, cu_mut, int, rows_cols, CudaDevice};
+use super::device::{buf, buf_mut, by_dtype, cu, cu_mut, int, rows_cols, CudaDevice};
 use super::launch::{per_item, per_token, rows_by_token};
 use crate::tensor::Tensor;
 
@@ -20,18 +21,8 @@ impl CudaDevice {
         }
         let ids = self.upload(tokens);
         let (rows, t_i, c_i) = ((b * t) as u64, int(t), int(c));
-        launch!(
-            self,
-            "embedding_forward",
-            per_item(b * t * c),
-            cu_mut(out),
-            &*ids,
-            cu(wte),
-            cu(wpe),
-            &rows,
-            &t_i,
-            &c_i
-        );
+        let name = by_dtype(out.dtype(), ("embedding_forward", "embedding_forward_bf16"));
+        launch!(self, name, per_item(b * t * c), buf_mut(out), &*ids, cu(wte), cu(wpe), &rows, &t_i, &c_i);
     }
 
     pub(super) fn embedding_backward_op(
@@ -49,18 +40,11 @@ impl CudaDevice {
         let (layout, groups) = rows_by_token(tokens);
         let layout = self.upload(&layout);
         let (g_i, c_i) = (int(groups), int(c));
-        launch!(
-            self,
-            "embedding_backward_wte",
-            per_token(groups),
-            cu_mut(dwte),
-            cu(dout),
-            &*layout,
-            &g_i,
-            &c_i
-        );
+        let name = by_dtype(dout.dtype(), ("embedding_backward_wte", "embedding_backward_wte_bf16"));
+        launch!(self, name, per_token(groups), cu_mut(dwte), buf(dout), &*layout, &g_i, &c_i);
         let (b_i, t_i) = (int(b), int(t));
-        launch!(self, "embedding_backward_wpe", per_item(t * c), cu_mut(dwpe), cu(dout), &b_i, &t_i, &c_i);
+        let name = by_dtype(dout.dtype(), ("embedding_backward_wpe", "embedding_backward_wpe_bf16"));
+        launch!(self, name, per_item(t * c), cu_mut(dwpe), buf(dout), &b_i, &t_i, &c_i);
     }
 }
 

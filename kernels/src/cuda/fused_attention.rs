@@ -6,16 +6,18 @@
 //! a fixed order. The SIMT harness (kernels/tests/simt/fused_attention.rs) replays these
 //! launches against the CPU's attention op.
 //!
-//! Under `precision: bf16` the same three launches run fused_attention_mma.cu instead,
-//! whose products are bf16 tensor-core instructions into fp32 (sm_80 and later, head sizes
-//! that are multiples of 16; the SIMT harness's fused_attention_mma.rs checks them).
+//! On bf16 activations (`precision: bf16`) the same three launches run
+//! fused_attention_mma.cu instead, which reads and writes bf16 and multiplies on tensor
+//! cores into fp32 (sm_80 and later, head sizes that are multiples of 16; the SIMT
+//! harness's fused_attention_mma.rs checks them).
 
-use super::blas::MatmulPrecision;
-use super::device::{assert_same_len, cu, cu_mut, int, CudaDevice};
-use super::launch::{attention_mma_fits, per_attention_tile, per_attention_tile_bf16};
+use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
+use super::launch::{per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
+use crate::device::Device;
 use crate::dropout::DropoutSpec;
-use crate::tensor::Tensor;
+use crate::memory::Category;
+use crate::tensor::{DType, Tensor};
 use cudarc::driver::LaunchConfig;
 
 /// B, T, C, NH of qkv [B,T,3C] with `n_head` heads.
@@ -55,22 +57,19 @@ const BF16: Kernels = Kernels {
 };
 
 impl CudaDevice {
-    /// The kernels for `t` rows of `heads` heads of `head_size`, and their launch: on the
-    /// tensor cores where the device's matmuls are bf16, the GPU has bf16 mma (sm_80 on) and
-    /// the head size fits them; in fp32 otherwise.
+    /// The kernels for `t` rows of `heads` heads of `head_size` over qkv of `dtype`, and
+    /// their launch: bf16 activations go to the tensor cores (the device requires sm_80 for
+    /// bf16, and the trainer a head size that fits them), f32 ones to CUDA cores.
     fn attention_kernels(
         &self,
+        dtype: DType,
         t: usize,
         heads: usize,
         head_size: usize,
     ) -> (&'static Kernels, LaunchConfig) {
-        let tensor_cores = self.precision == MatmulPrecision::Bf16
-            && self.gpu.compute_capability.0 >= 8
-            && attention_mma_fits(head_size);
-        if tensor_cores {
-            (&BF16, per_attention_tile_bf16(t, heads, head_size))
-        } else {
-            (&FP32, per_attention_tile(t, heads, head_size))
+        match dtype {
+            DType::Bf16 => (&BF16, per_attention_tile_bf16(t, heads, head_size)),
+            DType::F32 => (&FP32, per_attention_tile(t, heads, head_size)),
         }
     }
 
@@ -89,13 +88,14 @@ impl CudaDevice {
         let out = match out {
             Some(out) => {
                 assert_eq!(out.len(), b * t * c, "attention: out {out:?} for qkv {qkv:?}");
-                cu_mut(out)
+                out
             }
-            None => &mut **scratch.insert(self.scratch::<f32>(b * t * c)),
+            None => scratch.insert(self.empty_of(qkv.dtype(), &[b, t, c], Category::Workspace)),
         };
-        let (kernels, cfg) = self.attention_kernels(t, b * nh, c / nh);
+        let dtype = same_dtype(&[out, qkv]);
+        let (kernels, cfg) = self.attention_kernels(dtype, t, b * nh, c / nh);
         let ((mask, on), (t, nh, hs)) = (mask(dropout), (int(t), int(nh), int(c / n_head)));
-        launch!(self, kernels.forward, cfg, out, cu_mut(lse), cu(qkv), &t, &nh, &hs, &mask, &on);
+        launch!(self, kernels.forward, cfg, buf_mut(out), cu_mut(lse), buf(qkv), &t, &nh, &hs, &mask, &on);
     }
 
     /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], and qkv, out and lse as forward left them.
@@ -116,18 +116,19 @@ impl CudaDevice {
         assert_same_len(out, dout);
         assert_eq!(lse.len(), b * nh * t, "attention: lse {lse:?} for qkv {qkv:?}, {nh} heads");
         let mut delta = self.scratch::<f32>(b * nh * t); // [B,NH,T]
-        let (kernels, cfg) = self.attention_kernels(t, b * nh, c / nh);
+        let dtype = same_dtype(&[dqkv, dout, out, qkv]);
+        let (kernels, cfg) = self.attention_kernels(dtype, t, b * nh, c / nh);
         let ((mask, on), (t, nh, hs)) = (mask(dropout), (int(t), int(nh), int(c / n_head)));
-        let (dqkv, qkv, dout, lse) = (cu_mut(dqkv), cu(qkv), cu(dout), cu(lse));
+        let lse = cu(lse);
         launch!(
             self,
             kernels.query,
             cfg,
-            &mut *dqkv,
+            buf_mut(dqkv),
             &mut *delta,
-            qkv,
-            cu(out),
-            dout,
+            buf(qkv),
+            buf(out),
+            buf(dout),
             lse,
             &t,
             &nh,
@@ -135,6 +136,20 @@ impl CudaDevice {
             &mask,
             &on,
         );
-        launch!(self, kernels.key_value, cfg, dqkv, qkv, dout, lse, &*delta, &t, &nh, &hs, &mask, &on);
+        launch!(
+            self,
+            kernels.key_value,
+            cfg,
+            buf_mut(dqkv),
+            buf(qkv),
+            buf(dout),
+            lse,
+            &*delta,
+            &t,
+            &nh,
+            &hs,
+            &mask,
+            &on
+        );
     }
 }

@@ -1,13 +1,12 @@
-//! The elementwise ops: residual add and accumulation, GELU, dropout, AdamW, and the
-//! f32 <-> bf16 casts.
+//! The elementwise ops: residual add and accumulation, GELU, dropout and AdamW, each on
+//! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
-use super::device::{cu, cu_mut, CudaDevice};
+use super::device::{buf, buf_mut, by_dtype, cu, cu_mut, same_dtype, CudaDevice};
 use super::launch::per_item;
-use super::scratch::Scratch;
 use crate::device::AdamWStep;
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
@@ -42,32 +41,40 @@ impl DropoutMask {
 
 impl CudaDevice {
     pub(super) fn accumulate_op(&self, acc: &mut Tensor, x: &Tensor) {
-        let n = acc.len() as u64;
-        launch!(self, "accumulate", per_item(acc.len()), cu_mut(acc), cu(x), &n);
+        let (n, dtype) = (acc.len() as u64, same_dtype(&[acc, x]));
+        let name = by_dtype(dtype, ("accumulate", "accumulate_bf16"));
+        launch!(self, name, per_item(acc.len()), buf_mut(acc), buf(x), &n);
     }
 
     pub(super) fn add_op(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
-        let n = out.len() as u64;
-        launch!(self, "add", per_item(out.len()), cu_mut(out), cu(a), cu(b), &n);
+        let (n, dtype) = (out.len() as u64, same_dtype(&[out, a, b]));
+        let name = by_dtype(dtype, ("add", "add_bf16"));
+        launch!(self, name, per_item(out.len()), buf_mut(out), buf(a), buf(b), &n);
     }
 
     pub(super) fn gelu_forward_op(&self, out: &mut Tensor, inp: &Tensor) {
-        let n = out.len() as u64;
-        launch!(self, "gelu_forward", per_item(out.len()), cu_mut(out), cu(inp), &n);
+        let (n, dtype) = (out.len() as u64, same_dtype(&[out, inp]));
+        let name = by_dtype(dtype, ("gelu_forward", "gelu_forward_bf16"));
+        launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n);
     }
 
     pub(super) fn gelu_backward_op(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
-        let n = dinp.len() as u64;
-        launch!(self, "gelu_backward", per_item(dinp.len()), cu_mut(dinp), cu(inp), cu(dout), &n);
+        let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
+        let name = by_dtype(dtype, ("gelu_backward", "gelu_backward_bf16"));
+        launch!(self, name, per_item(dinp.len()), buf_mut(dinp), buf(inp), buf(dout), &n);
     }
 
-    /// out = inp * mask (forward on activations, backward on gradients alike).
+    /// out = inp * mask (forward on activations, backward on gradients alike), one thread
+    /// per four elements.
     pub(super) fn dropout_op(&self, out: &mut Tensor, inp: &Tensor, spec: &DropoutSpec) {
-        let len = out.len();
-        self.dropout_slices(cu_mut(out), cu(inp), len, spec);
+        let (len, dtype) = (out.len(), same_dtype(&[out, inp]));
+        let (n, mask) = (len as u64, DropoutMask::new(spec));
+        let name = by_dtype(dtype, ("dropout_apply", "dropout_apply_bf16"));
+        launch!(self, name, per_item(len.div_ceil(4)), buf_mut(out), buf(inp), &n, &mask);
     }
 
-    /// The first `len` elements of out = inp * mask, one thread per four elements.
+    /// The first `len` elements of out = inp * mask: the unfused attention's probabilities
+    /// (f32, as that path is).
     pub(super) fn dropout_slices(
         &self,
         out: &mut CudaSlice<f32>,
@@ -84,6 +91,7 @@ impl CudaDevice {
         launch!(self, "dropout_apply_inplace", per_item(len.div_ceil(4)), x, &n, &mask);
     }
 
+    /// The AdamW step; a parameter with a bf16 copy has it refreshed in the same pass.
     pub(super) fn adamw_op(
         &self,
         param: &mut Tensor,
@@ -98,52 +106,46 @@ impl CudaDevice {
         let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
         let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
         let decay = 1.0 - hp.lr * hp.weight_decay;
-        launch!(
-            self,
-            "adamw",
-            per_item(param.len()),
-            cu_mut(param),
-            cu(grad),
-            cu_mut(m),
-            cu_mut(v),
-            &n,
-            &hp.beta1,
-            &hp.beta2,
-            &hp.eps,
-            &hp.grad_scale,
-            &decay,
-            &step_size,
-            &bias2_sqrt,
-        );
-    }
-
-    /// A bf16 copy (as bits) of an f32 buffer, rounded to nearest even.
-    pub(super) fn to_bf16(&self, x: &CudaSlice<f32>) -> Scratch<u16> {
-        self.to_bf16_padded(x, x.len())
-    }
-
-    /// As [`Self::to_bf16`], into `len` >= x.len() elements, the rest zero.
-    pub(super) fn to_bf16_padded(&self, x: &CudaSlice<f32>, len: usize) -> Scratch<u16> {
-        assert!(len >= x.len(), "cuda: padding {} elements to {len}", x.len());
-        let mut out = self.scratch::<u16>(len);
-        let n = x.len() as u64;
-        launch!(self, "f32_to_bf16", per_item(x.len()), &mut *out, x, &n);
-        if len > x.len() {
-            let mut padding = out.slice_mut(x.len()..);
-            self.stream
-                .memset_zeros(&mut padding)
-                .unwrap_or_else(|e| panic!("cuda: cannot zero padding: {e:?}"));
+        let cfg = per_item(param.len());
+        let (grad, m, v) = (cu(grad), cu_mut(m), cu_mut(v));
+        let consts = (&hp.beta1, &hp.beta2, &hp.eps, &hp.grad_scale, &decay, &step_size, &bias2_sqrt);
+        let (b1, b2, eps, scale, decay, step_size, bias2_sqrt) = consts;
+        match param.storage_mut() {
+            Storage::CudaMaster { master, bf16 } => launch!(
+                self,
+                "adamw_with_bf16_copy",
+                cfg,
+                master,
+                bf16,
+                grad,
+                m,
+                v,
+                &n,
+                b1,
+                b2,
+                eps,
+                scale,
+                decay,
+                step_size,
+                bias2_sqrt,
+            ),
+            _ => launch!(
+                self,
+                "adamw",
+                cfg,
+                cu_mut(param),
+                grad,
+                m,
+                v,
+                &n,
+                b1,
+                b2,
+                eps,
+                scale,
+                decay,
+                step_size,
+                bias2_sqrt
+            ),
         }
-        out
-    }
-}
-
-impl CudaDevice {
-    /// Rounds every element of `t` to the nearest bf16 and back: the rounding the bf16
-    /// matmul mode applies to its operands, for checking it against the CPU's.
-    pub fn round_to_bf16(&self, t: &mut Tensor) {
-        let bits = self.to_bf16(cu(t));
-        let n = t.len() as u64;
-        launch!(self, "bf16_to_f32", per_item(t.len()), cu_mut(t), &*bits, &n);
     }
 }

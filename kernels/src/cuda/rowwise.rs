@@ -1,8 +1,10 @@
-//! The ops that reduce along rows or columns: LayerNorm and bias gradients. Every reduction
-//! has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
+//! The ops that reduce along rows or columns: LayerNorm and bias gradients, on f32 or bf16
+//! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
-use super::device::{assert_same_len, cu, cu_mut, int, rows_cols, CudaDevice};
+use super::device::{
+    assert_same_len, buf, buf_mut, by_dtype, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice,
+};
 use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
@@ -22,14 +24,15 @@ impl CudaDevice {
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
+        let name = by_dtype(same_dtype(&[out, inp]), ("layernorm_forward", "layernorm_forward_bf16"));
         launch!(
             self,
-            "layernorm_forward",
+            name,
             per_row_warp(n),
-            cu_mut(out),
+            buf_mut(out),
             cu_mut(mean),
             cu_mut(rstd),
-            cu(inp),
+            buf(inp),
             cu(weight),
             cu(bias),
             &n_i,
@@ -55,13 +58,15 @@ impl CudaDevice {
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
+        let dtype = same_dtype(&[dinp, dout, inp]);
+        let name = by_dtype(dtype, ("layernorm_backward_input", "layernorm_backward_input_bf16"));
         launch!(
             self,
-            "layernorm_backward_input",
+            name,
             per_row_warp(n),
-            cu_mut(dinp),
-            cu(dout),
-            cu(inp),
+            buf_mut(dinp),
+            buf(dout),
+            buf(inp),
             cu(weight),
             cu(mean),
             cu(rstd),
@@ -72,14 +77,15 @@ impl CudaDevice {
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let mut partial_b = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
+        let names = ("layernorm_backward_params_partial", "layernorm_backward_params_partial_bf16");
         launch!(
             self,
-            "layernorm_backward_params_partial",
+            by_dtype(dtype, names),
             cfg,
             &mut *partial_w,
             &mut *partial_b,
-            cu(dout),
-            cu(inp),
+            buf(dout),
+            buf(inp),
             cu(mean),
             cu(rstd),
             &n_i,
@@ -91,17 +97,12 @@ impl CudaDevice {
     }
 
     /// out [C] += column sums of x [N, C].
-    pub(super) fn add_column_sums(
-        &self,
-        out: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        rows: usize,
-        cols: usize,
-    ) {
+    pub(super) fn add_column_sums(&self, out: &mut CudaSlice<f32>, x: &Tensor, rows: usize, cols: usize) {
         let (cfg, chunks) = per_column_chunk(rows, cols);
         let mut partial = self.scratch::<f32>(chunks * cols);
         let (n_i, c_i, rows_per_chunk) = (int(rows), int(cols), ROWS_PER_CHUNK as i32);
-        launch!(self, "column_partial_sums", cfg, &mut *partial, x, &n_i, &c_i, &rows_per_chunk);
+        let name = by_dtype(x.dtype(), ("column_partial_sums", "column_partial_sums_bf16"));
+        launch!(self, name, cfg, &mut *partial, buf(x), &n_i, &c_i, &rows_per_chunk);
         self.add_partials(out, &partial, chunks, cols);
     }
 
@@ -111,8 +112,9 @@ impl CudaDevice {
     }
 
     /// out [N, C] += bias [C] broadcast over rows.
-    pub(super) fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) {
+    pub(super) fn add_bias(&self, out: &mut Tensor, bias: &Tensor, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
-        launch!(self, "bias_add", per_item(rows * cols), out, bias, &n, &c_i);
+        let name = by_dtype(out.dtype(), ("bias_add", "bias_add_bf16"));
+        launch!(self, name, per_item(rows * cols), buf_mut(out), cu(bias), &n, &c_i);
     }
 }

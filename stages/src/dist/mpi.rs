@@ -13,7 +13,7 @@
 
 use super::wire::{Reader, Writer};
 use super::{sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
-use kernels::{Category, Device, Tensor};
+use kernels::{Category, DType, Device, Tensor};
 use mpi::datatype::PartitionMut;
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::request::{Request, StaticScope};
@@ -177,7 +177,8 @@ impl MpiTransport {
 
 impl Transport for MpiTransport {
     fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
-        let mut w = header(msg.virtual_stage, msg.microbatch, msg.tensor.shape());
+        let mut w = header(msg.virtual_stage, msg.microbatch, &msg.tensor);
+        // bf16 crosses as f32 (exact both ways): the host path has one element format.
         w.f32s(&dev.to_host(&msg.tensor));
         drop(msg.tensor);
         self.send_bytes(to, payload, w.0);
@@ -187,7 +188,7 @@ impl Transport for MpiTransport {
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
         let bytes = self.recv_bytes(from, payload);
         let mut r = Reader(&bytes);
-        let (virtual_stage, microbatch, shape) = read_header(&mut r)?;
+        let (virtual_stage, microbatch, shape, dtype) = read_header(&mut r)?;
         let data = r.f32s()?;
         if data.len() != shape.iter().product::<usize>() {
             return Err(DistError::Protocol(format!(
@@ -195,24 +196,35 @@ impl Transport for MpiTransport {
                 data.len()
             )));
         }
-        Ok(Message { virtual_stage, microbatch, tensor: dev.from_host(&data, &shape, Category::Transfer) })
+        let tensor = dev.from_host_of(dtype, &data, &shape, Category::Transfer);
+        Ok(Message { virtual_stage, microbatch, tensor })
     }
 }
 
-/// What a point-to-point message says of its tensor: (virtual stage, microbatch, shape).
-pub(super) fn header(virtual_stage: usize, microbatch: usize, shape: &[usize]) -> Writer {
+/// What a point-to-point message says of its tensor: (virtual stage, microbatch, shape,
+/// dtype).
+pub(super) fn header(virtual_stage: usize, microbatch: usize, tensor: &Tensor) -> Writer {
     let mut w = Writer::default();
-    w.u64(virtual_stage as u64).u64(microbatch as u64).u64(shape.len() as u64);
-    for &d in shape {
+    w.u64(virtual_stage as u64).u64(microbatch as u64).u64(tensor.shape().len() as u64);
+    for &d in tensor.shape() {
         w.u64(d as u64);
     }
+    w.u64(match tensor.dtype() {
+        DType::F32 => 0,
+        DType::Bf16 => 1,
+    });
     w
 }
 
-pub(super) fn read_header(r: &mut Reader) -> Result<(usize, usize, Vec<usize>), DistError> {
+pub(super) fn read_header(r: &mut Reader) -> Result<(usize, usize, Vec<usize>, DType), DistError> {
     let (virtual_stage, microbatch, ndim) = (r.usize()?, r.usize()?, r.usize()?);
     let shape = (0..ndim).map(|_| r.usize()).collect::<Result<Vec<_>, _>>()?;
-    Ok((virtual_stage, microbatch, shape))
+    let dtype = match r.u64()? {
+        0 => DType::F32,
+        1 => DType::Bf16,
+        other => return Err(DistError::Protocol(format!("a message of element type {other}"))),
+    };
+    Ok((virtual_stage, microbatch, shape, dtype))
 }
 
 impl Drop for MpiTransport {

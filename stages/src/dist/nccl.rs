@@ -27,9 +27,9 @@
 use super::mpi::{MpiCollective, MpiWorld};
 use super::wire::Reader;
 use super::{Collective, DistError, Group, Message, Topology, Transport};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut};
 use cudarc::nccl::{Comm, Id};
-use kernels::{Category, Device, Fence, Storage, Tensor};
+use kernels::{Category, DType, Device, Fence, Storage, Tensor};
 use schedules::Payload;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,18 +98,29 @@ pub struct NcclTransport {
 unsafe impl Send for NcclTransport {}
 unsafe impl Send for NcclCollective {}
 
-fn slice(t: &Tensor) -> &cudarc::driver::CudaSlice<f32> {
-    match t.storage() {
-        Storage::Cuda(s) => s,
-        Storage::Cpu(_) => panic!("nccl: {t:?} is not on a GPU"),
-    }
+/// A GPU tensor's elements as bytes, which is how a tensor crosses whatever its dtype
+/// (NCCL has no bf16 type in cudarc): a message's, or a sum's operand.
+fn bytes(t: &Tensor) -> CudaView<'_, u8> {
+    let n = t.bytes();
+    // SAFETY: a view of the same allocation's first `n` bytes (the elements: messages and
+    // gradients are never parameters, which alone have a bf16 copy), read-only, as bytes.
+    let view = match t.storage() {
+        Storage::Cuda(s) => unsafe { s.transmute::<u8>(n) },
+        Storage::CudaBf16(s) => unsafe { s.transmute::<u8>(n) },
+        _ => None,
+    };
+    view.unwrap_or_else(|| panic!("nccl: {t:?} is not on a GPU (or is a parameter)"))
 }
 
-fn slice_mut(t: &mut Tensor) -> &mut cudarc::driver::CudaSlice<f32> {
-    match t.storage_mut() {
-        Storage::Cuda(s) => s,
-        Storage::Cpu(_) => panic!("nccl: a tensor that is not on a GPU"),
-    }
+fn bytes_mut(t: &mut Tensor) -> CudaViewMut<'_, u8> {
+    let n = t.bytes();
+    // SAFETY: as `bytes`; the receive writes every byte.
+    let view = match t.storage_mut() {
+        Storage::Cuda(s) => unsafe { s.transmute_mut::<u8>(n) },
+        Storage::CudaBf16(s) => unsafe { s.transmute_mut::<u8>(n) },
+        _ => None,
+    };
+    view.expect("nccl: a tensor NCCL writes is on a GPU")
 }
 
 impl NcclTransport {
@@ -123,28 +134,32 @@ impl NcclTransport {
 
 impl Transport for NcclTransport {
     fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
-        let header = super::mpi::header(msg.virtual_stage, msg.microbatch, msg.tensor.shape());
+        let header = super::mpi::header(msg.virtual_stage, msg.microbatch, &msg.tensor);
         self.headers.send_bytes(to, payload, header.0);
         let comm = self.comm(payload);
         comm_after_device(comm, dev)?;
-        comm.send(slice(&msg.tensor), to as i32).map_err(|e| nccl_error("send", e))?;
+        comm.send(&bytes(&msg.tensor), to as i32).map_err(|e| nccl_error("send", e))?;
         // The tensor is freed on the device's stream when `msg` drops: after the send.
         device_after_comm(comm, dev)
     }
 
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
         let bytes = self.headers.recv_bytes(from, payload);
-        let (virtual_stage, microbatch, shape) = super::mpi::read_header(&mut Reader(&bytes))?;
+        let (virtual_stage, microbatch, shape, dtype) = super::mpi::read_header(&mut Reader(&bytes))?;
         let comm = self.comm(payload);
         // The buffer is allocated on the communicator's stream, so the receive follows its
         // allocation without waiting for the device: waiting for the device's fence would
         // tie this receive to the device's earlier waits on its own sends, and through the
         // peers' sends, close a cycle.
         let len = shape.iter().product::<usize>().max(1);
-        // SAFETY: f32 has no invalid bit patterns, and the receive writes every element.
-        let buffer = unsafe { comm.stream().alloc::<f32>(len) }.map_err(|e| nccl_error("alloc", e))?;
-        let mut tensor = Tensor::new(&shape, Storage::Cuda(buffer), Category::Transfer, dev.ledger().clone());
-        comm.recv(slice_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
+        // SAFETY (both): no invalid bit patterns, and the receive writes every element.
+        let storage = match dtype {
+            DType::F32 => unsafe { comm.stream().alloc::<f32>(len) }.map(Storage::Cuda),
+            DType::Bf16 => unsafe { comm.stream().alloc::<u16>(len) }.map(Storage::CudaBf16),
+        };
+        let storage = storage.map_err(|e| nccl_error("alloc", e))?;
+        let mut tensor = Tensor::new(&shape, storage, Category::Transfer, dev.ledger().clone());
+        comm.recv(&mut bytes_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
         device_after_comm(comm, dev)?;
         Ok(Message { virtual_stage, microbatch, tensor })
     }
@@ -177,23 +192,24 @@ impl Collective for NcclCollective {
         }
         let me = comm.rank();
         // Every other member's copy of the tensor, broadcast by that member.
-        let mut copies: Vec<Option<Tensor>> =
-            (0..n).map(|i| (i != me).then(|| dev.empty(t.shape(), Category::Workspace))).collect();
+        let mut copies: Vec<Option<Tensor>> = (0..n)
+            .map(|i| (i != me).then(|| dev.empty_of(t.dtype(), t.shape(), Category::Workspace)))
+            .collect();
         comm_after_device(comm, dev)?;
         {
             let _group = comm.group();
             for (i, copy) in copies.iter_mut().enumerate() {
-                let buffer = match copy {
-                    Some(c) => slice_mut(c),
-                    None => slice_mut(t),
+                let mut buffer = match copy {
+                    Some(c) => bytes_mut(c),
+                    None => bytes_mut(t),
                 };
-                comm.broadcast_in_place(buffer, i as i32).map_err(|e| nccl_error("broadcast", e))?;
+                comm.broadcast_in_place(&mut buffer, i as i32).map_err(|e| nccl_error("broadcast", e))?;
             }
         }
         device_after_comm(comm, dev)?;
         // ((t0 + t1) + t2) + ... in member order, as every backend adds.
         let part = |i: usize| copies[i].as_ref().unwrap_or(t);
-        let mut acc = dev.empty(t.shape(), Category::Workspace);
+        let mut acc = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
         dev.copy(&mut acc, part(0));
         for i in 1..n {
             dev.accumulate(&mut acc, part(i));

@@ -207,7 +207,7 @@ impl Collective for ThreadsCollective {
         let copies = (0..members.len())
             .map(|k| {
                 (k != me).then(|| {
-                    let mut copy = dev.empty(t.shape(), Category::Workspace);
+                    let mut copy = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
                     dev.copy(&mut copy, t);
                     copy.detach(dev.fence())
                 })

@@ -60,7 +60,7 @@ pub struct Block<'a> {
 fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
     match spec {
         Some(spec) => {
-            let mut out = dev.zeros(t.shape(), Category::Workspace);
+            let mut out = dev.zeros_of(t.dtype(), t.shape(), Category::Workspace);
             dev.dropout_forward(&mut out, &t, spec);
             out
         }
@@ -71,7 +71,7 @@ fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Te
 fn dropout_backward_or_keep(dev: &dyn Device, d: Arc<Tensor>, spec: Option<DropoutSpec>) -> Arc<Tensor> {
     match spec {
         Some(spec) => {
-            let mut out = dev.zeros(d.shape(), Category::Workspace);
+            let mut out = dev.zeros_of(d.dtype(), d.shape(), Category::Workspace);
             dev.dropout_backward(&mut out, &d, spec);
             Arc::new(out)
         }
@@ -94,40 +94,42 @@ impl Block<'_> {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
         let cat = |dropped: bool| if dropped { Category::Workspace } else { keep_as };
+        // Activations in the device's dtype; LayerNorm statistics in f32.
+        let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
         let w = self.w;
 
         // ---- attention ----
-        let mut ln1 = dev.zeros(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
+        let mut ln1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let mut ln1_mean = dev.zeros(&[b, t], keep_as); // [B,T]
         let mut ln1_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
         dev.layernorm_forward(&mut ln1, &mut ln1_mean, &mut ln1_rstd, &x, &w[LN1_W], &w[LN1_B]);
-        let mut qkv = dev.zeros(&[b, t, 3 * c], keep_as); // [B,T,3C]
+        let mut qkv = act(&[b, t, 3 * c], keep_as); // [B,T,3C]
         dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
         let mut att = attention_saved(dev, s, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
-        let mut atty = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
+        let mut atty = act(&[b, t, c], keep_as); // [B,T,C]
         dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads);
-        let mut attproj = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
+        let mut attproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
-        let mut residual = dev.zeros(&[b, t, c], keep_as); // [B,T,C]
+        let mut residual = act(&[b, t, c], keep_as); // [B,T,C]
         dev.add(&mut residual, &x, &attproj);
         drop(attproj);
 
         // ---- MLP ----
-        let mut ln2 = dev.zeros(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
+        let mut ln2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let mut ln2_mean = dev.zeros(&[b, t], keep_as); // [B,T]
         let mut ln2_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
         dev.layernorm_forward(&mut ln2, &mut ln2_mean, &mut ln2_rstd, &residual, &w[LN2_W], &w[LN2_B]);
-        let mut fch = dev.zeros(&[b, t, f], keep_as); // [B,T,F]
+        let mut fch = act(&[b, t, f], keep_as); // [B,T,F]
         dev.matmul_forward(&mut fch, &ln2, &w[FC_W], WeightLayout::InOut, Some(&w[FC_B]));
-        let mut fch_gelu = dev.zeros(&[b, t, f], cat(modules.mlp)); // [B,T,F]
+        let mut fch_gelu = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
         dev.gelu_forward(&mut fch_gelu, &fch);
-        let mut fcproj = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
+        let mut fcproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut fcproj, &fch_gelu, &w[FC_PROJ_W], WeightLayout::InOut, Some(&w[FC_PROJ_B]));
         let fcproj = dropout_or_keep(dev, fcproj, dropout.spec(self.layer, DropoutSite::MlpResidual));
-        let mut y = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
+        let mut y = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.add(&mut y, &residual, &fcproj);
 
         let acts = BlockActs {
@@ -167,7 +169,8 @@ impl Block<'_> {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
         let w = self.w;
-        let ws = |shape: &[usize]| dev.zeros(shape, Category::Workspace);
+        // Activation gradients, in the activations' dtype.
+        let ws = |shape: &[usize]| dev.zeros_of(dev.activation_dtype(), shape, Category::Workspace);
         let target = |weight: usize| grad_base + weight;
         let push = |wg: &mut WeightGrads, grads: &mut [Tensor], weight, inp, dout| {
             wg.push(dev, grads, WeightGrad { weight, inp, dout })
@@ -280,7 +283,7 @@ fn attention_saved(
 
 /// ln(inp) into a fresh workspace tensor; statistics recomputed bitwise equal to the saved.
 fn recompute_layernorm(dev: &dyn Device, inp: &Tensor, w: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
-    let mut out = dev.zeros(shape, Category::Workspace);
+    let mut out = dev.zeros_of(inp.dtype(), shape, Category::Workspace);
     let rows = &shape[..shape.len() - 1];
     let mut mean = dev.zeros(rows, Category::Workspace);
     let mut rstd = dev.zeros(rows, Category::Workspace);

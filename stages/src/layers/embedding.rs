@@ -13,11 +13,12 @@ pub fn forward(
     tokens: &[u32],
     dropout: &DropoutCtx,
 ) -> Tensor {
-    let mut out = dev.zeros(&[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
+    let mut out =
+        dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
     dev.embedding_forward(&mut out, tokens, wte, wpe);
     match dropout.spec(0, DropoutSite::Embedding) {
         Some(spec) => {
-            let mut dropped = dev.zeros(out.shape(), Category::Workspace);
+            let mut dropped = dev.zeros_of(out.dtype(), out.shape(), Category::Workspace);
             dev.dropout_forward(&mut dropped, &out, spec);
             dropped
         }
@@ -36,7 +37,7 @@ pub fn backward(
 ) {
     let dout = match dropout.spec(0, DropoutSite::Embedding) {
         Some(spec) => {
-            let mut d = dev.zeros(dout.shape(), Category::Workspace);
+            let mut d = dev.zeros_of(dout.dtype(), dout.shape(), Category::Workspace);
             dev.dropout_backward(&mut d, &dout, spec);
             d
         }

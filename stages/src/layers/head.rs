@@ -46,7 +46,7 @@ pub fn forward(
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
     x.recategorize(keep);
-    let mut lnf = dev.zeros(&[b, t, c], Category::Workspace); // [B,T,C]
+    let mut lnf = dev.zeros_of(x.dtype(), &[b, t, c], Category::Workspace); // [B,T,C]
     let mut mean = dev.zeros(&[b, t], keep); // [B,T]
     let mut rstd = dev.zeros(&[b, t], keep); // [B,T]
     dev.layernorm_forward(&mut lnf, &mut mean, &mut rstd, &x, ln_w, ln_b);
@@ -55,8 +55,8 @@ pub fn forward(
         dev.classifier(&mut losses, &lnf, wte, targets, None);
         return (losses, None);
     };
-    let mut dlnf = dev.zeros(&[b, t, c], Category::Activations); // [B,T,C]
-                                                                 // The logits [B,T,V] and their gradient live only inside the classifier.
+    // The logits [B,T,V] and their gradient live only inside the classifier.
+    let mut dlnf = dev.zeros_of(x.dtype(), &[b, t, c], Category::Activations); // [B,T,C]
     let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dlnf, dwte: grad.dwte };
     dev.classifier(&mut losses, &lnf, wte, targets, Some(head_grad));
     (losses, Some(HeadActs { input: x, mean, rstd, dlnf }))
@@ -71,7 +71,7 @@ pub fn backward(
     dln_w: &mut Tensor,
     dln_b: &mut Tensor,
 ) -> Tensor {
-    let mut dx = dev.zeros(&[s.micro_batch, s.seq_len, s.hidden], Category::Workspace); // [B,T,C]
+    let mut dx = dev.zeros_of(acts.input.dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace); // [B,T,C]
     dev.layernorm_backward(&mut dx, dln_w, dln_b, &acts.dlnf, &acts.input, ln_w, &acts.mean, &acts.rstd);
     dx
 }
