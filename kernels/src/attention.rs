@@ -15,6 +15,16 @@ use crate::tensor::Tensor;
 /// micro-tiles of a row of 16 threads cover 64 dimensions).
 pub const FUSED_MAX_HEAD_SIZE: usize = 64;
 
+/// The k of one bf16 m16n8k16 product: the tensor-core attention kernels (the only ones
+/// for bf16 activations) take head sizes that are multiples of it, up to
+/// [`FUSED_MAX_HEAD_SIZE`].
+pub const ATTENTION_MMA_K: usize = 16;
+
+/// Whether the tensor-core attention kernels take head size `head_size`.
+pub fn attention_mma_fits(head_size: usize) -> bool {
+    head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= FUSED_MAX_HEAD_SIZE
+}
+
 /// Which tensors the attention core keeps for its backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionSaves {

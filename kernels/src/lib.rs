@@ -18,7 +18,9 @@ pub mod splitmix;
 pub mod tensor;
 pub mod timing;
 
-pub use attention::{AttentionSaved, AttentionSaves, FUSED_MAX_HEAD_SIZE};
+pub use attention::{
+    attention_mma_fits, AttentionSaved, AttentionSaves, ATTENTION_MMA_K, FUSED_MAX_HEAD_SIZE,
+};
 pub use counters::DeviceCounters;
 pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};

@@ -33,5 +33,15 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             cfg.tensor_model_parallel_size
         ))));
     }
+    let head_size = cfg.hidden_size / cfg.num_attention_heads;
+    // bf16 activations have only the tensor-core attention kernels.
+    if cfg.device == "cuda" && cfg.precision == "bf16" && !kernels::attention_mma_fits(head_size) {
+        return Err(launch::quiet_unless_root(user_error(format!(
+            "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
+            args.config.display(),
+            kernels::ATTENTION_MMA_K,
+            kernels::FUSED_MAX_HEAD_SIZE
+        ))));
+    }
     launch::run(args, cfg)
 }

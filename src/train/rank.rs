@@ -309,16 +309,6 @@ fn cuda_device(cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>>
     let device_error =
         |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
     let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
-    let head_size = cfg.hidden_size / cfg.num_attention_heads;
-    // bf16 activations have only the tensor-core attention kernels.
-    if precision == MatmulPrecision::Bf16 && !kernels::cuda::launch::attention_mma_fits(head_size) {
-        return Err(crate::error::user_error(format!(
-            "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
-            cfg_path.display(),
-            kernels::cuda::launch::ATTENTION_MMA_K,
-            kernels::FUSED_MAX_HEAD_SIZE
-        )));
-    }
     let device = CudaDevice::new(super::launch::local_gpu()).map_err(device_error)?;
     Ok(Arc::new(device.with_matmul_precision(precision).map_err(device_error)?))
 }

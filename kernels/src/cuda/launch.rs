@@ -3,7 +3,7 @@
 //! SIMT emulation harness (kernels/tests/simt) launches the kernels exactly as the device
 //! does.
 
-use crate::attention::FUSED_MAX_HEAD_SIZE;
+use crate::attention::{attention_mma_fits, ATTENTION_MMA_K, FUSED_MAX_HEAD_SIZE};
 use cudarc::driver::LaunchConfig;
 
 /// Threads per block of the elementwise and warp-per-row kernels.
@@ -94,14 +94,6 @@ pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchCon
 /// Query or key rows per block of the tensor-core attention kernels (`TILE` in
 /// fused_attention_mma.cu), 16 per warp: the rows of one m16n8k16 product.
 pub const ATTENTION_MMA_TILE: usize = 64;
-/// The k of one bf16 m16n8k16 product: the tensor-core kernels take head sizes that are
-/// multiples of it (up to [`FUSED_MAX_HEAD_SIZE`]).
-pub const ATTENTION_MMA_K: usize = 16;
-
-/// Whether the tensor-core attention kernels take head size `head_size`.
-pub fn attention_mma_fits(head_size: usize) -> bool {
-    head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= FUSED_MAX_HEAD_SIZE
-}
 
 /// The tensor-core (bf16) fused attention kernels over `heads` heads (B * NH) of `t` rows
 /// each: one block of 4 warps per tile of `ATTENTION_MMA_TILE` rows of one head.

@@ -34,11 +34,7 @@ pub const SOURCES: &[KernelSource] = &[
         source: include_str!("../../cuda/bias.cu"),
         kernels: &["bias_add", "column_partial_sums", "add_partials"],
     },
-    KernelSource {
-        name: "cast.cu",
-        source: include_str!("../../cuda/cast.cu"),
-        kernels: &["f32_to_bf16", "bf16_to_f32"],
-    },
+    KernelSource { name: "cast.cu", source: include_str!("../../cuda/cast.cu"), kernels: &["f32_to_bf16"] },
     KernelSource {
         name: "classifier.cu",
         source: include_str!("../../cuda/classifier.cu"),
