@@ -211,7 +211,7 @@ impl Drop for Tensor {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {:?})", self.shape, self.category)
+        write!(f, "Tensor({:?}, {:?}, {:?})", self.shape, self.dtype(), self.category)
     }
 }
 

@@ -167,10 +167,12 @@ pub(super) fn cu(t: &Tensor) -> &CudaSlice<f32> {
 }
 
 pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
-    let what = format!("{t:?}");
+    if !matches!(t.storage(), Storage::Cuda(_) | Storage::CudaMaster { .. }) {
+        panic!("cuda: {t:?} is not an f32 GPU tensor");
+    }
     match t.storage_mut() {
         Storage::Cuda(s) | Storage::CudaMaster { master: s, .. } => s,
-        _ => panic!("cuda: {what} is not an f32 GPU tensor"),
+        _ => unreachable!("checked above"),
     }
 }
 
@@ -184,10 +186,12 @@ pub(super) fn cu16(t: &Tensor) -> &CudaSlice<u16> {
 }
 
 pub(super) fn cu16_mut(t: &mut Tensor) -> &mut CudaSlice<u16> {
-    let what = format!("{t:?}");
+    if !matches!(t.storage(), Storage::CudaBf16(_)) {
+        panic!("cuda: {t:?} is not a bf16 GPU tensor");
+    }
     match t.storage_mut() {
         Storage::CudaBf16(s) => s,
-        _ => panic!("cuda: {what} is not a bf16 GPU tensor"),
+        _ => unreachable!("checked above"),
     }
 }
 
