@@ -52,7 +52,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "elementwise.cu",
         source: include_str!("../../cuda/elementwise.cu"),
-        kernels: &["accumulate", "add"],
+        kernels: &["accumulate", "accumulate_bf16", "add", "add_bf16"],
     },
     KernelSource {
         name: "embedding.cu",

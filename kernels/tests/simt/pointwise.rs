@@ -1,6 +1,10 @@
-//! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW.
+//! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW. Each
+//! kernel with a bf16-storage twin is also run with bf16 buffers, from inputs rounded to
+//! bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run};
+use crate::harness::{
+    bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run,
+};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_item;
@@ -36,6 +40,37 @@ fn add_and_accumulate_are_exact() {
         dev.accumulate(&mut acc, &sum);
         bitwise("add", &got.get(out), &dev.to_host(&sum)).unwrap();
         bitwise("accumulate", &got.get(ga), &dev.to_host(&acc)).unwrap();
+    }
+}
+
+/// The bf16 twins compute the f32 kernels' sums from the rounded inputs and round them once:
+/// exactly the CPU's sums, rounded.
+#[test]
+fn add_and_accumulate_bf16_round_the_cpus_sums() {
+    let Some(family) = Family::of("add_and_accumulate_bf16_round_the_cpus_sums", "elementwise.cu") else {
+        return;
+    };
+    let mut rng = Rng::new(1);
+    for n in [RESIDUAL, 1001] {
+        let (a, b) = (bf16_bits(&rng.uniform(n, 2.0)), bf16_bits(&rng.uniform(n, 2.0)));
+        let mut run = Run::new(n as u64);
+        let (ga, gb, out) = (run.buffer(&a), run.buffer(&b), run.buffer(&vec![0xffffu16; n]));
+        run.launch("add_bf16", per_item(n), &[out.into(), ga.into(), gb.into(), (n as u64).into()]);
+        run.launch("accumulate_bf16", per_item(n), &[ga.into(), out.into(), (n as u64).into()]);
+        run.read(out);
+        run.read(ga);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);
+        let (ta, tb) = (put(&bf16_values(&a)), put(&bf16_values(&b)));
+        let mut sum = dev.zeros(&[n], Category::Workspace);
+        dev.add(&mut sum, &ta, &tb);
+        let sum = dev.to_host(&sum);
+        rounds_from("add_bf16", &got.get(out), &sum, 0.0, 0.0).unwrap();
+        // accumulate_bf16 added the stored sum, the CPU's rounded (checked just above).
+        let mut acc = ta;
+        dev.accumulate(&mut acc, &put(&bf16_values(&bf16_bits(&sum))));
+        rounds_from("accumulate_bf16", &got.get(ga), &dev.to_host(&acc), 0.0, 0.0).unwrap();
     }
 }
 
