@@ -80,7 +80,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "gelu.cu",
         source: include_str!("../../cuda/gelu.cu"),
-        kernels: &["gelu_forward", "gelu_backward"],
+        kernels: &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"],
     },
     KernelSource {
         name: "layernorm.cu",

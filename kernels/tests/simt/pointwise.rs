@@ -106,6 +106,40 @@ fn gelu_matches_the_cpu() {
     }
 }
 
+#[test]
+fn gelu_bf16_rounds_the_cpus() {
+    let Some(family) = Family::of("gelu_bf16_rounds_the_cpus", "gelu.cu") else { return };
+    let mut rng = Rng::new(2);
+    for n in [HIDDEN, 777] {
+        let (x, dout) = (bf16_bits(&rng.uniform(n, 12.0)), bf16_bits(&rng.uniform(n, 1.0)));
+        let mut run = Run::new(n as u64);
+        let (gx, gd) = (run.buffer(&x), run.buffer(&dout));
+        let (out, dinp) = (run.buffer(&vec![0xffffu16; n]), run.buffer(&vec![0xffffu16; n]));
+        run.launch("gelu_forward_bf16", per_item(n), &[out.into(), gx.into(), (n as u64).into()]);
+        run.launch(
+            "gelu_backward_bf16",
+            per_item(n),
+            &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
+        );
+        run.read(out);
+        run.read(dinp);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let put = |v: &[f32]| dev.from_host(v, &[n], Category::Workspace);
+        let (tx, td) = (put(&bf16_values(&x)), put(&bf16_values(&dout)));
+        let (mut want_out, mut want_dinp) =
+            (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
+        dev.gelu_forward(&mut want_out, &tx);
+        dev.gelu_backward(&mut want_dinp, &tx, &td);
+        let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
+        // The fp32 test's allowances as absolute floors (`close`'s floor is a magnitude the
+        // relative tolerance applies to): 1e-5 of 1e-30 in the tail where the GPU's sigmoid
+        // underflows, 1e-5 of the largest gradient where gelu' crosses zero.
+        rounds_from("gelu_bf16", &got.get(out), &want_out, 1e-5, 1e-5 * 1e-30).unwrap();
+        rounds_from("dgelu_bf16", &got.get(dinp), &want_dinp, 1e-5, 1e-5 * max_abs(&want_dinp)).unwrap();
+    }
+}
+
 fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
     DropoutSpec { p, key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site } }
 }
