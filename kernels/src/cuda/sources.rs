@@ -47,7 +47,12 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "dropout.cu",
         source: include_str!("../../cuda/dropout.cu"),
-        kernels: &["dropout_apply", "dropout_apply_inplace"],
+        kernels: &[
+            "dropout_apply",
+            "dropout_apply_bf16",
+            "dropout_apply_inplace",
+            "dropout_apply_inplace_bf16",
+        ],
     },
     KernelSource {
         name: "elementwise.cu",

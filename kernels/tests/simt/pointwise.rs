@@ -177,6 +177,40 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
     }
 }
 
+/// The same mask as the f32 kernels, element for element: the CPU's dropout of the rounded
+/// inputs, rounded (one product each, so exactly).
+#[test]
+fn dropout_bf16_draws_the_cpus_mask() {
+    let Some(family) = Family::of("dropout_bf16_draws_the_cpus_mask", "dropout.cu") else { return };
+    let mut rng = Rng::new(3);
+    for (n, spec) in
+        [(RESIDUAL, spec(0.1, 11, DropoutSite::MlpResidual)), (1003, spec(0.5, 0, DropoutSite::Embedding))]
+    {
+        let x = bf16_bits(&rng.uniform(n, 1.0));
+        let mut run = Run::new(n as u64);
+        let (gx, out) = (run.buffer(&x), run.buffer(&vec![0xffffu16; n]));
+        run.launch(
+            "dropout_apply_bf16",
+            per_item(n.div_ceil(4)),
+            &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
+        );
+        run.read(out);
+        run.launch(
+            "dropout_apply_inplace_bf16",
+            per_item(n.div_ceil(4)),
+            &[gx.into(), (n as u64).into(), dropout_mask(&spec)],
+        );
+        run.read(gx);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let mut want = dev.zeros(&[n], Category::Workspace);
+        dev.dropout_forward(&mut want, &dev.from_host(&bf16_values(&x), &[n], Category::Workspace), spec);
+        let want = dev.to_host(&want);
+        rounds_from("dropout_apply_bf16", &got.get(out), &want, 0.0, 0.0).unwrap();
+        rounds_from("dropout_apply_inplace_bf16", &got.get(gx), &want, 0.0, 0.0).unwrap();
+    }
+}
+
 #[test]
 fn adamw_matches_the_cpu() {
     let Some(family) = Family::of("adamw_matches_the_cpu", "adamw.cu") else { return };
