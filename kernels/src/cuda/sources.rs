@@ -32,7 +32,13 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "bias.cu",
         source: include_str!("../../cuda/bias.cu"),
-        kernels: &["bias_add", "column_partial_sums", "add_partials"],
+        kernels: &[
+            "bias_add",
+            "bias_add_bf16",
+            "column_partial_sums",
+            "column_partial_sums_bf16",
+            "add_partials",
+        ],
     },
     KernelSource {
         name: "cast.cu",

@@ -1,8 +1,10 @@
 //! The reductions: LayerNorm, the column sums of the bias gradients and the sum of squares
 //! of the gradient norm; each replays the launches of the CUDA op
-//! (kernels/src/cuda/rowwise.rs) and compares with the CPU op.
+//! (kernels/src/cuda/rowwise.rs) and compares with the CPU op. The kernels with a
+//! bf16-storage twin are also run with bf16 activations, from inputs rounded to bf16,
+//! against the CPU's op on those rounded values.
 
-use crate::harness::{bitwise, close, max_abs, Buf, Family, Rng, Run};
+use crate::harness::{bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Buf, Family, Rng, Run};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
     per_column_chunk, per_item, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
@@ -256,6 +258,59 @@ fn bias_kernels_match_the_cpu() {
         // x + bias: one rounding, as the CPU's matmul adds its bias.
         let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
         bitwise("bias_add", &got.get(gx), &want).unwrap();
+    }
+}
+
+/// The bias kernels' bf16 twins at the same shapes: the column sums of bf16 rows into f32
+/// partial sums (then `add_partials`, f32 only), and the bias added to bf16 rows.
+#[test]
+fn bias_kernels_bf16_match_the_cpu() {
+    let Some(family) = Family::of("bias_kernels_bf16_match_the_cpu", "bias.cu") else { return };
+    let mut rng = Rng::new(11);
+    for (n, c) in [(N, 4 * C), (75, 100)] {
+        let (x, bias, db0) = (bf16_bits(&rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+        let mut run = Run::new(n as u64);
+        let (gx, gb, db) = (run.buffer(&x), run.buffer(&bias), run.buffer(&db0));
+        let (cfg, chunks) = per_column_chunk(n, c);
+        let partial = run.buffer(&vec![f32::NAN; chunks * c]);
+        run.launch(
+            "column_partial_sums_bf16",
+            cfg,
+            &[
+                partial.into(),
+                gx.into(),
+                (n as i32).into(),
+                (c as i32).into(),
+                (ROWS_PER_CHUNK as i32).into(),
+            ],
+        );
+        add_partials(&mut run, db, partial, chunks, c);
+        run.launch(
+            "bias_add_bf16",
+            per_item(n * c),
+            &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
+        );
+        for buf in [db, gx] {
+            run.read(buf);
+        }
+        let got = family.run(run).unwrap();
+
+        let dev = cpu();
+        let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
+        let x = bf16_values(&x);
+        let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
+        dev.matmul_backward_weight(
+            &mut dw,
+            Some(&mut tdb),
+            &put(&x, &[n, c]),
+            &put(&vec![0.0; n], &[n, 1]),
+            WeightLayout::InOut,
+        );
+        let want = dev.to_host(&tdb);
+        close("dbias from bf16 rows", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
+        // x + bias: the f32 kernel's one rounding, then bf16's.
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
+        rounds_from("bias_add_bf16", &got.get(gx), &want, 0.0, 0.0).unwrap();
     }
 }
 
