@@ -96,7 +96,14 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "layernorm.cu",
         source: include_str!("../../cuda/layernorm.cu"),
-        kernels: &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params_partial"],
+        kernels: &[
+            "layernorm_forward",
+            "layernorm_forward_bf16",
+            "layernorm_backward_input",
+            "layernorm_backward_input_bf16",
+            "layernorm_backward_params_partial",
+            "layernorm_backward_params_partial_bf16",
+        ],
     },
     KernelSource {
         name: "loss_mean.cu",

@@ -127,6 +127,111 @@ fn layernorm_matches_the_cpu() {
     layernorm(&family, &bias, 75, 100, 6).unwrap();
 }
 
+/// `layernorm` through the bf16 twins: input, output, dout and dinp bf16 (the inputs rounded
+/// before the CPU sees them); mean, rstd and the parameter gradients f32, judged as there.
+pub fn layernorm_bf16(
+    family: &Family,
+    bias_family: &Family,
+    n: usize,
+    c: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let inp: Vec<f32> = rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect();
+    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), rng.uniform(n * c, 1.0));
+    let (dw0, db0) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+    let (inp, dout) = (bf16_bits(&inp), bf16_bits(&dout));
+    let (ni, ci) = (n as i32, c as i32);
+
+    let mut run = Run::new(seed);
+    let (gi, gw, gb, gd) = (run.buffer(&inp), run.buffer(&w), run.buffer(&b), run.buffer(&dout));
+    let (out, mean, rstd) =
+        (run.buffer(&vec![0xffffu16; n * c]), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
+    run.launch(
+        "layernorm_forward_bf16",
+        per_row_warp(n),
+        &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
+    );
+    let dinp = run.buffer(&vec![0xffffu16; n * c]);
+    run.launch(
+        "layernorm_backward_input_bf16",
+        per_row_warp(n),
+        &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
+    );
+    let (cfg, chunks) = per_column_chunk(n, c);
+    let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
+    run.launch(
+        "layernorm_backward_params_partial_bf16",
+        cfg,
+        &[
+            pw.into(),
+            pb.into(),
+            gd.into(),
+            gi.into(),
+            mean.into(),
+            rstd.into(),
+            ni.into(),
+            ci.into(),
+            (ROWS_PER_CHUNK as i32).into(),
+        ],
+    );
+    for buf in [out, mean, rstd, dinp, pw, pb] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    // Stage two reads only the f32 partial sums: bias.cu's one kernel for both precisions.
+    let mut run = Run::new(seed + 1);
+    let (pw, pb) = (run.buffer(&got.get::<f32>(pw)), run.buffer(&got.get::<f32>(pb)));
+    let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
+    add_partials(&mut run, dw, pw, chunks, c);
+    add_partials(&mut run, db, pb, chunks, c);
+    for buf in [dw, db] {
+        run.read(buf);
+    }
+    let params = bias_family.run(run)?;
+
+    let dev = cpu();
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let (ti, tw, tb) = (put(&bf16_values(&inp), &[n, c]), put(&w, &[c]), put(&b, &[c]));
+    let (mut tout, mut tmean, mut trstd) = (
+        dev.zeros(&[n, c], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+    );
+    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb);
+    let (mut tdinp, mut tdw, mut tdb) =
+        (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
+    let tdout = put(&bf16_values(&dout), &[n, c]);
+    dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &tdout, &ti, &tw, &tmean, &trstd);
+    close("layernorm_bf16 mean", &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
+    close("layernorm_bf16 rstd", &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    // The f32 test's allowance of 1e-5 of the largest magnitude, before the one rounding.
+    for (what, got, want) in [
+        ("layernorm_bf16 out", got.get(out), dev.to_host(&tout)),
+        ("layernorm_bf16 dinp", got.get(dinp), dev.to_host(&tdinp)),
+    ] {
+        rounds_from(what, &got, &want, 1e-5, 1e-5 * max_abs(&want))?;
+    }
+    for (what, got, want) in [
+        ("layernorm_bf16 dweight", params.get(dw), dev.to_host(&tdw)),
+        ("layernorm_bf16 dbias", params.get(db), dev.to_host(&tdb)),
+    ] {
+        close(what, &got, &want, 1e-5, max_abs(&want))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn layernorm_bf16_matches_the_cpu() {
+    let test = "layernorm_bf16_matches_the_cpu";
+    let (Some(family), Some(bias)) = (Family::of(test, "layernorm.cu"), Family::of(test, "bias.cu")) else {
+        return;
+    };
+    layernorm_bf16(&family, &bias, N, C, 5).unwrap();
+    layernorm_bf16(&family, &bias, 75, 100, 6).unwrap();
+}
+
 /// The sums of squares of tensors of `lens` elements, in one fused pass over chunks of
 /// `chunk` (the device's `SUM_SQUARES_CHUNK`, or smaller to give stage two more partial
 /// sums), against the CPU's per tensor: stage one (`sum_squares_chunks`) run by `first`,
