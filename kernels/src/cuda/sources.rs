@@ -68,7 +68,14 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "embedding.cu",
         source: include_str!("../../cuda/embedding.cu"),
-        kernels: &["embedding_forward", "embedding_backward_wte", "embedding_backward_wpe"],
+        kernels: &[
+            "embedding_forward",
+            "embedding_forward_bf16",
+            "embedding_backward_wte",
+            "embedding_backward_wte_bf16",
+            "embedding_backward_wpe",
+            "embedding_backward_wpe_bf16",
+        ],
     },
     KernelSource {
         name: "fused_attention.cu",
