@@ -48,7 +48,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "classifier.cu",
         source: include_str!("../../cuda/classifier.cu"),
-        kernels: &["fused_classifier"],
+        kernels: &["fused_classifier", "fused_classifier_bf16"],
     },
     KernelSource {
         name: "dropout.cu",
