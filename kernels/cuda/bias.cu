@@ -1,22 +1,49 @@
 // Bias add and the deterministic column sums behind every bias / LayerNorm parameter
 // gradient: per chunk of rows first, then over the chunks in order.
+//
+// bias_add and column_partial_sums each have a bf16-storage twin (NAME_bf16) for
+// `precision: bf16` activations: one body, the activation bf16 and the bias and the sums
+// fp32, the arithmetic fp32. add_partials reads only the fp32 partial sums, so has none.
+#include "common.cuh"
 
 // out[n, c] += bias[c]; one thread per element.
-extern "C" __global__ void bias_add(float* out, const float* bias, unsigned long long n_rows, int C) {
+template <typename T>
+__device__ __forceinline__ void bias_add_body(T* out, const float* bias, unsigned long long n_rows, int C) {
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_rows * C) out[i] += bias[i % C];
+    if (i < n_rows * C) store(out + i, to_float(out[i]) + bias[i % C]);
+}
+
+extern "C" __global__ void bias_add(float* out, const float* bias, unsigned long long n_rows, int C) {
+    bias_add_body(out, bias, n_rows, C);
+}
+
+extern "C" __global__ void bias_add_bf16(bf16* out, const float* bias, unsigned long long n_rows, int C) {
+    bias_add_body(out, bias, n_rows, C);
 }
 
 // partial[chunk, c] = sum of x[row, c] over the rows of `chunk`, in row order.
-extern "C" __global__ void column_partial_sums(float* partial, const float* x, int N, int C,
-                                               int rows_per_chunk) {
+template <typename T>
+__device__ __forceinline__ void column_partial_sums_body(float* partial, const T* x, int N, int C,
+                                                         int rows_per_chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int chunk = blockIdx.y;
     const int end = min(N, (chunk + 1) * rows_per_chunk);
     float acc = 0.0f;
-    for (int row = chunk * rows_per_chunk; row < end; ++row) acc += x[(unsigned long long)row * C + c];
+    for (int row = chunk * rows_per_chunk; row < end; ++row) {
+        acc += to_float(x[(unsigned long long)row * C + c]);
+    }
     partial[(unsigned long long)chunk * C + c] = acc;
+}
+
+extern "C" __global__ void column_partial_sums(float* partial, const float* x, int N, int C,
+                                               int rows_per_chunk) {
+    column_partial_sums_body(partial, x, N, C, rows_per_chunk);
+}
+
+extern "C" __global__ void column_partial_sums_bf16(float* partial, const bf16* x, int N, int C,
+                                                    int rows_per_chunk) {
+    column_partial_sums_body(partial, x, N, C, rows_per_chunk);
 }
 
 // out[c] += sum over chunks of partial[chunk, c], chunks in order: stage two of the column

@@ -7,6 +7,10 @@
 // softmax: a thread rescales its running sum when its maximum grows); a second pass
 // overwrites the row with dloss/dlogits when a gradient is wanted. No probabilities are
 // stored: each is recomputed from the logit as its gradient is written.
+//
+// The kernel has a bf16-storage twin (fused_classifier_bf16) for `precision: bf16`: one
+// body, the logits and dlogits bf16 (each dlogit rounded once as it is stored), the
+// softmax sums and the losses fp32.
 #include "common.cuh"
 
 // The running maximum of the values seen and the sum of exp(x - max) over them. A thread
@@ -58,20 +62,21 @@ __device__ SoftmaxSum block_merge(SoftmaxSum v, float* max_scratch, float* sum_s
 
 // losses [N] = -log softmax(row)[target]; with write_grad, each row [Vp] becomes
 // grad_scale * (softmax - onehot(target)) over its V columns and 0 over its padding.
-extern "C" __global__ void fused_classifier(float* losses, float* logits, const unsigned int* targets,
-                                            int V, int Vp, int write_grad, float grad_scale) {
+template <typename T>
+__device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, const unsigned int* targets,
+                                                      int V, int Vp, int write_grad, float grad_scale) {
     __shared__ float max_scratch[WARP_SIZE];
     __shared__ float sum_scratch[WARP_SIZE];
     const unsigned long long row = blockIdx.x;
-    float* x = logits + row * Vp;
+    T* x = logits + row * Vp;
     const unsigned int target = targets[row];
 
     SoftmaxSum acc = {NEG_INF, 0.0f};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) acc = push(acc, x[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) acc = push(acc, to_float(x[j]));
     acc = block_merge(acc, max_scratch, sum_scratch);
 
     // Every thread has read x[target] before any thread overwrites it below.
-    const float target_logit = x[target];
+    const float target_logit = to_float(x[target]);
     __syncthreads();
     if (threadIdx.x == 0) losses[row] = logf(acc.sum) - (target_logit - acc.max);
     if (!write_grad) return;
@@ -80,9 +85,19 @@ extern "C" __global__ void fused_classifier(float* losses, float* logits, const 
     for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
         float g = 0.0f;
         if (j < V) {
-            g = expf(x[j] - acc.max) * k;
+            g = expf(to_float(x[j]) - acc.max) * k;
             if (j == (int)target) g -= grad_scale;
         }
-        x[j] = g;
+        store(x + j, g);
     }
+}
+
+extern "C" __global__ void fused_classifier(float* losses, float* logits, const unsigned int* targets,
+                                            int V, int Vp, int write_grad, float grad_scale) {
+    fused_classifier_body(losses, logits, targets, V, Vp, write_grad, grad_scale);
+}
+
+extern "C" __global__ void fused_classifier_bf16(float* losses, bf16* logits, const unsigned int* targets,
+                                                 int V, int Vp, int write_grad, float grad_scale) {
+    fused_classifier_body(losses, logits, targets, V, Vp, write_grad, grad_scale);
 }

@@ -1,22 +1,39 @@
-// Token + position embedding, forward and backward.
+// Token + position embedding, forward and backward. Each kernel has a bf16-storage twin
+// (NAME_bf16) for `precision: bf16` activations: one body, the embedding's output and its
+// gradient bf16, the tables and their gradients fp32, the sums fp32. The bodies name their
+// storage type S, since T is the sequence length here.
+#include "common.cuh"
 
 // out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one thread per output element.
-extern "C" __global__ void embedding_forward(float* out, const unsigned int* tokens, const float* wte,
-                                             const float* wpe, unsigned long long n_rows, int T, int C) {
+template <typename S>
+__device__ __forceinline__ void embedding_forward_body(S* out, const unsigned int* tokens, const float* wte,
+                                                       const float* wpe, unsigned long long n_rows, int T,
+                                                       int C) {
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_rows * C) return;
     const unsigned long long row = i / C;
     const int c = (int)(i % C);
     const int t = (int)(row % T);
-    out[i] = wte[(unsigned long long)tokens[row] * C + c] + wpe[(unsigned long long)t * C + c];
+    store(out + i, wte[(unsigned long long)tokens[row] * C + c] + wpe[(unsigned long long)t * C + c]);
+}
+
+extern "C" __global__ void embedding_forward(float* out, const unsigned int* tokens, const float* wte,
+                                             const float* wpe, unsigned long long n_rows, int T, int C) {
+    embedding_forward_body(out, tokens, wte, wpe, n_rows, T, C);
+}
+
+extern "C" __global__ void embedding_forward_bf16(bf16* out, const unsigned int* tokens, const float* wte,
+                                                  const float* wpe, unsigned long long n_rows, int T, int C) {
+    embedding_forward_body(out, tokens, wte, wpe, n_rows, T, C);
 }
 
 // dwte[token,:] += dout rows of that token. Atomics would make the sum order depend on
 // timing, so the host groups the rows by token instead (`groups`: G distinct tokens, then
 // G+1 offsets into the row list, then the rows of each token in ascending order) and one
 // block adds one token's rows in that order.
-extern "C" __global__ void embedding_backward_wte(float* dwte, const float* dout,
-                                                  const unsigned int* groups, int G, int C) {
+template <typename S>
+__device__ __forceinline__ void embedding_backward_wte_body(float* dwte, const S* dout,
+                                                            const unsigned int* groups, int G, int C) {
     const unsigned int token = groups[blockIdx.x];
     const unsigned int* offsets = groups + G;
     const unsigned int* rows = groups + 2 * G + 1;
@@ -24,17 +41,36 @@ extern "C" __global__ void embedding_backward_wte(float* dwte, const float* dout
     float* dst = dwte + (unsigned long long)token * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = dst[c];
-        for (unsigned int r = begin; r < end; ++r) acc += dout[(unsigned long long)rows[r] * C + c];
+        for (unsigned int r = begin; r < end; ++r) acc += to_float(dout[(unsigned long long)rows[r] * C + c]);
         dst[c] = acc;
     }
 }
 
+extern "C" __global__ void embedding_backward_wte(float* dwte, const float* dout,
+                                                  const unsigned int* groups, int G, int C) {
+    embedding_backward_wte_body(dwte, dout, groups, G, C);
+}
+
+extern "C" __global__ void embedding_backward_wte_bf16(float* dwte, const bf16* dout,
+                                                       const unsigned int* groups, int G, int C) {
+    embedding_backward_wte_body(dwte, dout, groups, G, C);
+}
+
 // dwpe[t,c] += sum over b of dout[b,t,c], b ascending; one thread per (t, c).
-extern "C" __global__ void embedding_backward_wpe(float* dwpe, const float* dout, int B, int T, int C) {
+template <typename S>
+__device__ __forceinline__ void embedding_backward_wpe_body(float* dwpe, const S* dout, int B, int T, int C) {
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned long long plane = (unsigned long long)T * C;
     if (i >= plane) return;
     float acc = dwpe[i];
-    for (int b = 0; b < B; ++b) acc += dout[b * plane + i];
+    for (int b = 0; b < B; ++b) acc += to_float(dout[b * plane + i]);
     dwpe[i] = acc;
+}
+
+extern "C" __global__ void embedding_backward_wpe(float* dwpe, const float* dout, int B, int T, int C) {
+    embedding_backward_wpe_body(dwpe, dout, B, T, C);
+}
+
+extern "C" __global__ void embedding_backward_wpe_bf16(float* dwpe, const bf16* dout, int B, int T, int C) {
+    embedding_backward_wpe_body(dwpe, dout, B, T, C);
 }

@@ -2,39 +2,55 @@
 // One warp per row for the row-wise passes; the parameter gradients are column sums,
 // reduced in two fixed stages (per chunk of rows here, then `add_partials` in bias.cu) so
 // the result does not depend on scheduling.
+//
+// Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
+// body, the input, output and their gradients bf16; the weights, mean, rstd and partial
+// sums fp32, the arithmetic fp32.
 #include "common.cuh"
 
 #define LN_EPS 1e-5f
 
 // out = (x - mean) * rstd * weight + bias; mean and rstd saved per row for backward.
-extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                             const float* weight, const float* bias, int N, int C) {
+template <typename T>
+__device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, float* rstd, const T* inp,
+                                                       const float* weight, const float* bias, int N, int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const float* x = inp + (unsigned long long)row * C;
+    const T* x = inp + (unsigned long long)row * C;
     float sum = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) sum += x[c];
+    for (int c = lane; c < C; c += WARP_SIZE) sum += to_float(x[c]);
     const float m = warp_sum(sum) / C;
     float sq = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        const float d = x[c] - m;
+        const float d = to_float(x[c]) - m;
         sq += d * d;
     }
     const float s = 1.0f / sqrtf(warp_sum(sq) / C + LN_EPS);
-    float* y = out + (unsigned long long)row * C;
-    for (int c = lane; c < C; c += WARP_SIZE) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    T* y = out + (unsigned long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) store(y + c, (to_float(x[c]) - m) * s * weight[c] + bias[c]);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = s;
     }
 }
 
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                             const float* weight, const float* bias, int N, int C) {
+    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C);
+}
+
+extern "C" __global__ void layernorm_forward_bf16(bf16* out, float* mean, float* rstd, const bf16* inp,
+                                                  const float* weight, const float* bias, int N, int C) {
+    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C);
+}
+
 // dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
 // with norm = (x - mean) * rstd and dnorm = dout * weight.
-extern "C" __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp,
-                                                    const float* weight, const float* mean,
-                                                    const float* rstd, int N, int C) {
+template <typename T>
+__device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* dout, const T* inp,
+                                                              const float* weight, const float* mean,
+                                                              const float* rstd, int N, int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
@@ -42,26 +58,39 @@ extern "C" __global__ void layernorm_backward_input(float* dinp, const float* do
     const float m = mean[row], s = rstd[row];
     float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        const float dnorm = dout[base + c] * weight[c];
+        const float dnorm = to_float(dout[base + c]) * weight[c];
         sum_dnorm += dnorm;
-        sum_dnorm_norm += dnorm * (inp[base + c] - m) * s;
+        sum_dnorm_norm += dnorm * (to_float(inp[base + c]) - m) * s;
     }
     const float mean_dnorm = warp_sum(sum_dnorm) / C;
     const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        const float dnorm = dout[base + c] * weight[c];
-        const float norm = (inp[base + c] - m) * s;
-        dinp[base + c] = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+        const float dnorm = to_float(dout[base + c]) * weight[c];
+        const float norm = (to_float(inp[base + c]) - m) * s;
+        store(dinp + base + c, (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
     }
+}
+
+extern "C" __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp,
+                                                    const float* weight, const float* mean,
+                                                    const float* rstd, int N, int C) {
+    layernorm_backward_input_body(dinp, dout, inp, weight, mean, rstd, N, C);
+}
+
+extern "C" __global__ void layernorm_backward_input_bf16(bf16* dinp, const bf16* dout, const bf16* inp,
+                                                         const float* weight, const float* mean,
+                                                         const float* rstd, int N, int C) {
+    layernorm_backward_input_body(dinp, dout, inp, weight, mean, rstd, N, C);
 }
 
 // Stage one of dweight += sum_rows(dout * norm) and dbias += sum_rows(dout): block y sums
 // rows [y * rows_per_chunk, (y + 1) * rows_per_chunk) of one column per thread, in row
 // order, into partial_w / partial_b [chunks, C].
-extern "C" __global__ void layernorm_backward_params_partial(float* partial_w, float* partial_b,
-                                                             const float* dout, const float* inp,
-                                                             const float* mean, const float* rstd,
-                                                             int N, int C, int rows_per_chunk) {
+template <typename T>
+__device__ __forceinline__ void layernorm_backward_params_partial_body(float* partial_w, float* partial_b,
+                                                                       const T* dout, const T* inp,
+                                                                       const float* mean, const float* rstd,
+                                                                       int N, int C, int rows_per_chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int chunk = blockIdx.y;
@@ -70,9 +99,24 @@ extern "C" __global__ void layernorm_backward_params_partial(float* partial_w, f
     float w = 0.0f, b = 0.0f;
     for (int row = begin; row < end; ++row) {
         const unsigned long long i = (unsigned long long)row * C + c;
-        w += dout[i] * (inp[i] - mean[row]) * rstd[row];
-        b += dout[i];
+        const float d = to_float(dout[i]);
+        w += d * (to_float(inp[i]) - mean[row]) * rstd[row];
+        b += d;
     }
     partial_w[(unsigned long long)chunk * C + c] = w;
     partial_b[(unsigned long long)chunk * C + c] = b;
+}
+
+extern "C" __global__ void layernorm_backward_params_partial(float* partial_w, float* partial_b,
+                                                             const float* dout, const float* inp,
+                                                             const float* mean, const float* rstd,
+                                                             int N, int C, int rows_per_chunk) {
+    layernorm_backward_params_partial_body(partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+}
+
+extern "C" __global__ void layernorm_backward_params_partial_bf16(float* partial_w, float* partial_b,
+                                                                  const bf16* dout, const bf16* inp,
+                                                                  const float* mean, const float* rstd,
+                                                                  int N, int C, int rows_per_chunk) {
+    layernorm_backward_params_partial_body(partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
 }

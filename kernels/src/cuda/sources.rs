@@ -32,28 +32,46 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "bias.cu",
         source: include_str!("../../cuda/bias.cu"),
-        kernels: &["bias_add", "column_partial_sums", "add_partials"],
+        kernels: &[
+            "bias_add",
+            "bias_add_bf16",
+            "column_partial_sums",
+            "column_partial_sums_bf16",
+            "add_partials",
+        ],
     },
     KernelSource { name: "cast.cu", source: include_str!("../../cuda/cast.cu"), kernels: &["f32_to_bf16"] },
     KernelSource {
         name: "classifier.cu",
         source: include_str!("../../cuda/classifier.cu"),
-        kernels: &["fused_classifier"],
+        kernels: &["fused_classifier", "fused_classifier_bf16"],
     },
     KernelSource {
         name: "dropout.cu",
         source: include_str!("../../cuda/dropout.cu"),
-        kernels: &["dropout_apply", "dropout_apply_inplace"],
+        kernels: &[
+            "dropout_apply",
+            "dropout_apply_bf16",
+            "dropout_apply_inplace",
+            "dropout_apply_inplace_bf16",
+        ],
     },
     KernelSource {
         name: "elementwise.cu",
         source: include_str!("../../cuda/elementwise.cu"),
-        kernels: &["accumulate", "add"],
+        kernels: &["accumulate", "accumulate_bf16", "add", "add_bf16"],
     },
     KernelSource {
         name: "embedding.cu",
         source: include_str!("../../cuda/embedding.cu"),
-        kernels: &["embedding_forward", "embedding_backward_wte", "embedding_backward_wpe"],
+        kernels: &[
+            "embedding_forward",
+            "embedding_forward_bf16",
+            "embedding_backward_wte",
+            "embedding_backward_wte_bf16",
+            "embedding_backward_wpe",
+            "embedding_backward_wpe_bf16",
+        ],
     },
     KernelSource {
         name: "fused_attention.cu",
@@ -76,12 +94,19 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "gelu.cu",
         source: include_str!("../../cuda/gelu.cu"),
-        kernels: &["gelu_forward", "gelu_backward"],
+        kernels: &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"],
     },
     KernelSource {
         name: "layernorm.cu",
         source: include_str!("../../cuda/layernorm.cu"),
-        kernels: &["layernorm_forward", "layernorm_backward_input", "layernorm_backward_params_partial"],
+        kernels: &[
+            "layernorm_forward",
+            "layernorm_forward_bf16",
+            "layernorm_backward_input",
+            "layernorm_backward_input_bf16",
+            "layernorm_backward_params_partial",
+            "layernorm_backward_params_partial_bf16",
+        ],
     },
     KernelSource {
         name: "loss_mean.cu",

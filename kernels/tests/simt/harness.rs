@@ -328,6 +328,46 @@ pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f64, floor: f64) -> Re
     Ok(())
 }
 
+/// bf16 outputs (as bits) against the CPU's f32: every element is the bf16 rounding (to
+/// nearest even) of some value within `rtol` * |CPU's| + `floor` of the CPU's, i.e. lies
+/// between the roundings of the two ends of that interval. A bf16 kernel computes in fp32
+/// and rounds once on its store, so this is `close`'s question asked before the rounding;
+/// with both tolerances 0 it asks for the rounding of the CPU's value itself. No NaN.
+pub fn rounds_from(what: &str, got: &[u16], want: &[f32], rtol: f64, floor: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, the CPU has {}", got.len(), want.len()));
+    }
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let g = half::bf16::from_bits(g);
+        let within = if w.is_finite() {
+            let tol = rtol * (w as f64).abs() + floor;
+            let lo = half::bf16::from_f32((w as f64 - tol) as f32);
+            let hi = half::bf16::from_f32((w as f64 + tol) as f32);
+            lo <= g && g <= hi
+        } else {
+            g.to_f32() == w
+        };
+        if !within {
+            return Err(format!(
+                "{what}: element {i} is {g:e} in bf16, the CPU's {w:e} (tolerance {rtol:e} relative, \
+                 {floor:e} absolute)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `xs` rounded to bf16 (to nearest even): the bits, for a bf16 buffer of the emulator.
+pub fn bf16_bits(xs: &[f32]) -> Vec<u16> {
+    xs.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect()
+}
+
+/// The values of bf16 `bits`, exactly, as f32: what the CPU is given where a kernel reads
+/// them.
+pub fn bf16_values(bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect()
+}
+
 /// The largest magnitude of `xs`.
 pub fn max_abs(xs: &[f32]) -> f64 {
     xs.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs()))

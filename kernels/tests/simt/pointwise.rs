@@ -1,6 +1,10 @@
-//! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW.
+//! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW. Each
+//! kernel with a bf16-storage twin is also run with bf16 buffers, from inputs rounded to
+//! bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run};
+use crate::harness::{
+    bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run,
+};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_item;
@@ -39,6 +43,37 @@ fn add_and_accumulate_are_exact() {
     }
 }
 
+/// The bf16 twins compute the f32 kernels' sums from the rounded inputs and round them once:
+/// exactly the CPU's sums, rounded.
+#[test]
+fn add_and_accumulate_bf16_round_the_cpus_sums() {
+    let Some(family) = Family::of("add_and_accumulate_bf16_round_the_cpus_sums", "elementwise.cu") else {
+        return;
+    };
+    let mut rng = Rng::new(1);
+    for n in [RESIDUAL, 1001] {
+        let (a, b) = (bf16_bits(&rng.uniform(n, 2.0)), bf16_bits(&rng.uniform(n, 2.0)));
+        let mut run = Run::new(n as u64);
+        let (ga, gb, out) = (run.buffer(&a), run.buffer(&b), run.buffer(&vec![0xffffu16; n]));
+        run.launch("add_bf16", per_item(n), &[out.into(), ga.into(), gb.into(), (n as u64).into()]);
+        run.launch("accumulate_bf16", per_item(n), &[ga.into(), out.into(), (n as u64).into()]);
+        run.read(out);
+        run.read(ga);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);
+        let (ta, tb) = (put(&bf16_values(&a)), put(&bf16_values(&b)));
+        let mut sum = dev.zeros(&[n], Category::Workspace);
+        dev.add(&mut sum, &ta, &tb);
+        let sum = dev.to_host(&sum);
+        rounds_from("add_bf16", &got.get(out), &sum, 0.0, 0.0).unwrap();
+        // accumulate_bf16 added the stored sum, the CPU's rounded (checked just above).
+        let mut acc = ta;
+        dev.accumulate(&mut acc, &put(&bf16_values(&bf16_bits(&sum))));
+        rounds_from("accumulate_bf16", &got.get(ga), &dev.to_host(&acc), 0.0, 0.0).unwrap();
+    }
+}
+
 #[test]
 fn gelu_matches_the_cpu() {
     let Some(family) = Family::of("gelu_matches_the_cpu", "gelu.cu") else { return };
@@ -68,6 +103,40 @@ fn gelu_matches_the_cpu() {
         // gelu' crosses zero near x = -0.75, where its two terms cancel: there the error is
         // judged against the largest gradient, as in the GPU tests.
         close("dgelu", &got.get(dinp), &want_dinp, 1e-5, max_abs(&want_dinp)).unwrap();
+    }
+}
+
+#[test]
+fn gelu_bf16_rounds_the_cpus() {
+    let Some(family) = Family::of("gelu_bf16_rounds_the_cpus", "gelu.cu") else { return };
+    let mut rng = Rng::new(2);
+    for n in [HIDDEN, 777] {
+        let (x, dout) = (bf16_bits(&rng.uniform(n, 12.0)), bf16_bits(&rng.uniform(n, 1.0)));
+        let mut run = Run::new(n as u64);
+        let (gx, gd) = (run.buffer(&x), run.buffer(&dout));
+        let (out, dinp) = (run.buffer(&vec![0xffffu16; n]), run.buffer(&vec![0xffffu16; n]));
+        run.launch("gelu_forward_bf16", per_item(n), &[out.into(), gx.into(), (n as u64).into()]);
+        run.launch(
+            "gelu_backward_bf16",
+            per_item(n),
+            &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
+        );
+        run.read(out);
+        run.read(dinp);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let put = |v: &[f32]| dev.from_host(v, &[n], Category::Workspace);
+        let (tx, td) = (put(&bf16_values(&x)), put(&bf16_values(&dout)));
+        let (mut want_out, mut want_dinp) =
+            (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
+        dev.gelu_forward(&mut want_out, &tx);
+        dev.gelu_backward(&mut want_dinp, &tx, &td);
+        let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
+        // The fp32 test's allowances as absolute floors (`close`'s floor is a magnitude the
+        // relative tolerance applies to): 1e-5 of 1e-30 in the tail where the GPU's sigmoid
+        // underflows, 1e-5 of the largest gradient where gelu' crosses zero.
+        rounds_from("gelu_bf16", &got.get(out), &want_out, 1e-5, 1e-5 * 1e-30).unwrap();
+        rounds_from("dgelu_bf16", &got.get(dinp), &want_dinp, 1e-5, 1e-5 * max_abs(&want_dinp)).unwrap();
     }
 }
 
@@ -105,6 +174,40 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
         let want = dev.to_host(&want);
         bitwise("dropout_apply", &got.get(out), &want).unwrap();
         bitwise("dropout_apply_inplace", &got.get(gx), &want).unwrap();
+    }
+}
+
+/// The same mask as the f32 kernels, element for element: the CPU's dropout of the rounded
+/// inputs, rounded (one product each, so exactly).
+#[test]
+fn dropout_bf16_draws_the_cpus_mask() {
+    let Some(family) = Family::of("dropout_bf16_draws_the_cpus_mask", "dropout.cu") else { return };
+    let mut rng = Rng::new(3);
+    for (n, spec) in
+        [(RESIDUAL, spec(0.1, 11, DropoutSite::MlpResidual)), (1003, spec(0.5, 0, DropoutSite::Embedding))]
+    {
+        let x = bf16_bits(&rng.uniform(n, 1.0));
+        let mut run = Run::new(n as u64);
+        let (gx, out) = (run.buffer(&x), run.buffer(&vec![0xffffu16; n]));
+        run.launch(
+            "dropout_apply_bf16",
+            per_item(n.div_ceil(4)),
+            &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
+        );
+        run.read(out);
+        run.launch(
+            "dropout_apply_inplace_bf16",
+            per_item(n.div_ceil(4)),
+            &[gx.into(), (n as u64).into(), dropout_mask(&spec)],
+        );
+        run.read(gx);
+        let got = family.run(run).unwrap();
+        let dev = cpu();
+        let mut want = dev.zeros(&[n], Category::Workspace);
+        dev.dropout_forward(&mut want, &dev.from_host(&bf16_values(&x), &[n], Category::Workspace), spec);
+        let want = dev.to_host(&want);
+        rounds_from("dropout_apply_bf16", &got.get(out), &want, 0.0, 0.0).unwrap();
+        rounds_from("dropout_apply_inplace_bf16", &got.get(gx), &want, 0.0, 0.0).unwrap();
     }
 }
 

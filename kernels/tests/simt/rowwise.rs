@@ -1,8 +1,10 @@
 //! The reductions: LayerNorm, the column sums of the bias gradients and the sum of squares
 //! of the gradient norm; each replays the launches of the CUDA op
-//! (kernels/src/cuda/rowwise.rs) and compares with the CPU op.
+//! (kernels/src/cuda/rowwise.rs) and compares with the CPU op. The kernels with a
+//! bf16-storage twin are also run with bf16 activations, from inputs rounded to bf16,
+//! against the CPU's op on those rounded values.
 
-use crate::harness::{bitwise, close, max_abs, Buf, Family, Rng, Run};
+use crate::harness::{bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Buf, Family, Rng, Run};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
     per_column_chunk, per_item, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
@@ -123,6 +125,111 @@ fn layernorm_matches_the_cpu() {
     // GPT-2 124M in full, then rows that end inside a block and a chunk, C not a multiple of 32.
     layernorm(&family, &bias, N, C, 5).unwrap();
     layernorm(&family, &bias, 75, 100, 6).unwrap();
+}
+
+/// `layernorm` through the bf16 twins: input, output, dout and dinp bf16 (the inputs rounded
+/// before the CPU sees them); mean, rstd and the parameter gradients f32, judged as there.
+pub fn layernorm_bf16(
+    family: &Family,
+    bias_family: &Family,
+    n: usize,
+    c: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let inp: Vec<f32> = rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect();
+    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), rng.uniform(n * c, 1.0));
+    let (dw0, db0) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+    let (inp, dout) = (bf16_bits(&inp), bf16_bits(&dout));
+    let (ni, ci) = (n as i32, c as i32);
+
+    let mut run = Run::new(seed);
+    let (gi, gw, gb, gd) = (run.buffer(&inp), run.buffer(&w), run.buffer(&b), run.buffer(&dout));
+    let (out, mean, rstd) =
+        (run.buffer(&vec![0xffffu16; n * c]), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
+    run.launch(
+        "layernorm_forward_bf16",
+        per_row_warp(n),
+        &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
+    );
+    let dinp = run.buffer(&vec![0xffffu16; n * c]);
+    run.launch(
+        "layernorm_backward_input_bf16",
+        per_row_warp(n),
+        &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
+    );
+    let (cfg, chunks) = per_column_chunk(n, c);
+    let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
+    run.launch(
+        "layernorm_backward_params_partial_bf16",
+        cfg,
+        &[
+            pw.into(),
+            pb.into(),
+            gd.into(),
+            gi.into(),
+            mean.into(),
+            rstd.into(),
+            ni.into(),
+            ci.into(),
+            (ROWS_PER_CHUNK as i32).into(),
+        ],
+    );
+    for buf in [out, mean, rstd, dinp, pw, pb] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    // Stage two reads only the f32 partial sums: bias.cu's one kernel for both precisions.
+    let mut run = Run::new(seed + 1);
+    let (pw, pb) = (run.buffer(&got.get::<f32>(pw)), run.buffer(&got.get::<f32>(pb)));
+    let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
+    add_partials(&mut run, dw, pw, chunks, c);
+    add_partials(&mut run, db, pb, chunks, c);
+    for buf in [dw, db] {
+        run.read(buf);
+    }
+    let params = bias_family.run(run)?;
+
+    let dev = cpu();
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let (ti, tw, tb) = (put(&bf16_values(&inp), &[n, c]), put(&w, &[c]), put(&b, &[c]));
+    let (mut tout, mut tmean, mut trstd) = (
+        dev.zeros(&[n, c], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+        dev.zeros(&[n], Category::Workspace),
+    );
+    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb);
+    let (mut tdinp, mut tdw, mut tdb) =
+        (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
+    let tdout = put(&bf16_values(&dout), &[n, c]);
+    dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &tdout, &ti, &tw, &tmean, &trstd);
+    close("layernorm_bf16 mean", &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
+    close("layernorm_bf16 rstd", &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    // The f32 test's allowance of 1e-5 of the largest magnitude, before the one rounding.
+    for (what, got, want) in [
+        ("layernorm_bf16 out", got.get(out), dev.to_host(&tout)),
+        ("layernorm_bf16 dinp", got.get(dinp), dev.to_host(&tdinp)),
+    ] {
+        rounds_from(what, &got, &want, 1e-5, 1e-5 * max_abs(&want))?;
+    }
+    for (what, got, want) in [
+        ("layernorm_bf16 dweight", params.get(dw), dev.to_host(&tdw)),
+        ("layernorm_bf16 dbias", params.get(db), dev.to_host(&tdb)),
+    ] {
+        close(what, &got, &want, 1e-5, max_abs(&want))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn layernorm_bf16_matches_the_cpu() {
+    let test = "layernorm_bf16_matches_the_cpu";
+    let (Some(family), Some(bias)) = (Family::of(test, "layernorm.cu"), Family::of(test, "bias.cu")) else {
+        return;
+    };
+    layernorm_bf16(&family, &bias, N, C, 5).unwrap();
+    layernorm_bf16(&family, &bias, 75, 100, 6).unwrap();
 }
 
 /// The sums of squares of tensors of `lens` elements, in one fused pass over chunks of
@@ -256,6 +363,59 @@ fn bias_kernels_match_the_cpu() {
         // x + bias: one rounding, as the CPU's matmul adds its bias.
         let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
         bitwise("bias_add", &got.get(gx), &want).unwrap();
+    }
+}
+
+/// The bias kernels' bf16 twins at the same shapes: the column sums of bf16 rows into f32
+/// partial sums (then `add_partials`, f32 only), and the bias added to bf16 rows.
+#[test]
+fn bias_kernels_bf16_match_the_cpu() {
+    let Some(family) = Family::of("bias_kernels_bf16_match_the_cpu", "bias.cu") else { return };
+    let mut rng = Rng::new(11);
+    for (n, c) in [(N, 4 * C), (75, 100)] {
+        let (x, bias, db0) = (bf16_bits(&rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+        let mut run = Run::new(n as u64);
+        let (gx, gb, db) = (run.buffer(&x), run.buffer(&bias), run.buffer(&db0));
+        let (cfg, chunks) = per_column_chunk(n, c);
+        let partial = run.buffer(&vec![f32::NAN; chunks * c]);
+        run.launch(
+            "column_partial_sums_bf16",
+            cfg,
+            &[
+                partial.into(),
+                gx.into(),
+                (n as i32).into(),
+                (c as i32).into(),
+                (ROWS_PER_CHUNK as i32).into(),
+            ],
+        );
+        add_partials(&mut run, db, partial, chunks, c);
+        run.launch(
+            "bias_add_bf16",
+            per_item(n * c),
+            &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
+        );
+        for buf in [db, gx] {
+            run.read(buf);
+        }
+        let got = family.run(run).unwrap();
+
+        let dev = cpu();
+        let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
+        let x = bf16_values(&x);
+        let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
+        dev.matmul_backward_weight(
+            &mut dw,
+            Some(&mut tdb),
+            &put(&x, &[n, c]),
+            &put(&vec![0.0; n], &[n, 1]),
+            WeightLayout::InOut,
+        );
+        let want = dev.to_host(&tdb);
+        close("dbias from bf16 rows", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
+        // x + bias: the f32 kernel's one rounding, then bf16's.
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
+        rounds_from("bias_add_bf16", &got.get(gx), &want, 0.0, 0.0).unwrap();
     }
 }
 
