@@ -1,8 +1,8 @@
 // Dropout: y = x * keep / (1 - p), with keep drawn from Philox at (mask, element index).
 // The same kernel serves forward and backward: the gradient is masked and scaled exactly as
 // the activation was. One thread per group of four elements, the four words of one Philox
-// call. Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations:
-// one body, so the same mask element for element, the product rounded once on its store.
+// call. dropout_apply has a bf16-storage twin for `precision: bf16` activations: one body,
+// so the same mask element for element, the product rounded once on its store.
 #include "common.cuh"
 #include "philox.cuh"
 
@@ -36,11 +36,8 @@ extern "C" __global__ void dropout_apply_bf16(bf16* out, const bf16* inp, unsign
     dropout_apply_body(out, inp, n, mask);
 }
 
-// In place, for a buffer that is both input and output (attention's probability gradient).
+// In place, for a buffer that is both input and output: the unfused attention's probability
+// gradient, which is f32 only (bf16 activations have the fused attention alone).
 extern "C" __global__ void dropout_apply_inplace(float* x, unsigned long long n, DropoutMask mask) {
-    dropout_apply_body(x, x, n, mask);
-}
-
-extern "C" __global__ void dropout_apply_inplace_bf16(bf16* x, unsigned long long n, DropoutMask mask) {
     dropout_apply_body(x, x, n, mask);
 }

@@ -49,12 +49,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "dropout.cu",
         source: include_str!("../../cuda/dropout.cu"),
-        kernels: &[
-            "dropout_apply",
-            "dropout_apply_bf16",
-            "dropout_apply_inplace",
-            "dropout_apply_inplace_bf16",
-        ],
+        kernels: &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"],
     },
     KernelSource {
         name: "elementwise.cu",
