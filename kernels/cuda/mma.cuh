@@ -48,7 +48,7 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
     // rows of B's column r; this lane needs A's rows g and g+8 and B's columns 2t and 2t+1
     // whole, so it takes them from the four lanes of each of those groups.
     float a_row[2][16], b_col[2][16];
-    const auto bf16 = [](unsigned int pair, int high) { return __uint_as_float((high ? pair >> 16 : pair) << 16); };
+    const auto element = [](unsigned int pair, int high) { return __uint_as_float((high ? pair >> 16 : pair) << 16); };
     for (int s = 0; s < 4; ++s) {
         // Two registers per 64-bit shuffle: a[0], a[1] (columns 2s, 2s+1 of rows g, g+8) and
         // a[2], a[3] (columns 2s+8, 2s+9), then B's registers from its two columns' lanes.
@@ -58,14 +58,14 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
         const unsigned long long b0 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t) + s);
         const unsigned long long b1 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t + 1) + s);
         for (int half = 0; half < 2; ++half) {
-            a_row[0][2 * s + half] = bf16((unsigned int)a01, half);
-            a_row[1][2 * s + half] = bf16((unsigned int)(a01 >> 32), half);
-            a_row[0][2 * s + 8 + half] = bf16((unsigned int)a23, half);
-            a_row[1][2 * s + 8 + half] = bf16((unsigned int)(a23 >> 32), half);
-            b_col[0][2 * s + half] = bf16((unsigned int)b0, half);
-            b_col[0][2 * s + 8 + half] = bf16((unsigned int)(b0 >> 32), half);
-            b_col[1][2 * s + half] = bf16((unsigned int)b1, half);
-            b_col[1][2 * s + 8 + half] = bf16((unsigned int)(b1 >> 32), half);
+            a_row[0][2 * s + half] = element((unsigned int)a01, half);
+            a_row[1][2 * s + half] = element((unsigned int)(a01 >> 32), half);
+            a_row[0][2 * s + 8 + half] = element((unsigned int)a23, half);
+            a_row[1][2 * s + 8 + half] = element((unsigned int)(a23 >> 32), half);
+            b_col[0][2 * s + half] = element((unsigned int)b0, half);
+            b_col[0][2 * s + 8 + half] = element((unsigned int)(b0 >> 32), half);
+            b_col[1][2 * s + half] = element((unsigned int)b1, half);
+            b_col[1][2 * s + 8 + half] = element((unsigned int)(b1 >> 32), half);
         }
     }
     // Products of bf16 are exact in fp32; the sum is fp32, in k order (the tensor core's
