@@ -99,16 +99,18 @@ __device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* ti
     b[1] = row[4];
 }
 
-// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major fp32
-// matrix x (row stride `stride`), rounded to bf16; rows from `rows` on read as zeros.
-__device__ __forceinline__ void load_a_rounded(unsigned int a[4], const float* x, unsigned long long stride, int r0,
-                                               int rows, int kk) {
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major bf16
+// matrix x in global memory (row stride `stride`), as it is stored: each register is one
+// 4-byte load of a pair of neighbours, aligned where x is 4-byte aligned and `stride` even
+// (a pair starts at an even column). Rows from `rows` on read as zeros.
+__device__ __forceinline__ void load_a_bf16(unsigned int a[4], const bf16* x, unsigned long long stride, int r0,
+                                            int rows, int kk) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int row = r0 + g + 8 * (r % 2), col = 16 * kk + 2 * t + 8 * (r / 2);
-        const float* p = x + (unsigned long long)row * stride + col;
-        a[r] = row < rows ? pack_bf16(p[0], p[1]) : 0u;
+        const bf16* p = x + (unsigned long long)row * stride + col;
+        a[r] = row < rows ? *reinterpret_cast<const unsigned int*>(p) : 0u;
     }
 }
 
