@@ -29,7 +29,8 @@ use kernels::DropoutSpec;
 /// dout were still rounded inside the kernels. The tolerance stays 2e-2, which leaves room
 /// for other inputs and for the tensor cores' own order of summation, while a wrong
 /// fragment, a missed tile or a wrong mask bit is off by a whole term, of the order of the
-/// largest magnitude itself.
+/// largest magnitude itself. That the outputs round to nearest, once, no tolerance can
+/// tell: `fused_attention_mma_rounds_its_output_once` checks it bit for bit.
 pub const BF16: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16",
@@ -130,4 +131,54 @@ fn fused_attention_mma_matches_the_cpu() {
     // The smallest head size, one k step: T = 37 inside one tile.
     let small = Dims { b: 1, t: 37, c: 48, nh: 3 };
     fused_attention_bf16(&family, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
+}
+
+/// The forward's output bit for bit where every step before its rounding is exact: with
+/// q = 0 every score is 0, so a row's probabilities are exactly 1 (exp2 of 0) over l = i + 1
+/// keys, and with v in eighths up to 2 the accumulated sum of row i is exact in fp32. The
+/// kernel's fp32 result is then the sum times 1 / l, each rounded as fp32 rounds them, and
+/// out must be that rounded once to nearest even: a store that truncated, or that rounded
+/// an output twice, differs in about half the elements.
+#[test]
+fn fused_attention_mma_rounds_its_output_once() {
+    let Some(family) = Family::of("fused_attention_mma_rounds_its_output_once", BF16.file) else { return };
+    // Every head of T = 77 (two tiles, a partial one) at head size 32, and of T = 100 at 64.
+    for (d, seed) in [(ODD, 57), (Dims { b: 1, t: 100, c: 128, nh: 2 }, 58)] {
+        let (c, t) = (d.c, d.t);
+        let eighths: Vec<f32> =
+            Rng::new(seed).uniform(3 * d.act(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
+        // q = 0, k and v eighths.
+        let qkv: Vec<f32> =
+            eighths.iter().enumerate().map(|(e, &x)| if e % (3 * c) < c { 0.0 } else { x }).collect();
+        let cfg = (BF16.launch)(t, d.heads(), d.hs());
+        let mut run = Run::new(seed);
+        let nan = bf16::NAN.to_bits();
+        let (out, lse, gqkv) = (
+            run.buffer(&vec![nan; d.act()]),
+            run.buffer(&vec![f32::NAN; d.heads() * t]),
+            run.buffer(&to_bf16(&qkv)),
+        );
+        let args: Vec<Arg> = [out, lse, gqkv]
+            .map(Arg::from)
+            .into_iter()
+            .chain([t, d.nh, d.hs()].map(|x| Arg::from(x as i32)))
+            .chain([unused_dropout_mask(), 0i32.into()])
+            .collect();
+        run.launch(BF16.forward, cfg, &args);
+        run.read(out);
+        let got = family.run(run).unwrap().get::<u16>(out);
+        let want: Vec<u16> = (0..d.act())
+            .map(|e| {
+                let (row, col) = (e / c, e % c);
+                let (b, i) = (row / t, row % t);
+                // v of keys 0 ..= i in this column, summed exactly, from +0 as the
+                // accumulators start (so that a sum of -0 is +0, as the kernel's is).
+                let sum = (0..=i).fold(0.0f32, |sum, j| sum + qkv[(b * t + j) * 3 * c + 2 * c + col]);
+                bf16::from_f32(sum * (1.0 / (i + 1) as f32)).to_bits()
+            })
+            .collect();
+        if let Some(e) = (0..want.len()).find(|&e| got[e] != want[e]) {
+            panic!("out element {e} is {:#06x}, the rounding of the exact result {:#06x}", got[e], want[e]);
+        }
+    }
 }
