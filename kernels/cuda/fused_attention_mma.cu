@@ -1,15 +1,20 @@
 // Causal self-attention on tensor cores for `precision: bf16`: the fused kernels of
-// fused_attention.cu (same arguments, same contract: causal, online softmax, tiles above
-// the diagonal skipped, lse = max + log(sum), the CPU's Philox dropout mask drawn in the
-// kernel at element (bh * T + i) * T + j, backward without atomics, deterministic) with
-// every matrix product a warp's mma.sync m16n8k16 in bf16 (mma.cuh), FlashAttention-2
-// style. The fp32 kernels spend most of a GPT-2 step in attention on CUDA cores; bf16
-// operands into fp32 accumulators run those products on the tensor cores.
+// fused_attention.cu (the same arguments, with qkv, out, dout and dqkv stored as bf16; the
+// same contract: causal, online softmax, tiles above the diagonal skipped, lse = max +
+// log(sum), the CPU's Philox dropout mask drawn in the kernel at element (bh * T + i) * T
+// + j, backward without atomics, deterministic) with every matrix product a warp's
+// mma.sync m16n8k16 in bf16 (mma.cuh), FlashAttention-2 style. The fp32 kernels spend
+// most of a GPT-2 step in attention on CUDA cores; bf16 operands into fp32 accumulators run
+// those products on the tensor cores.
 //
-// Rounding: q, k, v and dout are rounded to bf16 as they are staged or loaded into
-// fragments, and P, P' and dS before they enter a product; every accumulator, the
-// softmax's maximum and sum, lse, delta and the outputs stay fp32. Exponentials are taken
-// as exp2f of scores scaled by log2(e) / sqrt(hs) (the softmax's maximum in those units).
+// Storage and rounding: under `precision: bf16` every [B, T, *] tensor is stored as bf16
+// (common.cuh's bf16): qkv, out and dout arrive as bf16 and enter the products as they are,
+// staged and loaded into fragments with no rounding; lse and delta, per-row statistics,
+// are fp32. Inside the kernels P, P' and dS are rounded to bf16 before they enter a
+// product; every accumulator, the softmax's maximum and sum, lse and delta (dout_i . out_i
+// in fp32 from the bf16 values) stay fp32, and out and dqkv are rounded once, to nearest
+// even, as they are stored. Exponentials are taken as exp2f of scores scaled by log2(e) /
+// sqrt(hs) (the softmax's maximum in those units).
 //
 // Tiles: blocks of WARPS = 4 warps own TILE = 64 rows (queries for the forward and the
 // query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
@@ -25,18 +30,19 @@
 // columns, the staged zeros past hs included.
 //
 // Staging, double-buffered with one barrier per tile: tile n + 1's global loads are issued
-// (fetch_tile: float4 along the rows, every load of a thread in flight at once) before a
-// product of tile n and written to the other buffer (store_tile) after it, so their
-// latency runs under tile n's tensor-core work; the barrier at the top of each tile both
-// publishes the tile staged during the previous one and retires the buffer the next will
-// overwrite. Only tiles that cross the diagonal (or T) are masked; the others take no
-// per-element test. With dropout on, a lane draws its 32 elements' mask bits in a loop of
-// their own (kept); with it off nothing is drawn and no element tests a bit.
+// (fetch_tile: 16-byte loads of 8 bf16 along the rows, every load of a thread in flight at
+// once) before a product of tile n and written as loaded to the other buffer (store_tile)
+// after it, so their latency runs under tile n's tensor-core work; the barrier at the top
+// of each tile both publishes the tile staged during the previous one and retires the
+// buffer the next will overwrite. Only tiles that cross the diagonal (or T) are masked;
+// the others take no per-element test. With dropout on, a lane draws its 32 elements' mask
+// bits in a loop of their own (kept); with it off nothing is drawn and no element tests a
+// bit.
 //
-// Registers (ptxas through NVRTC, no spills): the forward fits in 168, held there by its
-// launch bounds, so 3 blocks (12 warps) share an SM; the two backward kernels, which hold
-// two [16, 64] fp32 accumulators and the next tile's loads besides, take about 250, 2
-// blocks an SM.
+// Registers (ptxas through NVRTC 13.0 for sm_80 and sm_90, no spills): the forward takes
+// 160, within the 168 its launch bounds allow, so 3 blocks (12 warps) share an SM; the two
+// backward kernels, which hold two [16, 64] fp32 accumulators and the next tile's loads
+// (4 of 16 bytes a thread) besides, take 218 to 234, 2 blocks an SM.
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
@@ -44,7 +50,9 @@
 // its own loads, between two barriers per tile, so that every tile cost a few global
 // round trips that nothing overlapped; transposed copies written with 8-way bank
 // conflicts; expf and a causal test on every element of every tile. Measured on the same
-// H100 (ncu, its locked clocks) this design takes 0.168 / 0.214 / 0.270 ms, about 4x less.
+// H100 (ncu, its locked clocks) this design takes 0.168 / 0.214 / 0.270 ms, about 4x less,
+// with qkv, out and dout still stored as fp32; bf16 storage halves the bytes the kernels
+// read and write, and has not been timed on a GPU yet.
 //
 // Work per call, counting a multiply-add as 2 FLOPs over the causal half of the T x T
 // scores (the diagonal tiles' masked half is computed too): the forward makes 2 products
@@ -72,13 +80,14 @@
 // A staged row of bf16 pairs: HS_MAX / 2 words, padded by 4 so that the lanes of a
 // fragment load (rows g, words t: word 36 g + t) hit 32 different banks, and the 8 lanes
 // of a quarter-warp's 16-byte load in accumulate (rows 2t, words 4g: word 72 t + 4g) start
-// 4 banks apart, and a half-warp's 8-byte stores in store_tile cover one row's 32 words.
+// 4 banks apart, and a quarter-warp's 16-byte stores in store_tile cover one row's 32
+// words. A row is 144 bytes, so every run of 4 words from a multiple of 4 is 16-byte aligned.
 #define WORDS (HS_MAX / 2 + 4)
 #define STEPS (HS_MAX / 16)  // head-dimension k steps of a product, at most
 #define DTILES (HS_MAX / 8)  // [16, 8] accumulators across the head dimension, at most
 #define KTILES (TILE / 8)    // [16, 8] accumulators across a tile
-#define QUADS (HS_MAX / 4)   // float4 in a row, at most
-#define FETCHES (TILE * QUADS / THREADS)  // float4 a thread fetches of a staged tile
+#define OCTS (HS_MAX / 8)    // 16-byte runs of 8 bf16 in a row, at most
+#define FETCHES (TILE * OCTS / THREADS)  // 16-byte loads a thread makes of a staged tile
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 // Fragments, accumulators and fetched tiles are arrays that must live in registers, so
@@ -88,40 +97,41 @@
 // TILE rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
 typedef unsigned int Tile[TILE][WORDS];
 
-// This thread's share of rows [row0, row0 + TILE) of a [T, hs] operand (row stride
-// `stride`), into registers: QUADS threads cover a row, float4 by float4, so that a
-// half-warp reads one row's 256 bytes, and fetch e takes the thread's row plus
+// This thread's share of rows [row0, row0 + TILE) of a [T, hs] bf16 operand (row stride
+// `stride`), into registers: OCTS threads cover a row, 8 bf16 (16 bytes) at a time, so
+// that a quarter-warp reads one row's 128 bytes, and fetch e takes the thread's row plus
 // e * FETCH_ROWS; all of a thread's loads are in flight together. Zeros past T and past
-// hs. One 64-bit address a call, 32-bit offsets from it, so that the compiler keeps no
-// per-fetch address live across the loop over tiles. The addresses are 16-byte aligned: the head's columns
-// start at a multiple of hs, a multiple of 16, and so does every row.
-#define FETCH_ROWS (THREADS / QUADS)
-__device__ __forceinline__ void fetch_tile(float4 f[FETCHES], const float* x, unsigned long long stride, int row0,
+// hs (a multiple of 16, so a run of 8 lies wholly before it or past it). One 64-bit
+// address a call, 32-bit offsets from it, so that the compiler keeps no per-fetch address
+// live across the loop over tiles. For a 16-byte aligned buffer (as allocated) the loads
+// are 16-byte aligned: a row of qkv is 3C bf16, of out and dout C, and a head's columns
+// start at a multiple of hs (plus C or 2C in qkv), all multiples of 16 bf16, 32 bytes.
+#define FETCH_ROWS (THREADS / OCTS)
+__device__ __forceinline__ void fetch_tile(uint4 f[FETCHES], const bf16* x, unsigned long long stride, int row0,
                                            int T, int hs) {
-    const int r = row0 + threadIdx.x / QUADS, c = 4 * (threadIdx.x % QUADS);
-    const float* p = x + (unsigned long long)r * stride + c;
+    const int r = row0 + threadIdx.x / OCTS, c = 8 * (threadIdx.x % OCTS);
+    const bf16* p = x + (unsigned long long)r * stride + c;
     const int step = FETCH_ROWS * (int)stride;
     #pragma unroll
     for (int e = 0; e < FETCHES; ++e) {
-        f[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r + e * FETCH_ROWS < T && c < hs) f[e] = *reinterpret_cast<const float4*>(p + e * step);
+        f[e] = make_uint4(0u, 0u, 0u, 0u);
+        if (r + e * FETCH_ROWS < T && c < hs) f[e] = *reinterpret_cast<const uint4*>(p + e * step);
     }
 }
 
-// The fetched share, rounded, into a staged tile: 8 bytes a lane, so that a half-warp
-// writes one row's 32 consecutive words, free of bank conflicts. Columns past hs are
-// staged as the zeros fetched there, which accumulate's permuted products read.
-__device__ __forceinline__ void store_tile(Tile tile, const float4 f[FETCHES]) {
-    const int r = threadIdx.x / QUADS, q = threadIdx.x % QUADS;
+// The fetched share into a staged tile, as it was loaded (8 bf16, 4 words of pairs, a
+// lane): a quarter-warp writes one row's 32 consecutive words, free of bank conflicts.
+// Columns past hs are staged as the zeros fetched there, which accumulate's permuted
+// products read.
+__device__ __forceinline__ void store_tile(Tile tile, const uint4 f[FETCHES]) {
+    const int r = threadIdx.x / OCTS, o = threadIdx.x % OCTS;
     #pragma unroll
-    for (int e = 0; e < FETCHES; ++e)
-        *reinterpret_cast<uint2*>(&tile[r + e * FETCH_ROWS][2 * q]) =
-            make_uint2(pack_bf16(f[e].x, f[e].y), pack_bf16(f[e].z, f[e].w));
+    for (int e = 0; e < FETCHES; ++e) *reinterpret_cast<uint4*>(&tile[r + e * FETCH_ROWS][4 * o]) = f[e];
 }
 
 // Rows [row0, row0 + TILE) of x fetched and staged at once, with `f` as the fetch's
 // registers: the first tile of a loop, which then stages each next tile around its products.
-__device__ __forceinline__ void stage_tile(Tile tile, float4 f[FETCHES], const float* x, unsigned long long stride,
+__device__ __forceinline__ void stage_tile(Tile tile, uint4 f[FETCHES], const bf16* x, unsigned long long stride,
                                            int row0, int T, int hs) {
     fetch_tile(f, x, stride, row0, T, hs);
     store_tile(tile, f);
@@ -177,18 +187,35 @@ __device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[K
 }
 
 // Row g + 8h of a warp's [16, HS_MAX] product accumulated by `accumulate`, times `scale`,
-// into `row` (16-byte aligned): this lane holds columns 16t .. 16t + 15 (acc[n][2h + k] is
-// column 16t + 8k + n), written unless they lie past hs.
-__device__ __forceinline__ void store_columns(float* row, const float acc[DTILES][4], int h, float scale, int hs) {
+// into the bf16 `row` (32-byte aligned, as fetch_tile's rows are): this lane holds columns
+// 16t .. 16t + 15 (acc[n][2h + k] is column 16t + 8k + n), written unless they lie past
+// hs, as two 16-byte stores of 8 bf16. Each value is rounded once, to nearest even, by
+// f32_to_bf16_bits, as common.cuh's store rounds it.
+__device__ __forceinline__ void store_columns(bf16* row, const float acc[DTILES][4], int h, float scale, int hs) {
     const int t = threadIdx.x % 4;
     if (16 * t >= hs) return;
-    float4* out = reinterpret_cast<float4*>(row + 16 * t);
+    uint4* out = reinterpret_cast<uint4*>(row + 16 * t);
     #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int e = 2 * h + k;
-        out[2 * k] = make_float4(scale * acc[0][e], scale * acc[1][e], scale * acc[2][e], scale * acc[3][e]);
-        out[2 * k + 1] = make_float4(scale * acc[4][e], scale * acc[5][e], scale * acc[6][e], scale * acc[7][e]);
+        out[k] = make_uint4(pack_bf16(scale * acc[0][e], scale * acc[1][e]),
+                            pack_bf16(scale * acc[2][e], scale * acc[3][e]),
+                            pack_bf16(scale * acc[4][e], scale * acc[5][e]),
+                            pack_bf16(scale * acc[6][e], scale * acc[7][e]));
     }
+}
+
+// The dot product of two runs of 8 bf16 (16-byte loads: 4 words of pairs, the lower
+// column in the low half), in fp32, column by column.
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    float sum = 0.0f;
+    #pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const unsigned int x = uint4_word(a, w), y = uint4_word(b, w);
+        sum += to_float(bf16{(unsigned short)x}) * to_float(bf16{(unsigned short)y});
+        sum += to_float(bf16{(unsigned short)(x >> 16)}) * to_float(bf16{(unsigned short)(y >> 16)});
+    }
+    return sum;
 }
 
 // The row and the column, within a warp's [16, 8] accumulator, of this lane's element e
@@ -241,27 +268,27 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
-// out [B, T, C] and lse [B * NH * T]. Warp w owns query rows i0 + 16w .. + 15; this lane
-// keeps the running maximum m (log2 units), its part of the sum l and the output o of its
-// two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
+// out [B, T, C] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, 3C] (bf16). Warp w
+// owns query rows i0 + 16w .. + 15; this lane keeps the running maximum m (log2 units), its
+// part of the sum l and the output o of its two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
 // At most 168 registers a thread, so that 3 blocks share an SM (see the header).
 extern "C" __global__ void __launch_bounds__(THREADS, 3)
-    fused_attention_forward_bf16(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
+    fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, int T, int NH, int hs, DropoutMask mask,
                                  int dropout) {
     alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const bf16 *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
     const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x, tiles = tile + 1;
     const int i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = LOG2E / sqrtf((float)hs);
 
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
     #pragma unroll
-    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
+    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4] = {};
 
-    float4 f[FETCHES];
+    uint4 f[FETCHES];
     stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
     stage_tile(v[0], f, values, 3 * C, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
@@ -329,17 +356,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
 }
 
 // Backward through the query side, one block per query tile: delta_i = dout_i . out_i
-// (fp32) into delta [B * NH * T] for the key side, and dq_i = scale * sum_j dS_ij k_j into
-// dqkv, with P_ij = exp(s_ij - lse_i), dP_ij = keep_ij * (dout_i . v_j) and
-// dS_ij = P_ij (dP_ij - delta_i).
+// (fp32, from the bf16 dout and out) into delta [B * NH * T] for the key side, and
+// dq_i = scale * sum_j dS_ij k_j into dqkv (bf16), with P_ij = exp(s_ij - lse_i),
+// dP_ij = keep_ij * (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i).
 extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_query_bf16(float* dqkv, float* delta, const float* qkv, const float* out,
-                                        const float* dout, const float* lse, int T, int NH, int hs,
+    fused_attention_backward_query_bf16(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
+                                        const bf16* dout, const float* lse, int T, int NH, int hs,
                                         DropoutMask mask, int dropout) {
     alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const float *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const bf16 *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
     const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
     const int tiles = tile + 1, i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
@@ -347,21 +374,20 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
     #pragma unroll
     for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
-        load_a_rounded(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
-        load_a_rounded(dy[kk], dout + hd.io, C, r0, T, kk);
+        load_a_bf16(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
+        load_a_bf16(dy[kk], dout + hd.io, C, r0, T, kk);
     }
     // delta and lse (log2 units) of this lane's rows g and g + 8; the quad splits a row's
-    // dimensions, float4 by float4.
+    // dimensions, 8 bf16 of each of dout and out at a time (16-byte loads, aligned as
+    // fetch_tile's).
     float D[2], L[2];
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
         float part = 0.0f;
-        for (int d = 4 * t; i < T && d < hs; d += 16) {
+        for (int d = 8 * t; i < T && d < hs; d += 32) {
             const unsigned long long at = hd.io + (unsigned long long)i * C + d;
-            const float4 a = *reinterpret_cast<const float4*>(dout + at);
-            const float4 b = *reinterpret_cast<const float4*>(out + at);
-            part += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            part += dot8(*reinterpret_cast<const uint4*>(dout + at), *reinterpret_cast<const uint4*>(out + at));
         }
         D[h] = quad_sum(part);
         L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
@@ -369,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
     float dq[DTILES][4] = {};
 
-    float4 f[FETCHES];
+    uint4 f[FETCHES];
     stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
     stage_tile(v[0], f, values, 3 * C, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
@@ -410,17 +436,18 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 // Backward through the key side, one block per key tile, after the query side (it reads
 // delta): dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij q_i over the query
-// tiles from the diagonal on. Warp w owns keys j0 + 16w .. + 15 and works on the
-// transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are queries.
+// tiles from the diagonal on, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
+// works on the transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are
+// queries.
 extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_key_value_bf16(float* dqkv, const float* qkv, const float* dout, const float* lse,
+    fused_attention_backward_key_value_bf16(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
                                             const float* delta, int T, int NH, int hs, DropoutMask mask,
                                             int dropout) {
     alignas(16) __shared__ Tile q[2], dy[2];  // query and output gradient tiles in rows, tile n in [n % 2]
     __shared__ float L[2][TILE], D[2][TILE];  // lse (log2 units) and delta of those queries
     const Head hd = head_of(T, NH, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const float *queries = qkv + hd.qkv, *grads = dout + hd.io;
+    const bf16 *queries = qkv + hd.qkv, *grads = dout + hd.io;
     const int warp = threadIdx.x / WARP_SIZE, first = blockIdx.x, tiles = (T + TILE - 1) / TILE;
     const int j0 = blockIdx.x * TILE, c0 = j0 + 16 * warp;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
@@ -428,13 +455,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     unsigned int k[STEPS][4], v[STEPS][4];  // the warp's keys and values, read once
     #pragma unroll
     for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
-        load_a_rounded(k[kk], qkv + hd.qkv + C, 3 * C, c0, T, kk);
-        load_a_rounded(v[kk], qkv + hd.qkv + 2 * C, 3 * C, c0, T, kk);
+        load_a_bf16(k[kk], qkv + hd.qkv + C, 3 * C, c0, T, kk);
+        load_a_bf16(v[kk], qkv + hd.qkv + 2 * C, 3 * C, c0, T, kk);
     }
     float dk[DTILES][4] = {}, dv[DTILES][4] = {};
 
     // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
-    float4 f[FETCHES];
+    uint4 f[FETCHES];
     float lse_i = 0.0f, delta_i = 0.0f;
     const auto fetch_stats = [&](int i0) {
         const int i = i0 + threadIdx.x;
@@ -508,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int h = 0; h < 2; ++h) {
         const int j = c0 + acc_row(2 * h);
         if (j >= T) continue;
-        float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
+        bf16* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
         store_columns(g + C, dk, h, scale, hs);
         store_columns(g + 2 * C, dv, h, 1.0f, hs);
     }

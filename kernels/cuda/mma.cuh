@@ -48,7 +48,7 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
     // rows of B's column r; this lane needs A's rows g and g+8 and B's columns 2t and 2t+1
     // whole, so it takes them from the four lanes of each of those groups.
     float a_row[2][16], b_col[2][16];
-    const auto bf16 = [](unsigned int pair, int high) { return __uint_as_float((high ? pair >> 16 : pair) << 16); };
+    const auto element = [](unsigned int pair, int high) { return __uint_as_float((high ? pair >> 16 : pair) << 16); };
     for (int s = 0; s < 4; ++s) {
         // Two registers per 64-bit shuffle: a[0], a[1] (columns 2s, 2s+1 of rows g, g+8) and
         // a[2], a[3] (columns 2s+8, 2s+9), then B's registers from its two columns' lanes.
@@ -58,14 +58,14 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
         const unsigned long long b0 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t) + s);
         const unsigned long long b1 = __shfl_sync(FULL_MASK, b_pair, 4 * (2 * t + 1) + s);
         for (int half = 0; half < 2; ++half) {
-            a_row[0][2 * s + half] = bf16((unsigned int)a01, half);
-            a_row[1][2 * s + half] = bf16((unsigned int)(a01 >> 32), half);
-            a_row[0][2 * s + 8 + half] = bf16((unsigned int)a23, half);
-            a_row[1][2 * s + 8 + half] = bf16((unsigned int)(a23 >> 32), half);
-            b_col[0][2 * s + half] = bf16((unsigned int)b0, half);
-            b_col[0][2 * s + 8 + half] = bf16((unsigned int)(b0 >> 32), half);
-            b_col[1][2 * s + half] = bf16((unsigned int)b1, half);
-            b_col[1][2 * s + 8 + half] = bf16((unsigned int)(b1 >> 32), half);
+            a_row[0][2 * s + half] = element((unsigned int)a01, half);
+            a_row[1][2 * s + half] = element((unsigned int)(a01 >> 32), half);
+            a_row[0][2 * s + 8 + half] = element((unsigned int)a23, half);
+            a_row[1][2 * s + 8 + half] = element((unsigned int)(a23 >> 32), half);
+            b_col[0][2 * s + half] = element((unsigned int)b0, half);
+            b_col[0][2 * s + 8 + half] = element((unsigned int)(b0 >> 32), half);
+            b_col[1][2 * s + half] = element((unsigned int)b1, half);
+            b_col[1][2 * s + 8 + half] = element((unsigned int)(b1 >> 32), half);
         }
     }
     // Products of bf16 are exact in fp32; the sum is fp32, in k order (the tensor core's
@@ -78,18 +78,6 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
 #endif
 }
 
-// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a tile of bf16
-// pairs (`stride` words a row: word w of a row holds columns 2w, 2w+1).
-__device__ __forceinline__ void load_a(unsigned int a[4], const unsigned int* tile, int stride, int r0, int kk) {
-    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    const unsigned int* top = tile + (r0 + g) * stride + 8 * kk + t;
-    const unsigned int* bottom = top + 8 * stride;
-    a[0] = top[0];
-    a[1] = bottom[0];
-    a[2] = top[4];
-    a[3] = bottom[4];
-}
-
 // The B fragment B[k][n] = X[n0 + n][16 kk + k] of a tile X of bf16 pairs: B is the
 // transpose of X's rows [n0, n0 + 8), columns [16 kk, 16 kk + 16).
 __device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* tile, int stride, int n0, int kk) {
@@ -99,16 +87,18 @@ __device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* ti
     b[1] = row[4];
 }
 
-// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major fp32
-// matrix x (row stride `stride`), rounded to bf16; rows from `rows` on read as zeros.
-__device__ __forceinline__ void load_a_rounded(unsigned int a[4], const float* x, unsigned long long stride, int r0,
-                                               int rows, int kk) {
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major bf16
+// matrix x in global memory (row stride `stride`), as it is stored: each register is one
+// 4-byte load of a pair of neighbours, aligned where x is 4-byte aligned and `stride` even
+// (a pair starts at an even column). Rows from `rows` on read as zeros.
+__device__ __forceinline__ void load_a_bf16(unsigned int a[4], const bf16* x, unsigned long long stride, int r0,
+                                            int rows, int kk) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int row = r0 + g + 8 * (r % 2), col = 16 * kk + 2 * t + 8 * (r / 2);
-        const float* p = x + (unsigned long long)row * stride + col;
-        a[r] = row < rows ? pack_bf16(p[0], p[1]) : 0u;
+        const bf16* p = x + (unsigned long long)row * stride + col;
+        a[r] = row < rows ? *reinterpret_cast<const unsigned int*>(p) : 0u;
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::classifier::{classifier, classifier_bf16, FILLS};
 use crate::fused_attention::{fused_attention, FP32, ODD, SPEC, TWO_TILES};
-use crate::fused_attention_mma::{BF16, ODD as ODD_BF16};
+use crate::fused_attention_mma::{fused_attention_bf16, ODD as ODD_BF16};
 use crate::harness::Family;
 use crate::rowwise::sum_of_squares;
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
@@ -63,11 +63,11 @@ fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(),
     fused_attention(edited, &FP32, TWO_TILES, &[0, 1], Some(SPEC), seed)
 }
 
-/// The same through the tensor-core kernels: every head of two sequences of T = 77 (two
-/// tiles of 64) with dropout.
+/// The same through the tensor-core kernels, their tensors in bf16: every head of two
+/// sequences of T = 77 (two tiles of 64) with dropout.
 fn fused_attention_mma_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
     let heads: Vec<usize> = (0..ODD_BF16.heads()).collect();
-    fused_attention(edited, &BF16, ODD_BF16, &heads, Some(SPEC), seed)
+    fused_attention_bf16(edited, ODD_BF16, &heads, Some(SPEC), seed)
 }
 
 /// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, the kernels that

@@ -33,7 +33,7 @@ pub const FP32: Fused = Fused {
 };
 
 /// Head `bh`'s [T, hs] block of x, rows `stride` wide, columns from `offset`.
-fn head(x: &[f32], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<f32> {
+pub fn head<T: Copy>(x: &[T], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<T> {
     let (b, h, hs) = (bh / d.nh, bh % d.nh, d.hs());
     (0..d.t).flat_map(|t| &x[(b * d.t + t) * stride + offset + h * hs..][..hs]).copied().collect()
 }

@@ -1,22 +1,36 @@
 //! The tensor-core fused attention kernels (fused_attention_mma.cu), launch for launch as
 //! the device runs them under `precision: bf16`, against the CPU's attention op: the same
-//! runs as fused_attention.rs, with the head sizes these kernels take (multiples of 16).
+//! runs as fused_attention.rs, with the head sizes these kernels take (multiples of 16),
+//! and every [B, T, *] tensor (qkv, out, dout, dqkv) stored as bf16, as the device stores
+//! activations and their gradients under bf16; lse and delta stay fp32.
 
-use crate::attention::Dims;
-use crate::fused_attention::{fused_attention, Fused, SPEC};
-use crate::harness::Family;
+use crate::attention::{cpu_attention, Dims};
+use crate::fused_attention::{head, Fused, SPEC};
+use crate::harness::{bf16_bits, bf16_values, max_abs, rounds_from, Arg, Buf, Family, Rng, Run};
+use crate::philox::{dropout_mask, unused_dropout_mask};
+use half::bf16;
 use kernels::cuda::launch::per_attention_tile_bf16;
+use kernels::DropoutSpec;
 
-/// q, k, v, dout and the probabilities enter every product rounded to bf16 (8 significant
-/// bits: a relative error of up to 2^-9 each), against the CPU's fp32 throughout. Judged,
-/// as the fp32 kernels are, against the largest magnitude of each output of a head. The
-/// worst cases are not long sums, whose rounding errors largely cancel, but outputs that
-/// one or two terms dominate (the first rows: out_0 = P'_00 v_0 carries the rounding of
-/// both), and dS, where the bf16 dP_ij is set against delta_i = dout_i . out_i in fp32
-/// (for row 0 the CPU's dS is exactly 0): up to between 5e-3 and 8e-3 of the largest
-/// magnitude in these runs. 2e-2 leaves room for other inputs and for the tensor cores'
-/// own order of summation, while a wrong fragment, a missed tile or a wrong mask bit is off
-/// by a whole term, of the order of the largest magnitude itself.
+/// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
+/// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
+/// on the key side), P and dS enter their products rounded to bf16 (8 significant bits: a
+/// relative error of up to 2^-9 each), against the CPU's fp32 throughout; and out, which
+/// the query side reads back for delta, is the kernel's own bf16 output. Judged, as the
+/// fp32 kernels are, against the largest magnitude of each output of a head: every bf16
+/// output must be the rounding of a value within `tol` times that magnitude of the CPU's
+/// (`rounds_from`, with no part relative to the element itself), so the outputs' own final
+/// rounding is not counted against the tolerance. The worst cases are not long sums, whose
+/// rounding errors largely cancel, but outputs that one or two terms dominate (the first
+/// rows: out_0 = P'_00 v_0, with P'_00 = 1 / (1 - p) rounded under dropout), and dS, where
+/// P_ij (dP_ij - delta_i) is set against delta_i = dout_i . out_i from the bf16 out (for
+/// row 0 the CPU's dS is exactly 0). In these runs the largest such error is 5.7e-3 of the
+/// largest magnitude (dq at T = 77 with dropout), against 5e-3 to 8e-3 when q, k, v and
+/// dout were still rounded inside the kernels. The tolerance stays 2e-2, which leaves room
+/// for other inputs and for the tensor cores' own order of summation, while a wrong
+/// fragment, a missed tile or a wrong mask bit is off by a whole term, of the order of the
+/// largest magnitude itself. That the outputs round to nearest, once, no tolerance can
+/// tell: `fused_attention_mma_rounds_its_output_once` checks it bit for bit.
 pub const BF16: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16",
@@ -30,21 +44,131 @@ pub const BF16: Fused = Fused {
 /// take two k steps of 16.
 pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2 };
 
+/// Forward and backward of the tensor-core kernels (built as `family`) at `d`, running the
+/// blocks of heads `heads` (b * NH + h) only, with bf16 qkv, out, dout and dqkv; Err on
+/// the first difference from the CPU in those heads, whose op runs in f32 on the same bf16
+/// values of qkv and dout.
+pub fn fused_attention_bf16(
+    family: &Family,
+    d: Dims,
+    heads: &[usize],
+    spec: Option<DropoutSpec>,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let (qkv, dout) = (bf16_bits(&rng.uniform(d.act() * 3, 2.0)), bf16_bits(&rng.uniform(d.act(), 1.0)));
+    let cfg = (BF16.launch)(d.t, d.heads(), d.hs());
+    // Without dropout the kernels are passed the device's unused mask and do not read it.
+    let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
+    let on = spec.is_some() as i32;
+    let rows = d.heads() * d.t;
+    let tiles = cfg.grid_dim.0 as usize;
+    let blocks: Vec<u64> =
+        heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect();
+
+    let mut run = Run::new(seed);
+    let nan = bf16::NAN.to_bits();
+    let (gqkv, gdout) = (run.buffer(&qkv), run.buffer(&dout));
+    let (out, lse, delta) = (
+        run.buffer(&vec![nan; d.act()]),
+        run.buffer(&vec![f32::NAN; rows]),
+        run.buffer(&vec![f32::NAN; rows]),
+    );
+    let dqkv = run.buffer(&vec![nan; 3 * d.act()]);
+    // The buffers, then T, NH, hs, the mask and whether to apply it.
+    let args = |bufs: &[Buf]| -> Vec<Arg> {
+        let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
+        bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
+    };
+    run.launch_blocks(BF16.forward, cfg, &args(&[out, lse, gqkv]), &blocks);
+    run.read(out);
+    run.launch_blocks(BF16.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &blocks);
+    run.launch_blocks(BF16.key_value, cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &blocks);
+    run.read(dqkv);
+    let got = family.run(run)?;
+
+    let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &bf16_values(&qkv), &bf16_values(&dout));
+    let case = if spec.is_some() { "with dropout" } else { "without dropout" };
+    let (out, dqkv, c, tol) = (got.get::<u16>(out), got.get::<u16>(dqkv), d.c, BF16.tol);
+    for &bh in heads {
+        let want = head(&want_out, d, bh, c, 0);
+        let what = format!("bf16 fused out, head {bh} {case}");
+        rounds_from(&what, &head(&out, d, bh, c, 0), &want, 0.0, tol * max_abs(&want))?;
+        for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
+            let want = head(&want_dqkv, d, bh, 3 * c, offset);
+            let got = head(&dqkv, d, bh, 3 * c, offset);
+            let what = format!("bf16 fused {part}, head {bh} {case}");
+            rounds_from(&what, &got, &want, 0.0, tol * max_abs(&want))?;
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn fused_attention_mma_matches_the_cpu() {
     let Some(family) = Family::of("fused_attention_mma_matches_the_cpu", BF16.file) else { return };
     // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48
     // heads the last (b = 3, h = 11, the largest offsets) runs, as fused_attention.rs does.
     let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
-    fused_attention(&family, &BF16, gpt2, &[47], Some(SPEC), 51).unwrap();
+    fused_attention_bf16(&family, gpt2, &[47], Some(SPEC), 51).unwrap();
     // GPT-2's head size with T = 100, whose last tile is partial, in both heads.
     let partial = Dims { b: 1, t: 100, c: 128, nh: 2 };
-    fused_attention(&family, &BF16, partial, &[0, 1], None, 52).unwrap();
-    fused_attention(&family, &BF16, partial, &[0, 1], Some(SPEC), 53).unwrap();
+    fused_attention_bf16(&family, partial, &[0, 1], None, 52).unwrap();
+    fused_attention_bf16(&family, partial, &[0, 1], Some(SPEC), 53).unwrap();
     let all: Vec<usize> = (0..ODD.heads()).collect();
-    fused_attention(&family, &BF16, ODD, &all, None, 54).unwrap();
-    fused_attention(&family, &BF16, ODD, &all, Some(SPEC), 55).unwrap();
+    fused_attention_bf16(&family, ODD, &all, None, 54).unwrap();
+    fused_attention_bf16(&family, ODD, &all, Some(SPEC), 55).unwrap();
     // The smallest head size, one k step: T = 37 inside one tile.
     let small = Dims { b: 1, t: 37, c: 48, nh: 3 };
-    fused_attention(&family, &BF16, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
+    fused_attention_bf16(&family, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
+}
+
+/// The forward's output bit for bit where every step before its rounding is exact: with
+/// q = 0 every score is 0, so a row's probabilities are exactly 1 (exp2 of 0) over l = i + 1
+/// keys, and with v in eighths up to 2 the accumulated sum of row i is exact in fp32. The
+/// kernel's fp32 result is then the sum times 1 / l, each rounded as fp32 rounds them, and
+/// out must be that rounded once to nearest even: a store that truncated, or that rounded
+/// an output twice, differs in about half the elements.
+#[test]
+fn fused_attention_mma_rounds_its_output_once() {
+    let Some(family) = Family::of("fused_attention_mma_rounds_its_output_once", BF16.file) else { return };
+    // Every head of T = 77 (two tiles, a partial one) at head size 32, and of T = 100 at 64.
+    for (d, seed) in [(ODD, 57), (Dims { b: 1, t: 100, c: 128, nh: 2 }, 58)] {
+        let (c, t) = (d.c, d.t);
+        let eighths: Vec<f32> =
+            Rng::new(seed).uniform(3 * d.act(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
+        // q = 0, k and v eighths.
+        let qkv: Vec<f32> =
+            eighths.iter().enumerate().map(|(e, &x)| if e % (3 * c) < c { 0.0 } else { x }).collect();
+        let cfg = (BF16.launch)(t, d.heads(), d.hs());
+        let mut run = Run::new(seed);
+        let nan = bf16::NAN.to_bits();
+        let (out, lse, gqkv) = (
+            run.buffer(&vec![nan; d.act()]),
+            run.buffer(&vec![f32::NAN; d.heads() * t]),
+            run.buffer(&bf16_bits(&qkv)),
+        );
+        let args: Vec<Arg> = [out, lse, gqkv]
+            .map(Arg::from)
+            .into_iter()
+            .chain([t, d.nh, d.hs()].map(|x| Arg::from(x as i32)))
+            .chain([unused_dropout_mask(), 0i32.into()])
+            .collect();
+        run.launch(BF16.forward, cfg, &args);
+        run.read(out);
+        let got = family.run(run).unwrap().get::<u16>(out);
+        let want: Vec<u16> = (0..d.act())
+            .map(|e| {
+                let (row, col) = (e / c, e % c);
+                let (b, i) = (row / t, row % t);
+                // v of keys 0 ..= i in this column, summed exactly, from +0 as the
+                // accumulators start (so that a sum of -0 is +0, as the kernel's is).
+                let sum = (0..=i).fold(0.0f32, |sum, j| sum + qkv[(b * t + j) * 3 * c + 2 * c + col]);
+                bf16::from_f32(sum * (1.0 / (i + 1) as f32)).to_bits()
+            })
+            .collect();
+        if let Some(e) = (0..want.len()).find(|&e| got[e] != want[e]) {
+            panic!("out element {e} is {:#06x}, the rounding of the exact result {:#06x}", got[e], want[e]);
+        }
+    }
 }

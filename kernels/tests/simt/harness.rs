@@ -375,3 +375,22 @@ pub fn max_abs(xs: &[f32]) -> f64 {
 
 /// SplitMix64 with a fixed seed per test: the harness is repeatable.
 pub type Rng = kernels::SplitMix64;
+
+#[test]
+fn rounds_from_takes_the_roundings_within_tolerance_and_no_more() {
+    let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+    // Near 1 bf16's step is 2^-7. Exact, the only rounding of 1 itself is 1.
+    assert!(rounds_from("exact", &[bits(1.0)], &[1.0], 0.0, 0.0).is_ok());
+    assert!(rounds_from("exact", &[bits(1.0078125)], &[1.0], 0.0, 0.0).is_err());
+    // Half a step up is a tie, which rounds to even (1): the next value is still out...
+    assert!(rounds_from("tie", &[bits(1.0078125)], &[1.0], 0.0, 2f64.powi(-8)).is_err());
+    // ...and just past it, in: 1.0045 rounds to 1 + 2^-7.
+    assert!(rounds_from("past the tie", &[bits(1.0078125)], &[1.0], 0.0, 0.0045).is_ok());
+    assert!(rounds_from("below", &[bits(0.99609375)], &[1.0], 0.0, 0.0045).is_ok());
+    // Relative: 1% of 100 reaches 101 (bf16's step there is 0.5), not 101.5.
+    assert!(rounds_from("relative", &[bits(101.0), bits(-99.0)], &[100.0, -100.0], 1e-2, 0.0).is_ok());
+    assert!(rounds_from("relative", &[bits(101.5)], &[100.0], 1e-2, 0.0).is_err());
+    // NaN never passes, nor does a length that differs.
+    assert!(rounds_from("nan", &[half::bf16::NAN.to_bits()], &[1.0], 1.0, 1.0).is_err());
+    assert!(rounds_from("length", &[bits(1.0)], &[1.0, 1.0], 0.0, 0.0).is_err());
+}
