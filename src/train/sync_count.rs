@@ -13,10 +13,10 @@ use kernels::DeviceCounters;
 use stages::dist::{threads, Topology};
 use std::path::Path;
 
-/// Every rank's device counts over `steps` training steps after a first one, on `device`,
-/// under `schedule` with p = 2, m = 4, dropout on and `recompute`.
+/// Every rank's device counts over `steps` training steps after a first one, on `device`
+/// at `precision`, under `schedule` with p = 2, m = 4, dropout on and `recompute`.
 fn counts_after_the_first_step(
-    device: &str,
+    (device, precision): (&str, &str),
     schedule: &str,
     recompute: &str,
     steps: usize,
@@ -38,6 +38,7 @@ fn counts_after_the_first_step(
         recompute_method: (recompute == "full").then(|| "uniform".into()),
         recompute_num_layers: (recompute == "full").then_some(1),
         device: device.into(),
+        precision: precision.into(),
         ..Config::default()
     };
     let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
@@ -65,9 +66,9 @@ fn counts_after_the_first_step(
     ranks.iter().zip(before).map(|(r, before)| r.stage.device.counters() - before).collect()
 }
 
-/// Five schedules with recompute on `device`: one host sync per step per rank, and no
-/// allocation after the first step.
-fn assert_once_per_step(device: &str) {
+/// Five schedules with recompute on `device` at a precision: one host sync per step per
+/// rank, and no allocation after the first step.
+fn assert_once_per_step(device: (&str, &str)) {
     let steps = 3;
     let once_per_step = DeviceCounters { host_syncs: steps as u64, backing_allocations: 0 };
     for (schedule, recompute) in [
@@ -81,17 +82,18 @@ fn assert_once_per_step(device: &str) {
         let counts = counts_after_the_first_step(device, schedule, recompute, steps);
         assert_eq!(
             counts, [once_per_step; 2],
-            "{device}: {schedule}, recompute {recompute}, ranks 0 and 1, {steps} steps"
+            "{device:?}: {schedule}, recompute {recompute}, ranks 0 and 1, {steps} steps"
         );
     }
 }
 
 #[test]
 fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
-    assert_once_per_step("cpu");
+    assert_once_per_step(("cpu", "fp32"));
 }
 
-/// The same on a GPU, where the counts are real waits and cudaMallocs.
+/// The same on a GPU, where the counts are real waits and cudaMallocs, in fp32 and with
+/// bf16 storage (bf16 buffers and parameters' copies come from the same arena).
 #[cfg(feature = "cuda")]
 #[test]
 fn a_gpu_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
@@ -99,5 +101,6 @@ fn a_gpu_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
         eprintln!("skipped: no GPU here ({why})");
         return;
     }
-    assert_once_per_step("cuda");
+    assert_once_per_step(("cuda", "fp32"));
+    assert_once_per_step(("cuda", "bf16"));
 }
