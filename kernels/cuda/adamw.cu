@@ -26,9 +26,8 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
 }
 
 // The same step on fp32 master weights that also refreshes their bf16 copy (as bits) in
-// the same pass, rounded to nearest even from the updated value: the weights bf16 compute
-// reads, with no cast kernel per step. Verified by the SIMT harness; the device does not
-// launch it yet, having no bf16 tensors to write.
+// the same pass, rounded to nearest even from the updated value: the weights bf16 matmuls
+// read, with no cast kernel per step (a matrix parameter on a bf16 device).
 extern "C" __global__ void adamw_with_bf16_copy(float* param, unsigned short* param_bf16, const float* grad,
                                                 float* m, float* v, unsigned long long n, float beta1,
                                                 float beta2, float eps, float grad_scale, float decay,

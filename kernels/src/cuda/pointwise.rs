@@ -7,7 +7,7 @@ use crate::device::AdamWStep;
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, PushKernelArg};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
 /// for field (repr(C) pads both the same way).
@@ -107,45 +107,44 @@ impl CudaDevice {
         let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
         let decay = 1.0 - hp.lr * hp.weight_decay;
         let cfg = per_item(param.len());
-        let (grad, m, v) = (cu(grad), cu_mut(m), cu_mut(v));
-        let consts = (&hp.beta1, &hp.beta2, &hp.eps, &hp.grad_scale, &decay, &step_size, &bias2_sqrt);
-        let (b1, b2, eps, scale, decay, step_size, bias2_sqrt) = consts;
-        match param.storage_mut() {
-            Storage::CudaMaster { master, bf16 } => launch!(
-                self,
-                "adamw_with_bf16_copy",
-                cfg,
-                master,
-                bf16,
-                grad,
-                m,
-                v,
-                &n,
-                b1,
-                b2,
-                eps,
-                scale,
-                decay,
-                step_size,
-                bias2_sqrt,
-            ),
-            _ => launch!(
-                self,
-                "adamw",
-                cfg,
-                cu_mut(param),
-                grad,
-                m,
-                v,
-                &n,
-                b1,
-                b2,
-                eps,
-                scale,
-                decay,
-                step_size,
-                bias2_sqrt
-            ),
+        let (name, param) = match param.storage_mut() {
+            Storage::CudaMaster { master, bf16 } => ("adamw_with_bf16_copy", AdamWParam::WithCopy(master, bf16)),
+            Storage::Cuda(master) => ("adamw", AdamWParam::Master(master)),
+            _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
+        };
+        launch!(
+            self,
+            name,
+            cfg,
+            param,
+            cu(grad),
+            cu_mut(m),
+            cu_mut(v),
+            &n,
+            &hp.beta1,
+            &hp.beta2,
+            &hp.eps,
+            &hp.grad_scale,
+            &decay,
+            &step_size,
+            &bias2_sqrt,
+        );
+    }
+}
+
+/// A parameter as the AdamW kernels take it: its fp32 master, then its bf16 copy where it
+/// has one (`adamw_with_bf16_copy`'s second argument).
+enum AdamWParam<'a> {
+    Master(&'a mut CudaSlice<f32>),
+    WithCopy(&'a mut CudaSlice<f32>, &'a mut CudaSlice<u16>),
+}
+
+// SAFETY: pushes each slice exactly as cudarc pushes a slice, in the kernels' order.
+unsafe impl<'a, 'b: 'a> PushKernelArg<AdamWParam<'b>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: AdamWParam<'b>) -> &mut Self {
+        match arg {
+            AdamWParam::Master(master) => self.arg(master),
+            AdamWParam::WithCopy(master, copy) => self.arg(master).arg(copy),
         }
     }
 }
