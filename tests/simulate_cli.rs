@@ -64,33 +64,29 @@ fn report_lists_every_stage_and_the_totals() {
     // Stage 0 holds 4 microbatches in flight: over 1.25 GiB (stage 1's 3 fit, the fused
     // attention core keeping no T x T tensor).
     assert!(out.contains("memory    stage(s) 0 exceed 1.25 GiB"), "{out}");
-    // bf16 is modelled at 16 bits, which the trainer does not store: one line says so and
-    // gives the trainer's own peak of each stage.
-    let storage = out.lines().find(|l| l.starts_with("storage ")).unwrap_or_else(|| panic!("{out}"));
-    let (said, peaks) = storage.split_once(": ").unwrap();
-    assert_eq!(
-        said,
-        "storage   these bf16 figures model 16-bit activations and a 16-bit weight copy, which pipetrain's \
-         trainer does not store yet (it keeps fp32 activations under bf16); the trainer's own peak per stage"
-    );
-    assert_eq!(peaks.split(", ").filter(|p| p.ends_with("iB")).count(), 4, "{storage}");
-    let fp32 = stdout(&simulate(&cfg, &["--hardware", "h100-sxm", "--precision", "fp32"]));
-    assert!(!fp32.contains("storage "), "{fp32}");
 }
 
+/// bf16 is stored as the trainer stores it, so the report has one peak per stage: stage 1
+/// (h.4-h.7) holds a 2-byte copy of its four blocks' parameters beside the fp32 ones, and
+/// keeps each layer's activations at half fp32's bytes.
 #[test]
-fn json_report_gives_the_trainers_own_peaks_beside_the_16_bit_ones() {
+fn json_report_stores_bf16_as_the_trainer_does() {
     let (_dir, cfg) = gpt2_config("sim-json-storage", "");
-    let v = json_of(&cfg, &["--hardware", "h100-sxm"]);
-    assert_eq!(v["models_16bit_storage"], true);
-    for s in v["stages"].as_array().unwrap() {
-        // fp32 activations and no weight copy hold more than 16-bit ones.
-        let (trainer, modelled) = (&s["trainer_peak_memory_bytes"], &s["peak_memory_bytes"]);
-        assert!(trainer.as_u64().unwrap() > modelled.as_u64().unwrap(), "{s}");
+    let bf16 = json_of(&cfg, &["--hardware", "h100-sxm"]);
+    let fp32 = json_of(&cfg, &["--hardware", "h100-sxm", "--precision", "fp32"]);
+    for v in [&bf16, &fp32] {
+        assert!(v.get("models_16bit_storage").is_none(), "{v}");
+        assert!(
+            v["stages"].as_array().unwrap().iter().all(|s| s.get("trainer_peak_memory_bytes").is_none()),
+            "{v}"
+        );
     }
-    let v = json_of(&cfg, &["--hardware", "h100-sxm", "--precision", "fp32"]);
-    assert_eq!(v["models_16bit_storage"], false);
-    assert!(v["stages"].as_array().unwrap().iter().all(|s| s["trainer_peak_memory_bytes"].is_null()), "{v}");
+    let stage1 = |v: &Value, key: &str| v["stages"][1][key].as_u64().unwrap();
+    let c = 768;
+    let block_params = 12 * c * c + 13 * c;
+    assert_eq!(stage1(&bf16, "static_bytes") - stage1(&fp32, "static_bytes"), 2 * 4 * block_params);
+    let layer = |v: &Value| v["stages"][1]["layer_activation_bytes"].as_f64().unwrap();
+    assert_eq!(layer(&bf16), layer(&fp32) / 2.0);
 }
 
 #[test]

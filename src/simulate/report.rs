@@ -19,9 +19,6 @@ pub struct Report<'a> {
     /// Where the op times came from: `hardware`, `op-times` or `measured`.
     pub times_from: &'a str,
     pub memory_limit: Option<u64>,
-    /// Each stage's peak as the trainer stores the run, where the figures model 16-bit
-    /// storage it lacks ([`Setup::models_storage_the_trainer_lacks`]).
-    pub trainer_peaks: Option<Vec<u64>>,
 }
 
 impl Report<'_> {
@@ -152,13 +149,6 @@ impl Report<'_> {
                 seconds(st.idle),
             );
         }
-        if let Some(peaks) = &self.trainer_peaks {
-            let peaks: Vec<String> = peaks.iter().map(|&b| format_bytes(b)).collect();
-            println!(
-                "storage   these bf16 figures model 16-bit activations and a 16-bit weight copy, which pipetrain's trainer does not store yet (it keeps fp32 activations under bf16); the trainer's own peak per stage: {}",
-                peaks.join(", ")
-            );
-        }
         println!();
         self.print_layer_bytes();
         println!();
@@ -250,7 +240,6 @@ impl Report<'_> {
                     "layers": setup.stage_layers(r),
                     "recompute": setup.policies[r].describe(),
                     "peak_memory_bytes": st.peak_memory,
-                    "trainer_peak_memory_bytes": self.trainer_peaks.as_ref().map(|p| p[r]),
                     "static_bytes": super::memory::stage_static_bytes(setup, r),
                     "busy_ms": st.busy * 1e3,
                     "idle_ms": st.idle * 1e3,
@@ -279,7 +268,6 @@ impl Report<'_> {
             "micro_batch_size": c.micro_batch_size,
             "global_batch_size": c.global_batch_size,
             "precision": c.precision,
-            "models_16bit_storage": setup.models_storage_the_trainer_lacks(),
             "parameters": setup.shape.total_params(),
             "hardware": self.hw.name,
             "peak_flops": self.hw.peak_flops,
