@@ -5,7 +5,6 @@
 use crate::config::Config;
 use crate::train::model;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::saved::F32_BYTES;
 use stages::{ChunkLayout, GptShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -89,28 +88,10 @@ impl Setup {
         &self.layouts[placed.virtual_stage(stage, chunk)]
     }
 
-    /// Bytes per stored activation element: under bf16 the trainer stores activations and
-    /// their gradients as bf16 tensors (2 bytes), fp32's 4 otherwise.
+    /// Bytes per stored activation or activation gradient element: 2 under bf16, which the
+    /// trainer stores as bf16 tensors, fp32's 4 otherwise ([`GptShape::activations`]).
     pub fn activation_bytes_per_element(&self) -> usize {
-        if self.bf16() {
-            2
-        } else {
-            F32_BYTES
-        }
-    }
-
-    /// Bytes per parameter of the bf16 weight copy the trainer keeps under bf16 beside the
-    /// fp32 master weights (the matmuls read it); none otherwise.
-    pub fn weight_copy_bytes_per_parameter(&self) -> usize {
-        if self.bf16() {
-            2
-        } else {
-            0
-        }
-    }
-
-    fn bf16(&self) -> bool {
-        self.cfg.precision == "bf16"
+        self.shape.activations.size()
     }
 
     /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device
