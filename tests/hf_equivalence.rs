@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use kernels::cpu::CpuDevice;
-use kernels::{AttentionSaves, Category, Device, Tensor};
+use kernels::{AttentionSaves, Category, DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use stages::params::chunk_param_specs;
@@ -56,6 +56,7 @@ fn shape(micro_batch: usize, seq_len: usize) -> GptShape {
         micro_batch,
         attention_dropout: false,
         attention: AttentionSaves::Probabilities,
+        activations: DType::F32,
     }
 }
 

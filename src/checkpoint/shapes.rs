@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{HfGpt2Config, NamedTensor};
 use crate::error::user_error;
-use kernels::AttentionSaves;
+use kernels::{AttentionSaves, DType};
 use stages::params::model_param_specs;
 use stages::GptShape;
 
@@ -23,6 +23,7 @@ pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
         micro_batch: 1,
         attention_dropout: false,
         attention: AttentionSaves::Probabilities,
+        activations: DType::F32,
     };
     model_param_specs(&shape).into_iter().map(|p| (p.name, p.shape)).collect()
 }

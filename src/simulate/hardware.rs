@@ -23,9 +23,10 @@
 //! * The attention kernel follows the config's device, as the trainer's does: with
 //!   `device: cuda` (head size <= 64) the fused kernel keeps each row's log-sum-exp
 //!   [B,NH,T] instead of the probabilities [B,NH,T,T] (stages::saved), and its backward
-//!   computes q k^T once more (durations.rs). Under `precision: bf16` activations are stored, recomputed and
-//!   sent at 2 bytes per element; weights, gradients and Adam moments stay fp32 (with a
-//!   16-bit weight copy beside them, memory.rs), and so do the gradient reductions.
+//!   computes q k^T once more (durations.rs). Under `precision: bf16` activations are
+//!   stored, recomputed and sent at 2 bytes per element, as the trainer stores them;
+//!   weights, gradients and Adam moments stay fp32 (with a bf16 copy of the matrices beside
+//!   them, memory.rs), and so do the gradient reductions.
 //!
 //! Every figure can be overridden after the name: `--hardware a100-80gb,efficiency=0.65,
 //! network-gb-s=12.5` (see [`OVERRIDES`]).

@@ -4,11 +4,12 @@
 //!
 //! The paper counts 16-bit activations and 1-byte dropout masks, and no LayerNorm
 //! statistics. We never store a mask (the counter-based RNG regenerates it) and keep the
-//! statistics, so at 16 bits: ours + masks - statistics = the paper's, exactly (a test holds
-//! it). The two residual dropouts' masks lie outside the tensor-parallel split, the
-//! attention dropout's inside it. The fused attention core of the CUDA device stores no
-//! softmax at all, only each row's log-sum-exp: there ours - log-sum-exp + masks - statistics
-//! + the core the paper counts = the paper's.
+//! statistics (in fp32, as under bf16 the trainer does), so at 16 bits: ours + masks -
+//! statistics = the paper's, exactly (a test holds it). The two residual dropouts' masks
+//! lie outside the tensor-parallel split, the attention dropout's inside it. The fused
+//! attention core of the CUDA device stores no softmax at all, only each row's log-sum-exp
+//! (fp32 too): there ours - log-sum-exp + masks - statistics + the core the paper counts =
+//! the paper's.
 
 use kernels::AttentionSaves;
 use stages::recompute::RecomputePolicy;
@@ -68,15 +69,16 @@ pub fn mask_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
     }
 }
 
-/// The LayerNorm statistics we keep and the paper leaves out, in elements.
-pub fn statistics_elements(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
+/// Bytes of the LayerNorm statistics we keep and the paper leaves out.
+pub fn statistics_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
     match kept {
         Kept::Input => 0,
-        _ => [BlockTensor::Ln1Stats, BlockTensor::Ln2Stats]
-            .iter()
-            .map(|t| tp.per_rank(t.elements(s), t.split()))
-            .sum(),
+        _ => [BlockTensor::Ln1Stats, BlockTensor::Ln2Stats].into_iter().map(|t| stored_bytes(s, tp, t)).sum(),
     }
+}
+
+fn stored_bytes(s: &GptShape, tp: TensorParallel, t: BlockTensor) -> usize {
+    tp.per_rank(t.elements(s), t.split()) * t.element_bytes(s)
 }
 
 /// What the fused attention core changes, at 16 bits: (the log-sum-exp it keeps and the
@@ -87,21 +89,22 @@ pub fn fused_core_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> (usize,
     if s.attention != AttentionSaves::RowLogSumExp || kept == Kept::Input {
         return (0, 0);
     }
-    let lse = BlockTensor::AttLogSumExp;
     let core = match kept {
         Kept::Everything => 5 * tp.per_rank(s.micro_batch * s.heads * s.seq_len * s.seq_len, Split::Interior),
         _ => 0,
     };
-    (2 * tp.per_rank(lse.elements(s), lse.split()), core)
+    (stored_bytes(s, tp, BlockTensor::AttLogSumExp), core)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
+    use kernels::DType;
+    use stages::saved::{block_kept_bytes, BlockKeep};
     use stages::{FullMethod, SelectiveModules};
 
-    /// GPT-3 175B's layer at s = 2048, b = 1 (h = 12288, a = 96), with attention dropout.
+    /// GPT-3 175B's layer at s = 2048, b = 1 (h = 12288, a = 96), with attention dropout,
+    /// stored at 16 bits as the paper counts it.
     const GPT3: GptShape = GptShape {
         num_layers: 96,
         hidden: 12288,
@@ -113,6 +116,7 @@ mod tests {
         micro_batch: 1,
         attention_dropout: true,
         attention: AttentionSaves::Probabilities,
+        activations: DType::Bf16,
     };
 
     /// At 16 bits, for every t, with and without sequence parallelism, and each of the
@@ -133,8 +137,8 @@ mod tests {
                 let tp = TensorParallel { size: t, sequence };
                 for (policy, keep) in cases {
                     let kept = Kept::of(&policy).unwrap();
-                    let ours = block_kept_bytes(&GPT3, tp, keep) / F32_BYTES * 2;
-                    let stats = statistics_elements(&GPT3, tp, kept) * 2;
+                    let ours = block_kept_bytes(&GPT3, tp, keep);
+                    let stats = statistics_bytes(&GPT3, tp, kept);
                     let relation = ours + mask_bytes(&GPT3, tp, kept) - stats;
                     assert_eq!(
                         relation as f64,
@@ -151,10 +155,11 @@ mod tests {
                 let tp = TensorParallel { size: t, sequence };
                 for (policy, keep) in &cases[..2] {
                     let kept = Kept::of(policy).unwrap();
-                    let ours = block_kept_bytes(&fused, tp, *keep) / F32_BYTES * 2;
+                    let ours = block_kept_bytes(&fused, tp, *keep);
                     let (lse, core) = fused_core_bytes(&fused, tp, kept);
-                    assert_eq!(lse, 2 * 96 * 2048 / t);
-                    let stats = statistics_elements(&fused, tp, kept) * 2;
+                    // One fp32 value per head and query row.
+                    assert_eq!(lse, 4 * 96 * 2048 / t);
+                    let stats = statistics_bytes(&fused, tp, kept);
                     let relation = ours - lse + mask_bytes(&fused, tp, kept) - stats + core;
                     assert_eq!(
                         relation as f64,

@@ -2,34 +2,33 @@
 //! state) and, per microbatch in flight, what each chunk keeps under its recompute policy,
 //! plus the transient bytes of each action.
 //!
-//! Kept bytes come from the trainer's own declarations (stages::memory_model, saved.rs), at
-//! fp32. Precision rule (setup.rs, [`super::setup::Storage`]): at 16 bits, as `simulate`
-//! reports bf16, every stored activation takes 2 bytes per element, halving the fp32
-//! figures, and each stage also holds a 16-bit copy of its weights beside the fp32 master
-//! weights, gradients and Adam moments (Megatron's 18 bytes per parameter). As the trainer
-//! stores bf16 today, activations stay fp32, there is no weight copy, and each pass also
-//! holds its largest matmul's bf16 operand copies (matmul_copies.rs).
+//! Kept and static bytes come from the trainer's own declarations (stages::memory_model,
+//! saved.rs), in the element types it stores (`GptShape::activations`): under
+//! `precision: bf16` activations and their gradients take 2 bytes per element, and each
+//! stage holds a bf16 copy of its matrices beside the fp32 master weights, gradients and
+//! AdamW moments. Megatron-LM's flat rule (2 bytes per activation element, 18 per
+//! parameter) differs by little: the trainer keeps the LayerNorm statistics and the
+//! attention's log-sum-exp in fp32 (16 values per token and layer for GPT-2 small, 128 KiB
+//! more of a layer's 96 MiB at micro batch 4) and copies only the matrices, wte's rows
+//! padded (166.5 KiB less than 2 bytes per parameter for GPT-2 small).
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
 //! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
 //!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent; on the
 //!   head's chunk, the head's forward-and-backward: ln_f's output [B,T,C] and the
-//!   logits, which become dlogits, [B,T,V]; the largest matmul's operand copies, the
-//!   blocks' or the head's;
+//!   logits, which become dlogits, [B,T,V] (padded on CUDA), both in the activations'
+//!   element size;
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
-//!   their tensors, or one block's selectively dropped tensors — and a forward matmul's
-//!   operand copies;
+//!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
 //!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
-//!   the fused core's [B,NH,T] row sums), the received and the sent gradient [B,T,C], and a
-//!   backward matmul's operand copies;
-//! * backward-weight: a weight-gradient matmul's operand copies (it reads what
-//!   backward-input left and adds into the gradients, which are static).
+//!   the fused core's [B,NH,T] row sums), and the received and the sent gradient [B,T,C];
+//! * backward-weight: nothing (it reads what backward-input left and adds into the
+//!   gradients, which are static).
 //!
 //! The received activation is not a separate buffer: it becomes the first block's stashed
 //! input.
 
-use super::matmul_copies;
 use super::setup::Setup;
 use kernels::AttentionSaves;
 use schedules::ChunkMemory;
@@ -45,19 +44,22 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     let layout = setup.layout(stage, chunk);
     let policy = &setup.policies[stage];
     let eb = setup.activation_bytes_per_element();
-    // fp32 figures from stages, in the run's precision.
-    let at_precision = |fp32_bytes: usize| (fp32_bytes / F32_BYTES * eb) as u64;
     let blocks = layout.blocks.len();
-    let stash = at_precision(stash_bytes(s, tp, layout, policy));
+    let stash = stash_bytes(s, tp, layout, policy) as u64;
 
     let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
     let message = element(s.tokens() * s.hidden, Split::Sequence);
+    let (b, nh, t) = (s.micro_batch, s.heads, s.seq_len);
     let attention_scratch = match s.attention {
-        AttentionSaves::Probabilities => s.micro_batch * s.heads * s.seq_len * s.seq_len,
-        AttentionSaves::RowLogSumExp => s.micro_batch * s.heads * s.seq_len,
+        // The score gradient, an activation gradient like the probabilities it comes from
+        // (16-bit in Megatron-LM under bf16; the trainer's cores that keep probabilities
+        // run only in fp32).
+        AttentionSaves::Probabilities => element(b * nh * t * t, Split::Interior),
+        // The fused core's row sums: fp32 scratch under either precision, as its
+        // log-sum-exp is.
+        AttentionSaves::RowLogSumExp => (tp.per_rank(b * nh * t, Split::Interior) * F32_BYTES) as u64,
     };
-    let attention_scratch = element(attention_scratch, Split::Interior);
-    let block = |keep| at_precision(block_kept_bytes(s, tp, keep));
+    let block = |keep| block_kept_bytes(s, tp, keep) as u64;
     let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
     let dropped_in_forward =
         (0..blocks).map(|o| full_block - block(policy.block_keep(blocks, o))).max().unwrap_or(0);
@@ -85,39 +87,28 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         0
     };
     let grad_messages = message * (u64::from(!layout.head) + u64::from(!layout.embedding));
-    let has_blocks = |copies: fn(&Setup) -> u64| if blocks > 0 { copies(setup) } else { 0 };
-    let forward_copies = has_blocks(matmul_copies::block_forward_bytes);
-    let head_copies = if layout.head { matmul_copies::head_bytes(setup) } else { 0 };
-    let recompute_copies = if recompute_working > 0 { forward_copies } else { 0 };
 
     // A split backward (ZB-H1) leaves the matmul inputs and output gradients for
     // backward-weight: kept, recomputed or computed by backward-input alike, so possibly more
     // than the stash. Unsplit backwards ignore it.
-    let weight_grad_bytes = at_precision(deferred_weight_grad_bytes(s, tp, layout));
+    let weight_grad_bytes = deferred_weight_grad_bytes(s, tp, layout) as u64;
     ChunkMemory {
         activation_bytes: stash,
         weight_grad_bytes,
         forward_working_bytes: dropped_in_forward
             + 2 * message
             + if sends_activation { message } else { 0 }
-            + head_working
-            + forward_copies.max(head_copies),
-        recompute_working_bytes: recompute_working + recompute_copies,
-        backward_input_working_bytes: recompute_working
-            + grad_scratch
-            + grad_messages
-            + has_blocks(matmul_copies::block_backward_input_bytes),
-        backward_weight_working_bytes: has_blocks(matmul_copies::block_backward_weight_bytes),
+            + head_working,
+        recompute_working_bytes: recompute_working,
+        backward_input_working_bytes: recompute_working + grad_scratch + grad_messages,
+        backward_weight_working_bytes: 0,
     }
 }
 
 /// What stage `stage` holds all along, on one tensor-parallel rank: its chunks' parameters,
-/// gradients and AdamW moments (fp32), plus the 16-bit weight copy where the setup models
-/// one.
+/// gradients and AdamW moments (fp32), plus the bf16 weight copy under bf16.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    let fp32: usize =
-        (0..setup.v).map(|c| static_bytes(&setup.shape, setup.tp, setup.layout(stage, c))).sum();
-    (fp32 + stage_parameters(setup, stage) * setup.weight_copy_bytes_per_parameter()) as u64
+    (0..setup.v).map(|c| static_bytes(&setup.shape, setup.tp, setup.layout(stage, c)) as u64).sum()
 }
 
 /// What stage `stage` holds on top of its static bytes in the post-schedule phase: where the
@@ -142,6 +133,7 @@ pub fn stage_parameters(setup: &Setup, stage: usize) -> usize {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::simulate::predicted_stage_peaks;
     use crate::simulate::setup::tests::gpt2_small;
     use stages::saved::kept_bytes;
     use stages::TensorParallel;
@@ -239,18 +231,45 @@ mod tests {
         Setup::new(&cfg, Path::new("c.yaml")).unwrap()
     }
 
+    /// GPT-2 small at seq 1024 on one CUDA stage, micro batch 4 (configs/gpt2-124m.yaml).
+    fn on_one_gpu(precision: &str) -> Config {
+        Config {
+            device: "cuda".into(),
+            precision: precision.into(),
+            micro_batch_size: 4,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            ..gpt2_small(1, "1f1b", 1, 8)
+        }
+    }
+
+    /// The trainer stores bf16 activations and their gradients at 2 bytes but the row
+    /// statistics at 4, and keeps a bf16 copy of each matrix parameter: the peak predicted
+    /// for bf16 is fp32's with everything above the static bytes halved but the statistics,
+    /// plus the copy.
     #[test]
-    fn bf16_halves_the_activations_and_adds_a_weight_copy() {
-        let fp32 = setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
-        let bf16 =
-            setup(Config { precision: "bf16".into(), device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
-        let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
-        // Four blocks of the fused core (see the GPU test below).
-        assert_eq!(a.activation_bytes, 4 * 50_397_184);
-        assert_eq!(b.activation_bytes, a.activation_bytes / 2);
-        let params = param_elements(&fp32.shape, TensorParallel::NONE, fp32.layout(0, 0)) as u64;
-        assert_eq!(stage_static_bytes(&fp32, 0), 16 * params);
-        assert_eq!(stage_static_bytes(&bf16, 0), 18 * params);
+    fn bf16_halves_what_a_stage_holds_but_the_statistics_and_adds_a_copy_of_the_matrices() {
+        let path = Path::new("c.yaml");
+        let (fp32, bf16) = (setup(on_one_gpu("fp32")), setup(on_one_gpu("bf16")));
+        let peak = |cfg: &Config| predicted_stage_peaks(cfg, path).unwrap()[0];
+        let (peak32, peak16) = (peak(&fp32.cfg), peak(&bf16.cfg));
+        let (static32, static16) = (stage_static_bytes(&fp32, 0), stage_static_bytes(&bf16, 0));
+
+        // wte with its rows padded to 50304, wpe, and each block's [C,3C], [C,C], [C,4C], [4C,C].
+        let (t, c) = (1024u64, 768u64);
+        let matrices = 50304 * c + t * c + 12 * (3 * c * c + c * c + 4 * c * c + 4 * c * c);
+        assert_eq!(static16 - static32, 2 * matrices);
+        // 166.5 KiB less than 2 bytes for each of the 124M parameters (memory.rs's header).
+        assert_eq!(2 * (fp32.shape.total_params() as u64 - matrices), 170_496);
+
+        // The peak is the head's forward: every block's stash and the head's beside ln_f's
+        // output and the logits [4096, 50304]. Of the stash, each block's two LayerNorms'
+        // mean and rstd and its 12 heads' log-sum-exp per token, and ln_f's mean and rstd,
+        // stay fp32.
+        let n = 4 * 1024;
+        let statistics = 4 * n * (12 * (4 + 12) + 2);
+        assert!(peak32 - static32 > 4 * n * 50304);
+        assert_eq!(peak16 - static16, (peak32 - static32 - statistics) / 2 + statistics);
     }
 
     /// The CUDA device's logits rows are padded from 50257 to 50304 columns: the head's

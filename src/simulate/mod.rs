@@ -2,17 +2,15 @@
 //! recompute plan, from the very action lists the trainer executes.
 //!
 //! setup.rs (config to schedule, split and policies), durations.rs / measured.rs /
-//! hardware.rs (op times), memory.rs (bytes per stage), matmul_copies.rs (the trainer's
-//! transient bf16 operand copies), korthikanti.rs (the published
-//! per-layer bytes, for comparison), input.rs (the schedule simulator's
-//! input), report.rs, timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
+//! hardware.rs (op times), memory.rs (bytes per stage), korthikanti.rs (the published
+//! per-layer bytes, for comparison), input.rs (the schedule simulator's input), report.rs,
+//! timeline.rs (Chrome trace), svg.rs (chart), sweep.rs (sweep and plan).
 
 mod cluster;
 mod durations;
 mod hardware;
 mod input;
 mod korthikanti;
-mod matmul_copies;
 mod measured;
 mod memory;
 mod report;
@@ -180,17 +178,8 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     };
     let sim = input::run(&setup, &durations)?;
     let memory_limit = explicit_limit.or(hw.memory_bytes);
-    let trainer_peaks =
-        setup.models_storage_the_trainer_lacks().then(|| trainer_stage_peaks(&setup)).transpose()?;
-    let report = Report {
-        setup: &setup,
-        hw: &hw,
-        durations: &durations,
-        sim: &sim,
-        times_from,
-        memory_limit,
-        trainer_peaks,
-    };
+    let report =
+        Report { setup: &setup, hw: &hw, durations: &durations, sim: &sim, times_from, memory_limit };
     if let Some(path) = &args.trace {
         timeline::write(path, &setup, &sim)?;
     }
@@ -207,15 +196,10 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
 }
 
 /// Each stage's whole peak (static, activations, working and transfer bytes) for `cfg`'s
-/// schedule, stored as the trainer stores it, every pass taking the same time and messages
-/// none: what the trainer's ledger must measure.
+/// schedule, every pass taking the same time and messages none: what the trainer's ledger
+/// must measure, from the same memory model `simulate` reports.
 pub fn predicted_stage_peaks(cfg: &Config, path: &Path) -> anyhow::Result<Vec<u64>> {
-    trainer_stage_peaks(&Setup::new(cfg, path)?)
-}
-
-/// [`predicted_stage_peaks`] of `setup`'s config and schedule.
-fn trainer_stage_peaks(setup: &Setup) -> anyhow::Result<Vec<u64>> {
-    let setup = setup.as_the_trainer_stores_it();
+    let setup = Setup::new(cfg, path)?;
     let unit = durations::OpTimes { forward: 1.0, backward_input: 1.0, backward_weight: 1.0, recompute: 0.0 };
     let durations = durations::Durations {
         chunks: vec![unit; setup.p * setup.v],

@@ -6,10 +6,12 @@ use super::input::message_bytes;
 use super::korthikanti::{self, Kept};
 use super::setup::Setup;
 use super::units::{format_bytes, format_rate};
+use kernels::DType;
 use schedules::SimReport;
 use serde_json::{json, Value};
 use stages::flops::train_step_flops;
-use stages::saved::{block_kept_bytes, F32_BYTES};
+use stages::saved::block_kept_bytes;
+use stages::GptShape;
 
 pub struct Report<'a> {
     pub setup: &'a Setup,
@@ -19,9 +21,6 @@ pub struct Report<'a> {
     /// Where the op times came from: `hardware`, `op-times` or `measured`.
     pub times_from: &'a str,
     pub memory_limit: Option<u64>,
-    /// Each stage's peak as the trainer stores the run, where the figures model 16-bit
-    /// storage it lacks ([`Setup::models_storage_the_trainer_lacks`]).
-    pub trainer_peaks: Option<Vec<u64>>,
 }
 
 impl Report<'_> {
@@ -42,25 +41,24 @@ impl Report<'_> {
         let setup = self.setup;
         let (s, tp) = (&setup.shape, setup.tp);
         let policy = &setup.policies[stage];
-        let eb = setup.activation_bytes_per_element();
         let blocks: usize = (0..setup.v).map(|c| setup.layout(stage, c).blocks.len()).sum();
-        let kept: usize = (0..setup.v)
-            .map(|c| {
-                let n = setup.layout(stage, c).blocks.len();
-                (0..n).map(|o| block_kept_bytes(s, tp, policy.block_keep(n, o))).sum::<usize>()
-            })
-            .sum();
-        let per_layer =
-            |bytes_per_element: usize| (kept / F32_BYTES * bytes_per_element) as f64 / blocks.max(1) as f64;
+        let per_layer = |s: &GptShape| {
+            let kept: usize = (0..setup.v)
+                .map(|c| {
+                    let n = setup.layout(stage, c).blocks.len();
+                    (0..n).map(|o| block_kept_bytes(s, tp, policy.block_keep(n, o))).sum::<usize>()
+                })
+                .sum();
+            kept as f64 / blocks.max(1) as f64
+        };
         let paper = Kept::of(policy).filter(|_| blocks > 0).map(|k| Korthikanti {
-            ours_16bit: per_layer(2),
+            ours_16bit: per_layer(&GptShape { activations: DType::Bf16, ..*s }),
             bytes: korthikanti::layer_bytes(s, tp, k),
             masks: korthikanti::mask_bytes(s, tp, k) as f64,
-            statistics: (korthikanti::statistics_elements(s, tp, k) * 2) as f64,
+            statistics: korthikanti::statistics_bytes(s, tp, k) as f64,
             fused: korthikanti::fused_core_bytes(s, tp, k),
         });
-        let ours = per_layer(eb);
-        (ours, paper)
+        (per_layer(s), paper)
     }
 
     fn fits(&self, stage: usize) -> bool {
@@ -152,13 +150,6 @@ impl Report<'_> {
                 seconds(st.idle),
             );
         }
-        if let Some(peaks) = &self.trainer_peaks {
-            let peaks: Vec<String> = peaks.iter().map(|&b| format_bytes(b)).collect();
-            println!(
-                "storage   these bf16 figures model 16-bit activations and a 16-bit weight copy, which pipetrain's trainer does not store yet (it keeps fp32 activations under bf16); the trainer's own peak per stage: {}",
-                peaks.join(", ")
-            );
-        }
         println!();
         self.print_layer_bytes();
         println!();
@@ -187,7 +178,7 @@ impl Report<'_> {
             "activations per layer and microbatch on one GPU ({} bytes per element), against Korthikanti et al. 2022, Table 2",
             self.setup.activation_bytes_per_element()
         );
-        println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no LayerNorm statistics, which we keep)");
+        println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no LayerNorm statistics, which we keep in fp32)");
         // Stages with the same figures share a line.
         let mut lines: Vec<(Vec<usize>, String)> = Vec::new();
         for r in 0..self.setup.p {
@@ -250,7 +241,6 @@ impl Report<'_> {
                     "layers": setup.stage_layers(r),
                     "recompute": setup.policies[r].describe(),
                     "peak_memory_bytes": st.peak_memory,
-                    "trainer_peak_memory_bytes": self.trainer_peaks.as_ref().map(|p| p[r]),
                     "static_bytes": super::memory::stage_static_bytes(setup, r),
                     "busy_ms": st.busy * 1e3,
                     "idle_ms": st.idle * 1e3,
@@ -279,7 +269,6 @@ impl Report<'_> {
             "micro_batch_size": c.micro_batch_size,
             "global_batch_size": c.global_batch_size,
             "precision": c.precision,
-            "models_16bit_storage": setup.models_storage_the_trainer_lacks(),
             "parameters": setup.shape.total_params(),
             "hardware": self.hw.name,
             "peak_flops": self.hw.peak_flops,

@@ -5,23 +5,9 @@
 use crate::config::Config;
 use crate::train::model;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::saved::F32_BYTES;
 use stages::{ChunkLayout, GptShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-
-/// How the memory figures store the run's activations and weights under its precision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Storage {
-    /// As mixed-precision trainers such as Megatron-LM store `precision: bf16`: 16-bit
-    /// activations and a 16-bit weight copy beside the fp32 master weights. What `simulate`
-    /// reports, and what the published figures it is compared with assume.
-    SixteenBit,
-    /// As pipetrain's trainer stores every precision today: fp32 activations, no weight
-    /// copy; under bf16 on CUDA each matmul casts its two operands into bf16 copies that
-    /// live while it runs. What the trainer's ledger measures.
-    Trainer,
-}
 
 pub struct Setup {
     pub cfg: Config,
@@ -39,16 +25,13 @@ pub struct Setup {
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
-    pub storage: Storage,
     /// Lowered on first use and shared: the planner bounds a shape's time before it pays for
     /// the lowering, and the sweep simulates one schedule under many recompute settings.
     schedule: Arc<OnceLock<Result<LoweredSchedule, String>>>,
 }
 
 impl Setup {
-    /// The simulation of `cfg` (validated, read from `path`), bf16 stored at 16 bits
-    /// ([`Storage::SixteenBit`]; [`Setup::as_the_trainer_stores_it`] for the trainer's
-    /// figures). Impossible shapes are user
+    /// The simulation of `cfg` (validated, read from `path`). Impossible shapes are user
     /// errors naming the key, as the trainer names them.
     pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
         let (kind, schedule) = model::lowered_schedule(cfg, path)?;
@@ -70,8 +53,7 @@ impl Setup {
         let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
         let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
         let schedule = Arc::new(OnceLock::new());
-        let storage = Storage::SixteenBit;
-        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, storage, schedule }
+        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule }
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.
@@ -80,19 +62,6 @@ impl Setup {
             cfg: cfg.clone(),
             policies: (0..self.p).map(|r| model::recompute_policy(cfg, r)).collect(),
             layouts: self.layouts.clone(),
-            schedule: Arc::clone(&self.schedule),
-            ..*self
-        }
-    }
-
-    /// The same simulation with the run stored as the trainer stores it
-    /// ([`Storage::Trainer`]): what its ledger measures.
-    pub fn as_the_trainer_stores_it(&self) -> Setup {
-        Setup {
-            cfg: self.cfg.clone(),
-            layouts: self.layouts.clone(),
-            policies: self.policies.clone(),
-            storage: Storage::Trainer,
             schedule: Arc::clone(&self.schedule),
             ..*self
         }
@@ -119,42 +88,10 @@ impl Setup {
         &self.layouts[placed.virtual_stage(stage, chunk)]
     }
 
-    /// Whether the figures model 16-bit storage the trainer does not have: a bf16 run under
-    /// [`Storage::SixteenBit`].
-    pub fn models_storage_the_trainer_lacks(&self) -> bool {
-        self.storage == Storage::SixteenBit && self.bf16()
-    }
-
-    /// Bytes per stored activation element: 2 for bf16 at 16 bits, fp32's 4 otherwise.
+    /// Bytes per stored activation or activation gradient element: 2 under bf16, which the
+    /// trainer stores as bf16 tensors, fp32's 4 otherwise ([`GptShape::activations`]).
     pub fn activation_bytes_per_element(&self) -> usize {
-        if self.models_storage_the_trainer_lacks() {
-            2
-        } else {
-            F32_BYTES
-        }
-    }
-
-    /// Bytes per parameter of the 16-bit weight copy beside the fp32 master weights.
-    pub fn weight_copy_bytes_per_parameter(&self) -> usize {
-        if self.models_storage_the_trainer_lacks() {
-            2
-        } else {
-            0
-        }
-    }
-
-    /// Bytes per element of the transient copies a matmul casts its operands into: the
-    /// trainer's bf16 matmuls on CUDA round both operands into bf16 scratch.
-    pub fn matmul_copy_bytes_per_element(&self) -> usize {
-        if self.storage == Storage::Trainer && self.bf16() && self.cfg.device == "cuda" {
-            2
-        } else {
-            0
-        }
-    }
-
-    fn bf16(&self) -> bool {
-        self.cfg.precision == "bf16"
+        self.shape.activations.size()
     }
 
     /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device

@@ -4,7 +4,7 @@
 use crate::checkpoint::{HfGpt2Config, NamedTensor};
 use crate::config::Config;
 use crate::error::user_error;
-use kernels::{AttentionSaves, Category, Device};
+use kernels::{AttentionSaves, Category, DType, Device};
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::params::chunk_param_specs;
 use stages::partition;
@@ -28,6 +28,12 @@ pub fn shape(c: &Config) -> GptShape {
         attention: match c.device.as_str() {
             "cuda" => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads),
             _ => AttentionSaves::Probabilities,
+        },
+        // As the device the trainer builds stores them (rank.rs); the CPU stores f32 only,
+        // and validation allows bf16 only on CUDA.
+        activations: match (c.device.as_str(), c.precision.as_str()) {
+            ("cuda", "bf16") => DType::Bf16,
+            _ => DType::F32,
         },
     }
 }

@@ -8,6 +8,7 @@ use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
 use crate::shape::GptShape;
 use crate::tensor_parallel::{Split, TensorParallel};
+use kernels::{padded_vocab, DType};
 
 /// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
 pub fn stash_bytes(
@@ -31,16 +32,34 @@ pub fn param_elements(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) ->
 }
 
 /// Parameters, gradients (plus the LM head's separate tied gradient where one chunk holds
-/// both ends) and the two AdamW moments, all fp32.
+/// both ends) and the two AdamW moments, all fp32, and the bf16 weight copy of a device
+/// storing bf16 activations.
 pub fn static_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     let wte = tp.per_rank(s.vocab * s.hidden, Split::Interior);
     let tied_head_grad = if layout.embedding && layout.head { wte } else { 0 };
-    (4 * param_elements(s, tp, layout) + tied_head_grad) * F32_BYTES
+    (4 * param_elements(s, tp, layout) + tied_head_grad) * F32_BYTES + weight_copy_bytes(s, tp, layout)
+}
+
+/// The bf16 copy a device storing bf16 activations keeps beside every matrix (2-D)
+/// parameter, for the matmuls to read: the blocks' four weights, wte and wpe, not the
+/// biases and LayerNorms. The device pads each copy's rows with zeros to a multiple of
+/// [`kernels::VOCAB_PADDING`], so the LM head's GEMMs read wte's as [Vp, C].
+fn weight_copy_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+    if s.activations != DType::Bf16 {
+        return 0;
+    }
+    let elements: usize = chunk_param_specs(s, layout)
+        .iter()
+        .filter(|p| p.shape.len() == 2)
+        .map(|p| tp.per_rank(padded_vocab(p.shape[0]) * p.shape[1], p.split))
+        .sum();
+    elements * DType::Bf16.size()
 }
 
 /// Bytes a split backward's backward-input leaves for its backward-weight, per microbatch:
 /// the input and output gradient of every matmul of the chunk (kept, recomputed or computed
-/// by backward-input alike), which the runtime accounts as activations until W has run.
+/// by backward-input alike), in the activations' element type, which the runtime accounts
+/// as activations until W has run.
 /// Under tensor parallelism a column-parallel matmul's input and a row-parallel one's output
 /// gradient lie outside the split (whole, or a sequence shard), the others inside it.
 pub fn deferred_weight_grad_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
@@ -53,5 +72,5 @@ pub fn deferred_weight_grad_bytes(s: &GptShape, tp: TensorParallel, layout: &Chu
         + (inside(n * c) + outside(n * c))
         + (outside(n * c) + inside(n * f))
         + (inside(n * f) + outside(n * c));
-    layout.blocks.len() * per_block * F32_BYTES
+    layout.blocks.len() * per_block * s.activations.size()
 }

@@ -5,6 +5,10 @@
 //! policy decides, per tensor, whether it is kept until backward or dropped and recomputed
 //! just before the backward that needs it. Dropout masks are never stored: they are
 //! regenerated from the counter-based RNG.
+//!
+//! Each tensor is stored in the activations' element type (`GptShape::activations`) but for
+//! the row statistics, which the device keeps in f32 whatever its activations are: the
+//! LayerNorms' mean and reciprocal std and the fused attention core's log-sum-exp.
 
 use crate::recompute::SelectiveModules;
 use crate::shape::GptShape;
@@ -89,6 +93,17 @@ impl BlockTensor {
         }
     }
 
+    /// Bytes per stored element: f32's for the row statistics, the activations' for the
+    /// rest. The probabilities count as activations, as Megatron-LM stores them; the
+    /// trainer keeps them only where it stores f32 (the CPU, and CUDA heads too large for
+    /// the fused core, which bf16 does not take).
+    pub fn element_bytes(self, s: &GptShape) -> usize {
+        match self {
+            BlockTensor::Ln1Stats | BlockTensor::Ln2Stats | BlockTensor::AttLogSumExp => F32_BYTES,
+            _ => s.activations.size(),
+        }
+    }
+
     /// How Megatron lays this tensor out over tensor-parallel ranks: the attention and MLP
     /// interiors split by heads or columns; the LayerNorms' and residual's tensors are whole
     /// on every rank, or split along the sequence with sequence parallelism.
@@ -145,7 +160,7 @@ pub enum BlockKeep {
     InputOnly { group_start: bool },
 }
 
-/// Bytes per stored element at fp32.
+/// Bytes per f32 element: parameters, gradients, AdamW moments and the row statistics.
 pub const F32_BYTES: usize = 4;
 
 /// Bytes of stored tensors given as (elements, bytes per element): the one sum behind every
@@ -157,7 +172,7 @@ pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
 
 /// Bytes one block keeps for one microbatch under `keep`, on one of `tp`'s ranks.
 pub fn block_kept_bytes(s: &GptShape, tp: TensorParallel, keep: BlockKeep) -> usize {
-    let entry = |t: BlockTensor| (tp.per_rank(t.elements(s), t.split()), F32_BYTES);
+    let entry = |t: BlockTensor| (tp.per_rank(t.elements(s), t.split()), t.element_bytes(s));
     let kept: Vec<(usize, usize)> = match keep {
         BlockKeep::Stored(modules) => {
             BlockTensor::ALL.into_iter().filter(|t| !t.dropped_by(modules)).map(entry).collect()
@@ -169,10 +184,12 @@ pub fn block_kept_bytes(s: &GptShape, tp: TensorParallel, keep: BlockKeep) -> us
 }
 
 /// Bytes the head keeps per microbatch: what the final LayerNorm's backward reads, its input
-/// and statistics and the gradient of its output, which the LM head's backward computed in
-/// forward. (The embedding keeps only its token ids, on the host.) All of it lies outside
-/// the vocab-parallel matmul: split along the sequence with sequence parallelism.
+/// and statistics (f32) and the gradient of its output, which the LM head's backward
+/// computed in forward. (The embedding keeps only its token ids, on the host.) All of it
+/// lies outside the vocab-parallel matmul: split along the sequence with sequence
+/// parallelism.
 pub fn head_kept_bytes(s: &GptShape, tp: TensorParallel) -> usize {
     let (n, c) = (s.tokens(), s.hidden);
-    tp.per_rank(2 * n * c + 2 * n, Split::Sequence) * F32_BYTES
+    let rows = |elements| tp.per_rank(elements, Split::Sequence);
+    kept_bytes(&[(rows(2 * n * c), s.activations.size()), (rows(2 * n), F32_BYTES)])
 }

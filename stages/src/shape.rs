@@ -1,6 +1,6 @@
 //! The model's shape: everything the layers, the memory model and the FLOP counts derive from.
 
-use kernels::AttentionSaves;
+use kernels::{AttentionSaves, DType};
 
 /// GPT-2-style decoder shape for one microbatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +27,10 @@ pub struct GptShape {
     /// What the device's attention core keeps for backward: the probabilities (CPU) or the
     /// per-row log-sum-exp (the CUDA backend's fused kernels).
     pub attention: AttentionSaves,
+    /// The element type the device stores activations and their gradients in
+    /// (`Device::activation_dtype`): bf16 on a CUDA device under `precision: bf16`, f32
+    /// otherwise. The memory model reads it (`saved::BlockTensor::element_bytes`).
+    pub activations: DType,
 }
 
 impl GptShape {
@@ -43,6 +47,7 @@ impl GptShape {
         micro_batch: 1,
         attention_dropout: false,
         attention: AttentionSaves::Probabilities,
+        activations: DType::F32,
     };
 
     /// N = B*T, rows of every activation matrix.

@@ -4,7 +4,7 @@
 //! head's backward, which runs in forward.
 
 use kernels::cpu::CpuDevice;
-use kernels::{AttentionSaves, Category, Device};
+use kernels::{AttentionSaves, Category, DType, Device};
 use stages::{ChunkLayout, DropoutProbs, GptShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
 
 const SHAPE: GptShape = GptShape {
@@ -18,6 +18,7 @@ const SHAPE: GptShape = GptShape {
     micro_batch: 2,
     attention_dropout: true,
     attention: AttentionSaves::Probabilities,
+    activations: DType::F32,
 };
 const TOKENS: usize = SHAPE.micro_batch * SHAPE.seq_len;
 
