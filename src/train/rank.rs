@@ -59,6 +59,9 @@ impl Rank {
         let (_, schedule) = model::lowered_schedule(cfg, cfg_path)?;
         let layouts = model::stage_layouts(cfg, cfg_path, stage_index)?;
         let device = stage_device(cfg, cfg_path, cpu_threads)?;
+        // The memory model counts activations in the shape's dtype: it must be what the
+        // device stores, or every prediction of this run is off.
+        assert_eq!(model::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
         let policy = model::recompute_policy(cfg, stage_index);
         let chunks = layouts
             .into_iter()
