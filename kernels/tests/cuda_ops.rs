@@ -122,6 +122,23 @@ fn new_without_a_usable_gpu_is_an_error_not_a_panic() {
     assert!(CudaDevice::new(1 << 20).is_err(), "GPU 1048576 cannot exist");
 }
 
+/// A rank alone in its process opens its GPU as the sole device, without cudarc's event
+/// tracking; a second live sole device on that GPU is an error, not a silent race, while
+/// shared devices still open beside it (bench gpu's probe beside its training runs).
+#[test]
+fn a_gpu_has_one_sole_device() {
+    let Some(_shared) = gpu("a_gpu_has_one_sole_device") else { return };
+    let sole = CudaDevice::sole(0).expect("the first sole device");
+    let again = CudaDevice::sole(0).err().expect("a second sole device is refused");
+    assert_eq!(again, "GPU 0 already has its sole device in this process");
+    assert!(CudaDevice::new(0).is_ok(), "shared devices open beside it");
+    // It computes as any device does.
+    let t = sole.from_host(&[1.0, 2.0], &[2], Category::Workspace);
+    assert_eq!(sole.to_host(&t), [1.0, 2.0]);
+    drop((t, sole));
+    assert!(CudaDevice::sole(0).is_ok(), "once the sole device has gone, another may open");
+}
+
 #[test]
 fn buffers_round_trip_and_are_counted() {
     let Some(gpu) = gpu("buffers_round_trip_and_are_counted") else { return };

@@ -14,7 +14,7 @@ use crate::config::{self, Config};
 use crate::data::TokenFile;
 use crate::error::user_error;
 use crate::train::model;
-use crate::train::rank::Rank;
+use crate::train::rank::{Local, Rank};
 use crate::train::summary::human_bytes;
 use kernels::Category;
 use stages::dist::{threads, Topology};
@@ -44,7 +44,7 @@ impl Variant {
                     &cfg,
                     path,
                     None,
-                    threads / topology.pipeline,
+                    Local { cpu_threads: threads / topology.pipeline, sole_rank: topology.pipeline == 1 },
                     id,
                     topology,
                     Box::new(t),

@@ -8,6 +8,7 @@
 //! any other failure is printed by its rank, which then ends the job (`MPI_Abort`).
 
 use super::model;
+use super::rank::Local;
 use super::worker::{self, RankSetup};
 use crate::cli::TrainArgs;
 use crate::config::Config;
@@ -105,7 +106,10 @@ fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
                         topology,
                         transport: Box::new(transport),
                         collective: Box::new(collective),
-                        cpu_threads: cores / topology.world(),
+                        local: Local {
+                            cpu_threads: cores / topology.world(),
+                            sole_rank: topology.world() == 1,
+                        },
                         stop: &STOP,
                         fault,
                     };
@@ -204,7 +208,10 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
             topology,
             transport,
             collective,
-            cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()) / mpi.local_ranks,
+            local: Local {
+                cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()) / mpi.local_ranks,
+                sole_rank: true,
+            },
             stop: &STOP,
             fault: fault_injection()?,
         };

@@ -5,7 +5,7 @@
 //! with (gpipe and interleaved-1f1b agree as closely at the real 124M shape; see the README).
 
 use super::model;
-use super::rank::Rank;
+use super::rank::{Local, Rank};
 use crate::config::Config;
 use crate::data::TokenFile;
 use stages::dist::{threads, Topology};
@@ -34,7 +34,17 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
             .into_iter()
             .enumerate()
             .map(|(id, (t, c))| {
-                Rank::build(&cfg, path, None, 1, id, topology, Box::new(t), Box::new(c)).unwrap()
+                Rank::build(
+                    &cfg,
+                    path,
+                    None,
+                    Local { cpu_threads: 1, sole_rank: false },
+                    id,
+                    topology,
+                    Box::new(t),
+                    Box::new(c),
+                )
+                .unwrap()
             })
             .collect();
         std::thread::scope(|s| {

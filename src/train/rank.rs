@@ -41,15 +41,26 @@ pub struct StepResult {
     pub grad_norm: f64,
 }
 
+/// What a rank shares with the other ranks of its process and machine.
+#[derive(Clone, Copy, Debug)]
+pub struct Local {
+    /// The CPU threads its device may use (device: cpu): its share of the cores.
+    pub cpu_threads: usize,
+    /// Whether it is its process's only rank, so the only user of its GPU in the process
+    /// (device: cuda): no tensor of another stage crosses its streams.
+    pub sole_rank: bool,
+}
+
 impl Rank {
     /// Builds this rank's stage from `weights` (the tensors its chunks need; None
-    /// initialises them from the seed) with a CPU device of `cpu_threads` threads or the GPU.
+    /// initialises them from the seed) with a CPU device of its share of the cores, or the
+    /// GPU.
     #[allow(clippy::too_many_arguments)]
     pub fn build(
         cfg: &Config,
         cfg_path: &Path,
         weights: Option<&[NamedTensor]>,
-        cpu_threads: usize,
+        local: Local,
         id: usize,
         topology: Topology,
         transport: Box<dyn Transport>,
@@ -58,7 +69,7 @@ impl Rank {
         let stage_index = topology.stage_of(id);
         let (_, schedule) = model::lowered_schedule(cfg, cfg_path)?;
         let layouts = model::stage_layouts(cfg, cfg_path, stage_index)?;
-        let device = stage_device(cfg, cfg_path, cpu_threads)?;
+        let device = stage_device(cfg, cfg_path, local)?;
         // The memory model counts activations in the shape's dtype: it must be what the
         // device stores, or every prediction of this run is off.
         assert_eq!(model::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
@@ -296,28 +307,30 @@ impl Rank {
 }
 
 /// A stage's device: a CPU with its share of the cores, or the GPU.
-fn stage_device(cfg: &Config, cfg_path: &Path, cpu_threads: usize) -> anyhow::Result<Arc<dyn Device>> {
+fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<Arc<dyn Device>> {
     match cfg.device.as_str() {
-        "cuda" => cuda_device(cfg, cfg_path),
-        _ => Ok(Arc::new(CpuDevice::new(cpu_threads.max(1)))),
+        "cuda" => cuda_device(cfg, cfg_path, local.sole_rank),
+        _ => Ok(Arc::new(CpuDevice::new(local.cpu_threads.max(1)))),
     }
 }
 
-/// The GPU of this process (each stage its own stream); `precision: bf16` stores
-/// activations in bf16 and runs the matmuls on bf16 operands with fp32 accumulation and
-/// master weights.
+/// The GPU of this process (each stage its own stream; a sole rank's GPU without cudarc's
+/// per-buffer event tracking); `precision: bf16` stores activations in bf16 and runs the
+/// matmuls on bf16 operands with fp32 accumulation and master weights.
 #[cfg(feature = "cuda")]
-fn cuda_device(cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
     use kernels::cuda::{CudaDevice, MatmulPrecision};
     let device_error =
         |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
     let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
-    let device = CudaDevice::new(super::launch::local_gpu()).map_err(device_error)?;
+    let ordinal = super::launch::local_gpu();
+    let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
+    let device = device.map_err(device_error)?;
     Ok(Arc::new(device.with_matmul_precision(precision).map_err(device_error)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_device(_cfg: &Config, cfg_path: &Path) -> anyhow::Result<Arc<dyn Device>> {
+fn cuda_device(_cfg: &Config, cfg_path: &Path, _sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
     Err(crate::error::user_error(format!(
         "{}: key `device`: cuda needs a build with `--features cuda`; use device: cpu",
         cfg_path.display()

@@ -6,7 +6,7 @@
 //! counts the CUDA device's real waits and allocations.
 
 use super::model;
-use super::rank::Rank;
+use super::rank::{Local, Rank};
 use crate::config::Config;
 use crate::data::TokenFile;
 use kernels::DeviceCounters;
@@ -48,7 +48,19 @@ fn counts_after_the_first_step(
     let mut ranks: Vec<Rank> = threads::world(topology, capacity)
         .into_iter()
         .enumerate()
-        .map(|(id, (t, c))| Rank::build(&cfg, path, None, 1, id, topology, Box::new(t), Box::new(c)).unwrap())
+        .map(|(id, (t, c))| {
+            Rank::build(
+                &cfg,
+                path,
+                None,
+                Local { cpu_threads: 1, sole_rank: false },
+                id,
+                topology,
+                Box::new(t),
+                Box::new(c),
+            )
+            .unwrap()
+        })
         .collect();
     let run = |ranks: &mut [Rank], step: usize| {
         std::thread::scope(|s| {

@@ -1,7 +1,7 @@
 //! The training loop of one rank. Every rank runs it, in lockstep through its collective;
 //! rank 0 alone touches the run dir (metrics, checkpoints, report, trace) and the terminal.
 
-use super::rank::Rank;
+use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
 use super::{loss_chart, lr, metrics, model, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
@@ -24,15 +24,15 @@ pub struct RankSetup<'a> {
     pub topology: Topology,
     pub transport: Box<dyn Transport>,
     pub collective: Box<dyn Collective>,
-    /// CPU threads this rank's device may use.
-    pub cpu_threads: usize,
+    /// What it shares with the other ranks of its process.
+    pub local: Local,
     /// Set when this process is asked to stop (Ctrl-C, SIGTERM).
     pub stop: &'a AtomicBool,
     pub fault: Option<FaultInjection>,
 }
 
 pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<()> {
-    let RankSetup { id, topology, transport, mut collective, cpu_threads, stop, fault } = setup;
+    let RankSetup { id, topology, transport, mut collective, local, stop, fault } = setup;
     let root = id == 0;
     let train_path = cfg.train_data_path.clone().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
@@ -49,22 +49,14 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         false => (None, None),
     };
     let start = shards::decode_start(&collective.scatter(parts)?)?;
-    let mut rank = Rank::build(
-        cfg,
-        &args.config,
-        start.weights.as_deref(),
-        cpu_threads,
-        id,
-        topology,
-        transport,
-        collective,
-    )?;
+    let mut rank =
+        Rank::build(cfg, &args.config, start.weights.as_deref(), local, id, topology, transport, collective)?;
     if let Some(opt) = &start.optimizer {
         rank.restore_optimizer(opt)?;
     }
     let device = std::sync::Arc::clone(&rank.stage.device);
     let (peak_flops, peak_source) =
-        peak::job_peak(args.peak_flops, cfg, &*device, cpu_threads, rank.collective())?;
+        peak::job_peak(args.peak_flops, cfg, &*device, local.cpu_threads, rank.collective())?;
 
     let start_step = start.step;
     let microbatches = cfg.num_microbatches();

@@ -5,7 +5,7 @@
 use super::arena::Arena;
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
-use super::gpu::{gpu, Gpu};
+use super::gpu::{gpu, Gpu, GpuUse};
 use super::launch::per_item;
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
@@ -40,11 +40,23 @@ pub struct CudaDevice {
 }
 
 impl CudaDevice {
-    /// Opens GPU `ordinal` with fp32 matmuls and a fresh ledger. An error (no driver, no
-    /// such GPU, no NVRTC or cuBLAS library, a kernel that does not compile) is a message
-    /// that says which; this never panics for want of a GPU.
+    /// Opens GPU `ordinal`, which other devices of this process may share, with fp32
+    /// matmuls and a fresh ledger. An error (no driver, no such GPU, no NVRTC or cuBLAS
+    /// library, a kernel that does not compile) is a message that says which; this never
+    /// panics for want of a GPU.
     pub fn new(ordinal: usize) -> Result<CudaDevice, String> {
-        let gpu = gpu(ordinal)?;
+        Self::open(ordinal, GpuUse::Shared)
+    }
+
+    /// As [`CudaDevice::new`], for the one device of this process on GPU `ordinal` (a rank
+    /// alone in its process): no per-buffer event tracking (`GpuUse::Sole` in gpu.rs). No other
+    /// device of this process may open the GPU after it.
+    pub fn sole(ordinal: usize) -> Result<CudaDevice, String> {
+        Self::open(ordinal, GpuUse::Sole)
+    }
+
+    fn open(ordinal: usize, used: GpuUse) -> Result<CudaDevice, String> {
+        let gpu = gpu(ordinal, used)?;
         // SAFETY: only tries to open the library by its candidate names.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err("the cuBLAS library (libcublas.so) was not found; install it (e.g. the PyPI \

@@ -1,6 +1,7 @@
 //! One CUDA context and one set of loaded kernels per GPU, opened on first use and shared
-//! by every [`super::CudaDevice`] on that GPU (several pipeline stages may share one), so
-//! NVRTC compiles the kernels once per GPU per process.
+//! by every [`super::CudaDevice`] on that GPU (several pipeline stages may share one); NVRTC
+//! compiles the kernels once per architecture per process. A GPU opened for a sole device
+//! runs without cudarc's per-buffer event tracking (`GpuUse`).
 
 use super::compile::{compile, nvrtc_version};
 use super::sources::SOURCES;
@@ -8,7 +9,20 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+/// How the devices of this process use a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum GpuUse {
+    /// Several devices (pipeline stages in threads) share it and hand tensors between their
+    /// streams: cudarc's per-buffer events order each buffer's uses across streams, and the
+    /// arena's reuse of a buffer on another stream.
+    Shared,
+    /// One device uses it; what crosses to another stream (an NCCL communicator's) is
+    /// ordered by the device's explicit fences. cudarc's per-buffer event tracking is off,
+    /// saving an event record and a stream wait per buffer argument of every launch.
+    Sole,
+}
 
 pub(super) struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -26,16 +40,40 @@ impl Gpu {
     }
 }
 
-static GPUS: Mutex<BTreeMap<usize, Arc<Gpu>>> = Mutex::new(BTreeMap::new());
+/// The GPUs open now, by ordinal and use. Held weakly: a GPU closes with its last device
+/// (its compiled kernels stay in [`PTX`]).
+static GPUS: Mutex<BTreeMap<(usize, GpuUse), Weak<Gpu>>> = Mutex::new(BTreeMap::new());
 
-/// The GPU `ordinal`, opened (context, compiled and loaded kernels) on first call.
-pub(super) fn gpu(ordinal: usize) -> Result<Arc<Gpu>, String> {
-    let mut gpus = GPUS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(gpu) = gpus.get(&ordinal) {
-        return Ok(gpu.clone());
+/// Every source compiled for an architecture, once per process.
+static PTX: Mutex<BTreeMap<String, Arc<Vec<String>>>> = Mutex::new(BTreeMap::new());
+
+/// The PTX of every source for `arch`, compiled on first call (in parallel).
+fn ptx_for(arch: &str) -> Result<Arc<Vec<String>>, String> {
+    let mut cache = PTX.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ptx) = cache.get(arch) {
+        return Ok(ptx.clone());
     }
-    let gpu = Arc::new(open(ordinal)?);
-    gpus.insert(ordinal, gpu.clone());
+    let ptx = Arc::new(SOURCES.par_iter().map(|s| compile(s, arch)).collect::<Result<Vec<_>, _>>()?);
+    cache.insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}
+
+/// The GPU `ordinal`, opened (context, compiled and loaded kernels) for a device that uses
+/// it as `used` says: once for all shared devices; for a sole one, a context wrapper of its
+/// own over the GPU's primary context (cudarc keeps its tracking flag per wrapper), opened
+/// afresh once the previous sole device has gone. Two live sole devices on one GPU are a
+/// bug in the caller, said as an error.
+pub(super) fn gpu(ordinal: usize, used: GpuUse) -> Result<Arc<Gpu>, String> {
+    let mut gpus = GPUS.lock().unwrap_or_else(|e| e.into_inner());
+    match (used, gpus.get(&(ordinal, used)).and_then(Weak::upgrade)) {
+        (GpuUse::Shared, Some(gpu)) => return Ok(gpu),
+        (GpuUse::Sole, Some(_)) => {
+            return Err(format!("GPU {ordinal} already has its sole device in this process"))
+        }
+        (_, None) => {}
+    }
+    let gpu = Arc::new(open(ordinal, used)?);
+    gpus.insert((ordinal, used), Arc::downgrade(&gpu));
     Ok(gpu)
 }
 
@@ -48,7 +86,7 @@ pub fn gpu_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n as usize)
 }
 
-fn open(ordinal: usize) -> Result<Gpu, String> {
+fn open(ordinal: usize, used: GpuUse) -> Result<Gpu, String> {
     // SAFETY: only tries to open the library by its candidate names. Without this check
     // cudarc panics on the first driver call.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -62,13 +100,18 @@ fn open(ordinal: usize) -> Result<Gpu, String> {
     let cc = ctx.compute_capability().map_err(|e| format!("GPU {ordinal}: {e:?}"))?;
     check_nvrtc_not_newer_than_driver()?;
     keep_freed_memory(&ctx).map_err(|e| format!("GPU {ordinal}: cannot configure its memory pool: {e:?}"))?;
+    if used == GpuUse::Sole {
+        // SAFETY: no buffer exists on the context yet, and its one device orders every
+        // crossing to another stream with its own fences (see GpuUse::Sole).
+        unsafe { ctx.disable_event_tracking() };
+    }
 
     let arch = format!("compute_{}{}", cc.0, cc.1);
-    let ptx = SOURCES.par_iter().map(|s| compile(s, &arch)).collect::<Result<Vec<_>, _>>()?;
+    let ptx = ptx_for(&arch)?;
     let mut kernels = HashMap::new();
-    for (source, ptx) in SOURCES.iter().zip(ptx) {
+    for (source, ptx) in SOURCES.iter().zip(ptx.iter()) {
         let module = ctx
-            .load_module(Ptx::from_src(ptx))
+            .load_module(Ptx::from_src(ptx.as_str()))
             .map_err(|e| format!("GPU {ordinal}: cannot load {} for {arch}: {e:?}", source.name))?;
         for &kernel in source.kernels {
             let function = module
