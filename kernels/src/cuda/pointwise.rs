@@ -108,7 +108,9 @@ impl CudaDevice {
         let decay = 1.0 - hp.lr * hp.weight_decay;
         let cfg = per_item(param.len());
         let (name, param) = match param.storage_mut() {
-            Storage::CudaMaster { master, bf16 } => ("adamw_with_bf16_copy", AdamWParam::WithCopy(master, bf16)),
+            Storage::CudaMaster { master, bf16 } => {
+                ("adamw_with_bf16_copy", AdamWParam::WithCopy(master, bf16))
+            }
             Storage::Cuda(master) => ("adamw", AdamWParam::Master(master)),
             _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
         };
