@@ -6,7 +6,7 @@
 
 use crate::classifier::{classifier, FILLS};
 use crate::fused_attention::{fused_attention, FP32, ODD, SPEC, TWO_TILES};
-use crate::fused_attention_mma::{fused_attention_bf16, ODD as ODD_BF16};
+use crate::fused_attention_mma::{BF16, ODD as ODD_BF16};
 use crate::harness::{Family, Storage};
 use crate::rowwise::sum_of_squares;
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
@@ -67,7 +67,7 @@ fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(),
 /// sequences of T = 77 (two tiles of 64) with dropout.
 fn fused_attention_mma_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
     let heads: Vec<usize> = (0..ODD_BF16.heads()).collect();
-    fused_attention_bf16(edited, ODD_BF16, &heads, Some(SPEC), seed)
+    fused_attention(edited, &BF16, ODD_BF16, &heads, Some(SPEC), seed)
 }
 
 /// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, the kernels that
