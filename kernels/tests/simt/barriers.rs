@@ -4,10 +4,10 @@
 //! runs pass with the barrier in place, and a kernel that runs a barrier it does not need
 //! (the first of a block reduction that is its only one) passes without it.
 
-use crate::classifier::{classifier, classifier_bf16, FILLS};
+use crate::classifier::{classifier, FILLS};
 use crate::fused_attention::{fused_attention, FP32, ODD, SPEC, TWO_TILES};
-use crate::fused_attention_mma::{fused_attention_bf16, ODD as ODD_BF16};
-use crate::harness::Family;
+use crate::fused_attention_mma::{BF16, ODD as ODD_BF16};
+use crate::harness::{Family, Storage};
 use crate::rowwise::sum_of_squares;
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
 use kernels::cuda::sources::{HEADERS, SOURCES};
@@ -29,13 +29,13 @@ type Check = fn(intact: &Family, edited: &Family, seed: u64) -> Result<(), Strin
 /// 16 rows of a 3000-token vocabulary (padded to 3072), with and without the gradient: six
 /// columns per thread, so every warp reduces real values.
 fn classifier_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    classifier(edited, 16, 3000, &FILLS[..1], seed)
+    classifier(edited, Storage::F32, 16, 3000, &FILLS[..1], seed)
 }
 
 /// The same rows through the bf16-storage twin, which shares the kernel's body and so its
 /// barriers.
 fn classifier_bf16_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    classifier_bf16(edited, 16, 3000, &FILLS[..1], seed)
+    classifier(edited, Storage::Bf16, 16, 3000, &FILLS[..1], seed)
 }
 
 /// Stage one over four blocks of one tensor and one of another. Stage two over sixteen
@@ -67,7 +67,7 @@ fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(),
 /// sequences of T = 77 (two tiles of 64) with dropout.
 fn fused_attention_mma_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
     let heads: Vec<usize> = (0..ODD_BF16.heads()).collect();
-    fused_attention_bf16(edited, ODD_BF16, &heads, Some(SPEC), seed)
+    fused_attention(edited, &BF16, ODD_BF16, &heads, Some(SPEC), seed)
 }
 
 /// A barrier of kernels/cuda: the `index`-th in `file`, what it orders, the kernels that

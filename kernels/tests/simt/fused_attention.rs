@@ -4,14 +4,15 @@
 //! leaving delta for the key side) into dqkv, with and without dropout.
 
 use crate::attention::{cpu_attention, Dims};
-use crate::harness::{close, max_abs, Arg, Buf, Family, Rng, Run};
+use crate::harness::{bf16_bits, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run, Storage};
 use crate::philox::{dropout_mask, unused_dropout_mask};
 use cudarc::driver::LaunchConfig;
 use kernels::cuda::launch::per_attention_tile;
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
 
 /// One family of the fused attention kernels: its file of kernels/cuda, its three kernels,
-/// their launch (T, B * NH, hs), and how close to the CPU's its outputs must be, relative
+/// their launch (T, B * NH, hs), the storage of their [B, T, *] tensors (qkv, out, dout,
+/// dqkv; lse and delta are f32), and how close to the CPU's its outputs must be, relative
 /// to the largest magnitude of each output of a head.
 pub struct Fused {
     pub file: &'static str,
@@ -19,7 +20,22 @@ pub struct Fused {
     pub query: &'static str,
     pub key_value: &'static str,
     pub launch: fn(usize, usize, usize) -> LaunchConfig,
+    pub storage: Storage,
     pub tol: f64,
+}
+
+impl Fused {
+    /// An output of a head against the CPU's: within `tol` of the output's largest magnitude
+    /// (`close` with that floor, which no element exceeds), in bf16 before the output's own
+    /// rounding, with no part relative to the element itself.
+    fn check(&self, what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+        let largest = max_abs(want);
+        match self.storage {
+            Storage::F32 => close(what, got, want, self.tol, largest),
+            // The bits of `got` again: each is a bf16 value, so rounds to itself.
+            Storage::Bf16 => rounds_from(what, &bf16_bits(got), want, 0.0, self.tol * largest),
+        }
+    }
 }
 
 /// The fp32 kernels: sums of the same fp32 terms as the CPU's in another order.
@@ -29,17 +45,19 @@ pub const FP32: Fused = Fused {
     query: "fused_attention_backward_query",
     key_value: "fused_attention_backward_key_value",
     launch: per_attention_tile,
+    storage: Storage::F32,
     tol: 1e-5,
 };
 
 /// Head `bh`'s [T, hs] block of x, rows `stride` wide, columns from `offset`.
-pub fn head<T: Copy>(x: &[T], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<T> {
+fn head<T: Copy>(x: &[T], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<T> {
     let (b, h, hs) = (bh / d.nh, bh % d.nh, d.hs());
     (0..d.t).flat_map(|t| &x[(b * d.t + t) * stride + offset + h * hs..][..hs]).copied().collect()
 }
 
 /// Forward and backward of `kernels` (built as `family`) at `d`, running the blocks of
-/// heads `heads` (b * NH + h) only; Err on the first difference from the CPU in those heads.
+/// heads `heads` (b * NH + h) only; Err on the first difference from the CPU in those heads,
+/// whose op runs in f32 on the values of qkv and dout the kernels read.
 pub fn fused_attention(
     family: &Family,
     kernels: &Fused,
@@ -48,8 +66,10 @@ pub fn fused_attention(
     spec: Option<DropoutSpec>,
     seed: u64,
 ) -> Result<(), String> {
+    let storage = kernels.storage;
     let mut rng = Rng::new(seed);
-    let (qkv, dout) = (rng.uniform(d.act() * 3, 2.0), rng.uniform(d.act(), 1.0));
+    let (qkv, dout) =
+        (storage.round(rng.uniform(d.act() * 3, 2.0)), storage.round(rng.uniform(d.act(), 1.0)));
     let cfg = (kernels.launch)(d.t, d.heads(), d.hs());
     // Without dropout the kernels are passed the device's unused mask and do not read it.
     let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
@@ -60,13 +80,13 @@ pub fn fused_attention(
         heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect();
 
     let mut run = Run::new(seed);
-    let (gqkv, gdout) = (run.buffer(&qkv), run.buffer(&dout));
+    let (gqkv, gdout) = (storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &dout));
     let (out, lse, delta) = (
-        run.buffer(&vec![f32::NAN; d.act()]),
+        storage.output(&mut run, d.act()),
         run.buffer(&vec![f32::NAN; rows]),
         run.buffer(&vec![f32::NAN; rows]),
     );
-    let dqkv = run.buffer(&vec![f32::NAN; 3 * d.act()]);
+    let dqkv = storage.output(&mut run, 3 * d.act());
     // The buffers, then T, NH, hs, the mask and whether to apply it.
     let args = |bufs: &[Buf]| -> Vec<Arg> {
         let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
@@ -81,15 +101,15 @@ pub fn fused_attention(
 
     let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    let (out, dqkv, c, tol) = (got.get(out), got.get(dqkv), d.c, kernels.tol);
+    let (out, dqkv, c) = (storage.read(&got, out), storage.read(&got, dqkv), d.c);
     for &bh in heads {
         // Sums of terms of either sign in another order: judged against the largest magnitude.
         let want = head(&want_out, d, bh, c, 0);
-        close(&format!("fused out, head {bh} {case}"), &head(&out, d, bh, c, 0), &want, tol, max_abs(&want))?;
+        kernels.check(&format!("{storage} fused out, head {bh} {case}"), &head(&out, d, bh, c, 0), &want)?;
         for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
             let want = head(&want_dqkv, d, bh, 3 * c, offset);
             let got = head(&dqkv, d, bh, 3 * c, offset);
-            close(&format!("fused {part}, head {bh} {case}"), &got, &want, tol, max_abs(&want))?;
+            kernels.check(&format!("{storage} fused {part}, head {bh} {case}"), &got, &want)?;
         }
     }
     Ok(())

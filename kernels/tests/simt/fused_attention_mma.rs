@@ -4,13 +4,12 @@
 //! and every [B, T, *] tensor (qkv, out, dout, dqkv) stored as bf16, as the device stores
 //! activations and their gradients under bf16; lse and delta stay fp32.
 
-use crate::attention::{cpu_attention, Dims};
-use crate::fused_attention::{head, Fused, SPEC};
-use crate::harness::{bf16_bits, bf16_values, max_abs, rounds_from, Arg, Buf, Family, Rng, Run};
-use crate::philox::{dropout_mask, unused_dropout_mask};
+use crate::attention::Dims;
+use crate::fused_attention::{fused_attention, Fused, SPEC};
+use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
+use crate::philox::unused_dropout_mask;
 use half::bf16;
 use kernels::cuda::launch::per_attention_tile_bf16;
-use kernels::DropoutSpec;
 
 /// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
 /// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
@@ -37,6 +36,7 @@ pub const BF16: Fused = Fused {
     query: "fused_attention_backward_query_bf16",
     key_value: "fused_attention_backward_key_value_bf16",
     launch: per_attention_tile_bf16,
+    storage: Storage::Bf16,
     tol: 2e-2,
 };
 
@@ -44,83 +44,23 @@ pub const BF16: Fused = Fused {
 /// take two k steps of 16.
 pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2 };
 
-/// Forward and backward of the tensor-core kernels (built as `family`) at `d`, running the
-/// blocks of heads `heads` (b * NH + h) only, with bf16 qkv, out, dout and dqkv; Err on
-/// the first difference from the CPU in those heads, whose op runs in f32 on the same bf16
-/// values of qkv and dout.
-pub fn fused_attention_bf16(
-    family: &Family,
-    d: Dims,
-    heads: &[usize],
-    spec: Option<DropoutSpec>,
-    seed: u64,
-) -> Result<(), String> {
-    let mut rng = Rng::new(seed);
-    let (qkv, dout) = (bf16_bits(&rng.uniform(d.act() * 3, 2.0)), bf16_bits(&rng.uniform(d.act(), 1.0)));
-    let cfg = (BF16.launch)(d.t, d.heads(), d.hs());
-    // Without dropout the kernels are passed the device's unused mask and do not read it.
-    let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
-    let on = spec.is_some() as i32;
-    let rows = d.heads() * d.t;
-    let tiles = cfg.grid_dim.0 as usize;
-    let blocks: Vec<u64> =
-        heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect();
-
-    let mut run = Run::new(seed);
-    let nan = bf16::NAN.to_bits();
-    let (gqkv, gdout) = (run.buffer(&qkv), run.buffer(&dout));
-    let (out, lse, delta) = (
-        run.buffer(&vec![nan; d.act()]),
-        run.buffer(&vec![f32::NAN; rows]),
-        run.buffer(&vec![f32::NAN; rows]),
-    );
-    let dqkv = run.buffer(&vec![nan; 3 * d.act()]);
-    // The buffers, then T, NH, hs, the mask and whether to apply it.
-    let args = |bufs: &[Buf]| -> Vec<Arg> {
-        let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
-        bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
-    };
-    run.launch_blocks(BF16.forward, cfg, &args(&[out, lse, gqkv]), &blocks);
-    run.read(out);
-    run.launch_blocks(BF16.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &blocks);
-    run.launch_blocks(BF16.key_value, cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &blocks);
-    run.read(dqkv);
-    let got = family.run(run)?;
-
-    let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &bf16_values(&qkv), &bf16_values(&dout));
-    let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    let (out, dqkv, c, tol) = (got.get::<u16>(out), got.get::<u16>(dqkv), d.c, BF16.tol);
-    for &bh in heads {
-        let want = head(&want_out, d, bh, c, 0);
-        let what = format!("bf16 fused out, head {bh} {case}");
-        rounds_from(&what, &head(&out, d, bh, c, 0), &want, 0.0, tol * max_abs(&want))?;
-        for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
-            let want = head(&want_dqkv, d, bh, 3 * c, offset);
-            let got = head(&dqkv, d, bh, 3 * c, offset);
-            let what = format!("bf16 fused {part}, head {bh} {case}");
-            rounds_from(&what, &got, &want, 0.0, tol * max_abs(&want))?;
-        }
-    }
-    Ok(())
-}
-
 #[test]
 fn fused_attention_mma_matches_the_cpu() {
     let Some(family) = Family::of("fused_attention_mma_matches_the_cpu", BF16.file) else { return };
     // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48
     // heads the last (b = 3, h = 11, the largest offsets) runs, as fused_attention.rs does.
     let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
-    fused_attention_bf16(&family, gpt2, &[47], Some(SPEC), 51).unwrap();
+    fused_attention(&family, &BF16, gpt2, &[47], Some(SPEC), 51).unwrap();
     // GPT-2's head size with T = 100, whose last tile is partial, in both heads.
     let partial = Dims { b: 1, t: 100, c: 128, nh: 2 };
-    fused_attention_bf16(&family, partial, &[0, 1], None, 52).unwrap();
-    fused_attention_bf16(&family, partial, &[0, 1], Some(SPEC), 53).unwrap();
+    fused_attention(&family, &BF16, partial, &[0, 1], None, 52).unwrap();
+    fused_attention(&family, &BF16, partial, &[0, 1], Some(SPEC), 53).unwrap();
     let all: Vec<usize> = (0..ODD.heads()).collect();
-    fused_attention_bf16(&family, ODD, &all, None, 54).unwrap();
-    fused_attention_bf16(&family, ODD, &all, Some(SPEC), 55).unwrap();
+    fused_attention(&family, &BF16, ODD, &all, None, 54).unwrap();
+    fused_attention(&family, &BF16, ODD, &all, Some(SPEC), 55).unwrap();
     // The smallest head size, one k step: T = 37 inside one tile.
     let small = Dims { b: 1, t: 37, c: 48, nh: 3 };
-    fused_attention_bf16(&family, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
+    fused_attention(&family, &BF16, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
 }
 
 /// The forward's output bit for bit where every step before its rounding is exact: with

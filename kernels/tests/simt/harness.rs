@@ -368,6 +368,100 @@ pub fn bf16_values(bits: &[u16]) -> Vec<f32> {
     bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect()
 }
 
+/// How a kernel stores its activations and their gradients: in f32, or in bf16 through the
+/// kernel's `NAME_bf16` twin, which takes the same arguments with those buffers bf16 (and
+/// computes in f32, rounding once on each store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    F32,
+    Bf16,
+}
+
+impl std::fmt::Display for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            Storage::F32 => "f32",
+            Storage::Bf16 => "bf16",
+        })
+    }
+}
+
+/// How close an activation output must be to the CPU's, said for f32 storage; bf16 storage
+/// is asked the same before its one rounding (`rounds_from`).
+#[derive(Clone, Copy, Debug)]
+pub enum Tolerance {
+    /// f32: the CPU's bits. bf16: the rounding of the CPU's value.
+    Exact,
+    /// f32: `close` with this `rtol` and `floor`. bf16: the rounding of a value within
+    /// `rtol` * (|CPU's| + `floor`) of the CPU's (`close` allows `rtol` of the larger of the
+    /// two).
+    Close { rtol: f64, floor: f64 },
+}
+
+impl Storage {
+    pub const BOTH: [Storage; 2] = [Storage::F32, Storage::Bf16];
+
+    /// The kernel `name` of this storage: `name` itself, or its bf16 twin.
+    pub fn kernel(self, name: &str) -> String {
+        match self {
+            Storage::F32 => name.to_string(),
+            Storage::Bf16 => format!("{name}_bf16"),
+        }
+    }
+
+    /// `xs` as a buffer of this storage holds them (rounded to nearest even in bf16): what
+    /// the CPU is given where a kernel reads them.
+    pub fn round(self, xs: Vec<f32>) -> Vec<f32> {
+        match self {
+            Storage::F32 => xs,
+            Storage::Bf16 => bf16_values(&bf16_bits(&xs)),
+        }
+    }
+
+    /// A buffer of this storage holding `xs`, values `round` gave (so that the CPU sees what
+    /// the kernel reads).
+    pub fn buffer(self, run: &mut Run, xs: &[f32]) -> Buf {
+        match self {
+            Storage::F32 => run.buffer(xs),
+            Storage::Bf16 => {
+                let bits = bf16_bits(xs);
+                let exact = bf16_values(&bits).iter().zip(xs).all(|(b, x)| b.to_bits() == x.to_bits());
+                assert!(exact, "a bf16 buffer of values not rounded to bf16: the CPU would see others");
+                run.buffer(&bits)
+            }
+        }
+    }
+
+    /// An output buffer of `len` NaNs: an element the kernel does not write fails its check.
+    pub fn output(self, run: &mut Run, len: usize) -> Buf {
+        match self {
+            Storage::F32 => run.buffer(&vec![f32::NAN; len]),
+            Storage::Bf16 => run.buffer(&vec![0xffffu16; len]),
+        }
+    }
+
+    /// The last read of `buf`, a buffer of this storage, as f32 (bf16 exactly).
+    pub fn read(self, outputs: &Outputs, buf: Buf) -> Vec<f32> {
+        match self {
+            Storage::F32 => outputs.get(buf),
+            Storage::Bf16 => bf16_values(&outputs.get(buf)),
+        }
+    }
+
+    /// An activation output, as `read` gave it, against the CPU's `want`.
+    pub fn check(self, what: &str, got: &[f32], want: &[f32], tolerance: Tolerance) -> Result<(), String> {
+        match (self, tolerance) {
+            (Storage::F32, Tolerance::Exact) => bitwise(what, got, want),
+            (Storage::F32, Tolerance::Close { rtol, floor }) => close(what, got, want, rtol, floor),
+            // The bits of `got` again: each is a bf16 value, so rounds to itself.
+            (Storage::Bf16, Tolerance::Exact) => rounds_from(what, &bf16_bits(got), want, 0.0, 0.0),
+            (Storage::Bf16, Tolerance::Close { rtol, floor }) => {
+                rounds_from(what, &bf16_bits(got), want, rtol, rtol * floor)
+            }
+        }
+    }
+}
+
 /// The largest magnitude of `xs`.
 pub fn max_abs(xs: &[f32]) -> f64 {
     xs.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs()))

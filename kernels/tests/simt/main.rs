@@ -40,10 +40,13 @@ fn every_kernel_is_launched_by_a_test() {
     .collect();
     for kernel in SOURCES.iter().flat_map(|s| s.kernels) {
         // Launched by name, or named in a table of the kernels a test launches (a field of a
-        // `Fused`; the text has no whitespace here).
-        let launched = ["launch(", "launch_blocks(", ":"]
+        // `Fused`; the text has no whitespace here), or, a kernel and its bf16 twin both, by
+        // the name a test that runs in every `Storage` gives `Storage::kernel`.
+        let by_name = ["launch(", "launch_blocks(", ":"]
             .iter()
             .any(|call| tests.contains(&format!("{call}\"{kernel}\"")));
-        assert!(launched, "no harness test launches {kernel}");
+        let f32_name = kernel.strip_suffix("_bf16").unwrap_or(kernel);
+        let by_storage = tests.contains(&format!(".kernel(\"{f32_name}\")"));
+        assert!(by_name || by_storage, "no harness test launches {kernel}");
     }
 }

@@ -1,10 +1,8 @@
 //! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW. Each
-//! kernel with a bf16-storage twin is also run with bf16 buffers, from inputs rounded to
-//! bf16, against the CPU's op on those rounded values.
+//! kernel with a bf16-storage twin runs in both storages, the same test for each: in bf16
+//! from inputs rounded to bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{
-    bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run,
-};
+use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_item;
@@ -18,125 +16,93 @@ fn cpu() -> CpuDevice {
     CpuDevice::new(2)
 }
 
+/// In f32 the CPU's sums bit for bit; in bf16, from the rounded inputs, the CPU's sums
+/// rounded once.
 #[test]
-fn add_and_accumulate_are_exact() {
-    let Some(family) = Family::of("add_and_accumulate_are_exact", "elementwise.cu") else { return };
-    let mut rng = Rng::new(1);
-    for n in [RESIDUAL, 1001] {
-        let (a, b) = (rng.uniform(n, 2.0), rng.uniform(n, 2.0));
-        let mut run = Run::new(n as u64);
-        let (ga, gb, out) = (run.buffer(&a), run.buffer(&b), run.buffer(&vec![f32::NAN; n]));
-        run.launch("add", per_item(n), &[out.into(), ga.into(), gb.into(), (n as u64).into()]);
-        run.launch("accumulate", per_item(n), &[ga.into(), out.into(), (n as u64).into()]);
-        run.read(out);
-        run.read(ga);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let (ta, tb) =
-            (dev.from_host(&a, &[n], Category::Workspace), dev.from_host(&b, &[n], Category::Workspace));
-        let mut sum = dev.zeros(&[n], Category::Workspace);
-        dev.add(&mut sum, &ta, &tb);
-        let mut acc = ta;
-        dev.accumulate(&mut acc, &sum);
-        bitwise("add", &got.get(out), &dev.to_host(&sum)).unwrap();
-        bitwise("accumulate", &got.get(ga), &dev.to_host(&acc)).unwrap();
-    }
-}
-
-/// The bf16 twins compute the f32 kernels' sums from the rounded inputs and round them once:
-/// exactly the CPU's sums, rounded.
-#[test]
-fn add_and_accumulate_bf16_round_the_cpus_sums() {
-    let Some(family) = Family::of("add_and_accumulate_bf16_round_the_cpus_sums", "elementwise.cu") else {
+fn add_and_accumulate_are_exact_in_f32_and_bf16() {
+    let Some(family) = Family::of("add_and_accumulate_are_exact_in_f32_and_bf16", "elementwise.cu") else {
         return;
     };
-    let mut rng = Rng::new(1);
-    for n in [RESIDUAL, 1001] {
-        let (a, b) = (bf16_bits(&rng.uniform(n, 2.0)), bf16_bits(&rng.uniform(n, 2.0)));
-        let mut run = Run::new(n as u64);
-        let (ga, gb, out) = (run.buffer(&a), run.buffer(&b), run.buffer(&vec![0xffffu16; n]));
-        run.launch("add_bf16", per_item(n), &[out.into(), ga.into(), gb.into(), (n as u64).into()]);
-        run.launch("accumulate_bf16", per_item(n), &[ga.into(), out.into(), (n as u64).into()]);
-        run.read(out);
-        run.read(ga);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);
-        let (ta, tb) = (put(&bf16_values(&a)), put(&bf16_values(&b)));
-        let mut sum = dev.zeros(&[n], Category::Workspace);
-        dev.add(&mut sum, &ta, &tb);
-        let sum = dev.to_host(&sum);
-        rounds_from("add_bf16", &got.get(out), &sum, 0.0, 0.0).unwrap();
-        // accumulate_bf16 added the stored sum, the CPU's rounded (checked just above).
-        let mut acc = ta;
-        dev.accumulate(&mut acc, &put(&bf16_values(&bf16_bits(&sum))));
-        rounds_from("accumulate_bf16", &got.get(ga), &dev.to_host(&acc), 0.0, 0.0).unwrap();
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(1);
+        for n in [RESIDUAL, 1001] {
+            let (a, b) = (storage.round(rng.uniform(n, 2.0)), storage.round(rng.uniform(n, 2.0)));
+            let mut run = Run::new(n as u64);
+            let (ga, gb, out) =
+                (storage.buffer(&mut run, &a), storage.buffer(&mut run, &b), storage.output(&mut run, n));
+            run.launch(
+                &storage.kernel("add"),
+                per_item(n),
+                &[out.into(), ga.into(), gb.into(), (n as u64).into()],
+            );
+            run.launch(
+                &storage.kernel("accumulate"),
+                per_item(n),
+                &[ga.into(), out.into(), (n as u64).into()],
+            );
+            run.read(out);
+            run.read(ga);
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);
+            let ta = put(&a);
+            let mut sum = dev.zeros(&[n], Category::Workspace);
+            dev.add(&mut sum, &ta, &put(&b));
+            let sum = dev.to_host(&sum);
+            let what = |part: &str| format!("{part} in {storage}");
+            storage.check(&what("add"), &storage.read(&got, out), &sum, Tolerance::Exact).unwrap();
+            // accumulate added the stored sum: the CPU's, as the storage holds it (checked
+            // just above).
+            let mut acc = ta;
+            dev.accumulate(&mut acc, &put(&storage.round(sum)));
+            let want = dev.to_host(&acc);
+            storage.check(&what("accumulate"), &storage.read(&got, ga), &want, Tolerance::Exact).unwrap();
+        }
     }
 }
 
 #[test]
-fn gelu_matches_the_cpu() {
-    let Some(family) = Family::of("gelu_matches_the_cpu", "gelu.cu") else { return };
-    let mut rng = Rng::new(2);
-    for n in [HIDDEN, 777] {
-        // Wide enough to reach both saturated tails.
-        let (x, dout) = (rng.uniform(n, 12.0), rng.uniform(n, 1.0));
-        let mut run = Run::new(n as u64);
-        let (gx, gd) = (run.buffer(&x), run.buffer(&dout));
-        let (out, dinp) = (run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
-        run.launch("gelu_forward", per_item(n), &[out.into(), gx.into(), (n as u64).into()]);
-        run.launch("gelu_backward", per_item(n), &[dinp.into(), gx.into(), gd.into(), (n as u64).into()]);
-        run.read(out);
-        run.read(dinp);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let (tx, td) =
-            (dev.from_host(&x, &[n], Category::Workspace), dev.from_host(&dout, &[n], Category::Workspace));
-        let (mut want_out, mut want_dinp) =
-            (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
-        dev.gelu_forward(&mut want_out, &tx);
-        dev.gelu_backward(&mut want_dinp, &tx, &td);
-        let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
-        // Far in the negative tail the GPU's sigmoid underflows to 0 where the CPU's exp
-        // stops at e^-87.3: outputs below 1e-30 are judged against 1e-30.
-        close("gelu", &got.get(out), &want_out, 1e-5, 1e-30).unwrap();
-        // gelu' crosses zero near x = -0.75, where its two terms cancel: there the error is
-        // judged against the largest gradient, as in the GPU tests.
-        close("dgelu", &got.get(dinp), &want_dinp, 1e-5, max_abs(&want_dinp)).unwrap();
-    }
-}
-
-#[test]
-fn gelu_bf16_rounds_the_cpus() {
-    let Some(family) = Family::of("gelu_bf16_rounds_the_cpus", "gelu.cu") else { return };
-    let mut rng = Rng::new(2);
-    for n in [HIDDEN, 777] {
-        let (x, dout) = (bf16_bits(&rng.uniform(n, 12.0)), bf16_bits(&rng.uniform(n, 1.0)));
-        let mut run = Run::new(n as u64);
-        let (gx, gd) = (run.buffer(&x), run.buffer(&dout));
-        let (out, dinp) = (run.buffer(&vec![0xffffu16; n]), run.buffer(&vec![0xffffu16; n]));
-        run.launch("gelu_forward_bf16", per_item(n), &[out.into(), gx.into(), (n as u64).into()]);
-        run.launch(
-            "gelu_backward_bf16",
-            per_item(n),
-            &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
-        );
-        run.read(out);
-        run.read(dinp);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let put = |v: &[f32]| dev.from_host(v, &[n], Category::Workspace);
-        let (tx, td) = (put(&bf16_values(&x)), put(&bf16_values(&dout)));
-        let (mut want_out, mut want_dinp) =
-            (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
-        dev.gelu_forward(&mut want_out, &tx);
-        dev.gelu_backward(&mut want_dinp, &tx, &td);
-        let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
-        // The fp32 test's allowances as absolute floors (`close`'s floor is a magnitude the
-        // relative tolerance applies to): 1e-5 of 1e-30 in the tail where the GPU's sigmoid
-        // underflows, 1e-5 of the largest gradient where gelu' crosses zero.
-        rounds_from("gelu_bf16", &got.get(out), &want_out, 1e-5, 1e-5 * 1e-30).unwrap();
-        rounds_from("dgelu_bf16", &got.get(dinp), &want_dinp, 1e-5, 1e-5 * max_abs(&want_dinp)).unwrap();
+fn gelu_matches_the_cpu_in_f32_and_bf16() {
+    let Some(family) = Family::of("gelu_matches_the_cpu_in_f32_and_bf16", "gelu.cu") else { return };
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(2);
+        for n in [HIDDEN, 777] {
+            // Wide enough to reach both saturated tails.
+            let (x, dout) = (storage.round(rng.uniform(n, 12.0)), storage.round(rng.uniform(n, 1.0)));
+            let mut run = Run::new(n as u64);
+            let (gx, gd) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dout));
+            let (out, dinp) = (storage.output(&mut run, n), storage.output(&mut run, n));
+            run.launch(
+                &storage.kernel("gelu_forward"),
+                per_item(n),
+                &[out.into(), gx.into(), (n as u64).into()],
+            );
+            run.launch(
+                &storage.kernel("gelu_backward"),
+                per_item(n),
+                &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
+            );
+            run.read(out);
+            run.read(dinp);
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let put = |v: &[f32]| dev.from_host(v, &[n], Category::Workspace);
+            let (tx, td) = (put(&x), put(&dout));
+            let (mut want_out, mut want_dinp) =
+                (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
+            dev.gelu_forward(&mut want_out, &tx);
+            dev.gelu_backward(&mut want_dinp, &tx, &td);
+            let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
+            let what = |part: &str| format!("{part} in {storage}");
+            // Far in the negative tail the GPU's sigmoid underflows to 0 where the CPU's exp
+            // stops at e^-87.3: outputs below 1e-30 are judged against 1e-30.
+            let tail = Tolerance::Close { rtol: 1e-5, floor: 1e-30 };
+            storage.check(&what("gelu"), &storage.read(&got, out), &want_out, tail).unwrap();
+            // gelu' crosses zero near x = -0.75, where its two terms cancel: there the error is
+            // judged against the largest gradient, as in the GPU tests.
+            let cancelling = Tolerance::Close { rtol: 1e-5, floor: max_abs(&want_dinp) };
+            storage.check(&what("dgelu"), &storage.read(&got, dinp), &want_dinp, cancelling).unwrap();
+        }
     }
 }
 
@@ -144,63 +110,51 @@ fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
     DropoutSpec { p, key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site } }
 }
 
+/// The CPU's dropout bit for bit in f32; in bf16 the same mask, element for element, over
+/// the rounded inputs, rounded (one product each, so exactly).
 #[test]
-fn dropout_draws_the_cpus_mask_bit_for_bit() {
-    let Some(family) = Family::of("dropout_draws_the_cpus_mask_bit_for_bit", "dropout.cu") else { return };
-    let mut rng = Rng::new(3);
-    // The residual stream of GPT-2 124M, and an odd length whose last Philox block is partial.
-    for (n, spec) in
-        [(RESIDUAL, spec(0.1, 11, DropoutSite::MlpResidual)), (1003, spec(0.5, 0, DropoutSite::Embedding))]
-    {
-        let x = rng.uniform(n, 1.0);
-        let mut run = Run::new(n as u64);
-        let (gx, out) = (run.buffer(&x), run.buffer(&vec![f32::NAN; n]));
-        run.launch(
-            "dropout_apply",
-            per_item(n.div_ceil(4)),
-            &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
-        );
-        run.read(out);
-        run.launch(
-            "dropout_apply_inplace",
-            per_item(n.div_ceil(4)),
-            &[gx.into(), (n as u64).into(), dropout_mask(&spec)],
-        );
-        run.read(gx);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let mut want = dev.zeros(&[n], Category::Workspace);
-        dev.dropout_forward(&mut want, &dev.from_host(&x, &[n], Category::Workspace), spec);
-        let want = dev.to_host(&want);
-        bitwise("dropout_apply", &got.get(out), &want).unwrap();
-        bitwise("dropout_apply_inplace", &got.get(gx), &want).unwrap();
-    }
-}
-
-/// The same mask as the f32 kernels, element for element: the CPU's dropout of the rounded
-/// inputs, rounded (one product each, so exactly).
-#[test]
-fn dropout_bf16_draws_the_cpus_mask() {
-    let Some(family) = Family::of("dropout_bf16_draws_the_cpus_mask", "dropout.cu") else { return };
-    let mut rng = Rng::new(3);
-    for (n, spec) in
-        [(RESIDUAL, spec(0.1, 11, DropoutSite::MlpResidual)), (1003, spec(0.5, 0, DropoutSite::Embedding))]
-    {
-        let x = bf16_bits(&rng.uniform(n, 1.0));
-        let mut run = Run::new(n as u64);
-        let (gx, out) = (run.buffer(&x), run.buffer(&vec![0xffffu16; n]));
-        run.launch(
-            "dropout_apply_bf16",
-            per_item(n.div_ceil(4)),
-            &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
-        );
-        run.read(out);
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let mut want = dev.zeros(&[n], Category::Workspace);
-        dev.dropout_forward(&mut want, &dev.from_host(&bf16_values(&x), &[n], Category::Workspace), spec);
-        let want = dev.to_host(&want);
-        rounds_from("dropout_apply_bf16", &got.get(out), &want, 0.0, 0.0).unwrap();
+fn dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16() {
+    let test = "dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16";
+    let Some(family) = Family::of(test, "dropout.cu") else { return };
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(3);
+        // The residual stream of GPT-2 124M, and an odd length whose last Philox block is
+        // partial.
+        for (n, spec) in [
+            (RESIDUAL, spec(0.1, 11, DropoutSite::MlpResidual)),
+            (1003, spec(0.5, 0, DropoutSite::Embedding)),
+        ] {
+            let x = storage.round(rng.uniform(n, 1.0));
+            let mut run = Run::new(n as u64);
+            let (gx, out) = (storage.buffer(&mut run, &x), storage.output(&mut run, n));
+            run.launch(
+                &storage.kernel("dropout_apply"),
+                per_item(n.div_ceil(4)),
+                &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
+            );
+            run.read(out);
+            // The in-place form is f32 only: it serves the unfused attention, which bf16
+            // activations do not use.
+            let in_place = storage == Storage::F32;
+            if in_place {
+                run.launch(
+                    "dropout_apply_inplace",
+                    per_item(n.div_ceil(4)),
+                    &[gx.into(), (n as u64).into(), dropout_mask(&spec)],
+                );
+                run.read(gx);
+            }
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let mut want = dev.zeros(&[n], Category::Workspace);
+            dev.dropout_forward(&mut want, &dev.from_host(&x, &[n], Category::Workspace), spec);
+            let want = dev.to_host(&want);
+            let what = format!("dropout_apply in {storage}");
+            storage.check(&what, &storage.read(&got, out), &want, Tolerance::Exact).unwrap();
+            if in_place {
+                bitwise("dropout_apply_inplace", &got.get(gx), &want).unwrap();
+            }
+        }
     }
 }
 

@@ -1,10 +1,10 @@
 //! The reductions: LayerNorm, the column sums of the bias gradients and the sum of squares
 //! of the gradient norm; each replays the launches of the CUDA op
 //! (kernels/src/cuda/rowwise.rs) and compares with the CPU op. The kernels with a
-//! bf16-storage twin are also run with bf16 activations, from inputs rounded to bf16,
-//! against the CPU's op on those rounded values.
+//! bf16-storage twin run in both storages, the same test for each: in bf16 from inputs
+//! rounded to bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{bf16_bits, bf16_values, bitwise, close, max_abs, rounds_from, Buf, Family, Rng, Run};
+use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
     per_column_chunk, per_item, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
@@ -32,33 +32,42 @@ fn add_partials(run: &mut Run, out: Buf, partial: Buf, chunks: usize, cols: usiz
     );
 }
 
-/// LayerNorm forward and backward at (n, c); Err on the first difference from the CPU.
-pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed: u64) -> Result<(), String> {
+/// LayerNorm forward and backward at (n, c), input, output, dout and dinp in `storage`
+/// (mean, rstd and the parameter gradients f32); Err on the first difference from the CPU.
+pub fn layernorm(
+    family: &Family,
+    bias_family: &Family,
+    storage: Storage,
+    n: usize,
+    c: usize,
+    seed: u64,
+) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let inp: Vec<f32> = rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect();
-    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), rng.uniform(n * c, 1.0));
+    let inp = storage.round(rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect());
+    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), storage.round(rng.uniform(n * c, 1.0)));
     let (dw0, db0) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0));
     let (ni, ci) = (n as i32, c as i32);
 
     let mut run = Run::new(seed);
-    let (gi, gw, gb, gd) = (run.buffer(&inp), run.buffer(&w), run.buffer(&b), run.buffer(&dout));
+    let (gi, gw, gb, gd) =
+        (storage.buffer(&mut run, &inp), run.buffer(&w), run.buffer(&b), storage.buffer(&mut run, &dout));
     let (out, mean, rstd) =
-        (run.buffer(&vec![f32::NAN; n * c]), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
+        (storage.output(&mut run, n * c), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
     run.launch(
-        "layernorm_forward",
+        &storage.kernel("layernorm_forward"),
         per_row_warp(n),
         &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
     );
-    let dinp = run.buffer(&vec![f32::NAN; n * c]);
+    let dinp = storage.output(&mut run, n * c);
     run.launch(
-        "layernorm_backward_input",
+        &storage.kernel("layernorm_backward_input"),
         per_row_warp(n),
         &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
     );
     let (cfg, chunks) = per_column_chunk(n, c);
     let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
     run.launch(
-        "layernorm_backward_params_partial",
+        &storage.kernel("layernorm_backward_params_partial"),
         cfg,
         &[
             pw.into(),
@@ -77,7 +86,8 @@ pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed
     }
     let got = family.run(run)?;
 
-    // Stage two is bias.cu's, from the partial sums the first program wrote.
+    // Stage two is bias.cu's, from the f32 partial sums the first program wrote: one kernel
+    // for both storages.
     let mut run = Run::new(seed + 1);
     let (pw, pb) = (run.buffer(&got.get::<f32>(pw)), run.buffer(&got.get::<f32>(pb)));
     let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
@@ -100,136 +110,36 @@ pub fn layernorm(family: &Family, bias_family: &Family, n: usize, c: usize, seed
     let (mut tdinp, mut tdw, mut tdb) =
         (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
     dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &put(&dout, &[n, c]), &ti, &tw, &tmean, &trstd);
+    let what = |part: &str| format!("layernorm {part} in {storage}");
     // out = norm * w + b, the gradients and the column sums cancel terms of order 1: their
     // errors are judged against the largest magnitude (as in the GPU tests); mean and rstd
     // elementwise.
-    close("layernorm mean", &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
-    close("layernorm rstd", &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
-    for (what, got, want) in [
-        ("layernorm out", got.get(out), dev.to_host(&tout)),
-        ("layernorm dinp", got.get(dinp), dev.to_host(&tdinp)),
-        ("layernorm dweight", params.get(dw), dev.to_host(&tdw)),
-        ("layernorm dbias", params.get(db), dev.to_host(&tdb)),
-    ] {
-        close(what, &got, &want, 1e-5, max_abs(&want))?;
+    close(&what("mean"), &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
+    close(&what("rstd"), &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    for (part, buf, want) in [("out", out, dev.to_host(&tout)), ("dinp", dinp, dev.to_host(&tdinp))] {
+        let largest = Tolerance::Close { rtol: 1e-5, floor: max_abs(&want) };
+        storage.check(&what(part), &storage.read(&got, buf), &want, largest)?;
+    }
+    for (part, got, want) in
+        [("dweight", params.get(dw), dev.to_host(&tdw)), ("dbias", params.get(db), dev.to_host(&tdb))]
+    {
+        close(&what(part), &got, &want, 1e-5, max_abs(&want))?;
     }
     Ok(())
 }
 
 #[test]
-fn layernorm_matches_the_cpu() {
-    let test = "layernorm_matches_the_cpu";
+fn layernorm_matches_the_cpu_in_f32_and_bf16() {
+    let test = "layernorm_matches_the_cpu_in_f32_and_bf16";
     let (Some(family), Some(bias)) = (Family::of(test, "layernorm.cu"), Family::of(test, "bias.cu")) else {
         return;
     };
-    // GPT-2 124M in full, then rows that end inside a block and a chunk, C not a multiple of 32.
-    layernorm(&family, &bias, N, C, 5).unwrap();
-    layernorm(&family, &bias, 75, 100, 6).unwrap();
-}
-
-/// `layernorm` through the bf16 twins: input, output, dout and dinp bf16 (the inputs rounded
-/// before the CPU sees them); mean, rstd and the parameter gradients f32, judged as there.
-pub fn layernorm_bf16(
-    family: &Family,
-    bias_family: &Family,
-    n: usize,
-    c: usize,
-    seed: u64,
-) -> Result<(), String> {
-    let mut rng = Rng::new(seed);
-    let inp: Vec<f32> = rng.uniform(n * c, 2.0).iter().map(|x| x + 0.5).collect();
-    let (w, b, dout) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0), rng.uniform(n * c, 1.0));
-    let (dw0, db0) = (rng.uniform(c, 1.0), rng.uniform(c, 1.0));
-    let (inp, dout) = (bf16_bits(&inp), bf16_bits(&dout));
-    let (ni, ci) = (n as i32, c as i32);
-
-    let mut run = Run::new(seed);
-    let (gi, gw, gb, gd) = (run.buffer(&inp), run.buffer(&w), run.buffer(&b), run.buffer(&dout));
-    let (out, mean, rstd) =
-        (run.buffer(&vec![0xffffu16; n * c]), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
-    run.launch(
-        "layernorm_forward_bf16",
-        per_row_warp(n),
-        &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
-    );
-    let dinp = run.buffer(&vec![0xffffu16; n * c]);
-    run.launch(
-        "layernorm_backward_input_bf16",
-        per_row_warp(n),
-        &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
-    );
-    let (cfg, chunks) = per_column_chunk(n, c);
-    let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
-    run.launch(
-        "layernorm_backward_params_partial_bf16",
-        cfg,
-        &[
-            pw.into(),
-            pb.into(),
-            gd.into(),
-            gi.into(),
-            mean.into(),
-            rstd.into(),
-            ni.into(),
-            ci.into(),
-            (ROWS_PER_CHUNK as i32).into(),
-        ],
-    );
-    for buf in [out, mean, rstd, dinp, pw, pb] {
-        run.read(buf);
+    for storage in Storage::BOTH {
+        // GPT-2 124M in full, then rows that end inside a block and a chunk, C not a multiple
+        // of 32.
+        layernorm(&family, &bias, storage, N, C, 5).unwrap();
+        layernorm(&family, &bias, storage, 75, 100, 6).unwrap();
     }
-    let got = family.run(run)?;
-
-    // Stage two reads only the f32 partial sums: bias.cu's one kernel for both precisions.
-    let mut run = Run::new(seed + 1);
-    let (pw, pb) = (run.buffer(&got.get::<f32>(pw)), run.buffer(&got.get::<f32>(pb)));
-    let (dw, db) = (run.buffer(&dw0), run.buffer(&db0));
-    add_partials(&mut run, dw, pw, chunks, c);
-    add_partials(&mut run, db, pb, chunks, c);
-    for buf in [dw, db] {
-        run.read(buf);
-    }
-    let params = bias_family.run(run)?;
-
-    let dev = cpu();
-    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
-    let (ti, tw, tb) = (put(&bf16_values(&inp), &[n, c]), put(&w, &[c]), put(&b, &[c]));
-    let (mut tout, mut tmean, mut trstd) = (
-        dev.zeros(&[n, c], Category::Workspace),
-        dev.zeros(&[n], Category::Workspace),
-        dev.zeros(&[n], Category::Workspace),
-    );
-    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb);
-    let (mut tdinp, mut tdw, mut tdb) =
-        (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
-    let tdout = put(&bf16_values(&dout), &[n, c]);
-    dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &tdout, &ti, &tw, &tmean, &trstd);
-    close("layernorm_bf16 mean", &got.get(mean), &dev.to_host(&tmean), 1e-5, 0.0)?;
-    close("layernorm_bf16 rstd", &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
-    // The f32 test's allowance of 1e-5 of the largest magnitude, before the one rounding.
-    for (what, got, want) in [
-        ("layernorm_bf16 out", got.get(out), dev.to_host(&tout)),
-        ("layernorm_bf16 dinp", got.get(dinp), dev.to_host(&tdinp)),
-    ] {
-        rounds_from(what, &got, &want, 1e-5, 1e-5 * max_abs(&want))?;
-    }
-    for (what, got, want) in [
-        ("layernorm_bf16 dweight", params.get(dw), dev.to_host(&tdw)),
-        ("layernorm_bf16 dbias", params.get(db), dev.to_host(&tdb)),
-    ] {
-        close(what, &got, &want, 1e-5, max_abs(&want))?;
-    }
-    Ok(())
-}
-
-#[test]
-fn layernorm_bf16_matches_the_cpu() {
-    let test = "layernorm_bf16_matches_the_cpu";
-    let (Some(family), Some(bias)) = (Family::of(test, "layernorm.cu"), Family::of(test, "bias.cu")) else {
-        return;
-    };
-    layernorm_bf16(&family, &bias, N, C, 5).unwrap();
-    layernorm_bf16(&family, &bias, 75, 100, 6).unwrap();
 }
 
 /// The sums of squares of tensors of `lens` elements, in one fused pass over chunks of
@@ -312,110 +222,63 @@ fn sum_squares_matches_the_cpu() {
     sum_of_squares(&family, &family, &real, SUM_SQUARES_CHUNK, 10).unwrap();
 }
 
+/// The column sums of rows in either storage into f32 partial sums (then `add_partials`, for
+/// both), and the bias added to those rows in place.
 #[test]
-fn bias_kernels_match_the_cpu() {
-    let Some(family) = Family::of("bias_kernels_match_the_cpu", "bias.cu") else { return };
-    let mut rng = Rng::new(11);
-    // c_fc's output (B * T rows of 4C) and an odd shape.
-    for (n, c) in [(N, 4 * C), (75, 100)] {
-        let (x, bias, db0) = (rng.uniform(n * c, 1.0), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
-        let mut run = Run::new(n as u64);
-        let (gx, gb, db) = (run.buffer(&x), run.buffer(&bias), run.buffer(&db0));
-        let (cfg, chunks) = per_column_chunk(n, c);
-        let partial = run.buffer(&vec![f32::NAN; chunks * c]);
-        run.launch(
-            "column_partial_sums",
-            cfg,
-            &[
-                partial.into(),
-                gx.into(),
-                (n as i32).into(),
-                (c as i32).into(),
-                (ROWS_PER_CHUNK as i32).into(),
-            ],
-        );
-        add_partials(&mut run, db, partial, chunks, c);
-        run.launch(
-            "bias_add",
-            per_item(n * c),
-            &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
-        );
-        for buf in [db, gx] {
-            run.read(buf);
+fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
+    let Some(family) = Family::of("bias_kernels_match_the_cpu_in_f32_and_bf16", "bias.cu") else { return };
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(11);
+        // c_fc's output (B * T rows of 4C) and an odd shape.
+        for (n, c) in [(N, 4 * C), (75, 100)] {
+            let (x, bias, db0) =
+                (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+            let mut run = Run::new(n as u64);
+            let (gx, gb, db) = (storage.buffer(&mut run, &x), run.buffer(&bias), run.buffer(&db0));
+            let (cfg, chunks) = per_column_chunk(n, c);
+            let partial = run.buffer(&vec![f32::NAN; chunks * c]);
+            run.launch(
+                &storage.kernel("column_partial_sums"),
+                cfg,
+                &[
+                    partial.into(),
+                    gx.into(),
+                    (n as i32).into(),
+                    (c as i32).into(),
+                    (ROWS_PER_CHUNK as i32).into(),
+                ],
+            );
+            add_partials(&mut run, db, partial, chunks, c);
+            run.launch(
+                &storage.kernel("bias_add"),
+                per_item(n * c),
+                &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
+            );
+            for buf in [db, gx] {
+                run.read(buf);
+            }
+            let got = family.run(run).unwrap();
+
+            // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.
+            let dev = cpu();
+            let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
+            let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
+            let dout = put(&x, &[n, c]);
+            dev.matmul_backward_weight(
+                &mut dw,
+                Some(&mut tdb),
+                &dout,
+                &put(&vec![0.0; n], &[n, 1]),
+                WeightLayout::InOut,
+            );
+            let what = |part: &str| format!("{part} in {storage}");
+            // A sum of n terms of either sign, in another order: judged against the largest sum.
+            let want = dev.to_host(&tdb);
+            close(&what("dbias"), &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
+            // x + bias: one rounding, as the CPU's matmul adds its bias (then bf16's, in bf16).
+            let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
+            storage.check(&what("bias_add"), &storage.read(&got, gx), &want, Tolerance::Exact).unwrap();
         }
-        let got = family.run(run).unwrap();
-
-        // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.
-        let dev = cpu();
-        let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
-        let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
-        let dout = put(&x, &[n, c]);
-        dev.matmul_backward_weight(
-            &mut dw,
-            Some(&mut tdb),
-            &dout,
-            &put(&vec![0.0; n], &[n, 1]),
-            WeightLayout::InOut,
-        );
-        // A sum of n terms of either sign, in another order: judged against the largest sum.
-        let want = dev.to_host(&tdb);
-        close("dbias", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
-        // x + bias: one rounding, as the CPU's matmul adds its bias.
-        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
-        bitwise("bias_add", &got.get(gx), &want).unwrap();
-    }
-}
-
-/// The bias kernels' bf16 twins at the same shapes: the column sums of bf16 rows into f32
-/// partial sums (then `add_partials`, f32 only), and the bias added to bf16 rows.
-#[test]
-fn bias_kernels_bf16_match_the_cpu() {
-    let Some(family) = Family::of("bias_kernels_bf16_match_the_cpu", "bias.cu") else { return };
-    let mut rng = Rng::new(11);
-    for (n, c) in [(N, 4 * C), (75, 100)] {
-        let (x, bias, db0) = (bf16_bits(&rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
-        let mut run = Run::new(n as u64);
-        let (gx, gb, db) = (run.buffer(&x), run.buffer(&bias), run.buffer(&db0));
-        let (cfg, chunks) = per_column_chunk(n, c);
-        let partial = run.buffer(&vec![f32::NAN; chunks * c]);
-        run.launch(
-            "column_partial_sums_bf16",
-            cfg,
-            &[
-                partial.into(),
-                gx.into(),
-                (n as i32).into(),
-                (c as i32).into(),
-                (ROWS_PER_CHUNK as i32).into(),
-            ],
-        );
-        add_partials(&mut run, db, partial, chunks, c);
-        run.launch(
-            "bias_add_bf16",
-            per_item(n * c),
-            &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
-        );
-        for buf in [db, gx] {
-            run.read(buf);
-        }
-        let got = family.run(run).unwrap();
-
-        let dev = cpu();
-        let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
-        let x = bf16_values(&x);
-        let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
-        dev.matmul_backward_weight(
-            &mut dw,
-            Some(&mut tdb),
-            &put(&x, &[n, c]),
-            &put(&vec![0.0; n], &[n, 1]),
-            WeightLayout::InOut,
-        );
-        let want = dev.to_host(&tdb);
-        close("dbias from bf16 rows", &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
-        // x + bias: the f32 kernel's one rounding, then bf16's.
-        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
-        rounds_from("bias_add_bf16", &got.get(gx), &want, 0.0, 0.0).unwrap();
     }
 }
 
