@@ -4,11 +4,9 @@
 //! hides both): within 2% on every stage. The schedules are the two the issue was found
 //! with (gpipe and interleaved-1f1b agree as closely at the real 124M shape; see the README).
 
-use super::model;
-use super::rank::{Local, Rank};
+use super::rank::Rank;
 use crate::config::Config;
 use crate::data::TokenFile;
-use stages::dist::{threads, Topology};
 use std::path::Path;
 
 #[test]
@@ -26,27 +24,7 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
             pipeline_schedule: schedule.into(),
             ..Config::default()
         };
-        let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
-        let placement = schedule.schedule().shape().placement;
-        let topology = Topology { pipeline: p, data: 1, placement };
-        let capacity = schedule.required_capacity().get();
-        let mut ranks: Vec<Rank> = threads::world(topology, capacity)
-            .into_iter()
-            .enumerate()
-            .map(|(id, (t, c))| {
-                Rank::build(
-                    &cfg,
-                    path,
-                    None,
-                    Local { cpu_threads: 1, sole_rank: false },
-                    id,
-                    topology,
-                    Box::new(t),
-                    Box::new(c),
-                )
-                .unwrap()
-            })
-            .collect();
+        let mut ranks = Rank::all_in_threads(&cfg, path);
         std::thread::scope(|s| {
             for r in &mut ranks {
                 let (cfg, data) = (&cfg, &data);

@@ -89,6 +89,23 @@ impl Rank {
         })
     }
 
+    /// Every rank of `cfg`'s pipeline (one replica) as threads of this process, built from
+    /// the seed with one CPU thread each: for tests that drive the steps themselves.
+    #[cfg(test)]
+    pub fn all_in_threads(cfg: &Config, cfg_path: &Path) -> Vec<Rank> {
+        let schedule = model::lowered_schedule(cfg, cfg_path).unwrap().1;
+        let placement = schedule.schedule().shape().placement;
+        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
+        let local = Local { cpu_threads: 1, sole_rank: false };
+        stages::dist::threads::world(topology, schedule.required_capacity().get())
+            .into_iter()
+            .enumerate()
+            .map(|(id, (t, c))| {
+                Rank::build(cfg, cfg_path, None, local, id, topology, Box::new(t), Box::new(c)).unwrap()
+            })
+            .collect()
+    }
+
     pub fn stage_index(&self) -> usize {
         self.topology.stage_of(self.id)
     }

@@ -5,12 +5,10 @@
 //! the CPU run says the same about the structure of a CUDA step; on a GPU the same test
 //! counts the CUDA device's real waits and allocations.
 
-use super::model;
-use super::rank::{Local, Rank};
+use super::rank::Rank;
 use crate::config::Config;
 use crate::data::TokenFile;
 use kernels::DeviceCounters;
-use stages::dist::{threads, Topology};
 use std::path::Path;
 
 /// Every rank's device counts over `steps` training steps after a first one, on `device`
@@ -41,27 +39,7 @@ fn counts_after_the_first_step(
         precision: precision.into(),
         ..Config::default()
     };
-    let schedule = model::lowered_schedule(&cfg, path).unwrap().1;
-    let placement = schedule.schedule().shape().placement;
-    let topology = Topology { pipeline: 2, data: 1, placement };
-    let capacity = schedule.required_capacity().get();
-    let mut ranks: Vec<Rank> = threads::world(topology, capacity)
-        .into_iter()
-        .enumerate()
-        .map(|(id, (t, c))| {
-            Rank::build(
-                &cfg,
-                path,
-                None,
-                Local { cpu_threads: 1, sole_rank: false },
-                id,
-                topology,
-                Box::new(t),
-                Box::new(c),
-            )
-            .unwrap()
-        })
-        .collect();
+    let mut ranks = Rank::all_in_threads(&cfg, path);
     let run = |ranks: &mut [Rank], step: usize| {
         std::thread::scope(|s| {
             for r in ranks.iter_mut() {
