@@ -175,7 +175,7 @@ impl Report<'_> {
     /// Per stage, one layer's activations on one GPU beside Korthikanti et al.'s figure.
     fn print_layer_bytes(&self) {
         println!(
-            "activations per layer and microbatch on one GPU ({} bytes per element), against Korthikanti et al. 2022, Table 2",
+            "activations per layer and microbatch on one GPU ({} bytes per activation element, f32 statistics), against Korthikanti et al. 2022, Table 2",
             self.setup.activation_bytes_per_element()
         );
         println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no LayerNorm statistics, which we keep in fp32)");
