@@ -258,6 +258,17 @@ __device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned l
     return bits;
 }
 
+// out[n][e] = x[n][e] times its dropout factor: mask.scale where bit 4n + e of `bits`
+// (kept's) is set, else 0. `out` may be `x`.
+__device__ __forceinline__ void times_kept(float out[KTILES][4], const float x[KTILES][4], unsigned int bits,
+                                           float scale) {
+    #pragma unroll
+    for (int c = 0; c < KTILES; ++c) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) out[c][e] = x[c][e] * (bits >> (4 * c + e) & 1u ? scale : 0.0f);
+    }
+}
+
 // Over the four lanes of a quad (t = 0..3), which together hold a row of a product.
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
@@ -330,14 +341,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
                 l[e / 2] += s[c][e];
             }
         }
-        if (dropout) {  // P' = P * keep, which the output accumulates
-            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
-            #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) s[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
-            }
-        }
+        if (dropout) times_kept(s, s, kept(mask, hd.bh, T, r0, j0, false), mask.scale);  // P', which o accumulates
         #pragma unroll
         for (int d = 0; d < DTILES; ++d) {
             #pragma unroll
@@ -407,14 +411,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         if (next) store_tile(k[1 - cur], f);
         scores(dp, dy, v[cur], hs);
         if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
-        if (dropout) {
-            const unsigned int bits = kept(mask, hd.bh, T, r0, j0, false);
-            #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
-            }
-        }
+        if (dropout) times_kept(dp, dp, kept(mask, hd.bh, T, r0, j0, false), mask.scale);
         // dS into s; zero where masked (P = 0).
         #pragma unroll
         for (int c = 0; c < KTILES; ++c) {
@@ -502,24 +499,14 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         }
         const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
         if (dropout) {  // dv takes P' = P * keep, dS below P itself
-            #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[c][e] = bits >> (4 * c + e) & 1u ? mask.scale * s[c][e] : 0.0f;
-            }
+            times_kept(dp, s, bits, mask.scale);
             accumulate(dv, dp, dy[cur]);
         } else {
             accumulate(dv, s, dy[cur]);
         }
         scores(dp, v, dy[cur], hs);
         // dS into dp: P (keep * dP - delta).
-        if (dropout) {
-            #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[c][e] *= bits >> (4 * c + e) & 1u ? mask.scale : 0.0f;
-            }
-        }
+        if (dropout) times_kept(dp, dp, bits, mask.scale);
         #pragma unroll
         for (int c = 0; c < KTILES; ++c) {
             #pragma unroll

@@ -123,15 +123,16 @@ pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4 };
 pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY };
 /// GPT-2's head size with T = 100: two tiles, the last partial, in both heads.
 pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2 };
+/// GPT-2 124M's step in full: B = 4, T = 1024, C = 768, 12 heads of 64.
+pub const GPT2: Dims = Dims { b: 4, t: 1024, c: 768, nh: 12 };
 
 #[test]
 fn fused_attention_matches_the_cpu() {
     let Some(family) = Family::of("fused_attention_matches_the_cpu", FP32.file) else { return };
-    // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48 heads
-    // the last (b = 3, h = 11, the largest offsets) runs: every head's blocks do the same
-    // work, and one head's 32 query tiles and 32 key tiles take seconds to emulate.
-    let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
-    fused_attention(&family, &FP32, gpt2, &[47], Some(SPEC), 31).unwrap();
+    // GPT-2 124M's step in full, of whose 48 heads the last (b = 3, h = 11, the largest
+    // offsets) runs: every head's blocks do the same work, and one head's 32 query tiles
+    // and 32 key tiles take seconds to emulate.
+    fused_attention(&family, &FP32, GPT2, &[47], Some(SPEC), 31).unwrap();
     let all: Vec<usize> = (0..ODD.heads()).collect();
     fused_attention(&family, &FP32, ODD, &all, None, 32).unwrap();
     fused_attention(&family, &FP32, ODD, &all, Some(SPEC), 33).unwrap();

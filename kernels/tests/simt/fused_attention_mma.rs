@@ -5,7 +5,7 @@
 //! activations and their gradients under bf16; lse and delta stay fp32.
 
 use crate::attention::Dims;
-use crate::fused_attention::{fused_attention, Fused, SPEC};
+use crate::fused_attention::{fused_attention, Fused, GPT2, SPEC, TWO_TILES};
 use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
@@ -47,14 +47,12 @@ pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2 };
 #[test]
 fn fused_attention_mma_matches_the_cpu() {
     let Some(family) = Family::of("fused_attention_mma_matches_the_cpu", BF16.file) else { return };
-    // GPT-2 124M's step in full (B = 4, T = 1024, C = 768, 12 heads of 64), of whose 48
-    // heads the last (b = 3, h = 11, the largest offsets) runs, as fused_attention.rs does.
-    let gpt2 = Dims { b: 4, t: 1024, c: 768, nh: 12 };
-    fused_attention(&family, &BF16, gpt2, &[47], Some(SPEC), 51).unwrap();
+    // GPT-2 124M's step in full, of whose 48 heads the last (b = 3, h = 11, the largest
+    // offsets) runs, as fused_attention.rs does.
+    fused_attention(&family, &BF16, GPT2, &[47], Some(SPEC), 51).unwrap();
     // GPT-2's head size with T = 100, whose last tile is partial, in both heads.
-    let partial = Dims { b: 1, t: 100, c: 128, nh: 2 };
-    fused_attention(&family, &BF16, partial, &[0, 1], None, 52).unwrap();
-    fused_attention(&family, &BF16, partial, &[0, 1], Some(SPEC), 53).unwrap();
+    fused_attention(&family, &BF16, TWO_TILES, &[0, 1], None, 52).unwrap();
+    fused_attention(&family, &BF16, TWO_TILES, &[0, 1], Some(SPEC), 53).unwrap();
     let all: Vec<usize> = (0..ODD.heads()).collect();
     fused_attention(&family, &BF16, ODD, &all, None, 54).unwrap();
     fused_attention(&family, &BF16, ODD, &all, Some(SPEC), 55).unwrap();
@@ -73,7 +71,7 @@ fn fused_attention_mma_matches_the_cpu() {
 fn fused_attention_mma_rounds_its_output_once() {
     let Some(family) = Family::of("fused_attention_mma_rounds_its_output_once", BF16.file) else { return };
     // Every head of T = 77 (two tiles, a partial one) at head size 32, and of T = 100 at 64.
-    for (d, seed) in [(ODD, 57), (Dims { b: 1, t: 100, c: 128, nh: 2 }, 58)] {
+    for (d, seed) in [(ODD, 57), (TWO_TILES, 58)] {
         let (c, t) = (d.c, d.t);
         let eighths: Vec<f32> =
             Rng::new(seed).uniform(3 * d.act(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
