@@ -85,6 +85,17 @@ pub fn padded_vocab(vocab: usize) -> usize {
     vocab.next_multiple_of(VOCAB_PADDING)
 }
 
+/// The elements of the bf16 copy a device storing bf16 activations keeps beside a parameter
+/// of `shape` for its matmuls to read: a matrix's, its rows padded with zeros to a multiple
+/// of [`VOCAB_PADDING`] (so the LM head's GEMMs read wte's as [Vp, C]); none for a vector
+/// (biases and LayerNorms, which kernels read in f32).
+pub fn bf16_copy_len(shape: &[usize]) -> Option<usize> {
+    match *shape {
+        [rows, cols] => Some(padded_vocab(rows) * cols),
+        _ => None,
+    }
+}
+
 pub trait Device: Send + Sync {
     /// Human-readable name, e.g. "cpu (4 threads)".
     fn name(&self) -> String;

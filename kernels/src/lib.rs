@@ -22,7 +22,9 @@ pub use attention::{
     attention_mma_fits, AttentionSaved, AttentionSaves, ATTENTION_MMA_K, FUSED_MAX_HEAD_SIZE,
 };
 pub use counters::DeviceCounters;
-pub use device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING};
+pub use device::{
+    bf16_copy_len, padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING,
+};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot};
 pub use readout::{Readout, ReadoutStorage};

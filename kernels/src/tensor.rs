@@ -43,15 +43,23 @@ pub enum Storage {
 }
 
 impl Storage {
-    /// Bytes of device (or host) memory this storage holds for `len` elements.
-    fn bytes(&self, len: usize) -> usize {
+    fn dtype(&self) -> DType {
         match self {
             #[cfg(feature = "cuda")]
-            Storage::CudaBf16(_) => len * DType::Bf16.size(),
-            #[cfg(feature = "cuda")]
-            Storage::CudaMaster { bf16, .. } => len * DType::F32.size() + bf16.len() * DType::Bf16.size(),
-            _ => len * DType::F32.size(),
+            Storage::CudaBf16(_) => DType::Bf16,
+            _ => DType::F32,
         }
+    }
+
+    /// Bytes of device (or host) memory this storage holds for `len` elements: theirs, and
+    /// a parameter's bf16 copy.
+    fn bytes(&self, len: usize) -> usize {
+        let copy = match self {
+            #[cfg(feature = "cuda")]
+            Storage::CudaMaster { bf16, .. } => bf16.len() * DType::Bf16.size(),
+            _ => 0,
+        };
+        len * self.dtype().size() + copy
     }
 }
 
@@ -107,11 +115,7 @@ impl Tensor {
     }
 
     pub fn dtype(&self) -> DType {
-        match self.storage {
-            #[cfg(feature = "cuda")]
-            Storage::CudaBf16(_) => DType::Bf16,
-            _ => DType::F32,
-        }
+        self.storage.dtype()
     }
 
     pub fn category(&self) -> Category {

@@ -8,7 +8,7 @@ use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
 use crate::shape::GptShape;
 use crate::tensor_parallel::{Split, TensorParallel};
-use kernels::{padded_vocab, DType};
+use kernels::{bf16_copy_len, DType};
 
 /// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
 pub fn stash_bytes(
@@ -40,18 +40,15 @@ pub fn static_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> u
     (4 * param_elements(s, tp, layout) + tied_head_grad) * F32_BYTES + weight_copy_bytes(s, tp, layout)
 }
 
-/// The bf16 copy a device storing bf16 activations keeps beside every matrix (2-D)
-/// parameter, for the matmuls to read: the blocks' four weights, wte and wpe, not the
-/// biases and LayerNorms. The device pads each copy's rows with zeros to a multiple of
-/// [`kernels::VOCAB_PADDING`], so the LM head's GEMMs read wte's as [Vp, C].
+/// The bf16 copies a device storing bf16 activations keeps beside the parameters
+/// ([`bf16_copy_len`]: the blocks' four weights, wte and wpe, their rows padded).
 fn weight_copy_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     if s.activations != DType::Bf16 {
         return 0;
     }
     let elements: usize = chunk_param_specs(s, layout)
         .iter()
-        .filter(|p| p.shape.len() == 2)
-        .map(|p| tp.per_rank(padded_vocab(p.shape[0]) * p.shape[1], p.split))
+        .filter_map(|p| Some(tp.per_rank(bf16_copy_len(&p.shape)?, p.split)))
         .sum();
     elements * DType::Bf16.size()
 }

@@ -103,7 +103,7 @@ fn assert_f32(dtype: DType) {
     assert_eq!(dtype, DType::F32, "cpu: tensors are f32 here, {dtype:?} asked");
 }
 
-/// (rows, last dimension) of a tensor seen as a matrix over its last axis.
+/// Panics on a token id outside a vocabulary of `vocab`: a bug in the caller.
 fn assert_tokens_below(tokens: &[u32], vocab: usize) {
     if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
         panic!("token id {bad} is outside the vocabulary of {vocab}");

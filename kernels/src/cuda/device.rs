@@ -10,7 +10,7 @@ use super::launch::per_item;
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{bf16_copy_len, AdamWStep, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
@@ -151,11 +151,11 @@ impl CudaDevice {
             .unwrap_or_else(|e| panic!("cuda: cannot copy {shape:?} to GPU {}: {e:?}", self.ordinal))
     }
 
-    /// Whether a parameter of `shape` carries a bf16 copy: a matrix (a matmul weight or the
-    /// tied embedding) on a device whose matmuls are bf16. Vectors (biases, LayerNorm) are
-    /// read in f32 by the kernels that use them.
-    fn keeps_bf16_copy(&self, shape: &[usize], category: Category) -> bool {
-        self.precision == MatmulPrecision::Bf16 && category == Category::Parameters && shape.len() == 2
+    /// The length of the bf16 copy a tensor of `shape` carries: a matrix parameter's
+    /// ([`bf16_copy_len`]) on a device whose matmuls are bf16.
+    fn bf16_copy_len(&self, shape: &[usize], category: Category) -> Option<usize> {
+        let bf16_parameter = self.precision == MatmulPrecision::Bf16 && category == Category::Parameters;
+        bf16_parameter.then(|| bf16_copy_len(shape)).flatten()
     }
 
     /// Makes a parameter's bf16 copy equal to its master rounded (the padding rows stay
@@ -309,13 +309,16 @@ impl Device for CudaDevice {
         let len = shape.iter().product();
         let storage = match dtype {
             DType::Bf16 => Storage::CudaBf16(self.arena.take::<u16>(&self.stream, len)),
-            DType::F32 if self.keeps_bf16_copy(shape, category) => {
-                let mut bf16 = self.arena.take::<u16>(&self.stream, padded_vocab(shape[0]) * shape[1]);
-                // The padding rows stay zero for the tensor's life; the rest is refreshed.
-                self.stream.memset_zeros(&mut bf16).unwrap_or_else(|e| panic!("cuda: cannot zero: {e:?}"));
-                Storage::CudaMaster { master: self.arena.take::<f32>(&self.stream, len), bf16 }
-            }
-            DType::F32 => Storage::Cuda(self.arena.take::<f32>(&self.stream, len)),
+            DType::F32 => match self.bf16_copy_len(shape, category) {
+                Some(copy_len) => {
+                    let mut bf16 = self.arena.take::<u16>(&self.stream, copy_len);
+                    // The padding rows stay zero for the tensor's life; the rest is refreshed.
+                    let zeroed = self.stream.memset_zeros(&mut bf16);
+                    zeroed.unwrap_or_else(|e| panic!("cuda: cannot zero: {e:?}"));
+                    Storage::CudaMaster { master: self.arena.take::<f32>(&self.stream, len), bf16 }
+                }
+                None => Storage::Cuda(self.arena.take::<f32>(&self.stream, len)),
+            },
         };
         self.tensor(shape, storage, category)
     }
