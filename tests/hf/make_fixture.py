@@ -56,27 +56,35 @@ def main() -> None:
                 p.copy_(0.2 * torch.randn_like(p))
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "head not tied"
 
-    # One stream of BATCH * T + 1 tokens; sequence b reads stream[b*T : b*T+T] and predicts the
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    expected = {"generated_by": "tests/hf/make_fixture.py", **versions(), **losses_on_a_stream(model, VOCAB, T, BATCH)}
+    write_json(os.path.join(out, "expected.json"), expected)
+    print(f"wrote {out}: {summary(expected)}")
+
+
+def versions() -> dict:
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def losses_on_a_stream(model, vocab: int, t: int, batch: int) -> dict:
+    """A random token stream, its `batch` windows of `t` tokens and the per-token losses
+    `model` computes on them (fp32 forward, cross entropy in fp64)."""
+    # One stream of batch * t + 1 tokens; sequence b reads stream[b*t : b*t+t] and predicts the
     # next token of each, so `pipetrain eval` on a .bin of this stream sees the same windows.
     g = torch.Generator().manual_seed(1)
-    stream = torch.randint(0, VOCAB, (BATCH * T + 1,), generator=g)
-    stream[3], stream[20] = 0, VOCAB - 1  # both ends of the vocabulary
-    tokens = torch.stack([stream[b * T : b * T + T] for b in range(BATCH)])
-    targets = torch.stack([stream[b * T + 1 : b * T + T + 1] for b in range(BATCH)])
+    stream = torch.randint(0, vocab, (batch * t + 1,), generator=g)
+    stream[3], stream[20] = 0, vocab - 1  # both ends of the vocabulary
+    tokens = torch.stack([stream[b * t : b * t + t] for b in range(batch)])
+    targets = torch.stack([stream[b * t + 1 : b * t + t + 1] for b in range(batch)])
 
     with torch.no_grad():
         logits = model(tokens).logits  # fp32 forward
-        losses = F.cross_entropy(logits.double().reshape(-1, VOCAB), targets.reshape(-1), reduction="none")
+        losses = F.cross_entropy(logits.double().reshape(-1, vocab), targets.reshape(-1), reduction="none")
         # Window 0 of the stream, computed on its own as `pipetrain eval --windows 1` does.
-        w0 = model(stream[None, :T]).logits.double()
-        window0 = F.cross_entropy(w0[0], stream[1 : T + 1], reduction="none").mean().item()
-
-    os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    expected = {
-        "generated_by": "tests/hf/make_fixture.py",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        w0 = model(stream[None, :t]).logits.double()
+        window0 = F.cross_entropy(w0[0], stream[1 : t + 1], reduction="none").mean().item()
+    return {
         "stream": stream.tolist(),
         "tokens": tokens.tolist(),
         "targets": targets.tolist(),
@@ -84,10 +92,17 @@ def main() -> None:
         "logits_sum": logits.double().sum().item(),
         "eval_window0_mean": window0,
     }
-    with open(os.path.join(out, "expected.json"), "w") as f:
+
+
+def summary(expected: dict) -> str:
+    losses = expected["losses"]
+    return f"losses {min(losses):.3f}..{max(losses):.3f}, window 0 mean {expected['eval_window0_mean']:.6f}"
+
+
+def write_json(path: str, d: dict) -> None:
+    with open(path, "w") as f:
         # One key per line, each value on one line (repr of a float reads back exactly).
-        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in expected.items()) + "\n}\n")
-    print(f"wrote {out}: losses {losses.min().item():.3f}..{losses.max().item():.3f}, window 0 mean {window0:.6f}")
+        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in d.items()) + "\n}\n")
 
 
 if __name__ == "__main__":
