@@ -1,0 +1,89 @@
+"""Generate tests/fixtures/hf_llama_tiny: a tiny Llama (LlamaForCausalLM) saved by Hugging Face
+transformers as sharded safetensors with model.safetensors.index.json, and the per-token
+losses transformers computes with it, in the form tests/fixtures/hf_tiny has for GPT-2.
+
+    python3 tests/hf/make_llama_fixture.py [OUT_DIR]   # default: tests/fixtures/hf_llama_tiny
+    python3 tests/hf/make_generate_fixture.py tests/fixtures/hf_llama_tiny
+
+Also writes OUT_DIR's sibling hf_llama_tiny_rope500k: the same weights with rope_theta 500000
+(Llama 3's), saved as one model.safetensors, so a loader that ignores rope_theta (10000 is
+transformers' default) or reads only one of the two layouts fails one of them.
+
+Needs torch and transformers (CPU is enough); CI only reads the committed output. The shape
+has what separates Llama from GPT-2: grouped-query attention (4 query heads sharing 2
+key/value heads), a SwiGLU width that is not 4x the model's, no biases, an output layer apart
+from the embedding. The weights are random and far from init: every RMSNorm weight is random
+(some near 0, some negative), the matrices are wide enough (std 0.2) that attention is far
+from uniform, and the embedding and output layer are drawn separately, so a mistake in any of
+them shows in the losses.
+"""
+
+import os
+import sys
+
+import torch
+from make_fixture import losses_on_a_stream, summary, versions, write_json
+from transformers import LlamaConfig, LlamaForCausalLM
+
+VOCAB, T, BATCH = 96, 16, 2
+# Small enough that the ~85 KB of weights span several shards.
+SHARD_SIZE = "40KB"
+
+
+def tiny_llama(rope_theta: float) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=T,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        rms_norm_eps=1e-5,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
+    config._attn_implementation = "eager"
+    # Eager attention is the documented math (QK^T / sqrt(d), causal mask, softmax, times V).
+    model = LlamaForCausalLM(config).eval()
+    assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # input_layernorm, post_attention_layernorm, model.norm
+                p.copy_(1.0 + 0.4 * torch.randn_like(p))
+            else:
+                assert not name.endswith(".bias"), name
+                p.copy_(0.2 * torch.randn_like(p))
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr(), "head tied"
+    return model
+
+
+def save(model: LlamaForCausalLM, out: str, shard_size: str | None) -> dict:
+    os.makedirs(out, exist_ok=True)
+    if shard_size:
+        model.save_pretrained(out, max_shard_size=shard_size)
+    else:
+        model.save_pretrained(out)
+    expected = {"generated_by": "tests/hf/make_llama_fixture.py", **versions(), **losses_on_a_stream(model, VOCAB, T, BATCH)}
+    write_json(os.path.join(out, "expected.json"), expected)
+    print(f"wrote {out}: {sorted(os.listdir(out))}, {summary(expected)}")
+    return expected
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_llama_tiny")
+    save(tiny_llama(10000.0), out, SHARD_SIZE)
+    shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
+    assert len(shards) >= 2 and os.path.exists(os.path.join(out, "model.safetensors.index.json")), shards
+    save(tiny_llama(500000.0), os.path.join(os.path.dirname(os.path.abspath(out)), "hf_llama_tiny_rope500k"), None)
+
+
+if __name__ == "__main__":
+    main()
