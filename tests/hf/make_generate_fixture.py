@@ -1,5 +1,6 @@
-"""Write tests/fixtures/hf_tiny/generate.json: the tokens transformers' greedy
-`generate(do_sample=False)` produces from the committed tiny GPT-2, for tests/generate_cli.rs.
+"""Write FIXTURE_DIR/generate.json: the tokens transformers' greedy `generate(do_sample=False)`
+produces from a committed tiny model (the GPT-2 of hf_tiny or the Llama of hf_llama_tiny),
+for tests/generate_cli.rs.
 
     python3 tests/hf/make_generate_fixture.py [FIXTURE_DIR]   # default: tests/fixtures/hf_tiny
 
@@ -9,13 +10,12 @@ each prompt is given as the single-byte GPT-2 tokens its text encodes to, which 
 fixture's 96-token vocabulary holds.
 """
 
-import json
 import os
 import sys
 
 import torch
-import transformers
-from transformers import GPT2LMHeadModel
+from make_fixture import versions, write_json
+from transformers import AutoModelForCausalLM
 
 # (prompt text, its GPT-2 BPE tokens, new tokens): byte tokens are the byte minus 33, and
 # the pre-tokenizer splits letters from punctuation, so nothing merges.
@@ -25,12 +25,12 @@ CASES = [("!", [0], 15), ("x=y", [87, 28, 88], 13), ("Q", [48], 6)]
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     fixture = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_tiny")
-    model = GPT2LMHeadModel.from_pretrained(fixture, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager").eval()
     model.generation_config.eos_token_id = None
     cases = []
     for text, prompt, new in CASES:
         assert all(ord(ch) - 33 == t for ch, t in zip(text, prompt)), text
-        assert len(prompt) + new <= model.config.n_positions
+        assert len(prompt) + new <= model.config.max_position_embeddings
         with torch.no_grad():
             out = model.generate(
                 torch.tensor([prompt]),
@@ -49,15 +49,8 @@ def main() -> None:
         assert margin > 1e-3, (text, margin)
         cases.append({"prompt": text, "prompt_tokens": prompt, "new_tokens": tokens})
 
-    expected = {
-        "generated_by": "tests/hf/make_generate_fixture.py",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "greedy": cases,
-    }
     path = os.path.join(fixture, "generate.json")
-    with open(path, "w") as f:
-        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in expected.items()) + "\n}\n")
+    write_json(path, {"generated_by": "tests/hf/make_generate_fixture.py", **versions(), "greedy": cases})
     print(f"wrote {path}: {[c['new_tokens'] for c in cases]}")
 
 
