@@ -1,4 +1,5 @@
-"""Load a pipetrain export in Hugging Face transformers and print what it computes.
+"""Load a pipetrain export (GPT2LMHeadModel or LlamaForCausalLM) in Hugging Face transformers
+and print what it computes.
 
     pipetrain export --checkpoint RUN --hf OUT
     python3 tests/hf/check_export.py OUT [val.bin] [--windows N --seq-length T]
@@ -14,7 +15,7 @@ import argparse
 
 import numpy as np
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def windows(path: str, n: int, t: int) -> torch.Tensor:
@@ -36,9 +37,15 @@ def main() -> None:
     a = p.parse_args()
     a.data = a.data or a.bin
 
-    model = GPT2LMHeadModel.from_pretrained(a.dir).eval()
-    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "head not tied"
-    vocab, n_pos = model.config.vocab_size, model.config.n_positions
+    model, info = AutoModelForCausalLM.from_pretrained(a.dir, attn_implementation="eager", output_loading_info=True)
+    model.eval()
+    # from_pretrained fills a tensor the files lack with its random init and only warns, so a
+    # misnamed or missing tensor in the export would otherwise go unseen.
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, f"{a.dir}: {problems}"
+    tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert tied == model.config.tie_word_embeddings, f"tie_word_embeddings is {model.config.tie_word_embeddings}"
+    vocab, n_pos = model.config.vocab_size, model.config.max_position_embeddings
     fixed = torch.tensor([[50256, 464, 1266, 286, 1243, 13, 632, 373][: n_pos]]) % vocab
     with torch.no_grad():
         print(f"logits sum {model(fixed).logits.double().sum().item():.6f} for input {fixed.tolist()[0]}")
