@@ -70,7 +70,8 @@ def save(model: LlamaForCausalLM, out: str, shard_size: str | None) -> dict:
         model.save_pretrained(out, max_shard_size=shard_size)
     else:
         model.save_pretrained(out)
-    expected = {"generated_by": "tests/hf/make_llama_fixture.py", **versions(), **losses_on_a_stream(model, VOCAB, T, BATCH)}
+    expected = {"generated_by": "tests/hf/make_llama_fixture.py", **versions()}
+    expected.update(losses_on_a_stream(model, VOCAB, T, BATCH))
     write_json(os.path.join(out, "expected.json"), expected)
     print(f"wrote {out}: {sorted(os.listdir(out))}, {summary(expected)}")
     return expected
@@ -82,7 +83,8 @@ def main() -> None:
     save(tiny_llama(10000.0), out, SHARD_SIZE)
     shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
     assert len(shards) >= 2 and os.path.exists(os.path.join(out, "model.safetensors.index.json")), shards
-    save(tiny_llama(500000.0), os.path.join(os.path.dirname(os.path.abspath(out)), "hf_llama_tiny_rope500k"), None)
+    rope500k = os.path.join(os.path.dirname(os.path.abspath(out)), "hf_llama_tiny_rope500k")
+    save(tiny_llama(500000.0), rope500k, None)
 
 
 if __name__ == "__main__":
