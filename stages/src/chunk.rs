@@ -7,11 +7,12 @@
 
 use crate::layers::block::{Block, BlockActs};
 use crate::layers::head::{HeadActs, LossGrad};
+use crate::layers::norm::NormLayer;
 use crate::layers::weight_grads::{self, WeightGrad, WeightGrads};
-use crate::layers::{embedding, head, DropoutCtx};
-use crate::params::{ChunkLayout, Parameters};
+use crate::layers::{embedding, head, pair_mut, DropoutCtx};
+use crate::model::{DropoutProbs, ModelShape};
+use crate::params::{ChunkLayout, Parameters, Role};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
-use crate::shape::{DropoutProbs, GptShape};
 use kernels::{Category, Device, Stopwatch, Tensor};
 use std::sync::Arc;
 
@@ -64,7 +65,7 @@ pub struct ForwardOutput {
 }
 
 pub struct ModelChunk {
-    pub shape: GptShape,
+    pub shape: ModelShape,
     pub layout: ChunkLayout,
     pub params: Parameters,
     pub policy: RecomputePolicy,
@@ -80,7 +81,7 @@ pub struct DeferredWeightGrads(Vec<WeightGrad>);
 
 impl ModelChunk {
     pub fn new(
-        shape: GptShape,
+        shape: ModelShape,
         layout: ChunkLayout,
         params: Parameters,
         policy: RecomputePolicy,
@@ -96,8 +97,8 @@ impl ModelChunk {
 
     fn block(&self, offset: usize) -> Block<'_> {
         let layer = self.layout.blocks.start + offset;
-        let base = self.params.block_base(layer);
-        Block { s: &self.shape, layer, w: &self.params.values[base..base + 12] }
+        let at = self.params.block(&self.shape, layer);
+        Block { s: &self.shape, layer, w: &self.params.values, at }
     }
 
     fn selective_modules(&self) -> SelectiveModules {
@@ -116,8 +117,9 @@ impl ModelChunk {
         let mut x = match input {
             Some(x) => x,
             None => {
-                let wte = p.wte_index().expect("embedding chunk holds wte");
-                embedding::forward(dev, &self.shape, &p.values[wte], &p.values[wte + 1], mb.tokens, &dropout)
+                let wte = p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
+                let wpe = p.index(Role::PositionEmbedding).map(|i| &p.values[i]);
+                embedding::forward(dev, &self.shape, &p.values[wte], wpe, mb.tokens, &dropout)
             }
         };
         let blocks = self.layout.blocks.len();
@@ -178,29 +180,22 @@ impl ModelChunk {
             });
             return ForwardOutput { output: Some(x), losses: None, stash };
         }
+        let s = self.shape;
         let p = &mut self.params;
-        let wte = p.wte_index().expect("head chunk holds wte");
-        let lnf = p.ln_f_index();
-        // The LM head's gradient of wte: its own tensor where this chunk also holds the
-        // embedding (the two are summed before the optimizer step), else wte's gradient.
-        let dwte = match p.head_wte_grad.as_mut() {
+        let output = p.output_layer_index();
+        let (norm_w, norm_b) = final_norm_indices(p);
+        // The output layer's gradient: for a tied token embedding, its own tensor where this
+        // chunk also holds the embedding (the two are summed before the optimizer step).
+        let doutput = match p.head_wte_grad.as_mut() {
             Some(g) => g,
-            None => &mut p.grads[wte],
+            None => &mut p.grads[output],
         };
         let grad = match mb.mode {
-            Mode::Train { grad_scale } => Some(LossGrad { scale: grad_scale, dwte }),
+            Mode::Train { grad_scale } => Some(LossGrad { scale: grad_scale, dweight: doutput }),
             Mode::Eval => None,
         };
-        let (losses, head) = head::forward(
-            dev,
-            &self.shape,
-            &p.values[wte],
-            &p.values[lnf],
-            &p.values[lnf + 1],
-            x,
-            mb.targets,
-            grad,
-        );
+        let norm = final_norm(&s, &p.values, norm_w, norm_b);
+        let (losses, head) = head::forward(dev, &s, &p.values[output], &norm, x, mb.targets, grad);
         let stash =
             training.then_some(ChunkStash { microbatch: mb.index, step: mb.step, tokens, segments, head });
         ForwardOutput { output: None, losses: Some(losses), stash }
@@ -222,9 +217,16 @@ impl ModelChunk {
         let mut dx = match stash.head {
             Some(acts) => {
                 let p = &mut self.params;
-                let lnf = p.ln_f_index();
-                let (dln_w, dln_b) = p.grads[lnf..].split_at_mut(1);
-                head::backward(dev, &s, &p.values[lnf], acts, &mut dln_w[0], &mut dln_b[0])
+                let (w, b) = final_norm_indices(p);
+                let norm = final_norm(&s, &p.values, w, b);
+                let (dw, db) = match b {
+                    Some(b) => {
+                        let (dw, db) = pair_mut(&mut p.grads, w, b);
+                        (dw, Some(db))
+                    }
+                    None => (&mut p.grads[w], None),
+                };
+                head::backward(dev, &s, &norm, acts, dw, db)
             }
             None => dout.expect("a chunk without the head needs the output gradient"),
         };
@@ -240,21 +242,25 @@ impl ModelChunk {
                 }
             };
             for (i, acts) in acts.into_iter().enumerate().rev() {
-                let offset = start + i;
-                let layer = self.layout.blocks.start + offset;
-                let base = self.params.block_base(layer);
+                let layer = self.layout.blocks.start + start + i;
                 let p = &mut self.params;
-                let block = Block { s: &s, layer, w: &p.values[base..base + 12] };
-                dx =
-                    block.backward(dev, acts, dx, &dropout, &mut p.grads, base, &mut wg, &mut self.recompute);
+                let at = p.block(&s, layer);
+                let block = Block { s: &s, layer, w: &p.values, at };
+                dx = block.backward(dev, acts, dx, &dropout, &mut p.grads, &mut wg, &mut self.recompute);
             }
         }
         if self.layout.embedding {
             let p = &mut self.params;
-            let wte = p.wte_index().expect("embedding chunk holds wte");
+            let wte = p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
             let tokens = stash.tokens.expect("embedding stash keeps its tokens");
-            let (dwte, dwpe) = p.grads[wte..].split_at_mut(1);
-            embedding::backward(dev, &mut dwte[0], &mut dwpe[0], dx, &tokens, &dropout);
+            let (dwte, dwpe) = match p.index(Role::PositionEmbedding) {
+                Some(wpe) => {
+                    let (dwte, dwpe) = pair_mut(&mut p.grads, wte, wpe);
+                    (dwte, Some(dwpe))
+                }
+                None => (&mut p.grads[wte], None),
+            };
+            embedding::backward(dev, dwte, dwpe, dx, &tokens, &dropout);
             return (None, deferred(wg));
         }
         (Some(dx), deferred(wg))
@@ -287,6 +293,15 @@ impl ModelChunk {
             weight_grads::apply(dev, &mut p.grads, wg);
         }
     }
+}
+
+/// The chunk indices of the final norm's weight and bias.
+fn final_norm_indices(p: &Parameters) -> (usize, Option<usize>) {
+    (p.index(Role::FinalNormWeight).expect("the head's chunk holds the final norm"), p.index(Role::FinalNormBias))
+}
+
+fn final_norm<'a>(s: &ModelShape, values: &'a [Tensor], weight: usize, bias: Option<usize>) -> NormLayer<'a> {
+    NormLayer { norm: s.arch.norm, eps: s.arch.norm_eps, weight: &values[weight], bias: bias.map(|b| &values[b]) }
 }
 
 /// The weight gradients left for backward-weight, now accounted as activations: what W

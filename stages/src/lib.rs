@@ -1,5 +1,6 @@
-//! stages: the GPT-2 model as hand-written layers, split into chunks that pipeline stages
-//! own, with the activation stash and the recompute policy that shapes it.
+//! stages: the model (its description, `model.rs`, and its hand-written layers), split into
+//! chunks that pipeline stages own, with the activation stash and the recompute policy that
+//! shapes it.
 
 pub mod chunk;
 pub mod dist;
@@ -7,12 +8,12 @@ pub mod flops;
 pub mod init;
 pub mod layers;
 pub mod memory_model;
+pub mod model;
 pub mod params;
 pub mod partition;
 pub mod recompute;
 pub mod runtime;
 pub mod saved;
-pub mod shape;
 pub mod stage;
 pub mod tensor_parallel;
 
@@ -20,5 +21,7 @@ pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode
 pub use dist::NamedTensor;
 pub use params::{ChunkLayout, Parameters};
 pub use recompute::{FullMethod, RecomputePolicy, SelectiveModules};
-pub use shape::{DropoutProbs, GptShape};
+pub use layers::activation::Activation;
+pub use layers::norm::Norm;
+pub use model::{Architecture, DropoutProbs, ModelShape, Naming, Positions};
 pub use tensor_parallel::TensorParallel;

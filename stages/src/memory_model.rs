@@ -6,13 +6,13 @@
 use crate::params::{chunk_param_specs, ChunkLayout};
 use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
-use crate::shape::GptShape;
+use crate::model::ModelShape;
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{bf16_copy_len, DType};
 
 /// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
 pub fn stash_bytes(
-    s: &GptShape,
+    s: &ModelShape,
     tp: TensorParallel,
     layout: &ChunkLayout,
     policy: &RecomputePolicy,
@@ -27,22 +27,22 @@ pub fn stash_bytes(
 }
 
 /// Elements of a chunk's parameters (a head-only chunk counts its copy of wte).
-pub fn param_elements(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+pub fn param_elements(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     chunk_param_specs(s, layout).iter().map(|p| tp.per_rank(p.shape.iter().product::<usize>(), p.split)).sum()
 }
 
-/// Parameters, gradients (plus the LM head's separate tied gradient where one chunk holds
-/// both ends) and the two AdamW moments, all fp32, and the bf16 weight copy of a device
-/// storing bf16 activations.
-pub fn static_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+/// Parameters, gradients (plus the output layer's separate gradient of a tied embedding
+/// where one chunk holds both ends) and the two AdamW moments, all fp32, and the bf16 weight
+/// copy of a device storing bf16 activations.
+pub fn static_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     let wte = tp.per_rank(s.vocab * s.hidden, Split::Interior);
-    let tied_head_grad = if layout.embedding && layout.head { wte } else { 0 };
+    let tied_head_grad = if s.arch.tied_output && layout.embedding && layout.head { wte } else { 0 };
     (4 * param_elements(s, tp, layout) + tied_head_grad) * F32_BYTES + weight_copy_bytes(s, tp, layout)
 }
 
 /// The bf16 copies a device storing bf16 activations keeps beside the parameters
-/// ([`bf16_copy_len`]: the blocks' four weights, wte and wpe, their rows padded).
-fn weight_copy_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+/// ([`bf16_copy_len`]: every matrix parameter, its rows padded).
+fn weight_copy_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     if s.activations != DType::Bf16 {
         return 0;
     }
@@ -59,15 +59,15 @@ fn weight_copy_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> 
 /// as activations until W has run.
 /// Under tensor parallelism a column-parallel matmul's input and a row-parallel one's output
 /// gradient lie outside the split (whole, or a sequence shard), the others inside it.
-pub fn deferred_weight_grad_bytes(s: &GptShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+pub fn deferred_weight_grad_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     let (n, c, f) = (s.tokens(), s.hidden, s.ffn);
     let outside = |e: usize| tp.per_rank(e, Split::Sequence);
     let inside = |e: usize| tp.per_rank(e, Split::Interior);
-    // (ln1, dqkv), (atty, dattproj), (ln2, dfch), (gelu, dfcproj) per block. The head's
+    // (norm1, dqkv), (atty, dattproj), (norm2, dfc1), (act, dfc2) per block. The head's
     // matmul has none: its whole backward runs in forward.
-    let per_block = (outside(n * c) + inside(3 * n * c))
+    let per_block = (outside(n * c) + inside(n * s.qkv_width()))
         + (inside(n * c) + outside(n * c))
-        + (outside(n * c) + inside(n * f))
+        + (outside(n * c) + inside(n * s.fc1_width()))
         + (inside(n * f) + outside(n * c));
     layout.blocks.len() * per_block * s.activations.size()
 }

@@ -1,52 +1,25 @@
-//! The parameters of one model chunk, with Hugging Face GPT-2 names and layouts, their
-//! gradients and AdamW moments.
+//! The model's parameters as its description declares them (name, shape, init, weight
+//! decay, tensor-parallel split, Hugging Face name), and one chunk's values, gradients and
+//! AdamW moments.
 //!
-//! Every parameter has a global index in the whole model's order (wte, wpe, h.0.*, h.1.*,
-//! ..., ln_f.*), which keys its initialisation and orders the global grad-norm sum, so both
-//! are the same whatever the partition into stages.
+//! Every parameter has a global index in the whole model's order (token embedding, position
+//! embedding, each block's, final norm, output layer), which keys its initialisation and
+//! orders the global grad-norm sum, so both are the same whatever the partition into stages.
 
 use crate::init::normal_init;
-use crate::shape::GptShape;
+use crate::model::{ModelShape, Naming, Positions};
 use crate::tensor_parallel::Split;
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
 /// The part of the model a chunk holds: an optional embedding, a contiguous range of
-/// transformer blocks, an optional head (final LayerNorm + tied LM head + loss).
+/// transformer blocks, an optional head (final norm + output layer + loss).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkLayout {
     pub blocks: Range<usize>,
     pub embedding: bool,
     pub head: bool,
 }
-
-/// The twelve tensors of block `i`, in this order (offsets used by the layers).
-pub const BLOCK_PARAM_NAMES: [&str; 12] = [
-    "ln_1.weight",
-    "ln_1.bias",
-    "attn.c_attn.weight",
-    "attn.c_attn.bias",
-    "attn.c_proj.weight",
-    "attn.c_proj.bias",
-    "ln_2.weight",
-    "ln_2.bias",
-    "mlp.c_fc.weight",
-    "mlp.c_fc.bias",
-    "mlp.c_proj.weight",
-    "mlp.c_proj.bias",
-];
-pub const LN1_W: usize = 0;
-pub const LN1_B: usize = 1;
-pub const ATTN_W: usize = 2;
-pub const ATTN_B: usize = 3;
-pub const ATTN_PROJ_W: usize = 4;
-pub const ATTN_PROJ_B: usize = 5;
-pub const LN2_W: usize = 6;
-pub const LN2_B: usize = 7;
-pub const FC_W: usize = 8;
-pub const FC_B: usize = 9;
-pub const FC_PROJ_W: usize = 10;
-pub const FC_PROJ_B: usize = 11;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Init {
@@ -55,95 +28,336 @@ pub enum Init {
     Ones,
 }
 
+/// A block's parameters, in the order a block lists them (Hugging Face's GPT-2 order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockParam {
+    Norm1Weight,
+    Norm1Bias,
+    /// The fused q, k, v projection.
+    QkvWeight,
+    QkvBias,
+    /// The attention's output projection.
+    ProjWeight,
+    ProjBias,
+    Norm2Weight,
+    Norm2Bias,
+    /// The MLP's first projection (fused gate and up under SwiGLU).
+    Fc1Weight,
+    Fc1Bias,
+    /// The MLP's second projection.
+    Fc2Weight,
+    Fc2Bias,
+}
+
+impl BlockParam {
+    pub const ALL: [BlockParam; 12] = [
+        BlockParam::Norm1Weight,
+        BlockParam::Norm1Bias,
+        BlockParam::QkvWeight,
+        BlockParam::QkvBias,
+        BlockParam::ProjWeight,
+        BlockParam::ProjBias,
+        BlockParam::Norm2Weight,
+        BlockParam::Norm2Bias,
+        BlockParam::Fc1Weight,
+        BlockParam::Fc1Bias,
+        BlockParam::Fc2Weight,
+        BlockParam::Fc2Bias,
+    ];
+
+    /// Whether a model of shape `s` has this parameter.
+    fn present(self, s: &ModelShape) -> bool {
+        use BlockParam::*;
+        match self {
+            Norm1Bias | Norm2Bias => s.arch.norm.has_bias(),
+            QkvBias | ProjBias | Fc1Bias | Fc2Bias => s.arch.linear_bias,
+            Norm1Weight | QkvWeight | ProjWeight | Norm2Weight | Fc1Weight | Fc2Weight => true,
+        }
+    }
+
+    /// The bias of a matmul weight.
+    pub fn bias(self) -> Option<BlockParam> {
+        use BlockParam::*;
+        match self {
+            QkvWeight => Some(QkvBias),
+            ProjWeight => Some(ProjBias),
+            Fc1Weight => Some(Fc1Bias),
+            Fc2Weight => Some(Fc2Bias),
+            _ => None,
+        }
+    }
+}
+
+/// A parameter's place in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    TokenEmbedding,
+    PositionEmbedding,
+    Block { layer: usize, param: BlockParam },
+    FinalNormWeight,
+    FinalNormBias,
+    /// The untied output layer [V,C] (a tied model's is the token embedding).
+    OutputLayer,
+}
+
+/// One Hugging Face tensor that a parameter holds: `rows` consecutive rows of it (the
+/// leading dimension), the parameter being its parts stacked in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HfPart {
+    pub name: String,
+    pub rows: usize,
+}
+
 /// One parameter tensor's identity.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamSpec {
-    /// Hugging Face GPT-2 name, e.g. `h.3.mlp.c_fc.weight`.
+    /// pipetrain's name: the Hugging Face name where the parameter is one Hugging Face tensor
+    /// (`h.3.mlp.c_fc.weight`), else the fused tensor's (`model.layers.3.self_attn.qkv_proj.weight`).
     pub name: String,
+    pub role: Role,
     pub shape: Vec<usize>,
     /// Position in the whole model's parameter order.
     pub global_index: usize,
     pub init: Init,
-    /// AdamW weight decay applies (matrices and embeddings, not biases or LayerNorm).
+    /// AdamW weight decay applies (matrices and embeddings, not biases or norms).
     pub decay: bool,
-    /// How Megatron splits it over tensor-parallel ranks: the token embedding by vocabulary,
-    /// column-parallel weights and biases by columns, row-parallel weights by rows (never by
-    /// sequence: a parameter is `Interior` or `Replicated`).
+    /// How Megatron splits it over tensor-parallel ranks: the token embedding and output
+    /// layer by vocabulary, column-parallel weights and biases by columns (q, k, v by heads
+    /// and groups), row-parallel weights by rows (never by sequence: a parameter is
+    /// `Interior` or `Replicated`).
     pub split: Split,
+    /// The Hugging Face tensors it stacks, in order (one, named `name`, for most).
+    pub hf: Vec<HfPart>,
+}
+
+impl ParamSpec {
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The Hugging Face tensors of `data` (this parameter's values), each with its shape.
+    pub fn to_hf<'a>(&'a self, data: &'a [f32]) -> impl Iterator<Item = (&'a str, Vec<usize>, &'a [f32])> {
+        let row: usize = self.shape[1..].iter().product();
+        let mut start = 0;
+        self.hf.iter().map(move |part| {
+            let mut shape = self.shape.clone();
+            shape[0] = part.rows;
+            let slice = &data[start * row..(start + part.rows) * row];
+            start += part.rows;
+            (part.name.as_str(), shape, slice)
+        })
+    }
+
+    /// Each Hugging Face part's name and shape.
+    pub fn hf_shapes(&self) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+        self.hf.iter().map(|part| {
+            let mut shape = self.shape.clone();
+            shape[0] = part.rows;
+            (part.name.clone(), shape)
+        })
+    }
 }
 
 /// The full model's parameter list, in global order.
-pub fn model_param_specs(s: &GptShape) -> Vec<ParamSpec> {
+pub fn model_param_specs(s: &ModelShape) -> Vec<ParamSpec> {
     chunk_param_specs(s, &ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true })
 }
 
-/// The specs of one chunk, in global order. A head-only chunk also holds a copy of
-/// `wte.weight` (the tied LM head), listed first like the embedding's. Only the chunk's own
-/// specs are built (the planner sizes thousands of chunks).
-pub fn chunk_param_specs(s: &GptShape, layout: &ChunkLayout) -> Vec<ParamSpec> {
-    let (c, f, std) = (s.hidden, s.ffn, 0.02f32);
-    // GPT-2 scales the residual projections by 1/sqrt(2 * layers).
-    let proj_std = std / (2.0 * s.num_layers as f32).sqrt();
-    let wte = ParamSpec {
-        name: "wte.weight".into(),
-        shape: vec![s.vocab, c],
-        global_index: 0,
-        init: Init::Normal(std),
-        decay: true,
-        split: Split::Interior,
+/// Parameters of the whole model (a tied output layer counted once).
+pub fn total_params(s: &ModelShape) -> usize {
+    model_param_specs(s).iter().map(ParamSpec::elements).sum()
+}
+
+/// The parameters of one block of shape `s`, in block order.
+pub fn block_params(s: &ModelShape) -> impl Iterator<Item = BlockParam> + '_ {
+    BlockParam::ALL.into_iter().filter(|p| p.present(s))
+}
+
+/// Parameters per block.
+pub fn block_param_count(s: &ModelShape) -> usize {
+    block_params(s).count()
+}
+
+/// Global index of block 0's first parameter: after the token embedding and a learned
+/// position table.
+fn first_block_index(s: &ModelShape) -> usize {
+    1 + usize::from(s.arch.positions == Positions::Learned)
+}
+
+/// The specs of one chunk, in global order. A head-only chunk of a tied model also holds a
+/// copy of the token embedding (the output layer), listed first like the embedding's. Only
+/// the chunk's own specs are built (the planner sizes thousands of chunks).
+pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec> {
+    let (c, v, std) = (s.hidden, s.vocab, s.arch.init_std);
+    let naming = s.naming();
+    let whole = |name: &str, rows: usize| vec![HfPart { name: name.to_string(), rows }];
+    let spec = |role, name: String, shape: Vec<usize>, global_index, init, decay, split| {
+        let hf = whole(&name, shape[0]);
+        ParamSpec { name, role, shape, global_index, init, decay, split, hf }
+    };
+    let token_embedding = || {
+        let name = match naming {
+            Naming::Gpt2 => "wte.weight",
+            Naming::Llama => "model.embed_tokens.weight",
+        };
+        spec(Role::TokenEmbedding, name.into(), vec![v, c], 0, Init::Normal(std), true, Split::Interior)
     };
     let mut specs = Vec::new();
-    if layout.embedding {
-        specs.push(wte);
-        specs.push(ParamSpec {
-            name: "wpe.weight".into(),
-            shape: vec![s.max_positions, c],
-            global_index: 1,
-            init: Init::Normal(std),
-            decay: true,
-            split: Split::Replicated,
-        });
-    } else if layout.head {
-        specs.push(wte);
+    if layout.embedding || (layout.head && s.arch.tied_output) {
+        specs.push(token_embedding());
     }
-    let (split, whole) = (Split::Interior, Split::Replicated);
-    let block: [(Vec<usize>, Init, bool, Split); 12] = [
-        (vec![c], Init::Ones, false, whole),
-        (vec![c], Init::Zeros, false, whole),
-        (vec![c, 3 * c], Init::Normal(std), true, split),
-        (vec![3 * c], Init::Zeros, false, split),
-        (vec![c, c], Init::Normal(proj_std), true, split),
-        (vec![c], Init::Zeros, false, whole),
-        (vec![c], Init::Ones, false, whole),
-        (vec![c], Init::Zeros, false, whole),
-        (vec![c, f], Init::Normal(std), true, split),
-        (vec![f], Init::Zeros, false, split),
-        (vec![f, c], Init::Normal(proj_std), true, split),
-        (vec![c], Init::Zeros, false, whole),
-    ];
-    for i in layout.blocks.clone() {
-        for (k, (shape, init, decay, split)) in block.iter().cloned().enumerate() {
-            let name = format!("h.{i}.{}", BLOCK_PARAM_NAMES[k]);
-            specs.push(ParamSpec { name, shape, global_index: 2 + 12 * i + k, init, decay, split });
-        }
+    if layout.embedding && s.arch.positions == Positions::Learned {
+        let name = match naming {
+            Naming::Gpt2 => "wpe.weight",
+            Naming::Llama => "model.embed_positions.weight",
+        };
+        let shape = vec![s.max_positions, c];
+        specs.push(spec(Role::PositionEmbedding, name.into(), shape, 1, Init::Normal(std), true, Split::Replicated));
+    }
+    let per_block = block_param_count(s);
+    for layer in layout.blocks.clone() {
+        let base = first_block_index(s) + per_block * layer;
+        specs.extend(block_params(s).enumerate().map(|(k, param)| block_spec(s, layer, param, base + k)));
     }
     if layout.head {
-        for (k, (name, init)) in
-            [("ln_f.weight", Init::Ones), ("ln_f.bias", Init::Zeros)].into_iter().enumerate()
-        {
-            let global_index = 2 + 12 * s.num_layers + k;
-            let split = Split::Replicated;
-            specs.push(ParamSpec {
-                name: name.into(),
-                shape: vec![c],
-                global_index,
-                init,
-                decay: false,
-                split,
-            });
+        let index = first_block_index(s) + per_block * s.num_layers;
+        let (weight, bias) = match naming {
+            Naming::Gpt2 => ("ln_f.weight", "ln_f.bias"),
+            Naming::Llama => ("model.norm.weight", "model.norm.bias"),
+        };
+        specs.push(spec(Role::FinalNormWeight, weight.into(), vec![c], index, Init::Ones, false, Split::Replicated));
+        if s.arch.norm.has_bias() {
+            let role = Role::FinalNormBias;
+            specs.push(spec(role, bias.into(), vec![c], index + 1, Init::Zeros, false, Split::Replicated));
+        }
+        if !s.arch.tied_output {
+            let index = index + 1 + usize::from(s.arch.norm.has_bias());
+            let shape = vec![v, c];
+            let role = Role::OutputLayer;
+            specs.push(spec(role, "lm_head.weight".into(), shape, index, Init::Normal(std), true, Split::Interior));
         }
     }
     specs
+}
+
+/// Parameter `param` of block `layer`: its shape in the model's weight layout, its init
+/// (the residual projections scaled by 1/sqrt(2 * layers)), and its names.
+fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usize) -> ParamSpec {
+    use BlockParam::*;
+    let (c, f, std) = (s.hidden, s.ffn, s.arch.init_std);
+    let proj_std = std / (2.0 * s.num_layers as f32).sqrt();
+    let (qkv, fc1) = (s.qkv_width(), s.fc1_width());
+    // A matmul weight [in, out] in GPT-2's Conv1D layout, [out, in] in Llama's Linear one.
+    let matrix = |inp: usize, out: usize| match s.naming() {
+        Naming::Gpt2 => vec![inp, out],
+        Naming::Llama => vec![out, inp],
+    };
+    let (shape, init, decay, split) = match param {
+        Norm1Weight | Norm2Weight => (vec![c], Init::Ones, false, Split::Replicated),
+        Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
+        QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),
+        QkvBias => (vec![qkv], Init::Zeros, false, Split::Interior),
+        ProjWeight => (matrix(c, c), Init::Normal(proj_std), true, Split::Interior),
+        Fc1Weight => (matrix(c, fc1), Init::Normal(std), true, Split::Interior),
+        Fc1Bias => (vec![fc1], Init::Zeros, false, Split::Interior),
+        Fc2Weight => (matrix(f, c), Init::Normal(proj_std), true, Split::Interior),
+    };
+    let (name, hf) = match s.naming() {
+        Naming::Gpt2 => {
+            let name = format!("h.{layer}.{}", gpt2_name(param));
+            (name.clone(), vec![HfPart { name, rows: shape[0] }])
+        }
+        Naming::Llama => llama_names(s, layer, param, shape[0]),
+    };
+    let role = Role::Block { layer, param };
+    ParamSpec { name, role, shape, global_index, init, decay, split, hf }
+}
+
+fn gpt2_name(param: BlockParam) -> &'static str {
+    use BlockParam::*;
+    match param {
+        Norm1Weight => "ln_1.weight",
+        Norm1Bias => "ln_1.bias",
+        QkvWeight => "attn.c_attn.weight",
+        QkvBias => "attn.c_attn.bias",
+        ProjWeight => "attn.c_proj.weight",
+        ProjBias => "attn.c_proj.bias",
+        Norm2Weight => "ln_2.weight",
+        Norm2Bias => "ln_2.bias",
+        Fc1Weight => "mlp.c_fc.weight",
+        Fc1Bias => "mlp.c_fc.bias",
+        Fc2Weight => "mlp.c_proj.weight",
+        Fc2Bias => "mlp.c_proj.bias",
+    }
+}
+
+/// Llama's names: pipetrain's fused q, k, v (and SwiGLU's gate and up) are Hugging Face's
+/// separate projections stacked by rows, as `LlamaForCausalLM` lists them.
+fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> (String, Vec<HfPart>) {
+    use BlockParam::*;
+    let prefix = format!("model.layers.{layer}");
+    let kind = if matches!(param, Norm1Weight | Norm2Weight | QkvWeight | ProjWeight | Fc1Weight | Fc2Weight) {
+        "weight"
+    } else {
+        "bias"
+    };
+    let one = |module: &str| {
+        let name = format!("{prefix}.{module}.{kind}");
+        (name.clone(), vec![HfPart { name, rows }])
+    };
+    let stacked = |fused: &str, parts: &[(&str, usize)]| {
+        let hf = parts.iter().map(|(m, rows)| HfPart { name: format!("{prefix}.{m}.{kind}"), rows: *rows }).collect();
+        (format!("{prefix}.{fused}.{kind}"), hf)
+    };
+    let hs = s.head_size();
+    match param {
+        Norm1Weight | Norm1Bias => one("input_layernorm"),
+        Norm2Weight | Norm2Bias => one("post_attention_layernorm"),
+        QkvWeight | QkvBias => stacked(
+            "self_attn.qkv_proj",
+            &[("self_attn.q_proj", s.heads * hs), ("self_attn.k_proj", s.kv_heads * hs), ("self_attn.v_proj", s.kv_heads * hs)],
+        ),
+        ProjWeight | ProjBias => one("self_attn.o_proj"),
+        Fc1Weight | Fc1Bias => match s.arch.activation.fc1_width(1) {
+            2 => stacked("mlp.gate_up_proj", &[("mlp.gate_proj", s.ffn), ("mlp.up_proj", s.ffn)]),
+            _ => one("mlp.up_proj"),
+        },
+        Fc2Weight | Fc2Bias => one("mlp.down_proj"),
+    }
+}
+
+/// Where each of a block's parameters sits in its chunk's list.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIndices {
+    /// The chunk index of the block's first parameter.
+    base: usize,
+    /// Offsets within the block, by [`BlockParam::ALL`] position; None where absent.
+    offsets: [Option<usize>; 12],
+}
+
+impl BlockIndices {
+    pub fn at(s: &ModelShape, base: usize) -> BlockIndices {
+        let mut offsets = [None; 12];
+        for (k, param) in block_params(s).enumerate() {
+            offsets[param as usize] = Some(k);
+        }
+        BlockIndices { base, offsets }
+    }
+
+    /// The chunk index of `param`, if the model has it.
+    pub fn get(&self, param: BlockParam) -> Option<usize> {
+        self.offsets[param as usize].map(|k| self.base + k)
+    }
+
+    /// The chunk index of a parameter every block has.
+    pub fn of(&self, param: BlockParam) -> usize {
+        self.get(param).unwrap_or_else(|| panic!("the model's blocks have no {param:?}"))
+    }
+
+    /// The chunk indices of the whole block.
+    pub fn range(&self) -> Range<usize> {
+        self.base..self.base + self.offsets.iter().flatten().count()
+    }
 }
 
 /// A chunk's parameters, gradients and optimizer state, index-aligned with `specs`.
@@ -151,11 +365,11 @@ pub struct Parameters {
     pub specs: Vec<ParamSpec>,
     /// Values [spec.shape].
     pub values: Vec<Tensor>,
-    /// Gradients accumulated over the microbatches of a step. For `wte.weight` this is the
-    /// embedding's gradient, or the head's in a head-only chunk.
+    /// Gradients accumulated over the microbatches of a step. For a tied token embedding
+    /// this is the embedding's gradient, or the output layer's in a head-only chunk.
     pub grads: Vec<Tensor>,
-    /// The LM head's gradient of the tied `wte.weight` when the chunk holds both embedding
-    /// and head; the two are summed before the step, embedding first.
+    /// The output layer's gradient of the tied token embedding when the chunk holds both
+    /// embedding and head; the two are summed before the step, embedding first.
     pub head_wte_grad: Option<Tensor>,
     pub exp_avg: Vec<Tensor>,
     pub exp_avg_sq: Vec<Tensor>,
@@ -163,12 +377,12 @@ pub struct Parameters {
 
 impl Parameters {
     /// Initialises a chunk's parameters from the seed (the same values whatever the layout).
-    pub fn init(dev: &dyn Device, s: &GptShape, layout: &ChunkLayout, seed: u64) -> Parameters {
+    pub fn init(dev: &dyn Device, s: &ModelShape, layout: &ChunkLayout, seed: u64) -> Parameters {
         let specs = chunk_param_specs(s, layout);
         let values = specs
             .iter()
             .map(|p| {
-                let n: usize = p.shape.iter().product();
+                let n = p.elements();
                 let host = match p.init {
                     Init::Normal(std) => normal_init(seed, p.global_index as u32, n, std),
                     Init::Zeros => vec![0.0; n],
@@ -177,19 +391,20 @@ impl Parameters {
                 dev.from_host(&host, &p.shape, Category::Parameters)
             })
             .collect();
-        Self::with_values(dev, layout, specs, values)
+        Self::with_values(dev, s, layout, specs, values)
     }
 
     /// Wraps given values (e.g. loaded from a checkpoint) with zero gradients and moments.
     pub fn with_values(
         dev: &dyn Device,
+        s: &ModelShape,
         layout: &ChunkLayout,
         specs: Vec<ParamSpec>,
         values: Vec<Tensor>,
     ) -> Self {
         let zeros = |cat| specs.iter().map(|p| dev.zeros(&p.shape, cat)).collect::<Vec<_>>();
-        let head_wte_grad =
-            (layout.embedding && layout.head).then(|| dev.zeros(&specs[0].shape, Category::Gradients));
+        let head_wte_grad = (s.arch.tied_output && layout.embedding && layout.head)
+            .then(|| dev.zeros(&specs[0].shape, Category::Gradients));
         Parameters {
             grads: zeros(Category::Gradients),
             exp_avg: zeros(Category::OptimizerState),
@@ -200,20 +415,26 @@ impl Parameters {
         }
     }
 
-    /// Index of `wte.weight` in this chunk, if it holds it (embedding or tied head).
-    pub fn wte_index(&self) -> Option<usize> {
-        self.specs.iter().position(|p| p.global_index == 0)
+    /// Index of the parameter of `role` in this chunk, if it holds it.
+    pub fn index(&self, role: Role) -> Option<usize> {
+        self.specs.iter().position(|p| p.role == role)
     }
 
-    /// Index of block `block`'s first tensor (its ln_1.weight) in this chunk.
-    pub fn block_base(&self, block: usize) -> usize {
-        let global = 2 + 12 * block;
-        self.specs.iter().position(|p| p.global_index == global).expect("block not in this chunk")
+    /// Index of the output layer: the untied one, or the tied token embedding.
+    pub fn output_layer_index(&self) -> usize {
+        self.index(Role::OutputLayer)
+            .or_else(|| self.index(Role::TokenEmbedding))
+            .expect("a head chunk holds its output layer")
     }
 
-    /// Index of ln_f.weight (the head's LayerNorm).
-    pub fn ln_f_index(&self) -> usize {
-        self.specs.iter().position(|p| p.name == "ln_f.weight").expect("no head in this chunk")
+    /// Where block `layer`'s parameters sit in this chunk.
+    pub fn block(&self, s: &ModelShape, layer: usize) -> BlockIndices {
+        let first = self
+            .specs
+            .iter()
+            .position(|p| matches!(p.role, Role::Block { layer: l, .. } if l == layer))
+            .expect("block not in this chunk");
+        BlockIndices::at(s, first)
     }
 
     pub fn zero_grads(&mut self, dev: &dyn Device) {
@@ -224,5 +445,111 @@ impl Parameters {
 
     pub fn num_elements(&self) -> usize {
         self.values.iter().map(Tensor::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Architecture;
+
+    fn names(s: &ModelShape) -> Vec<String> {
+        model_param_specs(s).into_iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn gpt2_lists_hugging_face_names_in_order() {
+        let s = ModelShape { num_layers: 1, ..ModelShape::GPT2_SMALL };
+        let expected = [
+            "wte.weight",
+            "wpe.weight",
+            "h.0.ln_1.weight",
+            "h.0.ln_1.bias",
+            "h.0.attn.c_attn.weight",
+            "h.0.attn.c_attn.bias",
+            "h.0.attn.c_proj.weight",
+            "h.0.attn.c_proj.bias",
+            "h.0.ln_2.weight",
+            "h.0.ln_2.bias",
+            "h.0.mlp.c_fc.weight",
+            "h.0.mlp.c_fc.bias",
+            "h.0.mlp.c_proj.weight",
+            "h.0.mlp.c_proj.bias",
+            "ln_f.weight",
+            "ln_f.bias",
+        ];
+        assert_eq!(names(&s), expected);
+        let specs = model_param_specs(&s);
+        assert!(specs.iter().enumerate().all(|(i, p)| p.global_index == i && p.hf.len() == 1));
+        assert_eq!(specs[4].shape, [768, 2304]);
+        assert_eq!(specs.iter().map(ParamSpec::elements).sum::<usize>(), 124_439_808 - 11 * 7_087_872);
+    }
+
+    /// `init_method_std` is every normal init's std, the residual projections' scaled by
+    /// 1/sqrt(2 * layers): doubling it doubles every drawn weight exactly.
+    #[test]
+    fn init_std_scales_every_normal_init() {
+        let dev = kernels::cpu::CpuDevice::new(1);
+        let s = ModelShape { num_layers: 2, hidden: 8, heads: 2, kv_heads: 2, ffn: 16, vocab: 11, max_positions: 4, ..ModelShape::GPT2_SMALL };
+        let layout = ChunkLayout { blocks: 0..2, embedding: true, head: true };
+        let wider = ModelShape { arch: crate::model::Architecture { init_std: 0.04, ..s.arch }, ..s };
+        let (a, b) = (Parameters::init(&dev, &s, &layout, 5), Parameters::init(&dev, &wider, &layout, 5));
+        for (i, spec) in a.specs.iter().enumerate() {
+            let (x, y) = (dev.to_host(&a.values[i]), dev.to_host(&b.values[i]));
+            match spec.init {
+                Init::Normal(std) => {
+                    assert!(x.iter().zip(&y).all(|(x, y)| 2.0 * x == *y), "{}", spec.name);
+                    let expected = if spec.name.ends_with("c_proj.weight") { 0.02 / 2.0 } else { 0.02 };
+                    assert_eq!(std, expected, "{}", spec.name);
+                }
+                _ => assert_eq!(x, y, "{}", spec.name),
+            }
+        }
+    }
+
+    #[test]
+    fn llama_fuses_qkv_and_gate_up_and_unties_the_head() {
+        let s = ModelShape {
+            arch: Architecture::llama(1e4, 1e-5),
+            num_layers: 2,
+            hidden: 32,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 48,
+            vocab: 96,
+            ..ModelShape::GPT2_SMALL
+        };
+        let specs = model_param_specs(&s);
+        let listed: Vec<(String, Vec<usize>, usize)> =
+            specs.iter().filter(|p| !p.name.contains("layers.1.")).map(|p| (p.name.clone(), p.shape.clone(), p.global_index)).collect();
+        let want = [
+            ("model.embed_tokens.weight", vec![96, 32], 0),
+            ("model.layers.0.input_layernorm.weight", vec![32], 1),
+            ("model.layers.0.self_attn.qkv_proj.weight", vec![64, 32], 2),
+            ("model.layers.0.self_attn.o_proj.weight", vec![32, 32], 3),
+            ("model.layers.0.post_attention_layernorm.weight", vec![32], 4),
+            ("model.layers.0.mlp.gate_up_proj.weight", vec![96, 32], 5),
+            ("model.layers.0.mlp.down_proj.weight", vec![32, 48], 6),
+            ("model.norm.weight", vec![32], 13),
+            ("lm_head.weight", vec![96, 32], 14),
+        ];
+        assert_eq!(listed, want.map(|(n, s, i)| (n.to_string(), s, i)));
+        let qkv = &specs[2];
+        let hf: Vec<(String, Vec<usize>)> = qkv.hf_shapes().collect();
+        assert_eq!(
+            hf,
+            [
+                ("model.layers.0.self_attn.q_proj.weight".to_string(), vec![32, 32]),
+                ("model.layers.0.self_attn.k_proj.weight".to_string(), vec![16, 32]),
+                ("model.layers.0.self_attn.v_proj.weight".to_string(), vec![16, 32]),
+            ]
+        );
+        let data: Vec<f32> = (0..qkv.elements()).map(|i| i as f32).collect();
+        let parts: Vec<(&str, Vec<usize>, &[f32])> = qkv.to_hf(&data).collect();
+        assert_eq!(parts[1].2, &data[32 * 32..48 * 32]);
+        assert_eq!(parts[2].1, [16, 32]);
+        // A head-only chunk of an untied model holds no copy of the token embedding.
+        let head = chunk_param_specs(&s, &ChunkLayout { blocks: 2..2, embedding: false, head: true });
+        assert_eq!(head.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["model.norm.weight", "lm_head.weight"]);
     }
 }

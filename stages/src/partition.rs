@@ -4,11 +4,11 @@
 
 use crate::flops::{block_flops, head_flops};
 use crate::params::ChunkLayout;
-use crate::shape::GptShape;
+use crate::model::ModelShape;
 
 /// Blocks per virtual stage minimising the most expensive virtual stage's FLOPs.
 /// Every virtual stage gets at least one block, except that the last may hold only the head.
-pub fn balanced(s: &GptShape, virtual_stages: usize) -> Result<Vec<usize>, String> {
+pub fn balanced(s: &ModelShape, virtual_stages: usize) -> Result<Vec<usize>, String> {
     let l = s.num_layers;
     if virtual_stages == 0 || virtual_stages > l + 1 || (virtual_stages == l + 1 && l == 0) {
         return Err(format!("cannot split {l} layers over {virtual_stages} pipeline stages (chunks)"));
@@ -91,8 +91,8 @@ pub fn layouts(counts: &[usize]) -> Vec<ChunkLayout> {
 mod tests {
     use super::*;
 
-    fn gpt2(layers: usize) -> GptShape {
-        GptShape { num_layers: layers, ..GptShape::GPT2_SMALL }
+    fn gpt2(layers: usize) -> ModelShape {
+        ModelShape { num_layers: layers, ..ModelShape::GPT2_SMALL }
     }
 
     #[test]
@@ -101,7 +101,7 @@ mod tests {
         assert_eq!(balanced(&gpt2(12), 2).unwrap(), vec![8, 4]);
         assert_eq!(balanced(&gpt2(12), 4).unwrap(), vec![4, 4, 4, 0]);
         assert_eq!(balanced(&gpt2(12), 1).unwrap(), vec![12]);
-        let tiny = GptShape { hidden: 64, ffn: 256, seq_len: 32, heads: 4, max_positions: 32, ..gpt2(3) };
+        let tiny = ModelShape { hidden: 64, ffn: 256, seq_len: 32, heads: 4, max_positions: 32, ..gpt2(3) };
         assert_eq!(balanced(&tiny, 4).unwrap(), vec![1, 1, 1, 0]);
         assert_eq!(balanced(&tiny, 5).unwrap_err(), "cannot split 3 layers over 5 pipeline stages (chunks)");
     }

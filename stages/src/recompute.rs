@@ -24,23 +24,6 @@ pub struct SelectiveModules {
 impl SelectiveModules {
     pub const NONE: SelectiveModules = SelectiveModules { core_attn: false, mlp: false, layernorm: false };
 
-    /// From the config's `recompute_modules` names; an empty list means `core_attn`.
-    pub fn from_names(names: &[String]) -> Result<Self, String> {
-        if names.is_empty() {
-            return Ok(SelectiveModules { core_attn: true, ..Self::NONE });
-        }
-        let mut m = Self::NONE;
-        for name in names {
-            match name.as_str() {
-                "core_attn" => m.core_attn = true,
-                "mlp" => m.mlp = true,
-                "layernorm" => m.layernorm = true,
-                other => return Err(format!("`{other}` is not one of core_attn, mlp, layernorm")),
-            }
-        }
-        Ok(m)
-    }
-
     pub fn names(&self) -> Vec<&'static str> {
         [(self.core_attn, "core_attn"), (self.mlp, "mlp"), (self.layernorm, "layernorm")]
             .iter()
@@ -158,13 +141,8 @@ mod tests {
 
     #[test]
     fn selective_names() {
-        let m = SelectiveModules::from_names(&[]).unwrap();
-        assert_eq!(m.names(), vec!["core_attn"]);
-        let m = SelectiveModules::from_names(&["mlp".into(), "layernorm".into()]).unwrap();
+        let m = SelectiveModules { mlp: true, layernorm: true, ..SelectiveModules::NONE };
         assert_eq!(m.names(), vec!["mlp", "layernorm"]);
-        assert_eq!(
-            SelectiveModules::from_names(&["x".into()]).unwrap_err(),
-            "`x` is not one of core_attn, mlp, layernorm"
-        );
+        assert_eq!(RecomputePolicy::Selective(m).describe(), "selective (mlp, layernorm)");
     }
 }

@@ -6,79 +6,83 @@
 //! just before the backward that needs it. Dropout masks are never stored: they are
 //! regenerated from the counter-based RNG.
 //!
-//! Each tensor is stored in the activations' element type (`GptShape::activations`) but for
+//! Each tensor is stored in the activations' element type (`ModelShape::activations`) but for
 //! the row statistics, which the device keeps in f32 whatever its activations are: the
 //! LayerNorms' mean and reciprocal std and the fused attention core's log-sum-exp.
 
 use crate::recompute::SelectiveModules;
-use crate::shape::GptShape;
+use crate::model::ModelShape;
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::AttentionSaves;
 
-/// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH heads.
+/// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH
+/// heads, QKV the fused projection's width ((NH + 2 KV) * hs), FC1 the MLP's first
+/// projection's (F, or 2F for SwiGLU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockTensor {
-    /// x [B,T,C]: the block's input, read by ln_1's backward.
+    /// x [B,T,C]: the block's input, read by the first norm's backward.
     Input,
-    /// ln_1(x) [B,T,C]: input of c_attn, read by c_attn's weight gradient.
-    Ln1Out,
-    /// ln_1 mean and reciprocal std, [B,T] each.
-    Ln1Stats,
-    /// c_attn(ln_1(x)) [B,T,3C]: q, k, v.
+    /// norm_1(x) [B,T,C]: input of the qkv projection, read by its weight gradient.
+    Norm1Out,
+    /// norm_1's row statistics, [B,T] each: mean and reciprocal std (LayerNorm), or the
+    /// reciprocal root mean square (RMSNorm).
+    Norm1Stats,
+    /// q, k, v [B,T,QKV]: the qkv projection's output, after the rotary embedding where the
+    /// model has one (its backward needs no input).
     Qkv,
     /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout: the softmax's backward
     /// reads it. Only where the attention core keeps probabilities (the CPU backend).
     AttProbs,
     /// dropout(AttProbs) [B,NH,T,T], the input of the product with v, whose backward reads
     /// it. Only where the core keeps probabilities and training drops them
-    /// (`GptShape::attention_dropout`).
+    /// (`ModelShape::attention_dropout`).
     AttDropped,
     /// The log-sum-exp of each query row's scores [B,NH,T], from which the fused core's
     /// backward recomputes the probabilities (with q, k and the attention output). Only
     /// where the core is fused (the CUDA backend).
     AttLogSumExp,
-    /// attention output [B,T,C]: input of attn.c_proj.
+    /// attention output [B,T,C]: input of the output projection.
     AttOut,
-    /// x + dropout(c_proj(att)) [B,T,C]: the residual stream after attention, ln_2's input.
+    /// x + dropout(proj(att)) [B,T,C]: the residual stream after attention, norm_2's input.
     Residual,
-    /// ln_2(residual) [B,T,C]: input of c_fc.
-    Ln2Out,
-    /// ln_2 mean and reciprocal std, [B,T] each.
-    Ln2Stats,
-    /// c_fc(ln_2(..)) [B,T,F]: GELU's input.
+    /// norm_2(residual) [B,T,C]: input of the MLP's first projection.
+    Norm2Out,
+    /// norm_2's row statistics, as Norm1Stats.
+    Norm2Stats,
+    /// fc1(norm_2(..)) [B,T,FC1]: the activation's input.
     FcOut,
-    /// gelu(c_fc(..)) [B,T,F]: input of mlp.c_proj.
-    GeluOut,
+    /// act(fc1(..)) [B,T,F]: GELU's or SwiGLU's output, input of the MLP's second projection.
+    ActOut,
 }
 
 impl BlockTensor {
     pub const ALL: [BlockTensor; 13] = [
         BlockTensor::Input,
-        BlockTensor::Ln1Out,
-        BlockTensor::Ln1Stats,
+        BlockTensor::Norm1Out,
+        BlockTensor::Norm1Stats,
         BlockTensor::Qkv,
         BlockTensor::AttProbs,
         BlockTensor::AttDropped,
         BlockTensor::AttLogSumExp,
         BlockTensor::AttOut,
         BlockTensor::Residual,
-        BlockTensor::Ln2Out,
-        BlockTensor::Ln2Stats,
+        BlockTensor::Norm2Out,
+        BlockTensor::Norm2Stats,
         BlockTensor::FcOut,
-        BlockTensor::GeluOut,
+        BlockTensor::ActOut,
     ];
 
     /// Elements of this tensor for one microbatch.
-    pub fn elements(self, s: &GptShape) -> usize {
+    pub fn elements(self, s: &ModelShape) -> usize {
         let (n, c) = (s.tokens(), s.hidden);
         match self {
             BlockTensor::Input
-            | BlockTensor::Ln1Out
+            | BlockTensor::Norm1Out
             | BlockTensor::AttOut
             | BlockTensor::Residual
-            | BlockTensor::Ln2Out => n * c,
-            BlockTensor::Ln1Stats | BlockTensor::Ln2Stats => 2 * n,
-            BlockTensor::Qkv => 3 * n * c,
+            | BlockTensor::Norm2Out => n * c,
+            BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
+            BlockTensor::Qkv => n * s.qkv_width(),
             BlockTensor::AttProbs | BlockTensor::AttDropped
                 if s.attention != AttentionSaves::Probabilities =>
             {
@@ -89,7 +93,8 @@ impl BlockTensor {
             BlockTensor::AttDropped if s.attention_dropout => BlockTensor::AttProbs.elements(s),
             BlockTensor::AttDropped => 0,
             BlockTensor::AttLogSumExp => s.micro_batch * s.heads * s.seq_len,
-            BlockTensor::FcOut | BlockTensor::GeluOut => n * s.ffn,
+            BlockTensor::FcOut => n * s.fc1_width(),
+            BlockTensor::ActOut => n * s.ffn,
         }
     }
 
@@ -97,9 +102,9 @@ impl BlockTensor {
     /// rest. The probabilities count as activations, as Megatron-LM stores them; the
     /// trainer keeps them only where it stores f32 (the CPU, and CUDA heads too large for
     /// the fused core, which bf16 does not take).
-    pub fn element_bytes(self, s: &GptShape) -> usize {
+    pub fn element_bytes(self, s: &ModelShape) -> usize {
         match self {
-            BlockTensor::Ln1Stats | BlockTensor::Ln2Stats | BlockTensor::AttLogSumExp => F32_BYTES,
+            BlockTensor::Norm1Stats | BlockTensor::Norm2Stats | BlockTensor::AttLogSumExp => F32_BYTES,
             _ => s.activations.size(),
         }
     }
@@ -115,20 +120,20 @@ impl BlockTensor {
             | BlockTensor::AttLogSumExp
             | BlockTensor::AttOut
             | BlockTensor::FcOut
-            | BlockTensor::GeluOut => Split::Interior,
+            | BlockTensor::ActOut => Split::Interior,
             BlockTensor::Input
-            | BlockTensor::Ln1Out
-            | BlockTensor::Ln1Stats
+            | BlockTensor::Norm1Out
+            | BlockTensor::Norm1Stats
             | BlockTensor::Residual
-            | BlockTensor::Ln2Out
-            | BlockTensor::Ln2Stats => Split::Sequence,
+            | BlockTensor::Norm2Out
+            | BlockTensor::Norm2Stats => Split::Sequence,
         }
     }
 
     /// The tensor that stands for what the attention core keeps under `s.attention`
     /// (AttProbs for the probabilities, with AttDropped beside it under dropout): the
     /// block keeps or drops the core's tensors as it says.
-    pub fn attention_saved(s: &GptShape) -> BlockTensor {
+    pub fn attention_saved(s: &ModelShape) -> BlockTensor {
         match s.attention {
             AttentionSaves::Probabilities => BlockTensor::AttProbs,
             AttentionSaves::RowLogSumExp => BlockTensor::AttLogSumExp,
@@ -143,8 +148,8 @@ impl BlockTensor {
     pub fn dropped_by(self, modules: SelectiveModules) -> bool {
         match self {
             BlockTensor::AttProbs | BlockTensor::AttDropped => modules.core_attn,
-            BlockTensor::GeluOut => modules.mlp,
-            BlockTensor::Ln1Out | BlockTensor::Ln2Out => modules.layernorm,
+            BlockTensor::ActOut => modules.mlp,
+            BlockTensor::Norm1Out | BlockTensor::Norm2Out => modules.layernorm,
             _ => false,
         }
     }
@@ -171,7 +176,7 @@ pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
 }
 
 /// Bytes one block keeps for one microbatch under `keep`, on one of `tp`'s ranks.
-pub fn block_kept_bytes(s: &GptShape, tp: TensorParallel, keep: BlockKeep) -> usize {
+pub fn block_kept_bytes(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> usize {
     let entry = |t: BlockTensor| (tp.per_rank(t.elements(s), t.split()), t.element_bytes(s));
     let kept: Vec<(usize, usize)> = match keep {
         BlockKeep::Stored(modules) => {
@@ -183,13 +188,14 @@ pub fn block_kept_bytes(s: &GptShape, tp: TensorParallel, keep: BlockKeep) -> us
     kept_bytes(&kept)
 }
 
-/// Bytes the head keeps per microbatch: what the final LayerNorm's backward reads, its input
+/// Bytes the head keeps per microbatch: what the final norm's backward reads, its input
 /// and statistics (f32) and the gradient of its output, which the LM head's backward
 /// computed in forward. (The embedding keeps only its token ids, on the host.) All of it
 /// lies outside the vocab-parallel matmul: split along the sequence with sequence
 /// parallelism.
-pub fn head_kept_bytes(s: &GptShape, tp: TensorParallel) -> usize {
+pub fn head_kept_bytes(s: &ModelShape, tp: TensorParallel) -> usize {
     let (n, c) = (s.tokens(), s.hidden);
     let rows = |elements| tp.per_rank(elements, Split::Sequence);
-    kept_bytes(&[(rows(2 * n * c), s.activations.size()), (rows(2 * n), F32_BYTES)])
+    let stats = s.arch.norm.stats_per_row() * n;
+    kept_bytes(&[(rows(2 * n * c), s.activations.size()), (rows(stats), F32_BYTES)])
 }

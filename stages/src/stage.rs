@@ -3,6 +3,7 @@
 //! a single-stage run drives it directly.
 
 use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
+use crate::params::{Parameters, Role};
 use kernels::{AdamWStep, Device, Readings, Readout, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -146,37 +147,42 @@ impl Stage {
     /// Sums the two gradients of the tied token embedding where this stage holds both the
     /// embedding and the head: in one chunk (a single stage) or in two (stage 0 of a V
     /// placement, whose two copies then both hold the sum, as two stages do after their
-    /// exchange).
+    /// exchange). Nothing for an untied model.
     pub fn fold_local_tied_grad(&mut self) {
         let dev = &*self.device;
         let embedding = self.chunks.iter().position(|c| c.layout.embedding);
         let head = self.chunks.iter().position(|c| c.layout.head);
         let (Some(e), Some(h)) = (embedding, head) else { return };
+        if !self.chunks[e].shape.arch.tied_output {
+            return;
+        }
         if e == h {
             let p = &mut self.chunks[e].params;
-            let (head, wte) = (p.head_wte_grad.as_ref().expect("the head's own gradient"), p.wte_index());
-            dev.accumulate(&mut p.grads[wte.expect("embedding chunk holds wte")], head);
+            let (head, wte) = (p.head_wte_grad.as_ref().expect("the head's own gradient"), token_embedding(p));
+            dev.accumulate(&mut p.grads[wte], head);
             return;
         }
         let (low, high) = self.chunks.split_at_mut(e.max(h));
         let (embedding, head) = if e < h { (&mut low[e], &mut high[0]) } else { (&mut high[0], &mut low[h]) };
-        let (we, wh) = (embedding.params.wte_index(), head.params.wte_index());
-        let (we, wh) = (we.expect("embedding chunk holds wte"), wh.expect("head chunk holds wte"));
+        let (we, wh) = (token_embedding(&embedding.params), token_embedding(&head.params));
         dev.accumulate(&mut embedding.params.grads[we], &head.params.grads[wh]);
         dev.copy(&mut head.params.grads[wh], &embedding.params.grads[we]);
     }
 
     /// The gradient of this stage's copy of the tied token embedding where the other copy
-    /// is on another stage: the embedding's (first stage) or the LM head's (last stage).
-    /// Both holders sum the two, so both copies stay identical. None where this stage holds
-    /// both (see [`Stage::fold_local_tied_grad`]).
+    /// is on another stage: the embedding's (first stage) or the output layer's (last
+    /// stage). Both holders sum the two, so both copies stay identical. None where this
+    /// stage holds both (see [`Stage::fold_local_tied_grad`]), or the model is untied.
     pub fn tied_grad_mut(&mut self) -> Option<&mut Tensor> {
         let holds = |f: fn(&ModelChunk) -> bool| self.chunks.iter().any(f);
         if holds(|c| c.layout.embedding) && holds(|c| c.layout.head) {
             return None;
         }
         let c = self.chunks.iter_mut().find(|c| c.layout.embedding || c.layout.head)?;
-        let wte = c.params.wte_index()?;
+        if !c.shape.arch.tied_output {
+            return None;
+        }
+        let wte = c.params.index(Role::TokenEmbedding)?;
         Some(&mut c.params.grads[wte])
     }
 
@@ -235,7 +241,7 @@ fn owned_grads(chunks: &[ModelChunk]) -> impl Iterator<Item = (usize, &Tensor)> 
             .specs
             .iter()
             .zip(&c.params.grads)
-            .filter(|(spec, _)| spec.global_index != 0 || c.layout.embedding)
+            .filter(|(spec, _)| spec.role != Role::TokenEmbedding || c.layout.embedding)
             .map(|(spec, g)| (spec.global_index, g))
     })
 }
@@ -254,4 +260,9 @@ pub fn clip_factor(norm: f64, clip: f32) -> f32 {
     } else {
         1.0
     }
+}
+
+/// Index of the token embedding in a chunk that holds it (a tied model's head chunk does).
+fn token_embedding(p: &Parameters) -> usize {
+    p.index(Role::TokenEmbedding).expect("the chunk holds the tied token embedding")
 }

@@ -5,12 +5,14 @@
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
-use stages::{ChunkLayout, DropoutProbs, GptShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
+use stages::{ChunkLayout, DropoutProbs, ModelShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
 
-const SHAPE: GptShape = GptShape {
+const SHAPE: ModelShape = ModelShape {
+    arch: stages::Architecture::GPT2,
     num_layers: 2,
     hidden: 16,
     heads: 2,
+    kv_heads: 2,
     ffn: 64,
     seq_len: 8,
     max_positions: 8,

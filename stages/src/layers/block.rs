@@ -1,8 +1,11 @@
-//! One pre-LN transformer block, forward and backward:
+//! One pre-norm transformer block, forward and backward, as the model description shapes it
+//! (GPT-2: LayerNorm, GELU, biases; Llama: RMSNorm, rotary q and k, grouped-query
+//! attention, SwiGLU, no biases):
 //!
 //! ```text
-//! ln1  = ln_1(x)                         residual = x + dropout(attn.c_proj(attn(c_attn(ln1))))
-//! ln2  = ln_2(residual)                  y        = residual + dropout(c_proj(gelu(c_fc(ln2))))
+//! n1  = norm_1(x)                     qkv = rope(qkv_proj(n1))     att = attn(qkv)
+//! residual = x + dropout(proj(att))
+//! n2  = norm_2(residual)              y   = residual + dropout(fc2(act(fc1(n2))))
 //! ```
 //!
 //! Forward keeps the tensors of [`BlockTensor`](crate::saved::BlockTensor) except those the
@@ -12,24 +15,25 @@
 //! their key).
 
 use super::dropout_ctx::DropoutCtx;
+use super::pair_mut;
+use super::norm::{NormLayer, NormStats};
 use super::weight_grads::{WeightGrad, WeightGrads};
-use crate::params::*;
+use crate::model::{ModelShape, Positions};
+use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
-use crate::shape::GptShape;
-use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Stopwatch, Tensor, WeightLayout};
+use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Stopwatch, Tensor};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
 pub struct BlockActs {
     /// x [B,T,C]
     pub input: Tensor,
-    /// ln_1(x) [B,T,C]
-    pub ln1: Option<Tensor>,
+    /// norm_1(x) [B,T,C]
+    pub n1: Option<Tensor>,
     /// [B,T] each
-    pub ln1_mean: Tensor,
-    pub ln1_rstd: Tensor,
-    /// [B,T,3C]
+    pub n1_stats: NormStats,
+    /// [B,T,QKV], after the rotary embedding
     pub qkv: Tensor,
     /// what the attention core's backward reads besides q, k, v and its output: the
     /// probabilities or the per-row log-sum-exp, as the device keeps them
@@ -38,23 +42,23 @@ pub struct BlockActs {
     pub atty: Tensor,
     /// x + dropout(attn proj) [B,T,C]
     pub residual: Tensor,
-    /// ln_2(residual) [B,T,C]
-    pub ln2: Option<Tensor>,
+    /// norm_2(residual) [B,T,C]
+    pub n2: Option<Tensor>,
     /// [B,T] each
-    pub ln2_mean: Tensor,
-    pub ln2_rstd: Tensor,
-    /// c_fc output [B,T,F]
+    pub n2_stats: NormStats,
+    /// fc1 output [B,T,FC1]
     pub fch: Tensor,
-    /// gelu(fch) [B,T,F]
-    pub fch_gelu: Option<Tensor>,
+    /// act(fch) [B,T,F]
+    pub fch_act: Option<Tensor>,
 }
 
 /// Transformer block `layer` (global index) of a model of shape `s`.
 pub struct Block<'a> {
-    pub s: &'a GptShape,
+    pub s: &'a ModelShape,
     pub layer: usize,
-    /// The block's twelve parameters, in [`BLOCK_PARAM_NAMES`] order.
+    /// The chunk's parameters, the block's at `at`.
     pub w: &'a [Tensor],
+    pub at: BlockIndices,
 }
 
 fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
@@ -80,6 +84,43 @@ fn dropout_backward_or_keep(dev: &dyn Device, d: Arc<Tensor>, spec: Option<Dropo
 }
 
 impl Block<'_> {
+    fn param(&self, p: BlockParam) -> &Tensor {
+        &self.w[self.at.of(p)]
+    }
+
+    fn bias(&self, weight: BlockParam) -> Option<&Tensor> {
+        self.at.get(weight.bias().expect("a matmul weight")).map(|i| &self.w[i])
+    }
+
+    fn norm(&self, weight: BlockParam, bias: BlockParam) -> NormLayer<'_> {
+        let a = &self.s.arch;
+        NormLayer { norm: a.norm, eps: a.norm_eps, weight: self.param(weight), bias: self.at.get(bias).map(|i| &self.w[i]) }
+    }
+
+    fn norm1(&self) -> NormLayer<'_> {
+        self.norm(BlockParam::Norm1Weight, BlockParam::Norm1Bias)
+    }
+
+    fn norm2(&self) -> NormLayer<'_> {
+        self.norm(BlockParam::Norm2Weight, BlockParam::Norm2Bias)
+    }
+
+    /// out = inp @ W (+ b) for matmul weight `weight`, in the model's weight layout.
+    fn linear(&self, dev: &dyn Device, out: &mut Tensor, inp: &Tensor, weight: BlockParam) {
+        dev.matmul_forward(out, inp, self.param(weight), self.s.weight_layout(), self.bias(weight));
+    }
+
+    /// dinp = dout @ W^T for matmul weight `weight`.
+    fn linear_backward_input(&self, dev: &dyn Device, dinp: &mut Tensor, dout: &Tensor, weight: BlockParam) {
+        dev.matmul_backward_input(dinp, dout, self.param(weight), self.s.weight_layout());
+    }
+
+    /// The weight gradient of matmul `weight` from its input and output gradient.
+    fn weight_grad(&self, weight: BlockParam, inp: Arc<Tensor>, dout: Arc<Tensor>) -> WeightGrad {
+        let bias = weight.bias().and_then(|b| self.at.get(b));
+        WeightGrad { weight: self.at.of(weight), bias, layout: self.s.weight_layout(), inp, dout }
+    }
+
     /// Forward. Kept tensors are allocated under `keep_as` (Activations for a stash,
     /// Workspace when recomputing or when the caller discards them); dropped ones are freed
     /// before returning. Returns y [B,T,C] (Workspace) and the kept tensors.
@@ -94,66 +135,62 @@ impl Block<'_> {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
         let cat = |dropped: bool| if dropped { Category::Workspace } else { keep_as };
-        // Activations in the device's dtype; LayerNorm statistics in f32.
+        // Activations in the device's dtype; norm statistics in f32.
         let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
-        let w = self.w;
 
         // ---- attention ----
-        let mut ln1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
-        let mut ln1_mean = dev.zeros(&[b, t], keep_as); // [B,T]
-        let mut ln1_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
-        dev.layernorm_forward(&mut ln1, &mut ln1_mean, &mut ln1_rstd, &x, &w[LN1_W], &w[LN1_B]);
-        let mut qkv = act(&[b, t, 3 * c], keep_as); // [B,T,3C]
-        dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
+        let mut n1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
+        let n1_stats = self.norm1().forward(dev, &mut n1, &x, keep_as); // [B,T]
+        let mut qkv = act(&[b, t, s.qkv_width()], keep_as); // [B,T,QKV]
+        self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
+        if let Positions::Rotary { base } = s.arch.positions {
+            dev.rope_forward(&mut qkv, s.heads, s.kv_heads, base, 0);
+        }
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
         let mut att = attention_saved(dev, s, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, c], keep_as); // [B,T,C]
-        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads);
+        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads, s.kv_heads);
         let mut attproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
+        self.linear(dev, &mut attproj, &atty, BlockParam::ProjWeight);
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
         let mut residual = act(&[b, t, c], keep_as); // [B,T,C]
         dev.add(&mut residual, &x, &attproj);
         drop(attproj);
 
         // ---- MLP ----
-        let mut ln2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
-        let mut ln2_mean = dev.zeros(&[b, t], keep_as); // [B,T]
-        let mut ln2_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
-        dev.layernorm_forward(&mut ln2, &mut ln2_mean, &mut ln2_rstd, &residual, &w[LN2_W], &w[LN2_B]);
-        let mut fch = act(&[b, t, f], keep_as); // [B,T,F]
-        dev.matmul_forward(&mut fch, &ln2, &w[FC_W], WeightLayout::InOut, Some(&w[FC_B]));
-        let mut fch_gelu = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
-        dev.gelu_forward(&mut fch_gelu, &fch);
+        let mut n2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
+        let n2_stats = self.norm2().forward(dev, &mut n2, &residual, keep_as); // [B,T]
+        let mut fch = act(&[b, t, s.fc1_width()], keep_as); // [B,T,FC1]
+        self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
+        let mut fch_act = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
+        s.arch.activation.forward(dev, &mut fch_act, &fch);
         let mut fcproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        dev.matmul_forward(&mut fcproj, &fch_gelu, &w[FC_PROJ_W], WeightLayout::InOut, Some(&w[FC_PROJ_B]));
+        self.linear(dev, &mut fcproj, &fch_act, BlockParam::Fc2Weight);
         let fcproj = dropout_or_keep(dev, fcproj, dropout.spec(self.layer, DropoutSite::MlpResidual));
         let mut y = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.add(&mut y, &residual, &fcproj);
 
         let acts = BlockActs {
             input: x,
-            ln1: (!modules.layernorm).then_some(ln1),
-            ln1_mean,
-            ln1_rstd,
+            n1: (!modules.layernorm).then_some(n1),
+            n1_stats,
             qkv,
             att: (!att_dropped).then_some(att),
             atty,
             residual,
-            ln2: (!modules.layernorm).then_some(ln2),
-            ln2_mean,
-            ln2_rstd,
+            n2: (!modules.layernorm).then_some(n2),
+            n2_stats,
             fch,
-            fch_gelu: (!modules.mlp).then_some(fch_gelu),
+            fch_act: (!modules.mlp).then_some(fch_act),
         };
         (y, acts)
     }
 
     /// Backward from dy [B,T,C]; returns dx [B,T,C]. Parameter gradients accumulate into
-    /// `grads` (this block's twelve, same order as `w`), matmul weight gradients through
-    /// `weight_grads` (at once or deferred), whose targets are offset by `grad_base`. The
-    /// recomputing of dropped tensors is timed on `recompute`.
+    /// `grads` (the chunk's, indexed as `self.w`), matmul weight gradients through
+    /// `weight_grads` (at once or deferred). The recomputing of dropped tensors is timed on
+    /// `recompute`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -162,61 +199,41 @@ impl Block<'_> {
         dy: Tensor,
         dropout: &DropoutCtx,
         grads: &mut [Tensor],
-        grad_base: usize,
         weight_grads: &mut WeightGrads,
         recompute: &mut Stopwatch,
     ) -> Tensor {
         let s = self.s;
         let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
-        let w = self.w;
         // Activation gradients, in the activations' dtype.
         let ws = |shape: &[usize]| dev.zeros_of(dev.activation_dtype(), shape, Category::Workspace);
-        let target = |weight: usize| grad_base + weight;
-        let push = |wg: &mut WeightGrads, grads: &mut [Tensor], weight, inp, dout| {
-            wg.push(dev, grads, WeightGrad { weight, inp, dout })
-        };
-        let block_grads = grad_base..grad_base + 12;
         let dy = Arc::new(dy);
 
         // ---- MLP ----
         let dfcproj =
             dropout_backward_or_keep(dev, dy.clone(), dropout.spec(self.layer, DropoutSite::MlpResidual));
-        let fch_gelu = acts.fch_gelu.unwrap_or_else(|| {
+        let fch_act = acts.fch_act.unwrap_or_else(|| {
             recompute.time(dev, || {
-                let mut g = ws(&[b, t, f]);
-                dev.gelu_forward(&mut g, &acts.fch);
-                g
+                let mut a = ws(&[b, t, f]);
+                s.arch.activation.forward(dev, &mut a, &acts.fch);
+                a
             })
         });
-        let mut dgelu = ws(&[b, t, f]); // [B,T,F]
-        dev.matmul_backward_input(&mut dgelu, &dfcproj, &w[FC_PROJ_W], WeightLayout::InOut);
-        push(weight_grads, grads, target(FC_PROJ_W), Arc::new(fch_gelu), dfcproj);
-        let mut dfch = ws(&[b, t, f]); // [B,T,F]
-        dev.gelu_backward(&mut dfch, &acts.fch, &dgelu);
-        drop(dgelu);
+        let mut dact = ws(&[b, t, f]); // [B,T,F]
+        self.linear_backward_input(dev, &mut dact, &dfcproj, BlockParam::Fc2Weight);
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc2Weight, Arc::new(fch_act), dfcproj));
+        let mut dfch = ws(&[b, t, s.fc1_width()]); // [B,T,FC1]
+        s.arch.activation.backward(dev, &mut dfch, &acts.fch, &dact);
+        drop(dact);
         let dfch = Arc::new(dfch);
-        let ln2 = acts
-            .ln2
-            .unwrap_or_else(|| recompute_layernorm(dev, &acts.residual, &w[LN2_W], &w[LN2_B], &[b, t, c]));
-        let mut dln2 = ws(&[b, t, c]); // [B,T,C]
-        dev.matmul_backward_input(&mut dln2, &dfch, &w[FC_W], WeightLayout::InOut);
-        push(weight_grads, grads, target(FC_W), Arc::new(ln2), dfch);
+        let norm2 = self.norm2();
+        let n2 = acts.n2.unwrap_or_else(|| norm2.recompute(dev, &acts.residual));
+        let mut dn2 = ws(&[b, t, c]); // [B,T,C]
+        self.linear_backward_input(dev, &mut dn2, &dfch, BlockParam::Fc1Weight);
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, Arc::new(n2), dfch));
         let mut dresidual = ws(&[b, t, c]); // [B,T,C]
-        {
-            let g = &mut grads[block_grads.clone()];
-            let (gw, gb) = g[LN2_W..].split_at_mut(1);
-            dev.layernorm_backward(
-                &mut dresidual,
-                &mut gw[0],
-                &mut gb[0],
-                &dln2,
-                &acts.residual,
-                &w[LN2_W],
-                &acts.ln2_mean,
-                &acts.ln2_rstd,
-            );
-        }
-        drop(dln2);
+        let (dw, db) = norm_grads(grads, &self.at, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
+        norm2.backward(dev, &mut dresidual, dw, db, &dn2, &acts.residual, &acts.n2_stats);
+        drop(dn2);
         dev.accumulate(&mut dresidual, &dy);
         drop(dy);
         drop(acts.residual);
@@ -229,64 +246,99 @@ impl Block<'_> {
             dropout.spec(self.layer, DropoutSite::AttentionResidual),
         );
         let mut datty = ws(&[b, t, c]); // [B,T,C]
-        dev.matmul_backward_input(&mut datty, &dattproj, &w[ATTN_PROJ_W], WeightLayout::InOut);
+        self.linear_backward_input(dev, &mut datty, &dattproj, BlockParam::ProjWeight);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
             recompute.time(dev, || {
                 let mut att = attention_saved(dev, s, att_drop, Category::Workspace);
-                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads);
+                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads, s.kv_heads);
                 att
             })
         });
-        let mut dqkv = ws(&[b, t, 3 * c]); // [B,T,3C]
-        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads);
-        push(weight_grads, grads, target(ATTN_PROJ_W), Arc::new(acts.atty), dattproj);
+        let mut dqkv = ws(&[b, t, s.qkv_width()]); // [B,T,QKV]
+        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads, s.kv_heads);
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::ProjWeight, Arc::new(acts.atty), dattproj));
         drop(att);
         drop(datty);
         drop(acts.qkv);
-        let dqkv = Arc::new(dqkv);
-        let ln1 = acts
-            .ln1
-            .unwrap_or_else(|| recompute_layernorm(dev, &acts.input, &w[LN1_W], &w[LN1_B], &[b, t, c]));
-        let mut dln1 = ws(&[b, t, c]); // [B,T,C]
-        dev.matmul_backward_input(&mut dln1, &dqkv, &w[ATTN_W], WeightLayout::InOut);
-        push(weight_grads, grads, target(ATTN_W), Arc::new(ln1), dqkv);
-        let mut dx = ws(&[b, t, c]); // [B,T,C]
-        {
-            let g = &mut grads[block_grads];
-            let (gw, gb) = g[LN1_W..].split_at_mut(1);
-            dev.layernorm_backward(
-                &mut dx,
-                &mut gw[0],
-                &mut gb[0],
-                &dln1,
-                &acts.input,
-                &w[LN1_W],
-                &acts.ln1_mean,
-                &acts.ln1_rstd,
-            );
+        if let Positions::Rotary { base } = s.arch.positions {
+            dev.rope_backward(&mut dqkv, s.heads, s.kv_heads, base, 0);
         }
+        let dqkv = Arc::new(dqkv);
+        let norm1 = self.norm1();
+        let n1 = acts.n1.unwrap_or_else(|| norm1.recompute(dev, &acts.input));
+        let mut dn1 = ws(&[b, t, c]); // [B,T,C]
+        self.linear_backward_input(dev, &mut dn1, &dqkv, BlockParam::QkvWeight);
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, Arc::new(n1), dqkv));
+        let mut dx = ws(&[b, t, c]); // [B,T,C]
+        let (dw, db) = norm_grads(grads, &self.at, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
+        norm1.backward(dev, &mut dx, dw, db, &dn1, &acts.input, &acts.n1_stats);
         dev.accumulate(&mut dx, &dresidual);
         dx
+    }
+}
+
+/// A norm's weight gradient and, where it has one, its bias's.
+fn norm_grads<'g>(
+    grads: &'g mut [Tensor],
+    at: &BlockIndices,
+    weight: BlockParam,
+    bias: BlockParam,
+) -> (&'g mut Tensor, Option<&'g mut Tensor>) {
+    let w = at.of(weight);
+    match at.get(bias) {
+        Some(b) => {
+            let (dw, db) = pair_mut(grads, w, b);
+            (dw, Some(db))
+        }
+        None => (&mut grads[w], None),
+    }
+}
+
+/// Inference one position at a time (`generate`, with a KV cache): the block's pieces
+/// around the attention core, which the caller computes over its cache. No dropout, nothing
+/// kept.
+impl Block<'_> {
+    /// q, k, v [1,QKV] of x [1,C] at sequence position `position` (rotated there).
+    pub fn decode_qkv(&self, dev: &dyn Device, x: &Tensor, position: usize) -> Tensor {
+        let s = self.s;
+        let mut n1 = dev.zeros_of(x.dtype(), x.shape(), Category::Workspace); // [1,C]
+        self.norm1().forward(dev, &mut n1, x, Category::Workspace);
+        let mut qkv = dev.zeros_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
+        self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
+        if let Positions::Rotary { base } = s.arch.positions {
+            dev.rope_forward(&mut qkv, s.heads, s.kv_heads, base, position);
+        }
+        qkv
+    }
+
+    /// The block's output y [1,C] from its input x [1,C] and the attention's output att [1,C].
+    pub fn decode_rest(&self, dev: &dyn Device, x: &Tensor, att: &Tensor) -> Tensor {
+        let s = self.s;
+        let new = |width: usize| dev.zeros_of(x.dtype(), &[1, width], Category::Workspace);
+        let mut proj = new(s.hidden); // [1,C]
+        self.linear(dev, &mut proj, att, BlockParam::ProjWeight);
+        let mut residual = new(s.hidden); // [1,C]
+        dev.add(&mut residual, x, &proj);
+        let mut n2 = new(s.hidden); // [1,C]
+        self.norm2().forward(dev, &mut n2, &residual, Category::Workspace);
+        let mut fch = new(s.fc1_width()); // [1,FC1]
+        self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
+        let mut act = new(s.ffn); // [1,F]
+        s.arch.activation.forward(dev, &mut act, &fch);
+        self.linear(dev, &mut proj, &act, BlockParam::Fc2Weight);
+        let mut y = new(s.hidden); // [1,C]
+        dev.add(&mut y, &residual, &proj);
+        y
     }
 }
 
 /// What the attention core keeps, of the kind `s` declares, for its forward to fill.
 fn attention_saved(
     dev: &dyn Device,
-    s: &GptShape,
+    s: &ModelShape,
     dropout: Option<DropoutSpec>,
     category: Category,
 ) -> AttentionSaved {
     AttentionSaved::empty(dev, s.attention, [s.micro_batch, s.heads, s.seq_len], dropout.is_some(), category)
-}
-
-/// ln(inp) into a fresh workspace tensor; statistics recomputed bitwise equal to the saved.
-fn recompute_layernorm(dev: &dyn Device, inp: &Tensor, w: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
-    let mut out = dev.zeros_of(inp.dtype(), shape, Category::Workspace);
-    let rows = &shape[..shape.len() - 1];
-    let mut mean = dev.zeros(rows, Category::Workspace);
-    let mut rstd = dev.zeros(rows, Category::Workspace);
-    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, inp, w, b);
-    out
 }

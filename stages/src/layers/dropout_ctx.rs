@@ -1,7 +1,7 @@
 //! Which dropout masks a microbatch draws: the counter-keyed RNG needs (seed, step,
 //! microbatch, layer, site), so a recompute regenerates exactly the forward's masks.
 
-use crate::shape::DropoutProbs;
+use crate::model::DropoutProbs;
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
 
 #[derive(Clone, Copy, Debug)]

@@ -1,15 +1,18 @@
-//! Token + position embedding, then dropout (GPT-2's embd_pdrop).
+//! The embedding: token embedding plus, for learned positions, the position table, then
+//! dropout (GPT-2's embd_pdrop). Rotary models add no positions here: their blocks rotate
+//! q and k.
 
 use super::dropout_ctx::DropoutCtx;
-use crate::shape::GptShape;
+use crate::model::ModelShape;
 use kernels::{Category, Device, DropoutSite, Tensor};
 
-/// out [B,T,C] (Workspace) = dropout(wte[tokens] + wpe[0..T]); tokens [B*T].
+/// out [B,T,C] (Workspace) = dropout(wte[tokens] + wpe[0..T]); tokens [B*T]; wpe [maxT,C]
+/// where the model learns positions.
 pub fn forward(
     dev: &dyn Device,
-    s: &GptShape,
+    s: &ModelShape,
     wte: &Tensor,
-    wpe: &Tensor,
+    wpe: Option<&Tensor>,
     tokens: &[u32],
     dropout: &DropoutCtx,
 ) -> Tensor {
@@ -26,11 +29,11 @@ pub fn forward(
     }
 }
 
-/// dwte [V,C] += and dwpe [maxT,C] += from dout [B,T,C].
+/// dwte [V,C] += and, where the model learns positions, dwpe [maxT,C] += from dout [B,T,C].
 pub fn backward(
     dev: &dyn Device,
     dwte: &mut Tensor,
-    dwpe: &mut Tensor,
+    dwpe: Option<&mut Tensor>,
     dout: Tensor,
     tokens: &[u32],
     dropout: &DropoutCtx,

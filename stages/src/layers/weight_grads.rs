@@ -1,14 +1,16 @@
 //! Weight gradients of the blocks' matmuls, computed at once (a plain backward) or deferred
 //! to a later backward-weight action (zero-bubble schedules split backward into B and W).
 
+use super::pair_mut;
 use kernels::{Device, Tensor, WeightLayout};
 use std::sync::Arc;
 
-/// One matmul's pending weight gradient: dW += inp^T @ dout and db += colsum(dout), into
-/// `grads[weight]` ([IC, OC], Conv1D layout) and `grads[weight + 1]` (biases follow their
-/// weights).
+/// One matmul's pending weight gradient: dW += inp^T @ dout (in `layout`) into
+/// `grads[weight]` and, where the matmul has a bias, db += colsum(dout) into `grads[bias]`.
 pub struct WeightGrad {
     pub weight: usize,
+    pub bias: Option<usize>,
+    pub layout: WeightLayout,
     /// The matmul's input [.., IC].
     pub inp: Arc<Tensor>,
     /// The gradient of the matmul's output [.., OC].
@@ -32,8 +34,13 @@ impl WeightGrads {
     }
 }
 
-/// Accumulates one weight gradient into its target.
+/// Accumulates one weight gradient into its targets.
 pub fn apply(dev: &dyn Device, grads: &mut [Tensor], wg: &WeightGrad) {
-    let (gw, gb) = grads[wg.weight..].split_at_mut(1);
-    dev.matmul_backward_weight(&mut gw[0], Some(&mut gb[0]), &wg.dout, &wg.inp, WeightLayout::InOut);
+    match wg.bias {
+        Some(bias) => {
+            let (dw, db) = pair_mut(grads, wg.weight, bias);
+            dev.matmul_backward_weight(dw, Some(db), &wg.dout, &wg.inp, wg.layout);
+        }
+        None => dev.matmul_backward_weight(&mut grads[wg.weight], None, &wg.dout, &wg.inp, wg.layout),
+    }
 }

@@ -1,0 +1,117 @@
+//! The normalisation layers a model may use, Megatron's `normalization`: LayerNorm (GPT-2)
+//! or RMSNorm (Llama), forward and backward, and what each keeps for its backward.
+//!
+//! Adding a variant is its kernels (`kernels::Device`) and a case in each match of this
+//! file: the config parses it by [`Norm::name`].
+
+use kernels::{Category, Device, Tensor};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// (x - mean) / sqrt(var + eps) * weight + bias.
+    LayerNorm,
+    /// x / sqrt(mean(x^2) + eps) * weight: no mean, no bias.
+    RmsNorm,
+}
+
+impl Norm {
+    pub const ALL: [Norm; 2] = [Norm::LayerNorm, Norm::RmsNorm];
+
+    /// Megatron's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Norm::LayerNorm => "LayerNorm",
+            Norm::RmsNorm => "RMSNorm",
+        }
+    }
+
+    pub fn has_bias(self) -> bool {
+        match self {
+            Norm::LayerNorm => true,
+            Norm::RmsNorm => false,
+        }
+    }
+
+    /// f32 statistics kept per row for the backward: mean and reciprocal std, or the
+    /// reciprocal root mean square alone.
+    pub fn stats_per_row(self) -> usize {
+        match self {
+            Norm::LayerNorm => 2,
+            Norm::RmsNorm => 1,
+        }
+    }
+}
+
+impl fmt::Display for Norm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A norm layer of a model: its kind and epsilon, its weight [C] and, for LayerNorm, bias [C].
+#[derive(Clone, Copy)]
+pub struct NormLayer<'a> {
+    pub norm: Norm,
+    pub eps: f32,
+    pub weight: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+}
+
+/// What a norm's backward reads besides its input: the row statistics [N] (f32).
+pub struct NormStats {
+    /// LayerNorm's mean; None for RMSNorm.
+    pub mean: Option<Tensor>,
+    pub rstd: Tensor,
+}
+
+impl NormLayer<'_> {
+    /// out [N,C] = norm(inp [N,C]); the statistics [N] are allocated under `keep_as`.
+    pub fn forward(&self, dev: &dyn Device, out: &mut Tensor, inp: &Tensor, keep_as: Category) -> NormStats {
+        let rows = &inp.shape()[..inp.shape().len() - 1];
+        match self.norm {
+            Norm::LayerNorm => {
+                let mut mean = dev.zeros(rows, keep_as); // [N]
+                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let bias = self.bias.expect("LayerNorm has a bias");
+                dev.layernorm_forward(out, &mut mean, &mut rstd, inp, self.weight, bias, self.eps);
+                NormStats { mean: Some(mean), rstd }
+            }
+            Norm::RmsNorm => {
+                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                dev.rmsnorm_forward(out, &mut rstd, inp, self.weight, self.eps);
+                NormStats { mean: None, rstd }
+            }
+        }
+    }
+
+    /// norm(inp) into a fresh workspace tensor, the statistics recomputed bitwise equal to
+    /// the saved ones and dropped: the recompute of a dropped norm output.
+    pub fn recompute(&self, dev: &dyn Device, inp: &Tensor) -> Tensor {
+        let mut out = dev.zeros_of(inp.dtype(), inp.shape(), Category::Workspace);
+        self.forward(dev, &mut out, inp, Category::Workspace);
+        out
+    }
+
+    /// dinp [N,C] (overwrite) from dout [N,C]; dweight [C] and dbias [C] accumulate.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        dev: &dyn Device,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        stats: &NormStats,
+    ) {
+        match self.norm {
+            Norm::LayerNorm => {
+                let mean = stats.mean.as_ref().expect("LayerNorm keeps its mean");
+                let dbias = dbias.expect("LayerNorm has a bias");
+                dev.layernorm_backward(dinp, dweight, dbias, dout, inp, self.weight, mean, &stats.rstd);
+            }
+            Norm::RmsNorm => dev.rmsnorm_backward(dinp, dweight, dout, inp, self.weight, &stats.rstd),
+        }
+    }
+}

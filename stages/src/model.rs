@@ -1,0 +1,263 @@
+//! The model description: what a model is, in Megatron-LM's terms. GPT-2 and the Llama family
+//! are two values of it ([`Architecture::GPT2`], [`Architecture::llama`]), and every
+//! combination Megatron's flags allow is another.
+//!
+//! Everything else derives from it: the parameters with their Hugging Face names
+//! (`params.rs`), what a block keeps for its backward (`saved.rs`), the FLOPs (`flops.rs`),
+//! the memory model, and the layers themselves (`layers/`).
+
+use crate::layers::activation::Activation;
+use crate::layers::norm::Norm;
+use kernels::{AttentionSaves, DType, WeightLayout};
+
+/// How a token learns its position.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Positions {
+    /// A learned table [max_positions, C] added to the token embedding (GPT-2).
+    Learned,
+    /// Rotary embeddings on q and k in every block, Hugging Face's rotate-half layout, with
+    /// frequencies base^(-2i/hs) (Llama: base 10000, Llama 3: 500000).
+    Rotary { base: f32 },
+}
+
+/// The family-level choices of a decoder: Megatron's `normalization`, `norm_epsilon`,
+/// `position_embedding_type`, `swiglu`, `disable_bias_linear`,
+/// `untie_embeddings_and_output_weights` and `init_method_std`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Architecture {
+    pub norm: Norm,
+    pub norm_eps: f32,
+    pub positions: Positions,
+    /// The MLP's activation: GELU on one projection, or SwiGLU on a gate and an up projection.
+    pub activation: Activation,
+    /// Every linear layer has a bias (not `disable_bias_linear`).
+    pub linear_bias: bool,
+    /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
+    pub tied_output: bool,
+    /// The std of every weight's normal init; the residual projections use
+    /// std / sqrt(2 * layers), as GPT-2 and Megatron do.
+    pub init_std: f32,
+}
+
+/// Whose Hugging Face names and layout a model's parameters take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// `GPT2LMHeadModel`: `h.{i}.attn.c_attn.weight`, Conv1D weights [in, out].
+    Gpt2,
+    /// `LlamaForCausalLM`: `model.layers.{i}.self_attn.q_proj.weight`, Linear weights
+    /// [out, in]; pipetrain fuses q, k and v (and gate and up) into one matrix, whose rows
+    /// are the Hugging Face matrices stacked.
+    Llama,
+}
+
+impl Architecture {
+    pub const GPT2: Architecture = Architecture {
+        norm: Norm::LayerNorm,
+        norm_eps: 1e-5,
+        positions: Positions::Learned,
+        activation: Activation::Gelu,
+        linear_bias: true,
+        tied_output: true,
+        init_std: 0.02,
+    };
+
+    /// The Llama family: RMSNorm, rotary positions, SwiGLU, no biases, an untied output layer.
+    pub fn llama(rotary_base: f32, norm_eps: f32) -> Architecture {
+        Architecture {
+            norm: Norm::RmsNorm,
+            norm_eps,
+            positions: Positions::Rotary { base: rotary_base },
+            activation: Activation::SwiGlu,
+            linear_bias: false,
+            tied_output: false,
+            init_std: 0.02,
+        }
+    }
+
+    /// GPT-2's own architecture, whatever its epsilon and init.
+    fn is_gpt2(&self) -> bool {
+        *self == Architecture { norm_eps: self.norm_eps, init_std: self.init_std, ..Architecture::GPT2 }
+    }
+}
+
+/// A decoder's shape for one microbatch: its architecture and sizes, and what the device
+/// keeps and stores. The layers, the memory model and the FLOP counts derive from it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelShape {
+    pub arch: Architecture,
+    /// Transformer blocks in the whole model.
+    pub num_layers: usize,
+    /// C, the residual width.
+    pub hidden: usize,
+    /// NH, query heads.
+    pub heads: usize,
+    /// KV, key and value heads (Megatron's `num_query_groups`): NH without grouped-query
+    /// attention.
+    pub kv_heads: usize,
+    /// F, the MLP's inner width (4C for GPT-2).
+    pub ffn: usize,
+    /// T, tokens per sequence.
+    pub seq_len: usize,
+    /// The longest sequence the model takes (rows of a learned position table).
+    pub max_positions: usize,
+    /// V, vocabulary size.
+    pub vocab: usize,
+    /// B, sequences per microbatch.
+    pub micro_batch: usize,
+    /// Training drops attention probabilities (attention_dropout > 0): where the attention
+    /// core keeps probabilities, each block then keeps the dropped ones beside them.
+    pub attention_dropout: bool,
+    /// What the device's attention core keeps for backward: the probabilities (CPU) or the
+    /// per-row log-sum-exp (the CUDA backend's fused kernels).
+    pub attention: AttentionSaves,
+    /// The element type the device stores activations and their gradients in
+    /// (`Device::activation_dtype`): bf16 on a CUDA device under `precision: bf16`, f32
+    /// otherwise. The memory model reads it (`saved::BlockTensor::element_bytes`).
+    pub activations: DType,
+}
+
+impl ModelShape {
+    /// GPT-2 small (124M) at T = 1024, one sequence per microbatch: the shape tests check
+    /// figures against.
+    pub const GPT2_SMALL: ModelShape = ModelShape {
+        arch: Architecture::GPT2,
+        num_layers: 12,
+        hidden: 768,
+        heads: 12,
+        kv_heads: 12,
+        ffn: 3072,
+        seq_len: 1024,
+        max_positions: 1024,
+        vocab: 50257,
+        micro_batch: 1,
+        attention_dropout: false,
+        attention: AttentionSaves::Probabilities,
+        activations: DType::F32,
+    };
+
+    /// N = B*T, rows of every activation matrix.
+    pub fn tokens(&self) -> usize {
+        self.micro_batch * self.seq_len
+    }
+
+    pub fn head_size(&self) -> usize {
+        self.hidden / self.heads
+    }
+
+    /// GPT-2's names exactly where the model is GPT-2's (`GPT2LMHeadModel` can load it), the
+    /// Llama family's otherwise.
+    pub fn naming(&self) -> Naming {
+        if self.arch.is_gpt2() && self.kv_heads == self.heads {
+            Naming::Gpt2
+        } else {
+            Naming::Llama
+        }
+    }
+
+    /// How the blocks' matmul weights are laid out: Conv1D's [in, out] under GPT-2's names,
+    /// Linear's [out, in] under Llama's.
+    pub fn weight_layout(&self) -> WeightLayout {
+        match self.naming() {
+            Naming::Gpt2 => WeightLayout::InOut,
+            Naming::Llama => WeightLayout::OutIn,
+        }
+    }
+
+    /// The architecture in a line, e.g. `RMSNorm (eps 1e-5), rope (base 500000), SwiGLU,
+    /// 8 query groups, no linear biases, untied output layer`.
+    pub fn describe_architecture(&self) -> String {
+        let a = &self.arch;
+        let mut parts = vec![format!("{} (eps {:e})", a.norm, a.norm_eps)];
+        parts.push(match a.positions {
+            Positions::Learned => "learned positions".into(),
+            Positions::Rotary { base } => format!("rope (base {base})"),
+        });
+        parts.push(
+            match a.activation {
+                Activation::Gelu => "GELU",
+                Activation::SwiGlu => "SwiGLU",
+            }
+            .into(),
+        );
+        if self.kv_heads != self.heads {
+            parts.push(format!("{} query groups", self.kv_heads));
+        }
+        if !a.linear_bias {
+            parts.push("no linear biases".into());
+        }
+        parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
+        parts.join(", ")
+    }
+
+    /// Columns of the fused q, k, v projection: NH query heads, then KV key heads and KV
+    /// value heads (3C without grouped-query attention).
+    pub fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_size()
+    }
+
+    /// Columns of the MLP's first projection: F, or 2F for SwiGLU's gate and up halves.
+    pub fn fc1_width(&self) -> usize {
+        self.arch.activation.fc1_width(self.ffn)
+    }
+}
+
+/// Dropout probabilities (GPT-2: embd/resid = hidden, attn = attention).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct DropoutProbs {
+    pub hidden: f32,
+    pub attention: f32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naming_follows_the_architecture() {
+        let with = |arch| ModelShape { arch, ..ModelShape::GPT2_SMALL };
+        assert_eq!(with(Architecture::GPT2).naming(), Naming::Gpt2);
+        let eps = Architecture { norm_eps: 1e-6, init_std: 0.01, ..Architecture::GPT2 };
+        assert_eq!(with(eps).naming(), Naming::Gpt2);
+        assert_eq!(with(Architecture::llama(1e4, 1e-5)).naming(), Naming::Llama);
+        // Any departure from GPT2LMHeadModel's architecture takes the Llama family's names.
+        let untied = with(Architecture { tied_output: false, ..Architecture::GPT2 });
+        let rms = with(Architecture { norm: Norm::RmsNorm, ..Architecture::GPT2 });
+        let gqa = ModelShape { kv_heads: 4, ..ModelShape::GPT2_SMALL };
+        assert_eq!([untied.naming(), rms.naming(), gqa.naming()], [Naming::Llama; 3]);
+        assert_eq!(with(Architecture::GPT2).weight_layout(), WeightLayout::InOut);
+        assert_eq!(untied.weight_layout(), WeightLayout::OutIn);
+    }
+
+    #[test]
+    fn describes_the_architecture_in_a_line() {
+        let llama3 = ModelShape {
+            arch: Architecture::llama(500000.0, 1e-5),
+            heads: 32,
+            kv_heads: 8,
+            ..ModelShape::GPT2_SMALL
+        };
+        assert_eq!(
+            llama3.describe_architecture(),
+            "RMSNorm (eps 1e-5), rope (base 500000), SwiGLU, 8 query groups, no linear biases, untied output layer"
+        );
+        assert_eq!(
+            ModelShape::GPT2_SMALL.describe_architecture(),
+            "LayerNorm (eps 1e-5), learned positions, GELU, tied output layer"
+        );
+    }
+
+    #[test]
+    fn widths_of_the_fused_projections() {
+        let gqa = ModelShape {
+            arch: Architecture::llama(1e4, 1e-5),
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            ..ModelShape::GPT2_SMALL
+        };
+        assert_eq!((gqa.head_size(), gqa.qkv_width(), gqa.fc1_width()), (128, 6144, 28672));
+        let s = ModelShape::GPT2_SMALL;
+        assert_eq!((s.qkv_width(), s.fc1_width()), (3 * 768, 3072));
+    }
+}
