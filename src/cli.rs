@@ -32,14 +32,15 @@ pub enum Command {
     /// Continue a prompt with a checkpoint's model, token by token to stdout (GPT-2 BPE).
     Generate(GenerateArgs),
     /// Benchmarks: `recompute` (step time and activation memory per policy), `pipeline`
-    /// (tokens/s per stage count), measured in one process, or `gpu` (the GPU path against
-    /// the CPU, its predictions and PyTorch; exit 3 where there is no usable GPU).
+    /// (tokens/s per stage count), `family` (GPT-2 against a Llama of the same width),
+    /// measured in one process, or `gpu` (the GPU path against the CPU, its predictions and
+    /// PyTorch; exit 3 where there is no usable GPU).
     Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// recompute | pipeline | gpu
+    /// recompute | pipeline | family | gpu
     pub what: String,
     /// The run config (YAML); config keys override as --kebab-case VALUE.
     #[arg(long)]

@@ -8,11 +8,17 @@
 //! canonical keys (aliases.rs); the config remembers which were used.
 
 mod aliases;
+mod named;
 
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
+pub use named::{
+    DeviceKind, LrDecayStyle, Named, PositionEmbeddingType, Precision, RecomputeGranularity, RecomputeMethod,
+    RecomputeModule,
+};
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
+use stages::{Activation, Architecture, Norm, Positions};
 use serde_norway::{Mapping, Value};
 use std::path::{Path, PathBuf};
 
@@ -30,12 +36,30 @@ pub struct Config {
     pub vocab_size: usize,
     pub hidden_dropout: f32,
     pub attention_dropout: f32,
+    /// The std of the weights' normal init (the residual projections' scaled by
+    /// 1/sqrt(2 * num_layers)).
     pub init_method_std: f32,
+
+    // ---- model family (the Llama family through Megatron's flags) ----
+    #[serde(with = "named")]
+    pub normalization: Norm,
+    pub norm_epsilon: f32,
+    #[serde(with = "named")]
+    pub position_embedding_type: PositionEmbeddingType,
+    /// The rotary embedding's base (Llama 2: 10000, Llama 3: 500000).
+    pub rotary_base: f32,
+    pub swiglu: bool,
+    pub group_query_attention: bool,
+    /// Key/value heads with group_query_attention.
+    pub num_query_groups: Option<usize>,
+    pub untie_embeddings_and_output_weights: bool,
+    pub disable_bias_linear: bool,
 
     // ---- pipeline ----
     pub pipeline_model_parallel_size: usize,
     pub virtual_pipeline_model_parallel_size: Option<usize>,
-    pub pipeline_schedule: String,
+    #[serde(with = "named")]
+    pub pipeline_schedule: ScheduleKind,
     /// Explicit number of transformer blocks per pipeline stage (ours); balanced by cost
     /// when unset.
     pub num_layers_per_stage: Option<Vec<usize>>,
@@ -48,10 +72,14 @@ pub struct Config {
     pub data_parallel_size: Option<usize>,
 
     // ---- recompute ----
-    pub recompute_granularity: Option<String>,
-    pub recompute_method: Option<String>,
+    /// Unset or `none`: no recompute.
+    #[serde(with = "named::option")]
+    pub recompute_granularity: Option<RecomputeGranularity>,
+    #[serde(with = "named::option")]
+    pub recompute_method: Option<RecomputeMethod>,
     pub recompute_num_layers: Option<usize>,
-    pub recompute_modules: Option<Vec<String>>,
+    #[serde(with = "named::list")]
+    pub recompute_modules: Option<Vec<RecomputeModule>>,
     /// Per-stage recompute_num_layers (ours): under 1F1B early stages hold more microbatches.
     pub recompute_num_layers_per_stage: Option<Vec<usize>>,
 
@@ -62,7 +90,8 @@ pub struct Config {
     pub lr: f32,
     pub min_lr: f32,
     pub lr_warmup_iters: usize,
-    pub lr_decay_style: String,
+    #[serde(with = "named")]
+    pub lr_decay_style: LrDecayStyle,
     /// Defaults to train_iters.
     pub lr_decay_iters: Option<usize>,
     pub weight_decay: f32,
@@ -81,8 +110,10 @@ pub struct Config {
     // ---- data, device, checkpoints ----
     pub train_data_path: Option<PathBuf>,
     pub valid_data_path: Option<PathBuf>,
-    pub device: String,
-    pub precision: String,
+    #[serde(with = "named")]
+    pub device: DeviceKind,
+    #[serde(with = "named")]
+    pub precision: Precision,
     /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
     pub load: Option<PathBuf>,
 
@@ -104,9 +135,18 @@ impl Default for Config {
             hidden_dropout: 0.1,
             attention_dropout: 0.1,
             init_method_std: 0.02,
+            normalization: Norm::LayerNorm,
+            norm_epsilon: 1e-5,
+            position_embedding_type: PositionEmbeddingType::LearnedAbsolute,
+            rotary_base: 10000.0,
+            swiglu: false,
+            group_query_attention: false,
+            num_query_groups: None,
+            untie_embeddings_and_output_weights: false,
+            disable_bias_linear: false,
             pipeline_model_parallel_size: 1,
             virtual_pipeline_model_parallel_size: None,
-            pipeline_schedule: "1f1b".into(),
+            pipeline_schedule: ScheduleKind::OneFOneB,
             num_layers_per_stage: None,
             tensor_model_parallel_size: 1,
             sequence_parallel: false,
@@ -122,7 +162,7 @@ impl Default for Config {
             lr: 6e-4,
             min_lr: 6e-5,
             lr_warmup_iters: 0,
-            lr_decay_style: "cosine".into(),
+            lr_decay_style: LrDecayStyle::Cosine,
             lr_decay_iters: None,
             weight_decay: 0.1,
             adam_beta1: 0.9,
@@ -136,8 +176,8 @@ impl Default for Config {
             log_interval: 1,
             train_data_path: None,
             valid_data_path: None,
-            device: "cpu".into(),
-            precision: "fp32".into(),
+            device: DeviceKind::Cpu,
+            precision: Precision::Fp32,
             load: None,
             aliases: Vec::new(),
         }
@@ -304,12 +344,10 @@ fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
         let mut single = Mapping::new();
         single.insert(Value::String(key.clone()), value.clone());
         if let Err(e) = serde_norway::from_value::<Config>(Value::Mapping(single)) {
-            return Err(user_error(format!(
-                "{}: bad value {}: {}",
-                origin.describe(written),
-                show(value),
-                one_line(&e.to_string())
-            )));
+            let msg = one_line(&e.to_string());
+            // A name outside a key's set already quotes the value and lists the names.
+            let bad_value = if msg.contains(" is not one of ") { String::new() } else { format!("bad value {}: ", show(value)) };
+            return Err(user_error(format!("{}: {bad_value}{msg}", origin.describe(written))));
         }
         map.insert(Value::String(key.clone()), value.clone());
     }
@@ -413,13 +451,12 @@ impl Config {
     /// Model chunks per stage: `virtual_pipeline_model_parallel_size`, else what the schedule
     /// implies (2 for the V schedules, 1 for the others).
     pub fn virtual_stages(&self) -> usize {
-        self.virtual_pipeline_model_parallel_size
-            .unwrap_or_else(|| self.schedule_kind().map_or(1, ScheduleKind::default_chunks))
+        self.virtual_pipeline_model_parallel_size.unwrap_or_else(|| self.pipeline_schedule.default_chunks())
     }
 
-    /// `pipeline_schedule`, parsed (validation rejects names it cannot parse).
-    pub fn schedule_kind(&self) -> Result<ScheduleKind, schedules::ScheduleError> {
-        self.pipeline_schedule.parse()
+    /// `recompute_granularity`, `none` where unset.
+    pub fn granularity(&self) -> RecomputeGranularity {
+        self.recompute_granularity.unwrap_or(RecomputeGranularity::None)
     }
 
     /// Checks values that are well-typed but impossible. Errors are (key, message).
@@ -453,9 +490,7 @@ impl Config {
                 ),
             ));
         }
-        if self.vocab_size > 65536 {
-            return Err(("vocab_size", format!("{} does not fit the uint16 token files", self.vocab_size)));
-        }
+        self.validate_family()?;
         if let Some(dp) = self.data_parallel_size {
             positive("data_parallel_size", dp)?;
         }
@@ -506,25 +541,10 @@ impl Config {
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err(("weight_decay", format!("{} must be >= 0", self.weight_decay)));
         }
-        if !["cosine", "linear", "constant"].contains(&self.lr_decay_style.as_str()) {
-            return Err((
-                "lr_decay_style",
-                format!("`{}` is not one of cosine, linear, constant", self.lr_decay_style),
-            ));
-        }
-        if !["cpu", "cuda"].contains(&self.device.as_str()) {
-            return Err(("device", format!("`{}` is not one of cpu, cuda", self.device)));
-        }
-        if !["fp32", "bf16"].contains(&self.precision.as_str()) {
-            return Err(("precision", format!("`{}` is not one of fp32, bf16", self.precision)));
-        }
-        if self.precision == "bf16" && self.device == "cpu" {
+        if self.precision == Precision::Bf16 && self.device == DeviceKind::Cpu {
             return Err(("precision", "bf16 needs device: cuda; the CPU backend computes in fp32".into()));
         }
-        let kind = self.schedule_kind().map_err(|_| {
-            let names = ScheduleKind::ALL.map(ScheduleKind::name).join(", ");
-            ("pipeline_schedule", format!("`{}` is not one of {names}", self.pipeline_schedule))
-        })?;
+        let kind = self.pipeline_schedule;
         if let Some(v) = self.virtual_pipeline_model_parallel_size {
             positive("virtual_pipeline_model_parallel_size", v)?;
             let key = "virtual_pipeline_model_parallel_size";
@@ -544,6 +564,89 @@ impl Config {
         self.validate_recompute()
     }
 
+    /// The model family's flags: each alone and together as Megatron allows them, and on
+    /// the devices whose kernels exist.
+    fn validate_family(&self) -> Result<(), (&'static str, String)> {
+        for (key, x) in [("norm_epsilon", self.norm_epsilon), ("init_method_std", self.init_method_std)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err((key, format!("{x} must be a finite number > 0")));
+            }
+        }
+        let heads = self.num_attention_heads;
+        match (self.group_query_attention, self.num_query_groups) {
+            (false, Some(g)) => {
+                return Err(("num_query_groups", format!("{g} needs group_query_attention: true")));
+            }
+            (true, None) => {
+                return Err(("group_query_attention", "true needs num_query_groups, the key/value heads".into()));
+            }
+            (true, Some(g)) if g == 0 || !heads.is_multiple_of(g) => {
+                return Err((
+                    "num_query_groups",
+                    format!("{g} does not divide num_attention_heads {heads}"),
+                ));
+            }
+            _ => {}
+        }
+        if self.position_embedding_type == PositionEmbeddingType::Rope {
+            if !(self.rotary_base.is_finite() && self.rotary_base > 1.0) {
+                return Err(("rotary_base", format!("{} must be a finite number > 1", self.rotary_base)));
+            }
+            let head_size = self.hidden_size / heads;
+            if !head_size.is_multiple_of(2) {
+                return Err((
+                    "position_embedding_type",
+                    format!(
+                        "rope rotates pairs of channels and needs an even head size; hidden_size {} / \
+                         num_attention_heads {heads} is {head_size}",
+                        self.hidden_size
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first family flag whose kernels the CUDA backend lacks, as (key, what): training
+    /// refuses it on `device: cuda` (the simulator models any).
+    pub fn family_without_cuda_kernels(&self) -> Option<(&'static str, String)> {
+        let on = |set: bool, key: &'static str, what: String| set.then_some((key, what));
+        on(self.normalization != Norm::LayerNorm, "normalization", self.normalization.to_string())
+            .or_else(|| on(self.norm_epsilon != 1e-5, "norm_epsilon", format!("norm_epsilon {}", self.norm_epsilon)))
+            .or_else(|| {
+                let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
+                on(rope, "position_embedding_type", "rope".into())
+            })
+            .or_else(|| on(self.swiglu, "swiglu", "swiglu".into()))
+            .or_else(|| on(self.group_query_attention, "group_query_attention", "group_query_attention".into()))
+            .or_else(|| on(self.disable_bias_linear, "disable_bias_linear", "disable_bias_linear".into()))
+            .or_else(|| {
+                let untied = self.untie_embeddings_and_output_weights;
+                on(untied, "untie_embeddings_and_output_weights", "an untied output layer".into())
+            })
+    }
+
+    /// The model's architecture, as the family flags describe it.
+    pub fn architecture(&self) -> Architecture {
+        Architecture {
+            norm: self.normalization,
+            norm_eps: self.norm_epsilon,
+            positions: match self.position_embedding_type {
+                PositionEmbeddingType::LearnedAbsolute => Positions::Learned,
+                PositionEmbeddingType::Rope => Positions::Rotary { base: self.rotary_base },
+            },
+            activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },
+            linear_bias: !self.disable_bias_linear,
+            tied_output: !self.untie_embeddings_and_output_weights,
+            init_std: self.init_method_std,
+        }
+    }
+
+    /// Key/value heads: num_query_groups with grouped-query attention, else the heads.
+    pub fn kv_heads(&self) -> usize {
+        self.num_query_groups.filter(|_| self.group_query_attention).unwrap_or(self.num_attention_heads)
+    }
+
     /// Megatron's divisibility rules for t: heads and the MLP split across ranks, and with
     /// sequence parallelism the sequence too.
     fn validate_tensor_parallel(&self) -> Result<(), (&'static str, String)> {
@@ -551,6 +654,7 @@ impl Config {
         positive("tensor_model_parallel_size", t)?;
         let splits = [
             ("num_attention_heads", self.num_attention_heads, true),
+            ("num_query_groups", self.kv_heads(), self.group_query_attention),
             ("ffn_hidden_size", self.ffn_size(), true),
             ("seq_length", self.seq_length, self.sequence_parallel),
         ];
@@ -563,9 +667,8 @@ impl Config {
     }
 
     fn validate_recompute(&self) -> Result<(), (&'static str, String)> {
-        let granularity = self.recompute_granularity.as_deref().unwrap_or("none");
-        match granularity {
-            "none" => {
+        match self.granularity() {
+            RecomputeGranularity::None => {
                 if let Some(m) = &self.recompute_method {
                     return Err(("recompute_method", format!("`{m}` needs recompute_granularity: full")));
                 }
@@ -573,18 +676,12 @@ impl Config {
                     return Err(("recompute_num_layers", format!("{n} needs recompute_granularity: full")));
                 }
             }
-            "full" => {
-                match self.recompute_method.as_deref() {
-                    Some("uniform") | Some("block") => {}
-                    Some(m) => {
-                        return Err(("recompute_method", format!("`{m}` is not one of uniform, block")));
-                    }
-                    None => {
-                        return Err((
-                            "recompute_method",
-                            "recompute_granularity full needs recompute_method uniform or block".into(),
-                        ))
-                    }
+            RecomputeGranularity::Full => {
+                if self.recompute_method.is_none() {
+                    return Err((
+                        "recompute_method",
+                        "recompute_granularity full needs recompute_method uniform or block".into(),
+                    ));
                 }
                 match (self.recompute_num_layers, &self.recompute_num_layers_per_stage) {
                     (Some(0), _) => {
@@ -624,7 +721,7 @@ impl Config {
                     ));
                 }
             }
-            "selective" => {
+            RecomputeGranularity::Selective => {
                 if let Some(n) = self.recompute_num_layers {
                     return Err((
                         "recompute_num_layers",
@@ -643,20 +740,6 @@ impl Config {
                         format!("`{m}` must be unset with recompute_granularity: selective"),
                     ));
                 }
-                for module in self.recompute_modules.iter().flatten() {
-                    if !["core_attn", "mlp", "layernorm"].contains(&module.as_str()) {
-                        return Err((
-                            "recompute_modules",
-                            format!("`{module}` is not one of core_attn, mlp, layernorm"),
-                        ));
-                    }
-                }
-            }
-            other => {
-                return Err((
-                    "recompute_granularity",
-                    format!("`{other}` is not one of none, full, selective"),
-                ))
             }
         }
         Ok(())
@@ -794,8 +877,8 @@ mod tests {
         let c = load(&p, &ov).unwrap();
         assert_eq!(c.hidden_size, 128);
         assert_eq!(c.seq_length, 32);
-        assert_eq!(c.recompute_granularity.as_deref(), Some("selective"));
-        assert_eq!(c.recompute_modules, Some(vec!["core_attn".to_string(), "mlp".to_string()]));
+        assert_eq!(c.recompute_granularity, Some(RecomputeGranularity::Selective));
+        assert_eq!(c.recompute_modules, Some(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]));
     }
 
     #[test]
@@ -851,6 +934,67 @@ mod tests {
             err_of("recompute_granularity: selective\nrecompute_modules: [attn]\n", &[]),
             "c.yaml: key `recompute_modules`: `attn` is not one of core_attn, mlp, layernorm"
         );
+    }
+
+    /// A key the parser accepts but nothing reads is a key that silently does nothing. Every
+    /// key must be read as a field (`.key`) somewhere in the program's code outside the
+    /// tests; a key read only to be validated or echoed does not count, so the scan skips
+    /// `validate*` functions, the test modules and the `Default` impl.
+    #[test]
+    fn every_parsed_key_is_read() {
+        let mut code = String::new();
+        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    code.push_str(&program_code(&std::fs::read_to_string(&path).unwrap()));
+                }
+            }
+        }
+        let unread: Vec<String> = known_keys()
+            .into_iter()
+            .filter(|key| {
+                !code.match_indices(&format!(".{key}")).any(|(i, m)| {
+                    let next = code[i + m.len()..].chars().next();
+                    !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                })
+            })
+            .collect();
+        assert!(unread.is_empty(), "parsed but never read: {unread:?}");
+    }
+
+    /// `text` without its test modules, its `validate*` functions and `Default` impls: the
+    /// code that acts on a config. Items are cut from their header to the next line that
+    /// closes a block at the header's indentation.
+    fn program_code(text: &str) -> String {
+        let cut = |line: &str| {
+            let t = line.trim_start();
+            t.starts_with("mod tests")
+                || t.starts_with("impl Default for")
+                || t.starts_with("fn validate")
+                || t.starts_with("pub fn validate")
+        };
+        let mut out = String::new();
+        let mut skipping: Option<usize> = None;
+        for line in text.lines() {
+            let indent = line.len() - line.trim_start().len();
+            match skipping {
+                Some(at) => {
+                    if indent == at && line.trim_start().starts_with('}') {
+                        skipping = None;
+                    }
+                }
+                None if cut(line) => skipping = Some(indent),
+                None => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        out
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use super::{training_data, Variant};
 use crate::cli::BenchArgs;
-use crate::config::Config;
+use crate::config::{Config, DeviceKind, Named, Precision};
 use crate::data::TokenFile;
 use crate::error::NoDevice;
 use kernels::cpu::CpuDevice;
@@ -112,25 +112,21 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let (cuda, cpu) = (AttentionSaves::cuda(sizes.c / sizes.heads), AttentionSaves::Probabilities);
     let mut rows = ops::rows((&*gpu, cuda), (&CpuDevice::new(threads), cpu), sizes);
     let path = &args.config;
-    let on = |device: &str, precision: &str| Config {
-        device: device.into(),
-        precision: precision.into(),
-        ..cfg.clone()
-    };
+    let on = |device, precision| Config { device, precision, ..cfg.clone() };
     eprintln!("bench gpu: {CURVE_STEPS} steps on the CPU, then on the GPU in fp32 and in bf16");
-    let cpu = loss_curve(&on("cpu", "fp32"), path, &data, CURVE_STEPS)?;
-    let (fp32, fp32_peaks) = loss_curve_and_peaks(&on("cuda", "fp32"), path, &data, CURVE_STEPS)?;
-    let (bf16, bf16_peaks) = loss_curve_and_peaks(&on("cuda", "bf16"), path, &data, CURVE_STEPS)?;
+    let cpu = loss_curve(&on(DeviceKind::Cpu, Precision::Fp32), path, &data, CURVE_STEPS)?;
+    let (fp32, fp32_peaks) = loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Fp32), path, &data, CURVE_STEPS)?;
+    let (bf16, bf16_peaks) = loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Bf16), path, &data, CURVE_STEPS)?;
     rows.push(curve_row("CUDA fp32 vs CPU loss", &fp32, &cpu, FP32_TOLERANCE));
     rows.push(curve_row("CUDA bf16 vs fp32 loss", &bf16, &fp32, BF16_TOLERANCE));
-    for (precision, measured) in [("fp32", &fp32_peaks), ("bf16", &bf16_peaks)] {
-        let predicted = crate::simulate::predicted_stage_peaks(&on("cuda", precision), path)?;
-        rows.extend(memory_rows(precision, measured, &predicted));
+    for (precision, measured) in [(Precision::Fp32, &fp32_peaks), (Precision::Bf16, &bf16_peaks)] {
+        let predicted = crate::simulate::predicted_stage_peaks(&on(DeviceKind::Cuda, precision), path)?;
+        rows.extend(memory_rows(precision.name(), measured, &predicted));
     }
     let shape = mfu::Shape::of(cfg);
-    let peak = crate::simulate::gpu_peak_flops(&device, &cfg.precision);
+    let peak = crate::simulate::gpu_peak_flops(&device, cfg.precision);
     eprintln!("bench gpu: MFU over {} steps, ours then PyTorch's", args.steps);
-    let ours = mfu::measure(&on("cuda", &cfg.precision), path, &data, args.steps)?;
+    let ours = mfu::measure(&on(DeviceKind::Cuda, cfg.precision), path, &data, args.steps)?;
     rows.push(mfu::row("MFU, pipetrain", &shape, Some(ours), peak));
     rows.push(mfu::torch_row(&shape, args.steps, peak));
     print!("{}", render(&device, &rows));
@@ -168,7 +164,7 @@ fn loss_curve_and_peaks(
     steps: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<u64>)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut run = Variant::build(cfg.device.clone(), cfg.clone(), path, threads)?;
+    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), path, threads)?;
     let losses = (1..=steps).map(|step| run.step(data, step)).collect::<anyhow::Result<Vec<_>>>()?;
     let peaks = run.ranks.iter().map(|r| r.stage.device.ledger().snapshot().peak_bytes as u64).collect();
     Ok((losses, peaks))

@@ -5,12 +5,14 @@
 //! - `recompute`: step time of each recompute policy relative to none, and the activation
 //!   memory each keeps (measured by the ledger, and as the memory model predicts).
 //! - `pipeline`: tokens/s of p = 1 against p = 2 (and more) on the same cores.
+//! - `family`: the config's model as GPT-2 and as a Llama of the same width, for tokens/s
+//!   and MFU side by side.
 //! - `gpu`: the GPU path against the CPU and against its predictions (gpu.rs).
 
 mod gpu;
 
 use crate::cli::BenchArgs;
-use crate::config::{self, Config};
+use crate::config::{self, Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use crate::data::TokenFile;
 use crate::error::user_error;
 use crate::train::model;
@@ -91,9 +93,10 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     let configs = match args.what.as_str() {
         "recompute" => recompute_variants(&base),
         "pipeline" => pipeline_variants(&base, threads),
+        "family" => family_variants(&base),
         other => {
             return Err(user_error(format!(
-                "command line: bench {other}: expected recompute, pipeline or gpu"
+                "command line: bench {other}: expected recompute, pipeline, family or gpu"
             )))
         }
     };
@@ -119,7 +122,8 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             }
         }
     }
-    print_table(&variants, &base);
+    let peak = kernels::cpu::measure_matmul_peak(&kernels::cpu::CpuDevice::new(threads));
+    print_table(&variants, &base, peak);
     Ok(())
 }
 
@@ -135,14 +139,14 @@ fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenFile> {
 }
 
 fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
-    let selective = |modules: &[&str]| Config {
-        recompute_granularity: Some("selective".into()),
-        recompute_modules: Some(modules.iter().map(|m| m.to_string()).collect()),
+    let selective = |modules: &[RecomputeModule]| Config {
+        recompute_granularity: Some(RecomputeGranularity::Selective),
+        recompute_modules: Some(modules.to_vec()),
         ..base.clone()
     };
-    let full = |method: &str, n: usize| Config {
-        recompute_granularity: Some("full".into()),
-        recompute_method: Some(method.into()),
+    let full = |method, n: usize| Config {
+        recompute_granularity: Some(RecomputeGranularity::Full),
+        recompute_method: Some(method),
         recompute_num_layers: Some(n),
         ..base.clone()
     };
@@ -155,13 +159,13 @@ fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
     };
     vec![
         ("none".into(), none),
-        ("selective core_attn".into(), selective(&["core_attn"])),
-        ("selective mlp".into(), selective(&["mlp"])),
-        ("selective layernorm".into(), selective(&["layernorm"])),
-        ("selective all".into(), selective(&["core_attn", "mlp", "layernorm"])),
-        ("full uniform N=1".into(), full("uniform", 1)),
-        ("full uniform N=2".into(), full("uniform", 2)),
-        ("full block N=1".into(), full("block", 1)),
+        ("selective core_attn".into(), selective(&[RecomputeModule::CoreAttn])),
+        ("selective mlp".into(), selective(&[RecomputeModule::Mlp])),
+        ("selective layernorm".into(), selective(&[RecomputeModule::Layernorm])),
+        ("selective all".into(), selective(RecomputeModule::ALL)),
+        ("full uniform N=1".into(), full(RecomputeMethod::Uniform, 1)),
+        ("full uniform N=2".into(), full(RecomputeMethod::Uniform, 2)),
+        ("full block N=1".into(), full(RecomputeMethod::Block, 1)),
     ]
 }
 
@@ -175,6 +179,37 @@ fn only(all: Vec<(String, Config)>, wanted: &[String]) -> anyhow::Result<Vec<(St
         )));
     }
     Ok(all.into_iter().filter(|(name, _)| wanted.contains(name)).collect())
+}
+
+/// The config's model with GPT-2's architecture, and with the Llama family's at the same
+/// width, heads and layers: RMSNorm, rotary positions, SwiGLU of Llama's 8/3 x hidden
+/// (rounded up to a multiple of 64), a key/value group per 4 heads where they divide, no
+/// biases, an untied output layer.
+fn family_variants(base: &Config) -> Vec<(String, Config)> {
+    let gpt2 = Config {
+        normalization: stages::Norm::LayerNorm,
+        position_embedding_type: config::PositionEmbeddingType::LearnedAbsolute,
+        swiglu: false,
+        group_query_attention: false,
+        num_query_groups: None,
+        untie_embeddings_and_output_weights: false,
+        disable_bias_linear: false,
+        ..base.clone()
+    };
+    let heads = base.num_attention_heads;
+    let groups = if heads.is_multiple_of(4) { heads / 4 } else { heads };
+    let llama = Config {
+        normalization: stages::Norm::RmsNorm,
+        position_embedding_type: config::PositionEmbeddingType::Rope,
+        swiglu: true,
+        ffn_hidden_size: Some((8 * base.hidden_size).div_ceil(3).next_multiple_of(64)),
+        group_query_attention: groups != heads,
+        num_query_groups: (groups != heads).then_some(groups),
+        untie_embeddings_and_output_weights: true,
+        disable_bias_linear: true,
+        ..base.clone()
+    };
+    vec![("gpt2".into(), gpt2), ("llama".into(), llama)]
 }
 
 fn pipeline_variants(base: &Config, threads: usize) -> Vec<(String, Config)> {
@@ -191,30 +226,37 @@ fn median(v: &[f64]) -> f64 {
     s[s.len() / 2]
 }
 
-fn print_table(variants: &[Variant], base: &Config) {
+/// The table, each variant's MFU against `peak`, the CPU's matmul FLOP/s measured here.
+fn print_table(variants: &[Variant], base: &Config, peak: f64) {
     let tokens = (base.global_batch_size * base.seq_length) as f64;
     let reference = median(&variants[0].step_s);
     let reference_act: usize = activation_peak(&variants[0]);
     println!(
-        "{:<22} {:>10} {:>9} {:>10} {:>14} {:>14} {:>8}",
-        "variant", "step s", "vs first", "tokens/s", "activations", "predicted", "saved"
+        "{:<22} {:>10} {:>9} {:>10} {:>6} {:>14} {:>14} {:>8}",
+        "variant", "step s", "vs first", "tokens/s", "MFU", "activations", "predicted", "saved"
     );
     for v in variants {
         let step = median(&v.step_s);
         let act = activation_peak(v);
         let predicted = v.predicted_activations;
+        let flops = stages::flops::train_step_flops(&model::shape(&v.cfg), v.cfg.num_microbatches());
         println!(
-            "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>14} {:>14} {:>7.1}%",
+            "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>5.1}% {:>14} {:>14} {:>7.1}%",
             v.name,
             step,
             100.0 * (step / reference - 1.0),
             tokens / step,
+            100.0 * flops / step / peak,
             human_bytes(act),
             human_bytes(predicted as usize),
             100.0 * (1.0 - act as f64 / reference_act as f64),
         );
     }
-    println!("(median step of each variant; activations: the largest per-stage peak the ledger measured)");
+    println!(
+        "(median step of each variant; MFU: model FLOPs per step over the CPU's matmul peak, {:.1} GFLOP/s measured \
+         here; activations: the largest per-stage peak the ledger measured)",
+        peak / 1e9
+    );
 }
 
 /// The largest per-stage activation peak the ledger measured.

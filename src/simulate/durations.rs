@@ -11,7 +11,7 @@ use kernels::AttentionSaves;
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
-use stages::{GptShape, RecomputePolicy, TensorParallel};
+use stages::{ModelShape, RecomputePolicy, TensorParallel};
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -135,7 +135,7 @@ const GRAD_NORM_BYTES: f64 = 4.0;
 /// FLOPs one block's backward adds beyond the model's count on one rank: the fused attention
 /// backward (device cuda) computes q k^T again to rebuild P tile by tile, 2 B T^2 C, full
 /// T x T as `stages::flops` counts the core.
-fn fused_backward_extra_flops(s: &GptShape, tp: TensorParallel) -> f64 {
+fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel) -> f64 {
     match s.attention {
         AttentionSaves::Probabilities => 0.0,
         AttentionSaves::RowLogSumExp => {
@@ -348,7 +348,7 @@ impl GivenTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, Named};
     use crate::simulate::setup::tests::gpt2_small;
     use std::path::Path;
 
@@ -357,7 +357,7 @@ mod tests {
     }
 
     fn h100() -> Hardware {
-        Hardware::lookup("h100-sxm", "bf16").unwrap()
+        Hardware::lookup("h100-sxm", crate::config::Precision::Bf16).unwrap()
     }
 
     #[test]
@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn fused_attention_backward_rebuilds_the_scores() {
         let materialized = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100());
-        let cuda = Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) };
+        let cuda = Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) };
         let fused = from_hardware(&setup(cuda), &h100());
         let rate = 989e12 * 0.5;
         let (a, b) = (materialized.chunks[1], fused.chunks[1]);
@@ -392,10 +392,10 @@ mod tests {
     fn recompute_is_the_forward_of_what_the_policy_drops() {
         let with = |granularity: &str, method: Option<&str>, n: Option<usize>, modules: Option<&[&str]>| {
             let cfg = Config {
-                recompute_granularity: Some(granularity.into()),
-                recompute_method: method.map(Into::into),
+                recompute_granularity: Some(Named::parse(granularity).unwrap()),
+                recompute_method: method.map(|m| Named::parse(m).unwrap()),
                 recompute_num_layers: n,
-                recompute_modules: modules.map(|m| m.iter().map(|s| s.to_string()).collect()),
+                recompute_modules: modules.map(|m| m.iter().map(|s| Named::parse(s).unwrap()).collect()),
                 ..gpt2_small(4, "1f1b", 1, 8)
             };
             from_hardware(&setup(cfg), &h100()).chunks[1]
@@ -419,8 +419,8 @@ mod tests {
     #[test]
     fn selective_recompute_of_the_fused_core_costs_nothing() {
         let cfg = |device: &str| Config {
-            device: device.into(),
-            recompute_granularity: Some("selective".into()),
+            device: Named::parse(device).unwrap(),
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Selective),
             ..gpt2_small(4, "1f1b", 1, 8)
         };
         let recompute = |device| from_hardware(&setup(cfg(device)), &h100()).chunks[1].recompute;
@@ -477,7 +477,7 @@ mod tests {
         close(sp.backward_input, tp.backward_input + 4.0 * 2.0 * 10e-6);
         close(sp.backward_weight, tp.backward_weight + 4.0 * 2.0 * (share + 10e-6));
         // Selective recompute redoes the attention core alone: 1/t of it, no collective.
-        let selective = Config { recompute_granularity: Some("selective".into()), ..with_tp(4, true) };
+        let selective = Config { recompute_granularity: Some(crate::config::RecomputeGranularity::Selective), ..with_tp(4, true) };
         let core = 4.0 * (1024.0 * 1024.0 * 768.0) * 4.0 / 4.0 / rate;
         close(from_hardware(&setup(selective), &h100).chunks[1].recompute, core);
     }
@@ -560,8 +560,8 @@ mod tests {
             GivenTimes::parse("forward=2,backward-input=3,backward-weight=0,recompute=0,p2p=0,optimizer=0")
                 .unwrap();
         let cfg = Config {
-            recompute_granularity: Some("full".into()),
-            recompute_method: Some("uniform".into()),
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Full),
+            recompute_method: Some(crate::config::RecomputeMethod::Uniform),
             recompute_num_layers: Some(1),
             ..gpt2_small(4, "zb-h1", 1, 8)
         };

@@ -32,6 +32,7 @@
 //! network-gb-s=12.5` (see [`OVERRIDES`]).
 
 use super::units::format_rate;
+use crate::config::Precision;
 use crate::error::user_error;
 
 /// Streaming kernels reach about 80% of the nominal HBM bandwidth (STREAM-like copies).
@@ -69,7 +70,7 @@ pub const OVERRIDES: [&str; 7] =
 impl Hardware {
     /// The profile `spec` names for `precision` (fp32 | bf16), with the figures it overrides
     /// (`NAME,FIGURE=VALUE,..`; a peak given is at the run's precision).
-    pub fn lookup(spec: &str, precision: &str) -> anyhow::Result<Hardware> {
+    pub fn lookup(spec: &str, precision: Precision) -> anyhow::Result<Hardware> {
         let mut items = spec.split(',');
         let mut hw = Self::named(items.next().unwrap_or("").trim(), precision)?;
         for item in items {
@@ -103,7 +104,7 @@ impl Hardware {
 
     /// The profile `name` for `precision` as it ships. `cpu-measured` times a matmul on this
     /// machine's cores now (about a second).
-    fn named(name: &str, precision: &str) -> anyhow::Result<Hardware> {
+    fn named(name: &str, precision: Precision) -> anyhow::Result<Hardware> {
         let gpu = |peak_bf16_tflops: f64,
                    efficiency: f64,
                    hbm_tb_s: f64,
@@ -113,7 +114,7 @@ impl Hardware {
             let peak = peak_bf16_tflops * 1e12;
             Hardware {
                 name: name.to_string(),
-                peak_flops: if precision == "bf16" { peak } else { peak / 2.0 },
+                peak_flops: if precision == Precision::Bf16 { peak } else { peak / 2.0 },
                 efficiency,
                 memory_bandwidth: hbm_tb_s * 1e12,
                 link_bandwidth: link_gb_s * 1e9,
@@ -177,7 +178,7 @@ impl Hardware {
 
 /// The dense peak FLOP/s at `precision` of the GPU a device is named after, from its
 /// profile ([`gpu_profile`]); None for a GPU without one.
-pub fn gpu_peak_flops(device_name: &str, precision: &str) -> Option<f64> {
+pub fn gpu_peak_flops(device_name: &str, precision: Precision) -> Option<f64> {
     gpu_profile(device_name).and_then(|profile| profile_peak_flops(profile, precision))
 }
 
@@ -197,7 +198,7 @@ pub fn gpu_profile(device_name: &str) -> Option<&'static str> {
 }
 
 /// The dense peak FLOP/s at `precision` of the GPU profile named `profile`.
-pub fn profile_peak_flops(profile: &str, precision: &str) -> Option<f64> {
+pub fn profile_peak_flops(profile: &str, precision: Precision) -> Option<f64> {
     Hardware::named(profile, precision).ok().map(|hw| hw.peak_flops)
 }
 
@@ -236,31 +237,31 @@ mod tests {
 
     #[test]
     fn gpu_profiles_carry_the_published_peaks() {
-        let h100 = Hardware::lookup("h100-sxm", "bf16").unwrap();
+        let h100 = Hardware::lookup("h100-sxm", crate::config::Precision::Bf16).unwrap();
         assert_eq!((h100.peak_flops, h100.memory_bandwidth, h100.link_bandwidth), (989e12, 3.35e12, 450e9));
-        assert_eq!(Hardware::lookup("a100-80gb", "bf16").unwrap().peak_flops, 312e12);
-        assert_eq!(Hardware::lookup("a100-80gb", "fp32").unwrap().peak_flops, 156e12);
-        let h200 = Hardware::lookup("h200", "bf16").unwrap();
+        assert_eq!(Hardware::lookup("a100-80gb", crate::config::Precision::Bf16).unwrap().peak_flops, 312e12);
+        assert_eq!(Hardware::lookup("a100-80gb", crate::config::Precision::Fp32).unwrap().peak_flops, 156e12);
+        let h200 = Hardware::lookup("h200", crate::config::Precision::Bf16).unwrap();
         assert_eq!((h200.memory_bandwidth, h200.memory_bytes), (4.8e12, Some(143771 << 20)));
         assert_eq!(h100.achieved_flops(), 494.5e12);
     }
 
     #[test]
     fn a_gpu_is_known_by_its_driver_name() {
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", "bf16"), Some(989e12));
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", "fp32"), Some(494.5e12));
-        assert_eq!(gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", "bf16"), Some(312e12));
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 PCIe, sm_90)", "bf16"), None);
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", "bf16"), None);
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", crate::config::Precision::Bf16), Some(989e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", crate::config::Precision::Fp32), Some(494.5e12));
+        assert_eq!(gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", crate::config::Precision::Bf16), Some(312e12));
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 PCIe, sm_90)", crate::config::Precision::Bf16), None);
+        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", crate::config::Precision::Bf16), None);
     }
 
     #[test]
     fn figures_are_overridden_after_the_name() {
         let hw =
-            Hardware::lookup("a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4", "bf16").unwrap();
+            Hardware::lookup("a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4", crate::config::Precision::Bf16).unwrap();
         assert_eq!((hw.efficiency, hw.network_bandwidth, hw.gpus_per_node), (0.65, 12.5e9, Some(4)));
         assert_eq!((hw.peak_flops, hw.link_bandwidth), (312e12, 300e9));
-        let err = |spec: &str| Hardware::lookup(spec, "bf16").unwrap_err().to_string();
+        let err = |spec: &str| Hardware::lookup(spec, Precision::Bf16).unwrap_err().to_string();
         assert_eq!(
             err("h200,efficiency=1.5"),
             "--hardware h200,efficiency=1.5: efficiency=1.5: a fraction of the peak, at most 1"
@@ -272,7 +273,7 @@ mod tests {
     #[test]
     fn unknown_hardware_lists_the_known_ones() {
         assert_eq!(
-            Hardware::lookup("tpu", "bf16").unwrap_err().to_string(),
+            Hardware::lookup("tpu", crate::config::Precision::Bf16).unwrap_err().to_string(),
             "--hardware tpu: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"
         );
     }

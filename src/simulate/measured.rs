@@ -166,7 +166,7 @@ mod tests {
         write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
 
         let setup = Setup::new(&gpt2_small(2, "zb-h1", 1, 3), Path::new("c.yaml")).unwrap();
-        let hw = Hardware::lookup("h100-sxm", "fp32").unwrap();
+        let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();
         let d = durations(&path, &setup, &hw).unwrap();
         assert_eq!(
             d.chunks[1],

@@ -22,7 +22,7 @@ mod units;
 
 pub use hardware::{gpu_peak_flops, gpu_profile, profile_peak_flops};
 
-use crate::config::Config;
+use crate::config::{Config, DeviceKind};
 use crate::error::user_error;
 use clap::Args;
 use durations::GivenTimes;
@@ -128,10 +128,10 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     let explicit_limit =
         args.memory_limit.as_deref().map(|s| units::parse_bytes("--memory-limit", s)).transpose()?;
     let hardware_name =
-        args.hardware.as_deref().unwrap_or(if cfg.device == "cuda" { "h100-sxm" } else { "cpu-measured" });
+        args.hardware.as_deref().unwrap_or(if cfg.device == DeviceKind::Cuda { "h100-sxm" } else { "cpu-measured" });
 
     if args.sweep || args.plan {
-        let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
+        let hw = Hardware::lookup(hardware_name, cfg.precision)?;
         let limit = explicit_limit.or(hw.memory_bytes);
         let layouts = match args.gpus {
             Some(n) => cluster::layouts(&cfg, n, hw.gpus_per_node),
@@ -170,7 +170,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         print!("{}", setup.schedule()?);
         return Ok(());
     }
-    let hw = Hardware::lookup(hardware_name, &cfg.precision)?;
+    let hw = Hardware::lookup(hardware_name, cfg.precision)?;
     let (durations, times_from) = match (&given, &args.measured) {
         (Some(g), _) => (g.durations(&setup, &hw)?, "op-times"),
         (None, Some(trace)) => (measured::durations(trace, &setup, &hw)?, "measured"),

@@ -2,16 +2,16 @@
 //! the blocks over the virtual stages and each stage's recompute policy — chosen exactly as
 //! the trainer chooses them (stages::partition, train::model::recompute_policy).
 
-use crate::config::Config;
+use crate::config::{Config, DeviceKind};
 use crate::train::model;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::{ChunkLayout, GptShape, RecomputePolicy, TensorParallel};
+use stages::{ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 pub struct Setup {
     pub cfg: Config,
-    pub shape: GptShape,
+    pub shape: ModelShape,
     /// How every layer splits over t ranks; figures are one rank's.
     pub tp: TensorParallel,
     /// Data-parallel replicas of the pipeline.
@@ -89,7 +89,7 @@ impl Setup {
     }
 
     /// Bytes per stored activation or activation gradient element: 2 under bf16, which the
-    /// trainer stores as bf16 tensors, fp32's 4 otherwise ([`GptShape::activations`]).
+    /// trainer stores as bf16 tensors, fp32's 4 otherwise ([`ModelShape::activations`]).
     pub fn activation_bytes_per_element(&self) -> usize {
         self.shape.activations.size()
     }
@@ -97,16 +97,20 @@ impl Setup {
     /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device
     /// pads them ([`kernels::padded_vocab`]); the CPU keeps V.
     pub fn logits_columns(&self) -> usize {
-        if self.cfg.device == "cuda" {
+        if self.cfg.device == DeviceKind::Cuda {
             kernels::padded_vocab(self.shape.vocab)
         } else {
             self.shape.vocab
         }
     }
 
-    /// The stages that hold the embedding and the head, when they differ: then each holds
-    /// its own part of the tied embedding's gradient and the two are exchanged.
+    /// The stages that hold the embedding and the head of a tied model, when they differ:
+    /// then each holds its own part of the tied embedding's gradient and the two are
+    /// exchanged.
     pub fn tied_holders(&self) -> Option<(usize, usize)> {
+        if !self.shape.arch.tied_output {
+            return None;
+        }
         let stage_with = |part: fn(&ChunkLayout) -> bool| {
             (0..self.p).find(|&r| (0..self.v).any(|c| part(self.layout(r, c))))
         };
@@ -158,7 +162,7 @@ pub(crate) mod tests {
     pub fn gpt2_small(p: usize, schedule: &str, v: usize, global_batch: usize) -> Config {
         Config {
             pipeline_model_parallel_size: p,
-            pipeline_schedule: schedule.into(),
+            pipeline_schedule: schedule.parse().unwrap(),
             virtual_pipeline_model_parallel_size: (v > 1).then_some(v),
             global_batch_size: global_batch,
             ..Config::default()

@@ -24,7 +24,7 @@ use super::memory::stage_static_bytes;
 use super::report::{ranges, seconds};
 use super::setup::Setup;
 use super::units::format_bytes;
-use crate::config::Config;
+use crate::config::{Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use rayon::prelude::*;
 use schedules::{Placement, ScheduleKind};
 use serde_json::{json, Value};
@@ -36,9 +36,9 @@ use std::path::Path;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Recompute {
     None,
-    Selective(Vec<&'static str>),
+    Selective(Vec<RecomputeModule>),
     Full {
-        method: &'static str,
+        method: RecomputeMethod,
         num_layers: usize,
     },
     /// Full block recompute with N per stage (0: none).
@@ -55,17 +55,17 @@ impl Recompute {
         match self {
             Recompute::None => {}
             Recompute::Selective(modules) => {
-                cfg.recompute_granularity = Some("selective".into());
-                cfg.recompute_modules = Some(modules.iter().map(|m| m.to_string()).collect());
+                cfg.recompute_granularity = Some(RecomputeGranularity::Selective);
+                cfg.recompute_modules = Some(modules.clone());
             }
             Recompute::Full { method, num_layers } => {
-                cfg.recompute_granularity = Some("full".into());
-                cfg.recompute_method = Some(method.to_string());
+                cfg.recompute_granularity = Some(RecomputeGranularity::Full);
+                cfg.recompute_method = Some(*method);
                 cfg.recompute_num_layers = Some(*num_layers);
             }
             Recompute::BlockPerStage(ns) => {
-                cfg.recompute_granularity = Some("full".into());
-                cfg.recompute_method = Some("block".into());
+                cfg.recompute_granularity = Some(RecomputeGranularity::Full);
+                cfg.recompute_method = Some(RecomputeMethod::Block);
                 cfg.recompute_num_layers_per_stage = Some(ns.clone());
             }
         }
@@ -74,7 +74,9 @@ impl Recompute {
     pub fn describe(&self) -> String {
         match self {
             Recompute::None => "none".into(),
-            Recompute::Selective(m) => format!("selective {}", m.join("+")),
+            Recompute::Selective(m) => {
+                format!("selective {}", m.iter().map(|m| m.name()).collect::<Vec<_>>().join("+"))
+            }
             Recompute::Full { method, num_layers } => format!("full/{method} N={num_layers}"),
             Recompute::BlockPerStage(ns) => {
                 format!(
@@ -128,7 +130,7 @@ pub enum Search {
 /// Sets the schedule, v (unset where the schedule implies it) and micro batch size; an
 /// explicit split only applies to the v it was written for.
 fn shape_config(cfg: &mut Config, base: &Config, kind: ScheduleKind, v: usize, micro_batch_size: usize) {
-    cfg.pipeline_schedule = kind.name().into();
+    cfg.pipeline_schedule = kind;
     cfg.virtual_pipeline_model_parallel_size = (v != kind.default_chunks()).then_some(v);
     cfg.micro_batch_size = micro_batch_size;
     if v != base.virtual_stages() {
@@ -298,10 +300,10 @@ fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Sear
     let most_blocks = setup.layouts.iter().map(|l| l.blocks.len()).max().unwrap_or(0);
     let mut settings = vec![
         Recompute::None,
-        Recompute::Selective(vec!["core_attn"]),
-        Recompute::Selective(vec!["core_attn", "mlp"]),
+        Recompute::Selective(vec![RecomputeModule::CoreAttn]),
+        Recompute::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]),
     ];
-    for method in ["uniform", "block"] {
+    for method in [RecomputeMethod::Uniform, RecomputeMethod::Block] {
         settings.extend((1..=most_blocks).map(|num_layers| Recompute::Full { method, num_layers }));
     }
     let simulate = |recompute: Recompute| {
@@ -350,9 +352,9 @@ fn planned_outcomes(
     if outcomes.iter().any(|o| o.fits) {
         return outcomes;
     }
-    outcomes.extend(simulate(Recompute::Selective(vec!["core_attn"])));
-    outcomes.extend(simulate(Recompute::Selective(vec!["core_attn", "mlp"])));
-    let block = |num_layers| Recompute::Full { method: "block", num_layers };
+    outcomes.extend(simulate(Recompute::Selective(vec![RecomputeModule::CoreAttn])));
+    outcomes.extend(simulate(Recompute::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp])));
+    let block = |num_layers| Recompute::Full { method: RecomputeMethod::Block, num_layers };
     let (mut low, mut high) = (1, most_blocks);
     while low < high {
         let mid = (low + high) / 2;
@@ -371,7 +373,7 @@ fn planned_outcomes(
         outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
     }
     if !outcomes.iter().any(|o| o.fits) {
-        outcomes.extend(simulate(Recompute::Full { method: "uniform", num_layers: most_blocks }));
+        outcomes.extend(simulate(Recompute::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
     }
     outcomes
 }
@@ -385,7 +387,7 @@ fn smallest_fitting_block_n(outcomes: &[Outcome], p: usize, limit: u64) -> Optio
         .iter()
         .filter_map(|o| match &o.recompute {
             Recompute::None => Some((0, o)),
-            Recompute::Full { method: "block", num_layers } => Some((*num_layers, o)),
+            Recompute::Full { method: RecomputeMethod::Block, num_layers } => Some((*num_layers, o)),
             _ => None,
         })
         .collect();
@@ -488,7 +490,9 @@ pub fn plan_yaml(
     let best = fitting.next()?;
     let cfg = &best.cfg;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
-    let list = |v: &Option<Vec<String>>| v.as_ref().map(|l| format!("[{}]", l.join(", ")));
+    let list = |v: &Option<Vec<RecomputeModule>>| {
+        v.as_ref().map(|l| format!("[{}]", l.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")))
+    };
     let fits = limit.map_or("no memory limit".into(), |l| format!("fits {} per device", format_bytes(l)));
     let mut lines = vec![
         format!("# pipetrain simulate --plan: the fastest of the sweep that {fits}"),
@@ -514,8 +518,8 @@ pub fn plan_yaml(
             opt(cfg.virtual_pipeline_model_parallel_size.map(|v| v.to_string()))
         ),
         format!("micro_batch_size: {}", cfg.micro_batch_size),
-        format!("recompute_granularity: {}", opt(cfg.recompute_granularity.clone())),
-        format!("recompute_method: {}", opt(cfg.recompute_method.clone())),
+        format!("recompute_granularity: {}", opt(cfg.recompute_granularity.map(|g| g.name().to_string()))),
+        format!("recompute_method: {}", opt(cfg.recompute_method.map(|m| m.name().to_string()))),
         format!("recompute_num_layers: {}", opt(cfg.recompute_num_layers.map(|n| n.to_string()))),
         format!("recompute_modules: {}", opt(list(&cfg.recompute_modules))),
         format!(
@@ -569,7 +573,7 @@ mod tests {
 
     #[test]
     fn per_stage_n_is_the_smallest_that_fits_each_stage() {
-        let hw = Hardware::lookup("h100-sxm", "fp32").unwrap();
+        let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();
         let base = gpt2_small(4, "1f1b", 1, 8);
         // Stage 0 holds 4 microbatches of h.0-h.3 (about 1.6 GiB of activations without
         // recompute), stage 2 holds 2 of h.8-h.11: a 1.5 GiB limit needs recompute early only.
@@ -584,7 +588,7 @@ mod tests {
         for (r, &n) in ns.iter().enumerate() {
             let fewer = outcomes.iter().find(|o| match o.recompute {
                 Recompute::None => n == 1,
-                Recompute::Full { method: "block", num_layers } => num_layers + 1 == n,
+                Recompute::Full { method: RecomputeMethod::Block, num_layers } => num_layers + 1 == n,
                 _ => false,
             });
             if let Some(o) = fewer {
@@ -599,11 +603,11 @@ mod tests {
     /// recomputed; the others fit with none.
     #[test]
     fn per_stage_n_on_a_v() {
-        let hw = Hardware::lookup("h100-sxm", "bf16").unwrap();
+        let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Bf16).unwrap();
         let base = Config {
             num_layers: 24,
-            precision: "bf16".into(),
-            device: "cuda".into(),
+            precision: crate::config::Precision::Bf16,
+            device: crate::config::DeviceKind::Cuda,
             ..gpt2_small(4, "1f1b", 1, 8)
         };
         let limit = 9 << 28;
@@ -616,7 +620,7 @@ mod tests {
         // Two blocks do not fit stage 0; stages 1-3 fit with none.
         let peaks =
             |recompute: Recompute| &outcomes.iter().find(|o| o.recompute == recompute).unwrap().peak_memory;
-        let (none, two) = (peaks(Recompute::None), peaks(Recompute::Full { method: "block", num_layers: 2 }));
+        let (none, two) = (peaks(Recompute::None), peaks(Recompute::Full { method: RecomputeMethod::Block, num_layers: 2 }));
         assert!(
             two[0] > limit && none[0] > limit && none[1..].iter().all(|&b| b <= limit),
             "{none:?} {two:?}"
@@ -668,7 +672,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/gpt3-175b.yaml");
         let base = crate::config::load(&config, &[]).unwrap();
-        let hw = Hardware::lookup("a100-80gb", &base.precision).unwrap();
+        let hw = Hardware::lookup("a100-80gb", base.precision).unwrap();
         let limit = hw.memory_bytes;
         let outcomes = sweep(std::slice::from_ref(&base), &config, &hw, limit, Search::Plan { fitting: 6 });
         let best = outcomes.iter().find(|o| o.fits).unwrap();

@@ -242,7 +242,7 @@ fn endpoints(
     mpi: &stages::dist::mpi::MpiWorld,
     topology: Topology,
 ) -> anyhow::Result<Endpoints> {
-    if cfg.device == "cuda" && mpi.local_ranks <= kernels::cuda::gpu_count() {
+    if cfg.device == crate::config::DeviceKind::Cuda && mpi.local_ranks <= kernels::cuda::gpu_count() {
         let (t, c) = stages::dist::nccl::endpoints(mpi, topology, local_gpu())?;
         return Ok((Box::new(t), Box::new(c)));
     }

@@ -3,7 +3,7 @@
 //! peak at the run's precision, from the simulator's profile of that GPU (the peak
 //! `bench gpu` measures MFU against).
 
-use crate::config::Config;
+use crate::config::{Config, DeviceKind, Precision};
 use kernels::cpu::CpuDevice;
 use kernels::Device;
 use stages::dist::{Collective, Group};
@@ -19,7 +19,7 @@ pub enum PeakSource {
     /// A GPU's profile at a precision; `assumed_for` names a GPU that has none.
     Published {
         profile: String,
-        precision: String,
+        precision: Precision,
         assumed_for: Option<String>,
     },
 }
@@ -56,12 +56,12 @@ pub fn job_peak(
     }
     // Each rank's peak, and the processor it belongs to: a GPU by machine and name, a CPU
     // share by nothing (every rank's share is its own).
-    let (mine, source, processor) = match cfg.device.as_str() {
-        "cuda" => {
-            let (peak, source) = published(&device.name(), &cfg.precision);
+    let (mine, source, processor) = match cfg.device {
+        DeviceKind::Cuda => {
+            let (peak, source) = published(&device.name(), cfg.precision);
             (peak, source, format!("{} {}", host_name(), device.name()))
         }
-        _ => {
+        DeviceKind::Cpu => {
             let peak = kernels::cpu::measure_matmul_peak(&CpuDevice::new(cpu_threads.max(1)));
             (peak, PeakSource::Measured, String::new())
         }
@@ -90,13 +90,13 @@ fn host_name() -> String {
 
 /// The published peak of the GPU named `device`, or of [`ASSUMED_PROFILE`] for one without
 /// a profile.
-fn published(device: &str, precision: &str) -> (f64, PeakSource) {
+fn published(device: &str, precision: Precision) -> (f64, PeakSource) {
     let (profile, assumed_for) = match crate::simulate::gpu_profile(device) {
         Some(profile) => (profile, None),
         None => (ASSUMED_PROFILE, Some(device.to_string())),
     };
     let peak = crate::simulate::profile_peak_flops(profile, precision).expect("a GPU profile");
-    let source = PeakSource::Published { profile: profile.into(), precision: precision.into(), assumed_for };
+    let source = PeakSource::Published { profile: profile.into(), precision, assumed_for };
     (peak, source)
 }
 
@@ -120,10 +120,10 @@ mod tests {
 
     #[test]
     fn a_gpu_is_measured_against_its_published_peak_at_the_runs_precision() {
-        let (peak, source) = published("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", "fp32");
+        let (peak, source) = published("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", Precision::Fp32);
         assert_eq!(peak, 494.5e12);
         assert_eq!(source.describe(), "published, h100-sxm fp32");
-        let (peak, source) = published("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", "bf16");
+        let (peak, source) = published("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", Precision::Bf16);
         assert_eq!(peak, 989e12);
         assert_eq!(
             source.describe(),

@@ -177,7 +177,11 @@ mod tests {
     #[test]
     fn the_mfu_line_says_where_the_peak_came_from() {
         let h100 =
-            PeakSource::Published { profile: "h100-sxm".into(), precision: "bf16".into(), assumed_for: None };
+            PeakSource::Published {
+            profile: "h100-sxm".into(),
+            precision: crate::config::Precision::Bf16,
+            assumed_for: None,
+        };
         assert_eq!(
             mfu_line(0.25, 247.25e12, 989e12, &h100),
             "MFU              25.0% (247250.0 GFLOP/s model, matmul peak 989000.0 GFLOP/s published, h100-sxm bf16)"

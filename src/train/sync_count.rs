@@ -6,7 +6,7 @@
 //! counts the CUDA device's real waits and allocations.
 
 use super::rank::Rank;
-use crate::config::Config;
+use crate::config::{Config, Named};
 use crate::data::TokenFile;
 use kernels::DeviceCounters;
 use std::path::Path;
@@ -30,13 +30,13 @@ fn counts_after_the_first_step(
         micro_batch_size: 2,
         global_batch_size: 8,
         pipeline_model_parallel_size: 2,
-        pipeline_schedule: schedule.into(),
+        pipeline_schedule: schedule.parse().unwrap(),
         virtual_pipeline_model_parallel_size: (schedule == "interleaved-1f1b").then_some(2),
-        recompute_granularity: Some(recompute.into()),
-        recompute_method: (recompute == "full").then(|| "uniform".into()),
+        recompute_granularity: Some(Named::parse(recompute).unwrap()),
+        recompute_method: (recompute == "full").then_some(crate::config::RecomputeMethod::Uniform),
         recompute_num_layers: (recompute == "full").then_some(1),
-        device: device.into(),
-        precision: precision.into(),
+        device: Named::parse(device).unwrap(),
+        precision: Named::parse(precision).unwrap(),
         ..Config::default()
     };
     let mut ranks = Rank::all_in_threads(&cfg, path);

@@ -42,7 +42,7 @@ impl Shape {
 /// The median of `steps` timed training steps of `cfg`, after one warm-up step.
 pub fn measure(cfg: &Config, path: &Path, data: &TokenFile, steps: usize) -> anyhow::Result<f64> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut run = Variant::build(cfg.device.clone(), cfg.clone(), path, threads)?;
+    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), path, threads)?;
     run.step(data, 1)?;
     for step in 0..steps {
         let start = Instant::now();
@@ -96,7 +96,7 @@ fn torch_step_seconds(shape: &Shape, steps: usize) -> Result<f64, String> {
     let args = serde_json::json!({
         "layers": c.num_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
         "seq": c.seq_length, "vocab": c.vocab_size, "micro_batch": c.micro_batch_size,
-        "microbatches": c.num_microbatches(), "precision": c.precision, "steps": steps.max(1),
+        "microbatches": c.num_microbatches(), "precision": c.precision.to_string(), "steps": steps.max(1),
     });
     let out = Command::new("python3").arg(&script).arg(args.to_string()).output();
     let _ = std::fs::remove_file(&script);
@@ -124,7 +124,7 @@ mod tests {
         // GPT-2 small at T = 1024: 6 N + 12 L T C FLOPs per token, 8192 tokens.
         assert_eq!(
             shape.flops_per_step,
-            2.0 * 4.0 * stages::flops::train_step_flops(&stages::GptShape::GPT2_SMALL, 1)
+            2.0 * 4.0 * stages::flops::train_step_flops(&stages::ModelShape::GPT2_SMALL, 1)
         );
         let peak = 4.0 * shape.flops_per_step / 0.5;
         let r = row("MFU, pipetrain", &shape, Some(0.5), Some(peak));
