@@ -14,16 +14,16 @@ use stages::{ChunkLayout, Microbatch, RecomputePolicy};
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
-    let seq_length = args.seq_length.unwrap_or(ck.config.n_positions);
-    if seq_length == 0 || seq_length > ck.config.n_positions {
+    let seq_length = args.seq_length.unwrap_or(ck.config.max_positions());
+    if seq_length == 0 || seq_length > ck.config.max_positions() {
         return Err(user_error(format!(
             "command line: --seq-length {seq_length} must be between 1 and the model's n_positions {}",
-            ck.config.n_positions
+            ck.config.max_positions()
         )));
     }
     let data = TokenFile::open(&args.data)?;
     data.check_seq_len(seq_length)?;
-    data.check_vocab(ck.config.vocab_size)?;
+    data.check_vocab(ck.config.vocab_size())?;
     let available = data.eval_windows(seq_length);
     if args.windows == 0 || args.windows > available {
         return Err(user_error(format!(
@@ -32,7 +32,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
             args.windows
         )));
     }
-    let cfg = model::config_from_hf(&ck.config, seq_length, 1);
+    let cfg = ck.config.run_config(seq_length, 1);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dev = CpuDevice::new(threads);
     let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };

@@ -1,9 +1,10 @@
-//! `pipetrain generate` end to end: greedy text from the committed Hugging Face GPT-2 equals
-//! transformers' `generate(do_sample=False)` token for token, seeded sampling repeats byte
-//! for byte, and mistakes are one line with exit code 2.
+//! `pipetrain generate` end to end: greedy text from the committed Hugging Face GPT-2 and
+//! Llama (grouped-query attention, rotary positions, sharded files) equals transformers'
+//! `generate(do_sample=False)` token for token, with and without the KV cache; seeded
+//! sampling repeats byte for byte, and mistakes are one line with exit code 2.
 //!
-//! `tests/fixtures/hf_tiny/generate.json` holds transformers' tokens; the script beside the
-//! fixture's, `tests/hf/make_generate_fixture.py`, regenerates it. Every token of that
+//! `tests/fixtures/{hf_tiny,hf_llama_tiny}/generate.json` hold transformers' tokens; the
+//! script beside the fixtures', `tests/hf/make_generate_fixture.py`, regenerates them. Every token of that
 //! 96-token vocabulary is one distinct byte, so equal output bytes are equal tokens.
 
 mod common;
@@ -12,7 +13,12 @@ use serde_json::Value;
 use std::process::Output;
 
 fn generate(extra: &[&str]) -> Output {
-    bin().args(["generate", "--checkpoint", "tests/fixtures/hf_tiny"]).args(extra).output().unwrap()
+    generate_from("hf_tiny", extra)
+}
+
+fn generate_from(fixture: &str, extra: &[&str]) -> Output {
+    let dir = format!("tests/fixtures/{fixture}");
+    bin().args(["generate", "--checkpoint", &dir]).args(extra).output().unwrap()
 }
 
 fn stdout_of(o: &Output) -> Vec<u8> {
@@ -26,7 +32,13 @@ fn tokens(v: &Value) -> Vec<u32> {
 
 #[test]
 fn greedy_generation_equals_transformers() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny/generate.json");
+    for fixture in ["hf_tiny", "hf_llama_tiny"] {
+        greedy_equals_transformers(fixture);
+    }
+}
+
+fn greedy_equals_transformers(fixture: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{fixture}/generate.json"));
     let expected: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let bpe = tiktoken_rs::r50k_base_singleton();
     for case in expected["greedy"].as_array().unwrap() {
@@ -38,8 +50,9 @@ fn greedy_generation_equals_transformers() {
         want.push(b'\n');
         let n = new.len().to_string();
         let args = ["--prompt", prompt, "--max-new-tokens", &n, "--temperature", "0"];
-        assert_eq!(stdout_of(&generate(&args)), want, "{prompt}");
-        assert_eq!(stdout_of(&generate(&[&args[..], &["--no-kv-cache"]].concat())), want, "{prompt}");
+        assert_eq!(stdout_of(&generate_from(fixture, &args)), want, "{fixture}: {prompt}");
+        let uncached = generate_from(fixture, &[&args[..], &["--no-kv-cache"]].concat());
+        assert_eq!(stdout_of(&uncached), want, "{fixture}: {prompt}");
     }
 }
 

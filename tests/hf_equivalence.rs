@@ -1,11 +1,14 @@
-//! pipetrain's GPT-2 computes the same function as Hugging Face's `GPT2LMHeadModel`.
+//! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel` and
+//! `LlamaForCausalLM`.
 //!
-//! `tests/fixtures/hf_tiny` is a tiny GPT-2 saved by transformers' `save_pretrained` (random
-//! weights, every bias and LayerNorm parameter random too) together with the per-token losses
-//! transformers computed with it; `tests/hf/make_fixture.py` regenerates it (torch and
-//! transformers needed there, not here). The tests read the fixture as transformers wrote it
-//! and compare pipetrain's losses with transformers', through the model chunk and through
-//! `pipetrain eval`.
+//! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
+//! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
+//! weights at rotary base 500000, in one file), each saved by transformers' `save_pretrained`
+//! with random weights (every bias and norm weight random too) together with the per-token
+//! losses transformers computed with it; `tests/hf/make_fixture.py` and
+//! `make_llama_fixture.py` regenerate them (torch and transformers needed there, not here).
+//! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
+//! transformers', through the model chunk and through `pipetrain eval`.
 
 mod common;
 
@@ -16,17 +19,22 @@ use kernels::{AttentionSaves, Category, DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use stages::params::chunk_param_specs;
-use stages::{ChunkLayout, DropoutProbs, GptShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
+use stages::{
+    Activation, Architecture, ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Norm, Parameters,
+    Positions, RecomputePolicy,
+};
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny")
+const FIXTURES: [&str; 3] = ["hf_tiny", "hf_llama_tiny", "hf_llama_tiny_rope500k"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-fn read_json(name: &str) -> Value {
-    let path = fixture().join(name);
+fn read_json(dir: &str, name: &str) -> Value {
+    let path = fixture(dir).join(name);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -38,49 +46,95 @@ fn f64s(v: &Value) -> Vec<f64> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
 
-/// The model's shape from transformers' config.json.
-fn shape(micro_batch: usize, seq_len: usize) -> GptShape {
-    let c = read_json("config.json");
+/// The model's shape from transformers' config.json, read here from transformers' own keys
+/// (not through pipetrain's reader, which the eval test covers).
+fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
+    let c = read_json(dir, "config.json");
     let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("config.json: {k}")) as usize;
-    assert_eq!(c["activation_function"], "gelu_new");
-    assert_eq!(c["layer_norm_epsilon"].as_f64(), Some(1e-5));
-    let hidden = get("n_embd");
-    GptShape {
-        num_layers: get("n_layer"),
-        hidden,
-        heads: get("n_head"),
-        ffn: c["n_inner"].as_u64().map_or(4 * hidden, |n| n as usize),
-        seq_len,
-        max_positions: get("n_positions"),
-        vocab: get("vocab_size"),
+    let base = ModelShape {
         micro_batch,
+        seq_len,
         attention_dropout: false,
         attention: AttentionSaves::Probabilities,
         activations: DType::F32,
+        ..ModelShape::GPT2_SMALL
+    };
+    if c["model_type"] == "gpt2" {
+        assert_eq!(c["activation_function"], "gelu_new");
+        assert_eq!(c["layer_norm_epsilon"].as_f64(), Some(1e-5));
+        let hidden = get("n_embd");
+        return ModelShape {
+            arch: Architecture::GPT2,
+            num_layers: get("n_layer"),
+            hidden,
+            heads: get("n_head"),
+            kv_heads: get("n_head"),
+            ffn: c["n_inner"].as_u64().map_or(4 * hidden, |n| n as usize),
+            max_positions: get("n_positions"),
+            vocab: get("vocab_size"),
+            ..base
+        };
+    }
+    assert_eq!((c["model_type"].as_str(), c["hidden_act"].as_str()), (Some("llama"), Some("silu")));
+    assert_eq!(c["rope_parameters"]["rope_type"], "default");
+    let arch = Architecture {
+        norm: Norm::RmsNorm,
+        norm_eps: c["rms_norm_eps"].as_f64().unwrap() as f32,
+        positions: Positions::Rotary { base: c["rope_parameters"]["rope_theta"].as_f64().unwrap() as f32 },
+        activation: Activation::SwiGlu,
+        linear_bias: c["attention_bias"].as_bool().unwrap(),
+        tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
+        init_std: 0.02,
+    };
+    ModelShape {
+        arch,
+        num_layers: get("num_hidden_layers"),
+        hidden: get("hidden_size"),
+        heads: get("num_attention_heads"),
+        kv_heads: get("num_key_value_heads"),
+        ffn: get("intermediate_size"),
+        max_positions: get("max_position_embeddings"),
+        vocab: get("vocab_size"),
+        ..base
     }
 }
 
-/// model.safetensors as transformers saved it: pipetrain's names (`transformer.` stripped),
-/// shapes and f32 values. The tied `lm_head.weight`, if saved, must equal `wte.weight`;
-/// the attention-mask buffers are dropped.
-fn hf_weights() -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
+/// Every tensor of the fixture as transformers saved it (one file, or the shards its index
+/// lists), with pipetrain's names (`transformer.` stripped) and f32 values. A tied
+/// `lm_head.weight`, if saved, must equal `wte.weight`; the attention-mask buffers are
+/// dropped.
+fn hf_weights(dir: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let root = fixture(dir);
+    let files: Vec<String> = match std::fs::read_to_string(root.join("model.safetensors.index.json")) {
+        Ok(text) => {
+            let index: Value = serde_json::from_str(&text).unwrap();
+            let mut files: Vec<String> =
+                index["weight_map"].as_object().unwrap().values().map(|f| f.as_str().unwrap().to_string()).collect();
+            files.sort();
+            files.dedup();
+            files
+        }
+        Err(_) => vec!["model.safetensors".into()],
+    };
     let mut out = Vec::new();
     let mut lm_head = None;
-    for (name, view) in st.tensors() {
-        assert_eq!(view.dtype(), Dtype::F32, "{name}");
-        let data: Vec<f32> =
-            view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        let name = name.strip_prefix("transformer.").unwrap_or(&name).to_string();
-        if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
-            continue;
+    for file in files {
+        let bytes = std::fs::read(root.join(file)).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        for (name, view) in st.tensors() {
+            assert_eq!(view.dtype(), Dtype::F32, "{name}");
+            let data: Vec<f32> =
+                view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let name = name.strip_prefix("transformer.").unwrap_or(&name).to_string();
+            if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
+                continue;
+            }
+            if name == "lm_head.weight" && dir == "hf_tiny" {
+                lm_head = Some(data);
+                continue;
+            }
+            out.push((name, view.shape().to_vec(), data));
         }
-        if name == "lm_head.weight" {
-            lm_head = Some(data);
-            continue;
-        }
-        out.push((name, view.shape().to_vec(), data));
     }
     if let Some(head) = lm_head {
         let wte = out.iter().find(|t| t.0 == "wte.weight").expect("wte.weight");
@@ -89,26 +143,31 @@ fn hf_weights() -> Vec<(String, Vec<usize>, Vec<f32>)> {
     out
 }
 
-/// The whole model as one chunk on the CPU, holding the fixture's weights; every tensor of
-/// the file is used exactly once.
-fn whole_model(dev: &CpuDevice, s: GptShape) -> ModelChunk {
+/// The whole model as one chunk on the CPU, holding the fixture's weights (pipetrain's fused
+/// parameters stacked from their Hugging Face parts); every tensor of the files is used
+/// exactly once.
+fn whole_model(dev: &CpuDevice, dir: &str, s: ModelShape) -> ModelChunk {
     let layout = ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true };
     let specs = chunk_param_specs(&s, &layout);
-    let weights = hf_weights();
+    let weights = hf_weights(dir);
     let mut names: Vec<&str> = weights.iter().map(|t| t.0.as_str()).collect();
-    let mut wanted: Vec<&str> = specs.iter().map(|p| p.name.as_str()).collect();
+    let mut wanted: Vec<String> = specs.iter().flat_map(|p| p.hf.iter().map(|h| h.name.clone())).collect();
     names.sort_unstable();
     wanted.sort_unstable();
-    assert_eq!(names, wanted, "the file's tensors are not the model's");
+    assert_eq!(names, wanted, "{dir}: the file's tensors are not the model's");
     let values: Vec<Tensor> = specs
         .iter()
         .map(|spec| {
-            let (_, shape, data) = weights.iter().find(|t| t.0 == spec.name).unwrap();
-            assert_eq!(shape, &spec.shape, "{}", spec.name);
-            dev.from_host(data, shape, Category::Parameters)
+            let mut data = Vec::new();
+            for (name, shape) in spec.hf_shapes() {
+                let (_, found, part) = weights.iter().find(|t| t.0 == name).unwrap();
+                assert_eq!(found, &shape, "{name}");
+                data.extend_from_slice(part);
+            }
+            dev.from_host(&data, &spec.shape, Category::Parameters)
         })
         .collect();
-    let params = Parameters::with_values(dev, &layout, specs, values);
+    let params = Parameters::with_values(dev, &s, &layout, specs, values);
     ModelChunk::new(s, layout, params, RecomputePolicy::None, DropoutProbs::default(), 0)
 }
 
@@ -118,50 +177,52 @@ fn rel_err(got: f64, want: f64) -> f64 {
 
 #[test]
 fn forward_matches_transformers_per_token_losses() {
-    let expected = read_json("expected.json");
-    let rows: Vec<Vec<usize>> = expected["tokens"].as_array().unwrap().iter().map(usizes).collect();
-    let (batch, seq_len) = (rows.len(), rows[0].len());
-    let flat = |key: &str| -> Vec<u32> {
-        expected[key].as_array().unwrap().iter().flat_map(usizes).map(|t| t as u32).collect()
-    };
-    let (tokens, targets) = (flat("tokens"), flat("targets"));
-    let want = f64s(&expected["losses"]);
-    assert_eq!(
-        (tokens.len(), targets.len(), want.len()),
-        (batch * seq_len, batch * seq_len, batch * seq_len)
-    );
+    for dir in FIXTURES {
+        let expected = read_json(dir, "expected.json");
+        let rows: Vec<Vec<usize>> = expected["tokens"].as_array().unwrap().iter().map(usizes).collect();
+        let (batch, seq_len) = (rows.len(), rows[0].len());
+        let flat = |key: &str| -> Vec<u32> {
+            expected[key].as_array().unwrap().iter().flat_map(usizes).map(|t| t as u32).collect()
+        };
+        let (tokens, targets) = (flat("tokens"), flat("targets"));
+        let want = f64s(&expected["losses"]);
+        assert_eq!(
+            (tokens.len(), targets.len(), want.len()),
+            (batch * seq_len, batch * seq_len, batch * seq_len)
+        );
 
-    let dev = CpuDevice::new(2);
-    // Both sequences in one microbatch, then each on its own: rows must not see each other.
-    let mut worst = (0.0f64, 0usize);
-    for micro_batch in [batch, 1] {
-        let mut chunk = whole_model(&dev, shape(micro_batch, seq_len));
-        for (i, rows) in (0..batch).collect::<Vec<_>>().chunks(micro_batch).enumerate() {
-            let span = rows[0] * seq_len..(rows[rows.len() - 1] + 1) * seq_len;
-            let mb = Microbatch {
-                step: 0,
-                index: i as u32,
-                tokens: &tokens[span.clone()],
-                targets: &targets[span.clone()],
-                mode: stages::Mode::Eval,
-            };
-            let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
-            let got = dev.to_host(&got);
-            assert_eq!(got.len(), span.len());
-            for (k, (g, w)) in got.iter().zip(&want[span.clone()]).enumerate() {
-                let err = rel_err(*g as f64, *w);
-                assert!(
-                    err <= REL_TOL,
-                    "micro_batch {micro_batch}: token {}: pipetrain {g} vs transformers {w} (rel err {err:.2e})",
-                    span.start + k
-                );
-                if err > worst.0 {
-                    worst = (err, span.start + k);
+        let dev = CpuDevice::new(2);
+        // Both sequences in one microbatch, then each on its own: rows must not see each other.
+        let mut worst = (0.0f64, 0usize);
+        for micro_batch in [batch, 1] {
+            let mut chunk = whole_model(&dev, dir, shape(dir, micro_batch, seq_len));
+            for (i, rows) in (0..batch).collect::<Vec<_>>().chunks(micro_batch).enumerate() {
+                let span = rows[0] * seq_len..(rows[rows.len() - 1] + 1) * seq_len;
+                let mb = Microbatch {
+                    step: 0,
+                    index: i as u32,
+                    tokens: &tokens[span.clone()],
+                    targets: &targets[span.clone()],
+                    mode: stages::Mode::Eval,
+                };
+                let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+                let got = dev.to_host(&got);
+                assert_eq!(got.len(), span.len());
+                for (k, (g, w)) in got.iter().zip(&want[span.clone()]).enumerate() {
+                    let err = rel_err(*g as f64, *w);
+                    assert!(
+                        err <= REL_TOL,
+                        "{dir}: micro_batch {micro_batch}: token {}: pipetrain {g} vs transformers {w} (rel err {err:.2e})",
+                        span.start + k
+                    );
+                    if err > worst.0 {
+                        worst = (err, span.start + k);
+                    }
                 }
             }
         }
+        eprintln!("{dir}: max relative error vs transformers: {:.3e} (token {})", worst.0, worst.1);
     }
-    eprintln!("max relative error vs transformers: {:.3e} (token {})", worst.0, worst.1);
 }
 
 /// The fixture's token stream as an llm.c .bin file.
@@ -174,10 +235,10 @@ fn write_bin(path: &Path, tokens: &[usize]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn eval(data: &Path, windows: usize, seq_len: usize) -> f64 {
+fn eval(checkpoint: &Path, data: &Path, windows: usize, seq_len: usize) -> f64 {
     let out = common::bin()
         .args(["eval", "--checkpoint"])
-        .arg(fixture())
+        .arg(checkpoint)
         .arg("--data")
         .arg(data)
         .args(["--windows", &windows.to_string(), "--seq-length", &seq_len.to_string()])
@@ -188,26 +249,61 @@ fn eval(data: &Path, windows: usize, seq_len: usize) -> f64 {
     stdout.trim().parse().unwrap_or_else(|_| panic!("eval printed {stdout:?}, not one number"))
 }
 
-#[test]
-fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
-    let expected = read_json("expected.json");
+/// `pipetrain eval` of `checkpoint` prints the mean loss transformers computed with the
+/// weights of fixture `dir`.
+fn eval_matches(dir: &str, checkpoint: &Path) {
+    let expected = read_json(dir, "expected.json");
     let stream = usizes(&expected["stream"]);
     let losses = f64s(&expected["losses"]);
     let seq_len = expected["tokens"][0].as_array().unwrap().len();
     assert_eq!(stream.len(), losses.len() + 1, "the stream holds every window and one more token");
-    let dir = common::temp_dir("hf_eval");
-    let data = dir.join("stream.bin");
+    let tmp = common::temp_dir(&format!("hf_eval_{dir}"));
+    let data = tmp.join("stream.bin");
     write_bin(&data, &stream);
 
     // eval prints the mean with six decimals.
     let close = |got: f64, want: f64| (got - want).abs() <= REL_TOL * want.abs() + 5e-7;
     let want0 = expected["eval_window0_mean"].as_f64().unwrap();
     let mean0 = losses[..seq_len].iter().sum::<f64>() / seq_len as f64;
-    assert!(close(mean0, want0), "fixture: window 0's mean {mean0} vs {want0}");
-    let got = eval(&data, 1, seq_len);
-    assert!(close(got, want0), "eval --windows 1 printed {got}, transformers {want0}");
+    assert!(close(mean0, want0), "{dir}: window 0's mean {mean0} vs {want0}");
+    let got = eval(checkpoint, &data, 1, seq_len);
+    assert!(close(got, want0), "{dir}: eval --windows 1 printed {got}, transformers {want0}");
     let want_all = losses.iter().sum::<f64>() / losses.len() as f64;
-    let got = eval(&data, 2, seq_len);
-    assert!(close(got, want_all), "eval --windows 2 printed {got}, transformers {want_all}");
-    let _ = std::fs::remove_dir_all(dir);
+    let got = eval(checkpoint, &data, 2, seq_len);
+    assert!(close(got, want_all), "{dir}: eval --windows 2 printed {got}, transformers {want_all}");
+    let _ = std::fs::remove_dir_all(tmp);
+}
+
+#[test]
+fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
+    for dir in FIXTURES {
+        eval_matches(dir, &fixture(dir));
+    }
+}
+
+/// `export --hf` writes what it read: the export of each fixture evaluates to the same
+/// losses, and for the sharded Llama its tensors come back whole in one file, each with
+/// transformers' name, shape and bits (`tests/hf/check_export.py` loads such a directory
+/// in transformers).
+#[test]
+fn export_round_trips_through_huggingface_names() {
+    for dir in FIXTURES {
+        let out = common::temp_dir(&format!("hf_export_{dir}")).join("hf");
+        let o = common::bin().args(["export", "--checkpoint"]).arg(fixture(dir)).arg("--hf").arg(&out).output().unwrap();
+        assert!(o.status.success(), "{dir}: export failed: {}", common::stderr(&o));
+        eval_matches(dir, &out);
+        let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let original = hf_weights(dir);
+        assert_eq!(st.len(), original.len(), "{dir}: tensors exported");
+        for (name, shape, data) in original {
+            let view = st.tensor(&name).unwrap_or_else(|_| panic!("{dir}: {name} not exported"));
+            assert_eq!(view.shape(), &shape[..], "{name}");
+            let bits: Vec<u32> = view.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert!(bits == data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dir}: {name} differs");
+        }
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let original = read_json(dir, "config.json");
+        assert_eq!(config["model_type"], original["model_type"], "{dir}");
+    }
 }

@@ -611,3 +611,47 @@ fn a_reader_that_stops_early_ends_the_report_quietly() {
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", stderr(&out));
     assert_eq!(stderr(&out), "");
 }
+
+/// The shipped Llama 3 configs simulate with the model cards' parameter counts (8.03B,
+/// 70.6B, 405.9B, each within 0.5%), name their architecture, and print the Korthikanti
+/// line at their own widths, saying what differs from the paper's GPT formula.
+#[test]
+fn llama3_configs_have_the_model_cards_parameter_counts() {
+    for (name, card) in [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 405.9e9)] {
+        let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
+        let report = json_of(&cfg, &["--hardware", "h100-sxm"]);
+        let params = report["parameters"].as_f64().unwrap();
+        assert!((params / card - 1.0).abs() < 0.005, "{name}: {params} parameters, the card says {card}");
+        let text = stdout(&simulate(&cfg, &["--hardware", "h100-sxm"]));
+        assert!(
+            text.contains("RMSNorm (eps 1e-5), rope (base 500000), SwiGLU, 8 query groups, no linear biases, untied output layer"),
+            "{name}: {text}"
+        );
+        assert!(text.contains("(the paper's GPT formula at this model's widths: k, v over 8 groups"), "{name}: {text}");
+    }
+    let exact = |name: &str| {
+        let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
+        json_of(&cfg, &["--hardware", "h100-sxm"])["parameters"].as_u64().unwrap()
+    };
+    assert_eq!(exact("llama3-8b"), 8_030_261_248);
+}
+
+/// The planner searches a Llama as it does a GPT: the plan for Llama 3 8B over 16 GPUs,
+/// pasted over the config, simulates and fits.
+#[test]
+fn plan_works_on_a_llama_config() {
+    let dir = temp_dir("sim-plan-llama");
+    let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama3-8b.yaml")).unwrap();
+    let cfg = write_config(&dir, "c.yaml", &base);
+    let args = ["--plan", "--gpus", "16", "--hardware", "h100-sxm"];
+    let plan = stdout(&simulate(&cfg, &args));
+    assert!(plan.starts_with("# pipetrain simulate --plan: the fastest of the sweep that fits"), "{plan}");
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &["--hardware", "h100-sxm"]);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+}

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
+use super::llama_config::decimal;
 use crate::error::user_error;
 
 /// The GPT-2 hyperparameters that a checkpoint carries. Megatron equivalents:
@@ -23,6 +24,8 @@ pub struct HfGpt2Config {
     pub resid_pdrop: f32,
     pub embd_pdrop: f32,
     pub attn_pdrop: f32,
+    pub layer_norm_epsilon: f32,
+    pub initializer_range: f32,
 }
 
 /// GPT-2's `<|endoftext|>`, its bos and eos token.
@@ -50,8 +53,8 @@ impl HfGpt2Config {
             "resid_pdrop": decimal(self.resid_pdrop),
             "embd_pdrop": decimal(self.embd_pdrop),
             "attn_pdrop": decimal(self.attn_pdrop),
-            "layer_norm_epsilon": 1e-5,
-            "initializer_range": 0.02,
+            "layer_norm_epsilon": decimal(self.layer_norm_epsilon),
+            "initializer_range": decimal(self.initializer_range),
             "scale_attn_weights": true,
             "scale_attn_by_inverse_layer_idx": false,
             "reorder_and_upcast_attn": false,
@@ -62,21 +65,11 @@ impl HfGpt2Config {
         })
     }
 
-    /// Parses a config.json; `path` names the file in errors. Fields Hugging Face defaults are
-    /// defaulted the same way; fields that would make a different model than pipetrain's
-    /// GPT-2 are refused.
-    pub fn from_json(path: &Path, text: &str) -> anyhow::Result<HfGpt2Config> {
+    /// Parses a config.json's object of model_type "gpt2"; `path` names the file in errors.
+    /// Fields Hugging Face defaults are defaulted the same way; fields that would make a
+    /// different model than pipetrain's GPT-2 are refused.
+    pub fn from_object(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<HfGpt2Config> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
-        let value: Value = serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
-
-        let model_type = obj.get("model_type").and_then(Value::as_str);
-        if model_type != Some("gpt2") {
-            return Err(bad(format!(
-                "model_type is {}, pipetrain reads only \"gpt2\"",
-                show(obj, "model_type")
-            )));
-        }
         let int = |key: &str| -> anyhow::Result<usize> {
             match obj.get(key) {
                 Some(v) => {
@@ -96,7 +89,6 @@ impl HfGpt2Config {
         };
         for (key, allowed) in [
             ("activation_function", &[json!("gelu_new"), json!("gelu_pytorch_tanh")][..]),
-            ("layer_norm_epsilon", &[json!(1e-5)]),
             ("tie_word_embeddings", &[json!(true)]),
             ("scale_attn_weights", &[json!(true)]),
             ("scale_attn_by_inverse_layer_idx", &[json!(false)]),
@@ -109,6 +101,15 @@ impl HfGpt2Config {
                 )));
             }
         }
+        let float = |key: &str, default: f32| -> anyhow::Result<f32> {
+            match obj.get(key) {
+                None => Ok(default),
+                Some(v) => match v.as_f64() {
+                    Some(x) if x > 0.0 => Ok(x as f32),
+                    _ => Err(bad(format!("{key} is {v}, not a number > 0"))),
+                },
+            }
+        };
         let n_inner = match obj.get("n_inner") {
             None | Some(Value::Null) => None,
             Some(_) => Some(int("n_inner")?),
@@ -123,6 +124,8 @@ impl HfGpt2Config {
             resid_pdrop: prob("resid_pdrop")?,
             embd_pdrop: prob("embd_pdrop")?,
             attn_pdrop: prob("attn_pdrop")?,
+            layer_norm_epsilon: float("layer_norm_epsilon", 1e-5)?,
+            initializer_range: float("initializer_range", 0.02)?,
         };
         if cfg.n_head == 0 || !cfg.n_embd.is_multiple_of(cfg.n_head) {
             return Err(bad(format!("n_embd {} is not a multiple of n_head {}", cfg.n_embd, cfg.n_head)));
@@ -131,17 +134,13 @@ impl HfGpt2Config {
     }
 }
 
-/// `x` as the shortest decimal that reads back as the same f32 (0.1, not 0.10000000149011612).
-fn decimal(x: f32) -> Value {
-    json!(x.to_string().parse::<f64>().expect("an f32 prints as a number"))
-}
-
 fn show(obj: &Map<String, Value>, key: &str) -> String {
     obj.get(key).map_or("missing".to_string(), Value::to_string)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::ModelConfig;
     use super::*;
 
     fn cfg() -> HfGpt2Config {
@@ -155,6 +154,15 @@ mod tests {
             resid_pdrop: 0.1,
             embd_pdrop: 0.05,
             attn_pdrop: 0.0,
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
+        }
+    }
+
+    fn from_json(path: &Path, text: &str) -> anyhow::Result<HfGpt2Config> {
+        match ModelConfig::from_json(path, text)? {
+            ModelConfig::Gpt2(g) => Ok(g),
+            other => panic!("not GPT-2: {other:?}"),
         }
     }
 
@@ -163,7 +171,7 @@ mod tests {
         let p = Path::new("c/config.json");
         for c in [cfg(), HfGpt2Config { n_inner: None, ..cfg() }] {
             let text = serde_json::to_string_pretty(&c.to_json()).unwrap();
-            assert_eq!(HfGpt2Config::from_json(p, &text).unwrap(), c);
+            assert_eq!(from_json(p, &text).unwrap(), c);
         }
         assert_eq!(cfg().to_json()["n_inner"], json!(320));
         assert_eq!(HfGpt2Config { n_inner: None, ..cfg() }.to_json()["n_inner"], Value::Null);
@@ -181,7 +189,7 @@ mod tests {
             "summary_proj_to_labels": true, "summary_type": "cls_index", "summary_use_proj": true,
             "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
             "vocab_size": 50257}"#;
-        let c = HfGpt2Config::from_json(Path::new("gpt2/config.json"), hub).unwrap();
+        let c = from_json(Path::new("gpt2/config.json"), hub).unwrap();
         assert_eq!((c.vocab_size, c.n_positions, c.n_embd, c.n_layer, c.n_head), (50257, 1024, 768, 12, 12));
         assert_eq!((c.n_inner, c.ffn_size(), c.attn_pdrop), (None, 3072, 0.1));
     }
@@ -189,12 +197,12 @@ mod tests {
     #[test]
     fn clear_errors() {
         let p = Path::new("d/config.json");
-        let err = |text: &str| HfGpt2Config::from_json(p, text).unwrap_err().to_string();
+        let err = |text: &str| from_json(p, text).unwrap_err().to_string();
         let mut j = cfg().to_json();
-        j["model_type"] = json!("llama");
+        j["model_type"] = json!("llama2");
         assert_eq!(
             err(&j.to_string()),
-            "d/config.json: model_type is \"llama\", pipetrain reads only \"gpt2\""
+            "d/config.json: model_type is \"llama2\", pipetrain reads \"gpt2\" and \"llama\""
         );
         let mut j = cfg().to_json();
         j.as_object_mut().unwrap().remove("n_embd");

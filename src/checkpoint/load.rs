@@ -1,5 +1,5 @@
-//! Loading checkpoints (pipetrain's or Hugging Face GPT-2 directories) and exporting the
-//! Hugging Face part.
+//! Loading checkpoints (pipetrain's or Hugging Face directories, sharded ones included) and
+//! exporting the Hugging Face part.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,15 +10,20 @@ use super::save::{
 use super::shapes::{check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{normalize_hf_names, read_safetensors};
-use super::{HfGpt2Config, NamedTensor, TrainerState};
+use super::{ModelConfig, NamedTensor, TrainerState};
 use crate::error::user_error;
+use stages::params::{model_param_specs, Role};
 
-/// A loaded checkpoint. `model` is in Hugging Face order (wte, wpe, h.0.*, ..., ln_f.*).
+/// Hugging Face's list of a sharded model's files.
+const MODEL_INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// A loaded checkpoint. `model` is in Hugging Face order (GPT-2: wte, wpe, h.0.*, ...,
+/// ln_f.*; Llama: model.embed_tokens, model.layers.0.*, ..., model.norm, lm_head).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
     /// The checkpoint directory that was read (after following `latest`).
     pub dir: PathBuf,
-    pub config: HfGpt2Config,
+    pub config: ModelConfig,
     pub model: Vec<NamedTensor>,
     /// None for a Hugging Face export, which holds weights only.
     pub trainer: Option<TrainerCheckpoint>,
@@ -32,17 +37,24 @@ pub struct TrainerCheckpoint {
 }
 
 /// Loads `path`: a checkpoint directory, a run directory (or its `checkpoints/`) whose
-/// `latest` pointer is followed, or a Hugging Face GPT-2 directory (config.json +
-/// model.safetensors, `transformer.` prefixes and a tied `lm_head.weight` accepted).
+/// `latest` pointer is followed, or a Hugging Face directory of a GPT-2 or Llama model
+/// (config.json + model.safetensors, or shards listed by model.safetensors.index.json;
+/// `transformer.` prefixes and a tied `lm_head.weight` accepted).
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let dir = resolve(path)?;
     let config_path = dir.join(CONFIG_FILE);
     let text = fs::read_to_string(&config_path)
         .map_err(|e| user_error(format!("{}: cannot read: {e}", config_path.display())))?;
-    let config = HfGpt2Config::from_json(&config_path, &text)?;
+    let config = ModelConfig::from_json(&config_path, &text)?;
 
-    let model_path = dir.join(MODEL_FILE);
-    let found = normalize_hf_names(&model_path, read_safetensors(&model_path)?)?;
+    let (model_path, tensors) = read_model_files(&dir)?;
+    let specs = model_param_specs(&crate::train::model::shape(&config.run_config(config.max_positions(), 1)));
+    let tied_to = specs
+        .iter()
+        .find(|p| p.role == Role::TokenEmbedding)
+        .filter(|_| !specs.iter().any(|p| p.role == Role::OutputLayer))
+        .map(|p| p.name.as_str());
+    let found = normalize_hf_names(&model_path, tensors, tied_to)?;
     let expected = expected_shapes(&config);
     check_shapes(&model_path, &expected, &found)?;
     let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));
@@ -74,10 +86,18 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
 }
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
-/// `transformers.GPT2LMHeadModel.from_pretrained` loads. A non-empty `out_dir` is written
-/// into only with `force` (and then only those two files are replaced).
+/// `transformers.GPT2LMHeadModel.from_pretrained` or `LlamaForCausalLM.from_pretrained`
+/// loads. A model neither class builds is refused. A non-empty `out_dir` is written into
+/// only with `force` (and then only those two files are replaced).
 pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
     let shown = out_dir.display();
+    if !checkpoint.config.loads_in_transformers() {
+        return Err(user_error(format!(
+            "{}: transformers has no class for this model (LlamaForCausalLM needs normalization RMSNorm, \
+             position_embedding_type rope and swiglu together)",
+            checkpoint.dir.display()
+        )));
+    }
     if out_dir.exists() {
         let entries = fs::read_dir(out_dir)
             .map_err(|e| user_error(format!("{shown}: exists and cannot be read as a directory: {e}")))?;
@@ -89,16 +109,59 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
     write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))
 }
 
+/// The model's weights in `dir`: model.safetensors, or the shards its index lists. Returns
+/// the file to name in errors about the set (the index, for shards) and every tensor.
+fn read_model_files(dir: &Path) -> anyhow::Result<(PathBuf, Vec<NamedTensor>)> {
+    let single = dir.join(MODEL_FILE);
+    if single.is_file() {
+        return Ok((single.clone(), read_safetensors(&single)?));
+    }
+    let index = dir.join(MODEL_INDEX_FILE);
+    let shown = index.display();
+    let text = fs::read_to_string(&index).map_err(|e| user_error(format!("{shown}: cannot read: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| user_error(format!("{shown}: not valid JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| user_error(format!("{shown}: no weight_map")))?;
+    let mut shards: Vec<&str> = Vec::new();
+    for (name, file) in map {
+        let file = file.as_str().filter(|f| !f.contains('/') && !f.is_empty()).ok_or_else(|| {
+            user_error(format!("{shown}: weight_map gives {name} the file {file}, not a file beside it"))
+        })?;
+        if !shards.contains(&file) {
+            shards.push(file);
+        }
+    }
+    let mut tensors = Vec::new();
+    for file in shards {
+        let path = dir.join(file);
+        for t in read_safetensors(&path)? {
+            if map.get(&t.name).and_then(|f| f.as_str()) != Some(file) {
+                return Err(user_error(format!("{}: holds {}, which {shown} does not place there", path.display(), t.name)));
+            }
+            tensors.push(t);
+        }
+    }
+    Ok((index, tensors))
+}
+
+/// Whether `dir` holds a model's weights, whole or sharded.
+fn has_model_files(dir: &Path) -> bool {
+    dir.join(MODEL_FILE).is_file() || dir.join(MODEL_INDEX_FILE).is_file()
+}
+
 /// The checkpoint directory `path` names.
 fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
-    if path.join(MODEL_FILE).is_file() {
+    if has_model_files(path) {
         return Ok(path.to_path_buf());
     }
     for pointer in [path.join(CHECKPOINTS_DIR).join(LATEST_FILE), path.join(LATEST_FILE)] {
         if let Ok(text) = fs::read_to_string(&pointer) {
             let name = text.trim();
             let dir = pointer.with_file_name(name);
-            if name.is_empty() || name.contains('/') || !dir.join(MODEL_FILE).is_file() {
+            if name.is_empty() || name.contains('/') || !has_model_files(&dir) {
                 return Err(user_error(format!(
                     "{}: points to {name:?}, which is not a checkpoint beside it",
                     pointer.display()
@@ -236,7 +299,8 @@ mod tests {
             )
         );
 
-        let wider = HfGpt2Config { n_embd: 16, ..cfg };
+        let ModelConfig::Gpt2(gpt2) = cfg else { unreachable!("the test config is GPT-2's") };
+        let wider = ModelConfig::Gpt2(super::super::HfGpt2Config { n_embd: 16, ..gpt2 });
         fs::write(dir.join(CONFIG_FILE), wider.to_json().to_string()).unwrap();
         assert_eq!(
             err(&dir),

@@ -1,9 +1,9 @@
-//! Checkpoints: safetensors weights in Hugging Face GPT-2 names and layout (so a checkpoint
-//! or an export loads in `transformers.GPT2LMHeadModel`), AdamW moments and trainer state
-//! beside them, written atomically.
+//! Checkpoints: safetensors weights in Hugging Face names and layout (so a checkpoint or an
+//! export loads in `transformers.GPT2LMHeadModel` or `LlamaForCausalLM`), AdamW moments and
+//! trainer state beside them, written atomically.
 //!
 //! ```text
-//! run/checkpoints/step_000100/config.json                HF GPT2Config
+//! run/checkpoints/step_000100/config.json                HF GPT2Config or LlamaConfig
 //!                            /model.safetensors          f32 weights, LM head tied (absent)
 //!                            /trainer_state.safetensors  exp_avg.<p>, exp_avg_sq.<p>
 //!                            /trainer_state.json         step, seed, data position, ...
@@ -11,13 +11,17 @@
 //! ```
 
 mod hf_config;
+mod llama_config;
 mod load;
+mod model_config;
 mod save;
 mod shapes;
 mod state;
 mod tensors;
 
 pub use hf_config::HfGpt2Config;
+pub use llama_config::LlamaConfig;
+pub use model_config::ModelConfig;
 pub use load::{export_hf, load_checkpoint};
 pub use save::{save_checkpoint, write_atomic};
 pub use shapes::{check_shapes, expected_shapes};
@@ -30,8 +34,8 @@ mod testing {
     use super::shapes::expected_shapes;
     use super::*;
 
-    pub fn config() -> HfGpt2Config {
-        HfGpt2Config {
+    pub fn config() -> ModelConfig {
+        ModelConfig::Gpt2(HfGpt2Config {
             vocab_size: 64,
             n_positions: 16,
             n_embd: 8,
@@ -41,12 +45,14 @@ mod testing {
             resid_pdrop: 0.1,
             embd_pdrop: 0.1,
             attn_pdrop: 0.0,
-        }
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
+        })
     }
 
     /// Every value distinct and `scale` apart between models, negative zero and a subnormal
     /// included, so that a bitwise comparison means something.
-    pub fn model(cfg: &HfGpt2Config, scale: f32) -> Vec<NamedTensor> {
+    pub fn model(cfg: &ModelConfig, scale: f32) -> Vec<NamedTensor> {
         let mut next = 0u32;
         expected_shapes(cfg)
             .into_iter()

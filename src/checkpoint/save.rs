@@ -14,7 +14,7 @@ use anyhow::Context;
 use super::shapes::{check_shapes, expected_shapes};
 use super::state::check_optimizer;
 use super::tensors::write_safetensors;
-use super::{HfGpt2Config, NamedTensor, TrainerState};
+use super::{ModelConfig, NamedTensor, TrainerState};
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const LATEST_FILE: &str = "latest";
@@ -33,7 +33,7 @@ pub fn checkpoint_name(step: u64) -> String {
 /// for every parameter of `model`.
 pub fn save_checkpoint(
     run_dir: &Path,
-    config: &HfGpt2Config,
+    config: &ModelConfig,
     model: &[NamedTensor],
     state: &TrainerState,
     optimizer: &[NamedTensor],
@@ -45,7 +45,7 @@ pub fn save_checkpoint(
 /// which tests make a save fail halfway.
 fn save_with_hook(
     run_dir: &Path,
-    config: &HfGpt2Config,
+    config: &ModelConfig,
     model: &[NamedTensor],
     state: &TrainerState,
     optimizer: &[NamedTensor],
@@ -86,7 +86,7 @@ fn save_with_hook(
 /// `config.json` and `model.safetensors`: a directory `transformers` can load.
 pub fn write_model_files(
     dir: &Path,
-    config: &HfGpt2Config,
+    config: &ModelConfig,
     model: &[NamedTensor],
     after_file: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {

@@ -1,31 +1,19 @@
-//! The tensors a GPT-2 config implies, and the check that a file holds exactly those, with
+//! The tensors a model config implies, and the check that a file holds exactly those, with
 //! errors in the user's terms (Megatron config keys).
 
 use std::path::Path;
 
-use super::{HfGpt2Config, NamedTensor};
+use super::{ModelConfig, NamedTensor};
 use crate::error::user_error;
-use kernels::{AttentionSaves, DType};
 use stages::params::model_param_specs;
-use stages::GptShape;
 
-/// Names and shapes of GPT-2's parameters in Hugging Face layout and order (Conv1D weights
-/// are [in, out]; the LM head is tied to `wte.weight` and not listed): the model's own list.
-pub fn expected_shapes(cfg: &HfGpt2Config) -> Vec<(String, Vec<usize>)> {
-    let shape = GptShape {
-        num_layers: cfg.n_layer,
-        hidden: cfg.n_embd,
-        heads: cfg.n_head,
-        ffn: cfg.ffn_size(),
-        seq_len: cfg.n_positions,
-        max_positions: cfg.n_positions,
-        vocab: cfg.vocab_size,
-        micro_batch: 1,
-        attention_dropout: false,
-        attention: AttentionSaves::Probabilities,
-        activations: DType::F32,
-    };
-    model_param_specs(&shape).into_iter().map(|p| (p.name, p.shape)).collect()
+/// Names and shapes of the model's parameters in Hugging Face layout and order (GPT-2's
+/// Conv1D weights are [in, out], Llama's Linear ones [out, in]; pipetrain's fused q, k, v
+/// and gate, up as their Hugging Face parts; a tied output layer not listed): the model's
+/// own list.
+pub fn expected_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let shape = crate::train::model::shape(&cfg.run_config(cfg.max_positions(), 1));
+    model_param_specs(&shape).iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
 }
 
 /// Errors, naming `file`, unless `found` holds exactly the `expected` tensors with their
@@ -63,10 +51,10 @@ pub fn check_shapes(
     }
 }
 
-/// Number of transformer blocks named `h.{i}.*`.
+/// Number of transformer blocks named `h.{i}.*` (GPT-2) or `model.layers.{i}.*` (Llama).
 fn layer_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names
-        .filter_map(|n| n.strip_prefix("h.")?.split('.').next()?.parse::<usize>().ok())
+        .filter_map(|n| n.strip_prefix("h.").or_else(|| n.strip_prefix("model.layers."))?.split('.').next()?.parse::<usize>().ok())
         .map(|i| i + 1)
         .max()
         .unwrap_or(0)
@@ -82,6 +70,10 @@ fn hint(name: &str, found: &[usize], expected: &[usize]) -> String {
         [.., "mlp", "c_fc", "weight"] => &[("hidden_size", 1), ("ffn_hidden_size", 1)],
         [.., "mlp", "c_fc", "bias"] => &[("ffn_hidden_size", 1)],
         [.., "mlp", "c_proj", "weight"] => &[("ffn_hidden_size", 1), ("hidden_size", 1)],
+        ["model", "embed_tokens", _] | ["lm_head", _] => &[("vocab_size", 1), ("hidden_size", 1)],
+        [.., "k_proj" | "v_proj", "weight"] => &[("num_query_groups", 1), ("hidden_size", 1)],
+        [.., "gate_proj" | "up_proj", "weight"] => &[("ffn_hidden_size", 1), ("hidden_size", 1)],
+        [.., "down_proj", "weight"] => &[("hidden_size", 1), ("ffn_hidden_size", 1)],
         _ => &[("hidden_size", 1), ("hidden_size", 1)],
     };
     if found.len() != expected.len() {
@@ -98,7 +90,13 @@ fn hint(name: &str, found: &[usize], expected: &[usize]) -> String {
 mod tests {
     use super::*;
 
-    fn cfg(n_embd: usize, n_layer: usize) -> HfGpt2Config {
+    use super::super::HfGpt2Config;
+
+    fn cfg(n_embd: usize, n_layer: usize) -> ModelConfig {
+        ModelConfig::Gpt2(gpt2(n_embd, n_layer))
+    }
+
+    fn gpt2(n_embd: usize, n_layer: usize) -> HfGpt2Config {
         HfGpt2Config {
             vocab_size: 100,
             n_positions: 16,
@@ -109,17 +107,19 @@ mod tests {
             resid_pdrop: 0.0,
             embd_pdrop: 0.0,
             attn_pdrop: 0.0,
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
         }
     }
 
-    fn tensors(cfg: &HfGpt2Config) -> Vec<NamedTensor> {
+    fn tensors(cfg: &ModelConfig) -> Vec<NamedTensor> {
         expected_shapes(cfg)
             .into_iter()
             .map(|(name, shape)| NamedTensor { data: vec![0.0; shape.iter().product()], name, shape })
             .collect()
     }
 
-    fn err(expected: &HfGpt2Config, found: &[NamedTensor]) -> String {
+    fn err(expected: &ModelConfig, found: &[NamedTensor]) -> String {
         check_shapes(Path::new("ckpt/model.safetensors"), &expected_shapes(expected), found)
             .unwrap_err()
             .to_string()
@@ -127,8 +127,13 @@ mod tests {
 
     #[test]
     fn gpt2_small_has_its_parameter_count() {
-        let small =
-            HfGpt2Config { vocab_size: 50257, n_positions: 1024, n_embd: 768, n_layer: 12, ..cfg(0, 0) };
+        let small = ModelConfig::Gpt2(HfGpt2Config {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd: 768,
+            n_layer: 12,
+            ..gpt2(0, 0)
+        });
         let n: usize = expected_shapes(&small).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
         assert_eq!(n, 124_439_808);
         assert_eq!(expected_shapes(&small).len(), 2 + 12 * 12 + 2);
@@ -153,7 +158,7 @@ mod tests {
             "ckpt/model.safetensors: h.0.attn.c_attn.weight has shape [64, 192], \
              the config needs [128, 384] (hidden_size 128)"
         );
-        let wider = HfGpt2Config { n_inner: Some(40), ..cfg(8, 2) };
+        let wider = ModelConfig::Gpt2(HfGpt2Config { n_inner: Some(40), ..gpt2(8, 2) });
         assert_eq!(
             err(&wider, &tensors(&cfg(8, 2))),
             "ckpt/model.safetensors: h.0.mlp.c_fc.weight has shape [8, 32], \

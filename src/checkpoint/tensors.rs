@@ -51,8 +51,9 @@ pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> anyhow::Result
     Ok(())
 }
 
-/// Reads every tensor of a safetensors file, in no particular order. Only f32 is accepted:
-/// that is what pipetrain and `save_pretrained` of an f32 GPT-2 write.
+/// Reads every tensor of a safetensors file, in no particular order, as f32: pipetrain
+/// writes f32, and Hugging Face checkpoints of the models users start from come in bf16 or
+/// f16 too, which widen exactly.
 pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
     let shown = path.display();
     let file = File::open(path).map_err(|e| user_error(format!("{shown}: cannot open: {e}")))?;
@@ -62,42 +63,51 @@ pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
         .map_err(|e| user_error(format!("{shown}: not a valid safetensors file: {e}")))?;
     st.iter()
         .map(|(name, view)| {
-            if view.dtype() != Dtype::F32 {
-                return Err(user_error(format!(
-                    "{shown}: {name} has dtype {:?}; pipetrain reads F32 only",
-                    view.dtype()
-                )));
-            }
-            let data =
-                view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let bytes = view.data();
+            let data = match view.dtype() {
+                Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+                Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+                Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+                other => {
+                    return Err(user_error(format!(
+                        "{shown}: {name} has dtype {other:?}; pipetrain reads F32, BF16 and F16"
+                    )))
+                }
+            };
             Ok(NamedTensor { name: name.to_string(), shape: view.shape().to_vec(), data })
         })
         .collect()
 }
 
-/// Brings a Hugging Face GPT-2 weight file to pipetrain's names: strips the `transformer.`
-/// prefix that `GPT2LMHeadModel.save_pretrained` writes, drops the attention-mask buffers
-/// (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`) some versions save, and drops `lm_head.weight`
-/// after checking it is tied to `wte.weight`.
-pub fn normalize_hf_names(path: &Path, tensors: Vec<NamedTensor>) -> anyhow::Result<Vec<NamedTensor>> {
+/// Brings a Hugging Face weight file to pipetrain's names: strips the `transformer.` prefix
+/// that `GPT2LMHeadModel.save_pretrained` writes, drops the buffers some versions save (GPT-2's
+/// attention masks `h.{i}.attn.bias` and `h.{i}.attn.masked_bias`, Llama's
+/// `rotary_emb.inv_freq`), and where the model ties its output layer to `token_embedding`,
+/// drops `lm_head.weight` after checking it is that tensor.
+pub fn normalize_hf_names(
+    path: &Path,
+    tensors: Vec<NamedTensor>,
+    tied_to: Option<&str>,
+) -> anyhow::Result<Vec<NamedTensor>> {
     let mut kept = Vec::with_capacity(tensors.len());
     let mut lm_head = None;
     for mut t in tensors {
         if let Some(rest) = t.name.strip_prefix("transformer.") {
             t.name = rest.to_string();
         }
-        if t.name == "lm_head.weight" {
+        if t.name == "lm_head.weight" && tied_to.is_some() {
             lm_head = Some(t);
-        } else if !is_attention_mask_buffer(&t.name) {
+        } else if !is_attention_mask_buffer(&t.name) && !t.name.ends_with(".rotary_emb.inv_freq") {
             kept.push(t);
         }
     }
-    if let Some(head) = lm_head {
+    if let (Some(head), Some(embedding)) = (lm_head, tied_to) {
         let tied =
-            kept.iter().any(|t| t.name == "wte.weight" && t.shape == head.shape && t.data == head.data);
+            kept.iter().any(|t| t.name == embedding && t.shape == head.shape && t.data == head.data);
         if !tied {
             return Err(user_error(format!(
-                "{}: lm_head.weight differs from wte.weight; pipetrain needs the tied GPT-2 head",
+                "{}: lm_head.weight differs from {embedding}; the config ties them \
+                 (tie_word_embeddings)",
                 path.display()
             )));
         }
@@ -182,13 +192,13 @@ mod tests {
             t("transformer.h.0.attn.c_attn.bias", &[3.0]),
             t("lm_head.weight", &[1.0, 2.0]),
         ];
-        let names: Vec<String> = normalize_hf_names(p, input).unwrap().into_iter().map(|t| t.name).collect();
+        let names: Vec<String> = normalize_hf_names(p, input, Some("wte.weight")).unwrap().into_iter().map(|t| t.name).collect();
         assert_eq!(names, ["wte.weight", "h.0.attn.c_attn.bias"]);
 
         let untied = vec![t("wte.weight", &[1.0, 2.0]), t("lm_head.weight", &[1.0, 2.5])];
         assert_eq!(
-            normalize_hf_names(p, untied).unwrap_err().to_string(),
-            "hf/model.safetensors: lm_head.weight differs from wte.weight; pipetrain needs the tied GPT-2 head"
+            normalize_hf_names(p, untied, Some("wte.weight")).unwrap_err().to_string(),
+            "hf/model.safetensors: lm_head.weight differs from wte.weight; the config ties them (tie_word_embeddings)"
         );
     }
 }

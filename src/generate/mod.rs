@@ -1,23 +1,23 @@
-//! `pipetrain generate`: text from a checkpoint, a run dir or a Hugging Face GPT-2 dir,
+//! `pipetrain generate`: text from a checkpoint, a run dir or a Hugging Face directory,
 //! GPT-2 BPE in and out, one position's forward per new token (model.rs keeps a KV cache),
 //! greedy or sampled (sample.rs), each token written to stdout as it comes.
 
 mod model;
 mod sample;
 
-use crate::checkpoint::{self, HfGpt2Config, NamedTensor};
+use crate::checkpoint::{self, ModelConfig, NamedTensor};
 use crate::cli::GenerateArgs;
 use crate::data::{bpe_decode, bpe_encode, EOT, TEXT_VOCAB};
 use crate::error::user_error;
-use model::Gpt2;
+use model::Decoder;
 use sample::Sampler;
 use std::io::Write;
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let sampler = sampler(args)?;
     let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
-    let prompt = prompt_tokens(args.prompt.as_deref(), &ck.config)?;
-    let model = Gpt2::new(&ck.config, &ck.model);
+    let model = Decoder::new(&ck.config, &ck.model);
+    let prompt = prompt_tokens(args.prompt.as_deref(), &model)?;
     let mut out = std::io::stdout().lock();
     out.write_all(&bpe_decode(&prompt))?;
     out.flush()?;
@@ -27,7 +27,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     if generated < args.max_new_tokens {
-        eprintln!("stopped after {generated} new tokens: the model has {} positions", ck.config.n_positions);
+        eprintln!("stopped after {generated} new tokens: the model has {} positions", ck.config.max_positions());
     }
     Ok(())
 }
@@ -51,23 +51,23 @@ fn sampler(args: &GenerateArgs) -> anyhow::Result<Sampler> {
 
 /// The prompt's GPT-2 tokens (`<|endoftext|>` alone when there is none, as every document
 /// starts in training), checked against the model.
-fn prompt_tokens(prompt: Option<&str>, config: &HfGpt2Config) -> anyhow::Result<Vec<u32>> {
+fn prompt_tokens(prompt: Option<&str>, model: &Decoder) -> anyhow::Result<Vec<u32>> {
     let tokens = match prompt {
         Some(text) if !text.is_empty() => bpe_encode(text),
         _ => vec![EOT as u32],
     };
-    if tokens.len() > config.n_positions {
+    if tokens.len() > model.max_positions() {
         return Err(user_error(format!(
             "command line: --prompt: {} tokens, more than the model's {} positions (max_position_embeddings)",
             tokens.len(),
-            config.n_positions
+            model.max_positions()
         )));
     }
-    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= model.vocab()) {
         return Err(user_error(format!(
             "command line: --prompt: token {t} ({:?}) is outside the model's vocabulary of {}",
             String::from_utf8_lossy(&bpe_decode(&[t])),
-            config.vocab_size
+            model.vocab()
         )));
     }
     Ok(tokens)
@@ -78,14 +78,14 @@ fn prompt_tokens(prompt: Option<&str>, config: &HfGpt2Config) -> anyhow::Result<
 /// one position; without, every position again (the same numbers, for checking).
 /// Returns how many tokens were generated.
 fn generate<E>(
-    model: &Gpt2,
+    model: &Decoder,
     prompt: &[u32],
     max_new: usize,
     sampler: Sampler,
     cache: bool,
     mut emit: impl FnMut(u32) -> Result<(), E>,
 ) -> Result<usize, E> {
-    let candidates = model.config.vocab_size.min(TEXT_VOCAB);
+    let candidates = model.vocab().min(TEXT_VOCAB);
     let mut tokens = prompt.to_vec();
     let mut kv = model.empty_cache();
     let mut logits = model.forward(prompt, &mut kv);
@@ -95,7 +95,7 @@ fn generate<E>(
         emit(next)?;
         tokens.push(next);
         generated += 1;
-        if generated == max_new || tokens.len() >= model.config.n_positions {
+        if generated == max_new || tokens.len() >= model.max_positions() {
             break;
         }
         logits = if cache {
@@ -109,11 +109,11 @@ fn generate<E>(
 
 /// A short greedy continuation of `<|endoftext|>` by a model, as text, for the train
 /// summary; None when its vocabulary has no `<|endoftext|>`.
-pub fn greedy_sample(config: &HfGpt2Config, weights: &[NamedTensor], tokens: usize) -> Option<String> {
-    if config.vocab_size < TEXT_VOCAB {
+pub fn greedy_sample(config: &ModelConfig, weights: &[NamedTensor], tokens: usize) -> Option<String> {
+    if config.vocab_size() < TEXT_VOCAB {
         return None;
     }
-    let model = Gpt2::new(config, weights);
+    let model = Decoder::new(config, weights);
     let mut out = Vec::new();
     let emit = |t: u32| {
         out.push(t);
@@ -127,15 +127,26 @@ pub fn greedy_sample(config: &HfGpt2Config, weights: &[NamedTensor], tokens: usi
 mod tests {
     use super::*;
 
-    fn fixture_model() -> Gpt2 {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny");
-        let ck = checkpoint::load_checkpoint(&dir).unwrap();
-        Gpt2::new(&ck.config, &ck.model)
+    fn fixture_model() -> Decoder {
+        fixture("hf_tiny")
     }
 
+    fn fixture(name: &str) -> Decoder {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let ck = checkpoint::load_checkpoint(&dir).unwrap();
+        Decoder::new(&ck.config, &ck.model)
+    }
+
+    /// GPT-2, and a Llama whose cache holds its 2 key/value groups for 4 query heads at
+    /// rotated positions.
     #[test]
     fn the_kv_cache_gives_the_logits_of_a_full_forward_bit_for_bit() {
-        let model = fixture_model();
+        for name in ["hf_tiny", "hf_llama_tiny"] {
+            the_kv_cache_matches_a_full_forward(&fixture(name));
+        }
+    }
+
+    fn the_kv_cache_matches_a_full_forward(model: &Decoder) {
         let bits = |logits: &[f32]| logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         // Sampled, so the positions see varied tokens; a three-token prompt fills the cache
         // several rows at once first.
@@ -143,10 +154,10 @@ mod tests {
         let mut tokens = vec![87, 28, 88];
         let mut kv = model.empty_cache();
         let mut cached = model.forward(&tokens, &mut kv);
-        while tokens.len() < model.config.n_positions {
+        while tokens.len() < model.max_positions() {
             let full = model.forward(&tokens, &mut model.empty_cache());
             assert!(bits(&cached) == bits(&full), "logits after {} tokens differ", tokens.len());
-            let next = sampler.pick(&cached, model.config.vocab_size, tokens.len() as u32);
+            let next = sampler.pick(&cached, model.vocab(), tokens.len() as u32);
             tokens.push(next);
             cached = model.forward(&[next], &mut kv);
         }
@@ -157,7 +168,7 @@ mod tests {
                 out.push(t);
                 Ok::<(), ()>(())
             };
-            generate(&model, &[0], 15, sampler, cache, emit).unwrap();
+            generate(model, &[0], 15, sampler, cache, emit).unwrap();
             out
         };
         let with = run(true);
@@ -167,15 +178,15 @@ mod tests {
 
     #[test]
     fn prompts_are_checked_against_the_model() {
-        let config = fixture_model().config;
-        assert_eq!(prompt_tokens(Some("x=y"), &config).unwrap(), [87, 28, 88]);
+        let model = fixture_model();
+        assert_eq!(prompt_tokens(Some("x=y"), &model).unwrap(), [87, 28, 88]);
         let long = vec!["a"; 17].join(" ");
         assert_eq!(
-            prompt_tokens(Some(&long), &config).unwrap_err().to_string(),
+            prompt_tokens(Some(&long), &model).unwrap_err().to_string(),
             "command line: --prompt: 17 tokens, more than the model's 16 positions (max_position_embeddings)"
         );
         assert_eq!(
-            prompt_tokens(None, &config).unwrap_err().to_string(),
+            prompt_tokens(None, &model).unwrap_err().to_string(),
             "command line: --prompt: token 50256 (\"<|endoftext|>\") is outside the model's vocabulary of 96"
         );
     }

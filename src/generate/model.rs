@@ -1,86 +1,92 @@
-//! GPT-2 inference, layer by layer, with a KV cache: each position's keys and values are
+//! Inference, one position at a time, with a KV cache: each position's keys and values are
 //! computed once and kept, so a new token costs one position's forward, attending to the
-//! cached ones. The matmuls, LayerNorms, GELU and residual adds are the device's training
-//! kernels; the attention of one new query over the cache is computed here, on the host,
-//! as the training kernel works on whole [T,T] blocks.
+//! cached ones. The blocks are the training blocks (`stages::layers::block`, their decode
+//! pieces), on a CPU device; the attention of one new query over the cache is computed
+//! here, on the host, as the training kernel works on whole [T,T] blocks.
 //!
-//! Shapes: C channels, NH heads of HS = C / NH, F MLP width, V vocabulary.
+//! Shapes: C channels, NH query heads and KV key/value heads of HS = C / NH, QKV = (NH +
+//! 2 KV) HS, V vocabulary.
 
-use crate::checkpoint::{HfGpt2Config, NamedTensor};
+use crate::checkpoint::{ModelConfig, NamedTensor};
+use crate::train::model::{gather, shape};
 use kernels::cpu::math::{dot, exp, max, sum};
 use kernels::cpu::CpuDevice;
 use kernels::{Category, Device, Tensor, WeightLayout};
+use stages::layers::block::Block;
+use stages::layers::norm::NormLayer;
+use stages::params::{model_param_specs, BlockIndices, Role};
+use stages::ModelShape;
 
-/// One transformer block's parameters, in Hugging Face's names and layout.
-struct Block {
-    ln_1: (Tensor, Tensor),      // [C], [C]
-    c_attn: (Tensor, Tensor),    // [C,3C], [3C]
-    attn_proj: (Tensor, Tensor), // [C,C], [C]
-    ln_2: (Tensor, Tensor),      // [C], [C]
-    c_fc: (Tensor, Tensor),      // [C,F], [F]
-    mlp_proj: (Tensor, Tensor),  // [F,C], [C]
-}
-
-/// The keys and values of every position seen so far, per layer.
+/// The keys and values of every position seen so far, per layer: only the KV heads, not
+/// the query heads they serve.
 pub struct KvCache {
-    /// [positions, C] per layer: each, K and V.
+    /// [positions, KV*HS] per layer: each, K and V.
     layers: Vec<(Vec<f32>, Vec<f32>)>,
     positions: usize,
 }
 
-pub struct Gpt2 {
+pub struct Decoder {
     dev: CpuDevice,
-    pub config: HfGpt2Config,
+    shape: ModelShape,
+    /// The parameters in the model's order, on the device.
+    values: Vec<Tensor>,
     /// Host copies of the embeddings: a new position's row is gathered at its own index.
-    wte_host: Vec<f32>, // [V,C]
-    wpe_host: Vec<f32>, // [maxT,C]
-    wte: Tensor,        // [V,C], the tied LM head
-    blocks: Vec<Block>,
-    ln_f: (Tensor, Tensor), // [C], [C]
+    wte_host: Vec<f32>,         // [V,C]
+    wpe_host: Option<Vec<f32>>, // [maxT,C] where positions are learned
+    blocks: Vec<BlockIndices>,
+    output: usize,
+    final_norm: (usize, Option<usize>),
 }
 
-impl Gpt2 {
+impl Decoder {
     /// The model from checkpoint tensors (names and shapes already checked against `config`).
-    pub fn new(config: &HfGpt2Config, weights: &[NamedTensor]) -> Gpt2 {
+    pub fn new(config: &ModelConfig, weights: &[NamedTensor]) -> Decoder {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let dev = CpuDevice::new(threads);
-        let host = |name: &str| {
-            &weights.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("checked tensor {name}")).data
-        };
-        let on_dev = |name: &str| {
-            let t =
-                weights.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("checked tensor {name}"));
-            dev.from_host(&t.data, &t.shape, Category::Parameters)
-        };
-        let pair = |prefix: String| (on_dev(&format!("{prefix}.weight")), on_dev(&format!("{prefix}.bias")));
-        let blocks = (0..config.n_layer)
-            .map(|i| Block {
-                ln_1: pair(format!("h.{i}.ln_1")),
-                c_attn: pair(format!("h.{i}.attn.c_attn")),
-                attn_proj: pair(format!("h.{i}.attn.c_proj")),
-                ln_2: pair(format!("h.{i}.ln_2")),
-                c_fc: pair(format!("h.{i}.mlp.c_fc")),
-                mlp_proj: pair(format!("h.{i}.mlp.c_proj")),
+        let s = shape(&config.run_config(config.max_positions(), 1));
+        let specs = model_param_specs(&s);
+        let host: Vec<Vec<f32>> =
+            specs.iter().map(|p| gather(p, weights, str::to_string).expect("checked tensors")).collect();
+        let index = |role| specs.iter().position(|p| p.role == role);
+        let wte = index(Role::TokenEmbedding).expect("a model has a token embedding");
+        let blocks = (0..s.num_layers)
+            .map(|layer| {
+                let first = specs
+                    .iter()
+                    .position(|p| matches!(p.role, Role::Block { layer: l, .. } if l == layer))
+                    .expect("every block");
+                BlockIndices::at(&s, first)
             })
             .collect();
-        Gpt2 {
-            wte_host: host("wte.weight").clone(),
-            wpe_host: host("wpe.weight").clone(),
-            wte: on_dev("wte.weight"),
-            ln_f: pair("ln_f".into()),
+        let values =
+            specs.iter().zip(&host).map(|(p, data)| dev.from_host(data, &p.shape, Category::Parameters)).collect();
+        Decoder {
+            wte_host: host[wte].clone(),
+            wpe_host: index(Role::PositionEmbedding).map(|i| host[i].clone()),
+            output: index(Role::OutputLayer).unwrap_or(wte),
+            final_norm: (index(Role::FinalNormWeight).expect("a final norm"), index(Role::FinalNormBias)),
             blocks,
-            config: config.clone(),
+            values,
+            shape: s,
             dev,
         }
     }
 
+    pub fn vocab(&self) -> usize {
+        self.shape.vocab
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.shape.max_positions
+    }
+
     pub fn empty_cache(&self) -> KvCache {
-        KvCache { layers: vec![(Vec::new(), Vec::new()); self.config.n_layer], positions: 0 }
+        KvCache { layers: vec![(Vec::new(), Vec::new()); self.shape.num_layers], positions: 0 }
     }
 
     /// Runs `tokens` at the positions after the cached ones, adds their keys and values to
     /// `cache`, and returns the logits [V] that follow the last of them. The caller keeps
-    /// the positions within `n_positions`.
+    /// the positions within `max_positions`.
     ///
     /// Positions run one at a time, even a prompt's: gemm takes another path for a single
     /// row than for several, so a row's numbers would otherwise depend on how many rows ran
@@ -96,82 +102,67 @@ impl Gpt2 {
     /// The blocks' output [1,C] for `token` at the next position, its keys and values added
     /// to the cache.
     fn position(&self, token: u32, cache: &mut KvCache) -> Tensor {
-        let dev = &self.dev;
-        let (c, pos) = (self.config.n_embd, cache.positions);
-        assert!(pos < self.config.n_positions, "position {pos} past the model's");
-        let new = |width: usize| dev.empty(&[1, width], Category::Workspace);
-        let (tok, at) = (token as usize * c, pos * c);
-        let x_host: Vec<f32> = (0..c).map(|d| self.wte_host[tok + d] + self.wpe_host[at + d]).collect();
+        let (dev, s) = (&self.dev, &self.shape);
+        let (c, pos) = (s.hidden, cache.positions);
+        assert!(pos < s.max_positions, "position {pos} past the model's");
+        let tok = token as usize * c;
+        let x_host: Vec<f32> = match &self.wpe_host {
+            Some(wpe) => (0..c).map(|d| self.wte_host[tok + d] + wpe[pos * c + d]).collect(),
+            None => self.wte_host[tok..tok + c].to_vec(),
+        };
         let mut x = dev.from_host(&x_host, &[1, c], Category::Workspace); // [1,C]
-        let mut ln = new(c); // [1,C]
-        let (mut mean, mut rstd) = (new(1), new(1)); // [1] each
-        for (block, (keys, values)) in self.blocks.iter().zip(&mut cache.layers) {
-            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &block.ln_1.0, &block.ln_1.1);
-            let mut qkv = new(3 * c); // [1,3C]
-            dev.matmul_forward(&mut qkv, &ln, &block.c_attn.0, WeightLayout::InOut, Some(&block.c_attn.1));
-            let qkv = dev.to_host(&qkv);
-            keys.extend_from_slice(&qkv[c..2 * c]);
-            values.extend_from_slice(&qkv[2 * c..]);
-            let att = attend(&qkv[..c], keys, values, self.config.n_head); // [C]
+        let kv = s.kv_heads * s.head_size();
+        for (layer, (at, (keys, values))) in self.blocks.iter().zip(&mut cache.layers).enumerate() {
+            let block = Block { s, layer, w: &self.values, at: *at };
+            let qkv = dev.to_host(&block.decode_qkv(dev, &x, pos)); // [QKV]
+            keys.extend_from_slice(&qkv[c..c + kv]);
+            values.extend_from_slice(&qkv[c + kv..]);
+            let att = attend(&qkv[..c], keys, values, s.heads, s.kv_heads); // [C]
             let att = dev.from_host(&att, &[1, c], Category::Workspace); // [1,C]
-            let mut proj = new(c); // [1,C]
-            dev.matmul_forward(
-                &mut proj,
-                &att,
-                &block.attn_proj.0,
-                WeightLayout::InOut,
-                Some(&block.attn_proj.1),
-            );
-            let mut x1 = new(c); // [1,C]
-            dev.add(&mut x1, &x, &proj);
-            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x1, &block.ln_2.0, &block.ln_2.1);
-            let f = self.config.ffn_size();
-            let (mut fc, mut gelu) = (new(f), new(f)); // [1,F] each
-            dev.matmul_forward(&mut fc, &ln, &block.c_fc.0, WeightLayout::InOut, Some(&block.c_fc.1));
-            dev.gelu_forward(&mut gelu, &fc);
-            dev.matmul_forward(
-                &mut proj,
-                &gelu,
-                &block.mlp_proj.0,
-                WeightLayout::InOut,
-                Some(&block.mlp_proj.1),
-            );
-            dev.add(&mut x, &x1, &proj);
+            x = block.decode_rest(dev, &x, &att);
         }
         cache.positions += 1;
         x
     }
 
-    /// ln_f and the tied LM head: logits [V] from a block stack's output [1,C].
+    /// The final norm and the output layer: logits [V] from a block stack's output [1,C].
     fn logits(&self, x: &Tensor) -> Vec<f32> {
-        let dev = &self.dev;
-        let mut ln = dev.empty(&[1, self.config.n_embd], Category::Workspace); // [1,C]
-        let (mut mean, mut rstd) =
-            (dev.empty(&[1], Category::Workspace), dev.empty(&[1], Category::Workspace));
-        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, x, &self.ln_f.0, &self.ln_f.1);
-        let mut logits = dev.empty(&[1, self.config.vocab_size], Category::Workspace); // [1,V]
-        dev.matmul_forward(&mut logits, &ln, &self.wte, WeightLayout::OutIn, None);
+        let (dev, s) = (&self.dev, &self.shape);
+        let (w, b) = self.final_norm;
+        let norm = NormLayer {
+            norm: s.arch.norm,
+            eps: s.arch.norm_eps,
+            weight: &self.values[w],
+            bias: b.map(|b| &self.values[b]),
+        };
+        let mut normed = dev.empty(&[1, s.hidden], Category::Workspace); // [1,C]
+        norm.forward(dev, &mut normed, x, Category::Workspace);
+        let mut logits = dev.empty(&[1, s.vocab], Category::Workspace); // [1,V]
+        dev.matmul_forward(&mut logits, &normed, &self.values[self.output], WeightLayout::OutIn, None);
         dev.to_host(&logits)
     }
 }
 
-/// Causal attention of the newest position's query q [C] over the cached keys and values
-/// [positions, C] (its own included), per head: softmax(q k^T / sqrt(HS)) v. Returns [C].
-fn attend(q: &[f32], keys: &[f32], values: &[f32], n_head: usize) -> Vec<f32> {
-    let c = q.len();
-    let (hs, seen) = (c / n_head, keys.len() / c);
+/// Causal attention of the newest position's query q [NH*HS] over the cached keys and values
+/// [positions, KV*HS] (its own included), per query head h, which reads key/value head
+/// h / (NH/KV): softmax(q k^T / sqrt(HS)) v. Returns [NH*HS].
+fn attend(q: &[f32], keys: &[f32], values: &[f32], n_head: usize, n_kv: usize) -> Vec<f32> {
+    let hs = q.len() / n_head;
+    let (width, group) = (n_kv * hs, n_head / n_kv);
+    let seen = keys.len() / width;
     let scale = 1.0 / (hs as f32).sqrt();
-    let mut out = vec![0.0f32; c];
+    let mut out = vec![0.0f32; q.len()];
     for h in 0..n_head {
-        let head = |j: usize| j * c + h * hs..j * c + (h + 1) * hs; // position j's head h in [.., C]
-        let q = &q[head(0)];
-        let scores: Vec<f32> = (0..seen).map(|j| dot(q, &keys[head(j)]) * scale).collect();
+        let g = h / group;
+        let kv = |j: usize| j * width + g * hs..j * width + (g + 1) * hs; // position j's head g
+        let q = &q[h * hs..(h + 1) * hs];
+        let scores: Vec<f32> = (0..seen).map(|j| dot(q, &keys[kv(j)]) * scale).collect();
         let top = max(&scores);
         let weights: Vec<f32> = scores.iter().map(|&s| exp(s - top)).collect();
         let norm = 1.0 / sum(&weights);
         let o = &mut out[h * hs..(h + 1) * hs];
         for (j, w) in weights.iter().enumerate() {
-            for (o, &v) in o.iter_mut().zip(&values[head(j)]) {
+            for (o, &v) in o.iter_mut().zip(&values[kv(j)]) {
                 *o += w * norm * v;
             }
         }

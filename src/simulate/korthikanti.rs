@@ -10,12 +10,19 @@
 //! attention core of the CUDA device stores no softmax at all, only each row's log-sum-exp
 //! (fp32 too): there ours - log-sum-exp + masks - statistics + the core the paper counts =
 //! the paper's.
+//!
+//! The paper's 34 sbh is GPT's layer: q, k, v of width 3h, an MLP of 4h with one GELU. The
+//! formula here counts the same tensors at the model's own widths, term by term, so it is
+//! the paper's for GPT and its generalisation for the rest ([`differences`] says what
+//! differs): grouped-query attention narrows k and v to the groups' width, SwiGLU keeps a
+//! 2F-wide input and an F-wide output where GELU kept 4h and 4h, and RMSNorm keeps one
+//! statistic per row where LayerNorm keeps two (statistics the paper leaves out either way).
 
 use kernels::AttentionSaves;
 use stages::recompute::RecomputePolicy;
 use stages::saved::BlockTensor;
 use stages::tensor_parallel::Split;
-use stages::{GptShape, TensorParallel};
+use stages::{ModelShape, TensorParallel};
 
 /// What a layer keeps, in the paper's three cases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,21 +53,54 @@ impl Kept {
 /// Table 2: bytes per layer on one GPU. sbh(34 + 5as/h) without parallelism; with t:
 /// sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h); selective
 /// recompute drops the 5as/h term; full recompute keeps 2sbh (a sequence shard of it with
-/// sequence parallelism, as Megatron stores it).
-pub fn layer_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> f64 {
+/// sequence parallelism, as Megatron stores it). The 24 inside the split is 2 x (q, k, v:
+/// 3h; the projection's input: h; the activation's input and output: 4h + 4h) / h, counted
+/// at the model's widths.
+pub fn layer_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> f64 {
     let sbh = (s.seq_len * s.micro_batch * s.hidden) as f64;
     let (a, sq, h, t) = (s.heads as f64, s.seq_len as f64, s.hidden as f64, tp.size as f64);
+    let widths = s.qkv_width() + s.hidden + s.fc1_width() + s.ffn;
+    let inside = 2.0 * widths as f64 / h;
     let attention = if kept == Kept::Everything { 5.0 * a * sq / h } else { 0.0 };
     match (kept, tp.sequence && tp.size > 1) {
         (Kept::Input, sp) => 2.0 * sbh / if sp { t } else { 1.0 },
-        (_, false) => sbh * (10.0 + 24.0 / t + attention / t),
-        (_, true) => sbh / t * (34.0 + attention),
+        (_, false) => sbh * (10.0 + inside / t + attention / t),
+        (_, true) => sbh / t * (10.0 + inside + attention),
     }
+}
+
+/// What the model's layer changes in the paper's GPT formula, for the report; empty for GPT.
+pub fn differences(s: &ModelShape) -> Vec<String> {
+    let mut out = Vec::new();
+    if s.kv_heads != s.heads {
+        out.push(format!("k, v over {} groups (q, k, v {}h, not 3h)", s.kv_heads, ratio(s.qkv_width(), s.hidden)));
+    }
+    if s.fc1_width() != 4 * s.hidden || s.ffn != 4 * s.hidden {
+        out.push(format!(
+            "{} input {}h and output {}h (not 4h and 4h)",
+            match s.arch.activation {
+                stages::Activation::Gelu => "GELU",
+                stages::Activation::SwiGlu => "SwiGLU",
+            },
+            ratio(s.fc1_width(), s.hidden),
+            ratio(s.ffn, s.hidden)
+        ));
+    }
+    if s.arch.norm.stats_per_row() != 2 {
+        out.push(format!("{} keeps 1 statistic per row", s.arch.norm));
+    }
+    out
+}
+
+/// `x / h` to three decimals at most, e.g. 1.5 or 9.333.
+fn ratio(x: usize, h: usize) -> String {
+    let r = (x as f64 / h as f64 * 1000.0).round() / 1000.0;
+    format!("{r}")
 }
 
 /// The 1-byte dropout masks the paper stores and we regenerate: the attention dropout's
 /// (unless the attention core is recomputed) and the two residual dropouts'.
-pub fn mask_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
+pub fn mask_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
     let residual = 2 * tp.per_rank(s.tokens() * s.hidden, Split::Sequence);
     match kept {
         Kept::Everything => residual + tp.per_rank(BlockTensor::AttProbs.elements(s), Split::Interior),
@@ -69,15 +109,15 @@ pub fn mask_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
     }
 }
 
-/// Bytes of the LayerNorm statistics we keep and the paper leaves out.
-pub fn statistics_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> usize {
+/// Bytes of the norm statistics we keep and the paper leaves out.
+pub fn statistics_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
     match kept {
         Kept::Input => 0,
-        _ => [BlockTensor::Ln1Stats, BlockTensor::Ln2Stats].into_iter().map(|t| stored_bytes(s, tp, t)).sum(),
+        _ => [BlockTensor::Norm1Stats, BlockTensor::Norm2Stats].into_iter().map(|t| stored_bytes(s, tp, t)).sum(),
     }
 }
 
-fn stored_bytes(s: &GptShape, tp: TensorParallel, t: BlockTensor) -> usize {
+fn stored_bytes(s: &ModelShape, tp: TensorParallel, t: BlockTensor) -> usize {
     tp.per_rank(t.elements(s), t.split()) * t.element_bytes(s)
 }
 
@@ -85,7 +125,7 @@ fn stored_bytes(s: &GptShape, tp: TensorParallel, t: BlockTensor) -> usize {
 /// paper does not count, the core the paper counts and it never stores: softmax output,
 /// dropout mask and dropout output, 5as/h sbh/t, outside selective recompute). Zeros where
 /// attention keeps its probabilities.
-pub fn fused_core_bytes(s: &GptShape, tp: TensorParallel, kept: Kept) -> (usize, usize) {
+pub fn fused_core_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> (usize, usize) {
     if s.attention != AttentionSaves::RowLogSumExp || kept == Kept::Input {
         return (0, 0);
     }
@@ -105,10 +145,12 @@ mod tests {
 
     /// GPT-3 175B's layer at s = 2048, b = 1 (h = 12288, a = 96), with attention dropout,
     /// stored at 16 bits as the paper counts it.
-    const GPT3: GptShape = GptShape {
+    const GPT3: ModelShape = ModelShape {
+        arch: stages::Architecture::GPT2,
         num_layers: 96,
         hidden: 12288,
         heads: 96,
+        kv_heads: 96,
         ffn: 4 * 12288,
         seq_len: 2048,
         max_positions: 2048,
@@ -119,8 +161,45 @@ mod tests {
         activations: DType::Bf16,
     };
 
+    /// Llama 3 70B's layer at s = 8192, b = 1 (h = 8192, 64 heads over 8 groups, SwiGLU of
+    /// 28672), with attention dropout so that every term of the formula is present.
+    const LLAMA3_70B: ModelShape = ModelShape {
+        arch: stages::Architecture {
+            norm: stages::Norm::RmsNorm,
+            norm_eps: 1e-5,
+            positions: stages::Positions::Rotary { base: 500000.0 },
+            activation: stages::Activation::SwiGlu,
+            linear_bias: false,
+            tied_output: false,
+            init_std: 0.02,
+        },
+        num_layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        ffn: 28672,
+        seq_len: 8192,
+        max_positions: 8192,
+        vocab: 128256,
+        ..GPT3
+    };
+
+    #[test]
+    fn the_differences_from_gpt_are_named() {
+        assert!(differences(&GPT3).is_empty());
+        assert_eq!(
+            differences(&LLAMA3_70B),
+            [
+                "k, v over 8 groups (q, k, v 1.25h, not 3h)",
+                "SwiGLU input 7h and output 3.5h (not 4h and 4h)",
+                "RMSNorm keeps 1 statistic per row"
+            ]
+        );
+    }
+
     /// At 16 bits, for every t, with and without sequence parallelism, and each of the
-    /// paper's recompute cases: ours + masks - statistics is the paper's figure, exactly.
+    /// paper's recompute cases: ours + masks - statistics is the paper's figure, exactly
+    /// (for GPT), and its generalisation (for Llama).
     #[test]
     fn ours_plus_masks_less_statistics_is_the_papers() {
         let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
@@ -132,24 +211,27 @@ mod tests {
                 BlockKeep::InputOnly { group_start: true },
             ),
         ];
-        for t in [1, 2, 8] {
-            for sequence in [false, true] {
-                let tp = TensorParallel { size: t, sequence };
-                for (policy, keep) in cases {
-                    let kept = Kept::of(&policy).unwrap();
-                    let ours = block_kept_bytes(&GPT3, tp, keep);
-                    let stats = statistics_bytes(&GPT3, tp, kept);
-                    let relation = ours + mask_bytes(&GPT3, tp, kept) - stats;
-                    assert_eq!(
-                        relation as f64,
-                        layer_bytes(&GPT3, tp, kept),
-                        "t={t} sp={sequence} {policy:?}"
-                    );
+        for shape in [GPT3, LLAMA3_70B] {
+            for t in [1, 2, 8] {
+                for sequence in [false, true] {
+                    let tp = TensorParallel { size: t, sequence };
+                    for (policy, keep) in cases {
+                        let kept = Kept::of(&policy).unwrap();
+                        let ours = block_kept_bytes(&shape, tp, keep);
+                        let stats = statistics_bytes(&shape, tp, kept);
+                        let relation = ours + mask_bytes(&shape, tp, kept) - stats;
+                        assert_eq!(
+                            relation as f64,
+                            layer_bytes(&shape, tp, kept),
+                            "{:?} t={t} sp={sequence} {policy:?}",
+                            shape.arch
+                        );
+                    }
                 }
             }
         }
         // The fused core keeps each row's log-sum-exp instead of the paper's 5as/h.
-        let fused = GptShape { attention: AttentionSaves::RowLogSumExp, ..GPT3 };
+        let fused = ModelShape { attention: AttentionSaves::RowLogSumExp, ..GPT3 };
         for t in [1, 2, 8] {
             for sequence in [false, true] {
                 let tp = TensorParallel { size: t, sequence };

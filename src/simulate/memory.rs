@@ -3,7 +3,7 @@
 //! plus the transient bytes of each action.
 //!
 //! Kept and static bytes come from the trainer's own declarations (stages::memory_model,
-//! saved.rs), in the element types it stores (`GptShape::activations`): under
+//! saved.rs), in the element types it stores (`ModelShape::activations`): under
 //! `precision: bf16` activations and their gradients take 2 bytes per element, and each
 //! stage holds a bf16 copy of its matrices beside the fp32 master weights, gradients and
 //! AdamW moments. Megatron-LM's flat rule (2 bytes per activation element, 18 per
@@ -82,7 +82,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         RecomputePolicy::Selective(_) => 0,
     };
     let grad_scratch = if blocks > 0 {
-        element(s.tokens() * (2 * s.ffn + 3 * s.hidden), Split::Interior) + attention_scratch
+        element(s.tokens() * (s.ffn + s.fc1_width() + s.qkv_width()), Split::Interior) + attention_scratch
     } else {
         0
     };
@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn gpt2_small_gpu_layer_bytes_and_free_selective_recompute() {
         let cuda =
-            |attention_dropout| Config { device: "cuda".into(), attention_dropout, ..Config::default() };
+            |attention_dropout| Config { device: crate::config::DeviceKind::Cuda, attention_dropout, ..Config::default() };
         let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
         for s in [0.0, 0.1].map(|p| crate::train::model::shape(&cuda(p))) {
             assert_eq!(s.attention, AttentionSaves::RowLogSumExp);
@@ -213,7 +213,7 @@ mod tests {
             assert_eq!(none, 50_348_032 + 4 * 12 * 1024);
             assert_eq!(block_kept_bytes(&s, TensorParallel::NONE, BlockKeep::Stored(core_attn)), none);
         }
-        let selective = Config { recompute_granularity: Some("selective".into()), ..cuda(0.1) };
+        let selective = Config { recompute_granularity: Some(crate::config::RecomputeGranularity::Selective), ..cuda(0.1) };
         let (none, selective) = (setup(cuda(0.1)), setup(selective));
         for stage in 0..none.p {
             let (a, b) = (chunk_memory(&none, stage, 0), chunk_memory(&selective, stage, 0));
@@ -222,7 +222,7 @@ mod tests {
         }
         // Backward's attention scratch is the fused core's delta rows, [B,NH,T].
         let cpu = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
-        let gpu = chunk_memory(&setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) }), 1, 0);
+        let gpu = chunk_memory(&setup(Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) }), 1, 0);
         let (scores, rows) = (4 * 12 * 1024 * 1024, 4 * 12 * 1024);
         assert_eq!(cpu.backward_input_working_bytes - gpu.backward_input_working_bytes, scores - rows);
     }
@@ -234,8 +234,8 @@ mod tests {
     /// GPT-2 small at seq 1024 on one CUDA stage, micro batch 4 (configs/gpt2-124m.yaml).
     fn on_one_gpu(precision: &str) -> Config {
         Config {
-            device: "cuda".into(),
-            precision: precision.into(),
+            device: crate::config::DeviceKind::Cuda,
+            precision: crate::config::Named::parse(precision).unwrap(),
             micro_batch_size: 4,
             hidden_dropout: 0.0,
             attention_dropout: 0.0,
@@ -260,7 +260,7 @@ mod tests {
         let matrices = 50304 * c + t * c + 12 * (3 * c * c + c * c + 4 * c * c + 4 * c * c);
         assert_eq!(static16 - static32, 2 * matrices);
         // 166.5 KiB less than 2 bytes for each of the 124M parameters (memory.rs's header).
-        assert_eq!(2 * (fp32.shape.total_params() as u64 - matrices), 170_496);
+        assert_eq!(2 * (stages::params::total_params(&fp32.shape) as u64 - matrices), 170_496);
 
         // The peak is the head's forward: every block's stash and the head's beside ln_f's
         // output and the logits [4096, 50304]. Of the stash, each block's two LayerNorms'
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn cuda_pads_the_heads_logits_rows() {
         let cpu = setup(gpt2_small(4, "1f1b", 1, 8));
-        let cuda = setup(Config { device: "cuda".into(), ..gpt2_small(4, "1f1b", 1, 8) });
+        let cuda = setup(Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) });
         let (a, b) = (chunk_memory(&cpu, 3, 0), chunk_memory(&cuda, 3, 0));
         // 1024 tokens (micro batch 1) x 47 more fp32 columns.
         assert_eq!(b.forward_working_bytes - a.forward_working_bytes, 1024 * (50304 - 50257) * 4);
@@ -322,8 +322,8 @@ mod tests {
     #[test]
     fn recompute_trades_stash_for_working_bytes() {
         let full = |n| Config {
-            recompute_granularity: Some("full".into()),
-            recompute_method: Some("uniform".into()),
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Full),
+            recompute_method: Some(crate::config::RecomputeMethod::Uniform),
             recompute_num_layers: Some(n),
             ..gpt2_small(4, "1f1b", 1, 8)
         };
@@ -341,8 +341,8 @@ mod tests {
     #[test]
     fn split_backwards_hold_the_weight_gradient_inputs_until_backward_weight() {
         let full = Config {
-            recompute_granularity: Some("full".into()),
-            recompute_method: Some("uniform".into()),
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Full),
+            recompute_method: Some(crate::config::RecomputeMethod::Uniform),
             recompute_num_layers: Some(4),
             ..gpt2_small(4, "zb-h1", 1, 8)
         };

@@ -11,7 +11,7 @@ use schedules::SimReport;
 use serde_json::{json, Value};
 use stages::flops::train_step_flops;
 use stages::saved::block_kept_bytes;
-use stages::GptShape;
+use stages::ModelShape;
 
 pub struct Report<'a> {
     pub setup: &'a Setup,
@@ -42,7 +42,7 @@ impl Report<'_> {
         let (s, tp) = (&setup.shape, setup.tp);
         let policy = &setup.policies[stage];
         let blocks: usize = (0..setup.v).map(|c| setup.layout(stage, c).blocks.len()).sum();
-        let per_layer = |s: &GptShape| {
+        let per_layer = |s: &ModelShape| {
             let kept: usize = (0..setup.v)
                 .map(|c| {
                     let n = setup.layout(stage, c).blocks.len();
@@ -52,7 +52,7 @@ impl Report<'_> {
             kept as f64 / blocks.max(1) as f64
         };
         let paper = Kept::of(policy).filter(|_| blocks > 0).map(|k| Korthikanti {
-            ours_16bit: per_layer(&GptShape { activations: DType::Bf16, ..*s }),
+            ours_16bit: per_layer(&ModelShape { activations: DType::Bf16, ..*s }),
             bytes: korthikanti::layer_bytes(s, tp, k),
             masks: korthikanti::mask_bytes(s, tp, k) as f64,
             statistics: korthikanti::statistics_bytes(s, tp, k) as f64,
@@ -92,9 +92,12 @@ impl Report<'_> {
             s.ffn,
             s.seq_len,
             s.vocab,
-            s.total_params() as f64 / 1e9,
+            stages::params::total_params(s) as f64 / 1e9,
             c.precision
         );
+        if s.naming() != stages::Naming::Gpt2 {
+            println!("          {}", s.describe_architecture());
+        }
         println!(
             "pipeline  {}: {} stages x {} chunk(s), {} microbatches of {} per replica (global batch {})",
             setup.kind, setup.p, setup.v, setup.m, c.micro_batch_size, c.global_batch_size
@@ -178,7 +181,11 @@ impl Report<'_> {
             "activations per layer and microbatch on one GPU ({} bytes per activation element, f32 statistics), against Korthikanti et al. 2022, Table 2",
             self.setup.activation_bytes_per_element()
         );
-        println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no LayerNorm statistics, which we keep in fp32)");
+        println!("  (at 16 bits; the paper stores 1-byte dropout masks, which we regenerate, and no norm statistics, which we keep in fp32)");
+        let differences = korthikanti::differences(&self.setup.shape);
+        if !differences.is_empty() {
+            println!("  (the paper's GPT formula at this model's widths: {})", differences.join("; "));
+        }
         // Stages with the same figures share a line.
         let mut lines: Vec<(Vec<usize>, String)> = Vec::new();
         for r in 0..self.setup.p {
@@ -268,8 +275,8 @@ impl Report<'_> {
             "microbatches": setup.m,
             "micro_batch_size": c.micro_batch_size,
             "global_batch_size": c.global_batch_size,
-            "precision": c.precision,
-            "parameters": setup.shape.total_params(),
+            "precision": c.precision.to_string(),
+            "parameters": stages::params::total_params(&setup.shape),
             "hardware": self.hw.name,
             "peak_flops": self.hw.peak_flops,
             "times_from": self.times_from,

@@ -35,13 +35,21 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     }
     let head_size = cfg.hidden_size / cfg.num_attention_heads;
     // bf16 activations have only the tensor-core attention kernels.
-    if cfg.device == "cuda" && cfg.precision == "bf16" && !kernels::attention_mma_fits(head_size) {
+    if cfg.device == config::DeviceKind::Cuda && cfg.precision == config::Precision::Bf16 && !kernels::attention_mma_fits(head_size) {
         return Err(launch::quiet_unless_root(user_error(format!(
             "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
             args.config.display(),
             kernels::ATTENTION_MMA_K,
             kernels::FUSED_MAX_HEAD_SIZE
         ))));
+    }
+    if cfg.device == config::DeviceKind::Cuda {
+        if let Some((key, what)) = cfg.family_without_cuda_kernels() {
+            return Err(launch::quiet_unless_root(user_error(format!(
+                "{}: key `{key}`: {what} has no CUDA kernels yet; device: cuda trains GPT-2's architecture (simulate takes any)",
+                args.config.display()
+            ))));
+        }
     }
     launch::run(args, cfg)
 }

@@ -1,38 +1,42 @@
 //! From the config to the model: its shape, the chunks a stage holds, their recompute
 //! policies, and the conversion of their parameters to and from named tensors.
 
-use crate::checkpoint::{HfGpt2Config, NamedTensor};
-use crate::config::Config;
+use crate::checkpoint::NamedTensor;
+use crate::config::{Config, DeviceKind, Precision, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use crate::error::user_error;
 use kernels::{AttentionSaves, Category, DType, Device};
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::params::chunk_param_specs;
+use stages::params::{chunk_param_specs, ParamSpec};
 use stages::partition;
 use stages::{
-    ChunkLayout, DropoutProbs, FullMethod, GptShape, ModelChunk, Parameters, RecomputePolicy,
+    ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, Parameters, RecomputePolicy,
     SelectiveModules, TensorParallel,
 };
 use std::path::Path;
 
-pub fn shape(c: &Config) -> GptShape {
-    GptShape {
+/// The model's shape for one microbatch: the config's architecture and sizes, and what the
+/// device it runs on keeps and stores.
+pub fn shape(c: &Config) -> ModelShape {
+    ModelShape {
+        arch: c.architecture(),
         num_layers: c.num_layers,
         hidden: c.hidden_size,
         heads: c.num_attention_heads,
+        kv_heads: c.kv_heads(),
         ffn: c.ffn_size(),
         seq_len: c.seq_length,
         max_positions: c.max_position_embeddings,
         vocab: c.vocab_size,
         micro_batch: c.micro_batch_size,
         attention_dropout: c.attention_dropout > 0.0,
-        attention: match c.device.as_str() {
-            "cuda" => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads),
-            _ => AttentionSaves::Probabilities,
+        attention: match c.device {
+            DeviceKind::Cuda => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads),
+            DeviceKind::Cpu => AttentionSaves::Probabilities,
         },
         // As the device the trainer builds stores them (rank.rs); the CPU stores f32 only,
         // and validation allows bf16 only on CUDA.
-        activations: match (c.device.as_str(), c.precision.as_str()) {
-            ("cuda", "bf16") => DType::Bf16,
+        activations: match (c.device, c.precision) {
+            (DeviceKind::Cuda, Precision::Bf16) => DType::Bf16,
             _ => DType::F32,
         },
     }
@@ -44,12 +48,11 @@ pub fn dropout(c: &Config) -> DropoutProbs {
 
 /// The recompute policy of pipeline stage `stage` (the config was validated).
 pub fn recompute_policy(c: &Config, stage: usize) -> RecomputePolicy {
-    match c.recompute_granularity.as_deref() {
-        Some("full") => {
-            let method = if c.recompute_method.as_deref() == Some("block") {
-                FullMethod::Block
-            } else {
-                FullMethod::Uniform
+    match c.granularity() {
+        RecomputeGranularity::Full => {
+            let method = match c.recompute_method {
+                Some(RecomputeMethod::Block) => FullMethod::Block,
+                _ => FullMethod::Uniform,
             };
             let num_layers = match &c.recompute_num_layers_per_stage {
                 Some(per_stage) => per_stage[stage],
@@ -61,15 +64,28 @@ pub fn recompute_policy(c: &Config, stage: usize) -> RecomputePolicy {
                 RecomputePolicy::Full { method, num_layers }
             }
         }
-        Some("selective") => RecomputePolicy::Selective(
-            SelectiveModules::from_names(c.recompute_modules.as_deref().unwrap_or(&[]))
-                .expect("validated recompute_modules"),
-        ),
-        _ => RecomputePolicy::None,
+        RecomputeGranularity::Selective => RecomputePolicy::Selective(selective_modules(c)),
+        RecomputeGranularity::None => RecomputePolicy::None,
     }
 }
 
-/// Builds a chunk from initial or given parameters.
+/// The modules selective recompute drops: `recompute_modules`, the attention core where
+/// none are named (Megatron's default).
+fn selective_modules(c: &Config) -> SelectiveModules {
+    let modules = c.recompute_modules.as_deref().unwrap_or(&[]);
+    if modules.is_empty() {
+        return SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
+    }
+    let has = |m| modules.contains(&m);
+    SelectiveModules {
+        core_attn: has(RecomputeModule::CoreAttn),
+        mlp: has(RecomputeModule::Mlp),
+        layernorm: has(RecomputeModule::Layernorm),
+    }
+}
+
+/// Builds a chunk from initial or given parameters (Hugging Face tensors, as a checkpoint
+/// holds them).
 pub fn build_chunk(
     dev: &dyn Device,
     c: &Config,
@@ -85,87 +101,63 @@ pub fn build_chunk(
             let values = specs
                 .iter()
                 .map(|spec| {
-                    let t = named.iter().find(|t| t.name == spec.name).ok_or_else(|| {
-                        user_error(format!(
-                            "weights: no tensor `{}` (needed by the config's model)",
-                            spec.name
-                        ))
-                    })?;
-                    if t.shape != spec.shape {
-                        return Err(user_error(format!(
-                            "weights: `{}` has shape {:?}, the config needs {:?}",
-                            spec.name, t.shape, spec.shape
-                        )));
-                    }
-                    Ok(dev.from_host(&t.data, &spec.shape, Category::Parameters))
+                    let data = gather(spec, named, |name| name.to_string())
+                        .map_err(|e| user_error(format!("weights: {e}")))?;
+                    Ok(dev.from_host(&data, &spec.shape, Category::Parameters))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            Parameters::with_values(dev, &layout, specs, values)
+            Parameters::with_values(dev, &s, &layout, specs, values)
         }
     };
     Ok(ModelChunk::new(s, layout, params, policy, dropout(c), c.seed))
 }
 
-/// The named tensors of `chunks` (on `dev`), tagged with their global index. `pick` chooses
-/// values, exp_avg or exp_avg_sq.
+/// The values of `spec` from its Hugging Face parts in `named`, each found under
+/// `name_of(part)` (a moment's name, for optimizer state) and stacked by rows.
+pub fn gather(spec: &ParamSpec, named: &[NamedTensor], name_of: impl Fn(&str) -> String) -> Result<Vec<f32>, String> {
+    let mut data = Vec::with_capacity(spec.elements());
+    for (part, shape) in spec.hf_shapes() {
+        let name = name_of(&part);
+        let t = named
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| format!("no tensor `{name}` (needed by the config's model)"))?;
+        if t.shape != shape {
+            return Err(format!("`{name}` has shape {:?}, the config needs {shape:?}", t.shape));
+        }
+        data.extend_from_slice(&t.data);
+    }
+    Ok(data)
+}
+
+/// The named tensors of `chunks` (on `dev`) as Hugging Face tensors, each tagged with its
+/// place in the model's order: (global index, part). `pick` chooses values, exp_avg or
+/// exp_avg_sq.
 pub fn named(
     chunks: &[ModelChunk],
     dev: &dyn Device,
     pick: impl Fn(&Parameters, usize) -> &kernels::Tensor,
-) -> Vec<(usize, NamedTensor)> {
+) -> Vec<((usize, usize), NamedTensor)> {
     let mut out = Vec::new();
     for chunk in chunks {
         let p = &chunk.params;
         for (i, spec) in p.specs.iter().enumerate() {
             let data = dev.to_host(pick(p, i));
-            out.push((
-                spec.global_index,
-                NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data },
-            ));
+            for (k, (name, shape, part)) in spec.to_hf(&data).enumerate() {
+                let t = NamedTensor { name: name.to_string(), shape, data: part.to_vec() };
+                out.push(((spec.global_index, k), t));
+            }
         }
     }
     out
 }
 
-/// Named tensors gathered from every stage, in global order, each once (the tied LM head's
-/// copy is identical to the embedding's).
-pub fn in_global_order(mut tagged: Vec<(usize, NamedTensor)>) -> Vec<NamedTensor> {
+/// Named tensors gathered from every stage, in the model's order, each once (a tied output
+/// layer's copy is identical to the embedding's).
+pub fn in_global_order(mut tagged: Vec<((usize, usize), NamedTensor)>) -> Vec<NamedTensor> {
     tagged.sort_by_key(|(g, _)| *g);
     tagged.dedup_by_key(|(g, _)| *g);
     tagged.into_iter().map(|(_, t)| t).collect()
-}
-
-/// The checkpoint's config.json for this model.
-pub fn hf_config(c: &Config) -> HfGpt2Config {
-    HfGpt2Config {
-        vocab_size: c.vocab_size,
-        n_positions: c.max_position_embeddings,
-        n_embd: c.hidden_size,
-        n_layer: c.num_layers,
-        n_head: c.num_attention_heads,
-        n_inner: c.ffn_hidden_size,
-        resid_pdrop: c.hidden_dropout,
-        embd_pdrop: c.hidden_dropout,
-        attn_pdrop: c.attention_dropout,
-    }
-}
-
-/// A config for running a checkpoint's model (eval): its shape, dropout off.
-pub fn config_from_hf(h: &HfGpt2Config, seq_length: usize, micro_batch_size: usize) -> Config {
-    Config {
-        num_layers: h.n_layer,
-        hidden_size: h.n_embd,
-        num_attention_heads: h.n_head,
-        ffn_hidden_size: h.n_inner,
-        seq_length,
-        max_position_embeddings: h.n_positions,
-        vocab_size: h.vocab_size,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        micro_batch_size,
-        global_batch_size: micro_batch_size,
-        ..Config::default()
-    }
 }
 
 fn key_error(path: &Path, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
@@ -176,7 +168,7 @@ fn key_error(path: &Path, key: &str, msg: impl std::fmt::Display) -> anyhow::Err
 /// naming `pipeline_schedule` (the config read from `path`).
 pub fn lowered_schedule(cfg: &Config, path: &Path) -> anyhow::Result<(ScheduleKind, LoweredSchedule)> {
     let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-    let kind = cfg.schedule_kind().map_err(|e| key_error(path, "pipeline_schedule", e))?;
+    let kind = cfg.pipeline_schedule;
     let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
         key_error(
             path,
@@ -211,7 +203,7 @@ pub fn stage_layouts(cfg: &Config, path: &Path, stage: usize) -> anyhow::Result<
 /// `pipeline_schedule`.
 pub fn schedule_shape(cfg: &Config, path: &Path) -> anyhow::Result<schedules::Shape> {
     let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-    let kind = cfg.schedule_kind().map_err(|e| key_error(path, "pipeline_schedule", e))?;
+    let kind = cfg.pipeline_schedule;
     kind.shape(p, v, m)
         .map_err(|e| key_error(path, "pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))
 }

@@ -7,9 +7,8 @@
 use super::model;
 use super::report::StepReport;
 use crate::checkpoint::NamedTensor;
-use crate::config::Config;
+use crate::config::{Config, DeviceKind};
 use crate::data::TokenFile;
-use anyhow::Context;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
 use schedules::{LoweredSchedule, Shape};
@@ -287,12 +286,12 @@ impl Rank {
         Ok(all)
     }
 
-    /// This stage's parameters (or optimizer moments, per `pick`), tagged with their global
-    /// index.
+    /// This stage's parameters (or optimizer moments, per `pick`) as Hugging Face tensors,
+    /// tagged with their place in the model's order.
     pub fn named(
         &self,
         pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
-    ) -> Vec<(usize, NamedTensor)> {
+    ) -> Vec<((usize, usize), NamedTensor)> {
         assert!(
             self.pending_update.is_none(),
             "weights read with an update pending: apply_pending_update first"
@@ -306,15 +305,14 @@ impl Rank {
         for chunk in &mut self.stage.chunks {
             let p = &mut chunk.params;
             for i in 0..p.specs.len() {
-                for (name, target) in [
-                    (crate::checkpoint::exp_avg_name(&p.specs[i].name), &mut p.exp_avg[i]),
-                    (crate::checkpoint::exp_avg_sq_name(&p.specs[i].name), &mut p.exp_avg_sq[i]),
-                ] {
-                    let t = optimizer
-                        .iter()
-                        .find(|t| t.name == name)
-                        .with_context(|| format!("trainer state: no tensor `{name}`"))?;
-                    let host = dev.from_host(&t.data, target.shape(), kernels::Category::Workspace);
+                let moments: [(fn(&str) -> String, &mut kernels::Tensor); 2] = [
+                    (crate::checkpoint::exp_avg_name, &mut p.exp_avg[i]),
+                    (crate::checkpoint::exp_avg_sq_name, &mut p.exp_avg_sq[i]),
+                ];
+                for (name_of, target) in moments {
+                    let data = model::gather(&p.specs[i], optimizer, name_of)
+                        .map_err(|e| anyhow::anyhow!("trainer state: {e}"))?;
+                    let host = dev.from_host(&data, target.shape(), kernels::Category::Workspace);
                     dev.copy(target, &host);
                 }
             }
@@ -325,9 +323,9 @@ impl Rank {
 
 /// A stage's device: a CPU with its share of the cores, or the GPU.
 fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<Arc<dyn Device>> {
-    match cfg.device.as_str() {
-        "cuda" => cuda_device(cfg, cfg_path, local.sole_rank),
-        _ => Ok(Arc::new(CpuDevice::new(local.cpu_threads.max(1)))),
+    match cfg.device {
+        DeviceKind::Cuda => cuda_device(cfg, cfg_path, local.sole_rank),
+        DeviceKind::Cpu => Ok(Arc::new(CpuDevice::new(local.cpu_threads.max(1)))),
     }
 }
 
@@ -339,7 +337,10 @@ fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result
     use kernels::cuda::{CudaDevice, MatmulPrecision};
     let device_error =
         |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
-    let precision = if cfg.precision == "bf16" { MatmulPrecision::Bf16 } else { MatmulPrecision::Fp32 };
+    let precision = match cfg.precision {
+        crate::config::Precision::Bf16 => MatmulPrecision::Bf16,
+        crate::config::Precision::Fp32 => MatmulPrecision::Fp32,
+    };
     let ordinal = super::launch::local_gpu();
     let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
     let device = device.map_err(device_error)?;

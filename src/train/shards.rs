@@ -36,7 +36,7 @@ pub fn start_parts(
         let names: Vec<String> = model::stage_layouts(cfg, path, stage)?
             .iter()
             .flat_map(|l| chunk_param_specs(&shape, l))
-            .map(|spec| spec.name)
+            .flat_map(|spec| spec.hf.into_iter().map(|part| part.name))
             .collect();
         let pick = |all: &[NamedTensor], names: &[String]| -> Vec<NamedTensor> {
             all.iter().filter(|t| names.contains(&t.name)).cloned().collect()
@@ -67,7 +67,8 @@ pub fn decode_start(bytes: &[u8]) -> Result<RankStart, DistError> {
 }
 
 /// This rank's contribution to a checkpoint: its parameters and moments (tagged with their
-/// global index) from the first replica; nothing from the others, which hold the same.
+/// place in the model's order) from the first replica; nothing from the others, which hold
+/// the same.
 pub fn encode_stage(rank: &Rank) -> Vec<u8> {
     if rank.replica() != 0 {
         return Vec::new();
@@ -79,8 +80,9 @@ pub fn encode_stage(rank: &Rank) -> Vec<u8> {
         rank.named(|p, i| &p.exp_avg_sq[i]),
     ] {
         w.u64(tagged.len() as u64);
-        for (index, _) in &tagged {
+        for ((index, part), _) in &tagged {
             w.u64(*index as u64);
+            w.u64(*part as u64);
         }
         let tensors: Vec<NamedTensor> = tagged.into_iter().map(|(_, t)| t).collect();
         w.bytes(&encode_tensors(&tensors));
@@ -91,11 +93,11 @@ pub fn encode_stage(rank: &Rank) -> Vec<u8> {
 /// The whole model and its optimizer moments in global parameter order, from every rank's
 /// [`encode_stage`]: (model, exp_avg.* then exp_avg_sq.*).
 pub fn assemble(parts: &[Vec<u8>]) -> Result<(Vec<NamedTensor>, Vec<NamedTensor>), DistError> {
-    let mut lists: [Vec<(usize, NamedTensor)>; 3] = Default::default();
+    let mut lists: [Vec<((usize, usize), NamedTensor)>; 3] = Default::default();
     for part in parts.iter().filter(|p| !p.is_empty()) {
         let mut r = Reader(part);
         for list in &mut lists {
-            let indices = (0..r.usize()?).map(|_| r.usize()).collect::<Result<Vec<_>, _>>()?;
+            let indices = (0..r.usize()?).map(|_| Ok((r.usize()?, r.usize()?))).collect::<Result<Vec<_>, _>>()?;
             list.extend(indices.into_iter().zip(decode_tensors(&r.bytes()?)?));
         }
     }

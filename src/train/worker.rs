@@ -198,7 +198,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         aliases: cfg.aliases.clone(),
         sample: match (&final_model, args.quiet) {
             (Some(model), false) => {
-                crate::generate::greedy_sample(&model::hf_config(cfg), model, SAMPLE_TOKENS)
+                crate::generate::greedy_sample(&checkpoint::ModelConfig::of(cfg), model, SAMPLE_TOKENS)
             }
             _ => None,
         },
@@ -230,7 +230,7 @@ fn root_start(
     if let Some(ck) = &loaded {
         checkpoint::check_shapes(
             &ck.dir.join("model.safetensors"),
-            &checkpoint::expected_shapes(&model::hf_config(cfg)),
+            &checkpoint::expected_shapes(&checkpoint::ModelConfig::of(cfg)),
             &ck.model,
         )?;
     }
@@ -272,7 +272,7 @@ fn save(
     let Some(parts) = rank.collective().gather(&mine)? else { return Ok(None) };
     let (model, optimizer) = shards::assemble(&parts)?;
     let state = state.expect("rank 0 keeps the trainer state");
-    checkpoint::save_checkpoint(run_dir, &model::hf_config(cfg), &model, state, &optimizer)?;
+    checkpoint::save_checkpoint(run_dir, &checkpoint::ModelConfig::of(cfg), &model, state, &optimizer)?;
     Ok(Some(model))
 }
 

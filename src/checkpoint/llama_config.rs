@@ -1,0 +1,276 @@
+//! `config.json` in Hugging Face's LlamaConfig format, for every model that is not GPT-2's
+//! architecture: written so that `transformers.LlamaForCausalLM.from_pretrained(dir)`
+//! builds the same model, and read back (from pipetrain or from Hugging Face).
+//!
+//! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
+//! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
+//! Megatron's keys for what differs, so that transformers refuses it instead of building
+//! another model.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+use stages::{Activation, Architecture, Norm, Positions};
+
+use crate::config::Named;
+use crate::error::user_error;
+
+/// A decoder's sizes and architecture, in Hugging Face's LlamaConfig terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub arch: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub max_position_embeddings: usize,
+    /// Megatron's hidden_dropout (Llama has none; kept for a pipetrain run's record).
+    pub hidden_dropout: f32,
+    pub attention_dropout: f32,
+}
+
+/// What LlamaForCausalLM builds: RMSNorm, rotary positions and a SwiGLU MLP.
+fn llama_can_express(arch: &Architecture) -> bool {
+    arch.norm == Norm::RmsNorm
+        && matches!(arch.positions, Positions::Rotary { .. })
+        && arch.activation == Activation::SwiGlu
+}
+
+impl LlamaConfig {
+    /// Whether `transformers.LlamaForCausalLM` can load this model.
+    pub fn is_llama(&self) -> bool {
+        llama_can_express(&self.arch)
+    }
+
+    pub fn to_json(&self) -> Value {
+        let a = &self.arch;
+        let rope_theta = match a.positions {
+            Positions::Rotary { base } => decimal(base),
+            Positions::Learned => Value::Null,
+        };
+        let mut j = json!({
+            "model_type": if self.is_llama() { "llama" } else { "pipetrain" },
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.hidden_size / self.num_attention_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "rms_norm_eps": decimal(a.norm_eps),
+            "rope_theta": rope_theta,
+            "rope_scaling": null,
+            "attention_bias": a.linear_bias,
+            "mlp_bias": a.linear_bias,
+            "attention_dropout": decimal(self.attention_dropout),
+            "tie_word_embeddings": a.tied_output,
+            "initializer_range": decimal(a.init_std),
+            "torch_dtype": "float32",
+            "use_cache": true,
+        });
+        if !self.is_llama() {
+            let extra = j.as_object_mut().expect("an object");
+            extra.insert("normalization".into(), json!(a.norm.name()));
+            extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
+            let positions = match a.positions {
+                Positions::Learned => "learned_absolute",
+                Positions::Rotary { .. } => "rope",
+            };
+            extra.insert("position_embedding_type".into(), json!(positions));
+            extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
+            extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
+        }
+        j
+    }
+
+    /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's) or
+    /// "pipetrain"; `path` names the file in errors. Settings that would make another model
+    /// than the one pipetrain runs (rope scaling, another activation) are refused.
+    pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
+        let bad = |what: String| user_error(format!("{}: {what}", path.display()));
+        let int = |key: &str| -> anyhow::Result<usize> {
+            match obj.get(key) {
+                Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{key} is {v}, not a count"))),
+                None => Err(bad(format!("missing {key}"))),
+            }
+        };
+        let float = |key: &str, default: f64| -> anyhow::Result<f32> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(default as f32),
+                Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
+            }
+        };
+        let flag = |key: &str, default: bool| -> anyhow::Result<bool> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key} is {v}, not true or false"))),
+            }
+        };
+        let pipetrain = obj.get("model_type").and_then(Value::as_str) == Some("pipetrain");
+        if let Some(v) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(bad(format!("rope_scaling is {v}; pipetrain's rotary embedding takes none")));
+        }
+        // transformers 5 nests the base in rope_parameters; earlier ones and most published
+        // checkpoints write rope_theta beside the other keys.
+        let rope_theta = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
+            Some(params) => {
+                let kind = params.get("rope_type").and_then(Value::as_str).unwrap_or("default");
+                if kind != "default" {
+                    return Err(bad(format!("rope_parameters has rope_type {kind:?}; pipetrain's rotary embedding is \"default\"")));
+                }
+                params.get("rope_theta").and_then(Value::as_f64).ok_or_else(|| bad("rope_parameters has no rope_theta".into()))?
+                    as f32
+            }
+            None => float("rope_theta", 10000.0)?,
+        };
+        if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
+            return Err(bad(format!("hidden_act is {v}, pipetrain's Llama needs \"silu\"")));
+        }
+        let heads = int("num_attention_heads")?;
+        let hidden = int("hidden_size")?;
+        if heads == 0 || !hidden.is_multiple_of(heads) {
+            return Err(bad(format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}")));
+        }
+        if let Some(v) = obj.get("head_dim").filter(|v| !v.is_null() && v.as_u64() != Some((hidden / heads) as u64)) {
+            return Err(bad(format!("head_dim is {v}, pipetrain needs hidden_size / num_attention_heads = {}", hidden / heads)));
+        }
+        let kv = match obj.get("num_key_value_heads") {
+            None | Some(Value::Null) => heads,
+            Some(_) => int("num_key_value_heads")?,
+        };
+        if kv == 0 || !heads.is_multiple_of(kv) {
+            return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
+        }
+        let attention_bias = flag("attention_bias", false)?;
+        if flag("mlp_bias", false)? != attention_bias {
+            return Err(bad("attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into()));
+        }
+        let norm = match obj.get("normalization").and_then(Value::as_str) {
+            Some(name) if pipetrain => <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?,
+            _ => Norm::RmsNorm,
+        };
+        let learned = pipetrain && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
+        let swiglu = !pipetrain || flag("swiglu", true)?;
+        let arch = Architecture {
+            norm,
+            norm_eps: float("rms_norm_eps", 1e-6)?,
+            positions: if learned { Positions::Learned } else { Positions::Rotary { base: rope_theta } },
+            activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
+            linear_bias: attention_bias,
+            tied_output: flag("tie_word_embeddings", false)?,
+            init_std: float("initializer_range", 0.02)?,
+        };
+        Ok(LlamaConfig {
+            arch,
+            vocab_size: int("vocab_size")?,
+            hidden_size: hidden,
+            intermediate_size: int("intermediate_size")?,
+            num_hidden_layers: int("num_hidden_layers")?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            max_position_embeddings: int("max_position_embeddings")?,
+            hidden_dropout: float("hidden_dropout", 0.0)?,
+            attention_dropout: float("attention_dropout", 0.0)?,
+        })
+    }
+}
+
+/// `x` as the shortest decimal that reads back as the same f32 (0.1, not 0.10000000149011612).
+pub fn decimal(x: f32) -> Value {
+    json!(x.to_string().parse::<f64>().expect("an f32 prints as a number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama() -> LlamaConfig {
+        LlamaConfig {
+            arch: Architecture { tied_output: false, ..Architecture::llama(500000.0, 1e-5) },
+            vocab_size: 128256,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            max_position_embeddings: 8192,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        }
+    }
+
+    fn parse(j: &Value) -> anyhow::Result<LlamaConfig> {
+        LlamaConfig::from_json(Path::new("d/config.json"), j.as_object().unwrap())
+    }
+
+    #[test]
+    fn round_trips_llama_and_the_mixtures_llama_cannot_name() {
+        assert_eq!(parse(&llama().to_json()).unwrap(), llama());
+        assert_eq!(llama().to_json()["model_type"], "llama");
+        let mixed = LlamaConfig {
+            arch: Architecture { norm: Norm::LayerNorm, positions: Positions::Learned, ..llama().arch },
+            hidden_dropout: 0.1,
+            ..llama()
+        };
+        assert_eq!(mixed.to_json()["model_type"], "pipetrain");
+        assert_eq!(parse(&mixed.to_json()).unwrap(), mixed);
+    }
+
+    #[test]
+    fn reads_meta_llama_3_8b() {
+        // The config.json of meta-llama/Meta-Llama-3-8B on the Hugging Face hub.
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+            "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+            "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256}"#,
+        )
+        .unwrap();
+        assert_eq!(parse(&hub).unwrap(), llama());
+    }
+
+    #[test]
+    fn reads_the_rope_base_where_transformers_5_nests_it() {
+        let mut j = llama().to_json();
+        let o = j.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.insert("rope_parameters".into(), json!({"rope_theta": 500000.0, "rope_type": "default"}));
+        assert_eq!(parse(&j).unwrap(), llama());
+        j["rope_parameters"]["rope_type"] = json!("yarn");
+        assert_eq!(
+            parse(&j).unwrap_err().to_string(),
+            "d/config.json: rope_parameters has rope_type \"yarn\"; pipetrain's rotary embedding is \"default\""
+        );
+    }
+
+    #[test]
+    fn refuses_what_pipetrain_does_not_run() {
+        let err = |edit: &dyn Fn(&mut Value)| {
+            let mut j = llama().to_json();
+            edit(&mut j);
+            parse(&j).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err(&|j| j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})),
+            "d/config.json: rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}; pipetrain's rotary embedding takes none"
+        );
+        assert_eq!(err(&|j| j["hidden_act"] = json!("gelu")), "d/config.json: hidden_act is \"gelu\", pipetrain's Llama needs \"silu\"");
+        assert_eq!(
+            err(&|j| j["num_key_value_heads"] = json!(5)),
+            "d/config.json: num_key_value_heads 5 does not divide num_attention_heads 32"
+        );
+        assert_eq!(
+            err(&|j| j["head_dim"] = json!(64)),
+            "d/config.json: head_dim is 64, pipetrain needs hidden_size / num_attention_heads = 128"
+        );
+        assert_eq!(err(&|j| j.as_object_mut().unwrap().remove("vocab_size").map(drop).unwrap()), "d/config.json: missing vocab_size");
+    }
+}

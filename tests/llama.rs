@@ -1,0 +1,135 @@
+//! The Llama family through Megatron's flags: each flag alone and all together train, bitwise
+//! equal across every schedule, stage count and recompute policy, with the activation
+//! memory the model predicts; impossible combinations are one line and exit 2.
+
+mod common;
+use common::*;
+
+/// The small model of `common` with every flag of the Llama family: RMSNorm, rotary
+/// positions, SwiGLU, 4 heads over 2 key/value groups, no biases, an untied output layer.
+const LLAMA: &[(&str, &str)] = &[
+    ("normalization", "RMSNorm"),
+    ("position-embedding-type", "rope"),
+    ("swiglu", "true"),
+    ("group-query-attention", "true"),
+    ("num-query-groups", "2"),
+    ("untie-embeddings-and-output-weights", "true"),
+    ("disable-bias-linear", "true"),
+    ("ffn-hidden-size", "48"),
+];
+
+fn llama(extra: &[(&str, String)]) -> Vec<String> {
+    let mut all: Vec<(&str, String)> = LLAMA.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    all.extend(extra.iter().cloned());
+    flags(&all)
+}
+
+#[test]
+fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
+    let dir = temp_dir("llama-bitwise");
+    let gb = ("global-batch-size", "8".to_string());
+    let base = run_small(&dir, "p1", &llama(std::slice::from_ref(&gb)));
+    let (base_losses, base_weights) = (losses(&base), weights(&base));
+    let policies = [
+        vec![],
+        full_recompute("uniform", "2"),
+        full_recompute("block", "1"),
+        selective_recompute("core_attn"),
+        selective_recompute("mlp"),
+        selective_recompute("core_attn,mlp,layernorm"),
+    ];
+    for (i, policy) in policies.iter().enumerate() {
+        for (schedule, p) in [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
+        {
+            let mut f = vec![
+                gb.clone(),
+                ("pipeline-schedule", schedule.to_string()),
+                ("pipeline-model-parallel-size", p.to_string()),
+            ];
+            if schedule == "interleaved-1f1b" {
+                f.push(("virtual-pipeline-model-parallel-size", "2".into()));
+            }
+            f.extend(policy.iter().cloned());
+            let name = format!("{schedule}-p{p}-policy{i}");
+            let r = run_small(&dir, &name, &llama(&f));
+            assert_eq!(losses(&r), base_losses, "{name}: losses differ from p=1");
+            assert!(weights(&r) == base_weights, "{name}: final weights differ from p=1");
+            for (stage, s) in report(&r)["stages"].as_array().unwrap().iter().enumerate() {
+                let measured = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+                let predicted = s["predicted_activation_peak_bytes"].as_u64().unwrap();
+                assert_eq!(measured, predicted, "{name} stage {stage}: activation bytes");
+            }
+        }
+    }
+}
+
+#[test]
+fn each_flag_alone_trains_and_pipelines_bitwise() {
+    let dir = temp_dir("llama-each-flag");
+    let gb = ("global-batch-size", "4".to_string());
+    let alone: [&[(&str, &str)]; 6] = [
+        &[("normalization", "RMSNorm")],
+        &[("position-embedding-type", "rope")],
+        &[("swiglu", "true")],
+        &[("group-query-attention", "true"), ("num-query-groups", "1")],
+        &[("untie-embeddings-and-output-weights", "true")],
+        &[("disable-bias-linear", "true")],
+    ];
+    let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
+    for (i, set) in alone.iter().enumerate() {
+        let mut f: Vec<(&str, String)> = set.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        f.push(gb.clone());
+        let one = run_small(&dir, &format!("flag{i}-p1"), &flags(&f));
+        f.push(("pipeline-model-parallel-size", "2".into()));
+        let two = run_small(&dir, &format!("flag{i}-p2"), &flags(&f));
+        assert_eq!(losses(&one), losses(&two), "{set:?}: p=2 differs from p=1");
+        assert!(weights(&one) == weights(&two), "{set:?}: weights differ");
+        assert_ne!(losses(&one), gpt2, "{set:?} changed nothing");
+    }
+}
+
+#[test]
+fn init_method_std_scales_the_initial_weights() {
+    let dir = temp_dir("llama-init-std");
+    let first_loss = |std: &str| {
+        let r = run_small(&dir, &format!("std{std}"), &llama(&[("init-method-std", std.to_string())]));
+        losses(&r)[0].1
+    };
+    assert_ne!(first_loss("0.02"), first_loss("0.2"));
+}
+
+#[test]
+fn impossible_combinations_are_one_line() {
+    let dir = temp_dir("llama-bad");
+    let data = synthetic_data(&dir);
+    let cfg = write_config(
+        &dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    );
+    let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--group-query-attention", "true", "--num-query-groups", "3"],
+            "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
+        ),
+        (&["--group-query-attention", "true"], "key `group_query_attention`: true needs num_query_groups"),
+        (&["--num-query-groups", "2"], "command line: --num-query-groups 2: 2 needs group_query_attention: true"),
+        (
+            &["--position-embedding-type", "rope", "--hidden-size", "36", "--num-attention-heads", "4"],
+            "rope rotates pairs of channels and needs an even head size; hidden_size 36 / num_attention_heads 4 is 9",
+        ),
+        (
+            &["--position-embedding-type", "rope", "--seq-length", "32", "--max-position-embeddings", "16"],
+            "command line: --seq-length 32: 32 exceeds max_position_embeddings 16",
+        ),
+        (&["--normalization", "rmsnorm"], "`rmsnorm` is not one of LayerNorm, RMSNorm"),
+        (&["--position-embedding-type", "alibi"], "unknown variant `alibi`, expected `learned_absolute` or `rope`"),
+        (&["--norm-epsilon", "0"], "command line: --norm-epsilon 0: 0 must be a finite number > 0"),
+    ];
+    for (args, needle) in cases {
+        let o = run(args);
+        assert_user_error(&o, needle);
+        assert!(!dir.join("run").exists(), "{args:?} made the run dir");
+    }
+}
