@@ -62,12 +62,14 @@ fn main() {
     let attn = drop(DropoutSite::AttentionProbs);
 
     time("layernorm fwd", 0.0, &mut || {
-        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln)
+        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln, 1e-5)
     });
     time("matmul fwd qkv", mm(n, C, 3 * C), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
-    time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH));
+    time("attention fwd", 0.0, &mut || {
+        dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH, NH)
+    });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
     });
@@ -97,7 +99,7 @@ fn main() {
     });
     time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
     time("attention bwd", 0.0, &mut || {
-        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH)
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH, NH)
     });
     time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);

@@ -106,7 +106,7 @@ impl Gpt2 {
         let mut ln = new(c); // [1,C]
         let (mut mean, mut rstd) = (new(1), new(1)); // [1] each
         for (block, (keys, values)) in self.blocks.iter().zip(&mut cache.layers) {
-            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &block.ln_1.0, &block.ln_1.1);
+            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &block.ln_1.0, &block.ln_1.1, 1e-5);
             let mut qkv = new(3 * c); // [1,3C]
             dev.matmul_forward(&mut qkv, &ln, &block.c_attn.0, WeightLayout::InOut, Some(&block.c_attn.1));
             let qkv = dev.to_host(&qkv);
@@ -124,7 +124,7 @@ impl Gpt2 {
             );
             let mut x1 = new(c); // [1,C]
             dev.add(&mut x1, &x, &proj);
-            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x1, &block.ln_2.0, &block.ln_2.1);
+            dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x1, &block.ln_2.0, &block.ln_2.1, 1e-5);
             let f = self.config.ffn_size();
             let (mut fc, mut gelu) = (new(f), new(f)); // [1,F] each
             dev.matmul_forward(&mut fc, &ln, &block.c_fc.0, WeightLayout::InOut, Some(&block.c_fc.1));
@@ -148,7 +148,7 @@ impl Gpt2 {
         let mut ln = dev.empty(&[1, self.config.n_embd], Category::Workspace); // [1,C]
         let (mut mean, mut rstd) =
             (dev.empty(&[1], Category::Workspace), dev.empty(&[1], Category::Workspace));
-        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, x, &self.ln_f.0, &self.ln_f.1);
+        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, x, &self.ln_f.0, &self.ln_f.1, 1e-5);
         let mut logits = dev.empty(&[1, self.config.vocab_size], Category::Workspace); // [1,V]
         dev.matmul_forward(&mut logits, &ln, &self.wte, WeightLayout::OutIn, None);
         dev.to_host(&logits)

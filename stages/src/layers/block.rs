@@ -102,14 +102,14 @@ impl Block<'_> {
         let mut ln1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let mut ln1_mean = dev.zeros(&[b, t], keep_as); // [B,T]
         let mut ln1_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
-        dev.layernorm_forward(&mut ln1, &mut ln1_mean, &mut ln1_rstd, &x, &w[LN1_W], &w[LN1_B]);
+        dev.layernorm_forward(&mut ln1, &mut ln1_mean, &mut ln1_rstd, &x, &w[LN1_W], &w[LN1_B], 1e-5);
         let mut qkv = act(&[b, t, 3 * c], keep_as); // [B,T,3C]
         dev.matmul_forward(&mut qkv, &ln1, &w[ATTN_W], WeightLayout::InOut, Some(&w[ATTN_B]));
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
         let mut att = attention_saved(dev, s, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, c], keep_as); // [B,T,C]
-        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads);
+        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads, s.heads);
         let mut attproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.matmul_forward(&mut attproj, &atty, &w[ATTN_PROJ_W], WeightLayout::InOut, Some(&w[ATTN_PROJ_B]));
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
@@ -121,7 +121,7 @@ impl Block<'_> {
         let mut ln2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let mut ln2_mean = dev.zeros(&[b, t], keep_as); // [B,T]
         let mut ln2_rstd = dev.zeros(&[b, t], keep_as); // [B,T]
-        dev.layernorm_forward(&mut ln2, &mut ln2_mean, &mut ln2_rstd, &residual, &w[LN2_W], &w[LN2_B]);
+        dev.layernorm_forward(&mut ln2, &mut ln2_mean, &mut ln2_rstd, &residual, &w[LN2_W], &w[LN2_B], 1e-5);
         let mut fch = act(&[b, t, f], keep_as); // [B,T,F]
         dev.matmul_forward(&mut fch, &ln2, &w[FC_W], WeightLayout::InOut, Some(&w[FC_B]));
         let mut fch_gelu = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
@@ -234,12 +234,12 @@ impl Block<'_> {
         let att = acts.att.unwrap_or_else(|| {
             recompute.time(dev, || {
                 let mut att = attention_saved(dev, s, att_drop, Category::Workspace);
-                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads);
+                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads, s.heads);
                 att
             })
         });
         let mut dqkv = ws(&[b, t, 3 * c]); // [B,T,3C]
-        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads);
+        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads, s.heads);
         push(weight_grads, grads, target(ATTN_PROJ_W), Arc::new(acts.atty), dattproj);
         drop(att);
         drop(datty);
@@ -287,6 +287,6 @@ fn recompute_layernorm(dev: &dyn Device, inp: &Tensor, w: &Tensor, b: &Tensor, s
     let rows = &shape[..shape.len() - 1];
     let mut mean = dev.zeros(rows, Category::Workspace);
     let mut rstd = dev.zeros(rows, Category::Workspace);
-    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, inp, w, b);
+    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, inp, w, b, 1e-5);
     out
 }

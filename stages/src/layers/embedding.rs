@@ -15,7 +15,7 @@ pub fn forward(
 ) -> Tensor {
     let mut out =
         dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
-    dev.embedding_forward(&mut out, tokens, wte, wpe);
+    dev.embedding_forward(&mut out, tokens, wte, Some(wpe));
     match dropout.spec(0, DropoutSite::Embedding) {
         Some(spec) => {
             let mut dropped = dev.zeros_of(out.dtype(), out.shape(), Category::Workspace);
@@ -43,5 +43,5 @@ pub fn backward(
         }
         None => dout,
     };
-    dev.embedding_backward(dwte, dwpe, &dout, tokens);
+    dev.embedding_backward(dwte, Some(dwpe), &dout, tokens);
 }

@@ -49,7 +49,7 @@ pub fn forward(
     let mut lnf = dev.zeros_of(x.dtype(), &[b, t, c], Category::Workspace); // [B,T,C]
     let mut mean = dev.zeros(&[b, t], keep); // [B,T]
     let mut rstd = dev.zeros(&[b, t], keep); // [B,T]
-    dev.layernorm_forward(&mut lnf, &mut mean, &mut rstd, &x, ln_w, ln_b);
+    dev.layernorm_forward(&mut lnf, &mut mean, &mut rstd, &x, ln_w, ln_b, 1e-5);
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
     let Some(grad) = grad else {
         dev.classifier(&mut losses, &lnf, wte, targets, None);
@@ -57,7 +57,7 @@ pub fn forward(
     };
     // The logits [B,T,V] and their gradient live only inside the classifier.
     let mut dlnf = dev.zeros_of(x.dtype(), &[b, t, c], Category::Activations); // [B,T,C]
-    let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dlnf, dwte: grad.dwte };
+    let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dlnf, dweight: grad.dwte };
     dev.classifier(&mut losses, &lnf, wte, targets, Some(head_grad));
     (losses, Some(HeadActs { input: x, mean, rstd, dlnf }))
 }
