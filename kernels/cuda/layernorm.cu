@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension (eps 1e-5, as GPT-2), statistics in fp32.
+// LayerNorm over the last dimension, statistics in fp32.
 // One warp per row for the row-wise passes; the parameter gradients are column sums,
 // reduced in two fixed stages (per chunk of rows here, then `add_partials` in bias.cu) so
 // the result does not depend on scheduling.
@@ -8,12 +8,12 @@
 // sums fp32, the arithmetic fp32.
 #include "common.cuh"
 
-#define LN_EPS 1e-5f
-
-// out = (x - mean) * rstd * weight + bias; mean and rstd saved per row for backward.
+// out = (x - mean) * rstd * weight + bias with rstd = 1 / sqrt(var + eps); mean and rstd
+// saved per row for backward.
 template <typename T>
 __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, float* rstd, const T* inp,
-                                                       const float* weight, const float* bias, int N, int C) {
+                                                       const float* weight, const float* bias, int N, int C,
+                                                       float eps) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
@@ -26,7 +26,7 @@ __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, floa
         const float d = to_float(x[c]) - m;
         sq += d * d;
     }
-    const float s = 1.0f / sqrtf(warp_sum(sq) / C + LN_EPS);
+    const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
     T* y = out + (unsigned long long)row * C;
     for (int c = lane; c < C; c += WARP_SIZE) store(y + c, (to_float(x[c]) - m) * s * weight[c] + bias[c]);
     if (lane == 0) {
@@ -36,13 +36,14 @@ __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, floa
 }
 
 extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                             const float* weight, const float* bias, int N, int C) {
-    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C);
+                                             const float* weight, const float* bias, int N, int C, float eps) {
+    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
 extern "C" __global__ void layernorm_forward_bf16(bf16* out, float* mean, float* rstd, const bf16* inp,
-                                                  const float* weight, const float* bias, int N, int C) {
-    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C);
+                                                  const float* weight, const float* bias, int N, int C,
+                                                  float eps) {
+    layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
 // dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),

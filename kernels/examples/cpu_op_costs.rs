@@ -1,16 +1,33 @@
 //! Times every op of one GPT-2-124M transformer block (forward and backward) and of the LM
 //! head with its loss on a CpuDevice, against the matmul peak of the same run: how much of a
-//! training step the non-matmul kernels cost.
+//! training step the non-matmul kernels cost. Then the same for a Llama block of the same
+//! width (RMSNorm, RoPE, 12 query heads on 4 key/value heads, SwiGLU of 2048), and each
+//! block's forward as a share of the matmul peak: what its MFU would be.
 //!
 //! cargo run --release -p kernels --example cpu_op_costs -- [threads] [micro_batch] [seq_len]
 
 use kernels::cpu::{cross_entropy, measure_matmul_peak, CpuDevice};
 use kernels::{AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use std::cell::Cell;
 use std::time::Instant;
 
 const C: usize = 768;
 const NH: usize = 12;
 const V: usize = 50257;
+/// The Llama block's key/value heads, head size and SwiGLU width.
+const KV: usize = 4;
+const HS: usize = C / NH;
+const F: usize = 2048;
+
+/// Which part of the step an op belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Gpt2Forward,
+    Gpt2Backward,
+    Head,
+    LlamaForward,
+    LlamaBackward,
+}
 
 fn main() {
     let arg =
@@ -28,8 +45,9 @@ fn main() {
     };
     let drop =
         |site| DropoutSpec { p: 0.1, key: DropoutKey { seed: 1, step: 1, microbatch: 0, layer: 0, site } };
-    let mut rows: Vec<(&str, f64, f64)> = Vec::new(); // (op, seconds, matmul FLOPs)
-                                                      // One warm-up, then the best of up to 5 runs within half a second (the machine is shared).
+    let part = Cell::new(Part::Gpt2Forward);
+    let mut rows: Vec<(Part, &str, f64, f64)> = Vec::new(); // (part, op, seconds, matmul FLOPs)
+                                                            // One warm-up, then the best of up to 5 runs within half a second (the machine is shared).
     let mut time = |name: &'static str, flops: f64, f: &mut dyn FnMut()| {
         f();
         let (mut best, mut spent) = (f64::MAX, 0.0);
@@ -42,7 +60,7 @@ fn main() {
                 break;
             }
         }
-        rows.push((name, best, flops));
+        rows.push((part.get(), name, best, flops));
     };
     let mm = |rows_: usize, ic: usize, oc: usize| 2.0 * (rows_ * ic * oc) as f64;
 
@@ -62,12 +80,14 @@ fn main() {
     let attn = drop(DropoutSite::AttentionProbs);
 
     time("layernorm fwd", 0.0, &mut || {
-        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln)
+        dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &w_ln, &b_ln, 1e-5)
     });
     time("matmul fwd qkv", mm(n, C, 3 * C), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
-    time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH));
+    time("attention fwd", 0.0, &mut || {
+        dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH, NH)
+    });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
     });
@@ -81,6 +101,7 @@ fn main() {
         dev.matmul_forward(&mut o, &g, &w_pr, WeightLayout::InOut, None)
     });
 
+    part.set(Part::Gpt2Backward);
     let (mut dx, mut dln, mut dqkv, mut dy) = (z(&[n, C]), z(&[n, C]), z(&[b, t, 3 * C]), z(&[n, C]));
     let (mut dh, mut dg) = (z(&[n, 4 * C]), z(&[n, 4 * C]));
     let (mut dw_qkv, mut db_qkv, mut dw_fc, mut dw_pr) =
@@ -97,7 +118,7 @@ fn main() {
     });
     time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
     time("attention bwd", 0.0, &mut || {
-        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH)
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH, NH)
     });
     time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
@@ -108,6 +129,7 @@ fn main() {
     });
     time("accumulate", 0.0, &mut || dev.accumulate(&mut dx, &dy));
 
+    part.set(Part::Head);
     let wte = filled(&[V, C], 9);
     let mut dwte = z(&[V, C]);
     let mut logits = z(&[n, V]);
@@ -143,24 +165,98 @@ fn main() {
         std::hint::black_box(dev.sum_squares(&param_grad));
     });
 
+    // The Llama block: nn.Linear weights (OutIn), no biases, no dropout.
+    part.set(Part::LlamaForward);
+    let qkv_width = (NH + 2 * KV) * HS;
+    let (w_norm, w_qkv, w_o, w_fc, w_pr) = (
+        filled(&[C], 12),
+        filled(&[qkv_width, C], 13),
+        filled(&[C, C], 14),
+        filled(&[2 * F, C], 15),
+        filled(&[C, F], 16),
+    );
+    let (mut qkv, mut h, mut g) = (z(&[b, t, qkv_width]), z(&[n, 2 * F]), z(&[n, F]));
+    let mut saved = AttentionSaved::Probabilities { probs: z(&[b, NH, t, t]), dropped: None };
+    time("rmsnorm fwd", 0.0, &mut || dev.rmsnorm_forward(&mut ln, &mut rstd, &x, &w_norm, 1e-5));
+    time("matmul fwd qkv", mm(n, C, qkv_width), &mut || {
+        dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None)
+    });
+    time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0));
+    time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV));
+    time("matmul fwd proj", mm(n, C, C), &mut || {
+        dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::OutIn, None)
+    });
+    time("residual add", 0.0, &mut || dev.add(&mut res, &o, &x));
+    time("matmul fwd fc", mm(n, C, 2 * F), &mut || {
+        dev.matmul_forward(&mut h, &ln, &w_fc, WeightLayout::OutIn, None)
+    });
+    time("swiglu fwd", 0.0, &mut || dev.swiglu_forward(&mut g, &h));
+    time("matmul fwd fc proj", mm(n, F, C), &mut || {
+        dev.matmul_forward(&mut o, &g, &w_pr, WeightLayout::OutIn, None)
+    });
+
+    part.set(Part::LlamaBackward);
+    let (mut dqkv, mut dh, mut dg) = (z(&[b, t, qkv_width]), z(&[n, 2 * F]), z(&[n, F]));
+    let (mut dw_qkv, mut dw_fc, mut dw_pr) = (z(&[qkv_width, C]), z(&[2 * F, C]), z(&[C, F]));
+    time("matmul bwd fc proj", 2.0 * mm(n, F, C), &mut || {
+        dev.matmul_backward_input(&mut dg, &o, &w_pr, WeightLayout::OutIn);
+        dev.matmul_backward_weight(&mut dw_pr, None, &o, &g, WeightLayout::OutIn);
+    });
+    time("swiglu bwd", 0.0, &mut || dev.swiglu_backward(&mut dh, &h, &dg));
+    time("matmul bwd fc", 2.0 * mm(n, C, 2 * F), &mut || {
+        dev.matmul_backward_input(&mut dln, &dh, &w_fc, WeightLayout::OutIn);
+        dev.matmul_backward_weight(&mut dw_fc, None, &dh, &ln, WeightLayout::OutIn);
+    });
+    time("attention bwd", 0.0, &mut || {
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, None, NH, KV)
+    });
+    time("rope bwd", 0.0, &mut || dev.rope_backward(&mut dqkv, NH, KV, 10_000.0));
+    time("matmul bwd qkv", 2.0 * mm(n, C, qkv_width), &mut || {
+        dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::OutIn);
+        dev.matmul_backward_weight(&mut dw_qkv, None, &dqkv, &ln, WeightLayout::OutIn);
+    });
+    time("rmsnorm bwd", 0.0, &mut || dev.rmsnorm_backward(&mut dx, &mut dw_ln, &dln, &x, &w_norm, &rstd));
+
     println!("{} | B={b} T={t} | matmul peak {:.1} GFLOP/s", dev.name(), peak / 1e9);
-    for (name, secs, flops) in &rows {
-        let rate = if *flops > 0.0 {
-            format!("{:5.1}% of peak", 100.0 * flops / secs / peak)
-        } else {
-            String::new()
-        };
-        println!("{name:>20} {:9.3} ms  {rate}", secs * 1e3);
+    let titles = [
+        (Part::Gpt2Forward, "GPT-2 block forward"),
+        (Part::Gpt2Backward, "GPT-2 block backward"),
+        (Part::Head, "LM head, loss, optimizer"),
+        (Part::LlamaForward, "Llama block forward (KV 4, SwiGLU 2048)"),
+        (Part::LlamaBackward, "Llama block backward"),
+    ];
+    for (which, title) in titles {
+        println!("-- {title}");
+        for (_, name, secs, flops) in rows.iter().filter(|r| r.0 == which) {
+            let rate = if *flops > 0.0 {
+                format!("{:5.1}% of peak", 100.0 * flops / secs / peak)
+            } else {
+                String::new()
+            };
+            println!("{name:>20} {:9.3} ms  {rate}", secs * 1e3);
+        }
     }
-    let (mm_time, other): (Vec<&(&str, f64, f64)>, Vec<_>) = rows.iter().partition(|r| r.2 > 0.0);
-    let sum = |rs: &[&(&str, f64, f64)]| rs.iter().map(|r| r.1).sum::<f64>();
-    let flops: f64 = mm_time.iter().map(|r| r.2).sum();
-    let (mm_s, other_s) = (sum(&mm_time), sum(&other));
+    type Row<'a> = (Part, &'a str, f64, f64);
+    let sum = |rs: &[&Row], i: fn(&Row) -> f64| rs.iter().map(|r| i(r)).sum::<f64>();
+    let gpt2: Vec<&Row> =
+        rows.iter().filter(|r| !matches!(r.0, Part::LlamaForward | Part::LlamaBackward)).collect();
+    let (mm_time, other): (Vec<&Row>, Vec<_>) = gpt2.iter().partition(|r| r.3 > 0.0);
+    let flops = sum(&mm_time, |r| r.3);
+    let (mm_s, other_s) = (sum(&mm_time, |r| r.2), sum(&other, |r| r.2));
     println!(
-        "matmul {:.1} ms at {:.1}% of peak; everything else {:.1} ms = {:.1}% of the total",
+        "GPT-2: matmul {:.1} ms at {:.1}% of peak; everything else {:.1} ms = {:.1}% of the total",
         mm_s * 1e3,
         100.0 * flops / mm_s / peak,
         other_s * 1e3,
         100.0 * other_s / (mm_s + other_s)
     );
+    for (which, model) in [(Part::Gpt2Forward, "GPT-2"), (Part::LlamaForward, "Llama")] {
+        let forward: Vec<&Row> = rows.iter().filter(|r| r.0 == which).collect();
+        let (flops, secs) = (sum(&forward, |r| r.3), sum(&forward, |r| r.2));
+        println!(
+            "{model} block forward: {:.1} ms, {:.1}% of the matmul peak",
+            secs * 1e3,
+            100.0 * flops / secs / peak
+        );
+    }
 }

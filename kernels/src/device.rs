@@ -1,16 +1,22 @@
-//! The device abstraction: every op of a GPT-2 training step, as one trait that the CPU
-//! backend implements now and the CUDA backend (feature `cuda`) implements beside it.
+//! The device abstraction: every op of a GPT-2 or Llama training step, as one trait that the
+//! CPU backend implements now and the CUDA backend (feature `cuda`) implements beside it (the
+//! GPT-2 ops only: its fused attention is multi-head, and it has no RMSNorm, RoPE or SwiGLU).
 //!
 //! Conventions, shared by every backend:
 //! - All tensors are row-major. Parameters, their gradients, optimizer moments, LayerNorm
 //!   statistics and losses are f32; activations and their gradients are stored in the
 //!   device's [`Device::activation_dtype`]: bf16 on a CUDA device under `precision: bf16`,
 //!   f32 everywhere else. Every op computes in f32 and rounds once when it stores bf16.
-//! - Shapes in comments: B batch, T sequence, C channels, NH heads, V vocabulary,
-//!   N = B*T rows, IC/OC matmul in/out channels.
-//! - Row-wise ops (layernorm, matmul, classifier, bias) take the last dimension as the
-//!   row width and treat every leading dimension as rows: a [B,T,C] tensor is N = B*T rows.
-//!   Attention reads B and T from `qkv`'s shape [B,T,3C] and NH from `n_head`.
+//! - Shapes in comments: B batch, T sequence, C channels, NH query heads, KV key/value heads,
+//!   hs head size, V vocabulary, N = B*T rows, IC/OC matmul in/out channels, F the SwiGLU
+//!   hidden width.
+//! - Row-wise ops (layernorm, rmsnorm, swiglu, matmul, classifier, bias) take the last
+//!   dimension as the row width and treat every leading dimension as rows: a [B,T,C] tensor
+//!   is N = B*T rows.
+//! - Attention and RoPE read B and T from `qkv`'s shape [B,T,(NH+2*KV)*hs], NH from `n_head`
+//!   and KV from `n_kv_head`. Each token's row holds the NH query heads, then the KV key
+//!   heads, then the KV value heads, hs contiguous values each: with KV == NH exactly GPT-2's
+//!   c_attn output [B,T,3C].
 //! - An op that produces an **input gradient overwrites** its output; an op that produces a
 //!   **parameter gradient accumulates** into it (`+=`), so microbatches accumulate by calling
 //!   the op once each, in microbatch order.
@@ -56,8 +62,9 @@ pub struct ClassifierGrad<'a> {
     pub scale: f32,
     /// dloss/dinp [N,C], overwritten.
     pub dinp: &'a mut Tensor,
-    /// The LM head's gradient of the tied token embedding [V,C], accumulated.
-    pub dwte: &'a mut Tensor,
+    /// The gradient of the output layer's weight [V,C]: the tied token embedding's, or the
+    /// untied output weight's; accumulated.
+    pub dweight: &'a mut Tensor,
 }
 
 /// N and V of a [`Device::classifier`] call, after the checks every backend makes: losses
@@ -65,10 +72,10 @@ pub struct ClassifierGrad<'a> {
 pub(crate) fn classifier_rows(
     losses: &Tensor,
     inp: &Tensor,
-    wte: &Tensor,
+    weight: &Tensor,
     targets: &[u32],
 ) -> (usize, usize) {
-    let (n, v) = (rows_cols(inp).0, rows_cols(wte).0);
+    let (n, v) = (rows_cols(inp).0, rows_cols(weight).0);
     assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
     if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
         panic!("classifier: target {bad} outside a vocabulary of {v}");
@@ -168,14 +175,17 @@ pub trait Device: Send + Sync {
     fn read(&self, r: &Readout) -> Vec<f64>;
 
     // ---- embedding -----------------------------------------------------------------
-    /// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-    /// out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]
-    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor);
-    /// dwte [V,C] += scatter(dout), dwpe [maxT,C] += sum over b of dout; dout [B,T,C].
-    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]);
+    /// out[b,t,:] = wte[tokens[b,t],:] (+ wpe[t,:] with learned positions; None for RoPE
+    /// models). out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>);
+    /// dwte [V,C] += scatter(dout), and with learned positions dwpe [maxT,C] += sum over b of
+    /// dout; dout [B,T,C].
+    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: Option<&mut Tensor>, dout: &Tensor, tokens: &[u32]);
 
-    // ---- layernorm (eps 1e-5, as GPT-2) --------------------------------------------
-    /// out [N,C], mean [N], rstd [N] from inp [N,C], weight [C], bias [C]
+    // ---- normalization ---------------------------------------------------------------
+    /// LayerNorm: out [N,C], mean [N], rstd [N] from inp [N,C], weight [C], bias [C];
+    /// rstd = 1 / sqrt(var + eps) (GPT-2's eps is 1e-5; Megatron's `norm_epsilon`).
+    #[allow(clippy::too_many_arguments)]
     fn layernorm_forward(
         &self,
         out: &mut Tensor,
@@ -184,6 +194,7 @@ pub trait Device: Send + Sync {
         inp: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
+        eps: f32,
     );
     /// dinp [N,C] = (overwrite); dweight [C] += ; dbias [C] +=
     #[allow(clippy::too_many_arguments)]
@@ -196,6 +207,20 @@ pub trait Device: Send + Sync {
         inp: &Tensor,
         weight: &Tensor,
         mean: &Tensor,
+        rstd: &Tensor,
+    );
+    /// RMSNorm as Hugging Face's LlamaRMSNorm in f32: rstd [N] = 1 / sqrt(mean(x^2) + eps),
+    /// out [N,C] = weight [C] * (x * rstd), from inp [N,C].
+    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32);
+    /// dinp [N,C] = (overwrite); dweight [C] += ; from dout [N,C], inp [N,C], weight [C] and
+    /// the rstd [N] forward saved.
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
         rstd: &Tensor,
     );
 
@@ -223,12 +248,15 @@ pub trait Device: Send + Sync {
     );
 
     // ---- attention core ------------------------------------------------------------
-    /// Causal self-attention core, per head: P = softmax(Q K^T / sqrt(hs) + causal mask),
-    /// P' = dropout(P), out = P' V. qkv [B,T,3C] holds q, k, v side by side (GPT-2's c_attn
-    /// output); out [B,T,C], unless None (a recompute of `saved` for backward). `saved`
-    /// receives what backward reads besides qkv and out, of the kind this backend keeps
-    /// (see [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in the caller.
-    /// The dropout mask is never stored: it is regenerated from its key.
+    /// Causal grouped-query self-attention core, per query head h: P = softmax(Q_h K_g^T /
+    /// sqrt(hs) + causal mask), P' = dropout(P), out_h = P' V_g, where g = h / (NH/KV) is
+    /// the key/value head h shares (Hugging Face's repeat_kv; KV == NH is multi-head
+    /// attention). qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out [B,T,NH*hs],
+    /// unless None (a recompute of `saved` for backward). `saved` receives what backward
+    /// reads besides qkv and out, of the kind this backend keeps (see
+    /// [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in
+    /// the caller. The dropout mask, keyed per (batch, query head), is never stored: it is
+    /// regenerated from its key.
     fn attention_forward(
         &self,
         out: Option<&mut Tensor>,
@@ -236,9 +264,12 @@ pub trait Device: Send + Sync {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
+        n_kv_head: usize,
     );
-    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and out [B,T,C] and `saved` as
-    /// forward wrote them (the fused backward reads out; the unfused one does not need it).
+    /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], qkv, and out [B,T,NH*hs]
+    /// and `saved` as forward wrote them (the fused backward reads out; the unfused one does
+    /// not need it). The k and v gradients of a key/value head sum its query heads'
+    /// contributions in ascending head order.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
@@ -249,31 +280,50 @@ pub trait Device: Send + Sync {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         n_head: usize,
+        n_kv_head: usize,
     );
+    /// Rotary position embedding, in place, of the NH query and KV key heads of qkv
+    /// [B,T,(NH+2*KV)*hs] (the value heads untouched), token t of each sequence at position
+    /// t, in Hugging Face's rotate-half layout: for i < hs/2, with
+    /// inv_freq_i = 1 / base^(2i/hs) and angle = t * inv_freq_i in f32,
+    /// x[i] = x[i] cos - x[i + hs/2] sin and x[i + hs/2] = x[i + hs/2] cos + x[i] sin.
+    /// hs must be even.
+    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32);
+    /// RoPE's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: the inverse rotation of the
+    /// query and key gradients (the value gradients untouched).
+    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32);
 
     // ---- pointwise -----------------------------------------------------------------
     /// GPT-2's tanh GELU: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor);
     /// dinp (overwrite) = gelu'(inp) * dout
     fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+    /// SwiGLU: out [N,F] = silu(a) * b, with a = inp[:, :F] (the gate) and b = inp[:, F:]
+    /// (the up projection) of inp [N,2F], Megatron's fused linear_fc1 output;
+    /// silu(a) = a * sigmoid(a).
+    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor);
+    /// dinp [N,2F] (overwrite) = (dout * b * silu'(a), dout * silu(a)), from inp [N,2F] and
+    /// dout [N,F].
+    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
     /// out = inp * keep / (1 - p); keep drawn from Philox at (key, element index).
     fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec);
     /// dinp (overwrite) = dout * keep / (1 - p), the same mask regenerated.
     fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec);
 
     // ---- LM head and loss ------------------------------------------------------------
-    /// The LM head tied to the token embedding and softmax cross-entropy, fused as llm.c
-    /// fuses them: logits [N,V] = inp [N,C] @ wte [V,C]^T, and losses [N] receives
-    /// -log softmax(logits)[targets [N]]. With `grad` (training), the head's backward runs
-    /// here too, so that no [N,V] tensor outlives the call: dlogits = s * (softmax -
-    /// onehot(target)), dinp [N,C] = dlogits @ wte (overwrite), dwte [V,C] += dlogits^T @ inp.
+    /// The output layer and softmax cross-entropy, fused as llm.c fuses them: logits [N,V] =
+    /// inp [N,C] @ weight [V,C]^T, where weight is the output layer's (the token embedding
+    /// when tied), and losses [N] receives -log softmax(logits)[targets [N]]. With `grad`
+    /// (training), the head's backward runs here too, so that no [N,V] tensor outlives the
+    /// call: dlogits = s * (softmax - onehot(target)), dinp [N,C] = dlogits @ weight
+    /// (overwrite), dweight [V,C] += dlogits^T @ inp.
     /// A backend may pad the logits' rows (CUDA: to [`padded_vocab`] columns); a padded
     /// column is never predicted, never in the loss, and gets no gradient.
     fn classifier(
         &self,
         losses: &mut Tensor,
         inp: &Tensor,
-        wte: &Tensor,
+        weight: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     );

@@ -228,9 +228,9 @@ fn embedding_matches() {
     let run = |dev: &dyn Device| {
         let (wte, wpe) = (put(dev, &wte, &[vocab, C]), put(dev, &wpe, &[max_t, C]));
         let mut out = dev.zeros(&[B, T, C], Category::Workspace);
-        dev.embedding_forward(&mut out, &tokens, &wte, &wpe);
+        dev.embedding_forward(&mut out, &tokens, &wte, Some(&wpe));
         let (mut dwte, mut dwpe) = (put(dev, &dwte0, &[vocab, C]), put(dev, &dwpe0, &[max_t, C]));
-        dev.embedding_backward(&mut dwte, &mut dwpe, &put(dev, &dout, &[B, T, C]), &tokens);
+        dev.embedding_backward(&mut dwte, Some(&mut dwpe), &put(dev, &dout, &[B, T, C]), &tokens);
         [dev.to_host(&out), dev.to_host(&dwte), dev.to_host(&dwpe)]
     };
     let (want, got) = (run(&cpu()), run(&gpu));
@@ -252,7 +252,7 @@ fn layernorm_matches() {
         let mut out = dev.zeros(&[B, T, C], Category::Workspace);
         let (mut mean, mut rstd) =
             (dev.zeros(&[N], Category::Workspace), dev.zeros(&[N], Category::Workspace));
-        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &b);
+        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &b, 1e-5);
         let mut dinp = put(dev, &vec![f32::NAN; N * C], &[B, T, C]); // overwritten
         let (mut dw, mut db) = (put(dev, &dw0, &[C]), put(dev, &db0, &[C]));
         let dout = put(dev, &dout, &[B, T, C]);
@@ -364,10 +364,10 @@ fn attention_case(
         let qkv = put(dev, &qkv, &[b, t, 3 * c]);
         let mut out = act_zeros(dev, &[b, t, c]);
         let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, nh);
         let mut dqkv = put(dev, &vec![f32::NAN; n * 3 * c], &[b, t, 3 * c]);
         let dout = put(dev, &dout, &[b, t, c]);
-        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh);
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, nh);
         let probs = match &saved {
             AttentionSaved::Probabilities { probs, dropped } => {
                 [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
@@ -518,7 +518,8 @@ fn classifier_case(gpu: &CudaDevice, v: usize, tol: f64) {
         let run = |dev: &dyn Device| {
             let mut losses = dev.zeros(&[N], Category::Workspace);
             let (mut dx, mut dwte) = (act_zeros(dev, &[B, T, C]), grad(dev, &dwte0, &[v, C]));
-            let head_grad = grad_scale.map(|scale| ClassifierGrad { scale, dinp: &mut dx, dwte: &mut dwte });
+            let head_grad =
+                grad_scale.map(|scale| ClassifierGrad { scale, dinp: &mut dx, dweight: &mut dwte });
             dev.classifier(
                 &mut losses,
                 &put(dev, &x, &[B, T, C]),
@@ -615,13 +616,13 @@ fn every_op_is_bitwise_repeatable() {
         let mut out = gpu.zeros(&[B, T, C], Category::Workspace);
         let mut saved =
             AttentionSaved::empty(&gpu, AttentionSaves::cuda(C / NH), [B, NH, T], true, Category::Workspace);
-        gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH);
+        gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH, NH);
         let AttentionSaved::RowLogSumExp { lse } = &saved else {
             unreachable!("the fused core at head size 24")
         };
         let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
         let dout_t = put(&gpu, &dout, &[B, T, C]);
-        gpu.attention_backward(&mut dqkv, &dout_t, &out, &qkv_t, &saved, Some(spec), NH);
+        gpu.attention_backward(&mut dqkv, &dout_t, &out, &qkv_t, &saved, Some(spec), NH, NH);
         let x_t = put(&gpu, &x, &[B, T, C]);
         let (mut dw, mut db) =
             (gpu.zeros(&[C, C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));
@@ -633,7 +634,7 @@ fn every_op_is_bitwise_repeatable() {
             gpu.zeros(&[N], Category::Workspace),
         );
         let w = put(&gpu, &x[..C], &[C]);
-        gpu.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x_t, &w, &w);
+        gpu.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x_t, &w, &w, 1e-5);
         let mut dx = gpu.zeros(&[B, T, C], Category::Workspace);
         gpu.layernorm_backward(&mut dx, &mut lw, &mut lb, &dout_t, &x_t, &w, &mean, &rstd);
         let norm = gpu.sum_squares(&dqkv);

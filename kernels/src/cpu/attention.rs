@@ -1,12 +1,16 @@
-//! The causal self-attention core, per (batch, head): S = Q K^T / sqrt(hs) under the causal
-//! mask, P = softmax(S) (saved to `att`), P' = dropout(P) (saved to `dropped`), out = P' V.
-//! Backward reads P (softmax) and P' (dV), and regenerates the mask for dP from its key.
+//! The causal grouped-query self-attention core, per (batch, query head h): S = Q_h K_g^T /
+//! sqrt(hs) under the causal mask, P = softmax(S) (saved to `att`), P' = dropout(P) (saved
+//! to `dropped`), out_h = P' V_g, where g = h / (NH/KV) is the key/value head that h shares
+//! with the other query heads of its group (KV == NH: multi-head attention). Backward reads P
+//! (softmax) and P' (dV), and regenerates the mask for dP from its key.
 //!
-//! The (batch, head) pairs are cut into one contiguous group per thread, each with its own
+//! Forward cuts the (batch, query head) pairs, backward the (batch, key/value head) pairs
+//! with all their query heads, into one contiguous group per thread, each with its own
 //! scratch slots; every pair is computed the same way whatever group it falls in, so the
-//! result does not depend on the thread count. The per-head products are single-threaded
-//! gemm calls on strided views of qkv, out and dqkv, taken in row blocks so that the masked
-//! upper triangle is (mostly) skipped.
+//! result does not depend on the thread count. A key/value head's dK and dV are its first
+//! query head's, plus each later one's in ascending order. The per-head products are
+//! single-threaded gemm calls on strided views of qkv, out and dqkv, taken in row blocks so
+//! that the masked upper triangle is (mostly) skipped.
 
 use super::disjoint::DisjointMut;
 use super::dropout::scale_by_mask;
@@ -19,28 +23,47 @@ use rayon::prelude::*;
 /// Rows per block of the per-head products: query rows i0..i1 only see keys 0..i1.
 const BLOCK: usize = 64;
 
-/// qkv [B,T,3C], out [B,T,C], att [B,NH,T,T]; head size C / NH.
+/// qkv [B,T,(NH+2*KV)*hs], out [B,T,NH*hs], att [B,NH,T,T]: NH query heads, KV key/value
+/// heads (KV divides NH), head size hs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
     pub b: usize,
     pub t: usize,
-    pub c: usize,
     pub nh: usize,
+    pub kv: usize,
+    pub hs: usize,
 }
 
 impl Dims {
     pub fn att_len(&self) -> usize {
         self.b * self.nh * self.t * self.t
     }
+
+    /// The width of a row of qkv: the query, key and value heads.
+    pub fn qkv_width(&self) -> usize {
+        (self.nh + 2 * self.kv) * self.hs
+    }
+
+    /// The width of a row of out: the query heads'.
+    pub fn out_width(&self) -> usize {
+        self.nh * self.hs
+    }
+
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        self.nh / self.kv
+    }
 }
 
-/// Scratch `backward` needs for `groups` groups: dP / dS, [T,T] a group.
+/// Scratch `backward` needs for `groups` groups: dP / dS [T,T] a group and, where a
+/// key/value head serves several query heads, the later heads' dK and dV [T,hs] each.
 pub fn backward_scratch_len(d: Dims, groups: usize) -> usize {
-    groups * d.t * d.t
+    let kv_partials = if d.group() > 1 { 2 * d.t * d.hs } else { 0 };
+    groups * (d.t * d.t + kv_partials)
 }
 
-/// What forward saved: qkv [B,T,3C], att (P) [B,NH,T,T] and, under dropout, the dropped
-/// probabilities (P') [B,NH,T,T] with the dropout that made them.
+/// What forward saved: qkv [B,T,(NH+2*KV)*hs], att (P) [B,NH,T,T] and, under dropout, the
+/// dropped probabilities (P') [B,NH,T,T] with the dropout that made them.
 #[derive(Clone, Copy)]
 pub struct Saved<'a> {
     pub qkv: &'a [f32],
@@ -48,23 +71,37 @@ pub struct Saved<'a> {
     pub dropout: Option<(&'a DropoutSpec, &'a [f32])>,
 }
 
-/// Where one head's operands live.
+/// Where one query head's operands live.
 struct Head {
-    /// Index of the (batch, head) pair, b * NH + h.
+    /// Index of the (batch, query head) pair, b * NH + h.
     bh: usize,
-    /// Offsets of q, k, v [T,hs] in qkv (row stride 3C).
+    /// Offsets of q, and of its key/value head's k and v, [T,hs] in qkv (row stride
+    /// `qkv_width`).
     q: usize,
     k: usize,
     v: usize,
-    /// Offset of this head's [T,hs] block in out / dout (row stride C).
+    /// Offset of this head's [T,hs] block in out / dout (row stride `out_width`).
     o: usize,
 }
 
 impl Head {
     fn new(d: Dims, bh: usize) -> Head {
-        let (b, h, hs) = (bh / d.nh, bh % d.nh, d.c / d.nh);
-        let q = b * d.t * 3 * d.c + h * hs;
-        Head { bh, q, k: q + d.c, v: q + 2 * d.c, o: b * d.t * d.c + h * hs }
+        let (b, h, hs) = (bh / d.nh, bh % d.nh, d.hs);
+        let g = h / d.group();
+        let row0 = b * d.t * d.qkv_width();
+        Head {
+            bh,
+            q: row0 + h * hs,
+            k: row0 + (d.nh + g) * hs,
+            v: row0 + (d.nh + d.kv + g) * hs,
+            o: b * d.t * d.out_width() + h * hs,
+        }
+    }
+
+    /// Whether this is the first query head of its key/value head, the one whose dK and dV
+    /// backward writes in place.
+    fn leads_group(&self, d: Dims) -> bool {
+        self.bh.is_multiple_of(d.group())
     }
 
     /// Flat index in [B,NH,T,T] of (row i, column 0): the dropout mask's element index.
@@ -99,7 +136,7 @@ fn for_each_group<A: Send>(
 }
 
 /// att [B,NH,T,T], under `dropout` its dropped [B,NH,T,T], and unless `out` is None (a
-/// recompute for backward) out [B,T,C], from qkv [B,T,3C].
+/// recompute for backward) out [B,T,NH*hs], from qkv [B,T,(NH+2*KV)*hs].
 pub fn forward(
     out: Option<&mut [f32]>,
     att: &mut [f32],
@@ -108,8 +145,8 @@ pub fn forward(
     d: Dims,
     groups: usize,
 ) {
-    assert!(qkv.len() == d.b * d.t * 3 * d.c && att.len() == d.att_len());
-    assert!(out.as_ref().is_none_or(|out| out.len() * 3 == qkv.len()), "attention out");
+    assert!(qkv.len() == d.b * d.t * d.qkv_width() && att.len() == d.att_len());
+    assert!(out.as_ref().is_none_or(|out| out.len() == d.b * d.t * d.out_width()), "attention out");
     let tt = d.t * d.t;
     if tt == 0 || d.b == 0 {
         return;
@@ -141,7 +178,7 @@ fn head_forward(
     out: Option<DisjointMut>,
     dropout: Option<(&DropoutSpec, &mut [f32])>,
 ) {
-    let (t, c3, hs) = (d.t, 3 * d.c, d.c / d.nh);
+    let (t, c3, hs) = (d.t, d.qkv_width(), d.hs);
     let scale = 1.0 / (hs as f32).sqrt();
     let none = Parallelism::None;
     for (i0, i1) in blocks(t) {
@@ -173,7 +210,7 @@ fn head_forward(
         // out[i0..i1] = probs[i0..i1, 0..i1] @ V[0..i1]
         // SAFETY: this head alone writes its [T,hs] block of out; the reads stay in bounds.
         unsafe {
-            let dst = Strided { ptr: out.ptr_at(head.o + i0 * d.c), rs: d.c, cs: 1 };
+            let dst = Strided { ptr: out.ptr_at(head.o + i0 * d.out_width()), rs: d.out_width(), cs: 1 };
             gemm_strided((i1 - i0, hs, i1), dst, at(probs, i0 * t, t), at(qkv, head.v, c3), false, 1.0, none);
         }
     }
@@ -189,28 +226,35 @@ fn drop_probs(d: Dims, head: &Head, att: &[f32], spec: &DropoutSpec, dropped: &m
     }
 }
 
-/// dqkv [B,T,3C] (overwrite) from dout [B,T,C] and what forward saved; `scratch` of
-/// `backward_scratch_len`.
+/// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs] and what forward saved;
+/// `scratch` of `backward_scratch_len`, for `groups` groups of (batch, key/value head) pairs.
 pub fn backward(dqkv: &mut [f32], dout: &[f32], saved: Saved, d: Dims, scratch: &mut [f32], groups: usize) {
     let Saved { qkv, att, dropout } = saved;
-    assert!(qkv.len() == d.b * d.t * 3 * d.c && dqkv.len() == qkv.len() && dout.len() * 3 == qkv.len());
+    assert!(qkv.len() == d.b * d.t * d.qkv_width() && dqkv.len() == qkv.len());
+    assert_eq!(dout.len(), d.b * d.t * d.out_width());
     assert_eq!(att.len(), d.att_len());
     assert!(dropout.is_none_or(|(_, dropped)| dropped.len() == d.att_len()), "dropped probabilities");
     let tt = d.t * d.t;
     if tt == 0 || d.b == 0 {
         return;
     }
-    let per_group = (d.b * d.nh).div_ceil(groups);
+    // A (batch, key/value head) pair's query heads are consecutive in att.
+    let heads_per_group = (d.b * d.kv).div_ceil(groups) * d.group();
     let dqkv = DisjointMut::new(dqkv);
-    for_each_group(att.par_chunks(per_group * tt), scratch, groups, |att_group, g, dscores| {
+    for_each_group(att.par_chunks(heads_per_group * tt), scratch, groups, |att_group, g, slot| {
+        let (dscores, kv_partials) = slot.split_at_mut(tt);
         for (j, att_bh) in att_group.chunks_exact(tt).enumerate() {
-            let head = Head::new(d, g * per_group + j);
+            let head = Head::new(d, g * heads_per_group + j);
             let dropout = dropout.map(|(spec, dropped)| (spec, &dropped[head.bh * tt..][..tt]));
-            head_backward(d, &head, att_bh, qkv, dout, dqkv, dropout, dscores);
+            let kv_partials = (!head.leads_group(d)).then_some(&mut *kv_partials);
+            head_backward(d, &head, att_bh, qkv, dout, dqkv, dropout, dscores, kv_partials);
         }
     });
 }
 
+/// One query head's share of dqkv: its dQ, and its dK and dV, which it writes into dqkv when
+/// it leads its group (`kv_partials` None) and else into `kv_partials` [2,T,hs], then adds to
+/// dqkv's.
 #[allow(clippy::too_many_arguments)]
 fn head_backward(
     d: Dims,
@@ -221,17 +265,28 @@ fn head_backward(
     dqkv: DisjointMut,
     dropout: Option<(&DropoutSpec, &[f32])>,
     dscores: &mut [f32],
+    mut kv_partials: Option<&mut [f32]>,
 ) {
-    let (t, c, c3, hs) = (d.t, d.c, 3 * d.c, d.c / d.nh);
+    let (t, c, c3, hs) = (d.t, d.out_width(), d.qkv_width(), d.hs);
     let scale = 1.0 / (hs as f32).sqrt();
     let none = Parallelism::None;
     let probs = dropout.map_or(att, |(_, dropped)| dropped);
+    // Row j of dK and dV: (dk + j * rs, dv + j * rs).
+    // SAFETY: this head's (batch, key/value head) pair alone writes those columns of dqkv.
+    let (dk, dv, rs) = match kv_partials.as_deref_mut() {
+        None => unsafe { (dqkv.ptr_at(head.k), dqkv.ptr_at(head.v), c3) },
+        Some(partials) => {
+            let (dk, dv) = partials.split_at_mut(t * hs);
+            (dk.as_mut_ptr(), dv.as_mut_ptr(), hs)
+        }
+    };
     for (j0, j1) in blocks(t) {
         // dV[j0..j1] = probs[j0..t, j0..j1]^T @ dout[j0..t] (rows above j0 are masked)
         // dscores[i0..i1, 0..i1] = dout[i0..i1] @ V[0..i1]^T
-        // SAFETY: this head alone writes its columns of dqkv; the reads stay in bounds.
+        // SAFETY: this head alone writes its columns of dqkv (and its pair its dK and dV);
+        // the reads stay in bounds.
         unsafe {
-            let dst = Strided { ptr: dqkv.ptr_at(head.v + j0 * c3), rs: c3, cs: 1 };
+            let dst = Strided { ptr: dv.add(j0 * rs), rs, cs: 1 };
             let probs_t = Strided { ptr: probs[j0 * t + j0..].as_ptr(), rs: 1, cs: t };
             gemm_strided((j1 - j0, hs, t - j0), dst, probs_t, at(dout, head.o + j0 * c, c), false, 1.0, none);
             let dst = Strided { ptr: dscores[j0 * t..].as_mut_ptr(), rs: t, cs: 1 };
@@ -265,9 +320,19 @@ fn head_backward(
                 scale,
                 none,
             );
-            let dst = Strided { ptr: dqkv.ptr_at(head.k + i0 * c3), rs: c3, cs: 1 };
+            let dst = Strided { ptr: dk.add(i0 * rs), rs, cs: 1 };
             let ds_t = Strided { ptr: dscores[i0 * t + i0..].as_ptr(), rs: 1, cs: t };
             gemm_strided((i1 - i0, hs, t - i0), dst, ds_t, at(qkv, head.q + i0 * c3, c3), false, scale, none);
+        }
+    }
+    let Some(partials) = kv_partials else { return };
+    let (dk, dv) = partials.split_at(t * hs);
+    for (i, (dk, dv)) in dk.chunks_exact(hs).zip(dv.chunks_exact(hs)).enumerate() {
+        // SAFETY: as above; the group's heads run one after another.
+        let (k_row, v_row) = unsafe { (dqkv.slice(head.k + i * c3, hs), dqkv.slice(head.v + i * c3, hs)) };
+        for ((a, &x), (b, &y)) in k_row.iter_mut().zip(dk).zip(v_row.iter_mut().zip(dv)) {
+            *a += x;
+            *b += y;
         }
     }
 }
@@ -280,7 +345,9 @@ mod tests {
     use crate::philox;
 
     // T spans a full BLOCK and a partial one; 6 (batch, head) pairs in 2 groups.
-    const D: Dims = Dims { b: 2, t: 70, c: 12, nh: 3 };
+    const D: Dims = Dims { b: 2, t: 70, nh: 3, kv: 3, hs: 4 };
+    // 6 query heads sharing 2 key/value heads, 3 query heads each.
+    const GQA: Dims = Dims { b: 2, t: 70, nh: 6, kv: 2, hs: 4 };
     const GROUPS: usize = 2;
     const SPEC: DropoutSpec = DropoutSpec {
         p: 0.3,
@@ -297,12 +364,14 @@ mod tests {
 
     /// (out, att) in f64, straight from the definition; `mask` from `multipliers`.
     fn reference(qkv: &[f64], d: Dims, mask: &[f64]) -> (Vec<f64>, Vec<f64>) {
-        let (t, c, hs) = (d.t, d.c, d.c / d.nh);
+        let (t, c, w, hs) = (d.t, d.out_width(), d.qkv_width(), d.hs);
         let mut out = vec![0.0; d.b * t * c];
         let mut att = vec![0.0; d.att_len()];
         for bh in 0..d.b * d.nh {
             let (b, h) = (bh / d.nh, bh % d.nh);
-            let x = |i: usize, part: usize, k: usize| qkv[(b * t + i) * 3 * c + part * c + h * hs + k];
+            let g = h * d.kv / d.nh; // Hugging Face's repeat_kv
+            let heads = [h, d.nh + g, d.nh + d.kv + g]; // q, k, v
+            let x = |i: usize, part: usize, k: usize| qkv[(b * t + i) * w + heads[part] * hs + k];
             for i in 0..t {
                 let scores: Vec<f64> = (0..=i)
                     .map(|j| (0..hs).map(|k| x(i, 0, k) * x(j, 1, k)).sum::<f64>() / (hs as f64).sqrt())
@@ -325,55 +394,132 @@ mod tests {
 
     /// (out, att, dropped); dropped is empty without dropout.
     fn run_forward(qkv: &[f32], d: Dims, dropout: Option<&DropoutSpec>) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let (mut out, mut att) = (vec![f32::NAN; d.b * d.t * d.c], vec![f32::NAN; d.att_len()]);
+        let (mut out, mut att) = (vec![f32::NAN; d.b * d.t * d.out_width()], vec![f32::NAN; d.att_len()]);
         let mut dropped = vec![f32::NAN; if dropout.is_some() { d.att_len() } else { 0 }];
         forward(Some(&mut out), &mut att, dropout.map(|spec| (spec, &mut dropped[..])), qkv, d, GROUPS);
         (out, att, dropped)
     }
 
+    /// dqkv from dout `w`, after `run_forward`, with `groups` groups.
+    fn run_backward(
+        qkv: &[f32],
+        w: &[f32],
+        d: Dims,
+        dropout: Option<&DropoutSpec>,
+        groups: usize,
+    ) -> Vec<f32> {
+        let (_, att, dropped) = run_forward(qkv, d, dropout);
+        let mut dqkv = vec![f32::NAN; qkv.len()];
+        let mut scratch = vec![f32::NAN; backward_scratch_len(d, groups)];
+        let saved = Saved { qkv, att: &att, dropout: dropout.map(|spec| (spec, &dropped[..])) };
+        backward(&mut dqkv, w, saved, d, &mut scratch, groups);
+        dqkv
+    }
+
     #[test]
     fn forward_matches_f64_reference_with_and_without_dropout() {
-        let qkv = random(1, D.b * D.t * 3 * D.c, 2.0);
-        for dropout in [None, Some(&SPEC)] {
-            let (out, att, dropped) = run_forward(&qkv, D, dropout);
-            let mask = multipliers(D, dropout);
-            let (want_out, want_att) = reference(&to_f64(&qkv), D, &mask);
-            // Tolerance: 1e-5 of the largest value (softmax and 70-term sums in f32).
-            assert_close(&out, &want_out, 1e-5, "out");
-            assert_close(&att, &want_att, 1e-5, "att");
-            if dropout.is_some() {
-                let want_dropped: Vec<f64> = want_att.iter().zip(&mask).map(|(p, m)| p * m).collect();
-                assert_close(&dropped, &want_dropped, 1e-5, "dropped");
+        for d in [D, GQA] {
+            let qkv = random(1, d.b * d.t * d.qkv_width(), 2.0);
+            for dropout in [None, Some(&SPEC)] {
+                let (out, att, dropped) = run_forward(&qkv, d, dropout);
+                let mask = multipliers(d, dropout);
+                let (want_out, want_att) = reference(&to_f64(&qkv), d, &mask);
+                // Tolerance: 1e-5 of the largest value (softmax and 70-term sums in f32).
+                assert_close(&out, &want_out, 1e-5, "out");
+                assert_close(&att, &want_att, 1e-5, "att");
+                if dropout.is_some() {
+                    let want_dropped: Vec<f64> = want_att.iter().zip(&mask).map(|(p, m)| p * m).collect();
+                    assert_close(&dropped, &want_dropped, 1e-5, "dropped");
+                }
+                // A recompute (no out) writes the same probabilities, bit for bit, over stale data.
+                let (mut again, mut again_dropped) = (vec![7.0; att.len()], vec![7.0; dropped.len()]);
+                forward(
+                    None,
+                    &mut again,
+                    dropout.map(|spec| (spec, &mut again_dropped[..])),
+                    &qkv,
+                    d,
+                    GROUPS,
+                );
+                assert!(again == att && again_dropped == dropped, "recomputed probabilities differ");
+                let upper = (0..d.att_len()).filter(|&x| (x % d.t) > (x / d.t) % d.t);
+                assert!(upper.clone().all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
             }
-            // A recompute (no out) writes the same probabilities, bit for bit, over stale data.
-            let (mut again, mut again_dropped) = (vec![7.0; att.len()], vec![7.0; dropped.len()]);
-            forward(None, &mut again, dropout.map(|spec| (spec, &mut again_dropped[..])), &qkv, D, GROUPS);
-            assert!(again == att && again_dropped == dropped, "recomputed probabilities differ");
-            let upper = (0..D.att_len()).filter(|&x| (x % D.t) > (x / D.t) % D.t);
-            assert!(upper.clone().all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
         }
     }
 
     #[test]
     fn backward_matches_finite_differences_with_and_without_dropout() {
-        // T over one BLOCK; the forward test covers the batch offsets.
-        let d = Dims { b: 1, t: 67, c: 8, nh: 2 };
-        let qkv = random(2, d.b * d.t * 3 * d.c, 1.5);
-        let w = random(3, d.b * d.t * d.c, 1.0);
-        // Every 7th component (7 is prime to the row length 24): all of q, k, v, both heads
-        // and both row blocks, at a seventh of the cost.
-        let sampled = || (0..qkv.len()).step_by(7);
+        // T over one BLOCK; the forward test covers the batch offsets. Multi-head, and 4 query
+        // heads on 2 key/value heads.
+        for d in [Dims { b: 1, t: 67, nh: 2, kv: 2, hs: 4 }, Dims { b: 1, t: 67, nh: 4, kv: 2, hs: 4 }] {
+            let qkv = random(2, d.b * d.t * d.qkv_width(), 1.5);
+            let w = random(3, d.b * d.t * d.out_width(), 1.0);
+            // Every 7th component (7 is prime to the row lengths 24 and 32): all of q, k, v,
+            // every head and both row blocks, at a seventh of the cost.
+            let sampled = || (0..qkv.len()).step_by(7);
+            for dropout in [None, Some(&SPEC)] {
+                let mask = multipliers(d, dropout);
+                let fd = finite_diff_at(&qkv, sampled(), |x| weighted_sum(&reference(x, d, &mask).0, &w));
+                let dqkv = run_backward(&qkv, &w, d, dropout, GROUPS);
+                let got: Vec<f32> = sampled().map(|i| dqkv[i]).collect();
+                // Tolerance: 1e-4 of the largest gradient component.
+                assert_close(&got, &fd, 1e-4, "dqkv");
+            }
+        }
+    }
+
+    /// qkv [B,T,3*NH*hs] of multi-head attention whose key/value heads repeat those of `qkv`
+    /// [B,T,(NH+2*KV)*hs] as Hugging Face's repeat_kv does.
+    fn repeat_kv(qkv: &[f32], d: Dims) -> Vec<f32> {
+        let hs = d.hs;
+        let head = |row: &[f32], h: usize| row[h * hs..][..hs].to_vec();
+        qkv.chunks_exact(d.qkv_width())
+            .flat_map(|row| {
+                let q = (0..d.nh).map(|h| head(row, h));
+                let k = (0..d.nh).map(|h| head(row, d.nh + h / d.group()));
+                let v = (0..d.nh).map(|h| head(row, d.nh + d.kv + h / d.group()));
+                q.chain(k).chain(v).flatten().collect::<Vec<f32>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn grouped_query_attention_is_multi_head_on_repeated_key_value_heads_bitwise() {
+        let mha = Dims { kv: GQA.nh, ..GQA };
+        let qkv = random(4, GQA.b * GQA.t * GQA.qkv_width(), 2.0);
+        let repeated = repeat_kv(&qkv, GQA);
+        let w = random(5, GQA.b * GQA.t * GQA.out_width(), 1.0);
         for dropout in [None, Some(&SPEC)] {
-            let mask = multipliers(d, dropout);
-            let fd = finite_diff_at(&qkv, sampled(), |x| weighted_sum(&reference(x, d, &mask).0, &w));
-            let (_, att, dropped) = run_forward(&qkv, d, dropout);
-            let mut dqkv = vec![f32::NAN; qkv.len()];
-            let mut scratch = vec![0.0; backward_scratch_len(d, GROUPS)];
-            let saved = Saved { qkv: &qkv, att: &att, dropout: dropout.map(|spec| (spec, &dropped[..])) };
-            backward(&mut dqkv, &w, saved, d, &mut scratch, GROUPS);
-            let got: Vec<f32> = sampled().map(|i| dqkv[i]).collect();
-            // Tolerance: 1e-4 of the largest gradient component.
-            assert_close(&got, &fd, 1e-4, "dqkv");
+            // The same masks: they are keyed per (batch, query head) in both.
+            assert!(run_forward(&qkv, GQA, dropout) == run_forward(&repeated, mha, dropout), "forward");
+            let (dqkv, dmha) =
+                (run_backward(&qkv, &w, GQA, dropout, 3), run_backward(&repeated, &w, mha, dropout, 3));
+            // dK and dV of a key/value head: its query heads' in ascending order, added in f32.
+            let (hs, group) = (GQA.hs, GQA.group());
+            let mut want = Vec::new();
+            for row in dmha.chunks_exact(mha.qkv_width()) {
+                let head = |h: usize| &row[h * hs..][..hs];
+                want.extend_from_slice(&row[..GQA.nh * hs]);
+                for first in (GQA.nh..3 * GQA.nh).step_by(group) {
+                    let mut sum = head(first).to_vec();
+                    for h in first + 1..first + group {
+                        sum.iter_mut().zip(head(h)).for_each(|(s, &x)| *s += x);
+                    }
+                    want.extend(sum);
+                }
+            }
+            assert!(dqkv == want, "backward, dropout {}", dropout.is_some());
+        }
+    }
+
+    #[test]
+    fn backward_is_the_same_for_any_number_of_groups() {
+        let qkv = random(6, GQA.b * GQA.t * GQA.qkv_width(), 2.0);
+        let w = random(7, GQA.b * GQA.t * GQA.out_width(), 1.0);
+        let one = run_backward(&qkv, &w, GQA, Some(&SPEC), 1);
+        for groups in [3, 4] {
+            assert!(run_backward(&qkv, &w, GQA, Some(&SPEC), groups) == one, "{groups} groups");
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Tests of `CpuDevice` as a whole: bitwise determinism across pool sizes, the dropout mask
-//! shared by forward and backward, and the ledger accounting of scratch.
+//! Tests of `CpuDevice` as a whole: bitwise determinism across pool sizes (GPT-2's ops and
+//! Llama's), the dropout mask shared by forward and backward, the ledger accounting of
+//! scratch, and the head counts the device refuses.
 
 use super::testutil::random;
 use super::CpuDevice;
@@ -41,12 +42,12 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
 
     let (wte, wpe) = (t(1, &[V, C], 0.5), t(2, &[T, C], 0.5));
     let mut x = z(&[B, T, C]);
-    dev.embedding_forward(&mut x, &tokens, &wte, &wpe);
+    dev.embedding_forward(&mut x, &tokens, &wte, Some(&wpe));
     keep(&x);
 
     let (lnw, lnb) = (t(3, &[C], 1.0), t(4, &[C], 0.1));
     let (mut ln, mut mean, mut rstd) = (z(&[N, C]), z(&[N]), z(&[N]));
-    dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &lnw, &lnb);
+    dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &lnw, &lnb, 1e-5);
     [&ln, &mean, &rstd].into_iter().for_each(&mut keep);
 
     let (w_qkv, b_qkv) = (t(5, &[C, 3 * C], 0.1), t(6, &[3 * C], 0.1));
@@ -57,7 +58,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let mut y = z(&[B, T, C]);
     let mut saved = probabilities(z(&[B, NH, T, T]), z(&[B, NH, T, T]));
-    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, NH);
     keep(&y);
     let AttentionSaved::Probabilities { probs, dropped: Some(dropped) } = &saved else { unreachable!() };
     [probs, dropped].into_iter().for_each(&mut keep);
@@ -76,7 +77,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     [&h, &g, &p, &pd, &res].into_iter().for_each(&mut keep);
 
     let (mut losses, mut dres_head, mut dwte_head) = (z(&[N]), z(&[N, C]), t(16, &[V, C], 0.1));
-    let head_grad = ClassifierGrad { scale: 1.0 / N as f32, dinp: &mut dres_head, dwte: &mut dwte_head };
+    let head_grad = ClassifierGrad { scale: 1.0 / N as f32, dinp: &mut dres_head, dweight: &mut dwte_head };
     dev.classifier(&mut losses, &res, &wte, &tokens, Some(head_grad));
     [&losses, &dres_head, &dwte_head].into_iter().for_each(&mut keep);
 
@@ -93,7 +94,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.matmul_backward_input(&mut dy, &dh, &w_fc, WeightLayout::OutIn);
     dev.matmul_backward_weight(&mut dw_fc, None, &dh, &y, WeightLayout::OutIn);
     let mut dqkv = z(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH);
+    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, NH);
     let mut dln = z(&[N, C]);
     dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
     dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
@@ -101,7 +102,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.layernorm_backward(&mut dx, &mut dlnw, &mut dlnb, &dln, &x, &lnw, &mean, &rstd);
     dev.accumulate(&mut dx, &dres);
     let (mut dwte, mut dwpe) = (t(14, &[V, C], 0.1), z(&[T, C]));
-    dev.embedding_backward(&mut dwte, &mut dwpe, &dx, &tokens);
+    dev.embedding_backward(&mut dwte, Some(&mut dwpe), &dx, &tokens);
     [&dp, &dg, &dw_proj, &dh, &dy, &dw_fc, &dqkv, &dln, &dw_qkv, &db_qkv, &dx, &dlnw, &dlnb, &dwte, &dwpe]
         .into_iter()
         .for_each(&mut keep);
@@ -169,14 +170,128 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     let drop = spec(DropoutSite::AttentionProbs, 0.1);
     let ledger = dev.ledger();
     ledger.reset_peaks();
-    dev.attention_forward(Some(&mut y), &mut saved, Some(drop), &qkv, NH);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(drop), &qkv, NH, NH);
     // Forward writes straight into its outputs.
     assert_eq!(ledger.peak(Category::Workspace), 0);
     let mut dqkv = act(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dout, &y, &qkv, &saved, Some(drop), NH);
+    dev.attention_backward(&mut dqkv, &dout, &y, &qkv, &saved, Some(drop), NH, NH);
     // One group per thread, each with dS [T,T].
     assert_eq!(ledger.peak(Category::Workspace), 2 * T * T * 4);
     assert_eq!(ledger.live(Category::Workspace), 0);
     assert_eq!(dev.name(), "cpu (2 threads)");
     assert_eq!(dev.threads(), 2);
+}
+
+// A small Llama block: 4 query heads on 2 key/value heads of 40, SwiGLU of F = 2.7 C.
+const KV: usize = 2;
+const HS: usize = C / NH;
+const QKV: usize = (NH + 2 * KV) * HS;
+const F: usize = 432;
+
+/// Runs every Llama op (and the embedding without positions) once, forward then backward,
+/// and returns every output, in order.
+fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
+    let t = |seed: u64, shape: &[usize], scale: f32| {
+        dev.from_host(&random(seed, shape.iter().product(), scale), shape, Category::Activations)
+    };
+    let z = |shape: &[usize]| dev.zeros(shape, Category::Workspace);
+    let tokens: Vec<u32> = (0..N as u32).map(|i| i * 11 % V as u32).collect();
+    let mut outs: Vec<Vec<f32>> = Vec::new();
+    let mut keep = |x: &Tensor| outs.push(dev.to_host(x));
+
+    let wte = t(1, &[V, C], 0.5);
+    let mut x = z(&[B, T, C]);
+    dev.embedding_forward(&mut x, &tokens, &wte, None);
+    keep(&x);
+    let norm_w = t(2, &[C], 1.0);
+    let (mut ln, mut rstd) = (z(&[N, C]), z(&[N]));
+    dev.rmsnorm_forward(&mut ln, &mut rstd, &x, &norm_w, 1e-6);
+    [&ln, &rstd].into_iter().for_each(&mut keep);
+    let w_qkv = t(3, &[QKV, C], 0.1); // OutIn, as nn.Linear
+    let mut qkv = z(&[B, T, QKV]);
+    dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None);
+    dev.rope_forward(&mut qkv, NH, KV, 10_000.0);
+    keep(&qkv);
+    let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
+    let mut y = z(&[B, T, C]);
+    let mut saved = probabilities(z(&[B, NH, T, T]), z(&[B, NH, T, T]));
+    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, KV);
+    keep(&y);
+    let w_fc = t(4, &[2 * F, C], 0.1);
+    let (mut h, mut g) = (z(&[N, 2 * F]), z(&[N, F]));
+    dev.matmul_forward(&mut h, &y, &w_fc, WeightLayout::OutIn, None);
+    dev.swiglu_forward(&mut g, &h);
+    [&h, &g].into_iter().for_each(&mut keep);
+
+    let dg = t(5, &[N, F], 0.1);
+    let (mut dh, mut dy) = (z(&[N, 2 * F]), t(6, &[N, C], 0.1));
+    dev.swiglu_backward(&mut dh, &h, &dg);
+    let mut dqkv = z(&[B, T, QKV]);
+    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, KV);
+    dev.rope_backward(&mut dqkv, NH, KV, 10_000.0);
+    dev.matmul_backward_input(&mut dy, &dqkv, &w_qkv, WeightLayout::OutIn);
+    let (mut dx, mut dnorm_w) = (z(&[B, T, C]), t(7, &[C], 0.1));
+    dev.rmsnorm_backward(&mut dx, &mut dnorm_w, &dy, &x, &norm_w, &rstd);
+    let mut dwte = t(8, &[V, C], 0.1);
+    dev.embedding_backward(&mut dwte, None, &dx, &tokens);
+    [&dh, &dqkv, &dy, &dx, &dnorm_w, &dwte].into_iter().for_each(&mut keep);
+    outs
+}
+
+#[test]
+fn every_llama_op_is_bitwise_identical_on_1_and_3_threads() {
+    let one = every_llama_output(&CpuDevice::new(1));
+    let three = every_llama_output(&CpuDevice::new(3));
+    assert_eq!(one.len(), three.len());
+    for (i, (a, b)) in one.iter().zip(&three).enumerate() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert!(bits(a) == bits(b), "output #{i} differs between 1 and 3 threads");
+    }
+}
+
+#[test]
+fn llama_op_scratch_is_counted_as_workspace_and_released() {
+    let dev = CpuDevice::new(2);
+    let act = |seed: u64, shape: &[usize]| {
+        dev.from_host(&random(seed, shape.iter().product(), 1.0), shape, Category::Activations)
+    };
+    let (mut qkv, x, w) = (act(1, &[B, T, QKV]), act(2, &[N, C]), act(3, &[C]));
+    let (mut y, mut dqkv, mut dx, mut dw, mut rstd) =
+        (act(4, &[B, T, C]), act(5, &[B, T, QKV]), act(6, &[N, C]), act(7, &[C]), act(8, &[N]));
+    let mut saved = AttentionSaved::Probabilities { probs: act(9, &[B, NH, T, T]), dropped: None };
+    let ledger = dev.ledger();
+    let peak_after = |op: &mut dyn FnMut()| {
+        ledger.reset_peaks();
+        op();
+        assert_eq!(ledger.live(Category::Workspace), 0);
+        ledger.peak(Category::Workspace)
+    };
+    // RoPE: its cos and sin table [2, T, hs/2].
+    assert_eq!(peak_after(&mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0)), 2 * T * (HS / 2) * 4);
+    assert_eq!(peak_after(&mut || dev.rope_backward(&mut dqkv, NH, KV, 10_000.0)), 2 * T * (HS / 2) * 4);
+    // RMSNorm: a dweight partial per 32 rows.
+    let rmsnorm = &mut || dev.rmsnorm_backward(&mut dx, &mut dw, &y, &x, &w, &rstd);
+    assert_eq!(peak_after(rmsnorm), N.div_ceil(32) * C * 4);
+    assert_eq!(peak_after(&mut || dev.rmsnorm_forward(&mut dx, &mut rstd, &x, &w, 1e-6)), 0);
+    // Grouped-query attention: a group per thread, each with dS [T,T] and the dK and dV
+    // [T,hs] of the later query heads of a key/value head.
+    assert_eq!(peak_after(&mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV)), 0);
+    let backward = &mut || dev.attention_backward(&mut dqkv, &y, &y, &qkv, &saved, None, NH, KV);
+    assert_eq!(peak_after(backward), 2 * (T * T + 2 * T * HS) * 4);
+}
+
+#[test]
+#[should_panic(expected = "with 4 query heads on 3 key/value heads")]
+fn key_value_heads_must_divide_the_query_heads() {
+    let dev = CpuDevice::new(1);
+    let mut qkv = dev.zeros(&[B, T, (NH + 2 * 3) * HS], Category::Activations);
+    dev.rope_forward(&mut qkv, NH, 3, 10_000.0);
+}
+
+#[test]
+#[should_panic(expected = "rope: the head size 5 must be even")]
+fn rope_needs_an_even_head_size() {
+    let dev = CpuDevice::new(1);
+    let mut qkv = dev.zeros(&[1, 3, 3 * 5], Category::Activations);
+    dev.rope_forward(&mut qkv, 1, 1, 10_000.0);
 }

@@ -1,4 +1,5 @@
-//! Token + position embedding.
+//! Token embedding, plus the learned position embedding where the model has one (GPT-2;
+//! a RoPE model has none).
 
 use super::disjoint::DisjointMut;
 use rayon::prelude::*;
@@ -9,21 +10,34 @@ const ROWS: usize = 16;
 /// dwte and dwpe, so tokens that repeat never race and are summed in position order.
 const COLS: usize = 64;
 
-/// out [N,C] (N = B*T, t = n % T) = wte [V,C] [tokens[n]] + wpe [maxT,C] [t]
-pub fn forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], t: usize, c: usize) {
+/// out [N,C] (N = B*T, t = n % T) = wte [V,C] [tokens[n]] (+ wpe [maxT,C] [t])
+pub fn forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: Option<&[f32]>, t: usize, c: usize) {
     out.par_chunks_mut(c).with_min_len(ROWS).zip(tokens).enumerate().for_each(|(n, (row, &tok))| {
         let tok_row = &wte[tok as usize * c..][..c];
-        let pos_row = &wpe[(n % t) * c..][..c];
-        for ((o, &a), &b) in row.iter_mut().zip(tok_row).zip(pos_row) {
-            *o = a + b;
+        match wpe {
+            Some(wpe) => {
+                let pos_row = &wpe[(n % t) * c..][..c];
+                for ((o, &a), &b) in row.iter_mut().zip(tok_row).zip(pos_row) {
+                    *o = a + b;
+                }
+            }
+            None => row.copy_from_slice(tok_row),
         }
     });
 }
 
-/// dwte [V,C] += scatter of dout [N,C] by token; dwpe [maxT,C] += dout summed over batch.
-pub fn backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], t: usize, c: usize) {
+/// dwte [V,C] += scatter of dout [N,C] by token; dwpe [maxT,C] (if any) += dout summed over
+/// batch.
+pub fn backward(
+    dwte: &mut [f32],
+    dwpe: Option<&mut [f32]>,
+    dout: &[f32],
+    tokens: &[u32],
+    t: usize,
+    c: usize,
+) {
     let dwte = DisjointMut::new(dwte);
-    let dwpe = DisjointMut::new(dwpe);
+    let dwpe = dwpe.map(DisjointMut::new);
     (0..c.div_ceil(COLS)).into_par_iter().for_each(|chunk| {
         let c0 = chunk * COLS;
         let width = COLS.min(c - c0);
@@ -31,14 +45,20 @@ pub fn backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32]
             let d = &dout[n * c + c0..][..width];
             // SAFETY: this task alone touches columns c0..c0+width of every row, and the two
             // slices lie in different buffers.
-            let (wte_row, wpe_row) =
-                unsafe { (dwte.slice(tok as usize * c + c0, width), dwpe.slice((n % t) * c + c0, width)) };
-            for ((a, b), &d) in wte_row.iter_mut().zip(wpe_row.iter_mut()).zip(d) {
-                *a += d;
-                *b += d;
+            let wte_row = unsafe { dwte.slice(tok as usize * c + c0, width) };
+            add(wte_row, d);
+            if let Some(dwpe) = dwpe {
+                // SAFETY: as above.
+                add(unsafe { dwpe.slice((n % t) * c + c0, width) }, d);
             }
         }
     });
+}
+
+fn add(acc: &mut [f32], x: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(x) {
+        *a += x;
+    }
 }
 
 #[cfg(test)]
@@ -67,10 +87,13 @@ mod tests {
     fn forward_adds_token_and_position_rows_exactly() {
         let (wte, wpe) = (random(1, V * C, 1.0), random(2, MAX_T * C, 1.0));
         let mut out = vec![0.0; B * T * C];
-        forward(&mut out, &TOKENS, &wte, &wpe, T, C);
+        forward(&mut out, &TOKENS, &wte, Some(&wpe), T, C);
         // One f32 add rounds the exact sum once, so the f64 reference rounds to the same bits.
         let want = reference(&to_f64(&wte), &to_f64(&wpe));
         assert!(out.iter().zip(&want).all(|(&o, &w)| o == w as f32));
+        // Without positions, the token rows themselves.
+        forward(&mut out, &TOKENS, &wte, None, T, C);
+        assert!(out.chunks_exact(C).zip(TOKENS).all(|(row, tok)| row == &wte[tok as usize * C..][..C]));
     }
 
     #[test]
@@ -82,14 +105,20 @@ mod tests {
         let fd_wte = finite_diff(&wte, |x| weighted_sum(&reference(x, &wpe64), &w));
         let fd_wpe = finite_diff(&wpe, |x| weighted_sum(&reference(&wte64, x), &w));
         let (mut dwte, mut dwpe) = (vec![0.0; V * C], vec![0.0; MAX_T * C]);
-        backward(&mut dwte, &mut dwpe, &w, &TOKENS, T, C);
+        backward(&mut dwte, Some(&mut dwpe), &w, &TOKENS, T, C);
         // Tolerance: 1e-6 of the largest gradient (sums of at most 3 terms in f32).
         assert_close(&dwte, &fd_wte, 1e-6, "dwte");
         assert_close(&dwpe, &fd_wpe, 1e-6, "dwpe");
         let (once_wte, once_wpe) = (dwte.clone(), dwpe.clone());
-        backward(&mut dwte, &mut dwpe, &w, &TOKENS, T, C);
+        backward(&mut dwte, Some(&mut dwpe), &w, &TOKENS, T, C);
         let doubled =
             |twice: &[f32], once: &[f32]| twice.iter().zip(once).all(|(&a, &b)| (a - 2.0 * b).abs() <= 1e-6);
         assert!(doubled(&dwte, &once_wte) && doubled(&dwpe, &once_wpe), "a second call must add again");
+        // Without positions, the token gradient alone, bitwise as with them.
+        let mut dwte_alone = vec![0.0; V * C];
+        backward(&mut dwte_alone, None, &w, &TOKENS, T, C);
+        let mut dwte_with = vec![0.0; V * C];
+        backward(&mut dwte_with, Some(&mut vec![0.0; MAX_T * C]), &w, &TOKENS, T, C);
+        assert!(dwte_alone == dwte_with, "dwte must not depend on whether there are positions");
     }
 }

@@ -1,14 +1,13 @@
-//! LayerNorm over the channel axis (eps 1e-5, as GPT-2).
+//! LayerNorm over the channel axis.
 
-use super::math::{dot, lane_sum3, sum};
+use super::math::{dot, lane_sum3, sum, sum_chunks_in_order};
 use rayon::prelude::*;
 
-const EPS: f32 = 1e-5;
 /// Rows per parallel task. In backward it is also the fixed chunk whose dweight/dbias
 /// partial sums are added in order, so it must not depend on the thread count.
 const ROWS: usize = 32;
 
-/// out [N,C], mean [N], rstd [N] from inp [N,C], weight [C], bias [C]
+/// out [N,C], mean [N], rstd [N] = 1 / sqrt(var + eps) from inp [N,C], weight [C], bias [C]
 pub fn forward(
     out: &mut [f32],
     mean: &mut [f32],
@@ -16,6 +15,7 @@ pub fn forward(
     inp: &[f32],
     weight: &[f32],
     bias: &[f32],
+    eps: f32,
 ) {
     let c = weight.len();
     out.par_chunks_mut(c)
@@ -25,7 +25,7 @@ pub fn forward(
         .for_each(|((out, (mean, rstd)), x)| {
             let m = sum(x) / c as f32;
             let var = lane_sum3(x, x, x, |x, _, _| (x - m) * (x - m)) / c as f32;
-            let s = 1.0 / (var + EPS).sqrt();
+            let s = 1.0 / (var + eps).sqrt();
             for (((o, &x), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
                 *o = (x - m) * s * w + b;
             }
@@ -85,13 +85,8 @@ pub fn backward(
             }
         },
     );
-    // Chunk sums in chunk order into the first partial, then one += per parameter.
-    let (total, rest) = partials.split_at_mut(2 * c);
-    for partial in rest.chunks_exact(2 * c) {
-        for (t, &p) in total.iter_mut().zip(partial) {
-            *t += p;
-        }
-    }
+    // One += per parameter, of the chunk sums added in chunk order.
+    let total = sum_chunks_in_order(partials, 2 * c);
     for ((dw, db), (&tw, &tb)) in dweight.iter_mut().zip(dbias.iter_mut()).zip(total.iter().zip(&total[c..]))
     {
         *dw += tw;
@@ -106,6 +101,7 @@ mod tests {
 
     const N: usize = 70; // two full chunks of ROWS and a partial one
     const C: usize = 24;
+    const EPS: f32 = 1e-5; // GPT-2's
 
     /// (out, mean, rstd) in f64.
     fn reference(inp: &[f64], weight: &[f64], bias: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
@@ -134,7 +130,7 @@ mod tests {
     fn forward_matches_f64_reference() {
         let (inp, weight, bias) = inputs();
         let (mut out, mut mean, mut rstd) = (vec![0.0; N * C], vec![0.0; N], vec![0.0; N]);
-        forward(&mut out, &mut mean, &mut rstd, &inp, &weight, &bias);
+        forward(&mut out, &mut mean, &mut rstd, &inp, &weight, &bias, EPS);
         let (want, want_mean, want_rstd) = reference(&to_f64(&inp), &to_f64(&weight), &to_f64(&bias));
         // Tolerance: 1e-6 of the largest value, a few f32 roundings of a 24-term sum.
         assert_close(&out, &want, 1e-6, "out");
@@ -147,7 +143,7 @@ mod tests {
         let (inp, weight, bias) = inputs();
         let w = random(4, N * C, 1.0);
         let (mut out, mut mean, mut rstd) = (vec![0.0; N * C], vec![0.0; N], vec![0.0; N]);
-        forward(&mut out, &mut mean, &mut rstd, &inp, &weight, &bias);
+        forward(&mut out, &mut mean, &mut rstd, &inp, &weight, &bias, EPS);
         let (inp64, weight64, bias64) = (to_f64(&inp), to_f64(&weight), to_f64(&bias));
         let loss = |i: &[f64], wt: &[f64], b: &[f64]| weighted_sum(&reference(i, wt, b).0, &w);
         let fd_inp = finite_diff(&inp, |x| loss(x, &weight64, &bias64));

@@ -45,6 +45,19 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     lane_sum3(a, b, a, |x, y, _| x * y)
 }
 
+/// Adds the per-chunk partial sums `partials` [chunks, width] in chunk order into the first
+/// chunk's, which it returns: the fixed order that keeps a parameter gradient's column sums
+/// independent of the thread count.
+pub fn sum_chunks_in_order(partials: &mut [f32], width: usize) -> &[f32] {
+    let (total, rest) = partials.split_at_mut(width);
+    for partial in rest.chunks_exact(width) {
+        for (t, &p) in total.iter_mut().zip(partial) {
+            *t += p;
+        }
+    }
+    total
+}
+
 /// The largest element (-inf for an empty slice). Exact, so the lane order is irrelevant.
 pub fn max(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];

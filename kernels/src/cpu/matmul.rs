@@ -246,6 +246,10 @@ mod tests {
             // K = N is a single gemm depth block, so the product is added once: exactly 2x.
             assert!(dweight.iter().zip(&once_w).all(|(&a, &b)| a == 2.0 * b));
             assert!(dbias.iter().zip(&once_b).all(|(&a, &b)| a == 2.0 * b));
+            // Without a bias, the same weight gradient.
+            let mut alone = vec![0.0; D.ic * D.oc];
+            backward_weight(&mut alone, None, &w, &inp, layout, D, Parallelism::None);
+            assert!(alone == once_w, "dweight without dbias ({layout:?})");
         }
     }
 }

@@ -20,6 +20,9 @@ mod layernorm;
 pub mod math;
 mod matmul;
 mod peak;
+mod rmsnorm;
+mod rope;
+mod swiglu;
 #[cfg(test)]
 mod testutil;
 
@@ -41,6 +44,12 @@ use std::sync::Arc;
 /// per-task cost, small enough to balance. Also the fixed reduction chunk of
 /// `sum_squares`, so changing it changes that op's rounding.
 const CHUNK: usize = 1 << 14;
+
+/// Rows per parallel task of a row-wise kernel whose rows are `width` elements: about CHUNK
+/// elements a task.
+fn rows_per_task(width: usize) -> usize {
+    (CHUNK / width.max(1)).max(1)
+}
 
 /// A CPU device with its own rayon pool.
 pub struct CpuDevice {
@@ -241,24 +250,37 @@ impl Device for CpuDevice {
         }
     }
 
-    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
         let &[b, t, c] = out.shape() else { panic!("embedding out must be [B,T,C], got {out:?}") };
         assert_eq!(tokens.len(), b * t, "embedding: {} tokens for {out:?}", tokens.len());
         assert_eq!(rows_cols(wte).1, c, "embedding: wte {wte:?} vs out {out:?}");
         assert_tokens_below(tokens, rows_cols(wte).0);
-        assert!(wpe.len() >= t * c && rows_cols(wpe).1 == c, "embedding: wpe {wpe:?} vs out {out:?}");
-        self.pool.install(|| embedding::forward(out.cpu_mut(), tokens, wte.cpu(), wpe.cpu(), t, c));
+        if let Some(wpe) = wpe {
+            assert!(wpe.len() >= t * c && rows_cols(wpe).1 == c, "embedding: wpe {wpe:?} vs out {out:?}");
+        }
+        let wpe = wpe.map(Tensor::cpu);
+        self.pool.install(|| embedding::forward(out.cpu_mut(), tokens, wte.cpu(), wpe, t, c));
     }
 
-    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]) {
+    fn embedding_backward(
+        &self,
+        dwte: &mut Tensor,
+        dwpe: Option<&mut Tensor>,
+        dout: &Tensor,
+        tokens: &[u32],
+    ) {
         let &[b, t, c] = dout.shape() else { panic!("embedding dout must be [B,T,C], got {dout:?}") };
         assert_eq!(tokens.len(), b * t, "embedding: {} tokens for {dout:?}", tokens.len());
         assert_eq!(rows_cols(dwte).1, c, "embedding: dwte {dwte:?} vs dout {dout:?}");
         assert_tokens_below(tokens, rows_cols(dwte).0);
-        assert!(dwpe.len() >= t * c && rows_cols(dwpe).1 == c, "embedding: dwpe {dwpe:?} vs dout {dout:?}");
-        self.pool.install(|| {
-            embedding::backward(dwte.cpu_mut(), dwpe.cpu_mut(), dout.cpu(), tokens, t, c);
-        });
+        if let Some(dwpe) = &dwpe {
+            assert!(
+                dwpe.len() >= t * c && rows_cols(dwpe).1 == c,
+                "embedding: dwpe {dwpe:?} vs dout {dout:?}"
+            );
+        }
+        let dwpe = dwpe.map(Tensor::cpu_mut);
+        self.pool.install(|| embedding::backward(dwte.cpu_mut(), dwpe, dout.cpu(), tokens, t, c));
     }
 
     fn layernorm_forward(
@@ -269,6 +291,7 @@ impl Device for CpuDevice {
         inp: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
+        eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
         assert_same_len(out, inp);
@@ -282,6 +305,7 @@ impl Device for CpuDevice {
                 inp.cpu(),
                 weight.cpu(),
                 bias.cpu(),
+                eps,
             )
         });
     }
@@ -314,6 +338,35 @@ impl Device for CpuDevice {
                 saved,
                 partials.cpu_mut(),
             )
+        });
+    }
+
+    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert_eq!(weight.len(), c, "rmsnorm: weight must have {c} channels");
+        self.pool.install(|| rmsnorm::forward(out.cpu_mut(), rstd.cpu_mut(), inp.cpu(), weight.cpu(), eps));
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
+        let mut partials = self.workspace(rmsnorm::partials_len(n, c));
+        let saved = rmsnorm::Saved { inp: inp.cpu(), weight: weight.cpu(), rstd: rstd.cpu() };
+        self.pool.install(|| {
+            rmsnorm::backward(dinp.cpu_mut(), dweight.cpu_mut(), dout.cpu(), saved, partials.cpu_mut())
         });
     }
 
@@ -375,10 +428,15 @@ impl Device for CpuDevice {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
+        n_kv_head: usize,
     ) {
-        let dims = attention_dims(qkv, n_head);
+        let dims = attention_dims(qkv, n_head, n_kv_head);
         if let Some(out) = &out {
-            assert_eq!(out.len(), dims.b * dims.t * dims.c, "attention: out {out:?} for qkv {qkv:?}");
+            assert_eq!(
+                out.len(),
+                dims.b * dims.t * dims.out_width(),
+                "attention: out {out:?} for qkv {qkv:?}"
+            );
         }
         let (att, dropped) = saved_probabilities(saved, dims, dropout.is_some());
         let groups = self.threads().min(dims.b * dims.nh);
@@ -396,15 +454,20 @@ impl Device for CpuDevice {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         n_head: usize,
+        n_kv_head: usize,
     ) {
-        let dims = attention_dims(qkv, n_head);
+        let dims = attention_dims(qkv, n_head, n_kv_head);
         assert_same_len(dqkv, qkv);
-        assert_eq!(dout.len(), dims.b * dims.t * dims.c, "attention: dout {dout:?} for qkv {qkv:?}");
+        assert_eq!(
+            dout.len(),
+            dims.b * dims.t * dims.out_width(),
+            "attention: dout {dout:?} for qkv {qkv:?}"
+        );
         let AttentionSaved::Probabilities { probs: att, dropped } = saved else {
             panic!("cpu: attention keeps probabilities, not {:?}", saved.kind())
         };
         check_probabilities(att, dropped.as_ref(), dims, dropout.is_some());
-        let groups = self.threads().min(dims.b * dims.nh);
+        let groups = self.threads().min(dims.b * dims.kv);
         let mut scratch = self.workspace(attention::backward_scratch_len(dims, groups));
         let saved = attention::Saved {
             qkv: qkv.cpu(),
@@ -416,6 +479,18 @@ impl Device for CpuDevice {
         });
     }
 
+    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
+        let dims = rope_dims(qkv, n_head, n_kv_head);
+        let mut table = self.workspace(rope::table_len(dims));
+        self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, base));
+    }
+
+    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
+        let dims = rope_dims(dqkv, n_head, n_kv_head);
+        let mut table = self.workspace(rope::table_len(dims));
+        self.pool.install(|| rope::backward(dqkv.cpu_mut(), table.cpu_mut(), dims, base));
+    }
+
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
         assert_same_len(out, inp);
         self.pool.install(|| gelu::forward(out.cpu_mut(), inp.cpu()));
@@ -425,6 +500,19 @@ impl Device for CpuDevice {
         assert_same_len(dinp, inp);
         assert_same_len(dinp, dout);
         self.pool.install(|| gelu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu()));
+    }
+
+    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        let (n, f) = rows_cols(out);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for out {out:?} (inp is [N,2F])");
+        self.pool.install(|| swiglu::forward(out.cpu_mut(), inp.cpu(), f));
+    }
+
+    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        let (n, f) = rows_cols(dout);
+        assert_same_len(dinp, inp);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
+        self.pool.install(|| swiglu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu(), f));
     }
 
     fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
@@ -442,20 +530,20 @@ impl Device for CpuDevice {
         &self,
         losses: &mut Tensor,
         inp: &Tensor,
-        wte: &Tensor,
+        weight: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     ) {
-        let (n, v) = classifier_rows(losses, inp, wte, targets);
+        let (n, v) = classifier_rows(losses, inp, weight, targets);
         let mut logits = self.zeros(&[n, v], Category::Workspace); // [N,V]
-        self.matmul_forward(&mut logits, inp, wte, WeightLayout::OutIn, None);
+        self.matmul_forward(&mut logits, inp, weight, WeightLayout::OutIn, None);
         let scale = grad.as_ref().map(|g| g.scale);
         self.pool
             .install(|| cross_entropy::forward_backward(losses.cpu_mut(), logits.cpu_mut(), targets, scale));
         let Some(grad) = grad else { return };
         let dlogits = logits; // [N,V], overwritten in place by forward_backward
-        self.matmul_backward_input(grad.dinp, &dlogits, wte, WeightLayout::OutIn);
-        self.matmul_backward_weight(grad.dwte, None, &dlogits, inp, WeightLayout::OutIn);
+        self.matmul_backward_input(grad.dinp, &dlogits, weight, WeightLayout::OutIn);
+        self.matmul_backward_weight(grad.dweight, None, &dlogits, inp, WeightLayout::OutIn);
     }
 
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
@@ -518,11 +606,25 @@ fn check_probabilities(probs: &Tensor, dropped: Option<&Tensor>, dims: attention
     }
 }
 
-fn attention_dims(qkv: &Tensor, n_head: usize) -> attention::Dims {
-    let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
+/// B, T and the head size of qkv [B,T,(NH+2*KV)*hs], checked: KV must divide NH.
+fn qkv_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> (usize, usize, usize) {
+    let &[b, t, width] = qkv.shape() else { panic!("qkv must be [B,T,(NH+2*KV)*hs], got {qkv:?}") };
     assert!(
-        c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head),
-        "attention: qkv {qkv:?}, {n_head} heads"
+        n_kv_head > 0
+            && n_head >= n_kv_head
+            && n_head.is_multiple_of(n_kv_head)
+            && width.is_multiple_of(n_head + 2 * n_kv_head),
+        "qkv {qkv:?} with {n_head} query heads on {n_kv_head} key/value heads"
     );
-    attention::Dims { b, t, c: c3 / 3, nh: n_head }
+    (b, t, width / (n_head + 2 * n_kv_head))
+}
+
+fn attention_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> attention::Dims {
+    let (b, t, hs) = qkv_dims(qkv, n_head, n_kv_head);
+    attention::Dims { b, t, nh: n_head, kv: n_kv_head, hs }
+}
+
+fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> rope::Dims {
+    let (_, t, hs) = qkv_dims(qkv, n_head, n_kv_head);
+    rope::Dims { t, nh: n_head, kv: n_kv_head, hs }
 }

@@ -47,7 +47,7 @@ impl CudaDevice {
             &scale
         );
         if let Some(grad) = grad {
-            self.head_backward(grad.dinp, grad.dwte, &logits, inp, &weight);
+            self.head_backward(grad.dinp, grad.dweight, &logits, inp, &weight);
         }
     }
 }

@@ -277,6 +277,22 @@ pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
+/// The CUDA kernels are GPT-2's: learned positions, multi-head attention, no Llama ops; the
+/// config refuses a Llama model on `device: cuda`, so reaching one of these is a bug.
+const LEARNED_POSITIONS: &str =
+    "cuda: the embedding kernels add learned positions (wpe); a RoPE model runs on the CPU";
+
+fn llama_only(op: &str) -> String {
+    format!("cuda: {op} has no CUDA kernel; Llama models run on the CPU")
+}
+
+fn assert_multi_head(n_head: usize, n_kv_head: usize) {
+    assert_eq!(
+        n_head, n_kv_head,
+        "cuda: the fused attention kernels are multi-head only ({n_head} query heads on {n_kv_head} key/value heads); grouped-query attention runs on the CPU"
+    );
+}
+
 impl Device for CudaDevice {
     fn name(&self) -> String {
         let (major, minor) = self.gpu.compute_capability;
@@ -455,12 +471,18 @@ impl Device for CudaDevice {
         self.read_op(r)
     }
 
-    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: &Tensor) {
-        self.embedding_forward_op(out, tokens, wte, wpe);
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
+        self.embedding_forward_op(out, tokens, wte, wpe.expect(LEARNED_POSITIONS));
     }
 
-    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: &mut Tensor, dout: &Tensor, tokens: &[u32]) {
-        self.embedding_backward_op(dwte, dwpe, dout, tokens);
+    fn embedding_backward(
+        &self,
+        dwte: &mut Tensor,
+        dwpe: Option<&mut Tensor>,
+        dout: &Tensor,
+        tokens: &[u32],
+    ) {
+        self.embedding_backward_op(dwte, dwpe.expect(LEARNED_POSITIONS), dout, tokens);
     }
 
     fn layernorm_forward(
@@ -471,8 +493,9 @@ impl Device for CudaDevice {
         inp: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
+        eps: f32,
     ) {
-        self.layernorm_forward_op(out, mean, rstd, inp, weight, bias);
+        self.layernorm_forward_op(out, mean, rstd, inp, weight, bias, eps);
     }
 
     fn layernorm_backward(
@@ -487,6 +510,22 @@ impl Device for CudaDevice {
         rstd: &Tensor,
     ) {
         self.layernorm_backward_op(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    }
+
+    fn rmsnorm_forward(&self, _: &mut Tensor, _: &mut Tensor, _: &Tensor, _: &Tensor, _: f32) {
+        panic!("{}", llama_only("rmsnorm"))
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        _: &mut Tensor,
+        _: &mut Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+    ) {
+        panic!("{}", llama_only("rmsnorm"))
     }
 
     fn matmul_forward(
@@ -522,7 +561,9 @@ impl Device for CudaDevice {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         n_head: usize,
+        n_kv_head: usize,
     ) {
+        assert_multi_head(n_head, n_kv_head);
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
                 self.fused_attention_forward_op(out, lse, dropout, qkv, n_head)
@@ -543,7 +584,9 @@ impl Device for CudaDevice {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         n_head: usize,
+        n_kv_head: usize,
     ) {
+        assert_multi_head(n_head, n_kv_head);
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
                 self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, n_head)
@@ -555,6 +598,14 @@ impl Device for CudaDevice {
         }
     }
 
+    fn rope_forward(&self, _: &mut Tensor, _: usize, _: usize, _: f32) {
+        panic!("{}", llama_only("rope"))
+    }
+
+    fn rope_backward(&self, _: &mut Tensor, _: usize, _: usize, _: f32) {
+        panic!("{}", llama_only("rope"))
+    }
+
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
         assert_same_len(out, inp);
         self.gelu_forward_op(out, inp);
@@ -564,6 +615,14 @@ impl Device for CudaDevice {
         assert_same_len(dinp, inp);
         assert_same_len(dinp, dout);
         self.gelu_backward_op(dinp, inp, dout);
+    }
+
+    fn swiglu_forward(&self, _: &mut Tensor, _: &Tensor) {
+        panic!("{}", llama_only("swiglu"))
+    }
+
+    fn swiglu_backward(&self, _: &mut Tensor, _: &Tensor, _: &Tensor) {
+        panic!("{}", llama_only("swiglu"))
     }
 
     fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
@@ -581,11 +640,11 @@ impl Device for CudaDevice {
         &self,
         losses: &mut Tensor,
         inp: &Tensor,
-        wte: &Tensor,
+        weight: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
     ) {
-        self.classifier_op(losses, inp, wte, targets, grad);
+        self.classifier_op(losses, inp, weight, targets, grad);
     }
 
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {

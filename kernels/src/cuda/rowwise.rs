@@ -10,6 +10,7 @@ use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
 impl CudaDevice {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn layernorm_forward_op(
         &self,
         out: &mut Tensor,
@@ -18,6 +19,7 @@ impl CudaDevice {
         inp: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
+        eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
         assert_same_len(out, inp);
@@ -37,6 +39,7 @@ impl CudaDevice {
             cu(bias),
             &n_i,
             &c_i,
+            &eps,
         );
     }
 

@@ -42,9 +42,9 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
     let kind = AttentionSaves::Probabilities;
     let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh);
+    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, nh);
     let mut dqkv = dev.zeros(&[b, t, 3 * c], Category::Workspace);
-    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh);
+    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, nh);
     let AttentionSaved::Probabilities { probs, dropped } = saved else {
         unreachable!("asked for probabilities")
     };

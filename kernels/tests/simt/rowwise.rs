@@ -15,6 +15,8 @@ use kernels::{Category, Device, WeightLayout};
 /// GPT-2 124M's rows per step (B * T) and width.
 const N: usize = 4 * 1024;
 const C: usize = 768;
+/// GPT-2's LayerNorm epsilon.
+const EPS: f32 = 1e-5;
 /// GPT-2 124M's vocabulary: its embedding gradient's length in the sum of squares.
 const V: usize = 50257;
 
@@ -56,7 +58,17 @@ pub fn layernorm(
     run.launch(
         &storage.kernel("layernorm_forward"),
         per_row_warp(n),
-        &[out.into(), mean.into(), rstd.into(), gi.into(), gw.into(), gb.into(), ni.into(), ci.into()],
+        &[
+            out.into(),
+            mean.into(),
+            rstd.into(),
+            gi.into(),
+            gw.into(),
+            gb.into(),
+            ni.into(),
+            ci.into(),
+            EPS.into(),
+        ],
     );
     let dinp = storage.output(&mut run, n * c);
     run.launch(
@@ -106,7 +118,7 @@ pub fn layernorm(
         dev.zeros(&[n], Category::Workspace),
         dev.zeros(&[n], Category::Workspace),
     );
-    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb);
+    dev.layernorm_forward(&mut tout, &mut tmean, &mut trstd, &ti, &tw, &tb, EPS);
     let (mut tdinp, mut tdw, mut tdb) =
         (dev.zeros(&[n, c], Category::Workspace), put(&dw0, &[c]), put(&db0, &[c]));
     dev.layernorm_backward(&mut tdinp, &mut tdw, &mut tdb, &put(&dout, &[n, c]), &ti, &tw, &tmean, &trstd);

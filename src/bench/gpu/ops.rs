@@ -100,7 +100,7 @@ fn ops() -> [(&'static str, Op); 18] {
                 &mut out,
                 &i.tokens,
                 &shaped(d, &i.wte, &[s.vocab, s.c]),
-                &shaped(d, &i.wpe, &[s.t, s.c]),
+                Some(&shaped(d, &i.wpe, &[s.t, s.c])),
             );
             host(d, [out])
         }),
@@ -108,7 +108,7 @@ fn ops() -> [(&'static str, Op); 18] {
             let s = i.s;
             let (mut dwte, mut dwpe) =
                 (d.zeros(&[s.vocab, s.c], Category::Workspace), d.zeros(&[s.t, s.c], Category::Workspace));
-            d.embedding_backward(&mut dwte, &mut dwpe, &shaped(d, &i.x, &[s.b, s.t, s.c]), &i.tokens);
+            d.embedding_backward(&mut dwte, Some(&mut dwpe), &shaped(d, &i.x, &[s.b, s.t, s.c]), &i.tokens);
             host(d, [dwte, dwpe])
         }),
         ("layernorm forward", |(d, _), i| host(d, layernorm(d, i))),
@@ -160,7 +160,7 @@ fn ops() -> [(&'static str, Op); 18] {
             let (out, saved) = attention(d, kind, i, Some(spec));
             let mut dqkv = d.empty(&[s.b, s.t, 3 * s.c], Category::Workspace);
             let (dout, qkv) = (shaped(d, &i.y, &[s.b, s.t, s.c]), shaped(d, &i.qkv, &[s.b, s.t, 3 * s.c]));
-            d.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, Some(spec), s.heads);
+            d.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, Some(spec), s.heads, s.heads);
             host(d, [dqkv])
         }),
         ("gelu forward and backward", |(d, _), i| {
@@ -184,7 +184,7 @@ fn ops() -> [(&'static str, Op); 18] {
             let mut losses = d.empty(&[n], Category::Workspace);
             let (mut dinp, mut dwte) =
                 (d.empty(&[n, c], Category::Workspace), d.zeros(&[v, c], Category::Workspace));
-            let grad = ClassifierGrad { scale: 1.0 / n as f32, dinp: &mut dinp, dwte: &mut dwte };
+            let grad = ClassifierGrad { scale: 1.0 / n as f32, dinp: &mut dinp, dweight: &mut dwte };
             d.classifier(
                 &mut losses,
                 &shaped(d, &i.x, &[n, c]),
@@ -240,6 +240,7 @@ fn layernorm(d: &dyn Device, i: &Inputs) -> [Tensor; 3] {
         &shaped(d, &i.x, &[n, c]),
         &put(d, &i.ln_w),
         &put(d, &i.ln_b),
+        1e-5,
     );
     [out, mean, rstd]
 }
@@ -269,7 +270,7 @@ fn attention(
     let mut out = d.empty(&[s.b, s.t, s.c], Category::Workspace);
     let mut saved = AttentionSaved::empty(d, kind, [s.b, s.heads, s.t], spec.is_some(), Category::Workspace);
     let qkv = shaped(d, &i.qkv, &[s.b, s.t, 3 * s.c]);
-    d.attention_forward(Some(&mut out), &mut saved, spec, &qkv, s.heads);
+    d.attention_forward(Some(&mut out), &mut saved, spec, &qkv, s.heads, s.heads);
     (out, saved)
 }
 

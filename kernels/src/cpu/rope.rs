@@ -1,0 +1,187 @@
+//! Rotary position embedding in Hugging Face's rotate-half layout, in place on the query and
+//! key heads of qkv [B,T,(NH+2*KV)*hs] (queries, then keys, then values in each token's
+//! row). Token t of a sequence sits at position t. With half = hs/2, for i < half:
+//! inv_freq_i = 1 / base^(2i/hs), angle = t * inv_freq_i, and the pair (x[i], x[i + half])
+//! turns by that angle. Every value is the f32 Hugging Face's LlamaRotaryEmbedding computes:
+//! the exponent an f32 quotient, the angle an f32 product; the power, cos and sin are
+//! computed in f64 and rounded once, the correctly rounded f32 that torch's approximate.
+//!
+//! Each call fills a table of cos and sin [T, half] once (in parallel over positions) and
+//! then rotates the rows in parallel; the rotation of an element depends on nothing else, so
+//! the result is the same whatever the thread count.
+
+use super::rows_per_task;
+use rayon::prelude::*;
+
+/// The heads of qkv: NH query heads, KV key heads (and KV value heads, untouched) of hs
+/// values each, T tokens a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub t: usize,
+    pub nh: usize,
+    pub kv: usize,
+    pub hs: usize,
+}
+
+impl Dims {
+    fn half(&self) -> usize {
+        self.hs / 2
+    }
+
+    fn width(&self) -> usize {
+        (self.nh + 2 * self.kv) * self.hs
+    }
+}
+
+/// Scratch `forward` and `backward` need: cos and sin [2, T, hs/2].
+pub fn table_len(d: Dims) -> usize {
+    2 * d.t * d.half()
+}
+
+/// 1 / base^(2i/hs), as Hugging Face's `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`.
+pub fn inv_freq(i: usize, hs: usize, base: f32) -> f32 {
+    let exponent = (2 * i) as f32 / hs as f32;
+    1.0 / (base as f64).powf(exponent as f64) as f32
+}
+
+/// table [2, T, hs/2] = cos and sin of t * inv_freq_i, the sines negated for `inverse`.
+fn fill_table(table: &mut [f32], d: Dims, base: f32, inverse: bool) {
+    let half = d.half();
+    let inv_freq: Vec<f32> = (0..half).map(|i| inv_freq(i, d.hs, base)).collect();
+    let sign = if inverse { -1.0 } else { 1.0 };
+    let (cos, sin) = table.split_at_mut(d.t * half);
+    cos.par_chunks_mut(half).zip(sin.par_chunks_mut(half)).enumerate().for_each(|(t, (cos, sin))| {
+        for ((c, s), &f) in cos.iter_mut().zip(sin).zip(&inv_freq) {
+            let angle = (t as f32 * f) as f64;
+            (*c, *s) = (angle.cos() as f32, sign * angle.sin() as f32);
+        }
+    });
+}
+
+/// Turns every (x[i], x[i + half]) of the query and key heads of qkv [B,T,W] by the angle
+/// of `table` at its position: x[i] = x[i] cos - x[i + half] sin,
+/// x[i + half] = x[i + half] cos + x[i] sin.
+fn rotate(qkv: &mut [f32], table: &[f32], d: Dims) {
+    let (half, width) = (d.half(), d.width());
+    let (cos, sin) = table.split_at(d.t * half);
+    qkv.par_chunks_mut(width).with_min_len(rows_per_task(width)).enumerate().for_each(|(n, row)| {
+        let t = n % d.t;
+        let (cos, sin) = (&cos[t * half..][..half], &sin[t * half..][..half]);
+        for head in row[..(d.nh + d.kv) * d.hs].chunks_exact_mut(d.hs) {
+            let (x1, x2) = head.split_at_mut(half);
+            for (((a, b), &c), &s) in x1.iter_mut().zip(x2).zip(cos).zip(sin) {
+                (*a, *b) = (*a * c - *b * s, *b * c + *a * s);
+            }
+        }
+    });
+}
+
+fn check(qkv: &[f32], table: &[f32], d: Dims) {
+    assert!(d.hs.is_multiple_of(2), "rope: the head size {} must be even", d.hs);
+    assert!(d.t > 0 && qkv.len().is_multiple_of(d.t * d.width()), "rope: qkv of {} for {d:?}", qkv.len());
+    assert_eq!(table.len(), table_len(d), "rope: table for {d:?}");
+}
+
+/// Rotates the query and key heads of qkv [B,T,(NH+2*KV)*hs] in place; `table` is scratch
+/// of `table_len`.
+pub fn forward(qkv: &mut [f32], table: &mut [f32], d: Dims, base: f32) {
+    check(qkv, table, d);
+    fill_table(table, d, base, false);
+    rotate(qkv, table, d);
+}
+
+/// The transpose of `forward` (its inverse rotation), in place on dqkv:
+/// d[i] = d[i] cos + d[i + half] sin, d[i + half] = d[i + half] cos - d[i] sin.
+pub fn backward(dqkv: &mut [f32], table: &mut [f32], d: Dims, base: f32) {
+    check(dqkv, table, d);
+    fill_table(table, d, base, true);
+    rotate(dqkv, table, d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::testutil::{assert_close, finite_diff, random, to_f64, weighted_sum};
+
+    // Odd sizes: 3 sequences of 7 tokens, 3 query heads sharing 1 key/value head of 10.
+    const B: usize = 3;
+    const D: Dims = Dims { t: 7, nh: 3, kv: 1, hs: 10 };
+    const BASE: f32 = 10_000.0;
+
+    fn qkv(seed: u64) -> Vec<f32> {
+        random(seed, B * D.t * D.width(), 2.0)
+    }
+
+    /// RoPE in f64 from the definition, with the f32 angles of the op.
+    fn reference(x: &[f64]) -> Vec<f64> {
+        let (half, width) = (D.half(), D.width());
+        let mut out = x.to_vec();
+        for (n, row) in out.chunks_exact_mut(width).enumerate() {
+            for head in row[..(D.nh + D.kv) * D.hs].chunks_exact_mut(D.hs) {
+                for i in 0..half {
+                    let angle = ((n % D.t) as f32 * inv_freq(i, D.hs, BASE)) as f64;
+                    let (x1, x2) = (head[i], head[i + half]);
+                    head[i] = x1 * angle.cos() - x2 * angle.sin();
+                    head[i + half] = x2 * angle.cos() + x1 * angle.sin();
+                }
+            }
+        }
+        out
+    }
+
+    fn run(x: &[f32], inverse: bool) -> Vec<f32> {
+        let (mut out, mut table) = (x.to_vec(), vec![f32::NAN; table_len(D)]);
+        if inverse {
+            backward(&mut out, &mut table, D, BASE);
+        } else {
+            forward(&mut out, &mut table, D, BASE);
+        }
+        out
+    }
+
+    #[test]
+    fn forward_matches_f64_reference_and_leaves_values_and_position_0_alone() {
+        let x = qkv(1);
+        let got = run(&x, false);
+        // Tolerance: 1e-6 of the largest value: two products and a sum in f32, and cos and
+        // sin rounded to f32.
+        assert_close(&got, &reference(&to_f64(&x)), 1e-6, "rope");
+        let (rotated, width) = ((D.nh + D.kv) * D.hs, D.width());
+        for (n, (g, x)) in got.chunks_exact(width).zip(x.chunks_exact(width)).enumerate() {
+            assert_eq!(g[rotated..], x[rotated..], "values of row {n} must be untouched");
+            if n % D.t == 0 {
+                assert_eq!(g, x, "position 0 (row {n}) is the identity");
+            }
+        }
+    }
+
+    #[test]
+    fn one_element_by_hand() {
+        // Position 2, query head 0, pair i = 1 of hs = 10: inv_freq = 1 / 10000^0.2 =
+        // 0.15848932, angle = 0.31697863.
+        let x = qkv(2);
+        let got = run(&x, false);
+        let row = 2 * D.width();
+        let (x1, x2) = (x[row + 1], x[row + 6]);
+        assert_eq!(inv_freq(1, 10, BASE), 0.158_489_32);
+        let angle = 2.0f32 * 0.158_489_32;
+        assert_eq!(angle, 0.316_978_63);
+        let (c, s) = (0.950_181_5f32, 0.311_697_16f32); // cos and sin of 0.31697863, to f32
+        assert_eq!(((angle as f64).cos() as f32, (angle as f64).sin() as f32), (c, s));
+        assert_eq!((got[row + 1], got[row + 6]), (x1 * c - x2 * s, x2 * c + x1 * s));
+    }
+
+    #[test]
+    fn backward_is_the_transpose_and_undoes_forward() {
+        let x = qkv(3);
+        let w = random(4, x.len(), 1.0);
+        // The op is linear in x, so its transpose applied to w is the gradient of sum(w * rope(x)).
+        let fd = finite_diff(&x, |x| weighted_sum(&reference(x), &w));
+        // Tolerance: 1e-6 of the largest gradient, as forward.
+        assert_close(&run(&w, true), &fd, 1e-6, "drope");
+        let back = run(&run(&x, false), true);
+        let worst = back.iter().zip(&x).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        // A rotation and its inverse in f32: a few ulp of values below 2.
+        assert!(worst <= 1e-6, "backward(forward(x)) is {worst:e} off x");
+    }
+}
