@@ -181,7 +181,7 @@ fn main() {
     time("matmul fwd qkv", mm(n, C, qkv_width), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None)
     });
-    time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0));
+    time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0));
     time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV));
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::OutIn, None)

@@ -210,7 +210,7 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let w_qkv = t(3, &[QKV, C], 0.1); // OutIn, as nn.Linear
     let mut qkv = z(&[B, T, QKV]);
     dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None);
-    dev.rope_forward(&mut qkv, NH, KV, 10_000.0);
+    dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0);
     keep(&qkv);
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let mut y = z(&[B, T, C]);
@@ -267,7 +267,7 @@ fn llama_op_scratch_is_counted_as_workspace_and_released() {
         ledger.peak(Category::Workspace)
     };
     // RoPE: its cos and sin table [2, T, hs/2].
-    assert_eq!(peak_after(&mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0)), 2 * T * (HS / 2) * 4);
+    assert_eq!(peak_after(&mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0)), 2 * T * (HS / 2) * 4);
     assert_eq!(peak_after(&mut || dev.rope_backward(&mut dqkv, NH, KV, 10_000.0)), 2 * T * (HS / 2) * 4);
     // RMSNorm: a dweight partial per 32 rows.
     let rmsnorm = &mut || dev.rmsnorm_backward(&mut dx, &mut dw, &y, &x, &w, &rstd);
@@ -285,7 +285,7 @@ fn llama_op_scratch_is_counted_as_workspace_and_released() {
 fn key_value_heads_must_divide_the_query_heads() {
     let dev = CpuDevice::new(1);
     let mut qkv = dev.zeros(&[B, T, (NH + 2 * 3) * HS], Category::Activations);
-    dev.rope_forward(&mut qkv, NH, 3, 10_000.0);
+    dev.rope_forward(&mut qkv, NH, 3, 10_000.0, 0);
 }
 
 #[test]
@@ -293,5 +293,5 @@ fn key_value_heads_must_divide_the_query_heads() {
 fn rope_needs_an_even_head_size() {
     let dev = CpuDevice::new(1);
     let mut qkv = dev.zeros(&[1, 3, 3 * 5], Category::Activations);
-    dev.rope_forward(&mut qkv, 1, 1, 10_000.0);
+    dev.rope_forward(&mut qkv, 1, 1, 10_000.0, 0);
 }

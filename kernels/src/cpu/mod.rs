@@ -479,8 +479,8 @@ impl Device for CpuDevice {
         });
     }
 
-    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
-        let dims = rope_dims(qkv, n_head, n_kv_head);
+    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32, first_position: usize) {
+        let dims = rope::Dims { first: first_position, ..rope_dims(qkv, n_head, n_kv_head) };
         let mut table = self.workspace(rope::table_len(dims));
         self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, base));
     }
@@ -626,5 +626,5 @@ fn attention_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> attention::D
 
 fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> rope::Dims {
     let (_, t, hs) = qkv_dims(qkv, n_head, n_kv_head);
-    rope::Dims { t, nh: n_head, kv: n_kv_head, hs }
+    rope::Dims { t, nh: n_head, kv: n_kv_head, hs, first: 0 }
 }

@@ -1,10 +1,13 @@
 //! Rotary position embedding in Hugging Face's rotate-half layout, in place on the query and
 //! key heads of qkv [B,T,(NH+2*KV)*hs] (queries, then keys, then values in each token's
-//! row). Token t of a sequence sits at position t. With half = hs/2, for i < half:
-//! inv_freq_i = 1 / base^(2i/hs), angle = t * inv_freq_i, and the pair (x[i], x[i + half])
-//! turns by that angle. Every value is the f32 Hugging Face's LlamaRotaryEmbedding computes:
-//! the exponent an f32 quotient, the angle an f32 product; the power, cos and sin are
-//! computed in f64 and rounded once, the correctly rounded f32 that torch's approximate.
+//! row). Token t of a sequence sits at position first + t (first is 0 in training; a
+//! decoder's next token sits after its cache). With half = hs/2, for i < half:
+//! inv_freq_i = 1 / base^(2i/hs), angle = position * inv_freq_i, and the pair
+//! (x[i], x[i + half]) turns by that angle. Every value is the f32 Hugging Face's
+//! LlamaRotaryEmbedding computes: the exponent an f32 quotient, the power and its
+//! reciprocal in f32 (torch's `base ** exponent` on f32), the angle an f32 product; cos and
+//! sin are computed in f64 and rounded once, the correctly rounded f32 that torch's
+//! approximate.
 //!
 //! Each call fills a table of cos and sin [T, half] once (in parallel over positions) and
 //! then rotates the rows in parallel; the rotation of an element depends on nothing else, so
@@ -21,6 +24,8 @@ pub struct Dims {
     pub nh: usize,
     pub kv: usize,
     pub hs: usize,
+    /// The position of each sequence's first token.
+    pub first: usize,
 }
 
 impl Dims {
@@ -41,10 +46,11 @@ pub fn table_len(d: Dims) -> usize {
 /// 1 / base^(2i/hs), as Hugging Face's `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`.
 pub fn inv_freq(i: usize, hs: usize, base: f32) -> f32 {
     let exponent = (2 * i) as f32 / hs as f32;
-    1.0 / (base as f64).powf(exponent as f64) as f32
+    1.0 / base.powf(exponent)
 }
 
-/// table [2, T, hs/2] = cos and sin of t * inv_freq_i, the sines negated for `inverse`.
+/// table [2, T, hs/2] = cos and sin of (first + t) * inv_freq_i, the sines negated for
+/// `inverse`.
 fn fill_table(table: &mut [f32], d: Dims, base: f32, inverse: bool) {
     let half = d.half();
     let inv_freq: Vec<f32> = (0..half).map(|i| inv_freq(i, d.hs, base)).collect();
@@ -52,7 +58,7 @@ fn fill_table(table: &mut [f32], d: Dims, base: f32, inverse: bool) {
     let (cos, sin) = table.split_at_mut(d.t * half);
     cos.par_chunks_mut(half).zip(sin.par_chunks_mut(half)).enumerate().for_each(|(t, (cos, sin))| {
         for ((c, s), &f) in cos.iter_mut().zip(sin).zip(&inv_freq) {
-            let angle = (t as f32 * f) as f64;
+            let angle = ((d.first + t) as f32 * f) as f64;
             (*c, *s) = (angle.cos() as f32, sign * angle.sin() as f32);
         }
     });
@@ -105,7 +111,7 @@ mod tests {
 
     // Odd sizes: 3 sequences of 7 tokens, 3 query heads sharing 1 key/value head of 10.
     const B: usize = 3;
-    const D: Dims = Dims { t: 7, nh: 3, kv: 1, hs: 10 };
+    const D: Dims = Dims { t: 7, nh: 3, kv: 1, hs: 10, first: 0 };
     const BASE: f32 = 10_000.0;
 
     fn qkv(seed: u64) -> Vec<f32> {
@@ -169,6 +175,22 @@ mod tests {
         let (c, s) = (0.950_181_5f32, 0.311_697_16f32); // cos and sin of 0.31697863, to f32
         assert_eq!(((angle as f64).cos() as f32, (angle as f64).sin() as f32), (c, s));
         assert_eq!((got[row + 1], got[row + 6]), (x1 * c - x2 * s, x2 * c + x1 * s));
+    }
+
+    /// A decoder rotates one token at a time at its position: the same bits as that row of
+    /// a whole sequence rotated at once.
+    #[test]
+    fn a_token_at_a_later_position_is_rotated_as_in_its_sequence() {
+        let x = qkv(5);
+        let whole = run(&x, false);
+        let width = D.width();
+        for t in 0..D.t {
+            let one = Dims { t: 1, first: t, ..D };
+            let mut row = x[t * width..(t + 1) * width].to_vec();
+            let mut table = vec![f32::NAN; table_len(one)];
+            forward(&mut row, &mut table, one, BASE);
+            assert_eq!(row, whole[t * width..(t + 1) * width], "position {t}");
+        }
     }
 
     #[test]

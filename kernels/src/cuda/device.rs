@@ -598,7 +598,7 @@ impl Device for CudaDevice {
         }
     }
 
-    fn rope_forward(&self, _: &mut Tensor, _: usize, _: usize, _: f32) {
+    fn rope_forward(&self, _: &mut Tensor, _: usize, _: usize, _: f32, _: usize) {
         panic!("{}", llama_only("rope"))
     }
 

@@ -262,7 +262,7 @@ impl Block<'_> {
         drop(datty);
         drop(acts.qkv);
         if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_backward(&mut dqkv, s.heads, s.kv_heads, base, 0);
+            dev.rope_backward(&mut dqkv, s.heads, s.kv_heads, base);
         }
         let dqkv = Arc::new(dqkv);
         let norm1 = self.norm1();
