@@ -2,7 +2,7 @@
 //! GPT-2 small's width, heads and vocabulary, where the stages holding the tied embedding
 //! are dominated by [B,T,V] logits and the [V,C] tied-gradient exchange (tiny's vocabulary
 //! hides both): within 2% on every stage. The schedules are the two the issue was found
-//! with (gpipe and interleaved-1f1b agree as closely at the real 124M shape; see the README).
+//! with (gpipe and interleaved-1f1b agree as closely at the real 124M shape).
 
 use super::rank::Rank;
 use crate::config::Config;
