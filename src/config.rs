@@ -8,6 +8,8 @@
 //! canonical keys (aliases.rs); the config remembers which were used.
 
 mod aliases;
+#[cfg(test)]
+mod reference_doc;
 
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
