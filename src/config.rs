@@ -9,6 +9,8 @@
 
 mod aliases;
 mod named;
+#[cfg(test)]
+mod reference_doc;
 
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};

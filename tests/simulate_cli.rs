@@ -329,7 +329,7 @@ fn plan_is_yaml_that_fits_when_applied() {
 
 /// The published runs of Korthikanti et al. 2022 (Table 3) on A100s: t = 8 with sequence
 /// parallelism, and the per-layer bytes equal to the paper's once masks and statistics are
-/// accounted for (see the README for the times against the paper's).
+/// accounted for (docs/simulate.md has the times against the paper's).
 /// Over a cluster the planner picks t, p and dp too, lists the runners-up, and its lines
 /// applied make a config that the simulator reports as fitting, on every GPU of the world.
 #[test]

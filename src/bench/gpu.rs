@@ -11,7 +11,7 @@
 //!
 //! Where there is no usable GPU this is one line and exit code 3. The table, the no-GPU
 //! line, the op comparison and the loss curves are tested on the CPU; the whole command has
-//! run on an H100 (README, "Benchmarks").
+//! run on an H100 (docs/benchmarks.md).
 
 use super::{training_data, Variant};
 use crate::cli::BenchArgs;

@@ -3,8 +3,8 @@
 //! communicator's unique id, the tensor headers, and the byte collectives (losses,
 //! reports, checkpoints).
 //!
-//! NEVER RUN ON A GPU: this file compiles and is lint-clean in CI; no GPU has been
-//! available to the project yet (the README says what has run where).
+//! NEVER RUN ON A GPU: this file compiles and is lint-clean in CI; no machine with several
+//! GPUs has been available to the project (the README's status table says what has run where).
 //!
 //! Deadlock freedom: an NCCL send waits on the GPU until its receive is posted, so a stream
 //! that holds both directions could wait on itself (1F1B neighbours send to each other at
