@@ -9,7 +9,7 @@ use super::save::{
 };
 use super::shapes::{check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
-use super::tensors::{normalize_hf_names, read_safetensors};
+use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
 use super::{HfGpt2Config, NamedTensor, TrainerState};
 use crate::error::user_error;
 
@@ -46,6 +46,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let expected = expected_shapes(&config);
     check_shapes(&model_path, &expected, &found)?;
     let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));
+    check_finite(&model_path, &model)?;
 
     let (state_path, optimizer_path) = (dir.join(STATE_FILE), dir.join(OPTIMIZER_FILE));
     let trainer = match (state_path.exists(), optimizer_path.exists()) {
@@ -59,7 +60,9 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
             let optimizer = read_safetensors(&optimizer_path)?;
             check_optimizer(&optimizer_path, &model, &optimizer)?;
             let names = model.iter().flat_map(|p| [exp_avg_name(&p.name), exp_avg_sq_name(&p.name)]);
-            Some(TrainerCheckpoint { state, optimizer: in_order(optimizer, names) })
+            let optimizer = in_order(optimizer, names);
+            check_finite(&optimizer_path, &optimizer)?;
+            Some(TrainerCheckpoint { state, optimizer })
         }
         (has_state, _) => {
             let (present, missing) =
@@ -197,6 +200,39 @@ mod tests {
         let ck = load_checkpoint(&dir).unwrap();
         assert_eq!(ck.trainer, None);
         assert_bitwise_eq(&ck.model, &m);
+    }
+
+    #[test]
+    fn a_non_finite_weight_or_moment_is_refused_naming_file_and_tensor() {
+        let run = test_dir("ld_non_finite");
+        let cfg = config();
+        let mut m = model(&cfg, 1.0);
+        let opt = optimizer(&m);
+        m[3].data[2] = f32::NAN;
+        let dir = save_checkpoint(&run, &cfg, &m, &state(1), &opt).unwrap();
+        let err = load_checkpoint(&run).unwrap_err();
+        assert!(crate::error::is_user_error(&err));
+        let n = m[3].data.len();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: {} holds a non-finite value (NaN at element 2 of {n})",
+                dir.join(MODEL_FILE).display(),
+                m[3].name
+            )
+        );
+        let m = model(&cfg, 1.0);
+        let mut opt = optimizer(&m);
+        opt[1].data[0] = f32::NEG_INFINITY;
+        save_checkpoint(&run, &cfg, &m, &state(1), &opt).unwrap();
+        assert_eq!(
+            load_checkpoint(&run).unwrap_err().to_string(),
+            format!(
+                "{}: exp_avg_sq.wte.weight holds a non-finite value (-inf at element 0 of {})",
+                dir.join(OPTIMIZER_FILE).display(),
+                opt[1].data.len()
+            )
+        );
     }
 
     #[test]

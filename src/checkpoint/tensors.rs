@@ -75,6 +75,22 @@ pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
         .collect()
 }
 
+/// Errors, naming `file` and the tensor, where a value of `tensors` is NaN or infinite: a
+/// run started from it would train on garbage.
+pub fn check_finite(file: &Path, tensors: &[NamedTensor]) -> anyhow::Result<()> {
+    for t in tensors {
+        if let Some((i, v)) = t.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(user_error(format!(
+                "{}: {} holds a non-finite value ({v} at element {i} of {})",
+                file.display(),
+                t.name,
+                t.data.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Brings a Hugging Face GPT-2 weight file to pipetrain's names: strips the `transformer.`
 /// prefix that `GPT2LMHeadModel.save_pretrained` writes, drops the attention-mask buffers
 /// (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`) some versions save, and drops `lm_head.weight`

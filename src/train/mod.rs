@@ -8,6 +8,7 @@ mod lr;
 mod memory_truth;
 mod metrics;
 pub mod model;
+mod non_finite;
 mod peak;
 pub mod rank;
 mod report;

@@ -3,12 +3,12 @@
 
 use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
-use super::{loss_chart, lr, metrics, model, peak, shards, summary, timeline};
+use super::{loss_chart, lr, metrics, model, non_finite, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
-use crate::error::{user_error, Interrupted};
+use crate::error::{user_error, Interrupted, NonFinite};
 use stages::dist::{Collective, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
@@ -99,6 +99,13 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             .map(|(bytes, actions)| StepReport::decode(bytes, actions))
             .collect::<Result<Vec<_>, _>>()?;
         let loss = mean_loss(reports.iter().flat_map(|r| r.losses.iter().copied()).collect());
+        // A non-finite loss or gradient ends the run here: before anything applies this
+        // step's update (pending in `rank` until the next step, an evaluation or a save) or
+        // records the step. Every rank reads the same reports, so all stop here together.
+        if let Some(origin) = non_finite::origin(&reports).filter(|_| cfg.check_for_nan_in_loss_and_grad) {
+            let newest = (last_saved > 0).then_some(last_saved);
+            return Err(anyhow::Error::new(NonFinite(non_finite::message(step, origin, topology, newest))));
+        }
         // Every rank stops at the same step boundary once any was asked to.
         interrupted = reports.iter().any(|r| r.stop);
         let step_s = t0.elapsed().as_secs_f64();
