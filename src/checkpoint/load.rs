@@ -4,8 +4,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::manifest::{self, Verified, MANIFEST_FILE};
 use super::save::{
-    write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
+    STATE_FILE,
 };
 use super::shapes::{check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
@@ -36,6 +38,15 @@ pub struct TrainerCheckpoint {
 /// model.safetensors, `transformer.` prefixes and a tied `lm_head.weight` accepted).
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let dir = resolve(path)?;
+    // A Hugging Face directory has no manifest by its nature; a pipetrain checkpoint (with
+    // trainer state) without one predates them, and the user is told it went unchecked.
+    let has_trainer_state = dir.join(STATE_FILE).exists() || dir.join(OPTIMIZER_FILE).exists();
+    if manifest::verify(&dir)? == Verified::NoManifest && has_trainer_state {
+        eprintln!(
+            "note: {}: no {MANIFEST_FILE} (a checkpoint from before they were written); its files are not verified",
+            dir.display()
+        );
+    }
     let config_path = dir.join(CONFIG_FILE);
     let text = fs::read_to_string(&config_path)
         .map_err(|e| user_error(format!("{}: cannot read: {e}", config_path.display())))?;
@@ -77,8 +88,9 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
 }
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
-/// `transformers.GPT2LMHeadModel.from_pretrained` loads. A non-empty `out_dir` is written
-/// into only with `force` (and then only those two files are replaced).
+/// `transformers.GPT2LMHeadModel.from_pretrained` loads, and their manifest. A non-empty
+/// `out_dir` is written into only with `force` (and then only those three files are
+/// replaced).
 pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
     let shown = out_dir.display();
     if out_dir.exists() {
@@ -89,7 +101,8 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
         }
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
-    write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))
+    let files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
+    write_atomic(&out_dir.join(MANIFEST_FILE), &manifest::text(&files))
 }
 
 /// The checkpoint directory `path` names.
@@ -264,6 +277,13 @@ mod tests {
         );
 
         fs::remove_file(dir.join(OPTIMIZER_FILE)).unwrap();
+        assert_eq!(
+            err(&dir),
+            format!("{}: missing, but manifest.sha256 lists it", dir.join(OPTIMIZER_FILE).display())
+        );
+        // Without the manifest (a checkpoint from before they were written), the same
+        // damage is found by the reader.
+        fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
         assert_eq!(
             err(&dir),
             format!(

@@ -7,11 +7,13 @@
 //!                            /model.safetensors          f32 weights, LM head tied (absent)
 //!                            /trainer_state.safetensors  exp_avg.<p>, exp_avg_sq.<p>
 //!                            /trainer_state.json         step, seed, data position, ...
+//!                            /manifest.sha256            sha256 of each file above, last
 //! run/checkpoints/latest                                 "step_000100"
 //! ```
 
 mod hf_config;
 mod load;
+mod manifest;
 mod save;
 mod shapes;
 mod state;
