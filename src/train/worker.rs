@@ -3,6 +3,7 @@
 
 use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
+use super::run_lock::RunLock;
 use super::{loss_chart, lr, metrics, model, non_finite, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
@@ -40,13 +41,14 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let train_data = open_data(&train_path, cfg)?;
     let valid_data = cfg.valid_data_path.as_deref().map(|p| open_data(p, cfg)).transpose()?;
 
-    // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share.
-    let (parts, mut state) = match root {
+    // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share. Rank
+    // 0 holds the run dir's lock until it returns.
+    let (parts, mut state, _lock) = match root {
         true => {
-            let (parts, state) = root_start(args, cfg, topology)?;
-            (Some(parts), Some(state))
+            let (parts, state, lock) = root_start(args, cfg, topology)?;
+            (Some(parts), Some(state), Some(lock))
         }
-        false => (None, None),
+        false => (None, None, None),
     };
     let start = shards::decode_start(&collective.scatter(parts)?)?;
     let mut rank =
@@ -221,14 +223,15 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     Ok(())
 }
 
-/// Rank 0's start: the run dir made (or the one to resume checked), the checkpoint or
-/// `load` weights read, and every rank's share of them; the trainer state to continue.
+/// Rank 0's start: the run dir made (or the one to resume checked) and locked, the
+/// checkpoint or `load` weights read, and every rank's share of them; the trainer state to
+/// continue.
 fn root_start(
     args: &TrainArgs,
     cfg: &Config,
     topology: Topology,
-) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState)> {
-    let resume_from = prepare_run_dir(&args.run_dir, args.resume)?;
+) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState, RunLock)> {
+    let (resume_from, lock) = prepare_run_dir(&args.run_dir, args.resume)?;
     let loaded = match (&resume_from, &cfg.load) {
         (Some(dir), _) => Some(checkpoint::load_checkpoint(dir)?),
         (None, Some(load)) => Some(checkpoint::load_checkpoint(load)?),
@@ -263,7 +266,7 @@ fn root_start(
         train_losses: vec![],
         val_losses: vec![],
     });
-    Ok((parts, state))
+    Ok((parts, state, lock))
 }
 
 /// Every rank sends its stage (the first replica's); rank 0 writes the checkpoint and
@@ -290,26 +293,28 @@ fn open_data(path: &Path, cfg: &Config) -> anyhow::Result<TokenFile> {
     Ok(f)
 }
 
-/// Creates the run dir; with `resume`, returns the checkpoint to continue from. A run dir
-/// that already holds a run is never overwritten.
-fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<Option<std::path::PathBuf>> {
+/// Creates the run dir and locks it; with `resume`, returns the checkpoint to continue from.
+/// A run dir that already holds a run is never overwritten, and one that another train is
+/// writing is refused before anything in it is read or written.
+fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<(Option<std::path::PathBuf>, RunLock)> {
+    let held = run_dir.is_dir().then(|| RunLock::acquire(run_dir)).transpose()?;
     let has_run = run_dir.join("metrics.jsonl").exists() || run_dir.join("checkpoints").exists();
-    if resume {
-        if !has_run {
-            return Err(user_error(format!(
-                "{}: --resume, but this run dir holds no run",
-                run_dir.display()
-            )));
-        }
-        return Ok(Some(run_dir.to_path_buf()));
+    if resume && !has_run {
+        return Err(user_error(format!("{}: --resume, but this run dir holds no run", run_dir.display())));
     }
-    if has_run {
+    if has_run && !resume {
         return Err(user_error(format!(
             "{}: already holds a run; pass --resume to continue it or choose another --run-dir",
             run_dir.display()
         )));
     }
-    std::fs::create_dir_all(run_dir)
-        .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
-    Ok(None)
+    let lock = match held {
+        Some(lock) => lock,
+        None => {
+            std::fs::create_dir_all(run_dir)
+                .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
+            RunLock::acquire(run_dir)?
+        }
+    };
+    Ok((resume.then(|| run_dir.to_path_buf()), lock))
 }
