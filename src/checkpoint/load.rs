@@ -9,7 +9,7 @@ use super::save::{
     write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
     STATE_FILE,
 };
-use super::shapes::{check_shapes, expected_shapes};
+use super::shapes::{check_layer_count, check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
 use super::{HfGpt2Config, NamedTensor, TrainerState};
@@ -54,6 +54,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
 
     let model_path = dir.join(MODEL_FILE);
     let found = normalize_hf_names(&model_path, read_safetensors(&model_path)?)?;
+    check_layer_count(&model_path, config.n_layer, &found)?;
     let expected = expected_shapes(&config);
     check_shapes(&model_path, &expected, &found)?;
     let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));

@@ -26,9 +26,12 @@ pub use shapes::{check_shapes, expected_shapes};
 pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};
 pub use tensors::NamedTensor;
 
+#[cfg(test)]
+pub(crate) use tensors::write_safetensors;
+
 /// Small models, optimizer states and comparisons shared by the tests.
 #[cfg(test)]
-mod testing {
+pub(crate) mod testing {
     use super::shapes::expected_shapes;
     use super::*;
 
