@@ -102,6 +102,9 @@ pub struct Config {
     pub adam_eps: f32,
     /// Global gradient-norm clipping threshold; 0 disables.
     pub clip_grad: f32,
+    /// Stop the run, before its update, at a step whose loss or global grad norm is NaN or
+    /// infinite (Megatron's default).
+    pub check_for_nan_in_loss_and_grad: bool,
     pub seed: u64,
     pub eval_interval: usize,
     pub eval_iters: usize,
@@ -171,6 +174,7 @@ impl Default for Config {
             adam_beta2: 0.95,
             adam_eps: 1e-8,
             clip_grad: 1.0,
+            check_for_nan_in_loss_and_grad: true,
             seed: 1234,
             eval_interval: 100,
             eval_iters: 10,

@@ -47,6 +47,20 @@ impl fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
+/// The run stopped at a step whose loss or gradient was not finite, before its update
+/// (exit code 1). Every rank reaches it from the same step reports, so the line names the
+/// rank where the value arose, and only rank 0 prints it.
+#[derive(Debug)]
+pub struct NonFinite(pub String);
+
+impl fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NonFinite {}
+
 /// A failure already reported by another rank (rank 0 says it once for all): exit with this
 /// code and print nothing.
 #[derive(Debug)]

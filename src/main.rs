@@ -10,6 +10,8 @@ mod error;
 mod eval;
 mod export;
 mod generate;
+#[cfg(test)]
+mod reader_fuzz;
 mod simulate;
 mod svg;
 mod trace;

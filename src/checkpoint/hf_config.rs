@@ -73,7 +73,9 @@ impl HfGpt2Config {
         let int = |key: &str| -> anyhow::Result<usize> {
             match obj.get(key) {
                 Some(v) => {
-                    v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{key} is {v}, not a count")))
+                    // Bounded so that no size derived from it (4 x n_embd, 3 x n_embd) overflows.
+                    (v.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as usize))
+                        .ok_or_else(|| bad(format!("{key} is {v}, not a count")))
                 }
                 None => Err(bad(format!("missing {key}"))),
             }

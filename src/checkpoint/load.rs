@@ -4,15 +4,16 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::manifest::{self, Verified, MANIFEST_FILE};
 use super::save::{
-    write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
+    STATE_FILE,
 };
-use super::shapes::{check_shapes, expected_shapes};
+use super::shapes::{check_layer_count, check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
-use super::tensors::{normalize_hf_names, read_safetensors};
+use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
 use super::{ModelConfig, NamedTensor, TrainerState};
 use crate::error::user_error;
-use stages::params::{model_param_specs, Role};
 
 /// Hugging Face's list of a sharded model's files.
 const MODEL_INDEX_FILE: &str = "model.safetensors.index.json";
@@ -42,22 +43,27 @@ pub struct TrainerCheckpoint {
 /// `transformer.` prefixes and a tied `lm_head.weight` accepted).
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let dir = resolve(path)?;
+    // A Hugging Face directory has no manifest by its nature; a pipetrain checkpoint (with
+    // trainer state) without one predates them, and the user is told it went unchecked.
+    let has_trainer_state = dir.join(STATE_FILE).exists() || dir.join(OPTIMIZER_FILE).exists();
+    if manifest::verify(&dir)? == Verified::NoManifest && has_trainer_state {
+        eprintln!(
+            "note: {}: no {MANIFEST_FILE} (a checkpoint from before they were written); its files are not verified",
+            dir.display()
+        );
+    }
     let config_path = dir.join(CONFIG_FILE);
     let text = fs::read_to_string(&config_path)
         .map_err(|e| user_error(format!("{}: cannot read: {e}", config_path.display())))?;
     let config = ModelConfig::from_json(&config_path, &text)?;
 
     let (model_path, tensors) = read_model_files(&dir)?;
-    let specs = model_param_specs(&crate::train::model::shape(&config.run_config(config.max_positions(), 1)));
-    let tied_to = specs
-        .iter()
-        .find(|p| p.role == Role::TokenEmbedding)
-        .filter(|_| !specs.iter().any(|p| p.role == Role::OutputLayer))
-        .map(|p| p.name.as_str());
-    let found = normalize_hf_names(&model_path, tensors, tied_to)?;
+    let found = normalize_hf_names(&model_path, tensors, config.tied_embedding())?;
+    check_layer_count(&model_path, config.num_layers(), &found)?;
     let expected = expected_shapes(&config);
     check_shapes(&model_path, &expected, &found)?;
     let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));
+    check_finite(&model_path, &model)?;
 
     let (state_path, optimizer_path) = (dir.join(STATE_FILE), dir.join(OPTIMIZER_FILE));
     let trainer = match (state_path.exists(), optimizer_path.exists()) {
@@ -71,7 +77,9 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
             let optimizer = read_safetensors(&optimizer_path)?;
             check_optimizer(&optimizer_path, &model, &optimizer)?;
             let names = model.iter().flat_map(|p| [exp_avg_name(&p.name), exp_avg_sq_name(&p.name)]);
-            Some(TrainerCheckpoint { state, optimizer: in_order(optimizer, names) })
+            let optimizer = in_order(optimizer, names);
+            check_finite(&optimizer_path, &optimizer)?;
+            Some(TrainerCheckpoint { state, optimizer })
         }
         (has_state, _) => {
             let (present, missing) =
@@ -87,8 +95,9 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
 /// `transformers.GPT2LMHeadModel.from_pretrained` or `LlamaForCausalLM.from_pretrained`
-/// loads. A model neither class builds is refused. A non-empty `out_dir` is written into
-/// only with `force` (and then only those two files are replaced).
+/// loads, and their manifest. A model neither class builds is refused. A non-empty
+/// `out_dir` is written into only with `force` (and then only those three files are
+/// replaced).
 pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
     let shown = out_dir.display();
     if !checkpoint.config.loads_in_transformers() {
@@ -106,7 +115,8 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
         }
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
-    write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))
+    let files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
+    write_atomic(&out_dir.join(MANIFEST_FILE), &manifest::text(&files))
 }
 
 /// The model's weights in `dir`: model.safetensors, or the shards its index lists. Returns
@@ -263,6 +273,39 @@ mod tests {
     }
 
     #[test]
+    fn a_non_finite_weight_or_moment_is_refused_naming_file_and_tensor() {
+        let run = test_dir("ld_non_finite");
+        let cfg = config();
+        let mut m = model(&cfg, 1.0);
+        let opt = optimizer(&m);
+        m[3].data[2] = f32::NAN;
+        let dir = save_checkpoint(&run, &cfg, &m, &state(1), &opt).unwrap();
+        let err = load_checkpoint(&run).unwrap_err();
+        assert!(crate::error::is_user_error(&err));
+        let n = m[3].data.len();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: {} holds a non-finite value (NaN at element 2 of {n})",
+                dir.join(MODEL_FILE).display(),
+                m[3].name
+            )
+        );
+        let m = model(&cfg, 1.0);
+        let mut opt = optimizer(&m);
+        opt[1].data[0] = f32::NEG_INFINITY;
+        save_checkpoint(&run, &cfg, &m, &state(1), &opt).unwrap();
+        assert_eq!(
+            load_checkpoint(&run).unwrap_err().to_string(),
+            format!(
+                "{}: exp_avg_sq.wte.weight holds a non-finite value (-inf at element 0 of {})",
+                dir.join(OPTIMIZER_FILE).display(),
+                opt[1].data.len()
+            )
+        );
+    }
+
+    #[test]
     fn unreadable_checkpoints_are_user_errors() {
         let run = test_dir("ld_errors");
         let err = |p: &Path| load_checkpoint(p).unwrap_err().to_string();
@@ -291,6 +334,13 @@ mod tests {
         );
 
         fs::remove_file(dir.join(OPTIMIZER_FILE)).unwrap();
+        assert_eq!(
+            err(&dir),
+            format!("{}: missing, but manifest.sha256 lists it", dir.join(OPTIMIZER_FILE).display())
+        );
+        // Without the manifest (a checkpoint from before they were written), the same
+        // damage is found by the reader.
+        fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
         assert_eq!(
             err(&dir),
             format!(

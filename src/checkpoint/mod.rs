@@ -7,12 +7,14 @@
 //!                            /model.safetensors          f32 weights, LM head tied (absent)
 //!                            /trainer_state.safetensors  exp_avg.<p>, exp_avg_sq.<p>
 //!                            /trainer_state.json         step, seed, data position, ...
+//!                            /manifest.sha256            sha256 of each file above, last
 //! run/checkpoints/latest                                 "step_000100"
 //! ```
 
 mod hf_config;
 mod llama_config;
 mod load;
+mod manifest;
 mod model_config;
 mod save;
 mod shapes;
@@ -28,9 +30,12 @@ pub use shapes::{check_shapes, expected_shapes};
 pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};
 pub use tensors::NamedTensor;
 
+#[cfg(test)]
+pub(crate) use tensors::write_safetensors;
+
 /// Small models, optimizer states and comparisons shared by the tests.
 #[cfg(test)]
-mod testing {
+pub(crate) mod testing {
     use super::shapes::expected_shapes;
     use super::*;
 

@@ -125,6 +125,22 @@ impl ModelConfig {
         }
     }
 
+    pub fn num_layers(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(h) => h.n_layer,
+            ModelConfig::Llama(l) => l.num_hidden_layers,
+        }
+    }
+
+    /// The name of the token embedding where the output layer is tied to it (a saved
+    /// `lm_head.weight` must then equal it).
+    pub fn tied_embedding(&self) -> Option<&'static str> {
+        match self {
+            ModelConfig::Gpt2(_) => Some("wte.weight"),
+            ModelConfig::Llama(l) => l.arch.tied_output.then_some("model.embed_tokens.weight"),
+        }
+    }
+
     pub fn max_positions(&self) -> usize {
         match self {
             ModelConfig::Gpt2(h) => h.n_positions,

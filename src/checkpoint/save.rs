@@ -1,7 +1,7 @@
 //! Atomic checkpoint saves.
 //!
 //! A checkpoint is written whole into `run/checkpoints/.step_NNNNNN.tmp`, each file synced,
-//! then the directory is renamed to `step_NNNNNN` and the `latest` pointer file is replaced
+//! the manifest of their sha256s last, then the directory is renamed to `step_NNNNNN` and the `latest` pointer file is replaced
 //! (temp file + rename). A crash at any point leaves the previous checkpoint and `latest`
 //! as they were; a save's leftover temp directory is removed by the next save of that step.
 
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use super::manifest::{self, sha256_hex, MANIFEST_FILE};
 use super::shapes::{check_shapes, expected_shapes};
 use super::state::check_optimizer;
 use super::tensors::write_safetensors;
@@ -63,11 +64,15 @@ fn save_with_hook(
         fs::create_dir_all(&dir)?;
         remove_dir_if_present(&tmp)?;
         fs::create_dir(&tmp)?;
-        write_model_files(&tmp, config, model, after_file)?;
-        write_safetensors(&tmp.join(OPTIMIZER_FILE), optimizer)?;
+        let mut files = write_model_files(&tmp, config, model, after_file)?;
+        files.push((OPTIMIZER_FILE.into(), write_safetensors(&tmp.join(OPTIMIZER_FILE), optimizer)?));
         after_file(&tmp.join(OPTIMIZER_FILE))?;
-        write_synced(&tmp.join(STATE_FILE), &(serde_json::to_string_pretty(state)? + "\n"))?;
+        let state = serde_json::to_string_pretty(state)? + "\n";
+        write_synced(&tmp.join(STATE_FILE), &state)?;
+        files.push((STATE_FILE.into(), sha256_hex(state.as_bytes())));
         after_file(&tmp.join(STATE_FILE))?;
+        write_synced(&tmp.join(MANIFEST_FILE), &manifest::text(&files))?;
+        after_file(&tmp.join(MANIFEST_FILE))?;
         sync_dir(&tmp)
     })();
     if let Err(e) = written {
@@ -83,17 +88,20 @@ fn save_with_hook(
     Ok(target)
 }
 
-/// `config.json` and `model.safetensors`: a directory `transformers` can load.
+/// `config.json` and `model.safetensors`: a directory `transformers` can load. Returns
+/// each file's name and sha256, for the manifest.
 pub fn write_model_files(
     dir: &Path,
     config: &ModelConfig,
     model: &[NamedTensor],
     after_file: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    write_atomic(&dir.join(CONFIG_FILE), &(serde_json::to_string_pretty(&config.to_json())? + "\n"))?;
+) -> anyhow::Result<Vec<(String, String)>> {
+    let config = serde_json::to_string_pretty(&config.to_json())? + "\n";
+    write_atomic(&dir.join(CONFIG_FILE), &config)?;
     after_file(&dir.join(CONFIG_FILE))?;
-    write_safetensors(&dir.join(MODEL_FILE), model)?;
-    after_file(&dir.join(MODEL_FILE))
+    let model_sha = write_safetensors(&dir.join(MODEL_FILE), model)?;
+    after_file(&dir.join(MODEL_FILE))?;
+    Ok(vec![(CONFIG_FILE.into(), sha256_hex(config.as_bytes())), (MODEL_FILE.into(), model_sha)])
 }
 
 /// Replaces `path` with `text` through a synced temp file and a rename.
@@ -157,7 +165,16 @@ mod tests {
         let mut files: Vec<String> =
             fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         files.sort();
-        assert_eq!(files, [CONFIG_FILE, MODEL_FILE, STATE_FILE, OPTIMIZER_FILE]);
+        assert_eq!(files, [CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, STATE_FILE, OPTIMIZER_FILE]);
+        // `sha256sum -c manifest.sha256` checks it: each file in the order written, last the
+        // manifest itself, which lists no other.
+        let manifest = fs::read_to_string(dir.join(MANIFEST_FILE)).unwrap();
+        let listed: Vec<(&str, &str)> = manifest.lines().map(|l| l.split_once("  ").unwrap()).collect();
+        let names: Vec<&str> = listed.iter().map(|l| l.1).collect();
+        assert_eq!(names, [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE]);
+        for (sha, name) in listed {
+            assert_eq!(sha, sha256_hex(&fs::read(dir.join(name)).unwrap()), "{name}");
+        }
         let leftovers: Vec<_> =
             fs::read_dir(run.join("checkpoints")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(leftovers.len(), 2, "{leftovers:?}");

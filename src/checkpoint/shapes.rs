@@ -25,13 +25,7 @@ pub fn check_shapes(
     found: &[NamedTensor],
 ) -> anyhow::Result<()> {
     let bad = |what: String| Err(user_error(format!("{}: {what}", file.display())));
-    let (want_layers, have_layers) = (
-        layer_count(expected.iter().map(|e| e.0.as_str())),
-        layer_count(found.iter().map(|t| t.name.as_str())),
-    );
-    if want_layers != have_layers {
-        return bad(format!("has {have_layers} layers, the config needs num_layers {want_layers}"));
-    }
+    check_layer_count(file, layer_count(expected.iter().map(|e| e.0.as_str())), found)?;
     for (name, shape) in expected {
         match found.iter().find(|t| &t.name == name) {
             None => return bad(format!("missing {name}, which the config needs")),
@@ -49,6 +43,21 @@ pub fn check_shapes(
         Some(t) => bad(format!("unexpected tensor {}, which the config has no place for", t.name)),
         None => Ok(()),
     }
+}
+
+/// Errors, naming `file`, unless `found` holds blocks 0 .. layers-1 (`h.{i}.*` or
+/// `model.layers.{i}.*`): the
+/// check a loader makes before it builds the config's list of tensors, whose length a
+/// config's layer count alone would otherwise decide.
+pub fn check_layer_count(file: &Path, layers: usize, found: &[NamedTensor]) -> anyhow::Result<()> {
+    let have = layer_count(found.iter().map(|t| t.name.as_str()));
+    if have != layers {
+        return Err(user_error(format!(
+            "{}: has {have} layers, the config needs num_layers {layers}",
+            file.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Number of transformer blocks named `h.{i}.*` (GPT-2) or `model.layers.{i}.*` (Llama).

@@ -8,6 +8,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Map};
 
+use super::manifest::Hasher;
 use crate::error::user_error;
 
 /// One parameter (or optimizer moment) with its Hugging Face GPT-2 name and layout; the
@@ -18,7 +19,8 @@ pub use stages::NamedTensor;
 /// by `safetensors::serialize_to_file` so the tensors stream out without a second copy in
 /// memory and the file gets the usual permissions (that function persists a 0600 temp file).
 /// The `format: pt` metadata is what `transformers` requires before it loads a file.
-pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> anyhow::Result<()> {
+/// Returns the file's sha256, taken from the bytes as they are written.
+pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> anyhow::Result<String> {
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!({ "format": "pt" }));
     let mut offset = 0;
@@ -40,16 +42,27 @@ pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> anyhow::Result
     header.resize(header.len().next_multiple_of(8), b' ');
 
     let mut w = BufWriter::new(File::create(path)?);
-    w.write_all(&(header.len() as u64).to_le_bytes())?;
-    w.write_all(&header)?;
+    let mut hasher = Hasher::default();
+    let mut write = |bytes: &[u8]| {
+        hasher.update(bytes);
+        w.write_all(bytes)
+    };
+    write(&(header.len() as u64).to_le_bytes())?;
+    write(&header)?;
+    let mut bytes = Vec::with_capacity(4 * CHUNK);
     for t in tensors {
-        for x in &t.data {
-            w.write_all(&x.to_le_bytes())?;
+        for chunk in t.data.chunks(CHUNK) {
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+            write(&bytes)?;
         }
     }
     w.into_inner()?.sync_all()?;
-    Ok(())
+    Ok(hasher.hex())
 }
+
+/// Values converted to bytes (and hashed) at a time by [`write_safetensors`].
+const CHUNK: usize = 1 << 14;
 
 /// Reads every tensor of a safetensors file, in no particular order, as f32: pipetrain
 /// writes f32, and Hugging Face checkpoints of the models users start from come in bf16 or
@@ -77,6 +90,22 @@ pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
             Ok(NamedTensor { name: name.to_string(), shape: view.shape().to_vec(), data })
         })
         .collect()
+}
+
+/// Errors, naming `file` and the tensor, where a value of `tensors` is NaN or infinite: a
+/// run started from it would train on garbage.
+pub fn check_finite(file: &Path, tensors: &[NamedTensor]) -> anyhow::Result<()> {
+    for t in tensors {
+        if let Some((i, v)) = t.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(user_error(format!(
+                "{}: {} holds a non-finite value ({v} at element {i} of {})",
+                file.display(),
+                t.name,
+                t.data.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Brings a Hugging Face weight file to pipetrain's names: strips the `transformer.` prefix

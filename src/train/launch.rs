@@ -158,6 +158,7 @@ fn root_cause(results: Vec<anyhow::Result<()>>, topology: Topology) -> anyhow::R
 fn name_rank(e: anyhow::Error, rank: usize, topology: Topology) -> anyhow::Error {
     if is_user_error(&e)
         || e.is::<crate::error::Interrupted>()
+        || e.is::<crate::error::NonFinite>()
         || topology.world() == 1
         || e.to_string().starts_with("rank ")
     {
@@ -167,9 +168,9 @@ fn name_rank(e: anyhow::Error, rank: usize, topology: Topology) -> anyhow::Error
     }
 }
 
-/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic|:device]` makes a rank fail in the middle of a
-/// step (or its device report an error at the step's end): how the tests check that one
-/// failing rank stops the whole run cleanly.
+/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic|:device|:nan]` makes a rank fail in the middle of
+/// a step (or its device report an error, or a gradient of its turn NaN, at the step's end):
+/// how the tests check that one failing rank stops the whole run cleanly.
 fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
     let Ok(spec) = std::env::var("PIPETRAIN_INJECT_FAULT") else { return Ok(None) };
     let parts: Vec<&str> = spec.split(':').collect();
@@ -177,12 +178,13 @@ fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
         [rank, step] => (*rank, *step, Fault::Error),
         [rank, step, "panic"] => (*rank, *step, Fault::Panic),
         [rank, step, "device"] => (*rank, *step, Fault::Device),
+        [rank, step, "nan"] => (*rank, *step, Fault::NonFinite),
         _ => ("", "", Fault::Error),
     };
     match (rank.parse::<usize>(), step.parse::<u32>()) {
         (Ok(rank), Ok(step)) => Ok(Some(FaultInjection { rank, step, kind })),
         _ => Err(user_error(format!(
-            "PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP, RANK:STEP:panic or RANK:STEP:device"
+            "PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP, RANK:STEP:panic, RANK:STEP:device or RANK:STEP:nan"
         ))),
     }
 }
@@ -218,6 +220,10 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
         worker::run(args, &cfg, setup).map_err(|e| {
             if e.is::<crate::error::Interrupted>() || e.is::<Quiet>() {
                 return e;
+            }
+            // Every rank stopped at the same step on the same reports: rank 0 says why.
+            if e.is::<crate::error::NonFinite>() {
+                return if id == 0 { e } else { anyhow::Error::new(Quiet(1)) };
             }
             // Past the start, a failure is this rank's alone: say so, and end the job.
             let (line, code) = match is_user_error(&e) {

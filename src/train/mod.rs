@@ -8,9 +8,11 @@ mod lr;
 mod memory_truth;
 mod metrics;
 pub mod model;
+mod non_finite;
 mod peak;
 pub mod rank;
 mod report;
+mod run_lock;
 mod shards;
 pub mod summary;
 #[cfg(test)]

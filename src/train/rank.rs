@@ -170,6 +170,9 @@ impl Rank {
             &inputs,
             fault,
         )?;
+        if fault.is_some_and(|f| f.kind == Fault::NonFinite) {
+            self.poison_last_grad();
+        }
         self.reduce_grads()?;
         self.stage.grad_sum_squares();
         let end = dev.clock_mark();
@@ -189,7 +192,8 @@ impl Rank {
             grad_scale: clip_factor(grad_norm, cfg.clip_grad),
         });
         self.stage.settle_timing(&readings);
-        let report = StepReport::new(&stage_report, values.losses, &readings, update, end);
+        let mut report = StepReport::new(&stage_report, values.losses, &readings, update, end);
+        report.non_finite_grad = super::non_finite::highest_non_finite(&values.grad_sum_squares);
         Ok(StepResult { report, grad_norm })
     }
 
@@ -199,6 +203,19 @@ impl Rank {
         if let Some(update) = self.pending_update.take() {
             self.stage.optimizer_step(update);
             self.stage.zero_grads();
+        }
+    }
+
+    /// The injected fault `nan`: the gradient of this stage's highest-numbered parameter
+    /// turns NaN, as a backward that overflowed there would leave it.
+    fn poison_last_grad(&mut self) {
+        let dev = self.stage.device.clone();
+        let last = (self.stage.chunks.iter_mut())
+            .flat_map(|c| c.params.specs.iter().zip(&mut c.params.grads))
+            .max_by_key(|(spec, _)| spec.global_index);
+        if let Some((_, grad)) = last {
+            let nan = dev.from_host(&vec![f32::NAN; grad.len()], grad.shape(), kernels::Category::Workspace);
+            dev.copy(grad, &nan);
         }
     }
 

@@ -26,6 +26,9 @@ pub struct StepReport {
     pub start_wall_s: f64,
     /// This rank was asked to stop (Ctrl-C, or SIGTERM from a launcher).
     pub stop: bool,
+    /// This rank's non-finite gradient of the highest global parameter index, as (index,
+    /// sum of squares), for `check_for_nan_in_loss_and_grad`.
+    pub non_finite_grad: Option<(usize, f64)>,
 }
 
 impl StepReport {
@@ -47,6 +50,7 @@ impl StepReport {
             end_s: readings.at(end),
             start_wall_s: 0.0,
             stop: false,
+            non_finite_grad: None,
         }
     }
 
@@ -66,6 +70,8 @@ impl StepReport {
         w.u64(update_start.to_bits()).u64(update_end.to_bits());
         w.u64(self.end_s.to_bits()).u64(self.start_wall_s.to_bits());
         w.u64(self.stop as u64);
+        let (index, sum) = self.non_finite_grad.unwrap_or_default();
+        w.u64(self.non_finite_grad.is_some() as u64).u64(index as u64).u64(sum.to_bits());
         w.0
     }
 
@@ -91,7 +97,9 @@ impl StepReport {
         let (update_start, update_end) = (f64::from_bits(r.u64()?), f64::from_bits(r.u64()?));
         let update = updated.then_some((update_start, update_end));
         let (end_s, start_wall_s, stop) = (f64::from_bits(r.u64()?), f64::from_bits(r.u64()?), r.u64()? != 0);
-        Ok(StepReport { losses, timings, max_in_flight, update, end_s, start_wall_s, stop })
+        let (non_finite, index, sum) = (r.u64()? != 0, r.usize()?, f64::from_bits(r.u64()?));
+        let non_finite_grad = non_finite.then_some((index, sum));
+        Ok(StepReport { losses, timings, max_in_flight, update, end_s, start_wall_s, stop, non_finite_grad })
     }
 }
 
@@ -159,6 +167,7 @@ mod tests {
             end_s: 3.0,
             start_wall_s: 1.8e9,
             stop: true,
+            non_finite_grad: Some((9, f64::INFINITY)),
         };
         let bytes = report.encode();
         assert!(StepReport::decode(&bytes, &actions[..1]).is_err());
@@ -171,12 +180,14 @@ mod tests {
                 back.update,
                 back.end_s,
                 back.start_wall_s,
-                back.stop
+                back.stop,
+                back.non_finite_grad
             ),
-            (report.losses, report.timings, 2, Some((0.25, 0.5)), 3.0, 1.8e9, true)
+            (report.losses, report.timings, 2, Some((0.25, 0.5)), 3.0, 1.8e9, true, Some((9, f64::INFINITY)))
         );
         let first_step = StepReport { update: None, ..StepReport::default() };
-        assert_eq!(StepReport::decode(&first_step.encode(), &[]).unwrap().update, None);
+        let back = StepReport::decode(&first_step.encode(), &[]).unwrap();
+        assert_eq!((back.update, back.non_finite_grad), (None, None));
     }
 
     #[test]

@@ -3,12 +3,13 @@
 
 use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
-use super::{loss_chart, lr, metrics, model, peak, shards, summary, timeline};
+use super::run_lock::RunLock;
+use super::{loss_chart, lr, metrics, model, non_finite, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
-use crate::error::{user_error, Interrupted};
+use crate::error::{user_error, Interrupted, NonFinite};
 use stages::dist::{Collective, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
@@ -40,13 +41,14 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let train_data = open_data(&train_path, cfg)?;
     let valid_data = cfg.valid_data_path.as_deref().map(|p| open_data(p, cfg)).transpose()?;
 
-    // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share.
-    let (parts, mut state) = match root {
+    // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share. Rank
+    // 0 holds the run dir's lock until it returns.
+    let (parts, mut state, _lock) = match root {
         true => {
-            let (parts, state) = root_start(args, cfg, topology)?;
-            (Some(parts), Some(state))
+            let (parts, state, lock) = root_start(args, cfg, topology)?;
+            (Some(parts), Some(state), Some(lock))
         }
-        false => (None, None),
+        false => (None, None, None),
     };
     let start = shards::decode_start(&collective.scatter(parts)?)?;
     let mut rank =
@@ -99,6 +101,13 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             .map(|(bytes, actions)| StepReport::decode(bytes, actions))
             .collect::<Result<Vec<_>, _>>()?;
         let loss = mean_loss(reports.iter().flat_map(|r| r.losses.iter().copied()).collect());
+        // A non-finite loss or gradient ends the run here: before anything applies this
+        // step's update (pending in `rank` until the next step, an evaluation or a save) or
+        // records the step. Every rank reads the same reports, so all stop here together.
+        if let Some(origin) = non_finite::origin(&reports).filter(|_| cfg.check_for_nan_in_loss_and_grad) {
+            let newest = (last_saved > 0).then_some(last_saved);
+            return Err(anyhow::Error::new(NonFinite(non_finite::message(step, origin, topology, newest))));
+        }
         // Every rank stops at the same step boundary once any was asked to.
         interrupted = reports.iter().any(|r| r.stop);
         let step_s = t0.elapsed().as_secs_f64();
@@ -214,14 +223,15 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     Ok(())
 }
 
-/// Rank 0's start: the run dir made (or the one to resume checked), the checkpoint or
-/// `load` weights read, and every rank's share of them; the trainer state to continue.
+/// Rank 0's start: the run dir made (or the one to resume checked) and locked, the
+/// checkpoint or `load` weights read, and every rank's share of them; the trainer state to
+/// continue.
 fn root_start(
     args: &TrainArgs,
     cfg: &Config,
     topology: Topology,
-) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState)> {
-    let resume_from = prepare_run_dir(&args.run_dir, args.resume)?;
+) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState, RunLock)> {
+    let (resume_from, lock) = prepare_run_dir(&args.run_dir, args.resume)?;
     let loaded = match (&resume_from, &cfg.load) {
         (Some(dir), _) => Some(checkpoint::load_checkpoint(dir)?),
         (None, Some(load)) => Some(checkpoint::load_checkpoint(load)?),
@@ -256,7 +266,7 @@ fn root_start(
         train_losses: vec![],
         val_losses: vec![],
     });
-    Ok((parts, state))
+    Ok((parts, state, lock))
 }
 
 /// Every rank sends its stage (the first replica's); rank 0 writes the checkpoint and
@@ -283,26 +293,28 @@ fn open_data(path: &Path, cfg: &Config) -> anyhow::Result<TokenFile> {
     Ok(f)
 }
 
-/// Creates the run dir; with `resume`, returns the checkpoint to continue from. A run dir
-/// that already holds a run is never overwritten.
-fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<Option<std::path::PathBuf>> {
+/// Creates the run dir and locks it; with `resume`, returns the checkpoint to continue from.
+/// A run dir that already holds a run is never overwritten, and one that another train is
+/// writing is refused before anything in it is read or written.
+fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<(Option<std::path::PathBuf>, RunLock)> {
+    let held = run_dir.is_dir().then(|| RunLock::acquire(run_dir)).transpose()?;
     let has_run = run_dir.join("metrics.jsonl").exists() || run_dir.join("checkpoints").exists();
-    if resume {
-        if !has_run {
-            return Err(user_error(format!(
-                "{}: --resume, but this run dir holds no run",
-                run_dir.display()
-            )));
-        }
-        return Ok(Some(run_dir.to_path_buf()));
+    if resume && !has_run {
+        return Err(user_error(format!("{}: --resume, but this run dir holds no run", run_dir.display())));
     }
-    if has_run {
+    if has_run && !resume {
         return Err(user_error(format!(
             "{}: already holds a run; pass --resume to continue it or choose another --run-dir",
             run_dir.display()
         )));
     }
-    std::fs::create_dir_all(run_dir)
-        .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
-    Ok(None)
+    let lock = match held {
+        Some(lock) => lock,
+        None => {
+            std::fs::create_dir_all(run_dir)
+                .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
+            RunLock::acquire(run_dir)?
+        }
+    };
+    Ok((resume.then(|| run_dir.to_path_buf()), lock))
 }

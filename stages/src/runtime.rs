@@ -87,7 +87,7 @@ impl RuntimeError {
 
 /// A deliberate failure, for testing that a failing rank stops the run cleanly: the rank
 /// fails in the middle of `step`, after its first action, while its peers wait on it; or,
-/// for a device error, when it checks its device at the step's end.
+/// for a device error or a non-finite gradient, at the step's end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultInjection {
     pub rank: usize,
@@ -103,6 +103,9 @@ pub enum Fault {
     Panic,
     /// The device reports an error it recorded (as CUDA's asynchronous errors arrive).
     Device,
+    /// A gradient of the stage turns NaN at the end of its backward (as an overflow would
+    /// leave it).
+    NonFinite,
 }
 
 /// The per-stage action lists one step executes, with the channels they use.
