@@ -92,7 +92,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
 fn init_method_std_scales_the_initial_weights() {
     let dir = temp_dir("llama-init-std");
     let first_loss = |std: &str| {
-        let r = run_small(&dir, &format!("std{std}"), &llama(&[("init-method-std", std.to_string())]));
+        let f = [("init-method-std", std.to_string()), ("global-batch-size", "4".to_string())];
+        let r = run_small(&dir, &format!("std{std}"), &llama(&f));
         losses(&r)[0].1
     };
     assert_ne!(first_loss("0.02"), first_loss("0.2"));
@@ -113,7 +114,10 @@ fn impossible_combinations_are_one_line() {
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
         ),
-        (&["--group-query-attention", "true"], "key `group_query_attention`: true needs num_query_groups"),
+        (
+            &["--group-query-attention", "true"],
+            "command line: --group-query-attention true: true needs num_query_groups, the key/value heads",
+        ),
         (&["--num-query-groups", "2"], "command line: --num-query-groups 2: 2 needs group_query_attention: true"),
         (
             &["--position-embedding-type", "rope", "--hidden-size", "36", "--num-attention-heads", "4"],

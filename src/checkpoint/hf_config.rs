@@ -32,11 +32,6 @@ pub struct HfGpt2Config {
 const EOT: usize = 50256;
 
 impl HfGpt2Config {
-    /// The MLP width.
-    pub fn ffn_size(&self) -> usize {
-        self.n_inner.unwrap_or(4 * self.n_embd)
-    }
-
     /// The full config.json, with the fields of Hugging Face's own GPT-2 configs.
     pub fn to_json(&self) -> Value {
         json!({
@@ -193,7 +188,7 @@ mod tests {
             "vocab_size": 50257}"#;
         let c = from_json(Path::new("gpt2/config.json"), hub).unwrap();
         assert_eq!((c.vocab_size, c.n_positions, c.n_embd, c.n_layer, c.n_head), (50257, 1024, 768, 12, 12));
-        assert_eq!((c.n_inner, c.ffn_size(), c.attn_pdrop), (None, 3072, 0.1));
+        assert_eq!((c.n_inner, c.attn_pdrop), (None, 0.1));
     }
 
     #[test]
