@@ -48,7 +48,8 @@ fn a_failing_stage_stops_every_stage_with_its_message() {
         ("1:3:panic", "error: rank 1 panicked: injected fault at step 3"),
     ] {
         let run = format!("run-{}", fault.replace(':', "-"));
-        let (out, _) = wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
+        let (out, _) =
+            wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.trim_end().ends_with(message), "{err}");

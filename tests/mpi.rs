@@ -235,7 +235,8 @@ fn a_rank_that_stops_answering_ends_the_job_at_the_timeout() {
     let (out, took) = wait_with_deadline(child, Duration::from_secs(20));
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    let line = "error: rank 0: step 3: stage 0: recv grad of microbatch 0 from stage 1: rank 1 (stage 1) sent \
+    let line =
+        "error: rank 0: step 3: stage 0: recv grad of microbatch 0 from stage 1: rank 1 (stage 1) sent \
                 nothing within 1.2 s (distributed_timeout_minutes)";
     assert!(err.lines().any(|l| l == line), "{err}");
     assert!(took >= Duration::from_millis(1200), "ended after {took:?}, before the timeout");
