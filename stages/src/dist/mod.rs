@@ -148,7 +148,7 @@ fn poll_until<T>(timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Opt
         if let Some(x) = ready() {
             return Some(x);
         }
-        if polls % 64 == 0 && start.elapsed() >= timeout {
+        if polls.is_multiple_of(64) && start.elapsed() >= timeout {
             return None;
         }
     }
