@@ -54,7 +54,7 @@ pub struct BenchArgs {
     pub variants: Option<Vec<String>>,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
     /// The run config (YAML, Megatron-LM key names).
     #[arg(long)]

@@ -122,6 +122,11 @@ pub struct Config {
     /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
     pub load: Option<PathBuf>,
 
+    // ---- distributed ----
+    /// The longest a rank waits on a peer (a transfer, a collective) before it ends the run.
+    /// Megatron's name; minutes, here any positive number (fractions included).
+    pub distributed_timeout_minutes: f64,
+
     /// The aliases the config was written with (not a key: set by [`load`]).
     #[serde(skip)]
     pub aliases: Vec<AliasUse>,
@@ -185,6 +190,7 @@ impl Default for Config {
             device: DeviceKind::Cpu,
             precision: Precision::Fp32,
             load: None,
+            distributed_timeout_minutes: 10.0,
             aliases: Vec::new(),
         }
     }
@@ -449,6 +455,12 @@ impl Config {
         self.data_parallel_size.unwrap_or(1)
     }
 
+    /// The longest a rank waits on a peer (`distributed_timeout_minutes`; checked by
+    /// [`Config::validate`]).
+    pub fn distributed_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.distributed_timeout_minutes * 60.0)
+    }
+
     /// The tensor-parallel layout every layer is simulated with.
     pub fn tensor_parallel(&self) -> stages::TensorParallel {
         stages::TensorParallel { size: self.tensor_model_parallel_size, sequence: self.sequence_parallel }
@@ -543,6 +555,13 @@ impl Config {
         }
         if self.clip_grad.is_nan() || self.clip_grad < 0.0 {
             return Err(("clip_grad", format!("{} must be >= 0 (0 disables clipping)", self.clip_grad)));
+        }
+        let minutes = self.distributed_timeout_minutes;
+        if !(minutes > 0.0 && std::time::Duration::try_from_secs_f64(minutes * 60.0).is_ok()) {
+            return Err((
+                "distributed_timeout_minutes",
+                format!("{minutes} must be a number of minutes > 0"),
+            ));
         }
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return Err(("weight_decay", format!("{} must be >= 0", self.weight_decay)));

@@ -13,7 +13,7 @@ fn train_err(dir: &Path, yaml: &str, extra: &[&str]) -> std::process::Output {
 #[test]
 fn config_mistakes() {
     let dir = temp_dir("bad-config");
-    let cases: [(String, &[&str], &str); 13] = [
+    let cases: [(String, &[&str], &str); 14] = [
         (
             format!("{SMALL}hidden_sise: 64\n"),
             &[],
@@ -42,6 +42,11 @@ fn config_mistakes() {
             "key `global_batch_size`: 4 is not a multiple of micro_batch_size 3",
         ),
         (SMALL.to_string(), &["--lr", "fast"], "command line: --lr fast"),
+        (
+            format!("{SMALL}distributed_timeout_minutes: 0\n"),
+            &[],
+            "key `distributed_timeout_minutes`: 0 must be a number of minutes > 0",
+        ),
         (
             format!("{SMALL}recompute_granularity: selective\nrecompute_num_layers: 1\n"),
             &[],

@@ -1,24 +1,13 @@
 //! Failures end the run cleanly: a rank that errors or panics stops every rank within
-//! seconds with that rank's message and a non-zero exit, and the last checkpoint stays
-//! intact; Ctrl-C stops at a step boundary with a checkpoint.
+//! seconds with that rank's message and a non-zero exit, a rank that stops answering ends
+//! the run at the distributed timeout, and the last checkpoint stays intact; Ctrl-C stops
+//! at a step boundary with a checkpoint.
 
 mod common;
 use common::*;
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > deadline {
-            child.kill().unwrap();
-            panic!("the run did not stop within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
 
 fn spawn_train(dir: &Path, run: &str, extra: &[&str], fault: Option<&str>) -> Child {
     let data = synthetic_data(dir);
@@ -41,10 +30,6 @@ fn spawn_train(dir: &Path, run: &str, extra: &[&str], fault: Option<&str>) -> Ch
     c.spawn().unwrap()
 }
 
-fn latest(run_dir: &Path) -> String {
-    std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap().trim().to_string()
-}
-
 #[test]
 fn a_failing_stage_stops_every_stage_with_its_message() {
     let dir = temp_dir("faults");
@@ -63,13 +48,14 @@ fn a_failing_stage_stops_every_stage_with_its_message() {
         ("1:3:panic", "error: rank 1 panicked: injected fault at step 3"),
     ] {
         let run = format!("run-{}", fault.replace(':', "-"));
-        let out = wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
+        let (out, _) =
+            wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.trim_end().ends_with(message), "{err}");
         // Step 2's checkpoint is whole and still the latest: it loads for a resume.
         assert_eq!(latest(&dir.join(&run)), "step_000002");
-        let resumed = wait_with_deadline(
+        let (resumed, _) = wait_with_deadline(
             spawn_train(
                 &dir,
                 &run,
@@ -106,13 +92,46 @@ fn a_recorded_device_error_is_one_line_naming_rank_and_step() {
         "--save-interval",
         "2",
     ];
-    let out =
+    let (out, _) =
         wait_with_deadline(spawn_train(&dir, "run", &args, Some("1:3:device")), Duration::from_secs(20));
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     let line = err.trim_end().lines().last().unwrap_or_default();
     assert!(line.starts_with("error: rank 1: step 3: cpu ("), "{err}");
     assert!(line.ends_with(" threads): injected device error"), "{err}");
+    assert_eq!(latest(&dir.join("run")), "step_000002");
+}
+
+/// A rank that stops answering without failing (a hung thread) is waited for up to the
+/// distributed timeout (here 0.02 min, 1.2 s); then the run ends, although that rank's
+/// thread never does: one line naming the step, what the waiting rank waited for and the
+/// silent peer, exit 1, and the last checkpoint intact.
+#[test]
+fn a_rank_that_stops_answering_ends_the_run_at_the_timeout() {
+    let dir = temp_dir("faults-stall");
+    let args = [
+        "--pipeline-model-parallel-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "50",
+        "--save-interval",
+        "2",
+        "--distributed-timeout-minutes",
+        "0.02",
+    ];
+    let (out, took) =
+        wait_with_deadline(spawn_train(&dir, "run", &args, Some("1:3:stall")), Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end().lines().last().unwrap_or_default(),
+        "error: rank 0: step 3: stage 0: recv grad of microbatch 0 from stage 1: rank 1 (stage 1) sent \
+         nothing within 1.2 s (distributed_timeout_minutes)",
+        "{err}"
+    );
+    assert!(took >= Duration::from_millis(1200), "ended after {took:?}, before the timeout");
     assert_eq!(latest(&dir.join("run")), "step_000002");
 }
 
@@ -133,7 +152,7 @@ fn ctrl_c_stops_at_a_step_boundary_with_a_checkpoint() {
     }
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let out = wait_with_deadline(child, Duration::from_secs(20));
+    let (out, _) = wait_with_deadline(child, Duration::from_secs(20));
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
     assert_eq!(latest(&dir.join("run")), format!("step_{steps:06}"));

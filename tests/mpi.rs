@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// `mpirun` for `np` ranks of the test binary, as CI runs it: as root, more ranks than
 /// cores, and waiting ranks yielding their core.
@@ -35,25 +35,6 @@ fn mpirun_with(np: usize, options: &[&str]) -> Option<Command> {
         .args(["-np", &np.to_string()])
         .arg(env!("CARGO_BIN_EXE_pipetrain"));
     Some(c)
-}
-
-/// The small model's config in `dir`, on synthetic tokens.
-fn config(dir: &Path) -> PathBuf {
-    let data = synthetic_data(dir);
-    write_config(
-        dir,
-        "model.yaml",
-        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
-    )
-}
-
-fn train_args(cfg: &Path, run_dir: &Path, extra: &[String]) -> Vec<String> {
-    let mut a: Vec<String> = ["train", "--quiet", "--peak-flops", "1e9", "--config"].map(String::from).into();
-    a.push(cfg.display().to_string());
-    a.push("--run-dir".into());
-    a.push(run_dir.display().to_string());
-    a.extend(extra.iter().cloned());
-    a
 }
 
 /// Trains under `mpirun -np np`; panics unless it succeeds.
@@ -159,19 +140,6 @@ fn a_run_resumes_from_threads_into_processes_exactly() {
     assert!(weights(&run) == weights(&whole), "resumed under mpirun, the weights differ");
 }
 
-fn wait_with_deadline(mut child: Child, deadline: Duration) -> (Output, Duration) {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > deadline {
-            child.kill().unwrap();
-            panic!("the job did not stop within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let took = start.elapsed();
-    (child.wait_with_output().unwrap(), took)
-}
-
 /// The pid of MPI rank `rank` among `mpirun`'s children.
 fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
     let children = std::fs::read_to_string(format!("/proc/{mpirun_pid}/task/{mpirun_pid}/children")).ok()?;
@@ -182,30 +150,6 @@ fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
             })
             .unwrap_or(false)
     })
-}
-
-/// Starts a long run and returns once it has recorded `steps` steps.
-fn spawn_until(mut mpirun: Command, cfg: &Path, run: &Path, extra: &[String], steps: usize) -> Child {
-    let child = mpirun
-        .args(train_args(cfg, run, extra))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while steps_recorded(run) < steps {
-        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child
-}
-
-fn steps_recorded(run_dir: &Path) -> usize {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
-}
-
-fn latest(run_dir: &Path) -> String {
-    std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap().trim().to_string()
 }
 
 #[test]
@@ -264,6 +208,38 @@ fn a_failing_rank_ends_the_job_with_its_message() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("error: rank 1: stage 1: injected fault at step 3"), "{err}");
+    assert_eq!(latest(&dir.join("run")), "step_000002");
+}
+
+/// A rank that stops answering without failing, as a hung process or a partitioned host
+/// does: its peer waits up to the distributed timeout (here 0.02 min, 1.2 s), says what it
+/// waited for and on whom, and ends the job.
+#[test]
+fn a_rank_that_stops_answering_ends_the_job_at_the_timeout() {
+    let dir = temp_dir("mpi-stall");
+    let Some(mut mpirun) = mpirun(2) else { return };
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "4".into()),
+        ("train-iters", "50".into()),
+        ("save-interval", "2".into()),
+        ("distributed-timeout-minutes", "0.02".into()),
+    ]);
+    let child = mpirun
+        .env("PIPETRAIN_INJECT_FAULT", "1:3:stall")
+        .args(train_args(&config(&dir), &dir.join("run"), &a))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, took) = wait_with_deadline(child, Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line =
+        "error: rank 0: step 3: stage 0: recv grad of microbatch 0 from stage 1: rank 1 (stage 1) sent \
+                nothing within 1.2 s (distributed_timeout_minutes)";
+    assert!(err.lines().any(|l| l == line), "{err}");
+    assert!(took >= Duration::from_millis(1200), "ended after {took:?}, before the timeout");
     assert_eq!(latest(&dir.join("run")), "step_000002");
 }
 

@@ -38,7 +38,7 @@ impl Variant {
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let predicted = model::predicted_activation_peaks(&cfg, path, &schedule, true)?;
-        let ranks = threads::world(topology, schedule.required_capacity().get())
+        let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
             .map(|(id, (t, c))| {

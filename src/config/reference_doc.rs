@@ -6,13 +6,6 @@
 use super::{aliases::ALIASES, known_keys};
 use std::collections::BTreeSet;
 
-/// Keys docs/config.md documents that the parser does not accept yet: the Llama-family and
-/// robustness keys, documented ahead of their implementation. Remove each one as its field
-/// lands in `Config` (the test says so when one has).
-const DOCUMENTED_AHEAD: [&str; 1] = [
-    "distributed_timeout_minutes",
-];
-
 /// The keys of `doc`'s table rows whose first cell starts with a backtick; Err names a row
 /// whose first cell is not exactly one key.
 fn documented_keys(doc: &str) -> Result<Vec<String>, String> {
@@ -44,7 +37,7 @@ fn documented_keys(doc: &str) -> Result<Vec<String>, String> {
 }
 
 /// What is wrong between the documented keys and the accepted ones, one line each.
-fn drift(documented: &[String], accepted: &BTreeSet<String>, ahead: &[&str]) -> Vec<String> {
+fn drift(documented: &[String], accepted: &BTreeSet<String>) -> Vec<String> {
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for key in documented {
@@ -58,15 +51,8 @@ fn drift(documented: &[String], accepted: &BTreeSet<String>, ahead: &[&str]) -> 
         }
     }
     for key in &seen {
-        if !accepted.contains(*key) && !ahead.contains(key) {
+        if !accepted.contains(*key) {
             problems.push(format!("`{key}` is in docs/config.md but the config parser does not accept it"));
-        }
-    }
-    for key in ahead {
-        if accepted.contains(*key) {
-            problems.push(format!("`{key}` is accepted now: remove it from DOCUMENTED_AHEAD"));
-        } else if !seen.contains(key) {
-            problems.push(format!("`{key}` is in DOCUMENTED_AHEAD but docs/config.md has no row for it"));
         }
     }
     problems
@@ -79,40 +65,25 @@ fn accepted_keys() -> BTreeSet<String> {
 #[test]
 fn docs_config_md_lists_exactly_the_accepted_keys() {
     let documented = documented_keys(include_str!("../../docs/config.md")).unwrap();
-    let problems = drift(&documented, &accepted_keys(), &DOCUMENTED_AHEAD);
+    let problems = drift(&documented, &accepted_keys());
     assert!(problems.is_empty(), "docs/config.md and the config parser disagree:\n{}", problems.join("\n"));
 }
 
 #[test]
 fn drift_names_the_missing_and_the_extra_key() {
     let accepted: BTreeSet<String> = ["lr", "seed"].map(String::from).into();
-    let doc = "| key | default | meaning |\n|---|---|---|\n| `lr` | 6e-4 | peak |\n| `sed` | 1 | typo |\n\
-               | `swiglu` | false | ahead |\n";
+    let doc = "| key | default | meaning |\n|---|---|---|\n| `lr` | 6e-4 | peak |\n| `sed` | 1 | typo |\n";
     let documented = documented_keys(doc).unwrap();
-    assert_eq!(documented, ["lr", "sed", "swiglu"]);
+    assert_eq!(documented, ["lr", "sed"]);
     assert_eq!(
-        drift(&documented, &accepted, &["swiglu"]),
+        drift(&documented, &accepted),
         [
             "`seed` is a config key but docs/config.md has no row for it",
             "`sed` is in docs/config.md but the config parser does not accept it",
         ]
     );
-    // A key documented ahead must have its row, and leaves the list once it is accepted.
     assert_eq!(
-        drift(&documented, &accepted, &["swiglu", "rotary_base"]),
-        [
-            "`seed` is a config key but docs/config.md has no row for it",
-            "`sed` is in docs/config.md but the config parser does not accept it",
-            "`rotary_base` is in DOCUMENTED_AHEAD but docs/config.md has no row for it",
-        ]
-    );
-    let with_swiglu: BTreeSet<String> = ["lr", "sed", "swiglu"].map(String::from).into();
-    assert_eq!(
-        drift(&documented, &with_swiglu, &["swiglu"]),
-        ["`swiglu` is accepted now: remove it from DOCUMENTED_AHEAD"]
-    );
-    assert_eq!(
-        drift(&["lr".into(), "lr".into()], &["lr".to_string()].into(), &[]),
+        drift(&["lr".into(), "lr".into()], &["lr".to_string()].into()),
         ["`lr` has more than one row in docs/config.md"]
     );
 }

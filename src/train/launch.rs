@@ -3,9 +3,11 @@
 //! process is one rank of an MPI job (feature `mpi`), world = p x dp.
 //!
 //! Failures: with threads, a failing rank's ends drop, every peer waiting on it stops with
-//! `PeerStopped`, and the root cause is reported. Under MPI, a mistake every rank sees the
-//! same way (the config, the world size) is one line from rank 0 and exit 2 on every rank;
-//! any other failure is printed by its rank, which then ends the job (`MPI_Abort`).
+//! `PeerStopped`, and the root cause is reported; a rank that waited on a peer past the
+//! distributed timeout is the root cause at once, as its peer may never end. Under MPI, a
+//! mistake every rank sees the same way (the config, the world size) is one line from rank
+//! 0 and exit 2 on every rank; any other failure (a timeout included) is printed by its
+//! rank, which then ends the job (`MPI_Abort`).
 
 use super::model;
 use super::rank::Local;
@@ -16,6 +18,7 @@ use crate::error::{is_user_error, user_error, Quiet};
 use stages::dist::{threads, DistError, Topology};
 use stages::runtime::{Fault, FaultInjection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// Set by Ctrl-C or SIGTERM: the run stops at the next step boundary, with a checkpoint.
@@ -84,7 +87,9 @@ pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
     }
 }
 
-/// Every rank a thread of this process, sharing its cores.
+/// Every rank a thread of this process, sharing its cores. The threads are not joined but
+/// report their ends: a rank that timed out waiting on a peer ends the run with that error
+/// while the peer may still hang (the process's exit ends it).
 fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
     let (_, schedule) = model::lowered_schedule(cfg, &args.config)?;
     let topology = Topology {
@@ -94,36 +99,41 @@ fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let fault = fault_injection()?;
-    let ends = threads::world(topology, schedule.required_capacity().get());
-    let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = ends
-            .into_iter()
-            .enumerate()
-            .map(|(id, (transport, collective))| {
-                scope.spawn(move || {
-                    let setup = RankSetup {
-                        id,
-                        topology,
-                        transport: Box::new(transport),
-                        collective: Box::new(collective),
-                        local: Local {
-                            cpu_threads: cores / topology.world(),
-                            sole_rank: topology.world() == 1,
-                        },
-                        stop: &STOP,
-                        fault,
-                    };
-                    worker::run(args, cfg, setup)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| h.join().unwrap_or_else(|payload| Err(panic_error(rank, payload))))
-            .collect()
-    });
+    let ends = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout());
+    let (args, cfg) = (Arc::new(args.clone()), Arc::new(cfg.clone()));
+    let (done, ended) = mpsc::channel();
+    for (id, (transport, collective)) in ends.into_iter().enumerate() {
+        let (args, cfg, done) = (args.clone(), cfg.clone(), done.clone());
+        std::thread::spawn(move || {
+            let setup = RankSetup {
+                id,
+                topology,
+                transport: Box::new(transport),
+                collective: Box::new(collective),
+                local: Local { cpu_threads: cores / topology.world(), sole_rank: topology.world() == 1 },
+                stop: &STOP,
+                fault,
+            };
+            let run = std::panic::AssertUnwindSafe(|| worker::run(&args, &cfg, setup));
+            let result =
+                std::panic::catch_unwind(run).unwrap_or_else(|payload| Err(panic_error(id, payload)));
+            let _ = done.send((id, result));
+        });
+    }
+    let mut results: Vec<anyhow::Result<()>> = (0..topology.world()).map(|_| Ok(())).collect();
+    for _ in 0..topology.world() {
+        let (rank, result) = ended.recv().expect("every rank reports its end");
+        match result {
+            Err(e) if timed_out(&e) => return Err(name_rank(e, rank, topology)),
+            result => results[rank] = result,
+        }
+    }
     root_cause(results, topology)
+}
+
+/// Whether a rank waited on a peer past the distributed timeout.
+fn timed_out(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| matches!(c.downcast_ref::<DistError>(), Some(DistError::Timeout { .. })))
 }
 
 fn panic_error(rank: usize, payload: Box<dyn std::any::Any + Send>) -> anyhow::Error {
@@ -168,9 +178,10 @@ fn name_rank(e: anyhow::Error, rank: usize, topology: Topology) -> anyhow::Error
     }
 }
 
-/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic|:device|:nan]` makes a rank fail in the middle of
-/// a step (or its device report an error, or a gradient of its turn NaN, at the step's end):
-/// how the tests check that one failing rank stops the whole run cleanly.
+/// `PIPETRAIN_INJECT_FAULT=RANK:STEP[:panic|:device|:nan|:stall]` makes a rank fail in the
+/// middle of a step (or its device report an error, or a gradient of its turn NaN, at the
+/// step's end, or the rank stop answering): how the tests check that one failing or hung
+/// rank stops the whole run cleanly.
 fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
     let Ok(spec) = std::env::var("PIPETRAIN_INJECT_FAULT") else { return Ok(None) };
     let parts: Vec<&str> = spec.split(':').collect();
@@ -179,12 +190,14 @@ fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
         [rank, step, "panic"] => (*rank, *step, Fault::Panic),
         [rank, step, "device"] => (*rank, *step, Fault::Device),
         [rank, step, "nan"] => (*rank, *step, Fault::NonFinite),
+        [rank, step, "stall"] => (*rank, *step, Fault::Stall),
         _ => ("", "", Fault::Error),
     };
     match (rank.parse::<usize>(), step.parse::<u32>()) {
         (Ok(rank), Ok(step)) => Ok(Some(FaultInjection { rank, step, kind })),
         _ => Err(user_error(format!(
-            "PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP, RANK:STEP:panic, RANK:STEP:device or RANK:STEP:nan"
+            "PIPETRAIN_INJECT_FAULT={spec}: expected RANK:STEP, RANK:STEP:panic, RANK:STEP:device, \
+             RANK:STEP:nan or RANK:STEP:stall"
         ))),
     }
 }
@@ -249,20 +262,20 @@ fn endpoints(
     topology: Topology,
 ) -> anyhow::Result<Endpoints> {
     if cfg.device == crate::config::DeviceKind::Cuda && mpi.local_ranks <= kernels::cuda::gpu_count() {
-        let (t, c) = stages::dist::nccl::endpoints(mpi, topology, local_gpu())?;
+        let (t, c) = stages::dist::nccl::endpoints(mpi, topology, local_gpu(), cfg.distributed_timeout())?;
         return Ok((Box::new(t), Box::new(c)));
     }
-    let (t, c) = mpi.endpoints(topology);
+    let (t, c) = mpi.endpoints(topology, cfg.distributed_timeout());
     Ok((Box::new(t), Box::new(c)))
 }
 
 #[cfg(all(feature = "mpi", not(feature = "cuda")))]
 fn endpoints(
-    _cfg: &Config,
+    cfg: &Config,
     mpi: &stages::dist::mpi::MpiWorld,
     topology: Topology,
 ) -> anyhow::Result<Endpoints> {
-    let (t, c) = mpi.endpoints(topology);
+    let (t, c) = mpi.endpoints(topology, cfg.distributed_timeout());
     Ok((Box::new(t), Box::new(c)))
 }
 
@@ -292,7 +305,7 @@ fn agree_on_config(
     cfg.validate().map_err(|(key, msg)| user_error(format!("{path}: key `{key}`: {msg}")))?;
     let mine = serde_norway::to_string(&*cfg)?;
     let probe = Topology { pipeline: 1, data: world, placement: schedules::Placement::Interleaved };
-    let (_, mut probe) = mpi.endpoints(probe);
+    let (_, mut probe) = mpi.endpoints(probe, cfg.distributed_timeout());
     let all = stages::dist::Collective::all_gather(&mut probe, stages::dist::Group::World, mine.as_bytes())?;
     if let Some(other) = all.iter().position(|c| c != &all[0]) {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

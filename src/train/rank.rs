@@ -96,7 +96,7 @@ impl Rank {
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let local = Local { cpu_threads: 1, sole_rank: false };
-        stages::dist::threads::world(topology, schedule.required_capacity().get())
+        stages::dist::threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
             .map(|(id, (t, c))| {
@@ -115,6 +115,12 @@ impl Rank {
 
     pub fn collective(&mut self) -> &mut dyn Collective {
         &mut *self.collective
+    }
+
+    /// Waits until the peers have taken every tensor this rank sent: the last wait on them
+    /// before the process may end.
+    pub fn complete_sends(&mut self) -> Result<(), stages::dist::DistError> {
+        self.transport.complete_sends()
     }
 
     fn shape(&self) -> Shape {

@@ -10,7 +10,7 @@ use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
 use crate::error::{user_error, Interrupted, NonFinite};
-use stages::dist::{Collective, Group, Topology, Transport};
+use stages::dist::{Collective, DistError, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,16 +86,17 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let mut final_model = None;
     for step in start_step + 1..=cfg.train_iters {
         // Every rank starts the step together (rank 0 writes between steps).
-        rank.collective().all_gather(Group::World, &[])?;
+        rank.collective().all_gather(Group::World, &[]).map_err(|e| at_step(e.into(), step))?;
         let (t0, wall) = (Instant::now(), std::time::SystemTime::now());
         let lr = lr::learning_rate(cfg, step);
-        let mut outcome = rank.train_step(cfg, &train_data, step, lr, fault)?;
+        let mut outcome = rank.train_step(cfg, &train_data, step, lr, fault).map_err(|e| at_step(e, step))?;
         outcome.report.stop = stop.load(Ordering::SeqCst);
         outcome.report.start_wall_s =
             wall.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let reports = rank
             .collective()
-            .all_gather(Group::World, &outcome.report.encode())?
+            .all_gather(Group::World, &outcome.report.encode())
+            .map_err(|e| at_step(e.into(), step))?
             .iter()
             .zip(&lists)
             .map(|(bytes, actions)| StepReport::decode(bytes, actions))
@@ -126,7 +127,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         let mut evaluated = false;
         if let Some(valid) = &valid_data {
             if cfg.eval_interval > 0 && (step.is_multiple_of(cfg.eval_interval) || step == cfg.train_iters) {
-                let v = rank.evaluate(cfg, valid, cfg.eval_iters.max(1))?;
+                let v = rank.evaluate(cfg, valid, cfg.eval_iters.max(1)).map_err(|e| at_step(e, step))?;
                 record["val_loss"] = v.into();
                 evaluated = true;
                 if let Some(state) = &mut state {
@@ -144,7 +145,8 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             || step == cfg.train_iters
             || interrupted
         {
-            final_model = save(&args.run_dir, cfg, &mut rank, state.as_ref())?;
+            final_model =
+                save(&args.run_dir, cfg, &mut rank, state.as_ref()).map_err(|e| at_step(e, step))?;
             last_saved = step;
         }
         if interrupted {
@@ -154,6 +156,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             break;
         }
     }
+    rank.complete_sends()?;
     let mine =
         RankSummary { memory: rank.stage.device.ledger().snapshot(), recompute_s: rank.stage.recompute_s() };
     let summaries = rank.collective().gather(&mine.encode())?;
@@ -221,6 +224,15 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         ))));
     }
     Ok(())
+}
+
+/// A failed crossing with a peer (a timeout, a peer that stopped) says at which step; other
+/// errors name their step themselves, or have none.
+fn at_step(e: anyhow::Error, step: usize) -> anyhow::Error {
+    match e.chain().any(|c| c.is::<DistError>()) {
+        true => e.context(format!("step {step}")),
+        false => e,
+    }
 }
 
 /// Rank 0's start: the run dir made (or the one to resume checked) and locked, the

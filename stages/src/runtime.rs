@@ -4,7 +4,8 @@
 //!
 //! A stage that fails drops its transport; every peer waiting on it then fails with
 //! `PeerStopped`, so the whole step ends within one action, and the launcher reports the
-//! failing stage's own message.
+//! failing stage's own message. A peer that neither answers nor fails is waited for up to
+//! the distributed timeout; the error then names the action that waited.
 
 use crate::chunk::{Microbatch, Mode};
 use crate::dist::{DistError, Message, Transport};
@@ -70,8 +71,10 @@ impl StageStepReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("stage {stage}: {source}")]
-    Transport { stage: usize, source: DistError },
+    /// `action` names the transfer ("recv activation of microbatch 3 from stage 0"); what
+    /// went wrong with it is the source, next in the error's chain.
+    #[error("stage {stage}: {action}")]
+    Transport { stage: usize, action: String, source: DistError },
     #[error("stage {stage}: received {got} for {action}, expected it for virtual stage {expected_vs}, microbatch {expected_mb}")]
     Mismatch { stage: usize, action: String, got: String, expected_vs: usize, expected_mb: usize },
     #[error("stage {stage}: injected fault at step {step}")]
@@ -106,6 +109,9 @@ pub enum Fault {
     /// A gradient of the stage turns NaN at the end of its backward (as an overflow would
     /// leave it).
     NonFinite,
+    /// The stage stops answering without failing, as a hung rank or a partitioned host
+    /// does: its peers wait on it until the distributed timeout.
+    Stall,
 }
 
 /// The per-stage action lists one step executes, with the channels they use.
@@ -179,7 +185,6 @@ pub fn run_stage(
     let mut inbox_grad: HashMap<(usize, usize), Tensor> = HashMap::new();
     let mut outbox_act: HashMap<(usize, usize), Tensor> = HashMap::new();
     let mut outbox_grad: HashMap<(usize, usize), Tensor> = HashMap::new();
-    let transport_err = |source| RuntimeError::Transport { stage: rank, source };
     let global = |mb: usize| (inputs.first_microbatch + mb) as u32;
     for (i, action) in actions.iter().enumerate() {
         match fault.filter(|_| i == 1) {
@@ -187,8 +192,13 @@ pub fn run_stage(
             Some(FaultInjection { kind: Fault::Error, step, .. }) => {
                 return Err(RuntimeError::Injected { stage: rank, step })
             }
+            Some(FaultInjection { kind: Fault::Stall, .. }) => loop {
+                std::thread::park();
+            },
             _ => {}
         }
+        let transport_err =
+            |source| RuntimeError::Transport { stage: rank, action: describe(action), source };
         let key = (action.chunk, action.microbatch);
         let start = dev.clock_mark();
         match action.kind {
@@ -253,6 +263,20 @@ pub fn run_stage(
         report.marks.push(ActionMarks { action: *action, start, end: dev.clock_mark() });
     }
     Ok(report)
+}
+
+/// A transfer as an error names it: "recv activation of microbatch 3 from stage 0".
+fn describe(action: &Action) -> String {
+    let (peer, payload) = action.kind.transfer().expect("a transfer");
+    let (verb, preposition) = match action.kind {
+        ActionKind::SendActivation { .. } | ActionKind::SendGrad { .. } => ("send", "to"),
+        _ => ("recv", "from"),
+    };
+    let what = match payload {
+        Payload::Activation => "activation",
+        Payload::Grad => "grad",
+    };
+    format!("{verb} {what} of microbatch {} {preposition} stage {peer}", action.microbatch)
 }
 
 /// The chunk of this stage that holds the virtual stage `step` (+1 or -1) away from the

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
@@ -190,4 +191,65 @@ pub fn resign_manifest(ck: &Path) {
         })
         .collect();
     std::fs::write(manifest, text).unwrap();
+}
+
+/// The small model's config in `dir`, on synthetic tokens.
+pub fn config(dir: &Path) -> PathBuf {
+    let data = synthetic_data(dir);
+    write_config(
+        dir,
+        "model.yaml",
+        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
+    )
+}
+
+/// The arguments of a quiet `train` of `cfg` into `run_dir`, with `extra` flags.
+pub fn train_args(cfg: &Path, run_dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "--quiet", "--peak-flops", "1e9", "--config"].map(String::from).into();
+    a.push(cfg.display().to_string());
+    a.push("--run-dir".into());
+    a.push(run_dir.display().to_string());
+    a.extend(extra.iter().cloned());
+    a
+}
+
+/// Waits for a launched job, killing it and failing past `deadline`; its output and how
+/// long it took.
+pub fn wait_with_deadline(mut child: Child, deadline: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > deadline {
+            child.kill().unwrap();
+            panic!("the job did not stop within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = start.elapsed();
+    (child.wait_with_output().unwrap(), took)
+}
+
+/// Starts a long run under `launcher` (a command that ends in the binary) and returns once
+/// it has recorded `steps` steps.
+pub fn spawn_until(mut launcher: Command, cfg: &Path, run: &Path, extra: &[String], steps: usize) -> Child {
+    let child = launcher
+        .args(train_args(cfg, run, extra))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while steps_recorded(run) < steps {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+pub fn steps_recorded(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+}
+
+/// The run's latest checkpoint's name (`step_000004`).
+pub fn latest(run_dir: &Path) -> String {
+    std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap().trim().to_string()
 }

@@ -10,6 +10,10 @@
 //! the embedded default), `mpi` (feature `mpi`: a rank per process, across machines) and
 //! `nccl` (feature `cuda`: GPU to GPU, bootstrapped over MPI). Ranks follow Megatron's
 //! default order with tensor parallelism 1: `rank = dp_rank + dp * pp_rank` ([`Topology`]).
+//!
+//! Every wait on a peer — a receive, a send's completion, a collective — is bounded by the
+//! distributed timeout (Megatron's `distributed_timeout_minutes`): past it, the wait ends in
+//! [`DistError::Timeout`], naming the peers it waited for, and the rank ends the run.
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -20,6 +24,7 @@ mod wire;
 
 use kernels::{Device, Tensor};
 use schedules::{Payload, Placement};
+use std::time::{Duration, Instant};
 
 pub use wire::{decode_tensors, encode_tensors, NamedTensor, Reader, Writer};
 
@@ -45,6 +50,17 @@ pub enum Group {
     /// two holders of the tied embedding (one rank when they are the same stage: p = 1, or
     /// stage 0 of a V placement).
     TiedEmbedding,
+}
+
+impl std::fmt::Display for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Group::World => "the world",
+            Group::Pipeline => "the pipeline",
+            Group::DataParallel => "the data-parallel group",
+            Group::TiedEmbedding => "the tied embedding's holders",
+        })
+    }
 }
 
 impl Topology {
@@ -83,6 +99,17 @@ impl Topology {
             }
         }
     }
+
+    /// `ranks` as an error names them: "rank 1 (stage 1)", "ranks 1 (stage 0, replica 1), 3
+    /// (stage 1, replica 1)".
+    pub fn describe(&self, ranks: &[usize]) -> String {
+        let one = |r: usize| match self.data {
+            1 => format!("{r} (stage {})", self.stage_of(r)),
+            _ => format!("{r} (stage {}, replica {})", self.stage_of(r), self.replica_of(r)),
+        };
+        let list: Vec<String> = ranks.iter().map(|&r| one(r)).collect();
+        format!("rank{} {}", if ranks.len() == 1 { "" } else { "s" }, list.join(", "))
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -95,6 +122,36 @@ pub enum DistError {
     /// A message that is not what the protocol expects (a bug, or mismatched binaries).
     #[error("{0}")]
     Protocol(String),
+    /// A wait on peers that did not end within the distributed timeout; `what` names the
+    /// peers and what they did not do.
+    #[error("{what} within {} s (distributed_timeout_minutes)", .timeout.as_secs_f64())]
+    Timeout { what: String, timeout: Duration },
+}
+
+/// Polls `ready` until it gives a value, or gives None once `timeout` has passed. A wait
+/// yields the core, then naps: with more ranks than cores, a waiting rank must not take the
+/// core its peer computes on. The clock is read only once a wait has begun, and then every
+/// 64 polls, so a wait that ends at once costs one poll.
+fn poll_until<T>(timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+    if let Some(x) = ready() {
+        return Some(x);
+    }
+    let start = Instant::now();
+    let mut polls = 0u32;
+    loop {
+        polls = polls.wrapping_add(1);
+        if polls < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        if let Some(x) = ready() {
+            return Some(x);
+        }
+        if polls.is_multiple_of(64) && start.elapsed() >= timeout {
+            return None;
+        }
+    }
 }
 
 /// A tensor in flight, tagged with what it is so the receiver can check it got the right one.
@@ -115,6 +172,10 @@ pub trait Transport: Send {
     fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError>;
     /// The next message from `from` on `payload`, its tensor on `dev`.
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError>;
+    /// Waits until every message sent has been taken by its peer (a backend whose sends
+    /// complete as they return has nothing to wait for): the last wait before the process
+    /// may end. A rank that fails does not wait; its sends are abandoned.
+    fn complete_sends(&mut self) -> Result<(), DistError>;
 }
 
 /// Collective operations among the ranks of a [`Group`]. Every member calls the same
@@ -168,6 +229,23 @@ mod tests {
         // A V holds the embedding and the head both on stage 0.
         let v = Topology { pipeline: 3, data: 2, placement: Placement::V };
         assert_eq!(v.members(Group::TiedEmbedding, 5), vec![1]);
+        assert_eq!(t.describe(&[3]), "rank 3 (stage 1, replica 1)");
+        assert_eq!(t.describe(&[0, 4]), "ranks 0 (stage 0, replica 0), 4 (stage 2, replica 0)");
+        let p2 = Topology { pipeline: 2, data: 1, placement: Placement::Interleaved };
+        assert_eq!(p2.describe(&[1]), "rank 1 (stage 1)");
+    }
+
+    #[test]
+    fn a_poll_gives_up_after_the_timeout_and_not_before() {
+        let start = Instant::now();
+        assert_eq!(poll_until(Duration::from_millis(30), || None::<()>), None);
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        let mut polls = 0;
+        let got = poll_until(Duration::from_secs(60), || {
+            polls += 1;
+            (polls == 100).then_some(polls)
+        });
+        assert_eq!(got, Some(100));
     }
 
     #[test]

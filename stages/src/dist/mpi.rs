@@ -10,13 +10,20 @@
 //!
 //! A rank that dies takes the job with it: OpenMPI's launcher ends every rank and names
 //! the one that failed. A rank that fails with an error calls `MPI_Abort` after printing it.
+//!
+//! No wait blocks in MPI: receives probe and then receive without blocking, sends and
+//! collectives are non-blocking (`MPI_Isend`, `MPI_Iallgatherv`, `MPI_Ialltoallv`), and each
+//! request is polled with `MPI_Test` (yielding the core between polls, reading the clock
+//! only every 64 polls) until it completes or the distributed timeout passes. A request
+//! that times out is abandoned to MPI with the buffers it writes (they are leaked, never
+//! freed), as the rank ends the job next. What is not bounded: the communicators' creation
+//! at the start (`MPI_Comm_split`, blocking, before any step) and `MPI_Finalize` at the end.
 
 use super::wire::{Reader, Writer};
-use super::{sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
+use super::{poll_until, sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
 use kernels::{Category, DType, Device, Tensor};
-use mpi::datatype::PartitionMut;
-use mpi::point_to_point::MatchedReceiveVec;
-use mpi::request::{Request, StaticScope};
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::request::{Request, Scope, StaticScope};
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Count;
@@ -62,8 +69,9 @@ impl MpiWorld {
         self.universe.world().abort(code)
     }
 
-    /// This rank's transport and collective for `topology` (world = its size).
-    pub fn endpoints(&self, topology: Topology) -> (MpiTransport, MpiCollective) {
+    /// This rank's transport and collective for `topology` (world = its size), none of
+    /// whose waits on a peer lasts longer than `timeout`.
+    pub fn endpoints(&self, topology: Topology, timeout: Duration) -> (MpiTransport, MpiCollective) {
         let world = self.universe.world();
         let rank = world.rank() as usize;
         assert_eq!(topology.world(), world.size() as usize, "the topology covers the whole job");
@@ -77,14 +85,66 @@ impl MpiWorld {
         let data = split(Some(stage), replica).expect("every rank is in a data-parallel group");
         let holds_tied = stage == 0 || stage == topology.pipeline - 1;
         let tied = split(holds_tied.then_some(replica), stage);
-        let transport = MpiTransport { comm: world.duplicate(), topology, replica, pending: Vec::new() };
-        let collective = MpiCollective { world: world.duplicate(), pipeline, data, tied, topology, rank };
+        let transport =
+            MpiTransport { comm: world.duplicate(), topology, replica, timeout, pending: Vec::new() };
+        let collective =
+            MpiCollective { world: world.duplicate(), pipeline, data, tied, topology, rank, timeout };
         (transport, collective)
     }
 }
 
-/// A send in progress and the buffer it reads, freed once the request completes.
+/// Polls `request` until it completes (true) or `timeout` passes (false). A request that
+/// times out is abandoned: unregistered from its scope and left to MPI, never freed. The
+/// caller then leaks the buffers it writes (`mem::forget`), which MPI may still fill. The
+/// buffers it only reads are the caller's; MPI reads them only inside an MPI call, and
+/// after a timeout the rank makes none before `MPI_Abort` but freeing its communicators.
+fn complete<'a, D: ?Sized, S: Scope<'a>>(request: Request<'a, D, S>, timeout: Duration) -> bool {
+    let mut pending = Some(request);
+    let done = poll_until(timeout, || match pending.take().expect("polled until it completes").test() {
+        Ok(_) => Some(()),
+        Err(request) => {
+            pending = Some(request);
+            None
+        }
+    });
+    if let Some(request) = pending {
+        // SAFETY: the request is never used again, and its buffers are leaked by the caller.
+        let _ = unsafe { request.into_raw() };
+    }
+    done.is_some()
+}
+
+/// The next message from `source` with `tag` on `comm`, as bytes, within `timeout` (None
+/// past it); `idle` runs between polls for it.
+fn receive(
+    comm: &SimpleCommunicator,
+    source: usize,
+    tag: i32,
+    timeout: Duration,
+    mut idle: impl FnMut(),
+) -> Option<Vec<u8>> {
+    let process = comm.process_at_rank(source as i32);
+    let (message, status) = poll_until(timeout, || {
+        let matched = process.immediate_matched_probe_with_tag(tag);
+        if matched.is_none() {
+            idle();
+        }
+        matched
+    })?;
+    // A message of any size arrives in pieces, and its receive is polled like the probe.
+    let mut bytes = vec![0u8; status.count(u8::equivalent_datatype()) as usize];
+    let done =
+        mpi::request::scope(|s| complete(message.immediate_matched_receive_into(s, &mut bytes[..]), timeout));
+    if !done {
+        std::mem::forget(bytes);
+        return None;
+    }
+    Some(bytes)
+}
+
+/// A send in progress to `to` and the buffer it reads, freed once the request completes.
 struct PendingSend {
+    to: usize,
     request: Request<'static, [u8], StaticScope>,
     buffer: *mut [u8],
 }
@@ -94,12 +154,12 @@ impl PendingSend {
         let buffer: &'static mut [u8] = Box::leak(bytes.into_boxed_slice());
         let ptr: *mut [u8] = buffer;
         let request = comm.process_at_rank(to as i32).immediate_send_with_tag(StaticScope, &*buffer, tag);
-        PendingSend { request, buffer: ptr }
+        PendingSend { to, request, buffer: ptr }
     }
 
     /// Frees the buffer if the send is done; gives the send back if not.
     fn test(self) -> Option<PendingSend> {
-        let PendingSend { request, buffer } = self;
+        let PendingSend { to, request, buffer } = self;
         match request.test() {
             Ok(_) => {
                 // SAFETY: the request completed, so MPI no longer reads the buffer, and it
@@ -107,15 +167,14 @@ impl PendingSend {
                 drop(unsafe { Box::from_raw(buffer) });
                 None
             }
-            Err(request) => Some(PendingSend { request, buffer }),
+            Err(request) => Some(PendingSend { to, request, buffer }),
         }
     }
+}
 
-    fn wait(self) {
-        self.request.wait();
-        // SAFETY: as in `test`.
-        drop(unsafe { Box::from_raw(self.buffer) });
-    }
+/// Frees the buffers of the sends that are done; keeps the others.
+fn reap(pending: &mut Vec<PendingSend>) {
+    *pending = std::mem::take(pending).into_iter().filter_map(PendingSend::test).collect();
 }
 
 // SAFETY (both): MPI runs with MPI_THREAD_MULTIPLE (checked in `init`), under which its
@@ -128,6 +187,7 @@ pub struct MpiTransport {
     comm: SimpleCommunicator,
     topology: Topology,
     replica: usize,
+    timeout: Duration,
     pending: Vec<PendingSend>,
 }
 
@@ -139,39 +199,24 @@ fn tag(payload: Payload) -> i32 {
 }
 
 impl MpiTransport {
-    fn reap(&mut self) {
-        self.pending = std::mem::take(&mut self.pending).into_iter().filter_map(PendingSend::test).collect();
-    }
-}
-
-impl MpiTransport {
     /// Sends `bytes` to stage `to` of this replica, without waiting for the receive.
     pub(super) fn send_bytes(&mut self, to: usize, payload: Payload, bytes: Vec<u8>) {
-        self.reap();
+        reap(&mut self.pending);
         let dest = self.topology.rank(to, self.replica);
         self.pending.push(PendingSend::start(&self.comm, dest, tag(payload), bytes));
     }
 
-    /// The next message from stage `from` of this replica.
-    pub(super) fn recv_bytes(&mut self, from: usize, payload: Payload) -> Vec<u8> {
-        let source = self.topology.rank(from, self.replica) as i32;
-        let tag = tag(payload);
-        // Polls rather than blocks, yielding the core: with more ranks than cores, a
-        // waiting rank must not take the core its peer computes on.
-        let mut polls = 0u32;
-        let matched = loop {
-            if let Some(m) = self.comm.process_at_rank(source).immediate_matched_probe_with_tag(tag) {
-                break m;
+    /// The next message from stage `from` of this replica; the sends in flight are reaped
+    /// while it waits.
+    pub(super) fn recv_bytes(&mut self, from: usize, payload: Payload) -> Result<Vec<u8>, DistError> {
+        let source = self.topology.rank(from, self.replica);
+        let pending = &mut self.pending;
+        receive(&self.comm, source, tag(payload), self.timeout, || reap(pending)).ok_or_else(|| {
+            DistError::Timeout {
+                what: format!("{} sent nothing", self.topology.describe(&[source])),
+                timeout: self.timeout,
             }
-            self.reap();
-            polls += 1;
-            if polls < 64 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        };
-        matched.matched_receive_vec::<u8>().0
+        })
     }
 }
 
@@ -186,7 +231,7 @@ impl Transport for MpiTransport {
     }
 
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
-        let bytes = self.recv_bytes(from, payload);
+        let bytes = self.recv_bytes(from, payload)?;
         let mut r = Reader(&bytes);
         let (virtual_stage, microbatch, shape, dtype) = read_header(&mut r)?;
         let data = r.f32s()?;
@@ -198,6 +243,22 @@ impl Transport for MpiTransport {
         }
         let tensor = dev.from_host_of(dtype, &data, &shape, Category::Transfer);
         Ok(Message { virtual_stage, microbatch, tensor })
+    }
+
+    fn complete_sends(&mut self) -> Result<(), DistError> {
+        let pending = &mut self.pending;
+        let done = poll_until(self.timeout, || {
+            reap(pending);
+            pending.is_empty().then_some(())
+        });
+        done.ok_or_else(|| {
+            let mut peers: Vec<usize> = self.pending.iter().map(|s| s.to).collect();
+            peers.dedup();
+            DistError::Timeout {
+                what: format!("{} took nothing of the last sends", self.topology.describe(&peers)),
+                timeout: self.timeout,
+            }
+        })
     }
 }
 
@@ -227,10 +288,14 @@ pub(super) fn read_header(r: &mut Reader) -> Result<(usize, usize, Vec<usize>, D
     Ok((virtual_stage, microbatch, shape, dtype))
 }
 
+/// A send still in flight here was never waited for ([`Transport::complete_sends`] was
+/// not reached: the rank failed, and ends the job next). It is abandoned to MPI, its buffer
+/// leaked: waiting could last forever, and freeing it while MPI may read it is not safe.
 impl Drop for MpiTransport {
     fn drop(&mut self) {
         for send in self.pending.drain(..) {
-            send.wait();
+            // SAFETY: the request is never used again, and its buffer is never freed.
+            let _ = unsafe { send.request.into_raw() };
         }
     }
 }
@@ -244,6 +309,7 @@ pub struct MpiCollective {
     tied: Option<SimpleCommunicator>,
     topology: Topology,
     rank: usize,
+    timeout: Duration,
 }
 
 impl MpiCollective {
@@ -258,24 +324,46 @@ impl MpiCollective {
         }
     }
 
-    /// Sends `bytes` to `to` on the world communicator, in pieces MPI's counts can hold.
-    fn send_large(&self, to: usize, bytes: &[u8]) {
-        let p = self.world.process_at_rank(to as i32);
-        p.send(&(bytes.len() as u64));
-        for piece in bytes.chunks(PIECE) {
-            p.send(piece);
+    /// `op` over `group` did not complete: it names the other members, one of which did
+    /// not join (which one, a non-blocking collective does not say).
+    fn timed_out(&self, op: &str, group: Group) -> DistError {
+        let others: Vec<usize> =
+            self.topology.members(group, self.rank).into_iter().filter(|&m| m != self.rank).collect();
+        DistError::Timeout {
+            what: format!("{op} over {group}: {} did not join", self.topology.describe(&others)),
+            timeout: self.timeout,
         }
     }
 
-    fn recv_large(&self, from: usize) -> Vec<u8> {
-        let p = self.world.process_at_rank(from as i32);
-        let (len, _) = p.receive::<u64>();
+    /// Sends `bytes` to `to` on the world communicator: its length, then pieces MPI's
+    /// counts can hold, each waited for within the timeout.
+    fn send_large(&self, to: usize, bytes: &[u8]) -> Result<(), DistError> {
+        let p = self.world.process_at_rank(to as i32);
+        let len = (bytes.len() as u64).to_le_bytes();
+        for piece in std::iter::once(&len[..]).chain(bytes.chunks(PIECE)) {
+            if !mpi::request::scope(|s| complete(p.immediate_send(s, piece), self.timeout)) {
+                let what = format!("{} took nothing", self.topology.describe(&[to]));
+                return Err(DistError::Timeout { what, timeout: self.timeout });
+            }
+        }
+        Ok(())
+    }
+
+    fn recv_large(&self, from: usize) -> Result<Vec<u8>, DistError> {
+        let timed_out = || DistError::Timeout {
+            what: format!("{} sent nothing", self.topology.describe(&[from])),
+            timeout: self.timeout,
+        };
+        let next = || receive(&self.world, from, 0, self.timeout, || {}).ok_or_else(timed_out);
+        let len = next()?;
+        let len = u64::from_le_bytes(
+            len.try_into().map_err(|_| DistError::Protocol("a length of other than 8 bytes".into()))?,
+        );
         let mut out = Vec::with_capacity(len as usize);
         while out.len() < len as usize {
-            let (piece, _) = p.receive_vec::<u8>();
-            out.extend_from_slice(&piece);
+            out.extend_from_slice(&next()?);
         }
-        out
+        Ok(out)
     }
 }
 
@@ -304,8 +392,14 @@ impl Collective for MpiCollective {
     fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
         let comm = self.comm(group);
         let n = comm.size() as usize;
+        let mine = bytes.len() as u64;
         let mut lens = vec![0u64; n];
-        comm.all_gather_into(&(bytes.len() as u64), &mut lens[..]);
+        if !mpi::request::scope(|s| {
+            complete(comm.immediate_all_gather_into(s, &mine, &mut lens[..]), self.timeout)
+        }) {
+            std::mem::forget(lens);
+            return Err(self.timed_out("all-gather", group));
+        }
         let lens: Vec<usize> = lens.into_iter().map(|l| l as usize).collect();
         if lens.iter().all(|&l| l == 0) {
             // Nothing to move (a rendezvous); OpenMPI rejects an all-empty Allgatherv.
@@ -313,7 +407,14 @@ impl Collective for MpiCollective {
         }
         let (c, d) = counts(&lens)?;
         let mut all = vec![0u8; lens.iter().sum()];
-        comm.all_gather_varcount_into(bytes, &mut PartitionMut::new(&mut all[..], c, &d[..]));
+        let mut into = PartitionMut::new(&mut all[..], c, d);
+        if !mpi::request::scope(|s| {
+            complete(comm.immediate_all_gather_varcount_into(s, bytes, &mut into), self.timeout)
+        }) {
+            std::mem::forget(into);
+            std::mem::forget(all);
+            return Err(self.timed_out("all-gather", group));
+        }
         let mut out = Vec::with_capacity(n);
         let mut rest = &all[..];
         for len in lens {
@@ -337,20 +438,30 @@ impl Collective for MpiCollective {
         let slice = |j: usize| (j * len / n)..((j + 1) * len / n);
         let me = comm.rank() as usize;
         let mine = slice(me).len();
-        let (send_counts, send_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
+        let (slice_counts, slice_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
         let (recv_counts, recv_displs) = counts(&vec![mine; n])?;
         let mut pieces = vec![0f32; mine * n];
-        comm.all_to_all_varcount_into(
-            &mpi::datatype::Partition::new(&host[..], send_counts, &send_displs[..]),
-            &mut PartitionMut::new(&mut pieces[..], recv_counts, &recv_displs[..]),
-        );
+        let send = Partition::new(&host[..], slice_counts.clone(), slice_displs.clone());
+        let mut into = PartitionMut::new(&mut pieces[..], recv_counts, recv_displs);
+        if !mpi::request::scope(|s| {
+            complete(comm.immediate_all_to_all_varcount_into(s, &send, &mut into), self.timeout)
+        }) {
+            std::mem::forget(into);
+            std::mem::forget(pieces);
+            return Err(self.timed_out("all-reduce", group));
+        }
+        drop(into);
         let reduced = sum_in_order((0..n).map(|i| &pieces[i * mine..(i + 1) * mine]));
-        let (all_counts, all_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
         let mut sum = vec![0f32; len];
-        comm.all_gather_varcount_into(
-            &reduced[..],
-            &mut PartitionMut::new(&mut sum[..], all_counts, &all_displs[..]),
-        );
+        let mut into = PartitionMut::new(&mut sum[..], slice_counts, slice_displs);
+        if !mpi::request::scope(|s| {
+            complete(comm.immediate_all_gather_varcount_into(s, &reduced[..], &mut into), self.timeout)
+        }) {
+            std::mem::forget(into);
+            std::mem::forget(sum);
+            return Err(self.timed_out("all-reduce", group));
+        }
+        drop(into);
         let host = dev.from_host(&sum, t.shape(), Category::Workspace);
         dev.copy(t, &host);
         Ok(())
@@ -358,17 +469,19 @@ impl Collective for MpiCollective {
 
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {
         if self.rank != 0 {
-            self.send_large(0, bytes);
+            self.send_large(0, bytes)?;
             return Ok(None);
         }
         let mut all = vec![bytes.to_vec()];
-        all.extend((1..self.topology.world()).map(|r| self.recv_large(r)));
+        for r in 1..self.topology.world() {
+            all.push(self.recv_large(r)?);
+        }
         Ok(Some(all))
     }
 
     fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
         if self.rank != 0 {
-            return Ok(self.recv_large(0));
+            return self.recv_large(0);
         }
         let mut parts = parts.ok_or_else(|| DistError::Protocol("scatter: rank 0 gave no parts".into()))?;
         if parts.len() != self.topology.world() {
@@ -379,7 +492,7 @@ impl Collective for MpiCollective {
             )));
         }
         for (r, part) in parts.iter().enumerate().skip(1) {
-            self.send_large(r, part);
+            self.send_large(r, part)?;
         }
         Ok(std::mem::take(&mut parts[0]))
     }

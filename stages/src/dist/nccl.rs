@@ -23,6 +23,15 @@
 //!
 //! Sums are deterministic and equal to the other backends': each member broadcasts its
 //! tensor (one NCCL group), and every member adds the copies in member order on its GPU.
+//!
+//! The distributed timeout: every header and byte collective goes over MPI, whose waits
+//! are bounded, and a tensor's header precedes its elements, so a peer that is gone before
+//! a transfer is caught there. The NCCL operations themselves are enqueued on streams and
+//! never waited for by the host here; the host waits for them at the step's one sync
+//! (`Device::read`), which is not bounded: a peer that stops in the middle of an NCCL
+//! transfer would hold that sync. Bounding it is a watchdog's work (poll the streams and
+//! `ncclCommGetAsyncError` up to the timeout, then `ncclCommAbort`, as PyTorch's NCCL
+//! watchdog does), not built.
 
 use super::mpi::{MpiCollective, MpiWorld};
 use super::wire::Reader;
@@ -70,8 +79,9 @@ pub fn endpoints(
     mpi: &MpiWorld,
     topology: Topology,
     ordinal: usize,
+    timeout: std::time::Duration,
 ) -> Result<(NcclTransport, NcclCollective), DistError> {
-    let (headers, mut bytes) = mpi.endpoints(topology);
+    let (headers, mut bytes) = mpi.endpoints(topology, timeout);
     let ctx = CudaContext::new(ordinal).map_err(|e| nccl_error("context", e))?;
     let stream = || ctx.new_stream().map_err(|e| nccl_error("stream", e));
     let activations = comm_over(&mut bytes, Group::Pipeline, stream()?)?;
@@ -144,7 +154,7 @@ impl Transport for NcclTransport {
     }
 
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
-        let bytes = self.headers.recv_bytes(from, payload);
+        let bytes = self.headers.recv_bytes(from, payload)?;
         let (virtual_stage, microbatch, shape, dtype) = super::mpi::read_header(&mut Reader(&bytes))?;
         let comm = self.comm(payload);
         // The buffer is allocated on the communicator's stream, so the receive follows its
@@ -162,6 +172,11 @@ impl Transport for NcclTransport {
         comm.recv(&mut bytes_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
         device_after_comm(comm, dev)?;
         Ok(Message { virtual_stage, microbatch, tensor })
+    }
+
+    /// The headers' sends; the elements' are the streams' (see the module's note).
+    fn complete_sends(&mut self) -> Result<(), DistError> {
+        self.headers.complete_sends()
     }
 }
 

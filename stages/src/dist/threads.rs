@@ -5,26 +5,24 @@
 //! sender's ledger and joins the receiver's). The collective is a rendezvous per group:
 //! each member posts its part, the last to arrive completes the round, and every member
 //! reads the same parts. A rank's ends, dropped when its thread ends (an error or a panic
-//! included), fail every peer still waiting on it with `PeerStopped`.
+//! included), fail every peer still waiting on it with `PeerStopped`; a peer that neither
+//! answers nor stops (a hung thread) fails a waiting rank with `Timeout`.
 
 use super::{Collective, DistError, Group, Message, Topology, Transport};
 use kernels::{Category, Detached, Device, Tensor};
 use schedules::Payload;
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Every rank's transport and collective for a world of `topology`, indexed by rank. Each
 /// channel buffers `capacity` messages: at least what the lowered lists were proven to
-/// complete with.
-pub fn world(topology: Topology, capacity: usize) -> Vec<(InProcess, ThreadsCollective)> {
+/// complete with. No wait on a peer lasts longer than `timeout`.
+pub fn world(topology: Topology, capacity: usize, timeout: Duration) -> Vec<(InProcess, ThreadsCollective)> {
     let shared = Arc::new(Shared::default());
     let mut transports: Vec<InProcess> = (0..topology.world())
-        .map(|rank| InProcess {
-            stage: topology.stage_of(rank),
-            senders: HashMap::new(),
-            receivers: HashMap::new(),
-        })
+        .map(|rank| InProcess { rank, topology, timeout, senders: HashMap::new(), receivers: HashMap::new() })
         .collect();
     for replica in 0..topology.data {
         for from in 0..topology.pipeline {
@@ -40,7 +38,7 @@ pub fn world(topology: Topology, capacity: usize) -> Vec<(InProcess, ThreadsColl
     transports
         .into_iter()
         .enumerate()
-        .map(|(rank, t)| (t, ThreadsCollective { rank, topology, shared: shared.clone() }))
+        .map(|(rank, t)| (t, ThreadsCollective { rank, topology, timeout, shared: shared.clone() }))
         .collect()
 }
 
@@ -53,36 +51,68 @@ struct InFlight {
 
 /// One stage's ends of its replica's channels.
 pub struct InProcess {
-    stage: usize,
+    rank: usize,
+    topology: Topology,
+    timeout: Duration,
     senders: HashMap<(usize, Payload), SyncSender<InFlight>>,
     receivers: HashMap<(usize, Payload), Receiver<InFlight>>,
 }
 
+impl InProcess {
+    /// The timeout of a wait on stage `stage` of this replica, which did `what`.
+    fn timed_out(&self, stage: usize, what: &str) -> DistError {
+        let peer = self.topology.rank(stage, self.topology.replica_of(self.rank));
+        DistError::Timeout {
+            what: format!("{} {what}", self.topology.describe(&[peer])),
+            timeout: self.timeout,
+        }
+    }
+}
+
 impl Transport for InProcess {
     fn send(&mut self, to: usize, payload: Payload, msg: Message, dev: &dyn Device) -> Result<(), DistError> {
-        let tx =
-            self.senders.get(&(to, payload)).ok_or(DistError::NoChannel { from: self.stage, to, payload })?;
-        let flight = InFlight {
+        let stage = self.topology.stage_of(self.rank);
+        let tx = self.senders.get(&(to, payload)).ok_or(DistError::NoChannel { from: stage, to, payload })?;
+        let mut flight = Some(InFlight {
             virtual_stage: msg.virtual_stage,
             microbatch: msg.microbatch,
             // The receiver's stream waits on this fence, taken after the producing ops.
             tensor: msg.tensor.detach(dev.fence()),
-        };
-        tx.send(flight).map_err(|_| DistError::PeerStopped { peer: to })
+        });
+        // A full channel (the receiver is behind) is waited on, within the timeout.
+        let sent = super::poll_until(self.timeout, || {
+            match tx.try_send(flight.take().expect("a message until it is sent")) {
+                Ok(()) => Some(Ok(())),
+                Err(TrySendError::Full(back)) => {
+                    flight = Some(back);
+                    None
+                }
+                Err(TrySendError::Disconnected(_)) => Some(Err(DistError::PeerStopped { peer: to })),
+            }
+        });
+        sent.unwrap_or_else(|| Err(self.timed_out(to, "took nothing")))
     }
 
     fn recv(&mut self, from: usize, payload: Payload, dev: &dyn Device) -> Result<Message, DistError> {
         let rx = self.receivers.get(&(from, payload)).ok_or(DistError::NoChannel {
             from,
-            to: self.stage,
+            to: self.topology.stage_of(self.rank),
             payload,
         })?;
-        let f = rx.recv().map_err(|_| DistError::PeerStopped { peer: from })?;
+        let f = rx.recv_timeout(self.timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => self.timed_out(from, "sent nothing"),
+            RecvTimeoutError::Disconnected => DistError::PeerStopped { peer: from },
+        })?;
         Ok(Message {
             virtual_stage: f.virtual_stage,
             microbatch: f.microbatch,
             tensor: dev.adopt(f.tensor, Category::Transfer),
         })
+    }
+
+    /// A send completes as it returns: the message is in the channel.
+    fn complete_sends(&mut self) -> Result<(), DistError> {
+        Ok(())
     }
 }
 
@@ -129,12 +159,14 @@ impl Shared {
 pub struct ThreadsCollective {
     rank: usize,
     topology: Topology,
+    timeout: Duration,
     shared: Arc<Shared>,
 }
 
 impl ThreadsCollective {
-    /// Posts `part` to the current round of `group` and waits for the round to complete.
-    fn round(&self, group: Group, part: Part) -> Result<Arc<Vec<Part>>, DistError> {
+    /// Posts `part` to the current round of `group` and waits for the round to complete;
+    /// `op` names the collective for a timeout.
+    fn round(&self, op: &str, group: Group, part: Part) -> Result<Arc<Vec<Part>>, DistError> {
         let members = self.topology.members(group, self.rank);
         let me = members.iter().position(|&m| m == self.rank).expect("a rank is in its own groups");
         let n = members.len();
@@ -153,21 +185,23 @@ impl ThreadsCollective {
             self.shared.changed.notify_all();
             return Ok(result);
         }
+        let start = Instant::now();
         loop {
             let board = &state.boards[&members];
             if board.round != round {
                 return Ok(board.result.clone());
             }
+            let absent = || members.iter().zip(&board.slots).filter(|(_, s)| s.is_none()).map(|(&m, _)| m);
             // A member that stopped without posting to this round never will.
-            if let Some(&peer) = members
-                .iter()
-                .zip(&board.slots)
-                .find(|(m, s)| s.is_none() && state.stopped.contains(m))
-                .map(|(m, _)| m)
-            {
+            if let Some(peer) = absent().find(|m| state.stopped.contains(m)) {
                 return Err(DistError::PeerStopped { peer });
             }
-            state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            let Some(left) = self.timeout.checked_sub(start.elapsed()).filter(|d| !d.is_zero()) else {
+                let absent = self.topology.describe(&absent().collect::<Vec<_>>());
+                let what = format!("{op} over {group}: {absent} did not join");
+                return Err(DistError::Timeout { what, timeout: self.timeout });
+            };
+            state = self.shared.changed.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 }
@@ -189,7 +223,7 @@ impl Collective for ThreadsCollective {
     }
 
     fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
-        let parts = self.round(group, Part::Bytes(bytes.to_vec()))?;
+        let parts = self.round("all-gather", group, Part::Bytes(bytes.to_vec()))?;
         Ok(parts
             .iter()
             .map(|p| if let Part::Bytes(b) = p { b.clone() } else { unreachable!("a gather round") })
@@ -213,7 +247,7 @@ impl Collective for ThreadsCollective {
                 })
             })
             .collect();
-        let parts = self.round(group, Part::Tensors(Mutex::new(copies)))?;
+        let parts = self.round("all-reduce", group, Part::Tensors(Mutex::new(copies)))?;
         let mut theirs = parts.iter().enumerate().map(|(k, p)| {
             let Part::Tensors(copies) = p else { unreachable!("a reduce round") };
             let mine = (k != me).then(|| copies.lock().unwrap_or_else(|e| e.into_inner())[me].take());
@@ -238,7 +272,7 @@ impl Collective for ThreadsCollective {
     }
 
     fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
-        let posted = self.round(Group::World, Part::Parts(parts.unwrap_or_default()))?;
+        let posted = self.round("scatter", Group::World, Part::Parts(parts.unwrap_or_default()))?;
         match &posted[0] {
             Part::Parts(p) => p.get(self.rank).cloned().ok_or_else(|| {
                 DistError::Protocol(format!(
@@ -257,10 +291,12 @@ mod tests {
     use super::*;
     use kernels::cpu::CpuDevice;
 
+    const MINUTE: Duration = Duration::from_secs(60);
+
     #[test]
     fn tensors_move_between_ledgers_without_copying() {
         let topology = Topology { pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
-        let mut ends = world(topology, 1);
+        let mut ends = world(topology, 1, MINUTE);
         let (mut b, _) = ends.pop().unwrap();
         let (mut a, _) = ends.pop().unwrap();
         let (da, db) = (CpuDevice::new(1), CpuDevice::new(1));
@@ -282,7 +318,7 @@ mod tests {
         let parts = [[1.0e8f32, 1.0], [-1.0e8, 1.0e8], [1.0, -1.0e8]];
         let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
         let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1)
+            let handles: Vec<_> = world(topology, 1, MINUTE)
                 .into_iter()
                 .map(|(_, mut c)| {
                     s.spawn(move || {
@@ -307,7 +343,7 @@ mod tests {
     fn collectives_agree_and_a_stopped_member_fails_its_peers() {
         let topology = Topology { pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
         let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1)
+            let handles: Vec<_> = world(topology, 1, MINUTE)
                 .into_iter()
                 .map(|(_, mut c)| {
                     s.spawn(move || {
@@ -339,5 +375,36 @@ mod tests {
             assert_eq!(part, vec![7 + rank as u8]);
             assert_eq!(after, Err(DistError::PeerStopped { peer: 1 }));
         }
+    }
+
+    /// A peer that neither answers nor stops (a hung thread): a receive, a send into a full
+    /// channel and a collective each give up after the timeout, naming it.
+    #[test]
+    fn a_peer_that_never_answers_times_out_by_name() {
+        let topology = Topology { pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
+        let short = Duration::from_millis(50);
+        let mut ends = world(topology, 1, short);
+        let (_hung_transport, _hung_collective) = ends.pop().unwrap();
+        let (mut a, mut c) = ends.pop().unwrap();
+        let dev = CpuDevice::new(1);
+        let timeout = |what: &str| Some(DistError::Timeout { what: what.into(), timeout: short });
+        assert_eq!(a.recv(1, Payload::Grad, &dev).err(), timeout("rank 1 (stage 1) sent nothing"));
+        let msg =
+            |mb| Message { virtual_stage: 0, microbatch: mb, tensor: dev.zeros(&[1], Category::Workspace) };
+        assert_eq!(a.send(1, Payload::Activation, msg(0), &dev), Ok(()), "the channel holds one");
+        assert_eq!(
+            a.send(1, Payload::Activation, msg(1), &dev).err(),
+            timeout("rank 1 (stage 1) took nothing")
+        );
+        let start = Instant::now();
+        assert_eq!(
+            c.all_gather(Group::Pipeline, b"x").err(),
+            timeout("all-gather over the pipeline: rank 1 (stage 1) did not join")
+        );
+        assert!(start.elapsed() >= short);
+        assert_eq!(
+            DistError::Timeout { what: "rank 1 (stage 1) sent nothing".into(), timeout: short }.to_string(),
+            "rank 1 (stage 1) sent nothing within 0.05 s (distributed_timeout_minutes)"
+        );
     }
 }
