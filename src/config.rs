@@ -20,8 +20,8 @@ pub use named::{
 };
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
-use stages::{Activation, Architecture, Norm, Positions};
 use serde_norway::{Mapping, Value};
+use stages::{Activation, Architecture, Norm, Positions};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -358,7 +358,11 @@ fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
         if let Err(e) = serde_norway::from_value::<Config>(Value::Mapping(single)) {
             let msg = one_line(&e.to_string());
             // A name outside a key's set already quotes the value and lists the names.
-            let bad_value = if msg.contains(" is not one of ") { String::new() } else { format!("bad value {}: ", show(value)) };
+            let bad_value = if msg.contains(" is not one of ") {
+                String::new()
+            } else {
+                format!("bad value {}: ", show(value))
+            };
             return Err(user_error(format!("{}: {bad_value}{msg}", origin.describe(written))));
         }
         map.insert(Value::String(key.clone()), value.clone());
@@ -603,13 +607,13 @@ impl Config {
                 return Err(("num_query_groups", format!("{g} needs group_query_attention: true")));
             }
             (true, None) => {
-                return Err(("group_query_attention", "true needs num_query_groups, the key/value heads".into()));
+                return Err((
+                    "group_query_attention",
+                    "true needs num_query_groups, the key/value heads".into(),
+                ));
             }
             (true, Some(g)) if g == 0 || !heads.is_multiple_of(g) => {
-                return Err((
-                    "num_query_groups",
-                    format!("{g} does not divide num_attention_heads {heads}"),
-                ));
+                return Err(("num_query_groups", format!("{g} does not divide num_attention_heads {heads}")));
             }
             _ => {}
         }
@@ -637,13 +641,17 @@ impl Config {
     pub fn family_without_cuda_kernels(&self) -> Option<(&'static str, String)> {
         let on = |set: bool, key: &'static str, what: String| set.then_some((key, what));
         on(self.normalization != Norm::LayerNorm, "normalization", self.normalization.to_string())
-            .or_else(|| on(self.norm_epsilon != 1e-5, "norm_epsilon", format!("norm_epsilon {}", self.norm_epsilon)))
+            .or_else(|| {
+                on(self.norm_epsilon != 1e-5, "norm_epsilon", format!("norm_epsilon {}", self.norm_epsilon))
+            })
             .or_else(|| {
                 let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
                 on(rope, "position_embedding_type", "rope".into())
             })
             .or_else(|| on(self.swiglu, "swiglu", "swiglu".into()))
-            .or_else(|| on(self.group_query_attention, "group_query_attention", "group_query_attention".into()))
+            .or_else(|| {
+                on(self.group_query_attention, "group_query_attention", "group_query_attention".into())
+            })
             .or_else(|| on(self.disable_bias_linear, "disable_bias_linear", "disable_bias_linear".into()))
             .or_else(|| {
                 let untied = self.untie_embeddings_and_output_weights;

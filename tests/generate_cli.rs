@@ -38,7 +38,8 @@ fn greedy_generation_equals_transformers() {
 }
 
 fn greedy_equals_transformers(fixture: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{fixture}/generate.json"));
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/fixtures/{fixture}/generate.json"));
     let expected: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let bpe = tiktoken_rs::r50k_base_singleton();
     for case in expected["greedy"].as_array().unwrap() {

@@ -20,8 +20,8 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use stages::params::chunk_param_specs;
 use stages::{
-    Activation, Architecture, ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Norm, Parameters,
-    Positions, RecomputePolicy,
+    Activation, Architecture, ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Norm,
+    Parameters, Positions, RecomputePolicy,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
@@ -108,8 +108,12 @@ fn hf_weights(dir: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let files: Vec<String> = match std::fs::read_to_string(root.join("model.safetensors.index.json")) {
         Ok(text) => {
             let index: Value = serde_json::from_str(&text).unwrap();
-            let mut files: Vec<String> =
-                index["weight_map"].as_object().unwrap().values().map(|f| f.as_str().unwrap().to_string()).collect();
+            let mut files: Vec<String> = index["weight_map"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|f| f.as_str().unwrap().to_string())
+                .collect();
             files.sort();
             files.dedup();
             files
@@ -250,14 +254,14 @@ fn eval(checkpoint: &Path, data: &Path, windows: usize, seq_len: usize) -> f64 {
 }
 
 /// `pipetrain eval` of `checkpoint` prints the mean loss transformers computed with the
-/// weights of fixture `dir`.
-fn eval_matches(dir: &str, checkpoint: &Path) {
+/// weights of fixture `dir`; `tag` names the temp dir (the tests run in parallel).
+fn eval_matches(dir: &str, checkpoint: &Path, tag: &str) {
     let expected = read_json(dir, "expected.json");
     let stream = usizes(&expected["stream"]);
     let losses = f64s(&expected["losses"]);
     let seq_len = expected["tokens"][0].as_array().unwrap().len();
     assert_eq!(stream.len(), losses.len() + 1, "the stream holds every window and one more token");
-    let tmp = common::temp_dir(&format!("hf_eval_{dir}"));
+    let tmp = common::temp_dir(&format!("hf_eval_{tag}_{dir}"));
     let data = tmp.join("stream.bin");
     write_bin(&data, &stream);
 
@@ -277,7 +281,7 @@ fn eval_matches(dir: &str, checkpoint: &Path) {
 #[test]
 fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
     for dir in FIXTURES {
-        eval_matches(dir, &fixture(dir));
+        eval_matches(dir, &fixture(dir), "fixture");
     }
 }
 
@@ -289,9 +293,15 @@ fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
 fn export_round_trips_through_huggingface_names() {
     for dir in FIXTURES {
         let out = common::temp_dir(&format!("hf_export_{dir}")).join("hf");
-        let o = common::bin().args(["export", "--checkpoint"]).arg(fixture(dir)).arg("--hf").arg(&out).output().unwrap();
+        let o = common::bin()
+            .args(["export", "--checkpoint"])
+            .arg(fixture(dir))
+            .arg("--hf")
+            .arg(&out)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{dir}: export failed: {}", common::stderr(&o));
-        eval_matches(dir, &out);
+        eval_matches(dir, &out, "export");
         let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let original = hf_weights(dir);
@@ -299,10 +309,12 @@ fn export_round_trips_through_huggingface_names() {
         for (name, shape, data) in original {
             let view = st.tensor(&name).unwrap_or_else(|_| panic!("{dir}: {name} not exported"));
             assert_eq!(view.shape(), &shape[..], "{name}");
-            let bits: Vec<u32> = view.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            let bits: Vec<u32> =
+                view.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
             assert!(bits == data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dir}: {name} differs");
         }
-        let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         let original = read_json(dir, "config.json");
         assert_eq!(config["model_type"], original["model_type"], "{dir}");
     }

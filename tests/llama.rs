@@ -39,7 +39,8 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
         selective_recompute("core_attn,mlp,layernorm"),
     ];
     for (i, policy) in policies.iter().enumerate() {
-        for (schedule, p) in [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
+        for (schedule, p) in
+            [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
         {
             let mut f = vec![
                 gb.clone(),
@@ -128,7 +129,10 @@ fn impossible_combinations_are_one_line() {
             "command line: --seq-length 32: 32 exceeds max_position_embeddings 16",
         ),
         (&["--normalization", "rmsnorm"], "`rmsnorm` is not one of LayerNorm, RMSNorm"),
-        (&["--position-embedding-type", "alibi"], "unknown variant `alibi`, expected `learned_absolute` or `rope`"),
+        (
+            &["--position-embedding-type", "alibi"],
+            "command line: --position-embedding-type alibi: `alibi` is not one of learned_absolute, rope",
+        ),
         (&["--norm-epsilon", "0"], "command line: --norm-epsilon 0: 0 must be a finite number > 0"),
     ];
     for (args, needle) in cases {

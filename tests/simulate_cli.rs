@@ -627,7 +627,10 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
             text.contains("RMSNorm (eps 1e-5), rope (base 500000), SwiGLU, 8 query groups, no linear biases, untied output layer"),
             "{name}: {text}"
         );
-        assert!(text.contains("(the paper's GPT formula at this model's widths: k, v over 8 groups"), "{name}: {text}");
+        assert!(
+            text.contains("(the paper's GPT formula at this model's widths: k, v over 8 groups"),
+            "{name}: {text}"
+        );
     }
     let exact = |name: &str| {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
@@ -641,7 +644,8 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
 #[test]
 fn plan_works_on_a_llama_config() {
     let dir = temp_dir("sim-plan-llama");
-    let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama3-8b.yaml")).unwrap();
+    let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama3-8b.yaml"))
+        .unwrap();
     let cfg = write_config(&dir, "c.yaml", &base);
     let args = ["--plan", "--gpus", "16", "--hardware", "h100-sxm"];
     let plan = stdout(&simulate(&cfg, &args));

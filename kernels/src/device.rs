@@ -288,7 +288,14 @@ pub trait Device: Send + Sync {
     /// Face's rotate-half layout: for i < hs/2, with inv_freq_i = 1 / base^(2i/hs) and
     /// angle = position * inv_freq_i in f32, x[i] = x[i] cos - x[i + hs/2] sin and
     /// x[i + hs/2] = x[i + hs/2] cos + x[i] sin. hs must be even.
-    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32, first_position: usize);
+    fn rope_forward(
+        &self,
+        qkv: &mut Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+        base: f32,
+        first_position: usize,
+    );
     /// RoPE's backward, in place on dqkv [B,T,(NH+2*KV)*hs], token t at position t: the
     /// inverse rotation of the query and key gradients (the value gradients untouched).
     fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32);

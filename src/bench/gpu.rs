@@ -115,8 +115,10 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let on = |device, precision| Config { device, precision, ..cfg.clone() };
     eprintln!("bench gpu: {CURVE_STEPS} steps on the CPU, then on the GPU in fp32 and in bf16");
     let cpu = loss_curve(&on(DeviceKind::Cpu, Precision::Fp32), path, &data, CURVE_STEPS)?;
-    let (fp32, fp32_peaks) = loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Fp32), path, &data, CURVE_STEPS)?;
-    let (bf16, bf16_peaks) = loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Bf16), path, &data, CURVE_STEPS)?;
+    let (fp32, fp32_peaks) =
+        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Fp32), path, &data, CURVE_STEPS)?;
+    let (bf16, bf16_peaks) =
+        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Bf16), path, &data, CURVE_STEPS)?;
     rows.push(curve_row("CUDA fp32 vs CPU loss", &fp32, &cpu, FP32_TOLERANCE));
     rows.push(curve_row("CUDA bf16 vs fp32 loss", &bf16, &fp32, BF16_TOLERANCE));
     for (precision, measured) in [(Precision::Fp32, &fp32_peaks), (Precision::Bf16, &bf16_peaks)] {

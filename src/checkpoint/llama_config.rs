@@ -95,14 +95,18 @@ impl LlamaConfig {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
             match obj.get(key) {
-                Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{key} is {v}, not a count"))),
+                Some(v) => {
+                    v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{key} is {v}, not a count")))
+                }
                 None => Err(bad(format!("missing {key}"))),
             }
         };
         let float = |key: &str, default: f64| -> anyhow::Result<f32> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(default as f32),
-                Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
+                Some(v) => {
+                    v.as_f64().map(|x| x as f32).ok_or_else(|| bad(format!("{key} is {v}, not a number")))
+                }
             }
         };
         let flag = |key: &str, default: bool| -> anyhow::Result<bool> {
@@ -121,10 +125,14 @@ impl LlamaConfig {
             Some(params) => {
                 let kind = params.get("rope_type").and_then(Value::as_str).unwrap_or("default");
                 if kind != "default" {
-                    return Err(bad(format!("rope_parameters has rope_type {kind:?}; pipetrain's rotary embedding is \"default\"")));
+                    return Err(bad(format!(
+                        "rope_parameters has rope_type {kind:?}; pipetrain's rotary embedding is \"default\""
+                    )));
                 }
-                params.get("rope_theta").and_then(Value::as_f64).ok_or_else(|| bad("rope_parameters has no rope_theta".into()))?
-                    as f32
+                params
+                    .get("rope_theta")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| bad("rope_parameters has no rope_theta".into()))? as f32
             }
             None => float("rope_theta", 10000.0)?,
         };
@@ -134,10 +142,17 @@ impl LlamaConfig {
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         if heads == 0 || !hidden.is_multiple_of(heads) {
-            return Err(bad(format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}")));
+            return Err(bad(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )));
         }
-        if let Some(v) = obj.get("head_dim").filter(|v| !v.is_null() && v.as_u64() != Some((hidden / heads) as u64)) {
-            return Err(bad(format!("head_dim is {v}, pipetrain needs hidden_size / num_attention_heads = {}", hidden / heads)));
+        if let Some(v) =
+            obj.get("head_dim").filter(|v| !v.is_null() && v.as_u64() != Some((hidden / heads) as u64))
+        {
+            return Err(bad(format!(
+                "head_dim is {v}, pipetrain needs hidden_size / num_attention_heads = {}",
+                hidden / heads
+            )));
         }
         let kv = match obj.get("num_key_value_heads") {
             None | Some(Value::Null) => heads,
@@ -148,13 +163,18 @@ impl LlamaConfig {
         }
         let attention_bias = flag("attention_bias", false)?;
         if flag("mlp_bias", false)? != attention_bias {
-            return Err(bad("attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into()));
+            return Err(bad(
+                "attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into()
+            ));
         }
         let norm = match obj.get("normalization").and_then(Value::as_str) {
-            Some(name) if pipetrain => <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?,
+            Some(name) if pipetrain => {
+                <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?
+            }
             _ => Norm::RmsNorm,
         };
-        let learned = pipetrain && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
+        let learned = pipetrain
+            && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
         let swiglu = !pipetrain || flag("swiglu", true)?;
         let arch = Architecture {
             norm,
@@ -262,7 +282,10 @@ mod tests {
             err(&|j| j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})),
             "d/config.json: rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}; pipetrain's rotary embedding takes none"
         );
-        assert_eq!(err(&|j| j["hidden_act"] = json!("gelu")), "d/config.json: hidden_act is \"gelu\", pipetrain's Llama needs \"silu\"");
+        assert_eq!(
+            err(&|j| j["hidden_act"] = json!("gelu")),
+            "d/config.json: hidden_act is \"gelu\", pipetrain's Llama needs \"silu\""
+        );
         assert_eq!(
             err(&|j| j["num_key_value_heads"] = json!(5)),
             "d/config.json: num_key_value_heads 5 does not divide num_attention_heads 32"
@@ -271,6 +294,9 @@ mod tests {
             err(&|j| j["head_dim"] = json!(64)),
             "d/config.json: head_dim is 64, pipetrain needs hidden_size / num_attention_heads = 128"
         );
-        assert_eq!(err(&|j| j.as_object_mut().unwrap().remove("vocab_size").map(drop).unwrap()), "d/config.json: missing vocab_size");
+        assert_eq!(
+            err(&|j| j.as_object_mut().unwrap().remove("vocab_size").map(drop).unwrap()),
+            "d/config.json: missing vocab_size"
+        );
     }
 }

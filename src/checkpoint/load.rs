@@ -149,7 +149,11 @@ fn read_model_files(dir: &Path) -> anyhow::Result<(PathBuf, Vec<NamedTensor>)> {
         let path = dir.join(file);
         for t in read_safetensors(&path)? {
             if map.get(&t.name).and_then(|f| f.as_str()) != Some(file) {
-                return Err(user_error(format!("{}: holds {}, which {shown} does not place there", path.display(), t.name)));
+                return Err(user_error(format!(
+                    "{}: holds {}, which {shown} does not place there",
+                    path.display(),
+                    t.name
+                )));
             }
             tensors.push(t);
         }

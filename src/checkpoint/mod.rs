@@ -23,8 +23,8 @@ mod tensors;
 
 pub use hf_config::HfGpt2Config;
 pub use llama_config::LlamaConfig;
-pub use model_config::ModelConfig;
 pub use load::{export_hf, load_checkpoint};
+pub use model_config::ModelConfig;
 pub use save::{save_checkpoint, write_atomic};
 pub use shapes::{check_shapes, expected_shapes};
 pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};

@@ -63,7 +63,14 @@ pub fn check_layer_count(file: &Path, layers: usize, found: &[NamedTensor]) -> a
 /// Number of transformer blocks named `h.{i}.*` (GPT-2) or `model.layers.{i}.*` (Llama).
 fn layer_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names
-        .filter_map(|n| n.strip_prefix("h.").or_else(|| n.strip_prefix("model.layers."))?.split('.').next()?.parse::<usize>().ok())
+        .filter_map(|n| {
+            n.strip_prefix("h.")
+                .or_else(|| n.strip_prefix("model.layers."))?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
         .map(|i| i + 1)
         .max()
         .unwrap_or(0)

@@ -78,9 +78,15 @@ pub fn read_safetensors(path: &Path) -> anyhow::Result<Vec<NamedTensor>> {
         .map(|(name, view)| {
             let bytes = view.data();
             let data = match view.dtype() {
-                Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-                Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-                Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+                Dtype::F32 => {
+                    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+                }
+                Dtype::BF16 => {
+                    bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                }
+                Dtype::F16 => {
+                    bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                }
                 other => {
                     return Err(user_error(format!(
                         "{shown}: {name} has dtype {other:?}; pipetrain reads F32, BF16 and F16"
@@ -131,8 +137,7 @@ pub fn normalize_hf_names(
         }
     }
     if let (Some(head), Some(embedding)) = (lm_head, tied_to) {
-        let tied =
-            kept.iter().any(|t| t.name == embedding && t.shape == head.shape && t.data == head.data);
+        let tied = kept.iter().any(|t| t.name == embedding && t.shape == head.shape && t.data == head.data);
         if !tied {
             return Err(user_error(format!(
                 "{}: lm_head.weight differs from {embedding}; the config ties them \
@@ -221,7 +226,8 @@ mod tests {
             t("transformer.h.0.attn.c_attn.bias", &[3.0]),
             t("lm_head.weight", &[1.0, 2.0]),
         ];
-        let names: Vec<String> = normalize_hf_names(p, input, Some("wte.weight")).unwrap().into_iter().map(|t| t.name).collect();
+        let names: Vec<String> =
+            normalize_hf_names(p, input, Some("wte.weight")).unwrap().into_iter().map(|t| t.name).collect();
         assert_eq!(names, ["wte.weight", "h.0.attn.c_attn.bias"]);
 
         let untied = vec![t("wte.weight", &[1.0, 2.0]), t("lm_head.weight", &[1.0, 2.5])];

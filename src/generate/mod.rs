@@ -27,7 +27,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     if generated < args.max_new_tokens {
-        eprintln!("stopped after {generated} new tokens: the model has {} positions", ck.config.max_positions());
+        eprintln!(
+            "stopped after {generated} new tokens: the model has {} positions",
+            ck.config.max_positions()
+        );
     }
     Ok(())
 }

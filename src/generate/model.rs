@@ -31,7 +31,7 @@ pub struct Decoder {
     /// The parameters in the model's order, on the device.
     values: Vec<Tensor>,
     /// Host copies of the embeddings: a new position's row is gathered at its own index.
-    wte_host: Vec<f32>,         // [V,C]
+    wte_host: Vec<f32>, // [V,C]
     wpe_host: Option<Vec<f32>>, // [maxT,C] where positions are learned
     blocks: Vec<BlockIndices>,
     output: usize,
@@ -58,8 +58,11 @@ impl Decoder {
                 BlockIndices::at(&s, first)
             })
             .collect();
-        let values =
-            specs.iter().zip(&host).map(|(p, data)| dev.from_host(data, &p.shape, Category::Parameters)).collect();
+        let values = specs
+            .iter()
+            .zip(&host)
+            .map(|(p, data)| dev.from_host(data, &p.shape, Category::Parameters))
+            .collect();
         Decoder {
             wte_host: host[wte].clone(),
             wpe_host: index(Role::PositionEmbedding).map(|i| host[i].clone()),

@@ -477,7 +477,10 @@ mod tests {
         close(sp.backward_input, tp.backward_input + 4.0 * 2.0 * 10e-6);
         close(sp.backward_weight, tp.backward_weight + 4.0 * 2.0 * (share + 10e-6));
         // Selective recompute redoes the attention core alone: 1/t of it, no collective.
-        let selective = Config { recompute_granularity: Some(crate::config::RecomputeGranularity::Selective), ..with_tp(4, true) };
+        let selective = Config {
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Selective),
+            ..with_tp(4, true)
+        };
         let core = 4.0 * (1024.0 * 1024.0 * 768.0) * 4.0 / 4.0 / rate;
         close(from_hardware(&setup(selective), &h100).chunks[1].recompute, core);
     }

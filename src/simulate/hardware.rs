@@ -248,17 +248,32 @@ mod tests {
 
     #[test]
     fn a_gpu_is_known_by_its_driver_name() {
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", crate::config::Precision::Bf16), Some(989e12));
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", crate::config::Precision::Fp32), Some(494.5e12));
-        assert_eq!(gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", crate::config::Precision::Bf16), Some(312e12));
+        assert_eq!(
+            gpu_peak_flops("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", crate::config::Precision::Bf16),
+            Some(989e12)
+        );
+        assert_eq!(
+            gpu_peak_flops("cuda:0 (NVIDIA H200, sm_90)", crate::config::Precision::Fp32),
+            Some(494.5e12)
+        );
+        assert_eq!(
+            gpu_peak_flops("cuda:1 (NVIDIA A100-SXM4-80GB, sm_80)", crate::config::Precision::Bf16),
+            Some(312e12)
+        );
         assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA H100 PCIe, sm_90)", crate::config::Precision::Bf16), None);
-        assert_eq!(gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", crate::config::Precision::Bf16), None);
+        assert_eq!(
+            gpu_peak_flops("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", crate::config::Precision::Bf16),
+            None
+        );
     }
 
     #[test]
     fn figures_are_overridden_after_the_name() {
-        let hw =
-            Hardware::lookup("a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4", crate::config::Precision::Bf16).unwrap();
+        let hw = Hardware::lookup(
+            "a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4",
+            crate::config::Precision::Bf16,
+        )
+        .unwrap();
         assert_eq!((hw.efficiency, hw.network_bandwidth, hw.gpus_per_node), (0.65, 12.5e9, Some(4)));
         assert_eq!((hw.peak_flops, hw.link_bandwidth), (312e12, 300e9));
         let err = |spec: &str| Hardware::lookup(spec, Precision::Bf16).unwrap_err().to_string();

@@ -73,7 +73,11 @@ pub fn layer_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> f64 {
 pub fn differences(s: &ModelShape) -> Vec<String> {
     let mut out = Vec::new();
     if s.kv_heads != s.heads {
-        out.push(format!("k, v over {} groups (q, k, v {}h, not 3h)", s.kv_heads, ratio(s.qkv_width(), s.hidden)));
+        out.push(format!(
+            "k, v over {} groups (q, k, v {}h, not 3h)",
+            s.kv_heads,
+            ratio(s.qkv_width(), s.hidden)
+        ));
     }
     if s.fc1_width() != 4 * s.hidden || s.ffn != 4 * s.hidden {
         out.push(format!(
@@ -113,7 +117,10 @@ pub fn mask_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
 pub fn statistics_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
     match kept {
         Kept::Input => 0,
-        _ => [BlockTensor::Norm1Stats, BlockTensor::Norm2Stats].into_iter().map(|t| stored_bytes(s, tp, t)).sum(),
+        _ => [BlockTensor::Norm1Stats, BlockTensor::Norm2Stats]
+            .into_iter()
+            .map(|t| stored_bytes(s, tp, t))
+            .sum(),
     }
 }
 

@@ -203,8 +203,11 @@ mod tests {
     /// byte saved, no byte or second spent recomputing.
     #[test]
     fn gpt2_small_gpu_layer_bytes_and_free_selective_recompute() {
-        let cuda =
-            |attention_dropout| Config { device: crate::config::DeviceKind::Cuda, attention_dropout, ..Config::default() };
+        let cuda = |attention_dropout| Config {
+            device: crate::config::DeviceKind::Cuda,
+            attention_dropout,
+            ..Config::default()
+        };
         let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
         for s in [0.0, 0.1].map(|p| crate::train::model::shape(&cuda(p))) {
             assert_eq!(s.attention, AttentionSaves::RowLogSumExp);
@@ -213,7 +216,10 @@ mod tests {
             assert_eq!(none, 50_348_032 + 4 * 12 * 1024);
             assert_eq!(block_kept_bytes(&s, TensorParallel::NONE, BlockKeep::Stored(core_attn)), none);
         }
-        let selective = Config { recompute_granularity: Some(crate::config::RecomputeGranularity::Selective), ..cuda(0.1) };
+        let selective = Config {
+            recompute_granularity: Some(crate::config::RecomputeGranularity::Selective),
+            ..cuda(0.1)
+        };
         let (none, selective) = (setup(cuda(0.1)), setup(selective));
         for stage in 0..none.p {
             let (a, b) = (chunk_memory(&none, stage, 0), chunk_memory(&selective, stage, 0));
@@ -222,7 +228,11 @@ mod tests {
         }
         // Backward's attention scratch is the fused core's delta rows, [B,NH,T].
         let cpu = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
-        let gpu = chunk_memory(&setup(Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) }), 1, 0);
+        let gpu = chunk_memory(
+            &setup(Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) }),
+            1,
+            0,
+        );
         let (scores, rows) = (4 * 12 * 1024 * 1024, 4 * 12 * 1024);
         assert_eq!(cpu.backward_input_working_bytes - gpu.backward_input_working_bytes, scores - rows);
     }

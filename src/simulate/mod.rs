@@ -127,8 +127,11 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     let given = args.op_times.as_deref().map(GivenTimes::parse).transpose()?;
     let explicit_limit =
         args.memory_limit.as_deref().map(|s| units::parse_bytes("--memory-limit", s)).transpose()?;
-    let hardware_name =
-        args.hardware.as_deref().unwrap_or(if cfg.device == DeviceKind::Cuda { "h100-sxm" } else { "cpu-measured" });
+    let hardware_name = args.hardware.as_deref().unwrap_or(if cfg.device == DeviceKind::Cuda {
+        "h100-sxm"
+    } else {
+        "cpu-measured"
+    });
 
     if args.sweep || args.plan {
         let hw = Hardware::lookup(hardware_name, cfg.precision)?;

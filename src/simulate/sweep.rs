@@ -373,7 +373,8 @@ fn planned_outcomes(
         outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
     }
     if !outcomes.iter().any(|o| o.fits) {
-        outcomes.extend(simulate(Recompute::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
+        outcomes
+            .extend(simulate(Recompute::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
     }
     outcomes
 }
@@ -620,7 +621,10 @@ mod tests {
         // Two blocks do not fit stage 0; stages 1-3 fit with none.
         let peaks =
             |recompute: Recompute| &outcomes.iter().find(|o| o.recompute == recompute).unwrap().peak_memory;
-        let (none, two) = (peaks(Recompute::None), peaks(Recompute::Full { method: RecomputeMethod::Block, num_layers: 2 }));
+        let (none, two) = (
+            peaks(Recompute::None),
+            peaks(Recompute::Full { method: RecomputeMethod::Block, num_layers: 2 }),
+        );
         assert!(
             two[0] > limit && none[0] > limit && none[1..].iter().all(|&b| b <= limit),
             "{none:?} {two:?}"

@@ -37,7 +37,10 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     }
     let head_size = cfg.hidden_size / cfg.num_attention_heads;
     // bf16 activations have only the tensor-core attention kernels.
-    if cfg.device == config::DeviceKind::Cuda && cfg.precision == config::Precision::Bf16 && !kernels::attention_mma_fits(head_size) {
+    if cfg.device == config::DeviceKind::Cuda
+        && cfg.precision == config::Precision::Bf16
+        && !kernels::attention_mma_fits(head_size)
+    {
         return Err(launch::quiet_unless_root(user_error(format!(
             "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
             args.config.display(),

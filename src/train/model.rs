@@ -114,7 +114,11 @@ pub fn build_chunk(
 
 /// The values of `spec` from its Hugging Face parts in `named`, each found under
 /// `name_of(part)` (a moment's name, for optimizer state) and stacked by rows.
-pub fn gather(spec: &ParamSpec, named: &[NamedTensor], name_of: impl Fn(&str) -> String) -> Result<Vec<f32>, String> {
+pub fn gather(
+    spec: &ParamSpec,
+    named: &[NamedTensor],
+    name_of: impl Fn(&str) -> String,
+) -> Result<Vec<f32>, String> {
     let mut data = Vec::with_capacity(spec.elements());
     for (part, shape) in spec.hf_shapes() {
         let name = name_of(&part);

@@ -97,7 +97,8 @@ pub fn assemble(parts: &[Vec<u8>]) -> Result<(Vec<NamedTensor>, Vec<NamedTensor>
     for part in parts.iter().filter(|p| !p.is_empty()) {
         let mut r = Reader(part);
         for list in &mut lists {
-            let indices = (0..r.usize()?).map(|_| Ok((r.usize()?, r.usize()?))).collect::<Result<Vec<_>, _>>()?;
+            let indices =
+                (0..r.usize()?).map(|_| Ok((r.usize()?, r.usize()?))).collect::<Result<Vec<_>, _>>()?;
             list.extend(indices.into_iter().zip(decode_tensors(&r.bytes()?)?));
         }
     }

@@ -176,8 +176,7 @@ mod tests {
 
     #[test]
     fn the_mfu_line_says_where_the_peak_came_from() {
-        let h100 =
-            PeakSource::Published {
+        let h100 = PeakSource::Published {
             profile: "h100-sxm".into(),
             precision: crate::config::Precision::Bf16,
             assumed_for: None,

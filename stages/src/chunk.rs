@@ -117,7 +117,8 @@ impl ModelChunk {
         let mut x = match input {
             Some(x) => x,
             None => {
-                let wte = p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
+                let wte =
+                    p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
                 let wpe = p.index(Role::PositionEmbedding).map(|i| &p.values[i]);
                 embedding::forward(dev, &self.shape, &p.values[wte], wpe, mb.tokens, &dropout)
             }
@@ -297,11 +298,19 @@ impl ModelChunk {
 
 /// The chunk indices of the final norm's weight and bias.
 fn final_norm_indices(p: &Parameters) -> (usize, Option<usize>) {
-    (p.index(Role::FinalNormWeight).expect("the head's chunk holds the final norm"), p.index(Role::FinalNormBias))
+    (
+        p.index(Role::FinalNormWeight).expect("the head's chunk holds the final norm"),
+        p.index(Role::FinalNormBias),
+    )
 }
 
 fn final_norm<'a>(s: &ModelShape, values: &'a [Tensor], weight: usize, bias: Option<usize>) -> NormLayer<'a> {
-    NormLayer { norm: s.arch.norm, eps: s.arch.norm_eps, weight: &values[weight], bias: bias.map(|b| &values[b]) }
+    NormLayer {
+        norm: s.arch.norm,
+        eps: s.arch.norm_eps,
+        weight: &values[weight],
+        bias: bias.map(|b| &values[b]),
+    }
 }
 
 /// The weight gradients left for backward-weight, now accounted as activations: what W

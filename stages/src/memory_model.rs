@@ -3,10 +3,10 @@
 //! Every figure is one tensor-parallel rank's (`TensorParallel::NONE`: the whole chunk, as
 //! the trainer holds it).
 
+use crate::model::ModelShape;
 use crate::params::{chunk_param_specs, ChunkLayout};
 use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
-use crate::model::ModelShape;
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{bf16_copy_len, DType};
 

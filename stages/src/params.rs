@@ -93,7 +93,10 @@ impl BlockParam {
 pub enum Role {
     TokenEmbedding,
     PositionEmbedding,
-    Block { layer: usize, param: BlockParam },
+    Block {
+        layer: usize,
+        param: BlockParam,
+    },
     FinalNormWeight,
     FinalNormBias,
     /// The untied output layer [V,C] (a tied model's is the token embedding).
@@ -212,7 +215,15 @@ pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec>
             Naming::Llama => "model.embed_positions.weight",
         };
         let shape = vec![s.max_positions, c];
-        specs.push(spec(Role::PositionEmbedding, name.into(), shape, 1, Init::Normal(std), true, Split::Replicated));
+        specs.push(spec(
+            Role::PositionEmbedding,
+            name.into(),
+            shape,
+            1,
+            Init::Normal(std),
+            true,
+            Split::Replicated,
+        ));
     }
     let per_block = block_param_count(s);
     for layer in layout.blocks.clone() {
@@ -225,7 +236,15 @@ pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec>
             Naming::Gpt2 => ("ln_f.weight", "ln_f.bias"),
             Naming::Llama => ("model.norm.weight", "model.norm.bias"),
         };
-        specs.push(spec(Role::FinalNormWeight, weight.into(), vec![c], index, Init::Ones, false, Split::Replicated));
+        specs.push(spec(
+            Role::FinalNormWeight,
+            weight.into(),
+            vec![c],
+            index,
+            Init::Ones,
+            false,
+            Split::Replicated,
+        ));
         if s.arch.norm.has_bias() {
             let role = Role::FinalNormBias;
             specs.push(spec(role, bias.into(), vec![c], index + 1, Init::Zeros, false, Split::Replicated));
@@ -234,7 +253,15 @@ pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec>
             let index = index + 1 + usize::from(s.arch.norm.has_bias());
             let shape = vec![v, c];
             let role = Role::OutputLayer;
-            specs.push(spec(role, "lm_head.weight".into(), shape, index, Init::Normal(std), true, Split::Interior));
+            specs.push(spec(
+                role,
+                "lm_head.weight".into(),
+                shape,
+                index,
+                Init::Normal(std),
+                true,
+                Split::Interior,
+            ));
         }
     }
     specs
@@ -296,7 +323,8 @@ fn gpt2_name(param: BlockParam) -> &'static str {
 fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> (String, Vec<HfPart>) {
     use BlockParam::*;
     let prefix = format!("model.layers.{layer}");
-    let kind = if matches!(param, Norm1Weight | Norm2Weight | QkvWeight | ProjWeight | Fc1Weight | Fc2Weight) {
+    let kind = if matches!(param, Norm1Weight | Norm2Weight | QkvWeight | ProjWeight | Fc1Weight | Fc2Weight)
+    {
         "weight"
     } else {
         "bias"
@@ -306,7 +334,10 @@ fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> 
         (name.clone(), vec![HfPart { name, rows }])
     };
     let stacked = |fused: &str, parts: &[(&str, usize)]| {
-        let hf = parts.iter().map(|(m, rows)| HfPart { name: format!("{prefix}.{m}.{kind}"), rows: *rows }).collect();
+        let hf = parts
+            .iter()
+            .map(|(m, rows)| HfPart { name: format!("{prefix}.{m}.{kind}"), rows: *rows })
+            .collect();
         (format!("{prefix}.{fused}.{kind}"), hf)
     };
     let hs = s.head_size();
@@ -315,7 +346,11 @@ fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> 
         Norm2Weight | Norm2Bias => one("post_attention_layernorm"),
         QkvWeight | QkvBias => stacked(
             "self_attn.qkv_proj",
-            &[("self_attn.q_proj", s.heads * hs), ("self_attn.k_proj", s.kv_heads * hs), ("self_attn.v_proj", s.kv_heads * hs)],
+            &[
+                ("self_attn.q_proj", s.heads * hs),
+                ("self_attn.k_proj", s.kv_heads * hs),
+                ("self_attn.v_proj", s.kv_heads * hs),
+            ],
         ),
         ProjWeight | ProjBias => one("self_attn.o_proj"),
         Fc1Weight | Fc1Bias => match s.arch.activation.fc1_width(1) {
@@ -490,7 +525,16 @@ mod tests {
     #[test]
     fn init_std_scales_every_normal_init() {
         let dev = kernels::cpu::CpuDevice::new(1);
-        let s = ModelShape { num_layers: 2, hidden: 8, heads: 2, kv_heads: 2, ffn: 16, vocab: 11, max_positions: 4, ..ModelShape::GPT2_SMALL };
+        let s = ModelShape {
+            num_layers: 2,
+            hidden: 8,
+            heads: 2,
+            kv_heads: 2,
+            ffn: 16,
+            vocab: 11,
+            max_positions: 4,
+            ..ModelShape::GPT2_SMALL
+        };
         let layout = ChunkLayout { blocks: 0..2, embedding: true, head: true };
         let wider = ModelShape { arch: crate::model::Architecture { init_std: 0.04, ..s.arch }, ..s };
         let (a, b) = (Parameters::init(&dev, &s, &layout, 5), Parameters::init(&dev, &wider, &layout, 5));
@@ -520,8 +564,11 @@ mod tests {
             ..ModelShape::GPT2_SMALL
         };
         let specs = model_param_specs(&s);
-        let listed: Vec<(String, Vec<usize>, usize)> =
-            specs.iter().filter(|p| !p.name.contains("layers.1.")).map(|p| (p.name.clone(), p.shape.clone(), p.global_index)).collect();
+        let listed: Vec<(String, Vec<usize>, usize)> = specs
+            .iter()
+            .filter(|p| !p.name.contains("layers.1."))
+            .map(|p| (p.name.clone(), p.shape.clone(), p.global_index))
+            .collect();
         let want = [
             ("model.embed_tokens.weight", vec![96, 32], 0),
             ("model.layers.0.input_layernorm.weight", vec![32], 1),
@@ -550,6 +597,9 @@ mod tests {
         assert_eq!(parts[2].1, [16, 32]);
         // A head-only chunk of an untied model holds no copy of the token embedding.
         let head = chunk_param_specs(&s, &ChunkLayout { blocks: 2..2, embedding: false, head: true });
-        assert_eq!(head.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["model.norm.weight", "lm_head.weight"]);
+        assert_eq!(
+            head.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["model.norm.weight", "lm_head.weight"]
+        );
     }
 }

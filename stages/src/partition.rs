@@ -3,8 +3,8 @@
 //! norm, LM head and loss — or given explicitly.
 
 use crate::flops::{block_flops, head_flops};
-use crate::params::ChunkLayout;
 use crate::model::ModelShape;
+use crate::params::ChunkLayout;
 
 /// Blocks per virtual stage minimising the most expensive virtual stage's FLOPs.
 /// Every virtual stage gets at least one block, except that the last may hold only the head.

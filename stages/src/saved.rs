@@ -10,8 +10,8 @@
 //! the row statistics, which the device keeps in f32 whatever its activations are: the
 //! LayerNorms' mean and reciprocal std and the fused attention core's log-sum-exp.
 
-use crate::recompute::SelectiveModules;
 use crate::model::ModelShape;
+use crate::recompute::SelectiveModules;
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::AttentionSaves;
 

@@ -158,7 +158,8 @@ impl Stage {
         }
         if e == h {
             let p = &mut self.chunks[e].params;
-            let (head, wte) = (p.head_wte_grad.as_ref().expect("the head's own gradient"), token_embedding(p));
+            let (head, wte) =
+                (p.head_wte_grad.as_ref().expect("the head's own gradient"), token_embedding(p));
             dev.accumulate(&mut p.grads[wte], head);
             return;
         }

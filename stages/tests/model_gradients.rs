@@ -5,7 +5,7 @@
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
-use stages::{ChunkLayout, DropoutProbs, ModelShape, Microbatch, ModelChunk, Parameters, RecomputePolicy};
+use stages::{ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Parameters, RecomputePolicy};
 
 const SHAPE: ModelShape = ModelShape {
     arch: stages::Architecture::GPT2,

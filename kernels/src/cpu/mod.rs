@@ -479,7 +479,14 @@ impl Device for CpuDevice {
         });
     }
 
-    fn rope_forward(&self, qkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32, first_position: usize) {
+    fn rope_forward(
+        &self,
+        qkv: &mut Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+        base: f32,
+        first_position: usize,
+    ) {
         let dims = rope::Dims { first: first_position, ..rope_dims(qkv, n_head, n_kv_head) };
         let mut table = self.workspace(rope::table_len(dims));
         self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, base));

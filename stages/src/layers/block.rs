@@ -15,8 +15,8 @@
 //! their key).
 
 use super::dropout_ctx::DropoutCtx;
-use super::pair_mut;
 use super::norm::{NormLayer, NormStats};
+use super::pair_mut;
 use super::weight_grads::{WeightGrad, WeightGrads};
 use crate::model::{ModelShape, Positions};
 use crate::params::{BlockIndices, BlockParam};
@@ -94,7 +94,12 @@ impl Block<'_> {
 
     fn norm(&self, weight: BlockParam, bias: BlockParam) -> NormLayer<'_> {
         let a = &self.s.arch;
-        NormLayer { norm: a.norm, eps: a.norm_eps, weight: self.param(weight), bias: self.at.get(bias).map(|i| &self.w[i]) }
+        NormLayer {
+            norm: a.norm,
+            eps: a.norm_eps,
+            weight: self.param(weight),
+            bias: self.at.get(bias).map(|i| &self.w[i]),
+        }
     }
 
     fn norm1(&self) -> NormLayer<'_> {
@@ -257,7 +262,11 @@ impl Block<'_> {
         });
         let mut dqkv = ws(&[b, t, s.qkv_width()]); // [B,T,QKV]
         dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads, s.kv_heads);
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::ProjWeight, Arc::new(acts.atty), dattproj));
+        weight_grads.push(
+            dev,
+            grads,
+            self.weight_grad(BlockParam::ProjWeight, Arc::new(acts.atty), dattproj),
+        );
         drop(att);
         drop(datty);
         drop(acts.qkv);
