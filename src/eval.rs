@@ -6,7 +6,7 @@ use crate::checkpoint;
 use crate::cli::EvalArgs;
 use crate::data::TokenFile;
 use crate::error::user_error;
-use crate::train::model;
+use crate::plan;
 use kernels::cpu::math::mean_in_order;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
@@ -36,7 +36,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dev = CpuDevice::new(threads);
     let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };
-    let mut chunk = model::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
+    let mut chunk = plan::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
     let mut total = 0.0;
     for k in 0..args.windows {
         let batch = data.eval_batch(k, 1, seq_length)?;

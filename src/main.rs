@@ -10,6 +10,7 @@ mod error;
 mod eval;
 mod export;
 mod generate;
+mod plan;
 #[cfg(test)]
 mod reader_fuzz;
 mod simulate;

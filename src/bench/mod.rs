@@ -15,7 +15,7 @@ use crate::cli::BenchArgs;
 use crate::config::{self, Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use crate::data::TokenFile;
 use crate::error::user_error;
-use crate::train::model;
+use crate::plan;
 use crate::train::rank::{Local, Rank};
 use crate::train::summary::human_bytes;
 use kernels::Category;
@@ -34,10 +34,10 @@ struct Variant {
 
 impl Variant {
     fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
-        let (_, schedule) = model::lowered_schedule(&cfg, path)?;
+        let (_, schedule) = plan::lowered_schedule(&cfg, path)?;
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
-        let predicted = model::predicted_activation_peaks(&cfg, path, &schedule, true)?;
+        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
@@ -239,7 +239,7 @@ fn print_table(variants: &[Variant], base: &Config, peak: f64) {
         let step = median(&v.step_s);
         let act = activation_peak(v);
         let predicted = v.predicted_activations;
-        let flops = stages::flops::train_step_flops(&model::shape(&v.cfg), v.cfg.num_microbatches());
+        let flops = stages::flops::train_step_flops(&plan::shape(&v.cfg), v.cfg.num_microbatches());
         println!(
             "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>5.1}% {:>14} {:>14} {:>7.1}%",
             v.name,

@@ -21,7 +21,7 @@ pub enum ModelConfig {
 impl ModelConfig {
     /// The model a run config describes.
     pub fn of(c: &Config) -> ModelConfig {
-        if crate::train::model::shape(c).naming() == Naming::Gpt2 {
+        if crate::plan::shape(c).naming() == Naming::Gpt2 {
             return ModelConfig::Gpt2(HfGpt2Config {
                 vocab_size: c.vocab_size,
                 n_positions: c.max_position_embeddings,

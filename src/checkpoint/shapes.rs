@@ -12,7 +12,7 @@ use stages::params::model_param_specs;
 /// and gate, up as their Hugging Face parts; a tied output layer not listed): the model's
 /// own list.
 pub fn expected_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let shape = crate::train::model::shape(&cfg.run_config(cfg.max_positions(), 1));
+    let shape = crate::plan::shape(&cfg.run_config(cfg.max_positions(), 1));
     model_param_specs(&shape).iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
 }
 

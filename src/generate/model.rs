@@ -8,7 +8,7 @@
 //! 2 KV) HS, V vocabulary.
 
 use crate::checkpoint::{ModelConfig, NamedTensor};
-use crate::train::model::{gather, shape};
+use crate::plan::{gather, shape};
 use kernels::cpu::math::{dot, exp, max, sum};
 use kernels::cpu::CpuDevice;
 use kernels::{Category, Device, Tensor, WeightLayout};

@@ -175,7 +175,7 @@ mod tests {
     /// (Megatron's sbh(34 + 5as/h) at 16 bits gives 70% with dropout, 50% without).
     #[test]
     fn gpt2_small_fp32_layer_bytes() {
-        let s = crate::train::model::shape(&Config { attention_dropout: 0.0, ..Config::default() });
+        let s = crate::plan::shape(&Config { attention_dropout: 0.0, ..Config::default() });
         assert_eq!((s.seq_len, s.hidden, s.heads, s.micro_batch), (1024, 768, 12, 1));
         assert!(!s.attention_dropout);
         let none = |s| block_kept_bytes(s, TensorParallel::NONE, BlockKeep::Stored(SelectiveModules::NONE));
@@ -186,7 +186,7 @@ mod tests {
         assert_eq!(selective(&s), 50_348_032);
 
         // Megatron's default attention_dropout, 0.1.
-        let dropout = crate::train::model::shape(&Config::default());
+        let dropout = crate::plan::shape(&Config::default());
         assert!(dropout.attention_dropout);
         assert_eq!(none(&dropout), 151_011_328);
         assert_eq!(none(&dropout), 1024 * 768 * 64 + 8 * 12 * 1024 * 1024 + 16 * 1024);
@@ -209,7 +209,7 @@ mod tests {
             ..Config::default()
         };
         let core_attn = SelectiveModules { core_attn: true, ..SelectiveModules::NONE };
-        for s in [0.0, 0.1].map(|p| crate::train::model::shape(&cuda(p))) {
+        for s in [0.0, 0.1].map(|p| crate::plan::shape(&cuda(p))) {
             assert_eq!(s.attention, AttentionSaves::RowLogSumExp);
             let none = block_kept_bytes(&s, TensorParallel::NONE, BlockKeep::Stored(SelectiveModules::NONE));
             assert_eq!(none, 50_397_184);

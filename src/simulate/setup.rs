@@ -1,9 +1,9 @@
 //! From a config to what the simulator needs: the model's shape, the schedule, the split of
 //! the blocks over the virtual stages and each stage's recompute policy — chosen exactly as
-//! the trainer chooses them (stages::partition, train::model::recompute_policy).
+//! the trainer chooses them (stages::partition, plan::recompute_policy).
 
 use crate::config::{Config, DeviceKind};
-use crate::train::model;
+use crate::plan;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::{ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
@@ -34,7 +34,7 @@ impl Setup {
     /// The simulation of `cfg` (validated, read from `path`). Impossible shapes are user
     /// errors naming the key, as the trainer names them.
     pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
-        let (kind, schedule) = model::lowered_schedule(cfg, path)?;
+        let (kind, schedule) = plan::lowered_schedule(cfg, path)?;
         let setup = Self::unlowered(cfg, path, kind)?;
         setup.schedule.get_or_init(|| Ok(schedule));
         Ok(setup)
@@ -42,15 +42,15 @@ impl Setup {
 
     /// As [`Setup::new`], the schedule `kind` lowered only when first simulated.
     pub fn unlowered(cfg: &Config, path: &Path, kind: ScheduleKind) -> anyhow::Result<Setup> {
-        Ok(Self::with_layouts(cfg, kind, model::chunk_layouts(cfg, path)?))
+        Ok(Self::with_layouts(cfg, kind, plan::chunk_layouts(cfg, path)?))
     }
 
-    /// As [`Setup::unlowered`] with the split already made (`model::chunk_layouts` of `cfg`:
+    /// As [`Setup::unlowered`] with the split already made (`plan::chunk_layouts` of `cfg`:
     /// the sweep shares one per layout and v).
     pub fn with_layouts(cfg: &Config, kind: ScheduleKind, layouts: Vec<ChunkLayout>) -> Setup {
         let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
-        let shape = model::shape(cfg);
-        let policies = (0..p).map(|r| model::recompute_policy(cfg, r)).collect();
+        let shape = plan::shape(cfg);
+        let policies = (0..p).map(|r| plan::recompute_policy(cfg, r)).collect();
         let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
         let schedule = Arc::new(OnceLock::new());
         Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule }
@@ -60,7 +60,7 @@ impl Setup {
     pub fn with_recompute(&self, cfg: &Config) -> Setup {
         Setup {
             cfg: cfg.clone(),
-            policies: (0..self.p).map(|r| model::recompute_policy(cfg, r)).collect(),
+            policies: (0..self.p).map(|r| plan::recompute_policy(cfg, r)).collect(),
             layouts: self.layouts.clone(),
             schedule: Arc::clone(&self.schedule),
             ..*self

@@ -246,7 +246,7 @@ impl Split {
     fn new(base: &Config, path: &Path, kind: ScheduleKind, v: usize) -> Option<Split> {
         let mut cfg = base.clone();
         shape_config(&mut cfg, base, kind, v, base.micro_batch_size);
-        let layouts = crate::train::model::chunk_layouts(&cfg, path).ok()?;
+        let layouts = crate::plan::chunk_layouts(&cfg, path).ok()?;
         let setup = Setup::with_layouts(&cfg, kind, layouts);
         let static_floor = (0..setup.p).map(|r| stage_static_bytes(&setup, r)).max()?;
         Some(Split { layouts: setup.layouts, static_floor })

@@ -9,12 +9,12 @@
 //! 0 and exit 2 on every rank; any other failure (a timeout included) is printed by its
 //! rank, which then ends the job (`MPI_Abort`).
 
-use super::model;
 use super::rank::Local;
 use super::worker::{self, RankSetup};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::error::{is_user_error, user_error, Quiet};
+use crate::plan;
 use stages::dist::{threads, DistError, Topology};
 use stages::runtime::{Fault, FaultInjection};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -91,7 +91,7 @@ pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
 /// report their ends: a rank that timed out waiting on a peer ends the run with that error
 /// while the peer may still hang (the process's exit ends it).
 fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
-    let (_, schedule) = model::lowered_schedule(cfg, &args.config)?;
+    let (_, schedule) = plan::lowered_schedule(cfg, &args.config)?;
     let topology = Topology {
         pipeline: cfg.pipeline_model_parallel_size,
         data: cfg.data_parallel(),
@@ -314,6 +314,6 @@ fn agree_on_config(
             "rank {other} read a config that differs from rank 0's: {differing}"
         )));
     }
-    let placement = model::schedule_shape(cfg, &args.config)?.placement;
+    let placement = plan::schedule_shape(cfg, &args.config)?.placement;
     Ok(Topology { pipeline: p, data: dp, placement })
 }

@@ -7,7 +7,6 @@ mod lr;
 #[cfg(test)]
 mod memory_truth;
 mod metrics;
-pub mod model;
 mod non_finite;
 mod peak;
 pub mod rank;

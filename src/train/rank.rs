@@ -4,11 +4,11 @@
 //! everything after them. Every rank calls the same methods in the same order, whether it
 //! is a thread (the threads backend) or a process (MPI).
 
-use super::model;
 use super::report::StepReport;
 use crate::checkpoint::NamedTensor;
 use crate::config::{Config, DeviceKind};
 use crate::data::TokenFile;
+use crate::plan;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
 use schedules::{LoweredSchedule, Shape};
@@ -66,16 +66,16 @@ impl Rank {
         collective: Box<dyn Collective>,
     ) -> anyhow::Result<Rank> {
         let stage_index = topology.stage_of(id);
-        let (_, schedule) = model::lowered_schedule(cfg, cfg_path)?;
-        let layouts = model::stage_layouts(cfg, cfg_path, stage_index)?;
+        let (_, schedule) = plan::lowered_schedule(cfg, cfg_path)?;
+        let layouts = plan::stage_layouts(cfg, cfg_path, stage_index)?;
         let device = stage_device(cfg, cfg_path, local)?;
         // The memory model counts activations in the shape's dtype: it must be what the
         // device stores, or every prediction of this run is off.
-        assert_eq!(model::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
-        let policy = model::recompute_policy(cfg, stage_index);
+        assert_eq!(plan::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
+        let policy = plan::recompute_policy(cfg, stage_index);
         let chunks = layouts
             .into_iter()
-            .map(|layout| model::build_chunk(&*device, cfg, layout, policy, weights))
+            .map(|layout| plan::build_chunk(&*device, cfg, layout, policy, weights))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Rank {
             id,
@@ -92,7 +92,7 @@ impl Rank {
     /// the seed with one CPU thread each: for tests that drive the steps themselves.
     #[cfg(test)]
     pub fn all_in_threads(cfg: &Config, cfg_path: &Path) -> Vec<Rank> {
-        let schedule = model::lowered_schedule(cfg, cfg_path).unwrap().1;
+        let schedule = plan::lowered_schedule(cfg, cfg_path).unwrap().1;
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let local = Local { cpu_threads: 1, sole_rank: false };
@@ -319,7 +319,7 @@ impl Rank {
             self.pending_update.is_none(),
             "weights read with an update pending: apply_pending_update first"
         );
-        model::named(&self.stage.chunks, &*self.stage.device, pick)
+        plan::named(&self.stage.chunks, &*self.stage.device, pick)
     }
 
     /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names).
@@ -333,7 +333,7 @@ impl Rank {
                     (crate::checkpoint::exp_avg_sq_name, &mut p.exp_avg_sq[i]),
                 ];
                 for (name_of, target) in moments {
-                    let data = model::gather(&p.specs[i], optimizer, name_of)
+                    let data = plan::gather(&p.specs[i], optimizer, name_of)
                         .map_err(|e| anyhow::anyhow!("trainer state: {e}"))?;
                     let host = dev.from_host(&data, target.shape(), kernels::Category::Workspace);
                     dev.copy(target, &host);

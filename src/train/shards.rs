@@ -3,10 +3,10 @@
 //! the first replica's stages send theirs back to rank 0, which writes them (gather). A
 //! run can so resume with another stage count, data-parallel size or launcher.
 
-use super::model;
 use super::rank::Rank;
 use crate::checkpoint::{exp_avg_name, exp_avg_sq_name, NamedTensor};
 use crate::config::Config;
+use crate::plan;
 use stages::dist::{decode_tensors, encode_tensors, DistError, Reader, Topology, Writer};
 use stages::params::chunk_param_specs;
 use std::path::Path;
@@ -30,10 +30,10 @@ pub fn start_parts(
     weights: Option<&[NamedTensor]>,
     optimizer: Option<&[NamedTensor]>,
 ) -> anyhow::Result<Vec<Vec<u8>>> {
-    let shape = model::shape(cfg);
+    let shape = plan::shape(cfg);
     let mut per_stage = Vec::with_capacity(topology.pipeline);
     for stage in 0..topology.pipeline {
-        let names: Vec<String> = model::stage_layouts(cfg, path, stage)?
+        let names: Vec<String> = plan::stage_layouts(cfg, path, stage)?
             .iter()
             .flat_map(|l| chunk_param_specs(&shape, l))
             .flat_map(|spec| spec.hf.into_iter().map(|part| part.name))
@@ -102,7 +102,7 @@ pub fn assemble(parts: &[Vec<u8>]) -> Result<(Vec<NamedTensor>, Vec<NamedTensor>
             list.extend(indices.into_iter().zip(decode_tensors(&r.bytes()?)?));
         }
     }
-    let [values, exp_avg, exp_avg_sq] = lists.map(model::in_global_order);
+    let [values, exp_avg, exp_avg_sq] = lists.map(plan::in_global_order);
     let rename = |tensors: Vec<NamedTensor>, name: fn(&str) -> String| {
         tensors.into_iter().map(move |t| NamedTensor { name: name(&t.name), ..t })
     };

@@ -4,12 +4,13 @@
 use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
 use super::run_lock::RunLock;
-use super::{loss_chart, lr, metrics, model, non_finite, peak, shards, summary, timeline};
+use super::{loss_chart, lr, metrics, non_finite, peak, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenFile;
 use crate::error::{user_error, Interrupted, NonFinite};
+use crate::plan;
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
@@ -175,7 +176,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         final_val_loss: state.val_losses.last().map(|x| x.1 as f64),
         tokens_per_s: tokens_per_step * trained_steps as f64 / train_time.max(1e-9),
         model_flops_per_step: stages::flops::train_step_flops(
-            &model::shape(cfg),
+            &plan::shape(cfg),
             microbatches * topology.data,
         ),
         peak_flops,
@@ -186,17 +187,17 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         stage_descriptions: (0..topology.world())
             .map(|r| {
                 let stage = topology.stage_of(r);
-                Ok(model::describe_stage(cfg, &model::stage_layouts(cfg, &args.config, stage)?, stage))
+                Ok(plan::describe_stage(cfg, &plan::stage_layouts(cfg, &args.config, stage)?, stage))
             })
             .collect::<anyhow::Result<_>>()?,
         predicted_peaks: per_rank(crate::simulate::predicted_stage_peaks(cfg, &args.config)?),
-        predicted_activations: per_rank(model::predicted_activation_peaks(
+        predicted_activations: per_rank(plan::predicted_activation_peaks(
             cfg,
             &args.config,
             &rank.schedule,
             true,
         )?),
-        predicted_without_recompute: per_rank(model::predicted_activation_peaks(
+        predicted_without_recompute: per_rank(plan::predicted_activation_peaks(
             cfg,
             &args.config,
             &rank.schedule,

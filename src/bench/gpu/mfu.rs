@@ -21,7 +21,7 @@ pub struct Shape {
 
 impl Shape {
     pub fn of(cfg: &Config) -> Shape {
-        let flops = stages::flops::train_step_flops(&crate::train::model::shape(cfg), cfg.num_microbatches());
+        let flops = stages::flops::train_step_flops(&crate::plan::shape(cfg), cfg.num_microbatches());
         Shape { cfg: cfg.clone(), flops_per_step: flops }
     }
 

@@ -1,13 +1,16 @@
-//! From the config to the model: its shape, the chunks a stage holds, their recompute
-//! policies, and the conversion of their parameters to and from named tensors.
+//! The run's plan, from its config: the model description (its shape, the device's
+//! activation dtype and attention kind), the schedule and its shape, the chunks each stage
+//! holds and their recompute policies, and the conversion of their parameters to and from
+//! Hugging Face tensors. `train`, `simulate`, `bench`, `eval`, `generate` and the checkpoints
+//! read the run through it.
 
-use crate::checkpoint::NamedTensor;
 use crate::config::{Config, DeviceKind, Precision, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use crate::error::user_error;
 use kernels::{AttentionSaves, Category, DType, Device};
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::params::{chunk_param_specs, ParamSpec};
 use stages::partition;
+use stages::NamedTensor;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, Parameters, RecomputePolicy,
     SelectiveModules, TensorParallel,
