@@ -328,13 +328,13 @@ impl Rank {
         for chunk in &mut self.stage.chunks {
             let p = &mut chunk.params;
             for i in 0..p.specs.len() {
-                let moments: [(fn(&str) -> String, &mut kernels::Tensor); 2] = [
-                    (crate::checkpoint::exp_avg_name, &mut p.exp_avg[i]),
-                    (crate::checkpoint::exp_avg_sq_name, &mut p.exp_avg_sq[i]),
-                ];
-                for (name_of, target) in moments {
-                    let data = plan::gather(&p.specs[i], optimizer, name_of)
-                        .map_err(|e| anyhow::anyhow!("trainer state: {e}"))?;
+                let moment = |name_of: fn(&str) -> String| {
+                    plan::gather(&p.specs[i], optimizer, name_of)
+                        .map_err(|e| anyhow::anyhow!("trainer state: {e}"))
+                };
+                let (m, v) =
+                    (moment(crate::checkpoint::exp_avg_name)?, moment(crate::checkpoint::exp_avg_sq_name)?);
+                for (target, data) in [(&mut p.exp_avg[i], m), (&mut p.exp_avg_sq[i], v)] {
                     let host = dev.from_host(&data, target.shape(), kernels::Category::Workspace);
                     dev.copy(target, &host);
                 }
