@@ -101,10 +101,12 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
 
 /// Every tensor of the fixture as transformers saved it (one file, or the shards its index
 /// lists), with pipetrain's names (`transformer.` stripped) and f32 values. A tied
-/// `lm_head.weight`, if saved, must equal `wte.weight`; the attention-mask buffers are
-/// dropped.
+/// `lm_head.weight` (GPT-2's always), if saved, must equal `wte.weight`; the attention-mask
+/// buffers are dropped.
 fn hf_weights(dir: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let root = fixture(dir);
+    let config = read_json(dir, "config.json");
+    let tied = config["model_type"] == "gpt2" || config["tie_word_embeddings"] == true;
     let files: Vec<String> = match std::fs::read_to_string(root.join("model.safetensors.index.json")) {
         Ok(text) => {
             let index: Value = serde_json::from_str(&text).unwrap();
@@ -133,7 +135,7 @@ fn hf_weights(dir: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
             if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
                 continue;
             }
-            if name == "lm_head.weight" && dir == "hf_tiny" {
+            if name == "lm_head.weight" && tied {
                 lm_head = Some(data);
                 continue;
             }
