@@ -6,24 +6,15 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 const FILES: [&str; 4] =
     ["model.safetensors", "trainer_state.safetensors", "trainer_state.json", "config.json"];
 
-fn model_config(dir: &Path) -> PathBuf {
-    let data = synthetic_data(dir);
-    write_config(
-        dir,
-        "model.yaml",
-        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
-    )
-}
-
 fn train_small(dir: &Path, run: &str, extra: &[&str]) -> Output {
     train(
-        &model_config(dir),
+        &config(dir),
         &dir.join(run),
         &[&["--peak-flops", "1e9", "--global-batch-size", "2"], extra].concat(),
     )

@@ -18,12 +18,7 @@ fn mpirun(np: usize) -> Option<Command> {
 
 /// The same, with more of mpirun's own options.
 fn mpirun_with(np: usize, options: &[&str]) -> Option<Command> {
-    if !cfg!(feature = "mpi") {
-        eprintln!("skipped: the binary is built without the `mpi` feature (cargo test --features mpi)");
-        return None;
-    }
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        eprintln!("skipped: no `mpirun` on PATH (apt-get install openmpi-bin libopenmpi-dev)");
+    if !mpi_available() {
         return None;
     }
     let mut c = Command::new("mpirun");

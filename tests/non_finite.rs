@@ -4,23 +4,14 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
-
-fn model_config(dir: &Path) -> PathBuf {
-    let data = synthetic_data(dir);
-    write_config(
-        dir,
-        "model.yaml",
-        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
-    )
-}
 
 /// Trains the small model at p = 2 in `dir/run`, with `fault` injected.
 fn train_p2(dir: &Path, run: &str, extra: &[&str], fault: Option<&str>) -> Output {
     let mut c = bin();
     c.args(["train", "--quiet", "--peak-flops", "1e9", "--config"])
-        .arg(model_config(dir))
+        .arg(config(dir))
         .arg("--run-dir")
         .arg(dir.join(run))
         .args(["--pipeline-model-parallel-size", "2", "--global-batch-size", "4"])

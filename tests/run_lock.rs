@@ -8,19 +8,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn model_config(dir: &Path) -> std::path::PathBuf {
-    let data = synthetic_data(dir);
-    write_config(
-        dir,
-        "model.yaml",
-        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
-    )
-}
-
 fn train_cmd(dir: &Path, extra: &[&str]) -> Command {
     let mut c = bin();
     c.args(["train", "--quiet", "--peak-flops", "1e9", "--global-batch-size", "2", "--config"])
-        .arg(model_config(dir))
+        .arg(config(dir))
         .arg("--run-dir")
         .arg(dir.join("run"))
         .args(extra);

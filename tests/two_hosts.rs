@@ -55,12 +55,7 @@ impl Hosts {
     /// The two hosts of test `name` (a few letters), or None, having said why, where they
     /// cannot be made or MPI cannot run.
     fn new(name: &str, dir: &Path) -> Option<Hosts> {
-        if !cfg!(feature = "mpi") {
-            eprintln!("skipped: the binary is built without the `mpi` feature (cargo test --features mpi)");
-            return None;
-        }
-        if Command::new("mpirun").arg("--version").output().is_err() {
-            eprintln!("skipped: no `mpirun` on PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        if !mpi_available() {
             return None;
         }
         let tag = format!("pt{}{name}", std::process::id());

@@ -49,15 +49,7 @@ impl Decoder {
             specs.iter().map(|p| gather(p, weights, str::to_string).expect("checked tensors")).collect();
         let index = |role| specs.iter().position(|p| p.role == role);
         let wte = index(Role::TokenEmbedding).expect("a model has a token embedding");
-        let blocks = (0..s.num_layers)
-            .map(|layer| {
-                let first = specs
-                    .iter()
-                    .position(|p| matches!(p.role, Role::Block { layer: l, .. } if l == layer))
-                    .expect("every block");
-                BlockIndices::at(&s, first)
-            })
-            .collect();
+        let blocks = (0..s.num_layers).map(|layer| BlockIndices::find(&s, &specs, layer)).collect();
         let values = specs
             .iter()
             .zip(&host)

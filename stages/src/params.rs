@@ -371,7 +371,16 @@ pub struct BlockIndices {
 }
 
 impl BlockIndices {
-    pub fn at(s: &ModelShape, base: usize) -> BlockIndices {
+    /// Where block `layer`'s parameters sit in `specs` (a chunk's list, or the model's).
+    pub fn find(s: &ModelShape, specs: &[ParamSpec], layer: usize) -> BlockIndices {
+        let first = specs
+            .iter()
+            .position(|p| matches!(p.role, Role::Block { layer: l, .. } if l == layer))
+            .expect("block not in these parameters");
+        BlockIndices::at(s, first)
+    }
+
+    fn at(s: &ModelShape, base: usize) -> BlockIndices {
         let mut offsets = [None; 12];
         for (k, param) in block_params(s).enumerate() {
             offsets[param as usize] = Some(k);
@@ -464,12 +473,7 @@ impl Parameters {
 
     /// Where block `layer`'s parameters sit in this chunk.
     pub fn block(&self, s: &ModelShape, layer: usize) -> BlockIndices {
-        let first = self
-            .specs
-            .iter()
-            .position(|p| matches!(p.role, Role::Block { layer: l, .. } if l == layer))
-            .expect("block not in this chunk");
-        BlockIndices::at(s, first)
+        BlockIndices::find(s, &self.specs, layer)
     }
 
     pub fn zero_grads(&mut self, dev: &dyn Device) {

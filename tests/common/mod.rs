@@ -128,12 +128,7 @@ pub fn synthetic_data(dir: &Path) -> PathBuf {
 
 /// Trains the small model in `dir/name` with extra flags; panics unless it succeeds.
 pub fn run_small(dir: &Path, name: &str, args: &[String]) -> PathBuf {
-    let data = synthetic_data(dir);
-    let cfg = write_config(
-        dir,
-        "model.yaml",
-        &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
-    );
+    let cfg = config(dir);
     let run_dir = dir.join(name);
     let mut extra: Vec<&str> = vec!["--peak-flops", "1e9"];
     extra.extend(args.iter().map(String::as_str));
@@ -191,6 +186,20 @@ pub fn resign_manifest(ck: &Path) {
         })
         .collect();
     std::fs::write(manifest, text).unwrap();
+}
+
+/// Whether the binary and the machine can run MPI jobs; if not, says why and the caller
+/// skips.
+pub fn mpi_available() -> bool {
+    if !cfg!(feature = "mpi") {
+        eprintln!("skipped: the binary is built without the `mpi` feature (cargo test --features mpi)");
+        return false;
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: no `mpirun` on PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        return false;
+    }
+    true
 }
 
 /// The small model's config in `dir`, on synthetic tokens.
