@@ -16,5 +16,6 @@
 //! process with a message, as the emulator does.
 
 pub mod devices;
+pub mod emulator;
 pub mod memory;
 pub mod stream;

@@ -101,6 +101,7 @@ extern "C" void simt_switch(void** save, void* load);
 asm(R"(
     .text
     .globl simt_switch
+    .hidden simt_switch
     .type simt_switch, @function
 simt_switch:
     pushq %rbp
@@ -537,7 +538,73 @@ inline int serve(const Kernel* kernels, size_t count) {
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
+// ---- the library: kernels launched in-process by the CUDA stand-in (standin/) -----------
+
+// A kernel as cuLaunchKernel passes it: the size of each parameter, in order (so the
+// caller can copy the values at launch, as CUDA does), and a launch that reads parameter i
+// from params[i], a pointer to its value.
+struct LibraryKernel {
+    const char* name;
+    std::vector<size_t> param_sizes;
+    void (*launch)(void** params, const Launch& launch);
+};
+
+template <typename... P, size_t... I>
+void launch_with_params(void (*kernel)(P...), void** params, const Launch& launch, std::index_sequence<I...>) {
+    std::tuple<std::decay_t<P>...> values{*static_cast<std::decay_t<P>*>(params[I])...};
+    auto call = [&] { std::apply(kernel, values); };
+    body = [](void* f) { (*static_cast<decltype(call)*>(f))(); };
+    body_args = &call;
+    // One run, warps seeing each other's writes as on a GPU: the harness's second,
+    // isolated run (its race check) would need every buffer the kernel touches copied.
+    shared.isolated = false;
+    run_grid(launch, launch.seed);
+}
+
+template <typename... P>
+void launch_by_params(void (*kernel)(P...), void** params, const Launch& launch) {
+    launch_with_params(kernel, params, launch, std::index_sequence_for<P...>{});
+}
+
+template <typename... P>
+std::vector<size_t> param_sizes(void (*)(P...)) {
+    return {sizeof(std::decay_t<P>)...};
+}
+
+template <auto K>
+void library_launch(void** params, const Launch& launch) {
+    launch_by_params(K, params, launch);
+}
+
+template <auto K>
+LibraryKernel library_entry(const char* name) {
+    return {name, param_sizes(K), library_launch<K>};
+}
+
 }  // namespace simt
+
+// The C interface of a family built as a shared object for the stand-in: `table` is an
+// array of simt::LibraryKernel.
+#define SIMT_LIBRARY(table)                                                                             \
+    extern "C" __attribute__((visibility("default"))) unsigned simt_kernel_count() {                    \
+        return sizeof table / sizeof table[0];                                                          \
+    }                                                                                                   \
+    extern "C" __attribute__((visibility("default"))) const char* simt_kernel_name(unsigned i) {        \
+        return table[i].name;                                                                           \
+    }                                                                                                   \
+    extern "C" __attribute__((visibility("default"))) unsigned simt_kernel_params(unsigned i,          \
+                                                                                  unsigned long long* sizes, \
+                                                                                  unsigned max) {       \
+        const auto& p = table[i].param_sizes;                                                           \
+        for (unsigned j = 0; j < p.size() && j < max; ++j) sizes[j] = p[j];                            \
+        return (unsigned)p.size();                                                                      \
+    }                                                                                                   \
+    extern "C" __attribute__((visibility("default"))) void simt_kernel_launch(                         \
+        unsigned i, const unsigned* grid, const unsigned* block, unsigned long long seed, void** params) { \
+        ::simt::kernel_name = table[i].name;                                                            \
+        ::simt::Launch launch{{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, seed, {}};    \
+        table[i].launch(params, launch);                                                                \
+    }
 
 #define threadIdx (::simt::current->idx)
 #define blockIdx (::simt::blockIdx_)
