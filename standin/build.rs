@@ -14,7 +14,8 @@ use std::process::Command;
 
 /// As the SIMT harness compiles (kernels/tests/simt/harness.rs): contraction off, so the
 /// host rounds a * b + c as the CPU backend does.
-const CXXFLAGS: [&str; 6] = ["-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden"];
+const CXXFLAGS: [&str; 6] =
+    ["-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden"];
 
 /// The `extern "C" __global__` kernels of a `.cu` source, in order.
 fn kernel_names(source: &str) -> Vec<String> {
@@ -37,7 +38,13 @@ fn compiler() -> String {
 
 /// Compiles family `file` (with its kernels) into `out`/`stem`.so; the compiler's message
 /// on failure.
-fn build_family(kernels_dir: &Path, emulator: &Path, out: &Path, file: &str, kernels: &[String]) -> Result<PathBuf, String> {
+fn build_family(
+    kernels_dir: &Path,
+    emulator: &Path,
+    out: &Path,
+    file: &str,
+    kernels: &[String],
+) -> Result<PathBuf, String> {
     let stem = file.trim_end_matches(".cu");
     let table: String = kernels.iter().map(|k| format!("    simt::library_entry<{k}>(\"{k}\"),\n")).collect();
     let main = format!(
@@ -93,7 +100,9 @@ fn main() {
         std::thread::scope(|scope| {
             let handles: Vec<_> = batch
                 .iter()
-                .map(|(file, kernels)| scope.spawn(|| build_family(&kernels_dir, &emulator, &out, file, kernels)))
+                .map(|(file, kernels)| {
+                    scope.spawn(|| build_family(&kernels_dir, &emulator, &out, file, kernels))
+                })
                 .collect();
             built.extend(handles.into_iter().map(|h| h.join().expect("a compile thread")));
         });
@@ -112,7 +121,12 @@ fn main() {
             writeln!(rs, "pub const FAMILIES: &[(&str, &[&str], &[u8])] = &[").unwrap();
             for ((file, kernels), lib) in families.iter().zip(&built) {
                 let lib = lib.as_ref().expect("built");
-                writeln!(rs, "    ({file:?}, &{kernels:?}, include_bytes!({:?})),", lib.display().to_string()).unwrap();
+                writeln!(
+                    rs,
+                    "    ({file:?}, &{kernels:?}, include_bytes!({:?})),",
+                    lib.display().to_string()
+                )
+                .unwrap();
             }
             writeln!(rs, "];").unwrap();
         }

@@ -64,7 +64,9 @@ pub struct Context {
 pub fn primary(device: usize) -> Option<&'static Context> {
     static CONTEXTS: OnceLock<Vec<Context>> = OnceLock::new();
     CONTEXTS
-        .get_or_init(|| (0..count()).map(|device| Context { device, null_stream: Stream::new(device) }).collect())
+        .get_or_init(|| {
+            (0..count()).map(|device| Context { device, null_stream: Stream::new(device) }).collect()
+        })
         .get(device)
 }
 

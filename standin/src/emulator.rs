@@ -113,7 +113,12 @@ fn load_family(file: &str, object: &[u8]) -> Result<Vec<Kernel>, String> {
             let mut sizes = [0u64; 64];
             let n = params_of(index, sizes.as_mut_ptr(), sizes.len() as c_uint) as usize;
             assert!(n <= sizes.len(), "{name}: more than {} parameters", sizes.len());
-            kernels.push(Kernel { name, param_sizes: sizes[..n].iter().map(|&s| s as usize).collect(), index, launch });
+            kernels.push(Kernel {
+                name,
+                param_sizes: sizes[..n].iter().map(|&s| s as usize).collect(),
+                index,
+                launch,
+            });
         }
     }
     Ok(kernels)

@@ -16,6 +16,7 @@
 //! process with a message, as the emulator does.
 
 pub mod devices;
+pub mod driver;
 pub mod emulator;
 pub mod memory;
 pub mod stream;

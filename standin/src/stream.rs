@@ -6,7 +6,7 @@
 use crate::devices;
 use cudarc::driver::sys::CUstream;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 /// One piece of a stream's work: a kernel, a copy, a collective, an event's mark.
@@ -37,6 +37,10 @@ impl Stream {
     /// A stream of stand-in GPU `device`, its thread started.
     pub fn new(device: usize) -> Arc<Stream> {
         let stream = Arc::new(Stream { device, state: Mutex::default(), changed: Condvar::new() });
+        let mut all = lock(&STREAMS);
+        all.retain(|s| s.strong_count() > 0);
+        all.push(Arc::downgrade(&stream));
+        drop(all);
         let worker = stream.clone();
         std::thread::Builder::new()
             .name(format!("standin-gpu{device}-stream"))
@@ -99,6 +103,18 @@ impl Stream {
     pub fn close(&self) {
         lock(&self.state).closing = true;
         self.changed.notify_all();
+    }
+}
+
+/// Every stream, for a whole-GPU synchronisation.
+static STREAMS: Mutex<Vec<Weak<Stream>>> = Mutex::new(Vec::new());
+
+/// Waits for everything enqueued so far on every stream of GPU `device`
+/// (`cuCtxSynchronize`, and the synchronous copies, which CUDA orders after all prior work).
+pub fn synchronize_device(device: usize) {
+    let streams: Vec<Arc<Stream>> = lock(&STREAMS).iter().filter_map(Weak::upgrade).collect();
+    for s in streams.iter().filter(|s| s.device == device) {
+        s.synchronize();
     }
 }
 
