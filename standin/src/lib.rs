@@ -15,6 +15,7 @@
 //! fault (a kernel reading past a buffer, a barrier not every thread reaches) ends the
 //! process with a message, as the emulator does.
 
+pub mod cublas;
 pub mod devices;
 pub mod driver;
 pub mod emulator;
