@@ -186,3 +186,14 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     status(current().map(|c| crate::stream::synchronize_device(c.device)))
 }
+
+/// Only primary contexts exist here, and those are released, not destroyed.
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let why = if context(ctx).is_some() {
+        "cuCtxDestroy of a primary context"
+    } else {
+        "cuCtxDestroy of an unknown context"
+    };
+    refuse(CUresult::CUDA_ERROR_INVALID_CONTEXT, why)
+}

@@ -48,6 +48,21 @@ pub unsafe extern "C" fn cuModuleLoadData(out: *mut CUmodule, image: *const c_vo
     CUresult::CUDA_SUCCESS
 }
 
+/// A module from a PTX file, as cuModuleLoadData from its text.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(out: *mut CUmodule, path: *const c_char) -> CUresult {
+    if path.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a NUL-terminated path.
+    let path = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+    match std::fs::read(&path).map(std::ffi::CString::new) {
+        // SAFETY: a NUL-terminated image, as cuModuleLoadData takes.
+        Ok(Ok(text)) => unsafe { cuModuleLoadData(out, text.as_ptr().cast()) },
+        _ => refuse(CUresult::CUDA_ERROR_FILE_NOT_FOUND, &format!("cannot read the module {path}")),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
     if module.is_null() {

@@ -141,3 +141,20 @@ pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, value: c_uchar, n: usize, h:
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: c_uchar, n: usize) -> CUresult {
     synchronous(|s| memset(dst, value, n, s))
 }
+
+/// A copy between two GPUs' memory: one address space here, so a device copy on the
+/// stream; the contexts must name GPUs that exist.
+#[no_mangle]
+pub extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    dst_ctx: cudarc::driver::sys::CUcontext,
+    src: CUdeviceptr,
+    src_ctx: cudarc::driver::sys::CUcontext,
+    bytes: usize,
+    h: CUstream,
+) -> CUresult {
+    if dst_ctx.is_null() || src_ctx.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_CONTEXT;
+    }
+    status(stream(h).and_then(|s| dtod(dst, src, bytes, &s)))
+}

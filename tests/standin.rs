@@ -1,0 +1,321 @@
+//! `device: cuda` end to end on the CUDA stand-in (standin/): the real host path, cudarc,
+//! cuBLAS calls and NCCL collectives included, with the kernels under the SIMT emulator.
+//! Each run is a child process whose library path puts the stand-in first, under the
+//! names cudarc loads. The stand-in is built by `cargo test --workspace` (its own tests
+//! load it); NVRTC is the real library. Where NVRTC is missing each test skips, saying so.
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Where cargo put this test's build: the stand-in library is beside the binaries.
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// A directory of links to the stand-in under the names cudarc loads.
+fn standin_libs() -> PathBuf {
+    let lib = build_dir().join("libcuda_standin.so");
+    assert!(
+        lib.exists(),
+        "{} is not built: `cargo test --workspace` builds it, or `cargo build -p cuda-standin`",
+        lib.display()
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-libs");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libcuda.so", "libcublas.so", "libcublasLt.so", "libnccl.so"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+    }
+    dir
+}
+
+/// Whether the kernels can be compiled; if not, says why and the caller skips.
+fn nvrtc(test: &str) -> bool {
+    let ok = kernels::cuda::compile::nvrtc_available();
+    if !ok {
+        eprintln!("SKIP {test}: no NVRTC library to compile the kernels (eval \"$(.ci/install-nvrtc.sh)\")");
+    }
+    ok
+}
+
+/// `command` with the stand-in in place of the CUDA libraries, `gpus` stand-in GPUs.
+fn on_standin(mut command: Command, gpus: usize) -> Command {
+    let libs = standin_libs();
+    let path = std::env::var("LD_LIBRARY_PATH")
+        .map_or(libs.display().to_string(), |p| format!("{}:{p}", libs.display()));
+    command.env("LD_LIBRARY_PATH", path).env("CUDA_STANDIN_GPUS", gpus.to_string());
+    command
+}
+
+/// configs/tiny.yaml, at a micro batch of 2 so a step of the emulated kernels takes a
+/// second or two: every kernel the GPT-2 step launches still runs.
+fn tiny(dir: &Path) -> PathBuf {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny.yaml")).unwrap();
+    let text = text
+        .replace("micro_batch_size: 16", "micro_batch_size: 2")
+        .replace("global_batch_size: 16", "global_batch_size: 4");
+    let cfg = write_config(dir, "tiny.yaml", &text);
+    assert!(std::fs::read_to_string(&cfg).unwrap().contains("micro_batch_size: 2"));
+    cfg
+}
+
+const STEPS: [&str; 8] =
+    ["--train-iters", "3", "--eval-interval", "0", "--save-interval", "0", "--peak-flops", "1e12"];
+
+/// Trains `cfg` into `dir/name` on the stand-in (or the CPU with `--device cpu` in
+/// `extra`), panicking unless the run succeeds.
+fn run(cfg: &Path, dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = dir.join(name);
+    let mut command = on_standin(bin(), 2);
+    command
+        .args(["train", "--quiet", "--config"])
+        .arg(cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(STEPS)
+        .args(extra);
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    run_dir
+}
+
+fn loss_values(run_dir: &Path) -> Vec<f64> {
+    losses(run_dir).iter().map(|l| f64::from_bits(l.1)).collect()
+}
+
+fn assert_within(what: &str, a: &[f64], b: &[f64], rtol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: step counts");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= rtol * x.abs(), "{what}: {x} vs {y} (rtol {rtol})");
+    }
+}
+
+#[test]
+fn fp32_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("fp32_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-fp32");
+    let cfg = tiny(&dir);
+    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
+    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
+#[test]
+fn bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run() {
+    if !nvrtc("bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run") {
+        return;
+    }
+    let dir = temp_dir("standin-bf16");
+    let cfg = tiny(&dir);
+    let fp32 = run(&cfg, &dir, "fp32", &["--device", "cuda"]);
+    let a = run(&cfg, &dir, "bf16-a", &["--device", "cuda", "--precision", "bf16"]);
+    let b = run(&cfg, &dir, "bf16-b", &["--device", "cuda", "--precision", "bf16"]);
+    assert_eq!(losses(&a), losses(&b), "bf16 run to run");
+    assert_within("fp32 vs bf16", &loss_values(&fp32), &loss_values(&a), 2e-2);
+}
+
+/// Two stages in threads share one stand-in GPU, each on its own stream: activations and
+/// gradients cross between the streams, ordered only by the device's events.
+#[test]
+fn two_stages_on_two_streams_of_one_gpu_match_one_stage_bitwise() {
+    if !nvrtc("two_stages_on_two_streams_of_one_gpu_match_one_stage_bitwise") {
+        return;
+    }
+    let dir = temp_dir("standin-p2");
+    let cfg = tiny(&dir);
+    let one = run(&cfg, &dir, "p1", &["--device", "cuda"]);
+    let two = run(&cfg, &dir, "p2", &["--device", "cuda", "--pipeline-model-parallel-size", "2"]);
+    assert_eq!(losses(&one), losses(&two));
+}
+
+#[test]
+fn a_resumed_run_on_the_standin_continues_bit_for_bit() {
+    if !nvrtc("a_resumed_run_on_the_standin_continues_bit_for_bit") {
+        return;
+    }
+    let dir = temp_dir("standin-resume");
+    let cfg = tiny(&dir);
+    let cuda = ["--device", "cuda"];
+    let full =
+        run(&cfg, &dir, "full", &[&cuda[..], &["--train-iters", "4", "--lr-decay-iters", "4"]].concat());
+    run(&cfg, &dir, "split", &[&cuda[..], &["--train-iters", "2", "--lr-decay-iters", "4"]].concat());
+    let split = run(
+        &cfg,
+        &dir,
+        "split",
+        &[&cuda[..], &["--train-iters", "4", "--lr-decay-iters", "4", "--resume"]].concat(),
+    );
+    let train_only = |v: Vec<(u64, u64, Option<u64>)>| v.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>();
+    assert_eq!(train_only(losses(&split)), train_only(losses(&full)));
+}
+
+/// A GPU too small for the run: the allocation fails as CUDA's would, and the run ends
+/// with an error saying so, not a panic.
+#[test]
+fn running_out_of_standin_memory_is_an_error() {
+    if !nvrtc("running_out_of_standin_memory_is_an_error") {
+        return;
+    }
+    let dir = temp_dir("standin-oom");
+    let cfg = tiny(&dir);
+    let mut command = on_standin(bin(), 1);
+    command.env("CUDA_STANDIN_MEMORY", "8MiB");
+    let out: Output = command
+        .args(["train", "--quiet", "--device", "cuda", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .args(STEPS)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("OUT_OF_MEMORY") || err.contains("out of memory"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `mpirun` of the binary on the stand-in, one stand-in GPU per rank.
+fn mpirun(np: usize) -> Option<Command> {
+    if !mpi_available() {
+        return None;
+    }
+    let mut c = Command::new("mpirun");
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
+            "-x",
+            "LD_LIBRARY_PATH",
+            "-x",
+            "CUDA_STANDIN_GPUS",
+        ])
+        .args(["-np", &np.to_string()])
+        .arg(env!("CARGO_BIN_EXE_pipetrain"));
+    Some(on_standin(c, np))
+}
+
+fn run_mpi(np: usize, cfg: &Path, dir: &Path, name: &str, extra: &[&str]) -> Option<PathBuf> {
+    let mut command = mpirun(np)?;
+    let run_dir = dir.join(name);
+    command
+        .args(["train", "--quiet", "--config"])
+        .arg(cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(STEPS)
+        .args(extra);
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{name}: {}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    Some(run_dir)
+}
+
+/// Two ranks in two processes, each with its own stand-in GPU, activations and gradients
+/// crossing over NCCL: bitwise the two-stream run of one GPU.
+#[test]
+fn two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise() {
+    if !nvrtc("two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise") {
+        return;
+    }
+    let dir = temp_dir("standin-nccl-p2");
+    let cfg = tiny(&dir);
+    let p2 = ["--device", "cuda", "--pipeline-model-parallel-size", "2"];
+    let Some(nccl) = run_mpi(2, &cfg, &dir, "nccl", &p2) else { return };
+    let threads = run(&cfg, &dir, "threads", &p2);
+    assert_eq!(losses(&nccl), losses(&threads));
+}
+
+/// dp = 2 x p = 2: four processes, four stand-in GPUs, the gradients summed over NCCL.
+#[test]
+fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
+    if !nvrtc("data_and_pipeline_parallel_over_nccl_match_threads_bitwise") {
+        return;
+    }
+    let dir = temp_dir("standin-nccl-dp2p2");
+    let cfg = tiny(&dir);
+    let dp2p2 = ["--device", "cuda", "--pipeline-model-parallel-size", "2", "--data-parallel-size", "2"];
+    let Some(nccl) = run_mpi(4, &cfg, &dir, "nccl", &dp2p2) else { return };
+    let threads = run(&cfg, &dir, "threads", &dp2p2);
+    assert_eq!(losses(&nccl), losses(&threads));
+}
+
+/// The names of the symbols an ELF64 (little-endian) file defines, from its symbol table:
+/// what the linker kept, unlike the debug information, which keeps every name compiled.
+fn defined_symbols(elf: &[u8]) -> Vec<&[u8]> {
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "a 64-bit ELF file");
+    let (sections, entry, count) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let header = |i: usize| sections + i * entry;
+    let symtab = (0..count).map(header).find(|&h| u32_at(h + 4) == 2).expect("a symbol table (SHT_SYMTAB)");
+    let strtab = u64_at(header(u32_at(symtab + 0x28)) + 0x18);
+    let (offset, size) = (u64_at(symtab + 0x18), u64_at(symtab + 0x20));
+    (offset..offset + size)
+        .step_by(24)
+        .filter(|&sym| u16_at(sym + 6) != 0) // defined in some section
+        .map(|sym| {
+            let name = &elf[strtab + u32_at(sym)..];
+            &name[..name.iter().position(|&b| b == 0).unwrap()]
+        })
+        .collect()
+}
+
+/// The CUDA library functions the binary can call. cudarc's bindings load each function
+/// on first call into a static `_S` inside the function's wrapper; the linker keeps the
+/// statics of the wrappers something calls, and the symbol table names each one
+/// (`cudarc::driver::sys::cuInit::_S`, mangled), so those names are the list.
+fn cuda_functions_the_binary_calls(binary: &[u8]) -> Vec<String> {
+    // One length-prefixed component of a mangled path, and the rest.
+    fn component(s: &[u8]) -> Option<(&[u8], &[u8])> {
+        let digits = s.iter().take_while(|b| b.is_ascii_digit()).count();
+        let len: usize = std::str::from_utf8(&s[..digits]).ok()?.parse().ok()?;
+        let rest = &s[digits..];
+        (rest.len() >= len).then(|| rest.split_at(len))
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for symbol in defined_symbols(binary) {
+        let Some(path) = symbol.strip_prefix(b"_ZN6cudarc") else { continue };
+        let Some((library, rest)) = component(path) else { continue };
+        let Some((sys, rest)) = component(rest) else { continue };
+        let Some((function, rest)) = component(rest) else { continue };
+        let is_binding = [&b"driver"[..], b"cublas", b"nccl"].contains(&library) && sys == b"sys";
+        if is_binding && rest.starts_with(b"2_S") {
+            names.insert(String::from_utf8_lossy(function).into_owned());
+        }
+    }
+    names.into_iter().collect()
+}
+
+#[test]
+fn the_standin_exports_every_cuda_function_the_binary_calls() {
+    let binary = std::fs::read(env!("CARGO_BIN_EXE_pipetrain")).unwrap();
+    let called = cuda_functions_the_binary_calls(&binary);
+    assert!(called.iter().any(|n| n == "cuLaunchKernel"), "the scan found the kernel launch: {called:?}");
+    assert!(called.iter().any(|n| n == "cublasSgemm_v2"), "the scan found cuBLAS: {called:?}");
+    let lib = std::ffi::CString::new(build_dir().join("libcuda_standin.so").display().to_string()).unwrap();
+    standin_libs(); // says how to build the library if it is missing
+                    // SAFETY: loading the stand-in runs no initialiser that needs anything.
+    let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "the stand-in loads");
+    let missing: Vec<&String> = called
+        .iter()
+        .filter(|name| {
+            let symbol = std::ffi::CString::new(name.as_str()).unwrap();
+            // SAFETY: a lookup by a NUL-terminated name in a loaded library.
+            unsafe { libc::dlsym(handle, symbol.as_ptr()) }.is_null()
+        })
+        .collect();
+    assert!(missing.is_empty(), "the binary calls functions the stand-in lacks: {missing:?}");
+}
