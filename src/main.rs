@@ -22,6 +22,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    quiet_out_of_memory_panics();
     let args: Vec<String> = std::env::args().collect();
     // Only the commands that read a config take config keys as flags.
     let takes_config = matches!(args.get(1).map(String::as_str), Some("train" | "simulate" | "bench"));
@@ -58,6 +59,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => report(e),
     }
+}
+
+/// A device out of memory panics with a [`kernels::OutOfMemory`] (ops are infallible); the
+/// rank that catches it reports it in one line, so the panic itself prints nothing.
+fn quiet_out_of_memory_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().downcast_ref::<kernels::OutOfMemory>().is_none() {
+            default(info);
+        }
+    }));
 }
 
 /// Reports are read through pipes (`simulate --sweep | head`). Rust ignores SIGPIPE, so a

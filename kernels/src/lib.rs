@@ -26,7 +26,7 @@ pub use device::{
     bf16_copy_len, padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING,
 };
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
-pub use memory::{Category, MemoryLedger, MemorySnapshot};
+pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
 pub use readout::{Readout, ReadoutStorage};
 pub use splitmix::SplitMix64;
 pub use tensor::{DType, Detached, Fence, Storage, Tensor};

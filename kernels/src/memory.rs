@@ -139,3 +139,31 @@ mod tests {
         assert_eq!(ledger.peak(Category::Workspace), 50);
     }
 }
+
+/// A device that could not allocate, even after handing its cached free buffers back: the
+/// payload of the panic an op raises (ops are infallible), which the trainer turns into
+/// one line naming the rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// e.g. "GPU 0"
+    pub device: String,
+    pub bytes: usize,
+    /// The device's free and total bytes as its driver reported them after the failure.
+    pub free: usize,
+    pub total: usize,
+}
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        write!(
+            f,
+            "{} is out of memory: {:.1} MiB asked for, {:.1} MiB free of {:.1} MiB; lower micro_batch_size or \
+             recompute more (`pipetrain simulate` predicts each stage's peak)",
+            self.device,
+            mib(self.bytes),
+            mib(self.free),
+            mib(self.total)
+        )
+    }
+}

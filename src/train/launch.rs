@@ -137,6 +137,9 @@ fn timed_out(e: &anyhow::Error) -> bool {
 }
 
 fn panic_error(rank: usize, payload: Box<dyn std::any::Any + Send>) -> anyhow::Error {
+    if let Some(oom) = payload.downcast_ref::<kernels::OutOfMemory>() {
+        return anyhow::anyhow!("rank {rank}: {oom}");
+    }
     let message = payload
         .downcast_ref::<String>()
         .cloned()
@@ -230,7 +233,9 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
             stop: &STOP,
             fault: fault_injection()?,
         };
-        worker::run(args, &cfg, setup).map_err(|e| {
+        let run = std::panic::AssertUnwindSafe(|| worker::run(args, &cfg, setup));
+        let result = std::panic::catch_unwind(run).unwrap_or_else(|payload| Err(panic_error(id, payload)));
+        result.map_err(|e| {
             if e.is::<crate::error::Interrupted>() || e.is::<Quiet>() {
                 return e;
             }

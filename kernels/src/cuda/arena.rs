@@ -7,6 +7,7 @@
 //! stream (an adopted tensor's, under the threads backend) still waits for its last use.
 
 use crate::counters::Counters;
+use crate::memory::OutOfMemory;
 use crate::tensor::{Recycle, Storage};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use std::any::{Any, TypeId};
@@ -37,13 +38,34 @@ impl Arena {
         self.counters.backing_allocation();
         // SAFETY: every caller writes the elements before reading them (`empty`, scratch), or
         // fills them first (`zeros`, uploads).
-        unsafe { stream.alloc::<T>(len) }
-            .unwrap_or_else(|e| panic!("cuda: cannot allocate {len} elements: {e:?}"))
+        let alloc = || unsafe { stream.alloc::<T>(len) };
+        match alloc() {
+            Ok(slice) => slice,
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                // The cached buffers of other sizes may be what fills the GPU: hand them
+                // back (each freed in its own stream's order) and try once more, as
+                // PyTorch's caching allocator does.
+                self.free.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                alloc().unwrap_or_else(|_| std::panic::panic_any(out_of_memory::<T>(stream, len)))
+            }
+            Err(e) => panic!("cuda: cannot allocate {len} elements: {e:?}"),
+        }
     }
 
     pub fn put<T: DeviceRepr + Send + 'static>(&self, slice: CudaSlice<T>) {
         let key = key::<T>(slice.len());
         self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().push(Box::new(slice));
+    }
+}
+
+/// What the failed allocation asked for, and what the GPU had.
+fn out_of_memory<T>(stream: &CudaStream, len: usize) -> OutOfMemory {
+    let (free, total) = stream.context().mem_get_info().unwrap_or((0, 0));
+    OutOfMemory {
+        device: format!("GPU {}", stream.context().ordinal()),
+        bytes: len * std::mem::size_of::<T>(),
+        free,
+        total,
     }
 }
 
