@@ -320,3 +320,36 @@ fn the_standin_exports_every_cuda_function_the_binary_calls() {
         .collect();
     assert!(missing.is_empty(), "the binary calls functions the stand-in lacks: {missing:?}");
 }
+
+/// `bench gpu` prints its whole table on the stand-in: every op and both loss curves within
+/// their tolerances, the memory rows, and the step time marked as the stand-in's.
+#[test]
+fn bench_gpu_runs_its_table_on_the_standin() {
+    if !nvrtc("bench_gpu_runs_its_table_on_the_standin") {
+        return;
+    }
+    let dir = temp_dir("standin-bench");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let mut command = on_standin(bin(), 1);
+    let out = command.args(["bench", "gpu", "--steps", "2", "--config"]).arg(&cfg).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", stderr(&out));
+    let title = format!("pipetrain bench gpu: cuda:0 ({}, sm_90)\n", kernels::STANDIN_GPU_NAME);
+    assert!(table.starts_with(&title), "{table}");
+    let verdict = |check: &str| {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(check))
+            .unwrap_or_else(|| panic!("no row {check}:\n{table}"));
+        line.rsplit("  ").next().unwrap().to_string()
+    };
+    let ops: Vec<&str> = table.lines().filter(|l| l.starts_with("op vs CPU: ")).collect();
+    assert!(ops.len() >= 10, "{table}");
+    assert!(ops.iter().all(|l| l.ends_with("  ok")), "{table}");
+    assert_eq!(verdict("CUDA fp32 vs CPU loss"), "ok", "{table}");
+    assert_eq!(verdict("CUDA bf16 vs fp32 loss"), "ok", "{table}");
+    assert!(table.lines().any(|l| l.starts_with("peak memory, bf16, stage 0")), "{table}");
+    let step = table.lines().find(|l| l.starts_with("step time, pipetrain")).expect("a step time row");
+    assert!(step.contains("the stand-in: CPU time under the SIMT emulator, not a GPU's"), "{table}");
+    assert_eq!(verdict("MFU, PyTorch"), "skipped: no GPU to run PyTorch on", "{table}");
+}

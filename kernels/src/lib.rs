@@ -4,6 +4,11 @@
 //! with rayon + gemm, and the CUDA backend (feature `cuda`) beside it. Every buffer a device
 //! hands out is a [`Tensor`] counted in that device's [`MemoryLedger`].
 
+/// The name the CUDA stand-in (standin/, a test double for the CUDA libraries) gives its
+/// GPUs: what runs on one is the host path and the emulated kernels, and its timings are
+/// the CPU's.
+pub const STANDIN_GPU_NAME: &str = "pipetrain stand-in GPU (CPU, SIMT emulator)";
+
 pub mod attention;
 pub mod counters;
 pub mod cpu;

@@ -9,6 +9,9 @@
 //!   the GPU's published peak (the simulator's profile of it), and PyTorch's MFU for the same
 //!   shape and step on the same GPU, where `python3 -c 'import torch'` works.
 //!
+//! On the CUDA stand-in (standin/) the ops run at small sizes and the MFU rows become the
+//! step's time, marked as the stand-in's CPU time.
+//!
 //! Where there is no usable GPU this is one line and exit code 3. The table, the no-GPU
 //! line, the op comparison and the loss curves are tested on the CPU; the whole command has
 //! run on an H100 (docs/benchmarks.md).
@@ -108,7 +111,8 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let device = gpu.name();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!("bench gpu: {device}: every op against the CPU's");
-    let sizes = ops::Sizes::GPT2_SMALL;
+    let standin = device.contains(kernels::STANDIN_GPU_NAME);
+    let sizes = if standin { ops::Sizes::STANDIN } else { ops::Sizes::GPT2_SMALL };
     let (cuda, cpu) = (AttentionSaves::cuda(sizes.c / sizes.heads), AttentionSaves::Probabilities);
     let mut rows = ops::rows((&*gpu, cuda), (&CpuDevice::new(threads), cpu), sizes);
     let path = &args.config;
@@ -129,8 +133,12 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let peak = crate::simulate::gpu_peak_flops(&device, cfg.precision);
     eprintln!("bench gpu: MFU over {} steps, ours then PyTorch's", args.steps);
     let ours = mfu::measure(&on(DeviceKind::Cuda, cfg.precision), path, &data, args.steps)?;
-    rows.push(mfu::row("MFU, pipetrain", &shape, Some(ours), peak));
-    rows.push(mfu::torch_row(&shape, args.steps, peak));
+    if standin {
+        rows.extend(mfu::standin_rows(ours));
+    } else {
+        rows.push(mfu::row("MFU, pipetrain", &shape, Some(ours), peak));
+        rows.push(mfu::torch_row(&shape, args.steps, peak));
+    }
     print!("{}", render(&device, &rows));
     Ok(())
 }

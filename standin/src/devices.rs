@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 /// What a stand-in GPU reports: an H100's compute capability, so NVRTC compiles the
 /// kernels (tensor-core ones included) for the architecture the project targets.
-pub const NAME: &str = "pipetrain stand-in GPU (CPU, SIMT emulator)";
+pub const NAME: &str = kernels::STANDIN_GPU_NAME;
 pub const COMPUTE_CAPABILITY: (i32, i32) = (9, 0);
 pub const MULTIPROCESSORS: i32 = 132;
 /// CUDA 13.0, as `cuDriverGetVersion` encodes it: the NVRTC the project installs.

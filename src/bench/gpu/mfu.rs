@@ -77,6 +77,26 @@ pub fn row(check: &str, shape: &Shape, step_s: Option<f64>, peak: Option<f64>) -
     }
 }
 
+/// On the CUDA stand-in: the step's time, which is the CPU's under the emulator and says
+/// nothing of a GPU's, and no PyTorch to compare.
+pub fn standin_rows(step_s: f64) -> [Row; 2] {
+    let standin = "the stand-in: CPU time under the SIMT emulator, not a GPU's";
+    [
+        Row {
+            check: "step time, pipetrain".into(),
+            measured: format!("{step_s:.3} s per step"),
+            against: standin.into(),
+            verdict: Verdict::Figure,
+        },
+        Row {
+            check: "MFU, PyTorch".into(),
+            measured: "-".into(),
+            against: standin.into(),
+            verdict: Verdict::Skipped("no GPU to run PyTorch on".into()),
+        },
+    ]
+}
+
 /// PyTorch's MFU for the same step, or why it was not measured.
 pub fn torch_row(shape: &Shape, steps: usize, peak: Option<f64>) -> Row {
     match torch_step_seconds(shape, steps) {

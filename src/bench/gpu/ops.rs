@@ -25,6 +25,9 @@ pub struct Sizes {
 
 impl Sizes {
     pub const GPT2_SMALL: Sizes = Sizes { b: 4, t: 1024, c: 768, heads: 12, vocab: 50257 };
+    /// On the CUDA stand-in, whose kernels run under an emulator: every op still, at sizes
+    /// that take seconds there (the vocabulary stays GPT-2's, the classifier's real width).
+    pub const STANDIN: Sizes = Sizes { b: 2, t: 64, c: 64, heads: 4, vocab: 50257 };
 }
 
 /// What an op reads, made once on the host and uploaded to each device.
