@@ -10,6 +10,15 @@ mod memcpy;
 mod memory;
 mod streams;
 
+// Each entry point is exported from the library by its C name, and from the crate for its
+// own tests.
+pub use context::*;
+pub use errors::*;
+pub use launch::*;
+pub use memcpy::*;
+pub use memory::*;
+pub use streams::*;
+
 use crate::devices::{self, Context};
 use cudarc::driver::sys::CUresult;
 use std::sync::atomic::{AtomicBool, Ordering};
