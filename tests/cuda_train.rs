@@ -8,6 +8,9 @@ use common::*;
 fn gpu_present() -> bool {
     match kernels::cuda::CudaDevice::new(0) {
         Ok(_) => true,
+        Err(why) if std::env::var_os("PIPETRAIN_REQUIRE_GPU").is_some() => {
+            panic!("PIPETRAIN_REQUIRE_GPU is set, but there is no usable GPU: {why}")
+        }
         Err(why) => {
             eprintln!("SKIP GPU training comparisons: {why}");
             false

@@ -88,6 +88,10 @@ fn a_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
 #[test]
 fn a_gpu_step_syncs_once_per_rank_and_allocates_nothing_after_the_first() {
     if let Err(why) = kernels::cuda::CudaDevice::new(0) {
+        assert!(
+            std::env::var_os("PIPETRAIN_REQUIRE_GPU").is_none(),
+            "PIPETRAIN_REQUIRE_GPU is set, but there is no usable GPU: {why}"
+        );
         eprintln!("skipped: no GPU here ({why})");
         return;
     }
