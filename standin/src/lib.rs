@@ -17,4 +17,5 @@
 
 pub mod devices;
 pub mod memory;
+pub mod nccl;
 pub mod stream;

@@ -1,0 +1,502 @@
+//! The exported NCCL entry points. Each checks its arguments when called, as NCCL does,
+//! and an operation then runs on its stream ([`super::ops`]).
+
+use super::comm::Comm;
+use super::group;
+use super::hub;
+use super::id::Key;
+use super::ops::{Op, What};
+use super::reduce;
+use crate::{devices, memory, stream};
+use cudarc::nccl::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId};
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+use ncclResult_t::{ncclInvalidArgument, ncclSuccess, ncclSystemError};
+
+/// NCCL 2.30.0, as `ncclGetVersion` encodes it (the version cudarc's bindings describe).
+const VERSION: c_int = 23000;
+
+fn refused(code: ncclResult_t, message: String) -> ncclResult_t {
+    eprintln!("nccl stand-in: {message}");
+    group::refuse(code)
+}
+
+/// The communicator a handle names, as a new reference.
+///
+/// # Safety
+/// `handle` is null or came from this library and has not been destroyed.
+unsafe fn comm_of(handle: ncclComm_t) -> Option<Arc<Comm>> {
+    if handle.is_null() {
+        return None;
+    }
+    let raw = handle as *const Comm;
+    // SAFETY: per the contract, `handle` holds a reference (`into_handle`).
+    unsafe {
+        Arc::increment_strong_count(raw);
+        Some(Arc::from_raw(raw))
+    }
+}
+
+fn into_handle(comm: Comm) -> ncclComm_t {
+    Arc::into_raw(Arc::new(comm)) as ncclComm_t
+}
+
+/// Writes `value` through `out`, or refuses a null `out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn answer<T>(out: *mut T, value: T, what: &str) -> ncclResult_t {
+    if out.is_null() {
+        return refused(ncclInvalidArgument, format!("{what}: a null output pointer"));
+    }
+    // SAFETY: checked non-null; valid per the contract.
+    unsafe { out.write(value) };
+    ncclSuccess
+}
+
+/// # Safety
+/// `version` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe { answer(version, VERSION, "ncclGetVersion") }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
+    use ncclResult_t::*;
+    let text = match result {
+        ncclSuccess => c"no error",
+        ncclUnhandledCudaError => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        ncclSystemError => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        ncclInternalError => c"internal error - please report this issue to the NCCL developers",
+        ncclInvalidArgument => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        ncclInvalidUsage => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        ncclRemoteError => c"remote process exited or there was a network error",
+        ncclInProgress => c"NCCL operation in progress",
+        ncclTimeout => c"NCCL operation timed out",
+        ncclNumResults => c"unknown result code",
+    };
+    text.as_ptr()
+}
+
+/// Makes a unique id and starts its communicator's hub in this process.
+///
+/// # Safety
+/// `id` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut ncclUniqueId) -> ncclResult_t {
+    let started = Key::random().and_then(|key| hub::start(key).map(|()| key));
+    match started {
+        // SAFETY: per the contract.
+        Ok(key) => unsafe { answer(id, key.to_id(), "ncclGetUniqueId") },
+        Err(e) => refused(ncclSystemError, format!("ncclGetUniqueId: {e}")),
+    }
+}
+
+/// Joins the communicator `id` names; returns once all `nranks` ranks have.
+///
+/// # Safety
+/// `comm` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    if comm.is_null() || nranks < 1 || rank < 0 || rank >= nranks {
+        return refused(ncclInvalidArgument, format!("ncclCommInitRank: rank {rank} of {nranks}"));
+    }
+    let Some(key) = Key::from_id(&id) else {
+        return refused(ncclInvalidArgument, "ncclCommInitRank: not a unique id of this library".into());
+    };
+    let device = devices::current().map_or(0, |c| c.device);
+    match Comm::join(key, nranks as usize, rank as usize, device) {
+        // SAFETY: checked non-null; valid per the contract.
+        Ok(joined) => unsafe { answer(comm, into_handle(joined), "ncclCommInitRank") },
+        Err(f) => refused(f.code, format!("ncclCommInitRank: {}", f.message)),
+    }
+}
+
+/// One communicator over `ndev` GPUs of this process, rank i on `devlist[i]` (or GPU i).
+///
+/// # Safety
+/// `comms` holds `ndev` handles; `devlist` is null or holds `ndev` ordinals.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ncclResult_t {
+    if comms.is_null() || ndev < 1 {
+        return refused(ncclInvalidArgument, format!("ncclCommInitAll: {ndev} devices"));
+    }
+    let n = ndev as usize;
+    let devices: Vec<usize> = match devlist.is_null() {
+        true => (0..n).collect(),
+        // SAFETY: per the contract.
+        false => unsafe { std::slice::from_raw_parts(devlist, n) }.iter().map(|&d| d as usize).collect(),
+    };
+    if let Some(d) = devices.iter().find(|&&d| d >= devices::count()) {
+        return refused(ncclInvalidArgument, format!("ncclCommInitAll: there is no GPU {d}"));
+    }
+    let key = match Key::random().and_then(|key| hub::start(key).map(|()| key)) {
+        Ok(key) => key,
+        Err(e) => return refused(ncclSystemError, format!("ncclCommInitAll: {e}")),
+    };
+    let joined: Vec<_> = std::thread::scope(|s| {
+        let ranks: Vec<_> =
+            devices.iter().enumerate().map(|(r, &d)| s.spawn(move || Comm::join(key, n, r, d))).collect();
+        ranks.into_iter().map(|t| t.join().expect("joining does not panic")).collect()
+    });
+    let mut handles = Vec::with_capacity(n);
+    for comm in joined {
+        match comm {
+            Ok(c) => handles.push(c),
+            Err(f) => return refused(f.code, format!("ncclCommInitAll: {}", f.message)),
+        }
+    }
+    for (i, c) in handles.into_iter().enumerate() {
+        // SAFETY: per the contract, `comms` holds `ndev` handles.
+        unsafe { comms.add(i).write(into_handle(c)) };
+    }
+    ncclSuccess
+}
+
+/// Leaves the communicator once the operations already enqueued on it have run.
+///
+/// # Safety
+/// `comm` is null or a live handle, not used again.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    if !comm.is_null() {
+        // SAFETY: per the contract, this is the reference `into_handle` gave away.
+        drop(unsafe { Arc::from_raw(comm as *const Comm) });
+    }
+    ncclSuccess
+}
+
+/// Leaves the communicator now: operations waiting on it return at once, failed.
+///
+/// # Safety
+/// As [`ncclCommDestroy`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    if !comm.is_null() {
+        // SAFETY: as in ncclCommDestroy.
+        let comm = unsafe { Arc::from_raw(comm as *const Comm) };
+        comm.abort();
+    }
+    ncclSuccess
+}
+
+/// What a query on a communicator answers.
+///
+/// # Safety
+/// `comm` is null or a live handle; `out` is null or valid for a write.
+unsafe fn query<T>(comm: ncclComm_t, out: *mut T, what: &str, value: impl Fn(&Comm) -> T) -> ncclResult_t {
+    // SAFETY: per the contract.
+    match unsafe { comm_of(comm) } {
+        // SAFETY: per the contract.
+        Some(c) => unsafe { answer(out, value(&c), what) },
+        None => refused(ncclInvalidArgument, format!("{what}: a null communicator")),
+    }
+}
+
+/// # Safety
+/// `comm` is null or a live handle; `count` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe { query(comm, count, "ncclCommCount", |c| c.size as c_int) }
+}
+
+/// # Safety
+/// `comm` is null or a live handle; `rank` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe { query(comm, rank, "ncclCommUserRank", |c| c.rank as c_int) }
+}
+
+/// # Safety
+/// `comm` is null or a live handle; `device` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe { query(comm, device, "ncclCommCuDevice", |c| c.device as c_int) }
+}
+
+/// The communicator's failure, if it has failed: a peer gone, sizes that disagree.
+///
+/// # Safety
+/// `comm` is null or a live handle; `async_error` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: ncclComm_t,
+    async_error: *mut ncclResult_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        query(comm, async_error, "ncclCommGetAsyncError", |c| c.failure().map_or(ncclSuccess, |f| f.code))
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> ncclResult_t {
+    group::start();
+    ncclSuccess
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    group::end()
+}
+
+/// What an operation call is checked against and builds from.
+struct Call<'a> {
+    name: &'a str,
+    comm: Arc<Comm>,
+    elem: usize,
+    dtype: ncclDataType_t,
+}
+
+impl Call<'_> {
+    fn rank(&self, value: c_int, what: &str) -> Result<usize, String> {
+        let size = self.comm.size;
+        usize::try_from(value)
+            .ok()
+            .filter(|&r| r < size)
+            .ok_or_else(|| format!("{what} {value} is out of range for a communicator of {size} ranks"))
+    }
+
+    fn bytes(&self, count: usize) -> Result<usize, String> {
+        count.checked_mul(self.elem).ok_or_else(|| format!("a count of {count} overflows"))
+    }
+
+    /// Checks that `bytes` at `ptr` lie in one allocation on the communicator's GPU (or in
+    /// page-locked host memory), as NCCL's pointer checks do.
+    fn buffer(&self, ptr: *const c_void, bytes: usize, what: &str) -> Result<usize, String> {
+        let addr = ptr as usize;
+        if bytes == 0 || memory::is_pinned(ptr.cast(), bytes) {
+            return Ok(addr);
+        }
+        match memory::device_of(addr as u64, bytes) {
+            Some(d) if d == self.comm.device => Ok(addr),
+            Some(d) => Err(format!("{what} is on GPU {d}, the communicator's is GPU {}", self.comm.device)),
+            None => Err(format!("{what} {ptr:?} does not hold {bytes} bytes of device memory")),
+        }
+    }
+
+    fn reducible(&self, op: ncclRedOp_t) -> Result<ncclRedOp_t, String> {
+        match reduce::supported(self.dtype, op) {
+            true => Ok(op),
+            false => Err(format!("the stand-in does not reduce {:?} with {op:?}", self.dtype)),
+        }
+    }
+
+    fn op(&self, what: What, send: usize, recv: usize, bytes: usize, seq: u64) -> Op {
+        Op { comm: self.comm.clone(), what, dtype: self.dtype, send, recv, bytes, seq }
+    }
+}
+
+/// Checks an operation's communicator, stream and type, lets `build` check the rest and
+/// number it, and runs it on its stream.
+///
+/// # Safety
+/// `comm` is null or a live handle; `stream` is a stream handle of this library or null.
+unsafe fn issue(
+    name: &str,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    dtype: ncclDataType_t,
+    build: impl FnOnce(&Call) -> Result<Op, String>,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    let Some(comm) = (unsafe { comm_of(comm) }) else {
+        return refused(ncclInvalidArgument, format!("{name}: a null communicator"));
+    };
+    if let Some(f) = comm.failure() {
+        return group::refuse(f.code);
+    }
+    let Some(stream) = stream::from_handle(stream as _) else {
+        return refused(ncclInvalidArgument, format!("{name}: the null stream, with no current context"));
+    };
+    let Some(elem) = reduce::size_of(dtype) else {
+        return refused(ncclInvalidArgument, format!("{name}: data type {dtype:?}"));
+    };
+    let call = Call { name, comm, elem, dtype };
+    match build(&call) {
+        Ok(op) => {
+            group::submit(stream, op);
+            ncclSuccess
+        }
+        Err(why) => refused(ncclInvalidArgument, format!("{}: {why}", call.name)),
+    }
+}
+
+/// # Safety
+/// As for NCCL: `sendbuff` holds `count` elements of device memory; `comm` and `stream`
+/// are live handles.
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclSend", comm, stream, datatype, |c| {
+            let (to, bytes) = (c.rank(peer, "peer")?, c.bytes(count)?);
+            let send = c.buffer(sendbuff, bytes, "sendbuff")?;
+            Ok(c.op(What::Send { to }, send, 0, bytes, c.comm.next_send(to)))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`], for `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclRecv", comm, stream, datatype, |c| {
+            let (from, bytes) = (c.rank(peer, "peer")?, c.bytes(count)?);
+            let recv = c.buffer(recvbuff, bytes, "recvbuff")?;
+            Ok(c.op(What::Recv { from }, 0, recv, bytes, c.comm.next_receive(from)))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`], for both buffers.
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclAllReduce", comm, stream, datatype, |c| {
+            let (op, bytes) = (c.reducible(op)?, c.bytes(count)?);
+            let send = c.buffer(sendbuff, bytes, "sendbuff")?;
+            let recv = c.buffer(recvbuff, bytes, "recvbuff")?;
+            Ok(c.op(What::AllReduce { op }, send, recv, bytes, c.comm.next_collective()))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`]; `sendbuff` is read on the root only.
+#[no_mangle]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclBroadcast", comm, stream, datatype, |c| {
+            let (root, bytes) = (c.rank(root, "root")?, c.bytes(count)?);
+            let send = match root == c.comm.rank {
+                true => c.buffer(sendbuff, bytes, "sendbuff")?,
+                false => 0,
+            };
+            let recv = c.buffer(recvbuff, bytes, "recvbuff")?;
+            Ok(c.op(What::Broadcast { root }, send, recv, bytes, c.comm.next_collective()))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`]; `recvbuff` is written on the root only.
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclReduce", comm, stream, datatype, |c| {
+            let (op, root, bytes) = (c.reducible(op)?, c.rank(root, "root")?, c.bytes(count)?);
+            let send = c.buffer(sendbuff, bytes, "sendbuff")?;
+            let recv = match root == c.comm.rank {
+                true => c.buffer(recvbuff, bytes, "recvbuff")?,
+                false => 0,
+            };
+            Ok(c.op(What::Reduce { op, root }, send, recv, bytes, c.comm.next_collective()))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`]: `sendbuff` holds `sendcount` elements, `recvbuff` that many per rank.
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclAllGather", comm, stream, datatype, |c| {
+            let bytes = c.bytes(sendcount)?;
+            let send = c.buffer(sendbuff, bytes, "sendbuff")?;
+            let recv = c.buffer(recvbuff, bytes * c.comm.size, "recvbuff")?;
+            Ok(c.op(What::AllGather, send, recv, bytes, c.comm.next_collective()))
+        })
+    }
+}
+
+/// # Safety
+/// As [`ncclSend`]: `recvbuff` holds `recvcount` elements, `sendbuff` that many per rank.
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: per the contract.
+    unsafe {
+        issue("ncclReduceScatter", comm, stream, datatype, |c| {
+            let (op, bytes) = (c.reducible(op)?, c.bytes(recvcount)?);
+            let send = c.buffer(sendbuff, bytes * c.comm.size, "sendbuff")?;
+            let recv = c.buffer(recvbuff, bytes, "recvbuff")?;
+            Ok(c.op(What::ReduceScatter { op }, send, recv, bytes, c.comm.next_collective()))
+        })
+    }
+}
