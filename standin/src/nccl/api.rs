@@ -9,8 +9,10 @@ use super::ops::{Op, What};
 use super::reduce;
 use crate::{devices, memory, stream};
 use cudarc::nccl::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId};
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ncclResult_t::{ncclInvalidArgument, ncclSuccess, ncclSystemError};
 
@@ -22,24 +24,33 @@ fn refused(code: ncclResult_t, message: String) -> ncclResult_t {
     group::refuse(code)
 }
 
-/// The communicator a handle names, as a new reference.
-///
-/// # Safety
-/// `handle` is null or came from this library and has not been destroyed.
-unsafe fn comm_of(handle: ncclComm_t) -> Option<Arc<Comm>> {
-    if handle.is_null() {
-        return None;
-    }
-    let raw = handle as *const Comm;
-    // SAFETY: per the contract, `handle` holds a reference (`into_handle`).
-    unsafe {
-        Arc::increment_strong_count(raw);
-        Some(Arc::from_raw(raw))
-    }
+/// The live communicators by handle. A handle is a number never given out twice, so one
+/// used after ncclCommDestroy or ncclCommAbort (a use after free with NCCL, such as a
+/// watchdog's abort followed by cudarc's drop, which aborts again) is refused by name.
+static LIVE: Mutex<BTreeMap<usize, Arc<Comm>>> = Mutex::new(BTreeMap::new());
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+fn live() -> MutexGuard<'static, BTreeMap<usize, Arc<Comm>>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn into_handle(comm: Comm) -> ncclComm_t {
-    Arc::into_raw(Arc::new(comm)) as ncclComm_t
+    let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+    live().insert(handle, Arc::new(comm));
+    handle as ncclComm_t
+}
+
+/// The communicator `handle` names, or the refusal a caller returns.
+fn comm_of(handle: ncclComm_t, what: &str) -> Result<Arc<Comm>, ncclResult_t> {
+    live().get(&(handle as usize)).cloned().ok_or_else(|| not_live(handle, what))
+}
+
+fn not_live(handle: ncclComm_t, what: &str) -> ncclResult_t {
+    let why = match handle.is_null() {
+        true => "a null communicator".to_string(),
+        false => format!("communicator {handle:?} was destroyed or aborted, or never made"),
+    };
+    refused(ncclInvalidArgument, format!("{what}: {why}"))
 }
 
 /// Writes `value` through `out`, or refuses a null `out`.
@@ -166,47 +177,42 @@ pub unsafe extern "C" fn ncclCommInitAll(
 }
 
 /// Leaves the communicator once the operations already enqueued on it have run.
-///
-/// # Safety
-/// `comm` is null or a live handle, not used again.
 #[no_mangle]
-pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
-    if !comm.is_null() {
-        // SAFETY: per the contract, this is the reference `into_handle` gave away.
-        drop(unsafe { Arc::from_raw(comm as *const Comm) });
-    }
-    ncclSuccess
+pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    release(comm, "ncclCommDestroy", |_| {})
 }
 
 /// Leaves the communicator now: operations waiting on it return at once, failed.
-///
-/// # Safety
-/// As [`ncclCommDestroy`].
 #[no_mangle]
-pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
-    if !comm.is_null() {
-        // SAFETY: as in ncclCommDestroy.
-        let comm = unsafe { Arc::from_raw(comm as *const Comm) };
-        comm.abort();
+pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    release(comm, "ncclCommAbort", Comm::abort)
+}
+
+/// Ends `handle` (null is allowed, as NCCL allows it), after `last`; the communicator
+/// itself goes once the operations holding it have run.
+fn release(handle: ncclComm_t, what: &str, last: impl FnOnce(&Comm)) -> ncclResult_t {
+    if handle.is_null() {
+        return ncclSuccess;
     }
+    let Some(comm) = live().remove(&(handle as usize)) else { return not_live(handle, what) };
+    last(&comm);
     ncclSuccess
 }
 
 /// What a query on a communicator answers.
 ///
 /// # Safety
-/// `comm` is null or a live handle; `out` is null or valid for a write.
+/// `out` is null or valid for a write.
 unsafe fn query<T>(comm: ncclComm_t, out: *mut T, what: &str, value: impl Fn(&Comm) -> T) -> ncclResult_t {
-    // SAFETY: per the contract.
-    match unsafe { comm_of(comm) } {
+    match comm_of(comm, what) {
         // SAFETY: per the contract.
-        Some(c) => unsafe { answer(out, value(&c), what) },
-        None => refused(ncclInvalidArgument, format!("{what}: a null communicator")),
+        Ok(c) => unsafe { answer(out, value(&c), what) },
+        Err(code) => code,
     }
 }
 
 /// # Safety
-/// `comm` is null or a live handle; `count` is null or valid for a write.
+/// `count` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
     // SAFETY: per the contract.
@@ -214,7 +220,7 @@ pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> n
 }
 
 /// # Safety
-/// `comm` is null or a live handle; `rank` is null or valid for a write.
+/// `rank` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
     // SAFETY: per the contract.
@@ -222,7 +228,7 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 }
 
 /// # Safety
-/// `comm` is null or a live handle; `device` is null or valid for a write.
+/// `device` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
     // SAFETY: per the contract.
@@ -232,7 +238,7 @@ pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) 
 /// The communicator's failure, if it has failed: a peer gone, sizes that disagree.
 ///
 /// # Safety
-/// `comm` is null or a live handle; `async_error` is null or valid for a write.
+/// `async_error` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
@@ -306,7 +312,7 @@ impl Call<'_> {
 /// number it, and runs it on its stream.
 ///
 /// # Safety
-/// `comm` is null or a live handle; `stream` is a stream handle of this library or null.
+/// `stream` is a stream handle of this library or null.
 unsafe fn issue(
     name: &str,
     comm: ncclComm_t,
@@ -314,9 +320,9 @@ unsafe fn issue(
     dtype: ncclDataType_t,
     build: impl FnOnce(&Call) -> Result<Op, String>,
 ) -> ncclResult_t {
-    // SAFETY: per the contract.
-    let Some(comm) = (unsafe { comm_of(comm) }) else {
-        return refused(ncclInvalidArgument, format!("{name}: a null communicator"));
+    let comm = match comm_of(comm, name) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
     if let Some(f) = comm.failure() {
         return group::refuse(f.code);
@@ -338,8 +344,8 @@ unsafe fn issue(
 }
 
 /// # Safety
-/// As for NCCL: `sendbuff` holds `count` elements of device memory; `comm` and `stream`
-/// are live handles.
+/// As for NCCL: `sendbuff` holds `count` elements of device memory, which nothing else
+/// writes until the operation has run; `stream` is a live stream handle.
 #[no_mangle]
 pub unsafe extern "C" fn ncclSend(
     sendbuff: *const c_void,

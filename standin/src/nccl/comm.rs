@@ -5,8 +5,9 @@
 use super::id::Key;
 use super::wire::{shut, Channel, Frame, Kind};
 use cudarc::nccl::sys::ncclResult_t;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -24,12 +25,6 @@ pub struct Failure {
     pub message: String,
 }
 
-impl Failure {
-    pub fn new(code: ncclResult_t, message: String) -> Failure {
-        Failure { code, message }
-    }
-}
-
 /// Elements and acknowledgements are filed under (peer, channel, sequence number).
 type Tag = (u32, Channel, u64);
 
@@ -38,8 +33,8 @@ struct Inbox {
     data: HashMap<Tag, Vec<u8>>,
     /// Whether each `Data` this rank sent, by (receiver, channel, seq), was delivered.
     acks: HashMap<Tag, bool>,
-    /// The ranks that have left, and whether on purpose.
-    left: HashMap<u32, bool>,
+    /// The ranks that have left.
+    left: HashSet<u32>,
     hub_gone: bool,
 }
 
@@ -48,13 +43,13 @@ struct Shared {
     inbox: Mutex<Inbox>,
     changed: Condvar,
     failure: OnceLock<Failure>,
-    aborted: std::sync::atomic::AtomicBool,
+    aborted: AtomicBool,
 }
 
 impl Shared {
     /// Records the communicator's failure (the first one stands) and wakes every wait.
     fn fail(&self, code: ncclResult_t, message: String) -> ncclResult_t {
-        let quiet = self.aborted.load(std::sync::atomic::Ordering::SeqCst);
+        let quiet = self.aborted.load(Ordering::SeqCst);
         if !quiet && self.failure.get().is_none() {
             eprintln!("nccl stand-in: {message}");
         }
@@ -77,7 +72,7 @@ impl Shared {
                     inbox.acks.insert((f.peer, f.channel, f.seq), f.payload == [1]);
                 }
                 Ok(f) if f.kind == Kind::Left => {
-                    inbox.left.insert(f.peer, f.seq == 1);
+                    inbox.left.insert(f.peer);
                     if f.seq != 1 {
                         drop(inbox);
                         let why = format!("rank {} lost its connection (its process ended?)", f.peer);
@@ -121,15 +116,23 @@ pub struct Comm {
 impl Comm {
     /// Joins the communicator `key` names as `rank` of `size`; returns once every rank has.
     pub fn join(key: Key, size: usize, rank: usize, device: usize) -> Result<Comm, Failure> {
-        let system = |what: &str, e: std::io::Error| {
-            Failure::new(ncclResult_t::ncclSystemError, format!("{what}: {e}"))
+        let system = |what: &str, e: std::io::Error| Failure {
+            code: ncclResult_t::ncclSystemError,
+            message: format!("{what}: {e}"),
         };
         let deadline = Instant::now() + CONNECT;
         let socket = loop {
             match UnixStream::connect_addr(&key.address()) {
                 Ok(s) => break s,
                 Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => return Err(system(&format!("no hub answered for {}s (the process that made the unique id has ended, or the id was used already)", CONNECT.as_secs()), e)),
+                Err(e) => {
+                    let what = format!(
+                        "no hub answered for {}s (the process that made the unique id has ended, or \
+                         a communicator was made with the id already)",
+                        CONNECT.as_secs()
+                    );
+                    return Err(system(&what, e));
+                }
             }
         };
         Frame::control(Kind::Hello, rank as u32, size as u64)
@@ -139,16 +142,12 @@ impl Comm {
             Ok(f) if f.kind == Kind::Ready => {}
             Ok(f) if f.kind == Kind::Refused => {
                 let why = String::from_utf8_lossy(&f.payload);
-                return Err(Failure::new(
-                    ncclResult_t::ncclInvalidUsage,
-                    format!("the communicator cannot form: {why}"),
-                ));
+                let message = format!("the communicator cannot form: {why}");
+                return Err(Failure { code: ncclResult_t::ncclInvalidUsage, message });
             }
             Ok(f) => {
-                return Err(Failure::new(
-                    ncclResult_t::ncclInternalError,
-                    format!("the hub answered {:?}", f.kind),
-                ))
+                let message = format!("the hub answered {:?}", f.kind);
+                return Err(Failure { code: ncclResult_t::ncclInternalError, message });
             }
             Err(e) => return Err(system("waiting for the other ranks", e)),
         }
@@ -246,7 +245,7 @@ impl Comm {
         self.wait(
             |inbox| inbox.data.remove(&(from as u32, channel, seq)),
             |inbox| {
-                let left = inbox.left.contains_key(&(from as u32)) || inbox.hub_gone;
+                let left = inbox.left.contains(&(from as u32)) || inbox.hub_gone;
                 left.then(|| format!("rank {me} waits for rank {from}, which has left the communicator"))
             },
         )
@@ -270,7 +269,7 @@ impl Comm {
 
     /// Makes every wait on this communicator return at once, and leaves it.
     pub fn abort(&self) {
-        self.shared.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.aborted.store(true, Ordering::SeqCst);
         self.fail(ncclResult_t::ncclInvalidUsage, "the communicator was aborted".into());
         self.leave();
     }
