@@ -5,6 +5,7 @@ use super::comm::Comm;
 use super::group;
 use super::hub;
 use super::id::Key;
+use super::lock;
 use super::ops::{Op, What};
 use super::reduce;
 use crate::{devices, memory, stream};
@@ -31,7 +32,7 @@ static LIVE: Mutex<BTreeMap<usize, Arc<Comm>>> = Mutex::new(BTreeMap::new());
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Arc<Comm>>> {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&LIVE)
 }
 
 fn into_handle(comm: Comm) -> ncclComm_t {

@@ -3,20 +3,17 @@
 //! and the failure that ends the communicator, which every later wait reports.
 
 use super::id::Key;
+use super::lock;
 use super::wire::{shut, Channel, Frame, Kind};
 use cudarc::nccl::sys::ncclResult_t;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a rank retries reaching the hub: the id's creator may still be starting it.
 const CONNECT: Duration = Duration::from_secs(60);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What ended a communicator: the code `ncclCommGetAsyncError` returns, and why.
 #[derive(Debug)]
@@ -244,9 +241,9 @@ impl Comm {
         let me = self.rank;
         self.wait(
             |inbox| inbox.data.remove(&(from as u32, channel, seq)),
-            |inbox| {
-                let left = inbox.left.contains(&(from as u32)) || inbox.hub_gone;
-                left.then(|| format!("rank {me} waits for rank {from}, which has left the communicator"))
+            |inbox| match inbox.left.contains(&(from as u32)) {
+                true => Some(format!("rank {me} waits for rank {from}, which has left the communicator")),
+                false => inbox.hub_gone.then(|| hub_gone(me)),
             },
         )
     }
@@ -256,7 +253,7 @@ impl Comm {
         let me = self.rank;
         let ack = self.wait(
             |inbox| inbox.acks.remove(&(to, channel, seq)),
-            |inbox| inbox.hub_gone.then(|| format!("rank {me}: the communicator's hub has gone")),
+            |inbox| inbox.hub_gone.then(|| hub_gone(me)),
         )?;
         match ack {
             true => Ok(()),
@@ -283,6 +280,10 @@ impl Comm {
         }
         shut(&self.control);
     }
+}
+
+fn hub_gone(rank: usize) -> String {
+    format!("rank {rank}: the communicator's hub has gone (the process that made its unique id has ended?)")
 }
 
 impl Drop for Comm {

@@ -8,18 +8,15 @@
 //! of them, so a receiver holds everything a departed rank sent before it learns it left.
 
 use super::id::Key;
+use super::lock;
 use super::wire::{shut, Channel, Frame, Kind, ALL};
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long a connection may take to say which rank it is.
 const GREETING: Duration = Duration::from_secs(60);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Listens for the ranks of the communicator `key` names, on a thread of its own.
 pub fn start(key: Key) -> io::Result<()> {

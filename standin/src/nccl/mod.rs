@@ -29,3 +29,9 @@ mod wire;
 
 #[cfg(test)]
 mod tests;
+
+/// A lock whose holder panicked is still good: every critical section here leaves its data
+/// consistent.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
