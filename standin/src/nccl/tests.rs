@@ -367,9 +367,25 @@ fn calls_with_bad_arguments_are_refused_at_once() {
     });
 }
 
-/// The second process's part of [`ranks_in_two_processes`]: rank 1, given the id in the
-/// environment.
-const CHILD_ID: &str = "CUDA_STANDIN_NCCL_TEST_ID";
+#[test]
+fn init_all_makes_one_rank_per_gpu_and_queries_answer() {
+    let mut comm = std::ptr::null_mut();
+    let (mut size, mut rank, mut device) = (0, -1, -1);
+    // SAFETY: one GPU (the default), so one handle; valid outputs.
+    unsafe {
+        assert_eq!(ncclCommInitAll(&mut comm, 1, std::ptr::null()), ncclSuccess);
+        assert_eq!(ncclCommCount(comm, &mut size), ncclSuccess);
+        assert_eq!(ncclCommUserRank(comm, &mut rank), ncclSuccess);
+        assert_eq!(ncclCommCuDevice(comm, &mut device), ncclSuccess);
+        assert_eq!(ncclCommInitAll(&mut comm, 1, [5].as_ptr()), ncclInvalidArgument, "there is no GPU 5");
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+    }
+    assert_eq!((size, rank, device), (1, 0, 0));
+}
+
+/// Set in a second process this test binary runs as a test's other rank: the unique id,
+/// in hex, or `make` where that process makes it (and prints it as `id=<hex>`).
+const OTHER_RANK: &str = "CUDA_STANDIN_NCCL_TEST_ID";
 
 fn hex(id: &ncclUniqueId) -> String {
     id.internal.iter().map(|&c| format!("{:02x}", c as u8)).collect()
@@ -381,6 +397,22 @@ fn from_hex(text: &str) -> ncclUniqueId {
         *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).expect("hex") as std::ffi::c_char;
     }
     id
+}
+
+/// Runs test `name` of this binary again, in a process of its own, as the other rank.
+fn other_rank(name: &str, id: &str) -> std::process::Child {
+    let name = name.split_once("::").expect("a crate prefix").1;
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(OTHER_RANK, id)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test binary runs again")
+}
+
+fn succeeded(child: std::process::Child) {
+    let status = child.wait_with_output().expect("the other rank ends").status;
+    assert!(status.success(), "the other rank failed: {status}");
 }
 
 /// Both processes' steps: an all-reduce, an exchange both ways, then rank 1 ends without
@@ -415,34 +447,45 @@ fn two_process_steps(r: &Rank) {
 
 #[test]
 fn ranks_in_two_processes() {
-    if let Ok(id) = std::env::var(CHILD_ID) {
+    if let Ok(id) = std::env::var(OTHER_RANK) {
         return two_process_steps(&Rank::join(from_hex(&id), 2, 1));
     }
     let id = unique_id();
-    let name = concat!(module_path!(), "::ranks_in_two_processes");
-    let name = name.split_once("::").expect("a crate prefix").1;
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ID, hex(&id))
-        .spawn()
-        .expect("the test binary runs again");
+    let child = other_rank(concat!(module_path!(), "::ranks_in_two_processes"), &hex(&id));
     two_process_steps(&Rank::join(id, 2, 0));
-    let status = child.wait_with_output().expect("the second rank ends").status;
-    assert!(status.success(), "the second rank failed: {status}");
+    succeeded(child);
 }
 
 #[test]
-fn init_all_makes_one_rank_per_gpu_and_queries_answer() {
-    let mut comm = std::ptr::null_mut();
-    let (mut size, mut rank, mut device) = (0, -1, -1);
-    // SAFETY: one GPU (the default), so one handle; valid outputs.
-    unsafe {
-        assert_eq!(ncclCommInitAll(&mut comm, 1, std::ptr::null()), ncclSuccess);
-        assert_eq!(ncclCommCount(comm, &mut size), ncclSuccess);
-        assert_eq!(ncclCommUserRank(comm, &mut rank), ncclSuccess);
-        assert_eq!(ncclCommCuDevice(comm, &mut device), ncclSuccess);
-        assert_eq!(ncclCommInitAll(&mut comm, 1, [5].as_ptr()), ncclInvalidArgument, "there is no GPU 5");
-        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+fn ranks_fail_when_the_process_holding_the_hub_ends() {
+    if std::env::var(OTHER_RANK).is_ok() {
+        // Rank 0, in the id's process: sends once, then ends without leaving.
+        let id = unique_id();
+        println!("id={}", hex(&id));
+        let r = Rank::join(id, 2, 0);
+        let value = Buffer::new(&[42i32]);
+        // SAFETY: live handles and one i32.
+        assert_eq!(unsafe { ncclSend(value.ptr(), 1, ncclInt32, 1, r.comm, r.s()) }, ncclSuccess);
+        r.sync();
+        std::process::exit(0);
     }
-    assert_eq!((size, rank, device), (1, 0, 0));
+    let mut child =
+        other_rank(concat!(module_path!(), "::ranks_fail_when_the_process_holding_the_hub_ends"), "make");
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let line = std::io::BufRead::lines(stdout)
+        .map(|l| l.expect("the other rank's output"))
+        // The test harness may have begun the line with the test's name.
+        .find_map(|l| l.split_once("id=").map(|(_, id)| id.to_string()))
+        .expect("the other rank prints the id");
+    let r = Rank::join(from_hex(&line), 2, 1);
+    let (first, second) = (Buffer::new(&[0i32]), Buffer::new(&[0i32]));
+    // SAFETY: live handles and one i32 each; rank 0 sends only the first.
+    unsafe {
+        assert_eq!(ncclRecv(first.ptr(), 1, ncclInt32, 0, r.comm, r.s()), ncclSuccess);
+        assert_eq!(ncclRecv(second.ptr(), 1, ncclInt32, 0, r.comm, r.s()), ncclSuccess);
+    }
+    r.sync();
+    assert_eq!((first.read(), second.read()), (vec![42], vec![0]), "what was sent before the end arrives");
+    assert_eq!(r.async_error(), ncclRemoteError);
+    succeeded(child);
 }
