@@ -19,6 +19,7 @@
 //! user-defined reduction operators, config structs, split, register and window APIs.
 
 pub mod api;
+pub mod calls;
 mod comm;
 mod group;
 mod hub;
