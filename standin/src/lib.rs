@@ -20,4 +20,5 @@ pub mod devices;
 pub mod driver;
 pub mod emulator;
 pub mod memory;
+pub mod nccl;
 pub mod stream;
