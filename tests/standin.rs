@@ -1,8 +1,8 @@
 //! `device: cuda` end to end on the CUDA stand-in (standin/): the real host path, cudarc,
 //! cuBLAS calls and NCCL collectives included, with the kernels under the SIMT emulator.
 //! Each run is a child process whose library path puts the stand-in first, under the
-//! names cudarc loads. The stand-in is built by `cargo test --workspace` (its own tests
-//! load it); NVRTC is the real library. Where NVRTC is missing each test skips, saying so.
+//! names cudarc loads. `cargo test --workspace` builds the stand-in beside the test
+//! binaries (for its own tests); NVRTC is the real library. Where NVRTC is missing each test skips, saying so.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -10,18 +10,19 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Where cargo put this test's build: the stand-in library is beside the binaries.
-fn build_dir() -> PathBuf {
+/// The stand-in library, where cargo builds it for the workspace's tests: beside this
+/// test's binary.
+fn standin_library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+    exe.parent().expect("target/<profile>/deps").join("libcuda_standin.so")
 }
 
 /// A directory of links to the stand-in under the names cudarc loads.
 fn standin_libs() -> PathBuf {
-    let lib = build_dir().join("libcuda_standin.so");
+    let lib = standin_library();
     assert!(
         lib.exists(),
-        "{} is not built: `cargo test --workspace` builds it, or `cargo build -p cuda-standin`",
+        "{} is not built: `cargo test --workspace` builds it (or `cargo test -p cuda-standin`)",
         lib.display()
     );
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-libs");
@@ -305,7 +306,7 @@ fn the_standin_exports_every_cuda_function_the_binary_calls() {
     let called = cuda_functions_the_binary_calls(&binary);
     assert!(called.iter().any(|n| n == "cuLaunchKernel"), "the scan found the kernel launch: {called:?}");
     assert!(called.iter().any(|n| n == "cublasSgemm_v2"), "the scan found cuBLAS: {called:?}");
-    let lib = std::ffi::CString::new(build_dir().join("libcuda_standin.so").display().to_string()).unwrap();
+    let lib = std::ffi::CString::new(standin_library().display().to_string()).unwrap();
     standin_libs(); // says how to build the library if it is missing
                     // SAFETY: loading the stand-in runs no initialiser that needs anything.
     let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

@@ -86,3 +86,27 @@ impl Recycle for Arena {
         }
     }
 }
+
+/// Frees a buffer on a stream other than the one that allocated it: the stream that used
+/// it last, so the free follows that use in stream order (see `CudaDevice::adopted`).
+pub(super) struct FreeOnStream(pub Arc<CudaStream>);
+
+impl FreeOnStream {
+    fn free<T>(&self, slice: CudaSlice<T>) {
+        let ptr = slice.leak();
+        // SAFETY: the buffer is no longer referenced; the free runs after this stream's
+        // work so far, which includes every use of it.
+        unsafe { cudarc::driver::result::free_async(ptr, self.0.cu_stream()) }
+            .unwrap_or_else(|e| panic!("cuda: cannot free a received buffer: {e:?}"));
+    }
+}
+
+impl Recycle for FreeOnStream {
+    fn recycle(&self, storage: Storage) {
+        match storage {
+            Storage::Cuda(slice) => self.free(slice),
+            Storage::CudaBf16(slice) => self.free(slice),
+            other => drop(other),
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! The ops themselves live in the files named after their kernel families; this file holds
 //! the buffers and the dispatch.
 
-use super::arena::Arena;
+use super::arena::{Arena, FreeOnStream};
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
@@ -37,6 +37,8 @@ pub struct CudaDevice {
     /// `readout.rs`): gradients never move, so after the first step it uploads nothing.
     pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
     clock: EventClock,
+    /// Opened as the sole device of its GPU in this process (see `adopt`).
+    sole: bool,
 }
 
 impl CudaDevice {
@@ -79,6 +81,7 @@ impl CudaDevice {
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
             norm_tables: Mutex::new(None),
+            sole: used == GpuUse::Sole,
         })
     }
 
@@ -127,8 +130,29 @@ impl CudaDevice {
         self.synchronize();
     }
 
+    /// Whether `slice` is on this GPU: in its primary context, whichever cudarc context
+    /// wrapper it was made through (an NCCL communicator's stream has its own).
     fn on_this_gpu<T>(&self, slice: &CudaSlice<T>) -> bool {
-        Arc::ptr_eq(slice.context(), &self.gpu.ctx)
+        slice.context().cu_ctx() == self.gpu.ctx.cu_ctx()
+    }
+
+    /// A tensor of storage on this GPU that another stream allocated. Devices that share
+    /// the GPU (stages in threads) hand buffers back and forth, so the arena keeps it. A
+    /// sole device's only other streams are its communicators': their receive buffers
+    /// would pile up in the arena, and freed on their own stream they would be freed
+    /// before this stream has used them; so this stream frees them, after its last use.
+    fn adopted(&self, shape: &[usize], storage: Storage, category: Category) -> Tensor {
+        let another_stream = match &storage {
+            Storage::Cuda(s) => !Arc::ptr_eq(s.stream(), &self.stream),
+            Storage::CudaBf16(s) => !Arc::ptr_eq(s.stream(), &self.stream),
+            _ => false,
+        };
+        if self.sole && another_stream {
+            let free = Arc::new(FreeOnStream(self.stream.clone()));
+            Tensor::recycled(shape, storage, category, self.ledger.clone(), free)
+        } else {
+            self.tensor(shape, storage, category)
+        }
     }
 
     /// A copy on this GPU of a tensor another GPU's stage detached.
@@ -388,9 +412,13 @@ impl Device for CudaDevice {
         // with event tracking off, or a slice made before a second stream, would lack).
         self.wait_for(&t.ready);
         let storage = match t.storage {
-            // Another stage's stream on this GPU: the same memory.
-            Storage::Cuda(slice) if self.on_this_gpu(&slice) => Storage::Cuda(slice),
-            Storage::CudaBf16(slice) if self.on_this_gpu(&slice) => Storage::CudaBf16(slice),
+            // Another stream on this GPU: the same memory.
+            Storage::Cuda(slice) if self.on_this_gpu(&slice) => {
+                return self.adopted(&t.shape, Storage::Cuda(slice), category)
+            }
+            Storage::CudaBf16(slice) if self.on_this_gpu(&slice) => {
+                return self.adopted(&t.shape, Storage::CudaBf16(slice), category)
+            }
             Storage::Cuda(slice) => Storage::Cuda(self.copy_from_another_gpu(slice, &t.shape)),
             Storage::CudaBf16(slice) => Storage::CudaBf16(self.copy_from_another_gpu(slice, &t.shape)),
             Storage::CudaMaster { .. } => panic!("cuda: a parameter {:?} was handed between stages", t.shape),

@@ -170,7 +170,10 @@ impl Transport for NcclTransport {
         let storage = storage.map_err(|e| nccl_error("alloc", e))?;
         let mut tensor = Tensor::new(&shape, storage, Category::Transfer, dev.ledger().clone());
         comm.recv(&mut bytes_mut(&mut tensor), from as i32).map_err(|e| nccl_error("recv", e))?;
-        device_after_comm(comm, dev)?;
+        // The device adopts the buffer: its stream waits for the receive, and frees the
+        // buffer after its own last use of it, which the communicator's stream cannot see.
+        let received = Fence::after(&comm.stream()).map_err(|e| nccl_error("event", e))?;
+        let tensor = dev.adopt(tensor.detach(received), Category::Transfer);
         Ok(Message { virtual_stage, microbatch, tensor })
     }
 
