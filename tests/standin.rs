@@ -224,7 +224,8 @@ fn run_mpi(np: usize, cfg: &Path, dir: &Path, name: &str, extra: &[&str]) -> Opt
 }
 
 /// Two ranks in two processes, each with its own stand-in GPU, activations and gradients
-/// crossing over NCCL: bitwise the two-stream run of one GPU.
+/// crossing over NCCL: bitwise the two-stream run of one GPU, under 1F1B and under ZB-V
+/// (whose V placement keeps both ends of the model, and the tied embedding, on rank 0).
 #[test]
 fn two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise() {
     if !nvrtc("two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise") {
@@ -232,10 +233,12 @@ fn two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise() {
     }
     let dir = temp_dir("standin-nccl-p2");
     let cfg = tiny(&dir);
-    let p2 = ["--device", "cuda", "--pipeline-model-parallel-size", "2"];
-    let Some(nccl) = run_mpi(2, &cfg, &dir, "nccl", &p2) else { return };
-    let threads = run(&cfg, &dir, "threads", &p2);
-    assert_eq!(losses(&nccl), losses(&threads));
+    for schedule in ["1f1b", "zb-v"] {
+        let p2 = ["--device", "cuda", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", schedule];
+        let Some(nccl) = run_mpi(2, &cfg, &dir, &format!("nccl-{schedule}"), &p2) else { return };
+        let threads = run(&cfg, &dir, &format!("threads-{schedule}"), &p2);
+        assert_eq!(losses(&nccl), losses(&threads), "{schedule}");
+    }
 }
 
 /// dp = 2 x p = 2: four processes, four stand-in GPUs, the gradients summed over NCCL.

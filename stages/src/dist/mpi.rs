@@ -83,7 +83,9 @@ impl MpiWorld {
         };
         let pipeline = split(Some(replica), stage).expect("every rank is in a pipeline");
         let data = split(Some(stage), replica).expect("every rank is in a data-parallel group");
-        let holds_tied = stage == 0 || stage == topology.pipeline - 1;
+        // The holders as the topology names them: under a V placement the last chunk is on
+        // stage 0 too, and the last stage holds no copy.
+        let holds_tied = topology.members(Group::TiedEmbedding, rank).contains(&rank);
         let tied = split(holds_tied.then_some(replica), stage);
         let transport =
             MpiTransport { comm: world.duplicate(), topology, replica, timeout, pending: Vec::new() };
