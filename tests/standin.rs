@@ -241,7 +241,8 @@ fn two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise() {
     }
 }
 
-/// dp = 2 x p = 2: four processes, four stand-in GPUs, the gradients summed over NCCL.
+/// dp = 2 x p = 2: four processes, four stand-in GPUs, the gradients summed over NCCL,
+/// in bitwise the threads run's losses and at the memory model's peaks.
 #[test]
 fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
     if !nvrtc("data_and_pipeline_parallel_over_nccl_match_threads_bitwise") {
@@ -253,6 +254,17 @@ fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
     let Some(nccl) = run_mpi(4, &cfg, &dir, "nccl", &dp2p2) else { return };
     let threads = run(&cfg, &dir, "threads", &dp2p2);
     assert_eq!(losses(&nccl), losses(&threads));
+    // The sum over NCCL holds no more than the memory model counts: each rank's peak is
+    // its prediction, as under threads.
+    for stage in report(&nccl)["stages"].as_array().unwrap() {
+        let (peak, predicted) =
+            (stage["peak_bytes"].as_f64().unwrap(), stage["predicted_peak_bytes"].as_f64().unwrap());
+        assert!(
+            (peak / predicted - 1.0).abs() < 1e-3,
+            "rank {}: peak {peak} vs predicted {predicted}",
+            stage["rank"]
+        );
+    }
 }
 
 /// The names of the symbols an ELF64 (little-endian) file defines, from its symbol table:

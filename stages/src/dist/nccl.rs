@@ -225,14 +225,21 @@ impl Collective for NcclCollective {
             }
         }
         device_after_comm(comm, dev)?;
-        // ((t0 + t1) + t2) + ... in member order, as every backend adds.
-        let part = |i: usize| copies[i].as_ref().unwrap_or(t);
-        let mut acc = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
-        dev.copy(&mut acc, part(0));
-        for i in 1..n {
-            dev.accumulate(&mut acc, part(i));
+        // ((t0 + t1) + t2) + ... in member order, as every backend adds, into member 0's
+        // copy (t itself on member 0): no accumulator beside the copies.
+        match copies[0].take() {
+            None => {
+                for copy in copies.iter().flatten() {
+                    dev.accumulate(t, copy);
+                }
+            }
+            Some(mut acc) => {
+                for i in 1..n {
+                    dev.accumulate(&mut acc, copies[i].as_ref().unwrap_or(t));
+                }
+                dev.copy(t, &acc);
+            }
         }
-        dev.copy(t, &acc);
         Ok(())
     }
 
