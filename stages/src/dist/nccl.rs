@@ -234,8 +234,8 @@ impl Collective for NcclCollective {
                 }
             }
             Some(mut acc) => {
-                for i in 1..n {
-                    dev.accumulate(&mut acc, copies[i].as_ref().unwrap_or(t));
+                for copy in &copies[1..] {
+                    dev.accumulate(&mut acc, copy.as_ref().unwrap_or(t));
                 }
                 dev.copy(t, &acc);
             }

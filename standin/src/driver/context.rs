@@ -29,6 +29,8 @@ fn device(ordinal: CUdevice) -> Result<usize, CUresult> {
     usize::try_from(ordinal).ok().filter(|&d| d < devices::count()).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     if version.is_null() {
@@ -39,6 +41,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     CUresult::CUDA_SUCCESS
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     status(initialised().map(|()| {
@@ -47,6 +51,8 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(out: *mut CUdevice, ordinal: c_int) -> CUresult {
     status(device(ordinal).map(|d| {
@@ -55,6 +61,8 @@ pub unsafe extern "C" fn cuDeviceGet(out: *mut CUdevice, ordinal: c_int) -> CUre
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
     status(device(dev).map(|_| {
@@ -68,6 +76,8 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     status(device(dev).map(|d| {
@@ -76,6 +86,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
     status(device(dev).map(|d| {
@@ -107,6 +119,8 @@ fn attribute(attrib: c_int) -> Option<c_int> {
     })
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
     if let Err(e) = device(dev) {
@@ -128,6 +142,8 @@ fn handle(ctx: &'static Context) -> CUcontext {
     ctx as *const Context as CUcontext
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     status(device(dev).map(|d| {
@@ -164,6 +180,8 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
     status(initialised().map(|()| {
@@ -173,6 +191,8 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     status(current().map(|c| {

@@ -21,6 +21,8 @@ fn describe(e: CUresult) -> (&'static CStr, &'static CStr) {
     }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
     // SAFETY: the caller passes a pointer to write; the string is static.
@@ -28,6 +30,8 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char
     CUresult::CUDA_SUCCESS
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
     // SAFETY: the caller passes a pointer to write; the string is static.

@@ -24,6 +24,8 @@ fn entries(ptx: &str) -> Vec<String> {
         .collect()
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(out: *mut CUmodule, image: *const c_void) -> CUresult {
     if let Err(e) = current() {
@@ -49,6 +51,8 @@ pub unsafe extern "C" fn cuModuleLoadData(out: *mut CUmodule, image: *const c_vo
 }
 
 /// A module from a PTX file, as cuModuleLoadData from its text.
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(out: *mut CUmodule, path: *const c_char) -> CUresult {
     if path.is_null() {
@@ -63,6 +67,8 @@ pub unsafe extern "C" fn cuModuleLoad(out: *mut CUmodule, path: *const c_char) -
     }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
     if module.is_null() {
@@ -74,6 +80,8 @@ pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
     CUresult::CUDA_SUCCESS
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetFunction(
     out: *mut CUfunction,
@@ -108,6 +116,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 }
 
 /// Function attributes: the one cudarc reads is the block size limit.
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut c_int, attrib: c_int, f: CUfunction) -> CUresult {
     if f.is_null() || value.is_null() {
@@ -141,6 +151,8 @@ fn seed(kernel: &Kernel, grid: [u32; 3], block: [u32; 3]) -> u64 {
     h
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)] // CUDA's signature
 pub unsafe extern "C" fn cuLaunchKernel(

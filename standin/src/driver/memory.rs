@@ -64,6 +64,8 @@ pub extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) -> CUresult
     CUresult::CUDA_SUCCESS
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     status(current().map(|ctx| {
@@ -76,6 +78,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(out: *mut *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
     match memory::allocate_pinned(bytes) {
@@ -88,6 +92,8 @@ pub unsafe extern "C" fn cuMemHostAlloc(out: *mut *mut c_void, bytes: usize, _fl
     }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(out: *mut *mut c_void, bytes: usize) -> CUresult {
     // SAFETY: as cuMemHostAlloc.
@@ -104,6 +110,8 @@ pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
 }
 
 /// Each GPU has one pool, its default; its handle is the GPU's ordinal + 1.
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     if dev < 0 || dev as usize >= crate::devices::count() {

@@ -5,6 +5,8 @@ use crate::stream::{from_handle, into_handle, release_handle, Event, NotReady, S
 use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
 use std::ffi::{c_float, c_int, c_uint, c_void};
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(out: *mut CUstream, _flags: c_uint) -> CUresult {
     status(current().map(|ctx| {
@@ -13,6 +15,8 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut CUstream, _flags: c_uint) -> C
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreateWithPriority(
     out: *mut CUstream,
@@ -23,6 +27,8 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     unsafe { cuStreamCreate(out, flags) }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
     if (stream as usize) <= 2 {
@@ -65,6 +71,8 @@ fn event<'a>(e: CUevent) -> Option<&'a Event> {
     (!e.is_null()).then(|| unsafe { &*(e as *const Event) })
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(out: *mut CUevent, _flags: c_uint) -> CUresult {
     status(current().map(|_| {
@@ -73,6 +81,8 @@ pub unsafe extern "C" fn cuEventCreate(out: *mut CUevent, _flags: c_uint) -> CUr
     }))
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
     if e.is_null() {
@@ -119,6 +129,8 @@ pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
 }
 
 /// Milliseconds between two events' marks, on the host's clock.
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut c_float, start: CUevent, end: CUevent) -> CUresult {
     let (Some(start), Some(end)) = (event(start), event(end)) else {
@@ -138,6 +150,8 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut c_float, start: CUevent,
     }
 }
 
+/// # Safety
+/// The CUDA driver API's contract for this call: each pointer valid for what it reads or writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut c_float, start: CUevent, end: CUevent) -> CUresult {
     // SAFETY: as the _v2 entry point, which has the same contract.
