@@ -9,7 +9,11 @@
 //!   `CUDA_STANDIN_MEMORY` gives it; device memory is host memory ([`memory`]).
 //! - Streams ([`stream`]) run asynchronously, each on its own host thread; events order them.
 //! - Kernels run under the SIMT emulator of kernels/tests/simt, compiled for the host with
-//!   every family of kernels/cuda when this crate is built ([`emulator`]).
+//!   every family of kernels/cuda when this crate is built ([`emulator`]); the driver's entry
+//!   points are in [`driver`].
+//! - [`cublas`]: the GEMMs, on the CPU, on the handle's stream.
+//! - [`nccl`]: communicators between threads or processes, through a hub in the process that
+//!   made the unique id.
 //!
 //! Errors a real driver would return are returned; misuse a real GPU would turn into a
 //! fault (a kernel reading past a buffer, a barrier not every thread reaches) ends the
