@@ -652,11 +652,6 @@ impl Config {
             .or_else(|| {
                 on(self.group_query_attention, "group_query_attention", "group_query_attention".into())
             })
-            .or_else(|| on(self.disable_bias_linear, "disable_bias_linear", "disable_bias_linear".into()))
-            .or_else(|| {
-                let untied = self.untie_embeddings_and_output_weights;
-                on(untied, "untie_embeddings_and_output_weights", "an untied output layer".into())
-            })
     }
 
     /// The model's architecture, as the family flags describe it.

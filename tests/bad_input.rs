@@ -153,8 +153,8 @@ fn the_llama_family_on_cuda_is_refused_in_training_only() {
         ("normalization: RMSNorm\n", "c.yaml: key `normalization`: RMSNorm has no CUDA kernels yet"),
         ("swiglu: true\n", "c.yaml: key `swiglu`: swiglu has no CUDA kernels yet"),
         (
-            "untie_embeddings_and_output_weights: true\n",
-            "c.yaml: key `untie_embeddings_and_output_weights`: an untied output layer has no CUDA kernels yet",
+            "group_query_attention: true\nnum_query_groups: 2\n",
+            "c.yaml: key `group_query_attention`: group_query_attention has no CUDA kernels yet",
         ),
     ];
     for (flag, needle) in cases {

@@ -123,6 +123,21 @@ fn bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run() {
     assert_within("fp32 vs bf16", &loss_values(&fp32), &loss_values(&a), 2e-2);
 }
 
+/// GPT-2 without linear biases and with an untied output layer (two of the Llama family's
+/// flags): the matmuls without their bias kernels, the head's own weight and its gradient.
+#[test]
+fn no_biases_and_an_untied_head_on_the_standin_are_the_cpu_within_1e_5() {
+    if !nvrtc("no_biases_and_an_untied_head_on_the_standin_are_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-untied");
+    let cfg = tiny(&dir);
+    let flags = ["--disable-bias-linear", "true", "--untie-embeddings-and-output-weights", "true"];
+    let cpu = run(&cfg, &dir, "cpu", &[&flags[..], &["--device", "cpu"]].concat());
+    let gpu = run(&cfg, &dir, "gpu", &[&flags[..], &["--device", "cuda"]].concat());
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
 /// Two stages in threads share one stand-in GPU, each on its own stream: activations and
 /// gradients cross between the streams, ordered only by the device's events.
 #[test]

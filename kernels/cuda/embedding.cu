@@ -4,7 +4,8 @@
 // storage type S, since T is the sequence length here.
 #include "common.cuh"
 
-// out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one thread per output element.
+// out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one thread per output element. A null wpe is
+// a model without a position table (rotary positions): out is the wte row itself.
 template <typename S>
 __device__ __forceinline__ void embedding_forward_body(S* out, const unsigned int* tokens, const float* wte,
                                                        const float* wpe, unsigned long long n_rows, int T,
@@ -14,7 +15,8 @@ __device__ __forceinline__ void embedding_forward_body(S* out, const unsigned in
     const unsigned long long row = i / C;
     const int c = (int)(i % C);
     const int t = (int)(row % T);
-    store(out + i, wte[(unsigned long long)tokens[row] * C + c] + wpe[(unsigned long long)t * C + c]);
+    const float token = wte[(unsigned long long)tokens[row] * C + c];
+    store(out + i, wpe ? token + wpe[(unsigned long long)t * C + c] : token);
 }
 
 extern "C" __global__ void embedding_forward(float* out, const unsigned int* tokens, const float* wte,

@@ -301,11 +301,8 @@ pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
-/// The CUDA kernels are GPT-2's: learned positions, multi-head attention, no Llama ops; the
-/// config refuses a Llama model on `device: cuda`, so reaching one of these is a bug.
-const LEARNED_POSITIONS: &str =
-    "cuda: the embedding kernels add learned positions (wpe); a RoPE model runs on the CPU";
-
+/// Ops of the Llama family without a CUDA kernel yet: the config refuses the models that
+/// need them on `device: cuda`, so reaching one of these is a bug.
 fn llama_only(op: &str) -> String {
     format!("cuda: {op} has no CUDA kernel; Llama models run on the CPU")
 }
@@ -500,7 +497,7 @@ impl Device for CudaDevice {
     }
 
     fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
-        self.embedding_forward_op(out, tokens, wte, wpe.expect(LEARNED_POSITIONS));
+        self.embedding_forward_op(out, tokens, wte, wpe);
     }
 
     fn embedding_backward(
@@ -510,7 +507,7 @@ impl Device for CudaDevice {
         dout: &Tensor,
         tokens: &[u32],
     ) {
-        self.embedding_backward_op(dwte, dwpe.expect(LEARNED_POSITIONS), dout, tokens);
+        self.embedding_backward_op(dwte, dwpe, dout, tokens);
     }
 
     fn layernorm_forward(

@@ -179,9 +179,10 @@ macro_rules! elem {
 }
 elem!(f32, f64, u32, u16, u8, i32, u64);
 
-/// A kernel argument: a buffer, or a value's bytes.
+/// A kernel argument: a buffer, a null pointer, or a value's bytes.
 pub enum Arg {
     Buf(Buf),
+    Null,
     Value(Vec<u8>),
 }
 
@@ -257,6 +258,7 @@ impl Run {
                     encoded.push(b'p');
                     encoded.extend_from_slice(&b.0.to_le_bytes());
                 }
+                Arg::Null => encoded.push(b'n'),
                 Arg::Value(bytes) => {
                     encoded.push(b's');
                     encoded.extend_from_slice(&(bytes.len() as u32).to_le_bytes());

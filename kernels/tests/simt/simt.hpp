@@ -409,7 +409,7 @@ inline Buffer allocate(size_t len) {
 }
 
 // The arguments of one launch, as the harness encodes them: 'p' and a buffer id for a
-// pointer, 's', a size and the bytes for a value.
+// pointer, 'n' for a null pointer, 's', a size and the bytes for a value.
 struct Args {
     std::vector<char> bytes;
     size_t at = 0;
@@ -422,6 +422,7 @@ struct Args {
         if (at >= bytes.size()) fail("too few arguments: the kernel's parameter %d is missing", index);
         const char kind = bytes[at++];
         if constexpr (std::is_pointer_v<P>) {
+            if (kind == 'n') return nullptr;
             if (kind != 'p') fail("parameter %d is a pointer, the harness passed a value", index);
             unsigned id;
             memcpy(&id, &bytes[at], 4);
