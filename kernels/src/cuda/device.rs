@@ -301,8 +301,9 @@ pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
-/// The CUDA kernels are GPT-2's: learned positions, multi-head attention, no Llama ops; the
-/// config refuses a Llama model on `device: cuda`, so reaching one of these is a bug.
+/// The CUDA kernels are GPT-2's and RMSNorm: learned positions, multi-head attention, none
+/// of Llama's other ops; the config refuses those on `device: cuda`, so reaching one of
+/// these is a bug.
 const LEARNED_POSITIONS: &str =
     "cuda: the embedding kernels add learned positions (wpe); a RoPE model runs on the CPU";
 
@@ -540,20 +541,20 @@ impl Device for CudaDevice {
         self.layernorm_backward_op(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     }
 
-    fn rmsnorm_forward(&self, _: &mut Tensor, _: &mut Tensor, _: &Tensor, _: &Tensor, _: f32) {
-        panic!("{}", llama_only("rmsnorm"))
+    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
+        self.rmsnorm_forward_op(out, rstd, inp, weight, eps);
     }
 
     fn rmsnorm_backward(
         &self,
-        _: &mut Tensor,
-        _: &mut Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
     ) {
-        panic!("{}", llama_only("rmsnorm"))
+        self.rmsnorm_backward_op(dinp, dweight, dout, inp, weight, rstd);
     }
 
     fn matmul_forward(
