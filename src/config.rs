@@ -640,14 +640,8 @@ impl Config {
     /// refuses it on `device: cuda` (the simulator models any).
     pub fn family_without_cuda_kernels(&self) -> Option<(&'static str, String)> {
         let on = |set: bool, key: &'static str, what: String| set.then_some((key, what));
-        on(self.normalization != Norm::LayerNorm, "normalization", self.normalization.to_string())
-            .or_else(|| {
-                on(self.norm_epsilon != 1e-5, "norm_epsilon", format!("norm_epsilon {}", self.norm_epsilon))
-            })
-            .or_else(|| {
-                let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
-                on(rope, "position_embedding_type", "rope".into())
-            })
+        let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
+        on(rope, "position_embedding_type", "rope".into())
             .or_else(|| on(self.swiglu, "swiglu", "swiglu".into()))
             .or_else(|| {
                 on(self.group_query_attention, "group_query_attention", "group_query_attention".into())

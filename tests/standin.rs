@@ -109,6 +109,22 @@ fn fp32_on_the_standin_is_the_cpu_within_1e_5() {
     assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
 }
 
+/// RMSNorm, at Llama 2's epsilon rather than LayerNorm's 1e-5, in a GPT-2 otherwise: the
+/// CUDA path of the one Llama flag that has its kernels, end to end.
+#[test]
+fn rmsnorm_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("rmsnorm_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-rmsnorm");
+    let text =
+        std::fs::read_to_string(tiny(&dir)).unwrap() + "normalization: RMSNorm\nnorm_epsilon: 1.0e-6\n";
+    let cfg = write_config(&dir, "rmsnorm.yaml", &text);
+    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
+    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
 #[test]
 fn bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run() {
     if !nvrtc("bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run") {

@@ -267,6 +267,40 @@ fn layernorm_matches() {
     }
 }
 
+/// RMSNorm at Llama 2's epsilon (1e-6, not LayerNorm's 1e-5: the kernel is given it), in
+/// f32, then with bf16 activations from the same values rounded to bf16: there rstd and the
+/// f32 weight gradient are the CPU's on those values to 1e-5, and out and dinp its values
+/// rounded once to bf16 (half a bf16 step: 2^-8 of the largest, and 1e-5 more).
+#[test]
+fn rmsnorm_matches() {
+    let Some(gpu) = gpu("rmsnorm_matches") else { return };
+    let mut rng = seeded("rmsnorm");
+    let (inp, w, dout, dw0) =
+        (rng.uniform(N * C, 2.0), rng.uniform(C, 1.0), rng.uniform(N * C, 1.0), rng.uniform(C, 1.0));
+    let run = |dev: &dyn Device, inp: &[f32], dout: &[f32]| {
+        let (inp, w) = (put(dev, inp, &[B, T, C]), param(dev, &w, &[C]));
+        let (mut out, mut rstd) = (act_zeros(dev, &[B, T, C]), dev.zeros(&[N], Category::Workspace));
+        dev.rmsnorm_forward(&mut out, &mut rstd, &inp, &w, 1e-6);
+        let mut dinp = put(dev, &vec![f32::NAN; N * C], &[B, T, C]); // overwritten
+        let (mut dw, dout) = (grad(dev, &dw0, &[C]), put(dev, dout, &[B, T, C]));
+        dev.rmsnorm_backward(&mut dinp, &mut dw, &dout, &inp, &w, &rstd);
+        [out, rstd, dinp, dw].map(|t| dev.to_host(&t))
+    };
+    let names = ["out", "rstd", "dinp", "dweight"];
+    let (want, got) = (run(&cpu(), &inp, &dout), run(&gpu, &inp, &dout));
+    for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+        assert_close(what, g, w, TOL);
+    }
+    let Some(gpu) = bf16_gpu("rmsnorm_matches") else { return };
+    let round = |x: &[f32]| x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect::<Vec<_>>();
+    let (inp, dout) = (round(&inp), round(&dout));
+    let (want, got) = (run(&cpu(), &inp, &dout), run(&gpu, &inp, &dout));
+    for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+        let rounded = matches!(*what, "out" | "dinp");
+        assert_close(&format!("bf16 {what}"), g, w, if rounded { 2f64.powi(-8) + TOL } else { TOL });
+    }
+}
+
 #[test]
 fn matmul_matches_in_both_layouts() {
     let Some(gpu) = gpu("matmul_matches_in_both_layouts") else { return };

@@ -537,20 +537,20 @@ impl Device for CudaDevice {
         self.layernorm_backward_op(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     }
 
-    fn rmsnorm_forward(&self, _: &mut Tensor, _: &mut Tensor, _: &Tensor, _: &Tensor, _: f32) {
-        panic!("{}", llama_only("rmsnorm"))
+    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
+        self.rmsnorm_forward_op(out, rstd, inp, weight, eps);
     }
 
     fn rmsnorm_backward(
         &self,
-        _: &mut Tensor,
-        _: &mut Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
     ) {
-        panic!("{}", llama_only("rmsnorm"))
+        self.rmsnorm_backward_op(dinp, dweight, dout, inp, weight, rstd);
     }
 
     fn matmul_forward(

@@ -1,4 +1,4 @@
-//! The ops that reduce along rows or columns: LayerNorm and bias gradients, on f32 or bf16
+//! The ops that reduce along rows or columns: LayerNorm, RMSNorm and bias gradients, on f32 or bf16
 //! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
@@ -97,6 +97,82 @@ impl CudaDevice {
         );
         self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
         self.add_partials(cu_mut(dbias), &partial_b, chunks, c);
+    }
+
+    pub(super) fn rmsnorm_forward_op(
+        &self,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
+        assert!(weight.len() == c, "rmsnorm: weight must have {c} channels");
+        let (n_i, c_i) = (int(n), int(c));
+        let name = by_dtype(same_dtype(&[out, inp]), ("rmsnorm_forward", "rmsnorm_forward_bf16"));
+        launch!(
+            self,
+            name,
+            per_row_warp(n),
+            buf_mut(out),
+            cu_mut(rstd),
+            buf(inp),
+            cu(weight),
+            &n_i,
+            &c_i,
+            &eps
+        );
+    }
+
+    pub(super) fn rmsnorm_backward_op(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
+        let (n_i, c_i) = (int(n), int(c));
+        let dtype = same_dtype(&[dinp, dout, inp]);
+        let name = by_dtype(dtype, ("rmsnorm_backward_input", "rmsnorm_backward_input_bf16"));
+        launch!(
+            self,
+            name,
+            per_row_warp(n),
+            buf_mut(dinp),
+            buf(dout),
+            buf(inp),
+            cu(weight),
+            cu(rstd),
+            &n_i,
+            &c_i
+        );
+        let (cfg, chunks) = per_column_chunk(n, c);
+        let mut partial_w = self.scratch::<f32>(chunks * c);
+        let rows_per_chunk = ROWS_PER_CHUNK as i32;
+        let names = ("rmsnorm_backward_weight_partial", "rmsnorm_backward_weight_partial_bf16");
+        launch!(
+            self,
+            by_dtype(dtype, names),
+            cfg,
+            &mut *partial_w,
+            buf(dout),
+            buf(inp),
+            cu(rstd),
+            &n_i,
+            &c_i,
+            &rows_per_chunk,
+        );
+        self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
     }
 
     /// out [C] += column sums of x [N, C].

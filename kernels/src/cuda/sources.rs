@@ -109,6 +109,18 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &["loss_mean"],
     },
     KernelSource {
+        name: "rmsnorm.cu",
+        source: include_str!("../../cuda/rmsnorm.cu"),
+        kernels: &[
+            "rmsnorm_forward",
+            "rmsnorm_forward_bf16",
+            "rmsnorm_backward_input",
+            "rmsnorm_backward_input_bf16",
+            "rmsnorm_backward_weight_partial",
+            "rmsnorm_backward_weight_partial_bf16",
+        ],
+    },
+    KernelSource {
         name: "sum_squares.cu",
         source: include_str!("../../cuda/sum_squares.cu"),
         kernels: &["sum_squares_chunks", "sum_squares_totals"],

@@ -19,6 +19,7 @@ mod harness;
 mod mma;
 mod philox;
 mod pointwise;
+mod rmsnorm;
 mod rowwise;
 
 use kernels::cuda::sources::SOURCES;
@@ -33,6 +34,7 @@ fn every_kernel_is_launched_by_a_test() {
         include_str!("fused_attention.rs"),
         include_str!("fused_attention_mma.rs"),
         include_str!("pointwise.rs"),
+        include_str!("rmsnorm.rs"),
         include_str!("rowwise.rs"),
     ]
     .concat()

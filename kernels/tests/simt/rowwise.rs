@@ -24,9 +24,9 @@ fn cpu() -> CpuDevice {
     CpuDevice::new(2)
 }
 
-/// out [C] += column sums of x [rows, C], as `add_column_sums` and LayerNorm's parameter
+/// out [C] += column sums of x [rows, C], as `add_column_sums` and the norms' parameter
 /// gradients launch `add_partials` over the partial sums.
-fn add_partials(run: &mut Run, out: Buf, partial: Buf, chunks: usize, cols: usize) {
+pub fn add_partials(run: &mut Run, out: Buf, partial: Buf, chunks: usize, cols: usize) {
     run.launch(
         "add_partials",
         per_item(cols),

@@ -1,0 +1,101 @@
+// RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm computes it in fp32:
+// rstd = 1 / sqrt(mean(x^2) + eps), out = weight * (x * rstd).
+// Laid out as layernorm.cu: one warp per row for the row-wise passes; the weight gradient is
+// a column sum reduced in two fixed stages (per chunk of rows here, then `add_partials` in
+// bias.cu) so the result does not depend on scheduling.
+//
+// Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
+// body, the input, output and their gradients bf16; the weight, rstd and partial sums fp32,
+// the arithmetic fp32.
+#include "common.cuh"
+
+// out = weight * (x * rstd); rstd saved per row for backward.
+template <typename T>
+__device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, const float* weight,
+                                                     int N, int C, float eps) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const T* x = inp + (unsigned long long)row * C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        const float v = to_float(x[c]);
+        sq += v * v;
+    }
+    const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
+    T* y = out + (unsigned long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) store(y + c, weight[c] * (to_float(x[c]) * s));
+    if (lane == 0) rstd[row] = s;
+}
+
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                                           int C, float eps) {
+    rmsnorm_forward_body(out, rstd, inp, weight, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_forward_bf16(bf16* out, float* rstd, const bf16* inp, const float* weight,
+                                                int N, int C, float eps) {
+    rmsnorm_forward_body(out, rstd, inp, weight, N, C, eps);
+}
+
+// dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
+// dnorm = dout * weight: rstd's dependence on x gives the second term.
+template <typename T>
+__device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dout, const T* inp,
+                                                            const float* weight, const float* rstd, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const unsigned long long base = (unsigned long long)row * C;
+    const float s = rstd[row];
+    float sum_dnorm_norm = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        sum_dnorm_norm += to_float(dout[base + c]) * weight[c] * (to_float(inp[base + c]) * s);
+    }
+    const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        const float norm = to_float(inp[base + c]) * s;
+        store(dinp + base + c, (to_float(dout[base + c]) * weight[c] - norm * mean_dnorm_norm) * s);
+    }
+}
+
+extern "C" __global__ void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp,
+                                                  const float* weight, const float* rstd, int N, int C) {
+    rmsnorm_backward_input_body(dinp, dout, inp, weight, rstd, N, C);
+}
+
+extern "C" __global__ void rmsnorm_backward_input_bf16(bf16* dinp, const bf16* dout, const bf16* inp,
+                                                       const float* weight, const float* rstd, int N, int C) {
+    rmsnorm_backward_input_body(dinp, dout, inp, weight, rstd, N, C);
+}
+
+// Stage one of dweight += sum_rows(dout * norm): block y sums rows
+// [y * rows_per_chunk, (y + 1) * rows_per_chunk) of one column per thread, in row order,
+// into partial_w [chunks, C].
+template <typename T>
+__device__ __forceinline__ void rmsnorm_backward_weight_partial_body(float* partial_w, const T* dout,
+                                                                     const T* inp, const float* rstd, int N,
+                                                                     int C, int rows_per_chunk) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int chunk = blockIdx.y;
+    const int begin = chunk * rows_per_chunk;
+    const int end = min(N, begin + rows_per_chunk);
+    float w = 0.0f;
+    for (int row = begin; row < end; ++row) {
+        const unsigned long long i = (unsigned long long)row * C + c;
+        w += to_float(dout[i]) * (to_float(inp[i]) * rstd[row]);
+    }
+    partial_w[(unsigned long long)chunk * C + c] = w;
+}
+
+extern "C" __global__ void rmsnorm_backward_weight_partial(float* partial_w, const float* dout, const float* inp,
+                                                           const float* rstd, int N, int C, int rows_per_chunk) {
+    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, N, C, rows_per_chunk);
+}
+
+extern "C" __global__ void rmsnorm_backward_weight_partial_bf16(float* partial_w, const bf16* dout,
+                                                                const bf16* inp, const float* rstd, int N, int C,
+                                                                int rows_per_chunk) {
+    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, N, C, rows_per_chunk);
+}
