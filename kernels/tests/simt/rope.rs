@@ -58,12 +58,21 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
         for case in &cases {
-            let (x, dx) = (storage.round(rng.uniform(case.len(), 2.0)), storage.round(rng.uniform(case.len(), 1.0)));
+            let (x, dx) =
+                (storage.round(rng.uniform(case.len(), 2.0)), storage.round(rng.uniform(case.len(), 1.0)));
             let mut run = Run::new(case.len() as u64);
             let (qkv, dqkv) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dx));
             let rows = case.b * case.t;
             let cfg = || per_item(rows * case.hs / 2);
-            let dims = || [(rows as u64).into(), (case.t as i32).into(), (case.nh as i32).into(), (case.kv as i32).into(), (case.hs as i32).into()];
+            let dims = || {
+                [
+                    (rows as u64).into(),
+                    (case.t as i32).into(),
+                    (case.nh as i32).into(),
+                    (case.kv as i32).into(),
+                    (case.hs as i32).into(),
+                ]
+            };
             let mut forward: Vec<_> = vec![qkv.into()];
             forward.extend(dims());
             forward.extend([(case.first as u64).into(), case.base.into()]);
@@ -76,7 +85,8 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             run.read(dqkv);
             let got = family.run(run).unwrap();
             let (want, dwant) = cpu_rope(case, &x, &dx);
-            let what = |part: &str| format!("{part} in {storage}, {} heads on {} of {}", case.nh, case.kv, case.hs);
+            let what =
+                |part: &str| format!("{part} in {storage}, {} heads on {} of {}", case.nh, case.kv, case.hs);
             storage.check(&what("rope"), &storage.read(&got, qkv), &want, Tolerance::Exact).unwrap();
             storage.check(&what("drope"), &storage.read(&got, dqkv), &dwant, Tolerance::Exact).unwrap();
         }
