@@ -645,11 +645,6 @@ impl Config {
                 on(self.norm_epsilon != 1e-5, "norm_epsilon", format!("norm_epsilon {}", self.norm_epsilon))
             })
             .or_else(|| {
-                let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
-                on(rope, "position_embedding_type", "rope".into())
-            })
-            .or_else(|| on(self.swiglu, "swiglu", "swiglu".into()))
-            .or_else(|| {
                 on(self.group_query_attention, "group_query_attention", "group_query_attention".into())
             })
             .or_else(|| on(self.disable_bias_linear, "disable_bias_linear", "disable_bias_linear".into()))
