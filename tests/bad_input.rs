@@ -143,7 +143,7 @@ fn bf16_on_cuda_needs_a_head_size_the_tensor_cores_take() {
     assert!(!dir.join("run").exists(), "a failed config created the run dir");
 }
 
-/// The CUDA backend lacks some of the Llama family's kernels yet: training one there is a config
+/// The CUDA backend has only some of the Llama family's kernels: training one there is a config
 /// error naming the first flag it lacks, said before any GPU is opened. `simulate` models
 /// any family on a GPU.
 #[test]
