@@ -639,13 +639,8 @@ impl Config {
     /// The first family flag whose kernels the CUDA backend lacks, as (key, what): training
     /// refuses it on `device: cuda` (the simulator models any).
     pub fn family_without_cuda_kernels(&self) -> Option<(&'static str, String)> {
-        let on = |set: bool, key: &'static str, what: String| set.then_some((key, what));
-        let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
-        on(rope, "position_embedding_type", "rope".into())
-            .or_else(|| on(self.swiglu, "swiglu", "swiglu".into()))
-            .or_else(|| {
-                on(self.group_query_attention, "group_query_attention", "group_query_attention".into())
-            })
+        let gqa = self.group_query_attention;
+        gqa.then_some(("group_query_attention", "group_query_attention".into()))
     }
 
     /// The model's architecture, as the family flags describe it.

@@ -1,8 +1,8 @@
 //! `device: cuda` end to end on the CUDA stand-in (standin/): the real host path, cudarc,
 //! cuBLAS calls and NCCL collectives included, with the kernels under the SIMT emulator.
 //! Each run is a child process whose library path puts the stand-in first, under the
-//! names cudarc loads. `cargo test --workspace` builds the stand-in beside the test
-//! binaries (for its own tests); NVRTC is the real library. Where NVRTC is missing each test skips, saying so.
+//! names cudarc loads. The stand-in is a dev-dependency, so cargo builds its library beside
+//! the test binaries; NVRTC is the real library. Where NVRTC is missing each test skips, saying so.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -20,11 +20,7 @@ fn standin_library() -> PathBuf {
 /// A directory of links to the stand-in under the names cudarc loads.
 fn standin_libs() -> PathBuf {
     let lib = standin_library();
-    assert!(
-        lib.exists(),
-        "{} is not built: `cargo test --workspace` builds it (or `cargo test -p cuda-standin`)",
-        lib.display()
-    );
+    assert!(lib.exists(), "{} is not built: cargo builds it for this test (a dev-dependency)", lib.display());
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-libs");
     std::fs::create_dir_all(&dir).unwrap();
     for name in ["libcuda.so", "libcublas.so", "libcublasLt.so", "libnccl.so"] {
@@ -151,6 +147,28 @@ fn no_biases_and_an_untied_head_on_the_standin_are_the_cpu_within_1e_5() {
     let flags = ["--disable-bias-linear", "true", "--untie-embeddings-and-output-weights", "true"];
     let cpu = run(&cfg, &dir, "cpu", &[&flags[..], &["--device", "cpu"]].concat());
     let gpu = run(&cfg, &dir, "gpu", &[&flags[..], &["--device", "cuda"]].concat());
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
+/// The Llama family's architecture but for grouped-query attention (RMSNorm, rotary
+/// positions, SwiGLU, no biases, an untied output layer): configs/llama-tiny.yaml with one
+/// key/value head per query head, on the stand-in as on the CPU.
+#[test]
+fn a_llama_without_grouped_query_attention_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("a_llama_without_grouped_query_attention_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-llama");
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-tiny.yaml"))
+        .unwrap();
+    let text = text
+        .replace("group_query_attention: true\nnum_query_groups: 2\n", "")
+        .replace("micro_batch_size: 16", "micro_batch_size: 2")
+        .replace("global_batch_size: 16", "global_batch_size: 4");
+    assert!(!text.contains("group_query_attention") && text.contains("swiglu: true"));
+    let cfg = write_config(&dir, "llama.yaml", &text);
+    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
+    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
     assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
 }
 

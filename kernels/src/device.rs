@@ -1,6 +1,6 @@
 //! The device abstraction: every op of a GPT-2 or Llama training step, as one trait that the
 //! CPU backend implements now and the CUDA backend (feature `cuda`) implements beside it (the
-//! GPT-2 ops and RMSNorm: its fused attention is multi-head, and it has no RoPE or SwiGLU).
+//! GPT-2 ops, RMSNorm, RoPE and SwiGLU: its fused attention is multi-head).
 //!
 //! Conventions, shared by every backend:
 //! - All tensors are row-major. Parameters, their gradients, optimizer moments, LayerNorm

@@ -527,6 +527,47 @@ fn gelu_matches() {
     assert_close("dgelu", &got[1], &want[1], TOL);
 }
 
+/// RoPE on 4 query heads sharing 2 key/value heads, the forward at a later position (a
+/// decoder's) and the backward from 0. The emulator's powf, cos and sin are the host's, so
+/// on the stand-in this is the CPU's bits; a GPU's may differ by an ulp, hence the
+/// tolerance.
+#[test]
+fn rope_matches() {
+    let Some(gpu) = gpu("rope_matches") else { return };
+    let mut rng = seeded("rope");
+    let (kv, hs) = (2, C / NH);
+    let shape = [B, T, (NH + 2 * kv) * hs];
+    let (x, dx) = (rng.uniform(shape.iter().product(), 2.0), rng.uniform(shape.iter().product(), 1.0));
+    let run = |dev: &dyn Device| {
+        let (mut qkv, mut dqkv) = (put(dev, &x, &shape), put(dev, &dx, &shape));
+        dev.rope_forward(&mut qkv, NH, kv, 500_000.0, 1000);
+        dev.rope_backward(&mut dqkv, NH, kv, 500_000.0);
+        [qkv, dqkv].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert_close("rope", &got[0], &want[0], TOL);
+    assert_close("drope", &got[1], &want[1], TOL);
+}
+
+#[test]
+fn swiglu_matches() {
+    let Some(gpu) = gpu("swiglu_matches") else { return };
+    let mut rng = seeded("swiglu");
+    let f = 37;
+    let (inp, dout) = (rng.uniform(N * 2 * f, 6.0), rng.uniform(N * f, 1.0));
+    let run = |dev: &dyn Device| {
+        let inp = put(dev, &inp, &[N, 2 * f]);
+        let mut out = act_zeros(dev, &[N, f]);
+        dev.swiglu_forward(&mut out, &inp);
+        let mut dinp = act_zeros(dev, &[N, 2 * f]);
+        dev.swiglu_backward(&mut dinp, &inp, &put(dev, &dout, &[N, f]));
+        [out, dinp].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert_close("swiglu", &got[0], &want[0], TOL);
+    assert_close("dswiglu", &got[1], &want[1], TOL);
+}
+
 #[test]
 fn dropout_draws_the_cpus_mask_bit_for_bit() {
     let Some(gpu) = gpu("dropout_draws_the_cpus_mask_bit_for_bit") else { return };

@@ -301,12 +301,6 @@ pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
-/// Ops of the Llama family without a CUDA kernel yet: the config refuses the models that
-/// need them on `device: cuda`, so reaching one of these is a bug.
-fn llama_only(op: &str) -> String {
-    format!("cuda: {op} has no CUDA kernel; Llama models run on the CPU")
-}
-
 fn assert_multi_head(n_head: usize, n_kv_head: usize) {
     assert_eq!(
         n_head, n_kv_head,
@@ -623,12 +617,19 @@ impl Device for CudaDevice {
         }
     }
 
-    fn rope_forward(&self, _: &mut Tensor, _: usize, _: usize, _: f32, _: usize) {
-        panic!("{}", llama_only("rope"))
+    fn rope_forward(
+        &self,
+        qkv: &mut Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+        base: f32,
+        first_position: usize,
+    ) {
+        self.rope_forward_op(qkv, n_head, n_kv_head, base, first_position);
     }
 
-    fn rope_backward(&self, _: &mut Tensor, _: usize, _: usize, _: f32) {
-        panic!("{}", llama_only("rope"))
+    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
+        self.rope_backward_op(dqkv, n_head, n_kv_head, base);
     }
 
     fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
@@ -642,12 +643,17 @@ impl Device for CudaDevice {
         self.gelu_backward_op(dinp, inp, dout);
     }
 
-    fn swiglu_forward(&self, _: &mut Tensor, _: &Tensor) {
-        panic!("{}", llama_only("swiglu"))
+    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        let (n, f) = rows_cols(out);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for out {out:?} (inp is [N,2F])");
+        self.swiglu_forward_op(out, inp, f);
     }
 
-    fn swiglu_backward(&self, _: &mut Tensor, _: &Tensor, _: &Tensor) {
-        panic!("{}", llama_only("swiglu"))
+    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        let (n, f) = rows_cols(dout);
+        assert_same_len(dinp, inp);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
+        self.swiglu_backward_op(dinp, inp, dout, f);
     }
 
     fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {

@@ -38,6 +38,7 @@ mod gpu;
 pub mod launch;
 mod pointwise;
 mod readout;
+mod rope;
 mod rowwise;
 mod scratch;
 pub mod sources;

@@ -1,4 +1,4 @@
-//! The elementwise ops: residual add and accumulation, GELU, dropout and AdamW, each on
+//! The elementwise ops: residual add and accumulation, GELU, SwiGLU, dropout and AdamW, each on
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
 use super::device::{buf, buf_mut, by_dtype, cu, cu_mut, same_dtype, CudaDevice};
@@ -62,6 +62,20 @@ impl CudaDevice {
         let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
         let name = by_dtype(dtype, ("gelu_backward", "gelu_backward_bf16"));
         launch!(self, name, per_item(dinp.len()), buf_mut(dinp), buf(inp), buf(dout), &n);
+    }
+
+    /// out [N,F] = silu(inp[:, :F]) * inp[:, F:], one thread per output.
+    pub(super) fn swiglu_forward_op(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
+        let (n, cols, dtype) = (out.len() as u64, f as u64, same_dtype(&[out, inp]));
+        let name = by_dtype(dtype, ("swiglu_forward", "swiglu_forward_bf16"));
+        launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n, &cols);
+    }
+
+    /// dinp [N,2F] (overwrite) from inp [N,2F] and dout [N,F], one thread per element of dout.
+    pub(super) fn swiglu_backward_op(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
+        let (n, cols, dtype) = (dout.len() as u64, f as u64, same_dtype(&[dinp, inp, dout]));
+        let name = by_dtype(dtype, ("swiglu_backward", "swiglu_backward_bf16"));
+        launch!(self, name, per_item(dout.len()), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
     }
 
     /// out = inp * mask (forward on activations, backward on gradients alike), one thread

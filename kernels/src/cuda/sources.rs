@@ -121,8 +121,18 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "rope.cu",
+        source: include_str!("../../cuda/rope.cu"),
+        kernels: &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"],
+    },
+    KernelSource {
         name: "sum_squares.cu",
         source: include_str!("../../cuda/sum_squares.cu"),
         kernels: &["sum_squares_chunks", "sum_squares_totals"],
+    },
+    KernelSource {
+        name: "swiglu.cu",
+        source: include_str!("../../cuda/swiglu.cu"),
+        kernels: &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"],
     },
 ];

@@ -1,7 +1,8 @@
 //! The SIMT emulation harness: every kernel of kernels/cuda/ compiled for the host with
 //! the emulator of simt.hpp (a fiber per CUDA thread, blocks as launched, real barriers and
 //! warp exchanges, shuffled orders from a fixed seed), launched as the CUDA backend launches
-//! it at GPT-2 124M's training sizes (B = 4, T = 1024, C = 768, V = 50257) and odd ones,
+//! it at GPT-2 124M's training sizes (B = 4, T = 1024, C = 768, V = 50257), the Llama ops
+//! at Llama-3-8B's per-layer sizes, and odd ones,
 //! and compared with the CPU backend's op. Where a full-size run would be too slow for CI,
 //! the test says which part of the real dimensions it keeps. Each test skips, saying why,
 //! where there is no C++ compiler.
@@ -20,7 +21,9 @@ mod mma;
 mod philox;
 mod pointwise;
 mod rmsnorm;
+mod rope;
 mod rowwise;
+mod swiglu;
 
 use kernels::cuda::sources::SOURCES;
 
@@ -35,7 +38,9 @@ fn every_kernel_is_launched_by_a_test() {
         include_str!("fused_attention_mma.rs"),
         include_str!("pointwise.rs"),
         include_str!("rmsnorm.rs"),
+        include_str!("rope.rs"),
         include_str!("rowwise.rs"),
+        include_str!("swiglu.rs"),
     ]
     .concat()
     .split_whitespace()
