@@ -93,6 +93,13 @@ fn assert_within(what: &str, a: &[f64], b: &[f64], rtol: f64) {
     }
 }
 
+/// `cfg` with `extra` flags trains on the stand-in's fp32 path within 1e-5 of the CPU.
+fn assert_cuda_is_the_cpu(cfg: &Path, dir: &Path, extra: &[&str]) {
+    let cpu = run(cfg, dir, "cpu", &[extra, &["--device", "cpu"]].concat());
+    let gpu = run(cfg, dir, "gpu", &[extra, &["--device", "cuda"]].concat());
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
 #[test]
 fn fp32_on_the_standin_is_the_cpu_within_1e_5() {
     if !nvrtc("fp32_on_the_standin_is_the_cpu_within_1e_5") {
@@ -100,13 +107,11 @@ fn fp32_on_the_standin_is_the_cpu_within_1e_5() {
     }
     let dir = temp_dir("standin-fp32");
     let cfg = tiny(&dir);
-    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
-    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
-    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+    assert_cuda_is_the_cpu(&cfg, &dir, &[]);
 }
 
 /// RMSNorm, at Llama 2's epsilon rather than LayerNorm's 1e-5, in a GPT-2 otherwise: the
-/// CUDA path of the one Llama flag that has its kernels, end to end.
+/// epsilon reaches the CUDA kernels.
 #[test]
 fn rmsnorm_on_the_standin_is_the_cpu_within_1e_5() {
     if !nvrtc("rmsnorm_on_the_standin_is_the_cpu_within_1e_5") {
@@ -116,9 +121,7 @@ fn rmsnorm_on_the_standin_is_the_cpu_within_1e_5() {
     let text =
         std::fs::read_to_string(tiny(&dir)).unwrap() + "normalization: RMSNorm\nnorm_epsilon: 1.0e-6\n";
     let cfg = write_config(&dir, "rmsnorm.yaml", &text);
-    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
-    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
-    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+    assert_cuda_is_the_cpu(&cfg, &dir, &[]);
 }
 
 #[test]
@@ -145,9 +148,7 @@ fn no_biases_and_an_untied_head_on_the_standin_are_the_cpu_within_1e_5() {
     let dir = temp_dir("standin-untied");
     let cfg = tiny(&dir);
     let flags = ["--disable-bias-linear", "true", "--untie-embeddings-and-output-weights", "true"];
-    let cpu = run(&cfg, &dir, "cpu", &[&flags[..], &["--device", "cpu"]].concat());
-    let gpu = run(&cfg, &dir, "gpu", &[&flags[..], &["--device", "cuda"]].concat());
-    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+    assert_cuda_is_the_cpu(&cfg, &dir, &flags);
 }
 
 /// The Llama family's architecture but for grouped-query attention (RMSNorm, rotary
@@ -167,9 +168,7 @@ fn a_llama_without_grouped_query_attention_on_the_standin_is_the_cpu_within_1e_5
         .replace("global_batch_size: 16", "global_batch_size: 4");
     assert!(!text.contains("group_query_attention") && text.contains("swiglu: true"));
     let cfg = write_config(&dir, "llama.yaml", &text);
-    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
-    let gpu = run(&cfg, &dir, "gpu", &["--device", "cuda"]);
-    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+    assert_cuda_is_the_cpu(&cfg, &dir, &[]);
 }
 
 /// Two stages in threads share one stand-in GPU, each on its own stream: activations and
