@@ -5,18 +5,34 @@
 #include "common.cuh"
 #include "philox.cuh"
 
-// The block's head (blockIdx.y = b * NH + h): offsets of its columns, and bh.
+// Query head h of sequence b, and the key/value head g = h / (NH / KV) it shares (Hugging
+// Face's repeat_kv, read in place: KV == NH is multi-head attention). qkv [B, T, (NH + 2 KV)
+// hs] holds each token's NH query heads, then its KV key heads, then its KV value heads.
 struct Head {
-    unsigned long long qkv;  // offset of the head's q in qkv (row stride 3C)
-    unsigned long long io;   // offset of the head's columns in out / dout (row stride C)
-    unsigned long long bh;   // b * NH + h
+    unsigned long long q;       // offset of the head's q in qkv
+    unsigned long long k, v;    // offsets of its group's k and v in qkv
+    unsigned long long stride;  // qkv's row stride, (NH + 2 KV) hs
+    unsigned long long io;      // offset of the head's columns in out / dout (row stride NH hs)
+    unsigned long long bh;      // b * NH + h: the head's rows of lse and delta, its dropout key
 };
 
-__device__ __forceinline__ Head head_of(int T, int NH, int hs) {
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const unsigned long long C = (unsigned long long)NH * hs;
-    return Head{(unsigned long long)b * T * 3 * C + (unsigned long long)h * hs, (unsigned long long)b * T * C + h * hs,
-                (unsigned long long)bh};
+__device__ __forceinline__ Head query_head(int b, int h, int T, int NH, int KV, int hs) {
+    const unsigned long long stride = (unsigned long long)(NH + 2 * KV) * hs, row0 = (unsigned long long)b * T;
+    const unsigned long long g = h / (NH / KV), kv = row0 * stride + (unsigned long long)NH * hs + g * hs;
+    return Head{row0 * stride + (unsigned long long)h * hs, kv, kv + (unsigned long long)KV * hs, stride,
+                row0 * NH * hs + (unsigned long long)h * hs, (unsigned long long)b * NH + h};
+}
+
+// The head of a block of a query-side kernel: blockIdx.y = b * NH + h.
+__device__ __forceinline__ Head head_of(int T, int NH, int KV, int hs) {
+    return query_head(blockIdx.y / NH, blockIdx.y % NH, T, NH, KV, hs);
+}
+
+// The query heads of a block of a key-side kernel, blockIdx.y = b * KV + g: head r of its
+// group, r < NH / KV, in ascending order as the key and value gradients sum them.
+__device__ __forceinline__ Head group_head(int r, int T, int NH, int KV, int hs) {
+    const int b = blockIdx.y / KV, g = blockIdx.y % KV;
+    return query_head(b, g * (NH / KV) + r, T, NH, KV, hs);
 }
 
 // The multiplier of element (i, j) of head bh's probabilities under dropout: 1 / (1 - p)

@@ -4,13 +4,17 @@
 // probabilities is drawn from Philox inside the kernel at the CPU's element index
 // (bh * T + i) * T + j, so forward and backward see the CPU's mask bit for bit.
 //
-// qkv [B, T, 3C] holds q, k, v side by side (head h at columns h * hs of each); out and
-// dout are [B, T, C]. Forward keeps per query row only lse = max + log(sum) [B*NH*T], from
-// which backward recomputes P. Backward adds no atomics: one kernel owns each query tile
-// (dq) and one each key tile (dk, dv), so every sum has a fixed order.
+// qkv [B, T, (NH + 2 KV) hs] holds each token's NH query heads, then KV key and KV value
+// heads; query head h reads key/value head h / (NH / KV) in place (attention_head.cuh), so
+// grouped-query attention copies nothing. out and dout are [B, T, NH hs]. Forward keeps per
+// query row only lse = max + log(sum) [B*NH*T], from which backward recomputes P. Backward
+// adds no atomics: one kernel owns each query tile (dq) and one each key tile of a
+// key/value head (dk, dv, summed over the group's query heads in ascending order), so every
+// sum has a fixed order.
 //
-// Launch: grid (T / TILE rounded up, B * NH), blocks of SIDE * SIDE = 256 threads; head
-// sizes up to HS_MAX.
+// Launch: grid (T / TILE rounded up, B * NH) for the forward and the query side, (T / TILE
+// rounded up, B * KV) for the key side; blocks of SIDE * SIDE = 256 threads; head sizes up
+// to HS_MAX.
 //
 // Why the tiling is shaped so: every product here is a small matrix product out of shared
 // memory, and fp32 FMAs on CUDA cores outrun shared loads unless each loaded value is used
@@ -78,17 +82,17 @@ __device__ __forceinline__ void load_tile(float* tile, Layout layout, const floa
 // the running maximum m, its own part of the sum l (over its key columns; the 16 lanes of
 // the row add theirs at the end) and dimensions tx + 16c of the output o.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
-    fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int hs, DropoutMask mask,
+    fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int KV, int hs, DropoutMask mask,
                             int dropout) {
     __shared__ float q[HS_MAX * TILE];   // [hs][TILE]: the query tile, transposed
     __shared__ float kp[HS_MAX * TILE];  // [hs][TILE]: the key tile, transposed; then P [TILE][TILE]
     __shared__ float v[TILE * HS_MAX];   // [TILE][hs]: the value tile
-    const Head hd = head_of(T, NH, hs);
+    const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int i0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
+    load_tile(q, TRANSPOSED, qkv + hd.q, hd.stride, i0, TILE, T, hs);
 
     float m[MICRO], l[MICRO], o[MICRO][MICRO];
     for (int a = 0; a < MICRO; ++a) {
@@ -100,8 +104,8 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     // in each, so its maximum is finite from the first.
     for (int j0 = 0; j0 <= i0; j0 += TILE) {
         __syncthreads();  // every thread is done with the previous tile's P and V
-        load_tile(kp, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
-        load_tile(v, ROWS, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
+        load_tile(kp, TRANSPOSED, qkv + hd.k, hd.stride, j0, TILE, T, hs);
+        load_tile(v, ROWS, qkv + hd.v, hd.stride, j0, TILE, T, hs);
         __syncthreads();  // the tiles (and the query tile) are loaded
 
         float s[MICRO][MICRO] = {};  // [row a][key b]
@@ -173,17 +177,17 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
 // takes query rows i0 + ty + 16a: keys tx + 16b of each key tile, dimensions tx + 16c of dq.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     fused_attention_backward_query(float* dqkv, float* delta, const float* qkv, const float* out, const float* dout,
-                                   const float* lse, int T, int NH, int hs, DropoutMask mask, int dropout) {
+                                   const float* lse, int T, int NH, int KV, int hs, DropoutMask mask, int dropout) {
     __shared__ float q[HS_MAX * TILE];        // [hs][TILE]: the query tile, transposed
     __shared__ float dy[HS_MAX * TILE];       // [hs][TILE]: dout's rows, transposed
     __shared__ float k[HS_MAX * KEYS_BACK];   // [hs][KEYS_BACK]: the key tile, transposed
     __shared__ float vds[HS_MAX * KEYS_BACK];  // [hs][KEYS_BACK]: the value tile; then dS [TILE][KEYS_BACK]
-    const Head hd = head_of(T, NH, hs);
+    const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int i0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, TILE, T, hs);
+    load_tile(q, TRANSPOSED, qkv + hd.q, hd.stride, i0, TILE, T, hs);
     load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, TILE, T, hs);
     __syncthreads();  // dy is loaded
 
@@ -202,8 +206,8 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     }
     for (int j0 = 0; j0 < i0 + TILE && j0 < T; j0 += KEYS_BACK) {
         __syncthreads();  // every thread is done with the previous key tile and its dS
-        load_tile(k, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, KEYS_BACK, T, hs);
-        load_tile(vds, TRANSPOSED, qkv + hd.qkv + 2 * C, 3 * C, j0, KEYS_BACK, T, hs);
+        load_tile(k, TRANSPOSED, qkv + hd.k, hd.stride, j0, KEYS_BACK, T, hs);
+        load_tile(vds, TRANSPOSED, qkv + hd.v, hd.stride, j0, KEYS_BACK, T, hs);
         __syncthreads();  // the key tile is loaded
 
         float s[MICRO][2] = {}, dp[MICRO][2] = {};  // [row a][key b]
@@ -253,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     for (int a = 0; a < MICRO; ++a) {
         const int i = i0 + ty + SIDE * a;
         if (i >= T) break;
-        float* g = dqkv + hd.qkv + (unsigned long long)i * 3 * C;
+        float* g = dqkv + hd.q + (unsigned long long)i * hd.stride;
         for (int c = 0; c < MICRO; ++c) {
             const int d = tx + SIDE * c;
             if (d < hs) g[d] = scale * dq[a][c];
@@ -261,86 +265,90 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     }
 }
 
-// Backward through the key side, one block per key tile, after the query side (it reads
-// delta): dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij q_i over the query
-// tiles from the diagonal on. Thread (ty, tx) takes keys j0 + ty + 16a: query tx of each
+// Backward through the key side, one block per key tile of a key/value head (blockIdx.y =
+// b * KV + g), after the query side (it reads delta): dv_j = sum_i P'_ij dout_i and dk_j =
+// scale * sum_i dS_ij q_i over the query tiles from the diagonal on, of each query head of
+// the group in ascending order. Thread (ty, tx) takes keys j0 + ty + 16a: query tx of each
 // query tile, dimensions tx + 16c of dk and dv.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     fused_attention_backward_key_value(float* dqkv, const float* qkv, const float* dout, const float* lse,
-                                       const float* delta, int T, int NH, int hs, DropoutMask mask, int dropout) {
+                                       const float* delta, int T, int NH, int KV, int hs, DropoutMask mask, int dropout) {
     __shared__ float k[HS_MAX * TILE];             // [hs][TILE]: the key tile, transposed
     __shared__ float v[HS_MAX * TILE];             // [hs][TILE]: the value tile, transposed
     __shared__ float q[HS_MAX * QUERIES_BACK];     // [hs][QUERIES_BACK]: the query tile, transposed
     __shared__ float dy[HS_MAX * QUERIES_BACK];    // [hs][QUERIES_BACK]: dout's rows, transposed
     __shared__ float kept[TILE * QUERIES_BACK];    // [TILE][QUERIES_BACK]: P' = P keep, transposed
     __shared__ float ds[TILE * QUERIES_BACK];      // [TILE][QUERIES_BACK]: dS, transposed
-    const Head hd = head_of(T, NH, hs);
+    const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int tx = threadIdx.x % SIDE, ty = threadIdx.x / SIDE;
     const int j0 = blockIdx.x * TILE;
     const float scale = 1.0f / sqrtf((float)hs);
-    load_tile(k, TRANSPOSED, qkv + hd.qkv + C, 3 * C, j0, TILE, T, hs);
-    load_tile(v, TRANSPOSED, qkv + hd.qkv + 2 * C, 3 * C, j0, TILE, T, hs);
+    load_tile(k, TRANSPOSED, qkv + kv.k, kv.stride, j0, TILE, T, hs);
+    load_tile(v, TRANSPOSED, qkv + kv.v, kv.stride, j0, TILE, T, hs);
 
     float dk[MICRO][MICRO] = {}, dv[MICRO][MICRO] = {};
-    for (int i0 = j0; i0 < T; i0 += QUERIES_BACK) {
-        __syncthreads();  // every thread is done with the previous query tile, P' and dS
-        load_tile(q, TRANSPOSED, qkv + hd.qkv, 3 * C, i0, QUERIES_BACK, T, hs);
-        load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, QUERIES_BACK, T, hs);
-        __syncthreads();  // the query tile (and the key tile) are loaded
+    for (int r = 0; r < NH / KV; ++r) {
+        const Head hd = group_head(r, T, NH, KV, hs);
+        for (int i0 = j0; i0 < T; i0 += QUERIES_BACK) {
+            __syncthreads();  // every thread is done with the previous query tile, P' and dS
+            load_tile(q, TRANSPOSED, qkv + hd.q, hd.stride, i0, QUERIES_BACK, T, hs);
+            load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, QUERIES_BACK, T, hs);
+            __syncthreads();  // the query tile (and the key tile) are loaded
 
-        const int i = i0 + tx;
-        float s[MICRO] = {}, dp[MICRO] = {};  // [key a]
-        for (int d = 0; d < hs; ++d) {
-            const int query = at(d, tx, QUERIES_BACK), key = at(d, ty, TILE);
-            const float qd = q[query], yd = dy[query];
-            for (int a = 0; a < MICRO; ++a) {
-                s[a] += qd * k[key + SIDE * a];
-                dp[a] += yd * v[key + SIDE * a];
-            }
-        }
-        float keep[MICRO];
-        for (int a = 0; a < MICRO; ++a)
-            keep[a] = dropout ? dropout_factor(mask, hd.bh, T, i, j0 + ty + SIDE * a) : 1.0f;
-        // P' and dS, 0 above the diagonal and for queries past T.
-        const float lse_i = i < T ? lse[hd.bh * T + i] : 0.0f, delta_i = i < T ? delta[hd.bh * T + i] : 0.0f;
-        for (int a = 0; a < MICRO; ++a) {
-            const bool below = j0 + ty + SIDE * a <= i && i < T;
-            const float p = below ? expf(scale * s[a] - lse_i) : 0.0f;
-            kept[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * keep[a];
-            ds[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * (dp[a] * keep[a] - delta_i);
-        }
-        __syncthreads();  // P' and dS are written
-
-        // dv += P'^T dO and dk += dS^T Q. Dimensions from hs on read rows of q and dy never
-        // written and are never stored.
-        for (int ii = 0; ii < QUERIES_BACK; ++ii) {
-            const int key = at(ty, ii, QUERIES_BACK), dim = at(tx, ii, QUERIES_BACK);
-            float pa[MICRO], dsa[MICRO], yc[MICRO], qc[MICRO];
-            for (int a = 0; a < MICRO; ++a) {
-                pa[a] = kept[key + SIDE * QUERIES_BACK * a];
-                dsa[a] = ds[key + SIDE * QUERIES_BACK * a];
-            }
-            for (int c = 0; c < MICRO; ++c) {
-                yc[c] = dy[dim + SIDE * QUERIES_BACK * c];
-                qc[c] = q[dim + SIDE * QUERIES_BACK * c];
-            }
-            for (int a = 0; a < MICRO; ++a)
-                for (int c = 0; c < MICRO; ++c) {
-                    dv[a][c] += pa[a] * yc[c];
-                    dk[a][c] += dsa[a] * qc[c];
+            const int i = i0 + tx;
+            float s[MICRO] = {}, dp[MICRO] = {};  // [key a]
+            for (int d = 0; d < hs; ++d) {
+                const int query = at(d, tx, QUERIES_BACK), key = at(d, ty, TILE);
+                const float qd = q[query], yd = dy[query];
+                for (int a = 0; a < MICRO; ++a) {
+                    s[a] += qd * k[key + SIDE * a];
+                    dp[a] += yd * v[key + SIDE * a];
                 }
+            }
+            float keep[MICRO];
+            for (int a = 0; a < MICRO; ++a)
+                keep[a] = dropout ? dropout_factor(mask, hd.bh, T, i, j0 + ty + SIDE * a) : 1.0f;
+            // P' and dS, 0 above the diagonal and for queries past T.
+            const float lse_i = i < T ? lse[hd.bh * T + i] : 0.0f, delta_i = i < T ? delta[hd.bh * T + i] : 0.0f;
+            for (int a = 0; a < MICRO; ++a) {
+                const bool below = j0 + ty + SIDE * a <= i && i < T;
+                const float p = below ? expf(scale * s[a] - lse_i) : 0.0f;
+                kept[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * keep[a];
+                ds[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * (dp[a] * keep[a] - delta_i);
+            }
+            __syncthreads();  // P' and dS are written
+
+            // dv += P'^T dO and dk += dS^T Q. Dimensions from hs on read rows of q and dy never
+            // written and are never stored.
+            for (int ii = 0; ii < QUERIES_BACK; ++ii) {
+                const int key = at(ty, ii, QUERIES_BACK), dim = at(tx, ii, QUERIES_BACK);
+                float pa[MICRO], dsa[MICRO], yc[MICRO], qc[MICRO];
+                for (int a = 0; a < MICRO; ++a) {
+                    pa[a] = kept[key + SIDE * QUERIES_BACK * a];
+                    dsa[a] = ds[key + SIDE * QUERIES_BACK * a];
+                }
+                for (int c = 0; c < MICRO; ++c) {
+                    yc[c] = dy[dim + SIDE * QUERIES_BACK * c];
+                    qc[c] = q[dim + SIDE * QUERIES_BACK * c];
+                }
+                for (int a = 0; a < MICRO; ++a)
+                    for (int c = 0; c < MICRO; ++c) {
+                        dv[a][c] += pa[a] * yc[c];
+                        dk[a][c] += dsa[a] * qc[c];
+                    }
+            }
         }
     }
     for (int a = 0; a < MICRO; ++a) {
         const int j = j0 + ty + SIDE * a;
         if (j >= T) break;
-        float* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
+        float* g = dqkv + (unsigned long long)j * kv.stride;
         for (int c = 0; c < MICRO; ++c) {
             const int d = tx + SIDE * c;
             if (d < hs) {
-                g[C + d] = scale * dk[a][c];
-                g[2 * C + d] = dv[a][c];
+                g[kv.k + d] = scale * dk[a][c];
+                g[kv.v + d] = dv[a][c];
             }
         }
     }

@@ -39,10 +39,10 @@
 // bits in a loop of their own (kept); with it off nothing is drawn and no element tests a
 // bit.
 //
-// Registers (ptxas through NVRTC 13.0 for sm_80 and sm_90, no spills): the forward takes
-// 160, within the 168 its launch bounds allow, so 3 blocks (12 warps) share an SM; the two
-// backward kernels, which hold two [16, 64] fp32 accumulators and the next tile's loads
-// (4 of 16 bytes a thread) besides, take 218 to 234, 2 blocks an SM.
+// Registers (ptxas through NVRTC 13.0, -Xptxas -v, for sm_80 and sm_90, no spills): the
+// forward takes 154 to 168, within the 168 its launch bounds allow, so 3 blocks (12 warps)
+// share an SM; the two backward kernels, which hold two [16, 64] fp32 accumulators and the
+// next tile's loads (4 of 16 bytes a thread) besides, take 222 to 241, 2 blocks an SM.
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
@@ -62,7 +62,10 @@
 // 22.5 GFLOP backward per layer.
 //
 // Launch (per_attention_tile_bf16 in launch.rs): grid (T / TILE rounded up, B * NH), one
-// block of WARPS warps per tile. GPUs in practice dispatch blocks in order of blockIdx.x
+// block of WARPS warps per tile of a query head; the key side's grid is (T / TILE rounded
+// up, B * KV), a block per key tile of a key/value head, which streams the query tiles of
+// each query head of its group in turn (grouped-query attention reads the shared k and v
+// in place). GPUs in practice dispatch blocks in order of blockIdx.x
 // (x fastest), and the causal half makes a block's work proportional to the tiles it
 // streams, so the longest go first and the last wave holds the shortest: the forward and
 // the query side take their query tiles in reverse (block 0 the last tile, which streams
@@ -104,8 +107,8 @@ typedef unsigned int Tile[TILE][WORDS];
 // hs (a multiple of 16, so a run of 8 lies wholly before it or past it). One 64-bit
 // address a call, 32-bit offsets from it, so that the compiler keeps no per-fetch address
 // live across the loop over tiles. For a 16-byte aligned buffer (as allocated) the loads
-// are 16-byte aligned: a row of qkv is 3C bf16, of out and dout C, and a head's columns
-// start at a multiple of hs (plus C or 2C in qkv), all multiples of 16 bf16, 32 bytes.
+// are 16-byte aligned: a row of qkv is (NH + 2 KV) hs bf16, of out and dout NH hs, and a
+// head's columns start at a multiple of hs, all multiples of 16 bf16, 32 bytes.
 #define FETCH_ROWS (THREADS / OCTS)
 __device__ __forceinline__ void fetch_tile(uint4 f[FETCHES], const bf16* x, unsigned long long stride, int row0,
                                            int T, int hs) {
@@ -279,38 +282,38 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
-// out [B, T, C] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, 3C] (bf16). Warp w
+// out [B, T, NH hs] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, (NH + 2 KV) hs] (bf16). Warp w
 // owns query rows i0 + 16w .. + 15; this lane keeps the running maximum m (log2 units), its
 // part of the sum l and the output o of its two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
 // At most 168 registers a thread, so that 3 blocks share an SM (see the header).
 extern "C" __global__ void __launch_bounds__(THREADS, 3)
-    fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, int T, int NH, int hs, DropoutMask mask,
+    fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, int T, int NH, int KV, int hs, DropoutMask mask,
                                  int dropout) {
     alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
-    const Head hd = head_of(T, NH, hs);
+    const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const bf16 *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
     const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x, tiles = tile + 1;
     const int i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = LOG2E / sqrtf((float)hs);
 
     unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
     #pragma unroll
-    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
+    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4] = {};
 
     uint4 f[FETCHES];
-    stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
-    stage_tile(v[0], f, values, 3 * C, 0, T, hs);
+    stage_tile(k[0], f, keys, hd.stride, 0, T, hs);
+    stage_tile(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile(f, keys, 3 * C, j0 + TILE, T, hs);
+        if (next) fetch_tile(f, keys, hd.stride, j0 + TILE, T, hs);
         float s[KTILES][4];
         scores(s, q, k[cur], hs);
         if (next) {
             store_tile(k[1 - cur], f);
-            fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
+            fetch_tile(f, values, hd.stride, j0 + TILE, T, hs);
         }
         if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
         // The rows' new maxima over the quad. Key 0 is in the first tile and every row's, so
@@ -365,12 +368,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
 // dP_ij = keep_ij * (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i).
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_query_bf16(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
-                                        const bf16* dout, const float* lse, int T, int NH, int hs,
+                                        const bf16* dout, const float* lse, int T, int NH, int KV, int hs,
                                         DropoutMask mask, int dropout) {
     alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
-    const Head hd = head_of(T, NH, hs);
+    const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const bf16 *keys = qkv + hd.qkv + C, *values = qkv + hd.qkv + 2 * C;
+    const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
     const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
     const int tiles = tile + 1, i0 = tile * TILE, r0 = i0 + 16 * warp;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
@@ -378,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
     #pragma unroll
     for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
-        load_a_bf16(q[kk], qkv + hd.qkv, 3 * C, r0, T, kk);
+        load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
         load_a_bf16(dy[kk], dout + hd.io, C, r0, T, kk);
     }
     // delta and lse (log2 units) of this lane's rows g and g + 8; the quad splits a row's
@@ -400,12 +403,12 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     float dq[DTILES][4] = {};
 
     uint4 f[FETCHES];
-    stage_tile(k[0], f, keys, 3 * C, 0, T, hs);
-    stage_tile(v[0], f, values, 3 * C, 0, T, hs);
+    stage_tile(k[0], f, keys, hd.stride, 0, T, hs);
+    stage_tile(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile(f, keys, 3 * C, j0 + TILE, T, hs);
+        if (next) fetch_tile(f, keys, hd.stride, j0 + TILE, T, hs);
         float s[KTILES][4], dp[KTILES][4];
         scores(s, q, k[cur], hs);
         if (next) store_tile(k[1 - cur], f);
@@ -420,31 +423,31 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                 s[c][e] = exp2f(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
         }
         // The next value tile's loads run under dq's product, which leaves s, not dp, live.
-        if (next) fetch_tile(f, values, 3 * C, j0 + TILE, T, hs);
+        if (next) fetch_tile(f, values, hd.stride, j0 + TILE, T, hs);
         accumulate(dq, s, k[cur]);
         if (next) store_tile(v[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
-        if (i < T) store_columns(dqkv + hd.qkv + (unsigned long long)i * 3 * C, dq, h, scale, hs);
+        if (i < T) store_columns(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
     }
 }
 
-// Backward through the key side, one block per key tile, after the query side (it reads
-// delta): dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij q_i over the query
-// tiles from the diagonal on, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
+// Backward through the key side, one block per key tile of a key/value head (blockIdx.y =
+// b * KV + g), after the query side (it reads delta): dv_j = sum_i P'_ij dout_i and dk_j =
+// scale * sum_i dS_ij q_i over the query tiles from the diagonal on, of each query head of
+// the group in ascending order, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
 // works on the transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are
 // queries.
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_key_value_bf16(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
-                                            const float* delta, int T, int NH, int hs, DropoutMask mask,
+                                            const float* delta, int T, int NH, int KV, int hs, DropoutMask mask,
                                             int dropout) {
     alignas(16) __shared__ Tile q[2], dy[2];  // query and output gradient tiles in rows, tile n in [n % 2]
     __shared__ float L[2][TILE], D[2][TILE];  // lse (log2 units) and delta of those queries
-    const Head hd = head_of(T, NH, hs);
+    const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const bf16 *queries = qkv + hd.qkv, *grads = dout + hd.io;
     const int warp = threadIdx.x / WARP_SIZE, first = blockIdx.x, tiles = (T + TILE - 1) / TILE;
     const int j0 = blockIdx.x * TILE, c0 = j0 + 16 * warp;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
@@ -452,78 +455,83 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     unsigned int k[STEPS][4], v[STEPS][4];  // the warp's keys and values, read once
     #pragma unroll
     for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
-        load_a_bf16(k[kk], qkv + hd.qkv + C, 3 * C, c0, T, kk);
-        load_a_bf16(v[kk], qkv + hd.qkv + 2 * C, 3 * C, c0, T, kk);
+        load_a_bf16(k[kk], qkv + kv.k, kv.stride, c0, T, kk);
+        load_a_bf16(v[kk], qkv + kv.v, kv.stride, c0, T, kk);
     }
     float dk[DTILES][4] = {}, dv[DTILES][4] = {};
 
-    // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
     uint4 f[FETCHES];
-    float lse_i = 0.0f, delta_i = 0.0f;
-    const auto fetch_stats = [&](int i0) {
-        const int i = i0 + threadIdx.x;
-        lse_i = threadIdx.x < TILE && i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
-        delta_i = threadIdx.x < TILE && i < T ? delta[hd.bh * T + i] : 0.0f;
-    };
-    const auto store_stats = [&](int buffer) {
-        if (threadIdx.x < TILE) {
-            L[buffer][threadIdx.x] = lse_i;
-            D[buffer][threadIdx.x] = delta_i;
-        }
-    };
-    fetch_stats(j0);
-    store_stats(first % 2);
-    stage_tile(q[first % 2], f, queries, 3 * C, j0, T, hs);
-    stage_tile(dy[first % 2], f, grads, C, j0, T, hs);
-    for (int n = first; n < tiles; ++n) {
-        const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
-        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) {
-            fetch_stats(i0 + TILE);
-            fetch_tile(f, queries, 3 * C, i0 + TILE, T, hs);
-        }
-        // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live together
-        // only while dS is formed.
-        float s[KTILES][4], dp[KTILES][4];
-        scores(s, k, q[cur], hs);
-        if (next) {
-            store_stats(1 - cur);
-            store_tile(q[1 - cur], f);
-        }
-        if (n == first || i0 + TILE > T) mask_scores(s, c0, i0, T, true);
-        // P into s, transposed (row j, column i); zero where masked.
-        #pragma unroll
-        for (int c = 0; c < KTILES; ++c) {
+    for (int r = 0; r < NH / KV; ++r) {
+        const Head hd = group_head(r, T, NH, KV, hs);
+        const bf16 *queries = qkv + hd.q, *grads = dout + hd.io;
+        // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
+        float lse_i = 0.0f, delta_i = 0.0f;
+        const auto fetch_stats = [&](int i0) {
+            const int i = i0 + threadIdx.x;
+            lse_i = threadIdx.x < TILE && i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
+            delta_i = threadIdx.x < TILE && i < T ? delta[hd.bh * T + i] : 0.0f;
+        };
+        const auto store_stats = [&](int buffer) {
+            if (threadIdx.x < TILE) {
+                L[buffer][threadIdx.x] = lse_i;
+                D[buffer][threadIdx.x] = delta_i;
+            }
+        };
+        __syncthreads();  // every warp is done with the previous head's last tile
+        fetch_stats(j0);
+        store_stats(first % 2);
+        stage_tile(q[first % 2], f, queries, hd.stride, j0, T, hs);
+        stage_tile(dy[first % 2], f, grads, C, j0, T, hs);
+        for (int n = first; n < tiles; ++n) {
+            const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+            __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
+            if (next) {
+                fetch_stats(i0 + TILE);
+                fetch_tile(f, queries, hd.stride, i0 + TILE, T, hs);
+            }
+            // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
+            // together only while dS is formed.
+            float s[KTILES][4], dp[KTILES][4];
+            scores(s, k, q[cur], hs);
+            if (next) {
+                store_stats(1 - cur);
+                store_tile(q[1 - cur], f);
+            }
+            if (n == first || i0 + TILE > T) mask_scores(s, c0, i0, T, true);
+            // P into s, transposed (row j, column i); zero where masked.
             #pragma unroll
-            for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
-        }
-        const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
-        if (dropout) {  // dv takes P' = P * keep, dS below P itself
-            times_kept(dp, s, bits, mask.scale);
-            accumulate(dv, dp, dy[cur]);
-        } else {
-            accumulate(dv, s, dy[cur]);
-        }
-        scores(dp, v, dy[cur], hs);
-        // dS into dp: P (keep * dP - delta).
-        if (dropout) times_kept(dp, dp, bits, mask.scale);
-        #pragma unroll
-        for (int c = 0; c < KTILES; ++c) {
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
+            }
+            const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
+            if (dropout) {  // dv takes P' = P * keep, dS below P itself
+                times_kept(dp, s, bits, mask.scale);
+                accumulate(dv, dp, dy[cur]);
+            } else {
+                accumulate(dv, s, dy[cur]);
+            }
+            scores(dp, v, dy[cur], hs);
+            // dS into dp: P (keep * dP - delta).
+            if (dropout) times_kept(dp, dp, bits, mask.scale);
             #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+            for (int c = 0; c < KTILES; ++c) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+            }
+            // The next output gradient tile's loads run under dk's product, which leaves only
+            // dS live.
+            if (next) fetch_tile(f, grads, C, i0 + TILE, T, hs);
+            accumulate(dk, dp, q[cur]);
+            if (next) store_tile(dy[1 - cur], f);
         }
-        // The next output gradient tile's loads run under dk's product, which leaves only dS
-        // live.
-        if (next) fetch_tile(f, grads, C, i0 + TILE, T, hs);
-        accumulate(dk, dp, q[cur]);
-        if (next) store_tile(dy[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = c0 + acc_row(2 * h);
         if (j >= T) continue;
-        bf16* g = dqkv + hd.qkv + (unsigned long long)j * 3 * C;
-        store_columns(g + C, dk, h, scale, hs);
-        store_columns(g + 2 * C, dv, h, 1.0f, hs);
+        bf16* g = dqkv + (unsigned long long)j * kv.stride;
+        store_columns(g + kv.k, dk, h, scale, hs);
+        store_columns(g + kv.v, dv, h, 1.0f, hs);
     }
 }

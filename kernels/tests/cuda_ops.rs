@@ -382,26 +382,27 @@ fn bf16_tensors_round_as_the_half_crate() {
 
 /// The GPU's attention core keeping `kind` against the CPU's, which keeps probabilities:
 /// out and dqkv, and P and P' (with the causal mask's zeros) where the GPU keeps them too.
-/// At `dims` = [B, T, C, NH], within `tol`.
+/// At `dims` = [B, T, C, NH, KV] (NH query heads of C / NH on KV key/value heads), within
+/// `tol`.
 fn attention_case(
     gpu: &CudaDevice,
     kind: AttentionSaves,
     spec: Option<DropoutSpec>,
-    dims: [usize; 4],
+    dims: [usize; 5],
     tol: f64,
     rng: &mut SplitMix64,
 ) {
-    let [b, t, c, nh] = dims;
-    let n = b * t;
-    let (qkv, dout) = (rng.uniform(n * 3 * c, 2.0), rng.uniform(n * c, 1.0));
+    let [b, t, c, nh, kv] = dims;
+    let (n, width) = (b * t, c + 2 * kv * (c / nh));
+    let (qkv, dout) = (rng.uniform(n * width, 2.0), rng.uniform(n * c, 1.0));
     let run = |dev: &dyn Device, kind| {
-        let qkv = put(dev, &qkv, &[b, t, 3 * c]);
+        let qkv = put(dev, &qkv, &[b, t, width]);
         let mut out = act_zeros(dev, &[b, t, c]);
         let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, nh);
-        let mut dqkv = put(dev, &vec![f32::NAN; n * 3 * c], &[b, t, 3 * c]);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv);
+        let mut dqkv = put(dev, &vec![f32::NAN; n * width], &[b, t, width]);
         let dout = put(dev, &dout, &[b, t, c]);
-        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, nh);
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv);
         let probs = match &saved {
             AttentionSaved::Probabilities { probs, dropped } => {
                 [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
@@ -411,8 +412,8 @@ fn attention_case(
         ([out, dqkv].map(|t| dev.to_host(&t)), probs)
     };
     let (want, got) = (run(&cpu(), AttentionSaves::Probabilities), run(gpu, kind));
-    let case =
-        format!("keeping {kind:?} {}", if spec.is_some() { "with dropout" } else { "without dropout" });
+    let dropout = if spec.is_some() { "with dropout" } else { "without dropout" };
+    let case = format!("keeping {kind:?} {dropout}, {nh} query heads on {kv} key/value heads");
     for (what, (g, w)) in ["out", "dqkv"].iter().zip(got.0.iter().zip(&want.0)) {
         assert_close(&format!("attention {what} {case}"), g, w, tol);
     }
@@ -431,11 +432,29 @@ fn attention_matches_with_and_without_dropout() {
     let mut rng = seeded("attention");
     // The fused core the device runs at this head size (24), and the unfused one it runs
     // above 64.
+    // Multi-head, and grouped-query attention with two and four query heads a key/value head.
     assert_eq!(AttentionSaves::cuda(C / NH), AttentionSaves::RowLogSumExp);
     for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
-        attention_case(&gpu, kind, None, [B, T, C, NH], TOL, &mut rng);
-        let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
-        attention_case(&gpu, kind, spec, [B, T, C, NH], TOL, &mut rng);
+        for kv in [NH, 2, 1] {
+            attention_case(&gpu, kind, None, [B, T, C, NH, kv], TOL, &mut rng);
+            let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
+            attention_case(&gpu, kind, spec, [B, T, C, NH, kv], TOL, &mut rng);
+        }
+    }
+    assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
+}
+
+/// Llama's head size of 128, above the fused kernels', through the unfused core: 4 query
+/// heads on 2 key/value heads at T = 40.
+#[test]
+fn grouped_attention_at_head_size_128_matches() {
+    let Some(gpu) = gpu("grouped_attention_at_head_size_128_matches") else { return };
+    let mut rng = seeded("attention 128");
+    let kind = AttentionSaves::cuda(128);
+    assert_eq!(kind, AttentionSaves::Probabilities);
+    let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
+    for spec in [None, spec] {
+        attention_case(&gpu, kind, spec, [1, 40, 512, 4, 2], TOL, &mut rng);
     }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
@@ -448,8 +467,9 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     // bf16 qkv, out, dout and dqkv, and bf16 operands of every product
     // (fused_attention_mma.cu), judged against the largest magnitude as
     // kernels/tests/simt/fused_attention_mma.rs judges the same kernels: heads of 64 with a
-    // partial last tile, and of 32 and 16 at odd T.
-    for dims in [[2, 100, 128, 2], [2, 77, 64, 2], [1, 37, 48, 3]] {
+    // partial last tile, and of 32 and 16 at odd T, multi-head and 8 query heads on 2
+    // key/value heads.
+    for dims in [[2, 100, 128, 2, 2], [2, 77, 64, 2, 2], [1, 37, 48, 3, 3], [2, 77, 128, 8, 2]] {
         attention_case(&gpu, AttentionSaves::RowLogSumExp, None, dims, 2e-2, &mut rng);
         attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, dims, 2e-2, &mut rng);
     }

@@ -1,11 +1,13 @@
 //! The unfused causal self-attention core on a GPU, for head sizes above the fused
-//! kernels' (see fused_attention.rs): heads split out of qkv into [B,NH,T,hs] copies,
-//! scores and products as cuBLAS batched gemms over the B*NH heads, and the causal softmax
-//! and dropout as kernels. Forward saves the probabilities P and, under dropout,
-//! P' = dropout(P); backward reads both and regenerates the mask for dP' from its key.
+//! kernels' (see fused_attention.rs): heads split out of qkv into [B,NH,T,hs] query and
+//! [B,KV,T,hs] key and value copies (grouped-query attention's shared heads are not
+//! repeated), scores and products as cuBLAS batched gemms over the B*KV key/value groups
+//! (see [`Product`]), and the causal softmax and dropout as kernels. Forward saves the
+//! probabilities P and, under dropout, P' = dropout(P); backward reads both and
+//! regenerates the mask for dP' from its key.
 //!
-//! Per head, with row-major q, k, v, dy [T,hs] and P, P' = dropout(P), dS [T,T], the six
-//! products and the [`Product`] that computes each (operands A, B):
+//! Per head, with row-major q, k, v, dy [T,hs] and P, P' = dropout(P), dS [T,T] (k and v
+//! its group's; dk and dv sum over the group), the six products and the [`Product`] that computes each (operands A, B):
 //!   S   = q k^T * scale     Scores (k, q)
 //!   y   = P' v              ProbsTimes (v, P')
 //!   dP' = dy v^T            Scores (v, dy)
@@ -21,100 +23,127 @@ use crate::dropout::DropoutSpec;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
+/// The shape of an attention core over qkv [B,T,(NH+2*KV)*hs]: NH query heads on KV
+/// key/value heads of hs, each key/value head shared by a group of NH/KV query heads.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    b: usize,
-    t: usize,
-    c: usize,
-    nh: usize,
+pub(super) struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub nh: usize,
+    pub kv: usize,
+    pub hs: usize,
 }
 
 impl Dims {
-    fn from_qkv(qkv: &Tensor, n_head: usize) -> Dims {
-        let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
+    pub fn from_qkv(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> Dims {
+        let &[b, t, width] = qkv.shape() else {
+            panic!("attention: qkv must be [B,T,(NH+2*KV)*hs], got {qkv:?}")
+        };
+        let heads = n_head + 2 * n_kv_head;
         assert!(
-            c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head),
-            "attention: qkv {qkv:?}, {n_head} heads"
+            n_kv_head > 0 && n_head.is_multiple_of(n_kv_head) && width.is_multiple_of(heads),
+            "attention: qkv {qkv:?} with {n_head} query heads on {n_kv_head} key/value heads"
         );
-        Dims { b, t, c: c3 / 3, nh: n_head }
+        Dims { b, t, nh: n_head, kv: n_kv_head, hs: width / heads }
     }
-    fn hs(&self) -> usize {
-        self.c / self.nh
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        self.nh / self.kv
     }
-    fn heads(&self) -> usize {
-        self.b * self.nh
+    /// Rows of the softmax: B*NH*T.
+    pub fn score_rows(&self) -> usize {
+        self.b * self.nh * self.t
     }
     fn att_len(&self) -> usize {
-        self.heads() * self.t * self.t
+        self.score_rows() * self.t
     }
-    fn act_len(&self) -> usize {
-        self.b * self.t * self.c
+    /// Elements of out, dout and each query-side [B,NH,T,hs] copy.
+    pub fn act_len(&self) -> usize {
+        self.b * self.t * self.nh * self.hs
+    }
+    /// Elements of each key/value-side [B,KV,T,hs] copy.
+    fn kv_len(&self) -> usize {
+        self.b * self.t * self.kv * self.hs
+    }
+    /// Elements of a row of qkv.
+    fn width(&self) -> usize {
+        (self.nh + 2 * self.kv) * self.hs
     }
     fn scale(&self) -> f32 {
-        1.0 / (self.hs() as f32).sqrt()
+        1.0 / (self.hs as f32).sqrt()
     }
 }
 
-/// The three kinds of per-head product (see the module comment), with x, y [T,hs] and
-/// P [T,T] row-major.
+/// The three kinds of product (see the module comment) over one key/value group: its G =
+/// NH/KV query heads' rows stacked, x, y [T,hs] on the key/value side and [G*T,hs] on the
+/// query side, P [G*T,T], all row-major. In the [B,NH,T,hs] and [B,NH,T,T] layouts a
+/// group's query heads are contiguous, so one gemm takes a whole group, the shared k and v
+/// read in place, and the key and value gradients contract over the group's G*T rows.
 #[derive(Clone, Copy)]
 enum Product {
-    /// (A = x, B = y) -> [T,T] = y x^T: the scores, and dP.
+    /// (A = x [T,hs], B = y [G*T,hs]) -> [G*T,T] = y x^T: the scores, and dP.
     Scores,
-    /// (A = x, B = P) -> [T,hs] = P x: y, and dq.
+    /// (A = x [T,hs], B = P) -> [G*T,hs] = P x: y, and dq.
     ProbsTimes,
-    /// (A = x, B = P) -> [T,hs] = P^T x: dv, and dk.
+    /// (A = x [G*T,hs], B = P) -> [T,hs] = P^T x: dv, and dk.
     ProbsTransposedTimes,
 }
 
 impl Product {
-    /// The column-major gemm of one head, and the element strides of A, B and C between
-    /// consecutive heads.
+    /// The column-major gemm of one group, and the element strides of A, B and C between
+    /// consecutive groups.
     fn gemm(self, d: Dims) -> (GemmShape, (usize, usize, usize)) {
-        let (t, hs) = (d.t, d.hs());
-        let (small, square) = (t * hs, t * t);
-        let times = GemmShape { ta: false, tb: false, m: hs, n: t, k: t, lda: hs, ldb: t, ldc: hs };
+        let (t, hs, rows) = (d.t, d.hs, d.group() * d.t);
+        let (kv, queries, square) = (t * hs, rows * hs, rows * t);
         match self {
             Product::Scores => (
-                GemmShape { ta: true, tb: false, m: t, n: t, k: hs, lda: hs, ldb: hs, ldc: t },
-                (small, small, square),
+                GemmShape { ta: true, tb: false, m: t, n: rows, k: hs, lda: hs, ldb: hs, ldc: t },
+                (kv, queries, square),
             ),
-            Product::ProbsTimes => (times, (small, square, small)),
-            Product::ProbsTransposedTimes => (GemmShape { tb: true, ..times }, (small, square, small)),
+            Product::ProbsTimes => (
+                GemmShape { ta: false, tb: false, m: hs, n: rows, k: t, lda: hs, ldb: t, ldc: hs },
+                (kv, square, queries),
+            ),
+            Product::ProbsTransposedTimes => (
+                GemmShape { ta: false, tb: true, m: hs, n: t, k: rows, lda: hs, ldb: t, ldc: hs },
+                (queries, square, kv),
+            ),
         }
     }
 }
 
 impl CudaDevice {
-    /// dst [B,NH,T,hs] = columns offset..offset+C of src rows `stride` wide.
+    /// dst [B,heads,T,hs] = columns offset..offset+heads*hs of src rows `stride` wide.
     fn split_heads(
         &self,
         dst: &mut CudaSlice<f32>,
         src: &CudaSlice<f32>,
         d: Dims,
-        stride: usize,
-        offset: usize,
+        heads: usize,
+        at: [usize; 2],
     ) {
-        let (b, t, nh, hs) = (int(d.b), int(d.t), int(d.nh), int(d.hs()));
-        let (stride, offset) = (int(stride), int(offset));
-        launch!(self, "split_heads", per_item(d.act_len()), dst, src, &b, &t, &nh, &hs, &stride, &offset);
+        let (b, t, nh, hs) = (int(d.b), int(d.t), int(heads), int(d.hs));
+        let (stride, offset) = (int(at[0]), int(at[1]));
+        let n = d.b * d.t * heads * d.hs;
+        launch!(self, "split_heads", per_item(n), dst, src, &b, &t, &nh, &hs, &stride, &offset);
     }
 
-    /// Columns offset..offset+C of dst rows `stride` wide = src [B,NH,T,hs].
+    /// Columns offset..offset+heads*hs of dst rows `stride` wide = src [B,heads,T,hs].
     fn merge_heads(
         &self,
         dst: &mut CudaSlice<f32>,
         src: &CudaSlice<f32>,
         d: Dims,
-        stride: usize,
-        offset: usize,
+        heads: usize,
+        at: [usize; 2],
     ) {
-        let (b, t, nh, hs) = (int(d.b), int(d.t), int(d.nh), int(d.hs()));
-        let (stride, offset) = (int(stride), int(offset));
-        launch!(self, "merge_heads", per_item(d.act_len()), dst, src, &b, &t, &nh, &hs, &stride, &offset);
+        let (b, t, nh, hs) = (int(d.b), int(d.t), int(heads), int(d.hs));
+        let (stride, offset) = (int(at[0]), int(at[1]));
+        let n = d.b * d.t * heads * d.hs;
+        launch!(self, "merge_heads", per_item(n), dst, src, &b, &t, &nh, &hs, &stride, &offset);
     }
 
-    /// One product per head over all B*NH heads: c = alpha * product(a, b).
+    /// One product per key/value group over all B*KV groups: c = alpha * product(a, b).
     fn heads_gemm(
         &self,
         d: Dims,
@@ -125,29 +154,33 @@ impl CudaDevice {
         c: &mut CudaSlice<f32>,
     ) {
         let (shape, strides) = product.gemm(d);
-        self.gemm_batched(shape, d.heads(), strides, alpha, a, b, c);
+        self.gemm_batched(shape, d.b * d.kv, strides, alpha, a, b, c);
     }
 
-    /// q, k, v as [B,NH,T,hs] copies out of qkv [B,T,3C].
+    /// The heads of q, k and v ([NH, KV, KV]) and their first columns in a row of qkv.
+    fn qkv_heads(d: Dims) -> [(usize, usize); 3] {
+        [(d.nh, 0), (d.kv, d.nh * d.hs), (d.kv, (d.nh + d.kv) * d.hs)]
+    }
+
+    /// q [B,NH,T,hs], k and v [B,KV,T,hs] as copies out of qkv.
     fn split_qkv(&self, qkv: &Tensor, d: Dims) -> [Scratch<f32>; 3] {
-        [0, 1, 2].map(|i| {
-            let mut x = self.scratch::<f32>(d.act_len());
-            self.split_heads(&mut x, cu(qkv), d, 3 * d.c, i * d.c);
+        Self::qkv_heads(d).map(|(heads, offset)| {
+            let mut x = self.scratch::<f32>(d.b * d.t * heads * d.hs);
+            self.split_heads(&mut x, cu(qkv), d, heads, [d.width(), offset]);
             x
         })
     }
 
-    /// out [B,T,C] (unless None), P into att and, under dropout, P' into its tensor, all
-    /// [B,NH,T,T], from qkv [B,T,3C].
+    /// out [B,T,NH*hs] (unless None), P into att and, under dropout, P' into its tensor,
+    /// all [B,NH,T,T], from qkv [B,T,(NH+2*KV)*hs].
     pub(super) fn attention_forward_op(
         &self,
         out: Option<&mut Tensor>,
         att: &mut Tensor,
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
-        n_head: usize,
+        d: Dims,
     ) {
-        let d = Dims::from_qkv(qkv, n_head);
         if let Some(out) = &out {
             assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
         }
@@ -161,8 +194,8 @@ impl CudaDevice {
         let [q, k, v] = self.split_qkv(qkv, d);
         // Scores straight into att, then the causal softmax in place.
         self.heads_gemm(d, Product::Scores, d.scale(), &k, &q, cu_mut(att));
-        let (rows, t) = ((d.heads() * d.t) as u64, int(d.t));
-        launch!(self, "causal_softmax_forward", per_row_warp(d.heads() * d.t), cu_mut(att), &rows, &t);
+        let (rows, t) = (d.score_rows() as u64, int(d.t));
+        launch!(self, "causal_softmax_forward", per_row_warp(d.score_rows()), cu_mut(att), &rows, &t);
 
         let probs = match dropout {
             Some((spec, dropped)) => {
@@ -174,10 +207,11 @@ impl CudaDevice {
         let Some(out) = out else { return };
         let mut y = self.scratch::<f32>(d.act_len());
         self.heads_gemm(d, Product::ProbsTimes, 1.0, &v, cu(probs), &mut y);
-        self.merge_heads(cu_mut(out), &y, d, d.c, 0);
+        self.merge_heads(cu_mut(out), &y, d, d.nh, [d.nh * d.hs, 0]);
     }
 
-    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], qkv, and P and P' as forward saved them.
+    /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], qkv, and P and P' as
+    /// forward saved them.
     pub(super) fn attention_backward_op(
         &self,
         dqkv: &mut Tensor,
@@ -185,9 +219,8 @@ impl CudaDevice {
         qkv: &Tensor,
         att: &Tensor,
         dropout: Option<(DropoutSpec, &Tensor)>,
-        n_head: usize,
+        d: Dims,
     ) {
-        let d = Dims::from_qkv(qkv, n_head);
         assert_same_len(dqkv, qkv);
         assert_eq!(dout.len(), d.act_len(), "attention: dout {dout:?} for qkv {qkv:?}");
         assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
@@ -199,12 +232,12 @@ impl CudaDevice {
         }
         let [q, k, v] = self.split_qkv(qkv, d);
         let mut dy = self.scratch::<f32>(d.act_len());
-        self.split_heads(&mut dy, cu(dout), d, d.c, 0);
+        self.split_heads(&mut dy, cu(dout), d, d.nh, [d.nh * d.hs, 0]);
 
         // Through y = P' v.
         let mut dp = self.scratch::<f32>(d.att_len());
         self.heads_gemm(d, Product::Scores, 1.0, &v, &dy, &mut dp);
-        let mut dv = self.scratch::<f32>(d.act_len());
+        let mut dv = self.scratch::<f32>(d.kv_len());
         let probs = dropout.map_or(att, |(_, dropped)| dropped);
         self.heads_gemm(d, Product::ProbsTransposedTimes, 1.0, &dy, cu(probs), &mut dv);
         if let Some((spec, _)) = &dropout {
@@ -212,15 +245,15 @@ impl CudaDevice {
         }
 
         // Through the softmax (in place: dP becomes dS), then S = scale * q k^T.
-        let (rows, t) = ((d.heads() * d.t) as u64, int(d.t));
-        launch!(self, "causal_softmax_backward", per_row_warp(d.heads() * d.t), &mut *dp, cu(att), &rows, &t);
+        let (rows, t) = (d.score_rows() as u64, int(d.t));
+        launch!(self, "causal_softmax_backward", per_row_warp(d.score_rows()), &mut *dp, cu(att), &rows, &t);
         let mut dq = self.scratch::<f32>(d.act_len());
         self.heads_gemm(d, Product::ProbsTimes, d.scale(), &k, &dp, &mut dq);
-        let mut dk = self.scratch::<f32>(d.act_len());
+        let mut dk = self.scratch::<f32>(d.kv_len());
         self.heads_gemm(d, Product::ProbsTransposedTimes, d.scale(), &q, &dp, &mut dk);
 
-        for (i, grad) in [&dq, &dk, &dv].into_iter().enumerate() {
-            self.merge_heads(cu_mut(dqkv), grad, d, 3 * d.c, i * d.c);
+        for ((heads, offset), grad) in Self::qkv_heads(d).into_iter().zip([&dq, &dk, &dv]) {
+            self.merge_heads(cu_mut(dqkv), grad, d, heads, [d.width(), offset]);
         }
     }
 }
@@ -230,26 +263,37 @@ mod tests {
     use super::*;
     use crate::cuda::blas::tests::{host_gemm, row_major, values};
 
-    /// One head (B = NH = 1) of each product on the host, against its row-major definition.
+    /// One group of each product on the host, against its row-major definition: one head
+    /// (B = NH = KV = 1), and a group of three query heads on one key/value head, whose
+    /// stacked rows the scores and P x extend and P^T x contracts over.
     #[test]
-    fn head_products_compute_their_definitions() {
-        let (t, hs) = (4, 3);
-        let d = Dims { b: 1, t, c: hs, nh: 1 };
-        let (x, y, p) = (values(t * hs, 1), values(t * hs, 2), values(t * t, 3));
-        let run = |product: Product, a: &[f32], b: &[f32], len: usize| {
-            let mut c = vec![0.0; len];
-            host_gemm(product.gemm(d).0, 1.0, 0.0, a, b, &mut c);
-            c
-        };
-        // y x^T
-        assert_eq!(run(Product::Scores, &x, &y, t * t), row_major(t, hs, t, &y, |k, j| x[j * hs + k]));
-        // P x
-        assert_eq!(run(Product::ProbsTimes, &x, &p, t * hs), row_major(t, t, hs, &p, |k, j| x[k * hs + j]));
-        // P^T x
-        let p_t: Vec<f32> = (0..t * t).map(|i| p[i % t * t + i / t]).collect();
-        assert_eq!(
-            run(Product::ProbsTransposedTimes, &x, &p, t * hs),
-            row_major(t, t, hs, &p_t, |k, j| x[k * hs + j])
-        );
+    fn group_products_compute_their_definitions() {
+        for group in [1, 3] {
+            let (t, hs) = (4, 3);
+            let d = Dims { b: 1, t, nh: group, kv: 1, hs };
+            let rows = group * t;
+            let (kv, queries, p) = (values(t * hs, 1), values(rows * hs, 2), values(rows * t, 3));
+            let run = |product: Product, a: &[f32], b: &[f32], len: usize| {
+                let mut c = vec![0.0; len];
+                host_gemm(product.gemm(d).0, 1.0, 0.0, a, b, &mut c);
+                c
+            };
+            // y x^T: the group's query rows against the shared keys
+            assert_eq!(
+                run(Product::Scores, &kv, &queries, rows * t),
+                row_major(rows, hs, t, &queries, |k, j| kv[j * hs + k])
+            );
+            // P x: every query row of the group from the shared values
+            assert_eq!(
+                run(Product::ProbsTimes, &kv, &p, rows * hs),
+                row_major(rows, t, hs, &p, |k, j| kv[k * hs + j])
+            );
+            // P^T x: summed over the group's rows
+            let p_t: Vec<f32> = (0..t * rows).map(|i| p[i % rows * t + i / rows]).collect();
+            assert_eq!(
+                run(Product::ProbsTransposedTimes, &queries, &p, t * hs),
+                row_major(t, rows, hs, &p_t, |k, j| queries[k * hs + j])
+            );
+        }
     }
 }

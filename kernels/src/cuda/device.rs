@@ -3,6 +3,7 @@
 //! the buffers and the dispatch.
 
 use super::arena::{Arena, FreeOnStream};
+use super::attention::Dims;
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
@@ -301,13 +302,6 @@ pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
 }
 
-fn assert_multi_head(n_head: usize, n_kv_head: usize) {
-    assert_eq!(
-        n_head, n_kv_head,
-        "cuda: the fused attention kernels are multi-head only ({n_head} query heads on {n_kv_head} key/value heads); grouped-query attention runs on the CPU"
-    );
-}
-
 impl Device for CudaDevice {
     fn name(&self) -> String {
         let (major, minor) = self.gpu.compute_capability;
@@ -582,14 +576,14 @@ impl Device for CudaDevice {
         n_head: usize,
         n_kv_head: usize,
     ) {
-        assert_multi_head(n_head, n_kv_head);
+        let d = Dims::from_qkv(qkv, n_head, n_kv_head);
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_forward_op(out, lse, dropout, qkv, n_head)
+                self.fused_attention_forward_op(out, lse, dropout, qkv, d)
             }
             AttentionSaved::Probabilities { probs, dropped } => {
                 let dropout = dropout.map(|spec| (spec, dropped.as_mut().expect("dropout has P' to fill")));
-                self.attention_forward_op(out, probs, dropout, qkv, n_head)
+                self.attention_forward_op(out, probs, dropout, qkv, d)
             }
         }
     }
@@ -605,14 +599,14 @@ impl Device for CudaDevice {
         n_head: usize,
         n_kv_head: usize,
     ) {
-        assert_multi_head(n_head, n_kv_head);
+        let d = Dims::from_qkv(qkv, n_head, n_kv_head);
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, n_head)
+                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, d)
             }
             AttentionSaved::Probabilities { probs, dropped } => {
                 let dropout = dropout.map(|spec| (spec, dropped.as_ref().expect("dropout kept P'")));
-                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, n_head)
+                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, d)
             }
         }
     }

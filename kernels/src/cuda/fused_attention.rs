@@ -1,16 +1,20 @@
 //! The causal self-attention core in fused kernels (fused_attention.cu): forward writes
-//! out [B,T,C] and the per-row log-sum-exp lse [B,NH,T]; backward recomputes the
+//! out [B,T,NH*hs] and the per-row log-sum-exp lse [B,NH,T]; backward recomputes the
 //! probabilities tile by tile from q, k and lse, the dropout mask from its key, and writes
-//! dqkv in two launches (the query side, which also leaves delta_i = dout_i . out_i for the
-//! key side; then the key and value side). No [T,T] tensor, and no atomics: every sum has
-//! a fixed order. The SIMT harness (kernels/tests/simt/fused_attention.rs) replays these
-//! launches against the CPU's attention op.
+//! dqkv in two launches (the query side, a block per query tile of each query head, which
+//! also leaves delta_i = dout_i . out_i for the key side; then the key and value side, a
+//! block per key tile of each key/value head, summing over its group of query heads).
+//! Grouped-query attention's shared key and value heads are read in place from qkv. No
+//! [T,T] tensor, and no atomics: every sum has a fixed order. The SIMT harness
+//! (kernels/tests/simt/fused_attention.rs) replays these launches against the CPU's
+//! attention op.
 //!
 //! On bf16 activations (`precision: bf16`) the same three launches run
 //! fused_attention_mma.cu instead, which reads and writes bf16 and multiplies on tensor
 //! cores into fp32 (sm_80 and later, head sizes that are multiples of 16; the SIMT
 //! harness's fused_attention_mma.rs checks them).
 
+use super::attention::Dims;
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
 use super::launch::{per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
@@ -19,16 +23,6 @@ use crate::dropout::DropoutSpec;
 use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::LaunchConfig;
-
-/// B, T, C, NH of qkv [B,T,3C] with `n_head` heads.
-fn dims(qkv: &Tensor, n_head: usize) -> [usize; 4] {
-    let &[b, t, c3] = qkv.shape() else { panic!("attention qkv must be [B,T,3C], got {qkv:?}") };
-    assert!(
-        c3.is_multiple_of(3) && n_head > 0 && (c3 / 3).is_multiple_of(n_head),
-        "attention: qkv {qkv:?}, {n_head} heads"
-    );
-    [b, t, c3 / 3, n_head]
-}
 
 /// The mask argument and whether the kernels apply it (without dropout it is not read).
 fn mask(dropout: Option<DropoutSpec>) -> (DropoutMask, i32) {
@@ -57,48 +51,62 @@ const BF16: Kernels = Kernels {
 };
 
 impl CudaDevice {
-    /// The kernels for `t` rows of `heads` heads of `head_size` over qkv of `dtype`, and
-    /// their launch: bf16 activations go to the tensor cores (the device requires sm_80 for
-    /// bf16, and the trainer a head size that fits them), f32 ones to CUDA cores.
-    fn attention_kernels(
-        &self,
-        dtype: DType,
-        t: usize,
-        heads: usize,
-        head_size: usize,
-    ) -> (&'static Kernels, LaunchConfig) {
+    /// The kernels for qkv of `dtype`, and the launch of those over `heads` heads of `d`
+    /// (B*NH query heads, or B*KV key/value heads for the key side): bf16 activations go to
+    /// the tensor cores (the device requires sm_80 for bf16, and the trainer a head size
+    /// that fits them), f32 ones to CUDA cores.
+    fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (&'static Kernels, LaunchConfig) {
         match dtype {
-            DType::Bf16 => (&BF16, per_attention_tile_bf16(t, heads, head_size)),
-            DType::F32 => (&FP32, per_attention_tile(t, heads, head_size)),
+            DType::Bf16 => (&BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::F32 => (&FP32, per_attention_tile(d.t, heads, d.hs)),
         }
     }
 
-    /// out [B,T,C] (a scratch buffer when None) and lse [B,NH,T] from qkv [B,T,3C].
+    /// The kernels' shape arguments: T, NH, KV, hs.
+    fn shape_args(d: Dims) -> [i32; 4] {
+        [int(d.t), int(d.nh), int(d.kv), int(d.hs)]
+    }
+
+    /// out [B,T,NH*hs] (a scratch buffer when None) and lse [B,NH,T] from qkv
+    /// [B,T,(NH+2*KV)*hs].
     pub(super) fn fused_attention_forward_op(
         &self,
         out: Option<&mut Tensor>,
         lse: &mut Tensor,
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
-        n_head: usize,
+        d: Dims,
     ) {
-        let [b, t, c, nh] = dims(qkv, n_head);
-        assert_eq!(lse.len(), b * nh * t, "attention: lse {lse:?} for qkv {qkv:?}, {nh} heads");
+        let rows = d.score_rows(); // of lse and delta
+        assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
         let mut scratch = None;
         let out = match out {
             Some(out) => {
-                assert_eq!(out.len(), b * t * c, "attention: out {out:?} for qkv {qkv:?}");
+                assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
                 out
             }
-            None => scratch.insert(self.empty_of(qkv.dtype(), &[b, t, c], Category::Workspace)),
+            None => scratch.insert(self.empty_of(qkv.dtype(), &[d.b, d.t, d.nh * d.hs], Category::Workspace)),
         };
-        let dtype = same_dtype(&[out, qkv]);
-        let (kernels, cfg) = self.attention_kernels(dtype, t, b * nh, c / nh);
-        let ((mask, on), (t, nh, hs)) = (mask(dropout), (int(t), int(nh), int(c / n_head)));
-        launch!(self, kernels.forward, cfg, buf_mut(out), cu_mut(lse), buf(qkv), &t, &nh, &hs, &mask, &on);
+        let (kernels, cfg) = Self::attention_kernels(same_dtype(&[out, qkv]), d, d.b * d.nh);
+        let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
+        launch!(
+            self,
+            kernels.forward,
+            cfg,
+            buf_mut(out),
+            cu_mut(lse),
+            buf(qkv),
+            &t,
+            &nh,
+            &kv,
+            &hs,
+            &mask,
+            &on
+        );
     }
 
-    /// dqkv [B,T,3C] (overwrite) from dout [B,T,C], and qkv, out and lse as forward left them.
+    /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], and qkv, out and lse as
+    /// forward left them.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fused_attention_backward_op(
         &self,
@@ -108,22 +116,23 @@ impl CudaDevice {
         qkv: &Tensor,
         lse: &Tensor,
         dropout: Option<DropoutSpec>,
-        n_head: usize,
+        d: Dims,
     ) {
-        let [b, t, c, nh] = dims(qkv, n_head);
+        let rows = d.score_rows(); // of lse and delta
         assert_same_len(dqkv, qkv);
-        assert_eq!(dout.len(), b * t * c, "attention: dout {dout:?} for qkv {qkv:?}");
+        assert_eq!(dout.len(), d.act_len(), "attention: dout {dout:?} for qkv {qkv:?}");
         assert_same_len(out, dout);
-        assert_eq!(lse.len(), b * nh * t, "attention: lse {lse:?} for qkv {qkv:?}, {nh} heads");
-        let mut delta = self.scratch::<f32>(b * nh * t); // [B,NH,T]
+        assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
+        let mut delta = self.scratch::<f32>(rows); // [B,NH,T]
         let dtype = same_dtype(&[dqkv, dout, out, qkv]);
-        let (kernels, cfg) = self.attention_kernels(dtype, t, b * nh, c / nh);
-        let ((mask, on), (t, nh, hs)) = (mask(dropout), (int(t), int(nh), int(c / n_head)));
+        let (kernels, query_cfg) = Self::attention_kernels(dtype, d, d.b * d.nh);
+        let (_, key_value_cfg) = Self::attention_kernels(dtype, d, d.b * d.kv);
+        let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
         let lse = cu(lse);
         launch!(
             self,
             kernels.query,
-            cfg,
+            query_cfg,
             buf_mut(dqkv),
             &mut *delta,
             buf(qkv),
@@ -132,6 +141,7 @@ impl CudaDevice {
             lse,
             &t,
             &nh,
+            &kv,
             &hs,
             &mask,
             &on,
@@ -139,7 +149,7 @@ impl CudaDevice {
         launch!(
             self,
             kernels.key_value,
-            cfg,
+            key_value_cfg,
             buf_mut(dqkv),
             buf(qkv),
             buf(dout),
@@ -147,6 +157,7 @@ impl CudaDevice {
             &*delta,
             &t,
             &nh,
+            &kv,
             &hs,
             &mask,
             &on

@@ -11,24 +11,42 @@ use kernels::{
     AttentionSaved, AttentionSaves, Category, Device, DropoutKey, DropoutSite, DropoutSpec, WeightLayout,
 };
 
-/// qkv [B,T,3C], NH heads.
+/// qkv [B,T,C + 2*KV*hs]: NH query heads (C = NH*hs) on KV key/value heads.
 #[derive(Clone, Copy, Debug)]
 pub struct Dims {
     pub b: usize,
     pub t: usize,
     pub c: usize,
     pub nh: usize,
+    pub kv: usize,
 }
 
 impl Dims {
     pub fn hs(&self) -> usize {
         self.c / self.nh
     }
+    /// Query heads, B*NH.
     pub fn heads(&self) -> usize {
         self.b * self.nh
     }
+    /// Key/value heads, B*KV.
+    pub fn kv_heads(&self) -> usize {
+        self.b * self.kv
+    }
+    /// The key/value head (b * KV + g) that query head bh = b * NH + h reads.
+    pub fn kv_of(&self, bh: usize) -> usize {
+        bh / self.nh * self.kv + bh % self.nh / (self.nh / self.kv)
+    }
+    /// Elements of out and dout.
     pub fn act(&self) -> usize {
         self.b * self.t * self.c
+    }
+    /// A row of qkv.
+    pub fn width(&self) -> usize {
+        self.c + 2 * self.kv * self.hs()
+    }
+    pub fn qkv(&self) -> usize {
+        self.b * self.t * self.width()
     }
 }
 
@@ -38,13 +56,13 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let dev = CpuDevice::new(2);
     let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
     let (b, t, c, nh) = (d.b, d.t, d.c, d.nh);
-    let tqkv = put(qkv, &[b, t, 3 * c]);
+    let tqkv = put(qkv, &[b, t, d.width()]);
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
     let kind = AttentionSaves::Probabilities;
     let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, nh);
-    let mut dqkv = dev.zeros(&[b, t, 3 * c], Category::Workspace);
-    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, nh);
+    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv);
+    let mut dqkv = dev.zeros(&[b, t, d.width()], Category::Workspace);
+    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, d.kv);
     let AttentionSaved::Probabilities { probs, dropped } = saved else {
         unreachable!("asked for probabilities")
     };
@@ -58,24 +76,25 @@ struct Families {
     dropout: Family,
 }
 
-/// [B,NH,T,hs] heads of `src` (rows `stride` wide, columns from `offset`), one per offset.
+/// [B,heads,T,hs] copies of `src` (rows `stride` wide), one per (heads, first column).
 fn split(
     f: &Families,
     d: Dims,
     src: &[f32],
     stride: usize,
-    offsets: &[usize],
+    parts: &[(usize, usize)],
     seed: u64,
 ) -> Result<Vec<Vec<f32>>, String> {
     let mut run = Run::new(seed);
     let s = run.buffer(src);
-    let outs: Vec<_> = offsets
+    let outs: Vec<_> = parts
         .iter()
-        .map(|&offset| {
-            let dst = run.buffer(&vec![f32::NAN; d.act()]);
-            let ints = [d.b, d.t, d.nh, d.hs(), stride, offset].map(|x| (x as i32).into());
+        .map(|&(heads, offset)| {
+            let len = d.b * d.t * heads * d.hs();
+            let dst = run.buffer(&vec![f32::NAN; len]);
+            let ints = [d.b, d.t, heads, d.hs(), stride, offset].map(|x| (x as i32).into());
             let args: Vec<_> = [dst.into(), s.into()].into_iter().chain(ints).collect();
-            run.launch("split_heads", per_item(d.act()), &args);
+            run.launch("split_heads", per_item(len), &args);
             run.read(dst);
             dst
         })
@@ -84,7 +103,7 @@ fn split(
     Ok(outs.into_iter().map(|b| got.get(b)).collect())
 }
 
-/// dst [B,T,stride] with each (heads, offset) merged into its columns.
+/// dst [B,T,stride] with each [B,heads,T,hs] copy merged into its columns from `offset`.
 fn merge(
     f: &Families,
     d: Dims,
@@ -95,11 +114,12 @@ fn merge(
 ) -> Result<Vec<f32>, String> {
     let mut run = Run::new(seed);
     let out = run.buffer(dst);
-    for &(heads, offset) in parts {
-        let src = run.buffer(heads);
-        let ints = [d.b, d.t, d.nh, d.hs(), stride, offset].map(|x| (x as i32).into());
+    for &(copy, offset) in parts {
+        let src = run.buffer(copy);
+        let heads = copy.len() / (d.b * d.t * d.hs());
+        let ints = [d.b, d.t, heads, d.hs(), stride, offset].map(|x| (x as i32).into());
         let args: Vec<_> = [out.into(), src.into()].into_iter().chain(ints).collect();
-        run.launch("merge_heads", per_item(d.act()), &args);
+        run.launch("merge_heads", per_item(copy.len()), &args);
     }
     run.read(out);
     Ok(f.attention.run(run)?.get(out))
@@ -118,7 +138,9 @@ fn drop(f: &Families, x: &[f32], spec: &DropoutSpec, seed: u64) -> Result<Vec<f3
     Ok(f.dropout.run(run)?.get(buf))
 }
 
-/// The per-head products of the CUDA op, on the CPU: `alpha` times a b^T, P x or P^T x.
+/// The per-head products of the CUDA op, on the CPU: `alpha` times a b^T, P x or P^T x,
+/// for each query head, whose key/value operand (b of the first two, the result of the
+/// third) is its group's: P^T x sums the group's query heads in ascending order.
 #[derive(Clone, Copy)]
 enum Product {
     Scores,
@@ -129,28 +151,38 @@ enum Product {
 fn heads_product(dev: &CpuDevice, d: Dims, product: Product, alpha: f32, a: &[f32], b: &[f32]) -> Vec<f32> {
     let (t, hs) = (d.t, d.hs());
     let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
-    let mut out = Vec::new();
+    let small = |x: &[f32], h: usize| put(&x[h * t * hs..][..t * hs], &[t, hs]);
+    let square = |x: &[f32], h: usize| put(&x[h * t * t..][..t * t], &[t, t]);
+    let mut out = match product {
+        Product::ProbsTransposedTimes => vec![0.0; d.kv_heads() * t * hs],
+        _ => Vec::new(),
+    };
     for h in 0..d.heads() {
-        let small = |x: &[f32]| put(&x[h * t * hs..][..t * hs], &[t, hs]);
-        let square = |x: &[f32]| put(&x[h * t * t..][..t * t], &[t, t]);
+        let g = d.kv_of(h);
         let result = match product {
             Product::Scores => {
                 let mut s = dev.zeros(&[t, t], Category::Workspace);
-                dev.matmul_forward(&mut s, &small(a), &small(b), WeightLayout::OutIn, None);
+                dev.matmul_forward(&mut s, &small(a, h), &small(b, g), WeightLayout::OutIn, None);
                 s
             }
             Product::ProbsTimes => {
                 let mut y = dev.zeros(&[t, hs], Category::Workspace);
-                dev.matmul_forward(&mut y, &square(a), &small(b), WeightLayout::InOut, None);
+                dev.matmul_forward(&mut y, &square(a, h), &small(b, g), WeightLayout::InOut, None);
                 y
             }
             Product::ProbsTransposedTimes => {
                 let mut y = dev.zeros(&[t, hs], Category::Workspace);
-                dev.matmul_backward_weight(&mut y, None, &small(b), &square(a), WeightLayout::InOut);
+                dev.matmul_backward_weight(&mut y, None, &small(b, h), &square(a, h), WeightLayout::InOut);
                 y
             }
         };
-        out.extend(dev.to_host(&result).iter().map(|x| x * alpha));
+        let result = dev.to_host(&result).into_iter().map(|x| x * alpha);
+        match product {
+            Product::ProbsTransposedTimes => {
+                out[g * t * hs..][..t * hs].iter_mut().zip(result).for_each(|(o, x)| *o += x)
+            }
+            _ => out.extend(result),
+        }
     }
     out
 }
@@ -159,13 +191,15 @@ fn heads_product(dev: &CpuDevice, d: Dims, product: Product, alpha: f32, a: &[f3
 /// the CPU's attention op.
 fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let (qkv, dout) = (rng.uniform(d.act() * 3, 2.0), rng.uniform(d.act(), 1.0));
+    let (qkv, dout) = (rng.uniform(d.qkv(), 2.0), rng.uniform(d.act(), 1.0));
     let dev = CpuDevice::new(2);
     let (c, scale) = (d.c, 1.0 / (d.hs() as f32).sqrt());
     let (rows, ti) = ((d.heads() * d.t) as u64, d.t as i32);
+    let (kv_cols, w) = (d.kv * d.hs(), d.width());
 
     // Forward: S = scale q k^T, P = softmax(S) in place, P' = dropout(P), y = P' v.
-    let [q, k, v]: [Vec<f32>; 3] = split(f, d, &qkv, 3 * c, &[0, c, 2 * c], seed)?.try_into().expect("three");
+    let parts = [(d.nh, 0), (d.kv, c), (d.kv, c + kv_cols)];
+    let [q, k, v]: [Vec<f32>; 3] = split(f, d, &qkv, w, &parts, seed)?.try_into().expect("three");
     let scores = heads_product(&dev, d, Product::Scores, scale, &q, &k);
     let mut run = Run::new(seed);
     let att = run.buffer(&scores);
@@ -185,7 +219,7 @@ fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<
 
     // Backward: dP' = dy v^T, dv = P'^T dy, dP = dropout(dP'), dS = softmax'(dP),
     // dq = scale dS k, dk = scale dS^T q.
-    let [dy]: [Vec<f32>; 1] = split(f, d, &dout, c, &[0], seed)?.try_into().expect("one");
+    let [dy]: [Vec<f32>; 1] = split(f, d, &dout, c, &[(d.nh, 0)], seed)?.try_into().expect("one");
     let dp = heads_product(&dev, d, Product::Scores, 1.0, &dy, &v);
     let dv = heads_product(&dev, d, Product::ProbsTransposedTimes, 1.0, &dropped, &dy);
     let dp = match &spec {
@@ -203,7 +237,8 @@ fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<
     let ds = f.attention.run(run)?.get::<f32>(gdp);
     let dq = heads_product(&dev, d, Product::ProbsTimes, scale, &ds, &k);
     let dk = heads_product(&dev, d, Product::ProbsTransposedTimes, scale, &ds, &q);
-    let dqkv = merge(f, d, &vec![f32::NAN; 3 * d.act()], 3 * c, &[(&dq, 0), (&dk, c), (&dv, 2 * c)], seed)?;
+    let grads = [(&dq[..], 0), (&dk[..], c), (&dv[..], c + kv_cols)];
+    let dqkv = merge(f, d, &vec![f32::NAN; d.qkv()], w, &grads, seed)?;
 
     let [want_out, want_att, want_dropped, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
@@ -231,9 +266,14 @@ fn attention_kernels_match_the_cpu() {
     };
     // One sequence of GPT-2 124M (T = 1024, C = 768, 12 heads): B = 1 of the step's 4,
     // since the rows of the other sequences repeat the same work at larger offsets.
-    check(&f, Dims { b: 1, t: 1024, c: 768, nh: 12 }, Some(spec), 14).unwrap();
+    check(&f, Dims { b: 1, t: 1024, c: 768, nh: 12, kv: 12 }, Some(spec), 14).unwrap();
     // T not a multiple of a warp, a head size of 24.
-    let odd = Dims { b: 2, t: 37, c: 96, nh: 4 };
+    let odd = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4 };
     check(&f, odd, None, 15).unwrap();
     check(&f, odd, Some(spec), 16).unwrap();
+    // Grouped-query attention, as the CUDA op runs it beyond the fused kernels' head sizes:
+    // one sequence of a Llama 3 8B layer (hidden 4096, 32 query heads of 128 on 8 key/value
+    // heads, T = 1024), and an odd one (8 query heads on 2, T = 70).
+    check(&f, Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8 }, Some(spec), 17).unwrap();
+    check(&f, Dims { b: 2, t: 70, c: 1024, nh: 8, kv: 2 }, None, 18).unwrap();
 }

@@ -11,7 +11,8 @@ use kernels::cuda::launch::per_attention_tile;
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
 
 /// One family of the fused attention kernels: its file of kernels/cuda, its three kernels,
-/// their launch (T, B * NH, hs), the storage of their [B, T, *] tensors (qkv, out, dout,
+/// their launch (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key
+/// side), the storage of their [B, T, *] tensors (qkv, out, dout,
 /// dqkv; lse and delta are f32), and how close to the CPU's its outputs must be, relative
 /// to the largest magnitude of each output of a head.
 pub struct Fused {
@@ -49,15 +50,23 @@ pub const FP32: Fused = Fused {
     tol: 1e-5,
 };
 
-/// Head `bh`'s [T, hs] block of x, rows `stride` wide, columns from `offset`.
-fn head<T: Copy>(x: &[T], d: Dims, bh: usize, stride: usize, offset: usize) -> Vec<T> {
-    let (b, h, hs) = (bh / d.nh, bh % d.nh, d.hs());
+/// Head h of sequence b's [T, hs] block of x, rows `stride` wide, heads from column
+/// `offset`.
+fn head<T: Copy>(x: &[T], d: Dims, [b, h]: [usize; 2], stride: usize, offset: usize) -> Vec<T> {
+    let hs = d.hs();
     (0..d.t).flat_map(|t| &x[(b * d.t + t) * stride + offset + h * hs..][..hs]).copied().collect()
 }
 
-/// Forward and backward of `kernels` (built as `family`) at `d`, running the blocks of
-/// heads `heads` (b * NH + h) only; Err on the first difference from the CPU in those heads,
-/// whose op runs in f32 on the values of qkv and dout the kernels read.
+/// The blocks of a launch of `tiles` tiles of each of `heads`.
+fn blocks(heads: &[usize], tiles: usize) -> Vec<u64> {
+    heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect()
+}
+
+/// Forward and backward of `kernels` (built as `family`) at `d`, running the blocks of query
+/// heads `heads` (b * NH + h) and of the key/value heads they read only; Err on the first
+/// difference from the CPU in those heads, whose op runs in f32 on the values of qkv and
+/// dout the kernels read. The key side's blocks sum over every query head of their group,
+/// so `heads` holds whole groups.
 pub fn fused_attention(
     family: &Family,
     kernels: &Fused,
@@ -68,16 +77,21 @@ pub fn fused_attention(
 ) -> Result<(), String> {
     let storage = kernels.storage;
     let mut rng = Rng::new(seed);
-    let (qkv, dout) =
-        (storage.round(rng.uniform(d.act() * 3, 2.0)), storage.round(rng.uniform(d.act(), 1.0)));
+    let (qkv, dout) = (storage.round(rng.uniform(d.qkv(), 2.0)), storage.round(rng.uniform(d.act(), 1.0)));
     let cfg = (kernels.launch)(d.t, d.heads(), d.hs());
+    let key_cfg = (kernels.launch)(d.t, d.kv_heads(), d.hs());
     // Without dropout the kernels are passed the device's unused mask and do not read it.
     let mask = || spec.as_ref().map_or_else(unused_dropout_mask, dropout_mask);
     let on = spec.is_some() as i32;
     let rows = d.heads() * d.t;
-    let tiles = cfg.grid_dim.0 as usize;
-    let blocks: Vec<u64> =
-        heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect();
+    let mut groups: Vec<usize> = heads.iter().map(|&bh| d.kv_of(bh)).collect();
+    groups.dedup();
+    let group = d.nh / d.kv;
+    assert!(
+        groups.iter().all(|&g| (0..group).all(|r| heads.contains(&(g / d.kv * d.nh + g % d.kv * group + r)))),
+        "the heads {heads:?} must be whole groups of {group}"
+    );
+    let query_blocks = blocks(heads, cfg.grid_dim.0 as usize);
 
     let mut run = Run::new(seed);
     let (gqkv, gdout) = (storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &dout));
@@ -86,30 +100,43 @@ pub fn fused_attention(
         run.buffer(&vec![f32::NAN; rows]),
         run.buffer(&vec![f32::NAN; rows]),
     );
-    let dqkv = storage.output(&mut run, 3 * d.act());
-    // The buffers, then T, NH, hs, the mask and whether to apply it.
+    let dqkv = storage.output(&mut run, d.qkv());
+    // The buffers, then T, NH, KV, hs, the mask and whether to apply it.
     let args = |bufs: &[Buf]| -> Vec<Arg> {
-        let sizes = [d.t, d.nh, d.hs()].map(|x| Arg::from(x as i32));
+        let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
         bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
     };
-    run.launch_blocks(kernels.forward, cfg, &args(&[out, lse, gqkv]), &blocks);
+    run.launch_blocks(kernels.forward, cfg, &args(&[out, lse, gqkv]), &query_blocks);
     run.read(out);
-    run.launch_blocks(kernels.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &blocks);
-    run.launch_blocks(kernels.key_value, cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &blocks);
+    run.launch_blocks(kernels.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &query_blocks);
+    let key_blocks = blocks(&groups, key_cfg.grid_dim.0 as usize);
+    run.launch_blocks(kernels.key_value, key_cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &key_blocks);
     run.read(dqkv);
     let got = family.run(run)?;
 
     let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
-    let (out, dqkv, c) = (storage.read(&got, out), storage.read(&got, dqkv), d.c);
+    let (out, dqkv, c, w) = (storage.read(&got, out), storage.read(&got, dqkv), d.c, d.width());
+    // Sums of terms of either sign in another order: judged against the largest magnitude.
+    let compare = |what: String, x: &[f32], want: &[f32], at: [usize; 2], stride, offset| {
+        kernels.check(&what, &head(x, d, at, stride, offset), &head(want, d, at, stride, offset))
+    };
     for &bh in heads {
-        // Sums of terms of either sign in another order: judged against the largest magnitude.
-        let want = head(&want_out, d, bh, c, 0);
-        kernels.check(&format!("{storage} fused out, head {bh} {case}"), &head(&out, d, bh, c, 0), &want)?;
-        for (part, offset) in ["dq", "dk", "dv"].iter().zip([0, c, 2 * c]) {
-            let want = head(&want_dqkv, d, bh, 3 * c, offset);
-            let got = head(&dqkv, d, bh, 3 * c, offset);
-            kernels.check(&format!("{storage} fused {part}, head {bh} {case}"), &got, &want)?;
+        let at = [bh / d.nh, bh % d.nh];
+        compare(format!("{storage} fused out, head {bh} {case}"), &out, &want_out, at, c, 0)?;
+        compare(format!("{storage} fused dq, head {bh} {case}"), &dqkv, &want_dqkv, at, w, 0)?;
+    }
+    for &g in &groups {
+        let at = [g / d.kv, g % d.kv];
+        for (part, offset) in [("dk", c), ("dv", c + d.kv * d.hs())] {
+            compare(
+                format!("{storage} fused {part}, key/value head {g} {case}"),
+                &dqkv,
+                &want_dqkv,
+                at,
+                w,
+                offset,
+            )?;
         }
     }
     Ok(())
@@ -119,12 +146,15 @@ const KEY: DropoutKey =
     DropoutKey { seed: 99, step: 4, microbatch: 1, layer: 9, site: DropoutSite::AttentionProbs };
 
 /// Two odd heads: T = 37 ends inside a second tile, head size 24 below a warp.
-pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4 };
+pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4 };
 pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY };
 /// GPT-2's head size with T = 100: two tiles, the last partial, in both heads.
-pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2 };
+pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2, kv: 2 };
 /// GPT-2 124M's step in full: B = 4, T = 1024, C = 768, 12 heads of 64.
-pub const GPT2: Dims = Dims { b: 4, t: 1024, c: 768, nh: 12 };
+pub const GPT2: Dims = Dims { b: 4, t: 1024, c: 768, nh: 12, kv: 12 };
+/// Grouped-query attention: 8 query heads on 2 key/value heads (Llama 3's 4 a group) of 16,
+/// T = 77 ending inside a second tile of 64 (and a fifth of the fp32 key side's 16).
+pub const GROUPED: Dims = Dims { b: 2, t: 77, c: 128, nh: 8, kv: 2 };
 
 #[test]
 fn fused_attention_matches_the_cpu() {
@@ -137,4 +167,7 @@ fn fused_attention_matches_the_cpu() {
     fused_attention(&family, &FP32, ODD, &all, None, 32).unwrap();
     fused_attention(&family, &FP32, ODD, &all, Some(SPEC), 33).unwrap();
     fused_attention(&family, &FP32, TWO_TILES, &[0, 1], Some(SPEC), 34).unwrap();
+    let all: Vec<usize> = (0..GROUPED.heads()).collect();
+    fused_attention(&family, &FP32, GROUPED, &all, None, 35).unwrap();
+    fused_attention(&family, &FP32, GROUPED, &all, Some(SPEC), 36).unwrap();
 }

@@ -5,7 +5,7 @@
 //! activations and their gradients under bf16; lse and delta stay fp32.
 
 use crate::attention::Dims;
-use crate::fused_attention::{fused_attention, Fused, GPT2, SPEC, TWO_TILES};
+use crate::fused_attention::{fused_attention, Fused, GPT2, GROUPED, SPEC, TWO_TILES};
 use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
@@ -42,7 +42,7 @@ pub const BF16: Fused = Fused {
 
 /// Every head of two odd sequences: T = 77 ends inside a second tile of 64, heads of 32
 /// take two k steps of 16.
-pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2 };
+pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2, kv: 2 };
 
 #[test]
 fn fused_attention_mma_matches_the_cpu() {
@@ -57,8 +57,12 @@ fn fused_attention_mma_matches_the_cpu() {
     fused_attention(&family, &BF16, ODD, &all, None, 54).unwrap();
     fused_attention(&family, &BF16, ODD, &all, Some(SPEC), 55).unwrap();
     // The smallest head size, one k step: T = 37 inside one tile.
-    let small = Dims { b: 1, t: 37, c: 48, nh: 3 };
+    let small = Dims { b: 1, t: 37, c: 48, nh: 3, kv: 3 };
     fused_attention(&family, &BF16, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
+    // Grouped-query attention, 4 query heads a key/value head, read in place.
+    let all: Vec<usize> = (0..GROUPED.heads()).collect();
+    fused_attention(&family, &BF16, GROUPED, &all, None, 59).unwrap();
+    fused_attention(&family, &BF16, GROUPED, &all, Some(SPEC), 60).unwrap();
 }
 
 /// The forward's output bit for bit where every step before its rounding is exact: with
@@ -74,10 +78,10 @@ fn fused_attention_mma_rounds_its_output_once() {
     for (d, seed) in [(ODD, 57), (TWO_TILES, 58)] {
         let (c, t) = (d.c, d.t);
         let eighths: Vec<f32> =
-            Rng::new(seed).uniform(3 * d.act(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
+            Rng::new(seed).uniform(d.qkv(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
         // q = 0, k and v eighths.
         let qkv: Vec<f32> =
-            eighths.iter().enumerate().map(|(e, &x)| if e % (3 * c) < c { 0.0 } else { x }).collect();
+            eighths.iter().enumerate().map(|(e, &x)| if e % d.width() < c { 0.0 } else { x }).collect();
         let cfg = (BF16.launch)(t, d.heads(), d.hs());
         let mut run = Run::new(seed);
         let nan = bf16::NAN.to_bits();
@@ -89,7 +93,7 @@ fn fused_attention_mma_rounds_its_output_once() {
         let args: Vec<Arg> = [out, lse, gqkv]
             .map(Arg::from)
             .into_iter()
-            .chain([t, d.nh, d.hs()].map(|x| Arg::from(x as i32)))
+            .chain([t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32)))
             .chain([unused_dropout_mask(), 0i32.into()])
             .collect();
         run.launch(BF16.forward, cfg, &args);
@@ -101,7 +105,7 @@ fn fused_attention_mma_rounds_its_output_once() {
                 let (b, i) = (row / t, row % t);
                 // v of keys 0 ..= i in this column, summed exactly, from +0 as the
                 // accumulators start (so that a sum of -0 is +0, as the kernel's is).
-                let sum = (0..=i).fold(0.0f32, |sum, j| sum + qkv[(b * t + j) * 3 * c + 2 * c + col]);
+                let sum = (0..=i).fold(0.0f32, |sum, j| sum + qkv[(b * t + j) * d.width() + 2 * c + col]);
                 bf16::from_f32(sum * (1.0 / (i + 1) as f32)).to_bits()
             })
             .collect();
