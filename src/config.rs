@@ -636,13 +636,6 @@ impl Config {
         Ok(())
     }
 
-    /// The first family flag whose kernels the CUDA backend lacks, as (key, what): training
-    /// refuses it on `device: cuda` (the simulator models any).
-    pub fn family_without_cuda_kernels(&self) -> Option<(&'static str, String)> {
-        let gqa = self.group_query_attention;
-        gqa.then_some(("group_query_attention", "group_query_attention".into()))
-    }
-
     /// The model's architecture, as the family flags describe it.
     pub fn architecture(&self) -> Architecture {
         Architecture {

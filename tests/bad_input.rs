@@ -142,23 +142,3 @@ fn bf16_on_cuda_needs_a_head_size_the_tensor_cores_take() {
     );
     assert!(!dir.join("run").exists(), "a failed config created the run dir");
 }
-
-/// The CUDA backend has no kernels for most of the Llama family yet (RMSNorm it has): training
-/// one there is a config error naming the first flag it lacks, said before any GPU is opened. `simulate` models
-/// any family on a GPU.
-#[test]
-fn the_llama_family_on_cuda_is_refused_in_training_only() {
-    let dir = temp_dir("bad-llama-cuda");
-    let cases = [(
-        "group_query_attention: true\nnum_query_groups: 2\n",
-        "c.yaml: key `group_query_attention`: group_query_attention has no CUDA kernels yet",
-    )];
-    for (flag, needle) in cases {
-        let yaml = format!("{SMALL}device: cuda\n{flag}");
-        assert_user_error(&train_err(&dir, &yaml, &[]), needle);
-        assert!(!dir.join("run").exists(), "{flag}: the run dir was made");
-        let cfg = write_config(&dir, "c.yaml", &yaml);
-        let o = bin().args(["simulate", "--config"]).arg(&cfg).output().unwrap();
-        assert!(o.status.success(), "{flag}: simulate refused it: {}", stderr(&o));
-    }
-}

@@ -151,24 +151,45 @@ fn no_biases_and_an_untied_head_on_the_standin_are_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&cfg, &dir, &flags);
 }
 
-/// The Llama family's architecture but for grouped-query attention (RMSNorm, rotary
-/// positions, SwiGLU, no biases, an untied output layer): configs/llama-tiny.yaml with one
-/// key/value head per query head, on the stand-in as on the CPU.
+/// configs/llama-tiny.yaml at two micro-batches of 2, with `edits` to its text.
+fn llama_tiny(dir: &Path, edits: &[(&str, &str)]) -> PathBuf {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-tiny.yaml"))
+        .unwrap()
+        .replace("micro_batch_size: 16", "micro_batch_size: 2")
+        .replace("global_batch_size: 16", "global_batch_size: 4");
+    let text = edits.iter().fold(text, |text, (from, to)| {
+        assert!(text.contains(from), "llama-tiny.yaml has no {from:?}");
+        text.replace(from, to)
+    });
+    write_config(dir, "llama.yaml", &text)
+}
+
+/// The Llama family (RMSNorm, rotary positions, SwiGLU, grouped-query attention with 2 query
+/// heads a key/value head, no biases, an untied output layer): configs/llama-tiny.yaml, on
+/// the stand-in as on the CPU. Its heads of 16 run the fused attention kernels.
 #[test]
-fn a_llama_without_grouped_query_attention_on_the_standin_is_the_cpu_within_1e_5() {
-    if !nvrtc("a_llama_without_grouped_query_attention_on_the_standin_is_the_cpu_within_1e_5") {
+fn the_llama_family_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("the_llama_family_on_the_standin_is_the_cpu_within_1e_5") {
         return;
     }
     let dir = temp_dir("standin-llama");
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-tiny.yaml"))
-        .unwrap();
-    let text = text
-        .replace("group_query_attention: true\nnum_query_groups: 2\n", "")
-        .replace("micro_batch_size: 16", "micro_batch_size: 2")
-        .replace("global_batch_size: 16", "global_batch_size: 4");
-    assert!(!text.contains("group_query_attention") && text.contains("swiglu: true"));
-    let cfg = write_config(&dir, "llama.yaml", &text);
-    assert_cuda_is_the_cpu(&cfg, &dir, &[]);
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &[]), &dir, &[]);
+}
+
+/// The same at Llama's head size of 128 (2 query heads on one key/value head), which runs
+/// the unfused attention core.
+#[test]
+fn a_llama_with_heads_of_128_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("a_llama_with_heads_of_128_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-llama-128");
+    let edits = [
+        ("hidden_size: 64", "hidden_size: 256"),
+        ("num_attention_heads: 4", "num_attention_heads: 2"),
+        ("num_query_groups: 2", "num_query_groups: 1"),
+    ];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &edits), &dir, &[]);
 }
 
 /// Two stages in threads share one stand-in GPU, each on its own stream: activations and

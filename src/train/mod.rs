@@ -47,13 +47,5 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             kernels::FUSED_MAX_HEAD_SIZE
         ))));
     }
-    if cfg.device == config::DeviceKind::Cuda {
-        if let Some((key, what)) = cfg.family_without_cuda_kernels() {
-            return Err(launch::quiet_unless_root(user_error(format!(
-                "{}: key `{key}`: {what} has no CUDA kernels yet; device: cuda trains GPT-2's architecture (simulate takes any)",
-                args.config.display()
-            ))));
-        }
-    }
     launch::run(args, cfg)
 }
