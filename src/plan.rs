@@ -20,6 +20,12 @@ use std::path::Path;
 /// The model's shape for one microbatch: the config's architecture and sizes, and what the
 /// device it runs on keeps and stores.
 pub fn shape(c: &Config) -> ModelShape {
+    // As the device the trainer builds stores them (rank.rs); the CPU stores f32 only, and
+    // validation allows bf16 only on CUDA.
+    let activations = match (c.device, c.precision) {
+        (DeviceKind::Cuda, Precision::Bf16) => DType::Bf16,
+        _ => DType::F32,
+    };
     ModelShape {
         arch: c.architecture(),
         num_layers: c.num_layers,
@@ -33,15 +39,10 @@ pub fn shape(c: &Config) -> ModelShape {
         micro_batch: c.micro_batch_size,
         attention_dropout: c.attention_dropout > 0.0,
         attention: match c.device {
-            DeviceKind::Cuda => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads),
+            DeviceKind::Cuda => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads, activations),
             DeviceKind::Cpu => AttentionSaves::Probabilities,
         },
-        // As the device the trainer builds stores them (rank.rs); the CPU stores f32 only,
-        // and validation allows bf16 only on CUDA.
-        activations: match (c.device, c.precision) {
-            (DeviceKind::Cuda, Precision::Bf16) => DType::Bf16,
-            _ => DType::F32,
-        },
+        activations,
     }
 }
 

@@ -127,18 +127,22 @@ fn run_dir_and_checkpoint_mistakes_overwrite_nothing() {
 }
 
 /// bf16 activations have only the tensor-core attention kernels: a head size they do not
-/// take (here 96 / 4 = 24, no multiple of 16) is a config error, said before any GPU is
-/// opened, so it needs none.
+/// take (96 / 4 = 24, no multiple of 16; 576 / 4 = 144, above 128) is a config error, said
+/// before any GPU is opened, so it needs none.
 #[test]
 fn bf16_on_cuda_needs_a_head_size_the_tensor_cores_take() {
     let dir = temp_dir("bad-bf16-heads");
-    let yaml =
-        format!("{SMALL}device: cuda\nprecision: bf16\n").replace("hidden_size: 64", "hidden_size: 96");
-    let o = train_err(&dir, &yaml, &[]);
-    assert_user_error(
-        &o,
-        "c.yaml: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is \
-         a multiple of 16 up to 64, got 24",
-    );
-    assert!(!dir.join("run").exists(), "a failed config created the run dir");
+    for (hidden, head_size) in [(96, 24), (576, 144)] {
+        let yaml = format!("{SMALL}device: cuda\nprecision: bf16\n")
+            .replace("hidden_size: 64", &format!("hidden_size: {hidden}"));
+        let o = train_err(&dir, &yaml, &[]);
+        assert_user_error(
+            &o,
+            &format!(
+                "c.yaml: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) \
+                 that is a multiple of 16 up to 128, got {head_size}"
+            ),
+        );
+        assert!(!dir.join("run").exists(), "a failed config created the run dir");
+    }
 }

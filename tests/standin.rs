@@ -176,20 +176,38 @@ fn the_llama_family_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &[]), &dir, &[]);
 }
 
-/// The same at Llama's head size of 128 (2 query heads on one key/value head), which runs
-/// the unfused attention core.
+/// llama-tiny.yaml at Llama's head size of 128: 2 query heads on one key/value head.
+const HEADS_OF_128: [(&str, &str); 3] = [
+    ("hidden_size: 64", "hidden_size: 256"),
+    ("num_attention_heads: 4", "num_attention_heads: 2"),
+    ("num_query_groups: 2", "num_query_groups: 1"),
+];
+
+/// Heads of 128 in fp32 run the unfused attention core.
 #[test]
 fn a_llama_with_heads_of_128_on_the_standin_is_the_cpu_within_1e_5() {
     if !nvrtc("a_llama_with_heads_of_128_on_the_standin_is_the_cpu_within_1e_5") {
         return;
     }
     let dir = temp_dir("standin-llama-128");
-    let edits = [
-        ("hidden_size: 64", "hidden_size: 256"),
-        ("num_attention_heads: 4", "num_attention_heads: 2"),
-        ("num_query_groups: 2", "num_query_groups: 1"),
-    ];
-    assert_cuda_is_the_cpu(&llama_tiny(&dir, &edits), &dir, &[]);
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &HEADS_OF_128), &dir, &[]);
+}
+
+/// Heads of 128 in bf16 run the tensor-core kernels compiled for them: bitwise run to run,
+/// and within 2e-2 of the CPU's fp32 loss at every step (`bench gpu`'s tolerance: bf16 keeps
+/// 8 significant bits).
+#[test]
+fn a_bf16_llama_with_heads_of_128_on_the_standin_is_deterministic_and_near_fp32() {
+    if !nvrtc("a_bf16_llama_with_heads_of_128_on_the_standin_is_deterministic_and_near_fp32") {
+        return;
+    }
+    let dir = temp_dir("standin-llama-128-bf16");
+    let cfg = llama_tiny(&dir, &HEADS_OF_128);
+    let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
+    let bf16 = ["--device", "cuda", "--precision", "bf16"];
+    let (a, b) = (run(&cfg, &dir, "bf16-a", &bf16), run(&cfg, &dir, "bf16-b", &bf16));
+    assert_eq!(losses(&a), losses(&b), "bf16 run to run");
+    assert_within("cpu fp32 vs stand-in bf16", &loss_values(&cpu), &loss_values(&a), 2e-2);
 }
 
 /// Two stages in threads share one stand-in GPU, each on its own stream: activations and

@@ -76,31 +76,43 @@
 #include "mma.cuh"
 #include "philox.cuh"
 
-#define TILE 64
-#define WARPS 4
+#define ROWS 64  // a block's own rows: queries (forward, query side) or keys (key side)
+#define WARPS 4  // of 16 rows each, the rows of one m16n8k16 product
 #define THREADS (WARPS * WARP_SIZE)
-#define HS_MAX 64
-// A staged row of bf16 pairs: HS_MAX / 2 words, padded by 4 so that the lanes of a
-// fragment load (rows g, words t: word 36 g + t) hit 32 different banks, and the 8 lanes
-// of a quarter-warp's 16-byte load in accumulate (rows 2t, words 4g: word 72 t + 4g) start
-// 4 banks apart, and a quarter-warp's 16-byte stores in store_tile cover one row's 32
-// words. A row is 144 bytes, so every run of 4 words from a multiple of 4 is 16-byte aligned.
-#define WORDS (HS_MAX / 2 + 4)
-#define STEPS (HS_MAX / 16)  // head-dimension k steps of a product, at most
-#define DTILES (HS_MAX / 8)  // [16, 8] accumulators across the head dimension, at most
-#define KTILES (TILE / 8)    // [16, 8] accumulators across a tile
-#define OCTS (HS_MAX / 8)    // 16-byte runs of 8 bf16 in a row, at most
-#define FETCHES (TILE * OCTS / THREADS)  // 16-byte loads a thread makes of a staged tile
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
+
+// The kernels' sizes at head sizes up to HS, 64 or 128 (each kernel is compiled for both).
+// The other side streams through in tiles of STREAM rows: 64 at HS = 64, 32 at HS = 128,
+// so that the four staged tiles of a kernel (two buffers of two operands) stay within the
+// 48 KB of static shared memory and a warp's [16, STREAM] scores within its registers.
+template <int HS>
+struct Shape {
+    static constexpr int STREAM = HS == 64 ? 64 : 32;
+    // A staged row of bf16 pairs: HS / 2 words, padded by 4 so that the lanes of a fragment
+    // load (rows g, words t: word (HS / 2 + 4) g + t, 4g + t mod 32) hit 32 different
+    // banks, and the 8 lanes of a quarter-warp's 16-byte load in accumulate (rows 2t, words
+    // 4g: 8t + 4g mod 32) start 4 banks apart, and a quarter-warp's 16-byte stores in
+    // store_tile cover 32 consecutive words. A row is 144 or 272 bytes, so every run of 4
+    // words from a multiple of 4 is 16-byte aligned.
+    static constexpr int WORDS = HS / 2 + 4;
+    static constexpr int STEPS = HS / 16;   // head-dimension k steps of a product, at most
+    static constexpr int DTILES = HS / 8;   // [16, 8] accumulators across the head dimension
+    static constexpr int HALVES = HS / 64;  // runs of 64 columns (see accumulate)
+    static constexpr int KTILES = STREAM / 8;  // [16, 8] accumulators across a streamed tile
+    static constexpr int OCTS = HS / 8;     // 16-byte runs of 8 bf16 in a row, at most
+    static constexpr int FETCHES = STREAM * OCTS / THREADS;  // 16-byte loads a thread makes of a tile
+    static constexpr int FETCH_ROWS = THREADS / OCTS;
+};
 // Fragments, accumulators and fetched tiles are arrays that must live in registers, so
 // every index into them must be known at compile time: loops over them are bounded by the
 // array's size (STEPS, DTILES, FETCHES) and unrolled, and stop early at the head size.
 
-// TILE rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
-typedef unsigned int Tile[TILE][WORDS];
+// STREAM rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
+template <int HS>
+using Tile = unsigned int[Shape<HS>::STREAM][Shape<HS>::WORDS];
 
-// This thread's share of rows [row0, row0 + TILE) of a [T, hs] bf16 operand (row stride
+// This thread's share of rows [row0, row0 + STREAM) of a [T, hs] bf16 operand (row stride
 // `stride`), into registers: OCTS threads cover a row, 8 bf16 (16 bytes) at a time, so
 // that a quarter-warp reads one row's 128 bytes, and fetch e takes the thread's row plus
 // e * FETCH_ROWS; all of a thread's loads are in flight together. Zeros past T and past
@@ -109,47 +121,54 @@ typedef unsigned int Tile[TILE][WORDS];
 // live across the loop over tiles. For a 16-byte aligned buffer (as allocated) the loads
 // are 16-byte aligned: a row of qkv is (NH + 2 KV) hs bf16, of out and dout NH hs, and a
 // head's columns start at a multiple of hs, all multiples of 16 bf16, 32 bytes.
-#define FETCH_ROWS (THREADS / OCTS)
-__device__ __forceinline__ void fetch_tile(uint4 f[FETCHES], const bf16* x, unsigned long long stride, int row0,
-                                           int T, int hs) {
-    const int r = row0 + threadIdx.x / OCTS, c = 8 * (threadIdx.x % OCTS);
+template <int HS>
+__device__ __forceinline__ void fetch_tile(uint4 f[Shape<HS>::FETCHES], const bf16* x, unsigned long long stride,
+                                           int row0, int T, int hs) {
+    using S = Shape<HS>;
+    const int r = row0 + threadIdx.x / S::OCTS, c = 8 * (threadIdx.x % S::OCTS);
     const bf16* p = x + (unsigned long long)r * stride + c;
-    const int step = FETCH_ROWS * (int)stride;
+    const int step = S::FETCH_ROWS * (int)stride;
     #pragma unroll
-    for (int e = 0; e < FETCHES; ++e) {
+    for (int e = 0; e < S::FETCHES; ++e) {
         f[e] = make_uint4(0u, 0u, 0u, 0u);
-        if (r + e * FETCH_ROWS < T && c < hs) f[e] = *reinterpret_cast<const uint4*>(p + e * step);
+        if (r + e * S::FETCH_ROWS < T && c < hs) f[e] = *reinterpret_cast<const uint4*>(p + e * step);
     }
 }
 
 // The fetched share into a staged tile, as it was loaded (8 bf16, 4 words of pairs, a
-// lane): a quarter-warp writes one row's 32 consecutive words, free of bank conflicts.
+// lane): a quarter-warp writes 32 consecutive words of a row, free of bank conflicts.
 // Columns past hs are staged as the zeros fetched there, which accumulate's permuted
 // products read.
-__device__ __forceinline__ void store_tile(Tile tile, const uint4 f[FETCHES]) {
-    const int r = threadIdx.x / OCTS, o = threadIdx.x % OCTS;
+template <int HS>
+__device__ __forceinline__ void store_tile(Tile<HS> tile, const uint4 f[Shape<HS>::FETCHES]) {
+    using S = Shape<HS>;
+    const int r = threadIdx.x / S::OCTS, o = threadIdx.x % S::OCTS;
     #pragma unroll
-    for (int e = 0; e < FETCHES; ++e) *reinterpret_cast<uint4*>(&tile[r + e * FETCH_ROWS][4 * o]) = f[e];
+    for (int e = 0; e < S::FETCHES; ++e) *reinterpret_cast<uint4*>(&tile[r + e * S::FETCH_ROWS][4 * o]) = f[e];
 }
 
-// Rows [row0, row0 + TILE) of x fetched and staged at once, with `f` as the fetch's
+// Rows [row0, row0 + STREAM) of x fetched and staged at once, with `f` as the fetch's
 // registers: the first tile of a loop, which then stages each next tile around its products.
-__device__ __forceinline__ void stage_tile(Tile tile, uint4 f[FETCHES], const bf16* x, unsigned long long stride,
-                                           int row0, int T, int hs) {
-    fetch_tile(f, x, stride, row0, T, hs);
-    store_tile(tile, f);
+template <int HS>
+__device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FETCHES], const bf16* x,
+                                           unsigned long long stride, int row0, int T, int hs) {
+    fetch_tile<HS>(f, x, stride, row0, T, hs);
+    store_tile<HS>(tile, f);
 }
 
 // s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
 // fragments `x` (the warp's 16 rows, hs / 16 steps) against the staged rows of `y`.
-__device__ __forceinline__ void scores(float s[KTILES][4], const unsigned int x[STEPS][4], const Tile y, int hs) {
+template <int HS>
+__device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsigned int x[Shape<HS>::STEPS][4],
+                                       const Tile<HS> y, int hs) {
+    using S = Shape<HS>;
     #pragma unroll
-    for (int n = 0; n < KTILES; ++n) {
+    for (int n = 0; n < S::KTILES; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         #pragma unroll
-        for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
+        for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
             unsigned int b[2];
-            load_b(b, &y[0][0], WORDS, 8 * n, kk);
+            load_b(b, &y[0][0], S::WORDS, 8 * n, kk);
             mma_bf16_16816(s[n], x[kk], b);
         }
     }
@@ -162,49 +181,61 @@ __device__ __forceinline__ unsigned int column_pair(uint4 lo, uint4 hi, int n) {
     return n % 2 ? (l >> 16) | (h & 0xffff0000u) : (l & 0xffffu) | (h << 16);
 }
 
-// acc += P Y over the tile for one warp: P [16, TILE] in accumulators (rounded to bf16 as
-// they enter), Y [TILE, HS_MAX] the staged rows, read down its columns. The products'
-// columns are permuted: column n' of accumulator acc[n] is Y's column 8 n' + n (see
-// store_columns), so that this lane's B fragments of all DTILES products of a k step lie
-// in 8 consecutive columns of its 4 rows (8g .. 8g + 7 of rows 2t, 2t + 1, 2t + 8, 2t + 9):
-// 4 loads of 16 bytes, free of bank conflicts (the 8 lanes of a quarter-warp start 8t + 4g
-// banks apart), where a column at a time took 32 loads of 16 bits and twice the shared
-// memory bandwidth. Below HS_MAX the zero columns past hs cost their products.
-static_assert(DTILES == 8, "a lane's run of columns is one 16-byte load");
-__device__ __forceinline__ void accumulate(float acc[DTILES][4], const float p[KTILES][4], const Tile y) {
+// acc += P Y over the tile for one warp: P [16, STREAM] in accumulators (rounded to bf16
+// as they enter), Y [STREAM, HS] the staged rows, read down its columns. The products'
+// columns are permuted within each run of 64: column n' of accumulator acc[8 m + n] is Y's
+// column 64 m + 8 n' + n (see store_columns), so that this lane's B fragments of the 8
+// products of a run and a k step lie in 8 consecutive columns of its 4 rows (64 m + 8g ..
+// + 7 of rows 2t, 2t + 1, 2t + 8, 2t + 9): 4 loads of 16 bytes, free of bank conflicts (the
+// 8 lanes of a quarter-warp start 8t + 4g banks apart), where a column at a time took 32
+// loads of 16 bits and twice the shared memory bandwidth. Below HS the zero columns past hs
+// cost their products.
+template <int HS>
+__device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
+                                           const Tile<HS> y) {
+    using S = Shape<HS>;
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     #pragma unroll
-    for (int c = 0; c < TILE / 16; ++c) {
+    for (int c = 0; c < S::STREAM / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
-        uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
         #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            run[r] = *reinterpret_cast<const uint4*>(&y[16 * c + 2 * t + r % 2 + 8 * (r / 2)][4 * g]);
-        #pragma unroll
-        for (int n = 0; n < DTILES; ++n) {
-            const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
-            mma_bf16_16816(acc[n], a, b);
+        for (int m = 0; m < S::HALVES; ++m) {
+            uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                run[r] = *reinterpret_cast<const uint4*>(&y[16 * c + 2 * t + r % 2 + 8 * (r / 2)][32 * m + 4 * g]);
+            #pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
+                mma_bf16_16816(acc[8 * m + n], a, b);
+            }
         }
     }
 }
 
-// Row g + 8h of a warp's [16, HS_MAX] product accumulated by `accumulate`, times `scale`,
-// into the bf16 `row` (32-byte aligned, as fetch_tile's rows are): this lane holds columns
-// 16t .. 16t + 15 (acc[n][2h + k] is column 16t + 8k + n), written unless they lie past
-// hs, as two 16-byte stores of 8 bf16. Each value is rounded once, to nearest even, by
-// f32_to_bf16_bits, as common.cuh's store rounds it.
-__device__ __forceinline__ void store_columns(bf16* row, const float acc[DTILES][4], int h, float scale, int hs) {
+// Row g + 8h of a warp's [16, HS] product accumulated by `accumulate`, times `scale`, into
+// the bf16 `row` (32-byte aligned, as fetch_tile's rows are): this lane holds columns
+// 64m + 16t .. + 15 of each run m of 64 (acc[8m + n][2h + k] is column 64m + 16t + 8k + n),
+// written unless they lie past hs, as two 16-byte stores of 8 bf16. Each value is rounded
+// once, to nearest even, by f32_to_bf16_bits, as common.cuh's store rounds it.
+template <int HS>
+__device__ __forceinline__ void store_columns(bf16* row, const float acc[Shape<HS>::DTILES][4], int h, float scale,
+                                              int hs) {
     const int t = threadIdx.x % 4;
-    if (16 * t >= hs) return;
-    uint4* out = reinterpret_cast<uint4*>(row + 16 * t);
     #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int e = 2 * h + k;
-        out[k] = make_uint4(pack_bf16(scale * acc[0][e], scale * acc[1][e]),
-                            pack_bf16(scale * acc[2][e], scale * acc[3][e]),
-                            pack_bf16(scale * acc[4][e], scale * acc[5][e]),
-                            pack_bf16(scale * acc[6][e], scale * acc[7][e]));
+    for (int m = 0; m < Shape<HS>::HALVES; ++m) {
+        if (64 * m + 16 * t >= hs) return;
+        uint4* out = reinterpret_cast<uint4*>(row + 64 * m + 16 * t);
+        const float(*run)[4] = acc + 8 * m;
+        #pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int e = 2 * h + k;
+            out[k] = make_uint4(pack_bf16(scale * run[0][e], scale * run[1][e]),
+                                pack_bf16(scale * run[2][e], scale * run[3][e]),
+                                pack_bf16(scale * run[4][e], scale * run[5][e]),
+                                pack_bf16(scale * run[6][e], scale * run[7][e]));
+        }
     }
 }
 
@@ -226,14 +257,15 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 __device__ __forceinline__ int acc_row(int e) { return threadIdx.x % WARP_SIZE / 4 + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x % 4) + e % 2; }
 
-// A warp's [16, TILE] scores of a tile that crosses the diagonal or T, rows from r0 and
+// A warp's [16, STREAM] scores of a tile that crosses the diagonal or T, rows from r0 and
 // columns from c0: -inf where key j may not see query i, so that their exponentials are 0.
 // With queries in the rows (`transposed` false) that is j > i; rows past T are computed
 // and never stored. With queries in the columns (the key side), also i >= T, which would
 // otherwise add to every key's sums.
-__device__ __forceinline__ void mask_scores(float s[KTILES][4], int r0, int c0, int T, bool transposed) {
+template <int HS>
+__device__ __forceinline__ void mask_scores(float s[Shape<HS>::KTILES][4], int r0, int c0, int T, bool transposed) {
     #pragma unroll
-    for (int n = 0; n < KTILES; ++n) {
+    for (int n = 0; n < Shape<HS>::KTILES; ++n) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int row = r0 + acc_row(e), col = c0 + 8 * n + acc_col(e);
@@ -243,17 +275,18 @@ __device__ __forceinline__ void mask_scores(float s[KTILES][4], int r0, int c0, 
     }
 }
 
-// The dropout factors of this lane's elements of a warp's [16, TILE] tile, rows from r0 and
+// The dropout factors of this lane's elements of a warp's [16, STREAM] tile, rows from r0 and
 // columns from c0 (queries in the rows, or with `transposed` in the columns): bit 4n + e
 // of the result is set where attention_head.cuh's dropout_factor keeps element s[n][e]
 // (its factor mask.scale, else 0). The elements are drawn one at a time in a loop that is
 // not unrolled, so that 32 elements' Philox rounds do not compete for registers with the
 // products' accumulators, and the bits index no register array.
+template <int HS>
 __device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned long long bh, int T, int r0, int c0,
                                              bool transposed) {
     unsigned int bits = 0;
     #pragma unroll 1
-    for (int b = 0; b < 4 * KTILES; ++b) {
+    for (int b = 0; b < 4 * Shape<HS>::KTILES; ++b) {
         const int row = r0 + acc_row(b % 4), col = c0 + 8 * (b / 4) + acc_col(b % 4);
         const int i = transposed ? col : row, j = transposed ? row : col;
         if (dropout_factor(mask, bh, T, i, j) != 0.0f) bits |= 1u << b;
@@ -263,10 +296,11 @@ __device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned l
 
 // out[n][e] = x[n][e] times its dropout factor: mask.scale where bit 4n + e of `bits`
 // (kept's) is set, else 0. `out` may be `x`.
-__device__ __forceinline__ void times_kept(float out[KTILES][4], const float x[KTILES][4], unsigned int bits,
-                                           float scale) {
+template <int HS>
+__device__ __forceinline__ void times_kept(float out[Shape<HS>::KTILES][4], const float x[Shape<HS>::KTILES][4],
+                                           unsigned int bits, float scale) {
     #pragma unroll
-    for (int c = 0; c < KTILES; ++c) {
+    for (int c = 0; c < Shape<HS>::KTILES; ++c) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) out[c][e] = x[c][e] * (bits >> (4 * c + e) & 1u ? scale : 0.0f);
     }
@@ -282,45 +316,51 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
-// out [B, T, NH hs] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, (NH + 2 KV) hs] (bf16). Warp w
-// owns query rows i0 + 16w .. + 15; this lane keeps the running maximum m (log2 units), its
-// part of the sum l and the output o of its two rows g and g + 8. Key tiles 0 ..= the query tile: the rest are masked out.
-// At most 168 registers a thread, so that 3 blocks share an SM (see the header).
-extern "C" __global__ void __launch_bounds__(THREADS, 3)
-    fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, int T, int NH, int KV, int hs, DropoutMask mask,
-                                 int dropout) {
-    alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
+// The arguments every kernel takes after its buffers.
+#define SHAPE_ARGS int T, int NH, int KV, int hs, DropoutMask mask, int dropout
+#define SHAPE T, NH, KV, hs, mask, dropout
+
+// out [B, T, NH hs] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, (NH + 2 KV) hs]
+// (bf16), with k and v two buffers of staged key and value tiles (tile n in [n % 2]). Warp
+// w owns query rows i0 + 16w .. + 15; this lane keeps the running maximum m (log2 units),
+// its part of the sum l and the output o of its two rows g and g + 8. Key tiles up to the
+// block's last row: the rest are masked out.
+template <int HS>
+__device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out, float* lse, const bf16* qkv,
+                                        SHAPE_ARGS) {
+    using S = Shape<HS>;
     const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
-    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x, tiles = tile + 1;
-    const int i0 = tile * TILE, r0 = i0 + 16 * warp;
+    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x;
+    const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
     const float scale = LOG2E / sqrtf((float)hs);
 
-    unsigned int q[STEPS][4];  // the warp's [16, hs] queries, read once
+    unsigned int q[S::STEPS][4];  // the warp's [16, hs] queries, read once
     #pragma unroll
-    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[DTILES][4] = {};
+    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[S::DTILES][4] = {};
 
-    uint4 f[FETCHES];
-    stage_tile(k[0], f, keys, hd.stride, 0, T, hs);
-    stage_tile(v[0], f, values, hd.stride, 0, T, hs);
+    uint4 f[S::FETCHES];
+    stage_tile<HS>(k[0], f, keys, hd.stride, 0, T, hs);
+    stage_tile<HS>(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
-        const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+        const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile(f, keys, hd.stride, j0 + TILE, T, hs);
-        float s[KTILES][4];
-        scores(s, q, k[cur], hs);
+        if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
+        float s[S::KTILES][4];
+        scores<HS>(s, q, k[cur], hs);
         if (next) {
-            store_tile(k[1 - cur], f);
-            fetch_tile(f, values, hd.stride, j0 + TILE, T, hs);
+            store_tile<HS>(k[1 - cur], f);
+            fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
         }
-        if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
+        if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
         // The rows' new maxima over the quad. Key 0 is in the first tile and every row's, so
-        // a row's maximum is finite from the first tile.
+        // a row's maximum is finite from the first tile (a later tile may mask a warp's
+        // rows whole: their maximum stays, and their exponentials are 0).
         float m_new[2] = {m[0], m[1]};
         #pragma unroll
-        for (int c = 0; c < KTILES; ++c) {
+        for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 s[c][e] *= scale;
@@ -337,27 +377,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
         }
         // P into s, summed undropped (this lane's columns; the quad's parts add up at the end).
         #pragma unroll
-        for (int c = 0; c < KTILES; ++c) {
+        for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 s[c][e] = exp2f(s[c][e] - m[e / 2]);
                 l[e / 2] += s[c][e];
             }
         }
-        if (dropout) times_kept(s, s, kept(mask, hd.bh, T, r0, j0, false), mask.scale);  // P', which o accumulates
+        if (dropout) times_kept<HS>(s, s, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);  // P', which o accumulates
         #pragma unroll
-        for (int d = 0; d < DTILES; ++d) {
+        for (int d = 0; d < S::DTILES; ++d) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) o[d][e] *= correction[e / 2];
         }
-        accumulate(o, s, v[cur]);
-        if (next) store_tile(v[1 - cur], f);
+        accumulate<HS>(o, s, v[cur]);
+        if (next) store_tile<HS>(v[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
         l[h] = quad_sum(l[h]);
-        if (i < T) store_columns(out + hd.io + (unsigned long long)i * C, o, h, 1.0f / l[h], hs);
+        if (i < T) store_columns<HS>(out + hd.io + (unsigned long long)i * C, o, h, 1.0f / l[h], hs);
         if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] * LN2 + logf(l[h]);
     }
 }
@@ -366,21 +406,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 3)
 // (fp32, from the bf16 dout and out) into delta [B * NH * T] for the key side, and
 // dq_i = scale * sum_j dS_ij k_j into dqkv (bf16), with P_ij = exp(s_ij - lse_i),
 // dP_ij = keep_ij * (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i).
-extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_query_bf16(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
-                                        const bf16* dout, const float* lse, int T, int NH, int KV, int hs,
-                                        DropoutMask mask, int dropout) {
-    alignas(16) __shared__ Tile k[2], v[2];  // key and value tiles in rows, tile n in [n % 2]
+template <int HS>
+__device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf16* dqkv, float* delta,
+                                               const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
+                                               SHAPE_ARGS) {
+    using S = Shape<HS>;
     const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
     const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
-    const int tiles = tile + 1, i0 = tile * TILE, r0 = i0 + 16 * warp;
+    const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
-    unsigned int q[STEPS][4], dy[STEPS][4];  // the warp's queries and output gradients
+    unsigned int q[S::STEPS][4], dy[S::STEPS][4];  // the warp's queries and output gradients
     #pragma unroll
-    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
+    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
         load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
         load_a_bf16(dy[kk], dout + hd.io, C, r0, T, kk);
     }
@@ -400,37 +440,37 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
         if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
     }
-    float dq[DTILES][4] = {};
+    float dq[S::DTILES][4] = {};
 
-    uint4 f[FETCHES];
-    stage_tile(k[0], f, keys, hd.stride, 0, T, hs);
-    stage_tile(v[0], f, values, hd.stride, 0, T, hs);
+    uint4 f[S::FETCHES];
+    stage_tile<HS>(k[0], f, keys, hd.stride, 0, T, hs);
+    stage_tile<HS>(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
-        const int j0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+        const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile(f, keys, hd.stride, j0 + TILE, T, hs);
-        float s[KTILES][4], dp[KTILES][4];
-        scores(s, q, k[cur], hs);
-        if (next) store_tile(k[1 - cur], f);
-        scores(dp, dy, v[cur], hs);
-        if (n == tiles - 1) mask_scores(s, r0, j0, T, false);  // the diagonal tile
-        if (dropout) times_kept(dp, dp, kept(mask, hd.bh, T, r0, j0, false), mask.scale);
+        if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
+        float s[S::KTILES][4], dp[S::KTILES][4];
+        scores<HS>(s, q, k[cur], hs);
+        if (next) store_tile<HS>(k[1 - cur], f);
+        scores<HS>(dp, dy, v[cur], hs);
+        if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
+        if (dropout) times_kept<HS>(dp, dp, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);
         // dS into s; zero where masked (P = 0).
         #pragma unroll
-        for (int c = 0; c < KTILES; ++c) {
+        for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e)
                 s[c][e] = exp2f(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
         }
         // The next value tile's loads run under dq's product, which leaves s, not dp, live.
-        if (next) fetch_tile(f, values, hd.stride, j0 + TILE, T, hs);
-        accumulate(dq, s, k[cur]);
-        if (next) store_tile(v[1 - cur], f);
+        if (next) fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
+        accumulate<HS>(dq, s, k[cur]);
+        if (next) store_tile<HS>(v[1 - cur], f);
     }
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
-        if (i < T) store_columns(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
+        if (i < T) store_columns<HS>(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
     }
 }
 
@@ -439,91 +479,93 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // scale * sum_i dS_ij q_i over the query tiles from the diagonal on, of each query head of
 // the group in ascending order, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
 // works on the transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are
-// queries.
-extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_key_value_bf16(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
-                                            const float* delta, int T, int NH, int KV, int hs, DropoutMask mask,
-                                            int dropout) {
-    alignas(16) __shared__ Tile q[2], dy[2];  // query and output gradient tiles in rows, tile n in [n % 2]
-    __shared__ float L[2][TILE], D[2][TILE];  // lse (log2 units) and delta of those queries
+// queries. q and dy are two buffers of staged query and output gradient tiles, L and D two
+// of those queries' lse (log2 units) and delta.
+template <int HS>
+__device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2], float L[2][Shape<HS>::STREAM],
+                                                   float D[2][Shape<HS>::STREAM], bf16* dqkv, const bf16* qkv,
+                                                   const bf16* dout, const float* lse, const float* delta,
+                                                   SHAPE_ARGS) {
+    using S = Shape<HS>;
     const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
-    const int warp = threadIdx.x / WARP_SIZE, first = blockIdx.x, tiles = (T + TILE - 1) / TILE;
-    const int j0 = blockIdx.x * TILE, c0 = j0 + 16 * warp;
+    const int warp = threadIdx.x / WARP_SIZE, tiles = (T + S::STREAM - 1) / S::STREAM;
+    const int j0 = blockIdx.x * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
-    unsigned int k[STEPS][4], v[STEPS][4];  // the warp's keys and values, read once
+    unsigned int k[S::STEPS][4], v[S::STEPS][4];  // the warp's keys and values, read once
     #pragma unroll
-    for (int kk = 0; kk < STEPS && 16 * kk < hs; ++kk) {
+    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
         load_a_bf16(k[kk], qkv + kv.k, kv.stride, c0, T, kk);
         load_a_bf16(v[kk], qkv + kv.v, kv.stride, c0, T, kk);
     }
-    float dk[DTILES][4] = {}, dv[DTILES][4] = {};
+    float dk[S::DTILES][4] = {}, dv[S::DTILES][4] = {};
 
-    uint4 f[FETCHES];
+    uint4 f[S::FETCHES];
     for (int r = 0; r < NH / KV; ++r) {
         const Head hd = group_head(r, T, NH, KV, hs);
         const bf16 *queries = qkv + hd.q, *grads = dout + hd.io;
-        // lse and delta of query i0 + threadIdx.x (threads below TILE), fetched with the rows.
+        // lse and delta of query i0 + threadIdx.x (threads below STREAM), fetched with the rows.
         float lse_i = 0.0f, delta_i = 0.0f;
         const auto fetch_stats = [&](int i0) {
             const int i = i0 + threadIdx.x;
-            lse_i = threadIdx.x < TILE && i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
-            delta_i = threadIdx.x < TILE && i < T ? delta[hd.bh * T + i] : 0.0f;
+            lse_i = threadIdx.x < S::STREAM && i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
+            delta_i = threadIdx.x < S::STREAM && i < T ? delta[hd.bh * T + i] : 0.0f;
         };
         const auto store_stats = [&](int buffer) {
-            if (threadIdx.x < TILE) {
+            if (threadIdx.x < S::STREAM) {
                 L[buffer][threadIdx.x] = lse_i;
                 D[buffer][threadIdx.x] = delta_i;
             }
         };
         __syncthreads();  // every warp is done with the previous head's last tile
-        fetch_stats(j0);
+        fetch_stats(first * S::STREAM);
         store_stats(first % 2);
-        stage_tile(q[first % 2], f, queries, hd.stride, j0, T, hs);
-        stage_tile(dy[first % 2], f, grads, C, j0, T, hs);
+        stage_tile<HS>(q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
+        stage_tile<HS>(dy[first % 2], f, grads, C, first * S::STREAM, T, hs);
         for (int n = first; n < tiles; ++n) {
-            const int i0 = n * TILE, cur = n % 2, next = n + 1 < tiles;
+            const int i0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
             __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
             if (next) {
-                fetch_stats(i0 + TILE);
-                fetch_tile(f, queries, hd.stride, i0 + TILE, T, hs);
+                fetch_stats(i0 + S::STREAM);
+                fetch_tile<HS>(f, queries, hd.stride, i0 + S::STREAM, T, hs);
             }
             // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
             // together only while dS is formed.
-            float s[KTILES][4], dp[KTILES][4];
-            scores(s, k, q[cur], hs);
+            float s[S::KTILES][4], dp[S::KTILES][4];
+            scores<HS>(s, k, q[cur], hs);
             if (next) {
                 store_stats(1 - cur);
-                store_tile(q[1 - cur], f);
+                store_tile<HS>(q[1 - cur], f);
             }
-            if (n == first || i0 + TILE > T) mask_scores(s, c0, i0, T, true);
+            // The tiles crossing the diagonal, and the last if it runs past T.
+            if (i0 < j0 + ROWS || i0 + S::STREAM > T) mask_scores<HS>(s, c0, i0, T, true);
             // P into s, transposed (row j, column i); zero where masked.
             #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
+            for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
             }
-            const unsigned int bits = dropout ? kept(mask, hd.bh, T, c0, i0, true) : 0u;
+            const unsigned int bits = dropout ? kept<HS>(mask, hd.bh, T, c0, i0, true) : 0u;
             if (dropout) {  // dv takes P' = P * keep, dS below P itself
-                times_kept(dp, s, bits, mask.scale);
-                accumulate(dv, dp, dy[cur]);
+                times_kept<HS>(dp, s, bits, mask.scale);
+                accumulate<HS>(dv, dp, dy[cur]);
             } else {
-                accumulate(dv, s, dy[cur]);
+                accumulate<HS>(dv, s, dy[cur]);
             }
-            scores(dp, v, dy[cur], hs);
+            scores<HS>(dp, v, dy[cur], hs);
             // dS into dp: P (keep * dP - delta).
-            if (dropout) times_kept(dp, dp, bits, mask.scale);
+            if (dropout) times_kept<HS>(dp, dp, bits, mask.scale);
             #pragma unroll
-            for (int c = 0; c < KTILES; ++c) {
+            for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
             }
             // The next output gradient tile's loads run under dk's product, which leaves only
             // dS live.
-            if (next) fetch_tile(f, grads, C, i0 + TILE, T, hs);
-            accumulate(dk, dp, q[cur]);
-            if (next) store_tile(dy[1 - cur], f);
+            if (next) fetch_tile<HS>(f, grads, C, i0 + S::STREAM, T, hs);
+            accumulate<HS>(dk, dp, q[cur]);
+            if (next) store_tile<HS>(dy[1 - cur], f);
         }
     }
     #pragma unroll
@@ -531,7 +573,47 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         const int j = c0 + acc_row(2 * h);
         if (j >= T) continue;
         bf16* g = dqkv + (unsigned long long)j * kv.stride;
-        store_columns(g + kv.k, dk, h, scale, hs);
-        store_columns(g + kv.v, dv, h, 1.0f, hs);
+        store_columns<HS>(g + kv.k, dk, h, scale, hs);
+        store_columns<HS>(g + kv.v, dv, h, 1.0f, hs);
     }
+}
+
+// The entry points, head sizes up to 64 and (suffix _hs128) up to 128, each with its
+// shared memory. The forward at 64 takes at most 168 registers a thread, so that 3 blocks
+// share an SM (see the header).
+extern "C" __global__ void __launch_bounds__(THREADS, 3)
+    fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<64> k[2], v[2];
+    forward<64>(k, v, out, lse, qkv, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+    fused_attention_forward_bf16_hs128(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<128> k[2], v[2];
+    forward<128>(k, v, out, lse, qkv, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_query_bf16(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
+                                        const bf16* dout, const float* lse, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<64> k[2], v[2];
+    backward_query<64>(k, v, dqkv, delta, qkv, out, dout, lse, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_query_bf16_hs128(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
+                                              const bf16* dout, const float* lse, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<128> k[2], v[2];
+    backward_query<128>(k, v, dqkv, delta, qkv, out, dout, lse, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_key_value_bf16(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                            const float* delta, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<64> q[2], dy[2];
+    __shared__ float L[2][Shape<64>::STREAM], D[2][Shape<64>::STREAM];
+    backward_key_value<64>(q, dy, L, D, dqkv, qkv, dout, lse, delta, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_key_value_bf16_hs128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                                  const float* delta, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<128> q[2], dy[2];
+    __shared__ float L[2][Shape<128>::STREAM], D[2][Shape<128>::STREAM];
+    backward_key_value<128>(q, dy, L, D, dqkv, qkv, dout, lse, delta, SHAPE);
 }

@@ -9,37 +9,42 @@
 
 use crate::device::Device;
 use crate::memory::Category;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
-/// The largest head size the fused kernels take (`HS_MAX` in fused_attention.cu: the
+/// The largest head size the fp32 fused kernels take (`HS_MAX` in fused_attention.cu: the
 /// micro-tiles of a row of 16 threads cover 64 dimensions).
 pub const FUSED_MAX_HEAD_SIZE: usize = 64;
 
 /// The k of one bf16 m16n8k16 product: the tensor-core attention kernels (the only ones
 /// for bf16 activations) take head sizes that are multiples of it, up to
-/// [`FUSED_MAX_HEAD_SIZE`].
+/// [`ATTENTION_MMA_MAX_HEAD_SIZE`].
 pub const ATTENTION_MMA_K: usize = 16;
+
+/// The largest head size the tensor-core attention kernels take (fused_attention_mma.cu is
+/// compiled for heads up to 64 and up to 128, Llama's).
+pub const ATTENTION_MMA_MAX_HEAD_SIZE: usize = 128;
 
 /// Whether the tensor-core attention kernels take head size `head_size`.
 pub fn attention_mma_fits(head_size: usize) -> bool {
-    head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= FUSED_MAX_HEAD_SIZE
+    head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= ATTENTION_MMA_MAX_HEAD_SIZE
 }
 
 /// Which tensors the attention core keeps for its backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionSaves {
     /// P [B,NH,T,T], and under dropout P' [B,NH,T,T]: the unfused core (the CPU backend,
-    /// and the CUDA backend at head sizes above [`FUSED_MAX_HEAD_SIZE`]).
+    /// and the CUDA backend's fp32 activations at head sizes above [`FUSED_MAX_HEAD_SIZE`]).
     Probabilities,
     /// lse [B,NH,T], max + log(sum of exp) of each query row's scaled scores: the fused core.
     RowLogSumExp,
 }
 
 impl AttentionSaves {
-    /// What the CUDA backend keeps at head size `head_size`: the fused core wherever its
-    /// kernels take the head size.
-    pub fn cuda(head_size: usize) -> AttentionSaves {
-        if head_size <= FUSED_MAX_HEAD_SIZE {
+    /// What the CUDA backend keeps at head size `head_size` over activations of `dtype`: the
+    /// fused core wherever its kernels take the head size (bf16 activations run only the
+    /// tensor-core kernels, which the trainer checks take it).
+    pub fn cuda(head_size: usize, dtype: DType) -> AttentionSaves {
+        if dtype == DType::Bf16 || head_size <= FUSED_MAX_HEAD_SIZE {
             AttentionSaves::RowLogSumExp
         } else {
             AttentionSaves::Probabilities

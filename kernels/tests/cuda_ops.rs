@@ -433,7 +433,7 @@ fn attention_matches_with_and_without_dropout() {
     // The fused core the device runs at this head size (24), and the unfused one it runs
     // above 64.
     // Multi-head, and grouped-query attention with two and four query heads a key/value head.
-    assert_eq!(AttentionSaves::cuda(C / NH), AttentionSaves::RowLogSumExp);
+    assert_eq!(AttentionSaves::cuda(C / NH, DType::F32), AttentionSaves::RowLogSumExp);
     for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
         for kv in [NH, 2, 1] {
             attention_case(&gpu, kind, None, [B, T, C, NH, kv], TOL, &mut rng);
@@ -444,13 +444,13 @@ fn attention_matches_with_and_without_dropout() {
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
-/// Llama's head size of 128, above the fused kernels', through the unfused core: 4 query
-/// heads on 2 key/value heads at T = 40.
+/// Llama's head size of 128, above the fp32 fused kernels', through the unfused core: 4
+/// query heads on 2 key/value heads at T = 40.
 #[test]
 fn grouped_attention_at_head_size_128_matches() {
     let Some(gpu) = gpu("grouped_attention_at_head_size_128_matches") else { return };
     let mut rng = seeded("attention 128");
-    let kind = AttentionSaves::cuda(128);
+    let kind = AttentionSaves::cuda(128, DType::F32);
     assert_eq!(kind, AttentionSaves::Probabilities);
     let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
     for spec in [None, spec] {
@@ -468,8 +468,18 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     // (fused_attention_mma.cu), judged against the largest magnitude as
     // kernels/tests/simt/fused_attention_mma.rs judges the same kernels: heads of 64 with a
     // partial last tile, and of 32 and 16 at odd T, multi-head and 8 query heads on 2
-    // key/value heads.
-    for dims in [[2, 100, 128, 2, 2], [2, 77, 64, 2, 2], [1, 37, 48, 3, 3], [2, 77, 128, 8, 2]] {
+    // key/value heads; and the kernels for larger heads, Llama's 128 (4 query heads on 2)
+    // and 80.
+    let dims = [
+        [2, 100, 128, 2, 2],
+        [2, 77, 64, 2, 2],
+        [1, 37, 48, 3, 3],
+        [2, 77, 128, 8, 2],
+        [1, 70, 512, 4, 2],
+        [1, 45, 160, 2, 2],
+    ];
+    for dims in dims {
+        assert_eq!(AttentionSaves::cuda(dims[2] / dims[3], DType::Bf16), AttentionSaves::RowLogSumExp);
         attention_case(&gpu, AttentionSaves::RowLogSumExp, None, dims, 2e-2, &mut rng);
         attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, dims, 2e-2, &mut rng);
     }
@@ -716,8 +726,13 @@ fn every_op_is_bitwise_repeatable() {
     let run = || {
         let qkv_t = put(&gpu, &qkv, &[B, T, 3 * C]);
         let mut out = gpu.zeros(&[B, T, C], Category::Workspace);
-        let mut saved =
-            AttentionSaved::empty(&gpu, AttentionSaves::cuda(C / NH), [B, NH, T], true, Category::Workspace);
+        let mut saved = AttentionSaved::empty(
+            &gpu,
+            AttentionSaves::cuda(C / NH, DType::F32),
+            [B, NH, T],
+            true,
+            Category::Workspace,
+        );
         gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH, NH);
         let AttentionSaved::RowLogSumExp { lse } = &saved else {
             unreachable!("the fused core at head size 24")

@@ -22,7 +22,7 @@ use crate::config::{Config, DeviceKind, Named, Precision};
 use crate::data::TokenFile;
 use crate::error::NoDevice;
 use kernels::cpu::CpuDevice;
-use kernels::{AttentionSaves, Device};
+use kernels::{AttentionSaves, DType, Device};
 use std::path::Path;
 
 /// Training steps of the loss-curve comparisons.
@@ -113,7 +113,8 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     eprintln!("bench gpu: {device}: every op against the CPU's");
     let standin = device.contains(kernels::STANDIN_GPU_NAME);
     let sizes = if standin { ops::Sizes::STANDIN } else { ops::Sizes::GPT2_SMALL };
-    let (cuda, cpu) = (AttentionSaves::cuda(sizes.c / sizes.heads), AttentionSaves::Probabilities);
+    let (cuda, cpu) =
+        (AttentionSaves::cuda(sizes.c / sizes.heads, DType::F32), AttentionSaves::Probabilities);
     let mut rows = ops::rows((&*gpu, cuda), (&CpuDevice::new(threads), cpu), sizes);
     let path = &args.config;
     let on = |device, precision| Config { device, precision, ..cfg.clone() };

@@ -44,7 +44,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
             args.config.display(),
             kernels::ATTENTION_MMA_K,
-            kernels::FUSED_MAX_HEAD_SIZE
+            kernels::ATTENTION_MMA_MAX_HEAD_SIZE
         ))));
     }
     launch::run(args, cfg)

@@ -11,8 +11,8 @@
 //!
 //! On bf16 activations (`precision: bf16`) the same three launches run
 //! fused_attention_mma.cu instead, which reads and writes bf16 and multiplies on tensor
-//! cores into fp32 (sm_80 and later, head sizes that are multiples of 16; the SIMT
-//! harness's fused_attention_mma.rs checks them).
+//! cores into fp32 (sm_80 and later, head sizes that are multiples of 16, compiled for
+//! heads up to 64 and up to 128; the SIMT harness's fused_attention_mma.rs checks them).
 
 use super::attention::Dims;
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
@@ -49,6 +49,12 @@ const BF16: Kernels = Kernels {
     query: "fused_attention_backward_query_bf16",
     key_value: "fused_attention_backward_key_value_bf16",
 };
+/// The tensor-core kernels compiled for head sizes above 64, up to 128.
+const BF16_HS128: Kernels = Kernels {
+    forward: "fused_attention_forward_bf16_hs128",
+    query: "fused_attention_backward_query_bf16_hs128",
+    key_value: "fused_attention_backward_key_value_bf16_hs128",
+};
 
 impl CudaDevice {
     /// The kernels for qkv of `dtype`, and the launch of those over `heads` heads of `d`
@@ -57,7 +63,8 @@ impl CudaDevice {
     /// that fits them), f32 ones to CUDA cores.
     fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (&'static Kernels, LaunchConfig) {
         match dtype {
-            DType::Bf16 => (&BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::Bf16 if d.hs <= 64 => (&BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::Bf16 => (&BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
             DType::F32 => (&FP32, per_attention_tile(d.t, heads, d.hs)),
         }
     }

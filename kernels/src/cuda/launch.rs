@@ -3,7 +3,9 @@
 //! SIMT emulation harness (kernels/tests/simt) launches the kernels exactly as the device
 //! does.
 
-use crate::attention::{attention_mma_fits, ATTENTION_MMA_K, FUSED_MAX_HEAD_SIZE};
+use crate::attention::{
+    attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
+};
 use cudarc::driver::LaunchConfig;
 
 /// Threads per block of the elementwise and warp-per-row kernels.
@@ -100,7 +102,7 @@ pub const ATTENTION_MMA_TILE: usize = 64;
 pub fn per_attention_tile_bf16(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
     assert!(
         attention_mma_fits(head_size),
-        "fused bf16 attention: head size {head_size} is not a multiple of {ATTENTION_MMA_K} up to {FUSED_MAX_HEAD_SIZE}"
+        "fused bf16 attention: head size {head_size} is not a multiple of {ATTENTION_MMA_K} up to {ATTENTION_MMA_MAX_HEAD_SIZE}"
     );
     LaunchConfig {
         grid_dim: (grid(t.div_ceil(ATTENTION_MMA_TILE), "attention tiles"), grid(heads, "heads"), 1),

@@ -82,8 +82,11 @@ pub const SOURCES: &[KernelSource] = &[
         source: include_str!("../../cuda/fused_attention_mma.cu"),
         kernels: &[
             "fused_attention_forward_bf16",
+            "fused_attention_forward_bf16_hs128",
             "fused_attention_backward_query_bf16",
+            "fused_attention_backward_query_bf16_hs128",
             "fused_attention_backward_key_value_bf16",
+            "fused_attention_backward_key_value_bf16_hs128",
         ],
     },
     KernelSource {
