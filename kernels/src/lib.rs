@@ -14,6 +14,10 @@ pub mod counters;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+/// The build scripts' reading of kernels/cuda, tested here (they have no tests of their own).
+#[cfg(test)]
+#[path = "../build/cuda_decls.rs"]
+mod cuda_decls;
 pub mod device;
 pub mod dropout;
 pub mod memory;

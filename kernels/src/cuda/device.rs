@@ -232,7 +232,7 @@ pub(super) fn cu16_mut(t: &mut Tensor) -> &mut CudaSlice<u16> {
 }
 
 /// A tensor's elements as a kernel argument, whichever their type: the kernel (an f32 one
-/// or its `_bf16` twin, see [`by_dtype`]) is chosen to match.
+/// or its `_bf16` twin, see [`kernel_name`](super::sources::kernel_name)) is chosen to match.
 pub(super) enum Buf<'a> {
     F32(&'a CudaSlice<f32>),
     Bf16(&'a CudaSlice<u16>),
@@ -282,14 +282,6 @@ pub(super) fn same_dtype(tensors: &[&Tensor]) -> DType {
     let dtype = tensors[0].dtype();
     assert!(tensors.iter().all(|t| t.dtype() == dtype), "cuda: an op's activations mix dtypes: {tensors:?}");
     dtype
-}
-
-/// A kernel family's f32 kernel or its bf16-storage twin: `(name, name_bf16)`.
-pub(super) fn by_dtype(dtype: DType, names: (&'static str, &'static str)) -> &'static str {
-    match dtype {
-        DType::F32 => names.0,
-        DType::Bf16 => names.1,
-    }
 }
 
 pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {

@@ -3,8 +3,9 @@
 //! needs no atomics and sums in row order. The activation side (out, dout) is f32 or bf16;
 //! the tables and their gradients are f32.
 
-use super::device::{buf, buf_mut, by_dtype, cu, cu_mut, int, rows_cols, CudaDevice};
+use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, CudaDevice};
 use super::launch::{per_item, per_token, rows_by_token};
+use super::sources::kernel_name;
 use crate::tensor::Tensor;
 
 fn btc(t: &Tensor, what: &str) -> (usize, usize, usize) {
@@ -29,7 +30,7 @@ impl CudaDevice {
         }
         let ids = self.upload(tokens);
         let (rows, t_i, c_i) = ((b * t) as u64, int(t), int(c));
-        let name = by_dtype(out.dtype(), ("embedding_forward", "embedding_forward_bf16"));
+        let name = kernel_name("embedding_forward", out.dtype());
         let cfg = per_item(b * t * c);
         match wpe {
             Some(wpe) => launch!(self, name, cfg, buf_mut(out), &*ids, cu(wte), cu(wpe), &rows, &t_i, &c_i),
@@ -52,11 +53,11 @@ impl CudaDevice {
         let (layout, groups) = rows_by_token(tokens);
         let layout = self.upload(&layout);
         let (g_i, c_i) = (int(groups), int(c));
-        let name = by_dtype(dout.dtype(), ("embedding_backward_wte", "embedding_backward_wte_bf16"));
+        let name = kernel_name("embedding_backward_wte", dout.dtype());
         launch!(self, name, per_token(groups), cu_mut(dwte), buf(dout), &*layout, &g_i, &c_i);
         if let Some(dwpe) = dwpe {
             let (b_i, t_i) = (int(b), int(t));
-            let name = by_dtype(dout.dtype(), ("embedding_backward_wpe", "embedding_backward_wpe_bf16"));
+            let name = kernel_name("embedding_backward_wpe", dout.dtype());
             launch!(self, name, per_item(t * c), cu_mut(dwpe), buf(dout), &b_i, &t_i, &c_i);
         }
     }

@@ -1,8 +1,9 @@
 //! Rotary position embedding in place on the query and key heads of qkv
 //! [B,T,(NH+2*KV)*hs], f32 or bf16, one thread per (row, rotated pair): kernels/cuda/rope.cu.
 
-use super::device::{buf_mut, by_dtype, int, CudaDevice};
+use super::device::{buf_mut, int, CudaDevice};
 use super::launch::per_item;
+use super::sources::kernel_name;
 use crate::tensor::Tensor;
 
 /// The rows B*T, tokens T and head size of qkv [B,T,(NH+2*KV)*hs], checked as the CPU
@@ -31,7 +32,7 @@ impl CudaDevice {
         first: usize,
     ) {
         let (rows, t, hs) = rope_dims(qkv, n_head, n_kv_head);
-        let name = by_dtype(qkv.dtype(), ("rope_forward", "rope_forward_bf16"));
+        let name = kernel_name("rope_forward", qkv.dtype());
         let (rows_u, t_i, nh_i, kv_i, hs_i, first_u) =
             (rows as u64, int(t), int(n_head), int(n_kv_head), int(hs), first as u64);
         launch!(
@@ -52,7 +53,7 @@ impl CudaDevice {
     /// The inverse rotation in place on dqkv, token t at position t.
     pub(super) fn rope_backward_op(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
         let (rows, t, hs) = rope_dims(dqkv, n_head, n_kv_head);
-        let name = by_dtype(dqkv.dtype(), ("rope_backward", "rope_backward_bf16"));
+        let name = kernel_name("rope_backward", dqkv.dtype());
         let (rows_u, t_i, nh_i, kv_i, hs_i) = (rows as u64, int(t), int(n_head), int(n_kv_head), int(hs));
         launch!(
             self,

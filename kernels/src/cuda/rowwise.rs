@@ -2,10 +2,9 @@
 //! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
-use super::device::{
-    assert_same_len, buf, buf_mut, by_dtype, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice,
-};
+use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
 use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
+use super::sources::kernel_name;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
@@ -26,7 +25,7 @@ impl CudaDevice {
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
-        let name = by_dtype(same_dtype(&[out, inp]), ("layernorm_forward", "layernorm_forward_bf16"));
+        let name = kernel_name("layernorm_forward", same_dtype(&[out, inp]));
         launch!(
             self,
             name,
@@ -62,7 +61,7 @@ impl CudaDevice {
         assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = by_dtype(dtype, ("layernorm_backward_input", "layernorm_backward_input_bf16"));
+        let name = kernel_name("layernorm_backward_input", dtype);
         launch!(
             self,
             name,
@@ -80,10 +79,9 @@ impl CudaDevice {
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let mut partial_b = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
-        let names = ("layernorm_backward_params_partial", "layernorm_backward_params_partial_bf16");
         launch!(
             self,
-            by_dtype(dtype, names),
+            kernel_name("layernorm_backward_params_partial", dtype),
             cfg,
             &mut *partial_w,
             &mut *partial_b,
@@ -112,7 +110,7 @@ impl CudaDevice {
         assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
         assert!(weight.len() == c, "rmsnorm: weight must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
-        let name = by_dtype(same_dtype(&[out, inp]), ("rmsnorm_forward", "rmsnorm_forward_bf16"));
+        let name = kernel_name("rmsnorm_forward", same_dtype(&[out, inp]));
         launch!(
             self,
             name,
@@ -143,7 +141,7 @@ impl CudaDevice {
         assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = by_dtype(dtype, ("rmsnorm_backward_input", "rmsnorm_backward_input_bf16"));
+        let name = kernel_name("rmsnorm_backward_input", dtype);
         launch!(
             self,
             name,
@@ -159,10 +157,9 @@ impl CudaDevice {
         let (cfg, chunks) = per_column_chunk(n, c);
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
-        let names = ("rmsnorm_backward_weight_partial", "rmsnorm_backward_weight_partial_bf16");
         launch!(
             self,
-            by_dtype(dtype, names),
+            kernel_name("rmsnorm_backward_weight_partial", dtype),
             cfg,
             &mut *partial_w,
             buf(dout),
@@ -180,7 +177,7 @@ impl CudaDevice {
         let (cfg, chunks) = per_column_chunk(rows, cols);
         let mut partial = self.scratch::<f32>(chunks * cols);
         let (n_i, c_i, rows_per_chunk) = (int(rows), int(cols), ROWS_PER_CHUNK as i32);
-        let name = by_dtype(x.dtype(), ("column_partial_sums", "column_partial_sums_bf16"));
+        let name = kernel_name("column_partial_sums", x.dtype());
         launch!(self, name, cfg, &mut *partial, buf(x), &n_i, &c_i, &rows_per_chunk);
         self.add_partials(out, &partial, chunks, cols);
     }
@@ -193,7 +190,7 @@ impl CudaDevice {
     /// out [N, C] += bias [C] broadcast over rows.
     pub(super) fn add_bias(&self, out: &mut Tensor, bias: &Tensor, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
-        let name = by_dtype(out.dtype(), ("bias_add", "bias_add_bf16"));
+        let name = kernel_name("bias_add", out.dtype());
         launch!(self, name, per_item(rows * cols), buf_mut(out), cu(bias), &n, &c_i);
     }
 }
