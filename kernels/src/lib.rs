@@ -10,6 +10,7 @@
 pub const STANDIN_GPU_NAME: &str = "pipetrain stand-in GPU (CPU, SIMT emulator)";
 
 pub mod attention;
+pub mod backend;
 pub mod counters;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -23,6 +24,7 @@ pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod readout;
+pub mod shapes;
 pub mod splitmix;
 pub mod tensor;
 pub mod timing;

@@ -8,20 +8,21 @@
 use super::device::{buf_mut, cu_mut, int, CudaDevice};
 use super::launch::per_row_block;
 use super::sources::kernel_name;
-use crate::device::{classifier_rows, padded_vocab, ClassifierGrad, Device};
+use crate::backend::Classifier;
+use crate::device::{padded_vocab, ClassifierGrad, Device};
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
-impl CudaDevice {
-    pub(super) fn classifier_op(
+impl Classifier for CudaDevice {
+    fn classifier_impl(
         &self,
         losses: &mut Tensor,
         inp: &Tensor,
         wte: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
+        (n, v): (usize, usize),
     ) {
-        let (n, v) = classifier_rows(losses, inp, wte, targets);
         if n == 0 {
             return;
         }

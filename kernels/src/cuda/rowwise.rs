@@ -2,15 +2,15 @@
 //! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
-use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
+use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
 use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
 use super::sources::kernel_name;
+use crate::backend::{LayerNorm, RmsNorm};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
-impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_forward_op(
+impl LayerNorm for CudaDevice {
+    fn layernorm_forward_impl(
         &self,
         out: &mut Tensor,
         mean: &mut Tensor,
@@ -21,9 +21,6 @@ impl CudaDevice {
         eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
-        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
-        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let name = kernel_name("layernorm_forward", same_dtype(&[out, inp]));
         launch!(
@@ -42,8 +39,7 @@ impl CudaDevice {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_backward_op(
+    fn layernorm_backward_impl(
         &self,
         dinp: &mut Tensor,
         dweight: &mut Tensor,
@@ -55,10 +51,6 @@ impl CudaDevice {
         rstd: &Tensor,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
-        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
-        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
         let name = kernel_name("layernorm_backward_input", dtype);
@@ -96,8 +88,10 @@ impl CudaDevice {
         self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
         self.add_partials(cu_mut(dbias), &partial_b, chunks, c);
     }
+}
 
-    pub(super) fn rmsnorm_forward_op(
+impl RmsNorm for CudaDevice {
+    fn rmsnorm_forward_impl(
         &self,
         out: &mut Tensor,
         rstd: &mut Tensor,
@@ -106,9 +100,6 @@ impl CudaDevice {
         eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
-        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
-        assert!(weight.len() == c, "rmsnorm: weight must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let name = kernel_name("rmsnorm_forward", same_dtype(&[out, inp]));
         launch!(
@@ -125,7 +116,7 @@ impl CudaDevice {
         );
     }
 
-    pub(super) fn rmsnorm_backward_op(
+    fn rmsnorm_backward_impl(
         &self,
         dinp: &mut Tensor,
         dweight: &mut Tensor,
@@ -135,10 +126,6 @@ impl CudaDevice {
         rstd: &Tensor,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
-        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
-        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
         let name = kernel_name("rmsnorm_backward_input", dtype);
@@ -171,7 +158,9 @@ impl CudaDevice {
         );
         self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
     }
+}
 
+impl CudaDevice {
     /// out [C] += column sums of x [N, C].
     pub(super) fn add_column_sums(&self, out: &mut CudaSlice<f32>, x: &Tensor, rows: usize, cols: usize) {
         let (cfg, chunks) = per_column_chunk(rows, cols);
