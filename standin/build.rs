@@ -8,6 +8,9 @@
 //! compiler (simt.hpp's `library_entry`): nothing is listed by hand. Without a C++
 //! compiler the stand-in builds with no families and says so when a module is loaded.
 
+#[path = "../kernels/build/cuda_decls.rs"]
+mod cuda_decls;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,21 +19,6 @@ use std::process::Command;
 /// host rounds a * b + c as the CPU backend does.
 const CXXFLAGS: [&str; 6] =
     ["-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden"];
-
-/// The `extern "C" __global__` kernels of a `.cu` source, in order.
-fn kernel_names(source: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    for (i, _) in source.match_indices("extern \"C\" __global__ void") {
-        let mut rest = source[i + "extern \"C\" __global__ void".len()..].trim_start();
-        if let Some(after) = rest.strip_prefix("__launch_bounds__") {
-            let close = after.find(')').expect("__launch_bounds__(...) closes");
-            rest = after[close + 1..].trim_start();
-        }
-        let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
-        names.push(rest[..end].to_string());
-    }
-    names
-}
 
 fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".into())
@@ -77,21 +65,17 @@ fn main() {
     let emulator = manifest.join("../kernels/tests/simt/simt.hpp");
     println!("cargo:rerun-if-changed={}", kernels_dir.display());
     println!("cargo:rerun-if-changed={}", emulator.display());
+    println!("cargo:rerun-if-changed={}", manifest.join("../kernels/build/cuda_decls.rs").display());
     println!("cargo:rerun-if-env-changed=CXX");
 
-    let mut families: Vec<(String, Vec<String>)> = std::fs::read_dir(&kernels_dir)
-        .expect("kernels/cuda is beside standin/")
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            name.ends_with(".cu").then_some(name)
-        })
-        .map(|file| {
-            let source = std::fs::read_to_string(kernels_dir.join(&file)).expect("a readable .cu file");
-            let kernels = kernel_names(&source);
+    let families: Vec<(String, Vec<String>)> = cuda_decls::cuda_files(&kernels_dir)
+        .into_iter()
+        .filter(|(file, _)| file.ends_with(".cu"))
+        .map(|(file, source)| {
+            let kernels = cuda_decls::kernel_names(&source);
             (file, kernels)
         })
         .collect();
-    families.sort();
 
     // As many compiles at once as there are cores: each takes a second or two.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());

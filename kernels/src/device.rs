@@ -24,10 +24,15 @@
 //!   number of threads, so recompute, any stage count and any schedule agree to the bit.
 
 use crate::attention::AttentionSaved;
+use crate::backend::{
+    AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, LayerNorm, Matmul,
+    Readouts, RmsNorm, Rope, SwiGlu,
+};
 use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
+use crate::shapes::{assert_same_len, classifier_rows, embedding_dims, matmul_dims, qkv_dims, rope_dims};
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
 use std::sync::Arc;
@@ -67,22 +72,6 @@ pub struct ClassifierGrad<'a> {
     pub dweight: &'a mut Tensor,
 }
 
-/// N and V of a [`Device::classifier`] call, after the checks every backend makes: losses
-/// and targets have N entries, and every target is below V.
-pub(crate) fn classifier_rows(
-    losses: &Tensor,
-    inp: &Tensor,
-    weight: &Tensor,
-    targets: &[u32],
-) -> (usize, usize) {
-    let (n, v) = (rows_cols(inp).0, rows_cols(weight).0);
-    assert!(losses.len() == n && targets.len() == n, "classifier: {n} rows of {inp:?}");
-    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
-        panic!("classifier: target {bad} outside a vocabulary of {v}");
-    }
-    (n, v)
-}
-
 /// The CUDA backend pads each row of logits to a multiple of this many columns: every row
 /// starts 512-byte aligned, and the GEMMs' leading dimensions are multiples of 128.
 pub const VOCAB_PADDING: usize = 128;
@@ -103,7 +92,27 @@ pub fn bf16_copy_len(shape: &[usize]) -> Option<usize> {
     }
 }
 
-pub trait Device: Send + Sync {
+/// Each op method checks the shapes of its arguments, for every backend alike, then runs the
+/// backend's implementation: the method of the same name with `_impl` of the kernel
+/// family's trait in [`crate::backend`].
+pub trait Device:
+    Send
+    + Sync
+    + Buffers
+    + Elementwise
+    + Readouts
+    + Embedding
+    + LayerNorm
+    + RmsNorm
+    + Matmul
+    + Attention
+    + Rope
+    + Gelu
+    + SwiGlu
+    + Dropout
+    + Classifier
+    + AdamW
+{
     /// Human-readable name, e.g. "cpu (4 threads)".
     fn name(&self) -> String;
     /// The accounting of every buffer this device has handed out.
@@ -127,7 +136,15 @@ pub trait Device: Send + Sync {
     /// A tensor of `dtype` holding a copy of `data`, rounded to bf16 for a bf16 tensor.
     /// (A device method, not a conversion of `self`.)
     #[allow(clippy::wrong_self_convention)]
-    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor;
+    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        assert_eq!(
+            data.len(),
+            shape.iter().product::<usize>(),
+            "from_host: {} values for {shape:?}",
+            data.len()
+        );
+        self.from_host_of_impl(dtype, data, shape, category)
+    }
     /// A copy of the elements on the host, in f32 whatever the tensor stores: a host sync.
     fn to_host(&self, t: &Tensor) -> Vec<f32>;
     /// An f32 [`Device::zeros_of`].
@@ -153,34 +170,71 @@ pub trait Device: Send + Sync {
     /// Orders this device's later work after `fence` (another device's or stream's).
     fn wait_for(&self, fence: &Fence);
     /// dst = src (same number of elements and dtype).
-    fn copy(&self, dst: &mut Tensor, src: &Tensor);
+    fn copy(&self, dst: &mut Tensor, src: &Tensor) {
+        assert_same_len(dst, src);
+        self.copy_impl(dst, src);
+    }
     fn fill_zero(&self, t: &mut Tensor);
     /// acc += x, elementwise.
-    fn accumulate(&self, acc: &mut Tensor, x: &Tensor);
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
+        assert_same_len(acc, x);
+        self.accumulate_impl(acc, x);
+    }
     /// out = a + b, elementwise (the residual add).
-    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
+    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
+        assert_same_len(out, a);
+        assert_same_len(out, b);
+        self.add_impl(out, a, b);
+    }
     /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent), as
     /// [`Device::sum_squares_into`] computes it, read at once: a host sync, for tests and tools.
-    fn sum_squares(&self, t: &Tensor) -> f64;
+    fn sum_squares(&self, t: &Tensor) -> f64 {
+        let mut out = self.readout(1);
+        self.sum_squares_into(&mut out, 0, &[t]);
+        self.read(&out)[0]
+    }
 
     // ---- values for the host, read once per step ------------------------------------
     /// `len` zeroed f64 slots on the device, counted in the ledger as workspace.
     fn readout(&self, len: usize) -> Readout;
     /// out[slot] = the mean of losses [N], added in f64 in order (a microbatch's loss).
-    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor);
+    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
+        assert!(slot < out.len(), "loss slot {slot} of a readout of {}", out.len());
+        self.loss_mean_impl(out, slot, losses);
+    }
     /// out[first + i] = the sum of squares of tensors[i], each in f64 over fixed chunks, all
     /// in one pass (the per-parameter terms of the global gradient norm).
-    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]);
+    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
+        assert!(
+            first + tensors.len() <= out.len(),
+            "{} sums from slot {first} of a readout of {}",
+            tensors.len(),
+            out.len()
+        );
+        self.sum_squares_into_impl(out, first, tensors);
+    }
     /// The slots on the host: a host sync, the one a training step makes.
     fn read(&self, r: &Readout) -> Vec<f64>;
 
     // ---- embedding -----------------------------------------------------------------
     /// out[b,t,:] = wte[tokens[b,t],:] (+ wpe[t,:] with learned positions; None for RoPE
     /// models). out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]
-    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>);
+    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
+        let btc = embedding_dims(out, tokens, wte, wpe);
+        self.embedding_forward_impl(out, tokens, wte, wpe, btc);
+    }
     /// dwte [V,C] += scatter(dout), and with learned positions dwpe [maxT,C] += sum over b of
     /// dout; dout [B,T,C].
-    fn embedding_backward(&self, dwte: &mut Tensor, dwpe: Option<&mut Tensor>, dout: &Tensor, tokens: &[u32]);
+    fn embedding_backward(
+        &self,
+        dwte: &mut Tensor,
+        dwpe: Option<&mut Tensor>,
+        dout: &Tensor,
+        tokens: &[u32],
+    ) {
+        let btc = embedding_dims(dout, tokens, dwte, dwpe.as_deref());
+        self.embedding_backward_impl(dwte, dwpe, dout, tokens, btc);
+    }
 
     // ---- normalization ---------------------------------------------------------------
     /// LayerNorm: out [N,C], mean [N], rstd [N] from inp [N,C], weight [C], bias [C];
@@ -195,7 +249,13 @@ pub trait Device: Send + Sync {
         weight: &Tensor,
         bias: &Tensor,
         eps: f32,
-    );
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
+        self.layernorm_forward_impl(out, mean, rstd, inp, weight, bias, eps);
+    }
     /// dinp [N,C] = (overwrite); dweight [C] += ; dbias [C] +=
     #[allow(clippy::too_many_arguments)]
     fn layernorm_backward(
@@ -208,10 +268,23 @@ pub trait Device: Send + Sync {
         weight: &Tensor,
         mean: &Tensor,
         rstd: &Tensor,
-    );
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
+        self.layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    }
     /// RMSNorm as Hugging Face's LlamaRMSNorm in f32: rstd [N] = 1 / sqrt(mean(x^2) + eps),
     /// out [N,C] = weight [C] * (x * rstd), from inp [N,C].
-    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32);
+    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(out, inp);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert_eq!(weight.len(), c, "rmsnorm: weight must have {c} channels");
+        self.rmsnorm_forward_impl(out, rstd, inp, weight, eps);
+    }
     /// dinp [N,C] = (overwrite); dweight [C] += ; from dout [N,C], inp [N,C], weight [C] and
     /// the rstd [N] forward saved.
     fn rmsnorm_backward(
@@ -222,7 +295,14 @@ pub trait Device: Send + Sync {
         inp: &Tensor,
         weight: &Tensor,
         rstd: &Tensor,
-    );
+    ) {
+        let (n, c) = rows_cols(inp);
+        assert_same_len(dinp, inp);
+        assert_same_len(dout, inp);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
+        self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd);
+    }
 
     // ---- matmul --------------------------------------------------------------------
     /// out [N,OC] = inp [N,IC] @ W (+ bias [OC]); W per `layout`.
@@ -233,9 +313,18 @@ pub trait Device: Send + Sync {
         weight: &Tensor,
         layout: WeightLayout,
         bias: Option<&Tensor>,
-    );
+    ) {
+        let dims = matmul_dims(out, inp, weight, layout);
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), dims.oc, "matmul: bias {bias:?} for {dims:?}");
+        }
+        self.matmul_forward_impl(out, inp, weight, layout, bias, dims);
+    }
     /// dinp [N,IC] = dout [N,OC] @ W^T (overwrite). The backward-input half.
-    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout);
+    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout) {
+        let dims = matmul_dims(dout, dinp, weight, layout);
+        self.matmul_backward_input_impl(dinp, dout, weight, layout, dims);
+    }
     /// dweight (per `layout`) += inp^T @ dout; dbias [OC] += column sums of dout.
     /// The backward-weight half, which a zero-bubble schedule defers.
     fn matmul_backward_weight(
@@ -245,7 +334,13 @@ pub trait Device: Send + Sync {
         dout: &Tensor,
         inp: &Tensor,
         layout: WeightLayout,
-    );
+    ) {
+        let dims = matmul_dims(dout, inp, dweight, layout);
+        if let Some(dbias) = &dbias {
+            assert_eq!(dbias.len(), dims.oc, "matmul: dbias {dbias:?} for {dims:?}");
+        }
+        self.matmul_backward_weight_impl(dweight, dbias, dout, inp, layout, dims);
+    }
 
     // ---- attention core ------------------------------------------------------------
     /// Causal grouped-query self-attention core, per query head h: P = softmax(Q_h K_g^T /
@@ -265,7 +360,13 @@ pub trait Device: Send + Sync {
         qkv: &Tensor,
         n_head: usize,
         n_kv_head: usize,
-    );
+    ) {
+        let dims = qkv_dims(qkv, n_head, n_kv_head);
+        if let Some(out) = &out {
+            assert_eq!(out.len(), dims.out_len(), "attention: out {out:?} for qkv {qkv:?}");
+        }
+        self.attention_forward_impl(out, saved, dropout, qkv, dims);
+    }
     /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], qkv, and out [B,T,NH*hs]
     /// and `saved` as forward wrote them (the fused backward reads out; the unfused one does
     /// not need it). The k and v gradients of a key/value head sum its query heads'
@@ -281,7 +382,12 @@ pub trait Device: Send + Sync {
         dropout: Option<DropoutSpec>,
         n_head: usize,
         n_kv_head: usize,
-    );
+    ) {
+        let dims = qkv_dims(qkv, n_head, n_kv_head);
+        assert_same_len(dqkv, qkv);
+        assert_eq!(dout.len(), dims.out_len(), "attention: dout {dout:?} for qkv {qkv:?}");
+        self.attention_backward_impl(dqkv, dout, out, qkv, saved, dropout, dims);
+    }
     /// Rotary position embedding, in place, of the NH query and KV key heads of qkv
     /// [B,T,(NH+2*KV)*hs] (the value heads untouched), token t of each sequence at position
     /// first_position + t (0 in training; a decoder's token after its cache), in Hugging
@@ -295,27 +401,56 @@ pub trait Device: Send + Sync {
         n_kv_head: usize,
         base: f32,
         first_position: usize,
-    );
+    ) {
+        let dims = rope_dims(qkv, n_head, n_kv_head);
+        self.rope_forward_impl(qkv, dims, base, first_position);
+    }
     /// RoPE's backward, in place on dqkv [B,T,(NH+2*KV)*hs], token t at position t: the
     /// inverse rotation of the query and key gradients (the value gradients untouched).
-    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32);
+    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
+        let dims = rope_dims(dqkv, n_head, n_kv_head);
+        self.rope_backward_impl(dqkv, dims, base);
+    }
 
     // ---- pointwise -----------------------------------------------------------------
     /// GPT-2's tanh GELU: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor);
+    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        assert_same_len(out, inp);
+        self.gelu_forward_impl(out, inp);
+    }
     /// dinp (overwrite) = gelu'(inp) * dout
-    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        assert_same_len(dinp, inp);
+        assert_same_len(dinp, dout);
+        self.gelu_backward_impl(dinp, inp, dout);
+    }
     /// SwiGLU: out [N,F] = silu(a) * b, with a = inp[:, :F] (the gate) and b = inp[:, F:]
     /// (the up projection) of inp [N,2F], Megatron's fused linear_fc1 output;
     /// silu(a) = a * sigmoid(a).
-    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor);
+    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        let (n, f) = rows_cols(out);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for out {out:?} (inp is [N,2F])");
+        self.swiglu_forward_impl(out, inp, f);
+    }
     /// dinp [N,2F] (overwrite) = (dout * b * silu'(a), dout * silu(a)), from inp [N,2F] and
     /// dout [N,F].
-    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        let (n, f) = rows_cols(dout);
+        assert_same_len(dinp, inp);
+        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
+        self.swiglu_backward_impl(dinp, inp, dout, f);
+    }
     /// out = inp * keep / (1 - p); keep drawn from Philox at (key, element index).
-    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec);
+    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(out, inp);
+        self.dropout_impl(out, inp, &dropout);
+    }
     /// dinp (overwrite) = dout * keep / (1 - p), the same mask regenerated.
-    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec);
+    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec) {
+        assert_same_len(dinp, dout);
+        // The mask multiplies the gradient exactly as it multiplied the activation.
+        self.dropout_impl(dinp, dout, &dropout);
+    }
 
     // ---- LM head and loss ------------------------------------------------------------
     /// The output layer and softmax cross-entropy, fused as llm.c fuses them: logits [N,V] =
@@ -333,7 +468,10 @@ pub trait Device: Send + Sync {
         weight: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
-    );
+    ) {
+        let rows = classifier_rows(losses, inp, weight, targets);
+        self.classifier_impl(losses, inp, weight, targets, grad, rows);
+    }
 
     // ---- timing and errors ---------------------------------------------------------
     /// Restarts this device's clock at the point its issued work has reached; marks taken
@@ -352,5 +490,10 @@ pub trait Device: Send + Sync {
 
     // ---- optimizer -----------------------------------------------------------------
     /// One AdamW step: m, v (same shape as param) updated in place, then param.
-    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep);
+    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
+        assert_same_len(param, grad);
+        assert_same_len(param, m);
+        assert_same_len(param, v);
+        self.adamw_impl(param, grad, m, v, &hp);
+    }
 }

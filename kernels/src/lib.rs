@@ -10,15 +10,21 @@
 pub const STANDIN_GPU_NAME: &str = "pipetrain stand-in GPU (CPU, SIMT emulator)";
 
 pub mod attention;
+pub mod backend;
 pub mod counters;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+/// The build scripts' reading of kernels/cuda, tested here (they have no tests of their own).
+#[cfg(test)]
+#[path = "../build/cuda_decls.rs"]
+mod cuda_decls;
 pub mod device;
 pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod readout;
+pub mod shapes;
 pub mod splitmix;
 pub mod tensor;
 pub mod timing;

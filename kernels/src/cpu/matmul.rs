@@ -11,12 +11,7 @@ const BIAS_ROWS: usize = 16;
 const BIAS_COLS: usize = 64;
 
 /// A matmul's sizes: inp [N,IC], out [N,OC].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dims {
-    pub n: usize,
-    pub ic: usize,
-    pub oc: usize,
-}
+pub use crate::shapes::MatmulDims as Dims;
 
 /// A strided matrix operand: element (r, c) is at `ptr + r * rs + c * cs`.
 #[derive(Clone, Copy)]

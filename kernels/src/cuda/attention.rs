@@ -20,58 +20,18 @@ use super::device::{assert_same_len, cu, cu_mut, int, CudaDevice};
 use super::launch::{per_item, per_row_warp};
 use super::scratch::Scratch;
 use crate::dropout::DropoutSpec;
+use crate::shapes::QkvDims as Dims;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
-/// The shape of an attention core over qkv [B,T,(NH+2*KV)*hs]: NH query heads on KV
-/// key/value heads of hs, each key/value head shared by a group of NH/KV query heads.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Dims {
-    pub b: usize,
-    pub t: usize,
-    pub nh: usize,
-    pub kv: usize,
-    pub hs: usize,
+/// The elements of the probabilities P (or P'), [B,NH,T,T].
+fn att_len(d: Dims) -> usize {
+    d.query_rows() * d.t
 }
 
-impl Dims {
-    pub fn from_qkv(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> Dims {
-        let &[b, t, width] = qkv.shape() else {
-            panic!("attention: qkv must be [B,T,(NH+2*KV)*hs], got {qkv:?}")
-        };
-        let heads = n_head + 2 * n_kv_head;
-        assert!(
-            n_kv_head > 0 && n_head.is_multiple_of(n_kv_head) && width.is_multiple_of(heads),
-            "attention: qkv {qkv:?} with {n_head} query heads on {n_kv_head} key/value heads"
-        );
-        Dims { b, t, nh: n_head, kv: n_kv_head, hs: width / heads }
-    }
-    /// Query heads per key/value head.
-    fn group(&self) -> usize {
-        self.nh / self.kv
-    }
-    /// Rows of the softmax: B*NH*T.
-    pub fn score_rows(&self) -> usize {
-        self.b * self.nh * self.t
-    }
-    fn att_len(&self) -> usize {
-        self.score_rows() * self.t
-    }
-    /// Elements of out, dout and each query-side [B,NH,T,hs] copy.
-    pub fn act_len(&self) -> usize {
-        self.b * self.t * self.nh * self.hs
-    }
-    /// Elements of each key/value-side [B,KV,T,hs] copy.
-    fn kv_len(&self) -> usize {
-        self.b * self.t * self.kv * self.hs
-    }
-    /// Elements of a row of qkv.
-    fn width(&self) -> usize {
-        (self.nh + 2 * self.kv) * self.hs
-    }
-    fn scale(&self) -> f32 {
-        1.0 / (self.hs as f32).sqrt()
-    }
+/// The scores' scale, 1/sqrt(hs).
+fn scale(d: Dims) -> f32 {
+    1.0 / (d.hs as f32).sqrt()
 }
 
 /// The three kinds of product (see the module comment) over one key/value group: its G =
@@ -181,31 +141,28 @@ impl CudaDevice {
         qkv: &Tensor,
         d: Dims,
     ) {
-        if let Some(out) = &out {
-            assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
-        }
-        assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
+        assert_eq!(att.len(), att_len(d), "attention: att {att:?} for {d:?}");
         if let Some((_, dropped)) = &dropout {
             assert_same_len(dropped, att);
         }
-        if d.act_len() == 0 {
+        if d.out_len() == 0 {
             return;
         }
         let [q, k, v] = self.split_qkv(qkv, d);
         // Scores straight into att, then the causal softmax in place.
-        self.heads_gemm(d, Product::Scores, d.scale(), &k, &q, cu_mut(att));
-        let (rows, t) = (d.score_rows() as u64, int(d.t));
-        launch!(self, "causal_softmax_forward", per_row_warp(d.score_rows()), cu_mut(att), &rows, &t);
+        self.heads_gemm(d, Product::Scores, scale(d), &k, &q, cu_mut(att));
+        let (rows, t) = (d.query_rows() as u64, int(d.t));
+        launch!(self, "causal_softmax_forward", per_row_warp(d.query_rows()), cu_mut(att), &rows, &t);
 
         let probs = match dropout {
             Some((spec, dropped)) => {
-                self.dropout_slices(cu_mut(dropped), cu(att), d.att_len(), &spec);
+                self.dropout_slices(cu_mut(dropped), cu(att), att_len(d), &spec);
                 &*dropped
             }
             None => &*att,
         };
         let Some(out) = out else { return };
-        let mut y = self.scratch::<f32>(d.act_len());
+        let mut y = self.scratch::<f32>(d.out_len());
         self.heads_gemm(d, Product::ProbsTimes, 1.0, &v, cu(probs), &mut y);
         self.merge_heads(cu_mut(out), &y, d, d.nh, [d.nh * d.hs, 0]);
     }
@@ -221,36 +178,34 @@ impl CudaDevice {
         dropout: Option<(DropoutSpec, &Tensor)>,
         d: Dims,
     ) {
-        assert_same_len(dqkv, qkv);
-        assert_eq!(dout.len(), d.act_len(), "attention: dout {dout:?} for qkv {qkv:?}");
-        assert_eq!(att.len(), d.att_len(), "attention: att {att:?} for {d:?}");
+        assert_eq!(att.len(), att_len(d), "attention: att {att:?} for {d:?}");
         if let Some((_, dropped)) = &dropout {
             assert_same_len(dropped, att);
         }
-        if d.act_len() == 0 {
+        if d.out_len() == 0 {
             return;
         }
         let [q, k, v] = self.split_qkv(qkv, d);
-        let mut dy = self.scratch::<f32>(d.act_len());
+        let mut dy = self.scratch::<f32>(d.out_len());
         self.split_heads(&mut dy, cu(dout), d, d.nh, [d.nh * d.hs, 0]);
 
         // Through y = P' v.
-        let mut dp = self.scratch::<f32>(d.att_len());
+        let mut dp = self.scratch::<f32>(att_len(d));
         self.heads_gemm(d, Product::Scores, 1.0, &v, &dy, &mut dp);
         let mut dv = self.scratch::<f32>(d.kv_len());
         let probs = dropout.map_or(att, |(_, dropped)| dropped);
         self.heads_gemm(d, Product::ProbsTransposedTimes, 1.0, &dy, cu(probs), &mut dv);
         if let Some((spec, _)) = &dropout {
-            self.dropout_inplace(&mut dp, d.att_len(), spec);
+            self.dropout_inplace(&mut dp, att_len(d), spec);
         }
 
         // Through the softmax (in place: dP becomes dS), then S = scale * q k^T.
-        let (rows, t) = (d.score_rows() as u64, int(d.t));
-        launch!(self, "causal_softmax_backward", per_row_warp(d.score_rows()), &mut *dp, cu(att), &rows, &t);
-        let mut dq = self.scratch::<f32>(d.act_len());
-        self.heads_gemm(d, Product::ProbsTimes, d.scale(), &k, &dp, &mut dq);
+        let (rows, t) = (d.query_rows() as u64, int(d.t));
+        launch!(self, "causal_softmax_backward", per_row_warp(d.query_rows()), &mut *dp, cu(att), &rows, &t);
+        let mut dq = self.scratch::<f32>(d.out_len());
+        self.heads_gemm(d, Product::ProbsTimes, scale(d), &k, &dp, &mut dq);
         let mut dk = self.scratch::<f32>(d.kv_len());
-        self.heads_gemm(d, Product::ProbsTransposedTimes, d.scale(), &q, &dp, &mut dk);
+        self.heads_gemm(d, Product::ProbsTransposedTimes, scale(d), &q, &dp, &mut dk);
 
         for ((heads, offset), grad) in Self::qkv_heads(d).into_iter().zip([&dq, &dk, &dv]) {
             self.merge_heads(cu_mut(dqkv), grad, d, heads, [d.width(), offset]);

@@ -3,7 +3,9 @@
 //! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
 
 use super::device::{buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, BufMut, CudaDevice};
+use crate::backend::Matmul;
 use crate::device::WeightLayout;
+use crate::shapes::MatmulDims;
 use crate::tensor::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
@@ -73,17 +75,11 @@ struct Dims {
     ldo: usize,
 }
 
-/// The dimensions from `rows` [N,OC] (out or dout), `inp` [N,IC] and the weight.
-fn dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayout) -> Dims {
-    let &[w0, w1] = weight.shape() else { panic!("matmul weight must be 2-D, got {weight:?}") };
-    let (ic, oc) = match layout {
-        WeightLayout::InOut => (w0, w1),
-        WeightLayout::OutIn => (w1, w0),
-    };
-    let (n, inp_cols) = rows_cols(inp);
-    assert_eq!(inp_cols, ic, "matmul: input {inp:?} vs weight {weight:?} ({layout:?})");
-    assert_eq!(rows.len(), n * oc, "matmul: {rows:?} vs {n} rows x {oc} outputs");
-    Dims { n, ic, oc, ldo: oc }
+impl From<MatmulDims> for Dims {
+    /// A layer matmul's: rows of out (dout) are `oc` apart.
+    fn from(MatmulDims { n, ic, oc }: MatmulDims) -> Dims {
+        Dims { n, ic, oc, ldo: oc }
+    }
 }
 
 /// out [N,OC] = inp [N,IC] W, as out^T = W^T inp^T: A = W, B = inp. Row-major W [IC,OC]
@@ -223,58 +219,63 @@ impl CudaDevice {
         self.gpu.ctx.bind_to_thread().unwrap_or_else(|e| panic!("cuda: cannot bind the context: {e:?}"));
         self.blas.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
 
-    pub(super) fn matmul_forward_op(
+impl Matmul for CudaDevice {
+    fn matmul_forward_impl(
         &self,
         out: &mut Tensor,
         inp: &Tensor,
         weight: &Tensor,
         layout: WeightLayout,
         bias: Option<&Tensor>,
+        dims: MatmulDims,
     ) {
-        let d = dims(out, inp, weight, layout);
+        let d = Dims::from(dims);
         let dtype = same_dtype(&[out, inp]);
         self.layer_gemm(dtype, forward_shape(d, layout), 0.0, weight, inp, buf_mut(out));
         if let Some(bias) = bias {
-            assert_eq!(bias.len(), d.oc, "matmul: bias {bias:?} for {d:?}");
             // In bf16, a second rounding after the product's: cuBLAS has no bias epilogue
             // (cuBLASLt would fuse it).
             self.add_bias(out, bias, d.n, d.oc);
         }
     }
 
-    pub(super) fn matmul_backward_input_op(
+    fn matmul_backward_input_impl(
         &self,
         dinp: &mut Tensor,
         dout: &Tensor,
         weight: &Tensor,
         layout: WeightLayout,
+        dims: MatmulDims,
     ) {
-        let d = dims(dout, dinp, weight, layout);
+        let d = Dims::from(dims);
         let dtype = same_dtype(&[dinp, dout]);
         self.layer_gemm(dtype, backward_input_shape(d, layout), 0.0, weight, dout, buf_mut(dinp));
     }
 
-    pub(super) fn matmul_backward_weight_op(
+    fn matmul_backward_weight_impl(
         &self,
         dweight: &mut Tensor,
         dbias: Option<&mut Tensor>,
         dout: &Tensor,
         inp: &Tensor,
         layout: WeightLayout,
+        dims: MatmulDims,
     ) {
-        let d = dims(dout, inp, dweight, layout);
+        let d = Dims::from(dims);
         let dtype = same_dtype(&[dout, inp]);
         let (shape, dout_is_a) = backward_weight_shape(d, layout);
         let (a, b) = if dout_is_a { (dout, inp) } else { (inp, dout) };
         // beta = 1: parameter gradients (f32) accumulate over microbatches.
         self.layer_gemm(dtype, shape, 1.0, a, b, BufMut::F32(cu_mut(dweight)));
         if let Some(dbias) = dbias {
-            assert_eq!(dbias.len(), d.oc, "matmul: dbias {dbias:?} for {d:?}");
             self.add_column_sums(cu_mut(dbias), dout, d.n, d.oc);
         }
     }
+}
 
+impl CudaDevice {
     /// The tied LM head's forward into padded rows: logits [N, ldo] = inp [N,C] @ wte [V,C]^T
     /// over the first V columns of each row (fp32; the rest of a row is left as it was), or
     /// over all ldo columns from wte's bf16 copy, whose padding rows make those zero.

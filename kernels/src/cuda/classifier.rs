@@ -5,22 +5,24 @@
 //! the optimizer never see the padding); only the logits' rows are padded, and, under bf16,
 //! wte's bf16 copy. The logits are in the activations' dtype.
 
-use super::device::{buf_mut, by_dtype, cu_mut, int, CudaDevice};
+use super::device::{buf_mut, cu_mut, int, CudaDevice};
 use super::launch::per_row_block;
-use crate::device::{classifier_rows, padded_vocab, ClassifierGrad, Device};
+use super::sources::kernel_name;
+use crate::backend::Classifier;
+use crate::device::{padded_vocab, ClassifierGrad, Device};
 use crate::memory::Category;
 use crate::tensor::Tensor;
 
-impl CudaDevice {
-    pub(super) fn classifier_op(
+impl Classifier for CudaDevice {
+    fn classifier_impl(
         &self,
         losses: &mut Tensor,
         inp: &Tensor,
         wte: &Tensor,
         targets: &[u32],
         grad: Option<ClassifierGrad>,
+        (n, v): (usize, usize),
     ) {
-        let (n, v) = classifier_rows(losses, inp, wte, targets);
         if n == 0 {
             return;
         }
@@ -36,7 +38,7 @@ impl CudaDevice {
         let (v_i, vp_i, write_grad) = (int(v), int(vp), grad.is_some() as i32);
         launch!(
             self,
-            by_dtype(logits.dtype(), ("fused_classifier", "fused_classifier_bf16")),
+            kernel_name("fused_classifier", logits.dtype()),
             per_row_block(n),
             cu_mut(losses),
             buf_mut(&mut logits),

@@ -1,20 +1,23 @@
 //! [`CudaDevice`]: one GPU's stream, cuBLAS handle and ledger behind the [`Device`] trait.
-//! The ops themselves live in the files named after their kernel families; this file holds
-//! the buffers and the dispatch.
+//! The ops themselves live in the files named after their kernel families, each implementing
+//! its family's trait of [`crate::backend`]; this file holds the buffers and the choice of
+//! attention core.
 
 use super::arena::{Arena, FreeOnStream};
-use super::attention::Dims;
 use super::blas::MatmulPrecision;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
 use super::launch::per_item;
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
+use crate::backend::{Attention, Buffers};
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{bf16_copy_len, AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{bf16_copy_len, Device};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
-use crate::readout::Readout;
+use crate::readout::{Readout, ReadoutStorage};
+pub(super) use crate::shapes::assert_same_len;
+use crate::shapes::QkvDims;
 pub(super) use crate::tensor::rows_cols;
 use crate::tensor::{DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{Mark, Readings};
@@ -186,7 +189,7 @@ impl CudaDevice {
     /// Makes a parameter's bf16 copy equal to its master rounded (the padding rows stay
     /// zero): after every op that writes a parameter other than AdamW, which refreshes it in
     /// its own pass.
-    fn refresh_bf16_copy(&self, t: &mut Tensor) {
+    pub(super) fn refresh_bf16_copy(&self, t: &mut Tensor) {
         if let Storage::CudaMaster { master, bf16 } = t.storage_mut() {
             let n = master.len() as u64;
             launch!(self, "f32_to_bf16", per_item(master.len()), bf16, &*master, &n);
@@ -233,7 +236,7 @@ pub(super) fn cu16_mut(t: &mut Tensor) -> &mut CudaSlice<u16> {
 }
 
 /// A tensor's elements as a kernel argument, whichever their type: the kernel (an f32 one
-/// or its `_bf16` twin, see [`by_dtype`]) is chosen to match.
+/// or its `_bf16` twin, see [`kernel_name`](super::sources::kernel_name)) is chosen to match.
 pub(super) enum Buf<'a> {
     F32(&'a CudaSlice<f32>),
     Bf16(&'a CudaSlice<u16>),
@@ -285,18 +288,6 @@ pub(super) fn same_dtype(tensors: &[&Tensor]) -> DType {
     dtype
 }
 
-/// A kernel family's f32 kernel or its bf16-storage twin: `(name, name_bf16)`.
-pub(super) fn by_dtype(dtype: DType, names: (&'static str, &'static str)) -> &'static str {
-    match dtype {
-        DType::F32 => names.0,
-        DType::Bf16 => names.1,
-    }
-}
-
-pub(super) fn assert_same_len(a: &Tensor, b: &Tensor) {
-    assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
-}
-
 /// A size as the kernels' `int` parameters take it.
 pub(super) fn int(x: usize) -> i32 {
     i32::try_from(x).unwrap_or_else(|_| panic!("cuda: size {x} does not fit a kernel's int"))
@@ -346,29 +337,6 @@ impl Device for CudaDevice {
             },
         };
         self.tensor(shape, storage, category)
-    }
-
-    fn from_host_of(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {
-        assert_eq!(
-            data.len(),
-            shape.iter().product::<usize>(),
-            "from_host: {} values for {shape:?}",
-            data.len()
-        );
-        let mut t = self.empty_of(dtype, shape, category);
-        if data.is_empty() {
-            return t;
-        }
-        let uploaded = match dtype {
-            DType::F32 => self.stream.memcpy_htod(data, cu_mut(&mut t)),
-            DType::Bf16 => {
-                let bits: Vec<u16> = data.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
-                self.stream.memcpy_htod(&bits, cu16_mut(&mut t))
-            }
-        };
-        uploaded.unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
-        self.refresh_bf16_copy(&mut t);
-        t
     }
 
     fn to_host(&self, t: &Tensor) -> Vec<f32> {
@@ -428,19 +396,6 @@ impl Device for CudaDevice {
         }
     }
 
-    fn copy(&self, dst: &mut Tensor, src: &Tensor) {
-        assert_same_len(dst, src);
-        if src.is_empty() {
-            return;
-        }
-        let copied = match same_dtype(&[dst, src]) {
-            DType::F32 => self.stream.memcpy_dtod(cu(src), cu_mut(dst)),
-            DType::Bf16 => self.stream.memcpy_dtod(cu16(src), cu16_mut(dst)),
-        };
-        copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
-        self.refresh_bf16_copy(dst);
-    }
-
     fn fill_zero(&self, t: &mut Tensor) {
         let zeroed = match t.dtype() {
             DType::F32 => self.stream.memset_zeros(cu_mut(t)),
@@ -450,233 +405,22 @@ impl Device for CudaDevice {
         self.refresh_bf16_copy(t);
     }
 
-    fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
-        assert_same_len(acc, x);
-        self.accumulate_op(acc, x);
-        self.refresh_bf16_copy(acc);
-    }
-
-    fn add(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
-        assert_same_len(out, a);
-        assert_same_len(out, b);
-        self.add_op(out, a, b);
-    }
-
-    fn sum_squares(&self, t: &Tensor) -> f64 {
-        let mut out = self.readout(1);
-        self.sum_squares_into(&mut out, 0, &[t]);
-        self.read(&out)[0]
-    }
-
     fn readout(&self, len: usize) -> Readout {
-        self.readout_op(len)
-    }
-
-    fn loss_mean(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
-        self.loss_mean_op(out, slot, losses);
-    }
-
-    fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
-        self.sum_squares_into_op(out, first, tensors);
+        let mut slice = self.arena.take::<f64>(&self.stream, len);
+        self.stream.memset_zeros(&mut slice).unwrap_or_else(|e| panic!("cuda: cannot zero a readout: {e:?}"));
+        Readout::new(len, ReadoutStorage::Cuda(slice), self.ledger.clone())
     }
 
     fn read(&self, r: &Readout) -> Vec<f64> {
-        self.read_op(r)
-    }
-
-    fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
-        self.embedding_forward_op(out, tokens, wte, wpe);
-    }
-
-    fn embedding_backward(
-        &self,
-        dwte: &mut Tensor,
-        dwpe: Option<&mut Tensor>,
-        dout: &Tensor,
-        tokens: &[u32],
-    ) {
-        self.embedding_backward_op(dwte, dwpe, dout, tokens);
-    }
-
-    fn layernorm_forward(
-        &self,
-        out: &mut Tensor,
-        mean: &mut Tensor,
-        rstd: &mut Tensor,
-        inp: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        eps: f32,
-    ) {
-        self.layernorm_forward_op(out, mean, rstd, inp, weight, bias, eps);
-    }
-
-    fn layernorm_backward(
-        &self,
-        dinp: &mut Tensor,
-        dweight: &mut Tensor,
-        dbias: &mut Tensor,
-        dout: &Tensor,
-        inp: &Tensor,
-        weight: &Tensor,
-        mean: &Tensor,
-        rstd: &Tensor,
-    ) {
-        self.layernorm_backward_op(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
-    }
-
-    fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
-        self.rmsnorm_forward_op(out, rstd, inp, weight, eps);
-    }
-
-    fn rmsnorm_backward(
-        &self,
-        dinp: &mut Tensor,
-        dweight: &mut Tensor,
-        dout: &Tensor,
-        inp: &Tensor,
-        weight: &Tensor,
-        rstd: &Tensor,
-    ) {
-        self.rmsnorm_backward_op(dinp, dweight, dout, inp, weight, rstd);
-    }
-
-    fn matmul_forward(
-        &self,
-        out: &mut Tensor,
-        inp: &Tensor,
-        weight: &Tensor,
-        layout: WeightLayout,
-        bias: Option<&Tensor>,
-    ) {
-        self.matmul_forward_op(out, inp, weight, layout, bias);
-    }
-
-    fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout) {
-        self.matmul_backward_input_op(dinp, dout, weight, layout);
-    }
-
-    fn matmul_backward_weight(
-        &self,
-        dweight: &mut Tensor,
-        dbias: Option<&mut Tensor>,
-        dout: &Tensor,
-        inp: &Tensor,
-        layout: WeightLayout,
-    ) {
-        self.matmul_backward_weight_op(dweight, dbias, dout, inp, layout);
-    }
-
-    fn attention_forward(
-        &self,
-        out: Option<&mut Tensor>,
-        saved: &mut AttentionSaved,
-        dropout: Option<DropoutSpec>,
-        qkv: &Tensor,
-        n_head: usize,
-        n_kv_head: usize,
-    ) {
-        let d = Dims::from_qkv(qkv, n_head, n_kv_head);
-        match saved {
-            AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_forward_op(out, lse, dropout, qkv, d)
-            }
-            AttentionSaved::Probabilities { probs, dropped } => {
-                let dropout = dropout.map(|spec| (spec, dropped.as_mut().expect("dropout has P' to fill")));
-                self.attention_forward_op(out, probs, dropout, qkv, d)
-            }
+        let ReadoutStorage::Cuda(slice) = r.storage() else { panic!("cuda: a CPU readout") };
+        let mut host = vec![0.0; r.len()];
+        if !host.is_empty() {
+            self.stream
+                .memcpy_dtoh(&slice.slice(..r.len()), &mut host)
+                .unwrap_or_else(|e| panic!("cuda: cannot read a readout back: {e:?}"));
         }
-    }
-
-    fn attention_backward(
-        &self,
-        dqkv: &mut Tensor,
-        dout: &Tensor,
-        out: &Tensor,
-        qkv: &Tensor,
-        saved: &AttentionSaved,
-        dropout: Option<DropoutSpec>,
-        n_head: usize,
-        n_kv_head: usize,
-    ) {
-        let d = Dims::from_qkv(qkv, n_head, n_kv_head);
-        match saved {
-            AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, d)
-            }
-            AttentionSaved::Probabilities { probs, dropped } => {
-                let dropout = dropout.map(|spec| (spec, dropped.as_ref().expect("dropout kept P'")));
-                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, d)
-            }
-        }
-    }
-
-    fn rope_forward(
-        &self,
-        qkv: &mut Tensor,
-        n_head: usize,
-        n_kv_head: usize,
-        base: f32,
-        first_position: usize,
-    ) {
-        self.rope_forward_op(qkv, n_head, n_kv_head, base, first_position);
-    }
-
-    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
-        self.rope_backward_op(dqkv, n_head, n_kv_head, base);
-    }
-
-    fn gelu_forward(&self, out: &mut Tensor, inp: &Tensor) {
-        assert_same_len(out, inp);
-        self.gelu_forward_op(out, inp);
-    }
-
-    fn gelu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
-        assert_same_len(dinp, inp);
-        assert_same_len(dinp, dout);
-        self.gelu_backward_op(dinp, inp, dout);
-    }
-
-    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor) {
-        let (n, f) = rows_cols(out);
-        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for out {out:?} (inp is [N,2F])");
-        self.swiglu_forward_op(out, inp, f);
-    }
-
-    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
-        let (n, f) = rows_cols(dout);
-        assert_same_len(dinp, inp);
-        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
-        self.swiglu_backward_op(dinp, inp, dout, f);
-    }
-
-    fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {
-        assert_same_len(out, inp);
-        self.dropout_op(out, inp, &dropout);
-    }
-
-    fn dropout_backward(&self, dinp: &mut Tensor, dout: &Tensor, dropout: DropoutSpec) {
-        assert_same_len(dinp, dout);
-        // The mask multiplies the gradient exactly as it multiplied the activation.
-        self.dropout_op(dinp, dout, &dropout);
-    }
-
-    fn classifier(
-        &self,
-        losses: &mut Tensor,
-        inp: &Tensor,
-        weight: &Tensor,
-        targets: &[u32],
-        grad: Option<ClassifierGrad>,
-    ) {
-        self.classifier_op(losses, inp, weight, targets, grad);
-    }
-
-    fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
-        assert_same_len(param, grad);
-        assert_same_len(param, m);
-        assert_same_len(param, v);
-        self.adamw_op(param, grad, m, v, &hp);
+        self.host_sync();
+        host
     }
 
     fn clock_start(&self) {
@@ -699,5 +443,80 @@ impl Device for CudaDevice {
     fn take_error(&self) -> Option<String> {
         let err = self.gpu.ctx.check_err().err()?;
         Some(format!("GPU {}: {err:?}, recorded by cudarc where no call could return it", self.ordinal))
+    }
+}
+
+impl Buffers for CudaDevice {
+    fn from_host_of_impl(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {
+        let mut t = self.empty_of(dtype, shape, category);
+        if data.is_empty() {
+            return t;
+        }
+        let uploaded = match dtype {
+            DType::F32 => self.stream.memcpy_htod(data, cu_mut(&mut t)),
+            DType::Bf16 => {
+                let bits: Vec<u16> = data.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+                self.stream.memcpy_htod(&bits, cu16_mut(&mut t))
+            }
+        };
+        uploaded.unwrap_or_else(|e| panic!("cuda: cannot upload {shape:?} to GPU {}: {e:?}", self.ordinal));
+        self.refresh_bf16_copy(&mut t);
+        t
+    }
+
+    fn copy_impl(&self, dst: &mut Tensor, src: &Tensor) {
+        if src.is_empty() {
+            return;
+        }
+        let copied = match same_dtype(&[dst, src]) {
+            DType::F32 => self.stream.memcpy_dtod(cu(src), cu_mut(dst)),
+            DType::Bf16 => self.stream.memcpy_dtod(cu16(src), cu16_mut(dst)),
+        };
+        copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
+        self.refresh_bf16_copy(dst);
+    }
+}
+
+/// The attention core of what the layers keep for it (`AttentionSaves`): the fused kernels
+/// for a row log-sum-exp, the unfused core with cuBLAS for probabilities.
+impl Attention for CudaDevice {
+    fn attention_forward_impl(
+        &self,
+        out: Option<&mut Tensor>,
+        saved: &mut AttentionSaved,
+        dropout: Option<DropoutSpec>,
+        qkv: &Tensor,
+        dims: QkvDims,
+    ) {
+        match saved {
+            AttentionSaved::RowLogSumExp { lse } => {
+                self.fused_attention_forward_op(out, lse, dropout, qkv, dims)
+            }
+            AttentionSaved::Probabilities { probs, dropped } => {
+                let dropout = dropout.map(|spec| (spec, dropped.as_mut().expect("dropout has P' to fill")));
+                self.attention_forward_op(out, probs, dropout, qkv, dims)
+            }
+        }
+    }
+
+    fn attention_backward_impl(
+        &self,
+        dqkv: &mut Tensor,
+        dout: &Tensor,
+        out: &Tensor,
+        qkv: &Tensor,
+        saved: &AttentionSaved,
+        dropout: Option<DropoutSpec>,
+        dims: QkvDims,
+    ) {
+        match saved {
+            AttentionSaved::RowLogSumExp { lse } => {
+                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, dims)
+            }
+            AttentionSaved::Probabilities { probs, dropped } => {
+                let dropout = dropout.map(|spec| (spec, dropped.as_ref().expect("dropout kept P'")));
+                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, dims)
+            }
+        }
     }
 }

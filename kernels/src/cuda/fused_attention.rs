@@ -14,13 +14,14 @@
 //! cores into fp32 (sm_80 and later, head sizes that are multiples of 16, compiled for
 //! heads up to 64 and up to 128; the SIMT harness's fused_attention_mma.rs checks them).
 
-use super::attention::Dims;
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
 use super::launch::{per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
+use super::sources::kernel_name;
 use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
+use crate::shapes::QkvDims as Dims;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::LaunchConfig;
 
@@ -39,16 +40,18 @@ struct Kernels {
     key_value: &'static str,
 }
 
-const FP32: Kernels = Kernels {
-    forward: "fused_attention_forward",
-    query: "fused_attention_backward_query",
-    key_value: "fused_attention_backward_key_value",
-};
-const BF16: Kernels = Kernels {
-    forward: "fused_attention_forward_bf16",
-    query: "fused_attention_backward_query_bf16",
-    key_value: "fused_attention_backward_key_value_bf16",
-};
+impl Kernels {
+    /// fused_attention.cu's kernels for f32 activations, their tensor-core twins in
+    /// fused_attention_mma.cu for bf16.
+    fn of(dtype: DType) -> Kernels {
+        Kernels {
+            forward: kernel_name("fused_attention_forward", dtype),
+            query: kernel_name("fused_attention_backward_query", dtype),
+            key_value: kernel_name("fused_attention_backward_key_value", dtype),
+        }
+    }
+}
+
 /// The tensor-core kernels compiled for head sizes above 64, up to 128.
 const BF16_HS128: Kernels = Kernels {
     forward: "fused_attention_forward_bf16_hs128",
@@ -61,11 +64,11 @@ impl CudaDevice {
     /// (B*NH query heads, or B*KV key/value heads for the key side): bf16 activations go to
     /// the tensor cores (the device requires sm_80 for bf16, and the trainer a head size
     /// that fits them), f32 ones to CUDA cores.
-    fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (&'static Kernels, LaunchConfig) {
+    fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (Kernels, LaunchConfig) {
         match dtype {
-            DType::Bf16 if d.hs <= 64 => (&BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
-            DType::Bf16 => (&BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
-            DType::F32 => (&FP32, per_attention_tile(d.t, heads, d.hs)),
+            DType::Bf16 if d.hs > 64 => (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::Bf16 => (Kernels::of(dtype), per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::F32 => (Kernels::of(dtype), per_attention_tile(d.t, heads, d.hs)),
         }
     }
 
@@ -84,14 +87,11 @@ impl CudaDevice {
         qkv: &Tensor,
         d: Dims,
     ) {
-        let rows = d.score_rows(); // of lse and delta
+        let rows = d.query_rows(); // of lse and delta
         assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
         let mut scratch = None;
         let out = match out {
-            Some(out) => {
-                assert_eq!(out.len(), d.act_len(), "attention: out {out:?} for qkv {qkv:?}");
-                out
-            }
+            Some(out) => out,
             None => scratch.insert(self.empty_of(qkv.dtype(), &[d.b, d.t, d.nh * d.hs], Category::Workspace)),
         };
         let (kernels, cfg) = Self::attention_kernels(same_dtype(&[out, qkv]), d, d.b * d.nh);
@@ -125,9 +125,7 @@ impl CudaDevice {
         dropout: Option<DropoutSpec>,
         d: Dims,
     ) {
-        let rows = d.score_rows(); // of lse and delta
-        assert_same_len(dqkv, qkv);
-        assert_eq!(dout.len(), d.act_len(), "attention: dout {dout:?} for qkv {qkv:?}");
+        let rows = d.query_rows(); // of lse and delta
         assert_same_len(out, dout);
         assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
         let mut delta = self.scratch::<f32>(rows); // [B,NH,T]

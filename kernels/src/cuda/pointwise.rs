@@ -1,8 +1,10 @@
 //! The elementwise ops: residual add and accumulation, GELU, SwiGLU, dropout and AdamW, each on
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
-use super::device::{buf, buf_mut, by_dtype, cu, cu_mut, same_dtype, CudaDevice};
+use super::device::{buf, buf_mut, cu, cu_mut, same_dtype, CudaDevice};
 use super::launch::per_item;
+use super::sources::kernel_name;
+use crate::backend::{AdamW, Dropout, Elementwise, Gelu, SwiGlu};
 use crate::device::AdamWStep;
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
@@ -39,54 +41,63 @@ impl DropoutMask {
     }
 }
 
-impl CudaDevice {
-    pub(super) fn accumulate_op(&self, acc: &mut Tensor, x: &Tensor) {
+impl Elementwise for CudaDevice {
+    fn accumulate_impl(&self, acc: &mut Tensor, x: &Tensor) {
         let (n, dtype) = (acc.len() as u64, same_dtype(&[acc, x]));
-        let name = by_dtype(dtype, ("accumulate", "accumulate_bf16"));
+        let name = kernel_name("accumulate", dtype);
         launch!(self, name, per_item(acc.len()), buf_mut(acc), buf(x), &n);
+        self.refresh_bf16_copy(acc);
     }
 
-    pub(super) fn add_op(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
+    fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
         let (n, dtype) = (out.len() as u64, same_dtype(&[out, a, b]));
-        let name = by_dtype(dtype, ("add", "add_bf16"));
+        let name = kernel_name("add", dtype);
         launch!(self, name, per_item(out.len()), buf_mut(out), buf(a), buf(b), &n);
     }
+}
 
-    pub(super) fn gelu_forward_op(&self, out: &mut Tensor, inp: &Tensor) {
+impl Gelu for CudaDevice {
+    fn gelu_forward_impl(&self, out: &mut Tensor, inp: &Tensor) {
         let (n, dtype) = (out.len() as u64, same_dtype(&[out, inp]));
-        let name = by_dtype(dtype, ("gelu_forward", "gelu_forward_bf16"));
+        let name = kernel_name("gelu_forward", dtype);
         launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n);
     }
 
-    pub(super) fn gelu_backward_op(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+    fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
         let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
-        let name = by_dtype(dtype, ("gelu_backward", "gelu_backward_bf16"));
+        let name = kernel_name("gelu_backward", dtype);
         launch!(self, name, per_item(dinp.len()), buf_mut(dinp), buf(inp), buf(dout), &n);
     }
+}
 
+impl SwiGlu for CudaDevice {
     /// out [N,F] = silu(inp[:, :F]) * inp[:, F:], one thread per output.
-    pub(super) fn swiglu_forward_op(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
+    fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
         let (n, cols, dtype) = (out.len() as u64, f as u64, same_dtype(&[out, inp]));
-        let name = by_dtype(dtype, ("swiglu_forward", "swiglu_forward_bf16"));
+        let name = kernel_name("swiglu_forward", dtype);
         launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n, &cols);
     }
 
     /// dinp [N,2F] (overwrite) from inp [N,2F] and dout [N,F], one thread per element of dout.
-    pub(super) fn swiglu_backward_op(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
+    fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
         let (n, cols, dtype) = (dout.len() as u64, f as u64, same_dtype(&[dinp, inp, dout]));
-        let name = by_dtype(dtype, ("swiglu_backward", "swiglu_backward_bf16"));
+        let name = kernel_name("swiglu_backward", dtype);
         launch!(self, name, per_item(dout.len()), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
     }
+}
 
+impl Dropout for CudaDevice {
     /// out = inp * mask (forward on activations, backward on gradients alike), one thread
     /// per four elements.
-    pub(super) fn dropout_op(&self, out: &mut Tensor, inp: &Tensor, spec: &DropoutSpec) {
+    fn dropout_impl(&self, out: &mut Tensor, inp: &Tensor, spec: &DropoutSpec) {
         let (len, dtype) = (out.len(), same_dtype(&[out, inp]));
         let (n, mask) = (len as u64, DropoutMask::new(spec));
-        let name = by_dtype(dtype, ("dropout_apply", "dropout_apply_bf16"));
+        let name = kernel_name("dropout_apply", dtype);
         launch!(self, name, per_item(len.div_ceil(4)), buf_mut(out), buf(inp), &n, &mask);
     }
+}
 
+impl CudaDevice {
     /// The first `len` elements of out = inp * mask: the unfused attention's probabilities
     /// (f32, as that path is).
     pub(super) fn dropout_slices(
@@ -104,16 +115,11 @@ impl CudaDevice {
         let (n, mask) = (len as u64, DropoutMask::new(spec));
         launch!(self, "dropout_apply_inplace", per_item(len.div_ceil(4)), x, &n, &mask);
     }
+}
 
+impl AdamW for CudaDevice {
     /// The AdamW step; a parameter with a bf16 copy has it refreshed in the same pass.
-    pub(super) fn adamw_op(
-        &self,
-        param: &mut Tensor,
-        grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        hp: &AdamWStep,
-    ) {
+    fn adamw_impl(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: &AdamWStep) {
         let n = param.len() as u64;
         // The per-step constants, computed as the CPU backend computes them.
         let t = i32::try_from(hp.step).expect("adamw step fits in i32");

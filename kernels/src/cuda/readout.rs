@@ -4,6 +4,7 @@
 
 use super::device::{cu, int, CudaDevice};
 use super::launch::{single_thread, sum_squares, sum_squares_first_blocks, SUM_SQUARES_CHUNK};
+use crate::backend::Readouts;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -26,27 +27,14 @@ fn slots(r: &mut Readout) -> &mut CudaSlice<f64> {
     }
 }
 
-impl CudaDevice {
-    pub(super) fn readout_op(&self, len: usize) -> Readout {
-        let mut slice = self.arena.take::<f64>(&self.stream, len);
-        self.stream.memset_zeros(&mut slice).unwrap_or_else(|e| panic!("cuda: cannot zero a readout: {e:?}"));
-        Readout::new(len, ReadoutStorage::Cuda(slice), self.ledger.clone())
-    }
-
-    pub(super) fn loss_mean_op(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
-        assert!(slot < out.len(), "cuda: loss slot {slot} of a readout of {}", out.len());
+impl Readouts for CudaDevice {
+    fn loss_mean_impl(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
         let n = losses.len() as u64;
         let mut target = slots(out).slice_mut(slot..slot + 1);
         launch!(self, "loss_mean", single_thread(), &mut target, cu(losses), &n);
     }
 
-    pub(super) fn sum_squares_into_op(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
-        assert!(
-            first + tensors.len() <= out.len(),
-            "cuda: {} sums from slot {first} of {}",
-            tensors.len(),
-            out.len()
-        );
+    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
         if tensors.is_empty() {
             return;
         }
@@ -86,19 +74,9 @@ impl CudaDevice {
         let mut target = slots(out).slice_mut(first..first + tensors.len());
         launch!(self, "sum_squares_totals", two, &mut target, &*partial, &tables.first);
     }
+}
 
-    pub(super) fn read_op(&self, r: &Readout) -> Vec<f64> {
-        let ReadoutStorage::Cuda(slice) = r.storage() else { panic!("cuda: a CPU readout") };
-        let mut host = vec![0.0; r.len()];
-        if !host.is_empty() {
-            self.stream
-                .memcpy_dtoh(&slice.slice(..r.len()), &mut host)
-                .unwrap_or_else(|e| panic!("cuda: cannot read a readout back: {e:?}"));
-        }
-        self.host_sync();
-        host
-    }
-
+impl CudaDevice {
     /// A copy of `data` that the norm's tables keep (a few KiB per stage, uploaded once; like
     /// the compiled kernels, outside the ledger).
     fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {

@@ -2,16 +2,15 @@
 //! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
-use super::device::{
-    assert_same_len, buf, buf_mut, by_dtype, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice,
-};
+use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
 use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
+use super::sources::kernel_name;
+use crate::backend::{LayerNorm, RmsNorm};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
 
-impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_forward_op(
+impl LayerNorm for CudaDevice {
+    fn layernorm_forward_impl(
         &self,
         out: &mut Tensor,
         mean: &mut Tensor,
@@ -22,11 +21,8 @@ impl CudaDevice {
         eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
-        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
-        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
-        let name = by_dtype(same_dtype(&[out, inp]), ("layernorm_forward", "layernorm_forward_bf16"));
+        let name = kernel_name("layernorm_forward", same_dtype(&[out, inp]));
         launch!(
             self,
             name,
@@ -43,8 +39,7 @@ impl CudaDevice {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_backward_op(
+    fn layernorm_backward_impl(
         &self,
         dinp: &mut Tensor,
         dweight: &mut Tensor,
@@ -56,13 +51,9 @@ impl CudaDevice {
         rstd: &Tensor,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
-        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
-        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = by_dtype(dtype, ("layernorm_backward_input", "layernorm_backward_input_bf16"));
+        let name = kernel_name("layernorm_backward_input", dtype);
         launch!(
             self,
             name,
@@ -80,10 +71,9 @@ impl CudaDevice {
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let mut partial_b = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
-        let names = ("layernorm_backward_params_partial", "layernorm_backward_params_partial_bf16");
         launch!(
             self,
-            by_dtype(dtype, names),
+            kernel_name("layernorm_backward_params_partial", dtype),
             cfg,
             &mut *partial_w,
             &mut *partial_b,
@@ -98,8 +88,10 @@ impl CudaDevice {
         self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
         self.add_partials(cu_mut(dbias), &partial_b, chunks, c);
     }
+}
 
-    pub(super) fn rmsnorm_forward_op(
+impl RmsNorm for CudaDevice {
+    fn rmsnorm_forward_impl(
         &self,
         out: &mut Tensor,
         rstd: &mut Tensor,
@@ -108,11 +100,8 @@ impl CudaDevice {
         eps: f32,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
-        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
-        assert!(weight.len() == c, "rmsnorm: weight must have {c} channels");
         let (n_i, c_i) = (int(n), int(c));
-        let name = by_dtype(same_dtype(&[out, inp]), ("rmsnorm_forward", "rmsnorm_forward_bf16"));
+        let name = kernel_name("rmsnorm_forward", same_dtype(&[out, inp]));
         launch!(
             self,
             name,
@@ -127,7 +116,7 @@ impl CudaDevice {
         );
     }
 
-    pub(super) fn rmsnorm_backward_op(
+    fn rmsnorm_backward_impl(
         &self,
         dinp: &mut Tensor,
         dweight: &mut Tensor,
@@ -137,13 +126,9 @@ impl CudaDevice {
         rstd: &Tensor,
     ) {
         let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
-        assert!(rstd.len() == n, "rmsnorm: rstd must have {n} rows");
-        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = by_dtype(dtype, ("rmsnorm_backward_input", "rmsnorm_backward_input_bf16"));
+        let name = kernel_name("rmsnorm_backward_input", dtype);
         launch!(
             self,
             name,
@@ -159,10 +144,9 @@ impl CudaDevice {
         let (cfg, chunks) = per_column_chunk(n, c);
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
-        let names = ("rmsnorm_backward_weight_partial", "rmsnorm_backward_weight_partial_bf16");
         launch!(
             self,
-            by_dtype(dtype, names),
+            kernel_name("rmsnorm_backward_weight_partial", dtype),
             cfg,
             &mut *partial_w,
             buf(dout),
@@ -174,13 +158,15 @@ impl CudaDevice {
         );
         self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
     }
+}
 
+impl CudaDevice {
     /// out [C] += column sums of x [N, C].
     pub(super) fn add_column_sums(&self, out: &mut CudaSlice<f32>, x: &Tensor, rows: usize, cols: usize) {
         let (cfg, chunks) = per_column_chunk(rows, cols);
         let mut partial = self.scratch::<f32>(chunks * cols);
         let (n_i, c_i, rows_per_chunk) = (int(rows), int(cols), ROWS_PER_CHUNK as i32);
-        let name = by_dtype(x.dtype(), ("column_partial_sums", "column_partial_sums_bf16"));
+        let name = kernel_name("column_partial_sums", x.dtype());
         launch!(self, name, cfg, &mut *partial, buf(x), &n_i, &c_i, &rows_per_chunk);
         self.add_partials(out, &partial, chunks, cols);
     }
@@ -193,7 +179,7 @@ impl CudaDevice {
     /// out [N, C] += bias [C] broadcast over rows.
     pub(super) fn add_bias(&self, out: &mut Tensor, bias: &Tensor, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
-        let name = by_dtype(out.dtype(), ("bias_add", "bias_add_bf16"));
+        let name = kernel_name("bias_add", out.dtype());
         launch!(self, name, per_item(rows * cols), buf_mut(out), cu(bias), &n, &c_i);
     }
 }

@@ -1,5 +1,9 @@
 //! Every CUDA source of the backend, embedded in the binary so that a run needs no files
-//! beside it, and listed so that tests can compile each one.
+//! beside it, and listed so that tests can compile each one. The lists are generated from
+//! kernels/cuda by the crate's build script (build/main.rs): a `.cu` file and the kernels it
+//! declares `extern "C" __global__` are all the backend needs to compile and load them.
+
+use crate::tensor::DType;
 
 /// One `.cu` file: a kernel family compiled by NVRTC into one module.
 pub struct KernelSource {
@@ -10,132 +14,34 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
 }
 
-/// Headers the sources `#include "..."`, resolved from here rather than from a directory.
-pub const HEADERS: &[(&str, &str)] = &[
-    ("attention_head.cuh", include_str!("../../cuda/attention_head.cuh")),
-    ("common.cuh", include_str!("../../cuda/common.cuh")),
-    ("mma.cuh", include_str!("../../cuda/mma.cuh")),
-    ("philox.cuh", include_str!("../../cuda/philox.cuh")),
-];
+include!(concat!(env!("OUT_DIR"), "/sources.rs"));
 
-pub const SOURCES: &[KernelSource] = &[
-    KernelSource {
-        name: "adamw.cu",
-        source: include_str!("../../cuda/adamw.cu"),
-        kernels: &["adamw", "adamw_with_bf16_copy"],
-    },
-    KernelSource {
-        name: "attention.cu",
-        source: include_str!("../../cuda/attention.cu"),
-        kernels: &["split_heads", "merge_heads", "causal_softmax_forward", "causal_softmax_backward"],
-    },
-    KernelSource {
-        name: "bias.cu",
-        source: include_str!("../../cuda/bias.cu"),
-        kernels: &[
-            "bias_add",
-            "bias_add_bf16",
-            "column_partial_sums",
-            "column_partial_sums_bf16",
-            "add_partials",
-        ],
-    },
-    KernelSource { name: "cast.cu", source: include_str!("../../cuda/cast.cu"), kernels: &["f32_to_bf16"] },
-    KernelSource {
-        name: "classifier.cu",
-        source: include_str!("../../cuda/classifier.cu"),
-        kernels: &["fused_classifier", "fused_classifier_bf16"],
-    },
-    KernelSource {
-        name: "dropout.cu",
-        source: include_str!("../../cuda/dropout.cu"),
-        kernels: &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"],
-    },
-    KernelSource {
-        name: "elementwise.cu",
-        source: include_str!("../../cuda/elementwise.cu"),
-        kernels: &["accumulate", "accumulate_bf16", "add", "add_bf16"],
-    },
-    KernelSource {
-        name: "embedding.cu",
-        source: include_str!("../../cuda/embedding.cu"),
-        kernels: &[
-            "embedding_forward",
-            "embedding_forward_bf16",
-            "embedding_backward_wte",
-            "embedding_backward_wte_bf16",
-            "embedding_backward_wpe",
-            "embedding_backward_wpe_bf16",
-        ],
-    },
-    KernelSource {
-        name: "fused_attention.cu",
-        source: include_str!("../../cuda/fused_attention.cu"),
-        kernels: &[
-            "fused_attention_forward",
-            "fused_attention_backward_query",
-            "fused_attention_backward_key_value",
-        ],
-    },
-    KernelSource {
-        name: "fused_attention_mma.cu",
-        source: include_str!("../../cuda/fused_attention_mma.cu"),
-        kernels: &[
-            "fused_attention_forward_bf16",
-            "fused_attention_forward_bf16_hs128",
-            "fused_attention_backward_query_bf16",
-            "fused_attention_backward_query_bf16_hs128",
-            "fused_attention_backward_key_value_bf16",
-            "fused_attention_backward_key_value_bf16_hs128",
-        ],
-    },
-    KernelSource {
-        name: "gelu.cu",
-        source: include_str!("../../cuda/gelu.cu"),
-        kernels: &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"],
-    },
-    KernelSource {
-        name: "layernorm.cu",
-        source: include_str!("../../cuda/layernorm.cu"),
-        kernels: &[
-            "layernorm_forward",
-            "layernorm_forward_bf16",
-            "layernorm_backward_input",
-            "layernorm_backward_input_bf16",
-            "layernorm_backward_params_partial",
-            "layernorm_backward_params_partial_bf16",
-        ],
-    },
-    KernelSource {
-        name: "loss_mean.cu",
-        source: include_str!("../../cuda/loss_mean.cu"),
-        kernels: &["loss_mean"],
-    },
-    KernelSource {
-        name: "rmsnorm.cu",
-        source: include_str!("../../cuda/rmsnorm.cu"),
-        kernels: &[
-            "rmsnorm_forward",
-            "rmsnorm_forward_bf16",
-            "rmsnorm_backward_input",
-            "rmsnorm_backward_input_bf16",
-            "rmsnorm_backward_weight_partial",
-            "rmsnorm_backward_weight_partial_bf16",
-        ],
-    },
-    KernelSource {
-        name: "rope.cu",
-        source: include_str!("../../cuda/rope.cu"),
-        kernels: &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"],
-    },
-    KernelSource {
-        name: "sum_squares.cu",
-        source: include_str!("../../cuda/sum_squares.cu"),
-        kernels: &["sum_squares_chunks", "sum_squares_totals"],
-    },
-    KernelSource {
-        name: "swiglu.cu",
-        source: include_str!("../../cuda/swiglu.cu"),
-        kernels: &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"],
-    },
-];
+/// Kernel `name` for activations of `dtype`: `name` itself for f32, its `name_bf16` twin
+/// (the same template body storing bf16, see common.cuh) for bf16. A family without the twin
+/// is a bug in the caller.
+pub fn kernel_name(name: &'static str, dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => name,
+        DType::Bf16 => bf16_twin(name).unwrap_or_else(|| panic!("cuda: kernel {name} has no bf16 twin")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_name_is_its_family_name_and_the_dtype() {
+        assert_eq!(kernel_name("gelu_forward", DType::F32), "gelu_forward");
+        assert_eq!(kernel_name("gelu_forward", DType::Bf16), "gelu_forward_bf16");
+        // A kernel whose name merely ends in _bf16 is nobody's twin.
+        assert_eq!(bf16_twin("f32_to"), None);
+        assert_eq!(kernel_name("f32_to_bf16", DType::F32), "f32_to_bf16");
+    }
+
+    #[test]
+    #[should_panic(expected = "cuda: kernel loss_mean has no bf16 twin")]
+    fn a_kernel_without_a_twin_has_no_bf16_name() {
+        kernel_name("loss_mean", DType::Bf16);
+    }
+}

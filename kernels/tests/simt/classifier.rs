@@ -63,7 +63,7 @@ pub fn classifier(
             );
             let (write, scale) = (grad_scale.is_some() as i32, grad_scale.unwrap_or(0.0));
             run.launch(
-                &storage.kernel("fused_classifier"),
+                storage.kernel("fused_classifier"),
                 per_row_block(n),
                 &[
                     losses.into(),

@@ -32,20 +32,20 @@ fn embedding(
         (run.buffer(&tokens), run.buffer(&wte), run.buffer(&wpe), storage.output(&mut run, n * c));
     let position_table = if learned { gwpe.into() } else { Arg::Null };
     run.launch(
-        &storage.kernel("embedding_forward"),
+        storage.kernel("embedding_forward"),
         per_item(n * c),
         &[out.into(), gt.into(), gwte.into(), position_table, (n as u64).into(), ti.into(), ci.into()],
     );
     let (gd, glayout, dwte, dwpe) =
         (storage.buffer(&mut run, &dout), run.buffer(&layout), run.buffer(&dwte0), run.buffer(&dwpe0));
     run.launch(
-        &storage.kernel("embedding_backward_wte"),
+        storage.kernel("embedding_backward_wte"),
         per_token(groups),
         &[dwte.into(), gd.into(), glayout.into(), (groups as i32).into(), ci.into()],
     );
     if learned {
         run.launch(
-            &storage.kernel("embedding_backward_wpe"),
+            storage.kernel("embedding_backward_wpe"),
             per_item(t * c),
             &[dwpe.into(), gd.into(), (b as i32).into(), ti.into(), ci.into()],
         );

@@ -6,7 +6,8 @@
 //! for a family with one file edited, e.g. with a barrier removed.
 
 use cudarc::driver::LaunchConfig;
-use kernels::cuda::sources::{HEADERS, SOURCES};
+use kernels::cuda::sources::{kernel_name, HEADERS, SOURCES};
+use kernels::DType;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
@@ -403,12 +404,14 @@ pub enum Tolerance {
 impl Storage {
     pub const BOTH: [Storage; 2] = [Storage::F32, Storage::Bf16];
 
-    /// The kernel `name` of this storage: `name` itself, or its bf16 twin.
-    pub fn kernel(self, name: &str) -> String {
-        match self {
-            Storage::F32 => name.to_string(),
-            Storage::Bf16 => format!("{name}_bf16"),
-        }
+    /// The kernel `name` of this storage, as the device names it: `name` itself, or its
+    /// bf16 twin.
+    pub fn kernel(self, name: &'static str) -> &'static str {
+        let dtype = match self {
+            Storage::F32 => DType::F32,
+            Storage::Bf16 => DType::Bf16,
+        };
+        kernel_name(name, dtype)
     }
 
     /// `xs` as a buffer of this storage holds them (rounded to nearest even in bf16): what

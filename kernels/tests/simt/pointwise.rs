@@ -31,12 +31,12 @@ fn add_and_accumulate_are_exact_in_f32_and_bf16() {
             let (ga, gb, out) =
                 (storage.buffer(&mut run, &a), storage.buffer(&mut run, &b), storage.output(&mut run, n));
             run.launch(
-                &storage.kernel("add"),
+                storage.kernel("add"),
                 per_item(n),
                 &[out.into(), ga.into(), gb.into(), (n as u64).into()],
             );
             run.launch(
-                &storage.kernel("accumulate"),
+                storage.kernel("accumulate"),
                 per_item(n),
                 &[ga.into(), out.into(), (n as u64).into()],
             );
@@ -73,12 +73,12 @@ fn gelu_matches_the_cpu_in_f32_and_bf16() {
             let (gx, gd) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dout));
             let (out, dinp) = (storage.output(&mut run, n), storage.output(&mut run, n));
             run.launch(
-                &storage.kernel("gelu_forward"),
+                storage.kernel("gelu_forward"),
                 per_item(n),
                 &[out.into(), gx.into(), (n as u64).into()],
             );
             run.launch(
-                &storage.kernel("gelu_backward"),
+                storage.kernel("gelu_backward"),
                 per_item(n),
                 &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
             );
@@ -128,7 +128,7 @@ fn dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16() {
             let mut run = Run::new(n as u64);
             let (gx, out) = (storage.buffer(&mut run, &x), storage.output(&mut run, n));
             run.launch(
-                &storage.kernel("dropout_apply"),
+                storage.kernel("dropout_apply"),
                 per_item(n.div_ceil(4)),
                 &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
             );

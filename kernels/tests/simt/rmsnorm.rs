@@ -36,20 +36,20 @@ pub fn rmsnorm(
     let (gi, gw, gd) = (storage.buffer(&mut run, &inp), run.buffer(&w), storage.buffer(&mut run, &dout));
     let (out, rstd) = (storage.output(&mut run, n * c), run.buffer(&vec![f32::NAN; n]));
     run.launch(
-        &storage.kernel("rmsnorm_forward"),
+        storage.kernel("rmsnorm_forward"),
         per_row_warp(n),
         &[out.into(), rstd.into(), gi.into(), gw.into(), ni.into(), ci.into(), eps.into()],
     );
     let dinp = storage.output(&mut run, n * c);
     run.launch(
-        &storage.kernel("rmsnorm_backward_input"),
+        storage.kernel("rmsnorm_backward_input"),
         per_row_warp(n),
         &[dinp.into(), gd.into(), gi.into(), gw.into(), rstd.into(), ni.into(), ci.into()],
     );
     let (cfg, chunks) = per_column_chunk(n, c);
     let pw = run.buffer(&vec![f32::NAN; chunks * c]);
     run.launch(
-        &storage.kernel("rmsnorm_backward_weight_partial"),
+        storage.kernel("rmsnorm_backward_weight_partial"),
         cfg,
         &[pw.into(), gd.into(), gi.into(), rstd.into(), ni.into(), ci.into(), (ROWS_PER_CHUNK as i32).into()],
     );

@@ -76,11 +76,11 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             let mut forward: Vec<_> = vec![qkv.into()];
             forward.extend(dims());
             forward.extend([(case.first as u64).into(), case.base.into()]);
-            run.launch(&storage.kernel("rope_forward"), cfg(), &forward);
+            run.launch(storage.kernel("rope_forward"), cfg(), &forward);
             let mut backward: Vec<_> = vec![dqkv.into()];
             backward.extend(dims());
             backward.push(case.base.into());
-            run.launch(&storage.kernel("rope_backward"), cfg(), &backward);
+            run.launch(storage.kernel("rope_backward"), cfg(), &backward);
             run.read(qkv);
             run.read(dqkv);
             let got = family.run(run).unwrap();

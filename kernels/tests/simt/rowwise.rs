@@ -56,7 +56,7 @@ pub fn layernorm(
     let (out, mean, rstd) =
         (storage.output(&mut run, n * c), run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; n]));
     run.launch(
-        &storage.kernel("layernorm_forward"),
+        storage.kernel("layernorm_forward"),
         per_row_warp(n),
         &[
             out.into(),
@@ -72,14 +72,14 @@ pub fn layernorm(
     );
     let dinp = storage.output(&mut run, n * c);
     run.launch(
-        &storage.kernel("layernorm_backward_input"),
+        storage.kernel("layernorm_backward_input"),
         per_row_warp(n),
         &[dinp.into(), gd.into(), gi.into(), gw.into(), mean.into(), rstd.into(), ni.into(), ci.into()],
     );
     let (cfg, chunks) = per_column_chunk(n, c);
     let (pw, pb) = (run.buffer(&vec![f32::NAN; chunks * c]), run.buffer(&vec![f32::NAN; chunks * c]));
     run.launch(
-        &storage.kernel("layernorm_backward_params_partial"),
+        storage.kernel("layernorm_backward_params_partial"),
         cfg,
         &[
             pw.into(),
@@ -250,7 +250,7 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
             let (cfg, chunks) = per_column_chunk(n, c);
             let partial = run.buffer(&vec![f32::NAN; chunks * c]);
             run.launch(
-                &storage.kernel("column_partial_sums"),
+                storage.kernel("column_partial_sums"),
                 cfg,
                 &[
                     partial.into(),
@@ -262,7 +262,7 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
             );
             add_partials(&mut run, db, partial, chunks, c);
             run.launch(
-                &storage.kernel("bias_add"),
+                storage.kernel("bias_add"),
                 per_item(n * c),
                 &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
             );

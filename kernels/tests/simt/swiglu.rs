@@ -41,12 +41,12 @@ fn swiglu_matches_the_cpu_in_f32_and_bf16() {
             let (out, dinp) = (storage.output(&mut run, n * f), storage.output(&mut run, n * 2 * f));
             let (items, cols) = ((n * f) as u64, f as u64);
             run.launch(
-                &storage.kernel("swiglu_forward"),
+                storage.kernel("swiglu_forward"),
                 per_item(n * f),
                 &[out.into(), gin.into(), items.into(), cols.into()],
             );
             run.launch(
-                &storage.kernel("swiglu_backward"),
+                storage.kernel("swiglu_backward"),
                 per_item(n * f),
                 &[dinp.into(), gin.into(), gd.into(), items.into(), cols.into()],
             );

@@ -1,0 +1,199 @@
+//! What a backend implements for the ops of [`Device`](crate::Device), one trait per kernel
+//! family. [`Device`](crate::Device)'s op methods check the shapes (`shapes.rs`) and then
+//! call these, so a backend's implementation assumes shapes that fit and gets the sizes the
+//! checks derived. Each CUDA family implements its trait in its own file of `cuda/`, beside
+//! its `.cu` source; callers use [`Device`](crate::Device), never these.
+//!
+//! Every method's contract is the [`Device`](crate::Device) method of the same name
+//! without `_impl`.
+
+use crate::attention::AttentionSaved;
+use crate::device::{AdamWStep, ClassifierGrad, WeightLayout};
+use crate::dropout::DropoutSpec;
+use crate::memory::Category;
+use crate::readout::Readout;
+use crate::shapes::{MatmulDims, QkvDims};
+use crate::tensor::{DType, Tensor};
+
+/// Buffers with a shape to check: uploads and copies.
+pub trait Buffers {
+    /// `data` holds as many values as `shape` has elements. (A device method, as
+    /// [`Device::from_host_of`](crate::Device::from_host_of) is.)
+    #[allow(clippy::wrong_self_convention)]
+    fn from_host_of_impl(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor;
+    /// dst and src have as many elements.
+    fn copy_impl(&self, dst: &mut Tensor, src: &Tensor);
+}
+
+/// acc += x and out = a + b, all of one length.
+pub trait Elementwise {
+    fn accumulate_impl(&self, acc: &mut Tensor, x: &Tensor);
+    fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
+}
+
+/// The values a step leaves for the host; the slots are within the readout.
+pub trait Readouts {
+    fn loss_mean_impl(&self, out: &mut Readout, slot: usize, losses: &Tensor);
+    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]);
+}
+
+/// `btc` is [B,T,C] of out (dout), the tokens below wte's rows.
+pub trait Embedding {
+    fn embedding_forward_impl(
+        &self,
+        out: &mut Tensor,
+        tokens: &[u32],
+        wte: &Tensor,
+        wpe: Option<&Tensor>,
+        btc: [usize; 3],
+    );
+    fn embedding_backward_impl(
+        &self,
+        dwte: &mut Tensor,
+        dwpe: Option<&mut Tensor>,
+        dout: &Tensor,
+        tokens: &[u32],
+        btc: [usize; 3],
+    );
+}
+
+pub trait LayerNorm {
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward_impl(
+        &self,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_impl(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    );
+}
+
+pub trait RmsNorm {
+    fn rmsnorm_forward_impl(
+        &self,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    );
+    fn rmsnorm_backward_impl(
+        &self,
+        dinp: &mut Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
+    );
+}
+
+/// `dims` as the weight's layout reads them; a bias (gradient) has OC elements.
+pub trait Matmul {
+    fn matmul_forward_impl(
+        &self,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        bias: Option<&Tensor>,
+        dims: MatmulDims,
+    );
+    fn matmul_backward_input_impl(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        dims: MatmulDims,
+    );
+    fn matmul_backward_weight_impl(
+        &self,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+        dout: &Tensor,
+        inp: &Tensor,
+        layout: WeightLayout,
+        dims: MatmulDims,
+    );
+}
+
+/// `dims` of qkv; out, dout and dqkv fit them. What `saved` holds is the backend's to check.
+pub trait Attention {
+    fn attention_forward_impl(
+        &self,
+        out: Option<&mut Tensor>,
+        saved: &mut AttentionSaved,
+        dropout: Option<DropoutSpec>,
+        qkv: &Tensor,
+        dims: QkvDims,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward_impl(
+        &self,
+        dqkv: &mut Tensor,
+        dout: &Tensor,
+        out: &Tensor,
+        qkv: &Tensor,
+        saved: &AttentionSaved,
+        dropout: Option<DropoutSpec>,
+        dims: QkvDims,
+    );
+}
+
+/// `dims` of qkv (dqkv), the head size even.
+pub trait Rope {
+    fn rope_forward_impl(&self, qkv: &mut Tensor, dims: QkvDims, base: f32, first_position: usize);
+    fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, base: f32);
+}
+
+/// All tensors of one length.
+pub trait Gelu {
+    fn gelu_forward_impl(&self, out: &mut Tensor, inp: &Tensor);
+    fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+}
+
+/// `f` is F: out (dout) [N,F], inp and dinp [N,2F].
+pub trait SwiGlu {
+    fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize);
+    fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize);
+}
+
+/// out = inp * the mask, of one length: dropout's forward on activations and its backward
+/// on gradients alike.
+pub trait Dropout {
+    fn dropout_impl(&self, out: &mut Tensor, inp: &Tensor, dropout: &DropoutSpec);
+}
+
+/// `rows` is (N, V): N rows (losses and targets) over a vocabulary of V, every target below it.
+pub trait Classifier {
+    fn classifier_impl(
+        &self,
+        losses: &mut Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        targets: &[u32],
+        grad: Option<ClassifierGrad>,
+        rows: (usize, usize),
+    );
+}
+
+/// param, grad, m and v of one length.
+pub trait AdamW {
+    fn adamw_impl(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: &AdamWStep);
+}
