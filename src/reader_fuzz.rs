@@ -6,7 +6,7 @@
 
 use crate::checkpoint::{load_checkpoint, save_checkpoint};
 use crate::config;
-use crate::data::{test_dir, TokenFile};
+use crate::data::{test_dir, TokenData, TokenFile};
 use crate::error::is_user_error;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -157,8 +157,8 @@ proptest! {
     /// accepted.
     #[test]
     fn token_files(
-        magic in prop_oneof![Just(20240520i32), any::<i32>()],
-        version in prop_oneof![Just(1i32), any::<i32>()],
+        magic in prop_oneof![Just(20240520i32), Just(20240801i32), any::<i32>()],
+        version in prop_oneof![Just(1i32), Just(7i32), any::<i32>()],
         count in prop_oneof![0i32..700, any::<i32>(), Just(i32::MAX)],
         header_len in prop_oneof![Just(1024usize), 0usize..1024],
         body_len in prop_oneof![0usize..1400, (0usize..700).prop_map(|n| 2 * n)],
@@ -176,10 +176,13 @@ proptest! {
         let path = test_dir("fuzz_tokens").join("t.bin");
         std::fs::write(&path, &bytes).unwrap();
         if let Some(file) = check(bytes.len(), || TokenFile::open(&path))? {
-            prop_assert_eq!(bytes.len(), 1024 + 2 * file.len());
+            let width = if magic == 20240801 { 4 } else { 2 };
+            prop_assert_eq!(bytes.len(), 1024 + width * file.len());
             check(bytes.len(), || file.check_vocab(50257))?;
-            check(bytes.len() + 8 * batch * seq_len, || file.eval_batch(index, batch, seq_len))?;
-            check(bytes.len() + 8 * batch * seq_len, || file.train_batch(7, 3, 1, batch, seq_len))?;
+        }
+        if let Some(data) = check(bytes.len(), || TokenData::open_file(&path, 1, 50257))? {
+            check(bytes.len() + 8 * batch * seq_len, || data.eval_batch(index, batch, seq_len))?;
+            check(bytes.len() + 8 * batch * seq_len, || data.train_batch(7, 3, 1, batch, seq_len))?;
         }
     }
 }
