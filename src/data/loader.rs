@@ -140,6 +140,10 @@ impl TokenData {
         batch_size: usize,
         seq_len: usize,
     ) -> Vec<u64> {
+        if self.sources.len() == 1 {
+            // No source to pick: every row is the one source's (a resume replays nothing).
+            return vec![(steps.count() * microbatches * batch_size * seq_len) as u64];
+        }
         let mut tokens = vec![0u64; self.sources.len()];
         for step in steps {
             for mb in 0..microbatches as u32 {
@@ -272,6 +276,7 @@ mod tests {
                 (s as u32 + 1..s as u32 + 17).collect::<Vec<_>>()[..]
             );
         }
+        assert_eq!(f.served(42, 2..=4, 2, 4, 16), [3 * 2 * 4 * 16]);
         assert_ne!(a, f.train_batch(42, 8, 1, 4, 16).unwrap(), "next step");
         assert_ne!(a, f.train_batch(42, 7, 2, 4, 16).unwrap(), "next microbatch");
         assert_ne!(a, f.train_batch(43, 7, 1, 4, 16).unwrap(), "other seed");
