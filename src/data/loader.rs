@@ -377,6 +377,25 @@ mod tests {
         assert!((share - 0.75).abs() < 0.03, "{share}");
     }
 
+    /// A Megatron dataset is one stream of its documents' tokens: windows cross documents
+    /// (the fixture's 150 + 1 + 249) but not the file, drawn as from an llm.c file.
+    #[test]
+    fn a_megatron_dataset_draws_windows_over_its_document_stream() {
+        let data = open(DataPath::One("tests/fixtures/megatron/tiny_text_document".into()));
+        let token = |i: u32| (i * 7919 + 65521) % 70000;
+        let b = data.train_batch(3, 1, 0, 4, 8).unwrap();
+        let starts: Vec<u32> =
+            b.inputs.chunks(8).map(|w| (0..400).find(|&i| token(i) == w[0]).unwrap()).collect();
+        // Pinned, checked against an independent Python Philox: starts among 400 - 8.
+        assert_eq!(starts, [178, 53, 385, 20]);
+        for (row, s) in starts.iter().enumerate() {
+            assert_eq!(b.inputs[row * 8..row * 8 + 8], (*s..s + 8).map(token).collect::<Vec<_>>()[..]);
+            assert_eq!(b.targets[row * 8..row * 8 + 8], (s + 1..s + 9).map(token).collect::<Vec<_>>()[..]);
+        }
+        assert_eq!(data.eval_windows(8), 49);
+        assert_eq!(data.eval_batch(48, 1, 8).unwrap().inputs, (384..392).map(token).collect::<Vec<_>>());
+    }
+
     #[test]
     fn a_blend_evaluates_in_megatrons_blending_order() {
         assert_eq!(
