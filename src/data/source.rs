@@ -30,11 +30,7 @@ impl TokenData {
         for ((weight, patterns), name) in path.sources().into_iter().zip(path.source_names()) {
             let mut locations: Vec<Location> = Vec::new();
             for pattern in &patterns {
-                for l in expand(pattern)? {
-                    if !locations.contains(&l) {
-                        locations.push(l);
-                    }
-                }
+                add_new(&mut locations, expand(pattern)?);
             }
             let files = locations
                 .iter()
@@ -105,14 +101,19 @@ fn expand(pattern: &str) -> anyhow::Result<Vec<Location>> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     paths.sort();
     let mut out: Vec<Location> = Vec::new();
-    for l in paths.iter().map(|p| Location::of(p)) {
-        if !out.contains(&l) {
-            out.push(l);
-        }
-    }
+    add_new(&mut out, paths.iter().map(|p| Location::of(p)));
     match out.is_empty() {
         true => Err(user_error(format!("{pattern}: no file matches this pattern"))),
         false => Ok(out),
+    }
+}
+
+/// Appends the locations `to` does not hold yet, in order: a file named twice is read once.
+fn add_new(to: &mut Vec<Location>, locations: impl IntoIterator<Item = Location>) {
+    for l in locations {
+        if !to.contains(&l) {
+            to.push(l);
+        }
     }
 }
 
