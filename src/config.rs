@@ -8,12 +8,15 @@
 //! canonical keys (aliases.rs); the config remembers which were used.
 
 mod aliases;
+mod data_path;
 mod named;
 #[cfg(test)]
 mod reference_doc;
+mod refused;
 
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
+pub use data_path::DataPath;
 pub use named::{
     DeviceKind, LrDecayStyle, Named, PositionEmbeddingType, Precision, RecomputeGranularity, RecomputeMethod,
     RecomputeModule,
@@ -113,8 +116,9 @@ pub struct Config {
     pub log_interval: usize,
 
     // ---- data, device, checkpoints ----
-    pub train_data_path: Option<PathBuf>,
-    pub valid_data_path: Option<PathBuf>,
+    /// A file, shards or a blend (data_path.rs).
+    pub train_data_path: Option<DataPath>,
+    pub valid_data_path: Option<DataPath>,
     #[serde(with = "named")]
     pub device: DeviceKind,
     #[serde(with = "named")]
@@ -258,7 +262,7 @@ pub fn known_keys() -> Vec<String> {
 /// `--hidden-size` -> `hidden_size`, if that is a config key or an alias of one.
 pub fn flag_to_key(flag: &str) -> Option<String> {
     let key = flag.strip_prefix("--")?.replace('-', "_");
-    (known_keys().contains(&key) || aliases::is_alias(&key)).then_some(key)
+    (known_keys().contains(&key) || aliases::is_alias(&key) || refused::reason(&key).is_some()).then_some(key)
 }
 
 /// Config keys set on the command line: (flag as given, value).
@@ -281,7 +285,9 @@ pub fn split_overrides(args: &[String]) -> anyhow::Result<(Overrides, Vec<String
             let next_is_bool = matches!(args.get(i + 1).map(String::as_str), Some("true" | "false"));
             let value = match inline {
                 Some(v) => v,
-                None if aliases::is_switch(&key) && !next_is_bool => "true".into(),
+                None if (aliases::is_switch(&key) || refused::reason(&key).is_some()) && !next_is_bool => {
+                    "true".into()
+                }
                 None => {
                     i += 1;
                     args.get(i)
@@ -348,6 +354,13 @@ fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
     let known = known_keys();
     let mut map = Mapping::new();
     for Entry { key, value, origin, written, .. } in entries {
+        if let Some(why) = refused::reason(key) {
+            // `false` asks for what every run does.
+            if *value == Value::Bool(false) {
+                continue;
+            }
+            return Err(user_error(format!("{}: {} {why}", origin.describe(key), show(value))));
+        }
         if !known.contains(key) {
             let hint = closest(key, &known).map(|k| format!(" (did you mean `{k}`?)")).unwrap_or_default();
             return Err(user_error(format!("{}: unknown key{hint}", origin.describe(key))));
@@ -784,6 +797,46 @@ mod tests {
 
     fn err_of(text: &str, overrides: &[(&str, &str)]) -> String {
         load_text(text, overrides).unwrap_err()
+    }
+
+    #[test]
+    fn megatrons_document_switches_are_refused_unless_false() {
+        let why = "is not supported: a window that spans a document boundary trains as one sequence (set it \
+                   false or remove it)";
+        assert_eq!(err_of("eod_mask_loss: true\n", &[]), format!("c.yaml: key `eod_mask_loss`: true {why}"));
+        assert_eq!(
+            err_of("", &[("--reset-position-ids", "true")]),
+            format!("command line: --reset-position-ids true: true {why}")
+        );
+        assert_eq!(load_text("reset_attention_mask: false\n", &[]).unwrap(), Config::default());
+        let args = ["--reset-attention-mask", "--lr", "1"].map(String::from);
+        let (overrides, rest) = split_overrides(&args).unwrap();
+        assert_eq!(
+            overrides,
+            [("--reset-attention-mask".into(), "true".into()), ("--lr".into(), "1".into())]
+        );
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn a_data_path_is_one_path_shards_or_a_blend() {
+        let cfg =
+            load_text("train_data_path: [0.7, a, 0.3, 'b_*.bin']\nvalid_data_path: v.bin\n", &[]).unwrap();
+        assert_eq!(
+            cfg.train_data_path,
+            Some(DataPath::Blend(vec![(0.7, "a".into()), (0.3, "b_*.bin".into())]))
+        );
+        assert_eq!(cfg.valid_data_path, Some(DataPath::One("v.bin".into())));
+        let cli = load_text("", &[("--train-data-path", "[s_000.bin, s_001.bin]")]).unwrap();
+        assert_eq!(cli.train_data_path, Some(DataPath::Shards(vec!["s_000.bin".into(), "s_001.bin".into()])));
+        // What a run dir keeps loads back to the same config.
+        let again = load_text(&cfg.to_yaml().unwrap(), &[]).unwrap();
+        assert_eq!(again, cfg);
+        assert_eq!(
+            err_of("train_data_path: [0.5, a, 0.5]\n", &[]),
+            "c.yaml: key `train_data_path`: bad value - 0.5 - a - 0.5: a blend is [weight, prefix, weight, prefix, \
+             ...]; 3 entries do not pair up"
+        );
     }
 
     #[test]

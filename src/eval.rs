@@ -4,7 +4,7 @@
 
 use crate::checkpoint;
 use crate::cli::EvalArgs;
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use crate::error::user_error;
 use crate::plan;
 use kernels::cpu::math::mean_in_order;
@@ -21,9 +21,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
             ck.config.max_positions()
         )));
     }
-    let data = TokenFile::open(&args.data)?;
-    data.check_seq_len(seq_length)?;
-    data.check_vocab(ck.config.vocab_size())?;
+    let data = TokenData::open_file(&args.data, seq_length, ck.config.vocab_size())?;
     let available = data.eval_windows(seq_length);
     if args.windows == 0 || args.windows > available {
         return Err(user_error(format!(

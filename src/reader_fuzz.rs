@@ -1,12 +1,12 @@
 //! Property tests of every reader of untrusted input: the YAML config and its flags, the
-//! token file, pipetrain checkpoints and Hugging Face directories. Whatever the bytes, a
+//! token file, Megatron's indexed dataset, pipetrain checkpoints and Hugging Face directories. Whatever the bytes, a
 //! reader returns a value or one user-error line, never panics, and never allocates more
 //! than a small multiple of its input (a header's claim is checked against the bytes before
 //! anything is sized from it). The case counts keep each target to a few seconds.
 
 use crate::checkpoint::{load_checkpoint, save_checkpoint};
 use crate::config;
-use crate::data::{test_dir, TokenFile};
+use crate::data::{test_dir, TokenData, TokenFile};
 use crate::error::is_user_error;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -157,8 +157,8 @@ proptest! {
     /// accepted.
     #[test]
     fn token_files(
-        magic in prop_oneof![Just(20240520i32), any::<i32>()],
-        version in prop_oneof![Just(1i32), any::<i32>()],
+        magic in prop_oneof![Just(20240520i32), Just(20240801i32), any::<i32>()],
+        version in prop_oneof![Just(1i32), Just(7i32), any::<i32>()],
         count in prop_oneof![0i32..700, any::<i32>(), Just(i32::MAX)],
         header_len in prop_oneof![Just(1024usize), 0usize..1024],
         body_len in prop_oneof![0usize..1400, (0usize..700).prop_map(|n| 2 * n)],
@@ -176,10 +176,57 @@ proptest! {
         let path = test_dir("fuzz_tokens").join("t.bin");
         std::fs::write(&path, &bytes).unwrap();
         if let Some(file) = check(bytes.len(), || TokenFile::open(&path))? {
-            prop_assert_eq!(bytes.len(), 1024 + 2 * file.len());
+            let width = if magic == 20240801 { 4 } else { 2 };
+            prop_assert_eq!(bytes.len(), 1024 + width * file.len());
             check(bytes.len(), || file.check_vocab(50257))?;
-            check(bytes.len() + 8 * batch * seq_len, || file.eval_batch(index, batch, seq_len))?;
-            check(bytes.len() + 8 * batch * seq_len, || file.train_batch(7, 3, 1, batch, seq_len))?;
+        }
+        if let Some(data) = check(bytes.len(), || TokenData::open_file(&path, 1, 50257))? {
+            check(bytes.len() + 8 * batch * seq_len, || data.eval_batch(index, batch, seq_len))?;
+            check(bytes.len() + 8 * batch * seq_len, || data.train_batch(7, 3, 1, batch, seq_len))?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(300))]
+
+    /// A Megatron dataset (`.idx` + `.bin`) opened as training data: the committed fixture's
+    /// index with any version, dtype code and counts (up to u64::MAX claimed), bytes flipped
+    /// and a length cut, beside a `.bin` of any length; then the windows of one accepted.
+    #[test]
+    fn megatron_datasets(
+        version in prop_oneof![3 => Just(1u64), 1 => any::<u64>()],
+        code in prop_oneof![3 => Just(4u8), 1 => 0u8..10, 1 => any::<u8>()],
+        sequences in prop_oneof![3 => Just(3u64), 1 => 0u64..8, 1 => any::<u64>()],
+        documents in prop_oneof![3 => Just(4u64), 1 => 0u64..8, 1 => any::<u64>()],
+        flips in prop_oneof![
+            2 => Just(vec![]),
+            1 => proptest::collection::vec((34usize..102, any::<u8>()), 1..3),
+        ],
+        idx_len in prop_oneof![3 => Just(102usize), 1 => 0usize..110],
+        bin_len in prop_oneof![3 => Just(1600usize), 1 => 0usize..1700],
+        seq_len in 0usize..40,
+        index in 0usize..1000,
+    ) {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron/tiny_text_document");
+        let mut idx = std::fs::read(fixture.with_extension("idx")).unwrap();
+        let mut bin = std::fs::read(fixture.with_extension("bin")).unwrap();
+        idx[9..17].copy_from_slice(&version.to_le_bytes());
+        idx[17] = code;
+        idx[18..26].copy_from_slice(&sequences.to_le_bytes());
+        idx[26..34].copy_from_slice(&documents.to_le_bytes());
+        for (at, xor) in flips {
+            idx[at] ^= xor;
+        }
+        idx.truncate(idx_len);
+        bin.resize(bin_len, 0x5a);
+        let prefix = test_dir("fuzz_megatron").join("ds");
+        std::fs::write(prefix.with_extension("idx"), &idx).unwrap();
+        std::fs::write(prefix.with_extension("bin"), &bin).unwrap();
+        let size = idx.len() + bin.len();
+        if let Some(data) = check(size, || TokenData::open_file(&prefix, 1, 1 << 20))? {
+            check(size + 8 * 2 * seq_len, || data.eval_batch(index, 2, seq_len))?;
+            check(size + 8 * 2 * seq_len, || data.train_batch(7, 3, 1, 2, seq_len))?;
         }
     }
 }

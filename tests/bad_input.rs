@@ -105,6 +105,82 @@ fn data_mistakes() {
     assert_user_error(&o, "short.bin: 10 tokens");
 }
 
+/// Truncated, inconsistent and mismatched files of every kind of data source, and
+/// malformed data paths: each is one line naming the file (or key), exit 2.
+#[test]
+fn data_source_mistakes() {
+    let dir = temp_dir("bad-sources");
+    let with_data = |path: &str| SMALL.replace("data/corpus/train.bin", path);
+    let idx = std::fs::read(format!("{MEGATRON_FIXTURE}.idx")).unwrap();
+    let bin = std::fs::read(format!("{MEGATRON_FIXTURE}.bin")).unwrap();
+    let megatron = |name: &str, idx: &[u8], bin: &[u8]| {
+        let prefix = dir.join(name);
+        std::fs::write(dir.join(format!("{name}.idx")), idx).unwrap();
+        std::fs::write(dir.join(format!("{name}.bin")), bin).unwrap();
+        prefix.display().to_string()
+    };
+    let mut wide = vec![5u32; 100];
+    wide[40] = 50257;
+    let u32_file = dir.join("wide.bin");
+    write_u32_tokens(&u32_file, &wide);
+    let truncated_u32 = dir.join("cut.bin");
+    std::fs::write(&truncated_u32, &std::fs::read(&u32_file).unwrap()[..1024 + 4 * 99 + 1]).unwrap();
+    let cases: Vec<(String, String)> = vec![
+        (
+            with_data(&megatron("short_idx", &idx[..60], &bin)),
+            "short_idx.idx: header says 3 sequences and 4 document indices (102 bytes) but the file has 60 \
+             bytes: truncated or corrupt"
+                .into(),
+        ),
+        (
+            with_data(&megatron("cut_bin", &idx, &bin[..bin.len() - 4])),
+            "cut_bin.bin: its index says 400 tokens of 4 bytes but the file has 1596 bytes".into(),
+        ),
+        (
+            with_data(&megatron("pointers", &{
+                let mut bad = idx.clone();
+                bad[54] = 9;
+                bad
+            }, &bin)),
+            "pointers.idx: sequence 1 starts at byte 521, but the sequences before it end at byte 600: \
+             inconsistent index"
+                .into(),
+        ),
+        (
+            with_data(&megatron("not_an_index", &[7u8; 102], &bin)),
+            "not_an_index.idx: does not start with MMIDIDX: not a Megatron index".into(),
+        ),
+        (with_data(MEGATRON_FIXTURE), format!("{MEGATRON_FIXTURE}.bin: token 65521 at position 0 is not below vocab_size 50257")),
+        (
+            with_data(&u32_file.display().to_string()),
+            "wide.bin: token 50257 at position 40 is not below vocab_size 50257".into(),
+        ),
+        (
+            with_data(&truncated_u32.display().to_string()),
+            "cut.bin: header says 100 tokens (1424 bytes) but the file has 1421 bytes: truncated or corrupt".into(),
+        ),
+        (
+            with_data(&format!("'{}/none_*.bin'", dir.display())),
+            "none_*.bin: no file matches this pattern".into(),
+        ),
+        (
+            with_data("[1, data/corpus/train.bin, 1]"),
+            "key `train_data_path`: bad value".into(),
+        ),
+        (
+            format!("{SMALL}eod_mask_loss: true\n"),
+            "key `eod_mask_loss`: true is not supported: a window that spans a document boundary trains as one \
+             sequence"
+                .into(),
+        ),
+    ];
+    for (yaml, needle) in cases {
+        let o = train_err(&dir, &yaml, &[]);
+        assert_user_error(&o, &needle);
+        assert!(!dir.join("run").join("metrics.jsonl").exists(), "{needle}");
+    }
+}
+
 #[test]
 fn run_dir_and_checkpoint_mistakes_overwrite_nothing() {
     let dir = temp_dir("bad-run");

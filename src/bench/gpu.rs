@@ -19,7 +19,7 @@
 use super::{training_data, Variant};
 use crate::cli::BenchArgs;
 use crate::config::{Config, DeviceKind, Named, Precision};
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use crate::error::NoDevice;
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, DType, Device};
@@ -163,7 +163,7 @@ fn usable_gpu() -> anyhow::Result<Box<dyn Device>> {
 }
 
 /// The mean loss of each of `steps` training steps of `cfg` from its seed.
-pub fn loss_curve(cfg: &Config, path: &Path, data: &TokenFile, steps: usize) -> anyhow::Result<Vec<f64>> {
+pub fn loss_curve(cfg: &Config, path: &Path, data: &TokenData, steps: usize) -> anyhow::Result<Vec<f64>> {
     Ok(loss_curve_and_peaks(cfg, path, data, steps)?.0)
 }
 
@@ -171,7 +171,7 @@ pub fn loss_curve(cfg: &Config, path: &Path, data: &TokenFile, steps: usize) -> 
 fn loss_curve_and_peaks(
     cfg: &Config,
     path: &Path,
-    data: &TokenFile,
+    data: &TokenData,
     steps: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<u64>)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -280,7 +280,7 @@ mod tests {
     #[test]
     fn a_loss_curve_is_the_same_bits_run_twice() {
         let path = Path::new("tiny-for-bench.yaml");
-        let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
+        let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
         let cfg = Config {
             num_layers: 2,
             hidden_size: 32,

@@ -13,7 +13,7 @@ mod gpu;
 
 use crate::cli::BenchArgs;
 use crate::config::{self, Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use crate::error::user_error;
 use crate::plan;
 use crate::train::rank::{Local, Rank};
@@ -64,7 +64,7 @@ impl Variant {
     }
 
     /// One training step, every stage on its own thread; the step's mean loss.
-    fn step(&mut self, data: &TokenFile, step: usize) -> anyhow::Result<f64> {
+    fn step(&mut self, data: &TokenData, step: usize) -> anyhow::Result<f64> {
         let cfg = &self.cfg;
         let losses = std::thread::scope(|scope| {
             let handles: Vec<_> = self
@@ -128,14 +128,11 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
 }
 
 /// The config's training tokens, checked against its shape.
-fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenFile> {
+fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenData> {
     let data_path = cfg.train_data_path.clone().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for a benchmark", path.display()))
     })?;
-    let data = TokenFile::open(&data_path)?;
-    data.check_seq_len(cfg.seq_length)?;
-    data.check_vocab(cfg.vocab_size)?;
-    Ok(data)
+    TokenData::open(&data_path, cfg.seq_length, cfg.vocab_size)
 }
 
 fn recompute_variants(base: &Config) -> Vec<(String, Config)> {

@@ -1,9 +1,13 @@
-//! Token data: the llm.c `.bin` token file, GPT-2 tokenization, and the batch loader.
+//! Token data: llm.c token files and Megatron indexed datasets, the sources a data path
+//! names (files, shards, blends), GPT-2 tokenization, and the batch loader.
 
+mod indexed;
 mod loader;
+mod source;
 mod token_file;
 mod tokenize;
 
+pub use source::TokenData;
 pub use token_file::TokenFile;
 pub use tokenize::{bpe_decode, bpe_encode, tokenize_file, EOT, TEXT_VOCAB};
 

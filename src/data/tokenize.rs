@@ -132,7 +132,10 @@ mod tests {
         assert_eq!((s.tokens, s.documents, s.input_bytes), (5, 2, 29));
         assert_eq!(s.to_string(), format!("{}: 5 tokens (2 documents) from 29 bytes of text", out.display()));
         let f = TokenFile::open(&out).unwrap();
-        assert_eq!((0..f.len()).map(|i| f.token(i)).collect::<Vec<_>>(), [EOT, 15496, 995, EOT, 15496]);
+        assert_eq!(
+            (0..f.len()).map(|i| f.token(i) as u16).collect::<Vec<_>>(),
+            [EOT, 15496, 995, EOT, 15496]
+        );
         assert!(!dir.join(".out.bin.tmp").exists());
     }
 

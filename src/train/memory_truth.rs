@@ -8,7 +8,7 @@
 
 use super::rank::Rank;
 use crate::config::{Config, PositionEmbeddingType};
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use std::path::Path;
 
 #[test]
@@ -31,7 +31,7 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
 
 fn peaks_are_predicted(family: &Config) {
     let path = Path::new("gpt2-small-width.yaml");
-    let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
+    let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
     for (schedule, p) in [("1f1b", 2), ("zb-h1", 3)] {
         // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains.
         let cfg = Config {

@@ -88,6 +88,11 @@ impl Metrics {
     }
 }
 
+/// Tokens served so far by each data source, by name.
+pub fn tokens_served(sources: &[(String, f64)], tokens: &[u64]) -> Value {
+    Value::Object(sources.iter().zip(tokens).map(|((name, _), &n)| (name.clone(), n.into())).collect())
+}
+
 /// A step's metrics line.
 pub fn step_record(
     step: usize,

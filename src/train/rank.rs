@@ -7,7 +7,7 @@
 use super::report::StepReport;
 use crate::checkpoint::NamedTensor;
 use crate::config::{Config, DeviceKind};
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use crate::plan;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
@@ -136,7 +136,7 @@ impl Rank {
     pub fn train_step(
         &mut self,
         cfg: &Config,
-        data: &TokenFile,
+        data: &TokenData,
         step: usize,
         lr: f32,
         fault: Option<FaultInjection>,
@@ -264,7 +264,7 @@ impl Rank {
     /// Mean loss of `iters` validation windows, forward only. The replicas split the
     /// windows in contiguous blocks; the mean is taken in window order, so it is the same
     /// bits for any data-parallel size.
-    pub fn evaluate(&mut self, cfg: &Config, data: &TokenFile, iters: usize) -> anyhow::Result<f64> {
+    pub fn evaluate(&mut self, cfg: &Config, data: &TokenData, iters: usize) -> anyhow::Result<f64> {
         self.apply_pending_update();
         let per_replica = iters.div_ceil(self.topology.data);
         let first = (self.replica() * per_replica).min(iters);

@@ -34,6 +34,9 @@ pub struct Summary {
     /// Measured bubble rate per stage (None before a second step).
     pub bubble: Option<Vec<f64>>,
     pub last_checkpoint_step: usize,
+    /// Each training data source: name, normalised weight, tokens it has served in the run
+    /// (a resumed run counts from step 1).
+    pub data_sources: Vec<(String, f64, u64)>,
     /// `RUN/loss.svg`.
     pub loss_chart: PathBuf,
     /// The config's aliases and the canonical settings they became.
@@ -64,6 +67,9 @@ impl Summary {
         println!("final train loss {}", f(self.final_loss));
         println!("final val loss   {}", f(self.final_val_loss));
         println!("tokens/s         {:.0}", self.tokens_per_s);
+        for (name, weight, tokens) in &self.data_sources {
+            println!("data             {name} (weight {weight:.3}): {tokens} tokens served");
+        }
         println!("loss chart       {}", self.loss_chart.display());
         println!("{}", mfu_line(self.mfu(), self.achieved_flops(), self.peak_flops, &self.peak_source));
         let replicas = self.ranks.iter().map(|r| r.1 + 1).max().unwrap_or(1);
@@ -141,6 +147,11 @@ impl Summary {
             "loss_chart": self.loss_chart,
             "config_aliases": self.aliases,
             "sample": self.sample,
+            "data_sources": self
+                .data_sources
+                .iter()
+                .map(|(name, weight, tokens)| json!({"path": name, "weight": weight, "tokens_served": tokens}))
+                .collect::<Vec<_>>(),
             "stages": stages,
         });
         std::fs::write(run_dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;

@@ -7,7 +7,7 @@
 
 use super::rank::Rank;
 use crate::config::{Config, Named};
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use kernels::DeviceCounters;
 use std::path::Path;
 
@@ -20,7 +20,7 @@ fn counts_after_the_first_step(
     steps: usize,
 ) -> Vec<DeviceCounters> {
     let path = Path::new("sync-count.yaml");
-    let data = TokenFile::open(Path::new("data/corpus/train.bin")).unwrap();
+    let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
     let cfg = Config {
         num_layers: 4,
         hidden_size: 64,

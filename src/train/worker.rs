@@ -8,7 +8,7 @@ use super::{loss_chart, lr, metrics, non_finite, peak, shards, summary, timeline
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use crate::error::{user_error, Interrupted, NonFinite};
 use crate::plan;
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
@@ -36,11 +36,15 @@ pub struct RankSetup<'a> {
 pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<()> {
     let RankSetup { id, topology, transport, mut collective, local, stop, fault } = setup;
     let root = id == 0;
-    let train_path = cfg.train_data_path.clone().ok_or_else(|| {
+    let train_path = cfg.train_data_path.as_ref().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
     })?;
-    let train_data = open_data(&train_path, cfg)?;
-    let valid_data = cfg.valid_data_path.as_deref().map(|p| open_data(p, cfg)).transpose()?;
+    let train_data = TokenData::open(train_path, cfg.seq_length, cfg.vocab_size)?;
+    let valid_data = cfg
+        .valid_data_path
+        .as_ref()
+        .map(|p| TokenData::open(p, cfg.seq_length, cfg.vocab_size))
+        .transpose()?;
 
     // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share. Rank
     // 0 holds the run dir's lock until it returns.
@@ -64,6 +68,15 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let start_step = start.step;
     let microbatches = cfg.num_microbatches();
     let tokens_per_step = (cfg.global_batch_size * cfg.seq_length) as f64;
+    // Tokens each source has served: a pure function of the steps taken, as the windows are.
+    let served_in = |steps| {
+        let all_microbatches = microbatches * topology.data;
+        train_data.served(cfg.seed, steps, all_microbatches, cfg.micro_batch_size, cfg.seq_length)
+    };
+    let mut served = match root {
+        true => served_in(1..=start_step),
+        false => vec![],
+    };
     let mut metrics = match root {
         true => Some(metrics::Metrics::open(
             &args.run_dir,
@@ -119,6 +132,8 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         let mut record =
             metrics::step_record(step, loss, lr, outcome.grad_norm, tokens_per_step / step_s, step_s * 1e3);
         if let Some(state) = &mut state {
+            served.iter_mut().zip(served_in(step..=step)).for_each(|(total, n)| *total += n);
+            record["tokens_served"] = metrics::tokens_served(&train_data.describe(), &served);
             timeline.record(step, step_s, &reports);
             state.step = step as u64;
             state.data_position = step as u64;
@@ -207,6 +222,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
         last_checkpoint_step: last_saved,
+        data_sources: train_data.describe().into_iter().zip(served).map(|((n, w), t)| (n, w, t)).collect(),
         loss_chart: loss_chart::path(&args.run_dir),
         aliases: cfg.aliases.clone(),
         sample: match (&final_model, args.quiet) {
@@ -297,13 +313,6 @@ fn save(
     let state = state.expect("rank 0 keeps the trainer state");
     checkpoint::save_checkpoint(run_dir, &checkpoint::ModelConfig::of(cfg), &model, state, &optimizer)?;
     Ok(Some(model))
-}
-
-fn open_data(path: &Path, cfg: &Config) -> anyhow::Result<TokenFile> {
-    let f = TokenFile::open(path)?;
-    f.check_seq_len(cfg.seq_length)?;
-    f.check_vocab(cfg.vocab_size)?;
-    Ok(f)
 }
 
 /// Creates the run dir and locks it; with `resume`, returns the checkpoint to continue from.

@@ -126,6 +126,20 @@ pub fn synthetic_data(dir: &Path) -> PathBuf {
     path
 }
 
+/// Writes an llm.c token file of uint32 tokens (magic 20240801, version 7).
+pub fn write_u32_tokens(path: &Path, tokens: &[u32]) {
+    let mut bytes = vec![0u8; 1024];
+    for (i, v) in [20240801i32, 7, tokens.len() as i32].into_iter().enumerate() {
+        bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The committed Megatron indexed dataset (tests/fixtures/megatron/make_fixture.py): 400
+/// int32 tokens below 70000, in three documents.
+pub const MEGATRON_FIXTURE: &str = "tests/fixtures/megatron/tiny_text_document";
+
 /// Trains the small model in `dir/name` with extra flags; panics unless it succeeds.
 pub fn run_small(dir: &Path, name: &str, args: &[String]) -> PathBuf {
     let cfg = config(dir);

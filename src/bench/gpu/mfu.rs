@@ -6,7 +6,7 @@
 use super::super::Variant;
 use super::{Row, Verdict};
 use crate::config::Config;
-use crate::data::TokenFile;
+use crate::data::TokenData;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -40,7 +40,7 @@ impl Shape {
 }
 
 /// The median of `steps` timed training steps of `cfg`, after one warm-up step.
-pub fn measure(cfg: &Config, path: &Path, data: &TokenFile, steps: usize) -> anyhow::Result<f64> {
+pub fn measure(cfg: &Config, path: &Path, data: &TokenData, steps: usize) -> anyhow::Result<f64> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), path, threads)?;
     run.step(data, 1)?;
