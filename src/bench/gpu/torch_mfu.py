@@ -2,7 +2,9 @@
 shape (pre-LN blocks, tanh GELU, learned positions, LM head tied to the token embedding),
 the same micro batch and microbatches per step, AdamW, on the same GPU. Attention is
 PyTorch's own scaled_dot_product_attention, causal. Run by pipetrain with one argument, a
-JSON object of the shape; prints one JSON line: {"step_s": median seconds} or {"error": why}.
+JSON object of the shape (with "compile": true, the model goes through torch.compile first);
+prints one JSON line: {"step_s": median seconds, "peak_bytes": the CUDA allocator's peak}
+or {"error": why}.
 """
 import json
 import sys
@@ -53,6 +55,8 @@ def main():
     torch.manual_seed(0)
     model = Gpt(s).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if s.get("compile"):
+        model = torch.compile(model)
     bf16 = s["precision"] == "bf16"
     data = torch.randint(0, s["vocab"], (s["micro_batch"], s["seq"] + 1), device="cuda")
 
@@ -74,7 +78,7 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     times.sort()
-    print(json.dumps({"step_s": times[len(times) // 2]}))
+    print(json.dumps({"step_s": times[len(times) // 2], "peak_bytes": torch.cuda.max_memory_allocated()}))
 
 
 if __name__ == "__main__":
