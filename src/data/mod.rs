@@ -1,11 +1,12 @@
-//! Token data: the llm.c `.bin` token file, GPT-2 tokenization, and the batch loader.
+//! Token data: the llm.c `.bin` token file, tokenization (`pipetrain tokenize`), and the batch
+//! loader.
 
 mod loader;
 mod token_file;
 mod tokenize;
 
 pub use token_file::TokenFile;
-pub use tokenize::{bpe_decode, bpe_encode, tokenize_file, EOT, TEXT_VOCAB};
+pub use tokenize::{bpe_decode, bpe_encode, run as tokenize, OutputFormat, EOT, TEXT_VOCAB};
 
 /// A fresh, empty directory for one test.
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! Files are memory-mapped, so a multi-gigabyte corpus costs no resident memory up front.
 
 use std::fs::File;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -15,8 +14,11 @@ pub const VERSION: i32 = 1;
 pub const HEADER_INTS: usize = 256;
 pub const HEADER_BYTES: usize = HEADER_INTS * 4;
 
-/// The header for a file of `count` tokens.
-pub fn encode_header(count: usize) -> io::Result<[u8; HEADER_BYTES]> {
+/// The header for a file of `count` tokens (the writer is `tokenize`'s own, `tokenize/llmc.rs`;
+/// this one makes fixtures for the tests).
+#[cfg(test)]
+pub fn encode_header(count: usize) -> std::io::Result<[u8; HEADER_BYTES]> {
+    use std::io;
     let count = i32::try_from(count).map_err(|_| {
         io::Error::new(io::ErrorKind::InvalidInput, format!("{count} tokens do not fit the int32 header"))
     })?;
@@ -28,7 +30,8 @@ pub fn encode_header(count: usize) -> io::Result<[u8; HEADER_BYTES]> {
 }
 
 /// Writes a complete token file (header and tokens) to `w`.
-pub fn write_tokens(w: &mut impl Write, tokens: &[u16]) -> io::Result<()> {
+#[cfg(test)]
+pub fn write_tokens(w: &mut impl std::io::Write, tokens: &[u16]) -> std::io::Result<()> {
     w.write_all(&encode_header(tokens.len())?)?;
     let body: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     w.write_all(&body)
