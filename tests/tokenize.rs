@@ -123,7 +123,7 @@ fn the_output_is_the_same_bytes_for_any_thread_count() {
         ok(tokenize(&input, &l, &["--threads", threads, "--shard-tokens", "100000"]));
         ok(tokenize(&input, &m, &["--threads", threads, "--format", "megatron"]));
         let mut files =
-            vec![fs::read(&m.with_extension("bin")).unwrap(), fs::read(m.with_extension("idx")).unwrap()];
+            vec![fs::read(m.with_extension("bin")).unwrap(), fs::read(m.with_extension("idx")).unwrap()];
         for i in 0.. {
             let Ok(bytes) = fs::read(dir.join(format!("l{threads}_{i:06}.bin"))) else { break };
             files.push(bytes);
