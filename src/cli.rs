@@ -23,7 +23,7 @@ pub enum Command {
     /// Simulate a schedule/recompute plan: time and memory per stage, no weights, no GPU.
     #[command(after_help = crate::config::alias_help())]
     Simulate(crate::simulate::SimulateArgs),
-    /// Tokenize a UTF-8 text file into an llm.c/nanoGPT .bin token file (GPT-2 BPE).
+    /// Tokenize text or JSONL into llm.c .bin token files (one or shards) or a Megatron indexed dataset.
     Tokenize(TokenizeArgs),
     /// Export a checkpoint as a Hugging Face GPT-2 directory (config.json + model.safetensors).
     Export(ExportArgs),
@@ -79,11 +79,37 @@ pub struct TrainArgs {
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
+    /// A text file (documents separated by <|endoftext|>), a JSONL file (.jsonl, .json,
+    /// .ndjson: one document per line), or a directory of them (read in name order).
     pub input: PathBuf,
+    /// The token file; with --shard-tokens, PREFIX_000000.bin ... (PREFIX is OUTPUT less
+    /// `.bin`); with --format megatron, PREFIX.bin and PREFIX.idx.
     pub output: PathBuf,
-    /// Replace OUTPUT if it exists.
+    /// Replace existing outputs.
     #[arg(long)]
     pub force: bool,
+    /// gpt2 (r50k_base), cl100k_base, o200k_base, or the path of a Hugging Face tokenizer.json.
+    #[arg(long, default_value = "gpt2")]
+    pub tokenizer: String,
+    /// The end-of-text token of a tokenizer.json [default: the first of <|endoftext|>,
+    /// <|end_of_text|>, </s>, <eos> in its vocabulary].
+    #[arg(long, value_name = "TOKEN")]
+    pub eot_token: Option<String>,
+    /// The key of a JSONL line's document (Megatron's --json-keys).
+    #[arg(long, value_name = "KEY", default_value = "text")]
+    pub json_key: String,
+    /// llmc: llm.c .bin token files; megatron: a Megatron-LM indexed dataset (.bin + .idx).
+    #[arg(long, value_enum, default_value = "llmc")]
+    pub format: crate::data::OutputFormat,
+    /// Cut the llm.c output into shards of exactly N tokens (the last may be shorter).
+    #[arg(long, value_name = "N")]
+    pub shard_tokens: Option<usize>,
+    /// Tokenizing threads [default: all cores]; the output is the same for any number.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug)]

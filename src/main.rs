@@ -47,9 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Train(a) => train::run(&a, &overrides),
         cli::Command::Simulate(a) => simulate::run(&a, &overrides),
-        cli::Command::Tokenize(a) => {
-            data::tokenize_file(&a.input, &a.output, a.force).map(|summary| println!("{summary}"))
-        }
+        cli::Command::Tokenize(a) => data::tokenize(&a).map(|summary| println!("{summary}")),
         cli::Command::Export(a) => export::run(&a),
         cli::Command::Eval(a) => eval::run(&a),
         cli::Command::Generate(a) => generate::run(&a),

@@ -21,8 +21,10 @@ use std::path::Path;
 use super::token_file::{map_file, Dtype, TokenFile};
 use crate::error::user_error;
 
-const MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
-const VERSION: u64 = 1;
+/// The index file's magic and version (Megatron's `_INDEX_HEADER`, version 1), which
+/// `tokenize --format megatron` writes too.
+pub const INDEX_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
+pub const INDEX_VERSION: u64 = 1;
 const HEADER_BYTES: usize = 9 + 8 + 1 + 8 + 8;
 
 /// Whether `prefix` names a Megatron dataset: its `.idx` exists.
@@ -77,13 +79,13 @@ fn read_index(b: &[u8]) -> Result<(Dtype, u64), String> {
             b.len()
         ));
     }
-    if &b[..9] != MAGIC {
+    if &b[..9] != INDEX_MAGIC {
         return Err("does not start with MMIDIDX: not a Megatron index".into());
     }
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
     let version = u64_at(9);
-    if version != VERSION {
-        return Err(format!("unsupported version {version} (expected {VERSION})"));
+    if version != INDEX_VERSION {
+        return Err(format!("unsupported version {version} (expected {INDEX_VERSION})"));
     }
     let dtype = match b[17] {
         1 => Dtype::U8,
@@ -155,7 +157,7 @@ mod tests {
     /// An index, as Megatron's writer lays it out, for sequences of these lengths (each its
     /// own document) in a `.bin` of `dtype_code`'s width.
     fn index_bytes(dtype_code: u8, width: u64, lengths: &[i32]) -> Vec<u8> {
-        let mut b = MAGIC.to_vec();
+        let mut b = INDEX_MAGIC.to_vec();
         b.extend(1u64.to_le_bytes());
         b.push(dtype_code);
         b.extend((lengths.len() as u64).to_le_bytes());

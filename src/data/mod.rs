@@ -1,5 +1,5 @@
 //! Token data: llm.c token files and Megatron indexed datasets, the sources a data path
-//! names (files, shards, blends), GPT-2 tokenization, and the batch loader.
+//! names (files, shards, blends), tokenization (`pipetrain tokenize`), and the batch loader.
 
 mod indexed;
 mod loader;
@@ -9,7 +9,7 @@ mod tokenize;
 
 pub use source::TokenData;
 pub use token_file::TokenFile;
-pub use tokenize::{bpe_decode, bpe_encode, tokenize_file, EOT, TEXT_VOCAB};
+pub use tokenize::{bpe_decode, bpe_encode, run as tokenize, OutputFormat, EOT, TEXT_VOCAB};
 
 /// A fresh, empty directory for one test.
 #[cfg(test)]

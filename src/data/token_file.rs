@@ -6,7 +6,6 @@
 //! memory up front.
 
 use std::fs::File;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -58,7 +57,9 @@ impl Dtype {
 }
 
 /// The header for a file of `count` uint16 tokens.
-pub fn encode_header(count: usize) -> io::Result<[u8; HEADER_BYTES]> {
+#[cfg(test)]
+pub fn encode_header(count: usize) -> std::io::Result<[u8; HEADER_BYTES]> {
+    use std::io;
     let count = i32::try_from(count).map_err(|_| {
         io::Error::new(io::ErrorKind::InvalidInput, format!("{count} tokens do not fit the int32 header"))
     })?;
@@ -70,7 +71,8 @@ pub fn encode_header(count: usize) -> io::Result<[u8; HEADER_BYTES]> {
 }
 
 /// Writes a complete uint16 token file (header and tokens) to `w`.
-pub fn write_tokens(w: &mut impl Write, tokens: &[u16]) -> io::Result<()> {
+#[cfg(test)]
+pub fn write_tokens(w: &mut impl std::io::Write, tokens: &[u16]) -> std::io::Result<()> {
     w.write_all(&encode_header(tokens.len())?)?;
     let body: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     w.write_all(&body)

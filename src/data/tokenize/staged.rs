@@ -1,0 +1,81 @@
+//! An output file written under a temporary name beside its final one and renamed into place
+//! only when complete, so an interrupted or failed `tokenize` leaves no partial file under a
+//! final name (the rename is atomic: same directory, same filesystem).
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::user_error;
+
+pub struct StagedFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl StagedFile {
+    pub fn create(path: &Path) -> anyhow::Result<StagedFile> {
+        let tmp = temp_sibling(path)?;
+        let file = File::create(&tmp).map_err(|e| cannot_write(path, &e))?;
+        Ok(StagedFile { path: path.to_path_buf(), tmp, out: BufWriter::with_capacity(1 << 20, file) })
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        self.out.write_all(bytes).map_err(|e| cannot_write(&self.path, &e))
+    }
+
+    /// Overwrites `bytes` at `offset` (a header whose counts are known only at the end).
+    pub fn patch(&mut self, offset: u64, bytes: &[u8]) -> anyhow::Result<()> {
+        overwrite_at(&mut self.out, offset, bytes).map_err(|e| cannot_write(&self.path, &e))
+    }
+
+    /// Syncs the file and renames it to its final name.
+    pub fn commit(mut self) -> anyhow::Result<PathBuf> {
+        let r = self
+            .out
+            .flush()
+            .and_then(|()| self.out.get_ref().sync_all())
+            .and_then(|()| fs::rename(&self.tmp, &self.path));
+        r.map_err(|e| cannot_write(&self.path, &e))?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for StagedFile {
+    /// A file dropped before `commit` (an error) leaves nothing behind; after `commit` the
+    /// temporary name no longer exists and this does nothing.
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+fn overwrite_at(out: &mut BufWriter<File>, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    out.flush()?;
+    let f = out.get_mut();
+    f.seek(SeekFrom::Start(offset))?;
+    f.write_all(bytes)?;
+    f.seek(SeekFrom::End(0))?;
+    Ok(())
+}
+
+fn cannot_write(path: &Path, e: &io::Error) -> anyhow::Error {
+    user_error(format!("{}: cannot write: {e}", path.display()))
+}
+
+/// `dir/.name.tmp` for `dir/name`.
+fn temp_sibling(output: &Path) -> anyhow::Result<PathBuf> {
+    let name =
+        output.file_name().ok_or_else(|| user_error(format!("{}: not a file name", output.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    Ok(output.with_file_name(tmp_name))
+}
+
+/// Writes a small file (the tokenizer record) whole, staged the same way.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut f = StagedFile::create(path)?;
+    f.write(bytes)?;
+    f.commit().map(drop)
+}
