@@ -275,3 +275,67 @@ fn a_failure_midway_leaves_only_complete_shards() {
     assert!(shards > 1, "shards were written before the error");
     assert!(!dir.join("s.meta.json").exists());
 }
+
+#[test]
+fn a_run_whose_vocab_size_is_below_the_tokenizers_is_one_line() {
+    let dir = temp_dir("tok-vocab");
+    let input = dir.join("in.txt");
+    fs::write(&input, "The quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
+    ok(tokenize(&input, &dir.join("web.bin"), &["--tokenizer", "cl100k_base", "--shard-tokens", "50"]));
+    let shards = format!("{}/web_*.bin", dir.display());
+    // Every token is below 100,276, but cl100k_base has ids up to 100,276.
+    let model = MODEL.replace("vocab_size: 96", "vocab_size: 100276");
+    let data = format!("global_batch_size: 4\ntrain_data_path: {shards}\nvalid_data_path: {shards}\n");
+    let cfg = write_config(&dir, "c.yaml", &format!("{model}{data}"));
+    let o = train(&cfg, &dir.join("run"), &[]);
+    assert_user_error(
+        &o,
+        &format!(
+            "vocab_size 100276: below the 100277 ids of tokenizer cl100k_base, which made {} (as {} records)",
+            dir.join("web_000000.bin").display(),
+            dir.join("web.meta.json").display()
+        ),
+    );
+    assert!(!dir.join("run").exists(), "nothing was written");
+}
+
+#[test]
+fn an_interrupt_leaves_no_partial_file() {
+    let dir = temp_dir("tok-interrupt");
+    let jsonl = dir.join("in.jsonl");
+    let line = format!("{{\"text\": \"{}\"}}\n", "a few more words to tokenize ".repeat(40));
+    fs::write(&jsonl, line.repeat(60_000)).unwrap();
+    let child = bin()
+        .arg("tokenize")
+        .arg(&jsonl)
+        .arg(dir.join("s.bin"))
+        .args(["--shard-tokens", "200000", "--threads", "1", "--quiet"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let staged =
+        || fs::read_dir(&dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with('.'));
+    let start = std::time::Instant::now();
+    while !staged() {
+        assert!(start.elapsed().as_secs() < 60, "no shard was begun");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SIGINT, as Ctrl-C sends it.
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("interrupted: "), "{}", stderr(&o));
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        assert!(!name.starts_with('.'), "a temporary file is left: {name}");
+        if name.starts_with("s_") {
+            assert_eq!(llmc(&path).0[2], 200_000, "{name} is complete");
+        }
+    }
+    assert!(!dir.join("s.meta.json").exists());
+}

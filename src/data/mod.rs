@@ -3,6 +3,7 @@
 
 mod indexed;
 mod loader;
+mod record;
 mod source;
 mod token_file;
 mod tokenize;

@@ -1,10 +1,11 @@
 //! The token sources a data path names, opened: each path, prefix or glob resolved to llm.c
 //! token files and Megatron datasets, every file memory-mapped and checked (a window fits,
-//! every token is below `vocab_size`) before the first step.
+//! its tokenizer's ids and every token are below `vocab_size`) before the first step.
 
 use std::path::{Path, PathBuf};
 
 use super::indexed::{is_indexed, open_indexed};
+use super::record::Records;
 use super::TokenFile;
 use crate::config::DataPath;
 use crate::error::user_error;
@@ -23,10 +24,12 @@ pub struct TokenData {
 }
 
 impl TokenData {
-    /// Opens every file of `path`, checking each holds a window of `seq_len` and only
-    /// tokens below `vocab_size`.
+    /// Opens every file of `path`, checking each holds a window of `seq_len`, was not made
+    /// by a tokenizer with more ids than `vocab_size` (its `tokenize` record), and holds
+    /// only tokens below `vocab_size`.
     pub fn open(path: &DataPath, seq_len: usize, vocab_size: usize) -> anyhow::Result<TokenData> {
         let mut sources = Vec::new();
+        let mut records = Records::default();
         for ((weight, patterns), name) in path.sources().into_iter().zip(path.source_names()) {
             let mut locations: Vec<Location> = Vec::new();
             for pattern in &patterns {
@@ -37,6 +40,7 @@ impl TokenData {
                 .map(|l| {
                     let f = l.open()?;
                     f.check_seq_len(seq_len)?;
+                    records.check_vocab_size(f.path(), vocab_size)?;
                     f.check_vocab(vocab_size)?;
                     Ok(f)
                 })

@@ -27,6 +27,7 @@ use llmc::{LlmcWriter, Naming};
 use megatron::MegatronWriter;
 use progress::Progress;
 
+use super::record::{record_path, TokenizeRecord};
 use crate::cli::TokenizeArgs;
 use crate::error::user_error;
 
@@ -87,8 +88,9 @@ fn prefix_of(output: &Path) -> String {
 }
 
 /// Runs `pipetrain tokenize`. Existing outputs are replaced only with `--force`; every file is
-/// written under a temporary name and renamed when complete.
+/// written under a temporary name and renamed when complete, and an interrupt removes it.
 pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
+    staged::remove_on_interrupt();
     let prefix = prefix_of(&args.output);
     let naming = match (args.format, args.shard_tokens) {
         (_, Some(0)) => return Err(user_error("--shard-tokens 0: a shard holds at least one token")),
@@ -107,7 +109,7 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
         (OutputFormat::Llmc, None) => Some(Naming::Single(args.output.clone())),
         (OutputFormat::Megatron, None) => None,
     };
-    let record = PathBuf::from(format!("{prefix}.meta.json"));
+    let record = record_path(&prefix);
     let first_outputs: Vec<PathBuf> = match &naming {
         Some(Naming::Single(path)) => vec![path.clone()],
         Some(Naming::Shards { prefix, .. }) => vec![Naming::shard(prefix, 0)],
@@ -196,26 +198,25 @@ fn write_record(
     tokens: usize,
     documents: usize,
 ) -> anyhow::Result<()> {
-    let names: Vec<String> = files
-        .iter()
-        .map(|f| f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()))
-        .collect();
     let (format, eot_position) = match format {
         OutputFormat::Llmc => ("llmc", "before each document"),
         OutputFormat::Megatron => ("megatron", "after each document"),
     };
-    let record = serde_json::json!({
-        "tokenizer": tokenizer.name,
-        "vocab_size": tokenizer.vocab_size,
-        "eot": tokenizer.eot,
-        "eot_token": tokenizer.eot_token,
-        "eot_position": eot_position,
-        "format": format,
-        "token_bytes": token_bytes,
-        "files": names,
-        "tokens": tokens,
-        "documents": documents,
-    });
+    let record = TokenizeRecord {
+        tokenizer: tokenizer.name.clone(),
+        vocab_size: tokenizer.vocab_size,
+        eot: tokenizer.eot,
+        eot_token: tokenizer.eot_token.clone(),
+        eot_position: eot_position.to_string(),
+        format: format.to_string(),
+        token_bytes,
+        files: files
+            .iter()
+            .map(|f| f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()))
+            .collect(),
+        tokens,
+        documents,
+    };
     let text = serde_json::to_string_pretty(&record)? + "\n";
     staged::write_whole(path, text.as_bytes())
 }
