@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`pipetrain tokenize` against Hugging Face `tokenizers` and `tiktoken` in Python, with the same
-tokenizer (GPT-2's BPE), on one generated JSONL file, in one run: tokens per second (and per
-core) and each process's peak resident memory.
+tokenizer (GPT-2's BPE), on one generated JSONL file (which pipetrain writes as shards), in one
+run: tokens per second (and per core) and each process's peak resident memory.
 
     python3 src/bench/tokenize_vs_python.py [--mb 200] [--threads N] [--work DIR]
 
@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # GPT-2's pre-tokenizer pattern (tiktoken's r50k_base).
 R50K_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 BATCH = 1000  # documents per Python batch call
+SHARD_TOKENS = "10000000"  # pipetrain writes shards, about 5 for 200 MB
 
 
 def assets():
@@ -129,8 +130,8 @@ def main():
     env = dict(os.environ, RAYON_NUM_THREADS=n, TOKENIZERS_PARALLELISM="true")
     # (name, implementation, command): the same implementation must give the same tokens.
     contenders = [
-        ("pipetrain tokenize --tokenizer gpt2 (tiktoken-rs)", "tiktoken", [binary, "tokenize", jsonl, os.path.join(args.work, "a.bin"), "--force", "--quiet", "--threads", n]),
-        ("pipetrain tokenize --tokenizer gpt2-tokenizer.json (tokenizers crate)", "tokenizers", [binary, "tokenize", jsonl, os.path.join(args.work, "b.bin"), "--force", "--quiet", "--threads", n, "--tokenizer", tok_path]),
+        ("pipetrain tokenize --tokenizer gpt2 (tiktoken-rs)", "tiktoken", [binary, "tokenize", jsonl, os.path.join(args.work, "a.bin"), "--force", "--quiet", "--threads", n, "--shard-tokens", SHARD_TOKENS]),
+        ("pipetrain tokenize --tokenizer gpt2-tokenizer.json (tokenizers crate)", "tokenizers", [binary, "tokenize", jsonl, os.path.join(args.work, "b.bin"), "--force", "--quiet", "--threads", n, "--shard-tokens", SHARD_TOKENS, "--tokenizer", tok_path]),
         ("Python tokenizers encode_batch", "tokenizers", [sys.executable, __file__, "--work", args.work, "--threads", n, "--child", "tokenizers"]),
         ("Python tiktoken encode_ordinary_batch", "tiktoken", [sys.executable, __file__, "--work", args.work, "--threads", n, "--child", "tiktoken"]),
     ]
