@@ -8,7 +8,8 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 /// The stand-in library, where cargo builds it for the workspace's tests: beside this
 /// test's binary.
@@ -352,6 +353,51 @@ fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
             stage["rank"]
         );
     }
+}
+
+/// A replica that stops answering, as a hung process or a partitioned host does, while its
+/// peer's gradient sum waits for it on the GPU: NCCL's transfers are the streams', never the
+/// host's, so the peer's read of the step would wait forever. It waits up to the distributed
+/// timeout, names the ranks its communicators wait on, and ends the job, the checkpoint
+/// before the step whole. The timeout bounds the device's queued work, the emulated kernels'
+/// seconds included, so here it is 0.25 min (15 s).
+#[test]
+fn a_replica_that_stops_answering_over_nccl_ends_the_job_at_the_timeout() {
+    if !nvrtc("a_replica_that_stops_answering_over_nccl_ends_the_job_at_the_timeout") {
+        return;
+    }
+    let dir = temp_dir("standin-nccl-stall");
+    let cfg = tiny(&dir);
+    let Some(mut mpirun) = mpirun(2) else { return };
+    let child = mpirun
+        .env("PIPETRAIN_INJECT_FAULT", "1:3:stall")
+        .args(["train", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .args([
+            "--device",
+            "cuda",
+            "--data-parallel-size",
+            "2",
+            "--train-iters",
+            "50",
+            "--eval-interval",
+            "0",
+        ])
+        .args(["--save-interval", "2", "--distributed-timeout-minutes", "0.25", "--peak-flops", "1e12"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, took) = wait_with_deadline(child, Duration::from_secs(120));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = "error: rank 0: step 3: the GPU's queued work, NCCL transfers with rank 1 (stage 0, replica \
+                1) included, did not complete within 15 s (distributed_timeout_minutes)";
+    assert!(err.lines().any(|l| l == line), "{err}");
+    assert!(took >= Duration::from_secs(15), "ended after {took:?}, before the timeout");
+    assert_eq!(latest(&dir.join("run")), "step_000002");
 }
 
 /// The names of the symbols an ELF64 (little-endian) file defines, from its symbol table:

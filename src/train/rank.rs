@@ -22,10 +22,13 @@ use std::sync::Arc;
 pub struct Rank {
     pub id: usize,
     pub topology: Topology,
-    pub stage: Stage,
-    pub schedule: LoweredSchedule,
+    /// Dropped before the stage (fields drop in order): NCCL communicators abort as they
+    /// drop, which releases device streams still waiting on a silent peer, and only then
+    /// can the stage's device, which waits for its stream as it drops, go.
     transport: Box<dyn Transport>,
     collective: Box<dyn Collective>,
+    pub stage: Stage,
+    pub schedule: LoweredSchedule,
     /// The AdamW update of the last step's gradients, not applied yet: it runs at the start
     /// of the next step, or at [`Rank::apply_pending_update`] before anything reads the
     /// weights. So a step waits for its device once, at its readout, and not again for the
@@ -184,6 +187,7 @@ impl Rank {
         let end = dev.clock_mark();
         // The step's one host sync: its losses and the gradients' sums of squares together.
         // Every mark above precedes it, so reading the clock waits for nothing more.
+        self.collective.wait_for_device(&*dev)?;
         let values = self.stage.read_step();
         let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
         let readings = dev.clock_read();
@@ -291,6 +295,7 @@ impl Rank {
             &inputs,
             None,
         )?;
+        self.collective.wait_for_device(&*self.stage.device)?;
         let losses = self.stage.read_step().losses;
         let losses = self.all_gather_indexed(Group::World, &losses)?;
         Ok(super::report::mean_loss(losses))

@@ -193,6 +193,15 @@ pub trait Collective: Send {
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError>;
     /// Rank 0 hands each rank its part (`parts`, one per rank, given on rank 0 only).
     fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError>;
+    /// Waits, up to the distributed timeout, until `dev` has done the work issued to it,
+    /// transfers with peers included: the wait before the host reads the device. A backend
+    /// whose transfers run on the device's streams (NCCL) leaves them to the device, so
+    /// without this a peer that stops answering would hold that read forever; the others'
+    /// transfers are bounded where they cross, and leave nothing to wait for here.
+    fn wait_for_device(&mut self, dev: &dyn Device) -> Result<(), DistError> {
+        let _ = dev;
+        Ok(())
+    }
 }
 
 /// Elementwise sum in member order of equally long host vectors: what every backend's

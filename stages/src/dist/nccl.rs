@@ -27,21 +27,23 @@
 //! The distributed timeout: every header and byte collective goes over MPI, whose waits
 //! are bounded, and a tensor's header precedes its elements, so a peer that is gone before
 //! a transfer is caught there. The NCCL operations themselves are enqueued on streams and
-//! never waited for by the host here; the host waits for them at the step's one sync
-//! (`Device::read`), which is not bounded: a peer that stops in the middle of an NCCL
-//! transfer would hold that sync. Bounding it is a watchdog's work (poll the streams and
-//! `ncclCommGetAsyncError` up to the timeout, then `ncclCommAbort`, as PyTorch's NCCL
-//! watchdog does), not built.
+//! never waited for by the host here; the host waits for them before it reads the device
+//! (`Collective::wait_for_device`), polling the device's fence up to the timeout, as
+//! PyTorch's NCCL watchdog polls its work. The timeout so bounds the device's queued work,
+//! its own kernels included (minutes, against a step's milliseconds to seconds). Past it,
+//! the rank ends the run naming the peers of its communicators; dropping the communicators then aborts them (cudarc's `Comm` calls
+//! `ncclCommAbort`), which releases the streams that wait on them.
 
 use super::mpi::{MpiCollective, MpiWorld};
 use super::wire::Reader;
-use super::{Collective, DistError, Group, Message, Topology, Transport};
+use super::{poll_until, Collective, DistError, Group, Message, Topology, Transport};
 use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut};
 use cudarc::nccl::{Comm, Id};
 use kernels::{Category, DType, Device, Fence, Storage, Tensor};
 use schedules::Payload;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 fn nccl_error(what: &str, e: impl std::fmt::Debug) -> DistError {
     DistError::Protocol(format!("NCCL {what}: {e:?}"))
@@ -79,7 +81,7 @@ pub fn endpoints(
     mpi: &MpiWorld,
     topology: Topology,
     ordinal: usize,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<(NcclTransport, NcclCollective), DistError> {
     let (headers, mut bytes) = mpi.endpoints(topology, timeout);
     let ctx = CudaContext::new(ordinal).map_err(|e| nccl_error("context", e))?;
@@ -93,7 +95,7 @@ pub fn endpoints(
             sums.insert(group, comm_over(&mut bytes, group, stream()?)?);
         }
     }
-    Ok((NcclTransport { headers, activations, grads }, NcclCollective { bytes, sums }))
+    Ok((NcclTransport { headers, activations, grads }, NcclCollective { bytes, sums, timeout }))
 }
 
 /// Point-to-point tensors: the header over MPI, the elements over NCCL.
@@ -187,6 +189,22 @@ impl Transport for NcclTransport {
 pub struct NcclCollective {
     bytes: MpiCollective,
     sums: HashMap<Group, Comm>,
+    timeout: Duration,
+}
+
+impl NcclCollective {
+    /// The ranks this rank's communicators connect it to: its pipeline (the transport's
+    /// peers) and every group it sums over, in rank order.
+    fn peers(&self) -> Vec<usize> {
+        let (topology, me) = (self.bytes.topology(), self.bytes.rank());
+        let mut peers: Vec<usize> = (self.sums.keys().chain([&Group::Pipeline]))
+            .flat_map(|&g| topology.members(g, me))
+            .filter(|&r| r != me)
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
 }
 
 impl Collective for NcclCollective {
@@ -249,5 +267,24 @@ impl Collective for NcclCollective {
 
     fn scatter(&mut self, parts: Option<Vec<Vec<u8>>>) -> Result<Vec<u8>, DistError> {
         self.bytes.scatter(parts)
+    }
+
+    /// Polls the device's fence, which follows every transfer the device waits on. A
+    /// device error counts as done: the read that follows reports it.
+    fn wait_for_device(&mut self, dev: &dyn Device) -> Result<(), DistError> {
+        let Fence::Event(event) = dev.fence() else { return Ok(()) };
+        match poll_until(self.timeout, || (event.try_is_complete() != Ok(false)).then_some(())) {
+            Some(()) => Ok(()),
+            None => {
+                let peers = self.peers();
+                Err(DistError::Timeout {
+                    what: format!(
+                        "the GPU's queued work, NCCL transfers with {} included, did not complete",
+                        self.bytes.topology().describe(&peers)
+                    ),
+                    timeout: self.timeout,
+                })
+            }
+        }
     }
 }
