@@ -74,3 +74,26 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) { return __uint_as_float((unsigned int)x.bits << 16); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store(bf16* p, float x) { p->bits = f32_to_bf16_bits(x); }
+
+// residual = a + b over the row of [N, C] that layernorm.cu's and rmsnorm.cu's one-warp-per-row
+// passes give this warp: the residual add that a fused norm runs first. Each lane stores the
+// columns it then reads back in the norm's passes, so the row needs no barrier, and the norm
+// reads the stored (in bf16, rounded) values: the bits of `add` in elementwise.cu and then the
+// norm, which is what a recompute of the norm from the stored residual gives.
+template <typename T>
+__device__ __forceinline__ void residual_add_row(T* residual, const T* a, const T* b, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const unsigned long long base = (unsigned long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) store(residual + base + c, to_float(a[base + c]) + to_float(b[base + c]));
+}
+
+// A norm's input gradient g, plus the gradient that reaches the norm's input along the
+// residual path where there is one (dresidual non-null, read at i): added after g is
+// rounded to fp32 and never contracted into the multiply before it, as the separate
+// `accumulate` of elementwise.cu adds it, so fp32 gives that pair's bits.
+template <typename T>
+__device__ __forceinline__ float plus_residual_grad(float g, const T* dresidual, unsigned long long i) {
+    return dresidual == nullptr ? g : __fadd_rn(g, to_float(dresidual[i]));
+}

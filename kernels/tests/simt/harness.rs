@@ -181,6 +181,7 @@ macro_rules! elem {
 elem!(f32, f64, u32, u16, u8, i32, u64);
 
 /// A kernel argument: a buffer, a null pointer, or a value's bytes.
+#[derive(Clone)]
 pub enum Arg {
     Buf(Buf),
     Null,
