@@ -408,11 +408,15 @@ impl Storage {
     /// The kernel `name` of this storage, as the device names it: `name` itself, or its
     /// bf16 twin.
     pub fn kernel(self, name: &'static str) -> &'static str {
-        let dtype = match self {
+        kernel_name(name, self.dtype())
+    }
+
+    /// The device's element type of this storage.
+    pub fn dtype(self) -> DType {
+        match self {
             Storage::F32 => DType::F32,
             Storage::Bf16 => DType::Bf16,
-        };
-        kernel_name(name, dtype)
+        }
     }
 
     /// `xs` as a buffer of this storage holds them (rounded to nearest even in bf16): what
