@@ -100,12 +100,17 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    for name in ["elementwise.cu", "gelu.cu"] {
+    let families: [(&str, &[&str]); 3] = [
+        ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),
+        ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
+        ("bias.cu", &["bias_add", "bias_add_bf16"]),
+    ];
+    for (name, kernels) in families {
         let source = SOURCES.iter().find(|s| s.name == name).expect("an elementwise family");
         let ptx = compile(source, ARCHS[0]).unwrap_or_else(|e| panic!("{e}"));
-        // Every kernel of the family, fp32 and bf16, loads and stores its whole packs in
-        // one access each; the pack, indexed only by unrolled loops, stays in registers.
-        for kernel in source.kernels {
+        // Each kernel, fp32 and bf16, loads and stores its whole packs in one access each;
+        // the pack, indexed only by unrolled loops, stays in registers.
+        for kernel in kernels {
             let start =
                 ptx.find(&format!(".entry {kernel}(")).unwrap_or_else(|| panic!("{name}: no {kernel}"));
             let body = &ptx[start..];

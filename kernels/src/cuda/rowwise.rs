@@ -4,7 +4,7 @@
 //! pass), so results are bitwise repeatable.
 
 use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
-use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
+use super::launch::{per_column_chunk, per_item, per_pack, per_row_warp, ROWS_PER_CHUNK};
 use super::sources::kernel_name;
 use crate::backend::{LayerNorm, RmsNorm};
 use crate::tensor::Tensor;
@@ -254,6 +254,6 @@ impl CudaDevice {
     pub(super) fn add_bias(&self, out: &mut Tensor, bias: &Tensor, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
         let name = kernel_name("bias_add", out.dtype());
-        launch!(self, name, per_item(rows * cols), buf_mut(out), cu(bias), &n, &c_i);
+        launch!(self, name, per_pack(rows * cols, out.dtype()), buf_mut(out), cu(bias), &n, &c_i);
     }
 }
