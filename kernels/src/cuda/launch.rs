@@ -37,7 +37,7 @@ pub fn pack_len(dtype: DType) -> usize {
 }
 
 /// One thread per 128-bit pack of `items` elements of `dtype`, the last pack partial: the
-/// elementwise kernels of elementwise.cu and gelu.cu, and bias.cu's `bias_add`.
+/// elementwise kernels of elementwise.cu, gelu.cu and swiglu.cu, and bias.cu's `bias_add`.
 pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
     per_item(items.div_ceil(pack_len(dtype)))
 }

@@ -75,14 +75,14 @@ impl SwiGlu for CudaDevice {
     fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
         let (n, cols, dtype) = (out.len() as u64, f as u64, same_dtype(&[out, inp]));
         let name = kernel_name("swiglu_forward", dtype);
-        launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n, &cols);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(inp), &n, &cols);
     }
 
     /// dinp [N,2F] (overwrite) from inp [N,2F] and dout [N,F], one thread per element of dout.
     fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
         let (n, cols, dtype) = (dout.len() as u64, f as u64, same_dtype(&[dinp, inp, dout]));
         let name = kernel_name("swiglu_backward", dtype);
-        launch!(self, name, per_item(dout.len()), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
+        launch!(self, name, per_pack(dout.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
     }
 }
 
