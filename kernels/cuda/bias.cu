@@ -6,11 +6,16 @@
 // fp32, the arithmetic fp32. add_partials reads only the fp32 partial sums, so has none.
 #include "common.cuh"
 
-// out[n, c] += bias[c]; one thread per element.
+// out[n, c] += bias[c]; one 128-bit pack of out per thread (common.cuh), which may span
+// the end of a row: each element takes its own column's bias.
 template <typename T>
 __device__ __forceinline__ void bias_add_body(T* out, const float* bias, unsigned long long n_rows, int C) {
-    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_rows * C) store(out + i, to_float(out[i]) + bias[i % C]);
+    const unsigned long long n = n_rows * C, i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out);
+    Pack<T> p = load_pack(out, i, n, vector);
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&p.x[k], to_float(p.x[k]) + bias[(i + k) % C]);
+    store_pack(out, p, i, n, vector);
 }
 
 extern "C" __global__ void bias_add(float* out, const float* bias, unsigned long long n_rows, int C) {

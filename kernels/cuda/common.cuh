@@ -74,3 +74,77 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) { return __uint_as_float((unsigned int)x.bits << 16); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store(bf16* p, float x) { p->bits = f32_to_bf16_bits(x); }
+
+// residual = a + b over the row of [N, C] that layernorm.cu's and rmsnorm.cu's one-warp-per-row
+// passes give this warp: the residual add that a fused norm runs first. Each lane stores the
+// columns it then reads back in the norm's passes, so the row needs no barrier, and the norm
+// reads the stored (in bf16, rounded) values: the bits of `add` in elementwise.cu and then the
+// norm, which is what a recompute of the norm from the stored residual gives.
+template <typename T>
+__device__ __forceinline__ void residual_add_row(T* residual, const T* a, const T* b, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N) return;
+    const unsigned long long base = (unsigned long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) store(residual + base + c, to_float(a[base + c]) + to_float(b[base + c]));
+}
+
+// A norm's input gradient g, plus the gradient that reaches the norm's input along the
+// residual path where there is one (dresidual non-null, read at i): added after g is
+// rounded to fp32 and never contracted into the multiply before it, as the separate
+// `accumulate` of elementwise.cu adds it, so fp32 gives that pair's bits.
+template <typename T>
+__device__ __forceinline__ float plus_residual_grad(float g, const T* dresidual, unsigned long long i) {
+    return dresidual == nullptr ? g : __fadd_rn(g, to_float(dresidual[i]));
+}
+
+// ---- 128-bit packs --------------------------------------------------------------------
+// An elementwise kernel moves its tensors in packs of 16 bytes (4 floats or 8 bf16), one
+// pack per thread, so each load and store is one 128-bit access (llm.c's Packed128).
+// A pack is whole and its tensors 16-byte aligned (as the device's buffers are; a view at
+// another offset is not) or the thread takes it element by element: the tail of a length
+// that is not a multiple, or every pack of a misaligned tensor. The arithmetic is the
+// same either way, per element.
+template <typename T>
+struct alignas(16) Pack {
+    static constexpr int LEN = 16 / sizeof(T);
+    T x[LEN];
+};
+
+// The first element of this thread's pack of a tensor of T.
+template <typename T>
+__device__ __forceinline__ unsigned long long pack_start() {
+    return ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * Pack<T>::LEN;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
+
+// Whether the pack at `start` of a tensor of n elements is whole, so that it moves in one
+// access where its tensors are aligned.
+template <typename T>
+__device__ __forceinline__ bool whole_pack(unsigned long long start, unsigned long long n) {
+    return start + Pack<T>::LEN <= n;
+}
+
+// The pack of src at `start`: one 128-bit load where `vector`, else its elements below n
+// one by one (the others zero, never stored).
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* src, unsigned long long start, unsigned long long n,
+                                             bool vector) {
+    Pack<T> p;
+    if (vector) return *reinterpret_cast<const Pack<T>*>(src + start);
+    for (int k = 0; k < Pack<T>::LEN; ++k) p.x[k] = start + k < n ? src[start + k] : T{};
+    return p;
+}
+
+// Stores the pack p at `start` of dst: one 128-bit store where `vector`, else its elements
+// below n one by one.
+template <typename T>
+__device__ __forceinline__ void store_pack(T* dst, const Pack<T>& p, unsigned long long start, unsigned long long n,
+                                           bool vector) {
+    if (vector) {
+        *reinterpret_cast<Pack<T>*>(dst + start) = p;
+        return;
+    }
+    for (int k = 0; k < Pack<T>::LEN && start + k < n; ++k) dst[start + k] = p.x[k];
+}

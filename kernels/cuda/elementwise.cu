@@ -1,13 +1,19 @@
 // Elementwise arithmetic of the residual stream and of gradient accumulation. Each kernel
 // has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one body, the sum
-// taken in fp32 and rounded once on its store.
+// taken in fp32 and rounded once on its store. Each thread takes one 128-bit pack
+// (common.cuh): launched over n / Pack<T>::LEN threads, rounded up.
 #include "common.cuh"
 
 // acc += x
 template <typename T>
 __device__ __forceinline__ void accumulate_body(T* acc, const T* x, unsigned long long n) {
-    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) store(acc + i, to_float(acc[i]) + to_float(x[i]));
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(acc) && aligned16(x);
+    Pack<T> pa = load_pack(acc, i, n, vector);
+    const Pack<T> px = load_pack(x, i, n, vector);
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&pa.x[k], to_float(pa.x[k]) + to_float(px.x[k]));
+    store_pack(acc, pa, i, n, vector);
 }
 
 extern "C" __global__ void accumulate(float* acc, const float* x, unsigned long long n) {
@@ -21,8 +27,13 @@ extern "C" __global__ void accumulate_bf16(bf16* acc, const bf16* x, unsigned lo
 // out = a + b (the residual add)
 template <typename T>
 __device__ __forceinline__ void add_body(T* out, const T* a, const T* b, unsigned long long n) {
-    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) store(out + i, to_float(a[i]) + to_float(b[i]));
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(a) && aligned16(b);
+    const Pack<T> pa = load_pack(a, i, n, vector), pb = load_pack(b, i, n, vector);
+    Pack<T> po;
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&po.x[k], to_float(pa.x[k]) + to_float(pb.x[k]));
+    store_pack(out, po, i, n, vector);
 }
 
 extern "C" __global__ void add(float* out, const float* a, const float* b, unsigned long long n) {

@@ -46,12 +46,36 @@ extern "C" __global__ void layernorm_forward_bf16(bf16* out, float* mean, float*
     layernorm_forward_body(out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
-// dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
-// with norm = (x - mean) * rstd and dnorm = dout * weight.
+// residual = a + b, then out = layernorm(residual) as layernorm_forward: llm.c's
+// fused_residual_forward, one launch and no second pass over the residual from memory.
 template <typename T>
-__device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* dout, const T* inp,
-                                                              const float* weight, const float* mean,
-                                                              const float* rstd, int N, int C) {
+__device__ __forceinline__ void layernorm_residual_forward_body(T* residual, T* out, float* mean, float* rstd,
+                                                                const T* a, const T* b, const float* weight,
+                                                                const float* bias, int N, int C, float eps) {
+    residual_add_row(residual, a, b, N, C);
+    layernorm_forward_body(out, mean, rstd, (const T*)residual, weight, bias, N, C, eps);
+}
+
+extern "C" __global__ void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd,
+                                                      const float* a, const float* b, const float* weight,
+                                                      const float* bias, int N, int C, float eps) {
+    layernorm_residual_forward_body(residual, out, mean, rstd, a, b, weight, bias, N, C, eps);
+}
+
+extern "C" __global__ void layernorm_residual_forward_bf16(bf16* residual, bf16* out, float* mean, float* rstd,
+                                                           const bf16* a, const bf16* b, const float* weight,
+                                                           const float* bias, int N, int C, float eps) {
+    layernorm_residual_forward_body(residual, out, mean, rstd, a, b, weight, bias, N, C, eps);
+}
+
+// dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
+// with norm = (x - mean) * rstd and dnorm = dout * weight; plus dresidual where it is
+// non-null (the residual gradient folded in, as llm.c's layernorm_backward adds into it).
+template <typename T>
+__device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
+                                                              const T* inp, const float* weight,
+                                                              const float* mean, const float* rstd, int N,
+                                                              int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
@@ -68,20 +92,35 @@ __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* 
     for (int c = lane; c < C; c += WARP_SIZE) {
         const float dnorm = to_float(dout[base + c]) * weight[c];
         const float norm = (to_float(inp[base + c]) - m) * s;
-        store(dinp + base + c, (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+        const float g = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+        store(dinp + base + c, plus_residual_grad(g, dresidual, base + c));
     }
 }
 
 extern "C" __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp,
                                                     const float* weight, const float* mean,
                                                     const float* rstd, int N, int C) {
-    layernorm_backward_input_body(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_input_body(dinp, (const float*)nullptr, dout, inp, weight, mean, rstd, N, C);
 }
 
 extern "C" __global__ void layernorm_backward_input_bf16(bf16* dinp, const bf16* dout, const bf16* inp,
                                                          const float* weight, const float* mean,
                                                          const float* rstd, int N, int C) {
-    layernorm_backward_input_body(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_input_body(dinp, (const bf16*)nullptr, dout, inp, weight, mean, rstd, N, C);
+}
+
+extern "C" __global__ void layernorm_residual_backward_input(float* dinp, const float* dresidual,
+                                                             const float* dout, const float* inp,
+                                                             const float* weight, const float* mean,
+                                                             const float* rstd, int N, int C) {
+    layernorm_backward_input_body(dinp, dresidual, dout, inp, weight, mean, rstd, N, C);
+}
+
+extern "C" __global__ void layernorm_residual_backward_input_bf16(bf16* dinp, const bf16* dresidual,
+                                                                  const bf16* dout, const bf16* inp,
+                                                                  const float* weight, const float* mean,
+                                                                  const float* rstd, int N, int C) {
+    layernorm_backward_input_body(dinp, dresidual, dout, inp, weight, mean, rstd, N, C);
 }
 
 // Stage one of dweight += sum_rows(dout * norm) and dbias += sum_rows(dout): block y sums

@@ -38,11 +38,35 @@ extern "C" __global__ void rmsnorm_forward_bf16(bf16* out, float* rstd, const bf
     rmsnorm_forward_body(out, rstd, inp, weight, N, C, eps);
 }
 
-// dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
-// dnorm = dout * weight: rstd's dependence on x gives the second term.
+// residual = a + b, then out = rmsnorm(residual) as rmsnorm_forward: one launch and no
+// second pass over the residual from memory.
 template <typename T>
-__device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dout, const T* inp,
-                                                            const float* weight, const float* rstd, int N, int C) {
+__device__ __forceinline__ void rmsnorm_residual_forward_body(T* residual, T* out, float* rstd, const T* a,
+                                                              const T* b, const float* weight, int N, int C,
+                                                              float eps) {
+    residual_add_row(residual, a, b, N, C);
+    rmsnorm_forward_body(out, rstd, (const T*)residual, weight, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_residual_forward(float* residual, float* out, float* rstd, const float* a,
+                                                    const float* b, const float* weight, int N, int C,
+                                                    float eps) {
+    rmsnorm_residual_forward_body(residual, out, rstd, a, b, weight, N, C, eps);
+}
+
+extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual, bf16* out, float* rstd, const bf16* a,
+                                                         const bf16* b, const float* weight, int N, int C,
+                                                         float eps) {
+    rmsnorm_residual_forward_body(residual, out, rstd, a, b, weight, N, C, eps);
+}
+
+// dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
+// dnorm = dout * weight: rstd's dependence on x gives the second term; plus dresidual where
+// it is non-null (the residual gradient folded in).
+template <typename T>
+__device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
+                                                            const T* inp, const float* weight, const float* rstd,
+                                                            int N, int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
@@ -55,18 +79,32 @@ __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* do
     const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
     for (int c = lane; c < C; c += WARP_SIZE) {
         const float norm = to_float(inp[base + c]) * s;
-        store(dinp + base + c, (to_float(dout[base + c]) * weight[c] - norm * mean_dnorm_norm) * s);
+        const float g = (to_float(dout[base + c]) * weight[c] - norm * mean_dnorm_norm) * s;
+        store(dinp + base + c, plus_residual_grad(g, dresidual, base + c));
     }
 }
 
 extern "C" __global__ void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp,
                                                   const float* weight, const float* rstd, int N, int C) {
-    rmsnorm_backward_input_body(dinp, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, (const float*)nullptr, dout, inp, weight, rstd, N, C);
 }
 
 extern "C" __global__ void rmsnorm_backward_input_bf16(bf16* dinp, const bf16* dout, const bf16* inp,
                                                        const float* weight, const float* rstd, int N, int C) {
-    rmsnorm_backward_input_body(dinp, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, (const bf16*)nullptr, dout, inp, weight, rstd, N, C);
+}
+
+extern "C" __global__ void rmsnorm_residual_backward_input(float* dinp, const float* dresidual,
+                                                           const float* dout, const float* inp,
+                                                           const float* weight, const float* rstd, int N, int C) {
+    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, weight, rstd, N, C);
+}
+
+extern "C" __global__ void rmsnorm_residual_backward_input_bf16(bf16* dinp, const bf16* dresidual,
+                                                                const bf16* dout, const bf16* inp,
+                                                                const float* weight, const float* rstd, int N,
+                                                                int C) {
+    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, weight, rstd, N, C);
 }
 
 // Stage one of dweight += sum_rows(dout * norm): block y sums rows

@@ -57,6 +57,8 @@ pub trait Embedding {
     );
 }
 
+/// The backward's `dresidual`, where given, is the gradient added to the input gradient:
+/// `layernorm_residual_backward`'s; None for `layernorm_backward`.
 pub trait LayerNorm {
     #[allow(clippy::too_many_arguments)]
     fn layernorm_forward_impl(
@@ -70,9 +72,23 @@ pub trait LayerNorm {
         eps: f32,
     );
     #[allow(clippy::too_many_arguments)]
+    fn layernorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    );
+    #[allow(clippy::too_many_arguments)]
     fn layernorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dbias: &mut Tensor,
         dout: &Tensor,
@@ -83,6 +99,7 @@ pub trait LayerNorm {
     );
 }
 
+/// As [`LayerNorm`]: the backward's `dresidual` is `rmsnorm_residual_backward`'s.
 pub trait RmsNorm {
     fn rmsnorm_forward_impl(
         &self,
@@ -92,9 +109,22 @@ pub trait RmsNorm {
         weight: &Tensor,
         eps: f32,
     );
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    );
+    #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dout: &Tensor,
         inp: &Tensor,

@@ -32,7 +32,9 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
-use crate::shapes::{assert_same_len, classifier_rows, embedding_dims, matmul_dims, qkv_dims, rope_dims};
+use crate::shapes::{
+    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qkv_dims, residual_rows, rope_dims,
+};
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
 use std::sync::Arc;
@@ -250,11 +252,32 @@ pub trait Device:
         bias: &Tensor,
         eps: f32,
     ) {
-        let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
+        let (n, c) = residual_rows(inp, &[out]);
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
         self.layernorm_forward_impl(out, mean, rstd, inp, weight, bias, eps);
+    }
+    /// The residual add fused with the LayerNorm after it (llm.c's `fused_residual_forward`):
+    /// residual [N,C] = a + b, then [`Device::layernorm_forward`] of residual into out, mean
+    /// and rstd, in one pass. The bits of [`Device::add`] then that norm, so a recompute of
+    /// the norm from the stored residual gives the same.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_residual_forward(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    ) {
+        let (n, c) = residual_rows(residual, &[out, a, b]);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && bias.len() == c, "layernorm: weight/bias must have {c} channels");
+        self.layernorm_residual_forward_impl(residual, out, mean, rstd, a, b, weight, bias, eps);
     }
     /// dinp [N,C] = (overwrite); dweight [C] += ; dbias [C] +=
     #[allow(clippy::too_many_arguments)]
@@ -269,21 +292,59 @@ pub trait Device:
         mean: &Tensor,
         rstd: &Tensor,
     ) {
-        let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
+        let (n, c) = residual_rows(inp, &[dinp, dout]);
         assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
         assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
-        self.layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+        self.layernorm_backward_impl(dinp, None, dweight, dbias, dout, inp, weight, mean, rstd);
+    }
+    /// [`Device::layernorm_backward`] of a norm on the residual stream, with the gradient
+    /// that reaches its input along the residual path, dresidual [N,C], folded in:
+    /// dinp [N,C] = dresidual + the norm's input gradient (overwrite), in the same pass (the
+    /// bits of `layernorm_backward` then [`Device::accumulate`] of dresidual, where the
+    /// activations are f32).
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_residual_backward(
+        &self,
+        dinp: &mut Tensor,
+        dresidual: &Tensor,
+        dweight: &mut Tensor,
+        dbias: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = residual_rows(inp, &[dinp, dresidual, dout]);
+        assert!(mean.len() == n && rstd.len() == n, "layernorm: mean/rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c && dbias.len() == c, "layernorm: {c} channels");
+        self.layernorm_backward_impl(dinp, Some(dresidual), dweight, dbias, dout, inp, weight, mean, rstd);
     }
     /// RMSNorm as Hugging Face's LlamaRMSNorm in f32: rstd [N] = 1 / sqrt(mean(x^2) + eps),
     /// out [N,C] = weight [C] * (x * rstd), from inp [N,C].
     fn rmsnorm_forward(&self, out: &mut Tensor, rstd: &mut Tensor, inp: &Tensor, weight: &Tensor, eps: f32) {
-        let (n, c) = rows_cols(inp);
-        assert_same_len(out, inp);
+        let (n, c) = residual_rows(inp, &[out]);
         assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
         assert_eq!(weight.len(), c, "rmsnorm: weight must have {c} channels");
         self.rmsnorm_forward_impl(out, rstd, inp, weight, eps);
+    }
+    /// residual [N,C] = a + b, then [`Device::rmsnorm_forward`] of residual, in one pass: as
+    /// [`Device::layernorm_residual_forward`], the bits of the add and the norm.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_residual_forward(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    ) {
+        let (n, c) = residual_rows(residual, &[out, a, b]);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert_eq!(weight.len(), c, "rmsnorm: weight must have {c} channels");
+        self.rmsnorm_residual_forward_impl(residual, out, rstd, a, b, weight, eps);
     }
     /// dinp [N,C] = (overwrite); dweight [C] += ; from dout [N,C], inp [N,C], weight [C] and
     /// the rstd [N] forward saved.
@@ -296,12 +357,28 @@ pub trait Device:
         weight: &Tensor,
         rstd: &Tensor,
     ) {
-        let (n, c) = rows_cols(inp);
-        assert_same_len(dinp, inp);
-        assert_same_len(dout, inp);
+        let (n, c) = residual_rows(inp, &[dinp, dout]);
         assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
         assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
-        self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd);
+        self.rmsnorm_backward_impl(dinp, None, dweight, dout, inp, weight, rstd);
+    }
+    /// [`Device::rmsnorm_backward`] with dresidual [N,C] folded in, as
+    /// [`Device::layernorm_residual_backward`]: dinp = dresidual + the norm's input gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_residual_backward(
+        &self,
+        dinp: &mut Tensor,
+        dresidual: &Tensor,
+        dweight: &mut Tensor,
+        dout: &Tensor,
+        inp: &Tensor,
+        weight: &Tensor,
+        rstd: &Tensor,
+    ) {
+        let (n, c) = residual_rows(inp, &[dinp, dresidual, dout]);
+        assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
+        assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
+        self.rmsnorm_backward_impl(dinp, Some(dresidual), dweight, dout, inp, weight, rstd);
     }
 
     // ---- matmul --------------------------------------------------------------------

@@ -51,6 +51,16 @@ pub(crate) fn assert_same_len(a: &Tensor, b: &Tensor) {
     assert_eq!(a.len(), b.len(), "element counts differ: {a:?} vs {b:?}");
 }
 
+/// N and C of a norm on the residual stream: `rows` [N,C] (the norm's input, or the
+/// residual it is written to), and each of `same` (the residual's summands, the norm's
+/// output; or the gradients) as many elements.
+pub(crate) fn residual_rows(rows: &Tensor, same: &[&Tensor]) -> (usize, usize) {
+    for t in same {
+        assert_same_len(rows, t);
+    }
+    rows_cols(rows)
+}
+
 /// The matmul dimensions from `rows` [N,OC] (out or dout), `inp` [N,IC] and the weight.
 pub(crate) fn matmul_dims(rows: &Tensor, inp: &Tensor, weight: &Tensor, layout: WeightLayout) -> MatmulDims {
     let &[w0, w1] = weight.shape() else { panic!("matmul weight must be 2-D, got {weight:?}") };

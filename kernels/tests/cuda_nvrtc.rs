@@ -91,3 +91,34 @@ fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
         assert!(!ptx.contains(".local"), "{arch}: the kernels put an array in local memory");
     }
 }
+
+#[test]
+fn the_elementwise_kernels_move_128_bit_packs() {
+    if !nvrtc_available() {
+        eprintln!(
+            "SKIP the_elementwise_kernels_move_128_bit_packs: libnvrtc not found (run .ci/install-nvrtc.sh)"
+        );
+        return;
+    }
+    let families: [(&str, &[&str]); 4] = [
+        ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),
+        ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
+        ("bias.cu", &["bias_add", "bias_add_bf16"]),
+        ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
+    ];
+    for (name, kernels) in families {
+        let source = SOURCES.iter().find(|s| s.name == name).expect("an elementwise family");
+        let ptx = compile(source, ARCHS[0]).unwrap_or_else(|e| panic!("{e}"));
+        // Each kernel, fp32 and bf16, loads and stores its whole packs in one access each;
+        // the pack, indexed only by unrolled loops, stays in registers.
+        for kernel in kernels {
+            let start =
+                ptx.find(&format!(".entry {kernel}(")).unwrap_or_else(|| panic!("{name}: no {kernel}"));
+            let body = &ptx[start..];
+            let body = &body[..body.find("\n}\n").expect("the end of the entry")];
+            assert!(body.contains("ld.global.v4."), "{name}: {kernel} has no 128-bit load");
+            assert!(body.contains("st.global.v4."), "{name}: {kernel} has no 128-bit store");
+            assert!(!body.contains(".local"), "{name}: {kernel} puts its pack in local memory");
+        }
+    }
+}

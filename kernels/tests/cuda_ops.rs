@@ -301,6 +301,113 @@ fn rmsnorm_matches() {
     }
 }
 
+/// The norm fused with the residual stream (LayerNorm, then RMSNorm), in f32 and then with
+/// bf16 activations from the same values rounded to bf16, on one GPU: residual = a + b and
+/// the norm of it are bitwise `add` and then the unfused norm there (what a recompute of the
+/// norm from the stored residual gives), as are the parameter gradients, and in f32 the
+/// input gradient with the residual gradient folded in is bitwise the unfused gradient and
+/// then `accumulate`. Against the
+/// CPU's fused op: as `layernorm_matches` and `rmsnorm_matches` (bf16 activations half a
+/// bf16 step further).
+#[test]
+fn residual_norms_match() {
+    let Some(gpu) = gpu("residual_norms_match") else { return };
+    let mut rng = seeded("residual_norms");
+    let (a, b): (Vec<f32>, _) =
+        (rng.uniform(N * C, 2.0).iter().map(|x| x + 0.5).collect(), rng.uniform(N * C, 1.0));
+    let (w, bias, dout, dres) =
+        (rng.uniform(C, 1.0), rng.uniform(C, 1.0), rng.uniform(N * C, 1.0), rng.uniform(N * C, 1.0));
+    let (dw0, db0) = (rng.uniform(C, 1.0), rng.uniform(C, 1.0));
+    // [residual, out, the statistics, dinp, dweight (, dbias)], fused and unfused.
+    let run = |dev: &dyn Device, rms: bool, xs: [&[f32]; 4]| {
+        let [a, b, dout, dres] = xs.map(|x| put(dev, x, &[B, T, C]));
+        let (w, bias) = (param(dev, &w, &[C]), param(dev, &bias, &[C]));
+        let stats = |n| (0..n).map(|_| dev.zeros(&[N], Category::Workspace)).collect::<Vec<_>>();
+        let nstats = if rms { 1 } else { 2 };
+        let ([mut residual, mut out, mut plain_res, mut plain_out], mut st, mut plain_st) =
+            ([(); 4].map(|_| act_zeros(dev, &[B, T, C])), stats(nstats), stats(nstats));
+        let [mut dinp, mut plain_dinp] = [(); 2].map(|_| put(dev, &vec![f32::NAN; N * C], &[B, T, C]));
+        let [mut dw, mut plain_dw] = [(); 2].map(|_| grad(dev, &dw0, &[C]));
+        let [mut db, mut plain_db] = [(); 2].map(|_| grad(dev, &db0, &[C]));
+        dev.add(&mut plain_res, &a, &b);
+        match (&mut st[..], &mut plain_st[..]) {
+            ([rstd], [prstd]) => {
+                dev.rmsnorm_residual_forward(&mut residual, &mut out, rstd, &a, &b, &w, 1e-6);
+                dev.rmsnorm_forward(&mut plain_out, prstd, &plain_res, &w, 1e-6);
+                dev.rmsnorm_residual_backward(&mut dinp, &dres, &mut dw, &dout, &residual, &w, rstd);
+                dev.rmsnorm_backward(&mut plain_dinp, &mut plain_dw, &dout, &plain_res, &w, prstd);
+            }
+            ([mean, rstd], [pmean, prstd]) => {
+                dev.layernorm_residual_forward(&mut residual, &mut out, mean, rstd, &a, &b, &w, &bias, 1e-5);
+                dev.layernorm_forward(&mut plain_out, pmean, prstd, &plain_res, &w, &bias, 1e-5);
+                dev.layernorm_residual_backward(
+                    &mut dinp, &dres, &mut dw, &mut db, &dout, &residual, &w, mean, rstd,
+                );
+                dev.layernorm_backward(
+                    &mut plain_dinp,
+                    &mut plain_dw,
+                    &mut plain_db,
+                    &dout,
+                    &plain_res,
+                    &w,
+                    pmean,
+                    prstd,
+                );
+            }
+            _ => unreachable!(),
+        }
+        dev.accumulate(&mut plain_dinp, &dres);
+        let host = |ts: Vec<&Tensor>| ts.into_iter().map(|t| dev.to_host(t)).collect::<Vec<_>>();
+        let fused = [vec![&residual, &out], st.iter().collect(), vec![&dinp, &dw, &db]].concat();
+        let plain = [
+            vec![&plain_res, &plain_out],
+            plain_st.iter().collect(),
+            vec![&plain_dinp, &plain_dw, &plain_db],
+        ]
+        .concat();
+        (host(fused), host(plain))
+    };
+    let round = |x: &[f32]| x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect::<Vec<_>>();
+    let rounded = [round(&a), round(&b), round(&dout), round(&dres)];
+    let bf16 = bf16_gpu("residual_norms_match");
+    for rms in [false, true] {
+        let mut names = vec!["residual", "out", "rstd", "dinp", "dweight", "dbias"];
+        if !rms {
+            names.insert(2, "mean");
+        }
+        let what = |part: &str| format!("{} {part}", if rms { "RMSNorm" } else { "LayerNorm" });
+        let ((want, _), (got, plain)) =
+            (run(&cpu(), rms, [&a, &b, &dout, &dres]), run(&gpu, rms, [&a, &b, &dout, &dres]));
+        for (name, ((g, w), p)) in names.iter().zip(got.iter().zip(&want).zip(&plain)) {
+            assert_close(&what(name), g, w, TOL);
+            assert_bitwise(&what(&format!("{name} vs the unfused ops")), g, p);
+        }
+        let Some(bf16) = &bf16 else { continue };
+        let xs = [&rounded[0][..], &rounded[1], &rounded[2], &rounded[3]];
+        let (got, plain) = run(bf16, rms, xs);
+        // The residual against the CPU's a + b; the rest against the CPU's op on the residual
+        // as stored (plus zero, which changes no value), which the norm reads.
+        let residual_want = run(&cpu(), rms, xs).0.swap_remove(0);
+        let zero = vec![0.0; N * C];
+        let (want, _) = run(&cpu(), rms, [&got[0], &zero, xs[2], xs[3]]);
+        for (i, (name, ((g, w), p))) in names.iter().zip(got.iter().zip(&want).zip(&plain)).enumerate() {
+            let w = if i == 0 { &residual_want } else { w };
+            // residual, out and dinp are bf16, each rounded once (the input gradient where
+            // the unfused pair rounded twice).
+            let bf16_out = matches!(*name, "residual" | "out" | "dinp");
+            assert_close(
+                &format!("bf16 {}", what(name)),
+                g,
+                w,
+                if bf16_out { 2f64.powi(-8) + TOL } else { TOL },
+            );
+            if *name != "dinp" {
+                assert_bitwise(&what(&format!("bf16 {name} vs the unfused ops")), g, p);
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_matches_in_both_layouts() {
     let Some(gpu) = gpu("matmul_matches_in_both_layouts") else { return };

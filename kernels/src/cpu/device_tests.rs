@@ -295,3 +295,65 @@ fn rope_needs_an_even_head_size() {
     let mut qkv = dev.zeros(&[1, 3, 3 * 5], Category::Activations);
     dev.rope_forward(&mut qkv, 1, 1, 10_000.0, 0);
 }
+
+/// The norms fused with the residual stream are the unfused ops' bits: residual = a + b and
+/// the norm of it as `add` then the norm, and the input gradient with the residual gradient
+/// folded in as the norm's backward then `accumulate`, parameter gradients alike.
+#[test]
+fn residual_norms_are_the_add_and_the_norm_bit_for_bit() {
+    let dev = CpuDevice::new(3);
+    let t = |seed: u64, shape: &[usize]| {
+        dev.from_host(&random(seed, shape.iter().product(), 1.5), shape, Category::Workspace)
+    };
+    let z = |shape: &[usize]| dev.zeros(shape, Category::Workspace);
+    let (a, b, dout, dres) = (t(1, &[B, T, C]), t(2, &[B, T, C]), t(3, &[B, T, C]), t(4, &[B, T, C]));
+    let (w, bias) = (t(5, &[C]), t(6, &[C]));
+    let host = |ts: &[&Tensor]| ts.iter().map(|x| dev.to_host(x)).collect::<Vec<_>>();
+    for rms in [false, true] {
+        let [mut res, mut out, mut dinp, mut plain_res, mut plain_out, mut plain_dinp] =
+            [(); 6].map(|_| z(&[B, T, C]));
+        let [mut mean, mut rstd, mut plain_mean, mut plain_rstd] = [(); 4].map(|_| z(&[N]));
+        let [mut dw, mut db, mut plain_dw, mut plain_db] = [(); 4].map(|_| t(7, &[C]));
+        dev.add(&mut plain_res, &a, &b);
+        if rms {
+            dev.rmsnorm_residual_forward(&mut res, &mut out, &mut rstd, &a, &b, &w, 1e-6);
+            dev.rmsnorm_forward(&mut plain_out, &mut plain_rstd, &plain_res, &w, 1e-6);
+            dev.rmsnorm_residual_backward(&mut dinp, &dres, &mut dw, &dout, &res, &w, &rstd);
+            dev.rmsnorm_backward(&mut plain_dinp, &mut plain_dw, &dout, &plain_res, &w, &plain_rstd);
+        } else {
+            dev.layernorm_residual_forward(&mut res, &mut out, &mut mean, &mut rstd, &a, &b, &w, &bias, 1e-5);
+            dev.layernorm_forward(
+                &mut plain_out,
+                &mut plain_mean,
+                &mut plain_rstd,
+                &plain_res,
+                &w,
+                &bias,
+                1e-5,
+            );
+            dev.layernorm_residual_backward(
+                &mut dinp, &dres, &mut dw, &mut db, &dout, &res, &w, &mean, &rstd,
+            );
+            dev.layernorm_backward(
+                &mut plain_dinp,
+                &mut plain_dw,
+                &mut plain_db,
+                &dout,
+                &plain_res,
+                &w,
+                &plain_mean,
+                &plain_rstd,
+            );
+        }
+        dev.accumulate(&mut plain_dinp, &dres);
+        let fused = host(&[&res, &out, &mean, &rstd, &dinp, &dw, &db]);
+        let plain =
+            host(&[&plain_res, &plain_out, &plain_mean, &plain_rstd, &plain_dinp, &plain_dw, &plain_db]);
+        for (i, (f, p)) in fused.iter().zip(&plain).enumerate() {
+            let same = f.iter().zip(p).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "rms {rms}: output {i} of the fused ops differs from the unfused ops'");
+        }
+        // The gradients did move: a check that compared two untouched buffers would pass too.
+        assert_ne!(dev.to_host(&dinp), dev.to_host(&dres), "rms {rms}: the norm's gradient was added");
+    }
+}

@@ -304,9 +304,27 @@ impl LayerNorm for CpuDevice {
         });
     }
 
+    fn layernorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    ) {
+        // The add and then the norm, as the unfused ops run them: the same bits.
+        self.add_impl(residual, a, b);
+        self.layernorm_forward_impl(out, mean, rstd, residual, weight, bias, eps);
+    }
+
     fn layernorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dbias: &mut Tensor,
         dout: &Tensor,
@@ -329,6 +347,9 @@ impl LayerNorm for CpuDevice {
                 partials.cpu_mut(),
             )
         });
+        if let Some(dresidual) = dresidual {
+            self.accumulate_impl(dinp, dresidual);
+        }
     }
 }
 
@@ -344,9 +365,25 @@ impl RmsNorm for CpuDevice {
         self.pool.install(|| rmsnorm::forward(out.cpu_mut(), rstd.cpu_mut(), inp.cpu(), weight.cpu(), eps));
     }
 
+    fn rmsnorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    ) {
+        // The add and then the norm, as the unfused ops run them: the same bits.
+        self.add_impl(residual, a, b);
+        self.rmsnorm_forward_impl(out, rstd, residual, weight, eps);
+    }
+
     fn rmsnorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dout: &Tensor,
         inp: &Tensor,
@@ -359,6 +396,9 @@ impl RmsNorm for CpuDevice {
         self.pool.install(|| {
             rmsnorm::backward(dinp.cpu_mut(), dweight.cpu_mut(), dout.cpu(), saved, partials.cpu_mut())
         });
+        if let Some(dresidual) = dresidual {
+            self.accumulate_impl(dinp, dresidual);
+        }
     }
 }
 

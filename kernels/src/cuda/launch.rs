@@ -6,6 +6,7 @@
 use crate::attention::{
     attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
 };
+use crate::tensor::DType;
 use cudarc::driver::LaunchConfig;
 
 /// Threads per block of the elementwise and warp-per-row kernels.
@@ -27,6 +28,18 @@ fn grid(blocks: usize, what: &str) -> u32 {
 pub fn per_item(items: usize) -> LaunchConfig {
     let blocks = grid(items.div_ceil(BLOCK as usize), "items");
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The elements of `dtype` in one 128-bit access: 4 f32 or 8 bf16 (`Pack<T>::LEN` in
+/// common.cuh).
+pub fn pack_len(dtype: DType) -> usize {
+    16 / dtype.size()
+}
+
+/// One thread per 128-bit pack of `items` elements of `dtype`, the last pack partial: the
+/// elementwise kernels of elementwise.cu, gelu.cu and swiglu.cu, and bias.cu's `bias_add`.
+pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
+    per_item(items.div_ceil(pack_len(dtype)))
 }
 
 /// One warp per row, `BLOCK / 32` rows per block.

@@ -2,7 +2,7 @@
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
 use super::device::{buf, buf_mut, cu, cu_mut, same_dtype, CudaDevice};
-use super::launch::per_item;
+use super::launch::{per_item, per_pack};
 use super::sources::kernel_name;
 use crate::backend::{AdamW, Dropout, Elementwise, Gelu, SwiGlu};
 use crate::device::AdamWStep;
@@ -45,14 +45,14 @@ impl Elementwise for CudaDevice {
     fn accumulate_impl(&self, acc: &mut Tensor, x: &Tensor) {
         let (n, dtype) = (acc.len() as u64, same_dtype(&[acc, x]));
         let name = kernel_name("accumulate", dtype);
-        launch!(self, name, per_item(acc.len()), buf_mut(acc), buf(x), &n);
+        launch!(self, name, per_pack(acc.len(), dtype), buf_mut(acc), buf(x), &n);
         self.refresh_bf16_copy(acc);
     }
 
     fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
         let (n, dtype) = (out.len() as u64, same_dtype(&[out, a, b]));
         let name = kernel_name("add", dtype);
-        launch!(self, name, per_item(out.len()), buf_mut(out), buf(a), buf(b), &n);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(a), buf(b), &n);
     }
 }
 
@@ -60,13 +60,13 @@ impl Gelu for CudaDevice {
     fn gelu_forward_impl(&self, out: &mut Tensor, inp: &Tensor) {
         let (n, dtype) = (out.len() as u64, same_dtype(&[out, inp]));
         let name = kernel_name("gelu_forward", dtype);
-        launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(inp), &n);
     }
 
     fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
         let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
         let name = kernel_name("gelu_backward", dtype);
-        launch!(self, name, per_item(dinp.len()), buf_mut(dinp), buf(inp), buf(dout), &n);
+        launch!(self, name, per_pack(dinp.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n);
     }
 }
 
@@ -75,14 +75,14 @@ impl SwiGlu for CudaDevice {
     fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
         let (n, cols, dtype) = (out.len() as u64, f as u64, same_dtype(&[out, inp]));
         let name = kernel_name("swiglu_forward", dtype);
-        launch!(self, name, per_item(out.len()), buf_mut(out), buf(inp), &n, &cols);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(inp), &n, &cols);
     }
 
     /// dinp [N,2F] (overwrite) from inp [N,2F] and dout [N,F], one thread per element of dout.
     fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
         let (n, cols, dtype) = (dout.len() as u64, f as u64, same_dtype(&[dinp, inp, dout]));
         let name = kernel_name("swiglu_backward", dtype);
-        launch!(self, name, per_item(dout.len()), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
+        launch!(self, name, per_pack(dout.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
     }
 }
 

@@ -1,9 +1,10 @@
-//! The ops that reduce along rows or columns: LayerNorm, RMSNorm and bias gradients, on f32 or bf16
+//! The ops that reduce along rows or columns: LayerNorm, RMSNorm (alone, or fused with the
+//! residual add before them and the residual gradient after them) and bias gradients, on f32 or bf16
 //! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
 //! pass), so results are bitwise repeatable.
 
 use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
-use super::launch::{per_column_chunk, per_item, per_row_warp, ROWS_PER_CHUNK};
+use super::launch::{per_column_chunk, per_item, per_pack, per_row_warp, ROWS_PER_CHUNK};
 use super::sources::kernel_name;
 use crate::backend::{LayerNorm, RmsNorm};
 use crate::tensor::Tensor;
@@ -39,9 +40,43 @@ impl LayerNorm for CudaDevice {
         );
     }
 
+    fn layernorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        mean: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    ) {
+        let (n, c) = rows_cols(residual);
+        let (n_i, c_i) = (int(n), int(c));
+        let name = kernel_name("layernorm_residual_forward", same_dtype(&[residual, out, a, b]));
+        launch!(
+            self,
+            name,
+            per_row_warp(n),
+            buf_mut(residual),
+            buf_mut(out),
+            cu_mut(mean),
+            cu_mut(rstd),
+            buf(a),
+            buf(b),
+            cu(weight),
+            cu(bias),
+            &n_i,
+            &c_i,
+            &eps,
+        );
+    }
+
     fn layernorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dbias: &mut Tensor,
         dout: &Tensor,
@@ -53,20 +88,30 @@ impl LayerNorm for CudaDevice {
         let (n, c) = rows_cols(inp);
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = kernel_name("layernorm_backward_input", dtype);
-        launch!(
-            self,
-            name,
-            per_row_warp(n),
-            buf_mut(dinp),
-            buf(dout),
-            buf(inp),
-            cu(weight),
-            cu(mean),
-            cu(rstd),
-            &n_i,
-            &c_i,
-        );
+        let (cfg, wc) = (per_row_warp(n), cu(weight));
+        match dresidual {
+            None => {
+                let name = kernel_name("layernorm_backward_input", dtype);
+                launch!(
+                    self,
+                    name,
+                    cfg,
+                    buf_mut(dinp),
+                    buf(dout),
+                    buf(inp),
+                    wc,
+                    cu(mean),
+                    cu(rstd),
+                    &n_i,
+                    &c_i
+                );
+            }
+            Some(dres) => {
+                let name = kernel_name("layernorm_residual_backward_input", same_dtype(&[dinp, dres]));
+                let (dinp, dres, dout, inp) = (buf_mut(dinp), buf(dres), buf(dout), buf(inp));
+                launch!(self, name, cfg, dinp, dres, dout, inp, wc, cu(mean), cu(rstd), &n_i, &c_i);
+            }
+        }
         let (cfg, chunks) = per_column_chunk(n, c);
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let mut partial_b = self.scratch::<f32>(chunks * c);
@@ -116,9 +161,39 @@ impl RmsNorm for CudaDevice {
         );
     }
 
+    fn rmsnorm_residual_forward_impl(
+        &self,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        rstd: &mut Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        weight: &Tensor,
+        eps: f32,
+    ) {
+        let (n, c) = rows_cols(residual);
+        let (n_i, c_i) = (int(n), int(c));
+        let name = kernel_name("rmsnorm_residual_forward", same_dtype(&[residual, out, a, b]));
+        launch!(
+            self,
+            name,
+            per_row_warp(n),
+            buf_mut(residual),
+            buf_mut(out),
+            cu_mut(rstd),
+            buf(a),
+            buf(b),
+            cu(weight),
+            &n_i,
+            &c_i,
+            &eps
+        );
+    }
+
     fn rmsnorm_backward_impl(
         &self,
         dinp: &mut Tensor,
+        dresidual: Option<&Tensor>,
         dweight: &mut Tensor,
         dout: &Tensor,
         inp: &Tensor,
@@ -128,19 +203,18 @@ impl RmsNorm for CudaDevice {
         let (n, c) = rows_cols(inp);
         let (n_i, c_i) = (int(n), int(c));
         let dtype = same_dtype(&[dinp, dout, inp]);
-        let name = kernel_name("rmsnorm_backward_input", dtype);
-        launch!(
-            self,
-            name,
-            per_row_warp(n),
-            buf_mut(dinp),
-            buf(dout),
-            buf(inp),
-            cu(weight),
-            cu(rstd),
-            &n_i,
-            &c_i
-        );
+        let (cfg, wc) = (per_row_warp(n), cu(weight));
+        match dresidual {
+            None => {
+                let name = kernel_name("rmsnorm_backward_input", dtype);
+                launch!(self, name, cfg, buf_mut(dinp), buf(dout), buf(inp), wc, cu(rstd), &n_i, &c_i);
+            }
+            Some(dres) => {
+                let name = kernel_name("rmsnorm_residual_backward_input", same_dtype(&[dinp, dres]));
+                let (dinp, dres, dout, inp) = (buf_mut(dinp), buf(dres), buf(dout), buf(inp));
+                launch!(self, name, cfg, dinp, dres, dout, inp, wc, cu(rstd), &n_i, &c_i);
+            }
+        }
         let (cfg, chunks) = per_column_chunk(n, c);
         let mut partial_w = self.scratch::<f32>(chunks * c);
         let rows_per_chunk = ROWS_PER_CHUNK as i32;
@@ -180,6 +254,6 @@ impl CudaDevice {
     pub(super) fn add_bias(&self, out: &mut Tensor, bias: &Tensor, rows: usize, cols: usize) {
         let (n, c_i) = (rows as u64, int(cols));
         let name = kernel_name("bias_add", out.dtype());
-        launch!(self, name, per_item(rows * cols), buf_mut(out), cu(bias), &n, &c_i);
+        launch!(self, name, per_pack(rows * cols, out.dtype()), buf_mut(out), cu(bias), &n, &c_i);
     }
 }

@@ -181,6 +181,7 @@ macro_rules! elem {
 elem!(f32, f64, u32, u16, u8, i32, u64);
 
 /// A kernel argument: a buffer, a null pointer, or a value's bytes.
+#[derive(Clone)]
 pub enum Arg {
     Buf(Buf),
     Null,
@@ -407,11 +408,15 @@ impl Storage {
     /// The kernel `name` of this storage, as the device names it: `name` itself, or its
     /// bf16 twin.
     pub fn kernel(self, name: &'static str) -> &'static str {
-        let dtype = match self {
+        kernel_name(name, self.dtype())
+    }
+
+    /// The device's element type of this storage.
+    pub fn dtype(self) -> DType {
+        match self {
             Storage::F32 => DType::F32,
             Storage::Bf16 => DType::Bf16,
-        };
-        kernel_name(name, dtype)
+        }
     }
 
     /// `xs` as a buffer of this storage holds them (rounded to nearest even in bf16): what

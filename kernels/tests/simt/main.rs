@@ -20,6 +20,7 @@ mod harness;
 mod mma;
 mod philox;
 mod pointwise;
+mod residual_norm;
 mod rmsnorm;
 mod rope;
 mod rowwise;

@@ -1,11 +1,12 @@
 //! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW. Each
-//! kernel with a bf16-storage twin runs in both storages, the same test for each: in bf16
+//! kernel with a bf16-storage twin runs in both storages, at a length whose last 128-bit
+//! pack is partial where the kernel moves packs, the same test for each: in bf16
 //! from inputs rounded to bf16, against the CPU's op on those rounded values.
 
 use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::per_item;
+use kernels::cuda::launch::{per_item, per_pack};
 use kernels::{AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
@@ -25,6 +26,8 @@ fn add_and_accumulate_are_exact_in_f32_and_bf16() {
     };
     for storage in Storage::BOTH {
         let mut rng = Rng::new(1);
+        // The residual stream, and a length whose last pack is partial in both storages (4
+        // f32 or 8 bf16 to a pack).
         for n in [RESIDUAL, 1001] {
             let (a, b) = (storage.round(rng.uniform(n, 2.0)), storage.round(rng.uniform(n, 2.0)));
             let mut run = Run::new(n as u64);
@@ -32,12 +35,12 @@ fn add_and_accumulate_are_exact_in_f32_and_bf16() {
                 (storage.buffer(&mut run, &a), storage.buffer(&mut run, &b), storage.output(&mut run, n));
             run.launch(
                 storage.kernel("add"),
-                per_item(n),
+                per_pack(n, storage.dtype()),
                 &[out.into(), ga.into(), gb.into(), (n as u64).into()],
             );
             run.launch(
                 storage.kernel("accumulate"),
-                per_item(n),
+                per_pack(n, storage.dtype()),
                 &[ga.into(), out.into(), (n as u64).into()],
             );
             run.read(out);
@@ -66,6 +69,7 @@ fn gelu_matches_the_cpu_in_f32_and_bf16() {
     let Some(family) = Family::of("gelu_matches_the_cpu_in_f32_and_bf16", "gelu.cu") else { return };
     for storage in Storage::BOTH {
         let mut rng = Rng::new(2);
+        // The MLP's hidden layer, and a length whose last pack is partial in both storages.
         for n in [HIDDEN, 777] {
             // Wide enough to reach both saturated tails.
             let (x, dout) = (storage.round(rng.uniform(n, 12.0)), storage.round(rng.uniform(n, 1.0)));
@@ -74,12 +78,12 @@ fn gelu_matches_the_cpu_in_f32_and_bf16() {
             let (out, dinp) = (storage.output(&mut run, n), storage.output(&mut run, n));
             run.launch(
                 storage.kernel("gelu_forward"),
-                per_item(n),
+                per_pack(n, storage.dtype()),
                 &[out.into(), gx.into(), (n as u64).into()],
             );
             run.launch(
                 storage.kernel("gelu_backward"),
-                per_item(n),
+                per_pack(n, storage.dtype()),
                 &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
             );
             run.read(out);

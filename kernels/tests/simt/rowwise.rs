@@ -7,7 +7,7 @@
 use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    per_column_chunk, per_item, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
+    per_column_chunk, per_item, per_pack, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
     ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
@@ -241,8 +241,9 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
     let Some(family) = Family::of("bias_kernels_match_the_cpu_in_f32_and_bf16", "bias.cu") else { return };
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
-        // c_fc's output (B * T rows of 4C) and an odd shape.
-        for (n, c) in [(N, 4 * C), (75, 100)] {
+        // c_fc's output (B * T rows of 4C), and an odd shape whose 128-bit packs span the
+        // ends of rows and whose last pack is partial in both storages.
+        for (n, c) in [(N, 4 * C), (75, 101)] {
             let (x, bias, db0) =
                 (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
             let mut run = Run::new(n as u64);
@@ -263,7 +264,7 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
             add_partials(&mut run, db, partial, chunks, c);
             run.launch(
                 storage.kernel("bias_add"),
-                per_item(n * c),
+                per_pack(n * c, storage.dtype()),
                 &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
             );
             for buf in [db, gx] {

@@ -83,6 +83,9 @@ inline float __int_as_float(int i) {
     memcpy(&x, &i, 4);
     return x;
 }
+// An add rounded on its own, never contracted into a multiply-add (the host build has
+// -ffp-contract=off, so a plain add is one).
+inline float __fadd_rn(float a, float b) { return a + b; }
 template <typename T>
 inline T min(T a, T b) {
     return b < a ? b : a;

@@ -3,7 +3,7 @@
 
 use crate::harness::{max_abs, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::per_item;
+use kernels::cuda::launch::per_pack;
 use kernels::{Category, Device};
 
 /// The CPU's out [N,F] and dinp [N,2F] from inp [N,2F] and dout [N,F].
@@ -42,12 +42,12 @@ fn swiglu_matches_the_cpu_in_f32_and_bf16() {
             let (items, cols) = ((n * f) as u64, f as u64);
             run.launch(
                 storage.kernel("swiglu_forward"),
-                per_item(n * f),
+                per_pack(n * f, storage.dtype()),
                 &[out.into(), gin.into(), items.into(), cols.into()],
             );
             run.launch(
                 storage.kernel("swiglu_backward"),
-                per_item(n * f),
+                per_pack(n * f, storage.dtype()),
                 &[dinp.into(), gin.into(), gd.into(), items.into(), cols.into()],
             );
             run.read(out);

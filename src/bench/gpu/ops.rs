@@ -83,7 +83,7 @@ pub type Under<'a> = (&'a dyn Device, AttentionSaves);
 /// One op's outputs on a device, downloaded.
 type Op = fn(Under, &Inputs) -> Vec<Vec<f32>>;
 
-fn ops() -> [(&'static str, Op); 18] {
+fn ops() -> [(&'static str, Op); 20] {
     [
         ("add", |(d, _), i| {
             let mut out = d.empty(&[i.x.len()], Category::Workspace);
@@ -122,6 +122,19 @@ fn ops() -> [(&'static str, Op); 18] {
             let (mut dw, mut db) = (d.zeros(&[c], Category::Workspace), d.zeros(&[c], Category::Workspace));
             let (inp, dout) = (shaped(d, &i.x, &[n, c]), shaped(d, &i.y, &[n, c]));
             d.layernorm_backward(&mut dinp, &mut dw, &mut db, &dout, &inp, &put(d, &i.ln_w), &mean, &rstd);
+            host(d, [dinp, dw, db])
+        }),
+        ("residual add + layernorm forward", |(d, _), i| host(d, residual_layernorm(d, i))),
+        ("layernorm backward + residual gradient", |(d, _), i| {
+            let [residual, _, mean, rstd] = residual_layernorm(d, i);
+            let (n, c) = (i.s.b * i.s.t, i.s.c);
+            let mut dinp = d.empty(&[n, c], Category::Workspace);
+            let (mut dw, mut db) = (d.zeros(&[c], Category::Workspace), d.zeros(&[c], Category::Workspace));
+            let (dres, dout) = (shaped(d, &i.x, &[n, c]), shaped(d, &i.y, &[n, c]));
+            let w = put(d, &i.ln_w);
+            d.layernorm_residual_backward(
+                &mut dinp, &dres, &mut dw, &mut db, &dout, &residual, &w, &mean, &rstd,
+            );
             host(d, [dinp, dw, db])
         }),
         ("matmul forward (c_attn)", |(d, _), i| {
@@ -246,6 +259,18 @@ fn layernorm(d: &dyn Device, i: &Inputs) -> [Tensor; 3] {
         1e-5,
     );
     [out, mean, rstd]
+}
+
+/// x + y and ln of it in one op (a block's residual add and norm_2): residual and out
+/// [N,C], mean and rstd [N].
+fn residual_layernorm(d: &dyn Device, i: &Inputs) -> [Tensor; 4] {
+    let (n, c) = (i.s.b * i.s.t, i.s.c);
+    let [mut residual, mut out] = [(); 2].map(|_| d.empty(&[n, c], Category::Workspace));
+    let [mut mean, mut rstd] = [(); 2].map(|_| d.empty(&[n], Category::Workspace));
+    let (x, y) = (shaped(d, &i.x, &[n, c]), shaped(d, &i.y, &[n, c]));
+    let (w, b) = (put(d, &i.ln_w), put(d, &i.ln_b));
+    d.layernorm_residual_forward(&mut residual, &mut out, &mut mean, &mut rstd, &x, &y, &w, &b, 1e-5);
+    [residual, out, mean, rstd]
 }
 
 /// x [N,C] against the tied wte [V,C]: the LM head's logits [N,V].

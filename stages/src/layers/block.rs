@@ -8,6 +8,10 @@
 //! n2  = norm_2(residual)              y   = residual + dropout(fc2(act(fc1(n2))))
 //! ```
 //!
+//! The residual add and norm_2 run as one device op, and each norm's backward adds the
+//! gradient arriving along the residual stream in the same op (llm.c's fused residual
+//! forward and LayerNorm backward): the same bits on the CPU as the separate ops.
+//!
 //! Forward keeps the tensors of [`BlockTensor`](crate::saved::BlockTensor) except those the
 //! selective modules drop; backward recomputes a dropped tensor just before the step that
 //! reads it and frees it after. Nothing else is recomputed: without a recompute policy,
@@ -160,12 +164,11 @@ impl Block<'_> {
         self.linear(dev, &mut attproj, &atty, BlockParam::ProjWeight);
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
         let mut residual = act(&[b, t, c], keep_as); // [B,T,C]
-        dev.add(&mut residual, &x, &attproj);
-        drop(attproj);
 
         // ---- MLP ----
         let mut n2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
-        let n2_stats = self.norm2().forward(dev, &mut n2, &residual, keep_as); // [B,T]
+        let n2_stats = self.norm2().residual_forward(dev, &mut residual, &mut n2, (&x, &attproj), keep_as); // [B,T]
+        drop(attproj);
         let mut fch = act(&[b, t, s.fc1_width()], keep_as); // [B,T,FC1]
         self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
         let mut fch_act = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
@@ -235,11 +238,11 @@ impl Block<'_> {
         let mut dn2 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn2, &dfch, BlockParam::Fc1Weight);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, Arc::new(n2), dfch));
+        // dresidual = dy + norm_2's input gradient, in one op.
         let mut dresidual = ws(&[b, t, c]); // [B,T,C]
-        let (dw, db) = norm_grads(grads, &self.at, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
-        norm2.backward(dev, &mut dresidual, dw, db, &dn2, &acts.residual, &acts.n2_stats);
+        let dnorm2 = norm_grads(grads, &self.at, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
+        norm2.backward(dev, &mut dresidual, Some(&dy), dnorm2, &dn2, &acts.residual, &acts.n2_stats);
         drop(dn2);
-        dev.accumulate(&mut dresidual, &dy);
         drop(dy);
         drop(acts.residual);
 
@@ -279,10 +282,10 @@ impl Block<'_> {
         let mut dn1 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn1, &dqkv, BlockParam::QkvWeight);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, Arc::new(n1), dqkv));
+        // dx = dresidual + norm_1's input gradient, in one op.
         let mut dx = ws(&[b, t, c]); // [B,T,C]
-        let (dw, db) = norm_grads(grads, &self.at, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
-        norm1.backward(dev, &mut dx, dw, db, &dn1, &acts.input, &acts.n1_stats);
-        dev.accumulate(&mut dx, &dresidual);
+        let dnorm1 = norm_grads(grads, &self.at, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
+        norm1.backward(dev, &mut dx, Some(&dresidual), dnorm1, &dn1, &acts.input, &acts.n1_stats);
         dx
     }
 }
@@ -327,10 +330,8 @@ impl Block<'_> {
         let new = |width: usize| dev.zeros_of(x.dtype(), &[1, width], Category::Workspace);
         let mut proj = new(s.hidden); // [1,C]
         self.linear(dev, &mut proj, att, BlockParam::ProjWeight);
-        let mut residual = new(s.hidden); // [1,C]
-        dev.add(&mut residual, x, &proj);
-        let mut n2 = new(s.hidden); // [1,C]
-        self.norm2().forward(dev, &mut n2, &residual, Category::Workspace);
+        let (mut residual, mut n2) = (new(s.hidden), new(s.hidden)); // [1,C] each
+        self.norm2().residual_forward(dev, &mut residual, &mut n2, (x, &proj), Category::Workspace);
         let mut fch = new(s.fc1_width()); // [1,FC1]
         self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
         let mut act = new(s.ffn); // [1,F]

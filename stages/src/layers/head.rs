@@ -73,6 +73,6 @@ pub fn backward(
     dbias: Option<&mut Tensor>,
 ) -> Tensor {
     let mut dx = dev.zeros_of(acts.input.dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace); // [B,T,C]
-    norm.backward(dev, &mut dx, dweight, dbias, &acts.dnorm, &acts.input, &acts.stats);
+    norm.backward(dev, &mut dx, None, (dweight, dbias), &acts.dnorm, &acts.input, &acts.stats);
     dx
 }

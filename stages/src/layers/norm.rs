@@ -85,6 +85,44 @@ impl NormLayer<'_> {
         }
     }
 
+    /// residual [N,C] = a + b and out [N,C] = norm(residual) in one device op (the residual
+    /// add fused with the norm after it); the statistics [N] are allocated under `keep_as`.
+    /// The same bits as the add and then [`NormLayer::forward`].
+    pub fn residual_forward(
+        &self,
+        dev: &dyn Device,
+        residual: &mut Tensor,
+        out: &mut Tensor,
+        (a, b): (&Tensor, &Tensor),
+        keep_as: Category,
+    ) -> NormStats {
+        let rows = &residual.shape()[..residual.shape().len() - 1];
+        match self.norm {
+            Norm::LayerNorm => {
+                let mut mean = dev.zeros(rows, keep_as); // [N]
+                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let bias = self.bias.expect("LayerNorm has a bias");
+                dev.layernorm_residual_forward(
+                    residual,
+                    out,
+                    &mut mean,
+                    &mut rstd,
+                    a,
+                    b,
+                    self.weight,
+                    bias,
+                    self.eps,
+                );
+                NormStats { mean: Some(mean), rstd }
+            }
+            Norm::RmsNorm => {
+                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                dev.rmsnorm_residual_forward(residual, out, &mut rstd, a, b, self.weight, self.eps);
+                NormStats { mean: None, rstd }
+            }
+        }
+    }
+
     /// norm(inp) into a fresh workspace tensor, the statistics recomputed bitwise equal to
     /// the saved ones and dropped: the recompute of a dropped norm output.
     pub fn recompute(&self, dev: &dyn Device, inp: &Tensor) -> Tensor {
@@ -93,25 +131,37 @@ impl NormLayer<'_> {
         out
     }
 
-    /// dinp [N,C] (overwrite) from dout [N,C]; dweight [C] and dbias [C] accumulate.
+    /// dinp [N,C] (overwrite) from dout [N,C], plus `dresidual` [N,C] where given (the
+    /// gradient reaching the norm's input along the residual stream, added in the same
+    /// device op); dweight [C] and dbias [C] accumulate.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         dev: &dyn Device,
         dinp: &mut Tensor,
-        dweight: &mut Tensor,
-        dbias: Option<&mut Tensor>,
+        dresidual: Option<&Tensor>,
+        (dweight, dbias): (&mut Tensor, Option<&mut Tensor>),
         dout: &Tensor,
         inp: &Tensor,
         stats: &NormStats,
     ) {
+        let w = self.weight;
         match self.norm {
             Norm::LayerNorm => {
                 let mean = stats.mean.as_ref().expect("LayerNorm keeps its mean");
                 let dbias = dbias.expect("LayerNorm has a bias");
-                dev.layernorm_backward(dinp, dweight, dbias, dout, inp, self.weight, mean, &stats.rstd);
+                let rstd = &stats.rstd;
+                match dresidual {
+                    Some(dres) => {
+                        dev.layernorm_residual_backward(dinp, dres, dweight, dbias, dout, inp, w, mean, rstd)
+                    }
+                    None => dev.layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd),
+                }
             }
-            Norm::RmsNorm => dev.rmsnorm_backward(dinp, dweight, dout, inp, self.weight, &stats.rstd),
+            Norm::RmsNorm => match dresidual {
+                Some(dres) => dev.rmsnorm_residual_backward(dinp, dres, dweight, dout, inp, w, &stats.rstd),
+                None => dev.rmsnorm_backward(dinp, dweight, dout, inp, w, &stats.rstd),
+            },
         }
     }
 }
