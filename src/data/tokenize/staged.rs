@@ -20,7 +20,7 @@ const INTERRUPTED: i32 = 130;
 /// The lock is held to the end, so no file is staged or committed meanwhile.
 pub fn remove_on_interrupt() {
     let _ = ctrlc::set_handler(|| {
-        let in_flight = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner());
+        let in_flight = in_flight();
         for tmp in in_flight.iter() {
             let _ = fs::remove_file(tmp);
         }
@@ -29,6 +29,8 @@ pub fn remove_on_interrupt() {
     });
 }
 
+/// The in-flight list, locked; a panic elsewhere leaves it consistent (each change is one
+/// push or retain), so a poisoned lock is still good.
 fn in_flight() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
 }
