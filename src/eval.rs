@@ -10,7 +10,7 @@ use crate::plan;
 use kernels::cpu::math::mean_in_order;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
-use stages::{ChunkLayout, Microbatch, RecomputePolicy};
+use stages::{ChunkLayout, Microbatch, RecomputePolicy, Shard, TensorGroup};
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
@@ -34,7 +34,8 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dev = CpuDevice::new(threads);
     let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };
-    let mut chunk = plan::build_chunk(&dev, &cfg, layout, RecomputePolicy::None, Some(&ck.model))?;
+    let mut chunk =
+        plan::build_chunk(&dev, &cfg, layout, Shard::WHOLE, RecomputePolicy::None, Some(&ck.model))?;
     let mut total = 0.0;
     for k in 0..args.windows {
         let batch = data.eval_batch(k, 1, seq_length)?;
@@ -45,7 +46,10 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
             targets: &batch.targets,
             mode: stages::Mode::Eval,
         };
-        let losses = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+        let losses = chunk
+            .forward(&dev, &mb, None, &mut TensorGroup::whole())
+            .losses
+            .expect("the whole model holds the head");
         total += mean_in_order(&dev.to_host(&losses));
     }
     println!("{:.6}", total / args.windows as f64);

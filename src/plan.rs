@@ -13,7 +13,7 @@ use stages::partition;
 use stages::NamedTensor;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, Parameters, RecomputePolicy,
-    SelectiveModules, TensorParallel,
+    SelectiveModules, Shard, TensorParallel,
 };
 use std::path::Path;
 
@@ -94,26 +94,28 @@ pub fn build_chunk(
     dev: &dyn Device,
     c: &Config,
     layout: ChunkLayout,
+    shard: Shard,
     policy: RecomputePolicy,
     weights: Option<&[NamedTensor]>,
 ) -> anyhow::Result<ModelChunk> {
     let s = shape(c);
     let params = match weights {
-        None => Parameters::init(dev, &s, &layout, c.seed),
+        None => Parameters::init(dev, &s, &layout, c.seed, shard),
         Some(named) => {
             let specs = chunk_param_specs(&s, &layout);
             let values = specs
                 .iter()
                 .map(|spec| {
-                    let data = gather(spec, named, |name| name.to_string())
+                    let whole = gather(spec, named, |name| name.to_string())
                         .map_err(|e| user_error(format!("weights: {e}")))?;
-                    Ok(dev.from_host(&data, &spec.shape, Category::Parameters))
+                    let data = spec.shard_of(&s, shard, whole);
+                    Ok(dev.from_host(&data, &spec.shard_shape(&s, shard), Category::Parameters))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Parameters::with_values(dev, &s, &layout, specs, values)
         }
     };
-    Ok(ModelChunk::new(s, layout, params, policy, dropout(c), c.seed))
+    Ok(ModelChunk::new(s, layout, shard, params, policy, dropout(c), c.seed))
 }
 
 /// The values of `spec` from its Hugging Face parts in `named`, each found under
@@ -138,26 +140,31 @@ pub fn gather(
     Ok(data)
 }
 
+/// Turns a chunk's values of a parameter (its shard's, under tensor parallelism) into the
+/// whole parameter's.
+pub type WholeParameter<'a> = dyn FnMut(&ParamSpec, &ModelShape, Vec<f32>) -> anyhow::Result<Vec<f32>> + 'a;
+
 /// The named tensors of `chunks` (on `dev`) as Hugging Face tensors, each tagged with its
 /// place in the model's order: (global index, part). `pick` chooses values, exp_avg or
-/// exp_avg_sq.
+/// exp_avg_sq; `whole` makes each parameter whole.
 pub fn named(
     chunks: &[ModelChunk],
     dev: &dyn Device,
     pick: impl Fn(&Parameters, usize) -> &kernels::Tensor,
-) -> Vec<((usize, usize), NamedTensor)> {
+    whole: &mut WholeParameter,
+) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
     let mut out = Vec::new();
     for chunk in chunks {
         let p = &chunk.params;
         for (i, spec) in p.specs.iter().enumerate() {
-            let data = dev.to_host(pick(p, i));
+            let data = whole(spec, &chunk.shape, dev.to_host(pick(p, i)))?;
             for (k, (name, shape, part)) in spec.to_hf(&data).enumerate() {
                 let t = NamedTensor { name: name.to_string(), shape, data: part.to_vec() };
                 out.push(((spec.global_index, k), t));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Named tensors gathered from every stage, in the model's order, each once (a tied output

@@ -21,7 +21,7 @@ use serde_json::Value;
 use stages::params::chunk_param_specs;
 use stages::{
     Activation, Architecture, ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Norm,
-    Parameters, Positions, RecomputePolicy,
+    Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
@@ -174,7 +174,7 @@ fn whole_model(dev: &CpuDevice, dir: &str, s: ModelShape) -> ModelChunk {
         })
         .collect();
     let params = Parameters::with_values(dev, &s, &layout, specs, values);
-    ModelChunk::new(s, layout, params, RecomputePolicy::None, DropoutProbs::default(), 0)
+    ModelChunk::new(s, layout, Shard::WHOLE, params, RecomputePolicy::None, DropoutProbs::default(), 0)
 }
 
 fn rel_err(got: f64, want: f64) -> f64 {
@@ -211,7 +211,10 @@ fn forward_matches_transformers_per_token_losses() {
                     targets: &targets[span.clone()],
                     mode: stages::Mode::Eval,
                 };
-                let got = chunk.forward(&dev, &mb, None).losses.expect("the whole model holds the head");
+                let got = chunk
+                    .forward(&dev, &mb, None, &mut TensorGroup::whole())
+                    .losses
+                    .expect("the whole model holds the head");
                 let got = dev.to_host(&got);
                 assert_eq!(got.len(), span.len());
                 for (k, (g, w)) in got.iter().zip(&want[span.clone()]).enumerate() {

@@ -5,7 +5,8 @@
 #include "common.cuh"
 
 // out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one thread per output element. A null wpe is
-// a model without a position table (rotary positions): out is the wte row itself.
+// a model without a position table (rotary positions): out is the wte row itself. A token
+// 0xFFFFFFFF (OTHER_SHARD) is another tensor-parallel rank's: its row is zero.
 template <typename S>
 __device__ __forceinline__ void embedding_forward_body(S* out, const unsigned int* tokens, const float* wte,
                                                        const float* wpe, unsigned long long n_rows, int T,
@@ -15,7 +16,8 @@ __device__ __forceinline__ void embedding_forward_body(S* out, const unsigned in
     const unsigned long long row = i / C;
     const int c = (int)(i % C);
     const int t = (int)(row % T);
-    const float token = wte[(unsigned long long)tokens[row] * C + c];
+    const unsigned int id = tokens[row];
+    const float token = id == 0xFFFFFFFFu ? 0.0f : wte[(unsigned long long)id * C + c];
     store(out + i, wpe ? token + wpe[(unsigned long long)t * C + c] : token);
 }
 

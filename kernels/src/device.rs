@@ -78,6 +78,10 @@ pub struct ClassifierGrad<'a> {
 /// starts 512-byte aligned, and the GEMMs' leading dimensions are multiples of 128.
 pub const VOCAB_PADDING: usize = 128;
 
+/// The token id the embedding ops take for a token outside this tensor-parallel rank's
+/// shard of the vocabulary (Megatron's vocab-parallel embedding masks it to a zero row).
+pub const OTHER_SHARD: u32 = u32::MAX;
+
 /// The columns of a padded logits row for a vocabulary of `vocab` (GPT-2's 50257: 50304).
 pub fn padded_vocab(vocab: usize) -> usize {
     vocab.next_multiple_of(VOCAB_PADDING)
@@ -220,13 +224,15 @@ pub trait Device:
 
     // ---- embedding -----------------------------------------------------------------
     /// out[b,t,:] = wte[tokens[b,t],:] (+ wpe[t,:] with learned positions; None for RoPE
-    /// models). out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]
+    /// models). out [B,T,C], tokens [B*T], wte [V,C], wpe [maxT,C]. A token
+    /// [`OTHER_SHARD`] is one another tensor-parallel rank's shard of the vocabulary holds:
+    /// its row is zero (plus its position), so the ranks' outputs sum to the lookup.
     fn embedding_forward(&self, out: &mut Tensor, tokens: &[u32], wte: &Tensor, wpe: Option<&Tensor>) {
         let btc = embedding_dims(out, tokens, wte, wpe);
         self.embedding_forward_impl(out, tokens, wte, wpe, btc);
     }
     /// dwte [V,C] += scatter(dout), and with learned positions dwpe [maxT,C] += sum over b of
-    /// dout; dout [B,T,C].
+    /// dout; dout [B,T,C]. Rows of an [`OTHER_SHARD`] token add nothing to dwte.
     fn embedding_backward(
         &self,
         dwte: &mut Tensor,

@@ -35,7 +35,7 @@ pub use attention::{
 };
 pub use counters::DeviceCounters;
 pub use device::{
-    bf16_copy_len, padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, VOCAB_PADDING,
+    bf16_copy_len, padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, OTHER_SHARD, VOCAB_PADDING,
 };
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};

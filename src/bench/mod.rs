@@ -36,7 +36,7 @@ impl Variant {
     fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
         let (_, schedule) = plan::lowered_schedule(&cfg, path)?;
         let placement = schedule.schedule().shape().placement;
-        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
+        let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()

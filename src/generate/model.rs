@@ -15,7 +15,7 @@ use kernels::{Category, Device, Tensor, WeightLayout};
 use stages::layers::block::Block;
 use stages::layers::norm::NormLayer;
 use stages::params::{model_param_specs, BlockIndices, Role};
-use stages::ModelShape;
+use stages::{ModelShape, Shard};
 
 /// The keys and values of every position seen so far, per layer: only the KV heads, not
 /// the query heads they serve.
@@ -108,7 +108,7 @@ impl Decoder {
         let mut x = dev.from_host(&x_host, &[1, c], Category::Workspace); // [1,C]
         let kv = s.kv_heads * s.head_size();
         for (layer, (at, (keys, values))) in self.blocks.iter().zip(&mut cache.layers).enumerate() {
-            let block = Block { s, layer, w: &self.values, at: *at };
+            let block = Block { s, layer, w: &self.values, at: *at, shard: Shard::WHOLE };
             let qkv = dev.to_host(&block.decode_qkv(dev, &x, pos)); // [QKV]
             keys.extend_from_slice(&qkv[c..c + kv]);
             values.extend_from_slice(&qkv[c + kv..]);

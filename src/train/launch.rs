@@ -93,6 +93,7 @@ pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
 fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
     let (_, schedule) = plan::lowered_schedule(cfg, &args.config)?;
     let topology = Topology {
+        tensor: cfg.tensor_model_parallel_size,
         pipeline: cfg.pipeline_model_parallel_size,
         data: cfg.data_parallel(),
         placement: schedule.schedule().shape().placement,
@@ -294,22 +295,29 @@ fn agree_on_config(
     world: usize,
 ) -> anyhow::Result<Topology> {
     let path = args.config.display();
-    let p = cfg.pipeline_model_parallel_size;
-    if !world.is_multiple_of(p) {
+    let (t, p) = (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
+    if !world.is_multiple_of(t * p) {
+        let (key, what) = match t {
+            1 => ("pipeline_model_parallel_size", format!("{p}")),
+            _ => {
+                ("tensor_model_parallel_size", format!("{t} x pipeline_model_parallel_size {p} = {}", t * p))
+            }
+        };
         return Err(user_error(format!(
-            "{path}: key `pipeline_model_parallel_size`: {p} does not divide the {world} ranks mpirun started"
+            "{path}: key `{key}`: {what} does not divide the {world} ranks mpirun started"
         )));
     }
-    let dp = world / p;
+    let dp = world / (t * p);
     if let Some(given) = cfg.data_parallel_size.filter(|&d| d != dp) {
         return Err(user_error(format!(
-            "{path}: key `data_parallel_size`: {given}, but {world} ranks / pipeline_model_parallel_size {p} = {dp}"
+            "{path}: key `data_parallel_size`: {given}, but {world} ranks / (tensor_model_parallel_size {t} x pipeline_model_parallel_size {p}) = {dp}"
         )));
     }
     cfg.data_parallel_size = Some(dp);
     cfg.validate().map_err(|(key, msg)| user_error(format!("{path}: key `{key}`: {msg}")))?;
     let mine = serde_norway::to_string(&*cfg)?;
-    let probe = Topology { pipeline: 1, data: world, placement: schedules::Placement::Interleaved };
+    let probe =
+        Topology { tensor: 1, pipeline: 1, data: world, placement: schedules::Placement::Interleaved };
     let (_, mut probe) = mpi.endpoints(probe, cfg.distributed_timeout());
     let all = stages::dist::Collective::all_gather(&mut probe, stages::dist::Group::World, mine.as_bytes())?;
     if let Some(other) = all.iter().position(|c| c != &all[0]) {
@@ -320,5 +328,5 @@ fn agree_on_config(
         )));
     }
     let placement = plan::schedule_shape(cfg, &args.config)?.placement;
-    Ok(Topology { pipeline: p, data: dp, placement })
+    Ok(Topology { tensor: t, pipeline: p, data: dp, placement })
 }

@@ -27,13 +27,9 @@ use crate::error::user_error;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
-    if cfg.tensor_model_parallel_size > 1 {
-        return Err(launch::quiet_unless_root(user_error(format!(
-            "{}: key `tensor_model_parallel_size`: {}: the trainer runs 1; tensor parallelism is simulated only (pipetrain simulate)",
-            args.config.display(),
-            cfg.tensor_model_parallel_size
-        ))));
-    }
+    tensor_parallel_runs(&cfg).map_err(|(key, msg)| {
+        launch::quiet_unless_root(user_error(format!("{}: key `{key}`: {msg}", args.config.display())))
+    })?;
     let head_size = cfg.hidden_size / cfg.num_attention_heads;
     // bf16 activations have only the tensor-core attention kernels.
     if cfg.device == config::DeviceKind::Cuda
@@ -48,4 +44,40 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         ))));
     }
     launch::run(args, cfg)
+}
+
+/// What the trainer's tensor parallelism does not run yet, beyond the divisibility rules
+/// the config and `simulate` share: the vocabulary must split evenly (no padding), and
+/// sequence parallelism, attention dropout (whose mask is keyed by the whole model's heads)
+/// and the CUDA device wait for their turn.
+fn tensor_parallel_runs(cfg: &config::Config) -> Result<(), (&'static str, String)> {
+    let t = cfg.tensor_model_parallel_size;
+    if t == 1 {
+        return Ok(());
+    }
+    if !cfg.vocab_size.is_multiple_of(t) {
+        return Err((
+            "vocab_size",
+            format!("{}: tensor_model_parallel_size {t} does not divide it", cfg.vocab_size),
+        ));
+    }
+    if cfg.sequence_parallel {
+        return Err(("sequence_parallel", format!("true: the trainer runs tensor parallelism without it so far (tensor_model_parallel_size {t}); pipetrain simulate models it")));
+    }
+    if cfg.attention_dropout > 0.0 {
+        return Err((
+            "attention_dropout",
+            format!(
+                "{}: the trainer runs tensor_model_parallel_size {t} with attention_dropout 0 so far",
+                cfg.attention_dropout
+            ),
+        ));
+    }
+    if cfg.device == config::DeviceKind::Cuda {
+        return Err((
+            "device",
+            format!("cuda: the trainer runs tensor_model_parallel_size {t} on device: cpu so far"),
+        ));
+    }
+    Ok(())
 }

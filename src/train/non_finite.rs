@@ -115,7 +115,8 @@ mod tests {
 
     #[test]
     fn the_line_names_step_stage_and_rank() {
-        let topology = Topology { pipeline: 2, data: 2, placement: schedules::Placement::Interleaved };
+        let topology =
+            Topology { tensor: 1, pipeline: 2, data: 2, placement: schedules::Placement::Interleaved };
         let origin = Origin { rank: 3, what: Quantity::Gradient, value: f64::NAN };
         assert_eq!(
             message(7, origin, topology, Some(6)),

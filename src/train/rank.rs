@@ -15,7 +15,7 @@ use schedules::{LoweredSchedule, Shape};
 use stages::dist::{Collective, Group, Reader, Topology, Transport, Writer};
 use stages::runtime::{forward_only, run_stage, Fault, FaultInjection, MicrobatchData, StepInputs};
 use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
-use stages::Mode;
+use stages::{Mode, Shard, TensorGroup};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -76,9 +76,10 @@ impl Rank {
         // device stores, or every prediction of this run is off.
         assert_eq!(plan::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
         let policy = plan::recompute_policy(cfg, stage_index);
+        let shard = Shard { size: topology.tensor, rank: topology.tensor_of(id) };
         let chunks = layouts
             .into_iter()
-            .map(|layout| plan::build_chunk(&*device, cfg, layout, policy, weights))
+            .map(|layout| plan::build_chunk(&*device, cfg, layout, shard, policy, weights))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Rank {
             id,
@@ -97,7 +98,7 @@ impl Rank {
     pub fn all_in_threads(cfg: &Config, cfg_path: &Path) -> Vec<Rank> {
         let schedule = plan::lowered_schedule(cfg, cfg_path).unwrap().1;
         let placement = schedule.schedule().shape().placement;
-        let topology = Topology { pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
+        let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let local = Local { cpu_threads: 1, sole_rank: false };
         stages::dist::threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
@@ -114,6 +115,11 @@ impl Rank {
 
     pub fn replica(&self) -> usize {
         self.topology.replica_of(self.id)
+    }
+
+    /// This rank's place in its tensor-parallel group.
+    pub fn tensor_rank(&self) -> usize {
+        self.topology.tensor_of(self.id)
     }
 
     pub fn collective(&mut self) -> &mut dyn Collective {
@@ -176,6 +182,7 @@ impl Rank {
             shape,
             &lists[stage_index],
             &mut *self.transport,
+            &mut TensorGroup::of(&mut *self.collective),
             &inputs,
             fault,
         )?;
@@ -188,7 +195,11 @@ impl Rank {
         // The step's one host sync: its losses and the gradients' sums of squares together.
         // Every mark above precedes it, so reading the clock waits for nothing more.
         self.collective.wait_for_device(&*dev)?;
-        let values = self.stage.read_step();
+        let mut values = self.stage.read_step();
+        // Every tensor rank of the head's stage has the same losses; rank 0 of each reports.
+        if self.tensor_rank() != 0 {
+            values.losses.clear();
+        }
         let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
         let readings = dev.clock_read();
         self.check_device(step, fault)?;
@@ -258,10 +269,11 @@ impl Rank {
         Ok(())
     }
 
-    /// The global gradient norm: every stage's per-parameter sums of squares, added in
-    /// global parameter order, so every rank gets the same number whatever the partition.
+    /// The global gradient norm: every stage's and tensor rank's per-parameter sums of
+    /// squares, added in global parameter order (a split parameter's shards in tensor rank
+    /// order), so every rank gets the same number whatever the partition.
     fn grad_norm(&mut self, sum_squares: &[(usize, f64)]) -> anyhow::Result<f64> {
-        let all = self.all_gather_indexed(Group::Pipeline, sum_squares)?;
+        let all = self.all_gather_indexed(Group::ModelParallel, sum_squares)?;
         Ok(global_grad_norm(all))
     }
 
@@ -292,11 +304,15 @@ impl Rank {
             shape,
             &lists[stage_index],
             &mut *self.transport,
+            &mut TensorGroup::of(&mut *self.collective),
             &inputs,
             None,
         )?;
         self.collective.wait_for_device(&*self.stage.device)?;
-        let losses = self.stage.read_step().losses;
+        let mut losses = self.stage.read_step().losses;
+        if self.tensor_rank() != 0 {
+            losses.clear();
+        }
         let losses = self.all_gather_indexed(Group::World, &losses)?;
         Ok(super::report::mean_loss(losses))
     }
@@ -315,16 +331,32 @@ impl Rank {
     }
 
     /// This stage's parameters (or optimizer moments, per `pick`) as Hugging Face tensors,
-    /// tagged with their place in the model's order.
+    /// tagged with their place in the model's order: whole, the tensor-parallel group's
+    /// shards gathered (every member of the group takes part).
     pub fn named(
-        &self,
+        &mut self,
         pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
-    ) -> Vec<((usize, usize), NamedTensor)> {
+    ) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
         assert!(
             self.pending_update.is_none(),
             "weights read with an update pending: apply_pending_update first"
         );
-        plan::named(&self.stage.chunks, &*self.stage.device, pick)
+        let (dev, collective) = (&*self.stage.device, &mut *self.collective);
+        let t = self.topology.tensor;
+        let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, shard: Vec<f32>| {
+            if spec.cut(s, Shard { size: t, rank: 0 }).is_none() {
+                return Ok(shard);
+            }
+            let mut w = Writer::default();
+            w.f32s(&shard);
+            let mut data = vec![0.0; spec.elements()];
+            for (rank, bytes) in collective.all_gather(Group::Tensor, &w.0)?.iter().enumerate() {
+                let cut = spec.cut(s, Shard { size: t, rank }).expect("a split parameter");
+                cut.place(&spec.shape, &Reader(bytes).f32s()?, &mut data);
+            }
+            Ok::<_, anyhow::Error>(data)
+        };
+        plan::named(&self.stage.chunks, dev, pick, &mut whole)
     }
 
     /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names).
@@ -340,6 +372,7 @@ impl Rank {
                 let (m, v) =
                     (moment(crate::checkpoint::exp_avg_name)?, moment(crate::checkpoint::exp_avg_sq_name)?);
                 for (target, data) in [(&mut p.exp_avg[i], m), (&mut p.exp_avg_sq[i], v)] {
+                    let data = p.specs[i].shard_of(&chunk.shape, chunk.shard, data);
                     let host = dev.from_host(&data, target.shape(), kernels::Category::Workspace);
                     dev.copy(target, &host);
                 }

@@ -67,18 +67,22 @@ pub fn decode_start(bytes: &[u8]) -> Result<RankStart, DistError> {
 }
 
 /// This rank's contribution to a checkpoint: its parameters and moments (tagged with their
-/// place in the model's order) from the first replica; nothing from the others, which hold
-/// the same.
-pub fn encode_stage(rank: &Rank) -> Vec<u8> {
+/// place in the model's order, gathered whole from its tensor-parallel group) from tensor
+/// rank 0 of the first replica; nothing from the others, which hold the same.
+pub fn encode_stage(rank: &mut Rank) -> anyhow::Result<Vec<u8>> {
     if rank.replica() != 0 {
-        return Vec::new();
+        return Ok(Vec::new());
+    }
+    let lists = [
+        rank.named(|p, i| &p.values[i])?,
+        rank.named(|p, i| &p.exp_avg[i])?,
+        rank.named(|p, i| &p.exp_avg_sq[i])?,
+    ];
+    if rank.tensor_rank() != 0 {
+        return Ok(Vec::new());
     }
     let mut w = Writer::default();
-    for tagged in [
-        rank.named(|p, i| &p.values[i]),
-        rank.named(|p, i| &p.exp_avg[i]),
-        rank.named(|p, i| &p.exp_avg_sq[i]),
-    ] {
+    for tagged in lists {
         w.u64(tagged.len() as u64);
         for ((index, part), _) in &tagged {
             w.u64(*index as u64);
@@ -87,7 +91,7 @@ pub fn encode_stage(rank: &Rank) -> Vec<u8> {
         let tensors: Vec<NamedTensor> = tagged.into_iter().map(|(_, t)| t).collect();
         w.bytes(&encode_tensors(&tensors));
     }
-    w.0
+    Ok(w.0)
 }
 
 /// The whole model and its optimizer moments in global parameter order, from every rank's

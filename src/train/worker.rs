@@ -307,7 +307,7 @@ fn save(
     state: Option<&TrainerState>,
 ) -> anyhow::Result<Option<Vec<NamedTensor>>> {
     rank.apply_pending_update();
-    let mine = shards::encode_stage(rank);
+    let mine = shards::encode_stage(rank)?;
     let Some(parts) = rank.collective().gather(&mine)? else { return Ok(None) };
     let (model, optimizer) = shards::assemble(&parts)?;
     let state = state.expect("rank 0 keeps the trainer state");

@@ -5,7 +5,9 @@
 //! recompute policy); `backward` consumes it, recomputing what the policy dropped just
 //! before the layer that needs it.
 
+use crate::dist::TensorGroup;
 use crate::layers::block::{Block, BlockActs};
+use crate::layers::embedding::TokenEmbedding;
 use crate::layers::head::{HeadActs, LossGrad};
 use crate::layers::norm::NormLayer;
 use crate::layers::weight_grads::{self, WeightGrad, WeightGrads};
@@ -13,6 +15,7 @@ use crate::layers::{embedding, head, pair_mut, DropoutCtx};
 use crate::model::{DropoutProbs, ModelShape};
 use crate::params::{ChunkLayout, Parameters, Role};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
+use crate::tensor_parallel::Shard;
 use kernels::{Category, Device, Stopwatch, Tensor};
 use std::sync::Arc;
 
@@ -67,6 +70,8 @@ pub struct ForwardOutput {
 pub struct ModelChunk {
     pub shape: ModelShape,
     pub layout: ChunkLayout,
+    /// This rank's part of the tensor-parallel layers; `params` hold it.
+    pub shard: Shard,
     pub params: Parameters,
     pub policy: RecomputePolicy,
     pub dropout: DropoutProbs,
@@ -83,12 +88,13 @@ impl ModelChunk {
     pub fn new(
         shape: ModelShape,
         layout: ChunkLayout,
+        shard: Shard,
         params: Parameters,
         policy: RecomputePolicy,
         dropout: DropoutProbs,
         seed: u64,
     ) -> Self {
-        ModelChunk { shape, layout, params, policy, dropout, seed, recompute: Stopwatch::default() }
+        ModelChunk { shape, layout, shard, params, policy, dropout, seed, recompute: Stopwatch::default() }
     }
 
     fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
@@ -98,7 +104,14 @@ impl ModelChunk {
     fn block(&self, offset: usize) -> Block<'_> {
         let layer = self.layout.blocks.start + offset;
         let at = self.params.block(&self.shape, layer);
-        Block { s: &self.shape, layer, w: &self.params.values, at }
+        Block { s: &self.shape, layer, w: &self.params.values, at, shard: self.shard }
+    }
+
+    /// The token embedding's shard, where this chunk holds it.
+    fn token_embedding(&self) -> TokenEmbedding<'_> {
+        let p = &self.params;
+        let wte = p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
+        TokenEmbedding { table: &p.values[wte], shard: self.shard }
     }
 
     fn selective_modules(&self) -> SelectiveModules {
@@ -109,18 +122,22 @@ impl ModelChunk {
     }
 
     /// Forward of one microbatch. `input` [B,T,C] is the previous chunk's output (None on the
-    /// embedding's chunk).
-    pub fn forward(&mut self, dev: &dyn Device, mb: &Microbatch, input: Option<Tensor>) -> ForwardOutput {
+    /// embedding's chunk). The tensor-parallel layers reduce over `tp`.
+    pub fn forward(
+        &mut self,
+        dev: &dyn Device,
+        mb: &Microbatch,
+        input: Option<Tensor>,
+        tp: &mut TensorGroup,
+    ) -> ForwardOutput {
         let training = matches!(mb.mode, Mode::Train { .. });
         let dropout = self.dropout_ctx(mb.step, mb.index, training);
         let p = &self.params;
         let mut x = match input {
             Some(x) => x,
             None => {
-                let wte =
-                    p.index(Role::TokenEmbedding).expect("the embedding's chunk holds the token embedding");
                 let wpe = p.index(Role::PositionEmbedding).map(|i| &p.values[i]);
-                embedding::forward(dev, &self.shape, &p.values[wte], wpe, mb.tokens, &dropout)
+                embedding::forward(dev, &self.shape, &self.token_embedding(), wpe, mb.tokens, &dropout, tp)
             }
         };
         let blocks = self.layout.blocks.len();
@@ -130,7 +147,7 @@ impl ModelChunk {
                 for offset in seg.start..seg.end {
                     x = self
                         .block(offset)
-                        .forward(dev, x, &dropout, SelectiveModules::NONE, Category::Workspace)
+                        .forward(dev, x, &dropout, SelectiveModules::NONE, Category::Workspace, tp)
                         .0;
                 }
             } else if seg.recompute {
@@ -143,6 +160,7 @@ impl ModelChunk {
                         &dropout,
                         SelectiveModules::NONE,
                         Category::Workspace,
+                        tp,
                     );
                     if kept_input.is_none() {
                         let mut input = acts.input;
@@ -163,6 +181,7 @@ impl ModelChunk {
                         &dropout,
                         self.selective_modules(),
                         Category::Activations,
+                        tp,
                     );
                     stored.push(acts);
                     x = y;
@@ -196,7 +215,8 @@ impl ModelChunk {
             Mode::Eval => None,
         };
         let norm = final_norm(&s, &p.values, norm_w, norm_b);
-        let (losses, head) = head::forward(dev, &s, &p.values[output], &norm, x, mb.targets, grad);
+        let (losses, head) =
+            head::forward(dev, &s, &p.values[output], &norm, x, mb.targets, grad, self.shard, tp);
         let stash =
             training.then_some(ChunkStash { microbatch: mb.index, step: mb.step, tokens, segments, head });
         ForwardOutput { output: None, losses: Some(losses), stash }
@@ -211,6 +231,7 @@ impl ModelChunk {
         stash: ChunkStash,
         dout: Option<Tensor>,
         split: bool,
+        tp: &mut TensorGroup,
     ) -> (Option<Tensor>, Option<DeferredWeightGrads>) {
         let dropout = self.dropout_ctx(stash.step, stash.microbatch, true);
         let mut wg = if split { WeightGrads::Deferred(Vec::new()) } else { WeightGrads::Now };
@@ -237,7 +258,8 @@ impl ModelChunk {
                 SegmentStash::Recompute { start, end, input } => {
                     // Out of `self` while the segment, which borrows `self`, runs under it.
                     let mut watch = std::mem::take(&mut self.recompute);
-                    let acts = watch.time(dev, || self.recompute_segment(dev, start..end, input, &dropout));
+                    let acts =
+                        watch.time(dev, || self.recompute_segment(dev, start..end, input, &dropout, tp));
                     self.recompute = watch;
                     (start, acts)
                 }
@@ -246,8 +268,8 @@ impl ModelChunk {
                 let layer = self.layout.blocks.start + start + i;
                 let p = &mut self.params;
                 let at = p.block(&s, layer);
-                let block = Block { s: &s, layer, w: &p.values, at };
-                dx = block.backward(dev, acts, dx, &dropout, &mut p.grads, &mut wg, &mut self.recompute);
+                let block = Block { s: &s, layer, w: &p.values, at, shard: self.shard };
+                dx = block.backward(dev, acts, dx, &dropout, &mut p.grads, &mut wg, &mut self.recompute, tp);
             }
         }
         if self.layout.embedding {
@@ -261,7 +283,8 @@ impl ModelChunk {
                 }
                 None => (&mut p.grads[wte], None),
             };
-            embedding::backward(dev, dwte, dwpe, dx, &tokens, &dropout);
+            let table = TokenEmbedding { table: &p.values[wte], shard: self.shard };
+            embedding::backward(dev, &s, &table, dwte, dwpe, dx, &tokens, &dropout);
             return (None, deferred(wg));
         }
         (Some(dx), deferred(wg))
@@ -275,12 +298,13 @@ impl ModelChunk {
         range: std::ops::Range<usize>,
         input: Tensor,
         dropout: &DropoutCtx,
+        tp: &mut TensorGroup,
     ) -> Vec<BlockActs> {
         let mut x = input;
         let mut acts = Vec::with_capacity(range.len());
         for offset in range {
             let (y, a) =
-                self.block(offset).forward(dev, x, dropout, SelectiveModules::NONE, Category::Workspace);
+                self.block(offset).forward(dev, x, dropout, SelectiveModules::NONE, Category::Workspace, tp);
             acts.push(a);
             x = y;
         }

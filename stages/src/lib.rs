@@ -18,10 +18,10 @@ pub mod stage;
 pub mod tensor_parallel;
 
 pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode, ModelChunk};
-pub use dist::NamedTensor;
+pub use dist::{NamedTensor, TensorGroup};
 pub use layers::activation::Activation;
 pub use layers::norm::Norm;
 pub use model::{Architecture, DropoutProbs, ModelShape, Naming, Positions};
 pub use params::{ChunkLayout, Parameters};
 pub use recompute::{FullMethod, RecomputePolicy, SelectiveModules};
-pub use tensor_parallel::TensorParallel;
+pub use tensor_parallel::{Shard, TensorParallel};

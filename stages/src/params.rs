@@ -8,7 +8,7 @@
 
 use crate::init::normal_init;
 use crate::model::{ModelShape, Naming, Positions};
-use crate::tensor_parallel::Split;
+use crate::tensor_parallel::{Cut, Shard, Split};
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
@@ -149,6 +149,47 @@ impl ParamSpec {
             start += part.rows;
             (part.name.as_str(), shape, slice)
         })
+    }
+
+    /// Where shard `shard` of a model of shape `s` cuts this parameter (None: it holds it
+    /// whole). Megatron's cuts: the embedding and output layer by vocabulary rows; q, k, v
+    /// and the MLP's first projection (gate and up) by output columns, each part by its
+    /// heads, groups or columns; the attention's and the MLP's output projections by input
+    /// columns. A weight's output axis is its second under GPT-2's Conv1D layout [in, out]
+    /// and its first under Llama's Linear layout [out, in].
+    pub fn cut(&self, s: &ModelShape, shard: Shard) -> Option<Cut> {
+        use BlockParam::*;
+        if shard.size == 1 || self.split == Split::Replicated {
+            return None;
+        }
+        let (out_axis, in_axis) = match s.naming() {
+            Naming::Gpt2 => (1, 0),
+            Naming::Llama => (0, 1),
+        };
+        let (axis, ranges) = match self.role {
+            Role::TokenEmbedding | Role::OutputLayer => (0, vec![shard.vocab(s)]),
+            Role::Block { param: QkvWeight, .. } => (out_axis, shard.qkv_ranges(s)),
+            Role::Block { param: QkvBias, .. } => (0, shard.qkv_ranges(s)),
+            Role::Block { param: Fc1Weight, .. } => (out_axis, shard.fc1_ranges(s)),
+            Role::Block { param: Fc1Bias, .. } => (0, shard.fc1_ranges(s)),
+            Role::Block { param: ProjWeight, .. } => (in_axis, shard.even(s.hidden)),
+            Role::Block { param: Fc2Weight, .. } => (in_axis, shard.even(s.ffn)),
+            role => unreachable!("{role:?} is declared split but has no cut"),
+        };
+        Some(Cut { axis, ranges })
+    }
+
+    /// This parameter's shape on shard `shard`.
+    pub fn shard_shape(&self, s: &ModelShape, shard: Shard) -> Vec<usize> {
+        self.cut(s, shard).map_or_else(|| self.shape.clone(), |cut| cut.shape(&self.shape))
+    }
+
+    /// Shard `shard`'s elements of the whole parameter's values `whole`.
+    pub fn shard_of(&self, s: &ModelShape, shard: Shard, whole: Vec<f32>) -> Vec<f32> {
+        match self.cut(s, shard) {
+            Some(cut) => cut.slice(&self.shape, &whole),
+            None => whole,
+        }
     }
 
     /// Each Hugging Face part's name and shape.
@@ -420,25 +461,34 @@ pub struct Parameters {
 }
 
 impl Parameters {
-    /// Initialises a chunk's parameters from the seed (the same values whatever the layout).
-    pub fn init(dev: &dyn Device, s: &ModelShape, layout: &ChunkLayout, seed: u64) -> Parameters {
+    /// Initialises shard `shard` of a chunk's parameters from the seed: the whole model's
+    /// values, the same whatever the layout, cut to the shard.
+    pub fn init(
+        dev: &dyn Device,
+        s: &ModelShape,
+        layout: &ChunkLayout,
+        seed: u64,
+        shard: Shard,
+    ) -> Parameters {
         let specs = chunk_param_specs(s, layout);
         let values = specs
             .iter()
             .map(|p| {
                 let n = p.elements();
-                let host = match p.init {
+                let whole = match p.init {
                     Init::Normal(std) => normal_init(seed, p.global_index as u32, n, std),
                     Init::Zeros => vec![0.0; n],
                     Init::Ones => vec![1.0; n],
                 };
-                dev.from_host(&host, &p.shape, Category::Parameters)
+                let host = p.shard_of(s, shard, whole);
+                dev.from_host(&host, &p.shard_shape(s, shard), Category::Parameters)
             })
             .collect();
         Self::with_values(dev, s, layout, specs, values)
     }
 
-    /// Wraps given values (e.g. loaded from a checkpoint) with zero gradients and moments.
+    /// Wraps given values (e.g. loaded from a checkpoint; a shard's, where the specs'
+    /// parameters are cut) with zero gradients and moments of their shapes.
     pub fn with_values(
         dev: &dyn Device,
         s: &ModelShape,
@@ -446,9 +496,9 @@ impl Parameters {
         specs: Vec<ParamSpec>,
         values: Vec<Tensor>,
     ) -> Self {
-        let zeros = |cat| specs.iter().map(|p| dev.zeros(&p.shape, cat)).collect::<Vec<_>>();
+        let zeros = |cat| values.iter().map(|v| dev.zeros(v.shape(), cat)).collect::<Vec<_>>();
         let head_wte_grad = (s.arch.tied_output && layout.embedding && layout.head)
-            .then(|| dev.zeros(&specs[0].shape, Category::Gradients));
+            .then(|| dev.zeros(values[0].shape(), Category::Gradients));
         Parameters {
             grads: zeros(Category::Gradients),
             exp_avg: zeros(Category::OptimizerState),
@@ -541,7 +591,10 @@ mod tests {
         };
         let layout = ChunkLayout { blocks: 0..2, embedding: true, head: true };
         let wider = ModelShape { arch: crate::model::Architecture { init_std: 0.04, ..s.arch }, ..s };
-        let (a, b) = (Parameters::init(&dev, &s, &layout, 5), Parameters::init(&dev, &wider, &layout, 5));
+        let (a, b) = (
+            Parameters::init(&dev, &s, &layout, 5, Shard::WHOLE),
+            Parameters::init(&dev, &wider, &layout, 5, Shard::WHOLE),
+        );
         for (i, spec) in a.specs.iter().enumerate() {
             let (x, y) = (dev.to_host(&a.values[i]), dev.to_host(&b.values[i]));
             match spec.init {

@@ -8,7 +8,7 @@
 //! the distributed timeout; the error then names the action that waited.
 
 use crate::chunk::{Microbatch, Mode};
-use crate::dist::{DistError, Message, Transport};
+use crate::dist::{DistError, Message, TensorGroup, Transport};
 use crate::stage::Stage;
 use kernels::{Mark, Readings, Tensor};
 use schedules::{Action, ActionKind, Channel, LoweredSchedule, Payload, Shape};
@@ -75,6 +75,10 @@ pub enum RuntimeError {
     /// went wrong with it is the source, next in the error's chain.
     #[error("stage {stage}: {action}")]
     Transport { stage: usize, action: String, source: DistError },
+    /// A collective of the tensor-parallel group inside a layer failed during `action`
+    /// ("forward of microbatch 3").
+    #[error("stage {stage}: {action}, in the tensor-parallel group")]
+    TensorGroup { stage: usize, action: String, source: DistError },
     #[error("stage {stage}: received {got} for {action}, expected it for virtual stage {expected_vs}, microbatch {expected_mb}")]
     Mismatch { stage: usize, action: String, got: String, expected_vs: usize, expected_mb: usize },
     #[error("stage {stage}: injected fault at step {step}")]
@@ -84,7 +88,11 @@ pub enum RuntimeError {
 impl RuntimeError {
     /// Whether this stage only saw a peer stop (a consequence, not a root cause).
     pub fn is_peer_stopped(&self) -> bool {
-        matches!(self, RuntimeError::Transport { source: DistError::PeerStopped { .. }, .. })
+        matches!(
+            self,
+            RuntimeError::Transport { source: DistError::PeerStopped { .. }, .. }
+                | RuntimeError::TensorGroup { source: DistError::PeerStopped { .. }, .. }
+        )
     }
 }
 
@@ -166,7 +174,8 @@ pub fn forward_only(shape: Shape) -> (Vec<Vec<Action>>, Vec<Channel>) {
 /// Executes stage `rank`'s action list for one step, marking each action's start and end
 /// on the stage's device clock (which the caller starts and reads) and leaving the losses of
 /// the microbatches whose head ran here on the device for [`Stage::read_step`](crate::Stage::read_step).
-/// `fault`, when given, fails this stage after its first action.
+/// `fault`, when given, fails this stage after its first action. The layers' tensor-parallel
+/// collectives go through `tp`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_stage(
     stage: &mut Stage,
@@ -174,6 +183,7 @@ pub fn run_stage(
     shape: Shape,
     actions: &[Action],
     transport: &mut dyn Transport,
+    tp: &mut TensorGroup,
     inputs: &StepInputs,
     fault: Option<FaultInjection>,
 ) -> Result<StageStepReport, RuntimeError> {
@@ -211,7 +221,7 @@ pub fn run_stage(
                     targets: &data.targets,
                     mode: inputs.mode,
                 };
-                if let Some(out) = stage.forward(action.chunk, &mb, inbox_act.remove(&key)) {
+                if let Some(out) = stage.forward(action.chunk, &mb, inbox_act.remove(&key), tp) {
                     match local(shape, rank, action, 1) {
                         Some(next) => inbox_act.insert((next, action.microbatch), out),
                         None => outbox_act.insert(key, out),
@@ -221,9 +231,13 @@ pub fn run_stage(
             }
             ActionKind::Backward | ActionKind::BackwardInput => {
                 let split = action.kind == ActionKind::BackwardInput;
-                if let Some(dinput) =
-                    stage.backward(action.chunk, global(action.microbatch), inbox_grad.remove(&key), split)
-                {
+                if let Some(dinput) = stage.backward(
+                    action.chunk,
+                    global(action.microbatch),
+                    inbox_grad.remove(&key),
+                    split,
+                    tp,
+                ) {
                     match local(shape, rank, action, -1) {
                         Some(previous) => inbox_grad.insert((previous, action.microbatch), dinput),
                         None => outbox_grad.insert(key, dinput),
@@ -259,6 +273,11 @@ pub fn run_stage(
                 let inbox = if payload == Payload::Activation { &mut inbox_act } else { &mut inbox_grad };
                 inbox.insert(key, msg.tensor);
             }
+        }
+        if let Some(source) = tp.take_error() {
+            let what = if action.kind == ActionKind::Forward { "forward" } else { "backward" };
+            let action = format!("{what} of microbatch {}", action.microbatch);
+            return Err(RuntimeError::TensorGroup { stage: rank, action, source });
         }
         report.marks.push(ActionMarks { action: *action, start, end: dev.clock_mark() });
     }

@@ -3,7 +3,9 @@
 //! a single-stage run drives it directly.
 
 use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
+use crate::dist::TensorGroup;
 use crate::params::{Parameters, Role};
+use crate::tensor_parallel::Split;
 use kernels::{AdamWStep, Device, Readings, Readout, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,8 +86,14 @@ impl Stage {
 
     /// Forward of `mb` on chunk `chunk`; returns the activation to send on (None on the
     /// head, whose microbatch loss stays on the device for [`Stage::read_step`]).
-    pub fn forward(&mut self, chunk: usize, mb: &Microbatch, input: Option<Tensor>) -> Option<Tensor> {
-        let out = self.chunks[chunk].forward(&*self.device, mb, input);
+    pub fn forward(
+        &mut self,
+        chunk: usize,
+        mb: &Microbatch,
+        input: Option<Tensor>,
+        tp: &mut TensorGroup,
+    ) -> Option<Tensor> {
+        let out = self.chunks[chunk].forward(&*self.device, mb, input, tp);
         if let Some(stash) = out.stash {
             self.stash.insert((chunk, mb.index), stash);
         }
@@ -105,9 +113,10 @@ impl Stage {
         microbatch: u32,
         dout: Option<Tensor>,
         split: bool,
+        tp: &mut TensorGroup,
     ) -> Option<Tensor> {
         let stash = self.stash.remove(&(chunk, microbatch)).expect("backward without its forward");
-        let (dinput, deferred) = self.chunks[chunk].backward(&*self.device, stash, dout, split);
+        let (dinput, deferred) = self.chunks[chunk].backward(&*self.device, stash, dout, split, tp);
         if let Some(d) = deferred {
             self.deferred.insert((chunk, microbatch), d);
         }
@@ -235,7 +244,9 @@ impl Stage {
 }
 
 /// (global parameter index, gradient) of every parameter these chunks own, chunk by chunk in
-/// parameter order; the tied LM head copy is owned by the embedding's stage.
+/// parameter order; the tied LM head copy is owned by the embedding's stage, and a
+/// parameter every tensor rank holds whole by tensor rank 0 (a split one's shards are each
+/// their rank's).
 fn owned_grads(chunks: &[ModelChunk]) -> impl Iterator<Item = (usize, &Tensor)> {
     chunks.iter().flat_map(|c| {
         c.params
@@ -243,12 +254,14 @@ fn owned_grads(chunks: &[ModelChunk]) -> impl Iterator<Item = (usize, &Tensor)> 
             .iter()
             .zip(&c.params.grads)
             .filter(|(spec, _)| spec.role != Role::TokenEmbedding || c.layout.embedding)
+            .filter(|(spec, _)| spec.split != Split::Replicated || c.shard.rank == 0)
             .map(|(spec, g)| (spec.global_index, g))
     })
 }
 
 /// The global gradient norm from every stage's per-parameter sums of squares, added in
-/// global parameter order so it is the same number whatever the partition.
+/// global parameter order so it is the same number whatever the partition (a split
+/// parameter's shards in the order given: tensor rank order).
 pub fn global_grad_norm(mut parts: Vec<(usize, f64)>) -> f64 {
     parts.sort_by_key(|(i, _)| *i);
     parts.iter().map(|(_, s)| s).sum::<f64>().sqrt()

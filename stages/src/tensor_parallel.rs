@@ -9,7 +9,13 @@
 //! * Which stored tensor is which is declared per tensor in `saved.rs`
 //!   ([`crate::saved::BlockTensor::split`]), which parameter is split in `params.rs`.
 //!
-//! The trainer runs t = 1 ([`TensorParallel::NONE`]); the simulator models t > 1.
+//! The simulator models any t from these; the trainer runs one [`Shard`] per rank (without
+//! sequence parallelism so far).
+
+use crate::model::ModelShape;
+use kernels::OTHER_SHARD;
+use std::borrow::Cow;
+use std::ops::Range;
 
 /// The tensor-parallel layout of every layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +145,145 @@ impl TensorParallel {
     }
 }
 
+/// One rank's part of every tensor-parallel layer: shard `rank` of `size`. Its heads and
+/// key/value groups, its columns of the MLP and its rows of the vocabulary are the
+/// `rank`-th 1/size of each, as Megatron cuts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub size: usize,
+    pub rank: usize,
+}
+
+impl Shard {
+    /// The whole layer on one rank (t = 1).
+    pub const WHOLE: Shard = Shard { size: 1, rank: 0 };
+
+    /// Query heads of this shard.
+    pub fn heads(&self, s: &ModelShape) -> usize {
+        s.heads / self.size
+    }
+
+    /// Key/value heads of this shard: its query heads' groups.
+    pub fn kv_heads(&self, s: &ModelShape) -> usize {
+        s.kv_heads / self.size
+    }
+
+    /// Columns of the MLP's inner width.
+    pub fn ffn(&self, s: &ModelShape) -> usize {
+        s.ffn / self.size
+    }
+
+    /// Columns of the fused q, k, v projection: this shard's query heads, then its key and
+    /// value heads.
+    pub fn qkv_width(&self, s: &ModelShape) -> usize {
+        (self.heads(s) + 2 * self.kv_heads(s)) * s.head_size()
+    }
+
+    /// Columns of the MLP's first projection (gate and up halves under SwiGLU).
+    pub fn fc1_width(&self, s: &ModelShape) -> usize {
+        s.arch.activation.fc1_width(self.ffn(s))
+    }
+
+    /// Columns of the attention's output before its projection: this shard's heads.
+    pub fn attention_width(&self, s: &ModelShape) -> usize {
+        self.heads(s) * s.head_size()
+    }
+
+    /// The vocabulary rows of the embedding and the output layer this shard holds.
+    pub fn vocab(&self, s: &ModelShape) -> Range<usize> {
+        let rows = s.vocab / self.size;
+        self.rank * rows..(self.rank + 1) * rows
+    }
+
+    /// `tokens` as this shard numbers its vocabulary rows, another shard's as
+    /// [`OTHER_SHARD`]: what the embedding and the loss take.
+    pub fn vocab_ids<'t>(&self, s: &ModelShape, tokens: &'t [u32]) -> Cow<'t, [u32]> {
+        if self.size == 1 {
+            return Cow::Borrowed(tokens);
+        }
+        let rows = self.vocab(s);
+        let local = |tok: u32| match rows.contains(&(tok as usize)) {
+            true => tok - rows.start as u32,
+            false => OTHER_SHARD,
+        };
+        Cow::Owned(tokens.iter().map(|&tok| local(tok)).collect())
+    }
+
+    /// The `rank`-th of `size` equal parts of `0..n`, shifted by `offset`.
+    fn part(&self, n: usize, offset: usize) -> Range<usize> {
+        let len = n / self.size;
+        offset + self.rank * len..offset + (self.rank + 1) * len
+    }
+
+    /// The ranges of the fused q, k, v width this shard holds: its query heads', its key
+    /// heads', its value heads'.
+    pub fn qkv_ranges(&self, s: &ModelShape) -> Vec<Range<usize>> {
+        let hs = s.head_size();
+        let (q, kv) = (s.heads * hs, s.kv_heads * hs);
+        vec![self.part(q, 0), self.part(kv, q), self.part(kv, q + kv)]
+    }
+
+    /// The ranges of the MLP's first projection this shard holds: its columns of each half.
+    pub fn fc1_ranges(&self, s: &ModelShape) -> Vec<Range<usize>> {
+        let f = s.ffn;
+        (0..s.arch.activation.fc1_width(1)).map(|half| self.part(f, half * f)).collect()
+    }
+
+    /// This shard's part of an `n`-wide dimension cut in one piece (attention heads' columns,
+    /// the MLP's inner width, the vocabulary).
+    pub fn even(&self, n: usize) -> Vec<Range<usize>> {
+        vec![self.part(n, 0)]
+    }
+}
+
+/// Where a tensor of a tensor-parallel layer is cut: the ranges of one axis of a row-major
+/// tensor that a shard holds, concatenated in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// 0: ranges of rows; 1: ranges of columns (of a 2-D tensor).
+    pub axis: usize,
+    pub ranges: Vec<Range<usize>>,
+}
+
+impl Cut {
+    /// The shard's shape of a whole tensor of `shape`.
+    pub fn shape(&self, shape: &[usize]) -> Vec<usize> {
+        let mut local = shape.to_vec();
+        local[self.axis] = self.ranges.iter().map(|r| r.len()).sum();
+        local
+    }
+
+    /// The shard's elements of `whole` [shape], row-major in its own shape.
+    pub fn slice(&self, shape: &[usize], whole: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.shape(shape).iter().product());
+        self.walk(shape, |local, len| out.extend_from_slice(&whole[local..local + len]));
+        out
+    }
+
+    /// Writes the shard's elements `part` into their places in `whole` [shape].
+    pub fn place(&self, shape: &[usize], part: &[f32], whole: &mut [f32]) {
+        let mut at = 0;
+        self.walk(shape, |local, len| {
+            whole[local..local + len].copy_from_slice(&part[at..at + len]);
+            at += len;
+        });
+    }
+
+    /// Calls `run(start, len)` for each contiguous run of the shard's elements in a whole
+    /// row-major tensor of `shape`, in the shard's order.
+    fn walk(&self, shape: &[usize], mut run: impl FnMut(usize, usize)) {
+        let row: usize = shape[1..].iter().product();
+        match self.axis {
+            0 => self.ranges.iter().for_each(|r| run(r.start * row, r.len() * row)),
+            _ => {
+                for i in 0..shape[0] {
+                    self.ranges.iter().for_each(|r| run(i * row + r.start, r.len()));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +336,42 @@ mod tests {
             [16, 16, 64]
         );
         assert_eq!(TensorParallel::NONE.per_rank(64, Split::Interior), 64);
+    }
+
+    #[test]
+    fn a_cut_slices_and_places_rows_and_columns() {
+        // [3, 4]: 0..12 row-major.
+        let whole: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let cols = Cut { axis: 1, ranges: vec![0..1, 2..4] };
+        assert_eq!(cols.shape(&[3, 4]), [3, 3]);
+        assert_eq!(cols.slice(&[3, 4], &whole), [0., 2., 3., 4., 6., 7., 8., 10., 11.]);
+        let rows = Cut { axis: 0, ranges: vec![1..2] };
+        assert_eq!(rows.slice(&[3, 4], &whole), [4., 5., 6., 7.]);
+        let mut back = vec![0.0; 12];
+        cols.place(&[3, 4], &cols.slice(&[3, 4], &whole), &mut back);
+        Cut { axis: 1, ranges: vec![1..2] }.place(&[3, 4], &[1., 5., 9.], &mut back);
+        assert_eq!(back, whole);
+    }
+
+    /// Llama-3-8B's q, k, v and gate/up on shard 1 of 4: 8 query heads and 2 groups each.
+    #[test]
+    fn a_shard_holds_its_heads_groups_and_columns() {
+        let s = ModelShape {
+            arch: crate::model::Architecture::llama(5e5, 1e-5),
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            vocab: 128256,
+            ..ModelShape::GPT2_SMALL
+        };
+        let shard = Shard { size: 4, rank: 1 };
+        assert_eq!((shard.heads(&s), shard.kv_heads(&s), shard.ffn(&s)), (8, 2, 3584));
+        assert_eq!(shard.qkv_ranges(&s), [1024..2048, 4096 + 256..4096 + 512, 5120 + 256..5120 + 512]);
+        assert_eq!(shard.qkv_width(&s), 1536);
+        assert_eq!(shard.fc1_ranges(&s), [3584..7168, 14336 + 3584..14336 + 7168]);
+        assert_eq!(shard.fc1_width(&s), 7168);
+        assert_eq!(shard.vocab(&s), 32064..64128);
+        assert_eq!(Shard::WHOLE.qkv_ranges(&s), [0..4096, 4096..5120, 5120..6144]);
     }
 }

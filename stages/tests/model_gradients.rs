@@ -5,6 +5,8 @@
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
+use stages::dist::TensorGroup;
+use stages::tensor_parallel::Shard;
 use stages::{ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Parameters, RecomputePolicy};
 
 const SHAPE: ModelShape = ModelShape {
@@ -26,9 +28,9 @@ const TOKENS: usize = SHAPE.micro_batch * SHAPE.seq_len;
 
 fn model(dev: &CpuDevice) -> ModelChunk {
     let layout = ChunkLayout { blocks: 0..SHAPE.num_layers, embedding: true, head: true };
-    let params = Parameters::init(dev, &SHAPE, &layout, 7);
+    let params = Parameters::init(dev, &SHAPE, &layout, 7, Shard::WHOLE);
     let dropout = DropoutProbs { hidden: 0.1, attention: 0.1 };
-    ModelChunk::new(SHAPE, layout, params, RecomputePolicy::None, dropout, 3)
+    ModelChunk::new(SHAPE, layout, Shard::WHOLE, params, RecomputePolicy::None, dropout, 3)
 }
 
 fn microbatch<'a>(tokens: &'a [u32], targets: &'a [u32]) -> Microbatch<'a> {
@@ -43,7 +45,10 @@ fn microbatch<'a>(tokens: &'a [u32], targets: &'a [u32]) -> Microbatch<'a> {
 
 /// The mean loss of a training forward (dropout on), in f64.
 fn loss(chunk: &mut ModelChunk, dev: &CpuDevice, mb: &Microbatch) -> f64 {
-    let losses = chunk.forward(dev, mb, None).losses.expect("the whole model holds the head");
+    let losses = chunk
+        .forward(dev, mb, None, &mut TensorGroup::whole())
+        .losses
+        .expect("the whole model holds the head");
     dev.to_host(&losses).iter().map(|&l| l as f64).sum::<f64>() / TOKENS as f64
 }
 
@@ -55,8 +60,8 @@ fn gradients_match_central_differences() {
     let mb = microbatch(&tokens, &targets);
 
     let mut chunk = model(&dev);
-    let out = chunk.forward(&dev, &mb, None);
-    chunk.backward(&dev, out.stash.expect("training keeps a stash"), None, false);
+    let out = chunk.forward(&dev, &mb, None, &mut TensorGroup::whole());
+    chunk.backward(&dev, out.stash.expect("training keeps a stash"), None, false, &mut TensorGroup::whole());
     let p = &chunk.params;
     let mut analytic: Vec<Vec<f32>> = p.grads.iter().map(|g| dev.to_host(g)).collect();
     // wte's gradient is the embedding's plus the LM head's.

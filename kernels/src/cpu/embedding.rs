@@ -2,6 +2,7 @@
 //! a RoPE model has none).
 
 use super::disjoint::DisjointMut;
+use crate::device::OTHER_SHARD;
 use rayon::prelude::*;
 
 /// Embedding rows per parallel task in forward.
@@ -10,18 +11,21 @@ const ROWS: usize = 16;
 /// dwte and dwpe, so tokens that repeat never race and are summed in position order.
 const COLS: usize = 64;
 
-/// out [N,C] (N = B*T, t = n % T) = wte [V,C] [tokens[n]] (+ wpe [maxT,C] [t])
+/// out [N,C] (N = B*T, t = n % T) = wte [V,C] [tokens[n]] (+ wpe [maxT,C] [t]); a token
+/// of another shard ([`OTHER_SHARD`]) looks up a zero row.
 pub fn forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: Option<&[f32]>, t: usize, c: usize) {
     out.par_chunks_mut(c).with_min_len(ROWS).zip(tokens).enumerate().for_each(|(n, (row, &tok))| {
-        let tok_row = &wte[tok as usize * c..][..c];
-        match wpe {
-            Some(wpe) => {
-                let pos_row = &wpe[(n % t) * c..][..c];
+        let pos_row = wpe.map(|wpe| &wpe[(n % t) * c..][..c]);
+        match (tok == OTHER_SHARD, pos_row) {
+            (false, Some(pos_row)) => {
+                let tok_row = &wte[tok as usize * c..][..c];
                 for ((o, &a), &b) in row.iter_mut().zip(tok_row).zip(pos_row) {
                     *o = a + b;
                 }
             }
-            None => row.copy_from_slice(tok_row),
+            (false, None) => row.copy_from_slice(&wte[tok as usize * c..][..c]),
+            (true, Some(pos_row)) => row.copy_from_slice(pos_row),
+            (true, None) => row.fill(0.0),
         }
     });
 }
@@ -45,8 +49,9 @@ pub fn backward(
             let d = &dout[n * c + c0..][..width];
             // SAFETY: this task alone touches columns c0..c0+width of every row, and the two
             // slices lie in different buffers.
-            let wte_row = unsafe { dwte.slice(tok as usize * c + c0, width) };
-            add(wte_row, d);
+            if tok != OTHER_SHARD {
+                add(unsafe { dwte.slice(tok as usize * c + c0, width) }, d);
+            }
             if let Some(dwpe) = dwpe {
                 // SAFETY: as above.
                 add(unsafe { dwpe.slice((n % t) * c + c0, width) }, d);
@@ -94,6 +99,34 @@ mod tests {
         // Without positions, the token rows themselves.
         forward(&mut out, &TOKENS, &wte, None, T, C);
         assert!(out.chunks_exact(C).zip(TOKENS).all(|(row, tok)| row == &wte[tok as usize * C..][..C]));
+    }
+
+    /// Megatron's vocab-parallel embedding: two shards of the table, each looking up its own
+    /// tokens (the other's as [`OTHER_SHARD`]), the position added by one of them. Their
+    /// sum is the whole lookup bit for bit (adding a zero is exact), and their table
+    /// gradients are the whole one's rows.
+    #[test]
+    fn two_vocabulary_shards_sum_to_the_whole_lookup() {
+        let (wte, wpe) = (random(1, V * C, 1.0), random(2, MAX_T * C, 1.0));
+        let mut whole = vec![0.0; B * T * C];
+        forward(&mut whole, &TOKENS, &wte, Some(&wpe), T, C);
+        let half = V / 2;
+        let local = |first: u32| -> Vec<u32> {
+            let own = first..first + half as u32;
+            TOKENS.iter().map(|&tok| if own.contains(&tok) { tok - first } else { OTHER_SHARD }).collect()
+        };
+        let (mut a, mut b) = (vec![1.0; B * T * C], vec![1.0; B * T * C]);
+        forward(&mut a, &local(0), &wte[..half * C], Some(&wpe), T, C);
+        forward(&mut b, &local(half as u32), &wte[half * C..], None, T, C);
+        let summed: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(summed, whole);
+        let dout = random(3, B * T * C, 1.0);
+        let mut dwte = vec![0.0; V * C];
+        backward(&mut dwte, None, &dout, &TOKENS, T, C);
+        let (mut da, mut db) = (vec![0.0; half * C], vec![0.0; half * C]);
+        backward(&mut da, None, &dout, &local(0), T, C);
+        backward(&mut db, None, &dout, &local(half as u32), T, C);
+        assert_eq!([da, db].concat(), dwte);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use crate::attention::{
     attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
 };
+use crate::device::OTHER_SHARD;
 use crate::tensor::DType;
 use cudarc::driver::LaunchConfig;
 
@@ -130,12 +131,13 @@ pub fn per_token(groups: usize) -> LaunchConfig {
 }
 
 /// [G distinct tokens, G+1 offsets, the rows of each token in ascending order], the layout
-/// `embedding_backward_wte` reads, and G. The layout is padded with zeros to its longest,
+/// `embedding_backward_wte` reads, and G; the rows of another shard's tokens in none. The layout is padded with zeros to its longest,
 /// 3N + 1 for N tokens (G = N), which the kernel never reads: its length, the upload's,
 /// is then the same every step, so the device's arena reuses one buffer for it instead of
 /// allocating one per distinct G.
 pub fn rows_by_token(tokens: &[u32]) -> (Vec<u32>, usize) {
-    let mut rows: Vec<u32> = (0..tokens.len() as u32).collect();
+    let mut rows: Vec<u32> =
+        (0..tokens.len() as u32).filter(|&r| tokens[r as usize] != OTHER_SHARD).collect();
     rows.sort_by_key(|&r| tokens[r as usize]); // stable: rows stay ascending per token
     let mut distinct = Vec::new();
     let mut offsets = Vec::new();
@@ -165,5 +167,8 @@ mod tests {
         assert_eq!(layout, [2, 5, 7, 0, 2, 5, 6, 1, 4, 0, 2, 5, 3, 0, 0, 0, 0, 0, 0]);
         // Every token distinct: the longest layout, unpadded.
         assert_eq!(rows_by_token(&[3, 1]), (vec![1, 3, 0, 1, 2, 1, 0], 2));
+        // Another shard's tokens are in no group.
+        let other = OTHER_SHARD;
+        assert_eq!(rows_by_token(&[other, 4, other]), (vec![4, 0, 1, 1, 0, 0, 0, 0, 0, 0], 1));
     }
 }

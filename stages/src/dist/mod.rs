@@ -9,7 +9,8 @@
 //! A backend implements both, in one file: [`threads`] (every rank a thread of one process,
 //! the embedded default), `mpi` (feature `mpi`: a rank per process, across machines) and
 //! `nccl` (feature `cuda`: GPU to GPU, bootstrapped over MPI). Ranks follow Megatron's
-//! default order with tensor parallelism 1: `rank = dp_rank + dp * pp_rank` ([`Topology`]).
+//! default order, tensor fastest and pipeline slowest: `rank = tp_rank + t * (dp_rank + dp *
+//! pp_rank)` ([`Topology`]).
 //!
 //! Every wait on a peer — a receive, a send's completion, a collective — is bounded by the
 //! distributed timeout (Megatron's `distributed_timeout_minutes`): past it, the wait ends in
@@ -19,6 +20,7 @@
 pub mod mpi;
 #[cfg(all(feature = "cuda", feature = "mpi"))]
 pub mod nccl;
+mod tensor_group;
 pub mod threads;
 mod wire;
 
@@ -26,12 +28,15 @@ use kernels::{Device, Tensor};
 use schedules::{Payload, Placement};
 use std::time::{Duration, Instant};
 
+pub use tensor_group::TensorGroup;
 pub use wire::{decode_tensors, encode_tensors, NamedTensor, Reader, Writer};
 
-/// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times, with
-/// the schedule's placement of virtual stages (which decides who holds the tied embedding).
+/// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times and
+/// each replica's stage split over `tensor` ranks, with the schedule's placement of virtual
+/// stages (which decides who holds the tied embedding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
+    pub tensor: usize,
     pub pipeline: usize,
     pub data: usize,
     pub placement: Placement,
@@ -42,14 +47,18 @@ pub struct Topology {
 pub enum Group {
     /// Every rank.
     World,
-    /// The stages of this rank's replica, in stage order.
+    /// The stages of this rank's replica, in stage order (its own tensor rank of each).
     Pipeline,
-    /// This stage's replicas, in replica order.
+    /// This stage's replicas, in replica order (its own tensor rank of each).
     DataParallel,
     /// The stages of this rank's replica holding the first and the last virtual stage: the
     /// two holders of the tied embedding (one rank when they are the same stage: p = 1, or
-    /// stage 0 of a V placement).
+    /// stage 0 of a V placement), its own tensor rank of each: they hold the same shard.
     TiedEmbedding,
+    /// The t ranks that share this stage of this replica, in tensor rank order.
+    Tensor,
+    /// Every stage and tensor rank of this replica: the ranks that hold one whole model.
+    ModelParallel,
 }
 
 impl std::fmt::Display for Group {
@@ -59,53 +68,75 @@ impl std::fmt::Display for Group {
             Group::Pipeline => "the pipeline",
             Group::DataParallel => "the data-parallel group",
             Group::TiedEmbedding => "the tied embedding's holders",
+            Group::Tensor => "the tensor-parallel group",
+            Group::ModelParallel => "the model-parallel group",
         })
     }
 }
 
 impl Topology {
     pub fn world(&self) -> usize {
-        self.pipeline * self.data
+        self.tensor * self.pipeline * self.data
     }
 
-    /// The rank of `stage` in `replica`.
-    pub fn rank(&self, stage: usize, replica: usize) -> usize {
-        replica + self.data * stage
+    /// The rank of tensor rank `tensor` of `stage` in `replica`.
+    pub fn rank(&self, stage: usize, replica: usize, tensor: usize) -> usize {
+        tensor + self.tensor * (replica + self.data * stage)
     }
 
     pub fn stage_of(&self, rank: usize) -> usize {
-        rank / self.data
+        rank / (self.tensor * self.data)
     }
 
     pub fn replica_of(&self, rank: usize) -> usize {
-        rank % self.data
+        rank / self.tensor % self.data
+    }
+
+    pub fn tensor_of(&self, rank: usize) -> usize {
+        rank % self.tensor
+    }
+
+    /// The rank that holds `stage` in `rank`'s replica and tensor slot: its pipeline peer.
+    pub fn peer(&self, rank: usize, stage: usize) -> usize {
+        self.rank(stage, self.replica_of(rank), self.tensor_of(rank))
     }
 
     /// The members of `group` as seen from `rank`, in the order collectives combine them.
     pub fn members(&self, group: Group, rank: usize) -> Vec<usize> {
-        let (stage, replica) = (self.stage_of(rank), self.replica_of(rank));
+        let (stage, replica, tensor) = (self.stage_of(rank), self.replica_of(rank), self.tensor_of(rank));
         match group {
             Group::World => (0..self.world()).collect(),
-            Group::Pipeline => (0..self.pipeline).map(|s| self.rank(s, replica)).collect(),
-            Group::DataParallel => (0..self.data).map(|r| self.rank(stage, r)).collect(),
+            Group::Pipeline => (0..self.pipeline).map(|s| self.rank(s, replica, tensor)).collect(),
+            Group::DataParallel => (0..self.data).map(|r| self.rank(stage, r, tensor)).collect(),
             Group::TiedEmbedding => {
                 let last = match self.placement {
                     Placement::V => 0,
                     Placement::Interleaved => self.pipeline - 1,
                 };
-                let mut ends = vec![self.rank(0, replica), self.rank(last, replica)];
+                let mut ends = vec![self.rank(0, replica, tensor), self.rank(last, replica, tensor)];
                 ends.dedup();
                 ends
             }
+            Group::Tensor => (0..self.tensor).map(|t| self.rank(stage, replica, t)).collect(),
+            Group::ModelParallel => (0..self.pipeline)
+                .flat_map(|s| (0..self.tensor).map(move |t| (s, t)))
+                .map(|(s, t)| self.rank(s, replica, t))
+                .collect(),
         }
     }
 
     /// `ranks` as an error names them: "rank 1 (stage 1)", "ranks 1 (stage 0, replica 1), 3
-    /// (stage 1, replica 1)".
+    /// (stage 1, replica 1)", "rank 5 (stage 1, tensor rank 1)".
     pub fn describe(&self, ranks: &[usize]) -> String {
-        let one = |r: usize| match self.data {
-            1 => format!("{r} (stage {})", self.stage_of(r)),
-            _ => format!("{r} (stage {}, replica {})", self.stage_of(r), self.replica_of(r)),
+        let one = |r: usize| {
+            let mut at = vec![format!("stage {}", self.stage_of(r))];
+            if self.data > 1 {
+                at.push(format!("replica {}", self.replica_of(r)));
+            }
+            if self.tensor > 1 {
+                at.push(format!("tensor rank {}", self.tensor_of(r)));
+            }
+            format!("{r} ({})", at.join(", "))
         };
         let list: Vec<String> = ranks.iter().map(|&r| one(r)).collect();
         format!("rank{} {}", if ranks.len() == 1 { "" } else { "s" }, list.join(", "))
@@ -224,24 +255,42 @@ mod tests {
 
     #[test]
     fn megatron_rank_order_with_pipeline_outermost() {
-        let t = Topology { pipeline: 3, data: 2, placement: Placement::Interleaved };
+        let t = Topology { tensor: 1, pipeline: 3, data: 2, placement: Placement::Interleaved };
         assert_eq!(t.world(), 6);
-        assert_eq!(t.rank(0, 1), 1);
-        assert_eq!(t.rank(2, 0), 4);
+        assert_eq!(t.rank(0, 1, 0), 1);
+        assert_eq!(t.rank(2, 0, 0), 4);
         assert_eq!((t.stage_of(5), t.replica_of(5)), (2, 1));
         assert_eq!(t.members(Group::Pipeline, 3), vec![1, 3, 5]);
         assert_eq!(t.members(Group::DataParallel, 3), vec![2, 3]);
         assert_eq!(t.members(Group::TiedEmbedding, 2), vec![0, 4]);
         assert_eq!(t.members(Group::World, 0), (0..6).collect::<Vec<_>>());
-        let single = Topology { pipeline: 1, data: 2, placement: Placement::Interleaved };
+        let single = Topology { tensor: 1, pipeline: 1, data: 2, placement: Placement::Interleaved };
         assert_eq!(single.members(Group::TiedEmbedding, 1), vec![1]);
         // A V holds the embedding and the head both on stage 0.
-        let v = Topology { pipeline: 3, data: 2, placement: Placement::V };
+        let v = Topology { tensor: 1, pipeline: 3, data: 2, placement: Placement::V };
         assert_eq!(v.members(Group::TiedEmbedding, 5), vec![1]);
         assert_eq!(t.describe(&[3]), "rank 3 (stage 1, replica 1)");
         assert_eq!(t.describe(&[0, 4]), "ranks 0 (stage 0, replica 0), 4 (stage 2, replica 0)");
-        let p2 = Topology { pipeline: 2, data: 1, placement: Placement::Interleaved };
+        let p2 = Topology { tensor: 1, pipeline: 2, data: 1, placement: Placement::Interleaved };
         assert_eq!(p2.describe(&[1]), "rank 1 (stage 1)");
+    }
+
+    /// Megatron's order with t = 2, p = 2, dp = 2: tensor ranks fastest, then replicas, then
+    /// stages.
+    #[test]
+    fn tensor_ranks_are_fastest() {
+        let t = Topology { tensor: 2, pipeline: 2, data: 2, placement: Placement::Interleaved };
+        assert_eq!(t.world(), 8);
+        assert_eq!(t.rank(1, 0, 1), 5);
+        assert_eq!((t.stage_of(5), t.replica_of(5), t.tensor_of(5)), (1, 0, 1));
+        assert_eq!((t.stage_of(6), t.replica_of(6), t.tensor_of(6)), (1, 1, 0));
+        assert_eq!(t.members(Group::Tensor, 6), vec![6, 7]);
+        assert_eq!(t.members(Group::Pipeline, 3), vec![3, 7]);
+        assert_eq!(t.members(Group::DataParallel, 5), vec![5, 7]);
+        assert_eq!(t.members(Group::TiedEmbedding, 1), vec![1, 5]);
+        assert_eq!(t.members(Group::ModelParallel, 2), vec![2, 3, 6, 7]);
+        assert_eq!(t.peer(7, 0), 3);
+        assert_eq!(t.describe(&[7]), "rank 7 (stage 1, replica 1, tensor rank 1)");
     }
 
     #[test]

@@ -75,22 +75,37 @@ impl MpiWorld {
         let world = self.universe.world();
         let rank = world.rank() as usize;
         assert_eq!(topology.world(), world.size() as usize, "the topology covers the whole job");
-        let (stage, replica) = (topology.stage_of(rank), topology.replica_of(rank));
+        let (stage, replica, tensor) =
+            (topology.stage_of(rank), topology.replica_of(rank), topology.tensor_of(rank));
+        let t = topology.tensor;
         // Every rank takes part in every split, in the same order.
         let split = |color: Option<usize>, key: usize| {
             let color = color.map_or_else(Color::undefined, |c| Color::with_value(c as i32));
             world.split_by_color_with_key(color, key as i32)
         };
-        let pipeline = split(Some(replica), stage).expect("every rank is in a pipeline");
-        let data = split(Some(stage), replica).expect("every rank is in a data-parallel group");
+        let pipeline = split(Some(replica * t + tensor), stage).expect("every rank is in a pipeline");
+        let data = split(Some(stage * t + tensor), replica).expect("every rank is in a data-parallel group");
+        let tensor_group =
+            split(Some(stage * topology.data + replica), tensor).expect("every rank is in a tensor group");
+        let model =
+            split(Some(replica), stage * t + tensor).expect("every rank is in a model-parallel group");
         // The holders as the topology names them: under a V placement the last chunk is on
         // stage 0 too, and the last stage holds no copy.
         let holds_tied = topology.members(Group::TiedEmbedding, rank).contains(&rank);
-        let tied = split(holds_tied.then_some(replica), stage);
+        let tied = split(holds_tied.then_some(replica * t + tensor), stage);
         let transport =
-            MpiTransport { comm: world.duplicate(), topology, replica, timeout, pending: Vec::new() };
-        let collective =
-            MpiCollective { world: world.duplicate(), pipeline, data, tied, topology, rank, timeout };
+            MpiTransport { comm: world.duplicate(), topology, rank, timeout, pending: Vec::new() };
+        let collective = MpiCollective {
+            world: world.duplicate(),
+            pipeline,
+            data,
+            tied,
+            tensor: tensor_group,
+            model,
+            topology,
+            rank,
+            timeout,
+        };
         (transport, collective)
     }
 }
@@ -184,11 +199,12 @@ fn reap(pending: &mut Vec<PendingSend>) {
 unsafe impl Send for MpiTransport {}
 unsafe impl Send for MpiCollective {}
 
-/// One rank's point-to-point channels to the other stages of its replica.
+/// One rank's point-to-point channels to the other stages of its replica (its own tensor
+/// rank of each).
 pub struct MpiTransport {
     comm: SimpleCommunicator,
     topology: Topology,
-    replica: usize,
+    rank: usize,
     timeout: Duration,
     pending: Vec<PendingSend>,
 }
@@ -204,14 +220,14 @@ impl MpiTransport {
     /// Sends `bytes` to stage `to` of this replica, without waiting for the receive.
     pub(super) fn send_bytes(&mut self, to: usize, payload: Payload, bytes: Vec<u8>) {
         reap(&mut self.pending);
-        let dest = self.topology.rank(to, self.replica);
+        let dest = self.topology.peer(self.rank, to);
         self.pending.push(PendingSend::start(&self.comm, dest, tag(payload), bytes));
     }
 
     /// The next message from stage `from` of this replica; the sends in flight are reaped
     /// while it waits.
     pub(super) fn recv_bytes(&mut self, from: usize, payload: Payload) -> Result<Vec<u8>, DistError> {
-        let source = self.topology.rank(from, self.replica);
+        let source = self.topology.peer(self.rank, from);
         let pending = &mut self.pending;
         receive(&self.comm, source, tag(payload), self.timeout, || reap(pending)).ok_or_else(|| {
             DistError::Timeout {
@@ -309,6 +325,8 @@ pub struct MpiCollective {
     data: SimpleCommunicator,
     /// None on the stages that hold no copy of the tied embedding.
     tied: Option<SimpleCommunicator>,
+    tensor: SimpleCommunicator,
+    model: SimpleCommunicator,
     topology: Topology,
     rank: usize,
     timeout: Duration,
@@ -323,6 +341,8 @@ impl MpiCollective {
             Group::TiedEmbedding => {
                 self.tied.as_ref().expect("only the tied embedding's holders use its group")
             }
+            Group::Tensor => &self.tensor,
+            Group::ModelParallel => &self.model,
         }
     }
 

@@ -90,7 +90,14 @@ pub fn endpoints(
     let grads = comm_over(&mut bytes, Group::Pipeline, stream()?)?;
     let mut sums = HashMap::new();
     let holds_tied = topology.members(Group::TiedEmbedding, bytes.rank()).contains(&bytes.rank());
-    for group in [Group::World, Group::Pipeline, Group::DataParallel, Group::TiedEmbedding] {
+    for group in [
+        Group::World,
+        Group::Pipeline,
+        Group::DataParallel,
+        Group::TiedEmbedding,
+        Group::Tensor,
+        Group::ModelParallel,
+    ] {
         if group != Group::TiedEmbedding || holds_tied {
             sums.insert(group, comm_over(&mut bytes, group, stream()?)?);
         }

@@ -24,14 +24,13 @@ pub fn world(topology: Topology, capacity: usize, timeout: Duration) -> Vec<(InP
     let mut transports: Vec<InProcess> = (0..topology.world())
         .map(|rank| InProcess { rank, topology, timeout, senders: HashMap::new(), receivers: HashMap::new() })
         .collect();
-    for replica in 0..topology.data {
-        for from in 0..topology.pipeline {
-            for to in (0..topology.pipeline).filter(|&to| to != from) {
-                for payload in [Payload::Activation, Payload::Grad] {
-                    let (tx, rx) = sync_channel(capacity.max(1));
-                    transports[topology.rank(from, replica)].senders.insert((to, payload), tx);
-                    transports[topology.rank(to, replica)].receivers.insert((from, payload), rx);
-                }
+    for rank in 0..topology.world() {
+        let from = topology.stage_of(rank);
+        for to in (0..topology.pipeline).filter(|&to| to != from) {
+            for payload in [Payload::Activation, Payload::Grad] {
+                let (tx, rx) = sync_channel(capacity.max(1));
+                transports[rank].senders.insert((to, payload), tx);
+                transports[topology.peer(rank, to)].receivers.insert((from, payload), rx);
             }
         }
     }
@@ -61,7 +60,7 @@ pub struct InProcess {
 impl InProcess {
     /// The timeout of a wait on stage `stage` of this replica, which did `what`.
     fn timed_out(&self, stage: usize, what: &str) -> DistError {
-        let peer = self.topology.rank(stage, self.topology.replica_of(self.rank));
+        let peer = self.topology.peer(self.rank, stage);
         DistError::Timeout {
             what: format!("{} {what}", self.topology.describe(&[peer])),
             timeout: self.timeout,
@@ -295,7 +294,8 @@ mod tests {
 
     #[test]
     fn tensors_move_between_ledgers_without_copying() {
-        let topology = Topology { pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
+        let topology =
+            Topology { tensor: 1, pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
         let mut ends = world(topology, 1, MINUTE);
         let (mut b, _) = ends.pop().unwrap();
         let (mut a, _) = ends.pop().unwrap();
@@ -314,7 +314,8 @@ mod tests {
     /// `sum_in_order`'s bits, with no download and nothing left in its ledger but its tensor.
     #[test]
     fn all_reduce_adds_in_member_order_on_the_device() {
-        let topology = Topology { pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
+        let topology =
+            Topology { tensor: 1, pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
         let parts = [[1.0e8f32, 1.0], [-1.0e8, 1.0e8], [1.0, -1.0e8]];
         let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
         let results: Vec<_> = std::thread::scope(|s| {
@@ -341,7 +342,8 @@ mod tests {
 
     #[test]
     fn collectives_agree_and_a_stopped_member_fails_its_peers() {
-        let topology = Topology { pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
+        let topology =
+            Topology { tensor: 1, pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
         let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = world(topology, 1, MINUTE)
                 .into_iter()
@@ -381,7 +383,8 @@ mod tests {
     /// channel and a collective each give up after the timeout, naming it.
     #[test]
     fn a_peer_that_never_answers_times_out_by_name() {
-        let topology = Topology { pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
+        let topology =
+            Topology { tensor: 1, pipeline: 2, data: 1, placement: schedules::Placement::Interleaved };
         let short = Duration::from_millis(50);
         let mut ends = world(topology, 1, short);
         let (_hung_transport, _hung_collective) = ends.pop().unwrap();

@@ -8,6 +8,12 @@
 //! n2  = norm_2(residual)              y   = residual + dropout(fc2(act(fc1(n2))))
 //! ```
 //!
+//! Under tensor parallelism (Megatron's layout, Shoeybi et al. 2019) the block runs on its
+//! [`Shard`]: qkv_proj and fc1 are column-parallel (this shard's heads and groups, its MLP
+//! columns), proj and fc2 row-parallel, whose partial outputs are summed over the group
+//! (`g`), the bias added once, by tensor rank 0; the input gradients of qkv_proj and fc1 are
+//! summed the same way (`f`). Everything else is whole and the same on every rank.
+//!
 //! The residual add and norm_2 run as one device op, and each norm's backward adds the
 //! gradient arriving along the residual stream in the same op (llm.c's fused residual
 //! forward and LayerNorm backward): the same bits on the CPU as the separate ops.
@@ -22,10 +28,12 @@ use super::dropout_ctx::DropoutCtx;
 use super::norm::{NormLayer, NormStats};
 use super::pair_mut;
 use super::weight_grads::{WeightGrad, WeightGrads};
+use crate::dist::TensorGroup;
 use crate::model::{ModelShape, Positions};
 use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
+use crate::tensor_parallel::Shard;
 use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Stopwatch, Tensor};
 use std::sync::Arc;
 
@@ -37,12 +45,12 @@ pub struct BlockActs {
     pub n1: Option<Tensor>,
     /// [B,T] each
     pub n1_stats: NormStats,
-    /// [B,T,QKV], after the rotary embedding
+    /// [B,T,QKV], after the rotary embedding (QKV: this shard's heads)
     pub qkv: Tensor,
     /// what the attention core's backward reads besides q, k, v and its output: the
     /// probabilities or the per-row log-sum-exp, as the device keeps them
     pub att: Option<AttentionSaved>,
-    /// attention output [B,T,C]
+    /// attention output [B,T,A] (A = C / t: this shard's heads)
     pub atty: Tensor,
     /// x + dropout(attn proj) [B,T,C]
     pub residual: Tensor,
@@ -52,7 +60,7 @@ pub struct BlockActs {
     pub n2_stats: NormStats,
     /// fc1 output [B,T,FC1]
     pub fch: Tensor,
-    /// act(fch) [B,T,F]
+    /// act(fch) [B,T,F] (F: this shard's columns)
     pub fch_act: Option<Tensor>,
 }
 
@@ -63,6 +71,8 @@ pub struct Block<'a> {
     /// The chunk's parameters, the block's at `at`.
     pub w: &'a [Tensor],
     pub at: BlockIndices,
+    /// This rank's part of the block's tensor-parallel layers.
+    pub shard: Shard,
 }
 
 fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
@@ -119,6 +129,21 @@ impl Block<'_> {
         dev.matmul_forward(out, inp, self.param(weight), self.s.weight_layout(), self.bias(weight));
     }
 
+    /// out = inp @ W (+ b) for the row-parallel `weight`: this shard's partial product, summed
+    /// over the group, with the bias added by tensor rank 0 alone.
+    fn row_parallel(
+        &self,
+        dev: &dyn Device,
+        tp: &mut TensorGroup,
+        out: &mut Tensor,
+        inp: &Tensor,
+        weight: BlockParam,
+    ) {
+        let bias = self.bias(weight).filter(|_| self.shard.rank == 0);
+        dev.matmul_forward(out, inp, self.param(weight), self.s.weight_layout(), bias);
+        tp.all_reduce(out, dev);
+    }
+
     /// dinp = dout @ W^T for matmul weight `weight`.
     fn linear_backward_input(&self, dev: &dyn Device, dinp: &mut Tensor, dout: &Tensor, weight: BlockParam) {
         dev.matmul_backward_input(dinp, dout, self.param(weight), self.s.weight_layout());
@@ -140,9 +165,11 @@ impl Block<'_> {
         dropout: &DropoutCtx,
         modules: SelectiveModules,
         keep_as: Category,
+        tp: &mut TensorGroup,
     ) -> (Tensor, BlockActs) {
-        let s = self.s;
-        let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
+        let (s, shard) = (self.s, self.shard);
+        let (b, t, c, f, a) = (s.micro_batch, s.seq_len, s.hidden, shard.ffn(s), shard.attention_width(s));
+        let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
         let cat = |dropped: bool| if dropped { Category::Workspace } else { keep_as };
         // Activations in the device's dtype; norm statistics in f32.
         let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
@@ -150,18 +177,18 @@ impl Block<'_> {
         // ---- attention ----
         let mut n1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let n1_stats = self.norm1().forward(dev, &mut n1, &x, keep_as); // [B,T]
-        let mut qkv = act(&[b, t, s.qkv_width()], keep_as); // [B,T,QKV]
+        let mut qkv = act(&[b, t, shard.qkv_width(s)], keep_as); // [B,T,QKV]
         self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
         if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_forward(&mut qkv, s.heads, s.kv_heads, base, 0);
+            dev.rope_forward(&mut qkv, heads, kv_heads, base, 0);
         }
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
-        let mut att = attention_saved(dev, s, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
-        let mut atty = act(&[b, t, c], keep_as); // [B,T,C]
-        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, s.heads, s.kv_heads);
+        let mut att = self.attention_saved(dev, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
+        let mut atty = act(&[b, t, a], keep_as); // [B,T,A]
+        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads);
         let mut attproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        self.linear(dev, &mut attproj, &atty, BlockParam::ProjWeight);
+        self.row_parallel(dev, tp, &mut attproj, &atty, BlockParam::ProjWeight);
         let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
         let mut residual = act(&[b, t, c], keep_as); // [B,T,C]
 
@@ -169,12 +196,12 @@ impl Block<'_> {
         let mut n2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
         let n2_stats = self.norm2().residual_forward(dev, &mut residual, &mut n2, (&x, &attproj), keep_as); // [B,T]
         drop(attproj);
-        let mut fch = act(&[b, t, s.fc1_width()], keep_as); // [B,T,FC1]
+        let mut fch = act(&[b, t, shard.fc1_width(s)], keep_as); // [B,T,FC1]
         self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
         let mut fch_act = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
         s.arch.activation.forward(dev, &mut fch_act, &fch);
         let mut fcproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        self.linear(dev, &mut fcproj, &fch_act, BlockParam::Fc2Weight);
+        self.row_parallel(dev, tp, &mut fcproj, &fch_act, BlockParam::Fc2Weight);
         let fcproj = dropout_or_keep(dev, fcproj, dropout.spec(self.layer, DropoutSite::MlpResidual));
         let mut y = act(&[b, t, c], Category::Workspace); // [B,T,C]
         dev.add(&mut y, &residual, &fcproj);
@@ -209,9 +236,11 @@ impl Block<'_> {
         grads: &mut [Tensor],
         weight_grads: &mut WeightGrads,
         recompute: &mut Stopwatch,
+        tp: &mut TensorGroup,
     ) -> Tensor {
-        let s = self.s;
-        let (b, t, c, f) = (s.micro_batch, s.seq_len, s.hidden, s.ffn);
+        let (s, shard) = (self.s, self.shard);
+        let (b, t, c, f, a) = (s.micro_batch, s.seq_len, s.hidden, shard.ffn(s), shard.attention_width(s));
+        let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
         // Activation gradients, in the activations' dtype.
         let ws = |shape: &[usize]| dev.zeros_of(dev.activation_dtype(), shape, Category::Workspace);
         let dy = Arc::new(dy);
@@ -229,7 +258,7 @@ impl Block<'_> {
         let mut dact = ws(&[b, t, f]); // [B,T,F]
         self.linear_backward_input(dev, &mut dact, &dfcproj, BlockParam::Fc2Weight);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc2Weight, Arc::new(fch_act), dfcproj));
-        let mut dfch = ws(&[b, t, s.fc1_width()]); // [B,T,FC1]
+        let mut dfch = ws(&[b, t, shard.fc1_width(s)]); // [B,T,FC1]
         s.arch.activation.backward(dev, &mut dfch, &acts.fch, &dact);
         drop(dact);
         let dfch = Arc::new(dfch);
@@ -237,6 +266,7 @@ impl Block<'_> {
         let n2 = acts.n2.unwrap_or_else(|| norm2.recompute(dev, &acts.residual));
         let mut dn2 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn2, &dfch, BlockParam::Fc1Weight);
+        tp.all_reduce(&mut dn2, dev);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, Arc::new(n2), dfch));
         // dresidual = dy + norm_2's input gradient, in one op.
         let mut dresidual = ws(&[b, t, c]); // [B,T,C]
@@ -253,18 +283,18 @@ impl Block<'_> {
             dresidual.clone(),
             dropout.spec(self.layer, DropoutSite::AttentionResidual),
         );
-        let mut datty = ws(&[b, t, c]); // [B,T,C]
+        let mut datty = ws(&[b, t, a]); // [B,T,A]
         self.linear_backward_input(dev, &mut datty, &dattproj, BlockParam::ProjWeight);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
         let att = acts.att.unwrap_or_else(|| {
             recompute.time(dev, || {
-                let mut att = attention_saved(dev, s, att_drop, Category::Workspace);
-                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, s.heads, s.kv_heads);
+                let mut att = self.attention_saved(dev, att_drop, Category::Workspace);
+                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, heads, kv_heads);
                 att
             })
         });
-        let mut dqkv = ws(&[b, t, s.qkv_width()]); // [B,T,QKV]
-        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, s.heads, s.kv_heads);
+        let mut dqkv = ws(&[b, t, shard.qkv_width(s)]); // [B,T,QKV]
+        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, heads, kv_heads);
         weight_grads.push(
             dev,
             grads,
@@ -274,13 +304,14 @@ impl Block<'_> {
         drop(datty);
         drop(acts.qkv);
         if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_backward(&mut dqkv, s.heads, s.kv_heads, base);
+            dev.rope_backward(&mut dqkv, heads, kv_heads, base);
         }
         let dqkv = Arc::new(dqkv);
         let norm1 = self.norm1();
         let n1 = acts.n1.unwrap_or_else(|| norm1.recompute(dev, &acts.input));
         let mut dn1 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn1, &dqkv, BlockParam::QkvWeight);
+        tp.all_reduce(&mut dn1, dev);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, Arc::new(n1), dqkv));
         // dx = dresidual + norm_1's input gradient, in one op.
         let mut dx = ws(&[b, t, c]); // [B,T,C]
@@ -343,12 +374,17 @@ impl Block<'_> {
     }
 }
 
-/// What the attention core keeps, of the kind `s` declares, for its forward to fill.
-fn attention_saved(
-    dev: &dyn Device,
-    s: &ModelShape,
-    dropout: Option<DropoutSpec>,
-    category: Category,
-) -> AttentionSaved {
-    AttentionSaved::empty(dev, s.attention, [s.micro_batch, s.heads, s.seq_len], dropout.is_some(), category)
+impl Block<'_> {
+    /// What the attention core of this shard's heads keeps, of the kind the shape declares,
+    /// for its forward to fill.
+    fn attention_saved(
+        &self,
+        dev: &dyn Device,
+        dropout: Option<DropoutSpec>,
+        category: Category,
+    ) -> AttentionSaved {
+        let s = self.s;
+        let dims = [s.micro_batch, self.shard.heads(s), s.seq_len];
+        AttentionSaved::empty(dev, s.attention, dims, dropout.is_some(), category)
+    }
 }

@@ -7,10 +7,14 @@
 //! and of the output weight, and is freed. The head then keeps only what the norm's backward
 //! reads, [B,T,C]-sized, instead of a [B,T,V] dlogits per microbatch in flight (for GPT-2
 //! small at T = 1024, 6 MiB instead of 202 MiB). How the logits are laid out (the CUDA
-//! device pads their rows) is the device's.
+//! device pads their rows) is the device's. Under tensor parallelism the output layer is
+//! vocabulary-parallel ([`super::vocab_parallel`]).
 
 use super::norm::{NormLayer, NormStats};
+use super::vocab_parallel;
+use crate::dist::TensorGroup;
 use crate::model::ModelShape;
+use crate::tensor_parallel::Shard;
 use kernels::{Category, ClassifierGrad, Device, Tensor};
 
 /// What the head keeps for backward: the final norm's backward.
@@ -31,7 +35,8 @@ pub struct LossGrad<'a> {
     pub dweight: &'a mut Tensor,
 }
 
-/// Forward and loss. x [B,T,C]; targets [B*T]; `output` [V,C] the output layer's weight.
+/// Forward and loss. x [B,T,C]; targets [B*T]; `output` [V/t,C] the output layer's weight
+/// (shard `shard` of its rows).
 /// Returns the per-token losses [B,T] (on the device, as workspace: the caller reduces them
 /// there) and, when `grad` is Some (training), what backward needs, having added the output
 /// layer's gradient into `grad.dweight`.
@@ -44,6 +49,8 @@ pub fn forward(
     mut x: Tensor,
     targets: &[u32],
     grad: Option<LossGrad>,
+    shard: Shard,
+    tp: &mut TensorGroup,
 ) -> (Tensor, Option<HeadActs>) {
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
@@ -51,14 +58,18 @@ pub fn forward(
     let mut normed = dev.zeros_of(x.dtype(), &[b, t, c], Category::Workspace); // [B,T,C]
     let stats = norm.forward(dev, &mut normed, &x, keep); // [B,T]
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
+    let mut classifier = |losses: &mut Tensor, grad: Option<ClassifierGrad>| match shard.size {
+        1 => dev.classifier(losses, &normed, output, targets, grad),
+        _ => vocab_parallel::classifier(dev, losses, &normed, output, &shard.vocab_ids(s, targets), grad, tp),
+    };
     let Some(grad) = grad else {
-        dev.classifier(&mut losses, &normed, output, targets, None);
+        classifier(&mut losses, None);
         return (losses, None);
     };
     // The logits [B,T,V] and their gradient live only inside the classifier.
     let mut dnorm = dev.zeros_of(x.dtype(), &[b, t, c], Category::Activations); // [B,T,C]
     let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dnorm, dweight: grad.dweight };
-    dev.classifier(&mut losses, &normed, output, targets, Some(head_grad));
+    classifier(&mut losses, Some(head_grad));
     (losses, Some(HeadActs { input: x, stats, dnorm }))
 }
 

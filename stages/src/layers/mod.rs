@@ -8,6 +8,7 @@ pub mod dropout_ctx;
 pub mod embedding;
 pub mod head;
 pub mod norm;
+pub mod vocab_parallel;
 pub mod weight_grads;
 
 pub use dropout_ctx::DropoutCtx;
