@@ -13,7 +13,7 @@ use stages::partition;
 use stages::NamedTensor;
 use stages::{
     ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, Parameters, RecomputePolicy,
-    SelectiveModules, Shard, TensorParallel,
+    SelectiveModules, Shard,
 };
 use std::path::Path;
 
@@ -270,13 +270,13 @@ pub fn predicted_activation_peaks(
                 memory: ChunkMemory {
                     activation_bytes: stages::memory_model::stash_bytes(
                         &s,
-                        TensorParallel::NONE,
+                        cfg.tensor_parallel(),
                         &layout,
                         &policy,
                     ) as u64,
                     weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(
                         &s,
-                        TensorParallel::NONE,
+                        cfg.tensor_parallel(),
                         &layout,
                     ) as u64,
                     ..ChunkMemory::default()

@@ -112,6 +112,54 @@ fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
     assert_eq!(ranks, [(0, 0), (0, 1), (1, 0), (1, 1)], "rank = dp_rank + dp * pp_rank");
 }
 
+/// Tensor-parallel ranks as processes give the threads run's bits: t = 2 with p = 2
+/// (selective recompute), and t = 2 with dp = 2 (full recompute), four ranks each, tensor
+/// ranks fastest.
+#[test]
+fn tensor_parallel_ranks_under_mpirun_match_threads_bitwise() {
+    let dir = temp_dir("mpi-tp");
+    let base = [
+        ("tensor-model-parallel-size", "2".to_string()),
+        ("global-batch-size", "8".to_string()),
+        ("attention-dropout", "0".to_string()),
+    ];
+    let cases = [
+        (
+            "t2-p2",
+            vec![("pipeline-model-parallel-size", "2".to_string())],
+            selective_recompute("core_attn"),
+            1,
+        ),
+        ("t2-dp2", vec![], full_recompute("uniform", "2"), 2),
+    ];
+    for (name, layout, recompute, dp) in cases {
+        let Some(mpirun) = mpirun(4) else { return };
+        let a = [base.to_vec(), layout, recompute].concat();
+        let processes = run_mpi(mpirun, &dir, &format!("{name}-mpi"), &flags(&a));
+        let threads = [a, vec![("data-parallel-size", dp.to_string())]].concat();
+        let threads = run_small(&dir, &format!("{name}-threads"), &flags(&threads));
+        assert_eq!(losses(&processes), losses(&threads), "{name}: losses differ from threads");
+        assert!(weights(&processes) == weights(&threads), "{name}: weights differ from threads");
+        let ranks: Vec<(u64, u64, u64)> = report(&processes)["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["stage"].as_u64().unwrap(),
+                    s["replica"].as_u64().unwrap(),
+                    s["tensor_rank"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let order = match dp {
+            1 => [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)],
+            _ => [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)],
+        };
+        assert_eq!(ranks, order, "{name}: rank = tp_rank + t * (dp_rank + dp * pp_rank)");
+    }
+}
+
 #[test]
 fn a_run_resumes_from_threads_into_processes_exactly() {
     let dir = temp_dir("mpi-resume");

@@ -92,13 +92,15 @@ impl Rank {
         })
     }
 
-    /// Every rank of `cfg`'s pipeline (one replica) as threads of this process, built from
-    /// the seed with one CPU thread each: for tests that drive the steps themselves.
+    /// Every rank of `cfg`'s pipeline (one replica, each stage on its tensor-parallel ranks)
+    /// as threads of this process, built from the seed with one CPU thread each: for tests
+    /// that drive the steps themselves.
     #[cfg(test)]
     pub fn all_in_threads(cfg: &Config, cfg_path: &Path) -> Vec<Rank> {
         let schedule = plan::lowered_schedule(cfg, cfg_path).unwrap().1;
         let placement = schedule.schedule().shape().placement;
-        let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
+        let (tensor, pipeline) = (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
+        let topology = Topology { tensor, pipeline, data: 1, placement };
         let local = Local { cpu_threads: 1, sole_rank: false };
         stages::dist::threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()

@@ -16,8 +16,9 @@ pub struct Summary {
     pub peak_flops: f64,
     pub peak_source: PeakSource,
     pub elapsed_s: f64,
-    /// (stage, replica) of every rank, in rank order: every list below has one per rank.
-    pub ranks: Vec<(usize, usize)>,
+    /// (stage, replica, tensor rank) of every rank, in rank order: every list below has one
+    /// per rank.
+    pub ranks: Vec<(usize, usize, usize)>,
     pub memory: Vec<MemorySnapshot>,
     /// Peak bytes per stage, everything counted, as `simulate` predicts them.
     pub predicted_peaks: Vec<u64>,
@@ -73,12 +74,15 @@ impl Summary {
         println!("loss chart       {}", self.loss_chart.display());
         println!("{}", mfu_line(self.mfu(), self.achieved_flops(), self.peak_flops, &self.peak_source));
         let replicas = self.ranks.iter().map(|r| r.1 + 1).max().unwrap_or(1);
+        let tensor_ranks = self.ranks.iter().map(|r| r.2 + 1).max().unwrap_or(1);
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
-            let (stage, replica) = self.ranks[i];
-            let label = match replicas {
-                1 => format!("stage {stage}"),
-                _ => format!("rank {i} (stage {stage}, replica {replica})"),
+            let (stage, replica, tensor) = self.ranks[i];
+            let label = match (replicas, tensor_ranks) {
+                (1, 1) => format!("stage {stage}"),
+                (_, 1) => format!("rank {i} (stage {stage}, replica {replica})"),
+                (1, _) => format!("rank {i} (stage {stage}, tensor rank {tensor})"),
+                _ => format!("rank {i} (stage {stage}, replica {replica}, tensor rank {tensor})"),
             };
             println!("{label:<16} {}", self.stage_descriptions[i]);
             let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
@@ -126,6 +130,7 @@ impl Summary {
                     "rank": i,
                     "stage": self.ranks[i].0,
                     "replica": self.ranks[i].1,
+                    "tensor_rank": self.ranks[i].2,
                     "holds": self.stage_descriptions[i],
                     "max_in_flight": self.max_in_flight[i],
                     "predicted_peak_bytes": self.predicted_peaks[i],

@@ -90,15 +90,15 @@ pub fn endpoints(
     let grads = comm_over(&mut bytes, Group::Pipeline, stream()?)?;
     let mut sums = HashMap::new();
     let holds_tied = topology.members(Group::TiedEmbedding, bytes.rank()).contains(&bytes.rank());
-    for group in [
-        Group::World,
-        Group::Pipeline,
-        Group::DataParallel,
-        Group::TiedEmbedding,
-        Group::Tensor,
-        Group::ModelParallel,
-    ] {
-        if group != Group::TiedEmbedding || holds_tied {
+    // The groups tensors are summed over: the tensor-parallel one only where t > 1 (the
+    // model-parallel group only gathers bytes, over MPI).
+    for group in [Group::World, Group::Pipeline, Group::DataParallel, Group::TiedEmbedding, Group::Tensor] {
+        let needed = match group {
+            Group::TiedEmbedding => holds_tied,
+            Group::Tensor => topology.tensor > 1,
+            _ => true,
+        };
+        if needed {
             sums.insert(group, comm_over(&mut bytes, group, stream()?)?);
         }
     }

@@ -1,0 +1,207 @@
+//! Tensor parallelism in the trainer, as Megatron runs it: t = 2 and 4 ranks per stage, with
+//! and without pipeline stages, under every recompute policy, for GPT-2 and the Llama
+//! family, agree with t = 1 within 1e-5 relative over 20 steps (the row-parallel partial
+//! sums are the only change of order); they are bitwise run to run; checkpoints keep the
+//! whole model, so a run resumes with another t; what t cannot split is one line, exit 2.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// 20 steps of the small model, without attention dropout (which the trainer does not
+/// run under tensor parallelism yet); hidden dropout stays on. At the small model's lr of
+/// 1e-2 its loss on the synthetic tokens bounces at ln 96 and the gradient norm spikes, so
+/// any change of rounding grows about threefold a step past step 7 (measured: 4e-8 at step
+/// 7, 1e-3 at step 12, for t = 2 as for any other summation order); at 1e-3 training is
+/// smooth and a rounding stays a rounding.
+fn steps(extra: &[(&str, String)]) -> Vec<String> {
+    let mut all = vec![
+        ("lr", "1e-3".to_string()),
+        ("min-lr", "1e-4".to_string()),
+        ("train-iters", "20".to_string()),
+        ("eval-interval", "20".to_string()),
+        ("global-batch-size", "4".to_string()),
+        ("attention-dropout", "0".to_string()),
+    ];
+    all.extend(extra.iter().cloned());
+    flags(&all)
+}
+
+fn tp(t: usize, p: usize) -> Vec<(&'static str, String)> {
+    vec![("tensor-model-parallel-size", t.to_string()), ("pipeline-model-parallel-size", p.to_string())]
+}
+
+/// Every step's training loss, and the final validation loss.
+fn loss_values(run_dir: &Path) -> Vec<f64> {
+    let all = losses(run_dir);
+    let mut v: Vec<f64> = all.iter().map(|(_, l, _)| f64::from_bits(*l)).collect();
+    v.extend(all.iter().filter_map(|(_, _, val)| val.map(f64::from_bits)));
+    v
+}
+
+fn assert_within(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (step, (g, w)) in got.iter().zip(want).enumerate() {
+        let rel = ((g - w) / w).abs();
+        assert!(rel <= 1e-5, "{what}: loss {step}: {g} vs {w} (relative {rel:e})");
+    }
+}
+
+/// Each rank's measured activation peak is the memory model's prediction to the byte (its
+/// whole peak is held to 2% at GPT-2 small's width, in the trainer's memory_truth test:
+/// at this model's width a few KiB of workspace are already 2%).
+fn assert_memory_truth(run: &Path, name: &str, t: u64) {
+    let report = report(run);
+    let ranks = report["stages"].as_array().unwrap();
+    for r in ranks {
+        let at = format!("{name} rank {}", r["rank"]);
+        let measured = r["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+        assert_eq!(
+            measured,
+            r["predicted_activation_peak_bytes"].as_u64().unwrap(),
+            "{at}: activation bytes"
+        );
+        let (peak, predicted) =
+            (r["peak_bytes"].as_f64().unwrap(), r["predicted_peak_bytes"].as_f64().unwrap());
+        assert!((peak - predicted).abs() <= 0.02 * predicted, "{at}: peak {peak} vs predicted {predicted}");
+    }
+    let tensor_ranks: Vec<u64> = ranks.iter().map(|r| r["tensor_rank"].as_u64().unwrap()).collect();
+    assert_eq!(
+        tensor_ranks,
+        (0..ranks.len() as u64).map(|i| i % t).collect::<Vec<_>>(),
+        "{name}: tensor ranks fastest"
+    );
+}
+
+fn policies() -> [Vec<(&'static str, String)>; 4] {
+    [
+        vec![],
+        full_recompute("uniform", "2"),
+        full_recompute("block", "1"),
+        selective_recompute("core_attn,mlp,layernorm"),
+    ]
+}
+
+#[test]
+fn gpt2_with_t_2_and_4_agrees_with_t_1_under_every_recompute_policy() {
+    let dir = temp_dir("tp-gpt2");
+    let base = loss_values(&run_small(&dir, "t1", &steps(&[])));
+    for (i, policy) in policies().iter().enumerate() {
+        for (t, p) in [(2, 1), (4, 1), (2, 2), (4, 2)] {
+            let mut f = tp(t, p);
+            f.extend(policy.iter().cloned());
+            let name = format!("t{t}-p{p}-policy{i}");
+            let run = run_small(&dir, &name, &steps(&f));
+            assert_within(&loss_values(&run), &base, &name);
+            assert_memory_truth(&run, &name, t as u64);
+        }
+    }
+}
+
+#[test]
+fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
+    let dir = temp_dir("tp-llama");
+    let llama = [
+        ("normalization", "RMSNorm"),
+        ("position-embedding-type", "rope"),
+        ("swiglu", "true"),
+        ("group-query-attention", "true"),
+        ("num-query-groups", "2"),
+        ("untie-embeddings-and-output-weights", "true"),
+        ("disable-bias-linear", "true"),
+        ("ffn-hidden-size", "48"),
+    ]
+    .map(|(k, v)| (k, v.to_string()));
+    let base = loss_values(&run_small(&dir, "t1", &steps(&llama)));
+    for (i, policy) in policies().iter().enumerate() {
+        for p in [1, 2] {
+            let mut f = llama.to_vec();
+            f.extend(tp(2, p));
+            f.extend(policy.iter().cloned());
+            let name = format!("t2-p{p}-policy{i}");
+            let run = run_small(&dir, &name, &steps(&f));
+            assert_within(&loss_values(&run), &base, &name);
+            assert_memory_truth(&run, &name, 2);
+        }
+    }
+}
+
+/// Run to run the bits are the same; the checkpoint holds the whole model, from which a
+/// run continues with t = 1 or t = 4 as t = 2 would have.
+#[test]
+fn t_2_is_bitwise_run_to_run_and_resumes_with_another_t() {
+    let dir = temp_dir("tp-resume");
+    let t2 = steps(&[tp(2, 2), vec![("save-interval", "10".to_string())]].concat());
+    let (a, b) = (run_small(&dir, "a", &t2), run_small(&dir, "b", &t2));
+    assert_eq!(losses(&a), losses(&b));
+    assert!(weights_at(&a, 20) == weights_at(&b, 20), "t = 2 weights differ run to run");
+    let whole = loss_values(&a);
+    for t in [1, 4] {
+        let run = dir.join(format!("resumed-t{t}"));
+        copy_checkpoint_at(&a, &run, 10);
+        let mut f = steps(&tp(t, 1));
+        f.push("--resume".into());
+        let cfg = config(&dir);
+        let mut extra: Vec<&str> = vec!["--peak-flops", "1e9"];
+        extra.extend(f.iter().map(String::as_str));
+        let o = train(&cfg, &run, &extra);
+        assert!(o.status.success(), "resume with t = {t}: {}", stderr(&o));
+        let resumed = loss_values(&run);
+        // Steps 11..20 and the validation loss.
+        assert_within(
+            &resumed[resumed.len() - 11..],
+            &whole[whole.len() - 11..],
+            &format!("resumed with t = {t}"),
+        );
+    }
+}
+
+/// A run dir holding `from`'s checkpoint of `step` and its metrics up to it, ready for
+/// `--resume`.
+fn copy_checkpoint_at(from: &Path, to: &Path, step: u64) {
+    std::fs::create_dir_all(to.join("checkpoints")).unwrap();
+    let name = format!("step_{step:06}");
+    let src = from.join("checkpoints").join(&name);
+    let dst = to.join("checkpoints").join(&name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(to.join("checkpoints").join("latest"), format!("{name}\n")).unwrap();
+    let metrics = std::fs::read_to_string(from.join("metrics.jsonl")).unwrap();
+    let kept: String = metrics
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap() <= step)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(to.join("metrics.jsonl"), kept).unwrap();
+}
+
+#[test]
+fn what_t_cannot_split_is_one_line() {
+    let dir = temp_dir("tp-errors");
+    let cfg = config(&dir);
+    let cases: [(&[&str], &str); 5] = [
+        (&["--tensor-model-parallel-size", "3"], "command line: --tensor-model-parallel-size 3: 3 does not divide num_attention_heads 4"),
+        (&["--tensor-model-parallel-size", "8"], "command line: --tensor-model-parallel-size 8: 8 does not divide num_attention_heads 4"),
+        (
+            &["--tensor-model-parallel-size", "2", "--vocab-size", "97", "--attention-dropout", "0"],
+            "key `vocab_size`: 97: tensor_model_parallel_size 2 does not divide it",
+        ),
+        (
+            &["--tensor-model-parallel-size", "2", "--sequence-parallel", "true", "--attention-dropout", "0"],
+            "key `sequence_parallel`: true: the trainer runs tensor parallelism without it so far",
+        ),
+        (
+            &["--tensor-model-parallel-size", "2"],
+            "key `attention_dropout`: 0.1: the trainer runs tensor_model_parallel_size 2 with attention_dropout 0 so far",
+        ),
+    ];
+    for (i, (flags, needle)) in cases.iter().enumerate() {
+        let run = dir.join(format!("run{i}"));
+        let flags = [&["--global-batch-size", "4"], *flags].concat();
+        assert_user_error(&train(&cfg, &run, &flags), needle);
+        assert!(!run.exists(), "case {i}: a refused run made its run dir");
+    }
+}
