@@ -135,6 +135,47 @@ fn a_rank_that_stops_answering_ends_the_run_at_the_timeout() {
     assert_eq!(latest(&dir.join("run")), "step_000002");
 }
 
+/// A tensor-parallel peer that fails ends the job with its message, as a pipeline peer
+/// does; one that stops answering ends it at the timeout, named, with the layer's
+/// collective that waited; the last checkpoint is whole either way.
+#[test]
+fn a_tensor_parallel_peer_that_fails_or_stalls_ends_the_run() {
+    let dir = temp_dir("faults-tensor");
+    let args = [
+        "--tensor-model-parallel-size",
+        "2",
+        "--attention-dropout",
+        "0",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "50",
+        "--save-interval",
+        "2",
+        "--distributed-timeout-minutes",
+        "0.02",
+    ];
+    let (out, _) =
+        wait_with_deadline(spawn_train(&dir, "fails", &args, Some("1:3")), Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.trim_end().ends_with("error: rank 1: stage 0: injected fault at step 3"), "{err}");
+    assert_eq!(latest(&dir.join("fails")), "step_000002");
+    let (out, took) =
+        wait_with_deadline(spawn_train(&dir, "stalls", &args, Some("1:3:stall")), Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end().lines().last().unwrap_or_default(),
+        "error: rank 0: step 3: stage 0: backward of microbatch 0, in the tensor-parallel group: all-reduce over \
+         the tensor-parallel group: rank 1 (stage 0, tensor rank 1) did not join within 1.2 s \
+         (distributed_timeout_minutes)",
+        "{err}"
+    );
+    assert!(took >= Duration::from_millis(1200), "ended after {took:?}, before the timeout");
+    assert_eq!(latest(&dir.join("stalls")), "step_000002");
+}
+
 #[test]
 fn ctrl_c_stops_at_a_step_boundary_with_a_checkpoint() {
     let dir = temp_dir("ctrl-c");
