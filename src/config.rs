@@ -68,10 +68,13 @@ pub struct Config {
     /// Explicit number of transformer blocks per pipeline stage (ours); balanced by cost
     /// when unset.
     pub num_layers_per_stage: Option<Vec<usize>>,
-    /// t: ranks that split every layer, Megatron-style (simulated; the trainer runs 1).
+    /// t: ranks that split every layer, Megatron-style.
     pub tensor_model_parallel_size: usize,
     /// With t > 1, the LayerNorm and dropout regions split along the sequence (simulated).
     pub sequence_parallel: bool,
+    /// With full recompute and t > 1, each tensor-parallel rank keeps 1/t of every
+    /// recomputed group's input (Megatron's name; DeepSpeed's `partition_activations`).
+    pub distribute_saved_activations: bool,
     /// Data-parallel replicas of the whole pipeline. Under MPI it is derived as
     /// world / pipeline_model_parallel_size (as in Megatron) and, when given, must agree.
     pub data_parallel_size: Option<usize>,
@@ -164,6 +167,7 @@ impl Default for Config {
             num_layers_per_stage: None,
             tensor_model_parallel_size: 1,
             sequence_parallel: false,
+            distribute_saved_activations: false,
             data_parallel_size: None,
             recompute_granularity: None,
             recompute_method: None,
@@ -480,7 +484,11 @@ impl Config {
 
     /// The tensor-parallel layout every layer is simulated with.
     pub fn tensor_parallel(&self) -> stages::TensorParallel {
-        stages::TensorParallel { size: self.tensor_model_parallel_size, sequence: self.sequence_parallel }
+        stages::TensorParallel {
+            size: self.tensor_model_parallel_size,
+            sequence: self.sequence_parallel,
+            distribute_saved: self.distribute_saved_activations,
+        }
     }
 
     /// Model chunks per stage: `virtual_pipeline_model_parallel_size`, else what the schedule
@@ -686,7 +694,25 @@ impl Config {
                 return Err(("tensor_model_parallel_size", format!("{t} does not divide {what} {n}")));
             }
         }
-        Ok(())
+        // Megatron's rules: across the tensor-parallel group, of full recompute's inputs,
+        // and not where sequence parallelism already splits them.
+        let distribute = "distribute_saved_activations";
+        match self.distribute_saved_activations {
+            false => Ok(()),
+            true if t == 1 => Err((
+                distribute,
+                "true needs tensor_model_parallel_size > 1: the saved inputs are split over its ranks".into(),
+            )),
+            true if self.granularity() != RecomputeGranularity::Full => Err((
+                distribute,
+                "true needs recompute_granularity: full: it splits the inputs full recompute keeps".into(),
+            )),
+            true if self.sequence_parallel => Err((
+                distribute,
+                "true is not allowed with sequence_parallel, which already splits those inputs".into(),
+            )),
+            true => Ok(()),
+        }
     }
 
     fn validate_recompute(&self) -> Result<(), (&'static str, String)> {

@@ -115,7 +115,9 @@ pub fn build_chunk(
             Parameters::with_values(dev, &s, &layout, specs, values)
         }
     };
-    Ok(ModelChunk::new(s, layout, shard, params, policy, dropout(c), c.seed))
+    let mut chunk = ModelChunk::new(s, layout, shard, params, policy, dropout(c), c.seed);
+    chunk.distribute_saved = c.distribute_saved_activations;
+    Ok(chunk)
 }
 
 /// The values of `spec` from its Hugging Face parts in `named`, each found under

@@ -88,7 +88,7 @@ fn chunk_collective_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hard
 
 /// Seconds the chunk's recompute takes on `hw`, on one tensor-parallel rank: the forward of
 /// what the policy recomputes. Full: the recomputed blocks' whole forward, its collectives
-/// included. Selective: the attention core's forward (compute-bound, no collectives), GELU
+/// included, and with distributed saves each group's all-gather of its input. Selective: the attention core's forward (compute-bound, no collectives), GELU
 /// and LayerNorm (memory-bound: one read and one write of their output-sized tensors each).
 fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> f64 {
     let (s, tp) = (&setup.shape, setup.tp);
@@ -104,7 +104,14 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
             let recomputed: usize = segments.iter().filter(|g| g.recompute).map(|g| g.end - g.start).sum();
             let forward =
                 block.forward / hw.achieved_flops() + tensor_parallel_seconds(setup, tp.block_forward(), hw);
-            recomputed as f64 * forward
+            let groups = segments.iter().filter(|g| g.recompute).count();
+            let gather = LayerCollectives { all_gather: 1, ..Default::default() };
+            let gathers = if tp.distribute_saved {
+                groups as f64 * tensor_parallel_seconds(setup, gather, hw)
+            } else {
+                0.0
+            };
+            recomputed as f64 * forward + gathers
         }
         RecomputePolicy::Selective(m) => {
             // The attention core has no weights, so its FLOPs are the block's forward FLOPs

@@ -221,7 +221,7 @@ mod tests {
         for shape in [GPT3, LLAMA3_70B] {
             for t in [1, 2, 8] {
                 for sequence in [false, true] {
-                    let tp = TensorParallel { size: t, sequence };
+                    let tp = TensorParallel { size: t, sequence, distribute_saved: false };
                     for (policy, keep) in cases {
                         let kept = Kept::of(&policy).unwrap();
                         let ours = block_kept_bytes(&shape, tp, keep);
@@ -241,7 +241,7 @@ mod tests {
         let fused = ModelShape { attention: AttentionSaves::RowLogSumExp, ..GPT3 };
         for t in [1, 2, 8] {
             for sequence in [false, true] {
-                let tp = TensorParallel { size: t, sequence };
+                let tp = TensorParallel { size: t, sequence, distribute_saved: false };
                 for (policy, keep) in &cases[..2] {
                     let kept = Kept::of(policy).unwrap();
                     let ours = block_kept_bytes(&fused, tp, *keep);
@@ -259,7 +259,7 @@ mod tests {
             }
         }
         // The paper's own numbers for this layer at t = 8 with SP: 34 sbh / t and 5as/h = 80.
-        let sp = TensorParallel { size: 8, sequence: true };
+        let sp = TensorParallel { size: 8, sequence: true, distribute_saved: false };
         let sbh = 2048.0 * 12288.0;
         assert_eq!(layer_bytes(&GPT3, sp, Kept::Everything), sbh / 8.0 * (34.0 + 80.0));
         assert_eq!(layer_bytes(&GPT3, sp, Kept::SelectiveCoreAttention), sbh * 34.0 / 8.0);
@@ -278,10 +278,21 @@ mod tests {
             modules.map(BlockKeep::Stored).into_iter().chain([BlockKeep::InputOnly { group_start: true }]);
         for keep in keeps {
             let one = block_kept_bytes(&GPT3, TensorParallel::NONE, keep);
-            assert_eq!(block_kept_bytes(&GPT3, TensorParallel { size: 1, sequence: true }, keep), one);
+            assert_eq!(
+                block_kept_bytes(
+                    &GPT3,
+                    TensorParallel { size: 1, sequence: true, distribute_saved: false },
+                    keep
+                ),
+                one
+            );
             for t in [2, 4, 8] {
                 assert_eq!(
-                    block_kept_bytes(&GPT3, TensorParallel { size: t, sequence: true }, keep) * t,
+                    block_kept_bytes(
+                        &GPT3,
+                        TensorParallel { size: t, sequence: true, distribute_saved: false },
+                        keep
+                    ) * t,
                     one
                 );
             }

@@ -4,11 +4,12 @@
 //! hides both): within 2% on every stage; and the same for a Llama of that width (RMSNorm,
 //! rotary positions, SwiGLU, 3 key/value groups, no biases, an untied output layer). The
 //! schedules are the two the issue was found with (gpipe and interleaved-1f1b agree as
-//! closely at the real 124M shape), and 1F1B over tensor-parallel ranks (t = 2 and 4, each
-//! rank against its stage's per-rank prediction).
+//! closely at the real 124M shape), and 1F1B over tensor-parallel ranks (t = 2, each rank
+//! against its stage's per-rank prediction, also with full recompute's inputs distributed
+//! over the group).
 
 use super::rank::Rank;
-use crate::config::{Config, PositionEmbeddingType};
+use crate::config::{Config, PositionEmbeddingType, RecomputeGranularity, RecomputeMethod};
 use crate::data::TokenData;
 use std::path::Path;
 
@@ -33,7 +34,14 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
 fn peaks_are_predicted(family: &Config) {
     let path = Path::new("gpt2-small-width.yaml");
     let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
-    for (schedule, p, t) in [("1f1b", 2, 1), ("zb-h1", 3, 1), ("1f1b", 2, 2), ("1f1b", 1, 4)] {
+    let cases = [
+        ("1f1b", 2, 1, false),
+        ("zb-h1", 3, 1, false),
+        ("1f1b", 2, 2, false),
+        ("1f1b", 1, 4, false),
+        ("1f1b", 2, 2, true),
+    ];
+    for (schedule, p, t, distributed) in cases {
         // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains
         // (but for attention dropout, which tensor parallelism does not run yet). t must
         // divide the vocabulary (GPT-2's padded 50304) and the key/value groups (4 instead
@@ -50,6 +58,10 @@ fn peaks_are_predicted(family: &Config) {
             vocab_size: if tp { 50304 } else { family.vocab_size },
             attention_dropout: if tp { 0.0 } else { family.attention_dropout },
             num_query_groups: family.num_query_groups.map(|g| if tp { 4 } else { g }),
+            recompute_granularity: distributed.then_some(RecomputeGranularity::Full),
+            recompute_method: distributed.then_some(RecomputeMethod::Uniform),
+            recompute_num_layers: distributed.then_some(1),
+            distribute_saved_activations: distributed,
             ..family.clone()
         };
         let mut ranks = Rank::all_in_threads(&cfg, path);
@@ -66,7 +78,7 @@ fn peaks_are_predicted(family: &Config) {
             let error = predicted[stage] as f64 / measured - 1.0;
             assert!(
                 error.abs() <= 0.02,
-                "{:?} {schedule} p={p} t={t} rank {r}: predicted {} bytes, measured {measured} ({:+.1}%)",
+                "{:?} {schedule} p={p} t={t} distributed {distributed} rank {r}: predicted {} bytes, measured {measured} ({:+.1}%)",
                 cfg.normalization,
                 predicted[stage],
                 100.0 * error

@@ -45,7 +45,8 @@ pub enum Mode {
 enum SegmentStash {
     /// Every block's kept tensors, in block order, from block offset `start`.
     Stored { start: usize, acts: Vec<BlockActs> },
-    /// Full recompute of blocks `start..end`: only the segment's input [B,T,C].
+    /// Full recompute of blocks `start..end`: only the segment's input [B,T,C], or with
+    /// distributed saves this rank's 1/t of it [B*T*C/t].
     Recompute { start: usize, end: usize, input: Tensor },
 }
 
@@ -72,6 +73,9 @@ pub struct ModelChunk {
     pub layout: ChunkLayout,
     /// This rank's part of the tensor-parallel layers; `params` hold it.
     pub shard: Shard,
+    /// Megatron's `distribute_saved_activations`: a full recompute keeps this rank's 1/t of
+    /// its input, and the group gathers the whole before recomputing.
+    pub distribute_saved: bool,
     pub params: Parameters,
     pub policy: RecomputePolicy,
     pub dropout: DropoutProbs,
@@ -94,7 +98,8 @@ impl ModelChunk {
         dropout: DropoutProbs,
         seed: u64,
     ) -> Self {
-        ModelChunk { shape, layout, shard, params, policy, dropout, seed, recompute: Stopwatch::default() }
+        let recompute = Stopwatch::default();
+        ModelChunk { shape, layout, shard, distribute_saved: false, params, policy, dropout, seed, recompute }
     }
 
     fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
@@ -163,9 +168,15 @@ impl ModelChunk {
                         tp,
                     );
                     if kept_input.is_none() {
-                        let mut input = acts.input;
-                        input.recategorize(Category::Activations);
-                        kept_input = Some(input);
+                        kept_input = Some(match self.distributes_saves() {
+                            // The whole input goes with the block's workspace.
+                            true => own_part(dev, self.shard, &acts.input),
+                            false => {
+                                let mut input = acts.input;
+                                input.recategorize(Category::Activations);
+                                input
+                            }
+                        });
                     }
                     x = y;
                 }
@@ -256,6 +267,10 @@ impl ModelChunk {
             let (start, acts) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, input } => {
+                    let input = match self.distributes_saves() {
+                        true => gathered(dev, tp, &input, [s.micro_batch, s.seq_len, s.hidden]),
+                        false => input,
+                    };
                     // Out of `self` while the segment, which borrows `self`, runs under it.
                     let mut watch = std::mem::take(&mut self.recompute);
                     let acts =
@@ -290,6 +305,10 @@ impl ModelChunk {
         (Some(dx), deferred(wg))
     }
 
+    fn distributes_saves(&self) -> bool {
+        self.distribute_saved && self.shard.size > 1
+    }
+
     /// Runs blocks `range` forward again from their segment's input, keeping everything
     /// (as workspace: it lives only until this backward has consumed it).
     fn recompute_segment(
@@ -318,6 +337,28 @@ impl ModelChunk {
             weight_grads::apply(dev, &mut p.grads, wg);
         }
     }
+}
+
+/// This shard's 1/t of `whole`'s elements (contiguous, in rank order), kept as activations.
+fn own_part(dev: &dyn Device, shard: Shard, whole: &Tensor) -> Tensor {
+    let len = whole.len() / shard.size;
+    let host = dev.to_host(whole);
+    dev.from_host_of(whole.dtype(), &host[shard.rank * len..][..len], &[len], Category::Activations)
+}
+
+/// The whole tensor of `shape` from the group's parts ([`own_part`]), as workspace for the
+/// recompute that reads it.
+fn gathered(dev: &dyn Device, tp: &mut TensorGroup, part: &Tensor, shape: [usize; 3]) -> Tensor {
+    let mut w = crate::dist::Writer::default();
+    w.f32s(&dev.to_host(part));
+    let mut whole = Vec::with_capacity(part.len() * tp.size());
+    for bytes in tp.all_gather(&w.0) {
+        whole.extend(
+            crate::dist::Reader(&bytes).f32s().expect("the group's members encode their parts alike"),
+        );
+    }
+    whole.resize(shape.iter().product(), 0.0); // after a failed gather: never read
+    dev.from_host_of(part.dtype(), &whole, &shape, Category::Workspace)
 }
 
 /// The chunk indices of the final norm's weight and bias.

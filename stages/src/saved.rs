@@ -182,6 +182,10 @@ pub fn block_kept_bytes(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> 
         BlockKeep::Stored(modules) => {
             BlockTensor::ALL.into_iter().filter(|t| !t.dropped_by(modules)).map(entry).collect()
         }
+        BlockKeep::InputOnly { group_start: true } if tp.distribute_saved => {
+            let input = BlockTensor::Input;
+            vec![(tp.per_rank(input.elements(s), Split::Interior), input.element_bytes(s))]
+        }
         BlockKeep::InputOnly { group_start: true } => vec![entry(BlockTensor::Input)],
         BlockKeep::InputOnly { group_start: false } => vec![],
     };

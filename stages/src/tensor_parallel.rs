@@ -24,6 +24,9 @@ pub struct TensorParallel {
     pub size: usize,
     /// Sequence parallelism: the replicated part of the layer splits along the sequence.
     pub sequence: bool,
+    /// Megatron's `distribute_saved_activations`: the input a full recompute keeps is split
+    /// over the t ranks, each keeping 1/t of it, gathered before the recompute.
+    pub distribute_saved: bool,
 }
 
 /// How a stored tensor or a parameter is laid out over the t ranks.
@@ -78,7 +81,7 @@ impl LayerCollectives {
 
 impl TensorParallel {
     /// One rank holds the whole layer: the trainer's layout.
-    pub const NONE: TensorParallel = TensorParallel { size: 1, sequence: false };
+    pub const NONE: TensorParallel = TensorParallel { size: 1, sequence: false, distribute_saved: false };
 
     /// Elements one rank holds of a tensor of `elements` laid out as `split` (the largest
     /// share where t does not divide it, as a vocabulary that Megatron would pad).
@@ -295,8 +298,10 @@ mod tests {
         assert_eq!(Collective::AllGather.ring_bytes(800.0, 8), 700.0);
         assert_eq!(Collective::ReduceScatter.ring_bytes(800.0, 1), 0.0);
         // Sequence parallelism moves the same bytes as the all-reduces it replaces.
-        let (tp, sp) =
-            (TensorParallel { size: 8, sequence: false }, TensorParallel { size: 8, sequence: true });
+        let (tp, sp) = (
+            TensorParallel { size: 8, sequence: false, distribute_saved: false },
+            TensorParallel { size: 8, sequence: true, distribute_saved: false },
+        );
         assert_eq!(tp.block_forward().ring_bytes(800.0, 8), sp.block_forward().ring_bytes(800.0, 8));
     }
 
@@ -311,21 +316,24 @@ mod tests {
             all_gather,
             reduce_scatter,
         };
-        let tp = TensorParallel { size: 8, sequence: false };
+        let tp = TensorParallel { size: 8, sequence: false, distribute_saved: false };
         let sp = TensorParallel { sequence: true, ..tp };
         let passes =
             |t: TensorParallel| [t.block_forward(), t.block_backward_input(), t.block_backward_weight()];
         assert_eq!(passes(tp), [c(2, 0, 0), c(2, 0, 0), c(0, 0, 0)]);
         assert_eq!(passes(sp), [c(0, 2, 2), c(0, 2, 2), c(0, 2, 0)]);
         assert_eq!(passes(TensorParallel::NONE), [c(0, 0, 0); 3]);
-        assert_eq!(passes(TensorParallel { size: 1, sequence: true }), [c(0, 0, 0); 3]);
+        assert_eq!(
+            passes(TensorParallel { size: 1, sequence: true, distribute_saved: false }),
+            [c(0, 0, 0); 3]
+        );
         assert_eq!([tp.embedding_forward(), tp.head_forward()], [c(1, 0, 0), c(1, 0, 0)]);
         assert_eq!([sp.embedding_forward(), sp.head_forward()], [c(0, 0, 1), c(0, 1, 1)]);
     }
 
     #[test]
     fn per_rank_splits_follow_the_layout() {
-        let tp = TensorParallel { size: 4, sequence: false };
+        let tp = TensorParallel { size: 4, sequence: false, distribute_saved: false };
         let sp = TensorParallel { sequence: true, ..tp };
         assert_eq!(
             [Split::Interior, Split::Sequence, Split::Replicated].map(|s| tp.per_rank(64, s)),

@@ -29,6 +29,11 @@ impl<'a> TensorGroup<'a> {
         TensorGroup { collective: (t > 1).then_some(collective), error: None }
     }
 
+    /// t, the group's ranks.
+    pub fn size(&self) -> usize {
+        self.collective.as_deref().map_or(1, |c| c.topology().tensor)
+    }
+
     /// Replaces `t` by the sum of the group's tensors, in tensor rank order.
     pub fn all_reduce(&mut self, t: &mut Tensor, dev: &dyn Device) {
         if let (Some(c), None) = (self.collective.as_deref_mut(), &self.error) {
@@ -39,7 +44,7 @@ impl<'a> TensorGroup<'a> {
     /// Every member's bytes, in tensor rank order. After a failure, `bytes` stands in for
     /// each member's (never read: the action ends in the error).
     pub fn all_gather(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-        let size = self.collective.as_deref().map_or(1, |c| c.topology().tensor);
+        let size = self.size();
         if let (Some(c), None) = (self.collective.as_deref_mut(), &self.error) {
             match c.all_gather(Group::Tensor, bytes) {
                 Ok(all) => return all,
