@@ -55,7 +55,7 @@ fn config_mistakes() {
         (
             format!("{SMALL}tensor_model_parallel_size: 2\n"),
             &[],
-            "c.yaml: key `tensor_model_parallel_size`: 2: the trainer runs 1; tensor parallelism is simulated only (pipetrain simulate)",
+            "c.yaml: key `vocab_size`: 50257: tensor_model_parallel_size 2 does not divide it",
         ),
         (
             format!("{SMALL}tensor_model_parallel_size: 3\n"),
