@@ -70,7 +70,7 @@ pub struct Config {
     pub num_layers_per_stage: Option<Vec<usize>>,
     /// t: ranks that split every layer, Megatron-style.
     pub tensor_model_parallel_size: usize,
-    /// With t > 1, the LayerNorm and dropout regions split along the sequence (simulated).
+    /// With t > 1, the norms, dropout and residual split along the sequence.
     pub sequence_parallel: bool,
     /// With full recompute and t > 1, each tensor-parallel rank keeps 1/t of every
     /// recomputed group's input (Megatron's name; DeepSpeed's `partition_activations`).

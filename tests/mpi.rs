@@ -113,8 +113,8 @@ fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
 }
 
 /// Tensor-parallel ranks as processes give the threads run's bits: t = 2 with p = 2
-/// (selective recompute), and t = 2 with dp = 2 (full recompute), four ranks each, tensor
-/// ranks fastest.
+/// (sequence parallelism, selective recompute), and t = 2 with dp = 2 (full recompute),
+/// four ranks each, tensor ranks fastest.
 #[test]
 fn tensor_parallel_ranks_under_mpirun_match_threads_bitwise() {
     let dir = temp_dir("mpi-tp");
@@ -125,8 +125,11 @@ fn tensor_parallel_ranks_under_mpirun_match_threads_bitwise() {
     ];
     let cases = [
         (
-            "t2-p2",
-            vec![("pipeline-model-parallel-size", "2".to_string())],
+            "t2-p2-sp",
+            vec![
+                ("pipeline-model-parallel-size", "2".to_string()),
+                ("sequence-parallel", "true".to_string()),
+            ],
             selective_recompute("core_attn"),
             1,
         ),

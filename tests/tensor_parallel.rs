@@ -1,9 +1,11 @@
 //! Tensor parallelism in the trainer, as Megatron runs it: t = 2 and 4 ranks per stage, with
-//! and without pipeline stages, under every recompute policy, for GPT-2 and the Llama
-//! family, agree with t = 1 within 1e-5 relative over 20 steps (the row-parallel partial
-//! sums are the only change of order); they are bitwise run to run; checkpoints keep the
-//! whole model, so a run resumes with another t; distributed saved activations change no
-//! bit and save the predicted bytes; what t cannot split is one line, exit 2.
+//! and without pipeline stages and sequence parallelism, under every recompute policy, for
+//! GPT-2 and the Llama family, agree with t = 1 within 1e-5 relative over 20 steps (the
+//! partial sums are the only change of order), each rank's activations as the memory model
+//! predicts them; they are bitwise run to run; checkpoints keep the whole model, so a run
+//! resumes with another t; distributed saved activations change no bit and save the
+//! predicted bytes; a plan `simulate` prints with t > 1 trains; what t cannot split is one
+//! line, exit 2.
 
 mod common;
 use common::*;
@@ -30,6 +32,11 @@ fn steps(extra: &[(&str, String)]) -> Vec<String> {
 
 fn tp(t: usize, p: usize) -> Vec<(&'static str, String)> {
     vec![("tensor-model-parallel-size", t.to_string()), ("pipeline-model-parallel-size", p.to_string())]
+}
+
+/// t ranks per stage of p stages, with or without sequence parallelism.
+fn tsp(t: usize, p: usize, sequence: bool) -> Vec<(&'static str, String)> {
+    [tp(t, p), vec![("sequence-parallel", sequence.to_string())]].concat()
 }
 
 /// Every step's training loss, and the final validation loss.
@@ -85,15 +92,20 @@ fn gpt2_with_t_2_and_4_agrees_with_t_1_under_every_recompute_policy() {
     let dir = temp_dir("tp-gpt2");
     let base = loss_values(&run_small(&dir, "t1", &steps(&[])));
     for (i, policy) in policies().iter().enumerate() {
-        for (t, p) in [(2, 1), (4, 1), (2, 2), (4, 2)] {
-            let mut f = tp(t, p);
+        for (t, p, sequence) in [(2, 1, false), (4, 2, false), (2, 2, true), (4, 1, true)] {
+            let mut f = tsp(t, p, sequence);
             f.extend(policy.iter().cloned());
-            let name = format!("t{t}-p{p}-policy{i}");
+            let name = format!("t{t}-p{p}-sp{sequence}-policy{i}");
             let run = run_small(&dir, &name, &steps(&f));
             assert_within(&loss_values(&run), &base, &name);
             assert_memory_truth(&run, &name, t as u64);
         }
     }
+    // A split backward keeps its weight gradients' inputs until W runs, gathered whole.
+    let f = [tsp(2, 2, true), vec![("pipeline-schedule", "zb-h1".to_string())]].concat();
+    let run = run_small(&dir, "zb-h1-t2-p2-sp", &steps(&f));
+    assert_within(&loss_values(&run), &base, "zb-h1-t2-p2-sp");
+    assert_memory_truth(&run, "zb-h1-t2-p2-sp", 2);
 }
 
 #[test]
@@ -112,11 +124,11 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
     .map(|(k, v)| (k, v.to_string()));
     let base = loss_values(&run_small(&dir, "t1", &steps(&llama)));
     for (i, policy) in policies().iter().enumerate() {
-        for p in [1, 2] {
+        for (p, sequence) in [(1, i % 2 == 1), (2, i % 2 == 0)] {
             let mut f = llama.to_vec();
-            f.extend(tp(2, p));
+            f.extend(tsp(2, p, sequence));
             f.extend(policy.iter().cloned());
-            let name = format!("t2-p{p}-policy{i}");
+            let name = format!("t2-p{p}-sp{sequence}-policy{i}");
             let run = run_small(&dir, &name, &steps(&f));
             assert_within(&loss_values(&run), &base, &name);
             assert_memory_truth(&run, &name, 2);
@@ -199,6 +211,45 @@ fn copy_checkpoint_at(from: &Path, to: &Path, step: u64) {
     std::fs::write(to.join("metrics.jsonl"), kept).unwrap();
 }
 
+/// The planner's choice over 4 GPUs for a model too shallow and a batch too small for
+/// pipeline or data parallelism alone (2 layers, one sequence per step): t = 4 with sequence
+/// parallelism. Its config lines, pasted under the model's, train.
+#[test]
+fn a_plan_with_t_4_pasted_into_a_config_trains() {
+    let dir = temp_dir("tp-plan");
+    let data = synthetic_data(&dir);
+    let model: String = MODEL
+        .lines()
+        .filter(|l| !["num_layers", "micro_batch_size", "attention_dropout"].iter().any(|k| l.starts_with(k)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let text = format!(
+        "{model}num_layers: 2\nglobal_batch_size: 1\nattention_dropout: 0\ntrain_data_path: {}\nvalid_data_path: {}\n",
+        data.display(),
+        data.display()
+    );
+    let cfg = write_config(&dir, "model.yaml", &text);
+    let plan = bin()
+        .args(["simulate", "--plan", "--gpus", "4", "--hardware", "cpu-measured", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(plan.status.success(), "{}", stderr(&plan));
+    let lines: String = String::from_utf8(plan.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(lines.contains("tensor_model_parallel_size: 4\nsequence_parallel: true\n"), "{lines}");
+    let planned = write_config(&dir, "planned.yaml", &format!("{text}{lines}"));
+    let run = dir.join("run");
+    let o = train(&planned, &run, &["--peak-flops", "1e9"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ranks = report(&run)["stages"].as_array().unwrap().len();
+    assert_eq!(ranks, 4, "the plan's four ranks");
+}
+
 #[test]
 fn what_t_cannot_split_is_one_line() {
     let dir = temp_dir("tp-errors");
@@ -210,6 +261,12 @@ fn what_t_cannot_split_is_one_line() {
     let selective_distributed =
         [&["--tensor-model-parallel-size", "2", "--recompute-granularity", "selective"][..], &distribute[..]]
             .concat();
+    let sequence_distributed = [
+        &["--tensor-model-parallel-size", "2", "--sequence-parallel", "true"][..],
+        &full[..],
+        &distribute[..],
+    ]
+    .concat();
     let cases: [(&[&str], &str); 7] = [
         (
             &t1_distributed,
@@ -226,8 +283,8 @@ fn what_t_cannot_split_is_one_line() {
             "key `vocab_size`: 97: tensor_model_parallel_size 2 does not divide it",
         ),
         (
-            &["--tensor-model-parallel-size", "2", "--sequence-parallel", "true", "--attention-dropout", "0"],
-            "key `sequence_parallel`: true: the trainer runs tensor parallelism without it so far",
+            &sequence_distributed,
+            "--distribute-saved-activations true: true is not allowed with sequence_parallel, which already splits those inputs",
         ),
         (
             &["--tensor-model-parallel-size", "2"],

@@ -43,8 +43,11 @@ fn main() {
             (0..len).map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 * 1e-4 - 0.1).collect();
         dev.from_host(&data, shape, Category::Parameters)
     };
-    let drop =
-        |site| DropoutSpec { p: 0.1, key: DropoutKey { seed: 1, step: 1, microbatch: 0, layer: 0, site } };
+    let drop = |site| DropoutSpec {
+        p: 0.1,
+        key: DropoutKey { seed: 1, step: 1, microbatch: 0, layer: 0, site },
+        first: 0,
+    };
     let part = Cell::new(Part::Gpt2Forward);
     let mut rows: Vec<(Part, &str, f64, f64)> = Vec::new(); // (part, op, seconds, matmul FLOPs)
                                                             // One warm-up, then the best of up to 5 runs within half a second (the machine is shared).

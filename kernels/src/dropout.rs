@@ -32,4 +32,8 @@ pub struct DropoutKey {
 pub struct DropoutSpec {
     pub p: f32,
     pub key: DropoutKey,
+    /// The mask's element index of the tensor's first element (the elementwise dropout op's):
+    /// 0, or where a sequence-parallel rank's rows begin in the whole tensor, so that the
+    /// ranks' masks are the whole tensor's.
+    pub first: usize,
 }

@@ -106,7 +106,11 @@ fn bf16_gpu(test: &str) -> Option<CudaDevice> {
 }
 
 fn dropout(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
-    DropoutSpec { p, key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site } }
+    DropoutSpec {
+        p,
+        key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site },
+        first: 0,
+    }
 }
 
 // Shapes chosen to exercise every loop of the kernels: T above a warp, C above a warp and

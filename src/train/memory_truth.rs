@@ -34,14 +34,15 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
 fn peaks_are_predicted(family: &Config) {
     let path = Path::new("gpt2-small-width.yaml");
     let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
+    // (schedule, p, t, sequence parallelism, distributed saves)
     let cases = [
-        ("1f1b", 2, 1, false),
-        ("zb-h1", 3, 1, false),
-        ("1f1b", 2, 2, false),
-        ("1f1b", 1, 4, false),
-        ("1f1b", 2, 2, true),
+        ("1f1b", 2, 1, false, false),
+        ("zb-h1", 3, 1, false, false),
+        ("1f1b", 2, 2, false, false),
+        ("1f1b", 2, 2, true, false),
+        ("1f1b", 2, 2, false, true),
     ];
-    for (schedule, p, t, distributed) in cases {
+    for (schedule, p, t, sequence, distributed) in cases {
         // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains
         // (but for attention dropout, which tensor parallelism does not run yet). t must
         // divide the vocabulary (GPT-2's padded 50304) and the key/value groups (4 instead
@@ -61,6 +62,7 @@ fn peaks_are_predicted(family: &Config) {
             recompute_granularity: distributed.then_some(RecomputeGranularity::Full),
             recompute_method: distributed.then_some(RecomputeMethod::Uniform),
             recompute_num_layers: distributed.then_some(1),
+            sequence_parallel: sequence,
             distribute_saved_activations: distributed,
             ..family.clone()
         };
@@ -78,7 +80,7 @@ fn peaks_are_predicted(family: &Config) {
             let error = predicted[stage] as f64 / measured - 1.0;
             assert!(
                 error.abs() <= 0.02,
-                "{:?} {schedule} p={p} t={t} distributed {distributed} rank {r}: predicted {} bytes, measured {measured} ({:+.1}%)",
+                "{:?} {schedule} p={p} t={t} sequence {sequence} distributed {distributed} rank {r}: predicted {} bytes, measured {measured} ({:+.1}%)",
                 cfg.normalization,
                 predicted[stage],
                 100.0 * error

@@ -48,8 +48,8 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
 
 /// What the trainer's tensor parallelism does not run yet, beyond the divisibility rules
 /// the config and `simulate` share: the vocabulary must split evenly (no padding), and
-/// sequence parallelism, attention dropout (whose mask is keyed by the whole model's heads)
-/// and the CUDA device wait for their turn.
+/// attention dropout (whose mask is keyed by the whole model's heads) and the CUDA device
+/// wait for their turn.
 fn tensor_parallel_runs(cfg: &config::Config) -> Result<(), (&'static str, String)> {
     let t = cfg.tensor_model_parallel_size;
     if t == 1 {
@@ -60,9 +60,6 @@ fn tensor_parallel_runs(cfg: &config::Config) -> Result<(), (&'static str, Strin
             "vocab_size",
             format!("{}: tensor_model_parallel_size {t} does not divide it", cfg.vocab_size),
         ));
-    }
-    if cfg.sequence_parallel {
-        return Err(("sequence_parallel", format!("true: the trainer runs tensor parallelism without it so far (tensor_model_parallel_size {t}); pipetrain simulate models it")));
     }
     if cfg.attention_dropout > 0.0 {
         return Err((

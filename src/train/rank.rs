@@ -76,7 +76,8 @@ impl Rank {
         // device stores, or every prediction of this run is off.
         assert_eq!(plan::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
         let policy = plan::recompute_policy(cfg, stage_index);
-        let shard = Shard { size: topology.tensor, rank: topology.tensor_of(id) };
+        let shard =
+            Shard { size: topology.tensor, rank: topology.tensor_of(id), sequence: cfg.sequence_parallel };
         let chunks = layouts
             .into_iter()
             .map(|layout| plan::build_chunk(&*device, cfg, layout, shard, policy, weights))
@@ -253,12 +254,16 @@ impl Rank {
         }
     }
 
-    /// Sums the tied embedding's two halves within this replica, then every gradient across
-    /// replicas. In this order the tied gradient is sum over replicas r of (embedding_r +
+    /// Sums the norms' gradients over the tensor-parallel group where sequence parallelism
+    /// split their rows, the tied embedding's two halves within this replica, then every
+    /// gradient across replicas. In this order the tied gradient is sum over replicas r of (embedding_r +
     /// head_r) whether one stage holds both halves or two do, so the bits do not depend on
     /// the partition.
     fn reduce_grads(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
+        for g in self.stage.sequence_grads_mut() {
+            self.collective.all_reduce_sum(Group::Tensor, g, &*dev)?;
+        }
         self.stage.fold_local_tied_grad();
         if let Some(g) = self.stage.tied_grad_mut() {
             self.collective.all_reduce_sum(Group::TiedEmbedding, g, &*dev)?;
@@ -346,14 +351,14 @@ impl Rank {
         let (dev, collective) = (&*self.stage.device, &mut *self.collective);
         let t = self.topology.tensor;
         let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, shard: Vec<f32>| {
-            if spec.cut(s, Shard { size: t, rank: 0 }).is_none() {
+            if spec.cut(s, Shard { size: t, ..Shard::WHOLE }).is_none() {
                 return Ok(shard);
             }
             let mut w = Writer::default();
             w.f32s(&shard);
             let mut data = vec![0.0; spec.elements()];
             for (rank, bytes) in collective.all_gather(Group::Tensor, &w.0)?.iter().enumerate() {
-                let cut = spec.cut(s, Shard { size: t, rank }).expect("a split parameter");
+                let cut = spec.cut(s, Shard { size: t, rank, ..Shard::WHOLE }).expect("a split parameter");
                 cut.place(&spec.shape, &Reader(bytes).f32s()?, &mut data);
             }
             Ok::<_, anyhow::Error>(data)

@@ -5,7 +5,7 @@
 //! recompute policy); `backward` consumes it, recomputing what the policy dropped just
 //! before the layer that needs it.
 
-use crate::dist::TensorGroup;
+use crate::dist::{own_part, TensorGroup};
 use crate::layers::block::{Block, BlockActs};
 use crate::layers::embedding::TokenEmbedding;
 use crate::layers::head::{HeadActs, LossGrad};
@@ -170,7 +170,11 @@ impl ModelChunk {
                     if kept_input.is_none() {
                         kept_input = Some(match self.distributes_saves() {
                             // The whole input goes with the block's workspace.
-                            true => own_part(dev, self.shard, &acts.input),
+                            true => {
+                                let len = acts.input.len() / self.shard.size;
+                                let mine = self.shard.rank * len..(self.shard.rank + 1) * len;
+                                own_part(dev, &acts.input, mine, &[len], Category::Activations)
+                            }
                             false => {
                                 let mut input = acts.input;
                                 input.recategorize(Category::Activations);
@@ -259,7 +263,7 @@ impl ModelChunk {
                     }
                     None => (&mut p.grads[w], None),
                 };
-                head::backward(dev, &s, &norm, acts, dw, db)
+                head::backward(dev, &norm, acts, dw, db)
             }
             None => dout.expect("a chunk without the head needs the output gradient"),
         };
@@ -268,7 +272,7 @@ impl ModelChunk {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, input } => {
                     let input = match self.distributes_saves() {
-                        true => gathered(dev, tp, &input, [s.micro_batch, s.seq_len, s.hidden]),
+                        true => tp.all_gather_parts(&input, dev, &[s.micro_batch, s.seq_len, s.hidden]),
                         false => input,
                     };
                     // Out of `self` while the segment, which borrows `self`, runs under it.
@@ -299,7 +303,7 @@ impl ModelChunk {
                 None => (&mut p.grads[wte], None),
             };
             let table = TokenEmbedding { table: &p.values[wte], shard: self.shard };
-            embedding::backward(dev, &s, &table, dwte, dwpe, dx, &tokens, &dropout);
+            embedding::backward(dev, &s, &table, dwte, dwpe, dx, &tokens, &dropout, tp);
             return (None, deferred(wg));
         }
         (Some(dx), deferred(wg))
@@ -337,28 +341,6 @@ impl ModelChunk {
             weight_grads::apply(dev, &mut p.grads, wg);
         }
     }
-}
-
-/// This shard's 1/t of `whole`'s elements (contiguous, in rank order), kept as activations.
-fn own_part(dev: &dyn Device, shard: Shard, whole: &Tensor) -> Tensor {
-    let len = whole.len() / shard.size;
-    let host = dev.to_host(whole);
-    dev.from_host_of(whole.dtype(), &host[shard.rank * len..][..len], &[len], Category::Activations)
-}
-
-/// The whole tensor of `shape` from the group's parts ([`own_part`]), as workspace for the
-/// recompute that reads it.
-fn gathered(dev: &dyn Device, tp: &mut TensorGroup, part: &Tensor, shape: [usize; 3]) -> Tensor {
-    let mut w = crate::dist::Writer::default();
-    w.f32s(&dev.to_host(part));
-    let mut whole = Vec::with_capacity(part.len() * tp.size());
-    for bytes in tp.all_gather(&w.0) {
-        whole.extend(
-            crate::dist::Reader(&bytes).f32s().expect("the group's members encode their parts alike"),
-        );
-    }
-    whole.resize(shape.iter().product(), 0.0); // after a failed gather: never read
-    dev.from_host_of(part.dtype(), &whole, &shape, Category::Workspace)
 }
 
 /// The chunk indices of the final norm's weight and bias.

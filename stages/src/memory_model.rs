@@ -58,10 +58,12 @@ fn weight_copy_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -
 /// by backward-input alike), in the activations' element type, which the runtime accounts
 /// as activations until W has run.
 /// Under tensor parallelism a column-parallel matmul's input and a row-parallel one's output
-/// gradient lie outside the split (whole, or a sequence shard), the others inside it.
+/// gradient lie outside the split, whole: with sequence parallelism the weight gradient
+/// keeps the tensor gathered from the ranks' rows (Megatron gathers it again instead); the
+/// others lie inside it.
 pub fn deferred_weight_grad_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     let (n, c, f) = (s.tokens(), s.hidden, s.ffn);
-    let outside = |e: usize| tp.per_rank(e, Split::Sequence);
+    let outside = |e: usize| tp.per_rank(e, Split::Replicated);
     let inside = |e: usize| tp.per_rank(e, Split::Interior);
     // (norm1, dqkv), (atty, dattproj), (norm2, dfc1), (act, dfc2) per block. The head's
     // matmul has none: its whole backward runs in forward.

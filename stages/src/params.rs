@@ -103,6 +103,19 @@ pub enum Role {
     OutputLayer,
 }
 
+impl Role {
+    /// A norm's weight or bias: with sequence parallelism each tensor rank's gradient of it
+    /// covers only its rows of the sequence, and the group sums them.
+    pub fn is_norm(&self) -> bool {
+        use BlockParam::*;
+        match self {
+            Role::FinalNormWeight | Role::FinalNormBias => true,
+            Role::Block { param, .. } => matches!(param, Norm1Weight | Norm1Bias | Norm2Weight | Norm2Bias),
+            Role::TokenEmbedding | Role::PositionEmbedding | Role::OutputLayer => false,
+        }
+    }
+}
+
 /// One Hugging Face tensor that a parameter holds: `rows` consecutive rows of it (the
 /// leading dimension), the parameter being its parts stacked in order.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -196,6 +196,15 @@ impl Stage {
         Some(&mut c.params.grads[wte])
     }
 
+    /// The gradients each tensor-parallel rank computes over its own rows of the sequence
+    /// (the norms', under sequence parallelism), for the group to sum; none without it.
+    pub fn sequence_grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.chunks.iter_mut().filter(|c| c.shard.sequence).flat_map(|c| {
+            let p = &mut c.params;
+            p.specs.iter().zip(&mut p.grads).filter(|(spec, _)| spec.role.is_norm()).map(|(_, g)| g)
+        })
+    }
+
     /// Every parameter gradient of this stage, chunk by chunk in parameter order.
     pub fn grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
         self.chunks.iter_mut().flat_map(|c| c.params.grads.iter_mut())

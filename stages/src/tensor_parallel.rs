@@ -9,8 +9,7 @@
 //! * Which stored tensor is which is declared per tensor in `saved.rs`
 //!   ([`crate::saved::BlockTensor::split`]), which parameter is split in `params.rs`.
 //!
-//! The simulator models any t from these; the trainer runs one [`Shard`] per rank (without
-//! sequence parallelism so far).
+//! The simulator models any t from these; the trainer runs one [`Shard`] per rank.
 
 use crate::model::ModelShape;
 use kernels::OTHER_SHARD;
@@ -155,11 +154,23 @@ impl TensorParallel {
 pub struct Shard {
     pub size: usize,
     pub rank: usize,
+    /// Sequence parallelism: the norms, dropout and residual run on this shard's 1/size of
+    /// the tokens (contiguous rows of the microbatch's [B*T, C]).
+    pub sequence: bool,
 }
 
 impl Shard {
     /// The whole layer on one rank (t = 1).
-    pub const WHOLE: Shard = Shard { size: 1, rank: 0 };
+    pub const WHOLE: Shard = Shard { size: 1, rank: 0, sequence: false };
+
+    /// The token rows this shard's norms, dropout and residual run on: its 1/t of the
+    /// microbatch's with sequence parallelism, all of them without.
+    pub fn rows(&self, s: &ModelShape) -> Range<usize> {
+        match self.sequence {
+            true => self.part(s.tokens(), 0),
+            false => 0..s.tokens(),
+        }
+    }
 
     /// Query heads of this shard.
     pub fn heads(&self, s: &ModelShape) -> usize {
@@ -373,7 +384,7 @@ mod tests {
             vocab: 128256,
             ..ModelShape::GPT2_SMALL
         };
-        let shard = Shard { size: 4, rank: 1 };
+        let shard = Shard { size: 4, rank: 1, sequence: false };
         assert_eq!((shard.heads(&s), shard.kv_heads(&s), shard.ffn(&s)), (8, 2, 3584));
         assert_eq!(shard.qkv_ranges(&s), [1024..2048, 4096 + 256..4096 + 512, 5120 + 256..5120 + 512]);
         assert_eq!(shard.qkv_width(&s), 1536);

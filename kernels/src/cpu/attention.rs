@@ -352,6 +352,7 @@ mod tests {
     const SPEC: DropoutSpec = DropoutSpec {
         p: 0.3,
         key: DropoutKey { seed: 9, step: 2, microbatch: 1, layer: 4, site: DropoutSite::AttentionProbs },
+        first: 0,
     };
 
     /// The multiplier of each element of att [B,NH,T,T]: 1/(1-p) or 0 (all 1 without dropout).

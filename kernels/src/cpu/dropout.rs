@@ -42,12 +42,12 @@ pub fn scale_by_mask(spec: &DropoutSpec, first: usize, xs: &mut [f32]) {
     }
 }
 
-/// out [n] = inp [n] * mask / (1 - p), element index = position in the tensor. The same
-/// call is the backward (dinp = dout * mask / (1 - p)).
+/// out [n] = inp [n] * mask / (1 - p), element index = `spec.first` + position in the
+/// tensor. The same call is the backward (dinp = dout * mask / (1 - p)).
 pub fn apply(out: &mut [f32], inp: &[f32], spec: &DropoutSpec) {
     out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).enumerate().for_each(|(chunk, (out, inp))| {
         out.copy_from_slice(inp);
-        scale_by_mask(spec, chunk * CHUNK, out);
+        scale_by_mask(spec, spec.first + chunk * CHUNK, out);
     });
 }
 
@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn mask_is_philox_keep_and_kept_values_are_scaled() {
-        let spec = DropoutSpec { p: 0.25, key: KEY };
+        let spec = DropoutSpec { p: 0.25, key: KEY, first: 0 };
         let inp = random(1, 2 * CHUNK + 6, 1.0);
         let mut out = vec![f32::NAN; inp.len()];
         apply(&mut out, &inp, &spec);
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn unaligned_windows_see_the_same_mask_elements() {
-        let spec = DropoutSpec { p: 0.5, key: KEY };
+        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0 };
         for (first, n) in [(5, 11), (6, 1), (7, 2), (8, 4), (9, 0), (0, 3), (3, 200), (64, 129)] {
             let mut xs = vec![1.0; n];
             scale_by_mask(&spec, first, &mut xs);
@@ -95,7 +95,22 @@ mod tests {
     fn zero_probability_is_the_identity() {
         let inp = random(2, 1000, 1.0);
         let mut out = vec![0.0; inp.len()];
-        apply(&mut out, &inp, &DropoutSpec { p: 0.0, key: KEY });
+        apply(&mut out, &inp, &DropoutSpec { p: 0.0, key: KEY, first: 0 });
         assert_eq!(out, inp);
+    }
+
+    /// A shard of rows dropped from its first element's index gets the whole tensor's mask:
+    /// shards that start mid-block and span several chunks included.
+    #[test]
+    fn a_shard_from_its_first_element_gets_the_whole_mask() {
+        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0 };
+        let inp = random(3, 3 * CHUNK + 10, 1.0);
+        let mut whole = vec![0.0; inp.len()];
+        apply(&mut whole, &inp, &spec);
+        for first in [1, 6, CHUNK - 3, CHUNK + 2] {
+            let mut part = vec![0.0; inp.len() - first];
+            apply(&mut part, &inp[first..], &DropoutSpec { first, ..spec });
+            assert_eq!(part, whole[first..], "first {first}");
+        }
     }
 }

@@ -32,6 +32,9 @@ impl DropoutMask {
     /// The counter, key and threshold of kernels/src/philox.rs, so the GPU draws the CPU's
     /// mask; kept elements are scaled by 1 / (1 - p).
     pub fn new(spec: &DropoutSpec) -> Self {
+        // Nothing the trainer runs on CUDA shards a dropout's tensor (tensor parallelism
+        // runs on the CPU so far): the kernels draw from element 0.
+        assert_eq!(spec.first, 0, "cuda: dropout from mask element {} (a sequence shard's)", spec.first);
         DropoutMask {
             counter: counter_base(&spec.key),
             key: key_words(spec.key.seed),

@@ -111,7 +111,11 @@ fn gelu_matches_the_cpu_in_f32_and_bf16() {
 }
 
 fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
-    DropoutSpec { p, key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site } }
+    DropoutSpec {
+        p,
+        key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site },
+        first: 0,
+    }
 }
 
 /// The CPU's dropout bit for bit in f32; in bf16 the same mask, element for element, over

@@ -28,7 +28,7 @@ use kernels::{Device, Tensor};
 use schedules::{Payload, Placement};
 use std::time::{Duration, Instant};
 
-pub use tensor_group::TensorGroup;
+pub use tensor_group::{own_part, TensorGroup};
 pub use wire::{decode_tensors, encode_tensors, NamedTensor, Reader, Writer};
 
 /// How the world's ranks are laid out: `pipeline` stages, each replicated `data` times and

@@ -8,8 +8,9 @@
 //! ([`TensorGroup::take_error`]) and ends the step with it. Whatever the skipped
 //! collectives leave in their tensors is never read.
 
-use super::{Collective, DistError, Group};
-use kernels::{Device, Tensor};
+use super::{Collective, DistError, Group, Reader, Writer};
+use kernels::{Category, Device, Tensor};
+use std::ops::Range;
 
 pub struct TensorGroup<'a> {
     /// None for t = 1: nothing crosses.
@@ -32,6 +33,40 @@ impl<'a> TensorGroup<'a> {
     /// t, the group's ranks.
     pub fn size(&self) -> usize {
         self.collective.as_deref().map_or(1, |c| c.topology().tensor)
+    }
+
+    /// This rank's place in the group.
+    pub fn rank(&self) -> usize {
+        self.collective.as_deref().map_or(0, |c| c.topology().tensor_of(c.rank()))
+    }
+
+    /// The whole tensor of `shape` from every member's part, concatenated in tensor rank
+    /// order (sequence parallelism's all-gather, and distributed saves'), as workspace.
+    pub fn all_gather_parts(&mut self, part: &Tensor, dev: &dyn Device, shape: &[usize]) -> Tensor {
+        let mut w = Writer::default();
+        w.f32s(&dev.to_host(part));
+        let mut whole = Vec::with_capacity(part.len() * self.size());
+        for bytes in self.all_gather(&w.0) {
+            whole.extend(Reader(&bytes).f32s().expect("the group's members encode their parts alike"));
+        }
+        whole.resize(shape.iter().product(), 0.0); // after a failed gather: never read
+        dev.from_host_of(part.dtype(), &whole, shape, Category::Workspace)
+    }
+
+    /// This rank's rows `rows` [R, C] of the group's sum of `whole` [N, C] (sequence
+    /// parallelism's reduce-scatter): the all-reduce's sum, in tensor rank order, then the
+    /// rows, under `category`.
+    pub fn reduce_scatter_rows(
+        &mut self,
+        mut whole: Tensor,
+        dev: &dyn Device,
+        rows: Range<usize>,
+        category: Category,
+    ) -> Tensor {
+        self.all_reduce(&mut whole, dev);
+        let c = *whole.shape().last().expect("a tensor has a shape");
+        let shape = [rows.len(), c];
+        own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category)
     }
 
     /// Replaces `t` by the sum of the group's tensors, in tensor rank order.
@@ -58,4 +93,17 @@ impl<'a> TensorGroup<'a> {
     pub fn take_error(&mut self) -> Option<DistError> {
         self.error.take()
     }
+}
+
+/// Elements `elements` of `whole`, as a new tensor of `shape` under `category`: a rank's
+/// part of a tensor the group holds whole.
+pub fn own_part(
+    dev: &dyn Device,
+    whole: &Tensor,
+    elements: Range<usize>,
+    shape: &[usize],
+    category: Category,
+) -> Tensor {
+    let host = dev.to_host(whole);
+    dev.from_host_of(whole.dtype(), &host[elements], shape, category)
 }

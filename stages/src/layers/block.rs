@@ -12,7 +12,11 @@
 //! [`Shard`]: qkv_proj and fc1 are column-parallel (this shard's heads and groups, its MLP
 //! columns), proj and fc2 row-parallel, whose partial outputs are summed over the group
 //! (`g`), the bias added once, by tensor rank 0; the input gradients of qkv_proj and fc1 are
-//! summed the same way (`f`). Everything else is whole and the same on every rank.
+//! summed the same way (`f`). Everything else is whole and the same on every rank; with
+//! sequence parallelism (Korthikanti et al. 2022) it runs on the shard's rows [R,C] instead,
+//! each sum becomes a reduce-scatter into rows, and the column-parallel inputs (and, in
+//! backward, the row-parallel output gradients) are all-gathered from rows. The weight
+//! gradients keep the gathered tensors.
 //!
 //! The residual add and norm_2 run as one device op, and each norm's backward adds the
 //! gradient arriving along the residual stream in the same op (llm.c's fused residual
@@ -39,9 +43,9 @@ use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
 pub struct BlockActs {
-    /// x [B,T,C]
+    /// x [B,T,C] (the shard's rows [R,C] with sequence parallelism, as below)
     pub input: Tensor,
-    /// norm_1(x) [B,T,C]
+    /// norm_1(x) [B,T,C] | [R,C]
     pub n1: Option<Tensor>,
     /// [B,T] each
     pub n1_stats: NormStats,
@@ -52,9 +56,9 @@ pub struct BlockActs {
     pub att: Option<AttentionSaved>,
     /// attention output [B,T,A] (A = C / t: this shard's heads)
     pub atty: Tensor,
-    /// x + dropout(attn proj) [B,T,C]
+    /// x + dropout(attn proj) [B,T,C] | [R,C]
     pub residual: Tensor,
-    /// norm_2(residual) [B,T,C]
+    /// norm_2(residual) [B,T,C] | [R,C]
     pub n2: Option<Tensor>,
     /// [B,T] each
     pub n2_stats: NormStats,
@@ -129,19 +133,61 @@ impl Block<'_> {
         dev.matmul_forward(out, inp, self.param(weight), self.s.weight_layout(), self.bias(weight));
     }
 
-    /// out = inp @ W (+ b) for the row-parallel `weight`: this shard's partial product, summed
-    /// over the group, with the bias added by tensor rank 0 alone.
+    /// inp @ W (+ b) for the row-parallel `weight`: this shard's partial product, summed over
+    /// the group, with the bias added by tensor rank 0 alone; [B,T,C], or this shard's rows
+    /// [R,C] of it with sequence parallelism.
     fn row_parallel(
         &self,
         dev: &dyn Device,
         tp: &mut TensorGroup,
-        out: &mut Tensor,
         inp: &Tensor,
         weight: BlockParam,
-    ) {
+    ) -> Tensor {
+        let s = self.s;
+        let mut out =
+            dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
         let bias = self.bias(weight).filter(|_| self.shard.rank == 0);
-        dev.matmul_forward(out, inp, self.param(weight), self.s.weight_layout(), bias);
-        tp.all_reduce(out, dev);
+        dev.matmul_forward(&mut out, inp, self.param(weight), s.weight_layout(), bias);
+        self.summed(dev, tp, out)
+    }
+
+    /// A partial [B,T,C] summed over the group (Megatron's `g` forward, `f` backward): whole,
+    /// or this shard's rows of the sum with sequence parallelism.
+    fn summed(&self, dev: &dyn Device, tp: &mut TensorGroup, mut partial: Tensor) -> Tensor {
+        match self.shard.sequence {
+            true => tp.reduce_scatter_rows(partial, dev, self.shard.rows(self.s), Category::Workspace),
+            false => {
+                tp.all_reduce(&mut partial, dev);
+                partial
+            }
+        }
+    }
+
+    /// The whole [B,T,C] (workspace) of a tensor of the shard's rows under sequence
+    /// parallelism, its all-gather; None without, where the tensor is whole.
+    fn gathered(&self, dev: &dyn Device, tp: &mut TensorGroup, part: &Tensor) -> Option<Tensor> {
+        let s = self.s;
+        self.shard.sequence.then(|| tp.all_gather_parts(part, dev, &[s.micro_batch, s.seq_len, s.hidden]))
+    }
+
+    /// [`Block::gathered`], or the tensor itself where it is whole.
+    fn whole(&self, dev: &dyn Device, tp: &mut TensorGroup, part: Arc<Tensor>) -> Arc<Tensor> {
+        self.gathered(dev, tp, &part).map_or(part, Arc::new)
+    }
+
+    /// The shape of the tensors of the residual stream: [B,T,C], or the shard's rows [R,C].
+    fn stream_shape(&self) -> Vec<usize> {
+        let s = self.s;
+        match self.shard.sequence {
+            true => vec![self.shard.rows(s).len(), s.hidden],
+            false => vec![s.micro_batch, s.seq_len, s.hidden],
+        }
+    }
+
+    /// The dropout of the residual stream at `site`: the shard's rows of the whole mask.
+    fn stream_dropout(&self, dropout: &DropoutCtx, site: DropoutSite) -> Option<DropoutSpec> {
+        let first = self.shard.rows(self.s).start * self.s.hidden;
+        dropout.spec(self.layer, site).map(|d| DropoutSpec { first, ..d })
     }
 
     /// dinp = dout @ W^T for matmul weight `weight`.
@@ -157,7 +203,7 @@ impl Block<'_> {
 
     /// Forward. Kept tensors are allocated under `keep_as` (Activations for a stash,
     /// Workspace when recomputing or when the caller discards them); dropped ones are freed
-    /// before returning. Returns y [B,T,C] (Workspace) and the kept tensors.
+    /// before returning. Returns y [B,T,C] | [R,C] (Workspace) and the kept tensors.
     pub fn forward(
         &self,
         dev: &dyn Device,
@@ -168,17 +214,20 @@ impl Block<'_> {
         tp: &mut TensorGroup,
     ) -> (Tensor, BlockActs) {
         let (s, shard) = (self.s, self.shard);
-        let (b, t, c, f, a) = (s.micro_batch, s.seq_len, s.hidden, shard.ffn(s), shard.attention_width(s));
+        let (b, t, f, a) = (s.micro_batch, s.seq_len, shard.ffn(s), shard.attention_width(s));
         let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
         let cat = |dropped: bool| if dropped { Category::Workspace } else { keep_as };
         // Activations in the device's dtype; norm statistics in f32.
         let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
+        let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
 
         // ---- attention ----
-        let mut n1 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
-        let n1_stats = self.norm1().forward(dev, &mut n1, &x, keep_as); // [B,T]
+        let mut n1 = act(&stream, cat(modules.layernorm)); // [B,T,C] | [R,C]
+        let n1_stats = self.norm1().forward(dev, &mut n1, &x, keep_as); // [B,T] | [R]
+        let n1_all = self.gathered(dev, tp, &n1); // [B,T,C] with sequence parallelism
         let mut qkv = act(&[b, t, shard.qkv_width(s)], keep_as); // [B,T,QKV]
-        self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
+        self.linear(dev, &mut qkv, n1_all.as_ref().unwrap_or(&n1), BlockParam::QkvWeight);
+        drop(n1_all);
         if let Positions::Rotary { base } = s.arch.positions {
             dev.rope_forward(&mut qkv, heads, kv_heads, base, 0);
         }
@@ -187,23 +236,24 @@ impl Block<'_> {
         let mut att = self.attention_saved(dev, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, a], keep_as); // [B,T,A]
         dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads);
-        let mut attproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        self.row_parallel(dev, tp, &mut attproj, &atty, BlockParam::ProjWeight);
-        let attproj = dropout_or_keep(dev, attproj, dropout.spec(self.layer, DropoutSite::AttentionResidual));
-        let mut residual = act(&[b, t, c], keep_as); // [B,T,C]
+        let attproj = self.row_parallel(dev, tp, &atty, BlockParam::ProjWeight); // [B,T,C] | [R,C]
+        let attproj =
+            dropout_or_keep(dev, attproj, self.stream_dropout(dropout, DropoutSite::AttentionResidual));
+        let mut residual = act(&stream, keep_as); // [B,T,C] | [R,C]
 
         // ---- MLP ----
-        let mut n2 = act(&[b, t, c], cat(modules.layernorm)); // [B,T,C]
-        let n2_stats = self.norm2().residual_forward(dev, &mut residual, &mut n2, (&x, &attproj), keep_as); // [B,T]
+        let mut n2 = act(&stream, cat(modules.layernorm)); // [B,T,C] | [R,C]
+        let n2_stats = self.norm2().residual_forward(dev, &mut residual, &mut n2, (&x, &attproj), keep_as); // [B,T] | [R]
         drop(attproj);
+        let n2_all = self.gathered(dev, tp, &n2); // [B,T,C] with sequence parallelism
         let mut fch = act(&[b, t, shard.fc1_width(s)], keep_as); // [B,T,FC1]
-        self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
+        self.linear(dev, &mut fch, n2_all.as_ref().unwrap_or(&n2), BlockParam::Fc1Weight);
+        drop(n2_all);
         let mut fch_act = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
         s.arch.activation.forward(dev, &mut fch_act, &fch);
-        let mut fcproj = act(&[b, t, c], Category::Workspace); // [B,T,C]
-        self.row_parallel(dev, tp, &mut fcproj, &fch_act, BlockParam::Fc2Weight);
-        let fcproj = dropout_or_keep(dev, fcproj, dropout.spec(self.layer, DropoutSite::MlpResidual));
-        let mut y = act(&[b, t, c], Category::Workspace); // [B,T,C]
+        let fcproj = self.row_parallel(dev, tp, &fch_act, BlockParam::Fc2Weight); // [B,T,C] | [R,C]
+        let fcproj = dropout_or_keep(dev, fcproj, self.stream_dropout(dropout, DropoutSite::MlpResidual));
+        let mut y = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
         dev.add(&mut y, &residual, &fcproj);
 
         let acts = BlockActs {
@@ -222,7 +272,7 @@ impl Block<'_> {
         (y, acts)
     }
 
-    /// Backward from dy [B,T,C]; returns dx [B,T,C]. Parameter gradients accumulate into
+    /// Backward from dy [B,T,C] | [R,C]; returns dx of the same shape. Parameter gradients accumulate into
     /// `grads` (the chunk's, indexed as `self.w`), matmul weight gradients through
     /// `weight_grads` (at once or deferred). The recomputing of dropped tensors is timed on
     /// `recompute`.
@@ -243,11 +293,13 @@ impl Block<'_> {
         let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
         // Activation gradients, in the activations' dtype.
         let ws = |shape: &[usize]| dev.zeros_of(dev.activation_dtype(), shape, Category::Workspace);
+        let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
         let dy = Arc::new(dy);
 
         // ---- MLP ----
         let dfcproj =
-            dropout_backward_or_keep(dev, dy.clone(), dropout.spec(self.layer, DropoutSite::MlpResidual));
+            dropout_backward_or_keep(dev, dy.clone(), self.stream_dropout(dropout, DropoutSite::MlpResidual));
+        let dfcproj = self.whole(dev, tp, dfcproj); // [B,T,C]
         let fch_act = acts.fch_act.unwrap_or_else(|| {
             recompute.time(dev, || {
                 let mut a = ws(&[b, t, f]);
@@ -264,12 +316,13 @@ impl Block<'_> {
         let dfch = Arc::new(dfch);
         let norm2 = self.norm2();
         let n2 = acts.n2.unwrap_or_else(|| norm2.recompute(dev, &acts.residual));
+        let n2 = self.whole(dev, tp, Arc::new(n2)); // [B,T,C]
         let mut dn2 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn2, &dfch, BlockParam::Fc1Weight);
-        tp.all_reduce(&mut dn2, dev);
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, Arc::new(n2), dfch));
+        let dn2 = self.summed(dev, tp, dn2); // [B,T,C] | [R,C]
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, n2, dfch));
         // dresidual = dy + norm_2's input gradient, in one op.
-        let mut dresidual = ws(&[b, t, c]); // [B,T,C]
+        let mut dresidual = ws(&stream); // [B,T,C] | [R,C]
         let dnorm2 = norm_grads(grads, &self.at, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
         norm2.backward(dev, &mut dresidual, Some(&dy), dnorm2, &dn2, &acts.residual, &acts.n2_stats);
         drop(dn2);
@@ -281,8 +334,9 @@ impl Block<'_> {
         let dattproj = dropout_backward_or_keep(
             dev,
             dresidual.clone(),
-            dropout.spec(self.layer, DropoutSite::AttentionResidual),
+            self.stream_dropout(dropout, DropoutSite::AttentionResidual),
         );
+        let dattproj = self.whole(dev, tp, dattproj); // [B,T,C]
         let mut datty = ws(&[b, t, a]); // [B,T,A]
         self.linear_backward_input(dev, &mut datty, &dattproj, BlockParam::ProjWeight);
         let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
@@ -309,12 +363,13 @@ impl Block<'_> {
         let dqkv = Arc::new(dqkv);
         let norm1 = self.norm1();
         let n1 = acts.n1.unwrap_or_else(|| norm1.recompute(dev, &acts.input));
+        let n1 = self.whole(dev, tp, Arc::new(n1)); // [B,T,C]
         let mut dn1 = ws(&[b, t, c]); // [B,T,C]
         self.linear_backward_input(dev, &mut dn1, &dqkv, BlockParam::QkvWeight);
-        tp.all_reduce(&mut dn1, dev);
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, Arc::new(n1), dqkv));
+        let dn1 = self.summed(dev, tp, dn1); // [B,T,C] | [R,C]
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, n1, dqkv));
         // dx = dresidual + norm_1's input gradient, in one op.
-        let mut dx = ws(&[b, t, c]); // [B,T,C]
+        let mut dx = ws(&stream); // [B,T,C] | [R,C]
         let dnorm1 = norm_grads(grads, &self.at, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
         norm1.backward(dev, &mut dx, Some(&dresidual), dnorm1, &dn1, &acts.input, &acts.n1_stats);
         dx

@@ -30,6 +30,7 @@ impl DropoutCtx {
                 layer: layer as u32,
                 site,
             },
+            first: 0,
         })
     }
 }

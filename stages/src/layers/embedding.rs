@@ -5,7 +5,8 @@
 //! Under tensor parallelism the token embedding is vocabulary-parallel (Megatron's
 //! `VocabParallelEmbedding`): each rank looks up the tokens of its rows, a zero row for the
 //! others', tensor rank 0 adds the positions, and the group sums the parts. Adding zeros
-//! is exact, so the sum is the whole lookup bit for bit.
+//! is exact, so the sum is the whole lookup bit for bit. With sequence parallelism the sum
+//! is reduce-scattered into each rank's rows, and dropout runs on them.
 
 use super::dropout_ctx::DropoutCtx;
 use crate::dist::TensorGroup;
@@ -20,8 +21,9 @@ pub struct TokenEmbedding<'a> {
     pub shard: Shard,
 }
 
-/// out [B,T,C] (Workspace) = dropout(wte[tokens] + wpe[0..T]); tokens [B*T]; wpe [maxT,C]
-/// where the model learns positions.
+/// out [B,T,C] (Workspace; this rank's rows [R,C] with sequence parallelism) =
+/// dropout(wte[tokens] + wpe[0..T]); tokens [B*T]; wpe [maxT,C] where the model learns
+/// positions.
 pub fn forward(
     dev: &dyn Device,
     s: &ModelShape,
@@ -35,8 +37,15 @@ pub fn forward(
         dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
     let wpe = wpe.filter(|_| wte.shard.rank == 0);
     dev.embedding_forward(&mut out, &wte.shard.vocab_ids(s, tokens), wte.table, wpe);
-    tp.all_reduce(&mut out, dev);
-    match dropout.spec(0, DropoutSite::Embedding) {
+    let rows = wte.shard.rows(s);
+    let out = match wte.shard.sequence {
+        true => tp.reduce_scatter_rows(out, dev, rows.clone(), Category::Workspace),
+        false => {
+            tp.all_reduce(&mut out, dev);
+            out
+        }
+    };
+    match stream_dropout(s, dropout, rows.start) {
         Some(spec) => {
             let mut dropped = dev.zeros_of(out.dtype(), out.shape(), Category::Workspace);
             dev.dropout_forward(&mut dropped, &out, spec);
@@ -47,7 +56,8 @@ pub fn forward(
 }
 
 /// dwte [V/t,C] += (this shard's rows) and, where the model learns positions, dwpe
-/// [maxT,C] += from dout [B,T,C], which every tensor rank holds whole.
+/// [maxT,C] += from dout [B,T,C], which every tensor rank holds whole (with sequence
+/// parallelism its rows [R,C], gathered whole after the dropout).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     dev: &dyn Device,
@@ -58,8 +68,9 @@ pub fn backward(
     dout: Tensor,
     tokens: &[u32],
     dropout: &DropoutCtx,
+    tp: &mut TensorGroup,
 ) {
-    let dout = match dropout.spec(0, DropoutSite::Embedding) {
+    let dout = match stream_dropout(s, dropout, wte.shard.rows(s).start) {
         Some(spec) => {
             let mut d = dev.zeros_of(dout.dtype(), dout.shape(), Category::Workspace);
             dev.dropout_backward(&mut d, &dout, spec);
@@ -67,5 +78,14 @@ pub fn backward(
         }
         None => dout,
     };
+    let dout = match wte.shard.sequence {
+        true => tp.all_gather_parts(&dout, dev, &[s.micro_batch, s.seq_len, s.hidden]),
+        false => dout,
+    };
     dev.embedding_backward(dwte, dwpe, &dout, &wte.shard.vocab_ids(s, tokens));
+}
+
+/// The embedding's dropout on rows from `first_row` on: the whole mask's.
+fn stream_dropout(s: &ModelShape, dropout: &DropoutCtx, first_row: usize) -> Option<kernels::DropoutSpec> {
+    dropout.spec(0, DropoutSite::Embedding).map(|d| kernels::DropoutSpec { first: first_row * s.hidden, ..d })
 }

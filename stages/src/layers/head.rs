@@ -19,11 +19,12 @@ use kernels::{Category, ClassifierGrad, Device, Tensor};
 
 /// What the head keeps for backward: the final norm's backward.
 pub struct HeadActs {
-    /// The last block's output, the final norm's input [B,T,C].
+    /// The last block's output, the final norm's input [B,T,C] (the rank's rows [R,C] with
+    /// sequence parallelism, as below).
     pub input: Tensor,
-    /// [B,T] each
+    /// [B,T] | [R] each
     pub stats: NormStats,
-    /// dloss/d norm(input) [B,T,C], from the output layer's backward run in forward.
+    /// dloss/d norm(input) [B,T,C] | [R,C], from the output layer's backward run in forward.
     pub dnorm: Tensor,
 }
 
@@ -35,7 +36,8 @@ pub struct LossGrad<'a> {
     pub dweight: &'a mut Tensor,
 }
 
-/// Forward and loss. x [B,T,C]; targets [B*T]; `output` [V/t,C] the output layer's weight
+/// Forward and loss. x [B,T,C] (this rank's rows [R,C] with sequence parallelism, gathered
+/// whole after the final norm); targets [B*T]; `output` [V/t,C] the output layer's weight
 /// (shard `shard` of its rows).
 /// Returns the per-token losses [B,T] (on the device, as workspace: the caller reduces them
 /// there) and, when `grad` is Some (training), what backward needs, having added the output
@@ -55,8 +57,12 @@ pub fn forward(
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
     x.recategorize(keep);
-    let mut normed = dev.zeros_of(x.dtype(), &[b, t, c], Category::Workspace); // [B,T,C]
-    let stats = norm.forward(dev, &mut normed, &x, keep); // [B,T]
+    let mut normed = dev.zeros_of(x.dtype(), x.shape(), Category::Workspace); // [B,T,C] | [R,C]
+    let stats = norm.forward(dev, &mut normed, &x, keep); // [B,T] | [R]
+    let normed = match shard.sequence {
+        true => tp.all_gather_parts(&normed, dev, &[b, t, c]),
+        false => normed,
+    }; // [B,T,C]
     let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
     let mut classifier = |losses: &mut Tensor, grad: Option<ClassifierGrad>| match shard.size {
         1 => dev.classifier(losses, &normed, output, targets, grad),
@@ -66,24 +72,34 @@ pub fn forward(
         classifier(&mut losses, None);
         return (losses, None);
     };
-    // The logits [B,T,V] and their gradient live only inside the classifier.
-    let mut dnorm = dev.zeros_of(x.dtype(), &[b, t, c], Category::Activations); // [B,T,C]
+    // The logits [B,T,V] and their gradient live only inside the classifier. Under tensor
+    // parallelism each rank's dnorm is its part, summed over the group (into rows with
+    // sequence parallelism).
+    let kept = if shard.sequence { Category::Workspace } else { Category::Activations };
+    let mut dnorm = dev.zeros_of(x.dtype(), &[b, t, c], kept); // [B,T,C]
     let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dnorm, dweight: grad.dweight };
     classifier(&mut losses, Some(head_grad));
+    let dnorm = match (shard.size, shard.sequence) {
+        (1, _) => dnorm,
+        (_, true) => tp.reduce_scatter_rows(dnorm, dev, shard.rows(s), Category::Activations), // [R,C]
+        (_, false) => {
+            tp.all_reduce(&mut dnorm, dev);
+            dnorm
+        }
+    };
     (losses, Some(HeadActs { input: x, stats, dnorm }))
 }
 
-/// Backward: the final norm's; returns dx [B,T,C]. Its gradients accumulate into `dweight`
-/// and `dbias`.
+/// Backward: the final norm's; returns dx [B,T,C] (rows [R,C] with sequence parallelism).
+/// Its gradients accumulate into `dweight` and `dbias`.
 pub fn backward(
     dev: &dyn Device,
-    s: &ModelShape,
     norm: &NormLayer,
     acts: HeadActs,
     dweight: &mut Tensor,
     dbias: Option<&mut Tensor>,
 ) -> Tensor {
-    let mut dx = dev.zeros_of(acts.input.dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace); // [B,T,C]
+    let mut dx = dev.zeros_of(acts.input.dtype(), acts.input.shape(), Category::Workspace); // [B,T,C] | [R,C]
     norm.backward(dev, &mut dx, None, (dweight, dbias), &acts.dnorm, &acts.input, &acts.stats);
     dx
 }

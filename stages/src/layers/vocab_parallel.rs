@@ -86,8 +86,8 @@ fn decode(bytes: &[u8]) -> Vec<RowStats> {
 }
 
 /// [`Device::classifier`]'s contract over this rank's rows `weight` [V/t, C] of the output
-/// layer: losses [N] of the whole vocabulary; with `grad`, dinp [N,C] (overwrite, summed over
-/// the group) and dweight [V/t, C] += this rank's rows. `targets` [N] as this rank numbers
+/// layer: losses [N] of the whole vocabulary; with `grad`, dinp [N,C] (overwrite: this rank's
+/// part, which the caller sums over the group) and dweight [V/t, C] += this rank's rows. `targets` [N] as this rank numbers
 /// its rows (another rank's as [`OTHER_SHARD`]).
 pub fn classifier(
     dev: &dyn Device,
@@ -112,7 +112,6 @@ pub fn classifier(
     dlogits(&mut host, &rows, targets, grad.scale);
     let dlogits = dev.from_host(&host, &[n, v], Category::Workspace); // [N,V/t]
     dev.matmul_backward_input(grad.dinp, &dlogits, weight, WeightLayout::OutIn);
-    tp.all_reduce(grad.dinp, dev);
     dev.matmul_backward_weight(grad.dweight, None, &dlogits, inp, WeightLayout::OutIn);
 }
 
