@@ -168,7 +168,7 @@ mod tests {
         // Every token distinct: the longest layout, unpadded.
         assert_eq!(rows_by_token(&[3, 1]), (vec![1, 3, 0, 1, 2, 1, 0], 2));
         // Another shard's tokens are in no group.
-        let other = OTHER_SHARD;
+        let other = super::OTHER_SHARD;
         assert_eq!(rows_by_token(&[other, 4, other]), (vec![4, 0, 1, 1, 0, 0, 0, 0, 0, 0], 1));
     }
 }
