@@ -144,8 +144,6 @@ fn a_tensor_parallel_peer_that_fails_or_stalls_ends_the_run() {
     let args = [
         "--tensor-model-parallel-size",
         "2",
-        "--attention-dropout",
-        "0",
         "--global-batch-size",
         "4",
         "--train-iters",

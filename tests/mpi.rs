@@ -118,11 +118,7 @@ fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
 #[test]
 fn tensor_parallel_ranks_under_mpirun_match_threads_bitwise() {
     let dir = temp_dir("mpi-tp");
-    let base = [
-        ("tensor-model-parallel-size", "2".to_string()),
-        ("global-batch-size", "8".to_string()),
-        ("attention-dropout", "0".to_string()),
-    ];
+    let base = [("tensor-model-parallel-size", "2".to_string()), ("global-batch-size", "8".to_string())];
     let cases = [
         (
             "t2-p2-sp",

@@ -11,8 +11,7 @@ mod common;
 use common::*;
 use std::path::Path;
 
-/// 20 steps of the small model, without attention dropout (which the trainer does not
-/// run under tensor parallelism yet); hidden dropout stays on. At the small model's lr of
+/// 20 steps of the small model, its attention and hidden dropout on. At the small model's lr of
 /// 1e-2 its loss on the synthetic tokens bounces at ln 96 and the gradient norm spikes, so
 /// any change of rounding grows about threefold a step past step 7 (measured: 4e-8 at step
 /// 7, 1e-3 at step 12, for t = 2 as for any other summation order); at 1e-3 training is
@@ -24,7 +23,6 @@ fn steps(extra: &[(&str, String)]) -> Vec<String> {
         ("train-iters", "20".to_string()),
         ("eval-interval", "20".to_string()),
         ("global-batch-size", "4".to_string()),
-        ("attention-dropout", "0".to_string()),
     ];
     all.extend(extra.iter().cloned());
     flags(&all)
@@ -220,11 +218,11 @@ fn a_plan_with_t_4_pasted_into_a_config_trains() {
     let data = synthetic_data(&dir);
     let model: String = MODEL
         .lines()
-        .filter(|l| !["num_layers", "micro_batch_size", "attention_dropout"].iter().any(|k| l.starts_with(k)))
+        .filter(|l| !["num_layers", "micro_batch_size"].iter().any(|k| l.starts_with(k)))
         .map(|l| format!("{l}\n"))
         .collect();
     let text = format!(
-        "{model}num_layers: 2\nglobal_batch_size: 1\nattention_dropout: 0\ntrain_data_path: {}\nvalid_data_path: {}\n",
+        "{model}num_layers: 2\nglobal_batch_size: 1\ntrain_data_path: {}\nvalid_data_path: {}\n",
         data.display(),
         data.display()
     );
@@ -256,7 +254,7 @@ fn what_t_cannot_split_is_one_line() {
     let cfg = config(&dir);
     let full =
         ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"];
-    let distribute = ["--distribute-saved-activations", "true", "--attention-dropout", "0"];
+    let distribute = ["--distribute-saved-activations", "true"];
     let t1_distributed = [&full[..], &distribute[..]].concat();
     let selective_distributed =
         [&["--tensor-model-parallel-size", "2", "--recompute-granularity", "selective"][..], &distribute[..]]
@@ -279,7 +277,7 @@ fn what_t_cannot_split_is_one_line() {
         (&["--tensor-model-parallel-size", "3"], "command line: --tensor-model-parallel-size 3: 3 does not divide num_attention_heads 4"),
         (&["--tensor-model-parallel-size", "8"], "command line: --tensor-model-parallel-size 8: 8 does not divide num_attention_heads 4"),
         (
-            &["--tensor-model-parallel-size", "2", "--vocab-size", "97", "--attention-dropout", "0"],
+            &["--tensor-model-parallel-size", "2", "--vocab-size", "97"],
             "key `vocab_size`: 97: tensor_model_parallel_size 2 does not divide it",
         ),
         (
@@ -287,8 +285,8 @@ fn what_t_cannot_split_is_one_line() {
             "--distribute-saved-activations true: true is not allowed with sequence_parallel, which already splits those inputs",
         ),
         (
-            &["--tensor-model-parallel-size", "2"],
-            "key `attention_dropout`: 0.1: the trainer runs tensor_model_parallel_size 2 with attention_dropout 0 so far",
+            &["--tensor-model-parallel-size", "2", "--device", "cuda"],
+            "key `device`: cuda: the trainer runs tensor_model_parallel_size 2 on device: cpu so far",
         ),
     ];
     for (i, (flags, needle)) in cases.iter().enumerate() {

@@ -47,6 +47,7 @@ fn main() {
         p: 0.1,
         key: DropoutKey { seed: 1, step: 1, microbatch: 0, layer: 0, site },
         first: 0,
+        heads: None,
     };
     let part = Cell::new(Part::Gpt2Forward);
     let mut rows: Vec<(Part, &str, f64, f64)> = Vec::new(); // (part, op, seconds, matmul FLOPs)

@@ -36,4 +36,14 @@ pub struct DropoutSpec {
     /// 0, or where a sequence-parallel rank's rows begin in the whole tensor, so that the
     /// ranks' masks are the whole tensor's.
     pub first: usize,
+    /// The attention's: where a tensor-parallel rank's query heads sit among the whole
+    /// layer's, whose (batch, head) pairs key the mask; None for a layer's own heads.
+    pub heads: Option<HeadRange>,
+}
+
+/// A tensor-parallel rank's query heads `first..first + its own` of the layer's `total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadRange {
+    pub first: usize,
+    pub total: usize,
 }

@@ -37,7 +37,7 @@ pub use counters::DeviceCounters;
 pub use device::{
     bf16_copy_len, padded_vocab, AdamWStep, ClassifierGrad, Device, WeightLayout, OTHER_SHARD, VOCAB_PADDING,
 };
-pub use dropout::{DropoutKey, DropoutSite, DropoutSpec};
+pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
 pub use readout::{Readout, ReadoutStorage};
 pub use splitmix::SplitMix64;

@@ -43,10 +43,9 @@ fn peaks_are_predicted(family: &Config) {
         ("1f1b", 2, 2, false, true),
     ];
     for (schedule, p, t, sequence, distributed) in cases {
-        // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains
-        // (but for attention dropout, which tensor parallelism does not run yet). t must
-        // divide the vocabulary (GPT-2's padded 50304) and the key/value groups (4 instead
-        // of 3).
+        // Three of GPT-2 small's twelve layers keep the test quick; dropout on, as GPT-2 trains.
+        // t must divide the vocabulary (GPT-2's padded 50304) and the key/value groups (4
+        // instead of 3).
         let tp = t > 1;
         let cfg = Config {
             num_layers: 3,
@@ -57,7 +56,6 @@ fn peaks_are_predicted(family: &Config) {
             tensor_model_parallel_size: t,
             pipeline_schedule: schedule.parse().unwrap(),
             vocab_size: if tp { 50304 } else { family.vocab_size },
-            attention_dropout: if tp { 0.0 } else { family.attention_dropout },
             num_query_groups: family.num_query_groups.map(|g| if tp { 4 } else { g }),
             recompute_granularity: distributed.then_some(RecomputeGranularity::Full),
             recompute_method: distributed.then_some(RecomputeMethod::Uniform),

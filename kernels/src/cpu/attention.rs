@@ -104,9 +104,14 @@ impl Head {
         self.bh.is_multiple_of(d.group())
     }
 
-    /// Flat index in [B,NH,T,T] of (row i, column 0): the dropout mask's element index.
-    fn mask_row(&self, d: Dims, i: usize) -> usize {
-        (self.bh * d.t + i) * d.t
+    /// Flat index in [B,NH,T,T] of (row i, column 0): the dropout mask's element index. A
+    /// tensor-parallel rank's heads index the whole layer's [B,NH,T,T] (`spec.heads`).
+    fn mask_row(&self, d: Dims, spec: &DropoutSpec, i: usize) -> usize {
+        let bh = match spec.heads {
+            Some(r) => self.bh / d.nh * r.total + r.first + self.bh % d.nh,
+            None => self.bh,
+        };
+        (bh * d.t + i) * d.t
     }
 }
 
@@ -221,7 +226,7 @@ fn drop_probs(d: Dims, head: &Head, att: &[f32], spec: &DropoutSpec, dropped: &m
     for (i, (row, probs)) in dropped.chunks_exact_mut(d.t).zip(att.chunks_exact(d.t)).enumerate() {
         let (live, masked) = row.split_at_mut(i + 1);
         live.copy_from_slice(&probs[..=i]);
-        scale_by_mask(spec, head.mask_row(d, i), live);
+        scale_by_mask(spec, head.mask_row(d, spec, i), live);
         masked.fill(0.0);
     }
 }
@@ -298,7 +303,7 @@ fn head_backward(
     for (i, (row, p)) in dscores.chunks_exact_mut(t).zip(att.chunks_exact(t)).enumerate() {
         let (live, masked) = row.split_at_mut(i + 1);
         if let Some((spec, _)) = dropout {
-            scale_by_mask(spec, head.mask_row(d, i), live);
+            scale_by_mask(spec, head.mask_row(d, spec, i), live);
         }
         let p = &p[..=i];
         let p_dp = dot(p, live);
@@ -353,6 +358,7 @@ mod tests {
         p: 0.3,
         key: DropoutKey { seed: 9, step: 2, microbatch: 1, layer: 4, site: DropoutSite::AttentionProbs },
         first: 0,
+        heads: None,
     };
 
     /// The multiplier of each element of att [B,NH,T,T]: 1/(1-p) or 0 (all 1 without dropout).

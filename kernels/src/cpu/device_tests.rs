@@ -27,7 +27,12 @@ fn probabilities(probs: Tensor, dropped: Tensor) -> AttentionSaved {
 }
 
 fn spec(site: DropoutSite, p: f32) -> DropoutSpec {
-    DropoutSpec { p, key: DropoutKey { seed: 5, step: 1, microbatch: 2, layer: 3, site }, first: 0 }
+    DropoutSpec {
+        p,
+        key: DropoutKey { seed: 5, step: 1, microbatch: 2, layer: 3, site },
+        first: 0,
+        heads: None,
+    }
 }
 
 /// Runs every op of the device once and returns every output, in order.

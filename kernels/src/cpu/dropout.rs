@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn mask_is_philox_keep_and_kept_values_are_scaled() {
-        let spec = DropoutSpec { p: 0.25, key: KEY, first: 0 };
+        let spec = DropoutSpec { p: 0.25, key: KEY, first: 0, heads: None };
         let inp = random(1, 2 * CHUNK + 6, 1.0);
         let mut out = vec![f32::NAN; inp.len()];
         apply(&mut out, &inp, &spec);
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn unaligned_windows_see_the_same_mask_elements() {
-        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0 };
+        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0, heads: None };
         for (first, n) in [(5, 11), (6, 1), (7, 2), (8, 4), (9, 0), (0, 3), (3, 200), (64, 129)] {
             let mut xs = vec![1.0; n];
             scale_by_mask(&spec, first, &mut xs);
@@ -95,7 +95,7 @@ mod tests {
     fn zero_probability_is_the_identity() {
         let inp = random(2, 1000, 1.0);
         let mut out = vec![0.0; inp.len()];
-        apply(&mut out, &inp, &DropoutSpec { p: 0.0, key: KEY, first: 0 });
+        apply(&mut out, &inp, &DropoutSpec { p: 0.0, key: KEY, first: 0, heads: None });
         assert_eq!(out, inp);
     }
 
@@ -103,7 +103,7 @@ mod tests {
     /// shards that start mid-block and span several chunks included.
     #[test]
     fn a_shard_from_its_first_element_gets_the_whole_mask() {
-        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0 };
+        let spec = DropoutSpec { p: 0.5, key: KEY, first: 0, heads: None };
         let inp = random(3, 3 * CHUNK + 10, 1.0);
         let mut whole = vec![0.0; inp.len()];
         apply(&mut whole, &inp, &spec);

@@ -33,8 +33,9 @@ impl DropoutMask {
     /// mask; kept elements are scaled by 1 / (1 - p).
     pub fn new(spec: &DropoutSpec) -> Self {
         // Nothing the trainer runs on CUDA shards a dropout's tensor (tensor parallelism
-        // runs on the CPU so far): the kernels draw from element 0.
+        // runs on the CPU so far): the kernels draw from element 0, for the tensor's own heads.
         assert_eq!(spec.first, 0, "cuda: dropout from mask element {} (a sequence shard's)", spec.first);
+        assert_eq!(spec.heads, None, "cuda: attention dropout of a tensor-parallel rank's heads");
         DropoutMask {
             counter: counter_base(&spec.key),
             key: key_words(spec.key.seed),

@@ -264,6 +264,7 @@ fn attention_kernels_match_the_cpu() {
         p: 0.1,
         key: DropoutKey { seed: 1234, step: 5, microbatch: 3, layer: 7, site: DropoutSite::AttentionProbs },
         first: 0,
+        heads: None,
     };
     // One sequence of GPT-2 124M (T = 1024, C = 768, 12 heads): B = 1 of the step's 4,
     // since the rows of the other sequences repeat the same work at larger offsets.

@@ -147,7 +147,7 @@ const KEY: DropoutKey =
 
 /// Two odd heads: T = 37 ends inside a second tile, head size 24 below a warp.
 pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4 };
-pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY, first: 0 };
+pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY, first: 0, heads: None };
 /// GPT-2's head size with T = 100: two tiles, the last partial, in both heads.
 pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2, kv: 2 };
 /// GPT-2 124M's step in full: B = 4, T = 1024, C = 768, 12 heads of 64.

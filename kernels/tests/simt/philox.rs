@@ -67,7 +67,7 @@ fn philox_cuh_draws_the_rust_masks() {
     for key in keys {
         for p in [0.0f32, 0.1, 0.5, 0.9] {
             for index in (0..64).chain([1_000_003, (1 << 33) + 7]) {
-                cases.push((DropoutSpec { p, key, first: 0 }, index));
+                cases.push((DropoutSpec { p, key, first: 0, heads: None }, index));
             }
         }
     }

@@ -115,6 +115,7 @@ fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
         p,
         key: DropoutKey { seed: 0x1234_5678_9abc, step: 7, microbatch: 2, layer, site },
         first: 0,
+        heads: None,
     }
 }
 

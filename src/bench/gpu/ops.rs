@@ -73,7 +73,12 @@ impl Inputs {
 }
 
 fn dropout(site: DropoutSite) -> DropoutSpec {
-    DropoutSpec { p: 0.1, key: DropoutKey { seed: 1234, step: 1, microbatch: 0, layer: 0, site }, first: 0 }
+    DropoutSpec {
+        p: 0.1,
+        key: DropoutKey { seed: 1234, step: 1, microbatch: 0, layer: 0, site },
+        first: 0,
+        heads: None,
+    }
 }
 
 /// A device and what its attention core keeps (the CPU: the probabilities; CUDA: the fused

@@ -38,7 +38,7 @@ use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
 use crate::tensor_parallel::Shard;
-use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, Stopwatch, Tensor};
+use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, HeadRange, Stopwatch, Tensor};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
@@ -184,6 +184,14 @@ impl Block<'_> {
         }
     }
 
+    /// The attention's dropout: this shard's heads' part of the whole layer's mask.
+    fn attention_dropout(&self, dropout: &DropoutCtx) -> Option<DropoutSpec> {
+        let (s, shard) = (self.s, self.shard);
+        let heads =
+            (shard.size > 1).then(|| HeadRange { first: shard.rank * shard.heads(s), total: s.heads });
+        dropout.spec(self.layer, DropoutSite::AttentionProbs).map(|d| DropoutSpec { heads, ..d })
+    }
+
     /// The dropout of the residual stream at `site`: the shard's rows of the whole mask.
     fn stream_dropout(&self, dropout: &DropoutCtx, site: DropoutSite) -> Option<DropoutSpec> {
         let first = self.shard.rows(self.s).start * self.s.hidden;
@@ -231,7 +239,7 @@ impl Block<'_> {
         if let Positions::Rotary { base } = s.arch.positions {
             dev.rope_forward(&mut qkv, heads, kv_heads, base, 0);
         }
-        let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
+        let att_drop = self.attention_dropout(dropout);
         let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
         let mut att = self.attention_saved(dev, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, a], keep_as); // [B,T,A]
@@ -339,7 +347,7 @@ impl Block<'_> {
         let dattproj = self.whole(dev, tp, dattproj); // [B,T,C]
         let mut datty = ws(&[b, t, a]); // [B,T,A]
         self.linear_backward_input(dev, &mut datty, &dattproj, BlockParam::ProjWeight);
-        let att_drop = dropout.spec(self.layer, DropoutSite::AttentionProbs);
+        let att_drop = self.attention_dropout(dropout);
         let att = acts.att.unwrap_or_else(|| {
             recompute.time(dev, || {
                 let mut att = self.attention_saved(dev, att_drop, Category::Workspace);

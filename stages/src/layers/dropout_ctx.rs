@@ -31,6 +31,7 @@ impl DropoutCtx {
                 site,
             },
             first: 0,
+            heads: None,
         })
     }
 }
