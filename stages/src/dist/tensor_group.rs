@@ -1,6 +1,11 @@
-//! The tensor-parallel group as the layers see it: Megatron's all-reduces of a row-parallel
-//! output and of a column-parallel input gradient, and the all-gather of the vocabulary-
-//! parallel loss's row statistics, run on the collective seam over [`Group::Tensor`].
+//! The tensor-parallel group as the layers see it, on the collective seam over
+//! [`Group::Tensor`]: Megatron's all-reduces of a row-parallel output and of a
+//! column-parallel input gradient (with sequence parallelism, reduce-scatters into a rank's
+//! rows, and the all-gathers of those rows), the all-gather of the vocabulary-parallel
+//! loss's row statistics, and that of distributed saved activations.
+//!
+//! The reduce-scatter is the all-reduce's sum, of which a rank keeps its rows: the same bits
+//! and memory as a native one, twice its bytes on the wire. The parts cross the host.
 //!
 //! A layer cannot stop halfway through its arithmetic to return an error, so a failed
 //! collective is kept, as a device keeps its asynchronous errors: every later one is
@@ -31,13 +36,8 @@ impl<'a> TensorGroup<'a> {
     }
 
     /// t, the group's ranks.
-    pub fn size(&self) -> usize {
+    fn size(&self) -> usize {
         self.collective.as_deref().map_or(1, |c| c.topology().tensor)
-    }
-
-    /// This rank's place in the group.
-    pub fn rank(&self) -> usize {
-        self.collective.as_deref().map_or(0, |c| c.topology().tensor_of(c.rank()))
     }
 
     /// The whole tensor of `shape` from every member's part, concatenated in tensor rank
