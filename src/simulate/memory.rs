@@ -301,7 +301,9 @@ mod tests {
 
     /// One GPU of t holds 1/t of the split parameters (the vocab-parallel embedding, the
     /// attention's and MLP's matrices, their column-parallel biases) and all of the others;
-    /// with sequence parallelism 1/t of every activation byte.
+    /// with sequence parallelism 1/t of every activation byte. A split backward's deferred
+    /// weight gradients keep the column-parallel inputs and the row-parallel output
+    /// gradients gathered whole, as the trainer does, and 1/t of the others.
     #[test]
     fn tensor_parallelism_splits_parameters_and_activations() {
         let tp = |t, sequence_parallel| {
@@ -313,10 +315,15 @@ mod tests {
         assert_eq!(stage_parameters(&one, 1), 4 * (6 * c + split));
         assert_eq!(stage_parameters(&two, 1), 4 * (6 * c + split / 2));
         assert_eq!(stage_parameters(&two, 0), 50257 * c / 2 + 1024 * c + 4 * (6 * c + split / 2));
+        let n = 1024;
         for r in 0..4 {
             let (a, b) = (chunk_memory(&one, r, 0), chunk_memory(&two, r, 0));
             assert_eq!(a.activation_bytes, 2 * b.activation_bytes, "stage {r}");
-            assert_eq!(a.weight_grad_bytes, 2 * b.weight_grad_bytes, "stage {r}");
+            // Per block: n1, the attention's output gradient, n2 and the MLP's whole; dqkv,
+            // atty, dfc1 and the MLP's activation split.
+            let blocks = one.layout(r, 0).blocks.len();
+            let split_bytes = (blocks * 4 * n * (3 * c + c + f + f)) as u64;
+            assert_eq!(b.weight_grad_bytes, a.weight_grad_bytes - split_bytes / 2, "stage {r}");
         }
         // Without sequence parallelism, the LayerNorm side stays whole: 16 of a block's 64
         // bytes per token and channel (and the statistics), and the attention (8 probabilities
