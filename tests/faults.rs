@@ -30,6 +30,15 @@ fn spawn_train(dir: &Path, run: &str, extra: &[&str], fault: Option<&str>) -> Ch
     c.spawn().unwrap()
 }
 
+/// Trains with `fault` injected and expects the run to fail, exit 1, within 20 s: its
+/// stderr and how long it took.
+fn failed_run(dir: &Path, run: &str, args: &[&str], fault: &str) -> (String, Duration) {
+    let (out, took) = wait_with_deadline(spawn_train(dir, run, args, Some(fault)), Duration::from_secs(20));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    (err, took)
+}
+
 #[test]
 fn a_failing_stage_stops_every_stage_with_its_message() {
     let dir = temp_dir("faults");
@@ -48,10 +57,7 @@ fn a_failing_stage_stops_every_stage_with_its_message() {
         ("1:3:panic", "error: rank 1 panicked: injected fault at step 3"),
     ] {
         let run = format!("run-{}", fault.replace(':', "-"));
-        let (out, _) =
-            wait_with_deadline(spawn_train(&dir, &run, &common, Some(fault)), Duration::from_secs(20));
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{err}");
+        let (err, _) = failed_run(&dir, &run, &common, fault);
         assert!(err.trim_end().ends_with(message), "{err}");
         // Step 2's checkpoint is whole and still the latest: it loads for a resume.
         assert_eq!(latest(&dir.join(&run)), "step_000002");
@@ -92,10 +98,7 @@ fn a_recorded_device_error_is_one_line_naming_rank_and_step() {
         "--save-interval",
         "2",
     ];
-    let (out, _) =
-        wait_with_deadline(spawn_train(&dir, "run", &args, Some("1:3:device")), Duration::from_secs(20));
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (err, _) = failed_run(&dir, "run", &args, "1:3:device");
     let line = err.trim_end().lines().last().unwrap_or_default();
     assert!(line.starts_with("error: rank 1: step 3: cpu ("), "{err}");
     assert!(line.ends_with(" threads): injected device error"), "{err}");
@@ -121,10 +124,7 @@ fn a_rank_that_stops_answering_ends_the_run_at_the_timeout() {
         "--distributed-timeout-minutes",
         "0.02",
     ];
-    let (out, took) =
-        wait_with_deadline(spawn_train(&dir, "run", &args, Some("1:3:stall")), Duration::from_secs(20));
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (err, took) = failed_run(&dir, "run", &args, "1:3:stall");
     assert_eq!(
         err.trim_end().lines().last().unwrap_or_default(),
         "error: rank 0: step 3: stage 0: recv grad of microbatch 0 from stage 1: rank 1 (stage 1) sent \
@@ -153,16 +153,10 @@ fn a_tensor_parallel_peer_that_fails_or_stalls_ends_the_run() {
         "--distributed-timeout-minutes",
         "0.02",
     ];
-    let (out, _) =
-        wait_with_deadline(spawn_train(&dir, "fails", &args, Some("1:3")), Duration::from_secs(20));
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (err, _) = failed_run(&dir, "fails", &args, "1:3");
     assert!(err.trim_end().ends_with("error: rank 1: stage 0: injected fault at step 3"), "{err}");
     assert_eq!(latest(&dir.join("fails")), "step_000002");
-    let (out, took) =
-        wait_with_deadline(spawn_train(&dir, "stalls", &args, Some("1:3:stall")), Duration::from_secs(20));
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (err, took) = failed_run(&dir, "stalls", &args, "1:3:stall");
     assert_eq!(
         err.trim_end().lines().last().unwrap_or_default(),
         "error: rank 0: step 3: stage 0: backward of microbatch 0, in the tensor-parallel group: all-reduce over \

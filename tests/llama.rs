@@ -5,21 +5,8 @@
 mod common;
 use common::*;
 
-/// The small model of `common` with every flag of the Llama family: RMSNorm, rotary
-/// positions, SwiGLU, 4 heads over 2 key/value groups, no biases, an untied output layer.
-const LLAMA: &[(&str, &str)] = &[
-    ("normalization", "RMSNorm"),
-    ("position-embedding-type", "rope"),
-    ("swiglu", "true"),
-    ("group-query-attention", "true"),
-    ("num-query-groups", "2"),
-    ("untie-embeddings-and-output-weights", "true"),
-    ("disable-bias-linear", "true"),
-    ("ffn-hidden-size", "48"),
-];
-
 fn llama(extra: &[(&str, String)]) -> Vec<String> {
-    let mut all: Vec<(&str, String)> = LLAMA.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    let mut all = llama_flags();
     all.extend(extra.iter().cloned());
     flags(&all)
 }

@@ -109,17 +109,7 @@ fn gpt2_with_t_2_and_4_agrees_with_t_1_under_every_recompute_policy() {
 #[test]
 fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
     let dir = temp_dir("tp-llama");
-    let llama = [
-        ("normalization", "RMSNorm"),
-        ("position-embedding-type", "rope"),
-        ("swiglu", "true"),
-        ("group-query-attention", "true"),
-        ("num-query-groups", "2"),
-        ("untie-embeddings-and-output-weights", "true"),
-        ("disable-bias-linear", "true"),
-        ("ffn-hidden-size", "48"),
-    ]
-    .map(|(k, v)| (k, v.to_string()));
+    let llama = llama_flags();
     let base = loss_values(&run_small(&dir, "t1", &steps(&llama)));
     for (i, policy) in policies().iter().enumerate() {
         for (p, sequence) in [(1, i % 2 == 1), (2, i % 2 == 0)] {

@@ -111,6 +111,24 @@ eval_iters: 2
 seed: 11
 ";
 
+/// The flags that make `MODEL` a Llama: RMSNorm, rotary positions, SwiGLU, 4 heads over 2
+/// key/value groups, no biases, an untied output layer.
+pub const LLAMA: &[(&str, &str)] = &[
+    ("normalization", "RMSNorm"),
+    ("position-embedding-type", "rope"),
+    ("swiglu", "true"),
+    ("group-query-attention", "true"),
+    ("num-query-groups", "2"),
+    ("untie-embeddings-and-output-weights", "true"),
+    ("disable-bias-linear", "true"),
+    ("ffn-hidden-size", "48"),
+];
+
+/// [`LLAMA`] as flag pairs, for `flags` and the runs' extra settings.
+pub fn llama_flags() -> Vec<(&'static str, String)> {
+    LLAMA.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
 pub fn synthetic_data(dir: &Path) -> PathBuf {
     let path = dir.join("tokens.bin");
     let n = 4096u32;
