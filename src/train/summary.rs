@@ -4,6 +4,7 @@ use super::peak::PeakSource;
 use crate::config::AliasUse;
 use kernels::{Category, MemorySnapshot};
 use serde_json::json;
+use stages::dist::Topology;
 use std::path::{Path, PathBuf};
 
 pub struct Summary {
@@ -16,9 +17,8 @@ pub struct Summary {
     pub peak_flops: f64,
     pub peak_source: PeakSource,
     pub elapsed_s: f64,
-    /// (stage, replica, tensor rank) of every rank, in rank order: every list below has one
-    /// per rank.
-    pub ranks: Vec<(usize, usize, usize)>,
+    /// The run's ranks: every list below has one per rank, in rank order.
+    pub topology: Topology,
     pub memory: Vec<MemorySnapshot>,
     /// Peak bytes per stage, everything counted, as `simulate` predicts them.
     pub predicted_peaks: Vec<u64>,
@@ -73,16 +73,13 @@ impl Summary {
         }
         println!("loss chart       {}", self.loss_chart.display());
         println!("{}", mfu_line(self.mfu(), self.achieved_flops(), self.peak_flops, &self.peak_source));
-        let replicas = self.ranks.iter().map(|r| r.1 + 1).max().unwrap_or(1);
-        let tensor_ranks = self.ranks.iter().map(|r| r.2 + 1).max().unwrap_or(1);
+        let topology = self.topology;
         for (i, m) in self.memory.iter().enumerate() {
             let cat = |c: Category| m.categories.iter().find(|x| x.0 == c).map_or(0, |x| x.2);
-            let (stage, replica, tensor) = self.ranks[i];
-            let label = match (replicas, tensor_ranks) {
-                (1, 1) => format!("stage {stage}"),
-                (_, 1) => format!("rank {i} (stage {stage}, replica {replica})"),
-                (1, _) => format!("rank {i} (stage {stage}, tensor rank {tensor})"),
-                _ => format!("rank {i} (stage {stage}, replica {replica}, tensor rank {tensor})"),
+            // A rank per stage is named by its stage; others as errors name them.
+            let label = match topology.world() == topology.pipeline {
+                true => format!("stage {i}"),
+                false => topology.describe(&[i]),
             };
             println!("{label:<16} {}", self.stage_descriptions[i]);
             let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
@@ -128,9 +125,9 @@ impl Summary {
                 let bubble = self.bubble.as_ref().map(|b| b[i]);
                 json!({
                     "rank": i,
-                    "stage": self.ranks[i].0,
-                    "replica": self.ranks[i].1,
-                    "tensor_rank": self.ranks[i].2,
+                    "stage": self.topology.stage_of(i),
+                    "replica": self.topology.replica_of(i),
+                    "tensor_rank": self.topology.tensor_of(i),
                     "holds": self.stage_descriptions[i],
                     "max_in_flight": self.max_in_flight[i],
                     "predicted_peak_bytes": self.predicted_peaks[i],

@@ -197,9 +197,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         peak_flops,
         peak_source,
         elapsed_s: train_time,
-        ranks: (0..topology.world())
-            .map(|r| (topology.stage_of(r), topology.replica_of(r), topology.tensor_of(r)))
-            .collect(),
+        topology,
         memory: summaries.iter().map(|s| s.memory.clone()).collect(),
         stage_descriptions: (0..topology.world())
             .map(|r| {
