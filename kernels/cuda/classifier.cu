@@ -62,17 +62,28 @@ __device__ SoftmaxSum block_merge(SoftmaxSum v, float* max_scratch, float* sum_s
 
 // losses [N] = -log softmax(row)[target]; with write_grad, each row [Vp] becomes
 // grad_scale * (softmax - onehot(target)) over its V columns and 0 over its padding.
+//
+// Each thread takes the row a 128-bit pack at a time (common.cuh): whole packs of an aligned
+// row in one access, the vocabulary's last pack (V is rarely a multiple of the pack) element
+// by element, so the padding is never read. One bf16 at a time, the kernel moved 2 bytes a
+// thread an access and took 7.6 ms of an H200's step at micro batch 32.
 template <typename T>
 __device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, const unsigned int* targets,
                                                       int V, int Vp, int write_grad, float grad_scale) {
     __shared__ float max_scratch[WARP_SIZE];
     __shared__ float sum_scratch[WARP_SIZE];
+    constexpr int LEN = Pack<T>::LEN;
     const unsigned long long row = blockIdx.x;
     T* x = logits + row * Vp;
+    const bool aligned = aligned16(x);
     const unsigned int target = targets[row];
+    const unsigned long long v = V, vp = Vp, stride = (unsigned long long)blockDim.x * LEN;
 
     SoftmaxSum acc = {NEG_INF, 0.0f};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) acc = push(acc, to_float(x[j]));
+    for (unsigned long long j = (unsigned long long)threadIdx.x * LEN; j < v; j += stride) {
+        const Pack<T> p = load_pack(x, j, v, aligned && whole_pack<T>(j, v));
+        for (int k = 0; k < LEN && j + k < v; ++k) acc = push(acc, to_float(p.x[k]));
+    }
     acc = block_merge(acc, max_scratch, sum_scratch);
 
     // Every thread has read x[target] before any thread overwrites it below.
@@ -81,14 +92,19 @@ __device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, 
     if (threadIdx.x == 0) losses[row] = logf(acc.sum) - (target_logit - acc.max);
     if (!write_grad) return;
     // d/dlogit_j = s * softmax_j - s * [j == target], as s / sum * exp, then the target.
-    const float k = grad_scale / acc.sum;
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-        float g = 0.0f;
-        if (j < V) {
-            g = expf(to_float(x[j]) - acc.max) * k;
-            if (j == (int)target) g -= grad_scale;
+    const float scale = grad_scale / acc.sum;
+    for (unsigned long long j = (unsigned long long)threadIdx.x * LEN; j < vp; j += stride) {
+        const Pack<T> p = load_pack(x, j, v, aligned && whole_pack<T>(j, v));
+        Pack<T> g;
+        for (int k = 0; k < LEN; ++k) {
+            float d = 0.0f;
+            if (j + k < v) {
+                d = expf(to_float(p.x[k]) - acc.max) * scale;
+                if (j + k == target) d -= grad_scale;
+            }
+            store(&g.x[k], d);
         }
-        store(x + j, g);
+        store_pack(x, g, j, vp, aligned && whole_pack<T>(j, vp));
     }
 }
 

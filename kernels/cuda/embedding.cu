@@ -35,6 +35,13 @@ extern "C" __global__ void embedding_forward_bf16(bf16* out, const unsigned int*
 // timing, so the host groups the rows by token instead (`groups`: G distinct tokens, then
 // G+1 offsets into the row list, then the rows of each token in ascending order) and one
 // block adds one token's rows in that order.
+//
+// A common token has thousands of rows in a step, and its block is the launch's tail: the
+// loads of WTE_ROWS_AHEAD rows are issued before their adds, which stay in row order, so
+// that the block waits on memory once per batch rather than once per row (1.7 ms of an
+// H200's step at micro batch 32, row by row).
+#define WTE_ROWS_AHEAD 8
+
 template <typename S>
 __device__ __forceinline__ void embedding_backward_wte_body(float* dwte, const S* dout,
                                                             const unsigned int* groups, int G, int C) {
@@ -45,7 +52,15 @@ __device__ __forceinline__ void embedding_backward_wte_body(float* dwte, const S
     float* dst = dwte + (unsigned long long)token * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = dst[c];
-        for (unsigned int r = begin; r < end; ++r) acc += to_float(dout[(unsigned long long)rows[r] * C + c]);
+        unsigned int r = begin;
+        for (; r + WTE_ROWS_AHEAD <= end; r += WTE_ROWS_AHEAD) {
+            float batch[WTE_ROWS_AHEAD];
+#pragma unroll
+            for (int k = 0; k < WTE_ROWS_AHEAD; ++k) batch[k] = to_float(dout[(unsigned long long)rows[r + k] * C + c]);
+#pragma unroll
+            for (int k = 0; k < WTE_ROWS_AHEAD; ++k) acc += batch[k];
+        }
+        for (; r < end; ++r) acc += to_float(dout[(unsigned long long)rows[r] * C + c]);
         dst[c] = acc;
     }
 }

@@ -218,7 +218,7 @@ __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], cons
 // the bf16 `row` (32-byte aligned, as fetch_tile's rows are): this lane holds columns
 // 64m + 16t .. + 15 of each run m of 64 (acc[8m + n][2h + k] is column 64m + 16t + 8k + n),
 // written unless they lie past hs, as two 16-byte stores of 8 bf16. Each value is rounded
-// once, to nearest even, by f32_to_bf16_bits, as common.cuh's store rounds it.
+// once, to nearest even, by pack_bf16, as common.cuh's store rounds it.
 template <int HS>
 __device__ __forceinline__ void store_columns(bf16* row, const float acc[Shape<HS>::DTILES][4], int h, float scale,
                                               int hs) {

@@ -100,8 +100,9 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 4] = [
+    let families: [(&str, &[&str]); 5] = [
         ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),
+        ("classifier.cu", &["fused_classifier", "fused_classifier_bf16"]),
         ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
         ("bias.cu", &["bias_add", "bias_add_bf16"]),
         ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),

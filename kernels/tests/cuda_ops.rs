@@ -598,36 +598,47 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
-#[test]
-fn tensor_core_mma_is_the_emulators() {
-    use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-    let Some(gpu) = gpu("tensor_core_mma_is_the_emulators") else { return };
+/// A kernel of this directory's own, compiled by NVRTC for the GPU and loaded on a context
+/// of its own, for a test of what only a real GPU computes: None, saying why, on the
+/// stand-in (whose kernels are kernels/cuda's families under the emulator, so it would
+/// compare the emulator with itself) and before sm_80 (no bf16 mma or bf16x2 conversion).
+fn sm80_test_kernel(
+    test: &str,
+    source: &'static KernelSource,
+) -> Option<(std::sync::Arc<cudarc::driver::CudaStream>, cudarc::driver::CudaFunction)> {
+    use cudarc::driver::CudaContext;
+    let gpu = gpu(test)?;
     let ctx = CudaContext::new(gpu.ordinal()).expect("a context");
     let (major, minor) = ctx.compute_capability().expect("a compute capability");
     if ctx.name().is_ok_and(|n| n == kernels::STANDIN_GPU_NAME) {
-        eprintln!(
-            "SKIP tensor_core_mma_is_the_emulators: the stand-in GPU runs mma under the emulator, so it would \
-             compare the emulator with itself"
-        );
-        return;
+        eprintln!("SKIP {test}: the stand-in GPU runs kernels/cuda under the emulator, so it would compare the emulator with itself");
+        return None;
     }
     if major < 8 {
         eprintln!(
-            "SKIP tensor_core_mma_is_the_emulators: no bf16 mma before sm_80 (this GPU is sm_{major}{minor})"
+            "SKIP {test}: no bf16 tensor-core instructions before sm_80 (this GPU is sm_{major}{minor})"
         );
-        return;
+        return None;
     }
+    let ptx = compile(source, &format!("compute_{major}{minor}")).unwrap_or_else(|e| panic!("{e}"));
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).expect("the module loads");
+    let function = module.load_function(source.kernels[0]).expect("the kernel");
+    Some((ctx.default_stream(), function))
+}
+
+#[test]
+fn tensor_core_mma_is_the_emulators() {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
     // The kernel of kernels/tests/simt/mma.rs, whose fragments follow the PTX ISA's layouts:
     // the tensor cores must compute the plain matrix product that the emulator computes.
-    let source = KernelSource {
+    const SOURCE: KernelSource = KernelSource {
         name: "mma_layout.cu",
         source: include_str!("mma_layout.cu"),
         kernels: &["mma_layout"],
     };
-    let ptx = compile(&source, &format!("compute_{major}{minor}")).unwrap_or_else(|e| panic!("{e}"));
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).expect("the module loads");
-    let function = module.load_function("mma_layout").expect("the kernel");
-    let stream = ctx.default_stream();
+    let Some((stream, function)) = sm80_test_kernel("tensor_core_mma_is_the_emulators", &SOURCE) else {
+        return;
+    };
     let mut rng = seeded("tensor core mma");
     // Multiples of 1/8 up to 2: exact in bf16, and every product and sum exact in fp32.
     let mut eighths = |n| rng.uniform(n, 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect::<Vec<f32>>();
@@ -649,6 +660,64 @@ fn tensor_core_mma_is_the_emulators() {
     let mut got = vec![0.0f32; 16 * 8];
     stream.memcpy_dtoh(&dd, &mut got).expect("a copy back");
     assert_bitwise("tensor-core mma", &got, &want);
+}
+
+/// pack_bf16, which rounds the attention's P and dS for the tensor cores and its outputs for
+/// storage, is one cvt.rn.bf16x2.f32 on the GPU: it must round as the CPU does (the `half`
+/// crate), bit for bit, the low half first. Random bit patterns of every magnitude, ties
+/// with even and odd kept bits, subnormals, zeros, infinities and the largest finite values,
+/// which round to infinity.
+#[test]
+fn bf16_packing_rounds_as_the_cpu() {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    const SOURCE: KernelSource = KernelSource {
+        name: "pack_rounding.cu",
+        source: include_str!("pack_rounding.cu"),
+        kernels: &["pack_rounding"],
+    };
+    let Some((stream, function)) = sm80_test_kernel("bf16_packing_rounds_as_the_cpu", &SOURCE) else {
+        return;
+    };
+    let mut rng = seeded("bf16 packing");
+    let mut x: Vec<f32> =
+        (0..1 << 16).map(|_| f32::from_bits(rng.next_u64() as u32)).filter(|v| !v.is_nan()).collect();
+    for kept in [0x3f80_u32, 0x3f81, 0x0001, 0x0080, 0x7f7f, 0xbf80, 0xbf81] {
+        x.extend([kept << 16 | 0x8000, kept << 16 | 0x7fff, kept << 16 | 0x8001].map(f32::from_bits));
+    }
+    x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-40]);
+    x.truncate(x.len() / 2 * 2);
+    let pairs = x.len() / 2;
+    let want: Vec<u32> = x
+        .chunks(2)
+        .map(|p| {
+            u32::from(half::bf16::from_f32(p[0]).to_bits())
+                | u32::from(half::bf16::from_f32(p[1]).to_bits()) << 16
+        })
+        .collect();
+    let mut dx = stream.alloc_zeros::<f32>(x.len()).expect("an allocation");
+    stream.memcpy_htod(&x, &mut dx).expect("a copy");
+    let mut dout = stream.alloc_zeros::<u32>(pairs).expect("an allocation");
+    let cfg = LaunchConfig {
+        grid_dim: (pairs.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(&function);
+    let n = pairs as i32;
+    launch.arg(&mut dout).arg(&dx).arg(&n);
+    // SAFETY: the kernel writes `pairs` words from 2 * `pairs` floats, and the grid covers them.
+    unsafe { launch.launch(cfg) }.expect("the launch");
+    let mut got = vec![0u32; pairs];
+    stream.memcpy_dtoh(&dout, &mut got).expect("a copy back");
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!(
+            "pair {i} ({:e}, {:e}): the GPU packs {:#010x}, the CPU rounds to {:#010x}",
+            x[2 * i],
+            x[2 * i + 1],
+            got[i],
+            want[i]
+        );
+    }
 }
 
 #[test]

@@ -57,9 +57,10 @@ pub fn per_row_block(rows: usize) -> LaunchConfig {
     }
 }
 
-/// One thread: `loss_mean`, which adds in token order.
-pub fn single_thread() -> LaunchConfig {
-    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
+/// One block of `REDUCE_BLOCK` threads: `loss_mean`, whose first thread adds in token order
+/// while the others stage the losses.
+pub fn one_block() -> LaunchConfig {
+    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (REDUCE_BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,

@@ -3,7 +3,7 @@
 //! one fused pass (`sum_squares.cu`), read back with one synchronisation.
 
 use super::device::{cu, int, CudaDevice};
-use super::launch::{single_thread, sum_squares, sum_squares_first_blocks, SUM_SQUARES_CHUNK};
+use super::launch::{one_block, sum_squares, sum_squares_first_blocks, SUM_SQUARES_CHUNK};
 use crate::backend::Readouts;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::Tensor;
@@ -31,7 +31,7 @@ impl Readouts for CudaDevice {
     fn loss_mean_impl(&self, out: &mut Readout, slot: usize, losses: &Tensor) {
         let n = losses.len() as u64;
         let mut target = slots(out).slice_mut(slot..slot + 1);
-        launch!(self, "loss_mean", single_thread(), &mut target, cu(losses), &n);
+        launch!(self, "loss_mean", one_block(), &mut target, cu(losses), &n);
     }
 
     fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {

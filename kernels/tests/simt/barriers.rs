@@ -8,7 +8,7 @@ use crate::classifier::{classifier, FILLS};
 use crate::fused_attention::{fused_attention, FP32, GROUPED, ODD, SPEC, TWO_TILES};
 use crate::fused_attention_mma::BF16;
 use crate::harness::{Family, Storage};
-use crate::rowwise::sum_of_squares;
+use crate::rowwise::{loss_mean, sum_of_squares};
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
 use kernels::cuda::sources::{HEADERS, SOURCES};
 
@@ -53,6 +53,11 @@ fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Res
     sum_of_squares(intact, edited, &lens, chunk, seed)
 }
 
+/// Three chunks of losses and a part: thread 0 adds each chunk while the others staged it.
+fn loss_mean_kernel(_: &Family, edited: &Family, seed: u64) -> Result<(), String> {
+    loss_mean(edited, 3 * 2048 + 100, seed)
+}
+
 /// Every head of two odd sequences (T = 37: one tile of 64 rows, streamed by the backward
 /// kernels in two tiles of keys and three of queries), then both heads of T = 100 (two
 /// tiles, so the forward streams two key tiles), with dropout, through all three fused
@@ -90,6 +95,7 @@ const FORWARD: Needs = Needs("fused_attention_forward", "fused_attention.cu", fu
 const QUERY: Needs = Needs("fused_attention_backward_query", "fused_attention.cu", fused_attention_kernels);
 const SQUARES_PARTIAL: Needs = Needs("sum_squares_chunks", "sum_squares.cu", sum_squares_chunks_kernel);
 const SQUARES_TOTAL: Needs = Needs("sum_squares_totals", "sum_squares.cu", sum_squares_totals_kernel);
+const LOSS_MEAN: Needs = Needs("loss_mean", "loss_mean.cu", loss_mean_kernel);
 const KEY_VALUE: Needs =
     Needs("fused_attention_backward_key_value", "fused_attention.cu", fused_attention_kernels);
 
@@ -129,6 +135,20 @@ const BARRIERS: &[Barrier] = &[
         index: 1,
         orders: "every thread has read the target's logit before the row is overwritten",
         needed_by: &[CLASSIFIER, CLASSIFIER_BF16],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "loss_mean.cu",
+        index: 0,
+        orders: "a chunk of losses is staged before thread 0 adds it",
+        needed_by: &[LOSS_MEAN],
+        spare_in: &[],
+    },
+    Barrier {
+        file: "loss_mean.cu",
+        index: 1,
+        orders: "thread 0 has added a chunk before the next overwrites it",
+        needed_by: &[LOSS_MEAN],
         spare_in: &[],
     },
     Barrier {
@@ -280,7 +300,7 @@ fn removing_a_needed_barrier_fails_the_harness() {
             caught += 1;
         }
     }
-    assert_eq!(caught, 22, "barrier and kernel pairs checked");
+    assert_eq!(caught, 24, "barrier and kernel pairs checked");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    per_column_chunk, per_item, per_pack, per_row_warp, single_thread, sum_squares, sum_squares_first_blocks,
+    one_block, per_column_chunk, per_item, per_pack, per_row_warp, sum_squares, sum_squares_first_blocks,
     ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
@@ -241,9 +241,10 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
     let Some(family) = Family::of("bias_kernels_match_the_cpu_in_f32_and_bf16", "bias.cu") else { return };
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
-        // c_fc's output (B * T rows of 4C), and an odd shape whose 128-bit packs span the
-        // ends of rows and whose last pack is partial in both storages.
-        for (n, c) in [(N, 4 * C), (75, 101)] {
+        // c_fc's output (B * T rows of 4C), an odd shape whose 128-bit packs span the ends
+        // of rows and whose last pack is partial in both storages, and 12 chunks of rows, which
+        // `add_partials` takes as a batch of 8 loads and 4 one by one.
+        for (n, c) in [(N, 4 * C), (75, 101), (11 * 64 + 5, 101)] {
             let (x, bias, db0) =
                 (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
             let mut run = Run::new(n as u64);
@@ -295,22 +296,31 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
     }
 }
 
-/// A microbatch's mean loss over a step's 4096 tokens and over 5, bit for bit with the CPU's
-/// (both add in f64 in token order).
+/// A microbatch's mean loss over a step's 4096 tokens (two of the kernel's chunks) and over
+/// 5, bit for bit with the CPU's (both add in f64 in token order).
 #[test]
 fn loss_mean_matches_the_cpu() {
     let Some(family) = Family::of("loss_mean_matches_the_cpu", "loss_mean.cu") else { return };
     for (n, seed) in [(N, 11), (5, 12)] {
-        let losses: Vec<f32> = Rng::new(seed).uniform(n, 4.0).iter().map(|x| x.abs() + 6.0).collect();
-        let mut run = Run::new(seed);
-        let (gl, out) = (run.buffer(&losses), run.buffer(&[f64::NAN]));
-        run.launch("loss_mean", single_thread(), &[out.into(), gl.into(), (n as u64).into()]);
-        run.read(out);
-        let got = family.run(run).unwrap().get::<f64>(out)[0];
-        let dev = cpu();
-        let mut want = dev.readout(1);
-        dev.loss_mean(&mut want, 0, &dev.from_host(&losses, &[n], Category::Workspace));
-        let want = dev.read(&want)[0];
-        assert_eq!(got.to_bits(), want.to_bits(), "n = {n}: {got:e} vs the CPU's {want:e}");
+        loss_mean(&family, n, seed).unwrap();
+    }
+}
+
+/// `loss_mean` over n per-token losses against the CPU's, bit for bit.
+pub fn loss_mean(family: &Family, n: usize, seed: u64) -> Result<(), String> {
+    let losses: Vec<f32> = Rng::new(seed).uniform(n, 4.0).iter().map(|x| x.abs() + 6.0).collect();
+    let mut run = Run::new(seed);
+    let (gl, out) = (run.buffer(&losses), run.buffer(&[f64::NAN]));
+    run.launch("loss_mean", one_block(), &[out.into(), gl.into(), (n as u64).into()]);
+    run.read(out);
+    let got = family.run(run)?.get::<f64>(out)[0];
+    let dev = cpu();
+    let mut want = dev.readout(1);
+    dev.loss_mean(&mut want, 0, &dev.from_host(&losses, &[n], Category::Workspace));
+    let want = dev.read(&want)[0];
+    if got.to_bits() == want.to_bits() {
+        Ok(())
+    } else {
+        Err(format!("loss_mean, n = {n}: {got:e} vs the CPU's {want:e}"))
     }
 }
