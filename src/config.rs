@@ -272,6 +272,18 @@ pub fn flag_to_key(flag: &str) -> Option<String> {
 /// Config keys set on the command line: (flag as given, value).
 pub type Overrides = Vec<(String, String)>;
 
+/// Where `key`'s value came from, as the loader's own errors name it, for a check made
+/// after loading: ``command line: --flag value`` where a flag set it (the last such flag),
+/// else ``FILE: key `key` ``.
+pub fn origin_of(file: &Path, overrides: &[(String, String)], key: &str) -> String {
+    let flag = overrides.iter().rev().find(|(flag, _)| flag_to_key(flag).as_deref() == Some(key));
+    match flag {
+        Some((flag, raw)) => Origin::Flag(format!("{flag} {raw}")),
+        None => Origin::File(file.to_path_buf()),
+    }
+    .describe(key)
+}
+
 /// Splits command-line arguments into config overrides (`--kebab-key VALUE` for any config
 /// key) and the rest, which belong to the subcommand's own flags. A switch may stand alone:
 /// `--recompute-activations` is `--recompute-activations true`.

@@ -204,7 +204,8 @@ fn run_dir_and_checkpoint_mistakes_overwrite_nothing() {
 
 /// bf16 activations have only the tensor-core attention kernels: a head size they do not
 /// take (96 / 4 = 24, no multiple of 16; 576 / 4 = 144, above 128) is a config error, said
-/// before any GPU is opened, so it needs none.
+/// before any GPU is opened, so it needs none. The line names where bf16 was set: the file,
+/// or the flag.
 #[test]
 fn bf16_on_cuda_needs_a_head_size_the_tensor_cores_take() {
     let dir = temp_dir("bad-bf16-heads");
@@ -221,4 +222,11 @@ fn bf16_on_cuda_needs_a_head_size_the_tensor_cores_take() {
         );
         assert!(!dir.join("run").exists(), "a failed config created the run dir");
     }
+    let yaml = format!("{SMALL}device: cuda\n").replace("hidden_size: 64", "hidden_size: 96");
+    let o = train_err(&dir, &yaml, &["--precision", "bf16"]);
+    assert_user_error(
+        &o,
+        "command line: --precision bf16: bf16 on cuda needs a head size (hidden_size / num_attention_heads) \
+         that is a multiple of 16 up to 128, got 24",
+    );
 }

@@ -268,7 +268,7 @@ fn what_t_cannot_split_is_one_line() {
         (&["--tensor-model-parallel-size", "8"], "command line: --tensor-model-parallel-size 8: 8 does not divide num_attention_heads 4"),
         (
             &["--tensor-model-parallel-size", "2", "--vocab-size", "97"],
-            "key `vocab_size`: 97: tensor_model_parallel_size 2 does not divide it",
+            "command line: --vocab-size 97: 97: tensor_model_parallel_size 2 does not divide it",
         ),
         (
             &sequence_distributed,
@@ -276,7 +276,7 @@ fn what_t_cannot_split_is_one_line() {
         ),
         (
             &["--tensor-model-parallel-size", "2", "--device", "cuda"],
-            "key `device`: cuda: the trainer runs tensor_model_parallel_size 2 on device: cpu so far",
+            "command line: --device cuda: cuda: the trainer runs tensor_model_parallel_size 2 on device: cpu so far",
         ),
     ];
     for (i, (flags, needle)) in cases.iter().enumerate() {

@@ -27,9 +27,9 @@ use crate::error::user_error;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
-    tensor_parallel_runs(&cfg).map_err(|(key, msg)| {
-        launch::quiet_unless_root(user_error(format!("{}: key `{key}`: {msg}", args.config.display())))
-    })?;
+    let origin = |key| config::origin_of(&args.config, overrides, key);
+    tensor_parallel_runs(&cfg)
+        .map_err(|(key, msg)| launch::quiet_unless_root(user_error(format!("{}: {msg}", origin(key)))))?;
     let head_size = cfg.hidden_size / cfg.num_attention_heads;
     // bf16 activations have only the tensor-core attention kernels.
     if cfg.device == config::DeviceKind::Cuda
@@ -37,8 +37,8 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         && !kernels::attention_mma_fits(head_size)
     {
         return Err(launch::quiet_unless_root(user_error(format!(
-            "{}: key `precision`: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
-            args.config.display(),
+            "{}: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
+            origin("precision"),
             kernels::ATTENTION_MMA_K,
             kernels::ATTENTION_MMA_MAX_HEAD_SIZE
         ))));
