@@ -471,7 +471,8 @@ fn the_standin_exports_every_cuda_function_the_binary_calls() {
 }
 
 /// `bench gpu` prints its whole table on the stand-in: every op and both loss curves within
-/// their tolerances, the memory rows, and the step time marked as the stand-in's.
+/// their tolerances, the attention timings, the memory rows, and the step time marked as
+/// the stand-in's.
 #[test]
 fn bench_gpu_runs_its_table_on_the_standin() {
     if !nvrtc("bench_gpu_runs_its_table_on_the_standin") {
@@ -495,6 +496,17 @@ fn bench_gpu_runs_its_table_on_the_standin() {
     let ops: Vec<&str> = table.lines().filter(|l| l.starts_with("op vs CPU: ")).collect();
     assert!(ops.len() >= 10, "{table}");
     assert!(ops.iter().all(|l| l.ends_with("  ok")), "{table}");
+    // The bf16 attention core timed at both head sizes, at the stand-in's shapes.
+    for check in ["attention forward, head size 64", "attention backward, head size 128"] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(check))
+            .unwrap_or_else(|| panic!("no row {check}:\n{table}"));
+        assert!(
+            row.contains(" ms ") && row.contains("the stand-in's CPU time under the emulator"),
+            "{table}"
+        );
+    }
     assert_eq!(verdict("CUDA fp32 vs CPU loss"), "ok", "{table}");
     assert_eq!(verdict("CUDA bf16 vs fp32 loss"), "ok", "{table}");
     assert!(table.lines().any(|l| l.starts_with("peak memory, bf16, stage 0")), "{table}");

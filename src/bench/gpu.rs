@@ -1,6 +1,8 @@
 //! `pipetrain bench gpu`: one command for the day a GPU is there. It measures what the GPU
 //! path promises and prints one table:
 //! - every op of the device on the GPU against the CPU's, at GPT-2 small's sizes (ops.rs);
+//! - the bf16 attention core's TFLOP/s forward and backward at head sizes 64 and 128
+//!   (attention.rs);
 //! - 20 training steps of the config on the GPU (fp32) against the same 20 on the CPU;
 //! - bf16 against fp32 on the GPU, the same 20 steps;
 //! - each stage's whole peak memory as the GPU's ledger measured it, in fp32 and in bf16,
@@ -106,7 +108,7 @@ pub fn render(device: &str, rows: &[Row]) -> String {
 }
 
 pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
-    let gpu = usable_gpu()?;
+    let gpu = usable_gpu(Precision::Fp32).map_err(|e| NoDevice(format!("bench gpu: no usable GPU: {e}")))?;
     let data = training_data(cfg, &args.config)?;
     let device = gpu.name();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -116,6 +118,20 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let (cuda, cpu) =
         (AttentionSaves::cuda(sizes.c / sizes.heads, DType::F32), AttentionSaves::Probabilities);
     let mut rows = ops::rows((&*gpu, cuda), (&CpuDevice::new(threads), cpu), sizes);
+    eprintln!("bench gpu: the attention core in bf16, forward and backward");
+    let cases = if standin { &attention::STANDIN } else { &attention::TARGET };
+    match usable_gpu(Precision::Bf16) {
+        Ok(bf16) => {
+            let saves = |head_size| AttentionSaves::cuda(head_size, DType::Bf16);
+            rows.extend(attention::rows(&*bf16, saves, cases, standin));
+        }
+        Err(why) => rows.push(Row {
+            check: "attention, bf16".into(),
+            measured: "-".into(),
+            against: "#21's targets".into(),
+            verdict: Verdict::Skipped(why),
+        }),
+    }
     let path = &args.config;
     let on = |device, precision| Config { device, precision, ..cfg.clone() };
     eprintln!("bench gpu: {CURVE_STEPS} steps on the CPU, then on the GPU in fp32 and in bf16");
@@ -144,22 +160,21 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// GPU 0 (fp32), or why there is none: one line, exit 3.
+/// GPU 0 storing activations in `precision`, or why it cannot (no GPU, which `run` makes
+/// one line and exit 3, or bf16 on a GPU before sm_80).
 #[cfg(feature = "cuda")]
-fn usable_gpu() -> anyhow::Result<Box<dyn Device>> {
-    match kernels::cuda::CudaDevice::new(0) {
-        Ok(gpu) => Ok(Box::new(gpu)),
-        Err(e) => Err(NoDevice(format!("bench gpu: no usable GPU: {e}")).into()),
-    }
+fn usable_gpu(precision: Precision) -> Result<Box<dyn Device>, String> {
+    use kernels::cuda::{CudaDevice, MatmulPrecision};
+    let matmul = match precision {
+        Precision::Fp32 => MatmulPrecision::Fp32,
+        Precision::Bf16 => MatmulPrecision::Bf16,
+    };
+    Ok(Box::new(CudaDevice::new(0)?.with_matmul_precision(matmul)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn usable_gpu() -> anyhow::Result<Box<dyn Device>> {
-    Err(NoDevice(
-        "bench gpu: no usable GPU: this binary was built without the `cuda` feature (cargo build --release --features cuda)"
-            .into(),
-    )
-    .into())
+fn usable_gpu(_: Precision) -> Result<Box<dyn Device>, String> {
+    Err("this binary was built without the `cuda` feature (cargo build --release --features cuda)".into())
 }
 
 /// The mean loss of each of `steps` training steps of `cfg` from its seed.
@@ -219,6 +234,7 @@ fn memory_rows(precision: &str, measured: &[u64], predicted: &[u64]) -> Vec<Row>
         .collect()
 }
 
+mod attention;
 mod mfu;
 mod ops;
 
