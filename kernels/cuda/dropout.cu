@@ -1,29 +1,28 @@
 // Dropout: y = x * keep / (1 - p), with keep drawn from Philox at (mask, element index).
 // The same kernel serves forward and backward: the gradient is masked and scaled exactly as
-// the activation was. One thread per group of four elements, the four words of one Philox
-// call. dropout_apply has a bf16-storage twin for `precision: bf16` activations: one body,
-// so the same mask element for element, the product rounded once on its store.
+// the activation was. One thread per 128-bit pack (common.cuh): 4 floats, the four words of
+// one Philox call, or 8 bf16, two calls. dropout_apply has a bf16-storage twin for
+// `precision: bf16` activations: one body, so the same mask element for element, the
+// product rounded once on its store.
 #include "common.cuh"
 #include "philox.cuh"
 
 template <typename T>
-__device__ __forceinline__ void dropout_group(T* out, const T* inp, unsigned long long n,
-                                              const DropoutMask& mask, unsigned long long group) {
-    const uint4 words = mask_block_words(mask, (unsigned int)group);
-    for (unsigned int i = 0; i < 4; ++i) {
-        const unsigned long long index = group * 4 + i;
-        if (index < n) {
-            const float factor = mask_keeps(mask, uint4_word(words, i)) ? mask.scale : 0.0f;
-            store(out + index, to_float(inp[index]) * factor);
-        }
-    }
-}
-
-template <typename T>
 __device__ __forceinline__ void dropout_apply_body(T* out, const T* inp, unsigned long long n,
                                                    const DropoutMask& mask) {
-    const unsigned long long group = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (group * 4 < n) dropout_group(out, inp, n, mask, group);
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(inp);
+    Pack<T> p = load_pack(inp, i, n, vector);
+    // A pack starts at a multiple of 4, so its groups of four are whole Philox calls.
+    for (int g = 0; g < Pack<T>::LEN / 4; ++g) {
+        const uint4 words = mask_block_words(mask, (unsigned int)(i / 4 + g));
+        for (int k = 0; k < 4; ++k) {
+            const float factor = mask_keeps(mask, uint4_word(words, k)) ? mask.scale : 0.0f;
+            store(&p.x[4 * g + k], to_float(p.x[4 * g + k]) * factor);
+        }
+    }
+    store_pack(out, p, i, n, vector);
 }
 
 extern "C" __global__ void dropout_apply(float* out, const float* inp, unsigned long long n,

@@ -4,21 +4,47 @@
 // storage type S, since T is the sequence length here.
 #include "common.cuh"
 
-// out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one thread per output element. A null wpe is
-// a model without a position table (rotary positions): out is the wte row itself. A token
-// 0xFFFFFFFF (OTHER_SHARD) is another tensor-parallel rank's: its row is zero.
+// out[n,c] = wte[tokens[n],c] + wpe[n % T,c]; one 128-bit pack of out per thread
+// (common.cuh), which may span the end of a row: each element looks up its own row's token
+// and its own column. A null wpe is a model without a position table (rotary positions):
+// out is the wte row itself. A token 0xFFFFFFFF (OTHER_SHARD) is another tensor-parallel
+// rank's: its row is zero.
 template <typename S>
 __device__ __forceinline__ void embedding_forward_body(S* out, const unsigned int* tokens, const float* wte,
                                                        const float* wpe, unsigned long long n_rows, int T,
                                                        int C) {
-    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_rows * C) return;
-    const unsigned long long row = i / C;
-    const int c = (int)(i % C);
-    const int t = (int)(row % T);
-    const unsigned int id = tokens[row];
-    const float token = id == 0xFFFFFFFFu ? 0.0f : wte[(unsigned long long)id * C + c];
-    store(out + i, wpe ? token + wpe[(unsigned long long)t * C + c] : token);
+    constexpr int LEN = Pack<S>::LEN;
+    const unsigned long long n = n_rows * C, i = pack_start<S>();
+    if (i >= n) return;
+    Pack<S> p;
+    if (C % LEN == 0 && aligned16(out) && aligned16(wte) && (!wpe || aligned16(wpe))) {
+        // The pack lies in one row, and its columns are an aligned run of the token's wte row
+        // and the position's wpe row: those are read as packs of 4 floats too.
+        const unsigned long long row = i / C;
+        const int c = (int)(i % C), t = (int)(row % T);
+        const unsigned int id = tokens[row];
+        for (int q = 0; q < LEN / 4; ++q) {
+            Pack<float> w = {};
+            if (id != 0xFFFFFFFFu) w = *reinterpret_cast<const Pack<float>*>(wte + (unsigned long long)id * C + c + 4 * q);
+            if (wpe) {
+                const Pack<float> pos = *reinterpret_cast<const Pack<float>*>(wpe + (unsigned long long)t * C + c + 4 * q);
+                for (int k = 0; k < 4; ++k) w.x[k] = w.x[k] + pos.x[k];
+            }
+            for (int k = 0; k < 4; ++k) store(&p.x[4 * q + k], w.x[k]);
+        }
+        store_pack(out, p, i, n, true);
+        return;
+    }
+    for (int k = 0; k < LEN; ++k) {
+        const unsigned long long e = i + k < n ? i + k : i;  // past the end: computed, never stored
+        const unsigned long long row = e / C;
+        const int c = (int)(e % C);
+        const int t = (int)(row % T);
+        const unsigned int id = tokens[row];
+        const float token = id == 0xFFFFFFFFu ? 0.0f : wte[(unsigned long long)id * C + c];
+        store(&p.x[k], wpe ? token + wpe[(unsigned long long)t * C + c] : token);
+    }
+    store_pack(out, p, i, n, whole_pack<S>(i, n) && aligned16(out));
 }
 
 extern "C" __global__ void embedding_forward(float* out, const unsigned int* tokens, const float* wte,

@@ -100,7 +100,9 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 5] = [
+    let families: [(&str, &[&str]); 7] = [
+        ("embedding.cu", &["embedding_forward", "embedding_forward_bf16"]),
+        ("dropout.cu", &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"]),
         ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),
         ("classifier.cu", &["fused_classifier", "fused_classifier_bf16"]),
         ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),

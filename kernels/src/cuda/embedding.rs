@@ -4,7 +4,7 @@
 //! the tables and their gradients are f32.
 
 use super::device::{buf, buf_mut, cu, cu_mut, int, CudaDevice};
-use super::launch::{per_item, per_token, rows_by_token};
+use super::launch::{per_item, per_pack, per_token, rows_by_token};
 use super::sources::kernel_name;
 use crate::backend::Embedding;
 use crate::tensor::Tensor;
@@ -26,7 +26,7 @@ impl Embedding for CudaDevice {
         let ids = self.upload(tokens);
         let (rows, t_i, c_i) = ((b * t) as u64, int(t), int(c));
         let name = kernel_name("embedding_forward", out.dtype());
-        let cfg = per_item(b * t * c);
+        let cfg = per_pack(b * t * c, out.dtype());
         match wpe {
             Some(wpe) => launch!(self, name, cfg, buf_mut(out), &*ids, cu(wte), cu(wpe), &rows, &t_i, &c_i),
             None => launch!(self, name, cfg, buf_mut(out), &*ids, cu(wte), &NULL, &rows, &t_i, &c_i),

@@ -9,6 +9,7 @@ use crate::device::AdamWStep;
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
+use crate::DType;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, PushKernelArg};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
@@ -92,12 +93,12 @@ impl SwiGlu for CudaDevice {
 
 impl Dropout for CudaDevice {
     /// out = inp * mask (forward on activations, backward on gradients alike), one thread
-    /// per four elements.
+    /// per 128-bit pack.
     fn dropout_impl(&self, out: &mut Tensor, inp: &Tensor, spec: &DropoutSpec) {
         let (len, dtype) = (out.len(), same_dtype(&[out, inp]));
         let (n, mask) = (len as u64, DropoutMask::new(spec));
         let name = kernel_name("dropout_apply", dtype);
-        launch!(self, name, per_item(len.div_ceil(4)), buf_mut(out), buf(inp), &n, &mask);
+        launch!(self, name, per_pack(len, dtype), buf_mut(out), buf(inp), &n, &mask);
     }
 }
 
@@ -112,12 +113,12 @@ impl CudaDevice {
         spec: &DropoutSpec,
     ) {
         let (n, mask) = (len as u64, DropoutMask::new(spec));
-        launch!(self, "dropout_apply", per_item(len.div_ceil(4)), out, inp, &n, &mask);
+        launch!(self, "dropout_apply", per_pack(len, DType::F32), out, inp, &n, &mask);
     }
 
     pub(super) fn dropout_inplace(&self, x: &mut CudaSlice<f32>, len: usize, spec: &DropoutSpec) {
         let (n, mask) = (len as u64, DropoutMask::new(spec));
-        launch!(self, "dropout_apply_inplace", per_item(len.div_ceil(4)), x, &n, &mask);
+        launch!(self, "dropout_apply_inplace", per_pack(len, DType::F32), x, &n, &mask);
     }
 }
 

@@ -6,9 +6,10 @@
 use crate::harness::{close, max_abs, Family, Rng, Run};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::{per_item, per_row_warp};
+use kernels::cuda::launch::{per_item, per_pack, per_row_warp};
 use kernels::{
-    AttentionSaved, AttentionSaves, Category, Device, DropoutKey, DropoutSite, DropoutSpec, WeightLayout,
+    AttentionSaved, AttentionSaves, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec,
+    WeightLayout,
 };
 
 /// qkv [B,T,C + 2*KV*hs]: NH query heads (C = NH*hs) on KV key/value heads.
@@ -131,7 +132,7 @@ fn drop(f: &Families, x: &[f32], spec: &DropoutSpec, seed: u64) -> Result<Vec<f3
     let buf = run.buffer(x);
     run.launch(
         "dropout_apply_inplace",
-        per_item(x.len().div_ceil(4)),
+        per_pack(x.len(), DType::F32),
         &[buf.into(), (x.len() as u64).into(), dropout_mask(spec)],
     );
     run.read(buf);

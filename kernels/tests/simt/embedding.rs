@@ -5,7 +5,7 @@
 
 use crate::harness::{bitwise, Arg, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::{per_item, per_token, rows_by_token};
+use kernels::cuda::launch::{per_item, per_pack, per_token, rows_by_token};
 use kernels::{Category, Device};
 
 /// Forward and backward at [b, t, c] with a vocabulary of v tokens, the output and dout in
@@ -20,7 +20,9 @@ fn embedding(
 ) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let max_t = t + 3;
-    let tokens = rng.below(b * t, v as u32);
+    // Every seventh token another tensor-parallel rank's: a zero row, and no gradient.
+    let mut tokens = rng.below(b * t, v as u32);
+    tokens.iter_mut().step_by(7).for_each(|tok| *tok = kernels::OTHER_SHARD);
     let (wte, wpe, dout) =
         (rng.uniform(v * c, 1.0), rng.uniform(max_t * c, 1.0), storage.round(rng.uniform(b * t * c, 1.0)));
     let (dwte0, dwpe0) = (rng.uniform(v * c, 1.0), rng.uniform(max_t * c, 1.0));
@@ -33,7 +35,7 @@ fn embedding(
     let position_table = if learned { gwpe.into() } else { Arg::Null };
     run.launch(
         storage.kernel("embedding_forward"),
-        per_item(n * c),
+        per_pack(n * c, storage.dtype()),
         &[out.into(), gt.into(), gwte.into(), position_table, (n as u64).into(), ti.into(), ci.into()],
     );
     let (gd, glayout, dwte, dwpe) =

@@ -7,7 +7,7 @@ use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storag
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_item, per_pack};
-use kernels::{AdamWStep, Category, Device, DropoutKey, DropoutSite, DropoutSpec};
+use kernels::{AdamWStep, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
 const RESIDUAL: usize = 4 * 1024 * 768;
@@ -138,7 +138,7 @@ fn dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16() {
             let (gx, out) = (storage.buffer(&mut run, &x), storage.output(&mut run, n));
             run.launch(
                 storage.kernel("dropout_apply"),
-                per_item(n.div_ceil(4)),
+                per_pack(n, storage.dtype()),
                 &[out.into(), gx.into(), (n as u64).into(), dropout_mask(&spec)],
             );
             run.read(out);
@@ -148,7 +148,7 @@ fn dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16() {
             if in_place {
                 run.launch(
                     "dropout_apply_inplace",
-                    per_item(n.div_ceil(4)),
+                    per_pack(n, DType::F32),
                     &[gx.into(), (n as u64).into(), dropout_mask(&spec)],
                 );
                 run.read(gx);
