@@ -6,9 +6,10 @@
 // is an f32 product, and cos and sin are computed in double and rounded once to f32. The
 // backward turns the gradient back: the same with sin negated.
 //
-// One thread per (row, pair): it computes its angle's cos and sin once and turns that pair
-// in every query and key head of the row; neighbouring threads take neighbouring pairs, so
-// each head's loads and stores are coalesced.
+// One thread per (row, pack of pairs), or per (row, pair) where half is not a multiple of
+// the 128-bit pack: it computes its angles' cos and sin once and turns those pairs in every
+// query and key head of the row; neighbouring threads take neighbouring pairs, so each
+// head's loads and stores are coalesced.
 //
 // The emulator of kernels/tests/simt uses the host's libm, as the CPU backend does, and so
 // gives the CPU's bits. A real GPU's powf, cos and sin may differ from the host's by an
@@ -19,28 +20,52 @@
 // body, fp32 arithmetic, each result rounded once on its store.
 #include "common.cuh"
 
+// The pairs a thread turns: Pack<T>::LEN neighbouring ones where half is a multiple of the
+// pack (every Llama's), so that each head's two halves move as 128-bit packs; else one.
+// The launch (kernels::cuda::launch::per_rope_thread) takes the same rule.
+template <typename T>
+__device__ __forceinline__ int rope_pairs(int half) {
+    return half % Pack<T>::LEN == 0 ? Pack<T>::LEN : 1;
+}
+
 // `sign` is 1 (forward) or -1 (backward: the inverse rotation); `first` is the position of
 // each sequence's first token (0 in training).
 template <typename T>
 __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int seq_len, int n_head,
                                           int n_kv_head, int head_size, unsigned long long first,
                                           float base, float sign) {
-    const int half = head_size / 2;
+    constexpr int LEN = Pack<T>::LEN;
+    const int half = head_size / 2, per = rope_pairs<T>(half), threads_per_row = half / per;
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * half) return;
-    const unsigned long long row = i / half;
-    const int pair = (int)(i % half);
-    const float inv_freq = 1.0f / powf(base, (float)(2 * pair) / (float)head_size);
+    if (i >= rows * threads_per_row) return;
+    const unsigned long long row = i / threads_per_row;
+    const int pair = (int)(i % threads_per_row) * per;
     const float position = (float)(first + row % seq_len);
-    const double angle = (double)(position * inv_freq);
-    const float c = (float)cos(angle);
-    const float s = sign * (float)sin(angle);
+    float c[LEN], s[LEN];
+    for (int k = 0; k < LEN && k < per; ++k) {
+        const float inv_freq = 1.0f / powf(base, (float)(2 * (pair + k)) / (float)head_size);
+        const double angle = (double)(position * inv_freq);
+        c[k] = (float)cos(angle);
+        s[k] = sign * (float)sin(angle);
+    }
     const unsigned long long width = (unsigned long long)(n_head + 2 * n_kv_head) * head_size;
     T* x = qkv + row * width + pair;
     for (int head = 0; head < n_head + n_kv_head; ++head, x += head_size) {
-        const float a = to_float(x[0]), b = to_float(x[half]);
-        store(x, a * c - b * s);
-        store(x + half, b * c + a * s);
+        if (per == LEN) {
+            const bool vector = aligned16(x) && aligned16(x + half);
+            Pack<T> a = load_pack(x, 0, LEN, vector), b = load_pack(x + half, 0, LEN, vector);
+            for (int k = 0; k < LEN; ++k) {
+                const float ak = to_float(a.x[k]), bk = to_float(b.x[k]);
+                store(&a.x[k], ak * c[k] - bk * s[k]);
+                store(&b.x[k], bk * c[k] + ak * s[k]);
+            }
+            store_pack(x, a, 0, LEN, vector);
+            store_pack(x + half, b, 0, LEN, vector);
+        } else {
+            const float a = to_float(x[0]), b = to_float(x[half]);
+            store(x, a * c[0] - b * s[0]);
+            store(x + half, b * c[0] + a * s[0]);
+        }
     }
 }
 

@@ -100,7 +100,8 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 7] = [
+    let families: [(&str, &[&str]); 8] = [
+        ("rope.cu", &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"]),
         ("embedding.cu", &["embedding_forward", "embedding_forward_bf16"]),
         ("dropout.cu", &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"]),
         ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),

@@ -43,6 +43,13 @@ pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
     per_item(items.div_ceil(pack_len(dtype)))
 }
 
+/// One RoPE thread per row and the pairs it turns: a 128-bit pack of pairs where `half`, half
+/// a head, is a multiple of the pack (rope.cu's `rope_pairs`), else one pair.
+pub fn per_rope_thread(rows: usize, half: usize, dtype: DType) -> LaunchConfig {
+    let pairs = if half.is_multiple_of(pack_len(dtype)) { pack_len(dtype) } else { 1 };
+    per_item(rows * half / pairs)
+}
+
 /// One warp per row, `BLOCK / 32` rows per block.
 pub fn per_row_warp(rows: usize) -> LaunchConfig {
     per_item(rows * 32)

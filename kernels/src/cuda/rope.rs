@@ -1,8 +1,9 @@
 //! Rotary position embedding in place on the query and key heads of qkv
-//! [B,T,(NH+2*KV)*hs], f32 or bf16, one thread per (row, rotated pair): kernels/cuda/rope.cu.
+//! [B,T,(NH+2*KV)*hs], f32 or bf16, one thread per row and pack of rotated pairs:
+//! kernels/cuda/rope.cu.
 
 use super::device::{buf_mut, int, CudaDevice};
-use super::launch::per_item;
+use super::launch::per_rope_thread;
 use super::sources::kernel_name;
 use crate::backend::Rope;
 use crate::shapes::QkvDims;
@@ -19,7 +20,7 @@ impl Rope for CudaDevice {
         launch!(
             self,
             name,
-            per_item(rows * hs / 2),
+            per_rope_thread(rows, hs / 2, qkv.dtype()),
             buf_mut(qkv),
             &rows_u,
             &t_i,
@@ -39,7 +40,7 @@ impl Rope for CudaDevice {
         launch!(
             self,
             name,
-            per_item(rows * hs / 2),
+            per_rope_thread(rows, hs / 2, dqkv.dtype()),
             buf_mut(dqkv),
             &rows_u,
             &t_i,

@@ -3,7 +3,7 @@
 
 use crate::harness::{Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::per_item;
+use kernels::cuda::launch::per_rope_thread;
 use kernels::{Category, Device};
 
 /// One qkv [B,T,(NH+2*KV)*hs] and the position of its first token.
@@ -54,6 +54,8 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
         // Odd sizes: 3 query heads on 1 key/value head of 6, 3 sequences of 7 tokens
         // (21 rows of 3 pairs: one block, partly idle).
         Case { b: 3, t: 7, nh: 3, kv: 1, hs: 6, first: 5, base: 10_000.0 },
+        // Heads of 8: in f32 a thread's 4 pairs are one pack, in bf16 (8 a pack) one pair.
+        Case { b: 1, t: 5, nh: 2, kv: 1, hs: 8, first: 0, base: 10_000.0 },
     ];
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
@@ -63,7 +65,7 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             let mut run = Run::new(case.len() as u64);
             let (qkv, dqkv) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dx));
             let rows = case.b * case.t;
-            let cfg = || per_item(rows * case.hs / 2);
+            let cfg = || per_rope_thread(rows, case.hs / 2, storage.dtype());
             let dims = || {
                 [
                     (rows as u64).into(),
