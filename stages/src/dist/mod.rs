@@ -220,6 +220,22 @@ pub trait Collective: Send {
     /// Replaces `t` on every member by the members' elementwise sum, added in member order:
     /// ((t0 + t1) + t2) + ...
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError>;
+    /// This member's part ([`member_part`]) of the members' elementwise sum of `t`, added in
+    /// member order as [`Collective::all_reduce_sum`] adds, on the host; `t` is left
+    /// unspecified. By default the all-reduce's sum, of which the member keeps its part: the
+    /// same bits, twice a reduce-scatter's bytes where there is a wire. MPI moves the parts
+    /// alone.
+    fn reduce_scatter_sum(
+        &mut self,
+        group: Group,
+        t: &mut Tensor,
+        dev: &dyn Device,
+    ) -> Result<Vec<f32>, DistError> {
+        self.all_reduce_sum(group, t, dev)?;
+        let members = self.topology().members(group, self.rank());
+        let me = members.iter().position(|&m| m == self.rank()).expect("a rank is in its own groups");
+        Ok(dev.to_host(t)[member_part(t.len(), members.len(), me)].to_vec())
+    }
     /// Rank 0 receives every rank's bytes in rank order; the others get None.
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError>;
     /// Rank 0 hands each rank its part (`parts`, one per rank, given on rank 0 only).
@@ -233,6 +249,12 @@ pub trait Collective: Send {
         let _ = dev;
         Ok(())
     }
+}
+
+/// Member `j`'s part of a tensor of `len` elements among `n` members, as reduce-scatters
+/// hand them out: elements j * len / n .. (j + 1) * len / n.
+pub fn member_part(len: usize, n: usize, j: usize) -> std::ops::Range<usize> {
+    j * len / n..(j + 1) * len / n
 }
 
 /// Elementwise sum in member order of equally long host vectors: what every backend's

@@ -20,7 +20,9 @@
 //! at the start (`MPI_Comm_split`, blocking, before any step) and `MPI_Finalize` at the end.
 
 use super::wire::{Reader, Writer};
-use super::{poll_until, sum_in_order, Collective, DistError, Group, Message, Topology, Transport};
+use super::{
+    member_part, poll_until, sum_in_order, Collective, DistError, Group, Message, Topology, Transport,
+};
 use kernels::{Category, DType, Device, Tensor};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::request::{Request, Scope, StaticScope};
@@ -348,6 +350,30 @@ impl MpiCollective {
 
     /// `op` over `group` did not complete: it names the other members, one of which did
     /// not join (which one, a non-blocking collective does not say).
+    /// This member's part ([`member_part`]) of the members' sum of `host`, in member order:
+    /// each member sends every other its part, one all-to-all, and adds the parts it gets.
+    fn reduce_scatter_host(&mut self, group: Group, host: &[f32], what: &str) -> Result<Vec<f32>, DistError> {
+        let comm = self.comm(group);
+        let n = comm.size() as usize;
+        let len = host.len();
+        let mine = member_part(len, n, comm.rank() as usize).len();
+        let (slice_counts, slice_displs) =
+            counts(&(0..n).map(|j| member_part(len, n, j).len()).collect::<Vec<_>>())?;
+        let (recv_counts, recv_displs) = counts(&vec![mine; n])?;
+        let mut pieces = vec![0f32; mine * n];
+        let send = Partition::new(host, slice_counts, slice_displs);
+        let mut into = PartitionMut::new(&mut pieces[..], recv_counts, recv_displs);
+        if !mpi::request::scope(|s| {
+            complete(comm.immediate_all_to_all_varcount_into(s, &send, &mut into), self.timeout)
+        }) {
+            std::mem::forget(into);
+            std::mem::forget(pieces);
+            return Err(self.timed_out(what, group));
+        }
+        drop(into);
+        Ok(sum_in_order((0..n).map(|i| &pieces[i * mine..(i + 1) * mine])))
+    }
+
     fn timed_out(&self, op: &str, group: Group) -> DistError {
         let others: Vec<usize> =
             self.topology.members(group, self.rank).into_iter().filter(|&m| m != self.rank).collect();
@@ -448,32 +474,18 @@ impl Collective for MpiCollective {
     }
 
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
-        let comm = self.comm(group);
-        let n = comm.size() as usize;
+        let n = self.comm(group).size() as usize;
         if n == 1 {
             return Ok(());
         }
         // A reduce-scatter then an all-gather, as a ring all-reduce moves 2(n-1)/n of the
-        // bytes: member j sums slice j of every member's tensor, in member order.
+        // bytes.
         let host = dev.to_host(t);
         let len = host.len();
-        let slice = |j: usize| (j * len / n)..((j + 1) * len / n);
-        let me = comm.rank() as usize;
-        let mine = slice(me).len();
-        let (slice_counts, slice_displs) = counts(&(0..n).map(|j| slice(j).len()).collect::<Vec<_>>())?;
-        let (recv_counts, recv_displs) = counts(&vec![mine; n])?;
-        let mut pieces = vec![0f32; mine * n];
-        let send = Partition::new(&host[..], slice_counts.clone(), slice_displs.clone());
-        let mut into = PartitionMut::new(&mut pieces[..], recv_counts, recv_displs);
-        if !mpi::request::scope(|s| {
-            complete(comm.immediate_all_to_all_varcount_into(s, &send, &mut into), self.timeout)
-        }) {
-            std::mem::forget(into);
-            std::mem::forget(pieces);
-            return Err(self.timed_out("all-reduce", group));
-        }
-        drop(into);
-        let reduced = sum_in_order((0..n).map(|i| &pieces[i * mine..(i + 1) * mine]));
+        let reduced = self.reduce_scatter_host(group, &host, "all-reduce")?;
+        let comm = self.comm(group);
+        let (slice_counts, slice_displs) =
+            counts(&(0..n).map(|j| member_part(len, n, j).len()).collect::<Vec<_>>())?;
         let mut sum = vec![0f32; len];
         let mut into = PartitionMut::new(&mut sum[..], slice_counts, slice_displs);
         if !mpi::request::scope(|s| {
@@ -487,6 +499,19 @@ impl Collective for MpiCollective {
         let host = dev.from_host(&sum, t.shape(), Category::Workspace);
         dev.copy(t, &host);
         Ok(())
+    }
+
+    fn reduce_scatter_sum(
+        &mut self,
+        group: Group,
+        t: &mut Tensor,
+        dev: &dyn Device,
+    ) -> Result<Vec<f32>, DistError> {
+        let host = dev.to_host(t);
+        if self.comm(group).size() == 1 {
+            return Ok(host);
+        }
+        self.reduce_scatter_host(group, &host, "reduce-scatter")
     }
 
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {

@@ -4,8 +4,9 @@
 //! rows, and the all-gathers of those rows), the all-gather of the vocabulary-parallel
 //! loss's row statistics, and that of distributed saved activations.
 //!
-//! The reduce-scatter is the all-reduce's sum, of which a rank keeps its rows: the same bits
-//! and memory as a native one, twice its bytes on the wire. The parts cross the host.
+//! The reduce-scatter is [`Collective::reduce_scatter_sum`]: under MPI each rank receives
+//! only its rows' parts; the threads backend sums the whole tensor on the device and keeps
+//! the rows. The parts cross the host.
 //!
 //! A layer cannot stop halfway through its arithmetic to return an error, so a failed
 //! collective is kept, as a device keeps its asynchronous errors: every later one is
@@ -54,8 +55,8 @@ impl<'a> TensorGroup<'a> {
     }
 
     /// This rank's rows `rows` [R, C] of the group's sum of `whole` [N, C] (sequence
-    /// parallelism's reduce-scatter): the all-reduce's sum, in tensor rank order, then the
-    /// rows, under `category`.
+    /// parallelism's reduce-scatter, in tensor rank order), under `category`. A rank's rows
+    /// are its member part of the tokens, so of the elements.
     pub fn reduce_scatter_rows(
         &mut self,
         mut whole: Tensor,
@@ -63,10 +64,21 @@ impl<'a> TensorGroup<'a> {
         rows: Range<usize>,
         category: Category,
     ) -> Tensor {
-        self.all_reduce(&mut whole, dev);
         let c = *whole.shape().last().expect("a tensor has a shape");
         let shape = [rows.len(), c];
-        own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category)
+        let Some(collective) = self.collective.as_deref_mut() else {
+            return own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category);
+        };
+        let part = match &self.error {
+            Some(_) => Ok(vec![0.0; rows.len() * c]), // after a failure: never read
+            None => collective.reduce_scatter_sum(Group::Tensor, &mut whole, dev),
+        };
+        let part = part.unwrap_or_else(|e| {
+            self.error = Some(e);
+            vec![0.0; rows.len() * c]
+        });
+        assert_eq!(part.len(), rows.len() * c, "a rank's rows are its part of the reduce-scatter");
+        dev.from_host_of(whole.dtype(), &part, &shape, category)
     }
 
     /// Replaces `t` by the sum of the group's tensors, in tensor rank order.

@@ -340,6 +340,34 @@ mod tests {
         }
     }
 
+    /// Three members, seven elements: each gets its member part (2, 2 and 3 elements) of
+    /// `sum_in_order`'s bits.
+    #[test]
+    fn reduce_scatter_gives_each_member_its_part_of_the_ordered_sum() {
+        let topology =
+            Topology { tensor: 1, pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
+        let parts: [Vec<f32>; 3] = [1.0e8, -1.0e8, 1.0]
+            .map(|x: f32| (0..7).map(|i| if i % 2 == 0 { x } else { -x + i as f32 }).collect());
+        let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = world(topology, 1, MINUTE)
+                .into_iter()
+                .map(|(_, mut c)| {
+                    let parts = &parts;
+                    s.spawn(move || {
+                        let dev = CpuDevice::new(1);
+                        let mut t = dev.from_host(&parts[c.rank()], &[7], Category::Gradients);
+                        c.reduce_scatter_sum(Group::DataParallel, &mut t, &dev).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let lens: Vec<usize> = results.iter().map(Vec::len).collect();
+        assert_eq!(lens, [2, 2, 3]);
+        assert_eq!(results.concat(), want);
+    }
+
     #[test]
     fn collectives_agree_and_a_stopped_member_fails_its_peers() {
         let topology =
