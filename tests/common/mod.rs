@@ -11,12 +11,38 @@ pub fn bin() -> Command {
     c
 }
 
-/// A fresh empty directory for one test.
+/// A fresh empty directory for one test. A test leaves its directory for a look after a
+/// failure; the first call of a later test process removes those of processes that have
+/// ended.
 pub fn temp_dir(name: &str) -> PathBuf {
+    static CLEAR: std::sync::Once = std::sync::Once::new();
+    CLEAR.call_once(remove_ended_processes_dirs);
     let dir = std::env::temp_dir().join(format!("pipetrain-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes `pipetrain-test-PID-*` directories whose process has ended, as /proc tells
+/// (Linux); where there is no /proc, nothing.
+fn remove_ended_processes_dirs() {
+    let proc = Path::new("/proc");
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    if !proc.is_dir() {
+        return;
+    }
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("pipetrain-test-"))
+            .and_then(|rest| rest.split('-').next());
+        if let Some(pid) = pid.filter(|p| p.parse::<u32>().is_ok()) {
+            if !proc.join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
 }
 
 /// A two-layer, 64-wide model on the shipped corpus, dropout on: a few steps take a second.
