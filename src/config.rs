@@ -465,6 +465,18 @@ fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+#[cfg(feature = "cuda")]
+impl Precision {
+    /// The CUDA device's mode for this precision: bf16 stores activations in bf16 and
+    /// multiplies bf16 operands into fp32, over fp32 master weights.
+    pub fn matmul(self) -> kernels::cuda::MatmulPrecision {
+        match self {
+            Precision::Fp32 => kernels::cuda::MatmulPrecision::Fp32,
+            Precision::Bf16 => kernels::cuda::MatmulPrecision::Bf16,
+        }
+    }
+}
+
 impl Config {
     /// The config as YAML in canonical keys, headed by a comment for each alias it was
     /// written with: what a run dir keeps.

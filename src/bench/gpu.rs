@@ -164,12 +164,7 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
 /// one line and exit 3, or bf16 on a GPU before sm_80).
 #[cfg(feature = "cuda")]
 fn usable_gpu(precision: Precision) -> Result<Box<dyn Device>, String> {
-    use kernels::cuda::{CudaDevice, MatmulPrecision};
-    let matmul = match precision {
-        Precision::Fp32 => MatmulPrecision::Fp32,
-        Precision::Bf16 => MatmulPrecision::Bf16,
-    };
-    Ok(Box::new(CudaDevice::new(0)?.with_matmul_precision(matmul)?))
+    Ok(Box::new(kernels::cuda::CudaDevice::new(0)?.with_matmul_precision(precision.matmul())?))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -402,17 +402,13 @@ fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<A
 /// matmuls on bf16 operands with fp32 accumulation and master weights.
 #[cfg(feature = "cuda")]
 fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
-    use kernels::cuda::{CudaDevice, MatmulPrecision};
+    use kernels::cuda::CudaDevice;
     let device_error =
         |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
-    let precision = match cfg.precision {
-        crate::config::Precision::Bf16 => MatmulPrecision::Bf16,
-        crate::config::Precision::Fp32 => MatmulPrecision::Fp32,
-    };
     let ordinal = super::launch::local_gpu();
     let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
     let device = device.map_err(device_error)?;
-    Ok(Arc::new(device.with_matmul_precision(precision).map_err(device_error)?))
+    Ok(Arc::new(device.with_matmul_precision(cfg.precision.matmul()).map_err(device_error)?))
 }
 
 #[cfg(not(feature = "cuda"))]
