@@ -9,6 +9,8 @@ mod token_file;
 mod tokenize;
 
 pub use source::TokenData;
+#[cfg(test)]
+pub(crate) use token_file::write_tokens;
 pub use token_file::TokenFile;
 pub use tokenize::{bpe_decode, bpe_encode, run as tokenize, OutputFormat, EOT, TEXT_VOCAB};
 
