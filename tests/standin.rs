@@ -18,18 +18,27 @@ fn standin_library() -> PathBuf {
     exe.parent().expect("target/<profile>/deps").join("libcuda_standin.so")
 }
 
-/// A directory of links to the stand-in under the names cudarc loads.
+/// A directory of links to the stand-in under the names cudarc loads, made once per test
+/// process: tests that made them each at once raced between a link's removal and creation.
 fn standin_libs() -> PathBuf {
-    let lib = standin_library();
-    assert!(lib.exists(), "{} is not built: cargo builds it for this test (a dev-dependency)", lib.display());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-libs");
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in ["libcuda.so", "libcublas.so", "libcublasLt.so", "libnccl.so"] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&lib, &link).unwrap();
-    }
-    dir
+    static LIBS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIBS.get_or_init(|| {
+        let lib = standin_library();
+        assert!(
+            lib.exists(),
+            "{} is not built: cargo builds it for this test (a dev-dependency)",
+            lib.display()
+        );
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-libs");
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libcuda.so", "libcublas.so", "libcublasLt.so", "libnccl.so"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Whether the kernels can be compiled; if not, says why and the caller skips.
