@@ -14,6 +14,7 @@ use crate::memory::Category;
 use crate::readout::Readout;
 use crate::shapes::{MatmulDims, QkvDims};
 use crate::tensor::{DType, Tensor};
+use std::ops::Range;
 
 /// Buffers with a shape to check: uploads and copies.
 pub trait Buffers {
@@ -23,6 +24,8 @@ pub trait Buffers {
     fn from_host_of_impl(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor;
     /// dst and src have as many elements.
     fn copy_impl(&self, dst: &mut Tensor, src: &Tensor);
+    /// t is f32 and holds `from + data.len()` elements.
+    fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]);
 }
 
 /// acc += x and out = a + b, all of one length.
@@ -34,7 +37,8 @@ pub trait Elementwise {
 /// The values a step leaves for the host; the slots are within the readout.
 pub trait Readouts {
     fn loss_mean_impl(&self, out: &mut Readout, slot: usize, losses: &Tensor);
-    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]);
+    /// Each part's range lies within its tensor.
+    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, parts: &[(&Tensor, Range<usize>)]);
 }
 
 /// `btc` is [B,T,C] of out (dout), the tokens below wte's rows.
@@ -223,7 +227,16 @@ pub trait Classifier {
     );
 }
 
-/// param, grad, m and v of one length.
+/// param and grad of one length, m and v of another, the part `from..from + m.len()` of
+/// param and grad that they hold the moments of.
 pub trait AdamW {
-    fn adamw_impl(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: &AdamWStep);
+    fn adamw_impl(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamWStep,
+        from: usize,
+    );
 }

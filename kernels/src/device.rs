@@ -37,6 +37,7 @@ use crate::shapes::{
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// How a matmul weight is laid out in memory.
@@ -180,6 +181,12 @@ pub trait Device:
         assert_same_len(dst, src);
         self.copy_impl(dst, src);
     }
+    /// t[from..from + data.len()] = data, uploaded in place (t f32: a parameter, a gradient).
+    fn write_at(&self, t: &mut Tensor, from: usize, data: &[f32]) {
+        assert_eq!(t.dtype(), DType::F32, "write_at: {t:?} is not f32");
+        assert!(from + data.len() <= t.len(), "write_at: {} values from {from} into {t:?}", data.len());
+        self.write_at_impl(t, from, data);
+    }
     fn fill_zero(&self, t: &mut Tensor);
     /// acc += x, elementwise.
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
@@ -211,13 +218,23 @@ pub trait Device:
     /// out[first + i] = the sum of squares of tensors[i], each in f64 over fixed chunks, all
     /// in one pass (the per-parameter terms of the global gradient norm).
     fn sum_squares_into(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
+        let whole: Vec<(&Tensor, Range<usize>)> = tensors.iter().map(|&t| (t, 0..t.len())).collect();
+        self.sum_squares_of_parts_into(out, first, &whole);
+    }
+    /// out[first + i] = the sum of squares of parts[i]'s range of its tensor, as
+    /// [`Device::sum_squares_into`] sums a tensor of just those elements: the terms of the
+    /// global gradient norm where data-parallel replicas each hold a part of the gradients.
+    fn sum_squares_of_parts_into(&self, out: &mut Readout, first: usize, parts: &[(&Tensor, Range<usize>)]) {
         assert!(
-            first + tensors.len() <= out.len(),
+            first + parts.len() <= out.len(),
             "{} sums from slot {first} of a readout of {}",
-            tensors.len(),
+            parts.len(),
             out.len()
         );
-        self.sum_squares_into_impl(out, first, tensors);
+        for (t, range) in parts {
+            assert!(range.start <= range.end && range.end <= t.len(), "sum of squares of {range:?} of {t:?}");
+        }
+        self.sum_squares_into_impl(out, first, parts);
     }
     /// The slots on the host: a host sync, the one a training step makes.
     fn read(&self, r: &Readout) -> Vec<f64>;
@@ -574,9 +591,24 @@ pub trait Device:
     // ---- optimizer -----------------------------------------------------------------
     /// One AdamW step: m, v (same shape as param) updated in place, then param.
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
-        assert_same_len(param, grad);
         assert_same_len(param, m);
-        assert_same_len(param, v);
-        self.adamw_impl(param, grad, m, v, &hp);
+        self.adamw_part(param, grad, m, v, hp, 0);
+    }
+    /// [`Device::adamw`] on the part `from..from + m.len()` of param and grad, whose moments
+    /// m and v hold (the distributed optimizer's share of a parameter): those elements come
+    /// out as the whole step leaves them, the rest untouched.
+    fn adamw_part(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: AdamWStep,
+        from: usize,
+    ) {
+        assert_same_len(param, grad);
+        assert_same_len(m, v);
+        assert!(from + m.len() <= param.len(), "adamw: moments of {} from {from} of {param:?}", m.len());
+        self.adamw_impl(param, grad, m, v, &hp, from);
     }
 }

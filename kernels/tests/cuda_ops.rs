@@ -946,3 +946,51 @@ fn every_op_is_bitwise_repeatable() {
     }
     assert_eq!(first.1.to_bits(), second.1.to_bits(), "sum_squares");
 }
+
+/// The distributed optimizer's ops on a part of a tensor, as the CPU does them: AdamW on a
+/// part of a parameter, a part's sum of squares, and an upload into a part; on a bf16 GPU
+/// both refresh the parameter's bf16 copy.
+#[test]
+fn the_ops_on_a_part_match_the_cpu() {
+    let Some(gpu) = bf16_gpu("the_ops_on_a_part_match_the_cpu") else { return };
+    let mut rng = seeded("parts");
+    let (n, part) = (C * C, 1_001..C * C - 77);
+    let (p0, g) = (rng.uniform(n, 1.0), rng.uniform(n, 0.1));
+    let run = |dev: &dyn Device| {
+        let mut p = param(dev, &p0, &[C, C]);
+        let (mut m, mut v) = (
+            dev.zeros(&[part.len()], Category::OptimizerState),
+            dev.zeros(&[part.len()], Category::OptimizerState),
+        );
+        let grad = grad(dev, &g, &[n]);
+        dev.adamw_part(&mut p, &grad, &mut m, &mut v, adamw_step(1), part.start);
+        let mut out = dev.readout(1);
+        dev.sum_squares_of_parts_into(&mut out, 0, &[(&grad, part.clone())]);
+        dev.write_at(&mut p, 0, &[5.0; 3]);
+        (dev.read(&out)[0], [p, m, v].map(|t| dev.to_host(&t)))
+    };
+    let ((want_norm, want), (got_norm, got)) = (run(&cpu()), run(&gpu));
+    assert!((got_norm - want_norm).abs() <= 1e-9 * want_norm, "{got_norm} vs {want_norm}");
+    for (what, (g, w)) in ["param", "m", "v"].iter().zip(got.iter().zip(&want)) {
+        assert_close(what, g, w, TOL);
+    }
+    assert_eq!(&got[0][..3], [5.0; 3]);
+    assert_eq!(&got[0][3..part.start], &p0[3..part.start], "untouched before the part");
+    // The bf16 copy the matmuls read holds the stepped and uploaded values: a product
+    // through the parameter is the one through its values uploaded afresh.
+    let mut p = param(&gpu, &p0, &[C, C]);
+    let (mut m, mut v) = (
+        gpu.zeros(&[part.len()], Category::OptimizerState),
+        gpu.zeros(&[part.len()], Category::OptimizerState),
+    );
+    gpu.adamw_part(&mut p, &grad(&gpu, &g, &[n]), &mut m, &mut v, adamw_step(1), part.start);
+    gpu.write_at(&mut p, 0, &[5.0; 3]);
+    let x = put(&gpu, &rng.uniform(N * C, 1.0), &[N, C]);
+    let product = |w: &Tensor| {
+        let mut out = act_zeros(&gpu, &[N, C]);
+        gpu.matmul_forward(&mut out, &x, w, WeightLayout::InOut, None);
+        gpu.to_host(&out)
+    };
+    let fresh = param(&gpu, &gpu.to_host(&p), &[C, C]);
+    assert_bitwise("product through the copy after a part's step", &product(&p), &product(&fresh));
+}

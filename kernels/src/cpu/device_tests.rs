@@ -362,3 +362,50 @@ fn residual_norms_are_the_add_and_the_norm_bit_for_bit() {
         assert_ne!(dev.to_host(&dinp), dev.to_host(&dres), "rms {rms}: the norm's gradient was added");
     }
 }
+
+/// The distributed optimizer's ops on a part of a tensor: AdamW on elements 7..20 of 27
+/// leaves exactly those elements as the whole step does and the rest untouched; a part's
+/// sum of squares is that of a tensor of just its elements; `write_at` lands where it says.
+#[test]
+fn the_ops_on_a_part_are_the_whole_ops_there() {
+    let dev = CpuDevice::new(2);
+    let (n, part) = (27, 7..20);
+    let (p0, g) = (random(41, n, 1.0), random(42, n, 0.1));
+    let hp = |step| AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step,
+        grad_scale: 0.5,
+    };
+    let put = |data: &[f32], cat| dev.from_host(data, &[data.len()], cat);
+    let grad = put(&g, Category::Gradients);
+    let (mut whole, mut cut) = (put(&p0, Category::Parameters), put(&p0, Category::Parameters));
+    let moments =
+        |len| (dev.zeros(&[len], Category::OptimizerState), dev.zeros(&[len], Category::OptimizerState));
+    let ((mut m, mut v), (mut pm, mut pv)) = (moments(n), moments(part.len()));
+    for step in 1..=2 {
+        dev.adamw(&mut whole, &grad, &mut m, &mut v, hp(step));
+        dev.adamw_part(&mut cut, &grad, &mut pm, &mut pv, hp(step), part.start);
+    }
+    let (whole, cut) = (dev.to_host(&whole), dev.to_host(&cut));
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&cut[part.clone()]), bits(&whole[part.clone()]));
+    assert_eq!(bits(&cut[..part.start]), bits(&p0[..part.start]));
+    assert_eq!(bits(&cut[part.end..]), bits(&p0[part.end..]));
+    assert_eq!(bits(&dev.to_host(&pm)), bits(&dev.to_host(&m)[part.clone()]));
+    assert_eq!(bits(&dev.to_host(&pv)), bits(&dev.to_host(&v)[part.clone()]));
+
+    let big = random(43, 3 * super::CHUNK + 5, 1.0);
+    let (t, range) = (put(&big, Category::Gradients), 5..2 * super::CHUNK + 9);
+    let mut out = dev.readout(2);
+    dev.sum_squares_of_parts_into(&mut out, 0, &[(&t, range.clone()), (&t, 0..0)]);
+    let alone = dev.sum_squares(&put(&big[range], Category::Gradients));
+    assert_eq!(dev.read(&out), [alone, 0.0]);
+
+    let mut w = put(&[0.0; 6], Category::Parameters);
+    dev.write_at(&mut w, 2, &[1.0, 2.0, 3.0]);
+    assert_eq!(dev.to_host(&w), [0.0, 0.0, 1.0, 2.0, 3.0, 0.0]);
+}

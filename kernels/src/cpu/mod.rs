@@ -44,6 +44,7 @@ use crate::tensor::{rows_cols, DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{HostClock, Mark, Readings};
 use buffers::BufferCache;
 use rayon::ThreadPool;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Elements per parallel task in the elementwise kernels: large enough to amortise rayon's
@@ -227,6 +228,10 @@ impl Buffers for CpuDevice {
     fn copy_impl(&self, dst: &mut Tensor, src: &Tensor) {
         self.pool.install(|| elementwise::copy(dst.cpu_mut(), src.cpu()));
     }
+
+    fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]) {
+        t.cpu_mut()[from..from + data.len()].copy_from_slice(data);
+    }
 }
 
 impl Elementwise for CpuDevice {
@@ -244,11 +249,11 @@ impl Readouts for CpuDevice {
         slots(out)[slot] = math::mean_in_order(losses.cpu());
     }
 
-    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
-        let out = &mut slots(out)[first..first + tensors.len()];
+    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, parts: &[(&Tensor, Range<usize>)]) {
+        let out = &mut slots(out)[first..first + parts.len()];
         self.pool.install(|| {
-            for (slot, t) in out.iter_mut().zip(tensors) {
-                *slot = elementwise::sum_squares(t.cpu());
+            for (slot, (t, range)) in out.iter_mut().zip(parts) {
+                *slot = elementwise::sum_squares(&t.cpu()[range.clone()]);
             }
         });
     }
@@ -563,8 +568,18 @@ impl Classifier for CpuDevice {
 }
 
 impl AdamW for CpuDevice {
-    fn adamw_impl(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: &AdamWStep) {
-        self.pool.install(|| adamw::step(param.cpu_mut(), grad.cpu(), m.cpu_mut(), v.cpu_mut(), hp));
+    fn adamw_impl(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamWStep,
+        from: usize,
+    ) {
+        let part = from..from + m.len();
+        let (param, grad) = (&mut param.cpu_mut()[part.clone()], &grad.cpu()[part]);
+        self.pool.install(|| adamw::step(param, grad, m.cpu_mut(), v.cpu_mut(), hp));
     }
 }
 

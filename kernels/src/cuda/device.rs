@@ -475,6 +475,16 @@ impl Buffers for CudaDevice {
         copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
         self.refresh_bf16_copy(dst);
     }
+
+    fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]) {
+        if data.is_empty() {
+            return;
+        }
+        let mut part = cu_mut(t).slice_mut(from..from + data.len());
+        (self.stream.memcpy_htod(data, &mut part))
+            .unwrap_or_else(|e| panic!("cuda: cannot upload {} values at element {from}: {e:?}", data.len()));
+        self.refresh_bf16_copy(t);
+    }
 }
 
 /// The attention core of what the layers keep for it (`AttentionSaves`): the fused kernels

@@ -10,7 +10,7 @@ use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
 use crate::DType;
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, DeviceRepr, LaunchArgs, PushKernelArg};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
 /// for field (repr(C) pads both the same way).
@@ -123,28 +123,40 @@ impl CudaDevice {
 }
 
 impl AdamW for CudaDevice {
-    /// The AdamW step; a parameter with a bf16 copy has it refreshed in the same pass.
-    fn adamw_impl(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: &AdamWStep) {
-        let n = param.len() as u64;
+    /// The AdamW step on a part of the parameter (views from its first element); one with a
+    /// bf16 copy has that part of it refreshed in the same pass.
+    fn adamw_impl(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamWStep,
+        from: usize,
+    ) {
+        let part = from..from + m.len();
+        let n = part.len() as u64;
         // The per-step constants, computed as the CPU backend computes them.
         let t = i32::try_from(hp.step).expect("adamw step fits in i32");
         let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
         let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
         let decay = 1.0 - hp.lr * hp.weight_decay;
-        let cfg = per_item(param.len());
-        let (name, param) = match param.storage_mut() {
-            Storage::CudaMaster { master, bf16 } => {
-                ("adamw_with_bf16_copy", AdamWParam::WithCopy(master, bf16))
-            }
-            Storage::Cuda(master) => ("adamw", AdamWParam::Master(master)),
+        let cfg = per_item(part.len());
+        let grad = cu(grad).slice(part.clone());
+        let (name, mut param) = match param.storage_mut() {
+            Storage::CudaMaster { master, bf16 } => (
+                "adamw_with_bf16_copy",
+                AdamWParam::WithCopy(master.slice_mut(part.clone()), bf16.slice_mut(part.clone())),
+            ),
+            Storage::Cuda(master) => ("adamw", AdamWParam::Master(master.slice_mut(part.clone()))),
             _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
         };
         launch!(
             self,
             name,
             cfg,
-            param,
-            cu(grad),
+            &mut param,
+            &grad,
             cu_mut(m),
             cu_mut(v),
             &n,
@@ -162,13 +174,13 @@ impl AdamW for CudaDevice {
 /// A parameter as the AdamW kernels take it: its fp32 master, then its bf16 copy where it
 /// has one (`adamw_with_bf16_copy`'s second argument).
 enum AdamWParam<'a> {
-    Master(&'a mut CudaSlice<f32>),
-    WithCopy(&'a mut CudaSlice<f32>, &'a mut CudaSlice<u16>),
+    Master(CudaViewMut<'a, f32>),
+    WithCopy(CudaViewMut<'a, f32>, CudaViewMut<'a, u16>),
 }
 
-// SAFETY: pushes each slice exactly as cudarc pushes a slice, in the kernels' order.
-unsafe impl<'a, 'b: 'a> PushKernelArg<AdamWParam<'b>> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: AdamWParam<'b>) -> &mut Self {
+// SAFETY: pushes each view exactly as cudarc pushes a view, in the kernels' order.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'a mut AdamWParam<'b>> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: &'a mut AdamWParam<'b>) -> &mut Self {
         match arg {
             AdamWParam::Master(master) => self.arg(master),
             AdamWParam::WithCopy(master, copy) => self.arg(master).arg(copy),

@@ -8,6 +8,7 @@ use crate::backend::Readouts;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, DevicePtr};
+use std::ops::Range;
 
 /// The fused norm's inputs on the device for one set of tensors: their addresses, lengths
 /// and first stage-one blocks. `key` is the host's copy of the first two, to tell whether a
@@ -34,15 +35,21 @@ impl Readouts for CudaDevice {
         launch!(self, "loss_mean", one_block(), &mut target, cu(losses), &n);
     }
 
-    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, tensors: &[&Tensor]) {
-        if tensors.is_empty() {
+    fn sum_squares_into_impl(&self, out: &mut Readout, first: usize, parts: &[(&Tensor, Range<usize>)]) {
+        if parts.is_empty() {
             return;
         }
         // The addresses are read on this stream; the guards record that use for cudarc's
-        // event tracking when they drop, after the launches.
-        let (addresses, _reads): (Vec<u64>, Vec<_>) =
-            tensors.iter().map(|t| cu(t).device_ptr(&self.stream)).unzip();
-        let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        // event tracking when they drop, after the launches. A part starts its range's
+        // elements in: its chunks are a tensor of just those elements' chunks.
+        let (addresses, _reads): (Vec<u64>, Vec<_>) = parts
+            .iter()
+            .map(|(t, range)| {
+                let (address, read) = cu(t).device_ptr(&self.stream);
+                (address + (range.start * std::mem::size_of::<f32>()) as u64, read)
+            })
+            .unzip();
+        let lens: Vec<usize> = parts.iter().map(|(_, range)| range.len()).collect();
         let key: Vec<u64> = addresses.iter().copied().chain(lens.iter().map(|&n| n as u64)).collect();
         let mut cached = self.norm_tables.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_none_or(|t| t.key != key) {
@@ -58,8 +65,8 @@ impl Readouts for CudaDevice {
         }
         let tables = cached.as_ref().expect("set above");
         let mut partial = self.scratch::<f64>(tables.blocks);
-        let (one, two) = sum_squares(tables.blocks, tensors.len());
-        let (count, chunk) = (int(tensors.len()), SUM_SQUARES_CHUNK as u64);
+        let (one, two) = sum_squares(tables.blocks, parts.len());
+        let (count, chunk) = (int(parts.len()), SUM_SQUARES_CHUNK as u64);
         launch!(
             self,
             "sum_squares_chunks",
@@ -71,7 +78,7 @@ impl Readouts for CudaDevice {
             &count,
             &chunk
         );
-        let mut target = slots(out).slice_mut(first..first + tensors.len());
+        let mut target = slots(out).slice_mut(first..first + parts.len());
         launch!(self, "sum_squares_totals", two, &mut target, &*partial, &tables.first);
     }
 }
