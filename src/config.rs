@@ -78,6 +78,10 @@ pub struct Config {
     /// Data-parallel replicas of the whole pipeline. Under MPI it is derived as
     /// world / pipeline_model_parallel_size (as in Megatron) and, when given, must agree.
     pub data_parallel_size: Option<usize>,
+    /// Megatron's distributed optimizer (ZeRO stage 1): each data-parallel replica keeps the
+    /// AdamW moments of, and steps, its own 1/dp part of every parameter
+    /// (`stages::optimizer_shard`).
+    pub use_distributed_optimizer: bool,
 
     // ---- recompute ----
     /// Unset or `none`: no recompute.
@@ -169,6 +173,7 @@ impl Default for Config {
             sequence_parallel: false,
             distribute_saved_activations: false,
             data_parallel_size: None,
+            use_distributed_optimizer: false,
             recompute_granularity: None,
             recompute_method: None,
             recompute_num_layers: None,

@@ -10,7 +10,7 @@ use crate::plan;
 use kernels::cpu::math::mean_in_order;
 use kernels::cpu::CpuDevice;
 use kernels::Device;
-use stages::{ChunkLayout, Microbatch, RecomputePolicy, Shard, TensorGroup};
+use stages::{ChunkLayout, Microbatch, OptimizerShard, RecomputePolicy, Shard, TensorGroup};
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
@@ -34,8 +34,14 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dev = CpuDevice::new(threads);
     let layout = ChunkLayout { blocks: 0..cfg.num_layers, embedding: true, head: true };
-    let mut chunk =
-        plan::build_chunk(&dev, &cfg, layout, Shard::WHOLE, RecomputePolicy::None, Some(&ck.model))?;
+    let mut chunk = plan::build_chunk(
+        &dev,
+        &cfg,
+        layout,
+        (Shard::WHOLE, OptimizerShard::WHOLE),
+        RecomputePolicy::None,
+        Some(&ck.model),
+    )?;
     let mut total = 0.0;
     for k in 0..args.windows {
         let batch = data.eval_batch(k, 1, seq_length)?;

@@ -12,8 +12,8 @@ use stages::params::{chunk_param_specs, ParamSpec};
 use stages::partition;
 use stages::NamedTensor;
 use stages::{
-    ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, Parameters, RecomputePolicy,
-    SelectiveModules, Shard,
+    ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, OptimizerShard, Parameters,
+    RecomputePolicy, SelectiveModules, Shard,
 };
 use std::path::Path;
 
@@ -88,19 +88,25 @@ fn selective_modules(c: &Config) -> SelectiveModules {
     }
 }
 
+/// Which part of each parameter data-parallel replica `replica` steps: its own under
+/// `use_distributed_optimizer`, all of it otherwise.
+pub fn optimizer_shard(c: &Config, replica: usize) -> OptimizerShard {
+    OptimizerShard { replicas: c.data_parallel(), replica, distributed: c.use_distributed_optimizer }
+}
+
 /// Builds a chunk from initial or given parameters (Hugging Face tensors, as a checkpoint
-/// holds them).
+/// holds them), with the moments of the parts `optimizer` steps.
 pub fn build_chunk(
     dev: &dyn Device,
     c: &Config,
     layout: ChunkLayout,
-    shard: Shard,
+    (shard, optimizer): (Shard, OptimizerShard),
     policy: RecomputePolicy,
     weights: Option<&[NamedTensor]>,
 ) -> anyhow::Result<ModelChunk> {
     let s = shape(c);
     let params = match weights {
-        None => Parameters::init(dev, &s, &layout, c.seed, shard),
+        None => Parameters::init(dev, &s, &layout, c.seed, shard, optimizer),
         Some(named) => {
             let specs = chunk_param_specs(&s, &layout);
             let values = specs
@@ -112,7 +118,7 @@ pub fn build_chunk(
                     Ok(dev.from_host(&data, &spec.shard_shape(&s, shard), Category::Parameters))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            Parameters::with_values(dev, &s, &layout, specs, values)
+            Parameters::with_values(dev, &s, &layout, specs, values, optimizer)
         }
     };
     let mut chunk = ModelChunk::new(s, layout, shard, params, policy, dropout(c), c.seed);

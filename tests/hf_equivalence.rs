@@ -173,7 +173,7 @@ fn whole_model(dev: &CpuDevice, dir: &str, s: ModelShape) -> ModelChunk {
             dev.from_host(&data, &spec.shape, Category::Parameters)
         })
         .collect();
-    let params = Parameters::with_values(dev, &s, &layout, specs, values);
+    let params = Parameters::with_values(dev, &s, &layout, specs, values, stages::OptimizerShard::WHOLE);
     ModelChunk::new(s, layout, Shard::WHOLE, params, RecomputePolicy::None, DropoutProbs::default(), 0)
 }
 

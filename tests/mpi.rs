@@ -112,6 +112,33 @@ fn data_parallel_replicas_are_bitwise_run_to_run_and_agree_with_one_replica() {
     assert_eq!(ranks, [(0, 0), (0, 1), (1, 0), (1, 1)], "rank = dp_rank + dp * pp_rank");
 }
 
+/// The distributed optimizer across processes: MPI's reduce-scatter moves only each
+/// replica's part, and the run is the threads run's bits, which are the unsharded run's.
+#[test]
+fn the_distributed_optimizer_under_mpirun_matches_threads_and_the_unsharded_run() {
+    let dir = temp_dir("mpi-zero1");
+    let a = flags(&[
+        ("pipeline-model-parallel-size", "2".into()),
+        ("global-batch-size", "8".into()),
+        ("use-distributed-optimizer", "true".into()),
+    ]);
+    let Some(launcher) = mpirun(4) else { return };
+    let processes = run_mpi(launcher, &dir, "mpi", &a);
+    let mut t = a.clone();
+    t.extend(flags(&[("data-parallel-size", "2".into())]));
+    let threads = run_small(&dir, "threads", &t);
+    let unsharded = run_mpi(
+        mpirun(4).unwrap(),
+        &dir,
+        "unsharded",
+        &flags(&[("pipeline-model-parallel-size", "2".into()), ("global-batch-size", "8".into())]),
+    );
+    for (name, other) in [("threads", &threads), ("the unsharded optimizer", &unsharded)] {
+        assert_eq!(losses(&processes), losses(other), "differs from {name}");
+        assert!(weights(&processes) == weights(other), "weights differ from {name}");
+    }
+}
+
 /// Tensor-parallel ranks as processes give the threads run's bits: t = 2 with p = 2
 /// (sequence parallelism, selective recompute), and t = 2 with dp = 2 (full recompute),
 /// four ranks each, tensor ranks fastest.

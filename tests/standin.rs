@@ -339,7 +339,8 @@ fn two_stages_over_nccl_match_two_streams_of_one_gpu_bitwise() {
 }
 
 /// dp = 2 x p = 2: four processes, four stand-in GPUs, the gradients summed over NCCL,
-/// in bitwise the threads run's losses and at the memory model's peaks.
+/// in bitwise the threads run's losses and at the memory model's peaks; with the
+/// distributed optimizer, the same losses.
 #[test]
 fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
     if !nvrtc("data_and_pipeline_parallel_over_nccl_match_threads_bitwise") {
@@ -351,6 +352,11 @@ fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
     let Some(nccl) = run_mpi(4, &cfg, &dir, "nccl", &dp2p2) else { return };
     let threads = run(&cfg, &dir, "threads", &dp2p2);
     assert_eq!(losses(&nccl), losses(&threads));
+    // The distributed optimizer over NCCL: the all-reduce's sum, each replica's part stepped
+    // on its GPU, the parts gathered: the same bits.
+    let sharded = [&dp2p2[..], &["--use-distributed-optimizer", "true"]].concat();
+    let nccl_sharded = run_mpi(4, &cfg, &dir, "nccl-sharded", &sharded).expect("mpirun ran above");
+    assert_eq!(losses(&nccl_sharded), losses(&threads), "the distributed optimizer over NCCL");
     // The sum over NCCL holds no more than the memory model counts: each rank's peak is
     // its prediction, as under threads.
     for stage in report(&nccl)["stages"].as_array().unwrap() {

@@ -159,17 +159,25 @@ fn optimizer_seconds(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -
     };
     let norm = params.iter().map(|&n| reduced(n)).fold(0.0, f64::max);
     let shared = tied_exchange_seconds(setup, hw) + norm;
-    params.iter().map(|n| shared + n * ADAMW_BYTES / bandwidth).collect()
+    // Under the distributed optimizer each replica steps its 1/dp part of the parameters.
+    let stepped = if setup.cfg.use_distributed_optimizer { setup.dp as f64 } else { 1.0 };
+    params.iter().map(|n| shared + n / stepped * ADAMW_BYTES / bandwidth).collect()
 }
 
 /// The ring all-reduce of `params` fp32 gradients across the dp replicas, 2(dp-1)/dp of the
-/// bytes per rank, among ranks t apart (Megatron's order: tensor, then data).
+/// bytes per rank, among ranks t apart (Megatron's order: tensor, then data); under the
+/// distributed optimizer the reduce-scatter of the gradients and the all-gather of the
+/// stepped parameters, which move as many bytes.
 pub fn all_reduce_seconds(setup: &Setup, params: f64, hw: &Hardware) -> f64 {
     let dp = setup.dp;
     if dp == 1 {
         return 0.0;
     }
-    let bytes = Collective::AllReduce.ring_bytes(params * F32_BYTES as f64, dp);
+    let fp32 = params * F32_BYTES as f64;
+    let bytes = match setup.cfg.use_distributed_optimizer {
+        true => Collective::ReduceScatter.ring_bytes(fp32, dp) + Collective::AllGather.ring_bytes(fp32, dp),
+        false => Collective::AllReduce.ring_bytes(fp32, dp),
+    };
     hw.link_latency + bytes / hw.collective_bandwidth(setup.tp.size, dp)
 }
 
@@ -378,6 +386,23 @@ mod tests {
         assert_eq!(d.chunks[3].forward, head_flops(&s.shape).forward / rate);
         assert_eq!(d.chunks[1].recompute, 0.0);
         assert_eq!(d.p2p, P2p::Link { latency: 10e-6, bandwidth: 450e9 });
+    }
+
+    /// The distributed optimizer: the reduce-scatter and all-gather take the all-reduce's
+    /// time (as many bytes), and each replica's AdamW reads and writes half the parameters.
+    #[test]
+    fn the_distributed_optimizer_steps_a_replicas_part() {
+        let dp2 =
+            Config { data_parallel_size: Some(2), global_batch_size: 16, ..gpt2_small(4, "1f1b", 1, 8) };
+        let (whole, sharded) = (setup(dp2.clone()), setup(Config { use_distributed_optimizer: true, ..dp2 }));
+        let (hw, n) = (h100(), 85e6);
+        assert_eq!(all_reduce_seconds(&sharded, n, &hw), all_reduce_seconds(&whole, n, &hw));
+        let (a, b) = (optimizer_seconds(&whole, &hw, None), optimizer_seconds(&sharded, &hw, None));
+        let bandwidth = hw.achieved_bandwidth();
+        for (r, (a, b)) in a.iter().zip(&b).enumerate() {
+            let adamw = stage_parameters(&whole, r) as f64 * ADAMW_BYTES / bandwidth;
+            assert!((a - b - adamw / 2.0).abs() <= 1e-12 * a, "stage {r}: {a} vs {b}");
+        }
     }
 
     /// The fused attention's backward computes q k^T once more: 2 B T^2 C FLOPs per block

@@ -106,9 +106,13 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 }
 
 /// What stage `stage` holds all along, on one tensor-parallel rank: its chunks' parameters,
-/// gradients and AdamW moments (fp32), plus the bf16 weight copy under bf16.
+/// gradients and AdamW moments (fp32; under the distributed optimizer, the moments of one
+/// replica's part), plus the bf16 weight copy under bf16.
 pub fn stage_static_bytes(setup: &Setup, stage: usize) -> u64 {
-    (0..setup.v).map(|c| static_bytes(&setup.shape, setup.tp, setup.layout(stage, c)) as u64).sum()
+    // The last replica's part of a parameter is never smaller than another's: its bytes are
+    // the most any replica of the stage holds.
+    let optimizer = crate::plan::optimizer_shard(&setup.cfg, setup.dp - 1);
+    (0..setup.v).map(|c| static_bytes(&setup.shape, setup.tp, setup.layout(stage, c), optimizer) as u64).sum()
 }
 
 /// What stage `stage` holds on top of its static bytes in the post-schedule phase: where the

@@ -78,9 +78,10 @@ impl Rank {
         let policy = plan::recompute_policy(cfg, stage_index);
         let shard =
             Shard { size: topology.tensor, rank: topology.tensor_of(id), sequence: cfg.sequence_parallel };
+        let optimizer = plan::optimizer_shard(cfg, topology.replica_of(id));
         let chunks = layouts
             .into_iter()
-            .map(|layout| plan::build_chunk(&*device, cfg, layout, shard, policy, weights))
+            .map(|layout| plan::build_chunk(&*device, cfg, layout, (shard, optimizer), policy, weights))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Rank {
             id,
@@ -155,11 +156,14 @@ impl Rank {
     ) -> anyhow::Result<StepResult> {
         let dev = self.stage.device.clone();
         dev.clock_start();
-        let update = self.pending_update.is_some().then(|| {
-            let start = dev.clock_mark();
-            self.apply_pending_update();
-            (start, dev.clock_mark())
-        });
+        let update = match self.pending_update {
+            Some(_) => {
+                let start = dev.clock_mark();
+                self.apply_pending_update()?;
+                Some((start, dev.clock_mark()))
+            }
+            None => None,
+        };
         let (m, dp) = (cfg.num_microbatches(), self.topology.data);
         let first = self.replica() * m;
         let microbatches = (first..first + m)
@@ -222,12 +226,37 @@ impl Rank {
     }
 
     /// Applies the pending AdamW update, if any, then zeroes the gradients for the next
-    /// step. Whatever reads the weights (evaluation, a checkpoint) calls this first.
-    pub fn apply_pending_update(&mut self) {
+    /// step. Whatever reads the weights (evaluation, a checkpoint) calls this first. Under
+    /// the distributed optimizer each replica steps its own part of every parameter, and the
+    /// replicas then gather the parts: every replica of the stage calls this together.
+    pub fn apply_pending_update(&mut self) -> anyhow::Result<()> {
         if let Some(update) = self.pending_update.take() {
             self.stage.optimizer_step(update);
+            if self.stage.optimizer().distributed {
+                self.gather_stepped_parts()?;
+            }
             self.stage.zero_grads();
         }
+        Ok(())
+    }
+
+    /// Every replica's freshly stepped part of each parameter, gathered in replica order into
+    /// the whole parameter on every replica, for the next forward.
+    fn gather_stepped_parts(&mut self) -> anyhow::Result<()> {
+        let dev = self.stage.device.clone();
+        for chunk in &mut self.stage.chunks {
+            let optimizer = chunk.params.optimizer;
+            for value in &mut chunk.params.values {
+                let mut w = Writer::default();
+                w.f32s(&dev.to_host(value)[optimizer.part(value.len())]);
+                let mut whole = Vec::with_capacity(value.len());
+                for bytes in self.collective.all_gather(Group::DataParallel, &w.0)? {
+                    whole.extend(Reader(&bytes).f32s()?);
+                }
+                dev.write_at(value, 0, &whole);
+            }
+        }
+        Ok(())
     }
 
     /// The injected fault `nan`: the gradient of this stage's highest-numbered parameter
@@ -258,7 +287,8 @@ impl Rank {
     /// split their rows, the tied embedding's two halves within this replica, then every
     /// gradient across replicas. In this order the tied gradient is sum over replicas r of (embedding_r +
     /// head_r) whether one stage holds both halves or two do, so the bits do not depend on
-    /// the partition.
+    /// the partition. Under the distributed optimizer the replicas reduce-scatter: each is
+    /// left the sum of its own part, the same bits as the all-reduce's there.
     fn reduce_grads(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
         for g in self.stage.sequence_grads_mut() {
@@ -269,18 +299,27 @@ impl Rank {
             self.collective.all_reduce_sum(Group::TiedEmbedding, g, &*dev)?;
         }
         if self.topology.data > 1 {
+            let optimizer = self.stage.optimizer();
             for g in self.stage.grads_mut() {
-                self.collective.all_reduce_sum(Group::DataParallel, g, &*dev)?;
+                if optimizer.distributed {
+                    let part = self.collective.reduce_scatter_sum(Group::DataParallel, g, &*dev)?;
+                    dev.write_at(g, optimizer.part(g.len()).start, &part);
+                } else {
+                    self.collective.all_reduce_sum(Group::DataParallel, g, &*dev)?;
+                }
             }
         }
         Ok(())
     }
 
-    /// The global gradient norm: every stage's and tensor rank's per-parameter sums of
-    /// squares, added in global parameter order (a split parameter's shards in tensor rank
-    /// order), so every rank gets the same number whatever the partition.
+    /// The global gradient norm: every stage's and tensor rank's sums of squares of its
+    /// gradients' parts, added in global parameter order, then replica part order (a split
+    /// parameter's shards in tensor rank order), so every rank gets the same number whatever
+    /// the partition. Replicas holding only their own parts (the distributed optimizer) add
+    /// every replica's; others hold all parts of the whole gradient themselves.
     fn grad_norm(&mut self, sum_squares: &[(usize, f64)]) -> anyhow::Result<f64> {
-        let all = self.all_gather_indexed(Group::ModelParallel, sum_squares)?;
+        let group = if self.stage.optimizer().distributed { Group::World } else { Group::ModelParallel };
+        let all = self.all_gather_indexed(group, sum_squares)?;
         Ok(global_grad_norm(all))
     }
 
@@ -288,7 +327,7 @@ impl Rank {
     /// windows in contiguous blocks; the mean is taken in window order, so it is the same
     /// bits for any data-parallel size.
     pub fn evaluate(&mut self, cfg: &Config, data: &TokenData, iters: usize) -> anyhow::Result<f64> {
-        self.apply_pending_update();
+        self.apply_pending_update()?;
         let per_replica = iters.div_ceil(self.topology.data);
         let first = (self.replica() * per_replica).min(iters);
         let count = per_replica.min(iters - first);
@@ -339,18 +378,32 @@ impl Rank {
 
     /// This stage's parameters (or optimizer moments, per `pick`) as Hugging Face tensors,
     /// tagged with their place in the model's order: whole, the tensor-parallel group's
-    /// shards gathered (every member of the group takes part).
+    /// shards gathered (every member of the group takes part), and a moment's replica parts
+    /// gathered first under the distributed optimizer (every replica takes part).
     pub fn named(
         &mut self,
         pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
+        held: Held,
     ) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
         assert!(
             self.pending_update.is_none(),
             "weights read with an update pending: apply_pending_update first"
         );
+        let replica_parts = held == Held::Moments && self.stage.optimizer().distributed;
         let (dev, collective) = (&*self.stage.device, &mut *self.collective);
         let t = self.topology.tensor;
-        let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, shard: Vec<f32>| {
+        let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, part: Vec<f32>| {
+            let shard = if replica_parts {
+                let mut w = Writer::default();
+                w.f32s(&part);
+                let mut shard = Vec::new();
+                for bytes in collective.all_gather(Group::DataParallel, &w.0)? {
+                    shard.extend(Reader(&bytes).f32s()?);
+                }
+                shard
+            } else {
+                part
+            };
             if spec.cut(s, Shard { size: t, ..Shard::WHOLE }).is_none() {
                 return Ok(shard);
             }
@@ -366,7 +419,8 @@ impl Rank {
         plan::named(&self.stage.chunks, dev, pick, &mut whole)
     }
 
-    /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names).
+    /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names):
+    /// the part of each this replica steps.
     pub fn restore_optimizer(&mut self, optimizer: &[NamedTensor]) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
         for chunk in &mut self.stage.chunks {
@@ -380,13 +434,20 @@ impl Rank {
                     (moment(crate::checkpoint::exp_avg_name)?, moment(crate::checkpoint::exp_avg_sq_name)?);
                 for (target, data) in [(&mut p.exp_avg[i], m), (&mut p.exp_avg_sq[i], v)] {
                     let data = p.specs[i].shard_of(&chunk.shape, chunk.shard, data);
-                    let host = dev.from_host(&data, target.shape(), kernels::Category::Workspace);
-                    dev.copy(target, &host);
+                    dev.write_at(target, 0, &data[p.optimizer.part(data.len())]);
                 }
             }
         }
         Ok(())
     }
+}
+
+/// What [`Rank::named`] reads: the parameters every replica holds whole, or the AdamW
+/// moments, which the distributed optimizer cuts over the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    Values,
+    Moments,
 }
 
 /// A stage's device: a CPU with its share of the cores, or the GPU.

@@ -3,7 +3,7 @@
 //! the first replica's stages send theirs back to rank 0, which writes them (gather). A
 //! run can so resume with another stage count, data-parallel size or launcher.
 
-use super::rank::Rank;
+use super::rank::{Held, Rank};
 use crate::checkpoint::{exp_avg_name, exp_avg_sq_name, NamedTensor};
 use crate::config::Config;
 use crate::plan;
@@ -67,18 +67,21 @@ pub fn decode_start(bytes: &[u8]) -> Result<RankStart, DistError> {
 }
 
 /// This rank's contribution to a checkpoint: its parameters and moments (tagged with their
-/// place in the model's order, gathered whole from its tensor-parallel group) from tensor
-/// rank 0 of the first replica; nothing from the others, which hold the same.
+/// place in the model's order, gathered whole from its tensor-parallel group, and under the
+/// distributed optimizer the moments from every replica) from tensor rank 0 of the first
+/// replica; nothing from the others, which hold the same. The format so does not depend on
+/// the sharding: a run resumes with or without it, and at another data-parallel size.
 pub fn encode_stage(rank: &mut Rank) -> anyhow::Result<Vec<u8>> {
-    if rank.replica() != 0 {
+    let moments_are_cut = rank.stage.optimizer().distributed;
+    if rank.replica() != 0 && !moments_are_cut {
         return Ok(Vec::new());
     }
     let lists = [
-        rank.named(|p, i| &p.values[i])?,
-        rank.named(|p, i| &p.exp_avg[i])?,
-        rank.named(|p, i| &p.exp_avg_sq[i])?,
+        rank.named(|p, i| &p.values[i], Held::Values)?,
+        rank.named(|p, i| &p.exp_avg[i], Held::Moments)?,
+        rank.named(|p, i| &p.exp_avg_sq[i], Held::Moments)?,
     ];
-    if rank.tensor_rank() != 0 {
+    if rank.replica() != 0 || rank.tensor_rank() != 0 {
         return Ok(Vec::new());
     }
     let mut w = Writer::default();

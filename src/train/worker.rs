@@ -36,6 +36,12 @@ pub struct RankSetup<'a> {
 pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<()> {
     let RankSetup { id, topology, transport, mut collective, local, stop, fault } = setup;
     let root = id == 0;
+    if root && cfg.use_distributed_optimizer && topology.data == 1 {
+        eprintln!(
+            "note: {}: key `use_distributed_optimizer`: true with one data-parallel replica shards nothing; the optimizer runs unsharded",
+            args.config.display()
+        );
+    }
     let train_path = cfg.train_data_path.as_ref().ok_or_else(|| {
         user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
     })?;
@@ -306,7 +312,7 @@ fn save(
     rank: &mut Rank,
     state: Option<&TrainerState>,
 ) -> anyhow::Result<Option<Vec<NamedTensor>>> {
-    rank.apply_pending_update();
+    rank.apply_pending_update()?;
     let mine = shards::encode_stage(rank)?;
     let Some(parts) = rank.collective().gather(&mine)? else { return Ok(None) };
     let (model, optimizer) = shards::assemble(&parts)?;

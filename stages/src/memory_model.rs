@@ -4,6 +4,7 @@
 //! the trainer holds it).
 
 use crate::model::ModelShape;
+use crate::optimizer_shard::OptimizerShard;
 use crate::params::{chunk_param_specs, ChunkLayout};
 use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
@@ -32,12 +33,21 @@ pub fn param_elements(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) 
 }
 
 /// Parameters, gradients (plus the output layer's separate gradient of a tied embedding
-/// where one chunk holds both ends) and the two AdamW moments, all fp32, and the bf16 weight
-/// copy of a device storing bf16 activations.
-pub fn static_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
+/// where one chunk holds both ends) and the two AdamW moments of the parts `optimizer` steps
+/// (all of each parameter, or one replica's under the distributed optimizer), all fp32, and
+/// the bf16 weight copy of a device storing bf16 activations.
+pub fn static_bytes(
+    s: &ModelShape,
+    tp: TensorParallel,
+    layout: &ChunkLayout,
+    optimizer: OptimizerShard,
+) -> usize {
     let wte = tp.per_rank(s.vocab * s.hidden, Split::Interior);
     let tied_head_grad = if s.arch.tied_output && layout.embedding && layout.head { wte } else { 0 };
-    (4 * param_elements(s, tp, layout) + tied_head_grad) * F32_BYTES + weight_copy_bytes(s, tp, layout)
+    let per_rank = chunk_param_specs(s, layout).into_iter().map(|p| tp.per_rank(p.elements(), p.split));
+    let moments = 2 * optimizer.moment_elements(per_rank);
+    (2 * param_elements(s, tp, layout) + moments + tied_head_grad) * F32_BYTES
+        + weight_copy_bytes(s, tp, layout)
 }
 
 /// The bf16 copies a device storing bf16 activations keeps beside the parameters

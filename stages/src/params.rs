@@ -8,6 +8,7 @@
 
 use crate::init::normal_init;
 use crate::model::{ModelShape, Naming, Positions};
+use crate::optimizer_shard::OptimizerShard;
 use crate::tensor_parallel::{Cut, Shard, Split};
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
@@ -469,8 +470,11 @@ pub struct Parameters {
     /// The output layer's gradient of the tied token embedding when the chunk holds both
     /// embedding and head; the two are summed before the step, embedding first.
     pub head_wte_grad: Option<Tensor>,
+    /// AdamW's moments of the part of each parameter this replica steps
+    /// ([`OptimizerShard::part`]): [part] each, the whole parameter's elements unsharded.
     pub exp_avg: Vec<Tensor>,
     pub exp_avg_sq: Vec<Tensor>,
+    pub optimizer: OptimizerShard,
 }
 
 impl Parameters {
@@ -482,6 +486,7 @@ impl Parameters {
         layout: &ChunkLayout,
         seed: u64,
         shard: Shard,
+        optimizer: OptimizerShard,
     ) -> Parameters {
         let specs = chunk_param_specs(s, layout);
         let values = specs
@@ -497,25 +502,32 @@ impl Parameters {
                 dev.from_host(&host, &p.shard_shape(s, shard), Category::Parameters)
             })
             .collect();
-        Self::with_values(dev, s, layout, specs, values)
+        Self::with_values(dev, s, layout, specs, values, optimizer)
     }
 
     /// Wraps given values (e.g. loaded from a checkpoint; a shard's, where the specs'
-    /// parameters are cut) with zero gradients and moments of their shapes.
+    /// parameters are cut) with zero gradients of their shapes and zero moments of the
+    /// parts `optimizer` steps.
     pub fn with_values(
         dev: &dyn Device,
         s: &ModelShape,
         layout: &ChunkLayout,
         specs: Vec<ParamSpec>,
         values: Vec<Tensor>,
+        optimizer: OptimizerShard,
     ) -> Self {
         let zeros = |cat| values.iter().map(|v| dev.zeros(v.shape(), cat)).collect::<Vec<_>>();
+        let moments = || -> Vec<Tensor> {
+            let part = |v: &Tensor| optimizer.part(v.len()).len();
+            values.iter().map(|v| dev.zeros(&[part(v)], Category::OptimizerState)).collect()
+        };
         let head_wte_grad = (s.arch.tied_output && layout.embedding && layout.head)
             .then(|| dev.zeros(values[0].shape(), Category::Gradients));
         Parameters {
             grads: zeros(Category::Gradients),
-            exp_avg: zeros(Category::OptimizerState),
-            exp_avg_sq: zeros(Category::OptimizerState),
+            exp_avg: moments(),
+            exp_avg_sq: moments(),
+            optimizer,
             specs,
             values,
             head_wte_grad,
@@ -605,8 +617,8 @@ mod tests {
         let layout = ChunkLayout { blocks: 0..2, embedding: true, head: true };
         let wider = ModelShape { arch: crate::model::Architecture { init_std: 0.04, ..s.arch }, ..s };
         let (a, b) = (
-            Parameters::init(&dev, &s, &layout, 5, Shard::WHOLE),
-            Parameters::init(&dev, &wider, &layout, 5, Shard::WHOLE),
+            Parameters::init(&dev, &s, &layout, 5, Shard::WHOLE, OptimizerShard::WHOLE),
+            Parameters::init(&dev, &wider, &layout, 5, Shard::WHOLE, OptimizerShard::WHOLE),
         );
         for (i, spec) in a.specs.iter().enumerate() {
             let (x, y) = (dev.to_host(&a.values[i]), dev.to_host(&b.values[i]));

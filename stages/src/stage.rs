@@ -4,10 +4,12 @@
 
 use crate::chunk::{ChunkStash, DeferredWeightGrads, Microbatch, ModelChunk};
 use crate::dist::TensorGroup;
+use crate::optimizer_shard::OptimizerShard;
 use crate::params::{Parameters, Role};
 use crate::tensor_parallel::Split;
 use kernels::{AdamWStep, Device, Readings, Readout, Tensor};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Optimizer hyper-parameters of one step (the lr already scheduled).
@@ -40,7 +42,8 @@ pub struct Stage {
     readout_len: usize,
     /// The global microbatch of each loss slot filled this step.
     loss_slots: Vec<usize>,
-    /// The global parameter index of each sum-of-squares slot filled this step.
+    /// The norm key ([`OptimizerShard::norm_key`]) of each sum-of-squares slot filled this
+    /// step.
     norm_slots: Vec<usize>,
 }
 
@@ -49,8 +52,9 @@ pub struct Stage {
 pub struct StepValues {
     /// (global microbatch, mean loss over its tokens), in forward order.
     pub losses: Vec<(usize, f64)>,
-    /// (global parameter index, sum of squares of its gradient), after
-    /// [`Stage::grad_sum_squares`].
+    /// (norm key, sum of squares of that part of a gradient), after
+    /// [`Stage::grad_sum_squares`]: the key orders the parts by global parameter index,
+    /// then by replica ([`OptimizerShard::norm_key`]).
     pub grad_sum_squares: Vec<(usize, f64)>,
 }
 
@@ -71,13 +75,19 @@ impl Stage {
 
     /// Starts a step (or an evaluation) of `microbatches` on this stage.
     pub fn begin_step(&mut self, microbatches: usize) {
-        let len = microbatches + owned_grads(&self.chunks).count();
+        let len =
+            microbatches + owned_grads(&self.chunks).count() * self.optimizer().norm_parts_per_gradient();
         let dev = &self.device;
         self.readouts.entry(len).or_insert_with(|| dev.readout(len));
         self.microbatches = microbatches;
         self.readout_len = len;
         self.loss_slots.clear();
         self.norm_slots.clear();
+    }
+
+    /// Which part of each parameter this stage's replica steps (every chunk's the same).
+    pub fn optimizer(&self) -> OptimizerShard {
+        self.chunks.first().map_or(OptimizerShard::WHOLE, |c| c.params.optimizer)
     }
 
     fn readout(&mut self) -> &mut Readout {
@@ -210,13 +220,21 @@ impl Stage {
         self.chunks.iter_mut().flat_map(|c| c.params.grads.iter_mut())
     }
 
-    /// The sum of squares of every gradient this stage owns, in one fused pass on the
-    /// device, for [`Stage::read_step`] (the terms of the global gradient norm).
+    /// The sum of squares of every gradient this stage owns, part by part
+    /// ([`OptimizerShard::norm_parts`]), in one fused pass on the device, for
+    /// [`Stage::read_step`] (the terms of the global gradient norm).
     pub fn grad_sum_squares(&mut self) {
-        let (indices, grads): (Vec<usize>, Vec<&Tensor>) = owned_grads(&self.chunks).unzip();
+        let optimizer = self.optimizer();
+        let (keys, parts): (Vec<usize>, Vec<(&Tensor, Range<usize>)>) = owned_grads(&self.chunks)
+            .flat_map(|(index, g)| {
+                optimizer
+                    .norm_parts(g.len())
+                    .map(move |(j, range)| (optimizer.norm_key(index, j), (g, range)))
+            })
+            .unzip();
         let readout = self.readouts.get_mut(&self.readout_len).expect("begin_step makes the step's readout");
-        self.device.sum_squares_into(readout, self.microbatches, &grads);
-        self.norm_slots = indices;
+        self.device.sum_squares_of_parts_into(readout, self.microbatches, &parts);
+        self.norm_slots = keys;
     }
 
     /// This step's losses and (after [`Stage::grad_sum_squares`]) sums of squares: the one
@@ -231,7 +249,7 @@ impl Stage {
         }
     }
 
-    /// AdamW on every parameter of this stage.
+    /// AdamW on every parameter of this stage: on the part this replica steps.
     pub fn optimizer_step(&mut self, hp: OptimizerStep) {
         let dev = &*self.device;
         for c in &mut self.chunks {
@@ -246,7 +264,15 @@ impl Stage {
                     step: hp.step,
                     grad_scale: hp.grad_scale,
                 };
-                dev.adamw(&mut p.values[i], &p.grads[i], &mut p.exp_avg[i], &mut p.exp_avg_sq[i], step);
+                let from = p.optimizer.part(p.values[i].len()).start;
+                dev.adamw_part(
+                    &mut p.values[i],
+                    &p.grads[i],
+                    &mut p.exp_avg[i],
+                    &mut p.exp_avg_sq[i],
+                    step,
+                    from,
+                );
             }
         }
     }

@@ -28,7 +28,7 @@ const TOKENS: usize = SHAPE.micro_batch * SHAPE.seq_len;
 
 fn model(dev: &CpuDevice) -> ModelChunk {
     let layout = ChunkLayout { blocks: 0..SHAPE.num_layers, embedding: true, head: true };
-    let params = Parameters::init(dev, &SHAPE, &layout, 7, Shard::WHOLE);
+    let params = Parameters::init(dev, &SHAPE, &layout, 7, Shard::WHOLE, stages::OptimizerShard::WHOLE);
     let dropout = DropoutProbs { hidden: 0.1, attention: 0.1 };
     ModelChunk::new(SHAPE, layout, Shard::WHOLE, params, RecomputePolicy::None, dropout, 3)
 }
