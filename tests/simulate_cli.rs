@@ -299,6 +299,7 @@ fn plan_is_yaml_that_fits_when_applied() {
             "sequence_parallel",
             "pipeline_model_parallel_size",
             "data_parallel_size",
+            "use_distributed_optimizer",
             "pipeline_schedule",
             "virtual_pipeline_model_parallel_size",
             "micro_batch_size",
@@ -330,7 +331,8 @@ fn plan_is_yaml_that_fits_when_applied() {
 /// The published runs of Korthikanti et al. 2022 (Table 3) on A100s: t = 8 with sequence
 /// parallelism, and the per-layer bytes equal to the paper's once masks and statistics are
 /// accounted for (docs/simulate.md has the times against the paper's).
-/// Over a cluster the planner picks t, p and dp too, lists the runners-up, and its lines
+/// Over a cluster the planner picks t, p and dp too, and whether the replicas share the
+/// optimizer state (saying what the other choice would cost), lists the runners-up, and its lines
 /// applied make a config that the simulator reports as fitting, on every GPU of the world.
 #[test]
 fn plan_over_gpus_fits_when_applied() {
@@ -347,7 +349,14 @@ fn plan_over_gpus_fits_when_applied() {
         "16",
     ];
     let plan = stdout(&simulate(&cfg, &args));
-    assert!(plan.contains("# the runners-up that fit:\n# rank   t   p   dp  schedule"), "{plan}");
+    assert!(plan.contains("# the runners-up that fit:\n# rank   t   p   dp dist-opt  schedule"), "{plan}");
+    // Its replicas share the optimizer state: whole, the same shape would not fit.
+    assert!(
+        plan.contains("\n# optimizer: distributed over the replicas; whole, it would take iteration ")
+            && plan.contains(", which does not fit\n"),
+        "{plan}"
+    );
+    assert!(plan.contains("\nuse_distributed_optimizer: true\n"), "{plan}");
     assert!(plan.contains("\n#    2  "), "{plan}");
     let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
     let mut merged: serde_norway::Mapping = serde_norway::from_str(GPT2_P4).unwrap();

@@ -174,6 +174,8 @@ pub fn sweep(
     limit: Option<u64>,
     search: Search,
 ) -> Vec<Outcome> {
+    let bases = with_and_without_the_distributed_optimizer(bases);
+    let bases = &bases[..];
     let shapes: Vec<(usize, (ScheduleKind, usize, usize))> =
         (0..bases.len()).flat_map(|i| shapes(&bases[i]).into_iter().map(move |shape| (i, shape))).collect();
     // The split over stages depends on the layout and v alone, its static memory also on
@@ -230,6 +232,19 @@ pub fn sweep(
     outcomes
         .sort_by(|a, b| a.iteration_time.total_cmp(&b.iteration_time).then(a.max_peak().cmp(&b.max_peak())));
     outcomes
+}
+
+/// Each layout with data-parallel replicas twice, its optimizer unsharded and distributed
+/// (cutting the moments' bytes by dp; the reduce-scatter and all-gather move the
+/// all-reduce's bytes, and each replica steps 1/dp of the parameters); one without as given.
+fn with_and_without_the_distributed_optimizer(bases: &[Config]) -> Vec<Config> {
+    bases
+        .iter()
+        .flat_map(|base| match base.data_parallel() {
+            1 => vec![base.clone()],
+            _ => [false, true].map(|on| Config { use_distributed_optimizer: on, ..base.clone() }).to_vec(),
+        })
+        .collect()
 }
 
 /// The split of a layout's blocks over p x v chunks, and the most any stage's GPU holds all
@@ -416,11 +431,12 @@ pub fn print(outcomes: &[Outcome], limit: Option<u64>, top: Option<usize>) {
 fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: usize, prefix: &str) -> String {
     let width = outcomes.clone().map(|o| o.recompute.describe().len()).max().unwrap_or(0).max(9);
     let mut out = format!(
-        "{prefix}{:>4}  {:>2} {:>3} {:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>7} {:>6}  {:>12}  fits\n",
+        "{prefix}{:>4}  {:>2} {:>3} {:>4} {:>8}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>7} {:>6}  {:>12}  fits\n",
         "rank",
         "t",
         "p",
         "dp",
+        "dist-opt",
         "schedule",
         "v",
         "mbs",
@@ -433,8 +449,9 @@ fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: us
     for (i, o) in outcomes.enumerate() {
         let (t, p, dp) = o.layout();
         out += &format!(
-            "{prefix}{:>4}  {t:>2} {p:>3} {dp:>4}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>6.2}% {:>5.1}%  {:>12}  {}\n",
+            "{prefix}{:>4}  {t:>2} {p:>3} {dp:>4} {:>8}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>6.2}% {:>5.1}%  {:>12}  {}\n",
             first_rank + i,
+            if o.cfg.use_distributed_optimizer { "yes" } else { "no" },
             o.kind.name(),
             o.v,
             o.micro_batch_size,
@@ -460,6 +477,7 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
                 "tensor_model_parallel_size": t,
                 "pipeline_model_parallel_size": p,
                 "data_parallel_size": dp,
+                "use_distributed_optimizer": o.cfg.use_distributed_optimizer,
                 "pipeline_schedule": o.kind.name(),
                 "virtual_pipeline_model_parallel_size": o.v,
                 "micro_batch_size": o.micro_batch_size,
@@ -509,10 +527,12 @@ pub fn plan_yaml(
             format_bytes(best.max_peak())
         ),
         format!("# peak memory per stage: {}", stages_by_peak(&best.peak_memory)),
+        format!("# optimizer: {}", optimizer_comment(best, outcomes)),
         format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
         format!("sequence_parallel: {}", cfg.sequence_parallel),
         format!("pipeline_model_parallel_size: {}", cfg.pipeline_model_parallel_size),
         format!("data_parallel_size: {}", cfg.data_parallel()),
+        format!("use_distributed_optimizer: {}", cfg.use_distributed_optimizer),
         format!("pipeline_schedule: {}", cfg.pipeline_schedule),
         format!(
             "virtual_pipeline_model_parallel_size: {}",
@@ -538,6 +558,33 @@ pub fn plan_yaml(
         text += &table(rest.into_iter(), 2, "# ");
     }
     Some(text)
+}
+
+/// Why the plan's optimizer is sharded or whole: the same shape's other choice, where the
+/// sweep simulated it, with its time and peak.
+fn optimizer_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
+    let chosen = if best.cfg.use_distributed_optimizer {
+        "distributed over the replicas"
+    } else {
+        "whole on every replica"
+    };
+    let same_shape = |o: &&Outcome| {
+        o.cfg.use_distributed_optimizer != best.cfg.use_distributed_optimizer
+            && o.layout() == best.layout()
+            && (o.kind, o.v, o.micro_batch_size) == (best.kind, best.v, best.micro_batch_size)
+            && o.recompute == best.recompute
+    };
+    match outcomes.iter().find(same_shape) {
+        Some(other) => format!(
+            "{chosen}; {} it would take iteration {} and peak {}{}",
+            if other.cfg.use_distributed_optimizer { "distributed," } else { "whole," },
+            seconds(other.iteration_time),
+            format_bytes(other.max_peak()),
+            if other.fits { "" } else { ", which does not fit" }
+        ),
+        None if best.cfg.data_parallel() == 1 => format!("{chosen} (one replica: nothing to shard)"),
+        None => chosen.to_string(),
+    }
 }
 
 /// The stages grouped by their peak as printed, in stage order: `0: 58.63 GiB; 1-4: 55.57 GiB`.
