@@ -357,8 +357,7 @@ impl MpiCollective {
         let n = comm.size() as usize;
         let len = host.len();
         let mine = member_part(len, n, comm.rank() as usize).len();
-        let (slice_counts, slice_displs) =
-            counts(&(0..n).map(|j| member_part(len, n, j).len()).collect::<Vec<_>>())?;
+        let (slice_counts, slice_displs) = member_part_counts(len, n)?;
         let (recv_counts, recv_displs) = counts(&vec![mine; n])?;
         let mut pieces = vec![0f32; mine * n];
         let send = Partition::new(host, slice_counts, slice_displs);
@@ -413,6 +412,12 @@ impl MpiCollective {
         }
         Ok(out)
     }
+}
+
+/// The counts and displacements of the n members' parts ([`member_part`]) of `len`
+/// elements: how a reduce-scatter cuts a buffer and an all-gather puts it back together.
+fn member_part_counts(len: usize, n: usize) -> Result<(Vec<Count>, Vec<Count>), DistError> {
+    counts(&(0..n).map(|j| member_part(len, n, j).len()).collect::<Vec<_>>())
 }
 
 fn counts(lens: &[usize]) -> Result<(Vec<Count>, Vec<Count>), DistError> {
@@ -484,8 +489,7 @@ impl Collective for MpiCollective {
         let len = host.len();
         let reduced = self.reduce_scatter_host(group, &host, "all-reduce")?;
         let comm = self.comm(group);
-        let (slice_counts, slice_displs) =
-            counts(&(0..n).map(|j| member_part(len, n, j).len()).collect::<Vec<_>>())?;
+        let (slice_counts, slice_displs) = member_part_counts(len, n)?;
         let mut sum = vec![0f32; len];
         let mut into = PartitionMut::new(&mut sum[..], slice_counts, slice_displs);
         if !mpi::request::scope(|s| {

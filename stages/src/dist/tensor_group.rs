@@ -70,13 +70,14 @@ impl<'a> TensorGroup<'a> {
             return own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category);
         };
         let part = match &self.error {
-            Some(_) => Ok(vec![0.0; rows.len() * c]), // after a failure: never read
-            None => collective.reduce_scatter_sum(Group::Tensor, &mut whole, dev),
+            Some(_) => None,
+            None => collective
+                .reduce_scatter_sum(Group::Tensor, &mut whole, dev)
+                .map_err(|e| self.error = Some(e))
+                .ok(),
         };
-        let part = part.unwrap_or_else(|e| {
-            self.error = Some(e);
-            vec![0.0; rows.len() * c]
-        });
+        // After a failure, zeros: never read.
+        let part = part.unwrap_or_else(|| vec![0.0; rows.len() * c]);
         assert_eq!(part.len(), rows.len() * c, "a rank's rows are its part of the reduce-scatter");
         dev.from_host_of(whole.dtype(), &part, &shape, category)
     }
