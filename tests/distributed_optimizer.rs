@@ -1,10 +1,11 @@
 //! `use_distributed_optimizer` (ZeRO stage 1) with the threads backend: the replicas
 //! reduce-scatter their gradients, each steps its own part of every parameter and they
 //! gather the parts, and the run is bitwise the unsharded one (losses, weights and the
-//! saved moments) for every schedule and stage count; each replica's moments take its part's
-//! bytes, the two replicas' together the unsharded bytes, and the predicted peak moves by
-//! exactly what the last replica's measured peak does; checkpoints keep their format, so a
-//! run resumes across the switch; with one replica it is a note.
+//! saved moments) for every schedule and stage count, with tensor parallelism and for the
+//! Llama family; each replica's moments take its part's bytes, the two replicas' together
+//! the unsharded bytes, and the predicted peak moves by exactly what the last replica's
+//! measured peak does; checkpoints keep their format, so a run resumes across the switch;
+//! with one replica it is a note.
 
 mod common;
 use common::*;
@@ -30,7 +31,7 @@ fn sharded_runs_are_bitwise_the_unsharded_ones_for_every_schedule() {
     let dir = temp_dir("zero1-bitwise");
     // (schedule, p, recompute and chunk flags)
     type Case = (&'static str, usize, &'static [(&'static str, &'static str)]);
-    let cases: [Case; 4] = [
+    let cases: [Case; 6] = [
         ("1f1b", 1, &[]),
         ("1f1b", 2, &[("recompute-granularity", "selective")]),
         (
@@ -43,14 +44,19 @@ fn sharded_runs_are_bitwise_the_unsharded_ones_for_every_schedule() {
             ],
         ),
         ("interleaved-1f1b", 2, &[("virtual-pipeline-model-parallel-size", "2")]),
+        // Tensor-parallel ranks beside the replicas: the norm adds each rank's parts of its
+        // shards, and a whole parameter's once.
+        ("1f1b", 2, &[("tensor-model-parallel-size", "2"), ("sequence-parallel", "true")]),
+        // The Llama family: an untied output layer, no biases.
+        ("1f1b", 2, LLAMA),
     ];
-    for (schedule, p, more) in cases {
+    for (i, (schedule, p, more)) in cases.into_iter().enumerate() {
         let mut extra = vec![
             ("pipeline-schedule", schedule.to_string()),
             ("pipeline-model-parallel-size", p.to_string()),
         ];
         extra.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
-        let name = format!("{schedule}-p{p}");
+        let name = format!("{i}-{schedule}-p{p}");
         let whole = dp2(&dir, &format!("{name}-unsharded"), false, &extra);
         let sharded = dp2(&dir, &format!("{name}-sharded"), true, &extra);
         assert_eq!(losses(&sharded), losses(&whole), "{name}: losses");
