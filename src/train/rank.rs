@@ -247,13 +247,8 @@ impl Rank {
         for chunk in &mut self.stage.chunks {
             let optimizer = chunk.params.optimizer;
             for value in &mut chunk.params.values {
-                let mut w = Writer::default();
-                w.f32s(&dev.to_host(value)[optimizer.part(value.len())]);
-                let mut whole = Vec::with_capacity(value.len());
-                for bytes in self.collective.all_gather(Group::DataParallel, &w.0)? {
-                    whole.extend(Reader(&bytes).f32s()?);
-                }
-                dev.write_at(value, 0, &whole);
+                let part = &dev.to_host(value)[optimizer.part(value.len())];
+                dev.write_at(value, 0, &self.collective.all_gather_parts(Group::DataParallel, part)?);
             }
         }
         Ok(())
@@ -393,16 +388,9 @@ impl Rank {
         let (dev, collective) = (&*self.stage.device, &mut *self.collective);
         let t = self.topology.tensor;
         let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, part: Vec<f32>| {
-            let shard = if replica_parts {
-                let mut w = Writer::default();
-                w.f32s(&part);
-                let mut shard = Vec::new();
-                for bytes in collective.all_gather(Group::DataParallel, &w.0)? {
-                    shard.extend(Reader(&bytes).f32s()?);
-                }
-                shard
-            } else {
-                part
+            let shard = match replica_parts {
+                true => collective.all_gather_parts(Group::DataParallel, &part)?,
+                false => part,
             };
             if spec.cut(s, Shard { size: t, ..Shard::WHOLE }).is_none() {
                 return Ok(shard);

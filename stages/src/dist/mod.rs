@@ -217,6 +217,17 @@ pub trait Collective: Send {
     fn topology(&self) -> Topology;
     /// Every member's bytes, in member order, at every member.
     fn all_gather(&mut self, group: Group, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError>;
+    /// Every member's `part`, concatenated in member order, at every member: the whole of
+    /// something cut into [`member_part`]s.
+    fn all_gather_parts(&mut self, group: Group, part: &[f32]) -> Result<Vec<f32>, DistError> {
+        let mut w = Writer::default();
+        w.f32s(part);
+        let mut whole = Vec::new();
+        for bytes in self.all_gather(group, &w.0)? {
+            whole.extend(Reader(&bytes).f32s()?);
+        }
+        Ok(whole)
+    }
     /// Replaces `t` on every member by the members' elementwise sum, added in member order:
     /// ((t0 + t1) + t2) + ...
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError>;

@@ -14,7 +14,7 @@
 //! ([`TensorGroup::take_error`]) and ends the step with it. Whatever the skipped
 //! collectives leave in their tensors is never read.
 
-use super::{Collective, DistError, Group, Reader, Writer};
+use super::{Collective, DistError, Group};
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
@@ -44,12 +44,15 @@ impl<'a> TensorGroup<'a> {
     /// The whole tensor of `shape` from every member's part, concatenated in tensor rank
     /// order (sequence parallelism's all-gather, and distributed saves'), as workspace.
     pub fn all_gather_parts(&mut self, part: &Tensor, dev: &dyn Device, shape: &[usize]) -> Tensor {
-        let mut w = Writer::default();
-        w.f32s(&dev.to_host(part));
-        let mut whole = Vec::with_capacity(part.len() * self.size());
-        for bytes in self.all_gather(&w.0) {
-            whole.extend(Reader(&bytes).f32s().expect("the group's members encode their parts alike"));
-        }
+        let host = dev.to_host(part);
+        let mut whole = match self.collective.as_deref_mut() {
+            None => host,
+            Some(_) if self.error.is_some() => Vec::new(),
+            Some(c) => c.all_gather_parts(Group::Tensor, &host).unwrap_or_else(|e| {
+                self.error = Some(e);
+                Vec::new()
+            }),
+        };
         whole.resize(shape.iter().product(), 0.0); // after a failed gather: never read
         dev.from_host_of(part.dtype(), &whole, shape, Category::Workspace)
     }
