@@ -10,6 +10,7 @@
 mod aliases;
 mod data_path;
 mod named;
+mod offload_keys;
 #[cfg(test)]
 mod reference_doc;
 mod refused;
@@ -24,7 +25,7 @@ pub use named::{
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
-use stages::{Activation, Architecture, Norm, Positions};
+use stages::{Activation, Architecture, Norm, OffloadModule, Positions};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,6 +95,17 @@ pub struct Config {
     pub recompute_modules: Option<Vec<RecomputeModule>>,
     /// Per-stage recompute_num_layers (ours): under 1F1B early stages hold more microbatches.
     pub recompute_num_layers_per_stage: Option<Vec<usize>>,
+
+    // ---- activation offload (offload_keys.rs) ----
+    /// Megatron's switch: the kept tensors of `offload_modules` wait in host memory.
+    pub fine_grained_activation_offloading: bool,
+    #[serde(with = "named::list")]
+    pub offload_modules: Option<Vec<OffloadModule>>,
+    /// Full recompute's kept inputs wait in host memory (DeepSpeed's `cpu_checkpointing`).
+    pub cpu_offloading_activations: bool,
+    /// Per stage, how many of each chunk's blocks (from its first) offload (ours); all where
+    /// unset.
+    pub offload_num_layers_per_stage: Option<Vec<usize>>,
 
     // ---- training ----
     pub micro_batch_size: usize,
@@ -179,6 +191,10 @@ impl Default for Config {
             recompute_num_layers: None,
             recompute_modules: None,
             recompute_num_layers_per_stage: None,
+            fine_grained_activation_offloading: false,
+            offload_modules: None,
+            cpu_offloading_activations: false,
+            offload_num_layers_per_stage: None,
             micro_batch_size: 1,
             global_batch_size: 1,
             train_iters: 100,
@@ -258,7 +274,13 @@ impl Entry {
 }
 
 /// Keys whose values are lists, so `--key 4,3,1` on the command line means `[4, 3, 1]`.
-const LIST_KEYS: [&str; 3] = ["num_layers_per_stage", "recompute_modules", "recompute_num_layers_per_stage"];
+const LIST_KEYS: [&str; 5] = [
+    "num_layers_per_stage",
+    "recompute_modules",
+    "recompute_num_layers_per_stage",
+    "offload_modules",
+    "offload_num_layers_per_stage",
+];
 
 /// Every config key, in declaration order (the serialised default's keys).
 pub fn known_keys() -> Vec<String> {
@@ -640,7 +662,8 @@ impl Config {
                 return Err((key, format!("{v} needs pipeline_schedule: interleaved-1f1b, got `{kind}`")));
             }
         }
-        self.validate_recompute()
+        self.validate_recompute()?;
+        self.validate_offload()
     }
 
     /// The model family's flags: each alone and together as Megatron allows them, and on

@@ -12,8 +12,8 @@ use stages::params::{chunk_param_specs, ParamSpec};
 use stages::partition;
 use stages::NamedTensor;
 use stages::{
-    ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, OptimizerShard, Parameters,
-    RecomputePolicy, SelectiveModules, Shard,
+    ActivationOffload, ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, OptimizerShard,
+    Parameters, RecomputePolicy, SelectiveModules, Shard,
 };
 use std::path::Path;
 
@@ -251,44 +251,71 @@ pub fn describe_stage(cfg: &Config, layouts: &[ChunkLayout], stage: usize) -> St
             parts.join(" + ")
         })
         .collect();
-    format!("{}; recompute {}", chunks.join(" | "), recompute_policy(cfg, stage).describe())
+    let offload = activation_offload(cfg, stage);
+    let offload = if offload.is_none() { String::new() } else { format!("; offload {}", offload.describe()) };
+    format!("{}; recompute {}{offload}", chunks.join(" | "), recompute_policy(cfg, stage).describe())
+}
+
+/// The activation offload of pipeline stage `stage`: the modules of
+/// `fine_grained_activation_offloading` and full recompute's inputs under
+/// `cpu_offloading_activations`, on each chunk's first `offload_num_layers_per_stage[stage]`
+/// blocks, or all of them (the config was validated).
+pub fn activation_offload(c: &Config, stage: usize) -> ActivationOffload {
+    let modules = match c.fine_grained_activation_offloading {
+        true => c.offload_modules.clone().unwrap_or_default(),
+        false => Vec::new(),
+    };
+    let num_layers = c.offload_num_layers_per_stage.as_ref().map_or(c.num_layers, |n| n[stage]);
+    ActivationOffload { modules, recompute_inputs: c.cpu_offloading_activations, num_layers }
+}
+
+/// Where [`predicted_activation_peaks`] counts a stash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// The device's stash under each stage's recompute and offload.
+    Device,
+    /// The device's stash without recompute or offload, to say what they saved.
+    DeviceKeepingAll,
+    /// What offload keeps in host memory.
+    Host,
 }
 
 /// Each stage's peak activation bytes as the simulator predicts them from the memory model
-/// (stages::memory_model) for this schedule — what the ledger must measure — under each
-/// stage's recompute policy, or under none (`with_recompute` false) to say what it saved.
+/// (stages::memory_model) for this schedule — what the device's ledger, or its host ledger,
+/// must measure.
 pub fn predicted_activation_peaks(
     cfg: &Config,
     path: &Path,
     schedule: &LoweredSchedule,
-    with_recompute: bool,
+    held: Held,
 ) -> anyhow::Result<Vec<u64>> {
     use schedules::{simulate, ChunkCosts, ChunkMemory, Link, SimInput};
     let s = shape(cfg);
     let p = cfg.pipeline_model_parallel_size;
     let mut costs = Vec::new();
     for stage in 0..p {
-        let policy = if with_recompute { recompute_policy(cfg, stage) } else { RecomputePolicy::None };
+        let (policy, offload) = match held {
+            Held::DeviceKeepingAll => (RecomputePolicy::None, ActivationOffload::NONE),
+            _ => (recompute_policy(cfg, stage), activation_offload(cfg, stage)),
+        };
         for layout in stage_layouts(cfg, path, stage)? {
+            let tp = cfg.tensor_parallel();
+            let stash = stages::memory_model::stash_bytes(&s, tp, &layout, &policy, &offload);
+            let memory = match held {
+                Held::Host => ChunkMemory { activation_bytes: stash.host as u64, ..ChunkMemory::default() },
+                _ => ChunkMemory {
+                    activation_bytes: stash.device as u64,
+                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(&s, tp, &layout)
+                        as u64,
+                    ..ChunkMemory::default()
+                },
+            };
             costs.push(ChunkCosts {
                 forward: 1.0,
                 backward_input: 1.0,
                 backward_weight: 1.0,
                 recompute: 0.0,
-                memory: ChunkMemory {
-                    activation_bytes: stages::memory_model::stash_bytes(
-                        &s,
-                        cfg.tensor_parallel(),
-                        &layout,
-                        &policy,
-                    ) as u64,
-                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(
-                        &s,
-                        cfg.tensor_parallel(),
-                        &layout,
-                    ) as u64,
-                    ..ChunkMemory::default()
-                },
+                memory,
             });
         }
     }

@@ -124,6 +124,9 @@ pub trait Device:
     fn name(&self) -> String;
     /// The accounting of every buffer this device has handed out.
     fn ledger(&self) -> &Arc<MemoryLedger>;
+    /// The accounting of the host memory this device's offloaded tensors hold
+    /// ([`Device::offload`]).
+    fn host_ledger(&self) -> &Arc<MemoryLedger>;
     /// Host syncs and backing-allocator calls so far (see [`crate::counters`]).
     fn counters(&self) -> DeviceCounters;
 
@@ -188,6 +191,21 @@ pub trait Device:
         self.write_at_impl(t, from, data);
     }
     fn fill_zero(&self, t: &mut Tensor);
+    /// A copy of device tensor `t` in host memory, counted in [`Device::host_ledger`] as
+    /// activations (activation offload): the caller drops `t`, so its bytes leave the
+    /// device's ledger.
+    fn offload(&self, t: &Tensor) -> Tensor {
+        assert!(Arc::ptr_eq(t.ledger(), self.ledger()), "offload: {t:?} is not on this device");
+        self.offload_impl(t)
+    }
+    /// A copy on this device, under `category`, of a host tensor [`Device::offload`] made.
+    fn reload(&self, t: &Tensor, category: Category) -> Tensor {
+        assert!(
+            Arc::ptr_eq(t.ledger(), self.host_ledger()),
+            "reload: {t:?} is not in this device's host memory"
+        );
+        self.reload_impl(t, category)
+    }
     /// acc += x, elementwise.
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
         assert_same_len(acc, x);

@@ -30,6 +30,10 @@ pub enum Storage {
     /// bf16 elements, as their bits.
     #[cfg(feature = "cuda")]
     CudaBf16(cudarc::driver::CudaSlice<u16>),
+    /// bf16 elements in host memory, as their bits: an offloaded bf16 activation
+    /// ([`Device::offload`](crate::Device::offload)). An offloaded f32 one is `Cpu`.
+    #[cfg(feature = "cuda")]
+    HostBf16(Vec<u16>),
     /// An f32 parameter (the master copy the optimizer updates) with the bf16 copy that
     /// bf16 matmuls read, kept equal to it rounded by every op that writes the parameter;
     /// the copy's rows are padded with zeros to a multiple of
@@ -46,7 +50,7 @@ impl Storage {
     fn dtype(&self) -> DType {
         match self {
             #[cfg(feature = "cuda")]
-            Storage::CudaBf16(_) => DType::Bf16,
+            Storage::CudaBf16(_) | Storage::HostBf16(_) => DType::Bf16,
             _ => DType::F32,
         }
     }
@@ -120,6 +124,12 @@ impl Tensor {
 
     pub fn category(&self) -> Category {
         self.category
+    }
+
+    /// The ledger that counts this tensor: its device's, or the device's host ledger for
+    /// an offloaded one.
+    pub fn ledger(&self) -> &Arc<MemoryLedger> {
+        &self.ledger
     }
 
     /// Moves the tensor to another ledger category (e.g. a workspace buffer kept as an

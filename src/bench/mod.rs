@@ -37,7 +37,7 @@ impl Variant {
         let (_, schedule) = plan::lowered_schedule(&cfg, path)?;
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
-        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, true)?;
+        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, plan::Held::Device)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()

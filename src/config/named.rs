@@ -6,7 +6,7 @@
 
 use schedules::ScheduleKind;
 use serde::{de::Error, Deserialize, Deserializer, Serializer};
-use stages::Norm;
+use stages::{Norm, OffloadModule};
 
 /// A value written as one of a fixed set of names.
 pub trait Named: Sized + Copy + PartialEq + 'static {
@@ -112,6 +112,13 @@ impl Named for ScheduleKind {
     const ALL: &'static [Self] = &ScheduleKind::ALL;
     fn name(self) -> &'static str {
         ScheduleKind::name(self)
+    }
+}
+
+impl Named for OffloadModule {
+    const ALL: &'static [Self] = &OffloadModule::ALL;
+    fn name(self) -> &'static str {
+        OffloadModule::name(self)
     }
 }
 

@@ -45,7 +45,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     let policy = &setup.policies[stage];
     let eb = setup.activation_bytes_per_element();
     let blocks = layout.blocks.len();
-    let stash = stash_bytes(s, tp, layout, policy) as u64;
+    let stash = stash_bytes(s, tp, layout, policy, &setup.offloads[stage]).device as u64;
 
     let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
     let message = element(s.tokens() * s.hidden, Split::Sequence);

@@ -5,7 +5,7 @@
 use crate::config::{Config, DeviceKind};
 use crate::plan;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::{ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
+use stages::{ActivationOffload, ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -25,6 +25,8 @@ pub struct Setup {
     pub layouts: Vec<ChunkLayout>,
     /// One per stage; every chunk of a stage follows it.
     pub policies: Vec<RecomputePolicy>,
+    /// One per stage, as the policies: what its chunks keep in host memory.
+    pub offloads: Vec<ActivationOffload>,
     /// Lowered on first use and shared: the planner bounds a shape's time before it pays for
     /// the lowering, and the sweep simulates one schedule under many recompute settings.
     schedule: Arc<OnceLock<Result<LoweredSchedule, String>>>,
@@ -51,9 +53,10 @@ impl Setup {
         let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
         let shape = plan::shape(cfg);
         let policies = (0..p).map(|r| plan::recompute_policy(cfg, r)).collect();
+        let offloads = (0..p).map(|r| plan::activation_offload(cfg, r)).collect();
         let (tp, dp) = (cfg.tensor_parallel(), cfg.data_parallel());
         let schedule = Arc::new(OnceLock::new());
-        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, schedule }
+        Setup { cfg: cfg.clone(), shape, tp, dp, kind, p, v, m, layouts, policies, offloads, schedule }
     }
 
     /// The same model, schedule and split under `cfg`'s recompute settings.
@@ -61,6 +64,7 @@ impl Setup {
         Setup {
             cfg: cfg.clone(),
             policies: (0..self.p).map(|r| plan::recompute_policy(cfg, r)).collect(),
+            offloads: (0..self.p).map(|r| plan::activation_offload(cfg, r)).collect(),
             layouts: self.layouts.clone(),
             schedule: Arc::clone(&self.schedule),
             ..*self

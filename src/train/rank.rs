@@ -81,7 +81,12 @@ impl Rank {
         let optimizer = plan::optimizer_shard(cfg, topology.replica_of(id));
         let chunks = layouts
             .into_iter()
-            .map(|layout| plan::build_chunk(&*device, cfg, layout, (shard, optimizer), policy, weights))
+            .map(|layout| {
+                let mut chunk =
+                    plan::build_chunk(&*device, cfg, layout, (shard, optimizer), policy, weights)?;
+                chunk.offload = plan::activation_offload(cfg, stage_index);
+                Ok(chunk)
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Rank {
             id,

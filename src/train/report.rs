@@ -116,6 +116,8 @@ pub struct RankSummary {
     pub memory: MemorySnapshot,
     /// Seconds spent recomputing dropped activations.
     pub recompute_s: f64,
+    /// The most bytes of offloaded activations the rank held in host memory.
+    pub host_peak_bytes: u64,
 }
 
 impl RankSummary {
@@ -127,7 +129,7 @@ impl RankSummary {
             let index = Category::ALL.iter().position(|x| x == c).expect("a known category");
             w.u64(index as u64).u64(*live as u64).u64(*peak as u64);
         }
-        w.u64(self.recompute_s.to_bits());
+        w.u64(self.recompute_s.to_bits()).u64(self.host_peak_bytes);
         w.0
     }
 
@@ -142,8 +144,9 @@ impl RankSummary {
                 Ok((c, r.usize()?, r.usize()?))
             })
             .collect::<Result<_, DistError>>()?;
-        let recompute_s = f64::from_bits(r.u64()?);
-        Ok(RankSummary { memory: MemorySnapshot { live_bytes, peak_bytes, categories }, recompute_s })
+        let (recompute_s, host_peak_bytes) = (f64::from_bits(r.u64()?), r.u64()?);
+        let memory = MemorySnapshot { live_bytes, peak_bytes, categories };
+        Ok(RankSummary { memory, recompute_s, host_peak_bytes })
     }
 }
 

@@ -24,8 +24,12 @@ pub struct Summary {
     pub predicted_peaks: Vec<u64>,
     /// Peak activation bytes per stage as the memory model predicts them.
     pub predicted_activations: Vec<u64>,
-    /// The same prediction without recompute, so the report can say what recompute saved.
+    /// The same prediction without recompute or offload, so the report can say what they
+    /// saved.
     pub predicted_without_recompute: Vec<u64>,
+    /// Peak bytes of offloaded activations in host memory, measured and predicted.
+    pub host_peaks: Vec<u64>,
+    pub predicted_host_peaks: Vec<u64>,
     /// Seconds each stage spent recomputing dropped activations.
     pub recompute_s: Vec<f64>,
     /// Most microbatches each stage held activations of at once.
@@ -85,10 +89,17 @@ impl Summary {
             let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
             if saved > 0 || self.recompute_s[i] > 0.0 {
                 println!(
-                    "{label} recompute saved {} of activations ({:.0}%), recomputing took {:.2} s",
+                    "{label} recompute and offload saved {} of activations ({:.0}%), recomputing took {:.2} s",
                     human_bytes(saved as usize),
                     100.0 * saved as f64 / self.predicted_without_recompute[i].max(1) as f64,
                     self.recompute_s[i]
+                );
+            }
+            if self.host_peaks[i] > 0 || self.predicted_host_peaks[i] > 0 {
+                println!(
+                    "{label} host     {} of offloaded activations (predicted {})",
+                    human_bytes(self.host_peaks[i] as usize),
+                    human_bytes(self.predicted_host_peaks[i] as usize)
                 );
             }
             println!(
@@ -134,6 +145,8 @@ impl Summary {
                     "predicted_activation_peak_bytes": self.predicted_activations[i],
                     "predicted_activation_peak_bytes_without_recompute": self.predicted_without_recompute[i],
                     "recompute_s": self.recompute_s[i],
+                    "host_peak_bytes": self.host_peaks[i],
+                    "predicted_host_peak_bytes": self.predicted_host_peaks[i],
                     "peak_bytes": m.peak_bytes, "peak_bytes_by_category": cats, "bubble_rate": bubble })
             })
             .collect();

@@ -10,7 +10,7 @@ use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenData;
 use crate::error::{user_error, Interrupted, NonFinite};
-use crate::plan;
+use crate::plan::{self, Held};
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
@@ -94,6 +94,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         false => None,
     };
     rank.stage.device.ledger().reset_peaks();
+    rank.stage.device.host_ledger().reset_peaks();
     let lists: Vec<Vec<schedules::Action>> = (0..topology.world())
         .map(|r| rank.schedule.schedule().stages()[topology.stage_of(r)].clone())
         .collect();
@@ -179,8 +180,12 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         }
     }
     rank.complete_sends()?;
-    let mine =
-        RankSummary { memory: rank.stage.device.ledger().snapshot(), recompute_s: rank.stage.recompute_s() };
+    let device = &rank.stage.device;
+    let mine = RankSummary {
+        memory: device.ledger().snapshot(),
+        recompute_s: rank.stage.recompute_s(),
+        host_peak_bytes: device.host_ledger().peak_bytes() as u64,
+    };
     let summaries = rank.collective().gather(&mine.encode())?;
     let (Some(m), Some(state), Some(summaries)) = (metrics, state, summaries) else { return Ok(()) };
     m.finish();
@@ -216,13 +221,20 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             cfg,
             &args.config,
             &rank.schedule,
-            true,
+            Held::Device,
         )?),
         predicted_without_recompute: per_rank(plan::predicted_activation_peaks(
             cfg,
             &args.config,
             &rank.schedule,
-            false,
+            Held::DeviceKeepingAll,
+        )?),
+        host_peaks: summaries.iter().map(|s| s.host_peak_bytes).collect(),
+        predicted_host_peaks: per_rank(plan::predicted_activation_peaks(
+            cfg,
+            &args.config,
+            &rank.schedule,
+            Held::Host,
         )?),
         recompute_s: summaries.iter().map(|s| s.recompute_s).collect(),
         max_in_flight: timeline.max_in_flight.clone(),

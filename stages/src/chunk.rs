@@ -13,8 +13,10 @@ use crate::layers::norm::NormLayer;
 use crate::layers::weight_grads::{self, WeightGrad, WeightGrads};
 use crate::layers::{embedding, head, pair_mut, DropoutCtx};
 use crate::model::{DropoutProbs, ModelShape};
+use crate::offload::ActivationOffload;
 use crate::params::{ChunkLayout, Parameters, Role};
 use crate::recompute::{RecomputePolicy, SelectiveModules};
+use crate::saved::{BlockKeep, BlockTensor};
 use crate::tensor_parallel::Shard;
 use kernels::{Category, Device, Stopwatch, Tensor};
 use std::sync::Arc;
@@ -78,6 +80,8 @@ pub struct ModelChunk {
     pub distribute_saved: bool,
     pub params: Parameters,
     pub policy: RecomputePolicy,
+    /// What the chunk's blocks keep in host memory instead (activation offload).
+    pub offload: ActivationOffload,
     pub dropout: DropoutProbs,
     pub seed: u64,
     /// The device time of recomputing dropped activations: its `total_s` sums the chunk's
@@ -99,7 +103,18 @@ impl ModelChunk {
         seed: u64,
     ) -> Self {
         let recompute = Stopwatch::default();
-        ModelChunk { shape, layout, shard, distribute_saved: false, params, policy, dropout, seed, recompute }
+        ModelChunk {
+            shape,
+            layout,
+            shard,
+            distribute_saved: false,
+            params,
+            policy,
+            offload: ActivationOffload::NONE,
+            dropout,
+            seed,
+            recompute,
+        }
     }
 
     fn dropout_ctx(&self, step: u32, microbatch: u32, training: bool) -> DropoutCtx {
@@ -152,12 +167,22 @@ impl ModelChunk {
                 for offset in seg.start..seg.end {
                     x = self
                         .block(offset)
-                        .forward(dev, x, &dropout, SelectiveModules::NONE, Category::Workspace, tp)
+                        .forward(
+                            dev,
+                            x,
+                            &dropout,
+                            SelectiveModules::NONE,
+                            Category::Workspace,
+                            &|_| false,
+                            tp,
+                        )
                         .0;
                 }
             } else if seg.recompute {
                 // Keep only the segment's input; every other tensor is freed as we go.
                 let mut kept_input = None;
+                let group_input = BlockKeep::InputOnly { group_start: true };
+                let offloaded = self.offload.offloads(seg.start, group_input, BlockTensor::Input);
                 for offset in seg.start..seg.end {
                     let (y, acts) = self.block(offset).forward(
                         dev,
@@ -165,39 +190,54 @@ impl ModelChunk {
                         &dropout,
                         SelectiveModules::NONE,
                         Category::Workspace,
+                        &|_| false,
                         tp,
                     );
                     if kept_input.is_none() {
+                        // Workspace until it leaves for the host, where it does.
+                        let kept = match offloaded {
+                            true => Category::Workspace,
+                            false => Category::Activations,
+                        };
                         kept_input = Some(match self.distributes_saves() {
                             // The whole input goes with the block's workspace.
                             true => {
                                 let len = acts.input.len() / self.shard.size;
                                 let mine = self.shard.rank * len..(self.shard.rank + 1) * len;
-                                own_part(dev, &acts.input, mine, &[len], Category::Activations)
+                                own_part(dev, &acts.input, mine, &[len], kept)
                             }
                             false => {
                                 let mut input = acts.input;
-                                input.recategorize(Category::Activations);
+                                input.recategorize(kept);
                                 input
                             }
                         });
                     }
                     x = y;
                 }
-                let input = kept_input.expect("segment has a block");
+                let mut input = kept_input.expect("segment has a block");
+                if offloaded {
+                    input = dev.offload(&input);
+                }
                 segments.push(SegmentStash::Recompute { start: seg.start, end: seg.end, input });
             } else {
                 let mut stored = Vec::with_capacity(seg.end - seg.start);
                 for offset in seg.start..seg.end {
-                    x.recategorize(Category::Activations);
-                    let (y, acts) = self.block(offset).forward(
+                    let keep = self.policy.block_keep(blocks, offset);
+                    let offloaded = |t| self.offload.offloads(offset, keep, t);
+                    if !offloaded(BlockTensor::Input) {
+                        x.recategorize(Category::Activations);
+                    }
+                    let (y, mut acts) = self.block(offset).forward(
                         dev,
                         x,
                         &dropout,
                         self.selective_modules(),
                         Category::Activations,
+                        &offloaded,
                         tp,
                     );
+                    acts.offload(dev, offloaded);
                     stored.push(acts);
                     x = y;
                 }
@@ -271,6 +311,10 @@ impl ModelChunk {
             let (start, acts) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, input } => {
+                    let input = match Arc::ptr_eq(input.ledger(), dev.host_ledger()) {
+                        true => dev.reload(&input, Category::Workspace),
+                        false => input,
+                    };
                     let input = match self.distributes_saves() {
                         true => tp.all_gather_parts(&input, dev, &[s.micro_batch, s.seq_len, s.hidden]),
                         false => input,
@@ -283,7 +327,8 @@ impl ModelChunk {
                     (start, acts)
                 }
             };
-            for (i, acts) in acts.into_iter().enumerate().rev() {
+            for (i, mut acts) in acts.into_iter().enumerate().rev() {
+                acts.reload(dev);
                 let layer = self.layout.blocks.start + start + i;
                 let p = &mut self.params;
                 let at = p.block(&s, layer);
@@ -326,8 +371,15 @@ impl ModelChunk {
         let mut x = input;
         let mut acts = Vec::with_capacity(range.len());
         for offset in range {
-            let (y, a) =
-                self.block(offset).forward(dev, x, dropout, SelectiveModules::NONE, Category::Workspace, tp);
+            let (y, a) = self.block(offset).forward(
+                dev,
+                x,
+                dropout,
+                SelectiveModules::NONE,
+                Category::Workspace,
+                &|_| false,
+                tp,
+            );
             acts.push(a);
             x = y;
         }

@@ -4,27 +4,44 @@
 //! the trainer holds it).
 
 use crate::model::ModelShape;
+use crate::offload::ActivationOffload;
 use crate::optimizer_shard::OptimizerShard;
 use crate::params::{chunk_param_specs, ChunkLayout};
 use crate::recompute::RecomputePolicy;
-use crate::saved::{block_kept_bytes, head_kept_bytes, F32_BYTES};
+use crate::saved::{block_kept, head_kept_bytes, kept_bytes, F32_BYTES};
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{bf16_copy_len, DType};
 
-/// Bytes one microbatch's forward leaves stashed on a chunk until its backward.
+/// Bytes one microbatch's forward leaves stashed on a chunk until its backward: on the
+/// device, and in host memory (what `offload` moves there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stash {
+    pub device: usize,
+    pub host: usize,
+}
+
 pub fn stash_bytes(
     s: &ModelShape,
     tp: TensorParallel,
     layout: &ChunkLayout,
     policy: &RecomputePolicy,
-) -> usize {
+    offload: &ActivationOffload,
+) -> Stash {
     let blocks = layout.blocks.len();
-    let mut bytes: usize =
-        (0..blocks).map(|offset| block_kept_bytes(s, tp, policy.block_keep(blocks, offset))).sum();
-    if layout.head {
-        bytes += head_kept_bytes(s, tp);
+    let mut stash = Stash::default();
+    for offset in 0..blocks {
+        let keep = policy.block_keep(blocks, offset);
+        for (t, entry) in block_kept(s, tp, keep) {
+            match offload.offloads(offset, keep, t) {
+                true => stash.host += kept_bytes(&[entry]),
+                false => stash.device += kept_bytes(&[entry]),
+            }
+        }
     }
-    bytes
+    if layout.head {
+        stash.device += head_kept_bytes(s, tp);
+    }
+    stash
 }
 
 /// Elements of a chunk's parameters (a head-only chunk counts its copy of wte).

@@ -175,20 +175,26 @@ pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
     entries.iter().map(|(elements, bytes)| elements * bytes).sum()
 }
 
-/// Bytes one block keeps for one microbatch under `keep`, on one of `tp`'s ranks.
-pub fn block_kept_bytes(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> usize {
-    let entry = |t: BlockTensor| (tp.per_rank(t.elements(s), t.split()), t.element_bytes(s));
-    let kept: Vec<(usize, usize)> = match keep {
+/// The tensors one block keeps for one microbatch under `keep`, on one of `tp`'s ranks, each
+/// with its (elements, bytes per element).
+pub fn block_kept(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> Vec<(BlockTensor, (usize, usize))> {
+    let entry = |t: BlockTensor| (t, (tp.per_rank(t.elements(s), t.split()), t.element_bytes(s)));
+    match keep {
         BlockKeep::Stored(modules) => {
             BlockTensor::ALL.into_iter().filter(|t| !t.dropped_by(modules)).map(entry).collect()
         }
         BlockKeep::InputOnly { group_start: true } if tp.distribute_saved => {
             let input = BlockTensor::Input;
-            vec![(tp.per_rank(input.elements(s), Split::Interior), input.element_bytes(s))]
+            vec![(input, (tp.per_rank(input.elements(s), Split::Interior), input.element_bytes(s)))]
         }
         BlockKeep::InputOnly { group_start: true } => vec![entry(BlockTensor::Input)],
         BlockKeep::InputOnly { group_start: false } => vec![],
-    };
+    }
+}
+
+/// Bytes one block keeps for one microbatch under `keep`, on one of `tp`'s ranks.
+pub fn block_kept_bytes(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> usize {
+    let kept: Vec<(usize, usize)> = block_kept(s, tp, keep).into_iter().map(|(_, e)| e).collect();
     kept_bytes(&kept)
 }
 

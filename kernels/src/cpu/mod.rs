@@ -62,6 +62,9 @@ fn rows_per_task(width: usize) -> usize {
 pub struct CpuDevice {
     pool: ThreadPool,
     ledger: Arc<MemoryLedger>,
+    /// Offloaded activations: a copy in other buffers of the same memory, counted apart, so
+    /// that offload's accounting and ordering run (and are tested) on the CPU as on a GPU.
+    host_ledger: Arc<MemoryLedger>,
     buffers: Arc<BufferCache>,
     clock: HostClock,
     counters: Counters,
@@ -80,6 +83,7 @@ impl CpuDevice {
         CpuDevice {
             pool,
             ledger: Arc::new(MemoryLedger::new()),
+            host_ledger: Arc::new(MemoryLedger::new()),
             buffers: Arc::default(),
             clock: HostClock::default(),
             counters: Counters::default(),
@@ -135,6 +139,10 @@ impl Device for CpuDevice {
 
     fn ledger(&self) -> &Arc<MemoryLedger> {
         &self.ledger
+    }
+
+    fn host_ledger(&self) -> &Arc<MemoryLedger> {
+        &self.host_ledger
     }
 
     fn counters(&self) -> DeviceCounters {
@@ -231,6 +239,19 @@ impl Buffers for CpuDevice {
 
     fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]) {
         t.cpu_mut()[from..from + data.len()].copy_from_slice(data);
+    }
+
+    fn offload_impl(&self, t: &Tensor) -> Tensor {
+        let mut data = self.buffers.take(t.len(), &self.counters);
+        self.pool.install(|| elementwise::copy(&mut data, t.cpu()));
+        let (ledger, buffers) = (self.host_ledger.clone(), self.buffers.clone());
+        Tensor::recycled(t.shape(), Storage::Cpu(data), Category::Activations, ledger, buffers)
+    }
+
+    fn reload_impl(&self, t: &Tensor, category: Category) -> Tensor {
+        let mut out = self.empty(t.shape(), category);
+        self.copy_impl(&mut out, t);
+        out
     }
 }
 

@@ -82,7 +82,7 @@ impl Recycle for Arena {
                 self.put(master);
                 self.put(bf16);
             }
-            Storage::Cpu(_) => {}
+            Storage::Cpu(_) | Storage::HostBf16(_) => {}
         }
     }
 }

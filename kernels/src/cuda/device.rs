@@ -35,6 +35,8 @@ pub struct CudaDevice {
     pub(super) blas: Mutex<CudaBlas>,
     pub(super) precision: MatmulPrecision,
     pub(super) ledger: Arc<MemoryLedger>,
+    /// Offloaded activations in host memory (`Device::offload`).
+    host_ledger: Arc<MemoryLedger>,
     pub(super) counters: Arc<Counters>,
     pub(super) arena: Arc<Arena>,
     /// The fused grad norm's tables for the last set of tensors it was given (see
@@ -81,6 +83,7 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             precision: MatmulPrecision::Fp32,
             ledger: Arc::new(MemoryLedger::new()),
+            host_ledger: Arc::new(MemoryLedger::new()),
             clock: EventClock::default(),
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
@@ -303,6 +306,10 @@ impl Device for CudaDevice {
         &self.ledger
     }
 
+    fn host_ledger(&self) -> &Arc<MemoryLedger> {
+        &self.host_ledger
+    }
+
     fn counters(&self) -> DeviceCounters {
         self.counters.snapshot()
     }
@@ -376,6 +383,9 @@ impl Device for CudaDevice {
             Storage::CudaBf16(slice) => Storage::CudaBf16(self.copy_from_another_gpu(slice, &t.shape)),
             Storage::CudaMaster { .. } => panic!("cuda: a parameter {:?} was handed between stages", t.shape),
             Storage::Cpu(data) => return self.from_host(&data, &t.shape, category),
+            Storage::HostBf16(_) => {
+                panic!("cuda: an offloaded tensor {:?} was handed between stages", t.shape)
+            }
         };
         self.tensor(&t.shape, storage, category)
     }
@@ -484,6 +494,38 @@ impl Buffers for CudaDevice {
         (self.stream.memcpy_htod(data, &mut part))
             .unwrap_or_else(|e| panic!("cuda: cannot upload {} values at element {from}: {e:?}", data.len()));
         self.refresh_bf16_copy(t);
+    }
+
+    // Copies on the device's own stream through pageable memory, the host waiting for each
+    // offload: the same bytes and order as the copy stream with pinned buffers it is meant
+    // to become, without the overlap (README, status).
+    fn offload_impl(&self, t: &Tensor) -> Tensor {
+        let storage = match t.dtype() {
+            DType::F32 => {
+                let mut host = vec![0.0f32; t.len()];
+                let copied = self.stream.memcpy_dtoh(&cu(t).slice(..t.len()), &mut host);
+                copied.map(|()| Storage::Cpu(host))
+            }
+            DType::Bf16 => {
+                let mut bits = vec![0u16; t.len()];
+                let copied = self.stream.memcpy_dtoh(&cu16(t).slice(..t.len()), &mut bits);
+                copied.map(|()| Storage::HostBf16(bits))
+            }
+        };
+        let storage = storage.unwrap_or_else(|e| panic!("cuda: cannot offload {t:?}: {e:?}"));
+        self.host_sync();
+        Tensor::new(t.shape(), storage, Category::Activations, self.host_ledger.clone())
+    }
+
+    fn reload_impl(&self, t: &Tensor, category: Category) -> Tensor {
+        let mut out = self.empty_of(t.dtype(), t.shape(), category);
+        let copied = match t.storage() {
+            Storage::Cpu(host) => self.stream.memcpy_htod(host, cu_mut(&mut out)),
+            Storage::HostBf16(bits) => self.stream.memcpy_htod(bits, cu16_mut(&mut out)),
+            _ => panic!("cuda: reload of {t:?}, which is not in host memory"),
+        };
+        copied.unwrap_or_else(|e| panic!("cuda: cannot reload {t:?}: {e:?}"));
+        out
     }
 }
 

@@ -210,8 +210,11 @@ impl Block<'_> {
     }
 
     /// Forward. Kept tensors are allocated under `keep_as` (Activations for a stash,
-    /// Workspace when recomputing or when the caller discards them); dropped ones are freed
-    /// before returning. Returns y [B,T,C] | [R,C] (Workspace) and the kept tensors.
+    /// Workspace when recomputing or when the caller discards them), but for those the
+    /// caller will move to host memory (`offloaded`), which are workspace until it does;
+    /// dropped ones are freed before returning. Returns y [B,T,C] | [R,C] (Workspace) and
+    /// the kept tensors.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         dev: &dyn Device,
@@ -219,45 +222,56 @@ impl Block<'_> {
         dropout: &DropoutCtx,
         modules: SelectiveModules,
         keep_as: Category,
+        offloaded: &dyn Fn(BlockTensor) -> bool,
         tp: &mut TensorGroup,
     ) -> (Tensor, BlockActs) {
         let (s, shard) = (self.s, self.shard);
         let (b, t, f, a) = (s.micro_batch, s.seq_len, shard.ffn(s), shard.attention_width(s));
         let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
-        let cat = |dropped: bool| if dropped { Category::Workspace } else { keep_as };
+        let cat = |t: BlockTensor| match t.dropped_by(modules) || offloaded(t) {
+            true => Category::Workspace,
+            false => keep_as,
+        };
         // Activations in the device's dtype; norm statistics in f32.
         let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
         let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
 
         // ---- attention ----
-        let mut n1 = act(&stream, cat(modules.layernorm)); // [B,T,C] | [R,C]
-        let n1_stats = self.norm1().forward(dev, &mut n1, &x, keep_as); // [B,T] | [R]
+        let mut n1 = act(&stream, cat(BlockTensor::Norm1Out)); // [B,T,C] | [R,C]
+        let n1_stats = self.norm1().forward(dev, &mut n1, &x, cat(BlockTensor::Norm1Stats)); // [B,T] | [R]
         let n1_all = self.gathered(dev, tp, &n1); // [B,T,C] with sequence parallelism
-        let mut qkv = act(&[b, t, shard.qkv_width(s)], keep_as); // [B,T,QKV]
+        let mut qkv = act(&[b, t, shard.qkv_width(s)], cat(BlockTensor::Qkv)); // [B,T,QKV]
         self.linear(dev, &mut qkv, n1_all.as_ref().unwrap_or(&n1), BlockParam::QkvWeight);
         drop(n1_all);
         if let Positions::Rotary { base } = s.arch.positions {
             dev.rope_forward(&mut qkv, heads, kv_heads, base, 0);
         }
         let att_drop = self.attention_dropout(dropout);
-        let att_dropped = BlockTensor::attention_saved(s).dropped_by(modules);
-        let mut att = self.attention_saved(dev, att_drop, cat(att_dropped)); // [B,NH,T,T] x 1|2, or [B,NH,T]
-        let mut atty = act(&[b, t, a], keep_as); // [B,T,A]
+        let att_saved = BlockTensor::attention_saved(s);
+        let att_dropped = att_saved.dropped_by(modules);
+        let mut att = self.attention_saved(dev, att_drop, cat(att_saved)); // [B,NH,T,T] x 1|2, or [B,NH,T]
+        let mut atty = act(&[b, t, a], cat(BlockTensor::AttOut)); // [B,T,A]
         dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads);
         let attproj = self.row_parallel(dev, tp, &atty, BlockParam::ProjWeight); // [B,T,C] | [R,C]
         let attproj =
             dropout_or_keep(dev, attproj, self.stream_dropout(dropout, DropoutSite::AttentionResidual));
-        let mut residual = act(&stream, keep_as); // [B,T,C] | [R,C]
+        let mut residual = act(&stream, cat(BlockTensor::Residual)); // [B,T,C] | [R,C]
 
         // ---- MLP ----
-        let mut n2 = act(&stream, cat(modules.layernorm)); // [B,T,C] | [R,C]
-        let n2_stats = self.norm2().residual_forward(dev, &mut residual, &mut n2, (&x, &attproj), keep_as); // [B,T] | [R]
+        let mut n2 = act(&stream, cat(BlockTensor::Norm2Out)); // [B,T,C] | [R,C]
+        let n2_stats = self.norm2().residual_forward(
+            dev,
+            &mut residual,
+            &mut n2,
+            (&x, &attproj),
+            cat(BlockTensor::Norm2Stats),
+        ); // [B,T] | [R]
         drop(attproj);
         let n2_all = self.gathered(dev, tp, &n2); // [B,T,C] with sequence parallelism
-        let mut fch = act(&[b, t, shard.fc1_width(s)], keep_as); // [B,T,FC1]
+        let mut fch = act(&[b, t, shard.fc1_width(s)], cat(BlockTensor::FcOut)); // [B,T,FC1]
         self.linear(dev, &mut fch, n2_all.as_ref().unwrap_or(&n2), BlockParam::Fc1Weight);
         drop(n2_all);
-        let mut fch_act = act(&[b, t, f], cat(modules.mlp)); // [B,T,F]
+        let mut fch_act = act(&[b, t, f], cat(BlockTensor::ActOut)); // [B,T,F]
         s.arch.activation.forward(dev, &mut fch_act, &fch);
         let fcproj = self.row_parallel(dev, tp, &fch_act, BlockParam::Fc2Weight); // [B,T,C] | [R,C]
         let fcproj = dropout_or_keep(dev, fcproj, self.stream_dropout(dropout, DropoutSite::MlpResidual));

@@ -1,0 +1,64 @@
+//! A block's kept tensors to host memory after its forward and back before its backward
+//! (activation offload; which ones is [`ActivationOffload`](crate::offload::ActivationOffload)'s
+//! to say). The copies back are workspace: they live only while the block's backward runs.
+
+use super::block::BlockActs;
+use super::norm::NormStats;
+use crate::saved::BlockTensor;
+use kernels::{AttentionSaved, Category, Device, Tensor};
+use std::sync::Arc;
+
+fn stats(s: &mut NormStats) -> Vec<&mut Tensor> {
+    s.mean.iter_mut().chain(std::iter::once(&mut s.rstd)).collect()
+}
+
+impl BlockActs {
+    /// The tensors kept for `t`: none where the block dropped it, two for LayerNorm's
+    /// statistics (mean and reciprocal std).
+    fn kept_mut(&mut self, t: BlockTensor) -> Vec<&mut Tensor> {
+        match t {
+            BlockTensor::Input => vec![&mut self.input],
+            BlockTensor::Norm1Out => self.n1.iter_mut().collect(),
+            BlockTensor::Norm1Stats => stats(&mut self.n1_stats),
+            BlockTensor::Qkv => vec![&mut self.qkv],
+            BlockTensor::AttProbs => match &mut self.att {
+                Some(AttentionSaved::Probabilities { probs, .. }) => vec![probs],
+                _ => vec![],
+            },
+            BlockTensor::AttDropped => match &mut self.att {
+                Some(AttentionSaved::Probabilities { dropped, .. }) => dropped.iter_mut().collect(),
+                _ => vec![],
+            },
+            BlockTensor::AttLogSumExp => match &mut self.att {
+                Some(AttentionSaved::RowLogSumExp { lse }) => vec![lse],
+                _ => vec![],
+            },
+            BlockTensor::AttOut => vec![&mut self.atty],
+            BlockTensor::Residual => vec![&mut self.residual],
+            BlockTensor::Norm2Out => self.n2.iter_mut().collect(),
+            BlockTensor::Norm2Stats => stats(&mut self.n2_stats),
+            BlockTensor::FcOut => vec![&mut self.fch],
+            BlockTensor::ActOut => self.fch_act.iter_mut().collect(),
+        }
+    }
+
+    /// Moves the kept tensors `pick` chooses to host memory, freeing their device bytes.
+    pub fn offload(&mut self, dev: &dyn Device, pick: impl Fn(BlockTensor) -> bool) {
+        for t in BlockTensor::ALL.into_iter().filter(|&t| pick(t)) {
+            for slot in self.kept_mut(t) {
+                *slot = dev.offload(slot);
+            }
+        }
+    }
+
+    /// Brings every tensor [`BlockActs::offload`] moved back to the device, as workspace.
+    pub fn reload(&mut self, dev: &dyn Device) {
+        for t in BlockTensor::ALL {
+            for slot in self.kept_mut(t) {
+                if Arc::ptr_eq(slot.ledger(), dev.host_ledger()) {
+                    *slot = dev.reload(slot, Category::Workspace);
+                }
+            }
+        }
+    }
+}

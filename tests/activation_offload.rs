@@ -1,0 +1,180 @@
+//! Activation offload moves memory, never results: losses and final weights are bitwise
+//! those of the run without it, for every schedule and recompute policy; each stage's
+//! device activation peak drops by exactly the bytes the memory model predicts, and its
+//! host peak is exactly the predicted one.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// (name, flags) of the offload settings under test, each with the recompute it goes with.
+fn offloads() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    let fine = |modules: &str| {
+        vec![
+            ("fine-grained-activation-offloading", "true".to_string()),
+            ("offload-modules", modules.to_string()),
+        ]
+    };
+    let with = |mut a: Vec<(&'static str, String)>, b: Vec<(&'static str, String)>| {
+        a.extend(b);
+        a
+    };
+    vec![
+        ("core_attn", fine("core_attn")),
+        ("every-module", fine("attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,mlp_fc1,mlp_act,mlp_fc2")),
+        ("attn_proj+selective", with(fine("attn_proj,mlp_fc1"), selective_recompute("core_attn,mlp"))),
+        (
+            "recompute-inputs",
+            with(full_recompute("uniform", "2"), vec![("cpu-offloading-activations", "true".to_string())]),
+        ),
+        (
+            "block-both",
+            with(
+                with(full_recompute("block", "3"), fine("core_attn,mlp_act")),
+                vec![("cpu-offloading-activations", "true".to_string())],
+            ),
+        ),
+    ]
+}
+
+fn schedule_flags(schedule: &str, p: usize) -> Vec<(&'static str, String)> {
+    let mut f = vec![
+        ("pipeline-schedule", schedule.to_string()),
+        ("pipeline-model-parallel-size", p.to_string()),
+        ("global-batch-size", "8".to_string()),
+    ];
+    if schedule == "interleaved-1f1b" {
+        f.push(("virtual-pipeline-model-parallel-size", "2".to_string()));
+    }
+    f
+}
+
+/// Each stage's (device activation peak, host peak, predicted device activation peak,
+/// predicted host peak), from a run's report.
+fn peaks(run: &Path) -> Vec<[u64; 4]> {
+    let r = report(run);
+    let at = |s: &serde_json::Value, key: &str| s[key].as_u64().unwrap_or_else(|| panic!("{key} in {s}"));
+    r["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let device = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+            [
+                device,
+                at(s, "host_peak_bytes"),
+                at(s, "predicted_activation_peak_bytes"),
+                at(s, "predicted_host_peak_bytes"),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn offload_keeps_the_bits_and_moves_exactly_the_predicted_bytes() {
+    let dir = temp_dir("offload-matrix");
+    for (schedule, p) in [("1f1b", 1usize), ("1f1b", 2), ("interleaved-1f1b", 2), ("zb-h1", 2), ("zb-v", 2)] {
+        for (name, offload_flags) in offloads() {
+            // The same recompute without offload is the reference.
+            let recompute: Vec<(&'static str, String)> =
+                offload_flags.iter().filter(|(k, _)| k.starts_with("recompute")).cloned().collect();
+            let mut f = schedule_flags(schedule, p);
+            f.extend(recompute);
+            let base = run_small(&dir, &format!("{schedule}-p{p}-{name}-without"), &flags(&f));
+            let mut f = schedule_flags(schedule, p);
+            f.extend(offload_flags.iter().cloned());
+            let label = format!("{schedule}-p{p}-{name}");
+            let run = run_small(&dir, &label, &flags(&f));
+            assert_eq!(losses(&run), losses(&base), "{label}: losses differ");
+            assert!(weights(&run) == weights(&base), "{label}: weights differ");
+            for (stage, (with, without)) in peaks(&run).into_iter().zip(peaks(&base)).enumerate() {
+                let [device, host, predicted_device, predicted_host] = with;
+                let [device_before, host_before, predicted_before, _] = without;
+                assert_eq!(host_before, 0, "{label} stage {stage}: a run without offload used the host");
+                assert!(predicted_host > 0, "{label} stage {stage}: offloads nothing");
+                assert_eq!(host, predicted_host, "{label} stage {stage}: host peak");
+                assert_eq!(
+                    device_before - device,
+                    predicted_before - predicted_device,
+                    "{label} stage {stage}: the device peak's drop"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn offload_per_stage_offloads_the_first_layers_of_each_stage() {
+    let dir = temp_dir("offload-per-stage");
+    let mut f = schedule_flags("1f1b", 2);
+    f.extend([
+        ("fine-grained-activation-offloading", "true".to_string()),
+        ("offload-modules", "core_attn".to_string()),
+    ]);
+    let all = run_small(&dir, "all", &flags(&f));
+    f.push(("offload-num-layers-per-stage", "4,0".to_string()));
+    let first = run_small(&dir, "first-stage", &flags(&f));
+    assert_eq!(losses(&first), losses(&all));
+    let (all, first) = (peaks(&all), peaks(&first));
+    // Stage 0 holds blocks 0-3 and offloads all four; stage 1 none.
+    assert_eq!(first[0], all[0]);
+    assert_eq!(first[1][1], 0);
+    assert_eq!(first[1][3], 0);
+    assert!(first[1][0] > all[1][0]);
+}
+
+#[test]
+fn offload_settings_that_move_nothing_are_errors_naming_the_key() {
+    let dir = temp_dir("offload-errors");
+    let cfg = config(&dir);
+    let run = |name: &str, extra: &[&str]| {
+        train(&cfg, &dir.join(name), &[&["--global-batch-size", "8"], extra].concat())
+    };
+    assert_user_error(
+        &run("unknown", &["--fine-grained-activation-offloading", "true", "--offload-modules", "expert_fc1"]),
+        "command line: --offload-modules expert_fc1: `expert_fc1` is not one of attn_norm, qkv_linear, core_attn, attn_proj, \
+         mlp_norm, mlp_fc1, mlp_act, mlp_fc2",
+    );
+    assert_user_error(
+        &run("no-switch", &["--offload-modules", "core_attn"]),
+        "command line: --offload-modules core_attn: [core_attn] needs fine_grained_activation_offloading: true",
+    );
+    assert_user_error(
+        &run(
+            "dropped",
+            &[
+                "--fine-grained-activation-offloading",
+                "true",
+                "--offload-modules",
+                "mlp_fc2",
+                "--recompute-granularity",
+                "selective",
+                "--recompute-modules",
+                "mlp",
+            ],
+        ),
+        "command line: --offload-modules mlp_fc2: `mlp_fc2` has nothing to offload: selective recompute of mlp drops what it keeps",
+    );
+    assert_user_error(
+        &run("inputs-without-full", &["--cpu-offloading-activations", "true"]),
+        "command line: --cpu-offloading-activations true: true needs recompute_granularity: full",
+    );
+    assert_user_error(
+        &run(
+            "per-stage-length",
+            &[
+                "--cpu-offloading-activations",
+                "true",
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "block",
+                "--recompute-num-layers",
+                "1",
+                "--offload-num-layers-per-stage",
+                "1,1",
+            ],
+        ),
+        "command line: --offload-num-layers-per-stage 1,1: [1, 1] has 2 entries, pipeline_model_parallel_size is 1",
+    );
+}
