@@ -671,3 +671,45 @@ fn plan_works_on_a_llama_config() {
     let after = json_of(&planned, &["--hardware", "h100-sxm"]);
     assert_eq!(after["fits"], true, "{plan}\n{after}");
 }
+
+/// Offloading the attention core's saves (q, k, v at bf16 and the fused core's f32
+/// log-sum-exp, three blocks per stage) moves exactly their bytes from each stage's device
+/// peak to its host peak, once per microbatch in flight; a PCIe link too slow to hide the
+/// copy behind a forward makes the forward the copy; a host too small is a one-line error.
+#[test]
+fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_is_slow() {
+    let (_dir, cfg) = gpt2_config("sim-offload", "num_layers_per_stage: [3, 3, 3, 3]\n");
+    let offload = ["--fine-grained-activation-offloading", "true", "--offload-modules", "core_attn"];
+    let hw = ["--hardware", "h100-sxm"];
+    let without = json_of(&cfg, &hw);
+    let with = json_of(&cfg, &[&hw[..], &offload[..]].concat());
+    let per_microbatch: u64 = 3 * (1024 * 3 * 768 * 2 + 12 * 1024 * 4);
+    for (r, (a, b)) in
+        without["stages"].as_array().unwrap().iter().zip(with["stages"].as_array().unwrap()).enumerate()
+    {
+        let in_flight = 4 - r as u64;
+        assert_eq!(a["host_peak_bytes"], 0, "stage {r}");
+        assert_eq!(b["host_peak_bytes"].as_u64(), Some(in_flight * per_microbatch), "stage {r}");
+        assert_eq!(
+            a["peak_memory_bytes"].as_u64().unwrap() - b["peak_memory_bytes"].as_u64().unwrap(),
+            in_flight * per_microbatch,
+            "stage {r}"
+        );
+    }
+    let slow = json_of(
+        &cfg,
+        &["--hardware", "h100-sxm,pcie-gb-s=1", &offload[0], offload[1], offload[2], offload[3]],
+    );
+    let copy_ms = per_microbatch as f64 / 0.8e9 * 1e3;
+    for r in [1, 2] {
+        let stage = &slow["stages"][r];
+        assert_eq!(stage["forward_ms"].as_f64(), Some(copy_ms), "stage {r}");
+        assert_eq!(stage["backward_input_ms"].as_f64(), Some(copy_ms), "stage {r}");
+        assert!(without["stages"][r]["forward_ms"].as_f64().unwrap() < copy_ms);
+    }
+    assert_user_error(
+        &simulate(&cfg, &["--hardware", "h100-sxm,host-memory-gib=0.01", &offload[0], offload[1], offload[2], offload[3]]),
+        "stage 0 would keep 54.56 MiB of offloaded activations in host memory, more than the 10.24 MiB per GPU of \
+         --hardware h100-sxm (its host-memory-gib)",
+    );
+}

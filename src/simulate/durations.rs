@@ -3,7 +3,7 @@
 //! shapes and a hardware profile, or as given on the command line (`--op-times`, per stage as
 //! papers report them), or as measured (`--measured`, see measured.rs).
 
-use super::hardware::Hardware;
+use super::hardware::{Hardware, HOST_COPY_EFFICIENCY};
 use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::error::user_error;
@@ -195,6 +195,17 @@ fn tied_exchange_seconds(setup: &Setup, hw: &Hardware) -> f64 {
 /// Bytes per second between pipeline stages: NVLink while the whole run fits one node,
 /// else the network (the pipeline is the slowest dimension of the rank order, so some
 /// stage boundary crosses nodes).
+/// Seconds to copy what a microbatch's forward through chunk `chunk` of stage `stage`
+/// offloads, over the host link; the same bytes come back for its backward. A copy stream
+/// overlaps each with the pass's compute, so a pass takes the longer of the two: the copy
+/// shows only where it outlasts the compute it hides behind.
+fn offload_copy_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> f64 {
+    let (s, layout) = (&setup.shape, setup.layout(stage, chunk));
+    let policy = &setup.policies[stage];
+    let host = stages::memory_model::stash_bytes(s, setup.tp, layout, policy, &setup.offloads[stage]).host;
+    host as f64 / (hw.host_link_bandwidth * HOST_COPY_EFFICIENCY)
+}
+
 fn p2p_bandwidth(setup: &Setup, hw: &Hardware) -> f64 {
     if hw.within_node(1, setup.world_size()) {
         hw.link_bandwidth
@@ -218,9 +229,10 @@ fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> 
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
             let blocks = setup.layout(r, c).blocks.len() as f64;
             let kernel_extra = blocks * fused_backward_extra_flops(&setup.shape, setup.tp);
+            let copy = offload_copy_seconds(setup, r, c, hw);
             OpTimes {
-                forward: f.forward / rate + forward,
-                backward_input: (f.backward_input + kernel_extra) / rate + backward_input,
+                forward: (f.forward / rate + forward).max(copy),
+                backward_input: ((f.backward_input + kernel_extra) / rate + backward_input).max(copy),
                 backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }

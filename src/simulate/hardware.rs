@@ -16,6 +16,9 @@
 //!   rate; ring collectives (tensor-parallel and data-parallel) reach [`COLLECTIVE_EFFICIENCY`]
 //!   of it, NCCL's usual bus bandwidth. A group of ranks of stride `stride` (Megatron's order:
 //!   tensor fastest, then data, then pipeline) lies in one node iff stride x size <= 8.
+//! * Activation offload copies over each GPU's PCIe link to host memory (A100: Gen4 x16,
+//!   32 GB/s per direction; H100 and H200: Gen5 x16, 64 GB/s) at [`HOST_COPY_EFFICIENCY`]
+//!   of it, and the host has 2 TiB per 8 GPUs (DGX A100, H100 and H200): 256 GiB each.
 //! * Device memory is what nvidia-smi reports in total (A100 80GB: 81920 MiB, H100 SXM:
 //!   81559 MiB, H200: 143771 MiB); allocator slack and the CUDA context come out of it.
 //! * Peaks are dense bf16; with `precision: fp32` the GPU profiles use the TF32 tensor-core
@@ -40,6 +43,9 @@ pub const MEMORY_EFFICIENCY: f64 = 0.8;
 /// NCCL's ring collectives reach about 80% of the link's nominal rate as bus bandwidth
 /// (nccl-tests on DGX A100/H100, NVLink and InfiniBand alike).
 pub const COLLECTIVE_EFFICIENCY: f64 = 0.8;
+/// Copies between device and pinned host memory reach about 80% of PCIe's nominal rate
+/// (bandwidthTest on Gen4 and Gen5 x16).
+pub const HOST_COPY_EFFICIENCY: f64 = 0.8;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hardware {
@@ -59,13 +65,28 @@ pub struct Hardware {
     pub link_latency: f64,
     /// Device memory, the default memory limit (None: unknown).
     pub memory_bytes: Option<u64>,
+    /// Bytes per second, one direction of one GPU's link to host memory (activation
+    /// offload).
+    pub host_link_bandwidth: f64,
+    /// Host memory per GPU, the limit of offloaded activations (None: unknown, or the
+    /// device's own, as on the CPU).
+    pub host_memory_bytes: Option<u64>,
 }
 
 pub const NAMES: [&str; 4] = ["a100-80gb", "h100-sxm", "h200", "cpu-measured"];
 
 /// The figures `--hardware NAME,FIGURE=VALUE,..` may override.
-pub const OVERRIDES: [&str; 7] =
-    ["peak-tflops", "efficiency", "hbm-tb-s", "nvlink-gb-s", "network-gb-s", "gpus-per-node", "memory-gib"];
+pub const OVERRIDES: [&str; 9] = [
+    "peak-tflops",
+    "efficiency",
+    "hbm-tb-s",
+    "nvlink-gb-s",
+    "network-gb-s",
+    "gpus-per-node",
+    "memory-gib",
+    "pcie-gb-s",
+    "host-memory-gib",
+];
 
 impl Hardware {
     /// The profile `spec` names for `precision` (fp32 | bf16), with the figures it overrides
@@ -91,6 +112,8 @@ impl Hardware {
                 "gpus-per-node" if x.fract() == 0.0 => hw.gpus_per_node = Some(x as usize),
                 "gpus-per-node" => return Err(err(format!("{item}: a whole number"))),
                 "memory-gib" => hw.memory_bytes = Some((x * (1u64 << 30) as f64) as u64),
+                "pcie-gb-s" => hw.host_link_bandwidth = x * 1e9,
+                "host-memory-gib" => hw.host_memory_bytes = Some((x * (1u64 << 30) as f64) as u64),
                 other => {
                     return Err(err(format!(
                         "unknown figure `{other}` (expected one of: {})",
@@ -110,6 +133,7 @@ impl Hardware {
                    hbm_tb_s: f64,
                    link_gb_s: f64,
                    net_gb_s: f64,
+                   pcie_gb_s: f64,
                    mib: u64| {
             let peak = peak_bf16_tflops * 1e12;
             Hardware {
@@ -122,12 +146,14 @@ impl Hardware {
                 gpus_per_node: Some(8),
                 link_latency: 10e-6,
                 memory_bytes: Some(mib << 20),
+                host_link_bandwidth: pcie_gb_s * 1e9,
+                host_memory_bytes: Some(256 << 30),
             }
         };
         Ok(match name {
-            "a100-80gb" => gpu(312.0, 0.60, 2.0, 300.0, 25.0, 81920),
-            "h100-sxm" => gpu(989.0, 0.50, 3.35, 450.0, 50.0, 81559),
-            "h200" => gpu(989.0, 0.55, 4.8, 450.0, 50.0, 143771),
+            "a100-80gb" => gpu(312.0, 0.60, 2.0, 300.0, 25.0, 32.0, 81920),
+            "h100-sxm" => gpu(989.0, 0.50, 3.35, 450.0, 50.0, 64.0, 81559),
+            "h200" => gpu(989.0, 0.55, 4.8, 450.0, 50.0, 64.0, 143771),
             "cpu-measured" => cpu_measured(),
             other => {
                 return Err(user_error(format!(
@@ -164,13 +190,14 @@ impl Hardware {
     pub fn describe(&self) -> String {
         let node = self.gpus_per_node.map_or("one node".into(), |n| format!("{n} GPUs per node"));
         format!(
-            "{}: {} peak x {:.2} efficiency, memory {}, NVLink {}, network {} per GPU, {node}, {:.0} us per message",
+            "{}: {} peak x {:.2} efficiency, memory {}, NVLink {}, network {} per GPU, PCIe {}, {node}, {:.0} us per message",
             self.name,
             format_rate(self.peak_flops, "FLOP"),
             self.efficiency,
             format_rate(self.memory_bandwidth, "B"),
             format_rate(self.link_bandwidth, "B"),
             format_rate(self.network_bandwidth, "B"),
+            format_rate(self.host_link_bandwidth, "B"),
             self.link_latency * 1e6
         )
     }
@@ -220,6 +247,9 @@ fn cpu_measured() -> Hardware {
         gpus_per_node: None,
         link_latency: 5e-6,
         memory_bytes: total_ram(),
+        // Offload copies within the same memory, whose limit is the device's.
+        host_link_bandwidth: 20e9,
+        host_memory_bytes: None,
     }
 }
 

@@ -121,6 +121,28 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Each stage's peak of offloaded activations in host memory; more than the host holds per
+/// GPU is a user error, as no run of it could start.
+fn host_peaks(cfg: &Config, path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Vec<u64>> {
+    let peaks =
+        crate::plan::predicted_activation_peaks(cfg, path, setup.schedule()?, crate::plan::Held::Host)?;
+    if let (Some(limit), Some((stage, &peak))) =
+        (hw.host_memory_bytes, peaks.iter().enumerate().max_by_key(|(_, &b)| b))
+    {
+        if peak > limit {
+            return Err(user_error(format!(
+                "{}: stage {stage} would keep {} of offloaded activations in host memory, more than the {} per GPU \
+                 of --hardware {} (its host-memory-gib); offload fewer layers (offload_num_layers_per_stage)",
+                path.display(),
+                units::format_bytes(peak),
+                units::format_bytes(limit),
+                hw.name
+            )));
+        }
+    }
+    Ok(peaks)
+}
+
 pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     check_flags(args)?;
     let cfg = crate::config::load(&args.config, overrides)?;
@@ -181,8 +203,16 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     };
     let sim = input::run(&setup, &durations)?;
     let memory_limit = explicit_limit.or(hw.memory_bytes);
-    let report =
-        Report { setup: &setup, hw: &hw, durations: &durations, sim: &sim, times_from, memory_limit };
+    let host_peaks = host_peaks(&cfg, &args.config, &setup, &hw)?;
+    let report = Report {
+        setup: &setup,
+        hw: &hw,
+        durations: &durations,
+        sim: &sim,
+        times_from,
+        memory_limit,
+        host_peaks,
+    };
     if let Some(path) = &args.trace {
         timeline::write(path, &setup, &sim)?;
     }

@@ -21,6 +21,8 @@ pub struct Report<'a> {
     /// Where the op times came from: `hardware`, `op-times` or `measured`.
     pub times_from: &'a str,
     pub memory_limit: Option<u64>,
+    /// Each stage's peak of offloaded activations in host memory.
+    pub host_peaks: Vec<u64>,
 }
 
 impl Report<'_> {
@@ -165,6 +167,14 @@ impl Report<'_> {
             setup.world_size(),
             format_rate(self.hw.peak_flops, "FLOP")
         );
+        if self.host_peaks.iter().any(|&b| b > 0) {
+            let per_stage: Vec<String> = self.host_peaks.iter().map(|&b| format_bytes(b)).collect();
+            println!(
+                "host      offloaded activations per stage: {} (of {} per GPU)",
+                per_stage.join(", "),
+                self.hw.host_memory_bytes.map_or("the device's memory".into(), format_bytes)
+            );
+        }
         if let Some(limit) = self.memory_limit {
             let over: Vec<usize> = (0..setup.p).filter(|&r| !self.fits(r)).collect();
             if over.is_empty() {
@@ -247,7 +257,9 @@ impl Report<'_> {
                     "stage": r,
                     "layers": setup.stage_layers(r),
                     "recompute": setup.policies[r].describe(),
+                    "offload": setup.offloads[r].describe(),
                     "peak_memory_bytes": st.peak_memory,
+                    "host_peak_bytes": self.host_peaks[r],
                     "static_bytes": super::memory::stage_static_bytes(setup, r),
                     "busy_ms": st.busy * 1e3,
                     "idle_ms": st.idle * 1e3,
