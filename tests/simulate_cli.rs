@@ -698,7 +698,7 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
     }
     let slow = json_of(
         &cfg,
-        &["--hardware", "h100-sxm,pcie-gb-s=1", &offload[0], offload[1], offload[2], offload[3]],
+        &["--hardware", "h100-sxm,pcie-gb-s=1", offload[0], offload[1], offload[2], offload[3]],
     );
     let copy_ms = per_microbatch as f64 / 0.8e9 * 1e3;
     for r in [1, 2] {
@@ -708,7 +708,7 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
         assert!(without["stages"][r]["forward_ms"].as_f64().unwrap() < copy_ms);
     }
     assert_user_error(
-        &simulate(&cfg, &["--hardware", "h100-sxm,host-memory-gib=0.01", &offload[0], offload[1], offload[2], offload[3]]),
+        &simulate(&cfg, &["--hardware", "h100-sxm,host-memory-gib=0.01", offload[0], offload[1], offload[2], offload[3]]),
         "stage 0 would keep 54.56 MiB of offloaded activations in host memory, more than the 10.24 MiB per GPU of \
          --hardware h100-sxm (its host-memory-gib)",
     );

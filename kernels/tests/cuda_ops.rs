@@ -994,3 +994,29 @@ fn the_ops_on_a_part_match_the_cpu() {
     let fresh = param(&gpu, &gpu.to_host(&p), &[C, C]);
     assert_bitwise("product through the copy after a part's step", &product(&p), &product(&fresh));
 }
+
+/// Offload moves a tensor's bytes from the device's ledger to its host ledger and reload
+/// brings back the same bits, in f32 and in bf16 (stored as bf16 on the host, 2 bytes an
+/// element).
+#[test]
+fn offload_and_reload_keep_the_bits_and_move_the_bytes() {
+    let test = "offload_and_reload_keep_the_bits_and_move_the_bytes";
+    let Some(f32_gpu) = gpu(test) else { return };
+    let Some(bf16) = bf16_gpu(test) else { return };
+    let mut rng = seeded("offload");
+    let data = rng.uniform(N * C, 1.0);
+    for dev in [&f32_gpu as &dyn Device, &bf16] {
+        let t = put(dev, &data, &[N, C]);
+        let (want, bytes) = (dev.to_host(&t), t.bytes());
+        let device_before = dev.ledger().live_bytes();
+        let host = dev.offload(&t);
+        drop(t);
+        assert_eq!(dev.ledger().live_bytes(), device_before - bytes);
+        assert_eq!(dev.host_ledger().live(Category::Activations), bytes);
+        assert_eq!(host.bytes(), N * C * dev.activation_dtype().size());
+        let back = dev.reload(&host, Category::Workspace);
+        drop(host);
+        assert_eq!(dev.host_ledger().live_bytes(), 0);
+        assert_eq!(dev.to_host(&back), want, "{}", dev.name());
+    }
+}

@@ -20,6 +20,7 @@ use crate::train::rank::{Local, Rank};
 use crate::train::summary::human_bytes;
 use kernels::Category;
 use stages::dist::{threads, Topology};
+use stages::OffloadModule;
 use std::path::Path;
 use std::time::Instant;
 
@@ -29,6 +30,8 @@ struct Variant {
     /// Its p stages, each a rank of the threads backend.
     ranks: Vec<Rank>,
     predicted_activations: u64,
+    /// The largest per-stage peak of offloaded activations the memory model predicts.
+    predicted_host: u64,
     step_s: Vec<f64>,
 }
 
@@ -38,6 +41,7 @@ impl Variant {
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
         let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, plan::Held::Device)?;
+        let predicted_host = plan::predicted_activation_peaks(&cfg, path, &schedule, plan::Held::Host)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
@@ -59,6 +63,7 @@ impl Variant {
             cfg,
             ranks,
             predicted_activations: predicted.into_iter().max().unwrap_or(0),
+            predicted_host: predicted_host.into_iter().max().unwrap_or(0),
             step_s: Vec::new(),
         })
     }
@@ -118,6 +123,7 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             } else {
                 for r in &v.ranks {
                     r.stage.device.ledger().reset_peaks();
+                    r.stage.device.host_ledger().reset_peaks();
                 }
             }
         }
@@ -136,6 +142,11 @@ fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenData> {
 }
 
 fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
+    let offload = |cfg: &Config, module| Config {
+        fine_grained_activation_offloading: true,
+        offload_modules: Some(vec![module]),
+        ..cfg.clone()
+    };
     let selective = |modules: &[RecomputeModule]| Config {
         recompute_granularity: Some(RecomputeGranularity::Selective),
         recompute_modules: Some(modules.to_vec()),
@@ -155,7 +166,7 @@ fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
         ..base.clone()
     };
     vec![
-        ("none".into(), none),
+        ("none".into(), none.clone()),
         ("selective core_attn".into(), selective(&[RecomputeModule::CoreAttn])),
         ("selective mlp".into(), selective(&[RecomputeModule::Mlp])),
         ("selective layernorm".into(), selective(&[RecomputeModule::Layernorm])),
@@ -163,6 +174,15 @@ fn recompute_variants(base: &Config) -> Vec<(String, Config)> {
         ("full uniform N=1".into(), full(RecomputeMethod::Uniform, 1)),
         ("full uniform N=2".into(), full(RecomputeMethod::Uniform, 2)),
         ("full block N=1".into(), full(RecomputeMethod::Block, 1)),
+        ("offload core_attn".into(), offload(&none, OffloadModule::CoreAttn)),
+        (
+            "offload core_attn+sel".into(),
+            offload(&selective(&[RecomputeModule::CoreAttn]), OffloadModule::CoreAttn),
+        ),
+        (
+            "full N=1 offload input".into(),
+            Config { cpu_offloading_activations: true, ..full(RecomputeMethod::Uniform, 1) },
+        ),
     ]
 }
 
@@ -229,8 +249,17 @@ fn print_table(variants: &[Variant], base: &Config, peak: f64) {
     let reference = median(&variants[0].step_s);
     let reference_act: usize = activation_peak(&variants[0]);
     println!(
-        "{:<22} {:>10} {:>9} {:>10} {:>6} {:>14} {:>14} {:>8}",
-        "variant", "step s", "vs first", "tokens/s", "MFU", "activations", "predicted", "saved"
+        "{:<22} {:>10} {:>9} {:>10} {:>6} {:>14} {:>14} {:>8} {:>12} {:>12}",
+        "variant",
+        "step s",
+        "vs first",
+        "tokens/s",
+        "MFU",
+        "activations",
+        "predicted",
+        "saved",
+        "host",
+        "predicted"
     );
     for v in variants {
         let step = median(&v.step_s);
@@ -238,7 +267,7 @@ fn print_table(variants: &[Variant], base: &Config, peak: f64) {
         let predicted = v.predicted_activations;
         let flops = stages::flops::train_step_flops(&plan::shape(&v.cfg), v.cfg.num_microbatches());
         println!(
-            "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>5.1}% {:>14} {:>14} {:>7.1}%",
+            "{:<22} {:>10.3} {:>+8.1}% {:>10.0} {:>5.1}% {:>14} {:>14} {:>7.1}% {:>12} {:>12}",
             v.name,
             step,
             100.0 * (step / reference - 1.0),
@@ -247,13 +276,20 @@ fn print_table(variants: &[Variant], base: &Config, peak: f64) {
             human_bytes(act),
             human_bytes(predicted as usize),
             100.0 * (1.0 - act as f64 / reference_act as f64),
+            human_bytes(host_peak(v)),
+            human_bytes(v.predicted_host as usize),
         );
     }
     println!(
         "(median step of each variant; MFU: model FLOPs per step over the CPU's matmul peak, {:.1} GFLOP/s measured \
-         here; activations: the largest per-stage peak the ledger measured)",
+         here; activations: the largest per-stage peak the ledger measured; host: the same of offloaded activations)",
         peak / 1e9
     );
+}
+
+/// The largest per-stage peak of offloaded activations the host ledger measured.
+fn host_peak(v: &Variant) -> usize {
+    v.ranks.iter().map(|r| r.stage.device.host_ledger().peak_bytes()).max().unwrap_or(0)
 }
 
 /// The largest per-stage activation peak the ledger measured.
