@@ -301,14 +301,11 @@ pub fn predicted_activation_peaks(
         for layout in stage_layouts(cfg, path, stage)? {
             let tp = cfg.tensor_parallel();
             let stash = stages::memory_model::stash_bytes(&s, tp, &layout, &policy, &offload);
-            let memory = match held {
-                Held::Host => ChunkMemory { activation_bytes: stash.host as u64, ..ChunkMemory::default() },
-                _ => ChunkMemory {
-                    activation_bytes: stash.device as u64,
-                    weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(&s, tp, &layout)
-                        as u64,
-                    ..ChunkMemory::default()
-                },
+            let memory = ChunkMemory {
+                activation_bytes: stash.device as u64,
+                weight_grad_bytes: stages::memory_model::deferred_weight_grad_bytes(&s, tp, &layout) as u64,
+                host_bytes: stash.host as u64,
+                ..ChunkMemory::default()
             };
             costs.push(ChunkCosts {
                 forward: 1.0,
@@ -322,5 +319,12 @@ pub fn predicted_activation_peaks(
     let input = SimInput::new(p, cfg.virtual_stages(), costs, vec![0; p], Link::INSTANT)
         .expect("costs for every (stage, chunk)");
     let report = simulate(schedule, &input).expect("a lowered schedule simulates");
-    Ok(report.stages.iter().map(|s| s.peak_memory).collect())
+    Ok(report
+        .stages
+        .iter()
+        .map(|s| match held {
+            Held::Host => s.peak_host,
+            _ => s.peak_memory,
+        })
+        .collect())
 }

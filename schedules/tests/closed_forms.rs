@@ -167,12 +167,15 @@ fn working_memory_lives_only_during_its_pass() {
         recompute_working_bytes: 20,
         backward_input_working_bytes: 30,
         backward_weight_working_bytes: 5,
+        host_bytes: 3,
     };
     let lowered = lower(&generate(ScheduleKind::OneFOneB, 1, 1, 1).unwrap()).unwrap();
     let report = simulate(&lowered, &SimInput::uniform(1, 1, c, 0, Link::INSTANT).unwrap()).unwrap();
     let series: Vec<(f64, u64)> = report.stages[0].memory.iter().map(|pt| (pt.time, pt.bytes)).collect();
     assert_eq!(series, [(0.0, 17), (1.0, 27), (2.0, 37), (4.0, 0)]);
     assert_eq!(report.stages[0].peak_memory, 37);
+    // The offloaded bytes sit in host memory from the forward to the backward, apart.
+    assert_eq!(report.stages[0].peak_host, 3);
     assert_eq!(report.stages[0].busy, 4.0);
     let kinds: Vec<_> = report.timeline.iter().map(|e| (e.kind, e.start, e.end)).collect();
     use schedules::EventKind::*;

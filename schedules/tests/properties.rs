@@ -46,6 +46,7 @@ fn costs() -> impl Strategy<Value = (ChunkCosts, Link)> {
                 recompute_working_bytes: 3,
                 backward_input_working_bytes: 4,
                 backward_weight_working_bytes: 5,
+                host_bytes: 6,
             },
         };
         (costs, Link { latency: lat as f64, bandwidth: 1.0, activation_bytes: bytes, grad_bytes: bytes })

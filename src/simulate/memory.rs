@@ -45,7 +45,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     let policy = &setup.policies[stage];
     let eb = setup.activation_bytes_per_element();
     let blocks = layout.blocks.len();
-    let stash = stash_bytes(s, tp, layout, policy, &setup.offloads[stage]).device as u64;
+    let stash = stash_bytes(s, tp, layout, policy, &setup.offloads[stage]);
 
     let element = |elements: usize, split: Split| (tp.per_rank(elements, split) * eb) as u64;
     let message = element(s.tokens() * s.hidden, Split::Sequence);
@@ -93,7 +93,8 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     // than the stash. Unsplit backwards ignore it.
     let weight_grad_bytes = deferred_weight_grad_bytes(s, tp, layout) as u64;
     ChunkMemory {
-        activation_bytes: stash,
+        activation_bytes: stash.device as u64,
+        host_bytes: stash.host as u64,
         weight_grad_bytes,
         forward_working_bytes: dropped_in_forward
             + 2 * message

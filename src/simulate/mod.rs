@@ -123,9 +123,8 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
 
 /// Each stage's peak of offloaded activations in host memory; more than the host holds per
 /// GPU is a user error, as no run of it could start.
-fn host_peaks(cfg: &Config, path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Vec<u64>> {
-    let peaks =
-        crate::plan::predicted_activation_peaks(cfg, path, setup.schedule()?, crate::plan::Held::Host)?;
+fn host_peaks(path: &Path, sim: &schedules::SimReport, hw: &Hardware) -> anyhow::Result<Vec<u64>> {
+    let peaks: Vec<u64> = sim.stages.iter().map(|s| s.peak_host).collect();
     if let (Some(limit), Some((stage, &peak))) =
         (hw.host_memory_bytes, peaks.iter().enumerate().max_by_key(|(_, &b)| b))
     {
@@ -203,7 +202,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     };
     let sim = input::run(&setup, &durations)?;
     let memory_limit = explicit_limit.or(hw.memory_bytes);
-    let host_peaks = host_peaks(&cfg, &args.config, &setup, &hw)?;
+    let host_peaks = host_peaks(&args.config, &sim, &hw)?;
     let report = Report {
         setup: &setup,
         hw: &hw,

@@ -28,6 +28,9 @@ pub struct ChunkCosts {
 /// * Each `*_working_bytes` is live only while its pass runs: the recompute's while the
 ///   recompute runs, the others while their action runs; an unsplit Backward uses the larger
 ///   of the two backward figures.
+/// * `host_bytes` (activations offloaded to host memory) are held in host memory as
+///   `activation_bytes` are on the device: from the Forward's start to the end of the
+///   Backward or BackwardInput.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkMemory {
     /// What the forward keeps for the backward, after the recompute policy's drops.
@@ -42,6 +45,8 @@ pub struct ChunkMemory {
     pub recompute_working_bytes: u64,
     pub backward_input_working_bytes: u64,
     pub backward_weight_working_bytes: u64,
+    /// What the forward keeps in host memory instead (activation offload).
+    pub host_bytes: u64,
 }
 
 /// The point-to-point link between pipeline neighbours (every hop alike).

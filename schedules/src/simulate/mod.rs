@@ -66,6 +66,8 @@ struct Stream {
     clock: f64,
     busy: f64,
     memory: Memory,
+    /// Offloaded activations in host memory.
+    host: Memory,
 }
 
 impl Stream {
@@ -125,6 +127,11 @@ impl Stream {
         }
         self.memory.change(begin, kept + working, 0);
         self.memory.change(end, kept_after, working + released);
+        match action.kind {
+            ActionKind::Forward => self.host.change(begin, m.host_bytes, 0),
+            ActionKind::Backward | ActionKind::BackwardInput => self.host.change(end, 0, m.host_bytes),
+            _ => {}
+        }
         timeline.push(event(begin, end, kind));
         self.busy += recompute + time;
         self.clock = end;
@@ -150,7 +157,8 @@ pub fn simulate(schedule: &LoweredSchedule, input: &SimInput) -> Result<SimRepor
             let bytes = input.static_bytes(r);
             let memory =
                 Memory { current: bytes, peak: bytes, points: vec![MemoryPoint { time: 0.0, bytes }] };
-            Stream { clock: 0.0, busy: 0.0, memory }
+            let host = Memory { current: 0, peak: 0, points: vec![MemoryPoint { time: 0.0, bytes: 0 }] };
+            Stream { clock: 0.0, busy: 0.0, memory, host }
         })
         .collect();
     // Arrival times of the messages in flight, per executor channel.
@@ -215,6 +223,7 @@ pub fn simulate(schedule: &LoweredSchedule, input: &SimInput) -> Result<SimRepor
             optimizer: input.optimizer(r),
             idle: iteration_time - s.busy - input.optimizer(r),
             peak_memory: s.memory.peak,
+            peak_host: s.host.peak,
             memory: s.memory.points,
         })
         .collect();
@@ -262,6 +271,18 @@ mod tests {
             .map(|e| (e.stage, e.start, e.end))
             .collect();
         assert_eq!(optimizer, [(0, 6.0, 9.0), (1, 6.0, 7.0)]);
+    }
+
+    #[test]
+    fn offloaded_bytes_peak_in_host_memory_with_the_microbatches_in_flight() {
+        let lowered = lower(&generate(ScheduleKind::OneFOneB, 2, 1, 4).unwrap()).unwrap();
+        let memory = ChunkMemory { activation_bytes: 10, host_bytes: 7, ..Default::default() };
+        let costs = ChunkCosts { forward: 1.0, backward_input: 1.0, memory, ..Default::default() };
+        let report =
+            simulate(&lowered, &SimInput::uniform(2, 1, costs, 100, Link::INSTANT).unwrap()).unwrap();
+        // 1F1B: stage 0 holds two microbatches at once, stage 1 one.
+        let peaks: Vec<(u64, u64)> = report.stages.iter().map(|s| (s.peak_memory, s.peak_host)).collect();
+        assert_eq!(peaks, [(120, 14), (110, 7)]);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct StageReport {
     /// `iteration_time - busy - optimizer`: time spent waiting.
     pub idle: f64,
     pub peak_memory: u64,
+    /// The most bytes of offloaded activations held in host memory at once.
+    pub peak_host: u64,
     /// Step series: from each point's time on, the stage holds `bytes` (until the next point).
     /// Starts at time 0 (with the static bytes, plus whatever the first action allocates if it
     /// starts at 0); one point per instant at which memory changes, holding the level after
