@@ -275,7 +275,7 @@ fn sweep_ranks_every_candidate_by_iteration_time() {
     for recompute in
         ["none", "selective core_attn", "selective core_attn+mlp", "full/uniform N=3", "full/block N=1"]
     {
-        assert!(c.iter().any(|x| x["recompute"] == recompute), "no {recompute}");
+        assert!(c.iter().any(|x| x["memory_lever"] == recompute), "no {recompute}");
     }
     let sizes: Vec<u64> = c.iter().map(|x| x["micro_batch_size"].as_u64().unwrap()).collect();
     assert!([1, 2, 4, 8].iter().all(|b| sizes.contains(b)));
@@ -307,7 +307,11 @@ fn plan_is_yaml_that_fits_when_applied() {
             "recompute_method",
             "recompute_num_layers",
             "recompute_modules",
-            "recompute_num_layers_per_stage"
+            "recompute_num_layers_per_stage",
+            "fine_grained_activation_offloading",
+            "offload_modules",
+            "cpu_offloading_activations",
+            "offload_num_layers_per_stage"
         ]
     );
     // The config as given does not fit; with the plan's lines pasted over it, it does.
@@ -420,7 +424,9 @@ fn plan_picks_a_v_whose_lines_simulate_to_the_same_figures() {
     let planned_candidate = candidates
         .iter()
         .find(|c| {
-            c["pipeline_schedule"] == "dualpipe-v" && c["micro_batch_size"] == 1 && c["recompute"] == "none"
+            c["pipeline_schedule"] == "dualpipe-v"
+                && c["micro_batch_size"] == 1
+                && c["memory_lever"] == "none"
         })
         .unwrap();
     assert_eq!(candidates.iter().find(|c| c["fits"] == true), Some(planned_candidate));
@@ -433,7 +439,7 @@ fn plan_picks_a_v_whose_lines_simulate_to_the_same_figures() {
     let weighed = json_of(config, &["--plan", "--hardware", "a100-80gb"]);
     let plan_candidate =
         weighed["candidates"].as_array().unwrap().iter().find(|c| c["fits"] == true).unwrap();
-    for figure in ["pipeline_schedule", "recompute", "iteration_time_ms", "stage_peak_memory_bytes"] {
+    for figure in ["pipeline_schedule", "memory_lever", "iteration_time_ms", "stage_peak_memory_bytes"] {
         assert_eq!(plan_candidate[figure], planned_candidate[figure], "{figure}");
     }
 

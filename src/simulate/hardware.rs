@@ -300,18 +300,21 @@ mod tests {
     #[test]
     fn figures_are_overridden_after_the_name() {
         let hw = Hardware::lookup(
-            "a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4",
+            "a100-80gb,efficiency=0.65,network-gb-s=12.5,gpus-per-node=4,pcie-gb-s=16,host-memory-gib=64",
             crate::config::Precision::Bf16,
         )
         .unwrap();
         assert_eq!((hw.efficiency, hw.network_bandwidth, hw.gpus_per_node), (0.65, 12.5e9, Some(4)));
         assert_eq!((hw.peak_flops, hw.link_bandwidth), (312e12, 300e9));
+        assert_eq!((hw.host_link_bandwidth, hw.host_memory_bytes), (16e9, Some(64 << 30)));
+        let h100 = Hardware::lookup("h100-sxm", Precision::Bf16).unwrap();
+        assert_eq!((h100.host_link_bandwidth, h100.host_memory_bytes), (64e9, Some(256 << 30)));
         let err = |spec: &str| Hardware::lookup(spec, Precision::Bf16).unwrap_err().to_string();
         assert_eq!(
             err("h200,efficiency=1.5"),
             "--hardware h200,efficiency=1.5: efficiency=1.5: a fraction of the peak, at most 1"
         );
-        assert!(err("h200,speed=3").ends_with("unknown figure `speed` (expected one of: peak-tflops, efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib)"));
+        assert!(err("h200,speed=3").ends_with("unknown figure `speed` (expected one of: peak-tflops, efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib, pcie-gb-s, host-memory-gib)"));
         assert_eq!(err("h200,hbm-tb-s=fast"), "--hardware h200,hbm-tb-s=fast: hbm-tb-s=fast: not a number");
     }
 

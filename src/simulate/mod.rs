@@ -11,6 +11,7 @@ mod durations;
 mod hardware;
 mod input;
 mod korthikanti;
+mod lever;
 mod measured;
 mod memory;
 mod report;
@@ -249,7 +250,7 @@ fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
     let limit = limit.map_or("the limit".into(), units::format_bytes);
     match outcomes.iter().min_by_key(|o| o.max_peak()) {
         Some(o) => user_error(format!(
-            "--plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, recompute {})",
+            "--plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, memory lever {})",
             units::format_bytes(o.max_peak()),
             o.cfg.tensor_model_parallel_size,
             o.cfg.pipeline_model_parallel_size,
@@ -257,7 +258,7 @@ fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
             o.kind,
             o.v,
             o.micro_batch_size,
-            o.recompute.describe()
+            o.lever.describe()
         )),
         None => user_error(format!(
             "--plan: no schedule suits this config's shape, or its parameters and optimizer state alone exceed {limit} per device"

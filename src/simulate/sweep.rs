@@ -20,73 +20,18 @@
 use super::durations::from_hardware;
 use super::hardware::Hardware;
 use super::input;
+use super::lever::Lever;
 use super::memory::stage_static_bytes;
 use super::report::{ranges, seconds};
 use super::setup::Setup;
 use super::units::format_bytes;
-use crate::config::{Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
+use crate::config::{Config, Named, RecomputeMethod, RecomputeModule};
 use rayon::prelude::*;
 use schedules::{Placement, ScheduleKind};
 use serde_json::{json, Value};
 use stages::ChunkLayout;
 use std::collections::HashMap;
 use std::path::Path;
-
-/// A recompute setting, as config keys.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Recompute {
-    None,
-    Selective(Vec<RecomputeModule>),
-    Full {
-        method: RecomputeMethod,
-        num_layers: usize,
-    },
-    /// Full block recompute with N per stage (0: none).
-    BlockPerStage(Vec<usize>),
-}
-
-impl Recompute {
-    fn apply(&self, cfg: &mut Config) {
-        cfg.recompute_granularity = None;
-        cfg.recompute_method = None;
-        cfg.recompute_num_layers = None;
-        cfg.recompute_modules = None;
-        cfg.recompute_num_layers_per_stage = None;
-        match self {
-            Recompute::None => {}
-            Recompute::Selective(modules) => {
-                cfg.recompute_granularity = Some(RecomputeGranularity::Selective);
-                cfg.recompute_modules = Some(modules.clone());
-            }
-            Recompute::Full { method, num_layers } => {
-                cfg.recompute_granularity = Some(RecomputeGranularity::Full);
-                cfg.recompute_method = Some(*method);
-                cfg.recompute_num_layers = Some(*num_layers);
-            }
-            Recompute::BlockPerStage(ns) => {
-                cfg.recompute_granularity = Some(RecomputeGranularity::Full);
-                cfg.recompute_method = Some(RecomputeMethod::Block);
-                cfg.recompute_num_layers_per_stage = Some(ns.clone());
-            }
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Recompute::None => "none".into(),
-            Recompute::Selective(m) => {
-                format!("selective {}", m.iter().map(|m| m.name()).collect::<Vec<_>>().join("+"))
-            }
-            Recompute::Full { method, num_layers } => format!("full/{method} N={num_layers}"),
-            Recompute::BlockPerStage(ns) => {
-                format!(
-                    "full/block N per stage {}",
-                    ns.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",")
-                )
-            }
-        }
-    }
-}
 
 /// One simulated candidate.
 #[derive(Clone, Debug)]
@@ -96,13 +41,16 @@ pub struct Outcome {
     pub kind: ScheduleKind,
     pub v: usize,
     pub micro_batch_size: usize,
-    pub recompute: Recompute,
+    pub lever: Lever,
     pub iteration_time: f64,
     pub bubble_rate: f64,
     pub tokens_per_s: f64,
     pub mfu: f64,
     /// Per stage.
     pub peak_memory: Vec<u64>,
+    /// Per stage, offloaded activations in host memory.
+    pub host_memory: Vec<u64>,
+    /// Every stage's peak fits the device memory limit, and its host peak the host's.
     pub fits: bool,
 }
 
@@ -229,8 +177,15 @@ pub fn sweep(
             outcomes
         }
     };
-    outcomes
-        .sort_by(|a, b| a.iteration_time.total_cmp(&b.iteration_time).then(a.max_peak().cmp(&b.max_peak())));
+    // Of equal times, no lever first (an offload whose copies hide behind compute still
+    // takes PCIe and host memory), then the least memory.
+    let lever_used = |o: &Outcome| o.lever != Lever::None;
+    outcomes.sort_by(|a, b| {
+        a.iteration_time
+            .total_cmp(&b.iteration_time)
+            .then(lever_used(a).cmp(&lever_used(b)))
+            .then(a.max_peak().cmp(&b.max_peak()))
+    });
     outcomes
 }
 
@@ -288,7 +243,7 @@ impl Shape {
     ) -> Option<Shape> {
         let mut cfg = base.clone();
         shape_config(&mut cfg, base, kind, v, mbs);
-        Recompute::None.apply(&mut cfg);
+        Lever::None.apply(&mut cfg);
         cfg.validate().ok()?;
         kind.shape(cfg.pipeline_model_parallel_size, v, cfg.num_microbatches()).ok()?;
         let setup = Setup::with_layouts(&cfg, kind, layouts.to_vec());
@@ -313,103 +268,133 @@ fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Sear
         return Vec::new();
     }
     let most_blocks = setup.layouts.iter().map(|l| l.blocks.len()).max().unwrap_or(0);
+    let limits = Limits { device: limit, host: hw.host_memory_bytes };
     let mut settings = vec![
-        Recompute::None,
-        Recompute::Selective(vec![RecomputeModule::CoreAttn]),
-        Recompute::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]),
+        Lever::None,
+        Lever::Selective(vec![RecomputeModule::CoreAttn]),
+        Lever::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]),
     ];
     for method in [RecomputeMethod::Uniform, RecomputeMethod::Block] {
-        settings.extend((1..=most_blocks).map(|num_layers| Recompute::Full { method, num_layers }));
+        settings.extend((1..=most_blocks).map(|num_layers| Lever::Full { method, num_layers }));
     }
-    let simulate = |recompute: Recompute| {
+    settings.extend((1..=most_blocks).map(|n| Lever::OffloadPerStage(vec![n; p])));
+    let simulate = |lever: Lever| {
         let mut c = cfg.clone();
-        recompute.apply(&mut c);
+        lever.apply(&mut c);
         c.validate().ok()?;
         let s = setup.with_recompute(&c);
         let sim = input::run(&s, &from_hardware(&s, hw)).ok()?;
-        let fits_in = |peaks: &[u64]| limit.is_none_or(|l| peaks.iter().all(|&b| b <= l));
+        let fits_in = |peaks: &[u64], limit: Option<u64>| limit.is_none_or(|l| peaks.iter().all(|&b| b <= l));
         let peak_memory: Vec<u64> = sim.stages.iter().map(|st| st.peak_memory).collect();
+        let host_memory: Vec<u64> = sim.stages.iter().map(|st| st.peak_host).collect();
         Some(Outcome {
             cfg: c,
             kind,
             v,
             micro_batch_size: mbs,
-            recompute,
+            lever,
             iteration_time: sim.iteration_time,
             bubble_rate: sim.bubble_rate,
             tokens_per_s: sim.tokens_per_second(s.tokens_per_iteration()),
             mfu: super::report::mfu(&s, &sim, hw),
-            fits: fits_in(&peak_memory),
+            fits: fits_in(&peak_memory, limits.device) && fits_in(&host_memory, limits.host),
             peak_memory,
+            host_memory,
         })
     };
     if matches!(search, Search::Plan { .. }) {
-        return planned_outcomes(simulate, most_blocks, p, limit);
+        return planned_outcomes(simulate, most_blocks, p, limits);
     }
     let mut outcomes: Vec<Outcome> = settings.into_iter().filter_map(simulate).collect();
-    if let Some(per_stage) = limit.and_then(|l| smallest_fitting_block_n(&outcomes, p, l)) {
-        outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
+    for family in [Lever::BlockPerStage(Vec::new()), Lever::OffloadPerStage(Vec::new())] {
+        if let Some(per_stage) = limit.and_then(|_| smallest_fitting_n(&outcomes, p, limits, &family)) {
+            outcomes.extend(simulate(with_counts(&family, per_stage)));
+        }
     }
     outcomes
+}
+
+/// `family`'s per-stage lever with counts `ns`.
+fn with_counts(family: &Lever, ns: Vec<usize>) -> Lever {
+    match family {
+        Lever::OffloadPerStage(_) => Lever::OffloadPerStage(ns),
+        _ => Lever::BlockPerStage(ns),
+    }
 }
 
 /// The planner's few runs on one shape: none; if it does not fit, the selective settings,
-/// full block N bisected to the smallest that fits every stage, the per-stage mix of what
-/// those runs found, and as a last resort full uniform over whole chunks (the least memory).
+/// full block N and offload N each bisected to the smallest that fits every stage, the
+/// per-stage mix of what those runs found for each, and as a last resort full uniform over
+/// whole chunks (the least memory).
 fn planned_outcomes(
-    simulate: impl Fn(Recompute) -> Option<Outcome>,
+    simulate: impl Fn(Lever) -> Option<Outcome>,
     most_blocks: usize,
     p: usize,
-    limit: Option<u64>,
+    limits: Limits,
 ) -> Vec<Outcome> {
-    let mut outcomes: Vec<Outcome> = simulate(Recompute::None).into_iter().collect();
-    let Some(limit) = limit else { return outcomes };
+    let mut outcomes: Vec<Outcome> = simulate(Lever::None).into_iter().collect();
+    let Some(limit) = limits.device else { return outcomes };
     if outcomes.iter().any(|o| o.fits) {
         return outcomes;
     }
-    outcomes.extend(simulate(Recompute::Selective(vec![RecomputeModule::CoreAttn])));
-    outcomes.extend(simulate(Recompute::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp])));
-    let block = |num_layers| Recompute::Full { method: RecomputeMethod::Block, num_layers };
-    let (mut low, mut high) = (1, most_blocks);
-    while low < high {
-        let mid = (low + high) / 2;
-        let Some(o) = simulate(block(mid)) else { break };
-        if o.fits {
-            high = mid;
-        } else {
-            low = mid + 1;
+    outcomes.extend(simulate(Lever::Selective(vec![RecomputeModule::CoreAttn])));
+    outcomes.extend(simulate(Lever::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp])));
+    let block = |num_layers| Lever::Full { method: RecomputeMethod::Block, num_layers };
+    let offload = |n| Lever::OffloadPerStage(vec![n; p]);
+    for (family, uniform) in [
+        (Lever::BlockPerStage(Vec::new()), &block as &dyn Fn(usize) -> Lever),
+        (Lever::OffloadPerStage(Vec::new()), &offload),
+    ] {
+        let (mut low, mut high) = (1, most_blocks);
+        while low < high {
+            let mid = (low + high) / 2;
+            let Some(o) = simulate(uniform(mid)) else { break };
+            if o.fits {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+            outcomes.push(o);
         }
-        outcomes.push(o);
-    }
-    if !outcomes.iter().any(|o| o.recompute == block(high)) {
-        outcomes.extend(simulate(block(high)));
-    }
-    if let Some(per_stage) = smallest_fitting_block_n(&outcomes, p, limit) {
-        outcomes.extend(simulate(Recompute::BlockPerStage(per_stage)));
+        if !outcomes.iter().any(|o| o.lever == uniform(high)) {
+            outcomes.extend(simulate(uniform(high)));
+        }
+        if let Some(per_stage) =
+            smallest_fitting_n(&outcomes, p, Limits { device: Some(limit), ..limits }, &family)
+        {
+            outcomes.extend(simulate(with_counts(&family, per_stage)));
+        }
     }
     if !outcomes.iter().any(|o| o.fits) {
-        outcomes
-            .extend(simulate(Recompute::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
+        outcomes.extend(simulate(Lever::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
     }
     outcomes
 }
 
-/// Per stage, the smallest full-block N (0: no recompute) among the runs whose run fits
-/// `limit` on that stage. A stage's peak depends only on its own policy (its memory changes
-/// only at its own actions, in list order), so the uniform runs tell each stage's peak under
-/// any mix. None if some stage never fits or one N suits every stage (already a candidate).
-fn smallest_fitting_block_n(outcomes: &[Outcome], p: usize, limit: u64) -> Option<Vec<usize>> {
-    let mut runs: Vec<(usize, &Outcome)> = outcomes
-        .iter()
-        .filter_map(|o| match &o.recompute {
-            Recompute::None => Some((0, o)),
-            Recompute::Full { method: RecomputeMethod::Block, num_layers } => Some((*num_layers, o)),
-            _ => None,
-        })
-        .collect();
-    runs.sort_by_key(|(n, _)| *n);
+/// The memory a plan must fit, per GPU: the device's, and the host's for offload.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    device: Option<u64>,
+    host: Option<u64>,
+}
+
+/// Per stage, the smallest N of `family` (full block recompute or offload, 0: neither) among
+/// the runs whose run fits `limits` on that stage. A stage's peaks depend only on its own
+/// setting (its memory changes only at its own actions, in list order), so the uniform runs
+/// tell each stage's peaks under any mix. None if some stage never fits or one N suits
+/// every stage (already a candidate).
+fn smallest_fitting_n(outcomes: &[Outcome], p: usize, limits: Limits, family: &Lever) -> Option<Vec<usize>> {
+    let fits = |o: &Outcome, r: usize| {
+        limits.device.is_none_or(|l| o.peak_memory[r] <= l)
+            && limits.host.is_none_or(|l| o.host_memory[r] <= l)
+    };
     let ns = (0..p)
-        .map(|r| runs.iter().find(|(_, o)| o.peak_memory[r] <= limit).map(|(n, _)| *n))
+        .map(|r| {
+            let mut runs: Vec<(usize, &Outcome)> =
+                outcomes.iter().filter_map(|o| Some((o.lever.stage_n(family, r)?, o))).collect();
+            runs.sort_by_key(|(n, _)| *n);
+            runs.iter().find(|(_, o)| fits(o, r)).map(|(n, _)| *n)
+        })
         .collect::<Option<Vec<usize>>>()?;
     (ns.iter().any(|&n| n != ns[0])).then_some(ns)
 }
@@ -429,7 +414,7 @@ pub fn print(outcomes: &[Outcome], limit: Option<u64>, top: Option<usize>) {
 
 /// The candidates as a table ranked from `first_rank`, each line after `prefix`.
 fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: usize, prefix: &str) -> String {
-    let width = outcomes.clone().map(|o| o.recompute.describe().len()).max().unwrap_or(0).max(9);
+    let width = outcomes.clone().map(|o| o.lever.describe().len()).max().unwrap_or(0).max(9);
     let mut out = format!(
         "{prefix}{:>4}  {:>2} {:>3} {:>4} {:>8}  {:16} {:>2} {:>4}  {:width$}  {:>11} {:>7} {:>6}  {:>12}  fits\n",
         "rank",
@@ -440,7 +425,7 @@ fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: us
         "schedule",
         "v",
         "mbs",
-        "recompute",
+        "memory lever",
         "iteration",
         "bubble",
         "MFU",
@@ -455,7 +440,7 @@ fn table<'a>(outcomes: impl Iterator<Item = &'a Outcome> + Clone, first_rank: us
             o.kind.name(),
             o.v,
             o.micro_batch_size,
-            o.recompute.describe(),
+            o.lever.describe(),
             seconds(o.iteration_time),
             100.0 * o.bubble_rate,
             100.0 * o.mfu,
@@ -481,7 +466,8 @@ pub fn json(outcomes: &[Outcome], limit: Option<u64>) -> Value {
                 "pipeline_schedule": o.kind.name(),
                 "virtual_pipeline_model_parallel_size": o.v,
                 "micro_batch_size": o.micro_batch_size,
-                "recompute": o.recompute.describe(),
+                "memory_lever": o.lever.describe(),
+                "stage_host_memory_bytes": o.host_memory,
                 "iteration_time_ms": o.iteration_time * 1e3,
                 "bubble_rate": o.bubble_rate,
                 "tokens_per_s": o.tokens_per_s,
@@ -516,17 +502,18 @@ pub fn plan_yaml(
     let mut lines = vec![
         format!("# pipetrain simulate --plan: the fastest of the sweep that {fits}"),
         format!(
-            "# {}, v={}, micro batch {}, recompute {}: iteration {}, bubble {:.2}%, MFU {:.1}%, peak {}",
+            "# {}, v={}, micro batch {}, memory lever {}: iteration {}, bubble {:.2}%, MFU {:.1}%, peak {}",
             best.kind,
             best.v,
             best.micro_batch_size,
-            best.recompute.describe(),
+            best.lever.describe(),
             seconds(best.iteration_time),
             100.0 * best.bubble_rate,
             100.0 * best.mfu,
             format_bytes(best.max_peak())
         ),
         format!("# peak memory per stage: {}", stages_by_peak(&best.peak_memory)),
+        format!("# memory levers: {}", lever_comment(best, outcomes)),
         format!("# optimizer: {}", optimizer_comment(best, outcomes)),
         format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
         format!("sequence_parallel: {}", cfg.sequence_parallel),
@@ -546,6 +533,19 @@ pub fn plan_yaml(
         format!(
             "recompute_num_layers_per_stage: {}",
             opt(cfg.recompute_num_layers_per_stage.as_ref().map(|ns| format!("{ns:?}")))
+        ),
+        format!("fine_grained_activation_offloading: {}", cfg.fine_grained_activation_offloading),
+        format!(
+            "offload_modules: {}",
+            opt(cfg
+                .offload_modules
+                .as_ref()
+                .map(|l| format!("[{}]", l.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "))))
+        ),
+        format!("cpu_offloading_activations: {}", cfg.cpu_offloading_activations),
+        format!(
+            "offload_num_layers_per_stage: {}",
+            opt(cfg.offload_num_layers_per_stage.as_ref().map(|ns| format!("{ns:?}")))
         ),
     ];
     if base.num_layers_per_stage.is_some() && cfg.num_layers_per_stage.is_none() {
@@ -572,7 +572,7 @@ fn optimizer_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
         o.cfg.use_distributed_optimizer != best.cfg.use_distributed_optimizer
             && o.layout() == best.layout()
             && (o.kind, o.v, o.micro_batch_size) == (best.kind, best.v, best.micro_batch_size)
-            && o.recompute == best.recompute
+            && o.lever == best.lever
     };
     match outcomes.iter().find(same_shape) {
         Some(other) => format!(
@@ -584,6 +584,68 @@ fn optimizer_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
         ),
         None if best.cfg.data_parallel() == 1 => format!("{chosen} (one replica: nothing to shard)"),
         None => chosen.to_string(),
+    }
+}
+
+/// Why the plan's memory lever: each stage's lever with its peaks, then the fastest
+/// candidate of the same shape (layout, schedule, micro batch, optimizer) of each other kind
+/// of lever (recompute, offload, neither), with its time and whether it fits.
+fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
+    let what = |r: usize| match &best.lever {
+        Lever::BlockPerStage(ns) if ns[r] > 0 => format!("full block N={}", ns[r]),
+        Lever::OffloadPerStage(ns) if ns[r] > 0 => format!("offload N={}", ns[r]),
+        Lever::BlockPerStage(_) | Lever::OffloadPerStage(_) | Lever::None => "none".into(),
+        other => other.describe(),
+    };
+    // Consecutive stages with the same lever share an entry, with their largest peaks.
+    let mut runs: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+    for r in 0..best.peak_memory.len() {
+        match runs.last_mut() {
+            Some((stages, w)) if *w == what(r) => stages.end = r + 1,
+            _ => runs.push((r..r + 1, what(r))),
+        }
+    }
+    let per_stage: Vec<String> = runs
+        .into_iter()
+        .map(|(stages, what)| {
+            let most = |v: &[u64]| v[stages.clone()].iter().copied().max().unwrap_or(0);
+            let host = match most(&best.host_memory) {
+                0 => String::new(),
+                bytes => format!(", host {}", format_bytes(bytes)),
+            };
+            let (peak, label) = (most(&best.peak_memory), ranges(&stages.collect::<Vec<_>>()));
+            format!("stages {label} {what} (peak {}{host})", format_bytes(peak))
+        })
+        .collect();
+    let kind = |l: &Lever| match l {
+        Lever::None => "neither",
+        Lever::OffloadPerStage(_) => "offload",
+        _ => "recompute",
+    };
+    let same_shape = |o: &&Outcome| {
+        o.layout() == best.layout()
+            && o.cfg.use_distributed_optimizer == best.cfg.use_distributed_optimizer
+            && (o.kind, o.v, o.micro_batch_size) == (best.kind, best.v, best.micro_batch_size)
+    };
+    let others: Vec<String> = ["neither", "recompute", "offload"]
+        .into_iter()
+        .filter(|&k| k != kind(&best.lever))
+        .filter_map(|k| {
+            let other =
+                outcomes.iter().filter(same_shape).filter(|o| kind(&o.lever) == k).min_by(|a, b| {
+                    (!a.fits, a.iteration_time).partial_cmp(&(!b.fits, b.iteration_time)).unwrap()
+                })?;
+            Some(format!(
+                "{k}: {} would take iteration {}{}",
+                other.lever.describe(),
+                seconds(other.iteration_time),
+                if other.fits { "" } else { " and does not fit" }
+            ))
+        })
+        .collect();
+    match others.is_empty() {
+        true => per_stage.join("; "),
+        false => format!("{}; against {}", per_stage.join("; "), others.join("; ")),
     }
 }
 
@@ -629,14 +691,14 @@ mod tests {
         let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
-        let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
-        let Recompute::BlockPerStage(ns) = &per_stage.recompute else { unreachable!() };
+        let per_stage = outcomes.iter().find(|o| matches!(o.lever, Lever::BlockPerStage(_))).unwrap();
+        let Lever::BlockPerStage(ns) = &per_stage.lever else { unreachable!() };
         assert!(per_stage.fits);
         assert!(ns[0] > ns[2], "{ns:?}");
         for (r, &n) in ns.iter().enumerate() {
-            let fewer = outcomes.iter().find(|o| match o.recompute {
-                Recompute::None => n == 1,
-                Recompute::Full { method: RecomputeMethod::Block, num_layers } => num_layers + 1 == n,
+            let fewer = outcomes.iter().find(|o| match o.lever {
+                Lever::None => n == 1,
+                Lever::Full { method: RecomputeMethod::Block, num_layers } => num_layers + 1 == n,
                 _ => false,
             });
             if let Some(o) = fewer {
@@ -662,16 +724,13 @@ mod tests {
         let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::DualPipeV, 2).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::DualPipeV, 2, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
-        let per_stage = outcomes.iter().find(|o| matches!(o.recompute, Recompute::BlockPerStage(_))).unwrap();
-        assert_eq!(per_stage.recompute, Recompute::BlockPerStage(vec![3, 0, 0, 0]));
+        let per_stage = outcomes.iter().find(|o| matches!(o.lever, Lever::BlockPerStage(_))).unwrap();
+        assert_eq!(per_stage.lever, Lever::BlockPerStage(vec![3, 0, 0, 0]));
         assert!(per_stage.fits, "{:?}", per_stage.peak_memory);
         // Two blocks do not fit stage 0; stages 1-3 fit with none.
-        let peaks =
-            |recompute: Recompute| &outcomes.iter().find(|o| o.recompute == recompute).unwrap().peak_memory;
-        let (none, two) = (
-            peaks(Recompute::None),
-            peaks(Recompute::Full { method: RecomputeMethod::Block, num_layers: 2 }),
-        );
+        let peaks = |lever: Lever| &outcomes.iter().find(|o| o.lever == lever).unwrap().peak_memory;
+        let (none, two) =
+            (peaks(Lever::None), peaks(Lever::Full { method: RecomputeMethod::Block, num_layers: 2 }));
         assert!(
             two[0] > limit && none[0] > limit && none[1..].iter().all(|&b| b <= limit),
             "{none:?} {two:?}"
@@ -728,8 +787,8 @@ mod tests {
         let outcomes = sweep(std::slice::from_ref(&base), &config, &hw, limit, Search::Plan { fitting: 6 });
         let best = outcomes.iter().find(|o| o.fits).unwrap();
         assert_eq!(
-            (best.kind, best.micro_batch_size, &best.recompute),
-            (ScheduleKind::DualPipeV, 1, &Recompute::None)
+            (best.kind, best.micro_batch_size, &best.lever),
+            (ScheduleKind::DualPipeV, 1, &Lever::None)
         );
         assert!(outcomes.iter().any(|o| o.fits && !o.kind.is_v()), "the V beat others that fit");
 
