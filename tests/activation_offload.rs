@@ -178,3 +178,44 @@ fn offload_settings_that_move_nothing_are_errors_naming_the_key() {
         "command line: --offload-num-layers-per-stage 1,1: [1, 1] has 2 entries, pipeline_model_parallel_size is 1",
     );
 }
+
+/// The planner's offload trains: on this machine's profile (its matmul peak fixed, so the
+/// choice does not follow the machine's load) the small model fits 1 MiB per stage only
+/// with a lever, and the plan offloads; its lines pasted over the config train, with the bits
+/// of the same config without the lever and each stage's host peak as predicted.
+#[test]
+fn the_planned_offload_trains_with_the_bits_of_the_run_without_it() {
+    let dir = temp_dir("offload-plan");
+    let cfg = config(&dir);
+    let hw = ["--hardware", "cpu-measured,peak-tflops=0.1", "--memory-limit", "1MiB"];
+    let shape = ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"];
+    let o = bin().args(["simulate", "--plan", "--config"]).arg(&cfg).args(hw).args(shape).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = String::from_utf8(o.stdout).unwrap();
+    assert!(plan.contains(", memory lever offload N=2: "), "{plan}");
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let mut merged: serde_norway::Mapping =
+        serde_norway::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    merged.insert("global_batch_size".into(), 8.into());
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    merged.insert("fine_grained_activation_offloading".into(), false.into());
+    for key in ["offload_modules", "offload_num_layers_per_stage"] {
+        merged.insert(key.into(), serde_norway::Value::Null);
+    }
+    let plain = write_config(&dir, "plain.yaml", &serde_norway::to_string(&merged).unwrap());
+    let run = |name: &str, cfg: &Path| {
+        let run_dir = dir.join(name);
+        let o = train(cfg, &run_dir, &["--peak-flops", "1e9"]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        run_dir
+    };
+    let (with, without) = (run("planned", &planned), run("without", &plain));
+    assert_eq!(losses(&with), losses(&without));
+    assert!(weights(&with) == weights(&without));
+    for (stage, [_, host, _, predicted_host]) in peaks(&with).into_iter().enumerate() {
+        assert!(host > 0 && host == predicted_host, "stage {stage}: {host} vs {predicted_host}");
+    }
+}

@@ -719,3 +719,45 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
          --hardware h100-sxm (its host-memory-gib)",
     );
 }
+
+/// Where the model is wide enough for PCIe to hide its copies, the planner offloads rather
+/// than recompute, says why in its comment lines (each stage's lever and peaks, and what
+/// recompute and neither would take), and its lines applied fit, with each stage's host
+/// peak in the report.
+#[test]
+fn plan_offloads_where_the_copies_hide_and_says_why() {
+    let dir = temp_dir("sim-plan-offload");
+    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
+    let cfg = write_config(&dir, "gpt3.yaml", &base);
+    let args = ["--hardware", "h100-sxm", "--memory-limit", "50GiB"];
+    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    assert!(
+        plan.contains(
+            "\n# interleaved-1f1b, v=4, micro batch 1, memory lever offload N=3: iteration 5.824 s"
+        ),
+        "{plan}"
+    );
+    assert!(
+        plan.contains(
+            "\n# memory levers: stages 0-7 offload N=3 (peak 47.61 GiB, host 10.98 GiB); against neither: none \
+             would take iteration 5.824 s and does not fit; recompute: full/block N per stage 3,2,2,2,2,2,2,2 would \
+             take iteration 7.574 s\n"
+        ),
+        "{plan}"
+    );
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    assert_eq!(lines["fine_grained_activation_offloading"], true);
+    assert_eq!(
+        lines["offload_num_layers_per_stage"],
+        serde_norway::from_str::<serde_norway::Value>("[3, 3, 3, 3, 3, 3, 3, 3]").unwrap()
+    );
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &args);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    assert_eq!(after["iteration_time_ms"].as_f64().map(|t| (t * 1e-3 * 1e3).round() / 1e3), Some(5.824));
+    assert!(after["stages"].as_array().unwrap().iter().all(|s| s["host_peak_bytes"].as_u64().unwrap() > 0));
+}

@@ -613,8 +613,9 @@ fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
                 0 => String::new(),
                 bytes => format!(", host {}", format_bytes(bytes)),
             };
+            let noun = if stages.len() == 1 { "stage" } else { "stages" };
             let (peak, label) = (most(&best.peak_memory), ranges(&stages.collect::<Vec<_>>()));
-            format!("stages {label} {what} (peak {}{host})", format_bytes(peak))
+            format!("{noun} {label} {what} (peak {}{host})", format_bytes(peak))
         })
         .collect();
     let kind = |l: &Lever| match l {
@@ -705,6 +706,47 @@ mod tests {
                 assert!(o.peak_memory[r] > limit, "stage {r} fits with fewer than {n}");
             }
         }
+    }
+
+    /// Offload per stage is found as recompute per stage is: each stage offloads the fewest
+    /// layers with which it fits, the early stages (more microbatches in flight) more. At
+    /// GPT-2 small's width the copies of the CPU core's probabilities outlast the compute, so
+    /// recompute is faster here (tests/simulate_cli.rs has a model wide enough for the
+    /// opposite). A host too small for the offload leaves it out.
+    #[test]
+    fn offload_per_stage_is_the_fewest_layers_that_fit_each_stage() {
+        let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();
+        let base = gpt2_small(4, "1f1b", 1, 8);
+        let limit = 3 << 29;
+        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
+        let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
+        let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
+        let is_mix =
+            |o: &&Outcome| matches!(&o.lever, Lever::OffloadPerStage(ns) if ns.iter().any(|&n| n != ns[0]));
+        let mix = outcomes.iter().find(is_mix).unwrap();
+        let Lever::OffloadPerStage(ns) = &mix.lever else { unreachable!() };
+        assert!(mix.fits && ns[0] > ns[3], "{ns:?}");
+        for (r, &n) in ns.iter().enumerate().filter(|(_, &n)| n > 0) {
+            let fewer = outcomes.iter().find(|o| match &o.lever {
+                Lever::None => n == 1,
+                Lever::OffloadPerStage(us) => us.iter().all(|&u| u + 1 == n),
+                _ => false,
+            });
+            assert!(fewer.unwrap().peak_memory[r] > limit, "stage {r} fits with fewer than {n}");
+            assert!(mix.host_memory[r] > 0);
+        }
+        let fastest = |offload: bool| {
+            outcomes
+                .iter()
+                .filter(|o| o.fits && matches!(o.lever, Lever::OffloadPerStage(_)) == offload)
+                .map(|o| o.iteration_time)
+                .fold(f64::INFINITY, f64::min)
+        };
+        assert!(fastest(true) > fastest(false), "{} vs {}", fastest(true), fastest(false));
+        let tiny_host = Hardware { host_memory_bytes: Some(1 << 20), ..hw };
+        let outcomes = shape_outcomes(&shape, &tiny_host, Some(limit), Search::Everything);
+        assert!(outcomes.iter().all(|o| !o.fits || o.host_memory.iter().all(|&b| b <= 1 << 20)));
+        assert!(outcomes.iter().any(|o| matches!(o.lever, Lever::OffloadPerStage(_)) && !o.fits));
     }
 
     /// Recompute per stage applies to a V as to the others, each stage's one policy covering
