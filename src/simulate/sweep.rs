@@ -1,21 +1,24 @@
-//! `--sweep` and `--plan`: every schedule x recompute setting x micro batch size of a config,
+//! `--sweep` and `--plan`: every schedule x memory lever x micro batch size of a config,
 //! simulated and ranked by iteration time, each marked by whether every stage fits the
-//! memory limit; the plan is the fastest that fits, as config lines.
+//! memory limit (and the host's, for offload); the plan is the fastest that fits, as config
+//! lines.
 //!
 //! Schedules: gpipe, 1f1b, zb-h1, interleaved-1f1b with v in {2, 4} (and the config's own v),
 //! and the V schedules zb-v and dualpipe-v (two chunks per stage, stage 0 holding both the
 //! embedding and the head), each where its shape allows (DualPipeV: m >= 2p). Micro batch
-//! sizes: the powers of two that divide the global batch (and the config's own). Recompute: none; selective core_attn; selective
-//! core_attn + mlp; full uniform and full block with N = 1 .. the most blocks of a chunk;
-//! and, per stage, the smallest full-block N with which that stage fits (1F1B's early
-//! stages hold more microbatches, so they need more recompute than later ones).
+//! sizes: the powers of two that divide the global batch (and the config's own). Memory
+//! levers (lever.rs): none; selective core_attn; selective core_attn + mlp; full uniform and
+//! full block with N = 1 .. the most blocks of a chunk; offload of every tensor of each
+//! chunk's first N blocks, N = 1 .. the most; and, per stage, the smallest full-block N and
+//! the smallest offload N with which that stage fits (1F1B's early stages hold more
+//! microbatches, so they need more than later ones).
 //!
 //! With `--gpus N` the parallel layout is searched too: every t x p x dp = N of cluster.rs.
 //!
 //! One schedule is generated and lowered per (layout, schedule, v, micro batch size) and
-//! simulated under every recompute setting; the shapes run in parallel. The planner skips
-//! what cannot win: a shape whose parameters and optimizer state alone exceed the limit is
-//! not lowered, and a shape that fits without recompute tries no recompute.
+//! simulated under every lever; the shapes run in parallel. The planner skips what cannot
+//! win: a shape whose parameters and optimizer state alone exceed the limit is not lowered,
+//! and a shape that fits without a lever tries none. Of equal times, no lever ranks first.
 
 use super::durations::from_hardware;
 use super::hardware::Hardware;
