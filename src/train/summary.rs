@@ -88,8 +88,10 @@ impl Summary {
             println!("{label:<16} {}", self.stage_descriptions[i]);
             let saved = self.predicted_without_recompute[i].saturating_sub(self.predicted_activations[i]);
             if saved > 0 || self.recompute_s[i] > 0.0 {
+                let levers =
+                    if self.predicted_host_peaks[i] > 0 { "recompute and offload" } else { "recompute" };
                 println!(
-                    "{label} recompute and offload saved {} of activations ({:.0}%), recomputing took {:.2} s",
+                    "{label} {levers} saved {} of activations ({:.0}%), recomputing took {:.2} s",
                     human_bytes(saved as usize),
                     100.0 * saved as f64 / self.predicted_without_recompute[i].max(1) as f64,
                     self.recompute_s[i]
