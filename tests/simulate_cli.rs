@@ -679,9 +679,11 @@ fn plan_works_on_a_llama_config() {
 }
 
 /// Offloading the attention core's saves (q, k, v at bf16 and the fused core's f32
-/// log-sum-exp, three blocks per stage) moves exactly their bytes from each stage's device
-/// peak to its host peak, once per microbatch in flight; a PCIe link too slow to hide the
-/// copy behind a forward makes the forward the copy; a host too small is a one-line error.
+/// log-sum-exp, three blocks per stage) moves their bytes to each stage's host peak, once per
+/// microbatch in flight, and from its device peak but for one block's (on the device while
+/// that block's forward builds them, or while its backward reads them back); a PCIe link
+/// too slow to hide the copy behind a forward makes the forward the copy; a host too small
+/// is a one-line error.
 #[test]
 fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_is_slow() {
     let (_dir, cfg) = gpt2_config("sim-offload", "num_layers_per_stage: [3, 3, 3, 3]\n");
@@ -698,7 +700,7 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
         assert_eq!(b["host_peak_bytes"].as_u64(), Some(in_flight * per_microbatch), "stage {r}");
         assert_eq!(
             a["peak_memory_bytes"].as_u64().unwrap() - b["peak_memory_bytes"].as_u64().unwrap(),
-            in_flight * per_microbatch,
+            in_flight * per_microbatch - per_microbatch / 3,
             "stage {r}"
         );
     }

@@ -13,14 +13,16 @@
 //! padded (166.5 KiB less than 2 bytes per parameter for GPT-2 small).
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
-//! * forward: the tensors a block drops, alive until its forward ends (the largest block's),
+//! * forward: the tensors a block drops or offloads, alive until its forward ends (the
+//!   largest block's),
 //!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent; on the
 //!   head's chunk, the head's forward-and-backward: ln_f's output [B,T,C] and the
 //!   logits, which become dlogits, [B,T,V] (padded on CUDA), both in the activations'
 //!   element size;
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
-//! * backward-input: the recomputed tensors it consumes, one block's gradient scratch (two
+//! * backward-input: the recomputed tensors it consumes, a stored block's offloaded tensors
+//!   brought back (the largest block's), one block's gradient scratch (two
 //!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
 //!   the fused core's [B,NH,T] row sums), and the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
@@ -32,7 +34,9 @@
 use super::setup::Setup;
 use kernels::AttentionSaves;
 use schedules::ChunkMemory;
-use stages::memory_model::{deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes};
+use stages::memory_model::{
+    block_stash, deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes,
+};
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
 use stages::tensor_parallel::Split;
 use stages::{RecomputePolicy, SelectiveModules};
@@ -61,8 +65,13 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     };
     let block = |keep| block_kept_bytes(s, tp, keep) as u64;
     let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
-    let dropped_in_forward =
-        (0..blocks).map(|o| full_block - block(policy.block_keep(blocks, o))).max().unwrap_or(0);
+    let kept = |o| block_stash(s, tp, (policy, &setup.offloads[stage]), blocks, o);
+    // What a block's forward builds and does not keep on the device (what it drops, and
+    // what leaves for the host when it ends), alive until then.
+    let dropped_in_forward = (0..blocks).map(|o| full_block - kept(o).device as u64).max().unwrap_or(0);
+    // A stored block's offloaded tensors, back as workspace for its backward.
+    let stored = |o| matches!(policy.block_keep(blocks, o), BlockKeep::Stored(_));
+    let reloaded = (0..blocks).filter(|&o| stored(o)).map(|o| kept(o).host as u64).max().unwrap_or(0);
     let sends_activation = !layout.head;
     let head_working = if layout.head {
         element(s.tokens() * s.hidden, Split::Sequence)
@@ -101,7 +110,7 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
             + if sends_activation { message } else { 0 }
             + head_working,
         recompute_working_bytes: recompute_working,
-        backward_input_working_bytes: recompute_working + grad_scratch + grad_messages,
+        backward_input_working_bytes: recompute_working + reloaded + grad_scratch + grad_messages,
         backward_weight_working_bytes: 0,
     }
 }

@@ -194,12 +194,13 @@ impl ModelChunk {
                         tp,
                     );
                     if kept_input.is_none() {
-                        // Workspace until it leaves for the host, where it does.
+                        // Workspace until it leaves for the host, where it does: after the
+                        // group's first block, so it is never held beside the next one.
                         let kept = match offloaded {
                             true => Category::Workspace,
                             false => Category::Activations,
                         };
-                        kept_input = Some(match self.distributes_saves() {
+                        let input = match self.distributes_saves() {
                             // The whole input goes with the block's workspace.
                             true => {
                                 let len = acts.input.len() / self.shard.size;
@@ -211,14 +212,12 @@ impl ModelChunk {
                                 input.recategorize(kept);
                                 input
                             }
-                        });
+                        };
+                        kept_input = Some(if offloaded { dev.offload(&input) } else { input });
                     }
                     x = y;
                 }
-                let mut input = kept_input.expect("segment has a block");
-                if offloaded {
-                    input = dev.offload(&input);
-                }
+                let input = kept_input.expect("segment has a block");
                 segments.push(SegmentStash::Recompute { start: seg.start, end: seg.end, input });
             } else {
                 let mut stored = Vec::with_capacity(seg.end - seg.start);

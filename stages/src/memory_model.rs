@@ -30,16 +30,32 @@ pub fn stash_bytes(
     let blocks = layout.blocks.len();
     let mut stash = Stash::default();
     for offset in 0..blocks {
-        let keep = policy.block_keep(blocks, offset);
-        for (t, entry) in block_kept(s, tp, keep) {
-            match offload.offloads(offset, keep, t) {
-                true => stash.host += kept_bytes(&[entry]),
-                false => stash.device += kept_bytes(&[entry]),
-            }
-        }
+        let block = block_stash(s, tp, (policy, offload), blocks, offset);
+        stash.device += block.device;
+        stash.host += block.host;
     }
     if layout.head {
         stash.device += head_kept_bytes(s, tp);
+    }
+    stash
+}
+
+/// What block `offset` of a chunk of `blocks` blocks keeps for one microbatch under the
+/// chunk's recompute policy and offload.
+pub fn block_stash(
+    s: &ModelShape,
+    tp: TensorParallel,
+    (policy, offload): (&RecomputePolicy, &ActivationOffload),
+    blocks: usize,
+    offset: usize,
+) -> Stash {
+    let keep = policy.block_keep(blocks, offset);
+    let mut stash = Stash::default();
+    for (t, entry) in block_kept(s, tp, keep) {
+        match offload.offloads(offset, keep, t) {
+            true => stash.host += kept_bytes(&[entry]),
+            false => stash.device += kept_bytes(&[entry]),
+        }
     }
     stash
 }
