@@ -1,5 +1,6 @@
 //! `pipetrain bench` end to end on the small config: the recompute table's rows, with the
-//! activation peak the ledger measured equal to the memory model's, and one-line errors.
+//! activation and host peaks the ledgers measured equal to the memory model's, and one-line
+//! errors.
 
 mod common;
 use common::*;
@@ -12,22 +13,30 @@ fn bench(config: &std::path::Path, extra: &[&str]) -> std::process::Output {
 fn recompute_table_measures_what_the_model_predicts() {
     let dir = temp_dir("bench-recompute");
     let cfg = write_config(&dir, "c.yaml", SMALL);
-    let out = bench(&cfg, &["--variants", "none,selective core_attn,full uniform N=1"]);
+    let out = bench(&cfg, &["--variants", "none,selective core_attn,full uniform N=1,offload core_attn"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8(out.stdout).unwrap();
     let rows: Vec<&str> = table.lines().skip(1).take_while(|l| !l.starts_with('(')).collect();
     let names: Vec<&str> = rows.iter().map(|r| r[..22].trim_end()).collect();
-    assert_eq!(names, ["none", "selective core_attn", "full uniform N=1"], "{table}");
-    let mut saved = Vec::new();
+    assert_eq!(names, ["none", "selective core_attn", "full uniform N=1", "offload core_attn"], "{table}");
+    let (mut saved, mut host) = (Vec::new(), Vec::new());
     for row in &rows {
-        // ... activations, predicted, saved: each size is a number and a unit.
+        // ... activations, predicted, saved, host, predicted: each size a number and a unit.
         let cols: Vec<&str> = row[22..].split_whitespace().collect();
-        let [.., measured, measured_unit, predicted, predicted_unit, cut] = cols[..] else { panic!("{row}") };
+        let [.., measured, measured_unit, predicted, predicted_unit, cut, on_host, on_host_unit, predicted_host, predicted_host_unit] =
+            cols[..]
+        else {
+            panic!("{row}")
+        };
         assert_eq!((measured, measured_unit), (predicted, predicted_unit), "{row}");
+        assert_eq!((on_host, on_host_unit), (predicted_host, predicted_host_unit), "{row}");
         saved.push(cut.trim_end_matches('%').parse::<f64>().unwrap());
+        host.push(on_host.parse::<f64>().unwrap());
     }
     assert_eq!(saved[0], 0.0, "{table}");
-    assert!(0.0 < saved[1] && saved[1] < saved[2], "{table}");
+    assert!(0.0 < saved[1] && saved[1] < saved[2] && 0.0 < saved[3], "{table}");
+    assert_eq!(host[..3], [0.0; 3], "{table}");
+    assert!(host[3] > 0.0, "{table}");
 }
 
 #[test]
