@@ -187,6 +187,34 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     assert_eq!(dev.threads(), 2);
 }
 
+/// An offload copies a tensor into buffers the host ledger counts, as activations, and frees
+/// nothing itself: its device bytes leave when the caller drops it. A reload is the same
+/// bits back on the device under the category asked for; a reload of a device tensor, or an
+/// offload of a host one, is a bug the device refuses.
+#[test]
+fn offload_moves_bytes_between_the_ledgers_and_reload_brings_back_the_bits() {
+    let dev = CpuDevice::new(2);
+    let data = random(3, B * T * C, 1.0);
+    let t = dev.from_host(&data, &[B, T, C], Category::Workspace);
+    let bytes = B * T * C * 4;
+    let host = dev.offload(&t);
+    assert_eq!((dev.ledger().live_bytes(), dev.host_ledger().live(Category::Activations)), (bytes, bytes));
+    drop(t);
+    assert_eq!(dev.ledger().live_bytes(), 0);
+    let back = dev.reload(&host, Category::Workspace);
+    drop(host);
+    assert_eq!((dev.ledger().live(Category::Workspace), dev.host_ledger().live_bytes()), (bytes, 0));
+    assert_eq!((back.cpu(), back.shape()), (&data[..], &[B, T, C][..]));
+    let offload_a_host_tensor = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let host = dev.offload(&back);
+        dev.offload(&host)
+    }));
+    assert!(offload_a_host_tensor.is_err());
+    let reload_a_device_tensor =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.reload(&back, Category::Workspace)));
+    assert!(reload_a_device_tensor.is_err());
+}
+
 // A small Llama block: 4 query heads on 2 key/value heads of 40, SwiGLU of F = 2.7 C.
 const KV: usize = 2;
 const HS: usize = C / NH;
