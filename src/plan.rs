@@ -265,7 +265,8 @@ pub fn activation_offload(c: &Config, stage: usize) -> ActivationOffload {
         true => c.offload_modules.clone().unwrap_or_default(),
         false => Vec::new(),
     };
-    let num_layers = c.offload_num_layers_per_stage.as_ref().map_or(c.num_layers, |n| n[stage]);
+    let num_layers =
+        c.offload_num_layers_per_stage.as_ref().map_or(ActivationOffload::EVERY_LAYER, |n| n[stage]);
     ActivationOffload { modules, recompute_inputs: c.cpu_offloading_activations, num_layers }
 }
 

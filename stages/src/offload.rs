@@ -87,13 +87,16 @@ pub struct ActivationOffload {
     pub modules: Vec<OffloadModule>,
     /// Full recompute's kept inputs go to the host too.
     pub recompute_inputs: bool,
-    /// How many of the chunk's blocks, from its first, offload.
+    /// How many of the chunk's blocks, from its first, offload ([`ActivationOffload::EVERY_LAYER`]:
+    /// all).
     pub num_layers: usize,
 }
 
 impl ActivationOffload {
     pub const NONE: ActivationOffload =
         ActivationOffload { modules: Vec::new(), recompute_inputs: false, num_layers: 0 };
+    /// `num_layers` for every block of a chunk, however many it holds.
+    pub const EVERY_LAYER: usize = usize::MAX;
 
     /// Whether block `offset` of the chunk, keeping its tensors as `keep`, moves `t` to the
     /// host (if it keeps it at all).
@@ -111,7 +114,8 @@ impl ActivationOffload {
         self.num_layers == 0 || (self.modules.is_empty() && !self.recompute_inputs)
     }
 
-    /// One line for reports, e.g. "core_attn, attn_proj on 4 layers" or "none".
+    /// One line for reports, e.g. "core_attn, attn_proj on every layer", "recompute inputs
+    /// on each chunk's first 2 layers" or "none".
     pub fn describe(&self) -> String {
         if self.is_none() {
             return "none".into();
@@ -120,12 +124,11 @@ impl ActivationOffload {
         if self.recompute_inputs {
             what.push("recompute inputs");
         }
-        format!(
-            "{} on {} layer{}",
-            what.join(", "),
-            self.num_layers,
-            if self.num_layers == 1 { "" } else { "s" }
-        )
+        match self.num_layers {
+            ActivationOffload::EVERY_LAYER => format!("{} on every layer", what.join(", ")),
+            1 => format!("{} on each chunk's first layer", what.join(", ")),
+            n => format!("{} on each chunk's first {n} layers", what.join(", ")),
+        }
     }
 }
 
@@ -168,7 +171,9 @@ mod tests {
         assert!(!offload.offloads(0, stored, BlockTensor::Input));
         assert!(offload.offloads(0, BlockKeep::InputOnly { group_start: true }, BlockTensor::Input));
         assert!(!offload.offloads(1, BlockKeep::InputOnly { group_start: false }, BlockTensor::Input));
-        assert_eq!(offload.describe(), "attn_proj, recompute inputs on 2 layers");
+        assert_eq!(offload.describe(), "attn_proj, recompute inputs on each chunk's first 2 layers");
+        let every = ActivationOffload { num_layers: ActivationOffload::EVERY_LAYER, ..offload };
+        assert_eq!(every.describe(), "attn_proj, recompute inputs on every layer");
         assert_eq!(ActivationOffload::NONE.describe(), "none");
     }
 }
