@@ -767,6 +767,21 @@ impl Config {
         }
     }
 
+    /// A per-stage list (`key`) has an entry for each pipeline stage.
+    fn one_per_stage(&self, key: &'static str, per_stage: &[usize]) -> Result<(), (&'static str, String)> {
+        match per_stage.len() == self.pipeline_model_parallel_size {
+            true => Ok(()),
+            false => Err((
+                key,
+                format!(
+                    "{per_stage:?} has {} entries, pipeline_model_parallel_size is {}",
+                    per_stage.len(),
+                    self.pipeline_model_parallel_size
+                ),
+            )),
+        }
+    }
+
     fn validate_recompute(&self) -> Result<(), (&'static str, String)> {
         match self.granularity() {
             RecomputeGranularity::None => {
@@ -804,16 +819,7 @@ impl Config {
                     _ => {}
                 }
                 if let Some(per_stage) = &self.recompute_num_layers_per_stage {
-                    if per_stage.len() != self.pipeline_model_parallel_size {
-                        return Err((
-                            "recompute_num_layers_per_stage",
-                            format!(
-                                "{per_stage:?} has {} entries, pipeline_model_parallel_size is {}",
-                                per_stage.len(),
-                                self.pipeline_model_parallel_size
-                            ),
-                        ));
-                    }
+                    self.one_per_stage("recompute_num_layers_per_stage", per_stage)?;
                 }
                 if self.recompute_modules.is_some() {
                     return Err((

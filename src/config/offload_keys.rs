@@ -55,16 +55,7 @@ impl Config {
                     format!("needs {switch} or cpu_offloading_activations"),
                 ));
             }
-            if per_stage.len() != self.pipeline_model_parallel_size {
-                return Err((
-                    "offload_num_layers_per_stage",
-                    format!(
-                        "{per_stage:?} has {} entries, pipeline_model_parallel_size is {}",
-                        per_stage.len(),
-                        self.pipeline_model_parallel_size
-                    ),
-                ));
-            }
+            self.one_per_stage("offload_num_layers_per_stage", per_stage)?;
         }
         Ok(())
     }
