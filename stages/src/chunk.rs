@@ -7,6 +7,7 @@
 
 use crate::dist::{own_part, TensorGroup};
 use crate::layers::block::{Block, BlockActs};
+use crate::layers::block_offload::bring_back;
 use crate::layers::embedding::TokenEmbedding;
 use crate::layers::head::{HeadActs, LossGrad};
 use crate::layers::norm::NormLayer;
@@ -165,18 +166,7 @@ impl ModelChunk {
         for seg in self.policy.segments(blocks) {
             if !training {
                 for offset in seg.start..seg.end {
-                    x = self
-                        .block(offset)
-                        .forward(
-                            dev,
-                            x,
-                            &dropout,
-                            SelectiveModules::NONE,
-                            Category::Workspace,
-                            &|_| false,
-                            tp,
-                        )
-                        .0;
+                    x = self.forward_as_workspace(dev, offset, x, &dropout, tp).0;
                 }
             } else if seg.recompute {
                 // Keep only the segment's input; every other tensor is freed as we go.
@@ -184,15 +174,7 @@ impl ModelChunk {
                 let group_input = BlockKeep::InputOnly { group_start: true };
                 let offloaded = self.offload.offloads(seg.start, group_input, BlockTensor::Input);
                 for offset in seg.start..seg.end {
-                    let (y, acts) = self.block(offset).forward(
-                        dev,
-                        x,
-                        &dropout,
-                        SelectiveModules::NONE,
-                        Category::Workspace,
-                        &|_| false,
-                        tp,
-                    );
+                    let (y, acts) = self.forward_as_workspace(dev, offset, x, &dropout, tp);
                     if kept_input.is_none() {
                         // Workspace until it leaves for the host, where it does: after the
                         // group's first block, so it is never held beside the next one.
@@ -309,11 +291,8 @@ impl ModelChunk {
         for seg in stash.segments.into_iter().rev() {
             let (start, acts) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
-                SegmentStash::Recompute { start, end, input } => {
-                    let input = match Arc::ptr_eq(input.ledger(), dev.host_ledger()) {
-                        true => dev.reload(&input, Category::Workspace),
-                        false => input,
-                    };
+                SegmentStash::Recompute { start, end, mut input } => {
+                    bring_back(dev, &mut input);
                     let input = match self.distributes_saves() {
                         true => tp.all_gather_parts(&input, dev, &[s.micro_batch, s.seq_len, s.hidden]),
                         false => input,
@@ -353,6 +332,20 @@ impl ModelChunk {
         (Some(dx), deferred(wg))
     }
 
+    /// Block `offset`'s forward keeping every tensor as workspace (evaluation, and full
+    /// recompute's forwards, whose tensors live only as long as the caller holds them).
+    fn forward_as_workspace(
+        &self,
+        dev: &dyn Device,
+        offset: usize,
+        x: Tensor,
+        dropout: &DropoutCtx,
+        tp: &mut TensorGroup,
+    ) -> (Tensor, BlockActs) {
+        let keep = SelectiveModules::NONE;
+        self.block(offset).forward(dev, x, dropout, keep, Category::Workspace, &|_| false, tp)
+    }
+
     fn distributes_saves(&self) -> bool {
         self.distribute_saved && self.shard.size > 1
     }
@@ -370,15 +363,7 @@ impl ModelChunk {
         let mut x = input;
         let mut acts = Vec::with_capacity(range.len());
         for offset in range {
-            let (y, a) = self.block(offset).forward(
-                dev,
-                x,
-                dropout,
-                SelectiveModules::NONE,
-                Category::Workspace,
-                &|_| false,
-                tp,
-            );
+            let (y, a) = self.forward_as_workspace(dev, offset, x, dropout, tp);
             acts.push(a);
             x = y;
         }

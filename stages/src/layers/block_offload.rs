@@ -8,6 +8,13 @@ use crate::saved::BlockTensor;
 use kernels::{AttentionSaved, Category, Device, Tensor};
 use std::sync::Arc;
 
+/// Brings `t` back to the device as workspace if it waits in host memory.
+pub(crate) fn bring_back(dev: &dyn Device, t: &mut Tensor) {
+    if Arc::ptr_eq(t.ledger(), dev.host_ledger()) {
+        *t = dev.reload(t, Category::Workspace);
+    }
+}
+
 fn stats(s: &mut NormStats) -> Vec<&mut Tensor> {
     s.mean.iter_mut().chain(std::iter::once(&mut s.rstd)).collect()
 }
@@ -55,9 +62,7 @@ impl BlockActs {
     pub fn reload(&mut self, dev: &dyn Device) {
         for t in BlockTensor::ALL {
             for slot in self.kept_mut(t) {
-                if Arc::ptr_eq(slot.ledger(), dev.host_ledger()) {
-                    *slot = dev.reload(slot, Category::Workspace);
-                }
+                bring_back(dev, slot);
             }
         }
     }

@@ -4,7 +4,7 @@
 
 pub mod activation;
 pub mod block;
-mod block_offload;
+pub(crate) mod block_offload;
 pub mod dropout_ctx;
 pub mod embedding;
 pub mod head;
