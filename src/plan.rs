@@ -270,34 +270,30 @@ pub fn activation_offload(c: &Config, stage: usize) -> ActivationOffload {
     ActivationOffload { modules, recompute_inputs: c.cpu_offloading_activations, num_layers }
 }
 
-/// Where [`predicted_activation_peaks`] counts a stash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Held {
-    /// The device's stash under each stage's recompute and offload.
-    Device,
-    /// The device's stash without recompute or offload, to say what they saved.
-    DeviceKeepingAll,
-    /// What offload keeps in host memory.
-    Host,
+/// Each stage's predicted peaks of kept activations: on the device and in host memory.
+pub struct ActivationPeaks {
+    pub device: Vec<u64>,
+    pub host: Vec<u64>,
 }
 
 /// Each stage's peak activation bytes as the simulator predicts them from the memory model
-/// (stages::memory_model) for this schedule — what the device's ledger, or its host ledger,
-/// must measure.
+/// (stages::memory_model) for this schedule — what the device's ledger and its host ledger
+/// must measure — under each stage's recompute and offload, or under neither
+/// (`with_levers` false) to say what they saved.
 pub fn predicted_activation_peaks(
     cfg: &Config,
     path: &Path,
     schedule: &LoweredSchedule,
-    held: Held,
-) -> anyhow::Result<Vec<u64>> {
+    with_levers: bool,
+) -> anyhow::Result<ActivationPeaks> {
     use schedules::{simulate, ChunkCosts, ChunkMemory, Link, SimInput};
     let s = shape(cfg);
     let p = cfg.pipeline_model_parallel_size;
     let mut costs = Vec::new();
     for stage in 0..p {
-        let (policy, offload) = match held {
-            Held::DeviceKeepingAll => (RecomputePolicy::None, ActivationOffload::NONE),
-            _ => (recompute_policy(cfg, stage), activation_offload(cfg, stage)),
+        let (policy, offload) = match with_levers {
+            true => (recompute_policy(cfg, stage), activation_offload(cfg, stage)),
+            false => (RecomputePolicy::None, ActivationOffload::NONE),
         };
         for layout in stage_layouts(cfg, path, stage)? {
             let tp = cfg.tensor_parallel();
@@ -320,12 +316,8 @@ pub fn predicted_activation_peaks(
     let input = SimInput::new(p, cfg.virtual_stages(), costs, vec![0; p], Link::INSTANT)
         .expect("costs for every (stage, chunk)");
     let report = simulate(schedule, &input).expect("a lowered schedule simulates");
-    Ok(report
-        .stages
-        .iter()
-        .map(|s| match held {
-            Held::Host => s.peak_host,
-            _ => s.peak_memory,
-        })
-        .collect())
+    Ok(ActivationPeaks {
+        device: report.stages.iter().map(|s| s.peak_memory).collect(),
+        host: report.stages.iter().map(|s| s.peak_host).collect(),
+    })
 }

@@ -40,8 +40,7 @@ impl Variant {
         let (_, schedule) = plan::lowered_schedule(&cfg, path)?;
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
-        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, plan::Held::Device)?;
-        let predicted_host = plan::predicted_activation_peaks(&cfg, path, &schedule, plan::Held::Host)?;
+        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
@@ -62,8 +61,8 @@ impl Variant {
             name,
             cfg,
             ranks,
-            predicted_activations: predicted.into_iter().max().unwrap_or(0),
-            predicted_host: predicted_host.into_iter().max().unwrap_or(0),
+            predicted_activations: predicted.device.into_iter().max().unwrap_or(0),
+            predicted_host: predicted.host.into_iter().max().unwrap_or(0),
             step_s: Vec::new(),
         })
     }

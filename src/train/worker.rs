@@ -10,7 +10,7 @@ use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::TokenData;
 use crate::error::{user_error, Interrupted, NonFinite};
-use crate::plan::{self, Held};
+use crate::plan;
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
 use std::path::Path;
@@ -196,6 +196,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let summaries = summaries.iter().map(|b| RankSummary::decode(b)).collect::<Result<Vec<_>, _>>()?;
     let per_rank =
         |per_stage: Vec<u64>| (0..topology.world()).map(|r| per_stage[topology.stage_of(r)]).collect();
+    let predicted = plan::predicted_activation_peaks(cfg, &args.config, &rank.schedule, true)?;
     let report = summary::Summary {
         steps: trained_steps,
         final_loss: state.train_losses.last().map(|x| x.1 as f64),
@@ -217,25 +218,12 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
             })
             .collect::<anyhow::Result<_>>()?,
         predicted_peaks: per_rank(crate::simulate::predicted_stage_peaks(cfg, &args.config)?),
-        predicted_activations: per_rank(plan::predicted_activation_peaks(
-            cfg,
-            &args.config,
-            &rank.schedule,
-            Held::Device,
-        )?),
-        predicted_without_recompute: per_rank(plan::predicted_activation_peaks(
-            cfg,
-            &args.config,
-            &rank.schedule,
-            Held::DeviceKeepingAll,
-        )?),
+        predicted_activations: per_rank(predicted.device),
+        predicted_without_recompute: per_rank(
+            plan::predicted_activation_peaks(cfg, &args.config, &rank.schedule, false)?.device,
+        ),
         host_peaks: summaries.iter().map(|s| s.host_peak_bytes).collect(),
-        predicted_host_peaks: per_rank(plan::predicted_activation_peaks(
-            cfg,
-            &args.config,
-            &rank.schedule,
-            Held::Host,
-        )?),
+        predicted_host_peaks: per_rank(predicted.host),
         recompute_s: summaries.iter().map(|s| s.recompute_s).collect(),
         max_in_flight: timeline.max_in_flight.clone(),
         bubble: timeline.bubble_rates(),
