@@ -37,18 +37,6 @@ fn offloads() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     ]
 }
 
-fn schedule_flags(schedule: &str, p: usize) -> Vec<(&'static str, String)> {
-    let mut f = vec![
-        ("pipeline-schedule", schedule.to_string()),
-        ("pipeline-model-parallel-size", p.to_string()),
-        ("global-batch-size", "8".to_string()),
-    ];
-    if schedule == "interleaved-1f1b" {
-        f.push(("virtual-pipeline-model-parallel-size", "2".to_string()));
-    }
-    f
-}
-
 /// Each stage's (device activation peak, host peak, predicted device activation peak,
 /// predicted host peak), from a run's report.
 fn peaks(run: &Path) -> Vec<[u64; 4]> {

@@ -32,18 +32,6 @@ fn per_stage_counts(p: usize) -> String {
     (0..p).map(|r| (p - 1 - r).to_string()).collect::<Vec<_>>().join(",")
 }
 
-fn schedule_flags(schedule: &str, p: usize) -> Vec<(&'static str, String)> {
-    let mut f = vec![
-        ("pipeline-schedule", schedule.to_string()),
-        ("pipeline-model-parallel-size", p.to_string()),
-        ("global-batch-size", "8".to_string()),
-    ];
-    if schedule == "interleaved-1f1b" {
-        f.push(("virtual-pipeline-model-parallel-size", "2".to_string()));
-    }
-    f
-}
-
 #[test]
 fn every_policy_schedule_and_stage_count_gives_the_same_bits_and_predicted_memory() {
     let dir = temp_dir("recompute-matrix");

@@ -205,6 +205,19 @@ pub fn weights_at(run_dir: &Path, step: usize) -> Vec<u8> {
     std::fs::read(run_dir.join(format!("checkpoints/step_{step:06}/model.safetensors"))).unwrap()
 }
 
+/// The flags of `schedule` over `p` stages, 8 sequences a step (v = 2 for interleaved).
+pub fn schedule_flags(schedule: &str, p: usize) -> Vec<(&'static str, String)> {
+    let mut f = vec![
+        ("pipeline-schedule", schedule.to_string()),
+        ("pipeline-model-parallel-size", p.to_string()),
+        ("global-batch-size", "8".to_string()),
+    ];
+    if schedule == "interleaved-1f1b" {
+        f.push(("virtual-pipeline-model-parallel-size", "2".to_string()));
+    }
+    f
+}
+
 /// `--key value` flags.
 pub fn flags(list: &[(&str, String)]) -> Vec<String> {
     list.iter().flat_map(|(k, v)| [format!("--{k}"), v.clone()]).collect()
