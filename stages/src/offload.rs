@@ -81,7 +81,7 @@ impl OffloadModule {
 }
 
 /// What one chunk offloads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActivationOffload {
     /// The modules whose tensors go to the host, in blocks that keep them.
     pub modules: Vec<OffloadModule>,
