@@ -192,9 +192,6 @@ fn tied_exchange_seconds(setup: &Setup, hw: &Hardware) -> f64 {
     link + 3.0 * bytes / hw.achieved_bandwidth()
 }
 
-/// Bytes per second between pipeline stages: NVLink while the whole run fits one node,
-/// else the network (the pipeline is the slowest dimension of the rank order, so some
-/// stage boundary crosses nodes).
 /// Seconds to copy what a microbatch's forward through chunk `chunk` of stage `stage`
 /// offloads, over the host link; the same bytes come back for its backward. A copy stream
 /// overlaps each with the pass's compute, so a pass takes the longer of the two: the copy
@@ -206,6 +203,9 @@ fn offload_copy_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware
     host as f64 / (hw.host_link_bandwidth * HOST_COPY_EFFICIENCY)
 }
 
+/// Bytes per second between pipeline stages: NVLink while the whole run fits one node,
+/// else the network (the pipeline is the slowest dimension of the rank order, so some
+/// stage boundary crosses nodes).
 fn p2p_bandwidth(setup: &Setup, hw: &Hardware) -> f64 {
     if hw.within_node(1, setup.world_size()) {
         hw.link_bandwidth

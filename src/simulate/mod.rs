@@ -122,12 +122,12 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each stage's peak of offloaded activations in host memory; more than the host holds per
-/// GPU is a user error, as no run of it could start.
-fn host_peaks(path: &Path, sim: &schedules::SimReport, hw: &Hardware) -> anyhow::Result<Vec<u64>> {
-    let peaks: Vec<u64> = sim.stages.iter().map(|s| s.peak_host).collect();
-    if let (Some(limit), Some((stage, &peak))) =
-        (hw.host_memory_bytes, peaks.iter().enumerate().max_by_key(|(_, &b)| b))
+/// A stage whose offloaded activations need more host memory than the host holds per GPU is
+/// a user error, as no run of it could start.
+fn check_host_memory(path: &Path, sim: &schedules::SimReport, hw: &Hardware) -> anyhow::Result<()> {
+    let peaks = sim.stages.iter().map(|s| s.peak_host);
+    if let (Some(limit), Some((stage, peak))) =
+        (hw.host_memory_bytes, peaks.enumerate().max_by_key(|&(_, b)| b))
     {
         if peak > limit {
             return Err(user_error(format!(
@@ -140,7 +140,7 @@ fn host_peaks(path: &Path, sim: &schedules::SimReport, hw: &Hardware) -> anyhow:
             )));
         }
     }
-    Ok(peaks)
+    Ok(())
 }
 
 pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
@@ -203,16 +203,9 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     };
     let sim = input::run(&setup, &durations)?;
     let memory_limit = explicit_limit.or(hw.memory_bytes);
-    let host_peaks = host_peaks(&args.config, &sim, &hw)?;
-    let report = Report {
-        setup: &setup,
-        hw: &hw,
-        durations: &durations,
-        sim: &sim,
-        times_from,
-        memory_limit,
-        host_peaks,
-    };
+    check_host_memory(&args.config, &sim, &hw)?;
+    let report =
+        Report { setup: &setup, hw: &hw, durations: &durations, sim: &sim, times_from, memory_limit };
     if let Some(path) = &args.trace {
         timeline::write(path, &setup, &sim)?;
     }

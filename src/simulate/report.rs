@@ -21,8 +21,6 @@ pub struct Report<'a> {
     /// Where the op times came from: `hardware`, `op-times` or `measured`.
     pub times_from: &'a str,
     pub memory_limit: Option<u64>,
-    /// Each stage's peak of offloaded activations in host memory.
-    pub host_peaks: Vec<u64>,
 }
 
 impl Report<'_> {
@@ -167,8 +165,9 @@ impl Report<'_> {
             setup.world_size(),
             format_rate(self.hw.peak_flops, "FLOP")
         );
-        if self.host_peaks.iter().any(|&b| b > 0) {
-            let per_stage: Vec<String> = self.host_peaks.iter().map(|&b| format_bytes(b)).collect();
+        if self.sim.stages.iter().any(|st| st.peak_host > 0) {
+            let per_stage: Vec<String> =
+                self.sim.stages.iter().map(|st| format_bytes(st.peak_host)).collect();
             println!(
                 "host      offloaded activations per stage: {} (of {} per GPU)",
                 per_stage.join(", "),
@@ -259,7 +258,7 @@ impl Report<'_> {
                     "recompute": setup.policies[r].describe(),
                     "offload": setup.offloads[r].describe(),
                     "peak_memory_bytes": st.peak_memory,
-                    "host_peak_bytes": self.host_peaks[r],
+                    "host_peak_bytes": st.peak_host,
                     "static_bytes": super::memory::stage_static_bytes(setup, r),
                     "busy_ms": st.busy * 1e3,
                     "idle_ms": st.idle * 1e3,
