@@ -393,6 +393,43 @@ fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
     }
 }
 
+/// Activation offload on the stand-in: every module's tensors to page-locked host memory and
+/// back on each device's copy stream, at p = 2 in threads (two devices sharing a GPU, with
+/// cudarc's per-buffer events) and over NCCL (each rank its GPU's sole device, ordered by
+/// offload.rs's events alone). The losses are bitwise the run's without offload; each
+/// stage's host peak is the predicted one, and its device activation peak drops by the
+/// predicted bytes.
+#[test]
+fn offload_on_the_standin_keeps_the_bits_and_moves_the_predicted_bytes() {
+    if !nvrtc("offload_on_the_standin_keeps_the_bits_and_moves_the_predicted_bytes") {
+        return;
+    }
+    let dir = temp_dir("standin-offload");
+    let cfg = tiny(&dir);
+    let p2 = ["--device", "cuda", "--pipeline-model-parallel-size", "2"];
+    let every_module = "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,mlp_fc1,mlp_act,mlp_fc2";
+    let offload =
+        [&p2[..], &["--fine-grained-activation-offloading", "true", "--offload-modules", every_module]]
+            .concat();
+    let without = run(&cfg, &dir, "without", &p2);
+    let threads = run(&cfg, &dir, "threads", &offload);
+    assert_eq!(losses(&threads), losses(&without), "offload in threads");
+    let stages = |run: &Path| report(run)["stages"].as_array().unwrap().clone();
+    let at = |s: &serde_json::Value, key: &str| s[key].as_u64().unwrap_or_else(|| panic!("{key} in {s}"));
+    let activations = |s: &serde_json::Value| s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+    for (with, before) in stages(&threads).iter().zip(stages(&without)) {
+        assert!(at(with, "host_peak_bytes") > 0, "{with}");
+        assert_eq!(at(with, "host_peak_bytes"), at(with, "predicted_host_peak_bytes"), "{with}");
+        assert_eq!(
+            activations(&before) - activations(with),
+            at(&before, "predicted_activation_peak_bytes") - at(with, "predicted_activation_peak_bytes"),
+            "{with}"
+        );
+    }
+    let Some(nccl) = run_mpi(2, &cfg, &dir, "nccl", &offload) else { return };
+    assert_eq!(losses(&nccl), losses(&without), "offload over NCCL");
+}
+
 /// A replica that stops answering, as a hung process or a partitioned host does, while its
 /// peer's gradient sum waits for it on the GPU: NCCL's transfers are the streams', never the
 /// host's, so the peer's read of the step would wait forever. It waits up to the distributed

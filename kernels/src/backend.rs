@@ -26,10 +26,10 @@ pub trait Buffers {
     fn copy_impl(&self, dst: &mut Tensor, src: &Tensor);
     /// t is f32 and holds `from + data.len()` elements.
     fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]);
-    /// t is on the device; the copy goes to the host ledger as activations.
-    fn offload_impl(&self, t: &Tensor) -> Tensor;
-    /// t is a host copy [`Buffers::offload_impl`] made.
-    fn reload_impl(&self, t: &Tensor, category: Category) -> Tensor;
+    /// t is on the device; it becomes its copy in the host ledger, as activations.
+    fn offload_impl(&self, t: &mut Tensor);
+    /// t is a host copy [`Buffers::offload_impl`] made; it becomes its copy on the device.
+    fn reload_impl(&self, t: &mut Tensor, category: Category);
 }
 
 /// acc += x and out = a + b, all of one length.

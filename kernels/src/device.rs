@@ -191,21 +191,26 @@ pub trait Device:
         self.write_at_impl(t, from, data);
     }
     fn fill_zero(&self, t: &mut Tensor);
-    /// A copy of device tensor `t` in host memory, counted in [`Device::host_ledger`] as
-    /// activations (activation offload): the caller drops `t`, so its bytes leave the
-    /// device's ledger.
-    fn offload(&self, t: &Tensor) -> Tensor {
+    /// Moves device tensor `t` to host memory (activation offload): `t` becomes the host
+    /// copy, counted in [`Device::host_ledger`] as activations, and its device bytes leave
+    /// the device's ledger. On a GPU the copy runs on a copy stream while later ops run.
+    fn offload(&self, t: &mut Tensor) {
         assert!(Arc::ptr_eq(t.ledger(), self.ledger()), "offload: {t:?} is not on this device");
         self.offload_impl(t)
     }
-    /// A copy on this device, under `category`, of a host tensor [`Device::offload`] made.
-    fn reload(&self, t: &Tensor, category: Category) -> Tensor {
+    /// Moves host tensor `t` ([`Device::offload`] made it) back to this device under
+    /// `category`. Its bytes count on the device at once; on a GPU the copy runs on the copy
+    /// stream, and the device's ops may read `t` only after [`Device::await_reloads`].
+    fn reload(&self, t: &mut Tensor, category: Category) {
         assert!(
             Arc::ptr_eq(t.ledger(), self.host_ledger()),
             "reload: {t:?} is not in this device's host memory"
         );
         self.reload_impl(t, category)
     }
+    /// Orders every op issued from now on after every [`Device::reload`] issued so far.
+    /// A backend whose copies are done when they return has nothing to wait for.
+    fn await_reloads(&self) {}
     /// acc += x, elementwise.
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor) {
         assert_same_len(acc, x);

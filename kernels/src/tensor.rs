@@ -30,10 +30,14 @@ pub enum Storage {
     /// bf16 elements, as their bits.
     #[cfg(feature = "cuda")]
     CudaBf16(cudarc::driver::CudaSlice<u16>),
-    /// bf16 elements in host memory, as their bits: an offloaded bf16 activation
-    /// ([`Device::offload`](crate::Device::offload)). An offloaded f32 one is `Cpu`.
+    /// An offloaded f32 activation ([`Device::offload`](crate::Device::offload)) in
+    /// page-locked host memory, which copies to and from the GPU run asynchronously.
     #[cfg(feature = "cuda")]
-    HostBf16(Vec<u16>),
+    Pinned(cudarc::driver::PinnedHostSlice<f32>),
+    /// An offloaded bf16 activation in page-locked host memory, as its bits (2 bytes an
+    /// element on the host too).
+    #[cfg(feature = "cuda")]
+    PinnedBf16(cudarc::driver::PinnedHostSlice<u16>),
     /// An f32 parameter (the master copy the optimizer updates) with the bf16 copy that
     /// bf16 matmuls read, kept equal to it rounded by every op that writes the parameter;
     /// the copy's rows are padded with zeros to a multiple of
@@ -50,7 +54,7 @@ impl Storage {
     fn dtype(&self) -> DType {
         match self {
             #[cfg(feature = "cuda")]
-            Storage::CudaBf16(_) | Storage::HostBf16(_) => DType::Bf16,
+            Storage::CudaBf16(_) | Storage::PinnedBf16(_) => DType::Bf16,
             _ => DType::F32,
         }
     }

@@ -995,28 +995,76 @@ fn the_ops_on_a_part_match_the_cpu() {
     assert_bitwise("product through the copy after a part's step", &product(&p), &product(&fresh));
 }
 
+/// GPU 1's sole device, for one test at a time (a GPU has one sole device per process;
+/// a_gpu_has_one_sole_device opens GPU 0's).
+fn sole_gpu_1() -> (std::sync::MutexGuard<'static, ()>, CudaDevice) {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    (turn, CudaDevice::sole(1).expect("the stand-in has two GPUs; GPU 1's sole device"))
+}
+
 /// Offload moves a tensor's bytes from the device's ledger to its host ledger and reload
 /// brings back the same bits, in f32 and in bf16 (stored as bf16 on the host, 2 bytes an
-/// element).
+/// element), on a device sharing its GPU (cudarc's per-buffer events on) and on a sole one
+/// (off: only offload.rs's events order the copy stream). After the first round trip the
+/// host and device buffers all come from the arena.
 #[test]
 fn offload_and_reload_keep_the_bits_and_move_the_bytes() {
     let test = "offload_and_reload_keep_the_bits_and_move_the_bytes";
     let Some(f32_gpu) = gpu(test) else { return };
     let Some(bf16) = bf16_gpu(test) else { return };
+    let (_turn, sole) = sole_gpu_1();
     let mut rng = seeded("offload");
     let data = rng.uniform(N * C, 1.0);
-    for dev in [&f32_gpu as &dyn Device, &bf16] {
-        let t = put(dev, &data, &[N, C]);
-        let (want, bytes) = (dev.to_host(&t), t.bytes());
-        let device_before = dev.ledger().live_bytes();
-        let host = dev.offload(&t);
-        drop(t);
-        assert_eq!(dev.ledger().live_bytes(), device_before - bytes);
-        assert_eq!(dev.host_ledger().live(Category::Activations), bytes);
-        assert_eq!(host.bytes(), N * C * dev.activation_dtype().size());
-        let back = dev.reload(&host, Category::Workspace);
-        drop(host);
-        assert_eq!(dev.host_ledger().live_bytes(), 0);
-        assert_eq!(dev.to_host(&back), want, "{}", dev.name());
+    for dev in [&f32_gpu as &dyn Device, &bf16, &sole] {
+        for round in 0..2 {
+            let before = dev.counters();
+            let mut t = put(dev, &data, &[N, C]);
+            let (want, bytes) = (dev.to_host(&t), t.bytes());
+            let device_before = dev.ledger().live_bytes();
+            dev.offload(&mut t);
+            assert_eq!(dev.ledger().live_bytes(), device_before - bytes);
+            assert_eq!(dev.host_ledger().live(Category::Activations), bytes);
+            assert_eq!(t.bytes(), N * C * dev.activation_dtype().size());
+            dev.reload(&mut t, Category::Workspace);
+            assert_eq!(dev.host_ledger().live_bytes(), 0);
+            assert_eq!(dev.ledger().live_bytes(), device_before);
+            dev.await_reloads();
+            assert_eq!(dev.to_host(&t), want, "{} round {round}", dev.name());
+            if round == 1 {
+                assert_eq!((dev.counters() - before).backing_allocations, 0, "{}", dev.name());
+            }
+        }
+    }
+}
+
+/// The device buffer an offload frees goes back to the arena while its copy out may still
+/// be reading it: the next tensor of its size gets that buffer, and whatever the device
+/// then writes into it waits for the copy. The stand-in's streams run on threads of their
+/// own, so a missing wait reads the new values (or the stand-in's NaN poison) back.
+#[test]
+fn an_offloaded_buffer_is_not_reused_before_its_copy_has_read_it() {
+    let test = "an_offloaded_buffer_is_not_reused_before_its_copy_has_read_it";
+    let Some(shared) = gpu(test) else { return };
+    let Some(bf16) = bf16_gpu(test) else { return };
+    let (_turn, sole) = sole_gpu_1();
+    let mut rng = seeded("offload reuse");
+    let (first, second) = (rng.uniform(4 * N * C, 1.0), rng.uniform(4 * N * C, 1.0));
+    for dev in [&shared as &dyn Device, &bf16, &sole] {
+        let mut kept = Vec::new();
+        for _ in 0..4 {
+            let mut t = put(dev, &first, &[4 * N, C]);
+            let want = dev.to_host(&t);
+            dev.offload(&mut t);
+            // The freed buffer, taken and overwritten at once on the device's stream.
+            let reused = put(dev, &second, &[4 * N, C]);
+            kept.push((t, want, reused));
+        }
+        for (mut t, want, reused) in kept {
+            dev.reload(&mut t, Category::Workspace);
+            dev.await_reloads();
+            assert_eq!(dev.to_host(&t), want, "{}: the offloaded bits", dev.name());
+            assert_eq!(dev.to_host(&reused), dev.to_host(&put(dev, &second, &[4 * N, C])), "{}", dev.name());
+        }
     }
 }

@@ -22,7 +22,8 @@
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, a stored block's offloaded tensors
-//!   brought back (the largest block's), one block's gradient scratch (two
+//!   brought back with the previous block's, whose copy back starts a block early (the
+//!   largest such pair), one block's gradient scratch (two
 //!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
 //!   the fused core's [B,NH,T] row sums), and the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
@@ -69,9 +70,14 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
     // What a block's forward builds and does not keep on the device (what it drops, and
     // what leaves for the host when it ends), alive until then.
     let dropped_in_forward = (0..blocks).map(|o| full_block - kept(o).device as u64).max().unwrap_or(0);
-    // A stored block's offloaded tensors, back as workspace for its backward.
-    let stored = |o| matches!(policy.block_keep(blocks, o), BlockKeep::Stored(_));
-    let reloaded = (0..blocks).filter(|&o| stored(o)).map(|o| kept(o).host as u64).max().unwrap_or(0);
+    // A stored block's offloaded tensors, back as workspace for its backward, beside the
+    // previous stored block's, which start back while it runs.
+    let host = |o| kept(o).host as u64;
+    let stored_segments = policy.segments(blocks).into_iter().filter(|g| !g.recompute);
+    let reloaded = stored_segments
+        .flat_map(|g| (g.start..g.end).map(move |o| host(o) + if o > g.start { host(o - 1) } else { 0 }))
+        .max()
+        .unwrap_or(0);
     let sends_activation = !layout.head;
     let head_working = if layout.head {
         element(s.tokens() * s.hidden, Split::Sequence)

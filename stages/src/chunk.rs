@@ -182,7 +182,7 @@ impl ModelChunk {
                             true => Category::Workspace,
                             false => Category::Activations,
                         };
-                        let input = match self.distributes_saves() {
+                        let mut input = match self.distributes_saves() {
                             // The whole input goes with the block's workspace.
                             true => {
                                 let len = acts.input.len() / self.shard.size;
@@ -195,7 +195,10 @@ impl ModelChunk {
                                 input
                             }
                         };
-                        kept_input = Some(if offloaded { dev.offload(&input) } else { input });
+                        if offloaded {
+                            dev.offload(&mut input);
+                        }
+                        kept_input = Some(input);
                     }
                     x = y;
                 }
@@ -289,7 +292,7 @@ impl ModelChunk {
             None => dout.expect("a chunk without the head needs the output gradient"),
         };
         for seg in stash.segments.into_iter().rev() {
-            let (start, acts) = match seg {
+            let (start, mut stored) = match seg {
                 SegmentStash::Stored { start, acts } => (start, acts),
                 SegmentStash::Recompute { start, end, mut input } => {
                     bring_back(dev, &mut input);
@@ -305,9 +308,16 @@ impl ModelChunk {
                     (start, acts)
                 }
             };
-            for (i, mut acts) in acts.into_iter().enumerate().rev() {
+            // Each block's offloaded tensors start back while the block after it runs its
+            // backward (the memory model counts both blocks' copies at once), so on a GPU the
+            // copy hides behind that backward.
+            while let Some(mut acts) = stored.pop() {
                 acts.reload(dev);
-                let layer = self.layout.blocks.start + start + i;
+                dev.await_reloads();
+                if let Some(previous) = stored.last_mut() {
+                    previous.reload(dev);
+                }
+                let layer = self.layout.blocks.start + start + stored.len();
                 let p = &mut self.params;
                 let at = p.block(&s, layer);
                 let block = Block { s: &s, layer, w: &p.values, at, shard: self.shard };

@@ -187,31 +187,29 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     assert_eq!(dev.threads(), 2);
 }
 
-/// An offload copies a tensor into buffers the host ledger counts, as activations, and frees
-/// nothing itself: its device bytes leave when the caller drops it. A reload is the same
-/// bits back on the device under the category asked for; a reload of a device tensor, or an
-/// offload of a host one, is a bug the device refuses.
+/// An offload moves a tensor into buffers the host ledger counts, as activations, and its
+/// device bytes leave the device's ledger. A reload is the same bits back on the device
+/// under the category asked for; a reload of a device tensor, or an offload of a host one,
+/// is a bug the device refuses.
 #[test]
 fn offload_moves_bytes_between_the_ledgers_and_reload_brings_back_the_bits() {
     let dev = CpuDevice::new(2);
     let data = random(3, B * T * C, 1.0);
-    let t = dev.from_host(&data, &[B, T, C], Category::Workspace);
+    let mut t = dev.from_host(&data, &[B, T, C], Category::Workspace);
     let bytes = B * T * C * 4;
-    let host = dev.offload(&t);
-    assert_eq!((dev.ledger().live_bytes(), dev.host_ledger().live(Category::Activations)), (bytes, bytes));
-    drop(t);
-    assert_eq!(dev.ledger().live_bytes(), 0);
-    let back = dev.reload(&host, Category::Workspace);
-    drop(host);
+    dev.offload(&mut t);
+    assert_eq!((dev.ledger().live_bytes(), dev.host_ledger().live(Category::Activations)), (0, bytes));
+    dev.reload(&mut t, Category::Workspace);
     assert_eq!((dev.ledger().live(Category::Workspace), dev.host_ledger().live_bytes()), (bytes, 0));
-    assert_eq!((back.cpu(), back.shape()), (&data[..], &[B, T, C][..]));
+    assert_eq!((t.cpu(), t.shape()), (&data[..], &[B, T, C][..]));
     let offload_a_host_tensor = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let host = dev.offload(&back);
-        dev.offload(&host)
+        let mut host = dev.from_host(&data, &[B, T, C], Category::Workspace);
+        dev.offload(&mut host);
+        dev.offload(&mut host)
     }));
     assert!(offload_a_host_tensor.is_err());
     let reload_a_device_tensor =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.reload(&back, Category::Workspace)));
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.reload(&mut t, Category::Workspace)));
     assert!(reload_a_device_tensor.is_err());
 }
 

@@ -241,17 +241,17 @@ impl Buffers for CpuDevice {
         t.cpu_mut()[from..from + data.len()].copy_from_slice(data);
     }
 
-    fn offload_impl(&self, t: &Tensor) -> Tensor {
+    fn offload_impl(&self, t: &mut Tensor) {
         let mut data = self.buffers.take(t.len(), &self.counters);
         self.pool.install(|| elementwise::copy(&mut data, t.cpu()));
         let (ledger, buffers) = (self.host_ledger.clone(), self.buffers.clone());
-        Tensor::recycled(t.shape(), Storage::Cpu(data), Category::Activations, ledger, buffers)
+        *t = Tensor::recycled(t.shape(), Storage::Cpu(data), Category::Activations, ledger, buffers);
     }
 
-    fn reload_impl(&self, t: &Tensor, category: Category) -> Tensor {
+    fn reload_impl(&self, t: &mut Tensor, category: Category) {
         let mut out = self.empty(t.shape(), category);
         self.copy_impl(&mut out, t);
-        out
+        *t = out;
     }
 }
 

@@ -37,6 +37,10 @@ pub struct CudaDevice {
     pub(super) ledger: Arc<MemoryLedger>,
     /// Offloaded activations in host memory (`Device::offload`).
     host_ledger: Arc<MemoryLedger>,
+    /// The stream that copies offloaded activations out and back (offload.rs).
+    pub(super) copies: Arc<CudaStream>,
+    /// Copies back the device's stream has not waited for yet (`Device::await_reloads`).
+    pub(super) reloads: Mutex<Vec<cudarc::driver::CudaEvent>>,
     pub(super) counters: Arc<Counters>,
     pub(super) arena: Arc<Arena>,
     /// The fused grad norm's tables for the last set of tensors it was given (see
@@ -44,7 +48,7 @@ pub struct CudaDevice {
     pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
     clock: EventClock,
     /// Opened as the sole device of its GPU in this process (see `adopt`).
-    sole: bool,
+    pub(super) sole: bool,
 }
 
 impl CudaDevice {
@@ -73,6 +77,8 @@ impl CudaDevice {
         }
         let stream =
             gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
+        let copies =
+            gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| format!("GPU {ordinal}: cannot start cuBLAS: {e:?}"))?;
         let counters = Arc::new(Counters::default());
@@ -84,6 +90,8 @@ impl CudaDevice {
             precision: MatmulPrecision::Fp32,
             ledger: Arc::new(MemoryLedger::new()),
             host_ledger: Arc::new(MemoryLedger::new()),
+            copies,
+            reloads: Mutex::default(),
             clock: EventClock::default(),
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
@@ -149,16 +157,20 @@ impl CudaDevice {
     /// would pile up in the arena, and freed on their own stream they would be freed
     /// before this stream has used them; so this stream frees them, after its last use.
     fn adopted(&self, shape: &[usize], storage: Storage, category: Category) -> Tensor {
-        let another_stream = match &storage {
-            Storage::Cuda(s) => !Arc::ptr_eq(s.stream(), &self.stream),
-            Storage::CudaBf16(s) => !Arc::ptr_eq(s.stream(), &self.stream),
-            _ => false,
-        };
-        if self.sole && another_stream {
+        if self.sole && self.from_another_stream(&storage) {
             let free = Arc::new(FreeOnStream(self.stream.clone()));
             Tensor::recycled(shape, storage, category, self.ledger.clone(), free)
         } else {
             self.tensor(shape, storage, category)
+        }
+    }
+
+    /// Whether `storage` was allocated on a stream other than this device's.
+    pub(super) fn from_another_stream(&self, storage: &Storage) -> bool {
+        match storage {
+            Storage::Cuda(s) => !Arc::ptr_eq(s.stream(), &self.stream),
+            Storage::CudaBf16(s) => !Arc::ptr_eq(s.stream(), &self.stream),
+            _ => false,
         }
     }
 
@@ -310,6 +322,10 @@ impl Device for CudaDevice {
         &self.host_ledger
     }
 
+    fn await_reloads(&self) {
+        self.await_reloads_op()
+    }
+
     fn counters(&self) -> DeviceCounters {
         self.counters.snapshot()
     }
@@ -383,7 +399,7 @@ impl Device for CudaDevice {
             Storage::CudaBf16(slice) => Storage::CudaBf16(self.copy_from_another_gpu(slice, &t.shape)),
             Storage::CudaMaster { .. } => panic!("cuda: a parameter {:?} was handed between stages", t.shape),
             Storage::Cpu(data) => return self.from_host(&data, &t.shape, category),
-            Storage::HostBf16(_) => {
+            Storage::Pinned(_) | Storage::PinnedBf16(_) => {
                 panic!("cuda: an offloaded tensor {:?} was handed between stages", t.shape)
             }
         };
@@ -496,36 +512,12 @@ impl Buffers for CudaDevice {
         self.refresh_bf16_copy(t);
     }
 
-    // Copies on the device's own stream through pageable memory, the host waiting for each
-    // offload: the same bytes and order as the copy stream with pinned buffers it is meant
-    // to become, without the overlap (README, status).
-    fn offload_impl(&self, t: &Tensor) -> Tensor {
-        let storage = match t.dtype() {
-            DType::F32 => {
-                let mut host = vec![0.0f32; t.len()];
-                let copied = self.stream.memcpy_dtoh(&cu(t).slice(..t.len()), &mut host);
-                copied.map(|()| Storage::Cpu(host))
-            }
-            DType::Bf16 => {
-                let mut bits = vec![0u16; t.len()];
-                let copied = self.stream.memcpy_dtoh(&cu16(t).slice(..t.len()), &mut bits);
-                copied.map(|()| Storage::HostBf16(bits))
-            }
-        };
-        let storage = storage.unwrap_or_else(|e| panic!("cuda: cannot offload {t:?}: {e:?}"));
-        self.host_sync();
-        Tensor::new(t.shape(), storage, Category::Activations, self.host_ledger.clone())
+    fn offload_impl(&self, t: &mut Tensor) {
+        self.offload_op(t)
     }
 
-    fn reload_impl(&self, t: &Tensor, category: Category) -> Tensor {
-        let mut out = self.empty_of(t.dtype(), t.shape(), category);
-        let copied = match t.storage() {
-            Storage::Cpu(host) => self.stream.memcpy_htod(host, cu_mut(&mut out)),
-            Storage::HostBf16(bits) => self.stream.memcpy_htod(bits, cu16_mut(&mut out)),
-            _ => panic!("cuda: reload of {t:?}, which is not in host memory"),
-        };
-        copied.unwrap_or_else(|e| panic!("cuda: cannot reload {t:?}: {e:?}"));
-        out
+    fn reload_impl(&self, t: &mut Tensor, category: Category) {
+        self.reload_op(t, category)
     }
 }
 

@@ -36,6 +36,7 @@ mod embedding;
 mod fused_attention;
 mod gpu;
 pub mod launch;
+mod offload;
 mod pointwise;
 mod readout;
 mod rope;

@@ -8,11 +8,19 @@ use crate::saved::BlockTensor;
 use kernels::{AttentionSaved, Category, Device, Tensor};
 use std::sync::Arc;
 
-/// Brings `t` back to the device as workspace if it waits in host memory.
-pub(crate) fn bring_back(dev: &dyn Device, t: &mut Tensor) {
+/// Brings `t` back to the device as workspace if it waits in host memory, without waiting
+/// for the copy ([`Device::await_reloads`] does).
+fn start_bringing_back(dev: &dyn Device, t: &mut Tensor) {
     if Arc::ptr_eq(t.ledger(), dev.host_ledger()) {
-        *t = dev.reload(t, Category::Workspace);
+        dev.reload(t, Category::Workspace);
     }
+}
+
+/// Brings `t` back to the device as workspace if it waits in host memory, ready for the
+/// device's next op.
+pub(crate) fn bring_back(dev: &dyn Device, t: &mut Tensor) {
+    start_bringing_back(dev, t);
+    dev.await_reloads();
 }
 
 fn stats(s: &mut NormStats) -> Vec<&mut Tensor> {
@@ -53,16 +61,17 @@ impl BlockActs {
     pub fn offload(&mut self, dev: &dyn Device, pick: impl Fn(BlockTensor) -> bool) {
         for t in BlockTensor::ALL.into_iter().filter(|&t| pick(t)) {
             for slot in self.kept_mut(t) {
-                *slot = dev.offload(slot);
+                dev.offload(slot);
             }
         }
     }
 
-    /// Brings every tensor [`BlockActs::offload`] moved back to the device, as workspace.
+    /// Starts bringing every tensor [`BlockActs::offload`] moved back to the device, as
+    /// workspace: the block's backward follows a [`Device::await_reloads`].
     pub fn reload(&mut self, dev: &dyn Device) {
         for t in BlockTensor::ALL {
             for slot in self.kept_mut(t) {
-                bring_back(dev, slot);
+                start_bringing_back(dev, slot);
             }
         }
     }
