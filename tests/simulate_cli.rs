@@ -726,6 +726,54 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
     );
 }
 
+/// Over PCIe Gen4 (32 GB/s) offloading every module of GPT-3 175B's blocks no longer hides
+/// behind their compute, and full recompute costs a third more work. The planner finds the
+/// pairing between them: selective recompute of the attention core with the other modules
+/// offloaded, per stage (1F1B's early stages hold more microbatches, the last three need
+/// the recompute alone). Its lines applied fit, at the planned time.
+#[test]
+fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower() {
+    let dir = temp_dir("sim-plan-offload-mix");
+    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
+    let cfg = write_config(&dir, "gpt3.yaml", &base);
+    let args = ["--hardware", "h100-sxm,pcie-gb-s=32", "--memory-limit", "50GiB"];
+    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    assert!(
+        plan.contains(
+            "\n# 1f1b, v=1, micro batch 1, memory lever selective core_attn + offload of the rest N per stage \
+             11,9,6,6,6,0,0,0: iteration 6.722 s"
+        ),
+        "{plan}"
+    );
+    assert!(
+        plan.contains(
+            "\n# memory levers: stage 0 selective core_attn + offload of the rest N=11 (peak 49.85 GiB, host 6.70 \
+             GiB); stage 1 selective core_attn + offload of the rest N=9 (peak 48.89 GiB, host 4.80 GiB); stages \
+             2-4 selective core_attn + offload of the rest N=6 (peak 49.82 GiB, host 2.74 GiB); stages 5-7 \
+             selective core_attn (peak 49.03 GiB); against neither: none would take iteration 6.267 s and does \
+             not fit; recompute: full/block N per stage 10,6,6,6,6,0,0,0 would take iteration 7.657 s\n"
+        ),
+        "{plan}"
+    );
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let yaml = |text: &str| serde_norway::from_str::<serde_norway::Value>(text).unwrap();
+    assert_eq!(lines["recompute_granularity"], yaml("selective"));
+    assert_eq!(lines["recompute_modules"], yaml("[core_attn]"));
+    assert_eq!(
+        lines["offload_modules"],
+        yaml("[attn_norm, qkv_linear, attn_proj, mlp_norm, mlp_fc1, mlp_act, mlp_fc2]")
+    );
+    assert_eq!(lines["offload_num_layers_per_stage"], yaml("[11, 9, 6, 6, 6, 0, 0, 0]"));
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &args);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    assert_eq!(after["iteration_time_ms"].as_f64().map(|t| t.round()), Some(6722.0));
+}
+
 /// Where the model is wide enough for PCIe to hide its copies, the planner offloads rather
 /// than recompute, says why in its comment lines (each stage's lever and peaks, and what
 /// recompute and neither would take), and its lines applied fit, with each stage's host

@@ -8,10 +8,11 @@
 //! embedding and the head), each where its shape allows (DualPipeV: m >= 2p). Micro batch
 //! sizes: the powers of two that divide the global batch (and the config's own). Memory
 //! levers (lever.rs): none; selective core_attn; selective core_attn + mlp; full uniform and
-//! full block with N = 1 .. the most blocks of a chunk; offload of every tensor of each
-//! chunk's first N blocks, N = 1 .. the most; and, per stage, the smallest full-block N and
-//! the smallest offload N with which that stage fits (1F1B's early stages hold more
-//! microbatches, so they need more than later ones).
+//! full block with N = 1 .. the most blocks of a chunk; offload of each chunk's first N
+//! blocks, N = 1 .. the most, of every module, of the attention core alone, and of every
+//! other module beside selective recompute of the core; and, per stage, the smallest
+//! full-block N and the smallest N of each offload set with which that stage fits (1F1B's
+//! early stages hold more microbatches, so they need more than later ones).
 //!
 //! With `--gpus N` the parallel layout is searched too: every t x p x dp = N of cluster.rs.
 //!
@@ -23,7 +24,7 @@
 use super::durations::from_hardware;
 use super::hardware::Hardware;
 use super::input;
-use super::lever::Lever;
+use super::lever::{Lever, OffloadSet};
 use super::memory::stage_static_bytes;
 use super::report::{ranges, seconds};
 use super::setup::Setup;
@@ -280,7 +281,9 @@ fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Sear
     for method in [RecomputeMethod::Uniform, RecomputeMethod::Block] {
         settings.extend((1..=most_blocks).map(|num_layers| Lever::Full { method, num_layers }));
     }
-    settings.extend((1..=most_blocks).map(|n| Lever::OffloadPerStage(vec![n; p])));
+    for set in OffloadSet::ALL {
+        settings.extend((1..=most_blocks).map(|n| Lever::Offload { set, layers: vec![n; p] }));
+    }
     let simulate = |lever: Lever| {
         let mut c = cfg.clone();
         lever.apply(&mut c);
@@ -309,26 +312,24 @@ fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Sear
         return planned_outcomes(simulate, most_blocks, p, limits);
     }
     let mut outcomes: Vec<Outcome> = settings.into_iter().filter_map(simulate).collect();
-    for family in [Lever::BlockPerStage(Vec::new()), Lever::OffloadPerStage(Vec::new())] {
+    for family in per_stage_families() {
         if let Some(per_stage) = limit.and_then(|_| smallest_fitting_n(&outcomes, p, limits, &family)) {
-            outcomes.extend(simulate(with_counts(&family, per_stage)));
+            outcomes.extend(simulate(family.with_counts(per_stage)));
         }
     }
     outcomes
 }
 
-/// `family`'s per-stage lever with counts `ns`.
-fn with_counts(family: &Lever, ns: Vec<usize>) -> Lever {
-    match family {
-        Lever::OffloadPerStage(_) => Lever::OffloadPerStage(ns),
-        _ => Lever::BlockPerStage(ns),
-    }
+/// The levers with a count per stage: full block recompute, and offload of each set.
+fn per_stage_families() -> impl Iterator<Item = Lever> {
+    let offload = OffloadSet::ALL.into_iter().map(|set| Lever::Offload { set, layers: Vec::new() });
+    std::iter::once(Lever::BlockPerStage(Vec::new())).chain(offload)
 }
 
 /// The planner's few runs on one shape: none; if it does not fit, the selective settings,
-/// full block N and offload N each bisected to the smallest that fits every stage, the
-/// per-stage mix of what those runs found for each, and as a last resort full uniform over
-/// whole chunks (the least memory).
+/// full block N and the N of each offload set each bisected to the smallest that fits every
+/// stage, the per-stage mix of what those runs found for each, and as a last resort full
+/// uniform over whole chunks (the least memory).
 fn planned_outcomes(
     simulate: impl Fn(Lever) -> Option<Outcome>,
     most_blocks: usize,
@@ -342,12 +343,11 @@ fn planned_outcomes(
     }
     outcomes.extend(simulate(Lever::Selective(vec![RecomputeModule::CoreAttn])));
     outcomes.extend(simulate(Lever::Selective(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp])));
-    let block = |num_layers| Lever::Full { method: RecomputeMethod::Block, num_layers };
-    let offload = |n| Lever::OffloadPerStage(vec![n; p]);
-    for (family, uniform) in [
-        (Lever::BlockPerStage(Vec::new()), &block as &dyn Fn(usize) -> Lever),
-        (Lever::OffloadPerStage(Vec::new()), &offload),
-    ] {
+    for family in per_stage_families() {
+        let uniform = |n| match &family {
+            Lever::Offload { set, .. } => Lever::Offload { set: *set, layers: vec![n; p] },
+            _ => Lever::Full { method: RecomputeMethod::Block, num_layers: n },
+        };
         let (mut low, mut high) = (1, most_blocks);
         while low < high {
             let mid = (low + high) / 2;
@@ -365,7 +365,7 @@ fn planned_outcomes(
         if let Some(per_stage) =
             smallest_fitting_n(&outcomes, p, Limits { device: Some(limit), ..limits }, &family)
         {
-            outcomes.extend(simulate(with_counts(&family, per_stage)));
+            outcomes.extend(simulate(family.with_counts(per_stage)));
         }
     }
     if !outcomes.iter().any(|o| o.fits) {
@@ -594,12 +594,7 @@ fn optimizer_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
 /// candidate of the same shape (layout, schedule, micro batch, optimizer) of each other kind
 /// of lever (recompute, offload, neither), with its time and whether it fits.
 fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
-    let what = |r: usize| match &best.lever {
-        Lever::BlockPerStage(ns) if ns[r] > 0 => format!("full block N={}", ns[r]),
-        Lever::OffloadPerStage(ns) if ns[r] > 0 => format!("offload N={}", ns[r]),
-        Lever::BlockPerStage(_) | Lever::OffloadPerStage(_) | Lever::None => "none".into(),
-        other => other.describe(),
-    };
+    let what = |r: usize| best.lever.describe_stage(r);
     // Consecutive stages with the same lever share an entry, with their largest peaks.
     let mut runs: Vec<(std::ops::Range<usize>, String)> = Vec::new();
     for r in 0..best.peak_memory.len() {
@@ -623,7 +618,7 @@ fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
         .collect();
     let kind = |l: &Lever| match l {
         Lever::None => "neither",
-        Lever::OffloadPerStage(_) => "offload",
+        Lever::Offload { .. } => "offload",
         _ => "recompute",
     };
     let same_shape = |o: &&Outcome| {
@@ -724,15 +719,14 @@ mod tests {
         let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
-        let is_mix =
-            |o: &&Outcome| matches!(&o.lever, Lever::OffloadPerStage(ns) if ns.iter().any(|&n| n != ns[0]));
+        let is_mix = |o: &&Outcome| matches!(&o.lever, Lever::Offload { set: OffloadSet::Every, layers: ns } if ns.iter().any(|&n| n != ns[0]));
         let mix = outcomes.iter().find(is_mix).unwrap();
-        let Lever::OffloadPerStage(ns) = &mix.lever else { unreachable!() };
+        let Lever::Offload { layers: ns, .. } = &mix.lever else { unreachable!() };
         assert!(mix.fits && ns[0] > ns[3], "{ns:?}");
         for (r, &n) in ns.iter().enumerate().filter(|(_, &n)| n > 0) {
             let fewer = outcomes.iter().find(|o| match &o.lever {
                 Lever::None => n == 1,
-                Lever::OffloadPerStage(us) => us.iter().all(|&u| u + 1 == n),
+                Lever::Offload { set: OffloadSet::Every, layers: us } => us.iter().all(|&u| u + 1 == n),
                 _ => false,
             });
             assert!(fewer.unwrap().peak_memory[r] > limit, "stage {r} fits with fewer than {n}");
@@ -741,7 +735,7 @@ mod tests {
         let fastest = |offload: bool| {
             outcomes
                 .iter()
-                .filter(|o| o.fits && matches!(o.lever, Lever::OffloadPerStage(_)) == offload)
+                .filter(|o| o.fits && matches!(o.lever, Lever::Offload { .. }) == offload)
                 .map(|o| o.iteration_time)
                 .fold(f64::INFINITY, f64::min)
         };
@@ -749,7 +743,7 @@ mod tests {
         let tiny_host = Hardware { host_memory_bytes: Some(1 << 20), ..hw };
         let outcomes = shape_outcomes(&shape, &tiny_host, Some(limit), Search::Everything);
         assert!(outcomes.iter().all(|o| !o.fits || o.host_memory.iter().all(|&b| b <= 1 << 20)));
-        assert!(outcomes.iter().any(|o| matches!(o.lever, Lever::OffloadPerStage(_)) && !o.fits));
+        assert!(outcomes.iter().any(|o| matches!(o.lever, Lever::Offload { .. }) && !o.fits));
     }
 
     /// Recompute per stage applies to a V as to the others, each stage's one policy covering
