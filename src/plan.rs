@@ -148,24 +148,25 @@ pub fn gather(
     Ok(data)
 }
 
-/// Turns a chunk's values of a parameter (its shard's, under tensor parallelism) into the
-/// whole parameter's.
-pub type WholeParameter<'a> = dyn FnMut(&ParamSpec, &ModelShape, Vec<f32>) -> anyhow::Result<Vec<f32>> + 'a;
+/// Turns what a chunk holds of a parameter (its shard's, under tensor parallelism; with
+/// `true`, one data-parallel replica's part of that) into the whole parameter's.
+pub type WholeParameter<'a> =
+    dyn FnMut(&ParamSpec, &ModelShape, Vec<f32>, bool) -> anyhow::Result<Vec<f32>> + 'a;
 
-/// The named tensors of `chunks` (on `dev`) as Hugging Face tensors, each tagged with its
-/// place in the model's order: (global index, part). `pick` chooses values, exp_avg or
-/// exp_avg_sq; `whole` makes each parameter whole.
+/// The named tensors of `chunks` as Hugging Face tensors, each tagged with its place in the
+/// model's order: (global index, part). `read` downloads values, exp_avg or exp_avg_sq, and
+/// says whether it read a replica's part; `whole` makes each parameter whole.
 pub fn named(
     chunks: &[ModelChunk],
-    dev: &dyn Device,
-    pick: impl Fn(&Parameters, usize) -> &kernels::Tensor,
+    read: impl Fn(&Parameters, usize) -> (Vec<f32>, bool),
     whole: &mut WholeParameter,
 ) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
     let mut out = Vec::new();
     for chunk in chunks {
         let p = &chunk.params;
         for (i, spec) in p.specs.iter().enumerate() {
-            let data = whole(spec, &chunk.shape, dev.to_host(pick(p, i)))?;
+            let (data, replica_part) = read(p, i);
+            let data = whole(spec, &chunk.shape, data, replica_part)?;
             for (k, (name, shape, part)) in spec.to_hf(&data).enumerate() {
                 let t = NamedTensor { name: name.to_string(), shape, data: part.to_vec() };
                 out.push(((spec.global_index, k), t));

@@ -174,6 +174,55 @@ fn bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run() {
     assert_within("fp32 vs bf16", &loss_values(&fp32), &loss_values(&a), 2e-2);
 }
 
+/// The distributed optimizer under bf16 on the stand-in, dp = 2 over two GPUs: each replica
+/// keeps only its part of every block matrix's fp32 master beside the whole bf16 copy, with
+/// the losses bitwise the unsharded run's; its parameters' bytes fall by exactly the
+/// masters' saving the memory model predicts. A checkpoint it saves (the parts gathered)
+/// resumes without sharding bit for bit.
+#[test]
+fn bf16_masters_shard_with_the_distributed_optimizer_and_keep_the_bits() {
+    if !nvrtc("bf16_masters_shard_with_the_distributed_optimizer_and_keep_the_bits") {
+        return;
+    }
+    let dir = temp_dir("standin-bf16-zero1");
+    let cfg = tiny(&dir);
+    let dp2 = ["--device", "cuda", "--precision", "bf16", "--data-parallel-size", "2"];
+    let sharded = [&dp2[..], &["--use-distributed-optimizer", "true"]].concat();
+    let whole_run = run(&cfg, &dir, "whole", &dp2);
+    let sharded_run = run(&cfg, &dir, "sharded", &sharded);
+    assert_eq!(losses(&sharded_run), losses(&whole_run), "bf16 with the distributed optimizer");
+    let ranks = |run: &Path| {
+        let mut ranks: Vec<[u64; 4]> = (report(run)["stages"].as_array().unwrap().iter())
+            .map(|r| {
+                let at = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+                let category = |k: &str| r["peak_bytes_by_category"][k].as_u64().unwrap();
+                [
+                    at("replica"),
+                    category("parameters"),
+                    category("optimizerstate"),
+                    at("predicted_peak_bytes"),
+                ]
+            })
+            .collect();
+        ranks.sort();
+        ranks
+    };
+    for (whole, sharded) in ranks(&whole_run).into_iter().zip(ranks(&sharded_run)) {
+        let [replica, parameters, moments, predicted] = whole;
+        let [_, sharded_parameters, sharded_moments, sharded_predicted] = sharded;
+        let masters_saved = (predicted - sharded_predicted) - (moments - sharded_moments);
+        assert!(masters_saved > 0 && sharded_moments < moments, "replica {replica}");
+        assert_eq!(parameters - sharded_parameters, masters_saved, "replica {replica}: the masters' saving");
+    }
+    let cuda = ["--train-iters", "4", "--lr-decay-iters", "4"];
+    let full = run(&cfg, &dir, "full", &[&dp2[..], &cuda].concat());
+    let first = ["--train-iters", "2", "--lr-decay-iters", "4"];
+    run(&cfg, &dir, "split", &[&sharded[..], &first].concat());
+    let resumed = run(&cfg, &dir, "split", &[&dp2[..], &cuda, &["--resume"]].concat());
+    let train_only = |v: Vec<(u64, u64, Option<u64>)>| v.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>();
+    assert_eq!(train_only(losses(&resumed)), train_only(losses(&full)), "resumed without sharding");
+}
+
 /// GPT-2 without linear biases and with an untied output layer (two of the Llama family's
 /// flags): the matmuls without their bias kernels, the head's own weight and its gradient.
 #[test]

@@ -191,6 +191,20 @@ pub trait Device:
         self.write_at_impl(t, from, data);
     }
     fn fill_zero(&self, t: &mut Tensor);
+    /// The elements `part` of f32 tensor `t` (of a parameter whose master is sharded,
+    /// within the part it holds).
+    fn to_host_part(&self, t: &Tensor, part: Range<usize>) -> Vec<f32> {
+        self.to_host(t)[part].to_vec()
+    }
+    /// Keeps only the elements `part` of parameter `t`'s fp32 master, where it has one
+    /// beside a bf16 copy (a bf16 device's matrices): the distributed optimizer's replica
+    /// steps that part, and the matmuls read the copy, which stays whole. Reads of the whole
+    /// master (`to_host`) are then bugs; [`Device::write_at`] writes the master within its
+    /// part and the copy everywhere. Whether `t` had such a master.
+    fn shard_master(&self, t: &mut Tensor, part: Range<usize>) -> bool {
+        let _ = (t, part);
+        false
+    }
     /// Moves device tensor `t` to host memory (activation offload): `t` becomes the host
     /// copy, counted in [`Device::host_ledger`] as activations, and its device bytes leave
     /// the device's ledger. On a GPU the copy runs on a copy stream while later ops run.

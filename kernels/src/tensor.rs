@@ -42,11 +42,14 @@ pub enum Storage {
     /// bf16 matmuls read, kept equal to it rounded by every op that writes the parameter;
     /// the copy's rows are padded with zeros to a multiple of
     /// [`VOCAB_PADDING`](crate::VOCAB_PADDING), so the LM head's GEMMs run over the padded
-    /// vocabulary.
+    /// vocabulary. `master` holds the elements `part` of the parameter: all of them, or
+    /// under the distributed optimizer the replica's part
+    /// ([`Device::shard_master`](crate::Device::shard_master)).
     #[cfg(feature = "cuda")]
     CudaMaster {
         master: cudarc::driver::CudaSlice<f32>,
         bf16: cudarc::driver::CudaSlice<u16>,
+        part: std::ops::Range<usize>,
     },
 }
 
@@ -59,15 +62,16 @@ impl Storage {
         }
     }
 
-    /// Bytes of device (or host) memory this storage holds for `len` elements: theirs, and
-    /// a parameter's bf16 copy.
+    /// Bytes of device (or host) memory this storage holds for `len` elements: theirs, or
+    /// a parameter's master part and its bf16 copy.
     fn bytes(&self, len: usize) -> usize {
-        let copy = match self {
+        match self {
             #[cfg(feature = "cuda")]
-            Storage::CudaMaster { bf16, .. } => bf16.len() * DType::Bf16.size(),
-            _ => 0,
-        };
-        len * self.dtype().size() + copy
+            Storage::CudaMaster { bf16, part, .. } => {
+                part.len() * DType::F32.size() + bf16.len() * DType::Bf16.size()
+            }
+            _ => len * self.dtype().size(),
+        }
     }
 }
 
@@ -156,6 +160,14 @@ impl Tensor {
 
     pub fn storage_mut(&mut self) -> &mut Storage {
         &mut self.storage
+    }
+
+    /// Replaces the storage with `f` of it, counting the change in bytes.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn restore(&mut self, f: impl FnOnce(Storage) -> Storage) {
+        self.ledger.freed(self.category, self.bytes());
+        self.storage = f(std::mem::replace(&mut self.storage, Storage::Cpu(Vec::new())));
+        self.ledger.allocated(self.category, self.bytes());
     }
 
     /// The elements of a CPU tensor. Panics on another device: a backend only reads its own.

@@ -67,6 +67,32 @@ impl Outcome {
     fn layout(&self) -> (usize, usize, usize) {
         (self.cfg.tensor_model_parallel_size, self.cfg.pipeline_model_parallel_size, self.cfg.data_parallel())
     }
+
+    fn shape(&self) -> ShapeKey {
+        ShapeKey::of(&self.cfg, self.kind, self.v)
+    }
+}
+
+/// What makes a candidate's shape: its layout, optimizer, schedule, v and micro batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ShapeKey {
+    layout: (usize, usize, usize),
+    distributed_optimizer: bool,
+    kind: ScheduleKind,
+    v: usize,
+    micro_batch_size: usize,
+}
+
+impl ShapeKey {
+    fn of(cfg: &Config, kind: ScheduleKind, v: usize) -> ShapeKey {
+        ShapeKey {
+            layout: (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.data_parallel()),
+            distributed_optimizer: cfg.use_distributed_optimizer,
+            kind,
+            v,
+            micro_batch_size: cfg.micro_batch_size,
+        }
+    }
 }
 
 /// How much of the candidate space to simulate.
@@ -177,6 +203,22 @@ pub fn sweep(
                     .flat_map_iter(|s| shape_outcomes(s, hw, limit, search))
                     .collect();
                 outcomes.extend(found);
+            }
+            // The plan's `# optimizer:` line weighs it against the other choice on its
+            // shape, which the bound may have left out.
+            let best = outcomes
+                .iter()
+                .filter(|o| o.fits)
+                .min_by(|a, b| a.iteration_time.total_cmp(&b.iteration_time));
+            let twin = best.map(|best| ShapeKey {
+                distributed_optimizer: !best.cfg.use_distributed_optimizer,
+                ..best.shape()
+            });
+            let twin = twin.filter(|key| !outcomes.iter().any(|o| o.shape() == *key)).and_then(|key| {
+                shapes.iter().find(|s| ShapeKey::of(&s.setup.cfg, s.setup.kind, s.setup.v) == key)
+            });
+            if let Some(twin) = twin {
+                outcomes.extend(shape_outcomes(twin, hw, limit, search));
             }
             outcomes
         }
@@ -517,7 +559,7 @@ pub fn plan_yaml(
         ),
         format!("# peak memory per stage: {}", stages_by_peak(&best.peak_memory)),
         format!("# memory levers: {}", lever_comment(best, outcomes)),
-        format!("# optimizer: {}", optimizer_comment(best, outcomes)),
+        format!("# optimizer: {}", optimizer_comment(best, outcomes, limit)),
         format!("tensor_model_parallel_size: {}", cfg.tensor_model_parallel_size),
         format!("sequence_parallel: {}", cfg.sequence_parallel),
         format!("pipeline_model_parallel_size: {}", cfg.pipeline_model_parallel_size),
@@ -565,28 +607,36 @@ pub fn plan_yaml(
 
 /// Why the plan's optimizer is sharded or whole: the same shape's other choice, where the
 /// sweep simulated it, with its time and peak.
-fn optimizer_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
+fn optimizer_comment(best: &Outcome, outcomes: &[Outcome], limit: Option<u64>) -> String {
     let chosen = if best.cfg.use_distributed_optimizer {
         "distributed over the replicas"
     } else {
         "whole on every replica"
     };
-    let same_shape = |o: &&Outcome| {
-        o.cfg.use_distributed_optimizer != best.cfg.use_distributed_optimizer
-            && o.layout() == best.layout()
-            && (o.kind, o.v, o.micro_batch_size) == (best.kind, best.v, best.micro_batch_size)
-            && o.lever == best.lever
-    };
-    match outcomes.iter().find(same_shape) {
+    let twin = ShapeKey { distributed_optimizer: !best.cfg.use_distributed_optimizer, ..best.shape() };
+    // The other choice's best on this shape: the fastest that fits, else the fastest, with
+    // the memory lever it needs (which the optimizer's bytes change).
+    let other = (outcomes.iter().filter(|o| o.shape() == twin))
+        .min_by(|a, b| (!a.fits, a.iteration_time).partial_cmp(&(!b.fits, b.iteration_time)).unwrap());
+    match other {
         Some(other) => format!(
-            "{chosen}; {} it would take iteration {} and peak {}{}",
+            "{chosen}; {} it would take iteration {} and peak {}{}{}",
             if other.cfg.use_distributed_optimizer { "distributed," } else { "whole," },
             seconds(other.iteration_time),
             format_bytes(other.max_peak()),
+            match other.lever == best.lever {
+                true => String::new(),
+                false => format!(" with memory lever {}", other.lever.describe()),
+            },
             if other.fits { "" } else { ", which does not fit" }
         ),
         None if best.cfg.data_parallel() == 1 => format!("{chosen} (one replica: nothing to shard)"),
-        None => chosen.to_string(),
+        // The sweep simulates both choices of every shape, and the plan the other choice of
+        // its own shape, unless what a stage holds all along exceeds the limit.
+        None => format!(
+            "{chosen}; whole, a stage's parameters, gradients and AdamW moments alone would exceed {}",
+            limit.map_or("the memory limit".into(), format_bytes)
+        ),
     }
 }
 
@@ -621,11 +671,7 @@ fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
         Lever::Offload { .. } => "offload",
         _ => "recompute",
     };
-    let same_shape = |o: &&Outcome| {
-        o.layout() == best.layout()
-            && o.cfg.use_distributed_optimizer == best.cfg.use_distributed_optimizer
-            && (o.kind, o.v, o.micro_batch_size) == (best.kind, best.v, best.micro_batch_size)
-    };
+    let same_shape = |o: &&Outcome| o.shape() == best.shape();
     let others: Vec<String> = ["neither", "recompute", "offload"]
         .into_iter()
         .filter(|&k| k != kind(&best.lever))

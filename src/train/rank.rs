@@ -246,14 +246,15 @@ impl Rank {
     }
 
     /// Every replica's freshly stepped part of each parameter, gathered in replica order into
-    /// the whole parameter on every replica, for the next forward.
+    /// the whole parameter on every replica, for the next forward (a parameter whose fp32
+    /// master is sharded takes the whole into its bf16 copy, its master keeping its part).
     fn gather_stepped_parts(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
         for chunk in &mut self.stage.chunks {
             let optimizer = chunk.params.optimizer;
             for value in &mut chunk.params.values {
-                let part = &dev.to_host(value)[optimizer.part(value.len())];
-                dev.write_at(value, 0, &self.collective.all_gather_parts(Group::DataParallel, part)?);
+                let part = dev.to_host_part(value, optimizer.part(value.len()));
+                dev.write_at(value, 0, &self.collective.all_gather_parts(Group::DataParallel, &part)?);
             }
         }
         Ok(())
@@ -376,40 +377,46 @@ impl Rank {
         Ok(all)
     }
 
-    /// This stage's parameters (or optimizer moments, per `pick`) as Hugging Face tensors,
-    /// tagged with their place in the model's order: whole, the tensor-parallel group's
-    /// shards gathered (every member of the group takes part), and a moment's replica parts
-    /// gathered first under the distributed optimizer (every replica takes part).
-    pub fn named(
-        &mut self,
-        pick: impl Fn(&stages::Parameters, usize) -> &kernels::Tensor,
-        held: Held,
-    ) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
+    /// This stage's parameters (or optimizer moments) as Hugging Face tensors, tagged with
+    /// their place in the model's order: whole, the tensor-parallel group's shards gathered
+    /// (every member of the group takes part), and under the distributed optimizer the
+    /// replica parts of a moment, or of a parameter whose fp32 master is sharded, gathered
+    /// first (every replica takes part).
+    pub fn named(&mut self, held: Held) -> anyhow::Result<Vec<((usize, usize), NamedTensor)>> {
         assert!(
             self.pending_update.is_none(),
             "weights read with an update pending: apply_pending_update first"
         );
-        let replica_parts = held == Held::Moments && self.stage.optimizer().distributed;
         let (dev, collective) = (&*self.stage.device, &mut *self.collective);
-        let t = self.topology.tensor;
-        let mut whole = |spec: &stages::params::ParamSpec, s: &stages::ModelShape, part: Vec<f32>| {
-            let shard = match replica_parts {
-                true => collective.all_gather_parts(Group::DataParallel, &part)?,
-                false => part,
-            };
-            if spec.cut(s, Shard { size: t, ..Shard::WHOLE }).is_none() {
-                return Ok(shard);
+        let read = |p: &stages::Parameters, i: usize| match held {
+            Held::Values => {
+                let held = p.master_part(i);
+                (dev.to_host_part(&p.values[i], held.clone()), held.len() != p.values[i].len())
             }
-            let mut w = Writer::default();
-            w.f32s(&shard);
-            let mut data = vec![0.0; spec.elements()];
-            for (rank, bytes) in collective.all_gather(Group::Tensor, &w.0)?.iter().enumerate() {
-                let cut = spec.cut(s, Shard { size: t, rank, ..Shard::WHOLE }).expect("a split parameter");
-                cut.place(&spec.shape, &Reader(bytes).f32s()?, &mut data);
-            }
-            Ok::<_, anyhow::Error>(data)
+            Held::ExpAvg => (dev.to_host(&p.exp_avg[i]), p.optimizer.distributed),
+            Held::ExpAvgSq => (dev.to_host(&p.exp_avg_sq[i]), p.optimizer.distributed),
         };
-        plan::named(&self.stage.chunks, dev, pick, &mut whole)
+        let t = self.topology.tensor;
+        let mut whole =
+            |spec: &stages::params::ParamSpec, s: &stages::ModelShape, part: Vec<f32>, replica_part| {
+                let shard = match replica_part {
+                    true => collective.all_gather_parts(Group::DataParallel, &part)?,
+                    false => part,
+                };
+                if spec.cut(s, Shard { size: t, ..Shard::WHOLE }).is_none() {
+                    return Ok(shard);
+                }
+                let mut w = Writer::default();
+                w.f32s(&shard);
+                let mut data = vec![0.0; spec.elements()];
+                for (rank, bytes) in collective.all_gather(Group::Tensor, &w.0)?.iter().enumerate() {
+                    let cut =
+                        spec.cut(s, Shard { size: t, rank, ..Shard::WHOLE }).expect("a split parameter");
+                    cut.place(&spec.shape, &Reader(bytes).f32s()?, &mut data);
+                }
+                Ok::<_, anyhow::Error>(data)
+            };
+        plan::named(&self.stage.chunks, read, &mut whole)
     }
 
     /// Writes this stage's optimizer moments from `optimizer` (the trainer state's names):
@@ -435,12 +442,12 @@ impl Rank {
     }
 }
 
-/// What [`Rank::named`] reads: the parameters every replica holds whole, or the AdamW
-/// moments, which the distributed optimizer cuts over the replicas.
+/// What [`Rank::named`] reads: the parameters, or one of the AdamW moments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
     Values,
-    Moments,
+    ExpAvg,
+    ExpAvgSq,
 }
 
 /// A stage's device: a CPU with its share of the cores, or the GPU.

@@ -76,11 +76,7 @@ pub fn encode_stage(rank: &mut Rank) -> anyhow::Result<Vec<u8>> {
     if rank.replica() != 0 && !moments_are_cut {
         return Ok(Vec::new());
     }
-    let lists = [
-        rank.named(|p, i| &p.values[i], Held::Values)?,
-        rank.named(|p, i| &p.exp_avg[i], Held::Moments)?,
-        rank.named(|p, i| &p.exp_avg_sq[i], Held::Moments)?,
-    ];
+    let lists = [rank.named(Held::Values)?, rank.named(Held::ExpAvg)?, rank.named(Held::ExpAvgSq)?];
     if rank.replica() != 0 || rank.tensor_rank() != 0 {
         return Ok(Vec::new());
     }

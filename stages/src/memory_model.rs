@@ -6,7 +6,7 @@
 use crate::model::ModelShape;
 use crate::offload::ActivationOffload;
 use crate::optimizer_shard::OptimizerShard;
-use crate::params::{chunk_param_specs, ChunkLayout};
+use crate::params::{chunk_param_specs, ChunkLayout, ParamSpec};
 use crate::recompute::RecomputePolicy;
 use crate::saved::{block_kept, head_kept_bytes, kept_bytes, F32_BYTES};
 use crate::tensor_parallel::{Split, TensorParallel};
@@ -68,7 +68,9 @@ pub fn param_elements(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) 
 /// Parameters, gradients (plus the output layer's separate gradient of a tied embedding
 /// where one chunk holds both ends) and the two AdamW moments of the parts `optimizer` steps
 /// (all of each parameter, or one replica's under the distributed optimizer), all fp32, and
-/// the bf16 weight copy of a device storing bf16 activations.
+/// the bf16 weight copy of a device storing bf16 activations, beside which the distributed
+/// optimizer keeps one replica's part of a matrix's fp32 master
+/// ([`ParamSpec::master_shards`](crate::params::ParamSpec::master_shards)).
 pub fn static_bytes(
     s: &ModelShape,
     tp: TensorParallel,
@@ -77,9 +79,21 @@ pub fn static_bytes(
 ) -> usize {
     let wte = tp.per_rank(s.vocab * s.hidden, Split::Interior);
     let tied_head_grad = if s.arch.tied_output && layout.embedding && layout.head { wte } else { 0 };
-    let per_rank = chunk_param_specs(s, layout).into_iter().map(|p| tp.per_rank(p.elements(), p.split));
+    let specs = chunk_param_specs(s, layout);
+    let per_rank = specs.iter().map(|p| tp.per_rank(p.elements(), p.split));
     let moments = 2 * optimizer.moment_elements(per_rank);
-    (2 * param_elements(s, tp, layout) + moments + tied_head_grad) * F32_BYTES
+    let sharded = |p: &ParamSpec| optimizer.distributed && s.activations == DType::Bf16 && p.master_shards();
+    let masters: usize = (specs.iter())
+        .map(|p| {
+            let n = tp.per_rank(p.elements(), p.split);
+            if sharded(p) {
+                optimizer.part(n).len()
+            } else {
+                n
+            }
+        })
+        .sum();
+    (param_elements(s, tp, layout) + masters + moments + tied_head_grad) * F32_BYTES
         + weight_copy_bytes(s, tp, layout)
 }
 

@@ -152,6 +152,14 @@ impl ParamSpec {
         self.shape.iter().product()
     }
 
+    /// Whether the distributed optimizer keeps only each replica's part of this parameter's
+    /// fp32 master, where the device keeps a bf16 copy beside it
+    /// ([`Device::shard_master`](kernels::Device::shard_master)): every matrix but the
+    /// embedding tables, whose lookup reads the master.
+    pub fn master_shards(&self) -> bool {
+        self.shape.len() == 2 && !matches!(self.role, Role::TokenEmbedding | Role::PositionEmbedding)
+    }
+
     /// The Hugging Face tensors of `data` (this parameter's values), each with its shape.
     pub fn to_hf<'a>(&'a self, data: &'a [f32]) -> impl Iterator<Item = (&'a str, Vec<usize>, &'a [f32])> {
         let row: usize = self.shape[1..].iter().product();
@@ -475,6 +483,8 @@ pub struct Parameters {
     pub exp_avg: Vec<Tensor>,
     pub exp_avg_sq: Vec<Tensor>,
     pub optimizer: OptimizerShard,
+    /// Whether the device keeps only this replica's part of each parameter's fp32 master.
+    pub master_sharded: Vec<bool>,
 }
 
 impl Parameters {
@@ -516,6 +526,13 @@ impl Parameters {
         values: Vec<Tensor>,
         optimizer: OptimizerShard,
     ) -> Self {
+        let mut values = values;
+        let master_sharded = (specs.iter().zip(&mut values))
+            .map(|(spec, v)| {
+                let part = optimizer.part(v.len());
+                optimizer.distributed && spec.master_shards() && dev.shard_master(v, part)
+            })
+            .collect();
         let zeros = |cat| values.iter().map(|v| dev.zeros(v.shape(), cat)).collect::<Vec<_>>();
         let moments = || -> Vec<Tensor> {
             let part = |v: &Tensor| optimizer.part(v.len()).len();
@@ -528,9 +545,19 @@ impl Parameters {
             exp_avg: moments(),
             exp_avg_sq: moments(),
             optimizer,
+            master_sharded,
             specs,
             values,
             head_wte_grad,
+        }
+    }
+
+    /// The elements of parameter `i` whose fp32 master this replica holds: all, or its part
+    /// where the master is sharded.
+    pub fn master_part(&self, i: usize) -> Range<usize> {
+        match self.master_sharded[i] {
+            true => self.optimizer.part(self.values[i].len()),
+            false => 0..self.values[i].len(),
         }
     }
 

@@ -138,7 +138,7 @@ impl Recycle for Arena {
         match storage {
             Storage::Cuda(slice) => self.put(slice),
             Storage::CudaBf16(slice) => self.put(slice),
-            Storage::CudaMaster { master, bf16 } => {
+            Storage::CudaMaster { master, bf16, .. } => {
                 self.put(master);
                 self.put(bf16);
             }

@@ -23,6 +23,7 @@ use crate::tensor::{DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchArgs, PushKernelArg};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
@@ -157,7 +158,7 @@ impl CudaDevice {
     /// would pile up in the arena, and freed on their own stream they would be freed
     /// before this stream has used them; so this stream frees them, after its last use.
     fn adopted(&self, shape: &[usize], storage: Storage, category: Category) -> Tensor {
-        if self.sole && self.from_another_stream(&storage) {
+        if self.sole && self.allocated_elsewhere(&storage) {
             let free = Arc::new(FreeOnStream(self.stream.clone()));
             Tensor::recycled(shape, storage, category, self.ledger.clone(), free)
         } else {
@@ -166,7 +167,7 @@ impl CudaDevice {
     }
 
     /// Whether `storage` was allocated on a stream other than this device's.
-    pub(super) fn from_another_stream(&self, storage: &Storage) -> bool {
+    pub(super) fn allocated_elsewhere(&self, storage: &Storage) -> bool {
         match storage {
             Storage::Cuda(s) => !Arc::ptr_eq(s.stream(), &self.stream),
             Storage::CudaBf16(s) => !Arc::ptr_eq(s.stream(), &self.stream),
@@ -205,16 +206,42 @@ impl CudaDevice {
     /// zero): after every op that writes a parameter other than AdamW, which refreshes it in
     /// its own pass.
     pub(super) fn refresh_bf16_copy(&self, t: &mut Tensor) {
-        if let Storage::CudaMaster { master, bf16 } = t.storage_mut() {
-            let n = master.len() as u64;
-            launch!(self, "f32_to_bf16", per_item(master.len()), bf16, &*master, &n);
+        if let Storage::CudaMaster { master, bf16, part } = t.storage_mut() {
+            let n = part.len() as u64;
+            let mut copy = bf16.slice_mut(part.clone());
+            launch!(self, "f32_to_bf16", per_item(part.len()), &mut copy, &*master, &n);
         }
     }
+
+    /// Writes `data` at element `from` of a parameter whose master holds only `part` of it:
+    /// the master takes the values within its part, the bf16 copy all of them, rounded.
+    fn write_at_sharded(&self, t: &mut Tensor, from: usize, data: &[f32]) {
+        let upload = self.upload(data);
+        let Storage::CudaMaster { master, bf16, part } = t.storage_mut() else {
+            unreachable!("the caller matched a sharded master")
+        };
+        let n = data.len() as u64;
+        let mut copy = bf16.slice_mut(from..from + data.len());
+        launch!(self, "f32_to_bf16", per_item(data.len()), &mut copy, &*upload, &n);
+        let mine = from.max(part.start)..(from + data.len()).min(part.end);
+        if !mine.is_empty() {
+            let mut into = master.slice_mut(mine.start - part.start..mine.end - part.start);
+            (self.stream.memcpy_htod(&data[mine.start - from..mine.end - from], &mut into)).unwrap_or_else(
+                |e| panic!("cuda: cannot upload {} values at element {from}: {e:?}", data.len()),
+            );
+        }
+    }
+}
+
+/// Whether `t` is a parameter whose fp32 master holds only part of it.
+fn master_is_sharded(t: &Tensor) -> bool {
+    matches!(t.storage(), Storage::CudaMaster { part, .. } if part.len() != t.len())
 }
 
 /// The f32 buffer of a tensor (a parameter's master copy). A tensor of another device or
 /// another dtype here is a bug in the caller.
 pub(super) fn cu(t: &Tensor) -> &CudaSlice<f32> {
+    assert!(!master_is_sharded(t), "cuda: {t:?} holds only its replica's part of its fp32 master");
     match t.storage() {
         Storage::Cuda(s) | Storage::CudaMaster { master: s, .. } => s,
         _ => panic!("cuda: {t:?} is not an f32 GPU tensor"),
@@ -225,6 +252,7 @@ pub(super) fn cu_mut(t: &mut Tensor) -> &mut CudaSlice<f32> {
     if !matches!(t.storage(), Storage::Cuda(_) | Storage::CudaMaster { .. }) {
         panic!("cuda: {t:?} is not an f32 GPU tensor");
     }
+    assert!(!master_is_sharded(t), "cuda: {t:?} holds only its replica's part of its fp32 master");
     match t.storage_mut() {
         Storage::Cuda(s) | Storage::CudaMaster { master: s, .. } => s,
         _ => unreachable!("checked above"),
@@ -354,7 +382,11 @@ impl Device for CudaDevice {
                     // The padding rows stay zero for the tensor's life; the rest is refreshed.
                     let zeroed = self.stream.memset_zeros(&mut bf16);
                     zeroed.unwrap_or_else(|e| panic!("cuda: cannot zero: {e:?}"));
-                    Storage::CudaMaster { master: self.arena.take::<f32>(&self.stream, len), bf16 }
+                    Storage::CudaMaster {
+                        master: self.arena.take::<f32>(&self.stream, len),
+                        bf16,
+                        part: 0..len,
+                    }
                 }
                 None => Storage::Cuda(self.arena.take::<f32>(&self.stream, len)),
             },
@@ -380,6 +412,44 @@ impl Device for CudaDevice {
         let host = downloaded.unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
         self.host_sync();
         host
+    }
+
+    fn to_host_part(&self, t: &Tensor, part: Range<usize>) -> Vec<f32> {
+        let (slice, held) = match t.storage() {
+            Storage::CudaMaster { master, part: held, .. } => (master, held.clone()),
+            _ => (cu(t), 0..t.len()),
+        };
+        assert!(
+            held.start <= part.start && part.end <= held.end,
+            "cuda: elements {part:?} of {t:?}, which holds {held:?}"
+        );
+        let mut host = vec![0.0; part.len()];
+        if !part.is_empty() {
+            (self
+                .stream
+                .memcpy_dtoh(&slice.slice(part.start - held.start..part.end - held.start), &mut host))
+            .unwrap_or_else(|e| panic!("cuda: cannot download {t:?}: {e:?}"));
+            self.host_sync();
+        }
+        host
+    }
+
+    fn shard_master(&self, t: &mut Tensor, part: Range<usize>) -> bool {
+        if !matches!(t.storage(), Storage::CudaMaster { .. }) {
+            return false;
+        }
+        assert!(!master_is_sharded(t) && part.end <= t.len(), "cuda: shard_master {part:?} of {t:?}");
+        t.restore(|storage| {
+            let Storage::CudaMaster { master, bf16, .. } = storage else { unreachable!("matched above") };
+            let mut mine = self.arena.take::<f32>(&self.stream, part.len());
+            if !part.is_empty() {
+                (self.stream.memcpy_dtod(&master.slice(part.clone()), &mut mine))
+                    .unwrap_or_else(|e| panic!("cuda: cannot keep a master's part: {e:?}"));
+            }
+            self.arena.put(master);
+            Storage::CudaMaster { master: mine, bf16, part }
+        });
+        true
     }
 
     fn adopt(&self, t: Detached, category: Category) -> Tensor {
@@ -505,6 +575,9 @@ impl Buffers for CudaDevice {
     fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]) {
         if data.is_empty() {
             return;
+        }
+        if master_is_sharded(t) {
+            return self.write_at_sharded(t, from, data);
         }
         let mut part = cu_mut(t).slice_mut(from..from + data.len());
         (self.stream.memcpy_htod(data, &mut part))

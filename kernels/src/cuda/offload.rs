@@ -61,7 +61,7 @@ impl CudaDevice {
     /// arena, filed with the copy's event; a buffer a sole device received from another
     /// stream (see `CudaDevice::adopted`) is freed on the copy stream, after the copy.
     fn release_after_copy(&self, storage: Storage, copied: CudaEvent) {
-        if self.sole && self.from_another_stream(&storage) {
+        if self.sole && self.allocated_elsewhere(&storage) {
             return FreeOnStream(self.copies.clone()).recycle(storage);
         }
         match storage {

@@ -144,10 +144,17 @@ impl AdamW for CudaDevice {
         let cfg = per_item(part.len());
         let grad = cu(grad).slice(part.clone());
         let (name, mut param) = match param.storage_mut() {
-            Storage::CudaMaster { master, bf16 } => (
-                "adamw_with_bf16_copy",
-                AdamWParam::WithCopy(master.slice_mut(part.clone()), bf16.slice_mut(part.clone())),
-            ),
+            Storage::CudaMaster { master, bf16, part: held } => {
+                assert!(
+                    held.start <= part.start && part.end <= held.end,
+                    "cuda: AdamW on elements {part:?} of a parameter whose master holds {held:?}"
+                );
+                let in_master = part.start - held.start..part.end - held.start;
+                (
+                    "adamw_with_bf16_copy",
+                    AdamWParam::WithCopy(master.slice_mut(in_master), bf16.slice_mut(part.clone())),
+                )
+            }
             Storage::Cuda(master) => ("adamw", AdamWParam::Master(master.slice_mut(part.clone()))),
             _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
         };
