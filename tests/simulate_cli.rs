@@ -722,6 +722,22 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
         assert_eq!(stage["backward_input_ms"].as_f64(), Some(copy_ms), "stage {r}");
         assert!(without["stages"][r]["forward_ms"].as_f64().unwrap() < copy_ms);
     }
+    // Given op times hide the same copies: a forward of 1 ms takes the 17.88 ms copy, a
+    // backward-input of 20 ms hides it.
+    let given = ["--op-times", "forward=1,backward-input=20,backward-weight=1"];
+    let given = json_of(
+        &cfg,
+        &[
+            &["--hardware", "h100-sxm,pcie-gb-s=1", offload[0], offload[1], offload[2], offload[3]],
+            &given[..],
+        ]
+        .concat(),
+    );
+    for r in [1, 2] {
+        let stage = &given["stages"][r];
+        assert_eq!(stage["forward_ms"].as_f64(), Some(copy_ms), "stage {r}");
+        assert_eq!(stage["backward_input_ms"].as_f64(), Some(20.0), "stage {r}");
+    }
     assert_user_error(
         &simulate(&cfg, &["--hardware", "h100-sxm,host-memory-gib=0.01", offload[0], offload[1], offload[2], offload[3]]),
         "stage 0 would keep 54.56 MiB of offloaded activations in host memory, more than the 10.24 MiB per GPU of \

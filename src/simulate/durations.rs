@@ -214,13 +214,25 @@ fn p2p_bandwidth(setup: &Setup, hw: &Hardware) -> f64 {
     }
 }
 
-/// Op times from the model's FLOPs on `hw`.
+/// Op times from the model's FLOPs on `hw`, each pass taking at least its offload copy.
 pub fn from_hardware(setup: &Setup, hw: &Hardware) -> Durations {
-    model_durations(setup, hw, None)
+    with_offload_copies(setup, hw, compute_durations(setup, hw, None))
 }
 
-/// As [`from_hardware`], with the data-parallel all-reduce given.
-fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Durations {
+/// `d` with each forward and backward-input taking at least its chunk's offload copy over
+/// `hw`'s host link ([`offload_copy_seconds`]), whatever gave the compute times.
+pub(super) fn with_offload_copies(setup: &Setup, hw: &Hardware, mut d: Durations) -> Durations {
+    for (i, t) in d.chunks.iter_mut().enumerate() {
+        let copy = offload_copy_seconds(setup, i / setup.v, i % setup.v, hw);
+        t.forward = t.forward.max(copy);
+        t.backward_input = t.backward_input.max(copy);
+    }
+    d
+}
+
+/// The model's compute and collective times on `hw` (the data-parallel all-reduce given,
+/// or modelled), without offload: what given times borrow their proportions from.
+pub(super) fn compute_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Durations {
     let rate = hw.achieved_flops();
     let chunks = (0..setup.p)
         .flat_map(|r| (0..setup.v).map(move |c| (r, c)))
@@ -229,10 +241,9 @@ fn model_durations(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> 
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
             let blocks = setup.layout(r, c).blocks.len() as f64;
             let kernel_extra = blocks * fused_backward_extra_flops(&setup.shape, setup.tp);
-            let copy = offload_copy_seconds(setup, r, c, hw);
             OpTimes {
-                forward: (f.forward / rate + forward).max(copy),
-                backward_input: ((f.backward_input + kernel_extra) / rate + backward_input).max(copy),
+                forward: f.forward / rate + forward,
+                backward_input: (f.backward_input + kernel_extra) / rate + backward_input,
                 backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }
@@ -329,7 +340,7 @@ impl GivenTimes {
     /// (a recompute, or the split of a whole backward) follows the model's proportions on
     /// `hw`.
     pub fn durations(&self, setup: &Setup, hw: &Hardware) -> anyhow::Result<Durations> {
-        let model = model_durations(setup, hw, self.data_parallel);
+        let model = compute_durations(setup, hw, self.data_parallel);
         let recomputes = setup.policies.iter().any(|p| *p != RecomputePolicy::None);
         if self.recompute.is_some() && !recomputes {
             return Err(user_error("--op-times recompute=...: the config recomputes nothing"));
@@ -368,7 +379,7 @@ impl GivenTimes {
                 .unwrap_or_else(|| all_reduce_seconds(setup, stage_parameters(setup, r) as f64, hw))
         };
         let optimizer = (0..setup.p).map(|r| self.optimizer + all_reduce(r)).collect();
-        Ok(Durations { chunks, p2p: P2p::PerMessage(self.p2p), optimizer })
+        Ok(with_offload_copies(setup, hw, Durations { chunks, p2p: P2p::PerMessage(self.p2p), optimizer }))
     }
 }
 

@@ -11,7 +11,7 @@
 //! stage's post-schedule time is its `reduce` event plus its `optimizer` event (the update
 //! the trainer runs at the next step's start; each 0 where a step has none).
 
-use super::durations::{from_hardware, Durations, OpTimes, P2p};
+use super::durations::{compute_durations, with_offload_copies, Durations, OpTimes, P2p};
 use super::hardware::Hardware;
 use super::setup::Setup;
 use crate::error::user_error;
@@ -64,7 +64,7 @@ pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Du
         }
         samples.entry((e.stage, chunk, e.category.as_str())).or_default().push(e.dur_s);
     }
-    let model = from_hardware(setup, hw);
+    let model = compute_durations(setup, hw, None);
     let mut chunks = Vec::with_capacity(setup.p * setup.v);
     for stage in 0..setup.p {
         for chunk in 0..setup.v {
@@ -99,7 +99,8 @@ pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Du
         .map(|e| e.dur_s)
         .collect();
     let p2p = if sends.is_empty() { 0.0 } else { median(sends) };
-    Ok(Durations { chunks, p2p: P2p::PerMessage(p2p), optimizer: optimizer_times(&events, setup.p, last) })
+    let optimizer = optimizer_times(&events, setup.p, last);
+    Ok(with_offload_copies(setup, hw, Durations { chunks, p2p: P2p::PerMessage(p2p), optimizer }))
 }
 
 /// Per stage, the median of its `reduce` events plus that of its `optimizer` events in
