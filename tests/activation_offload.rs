@@ -111,6 +111,29 @@ fn offload_per_stage_offloads_the_first_layers_of_each_stage() {
     assert!(first[1][0] > all[1][0]);
 }
 
+/// An offload whose host peak exceeds what the host has available is one line and exit 2
+/// before any rank starts: the attention core's saves of micro batches of 2^24 sequences
+/// would take 1792 GiB of host memory, which no machine this runs on has free.
+#[test]
+fn an_offload_the_host_cannot_hold_is_an_error_before_training() {
+    let dir = temp_dir("offload-host");
+    let cfg = config(&dir);
+    let huge = ["--micro-batch-size", "16777216", "--global-batch-size", "134217728"];
+    let offload = ["--fine-grained-activation-offloading", "true", "--offload-modules", "core_attn"];
+    let o = train(&cfg, &dir.join("run"), &[&huge[..], &offload].concat());
+    assert_user_error(
+        &o,
+        "error: command line: --fine-grained-activation-offloading true: the offloaded activations would take \
+         1792.00 GiB of host memory at their peak, more than the ",
+    );
+    assert!(
+        stderr(&o).contains(" this host has available (MemAvailable); offload fewer layers"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("run").exists(), "nothing is written");
+}
+
 #[test]
 fn offload_settings_that_move_nothing_are_errors_naming_the_key() {
     let dir = temp_dir("offload-errors");

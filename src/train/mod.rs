@@ -1,6 +1,7 @@
 //! `pipetrain train`: ranks (threads of this process, or MPI processes), each running the
 //! training loop over its own pipeline stage.
 
+mod host_memory;
 mod launch;
 mod loss_chart;
 mod lr;
@@ -42,6 +43,14 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
             kernels::ATTENTION_MMA_K,
             kernels::ATTENTION_MMA_MAX_HEAD_SIZE
         ))));
+    }
+    let one_rank = launch::launched().is_some_and(|(world, _)| world > 1);
+    if let Some(short) = host_memory::shortfall(&cfg, &args.config, one_rank)? {
+        let key = match cfg.fine_grained_activation_offloading {
+            true => "fine_grained_activation_offloading",
+            false => "cpu_offloading_activations",
+        };
+        return Err(launch::quiet_unless_root(user_error(host_memory::message(&origin(key), short))));
     }
     launch::run(args, cfg)
 }
