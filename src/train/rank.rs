@@ -390,8 +390,8 @@ impl Rank {
         let (dev, collective) = (&*self.stage.device, &mut *self.collective);
         let read = |p: &stages::Parameters, i: usize| match held {
             Held::Values => {
-                let held = p.master_part(i);
-                (dev.to_host_part(&p.values[i], held.clone()), held.len() != p.values[i].len())
+                let mine = p.master_part(i);
+                (dev.to_host_part(&p.values[i], mine.clone()), mine.len() != p.values[i].len())
             }
             Held::ExpAvg => (dev.to_host(&p.exp_avg[i]), p.optimizer.distributed),
             Held::ExpAvgSq => (dev.to_host(&p.exp_avg_sq[i]), p.optimizer.distributed),

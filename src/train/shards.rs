@@ -68,12 +68,12 @@ pub fn decode_start(bytes: &[u8]) -> Result<RankStart, DistError> {
 
 /// This rank's contribution to a checkpoint: its parameters and moments (tagged with their
 /// place in the model's order, gathered whole from its tensor-parallel group, and under the
-/// distributed optimizer the moments from every replica) from tensor rank 0 of the first
+/// distributed optimizer the moments, and the fp32 masters it shards, from every replica) from tensor rank 0 of the first
 /// replica; nothing from the others, which hold the same. The format so does not depend on
 /// the sharding: a run resumes with or without it, and at another data-parallel size.
 pub fn encode_stage(rank: &mut Rank) -> anyhow::Result<Vec<u8>> {
-    let moments_are_cut = rank.stage.optimizer().distributed;
-    if rank.replica() != 0 && !moments_are_cut {
+    let parts_are_cut = rank.stage.optimizer().distributed;
+    if rank.replica() != 0 && !parts_are_cut {
         return Ok(Vec::new());
     }
     let lists = [rank.named(Held::Values)?, rank.named(Held::ExpAvg)?, rank.named(Held::ExpAvgSq)?];

@@ -105,7 +105,8 @@ impl Arena {
             return pinned;
         }
         self.counters.backing_allocation();
-        // Not write-combined (cudarc's default): the host may read an offloaded tensor back.
+        // Not write-combined (cudarc's default), which suits buffers the host writes for the
+        // GPU to read; here the GPU both writes and reads it.
         // SAFETY: every copy out fills the buffer before a copy back reads it.
         unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.unwrap_or_else(|e| {
             panic!("cuda: cannot allocate {len} elements of page-locked host memory: {e:?}")
