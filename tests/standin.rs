@@ -176,9 +176,10 @@ fn bf16_on_the_standin_is_fp32_within_2e_2_and_bitwise_run_to_run() {
 
 /// The distributed optimizer under bf16 on the stand-in, dp = 2 over two GPUs: each replica
 /// keeps only its part of every block matrix's fp32 master beside the whole bf16 copy, with
-/// the losses bitwise the unsharded run's; its parameters' bytes fall by exactly the
-/// masters' saving the memory model predicts. A checkpoint it saves (the parts gathered)
-/// resumes without sharding bit for bit.
+/// the losses bitwise the unsharded run's, in threads and over NCCL (whose gather
+/// broadcasts the parts' bf16 copies on the GPUs); its parameters' bytes fall by exactly
+/// the masters' saving the memory model predicts. A checkpoint it saves (the parts
+/// gathered) resumes without sharding bit for bit.
 #[test]
 fn bf16_masters_shard_with_the_distributed_optimizer_and_keep_the_bits() {
     if !nvrtc("bf16_masters_shard_with_the_distributed_optimizer_and_keep_the_bits") {
@@ -221,6 +222,8 @@ fn bf16_masters_shard_with_the_distributed_optimizer_and_keep_the_bits() {
     let resumed = run(&cfg, &dir, "split", &[&dp2[..], &cuda, &["--resume"]].concat());
     let train_only = |v: Vec<(u64, u64, Option<u64>)>| v.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>();
     assert_eq!(train_only(losses(&resumed)), train_only(losses(&full)), "resumed without sharding");
+    let Some(nccl) = run_mpi(2, &cfg, &dir, "nccl-sharded", &sharded) else { return };
+    assert_eq!(losses(&nccl), losses(&whole_run), "bf16 with the distributed optimizer over NCCL");
 }
 
 /// GPT-2 without linear biases and with an untied output layer (two of the Llama family's

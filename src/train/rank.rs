@@ -251,10 +251,8 @@ impl Rank {
     fn gather_stepped_parts(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
         for chunk in &mut self.stage.chunks {
-            let optimizer = chunk.params.optimizer;
             for value in &mut chunk.params.values {
-                let part = dev.to_host_part(value, optimizer.part(value.len()));
-                dev.write_at(value, 0, &self.collective.all_gather_parts(Group::DataParallel, &part)?);
+                self.collective.all_gather_param(Group::DataParallel, value, &*dev)?;
             }
         }
         Ok(())
@@ -303,8 +301,7 @@ impl Rank {
             let optimizer = self.stage.optimizer();
             for g in self.stage.grads_mut() {
                 if optimizer.distributed {
-                    let part = self.collective.reduce_scatter_sum(Group::DataParallel, g, &*dev)?;
-                    dev.write_at(g, optimizer.part(g.len()).start, &part);
+                    self.collective.reduce_scatter_sum(Group::DataParallel, g, &*dev)?;
                 } else {
                     self.collective.all_reduce_sum(Group::DataParallel, g, &*dev)?;
                 }

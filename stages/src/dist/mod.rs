@@ -231,21 +231,31 @@ pub trait Collective: Send {
     /// Replaces `t` on every member by the members' elementwise sum, added in member order:
     /// ((t0 + t1) + t2) + ...
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError>;
-    /// This member's part ([`member_part`]) of the members' elementwise sum of `t`, added in
-    /// member order as [`Collective::all_reduce_sum`] adds, on the host; `t` is left
-    /// unspecified. By default the all-reduce's sum, of which the member keeps its part: the
-    /// same bits, twice a reduce-scatter's bytes where there is a wire. MPI moves the parts
-    /// alone.
+    /// Makes parameter `t` whole on every member from each member's part ([`member_part`] of
+    /// its elements, the part it stepped), in member order: the distributed optimizer's
+    /// gather after the step. By default through the host: the part downloaded, gathered as
+    /// bytes, the whole written back ([`Device::write_at`], so a master sharded to its part
+    /// keeps that part and its bf16 copy takes the whole).
+    fn all_gather_param(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        let members = self.topology().members(group, self.rank());
+        let me = members.iter().position(|&m| m == self.rank()).expect("a rank is in its own groups");
+        let part = dev.to_host_part(t, member_part(t.len(), members.len(), me));
+        let whole = self.all_gather_parts(group, &part)?;
+        dev.write_at(t, 0, &whole);
+        Ok(())
+    }
+    /// Leaves in `t`, at this member's part ([`member_part`]), that part of the members'
+    /// elementwise sum, added in member order as [`Collective::all_reduce_sum`] adds; the
+    /// rest of `t` is unspecified. By default the all-reduce's sum, on the device: the same
+    /// bits, twice a reduce-scatter's bytes where there is a wire. MPI moves the parts alone,
+    /// through the host (`t` f32: gradients, and the CPU's activations).
     fn reduce_scatter_sum(
         &mut self,
         group: Group,
         t: &mut Tensor,
         dev: &dyn Device,
-    ) -> Result<Vec<f32>, DistError> {
-        self.all_reduce_sum(group, t, dev)?;
-        let members = self.topology().members(group, self.rank());
-        let me = members.iter().position(|&m| m == self.rank()).expect("a rank is in its own groups");
-        Ok(dev.to_host(t)[member_part(t.len(), members.len(), me)].to_vec())
+    ) -> Result<(), DistError> {
+        self.all_reduce_sum(group, t, dev)
     }
     /// Rank 0 receives every rank's bytes in rank order; the others get None.
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError>;

@@ -510,12 +510,15 @@ impl Collective for MpiCollective {
         group: Group,
         t: &mut Tensor,
         dev: &dyn Device,
-    ) -> Result<Vec<f32>, DistError> {
-        let host = dev.to_host(t);
-        if self.comm(group).size() == 1 {
-            return Ok(host);
+    ) -> Result<(), DistError> {
+        let comm = self.comm(group);
+        let (n, me) = (comm.size() as usize, comm.rank() as usize);
+        if n == 1 {
+            return Ok(());
         }
-        self.reduce_scatter_host(group, &host, "reduce-scatter")
+        let part = self.reduce_scatter_host(group, &dev.to_host(t), "reduce-scatter")?;
+        dev.write_at(t, member_part(t.len(), n, me).start, &part);
+        Ok(())
     }
 
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {

@@ -36,12 +36,13 @@
 
 use super::mpi::{MpiCollective, MpiWorld};
 use super::wire::Reader;
-use super::{poll_until, Collective, DistError, Group, Message, Topology, Transport};
-use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut};
+use super::{member_part, poll_until, Collective, DistError, Group, Message, Topology, Transport};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut};
 use cudarc::nccl::{Comm, Id};
 use kernels::{Category, DType, Device, Fence, Storage, Tensor};
 use schedules::Payload;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,6 +141,40 @@ fn bytes_mut(t: &mut Tensor) -> CudaViewMut<'_, u8> {
         _ => None,
     };
     view.expect("nccl: a tensor NCCL writes is on a GPU")
+}
+
+/// Broadcasts elements `part` of parameter `t` from member `root` of `comm` into every
+/// member's `t`: a plain tensor's elements; a parameter's bf16 copy, and its fp32 master
+/// where the master is whole (a master sharded to the member's own part takes no other).
+fn broadcast_part(comm: &Comm, t: &mut Tensor, part: Range<usize>, root: i32) -> Result<(), DistError> {
+    let len = t.len();
+    match t.storage_mut() {
+        Storage::Cuda(s) => broadcast_range(comm, s, part, root),
+        Storage::CudaMaster { master, bf16, part: held } => {
+            if held.len() == len {
+                broadcast_range(comm, master, part.clone(), root)?;
+            }
+            broadcast_range(comm, bf16, part, root)
+        }
+        _ => panic!("nccl: a parameter {t:?} that is not on a GPU"),
+    }
+}
+
+/// Broadcasts elements `range` of `s` from member `root` of `comm`, as bytes.
+fn broadcast_range<T>(
+    comm: &Comm,
+    s: &mut CudaSlice<T>,
+    range: Range<usize>,
+    root: i32,
+) -> Result<(), DistError> {
+    if range.is_empty() {
+        return Ok(());
+    }
+    let n = range.len() * std::mem::size_of::<T>();
+    let mut view = s.slice_mut(range);
+    // SAFETY: the view's own bytes, as bytes.
+    let mut bytes = unsafe { view.transmute_mut::<u8>(n) }.expect("a view's own bytes");
+    comm.broadcast_in_place(&mut bytes, root).map(|_| ()).map_err(|e| nccl_error("broadcast", e))
 }
 
 impl NcclTransport {
@@ -266,6 +301,24 @@ impl Collective for NcclCollective {
             }
         }
         Ok(())
+    }
+
+    /// Each member broadcasts its part of the parameter into every member's, in place, on
+    /// the GPU (one NCCL group): no arithmetic, so the bits are the host gather's.
+    fn all_gather_param(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        let comm = self.sums.get(&group).expect("a communicator for each of this rank's groups");
+        let n = comm.world_size();
+        if n == 1 {
+            return Ok(());
+        }
+        comm_after_device(comm, dev)?;
+        {
+            let _group = comm.group();
+            for root in 0..n {
+                broadcast_part(comm, t, member_part(t.len(), n, root), root as i32)?;
+            }
+        }
+        device_after_comm(comm, dev)
     }
 
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {

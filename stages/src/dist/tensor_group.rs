@@ -5,8 +5,8 @@
 //! loss's row statistics, and that of distributed saved activations.
 //!
 //! The reduce-scatter is [`Collective::reduce_scatter_sum`]: under MPI each rank receives
-//! only its rows' parts; the threads backend sums the whole tensor on the device and keeps
-//! the rows. The parts cross the host.
+//! only its rows' parts; the threads backend sums the whole tensor on the device. The rows
+//! are then cut out through the host ([`own_part`]).
 //!
 //! A layer cannot stop halfway through its arithmetic to return an error, so a failed
 //! collective is kept, as a device keeps its asynchronous errors: every later one is
@@ -72,17 +72,11 @@ impl<'a> TensorGroup<'a> {
         let Some(collective) = self.collective.as_deref_mut() else {
             return own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category);
         };
-        let part = match &self.error {
-            Some(_) => None,
-            None => collective
-                .reduce_scatter_sum(Group::Tensor, &mut whole, dev)
-                .map_err(|e| self.error = Some(e))
-                .ok(),
-        };
-        // After a failure, zeros: never read.
-        let part = part.unwrap_or_else(|| vec![0.0; rows.len() * c]);
-        assert_eq!(part.len(), rows.len() * c, "a rank's rows are its part of the reduce-scatter");
-        dev.from_host_of(whole.dtype(), &part, &shape, category)
+        if self.error.is_none() {
+            self.error = collective.reduce_scatter_sum(Group::Tensor, &mut whole, dev).err();
+        }
+        // After a failure, whatever `whole` holds: never read.
+        own_part(dev, &whole, rows.start * c..rows.end * c, &shape, category)
     }
 
     /// Replaces `t` by the sum of the group's tensors, in tensor rank order.

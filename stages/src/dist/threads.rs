@@ -357,7 +357,8 @@ mod tests {
                     s.spawn(move || {
                         let dev = CpuDevice::new(1);
                         let mut t = dev.from_host(&parts[c.rank()], &[7], Category::Gradients);
-                        c.reduce_scatter_sum(Group::DataParallel, &mut t, &dev).unwrap()
+                        c.reduce_scatter_sum(Group::DataParallel, &mut t, &dev).unwrap();
+                        dev.to_host(&t)[super::super::member_part(7, 3, c.rank())].to_vec()
                     })
                 })
                 .collect();
