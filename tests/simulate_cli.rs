@@ -705,6 +705,11 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
         let on_device = if r == 3 { per_microbatch / 3 } else { 2 * per_microbatch / 3 };
         assert_eq!(a["host_peak_bytes"], 0, "stage {r}");
         assert_eq!(b["host_peak_bytes"].as_u64(), Some(in_flight * per_microbatch), "stage {r}");
+        let groups = serde_json::json!([{"group": "core_attn", "bytes": per_microbatch}]);
+        assert_eq!(
+            (&a["offloaded_bytes_by_group"], &b["offloaded_bytes_by_group"]),
+            (&serde_json::json!([]), &groups)
+        );
         assert_eq!(
             a["peak_memory_bytes"].as_u64().unwrap() - b["peak_memory_bytes"].as_u64().unwrap(),
             in_flight * per_microbatch - on_device,

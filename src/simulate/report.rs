@@ -10,6 +10,7 @@ use kernels::DType;
 use schedules::SimReport;
 use serde_json::{json, Value};
 use stages::flops::train_step_flops;
+use stages::memory_model::block_offload_groups;
 use stages::saved::block_kept_bytes;
 use stages::ModelShape;
 
@@ -173,6 +174,7 @@ impl Report<'_> {
                 per_stage.join(", "),
                 self.hw.host_memory_bytes.map_or("the device's memory".into(), format_bytes)
             );
+            self.print_offload_groups();
         }
         if let Some(limit) = self.memory_limit {
             let over: Vec<usize> = (0..setup.p).filter(|&r| !self.fits(r)).collect();
@@ -181,6 +183,50 @@ impl Report<'_> {
             } else {
                 println!("memory    stage(s) {} exceed {}", ranges(&over), format_bytes(limit));
             }
+        }
+    }
+
+    /// The bytes a microbatch moves from stage `r` to host memory and back, by tensor group,
+    /// summed over the stage's chunks and layers.
+    fn offload_groups(&self, r: usize) -> Vec<(&'static str, u64)> {
+        let setup = self.setup;
+        let mut groups: Vec<(&'static str, u64)> = Vec::new();
+        for c in 0..setup.v {
+            let blocks = setup.layout(r, c).blocks.len();
+            let lever = (&setup.policies[r], &setup.offloads[r]);
+            for o in 0..blocks {
+                for (group, bytes) in block_offload_groups(&setup.shape, setup.tp, lever, blocks, o) {
+                    match groups.iter_mut().find(|(g, _)| *g == group) {
+                        Some((_, total)) => *total += bytes as u64,
+                        None => groups.push((group, bytes as u64)),
+                    }
+                }
+            }
+        }
+        groups
+    }
+
+    /// [`Report::offload_groups`] of every stage; stages with the same figures share a line.
+    fn print_offload_groups(&self) {
+        let mut lines: Vec<(Vec<usize>, String)> = Vec::new();
+        for r in 0..self.setup.p {
+            let groups = self.offload_groups(r);
+            let line = match groups.is_empty() {
+                true => "nothing".to_string(),
+                false => groups
+                    .iter()
+                    .map(|(g, b)| format!("{g} {}", format_bytes(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            match lines.last_mut() {
+                Some((stages, last)) if *last == line => stages.push(r),
+                _ => lines.push((vec![r], line)),
+            }
+        }
+        println!("          moved out and back per microbatch, by tensor group:");
+        for (stages, line) in lines {
+            println!("  stage {}: {line}", ranges(&stages));
         }
     }
 
@@ -259,6 +305,9 @@ impl Report<'_> {
                     "offload": setup.offloads[r].describe(),
                     "peak_memory_bytes": st.peak_memory,
                     "host_peak_bytes": st.peak_host,
+                    "offloaded_bytes_by_group": self.offload_groups(r).into_iter()
+                        .map(|(group, bytes)| json!({"group": group, "bytes": bytes}))
+                        .collect::<Vec<_>>(),
                     "static_bytes": super::memory::stage_static_bytes(setup, r),
                     "busy_ms": st.busy * 1e3,
                     "idle_ms": st.idle * 1e3,

@@ -4,11 +4,11 @@
 //! the trainer holds it).
 
 use crate::model::ModelShape;
-use crate::offload::ActivationOffload;
+use crate::offload::{ActivationOffload, OffloadModule};
 use crate::optimizer_shard::OptimizerShard;
 use crate::params::{chunk_param_specs, ChunkLayout, ParamSpec};
 use crate::recompute::RecomputePolicy;
-use crate::saved::{block_kept, head_kept_bytes, kept_bytes, F32_BYTES};
+use crate::saved::{block_kept, block_kept_bytes, head_kept_bytes, kept_bytes, BlockKeep, F32_BYTES};
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{bf16_copy_len, DType};
 
@@ -49,15 +49,35 @@ pub fn block_stash(
     blocks: usize,
     offset: usize,
 ) -> Stash {
+    let kept = block_kept_bytes(s, tp, policy.block_keep(blocks, offset));
+    let host = block_offload_groups(s, tp, (policy, offload), blocks, offset).iter().map(|(_, b)| b).sum();
+    Stash { device: kept - host, host }
+}
+
+/// What block `offset` of a chunk of `blocks` blocks moves to host memory per microbatch, by
+/// tensor group: each offload module's tensors (in block order), and full recompute's kept
+/// input; groups it moves nothing of are left out.
+pub fn block_offload_groups(
+    s: &ModelShape,
+    tp: TensorParallel,
+    (policy, offload): (&RecomputePolicy, &ActivationOffload),
+    blocks: usize,
+    offset: usize,
+) -> Vec<(&'static str, usize)> {
     let keep = policy.block_keep(blocks, offset);
-    let mut stash = Stash::default();
-    for (t, entry) in block_kept(s, tp, keep) {
-        match offload.offloads(offset, keep, t) {
-            true => stash.host += kept_bytes(&[entry]),
-            false => stash.device += kept_bytes(&[entry]),
+    let mut groups: Vec<(&'static str, usize)> = Vec::new();
+    for (t, entry) in block_kept(s, tp, keep).into_iter().filter(|&(t, _)| offload.offloads(offset, keep, t))
+    {
+        let group = match keep {
+            BlockKeep::Stored(_) => OffloadModule::of(t).name(),
+            BlockKeep::InputOnly { .. } => "recompute input",
+        };
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, bytes)) => *bytes += kept_bytes(&[entry]),
+            None => groups.push((group, kept_bytes(&[entry]))),
         }
     }
-    stash
+    groups
 }
 
 /// Elements of a chunk's parameters (a head-only chunk counts its copy of wte).
