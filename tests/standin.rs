@@ -450,7 +450,7 @@ fn data_and_pipeline_parallel_over_nccl_match_threads_bitwise() {
 /// cudarc's per-buffer events) and over NCCL (each rank its GPU's sole device, ordered by
 /// offload.rs's events alone). The losses are bitwise the run's without offload; each
 /// stage's host peak is the predicted one, and its device activation peak drops by the
-/// predicted bytes.
+/// predicted bytes. Under bf16 the same holds, the host keeping bf16 tensors at 2 bytes.
 #[test]
 fn offload_on_the_standin_keeps_the_bits_and_moves_the_predicted_bytes() {
     if !nvrtc("offload_on_the_standin_keeps_the_bits_and_moves_the_predicted_bytes") {
@@ -477,6 +477,15 @@ fn offload_on_the_standin_keeps_the_bits_and_moves_the_predicted_bytes() {
             at(&before, "predicted_activation_peak_bytes") - at(with, "predicted_activation_peak_bytes"),
             "{with}"
         );
+    }
+    // bf16 activations go to the host as bf16, 2 bytes an element.
+    let bf16 = ["--precision", "bf16"];
+    let bf16_without = run(&cfg, &dir, "bf16-without", &[&p2[..], &bf16].concat());
+    let bf16_with = run(&cfg, &dir, "bf16-threads", &[&offload[..], &bf16].concat());
+    assert_eq!(losses(&bf16_with), losses(&bf16_without), "bf16 offload in threads");
+    for (fp32, half) in stages(&threads).iter().zip(stages(&bf16_with)) {
+        assert!(at(&half, "host_peak_bytes") < at(fp32, "host_peak_bytes"), "{half}");
+        assert_eq!(at(&half, "host_peak_bytes"), at(&half, "predicted_host_peak_bytes"), "{half}");
     }
     let Some(nccl) = run_mpi(2, &cfg, &dir, "nccl", &offload) else { return };
     assert_eq!(losses(&nccl), losses(&without), "offload over NCCL");
