@@ -798,6 +798,46 @@ fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower(
     assert_eq!(after["iteration_time_ms"].as_f64().map(|t| t.round()), Some(6722.0));
 }
 
+/// With 6 GiB of host memory per GPU the early stages of GPT-3 175B (holding the most
+/// microbatches) cannot offload enough: the plan recomputes there and offloads on the later
+/// stages, faster than recomputing everywhere, and its lines applied fit at that time.
+#[test]
+fn plan_recomputes_where_the_host_is_full_and_offloads_elsewhere() {
+    let dir = temp_dir("sim-plan-block-or-offload");
+    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
+    let cfg = write_config(&dir, "gpt3.yaml", &base);
+    let args = ["--hardware", "h100-sxm,host-memory-gib=6", "--memory-limit", "50GiB"];
+    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    assert!(
+        plan.contains(
+            "\n# interleaved-1f1b, v=4, micro batch 1, memory lever full/block N per stage 3,2,2,2,0,0,0,0 or \
+             offload N per stage 0,0,0,0,2,2,2,2: iteration 7.509 s"
+        ),
+        "{plan}"
+    );
+    assert!(
+        plan.contains(
+            "\n# memory levers: stage 0 full block N=3 (peak 48.17 GiB); stages 1-3 full block N=2 (peak 49.65 \
+             GiB); stages 4-7 offload N=2 (peak 49.51 GiB, host 5.82 GiB); against neither: none would take \
+             iteration 5.824 s and does not fit; recompute: full/block N per stage 3,2,2,2,2,2,2,2 would take \
+             iteration 7.574 s\n"
+        ),
+        "{plan}"
+    );
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let yaml = |text: &str| serde_norway::from_str::<serde_norway::Value>(text).unwrap();
+    assert_eq!(lines["recompute_num_layers_per_stage"], yaml("[3, 2, 2, 2, 0, 0, 0, 0]"));
+    assert_eq!(lines["offload_num_layers_per_stage"], yaml("[0, 0, 0, 0, 2, 2, 2, 2]"));
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
+    for (k, v) in lines {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &args);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    assert_eq!(after["iteration_time_ms"].as_f64().map(|t| t.round()), Some(7509.0));
+}
+
 /// Where the model is wide enough for PCIe to hide its copies, the planner offloads rather
 /// than recompute, says why in its comment lines (each stage's lever and peaks, and what
 /// recompute and neither would take), and its lines applied fit, with each stage's host

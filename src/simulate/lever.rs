@@ -1,7 +1,8 @@
 //! The memory levers the sweep and the planner weigh against each other on a shape:
-//! recompute (selective, full, or full block per stage) and activation offload (a set of
+//! recompute (selective, full, or full block per stage), activation offload (a set of
 //! modules of the first N blocks of each chunk, N per stage, alone or beside selective
-//! recompute of the attention core), each as the config keys that ask for it.
+//! recompute of the attention core), and per stage one or the other of full block recompute
+//! and offload, each as the config keys that ask for it.
 
 use crate::config::{Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
 use stages::OffloadModule;
@@ -64,6 +65,13 @@ pub enum Lever {
         set: OffloadSet,
         layers: Vec<usize>,
     },
+    /// Per stage, full block recompute of N blocks or offload of every module of N blocks
+    /// (at most one of the two nonzero): recompute where offload cannot fit (its host memory,
+    /// or the microbatches an early stage holds), offload elsewhere.
+    BlockOrOffload {
+        block: Vec<usize>,
+        offload: Vec<usize>,
+    },
 }
 
 impl Lever {
@@ -93,6 +101,12 @@ impl Lever {
                 cfg.recompute_granularity = Some(RecomputeGranularity::Full);
                 cfg.recompute_method = Some(RecomputeMethod::Block);
                 cfg.recompute_num_layers_per_stage = Some(ns.clone());
+            }
+            Lever::BlockOrOffload { block, offload } => {
+                Lever::BlockPerStage(block.clone()).apply(cfg);
+                cfg.fine_grained_activation_offloading = true;
+                cfg.offload_modules = Some(OffloadModule::ALL.to_vec());
+                cfg.offload_num_layers_per_stage = Some(offload.clone());
             }
             Lever::Offload { set, layers } => {
                 if let Some(modules) = set.recompute() {
@@ -148,7 +162,13 @@ impl Lever {
                 Some(modules) => Lever::Selective(modules).describe(),
                 None => "none".into(),
             },
-            Lever::BlockPerStage(_) | Lever::None => "none".into(),
+            Lever::BlockOrOffload { block, .. } if block[stage] > 0 => {
+                format!("full block N={}", block[stage])
+            }
+            Lever::BlockOrOffload { offload, .. } if offload[stage] > 0 => {
+                format!("offload N={}", offload[stage])
+            }
+            Lever::BlockPerStage(_) | Lever::BlockOrOffload { .. } | Lever::None => "none".into(),
             other => other.describe(),
         }
     }
@@ -166,6 +186,9 @@ impl Lever {
                 set.describe(&format!("N={}", layers[0]))
             }
             Lever::Offload { set, layers } => set.describe(&format!("N per stage {}", list(layers))),
+            Lever::BlockOrOffload { block, offload } => {
+                format!("full/block N per stage {} or offload N per stage {}", list(block), list(offload))
+            }
         }
     }
 }
@@ -200,6 +223,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Per stage full block recompute or offload: both per-stage keys, which validate, and each
+    /// stage described by its own lever.
+    #[test]
+    fn block_or_offload_applies_as_both_per_stage_keys() {
+        let mut cfg = gpt2_small(4, "1f1b", 1, 8);
+        let mix = Lever::BlockOrOffload { block: vec![2, 0, 0, 0], offload: vec![0, 1, 1, 0] };
+        mix.apply(&mut cfg);
+        cfg.validate().unwrap();
+        assert_eq!(cfg.recompute_num_layers_per_stage, Some(vec![2, 0, 0, 0]));
+        assert_eq!(cfg.offload_num_layers_per_stage, Some(vec![0, 1, 1, 0]));
+        assert_eq!(cfg.offload_modules.map(|m| m.len()), Some(8));
+        assert_eq!(
+            (0..4).map(|r| mix.describe_stage(r)).collect::<Vec<_>>(),
+            ["full block N=2", "offload N=1", "offload N=1", "none"]
+        );
+        assert_eq!(mix.describe(), "full/block N per stage 2,0,0,0 or offload N per stage 0,1,1,0");
     }
 
     /// A set's per-stage count: its own runs' N, 0 for the run without a lever, or for a set

@@ -12,7 +12,8 @@
 //! blocks, N = 1 .. the most, of every module, of the attention core alone, and of every
 //! other module beside selective recompute of the core; and, per stage, the smallest
 //! full-block N and the smallest N of each offload set with which that stage fits (1F1B's
-//! early stages hold more microbatches, so they need more than later ones).
+//! early stages hold more microbatches, so they need more than later ones), and the mix
+//! that offloads on the stages where offload fits and recomputes on the others.
 //!
 //! With `--gpus N` the parallel layout is searched too: every t x p x dp = N of cluster.rs.
 //!
@@ -359,6 +360,9 @@ fn shape_outcomes(shape: &Shape, hw: &Hardware, limit: Option<u64>, search: Sear
             outcomes.extend(simulate(family.with_counts(per_stage)));
         }
     }
+    if let Some(mix) = limit.and_then(|_| block_or_offload(&outcomes, p, limits)) {
+        outcomes.extend(simulate(mix));
+    }
     outcomes
 }
 
@@ -410,6 +414,9 @@ fn planned_outcomes(
             outcomes.extend(simulate(family.with_counts(per_stage)));
         }
     }
+    if let Some(mix) = block_or_offload(&outcomes, p, Limits { device: Some(limit), ..limits }) {
+        outcomes.extend(simulate(mix));
+    }
     if !outcomes.iter().any(|o| o.fits) {
         outcomes.extend(simulate(Lever::Full { method: RecomputeMethod::Uniform, num_layers: most_blocks }));
     }
@@ -424,24 +431,47 @@ struct Limits {
 }
 
 /// Per stage, the smallest N of `family` (full block recompute or offload, 0: neither) among
-/// the runs whose run fits `limits` on that stage. A stage's peaks depend only on its own
-/// setting (its memory changes only at its own actions, in list order), so the uniform runs
-/// tell each stage's peaks under any mix. None if some stage never fits or one N suits
-/// every stage (already a candidate).
-fn smallest_fitting_n(outcomes: &[Outcome], p: usize, limits: Limits, family: &Lever) -> Option<Vec<usize>> {
+/// the runs whose run fits `limits` on that stage; None for a stage no run fits. A stage's
+/// peaks depend only on its own setting (its memory changes only at its own actions, in
+/// list order), so the uniform runs tell each stage's peaks under any mix.
+fn fitting_n_per_stage(outcomes: &[Outcome], p: usize, limits: Limits, family: &Lever) -> Vec<Option<usize>> {
     let fits = |o: &Outcome, r: usize| {
         limits.device.is_none_or(|l| o.peak_memory[r] <= l)
             && limits.host.is_none_or(|l| o.host_memory[r] <= l)
     };
-    let ns = (0..p)
+    (0..p)
         .map(|r| {
             let mut runs: Vec<(usize, &Outcome)> =
                 outcomes.iter().filter_map(|o| Some((o.lever.stage_n(family, r)?, o))).collect();
             runs.sort_by_key(|(n, _)| *n);
             runs.iter().find(|(_, o)| fits(o, r)).map(|(n, _)| *n)
         })
-        .collect::<Option<Vec<usize>>>()?;
+        .collect()
+}
+
+/// [`fitting_n_per_stage`] where every stage fits, unless one N suits every stage (already
+/// a candidate).
+fn smallest_fitting_n(outcomes: &[Outcome], p: usize, limits: Limits, family: &Lever) -> Option<Vec<usize>> {
+    let ns = fitting_n_per_stage(outcomes, p, limits, family).into_iter().collect::<Option<Vec<usize>>>()?;
     (ns.iter().any(|&n| n != ns[0])).then_some(ns)
+}
+
+/// Offload of every module where a stage fits with it, full block recompute where only that
+/// fits: the per-stage mix of the two families' runs, where both take part.
+fn block_or_offload(outcomes: &[Outcome], p: usize, limits: Limits) -> Option<Lever> {
+    let block = fitting_n_per_stage(outcomes, p, limits, &Lever::BlockPerStage(Vec::new()));
+    let every = Lever::Offload { set: OffloadSet::Every, layers: Vec::new() };
+    let offload = fitting_n_per_stage(outcomes, p, limits, &every);
+    let (mut b, mut o) = (vec![0; p], vec![0; p]);
+    for r in 0..p {
+        match (offload[r], block[r]) {
+            (Some(n), _) => o[r] = n,
+            (None, Some(n)) => b[r] = n,
+            (None, None) => return None,
+        }
+    }
+    let both = b.iter().any(|&n| n > 0) && o.iter().any(|&n| n > 0);
+    both.then_some(Lever::BlockOrOffload { block: b, offload: o })
 }
 
 pub fn print(outcomes: &[Outcome], limit: Option<u64>, top: Option<usize>) {
@@ -668,7 +698,7 @@ fn lever_comment(best: &Outcome, outcomes: &[Outcome]) -> String {
         .collect();
     let kind = |l: &Lever| match l {
         Lever::None => "neither",
-        Lever::Offload { .. } => "offload",
+        Lever::Offload { .. } | Lever::BlockOrOffload { .. } => "offload",
         _ => "recompute",
     };
     let same_shape = |o: &&Outcome| o.shape() == best.shape();
