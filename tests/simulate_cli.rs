@@ -750,6 +750,30 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
     );
 }
 
+/// GPT-3 175B planned at 50 GiB per GPU on `hardware`: the plan's text, its config lines,
+/// and the report of the config with those lines pasted over it, which must fit.
+fn planned_gpt3(dir: &str, hardware: &str) -> (String, serde_norway::Mapping, Value) {
+    let dir = temp_dir(dir);
+    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
+    let cfg = write_config(&dir, "gpt3.yaml", &base);
+    let args = ["--hardware", hardware, "--memory-limit", "50GiB"];
+    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
+    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
+    for (k, v) in lines.clone() {
+        merged.insert(k, v);
+    }
+    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
+    let after = json_of(&planned, &args);
+    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    (plan, lines, after)
+}
+
+/// A YAML value, for comparing a plan's lines.
+fn yaml(text: &str) -> serde_norway::Value {
+    serde_norway::from_str(text).unwrap()
+}
+
 /// Over PCIe Gen4 (32 GB/s) offloading every module of GPT-3 175B's blocks no longer hides
 /// behind their compute, and full recompute costs a third more work. The planner finds the
 /// pairing between them: selective recompute of the attention core with the other modules
@@ -757,11 +781,7 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
 /// the recompute alone). Its lines applied fit, at the planned time.
 #[test]
 fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower() {
-    let dir = temp_dir("sim-plan-offload-mix");
-    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
-    let cfg = write_config(&dir, "gpt3.yaml", &base);
-    let args = ["--hardware", "h100-sxm,pcie-gb-s=32", "--memory-limit", "50GiB"];
-    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    let (plan, lines, after) = planned_gpt3("sim-plan-offload-mix", "h100-sxm,pcie-gb-s=32");
     assert!(
         plan.contains(
             "\n# 1f1b, v=1, micro batch 1, memory lever selective core_attn + offload of the rest N per stage \
@@ -779,8 +799,6 @@ fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower(
         ),
         "{plan}"
     );
-    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
-    let yaml = |text: &str| serde_norway::from_str::<serde_norway::Value>(text).unwrap();
     assert_eq!(lines["recompute_granularity"], yaml("selective"));
     assert_eq!(lines["recompute_modules"], yaml("[core_attn]"));
     assert_eq!(
@@ -788,13 +806,6 @@ fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower(
         yaml("[attn_norm, qkv_linear, attn_proj, mlp_norm, mlp_fc1, mlp_act, mlp_fc2]")
     );
     assert_eq!(lines["offload_num_layers_per_stage"], yaml("[11, 9, 6, 6, 6, 0, 0, 0]"));
-    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
-    for (k, v) in lines {
-        merged.insert(k, v);
-    }
-    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
-    let after = json_of(&planned, &args);
-    assert_eq!(after["fits"], true, "{plan}\n{after}");
     assert_eq!(after["iteration_time_ms"].as_f64().map(|t| t.round()), Some(6722.0));
 }
 
@@ -803,11 +814,7 @@ fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower(
 /// stages, faster than recomputing everywhere, and its lines applied fit at that time.
 #[test]
 fn plan_recomputes_where_the_host_is_full_and_offloads_elsewhere() {
-    let dir = temp_dir("sim-plan-block-or-offload");
-    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
-    let cfg = write_config(&dir, "gpt3.yaml", &base);
-    let args = ["--hardware", "h100-sxm,host-memory-gib=6", "--memory-limit", "50GiB"];
-    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    let (plan, lines, after) = planned_gpt3("sim-plan-block-or-offload", "h100-sxm,host-memory-gib=6");
     assert!(
         plan.contains(
             "\n# interleaved-1f1b, v=4, micro batch 1, memory lever full/block N per stage 3,2,2,2,0,0,0,0 or \
@@ -824,17 +831,8 @@ fn plan_recomputes_where_the_host_is_full_and_offloads_elsewhere() {
         ),
         "{plan}"
     );
-    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
-    let yaml = |text: &str| serde_norway::from_str::<serde_norway::Value>(text).unwrap();
     assert_eq!(lines["recompute_num_layers_per_stage"], yaml("[3, 2, 2, 2, 0, 0, 0, 0]"));
     assert_eq!(lines["offload_num_layers_per_stage"], yaml("[0, 0, 0, 0, 2, 2, 2, 2]"));
-    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
-    for (k, v) in lines {
-        merged.insert(k, v);
-    }
-    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
-    let after = json_of(&planned, &args);
-    assert_eq!(after["fits"], true, "{plan}\n{after}");
     assert_eq!(after["iteration_time_ms"].as_f64().map(|t| t.round()), Some(7509.0));
 }
 
@@ -844,11 +842,7 @@ fn plan_recomputes_where_the_host_is_full_and_offloads_elsewhere() {
 /// peak in the report.
 #[test]
 fn plan_offloads_where_the_copies_hide_and_says_why() {
-    let dir = temp_dir("sim-plan-offload");
-    let base = std::fs::read_to_string("configs/gpt3-175b.yaml").unwrap();
-    let cfg = write_config(&dir, "gpt3.yaml", &base);
-    let args = ["--hardware", "h100-sxm", "--memory-limit", "50GiB"];
-    let plan = stdout(&simulate(&cfg, &[&["--plan"], &args[..]].concat()));
+    let (plan, lines, after) = planned_gpt3("sim-plan-offload", "h100-sxm");
     assert!(
         plan.contains(
             "\n# interleaved-1f1b, v=4, micro batch 1, memory lever offload N=3: iteration 5.824 s"
@@ -863,19 +857,8 @@ fn plan_offloads_where_the_copies_hide_and_says_why() {
         ),
         "{plan}"
     );
-    let lines: serde_norway::Mapping = serde_norway::from_str(&plan).unwrap();
     assert_eq!(lines["fine_grained_activation_offloading"], true);
-    assert_eq!(
-        lines["offload_num_layers_per_stage"],
-        serde_norway::from_str::<serde_norway::Value>("[3, 3, 3, 3, 3, 3, 3, 3]").unwrap()
-    );
-    let mut merged: serde_norway::Mapping = serde_norway::from_str(&base).unwrap();
-    for (k, v) in lines {
-        merged.insert(k, v);
-    }
-    let planned = write_config(&dir, "planned.yaml", &serde_norway::to_string(&merged).unwrap());
-    let after = json_of(&planned, &args);
-    assert_eq!(after["fits"], true, "{plan}\n{after}");
+    assert_eq!(lines["offload_num_layers_per_stage"], yaml("[3, 3, 3, 3, 3, 3, 3, 3]"));
     assert_eq!(after["iteration_time_ms"].as_f64().map(|t| (t * 1e-3 * 1e3).round() / 1e3), Some(5.824));
     assert!(after["stages"].as_array().unwrap().iter().all(|s| s["host_peak_bytes"].as_u64().unwrap() > 0));
 }
