@@ -101,6 +101,13 @@ impl Topology {
         self.rank(stage, self.replica_of(rank), self.tensor_of(rank))
     }
 
+    /// [`Topology::members`], and `rank`'s place among them.
+    pub fn members_and_place(&self, group: Group, rank: usize) -> (Vec<usize>, usize) {
+        let members = self.members(group, rank);
+        let place = members.iter().position(|&m| m == rank).expect("a rank is in its own groups");
+        (members, place)
+    }
+
     /// The members of `group` as seen from `rank`, in the order collectives combine them.
     pub fn members(&self, group: Group, rank: usize) -> Vec<usize> {
         let (stage, replica, tensor) = (self.stage_of(rank), self.replica_of(rank), self.tensor_of(rank));
@@ -237,8 +244,7 @@ pub trait Collective: Send {
     /// bytes, the whole written back ([`Device::write_at`], so a master sharded to its part
     /// keeps that part and its bf16 copy takes the whole).
     fn all_gather_param(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
-        let members = self.topology().members(group, self.rank());
-        let me = members.iter().position(|&m| m == self.rank()).expect("a rank is in its own groups");
+        let (members, me) = self.topology().members_and_place(group, self.rank());
         let part = dev.to_host_part(t, member_part(t.len(), members.len(), me));
         let whole = self.all_gather_parts(group, &part)?;
         dev.write_at(t, 0, &whole);

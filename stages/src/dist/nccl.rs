@@ -67,8 +67,7 @@ fn device_after_comm(comm: &Comm, dev: &dyn Device) -> Result<(), DistError> {
 /// An NCCL communicator over `group`'s members, its unique id made by the first member
 /// and handed to the others over MPI.
 fn comm_over(mpi: &mut MpiCollective, group: Group, stream: Arc<CudaStream>) -> Result<Comm, DistError> {
-    let members = mpi.topology().members(group, mpi.rank());
-    let me = members.iter().position(|&m| m == mpi.rank()).expect("a rank is in its own groups");
+    let (members, me) = mpi.topology().members_and_place(group, mpi.rank());
     let id = if me == 0 { Some(Id::new().map_err(|e| nccl_error("unique id", e))?) } else { None };
     let mine: Vec<u8> = id.map(|id| id.internal().iter().map(|&c| c as u8).collect()).unwrap_or_default();
     let all = mpi.all_gather(group, &mine)?;

@@ -166,8 +166,7 @@ impl ThreadsCollective {
     /// Posts `part` to the current round of `group` and waits for the round to complete;
     /// `op` names the collective for a timeout.
     fn round(&self, op: &str, group: Group, part: Part) -> Result<Arc<Vec<Part>>, DistError> {
-        let members = self.topology.members(group, self.rank);
-        let me = members.iter().position(|&m| m == self.rank).expect("a rank is in its own groups");
+        let (members, me) = self.topology.members_and_place(group, self.rank);
         let n = members.len();
         let mut state = self.shared.lock();
         let board = state.boards.entry(members.clone()).or_insert_with(|| Board {
@@ -232,8 +231,7 @@ impl Collective for ThreadsCollective {
     /// The members' tensors cross as the transport's do, device buffers handed over without
     /// a download, and each member adds them on its device in member order: no host sync.
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
-        let members = self.topology.members(group, self.rank);
-        let me = members.iter().position(|&m| m == self.rank).expect("a rank is in its own groups");
+        let (members, me) = self.topology.members_and_place(group, self.rank);
         if members.len() == 1 {
             return Ok(());
         }
