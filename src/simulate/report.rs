@@ -10,7 +10,7 @@ use kernels::DType;
 use schedules::SimReport;
 use serde_json::{json, Value};
 use stages::flops::train_step_flops;
-use stages::memory_model::block_offload_groups;
+use stages::memory_model::{block_offload_groups, tally_groups};
 use stages::saved::block_kept_bytes;
 use stages::ModelShape;
 
@@ -188,22 +188,16 @@ impl Report<'_> {
 
     /// The bytes a microbatch moves from stage `r` to host memory and back, by tensor group,
     /// summed over the stage's chunks and layers.
-    fn offload_groups(&self, r: usize) -> Vec<(&'static str, u64)> {
+    fn offload_groups(&self, r: usize) -> Vec<(&'static str, usize)> {
         let setup = self.setup;
-        let mut groups: Vec<(&'static str, u64)> = Vec::new();
-        for c in 0..setup.v {
+        let lever = (&setup.policies[r], &setup.offloads[r]);
+        let blocks = (0..setup.v).flat_map(|c| {
             let blocks = setup.layout(r, c).blocks.len();
-            let lever = (&setup.policies[r], &setup.offloads[r]);
-            for o in 0..blocks {
-                for (group, bytes) in block_offload_groups(&setup.shape, setup.tp, lever, blocks, o) {
-                    match groups.iter_mut().find(|(g, _)| *g == group) {
-                        Some((_, total)) => *total += bytes as u64,
-                        None => groups.push((group, bytes as u64)),
-                    }
-                }
-            }
-        }
-        groups
+            (0..blocks).map(move |o| (blocks, o))
+        });
+        tally_groups(
+            blocks.flat_map(|(blocks, o)| block_offload_groups(&setup.shape, setup.tp, lever, blocks, o)),
+        )
     }
 
     /// [`Report::offload_groups`] of every stage; stages with the same figures share a line.
@@ -215,7 +209,7 @@ impl Report<'_> {
                 true => "nothing".to_string(),
                 false => groups
                     .iter()
-                    .map(|(g, b)| format!("{g} {}", format_bytes(*b)))
+                    .map(|(g, b)| format!("{g} {}", format_bytes(*b as u64)))
                     .collect::<Vec<_>>()
                     .join(", "),
             };

@@ -65,16 +65,23 @@ pub fn block_offload_groups(
     offset: usize,
 ) -> Vec<(&'static str, usize)> {
     let keep = policy.block_keep(blocks, offset);
-    let mut groups: Vec<(&'static str, usize)> = Vec::new();
-    for (t, entry) in block_kept(s, tp, keep).into_iter().filter(|&(t, _)| offload.offloads(offset, keep, t))
-    {
+    let offloaded = block_kept(s, tp, keep).into_iter().filter(|&(t, _)| offload.offloads(offset, keep, t));
+    tally_groups(offloaded.map(|(t, entry)| {
         let group = match keep {
             BlockKeep::Stored(_) => OffloadModule::of(t).name(),
             BlockKeep::InputOnly { .. } => "recompute input",
         };
+        (group, kept_bytes(&[entry]))
+    }))
+}
+
+/// Bytes by group, each group once, in the order groups first appear.
+pub fn tally_groups(bytes: impl IntoIterator<Item = (&'static str, usize)>) -> Vec<(&'static str, usize)> {
+    let mut groups: Vec<(&'static str, usize)> = Vec::new();
+    for (group, b) in bytes {
         match groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, bytes)) => *bytes += kept_bytes(&[entry]),
-            None => groups.push((group, kept_bytes(&[entry]))),
+            Some((_, total)) => *total += b,
+            None => groups.push((group, b)),
         }
     }
     groups
