@@ -17,7 +17,7 @@
 //! max(1, rows stored), null scalars, CUBLAS_OP_CONJG. Operands in device memory are host
 //! memory here ([`crate::memory`]), read through the addresses given.
 
-mod products;
+pub(crate) mod products;
 #[cfg(test)]
 mod tests;
 
@@ -127,9 +127,7 @@ fn ex_operands(
     let [a, b, c] =
         operands.map(|(addr, ty, ld, stride)| Element::of(ty).map(|ty| Operand { addr, ty, ld, stride }));
     let (a, b, c) = (a?, b?, c?);
-    if a.ty != b.ty || (c.ty != Element::F32 && c.ty != a.ty) {
-        return Err(cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
-    }
+    Element::check_types(a.ty, b.ty, c.ty)?;
     Ok((a, b, c))
 }
 

@@ -1,6 +1,7 @@
 //! One call's products, C = alpha op(A) op(B) + beta C for each of `batch` matrices:
 //! checked as cuBLAS checks them when called, computed later on a stream with the `gemm`
-//! crate. Every matrix is column-major, as cuBLAS's are.
+//! crate. Every matrix is column-major, as cuBLAS's are. cuBLASLt's matmul ([`crate::cublaslt`])
+//! runs through the same products, its epilogue applied to the f32 result before it is stored.
 
 use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t, cudaDataType_t};
 use gemm::Parallelism;
@@ -9,13 +10,13 @@ use std::ffi::{c_int, c_longlong};
 
 /// The element types the stand-in computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Element {
+pub(crate) enum Element {
     F32,
     Bf16,
 }
 
 impl Element {
-    pub(super) fn of(ty: cudaDataType_t) -> Result<Element, cublasStatus_t> {
+    pub(crate) fn of(ty: cudaDataType_t) -> Result<Element, cublasStatus_t> {
         match ty {
             cudaDataType_t::CUDA_R_32F => Ok(Element::F32),
             cudaDataType_t::CUDA_R_16BF => Ok(Element::Bf16),
@@ -23,7 +24,24 @@ impl Element {
         }
     }
 
-    fn bytes(self) -> isize {
+    /// The type a cudaDataType_t's value names (cuBLASLt passes types as plain integers, in
+    /// attribute buffers and as an enum of its own).
+    pub(crate) fn of_raw(raw: i32) -> Result<Element, cublasStatus_t> {
+        let modelled = [cudaDataType_t::CUDA_R_32F, cudaDataType_t::CUDA_R_16BF];
+        let ty = modelled.into_iter().find(|ty| *ty as i32 == raw);
+        ty.map_or(Err(cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED), Element::of)
+    }
+
+    /// Whether the stand-in models a product of these types under an f32 compute type:
+    /// A and B of one type, C f32 or of their type (f32 operands into a bf16 C are refused).
+    pub(crate) fn check_types(a: Element, b: Element, c: Element) -> Result<(), cublasStatus_t> {
+        if a != b || (c != Element::F32 && c != a) {
+            return Err(cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn bytes(self) -> isize {
         match self {
             Element::F32 => 4,
             Element::Bf16 => 2,
@@ -34,7 +52,7 @@ impl Element {
 /// An operand as the caller passed it: its address, element type, leading dimension and
 /// (batched calls) the elements between one matrix and the next.
 #[derive(Clone, Copy)]
-pub(super) struct Operand {
+pub(crate) struct Operand {
     pub addr: usize,
     pub ty: Element,
     pub ld: c_int,
@@ -43,18 +61,18 @@ pub(super) struct Operand {
 
 /// A stored matrix of one batch: `rows` x `cols`, `ld` elements between columns.
 #[derive(Clone, Copy)]
-struct Stored {
-    addr: usize,
-    ty: Element,
-    rows: usize,
-    cols: usize,
-    ld: usize,
+pub(crate) struct Stored {
+    pub addr: usize,
+    pub ty: Element,
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
 }
 
 /// The products of one call, checked; the scalars were read when it was made (pointer
 /// mode host), the matrices are read when it runs.
 #[derive(Clone, Copy)]
-pub(super) struct Products {
+pub(crate) struct Products {
     ta: bool,
     tb: bool,
     m: usize,
@@ -69,7 +87,7 @@ pub(super) struct Products {
 }
 
 /// Whether an operation transposes; conjugation is the identity on real types, so C is T.
-fn transposes(op: cublasOperation_t) -> Result<bool, cublasStatus_t> {
+pub(crate) fn transposes(op: cublasOperation_t) -> Result<bool, cublasStatus_t> {
     match op {
         cublasOperation_t::CUBLAS_OP_N => Ok(false),
         cublasOperation_t::CUBLAS_OP_T | cublasOperation_t::CUBLAS_OP_C => Ok(true),
@@ -86,7 +104,7 @@ impl Products {
     /// # Safety
     /// `alpha` and `beta` are null or point to an f32.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn check(
+    pub(crate) unsafe fn check(
         (transa, transb): (cublasOperation_t, cublasOperation_t),
         (m, n, k): (c_int, c_int, c_int),
         alpha: *const f32,
@@ -114,7 +132,7 @@ impl Products {
     }
 
     /// Whether there is anything to compute (cuBLAS returns at once when not).
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.m == 0 || self.n == 0 || self.batch == 0
     }
 
@@ -123,7 +141,18 @@ impl Products {
     /// # Safety
     /// Every matrix the call names is readable (C writable) for the call's shapes, leading
     /// dimensions and strides, and C overlaps neither A nor B.
-    pub(super) unsafe fn run(&self) {
+    pub(crate) unsafe fn run(&self) {
+        // SAFETY: per the contract.
+        unsafe { self.run_then(&|_, _| ()) }
+    }
+
+    /// As [`Products::run`], with `epilogue` applied to each product's f32 result (m x n,
+    /// column-major, its pointer and leading dimension) before it is stored, so a bf16 C is
+    /// still rounded once: cuBLASLt's epilogues.
+    ///
+    /// # Safety
+    /// As [`Products::run`]; `epilogue` keeps to the m x n matrix it is given.
+    pub(crate) unsafe fn run_then(&self, epilogue: &dyn Fn(*mut f32, usize)) {
         for i in 0..self.batch {
             let at = |o: Operand, rows, cols| Stored {
                 addr: o.addr.wrapping_add_signed(i as isize * o.stride as isize * o.ty.bytes()),
@@ -135,22 +164,26 @@ impl Products {
             let a = if self.ta { at(self.a, self.k, self.m) } else { at(self.a, self.m, self.k) };
             let b = if self.tb { at(self.b, self.n, self.k) } else { at(self.b, self.k, self.n) };
             // SAFETY: per the contract, for this batch's matrices.
-            unsafe { self.one(a, b, at(self.c, self.m, self.n)) };
+            unsafe { self.one(a, b, at(self.c, self.m, self.n), epilogue) };
         }
     }
 
     /// One product. bf16 operands are widened to f32 (exactly) and a bf16 C is computed in
     /// f32 and rounded once, to nearest even, as cuBLAS does under CUBLAS_COMPUTE_32F.
     /// Neither A nor B is read when alpha or k is 0 (as BLAS defines: they need not be set).
-    unsafe fn one(&self, a: Stored, b: Stored, c: Stored) {
+    unsafe fn one(&self, a: Stored, b: Stored, c: Stored, epilogue: &dyn Fn(*mut f32, usize)) {
         // SAFETY (all three blocks): per `run`'s contract.
         let operands = (self.alpha != 0.0 && self.k > 0).then(|| unsafe { (View::of(a), View::of(b)) });
         match c.ty {
-            Element::F32 => unsafe { self.product(operands, c.addr as *mut f32, c.ld) },
+            Element::F32 => unsafe {
+                self.product(operands, c.addr as *mut f32, c.ld);
+                epilogue(c.addr as *mut f32, c.ld);
+            },
             Element::Bf16 => unsafe {
                 // C is read only where beta scales it: with beta 0 it may hold NaN.
                 let mut wide = if self.beta == 0.0 { vec![0.0; c.rows * c.cols] } else { widen(c) };
                 self.product(operands, wide.as_mut_ptr(), c.rows);
+                epilogue(wide.as_mut_ptr(), c.rows);
                 narrow(&wide, c);
             },
         }
@@ -205,15 +238,17 @@ impl Products {
 
 /// A matrix as f32: in place, or a dense widened copy of a bf16 one (its leading dimension
 /// then its row count).
-struct View {
-    ptr: *const f32,
-    ld: usize,
+pub(crate) struct View {
+    pub ptr: *const f32,
+    pub ld: usize,
     /// Owns what `ptr` points to for a widened copy.
     _copy: Vec<f32>,
 }
 
 impl View {
-    unsafe fn of(x: Stored) -> View {
+    /// # Safety
+    /// `x` is readable for its shape and leading dimension (while the view is used, for f32).
+    pub(crate) unsafe fn of(x: Stored) -> View {
         match x.ty {
             Element::F32 => View { ptr: x.addr as *const f32, ld: x.ld, _copy: Vec::new() },
             Element::Bf16 => {
