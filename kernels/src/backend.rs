@@ -160,6 +160,16 @@ pub trait Matmul {
         layout: WeightLayout,
         dims: MatmulDims,
     );
+    /// `gelu_input` [N,IC] is the GELU's input whose output the matmul read.
+    fn matmul_backward_input_gelu_impl(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        gelu_input: &Tensor,
+        dims: MatmulDims,
+    );
     fn matmul_backward_weight_impl(
         &self,
         dweight: &mut Tensor,

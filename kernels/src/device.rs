@@ -88,6 +88,13 @@ pub fn padded_vocab(vocab: usize) -> usize {
     vocab.next_multiple_of(VOCAB_PADDING)
 }
 
+/// Whether CUDA runs [`Device::matmul_backward_input_gelu`] at input width `width` as one
+/// product, with no [N, width] gradient between the product and the GELU: cuBLASLt's
+/// GELU-derivative epilogue needs its aux matrix's leading dimension a multiple of 8.
+pub fn cuda_fuses_gelu_backward(width: usize) -> bool {
+    width.is_multiple_of(8)
+}
+
 /// The elements of the bf16 copy a device storing bf16 activations keeps beside a parameter
 /// of `shape` for its matmuls to read: a matrix's, its rows padded with zeros to a multiple
 /// of [`VOCAB_PADDING`] (so the LM head's GEMMs read wte's as [Vp, C]); none for a vector
@@ -461,6 +468,21 @@ pub trait Device:
     fn matmul_backward_input(&self, dinp: &mut Tensor, dout: &Tensor, weight: &Tensor, layout: WeightLayout) {
         let dims = matmul_dims(dout, dinp, weight, layout);
         self.matmul_backward_input_impl(dinp, dout, weight, layout, dims);
+    }
+    /// dinp [N,IC] = gelu'(gelu_input [N,IC]) * (dout [N,OC] @ W^T) (overwrite): the
+    /// backward-input half of a matmul whose input was gelu(gelu_input), through the GELU.
+    /// On CUDA one product with cuBLASLt's GELU-derivative epilogue (blaslt.rs).
+    fn matmul_backward_input_gelu(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        gelu_input: &Tensor,
+    ) {
+        let dims = matmul_dims(dout, dinp, weight, layout);
+        assert_same_len(dinp, gelu_input);
+        self.matmul_backward_input_gelu_impl(dinp, dout, weight, layout, gelu_input, dims);
     }
     /// dweight (per `layout`) += inp^T @ dout; dbias [OC] += column sums of dout.
     /// The backward-weight half, which a zero-bubble schedule defers.

@@ -473,6 +473,56 @@ fn bf16_matmul_is_close_to_fp32() {
     }
 }
 
+/// The products whose epilogue does the next op's work (cuBLASLt): the forward with its
+/// bias, and the input gradient through GELU. At widths cuBLASLt takes (multiples of 8)
+/// they launch no kernel of ours; at an odd width the input gradient falls back to the
+/// product and `gelu_backward`, one launch. Each path matches the CPU, in fp32 to TOL and
+/// under bf16 to bf16's precision, in both weight layouts.
+#[test]
+fn epilogue_products_match_and_launch_no_kernel_of_ours() {
+    let test = "epilogue_products_match_and_launch_no_kernel_of_ours";
+    let Some(fp32) = gpu(test) else { return };
+    let Some(bf16) = bf16_gpu(test) else { return };
+    let mut rng = seeded(test);
+    for (gpu, tol) in [(&fp32, TOL), (&bf16, 2e-2)] {
+        // (IC, launches of the gradient through GELU): 96 suits cuBLASLt's aux matrix, 99 does not.
+        for (ic, launches) in [(C, 0), (C + 3, 1)] {
+            let oc = C + 8;
+            let (inp, w, bias, dout) = (
+                rng.uniform(N * ic, 2.0),
+                rng.uniform(ic * oc, 1.0),
+                rng.uniform(oc, 1.0),
+                rng.uniform(N * oc, 1.0),
+            );
+            for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+                let w_shape = match layout {
+                    WeightLayout::InOut => [ic, oc],
+                    WeightLayout::OutIn => [oc, ic],
+                };
+                // The results, and how many kernels of ours the two ops launched (the
+                // uploads' casts to bf16 are not counted).
+                let run = |dev: &dyn Device, launches: &dyn Fn() -> u64| {
+                    let (x, wt, bias) =
+                        (put(dev, &inp, &[N, ic]), param(dev, &w, &w_shape), param(dev, &bias, &[oc]));
+                    let (mut out, dout) = (act_zeros(dev, &[N, oc]), put(dev, &dout, &[N, oc]));
+                    let mut dinp = put(dev, &vec![f32::NAN; N * ic], &[N, ic]);
+                    let before = launches();
+                    dev.matmul_forward(&mut out, &x, &wt, layout, Some(&bias));
+                    dev.matmul_backward_input_gelu(&mut dinp, &dout, &wt, layout, &x);
+                    let launched = launches() - before;
+                    ([out, dinp].map(|t| dev.to_host(&t)), launched)
+                };
+                let (got, launched) = run(gpu, &|| gpu.launches());
+                let what = format!("{:?}, IC {ic}, {layout:?}", gpu.activation_dtype());
+                assert_eq!(launched, launches, "{what}: kernels of ours launched");
+                let (want, _) = run(&cpu(), &|| 0);
+                assert_close(&format!("out with bias, {what}"), &got[0], &want[0], tol);
+                assert_close(&format!("dinp through gelu, {what}"), &got[1], &want[1], tol);
+            }
+        }
+    }
+}
+
 #[test]
 fn bf16_tensors_round_as_the_half_crate() {
     let Some(gpu) = gpu("bf16_tensors_round_as_the_half_crate") else { return };

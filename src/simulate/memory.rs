@@ -23,9 +23,10 @@
 //!   their tensors, or one block's selectively dropped tensors;
 //! * backward-input: the recomputed tensors it consumes, a stored block's offloaded tensors
 //!   brought back with the previous block's, whose copy back starts a block early (the
-//!   largest such pair), one block's gradient scratch (two
-//!   [B,T,F], one [B,T,3C], and the attention core's: the [B,NH,T,T] score gradient, or
-//!   the fused core's [B,NH,T] row sums), and the received and the sent gradient [B,T,C];
+//!   largest such pair), one block's gradient scratch (two [B,T,F], or one on CUDA under
+//!   GELU, whose backward is the epilogue of fc2's input-gradient product; one [B,T,3C];
+//!   and the attention core's: the [B,NH,T,T] score gradient, or the fused core's [B,NH,T]
+//!   row sums), and the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
 //!   gradients, which are static).
 //!
@@ -33,6 +34,7 @@
 //! input.
 
 use super::setup::Setup;
+use crate::config::DeviceKind;
 use kernels::AttentionSaves;
 use schedules::ChunkMemory;
 use stages::memory_model::{
@@ -40,7 +42,7 @@ use stages::memory_model::{
 };
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
 use stages::tensor_parallel::Split;
-use stages::{RecomputePolicy, SelectiveModules};
+use stages::{Activation, RecomputePolicy, SelectiveModules};
 
 /// Memory of one microbatch through chunk `chunk` of stage `stage`, on one tensor-parallel
 /// rank.
@@ -97,7 +99,8 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         RecomputePolicy::Selective(_) => 0,
     };
     let grad_scratch = if blocks > 0 {
-        element(s.tokens() * (s.ffn + s.fc1_width() + s.qkv_width()), Split::Interior) + attention_scratch
+        element(s.tokens() * (fc2_input_grad_width(setup) + s.fc1_width() + s.qkv_width()), Split::Interior)
+            + attention_scratch
     } else {
         0
     };
@@ -118,6 +121,21 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         recompute_working_bytes: recompute_working,
         backward_input_working_bytes: recompute_working + reloaded + grad_scratch + grad_messages,
         backward_weight_working_bytes: 0,
+    }
+}
+
+/// The width of fc2's input gradient [B,T,F] that backward-input holds beside fc1's output
+/// gradient: F, or none where CUDA computes the GELU's gradient in fc2's product
+/// (`Device::matmul_backward_input_gelu`).
+fn fc2_input_grad_width(setup: &Setup) -> usize {
+    let s = &setup.shape;
+    let fused = setup.cfg.device == DeviceKind::Cuda
+        && s.arch.activation == Activation::Gelu
+        && kernels::cuda_fuses_gelu_backward(s.ffn);
+    if fused {
+        0
+    } else {
+        s.ffn
     }
 }
 

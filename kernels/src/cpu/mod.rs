@@ -457,6 +457,21 @@ impl Matmul for CpuDevice {
             .install(|| matmul::backward_input(dinp.cpu_mut(), dout.cpu(), weight.cpu(), layout, dims, par));
     }
 
+    fn matmul_backward_input_gelu_impl(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        gelu_input: &Tensor,
+        dims: MatmulDims,
+    ) {
+        // The product, then GELU's backward: the two passes the one fused product on CUDA does.
+        let mut dact = self.zeros_of(dinp.dtype(), dinp.shape(), Category::Workspace);
+        self.matmul_backward_input_impl(&mut dact, dout, weight, layout, dims);
+        self.gelu_backward_impl(dinp, gelu_input, &dact);
+    }
+
     fn matmul_backward_weight_impl(
         &self,
         dweight: &mut Tensor,

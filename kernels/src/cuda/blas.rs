@@ -2,9 +2,12 @@
 //! [R, C] matrix is a column-major [C, R] one, so each product is computed transposed,
 //! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
 
-use super::device::{buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, BufMut, CudaDevice};
-use crate::backend::Matmul;
+use super::blaslt::Epilogue;
+use super::device::{buf, buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, Buf, BufMut, CudaDevice};
+use crate::backend::{Gelu, Matmul};
+use crate::device::Device;
 use crate::device::WeightLayout;
+use crate::memory::Category;
 use crate::shapes::MatmulDims;
 use crate::tensor::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
@@ -114,6 +117,15 @@ fn backward_weight_shape(d: Dims, layout: WeightLayout) -> (GemmShape, bool) {
             GemmShape { ta: false, tb: true, m: d.ic, n: d.oc, k: d.n, lda: d.ic, ldb: d.ldo, ldc: d.ic },
             false,
         ),
+    }
+}
+
+/// A product's operand as activations of `dtype` read it: a tensor's f32 elements, or its
+/// bf16 ones (a weight's bf16 copy).
+fn operand(dtype: DType, t: &Tensor) -> Buf<'_> {
+    match dtype {
+        DType::F32 => Buf::F32(cu(t)),
+        DType::Bf16 => Buf::Bf16(cu16(t)),
     }
 }
 
@@ -233,10 +245,16 @@ impl Matmul for CudaDevice {
     ) {
         let d = Dims::from(dims);
         let dtype = same_dtype(&[out, inp]);
-        self.layer_gemm(dtype, forward_shape(d, layout), 0.0, weight, inp, buf_mut(out));
+        let shape = forward_shape(d, layout);
         if let Some(bias) = bias {
-            // In bf16, a second rounding after the product's: cuBLAS has no bias epilogue
-            // (cuBLASLt would fuse it).
+            let (a, b) = (operand(dtype, weight), operand(dtype, inp));
+            if self.fused_gemm(shape, dtype, a, b, buf_mut(out), Epilogue::Bias(cu(bias))) {
+                return;
+            }
+        }
+        self.layer_gemm(dtype, shape, 0.0, weight, inp, buf_mut(out));
+        if let Some(bias) = bias {
+            // In bf16, a second rounding after the product's.
             self.add_bias(out, bias, d.n, d.oc);
         }
     }
@@ -252,6 +270,27 @@ impl Matmul for CudaDevice {
         let d = Dims::from(dims);
         let dtype = same_dtype(&[dinp, dout]);
         self.layer_gemm(dtype, backward_input_shape(d, layout), 0.0, weight, dout, buf_mut(dinp));
+    }
+
+    fn matmul_backward_input_gelu_impl(
+        &self,
+        dinp: &mut Tensor,
+        dout: &Tensor,
+        weight: &Tensor,
+        layout: WeightLayout,
+        gelu_input: &Tensor,
+        dims: MatmulDims,
+    ) {
+        let d = Dims::from(dims);
+        let dtype = same_dtype(&[dinp, dout, gelu_input]);
+        let shape = backward_input_shape(d, layout);
+        let (a, b) = (operand(dtype, weight), operand(dtype, dout));
+        let epilogue = Epilogue::GeluBackward(buf(gelu_input));
+        if !self.fused_gemm(shape, dtype, a, b, buf_mut(dinp), epilogue) {
+            let mut dact = self.zeros_of(dtype, dinp.shape(), Category::Workspace);
+            self.layer_gemm(dtype, shape, 0.0, weight, dout, buf_mut(&mut dact));
+            self.gelu_backward_impl(dinp, gelu_input, &dact);
+        }
     }
 
     fn matmul_backward_weight_impl(

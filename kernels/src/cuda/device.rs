@@ -5,6 +5,7 @@
 
 use super::arena::{Arena, FreeOnStream};
 use super::blas::MatmulPrecision;
+use super::blaslt::Lt;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
 use super::launch::per_item;
@@ -24,6 +25,7 @@ use crate::timing::{Mark, Readings};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchArgs, PushKernelArg};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A GPU as a [`Device`]. Each device has its own stream, so ops on one device run in
@@ -34,6 +36,8 @@ pub struct CudaDevice {
     pub(super) stream: Arc<CudaStream>,
     /// cuBLAS handles are not meant for concurrent calls; a device serialises its own.
     pub(super) blas: Mutex<CudaBlas>,
+    /// cuBLASLt, for the matmuls with an epilogue (blaslt.rs); serialised as `blas` is.
+    pub(super) lt: Mutex<Lt>,
     pub(super) precision: MatmulPrecision,
     pub(super) ledger: Arc<MemoryLedger>,
     /// Offloaded activations in host memory (`Device::offload`).
@@ -48,6 +52,8 @@ pub struct CudaDevice {
     /// `readout.rs`): gradients never move, so after the first step it uploads nothing.
     pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
     clock: EventClock,
+    /// Kernels of ours launched ([`CudaDevice::launches`]).
+    pub(super) launches: AtomicU64,
     /// Opened as the sole device of its GPU in this process (see `adopt`).
     pub(super) sole: bool,
 }
@@ -76,24 +82,34 @@ impl CudaDevice {
                         wheel nvidia-cublas) and put its lib directory on LD_LIBRARY_PATH"
                 .into());
         }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+            return Err("the cuBLASLt library (libcublasLt.so) was not found; it comes with cuBLAS \
+                        (the PyPI wheel nvidia-cublas): put its lib directory on LD_LIBRARY_PATH"
+                .into());
+        }
         let stream =
             gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
         let copies =
             gpu.ctx.new_stream().map_err(|e| format!("GPU {ordinal}: cannot create a stream: {e:?}"))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| format!("GPU {ordinal}: cannot start cuBLAS: {e:?}"))?;
+        gpu.ctx.bind_to_thread().map_err(|e| format!("GPU {ordinal}: cannot bind the context: {e:?}"))?;
+        let lt = Lt::new(&stream).map_err(|e| format!("GPU {ordinal}: {e}"))?;
         let counters = Arc::new(Counters::default());
         Ok(CudaDevice {
             ordinal,
             gpu,
             stream,
             blas: Mutex::new(blas),
+            lt: Mutex::new(lt),
             precision: MatmulPrecision::Fp32,
             ledger: Arc::new(MemoryLedger::new()),
             host_ledger: Arc::new(MemoryLedger::new()),
             copies,
             reloads: Mutex::default(),
             clock: EventClock::default(),
+            launches: AtomicU64::new(0),
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
             norm_tables: Mutex::new(None),
@@ -120,6 +136,12 @@ impl CudaDevice {
 
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// How many kernels of ours (kernels/cuda) this device has launched: a product whose
+    /// epilogue did a kernel's work launches none.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// Waits until every op issued so far on this device has finished (for timing).

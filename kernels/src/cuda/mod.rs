@@ -12,6 +12,7 @@ macro_rules! launch {
         let cfg: cudarc::driver::LaunchConfig = $cfg;
         if cfg.grid_dim.0 > 0 && cfg.grid_dim.1 > 0 && cfg.grid_dim.2 > 0 {
             use cudarc::driver::PushKernelArg as _;
+            $dev.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let function = $dev.gpu.kernel($name);
             let mut builder = $dev.stream.launch_builder(function);
             $(builder.arg($arg);)+
@@ -28,6 +29,7 @@ macro_rules! launch {
 mod arena;
 mod attention;
 mod blas;
+mod blaslt;
 mod classifier;
 mod clock;
 pub mod compile;

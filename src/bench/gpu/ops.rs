@@ -88,7 +88,7 @@ pub type Under<'a> = (&'a dyn Device, AttentionSaves);
 /// One op's outputs on a device, downloaded.
 type Op = fn(Under, &Inputs) -> Vec<Vec<f32>>;
 
-fn ops() -> [(&'static str, Op); 20] {
+fn ops() -> [(&'static str, Op); 21] {
     [
         ("add", |(d, _), i| {
             let mut out = d.empty(&[i.x.len()], Category::Workspace);
@@ -160,6 +160,19 @@ fn ops() -> [(&'static str, Op); 20] {
             let mut dinp = d.empty(&[n, c], Category::Workspace);
             let w = shaped(d, &i.w, &[c, 3 * c]);
             d.matmul_backward_input(&mut dinp, &shaped(d, &i.qkv, &[n, 3 * c]), &w, WeightLayout::InOut);
+            host(d, [dinp])
+        }),
+        ("matmul backward input through gelu", |(d, _), i| {
+            let (n, c) = (i.s.b * i.s.t, i.s.c);
+            let mut dinp = d.empty(&[n, c], Category::Workspace);
+            let (w, dout) = (shaped(d, &i.w, &[c, 3 * c]), shaped(d, &i.qkv, &[n, 3 * c]));
+            d.matmul_backward_input_gelu(
+                &mut dinp,
+                &dout,
+                &w,
+                WeightLayout::InOut,
+                &shaped(d, &i.x, &[n, c]),
+            );
             host(d, [dinp])
         }),
         ("matmul backward weight", |(d, _), i| {

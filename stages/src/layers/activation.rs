@@ -1,7 +1,7 @@
 //! The MLP's activation: GELU (GPT-2's tanh approximation) on one projection, or SwiGLU
 //! (Megatron's `swiglu`: silu(gate) * up) on the two halves of a fused projection.
 
-use kernels::{Device, Tensor};
+use kernels::{Category, Device, Tensor, WeightLayout};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -27,11 +27,27 @@ impl Activation {
         }
     }
 
-    /// dinp [N, fc1_width(F)] (overwrite) from dout [N,F] and the forward's input.
-    pub fn backward(self, dev: &dyn Device, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+    /// dinp [N, fc1_width(F)] (overwrite) from the gradient dout [N,C] at the output of
+    /// fc2, the matmul that read act(inp): fc2's input gradient [N,F], then the
+    /// activation's. GELU's are one op, which CUDA runs as one product.
+    pub fn backward_through_fc2(
+        self,
+        dev: &dyn Device,
+        dinp: &mut Tensor,
+        inp: &Tensor,
+        dout: &Tensor,
+        fc2: (&Tensor, WeightLayout),
+    ) {
+        let (weight, layout) = fc2;
         match self {
-            Activation::Gelu => dev.gelu_backward(dinp, inp, dout),
-            Activation::SwiGlu => dev.swiglu_backward(dinp, inp, dout),
+            Activation::Gelu => dev.matmul_backward_input_gelu(dinp, dout, weight, layout, inp),
+            Activation::SwiGlu => {
+                let f = dinp.shape().last().expect("a [N, 2F] gradient") / 2;
+                let mut dact =
+                    dev.zeros_of(dev.activation_dtype(), &[dinp.len() / (2 * f), f], Category::Workspace); // [N,F]
+                dev.matmul_backward_input(&mut dact, dout, weight, layout);
+                dev.swiglu_backward(dinp, inp, &dact);
+            }
         }
     }
 }

@@ -329,12 +329,10 @@ impl Block<'_> {
                 a
             })
         });
-        let mut dact = ws(&[b, t, f]); // [B,T,F]
-        self.linear_backward_input(dev, &mut dact, &dfcproj, BlockParam::Fc2Weight);
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc2Weight, Arc::new(fch_act), dfcproj));
         let mut dfch = ws(&[b, t, shard.fc1_width(s)]); // [B,T,FC1]
-        s.arch.activation.backward(dev, &mut dfch, &acts.fch, &dact);
-        drop(dact);
+        let fc2 = (self.param(BlockParam::Fc2Weight), s.weight_layout());
+        s.arch.activation.backward_through_fc2(dev, &mut dfch, &acts.fch, &dfcproj, fc2);
+        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc2Weight, Arc::new(fch_act), dfcproj));
         let dfch = Arc::new(dfch);
         let norm2 = self.norm2();
         let n2 = acts.n2.unwrap_or_else(|| norm2.recompute(dev, &acts.residual));

@@ -1,0 +1,282 @@
+//! The layer matmuls whose epilogue folds in the step after them, through cuBLASLt: the
+//! bias in forward (`matmul_forward` with a bias), and GELU's derivative in the
+//! backward-input product that feeds it (`matmul_backward_input_gelu`). Each saves a pass
+//! over an [N, OC] activation, the bias add or the GELU backward, as llm.c's matmuls do.
+//!
+//! The epilogue runs on the fp32 accumulator, so a bf16 result is rounded once where the
+//! unfused path rounds the product and then the sum. cuBLASLt's GELU derivative is its own
+//! code: it agrees with `gelu.cu`'s to rounding, not bit for bit, so a run keeps one path
+//! for a given problem. Where cuBLASLt has no algorithm for a problem (an aux leading
+//! dimension that is not a multiple of 8, say), the caller takes the unfused path; the
+//! choice is made once per problem and kept.
+//!
+//! GELU's forward stays our kernel: the `mlp` recompute module rebuilds the activation
+//! with it, and a forward through cuBLASLt's GELU would give the kept activation and the
+//! recomputed one different bits.
+
+use super::blas::GemmShape;
+use super::device::{Buf, BufMut, CudaDevice};
+use crate::device::cuda_fuses_gelu_backward;
+use crate::tensor::DType;
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys::{
+    cublasComputeType_t, cublasLtEpilogue_t, cublasLtHandle_t, cublasLtMatmulAlgo_t,
+    cublasLtMatmulDescAttributes_t as Attr, cublasLtMatmulDesc_t, cublasLtMatmulPreferenceAttributes_t,
+    cublasLtMatrixLayout_t, cublasStatus_t, cudaDataType_t,
+};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// cuBLASLt's workspace per device. Hopper's fastest kernels want 32 MiB (llm.c's size);
+/// like cuBLAS's own workspace, it is outside the ledger, in the memory the simulator's
+/// GPU profile leaves to the CUDA context and the allocator. A GPU without 32 MiB free when
+/// the device opens gets none, and cuBLASLt chooses among the algorithms that need none:
+/// running out of memory stays the ledger's error, at the allocation that does.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// What a fused product does after the accumulation.
+pub(super) enum Epilogue<'a> {
+    /// out += bias [m], broadcast over the columns (the rows of a row-major out).
+    Bias(&'a CudaSlice<f32>),
+    /// out *= gelu'(aux), aux of out's shape and type (GELU's input from the forward).
+    GeluBackward(Buf<'a>),
+}
+
+impl Epilogue<'_> {
+    fn kind(&self) -> cublasLtEpilogue_t {
+        match self {
+            Epilogue::Bias(_) => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::GeluBackward(_) => cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU,
+        }
+    }
+}
+
+/// One problem as cuBLASLt's heuristic sees it: the shape, the element type and the epilogue.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Problem {
+    shape: [usize; 8],
+    bf16: bool,
+    epilogue: u32,
+}
+
+/// A device's cuBLASLt handle, its workspace, and the algorithm chosen for each problem
+/// (None: none fits, so that problem runs unfused).
+pub(super) struct Lt {
+    handle: cublasLtHandle_t,
+    workspace: Option<CudaSlice<u8>>,
+    algos: HashMap<Problem, Option<cublasLtMatmulAlgo_t>>,
+}
+
+// SAFETY: the handle is used only under the device's mutex, one call at a time.
+unsafe impl Send for Lt {}
+
+impl Lt {
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Lt, String> {
+        let handle = lt::create_handle().map_err(|e| format!("cannot start cuBLASLt: {e:?}"))?;
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES).ok();
+        Ok(Lt { handle, workspace, algos: HashMap::new() })
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from create_handle and is not used again.
+        unsafe { lt::destroy_handle(self.handle) }.unwrap_or_else(|e| panic!("cuda: cuBLASLt: {e:?}"));
+    }
+}
+
+/// Descriptors that are destroyed when the call is over, whichever way it ends.
+struct Descriptors {
+    desc: cublasLtMatmulDesc_t,
+    layouts: Vec<cublasLtMatrixLayout_t>,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each was created by this call and is not used after it.
+        unsafe {
+            for &layout in &self.layouts {
+                let _ = lt::destroy_matrix_layout(layout);
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+fn check(status: Result<(), lt::CublasError>, what: &str) {
+    status.unwrap_or_else(|e| panic!("cuda: cuBLASLt {what}: {e:?}"));
+}
+
+/// Sets one attribute of `desc` from `value`.
+fn set<T>(desc: cublasLtMatmulDesc_t, attr: Attr, value: &T) {
+    // SAFETY: `value` is the attribute's type, read for its size during the call.
+    let status = unsafe {
+        lt::set_matmul_desc_attribute(desc, attr, value as *const T as *const c_void, size_of::<T>())
+    };
+    check(status, "set_matmul_desc_attribute");
+}
+
+fn element(bf16: bool) -> cudaDataType_t {
+    if bf16 {
+        cudaDataType_t::CUDA_R_16BF
+    } else {
+        cudaDataType_t::CUDA_R_32F
+    }
+}
+
+/// A column-major layout of `rows` x `cols` with leading dimension `ld`.
+fn layout(bf16: bool, rows: usize, cols: usize, ld: usize) -> cublasLtMatrixLayout_t {
+    lt::create_matrix_layout(element(bf16), rows as u64, cols as u64, ld as i64)
+        .unwrap_or_else(|e| panic!("cuda: cuBLASLt layout {rows}x{cols} ld {ld}: {e:?}"))
+}
+
+/// The address of a buffer on `stream`, with the guard that orders its other streams.
+fn address<'a>(buf: &Buf<'a>, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+    match buf {
+        Buf::F32(s) => s.device_ptr(stream),
+        Buf::Bf16(s) => s.device_ptr(stream),
+    }
+}
+
+impl CudaDevice {
+    /// C = op(A) op(B) (column-major, beta 0) then `epilogue`, all on this device's
+    /// stream, A and B and C of `dtype`. Returns false, having done nothing, where
+    /// cuBLASLt has no algorithm for the problem: the caller runs it unfused.
+    pub(super) fn fused_gemm(
+        &self,
+        shape: GemmShape,
+        dtype: DType,
+        a: Buf,
+        b: Buf,
+        c: BufMut,
+        epilogue: Epilogue,
+    ) -> bool {
+        let bf16 = dtype == DType::Bf16;
+        if let Epilogue::GeluBackward(aux) = &epilogue {
+            // cuBLASLt reads the aux matrix in 16-byte accesses.
+            if !aux_aligned(aux, &self.stream) || !cuda_fuses_gelu_backward(shape.ldc) {
+                return false;
+            }
+        }
+        let compute = cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let desc = lt::create_matmul_desc(compute, cudaDataType_t::CUDA_R_32F)
+            .unwrap_or_else(|e| panic!("cuda: cuBLASLt matmul desc: {e:?}"));
+        let mut d = Descriptors { desc, layouts: Vec::with_capacity(3) };
+        let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T, CUBLAS_OP_N
+        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op(shape.ta));
+        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op(shape.tb));
+        set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind());
+        let GemmShape { ta, tb, m, n, k, lda, ldb, ldc } = shape;
+        let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
+        let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
+        d.layouts.push(layout(bf16, a_rows, a_cols, lda));
+        d.layouts.push(layout(bf16, b_rows, b_cols, ldb));
+        d.layouts.push(layout(bf16, m, n, ldc));
+
+        // The addresses, held for the call (their guards order other streams after it).
+        let (a_ptr, _a) = address(&a, &self.stream);
+        let (b_ptr, _b) = address(&b, &self.stream);
+        let (c_ptr, _c) = match c {
+            BufMut::F32(s) => s.device_ptr_mut(&self.stream),
+            BufMut::Bf16(s) => s.device_ptr_mut(&self.stream),
+        };
+        let _epilogue_operand = match &epilogue {
+            Epilogue::Bias(bias) => {
+                let (ptr, guard) = bias.device_ptr(&self.stream);
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(ptr as *const c_void));
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &cudaDataType_t::CUDA_R_32F);
+                guard
+            }
+            Epilogue::GeluBackward(aux) => {
+                let (ptr, guard) = address(aux, &self.stream);
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(ptr as *const c_void));
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(ldc as i64));
+                guard
+            }
+        };
+
+        let problem = Problem {
+            shape: [ta as usize, tb as usize, m, n, k, lda, ldb, ldc],
+            bf16,
+            epilogue: epilogue.kind() as u32,
+        };
+        let mut lt = self.lt();
+        let handle = lt.handle;
+        let workspace_len = lt.workspace.as_ref().map_or(0, CudaSlice::len);
+        let algo = *lt.algos.entry(problem).or_insert_with(|| heuristic(handle, &d, workspace_len));
+        let Some(algo) = algo else { return false };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (workspace, _w) = match &mut lt.workspace {
+            Some(w) => {
+                let (ptr, guard) = w.device_ptr_mut(&self.stream);
+                (ptr, Some(guard))
+            }
+            None => (0, None),
+        };
+        let [a_layout, b_layout, c_layout] = [d.layouts[0], d.layouts[1], d.layouts[2]];
+        // SAFETY: the layouts describe the buffers the callers sized for this shape; the
+        // scalars are f32 as the scale type says; every buffer is on this device's stream.
+        let status = unsafe {
+            lt::matmul(
+                handle,
+                desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                a_ptr as *const c_void,
+                a_layout,
+                b_ptr as *const c_void,
+                b_layout,
+                c_ptr as *const c_void,
+                c_layout,
+                c_ptr as *mut c_void,
+                c_layout,
+                &algo,
+                workspace as *mut c_void,
+                workspace_len,
+                self.stream.cu_stream() as _,
+            )
+        };
+        check(status, &format!("matmul {shape:?}"));
+        true
+    }
+
+    /// The cuBLASLt state, with this device's context current on the calling thread.
+    fn lt(&self) -> std::sync::MutexGuard<'_, Lt> {
+        self.gpu.ctx.bind_to_thread().unwrap_or_else(|e| panic!("cuda: cannot bind the context: {e:?}"));
+        self.lt.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn aux_aligned(aux: &Buf, stream: &CudaStream) -> bool {
+    address(aux, stream).0.is_multiple_of(16)
+}
+
+/// cuBLASLt's best algorithm for the problem `d` describes within a workspace of `bytes`,
+/// or None where it has none (NOT_SUPPORTED); any other failure is a bug.
+fn heuristic(handle: cublasLtHandle_t, d: &Descriptors, bytes: usize) -> Option<cublasLtMatmulAlgo_t> {
+    let pref = lt::create_matmul_pref().unwrap_or_else(|e| panic!("cuda: cuBLASLt preference: {e:?}"));
+    let bytes = bytes as u64;
+    // SAFETY: the attribute is a u64, read for its size; `pref` is destroyed below.
+    let result = unsafe {
+        check(
+            lt::set_matmul_pref_attribute(
+                pref,
+                cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &bytes as *const u64 as *const c_void,
+                size_of::<u64>(),
+            ),
+            "set_matmul_pref_attribute",
+        );
+        let [a, b, c] = [d.layouts[0], d.layouts[1], d.layouts[2]];
+        let result = lt::get_matmul_algo_heuristic(handle, d.desc, a, b, c, c, pref);
+        let _ = lt::destroy_matmul_pref(pref);
+        result
+    };
+    match result {
+        Ok(found) => Some(found.algo),
+        Err(lt::CublasError(cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => None,
+        Err(e) => panic!("cuda: cuBLASLt heuristic: {e:?}"),
+    }
+}
