@@ -142,6 +142,10 @@ pub struct Config {
     pub device: DeviceKind,
     #[serde(with = "named")]
     pub precision: Precision,
+    /// On CUDA, the bias added and GELU's backward computed in the matmuls' cuBLASLt
+    /// epilogues (Megatron's name for its bias-GELU fusion); false runs them as kernels of
+    /// their own, to measure the fusion. The CPU always runs them apart.
+    pub bias_gelu_fusion: bool,
     /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
     pub load: Option<PathBuf>,
 
@@ -218,6 +222,7 @@ impl Default for Config {
             valid_data_path: None,
             device: DeviceKind::Cpu,
             precision: Precision::Fp32,
+            bias_gelu_fusion: true,
             load: None,
             distributed_timeout_minutes: 10.0,
             aliases: Vec::new(),

@@ -476,17 +476,19 @@ fn bf16_matmul_is_close_to_fp32() {
 /// The products whose epilogue does the next op's work (cuBLASLt): the forward with its
 /// bias, and the input gradient through GELU. At widths cuBLASLt takes (multiples of 8)
 /// they launch no kernel of ours; at an odd width the input gradient falls back to the
-/// product and `gelu_backward`, one launch. Each path matches the CPU, in fp32 to TOL and
+/// product and `gelu_backward`, one launch. With the fusion off, the bias add and the GELU
+/// backward are a launch each at any width. Each path matches the CPU, in fp32 to TOL and
 /// under bf16 to bf16's precision, in both weight layouts.
 #[test]
 fn epilogue_products_match_and_launch_no_kernel_of_ours() {
     let test = "epilogue_products_match_and_launch_no_kernel_of_ours";
     let Some(fp32) = gpu(test) else { return };
     let Some(bf16) = bf16_gpu(test) else { return };
+    let Some(unfused) = bf16_gpu(test).map(|gpu| gpu.with_epilogue_fusion(false)) else { return };
     let mut rng = seeded(test);
-    for (gpu, tol) in [(&fp32, TOL), (&bf16, 2e-2)] {
-        // (IC, launches of the gradient through GELU): 96 suits cuBLASLt's aux matrix, 99 does not.
-        for (ic, launches) in [(C, 0), (C + 3, 1)] {
+    for (gpu, tol, fused) in [(&fp32, TOL, true), (&bf16, 2e-2, true), (&unfused, 2e-2, false)] {
+        // (IC, kernels of ours the two ops launch): 96 suits cuBLASLt's aux matrix, 99 does not.
+        for (ic, launches) in [(C, if fused { 0 } else { 2 }), (C + 3, if fused { 1 } else { 2 })] {
             let oc = C + 8;
             let (inp, w, bias, dout) = (
                 rng.uniform(N * ic, 2.0),

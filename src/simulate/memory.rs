@@ -126,10 +126,11 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 
 /// The width of fc2's input gradient [B,T,F] that backward-input holds beside fc1's output
 /// gradient: F, or none where CUDA computes the GELU's gradient in fc2's product
-/// (`Device::matmul_backward_input_gelu`).
+/// (`Device::matmul_backward_input_gelu`, under `bias_gelu_fusion`).
 fn fc2_input_grad_width(setup: &Setup) -> usize {
     let s = &setup.shape;
     let fused = setup.cfg.device == DeviceKind::Cuda
+        && setup.cfg.bias_gelu_fusion
         && s.arch.activation == Activation::Gelu
         && kernels::cuda_fuses_gelu_backward(s.ffn);
     if fused {
@@ -335,6 +336,22 @@ mod tests {
             let (a, b) = (chunk_memory(&cpu, r, 0), chunk_memory(&cuda, r, 0));
             assert_eq!(a.forward_working_bytes, b.forward_working_bytes, "stage {r}");
         }
+    }
+
+    /// On CUDA, fc2's input gradient through GELU is one cuBLASLt product: backward-input
+    /// holds one [B,T,F] gradient less than with `bias_gelu_fusion` off, and nothing else
+    /// changes.
+    #[test]
+    fn the_fused_gelu_backward_holds_one_ffn_gradient_less() {
+        let cuda = |fusion| {
+            let cfg = Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) };
+            setup(Config { bias_gelu_fusion: fusion, ..cfg })
+        };
+        let (on, off) = (chunk_memory(&cuda(true), 1, 0), chunk_memory(&cuda(false), 1, 0));
+        // 1024 tokens (micro batch 1) x F = 3072, fp32.
+        assert_eq!(off.backward_input_working_bytes - on.backward_input_working_bytes, 1024 * 3072 * 4);
+        let same = ChunkMemory { backward_input_working_bytes: on.backward_input_working_bytes, ..off };
+        assert_eq!(on, same);
     }
 
     /// One GPU of t holds 1/t of the split parameters (the vocab-parallel embedding, the

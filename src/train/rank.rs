@@ -457,7 +457,8 @@ fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<A
 
 /// The GPU of this process (each stage its own stream; a sole rank's GPU without cudarc's
 /// per-buffer event tracking); `precision: bf16` stores activations in bf16 and runs the
-/// matmuls on bf16 operands with fp32 accumulation and master weights.
+/// matmuls on bf16 operands with fp32 accumulation and master weights; `bias_gelu_fusion`
+/// says whether matmuls fold in the bias and GELU's backward.
 #[cfg(feature = "cuda")]
 fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
     use kernels::cuda::CudaDevice;
@@ -466,7 +467,8 @@ fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result
     let ordinal = super::launch::local_gpu();
     let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
     let device = device.map_err(device_error)?;
-    Ok(Arc::new(device.with_matmul_precision(cfg.precision.matmul()).map_err(device_error)?))
+    let device = device.with_matmul_precision(cfg.precision.matmul()).map_err(device_error)?;
+    Ok(Arc::new(device.with_epilogue_fusion(cfg.bias_gelu_fusion)))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -143,7 +143,8 @@ fn address<'a>(buf: &Buf<'a>, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
 impl CudaDevice {
     /// C = op(A) op(B) (column-major, beta 0) then `epilogue`, all on this device's
     /// stream, A and B and C of `dtype`. Returns false, having done nothing, where
-    /// cuBLASLt has no algorithm for the problem: the caller runs it unfused.
+    /// cuBLASLt has no algorithm for the problem or the fusion is off
+    /// ([`CudaDevice::with_epilogue_fusion`]): the caller runs it unfused.
     pub(super) fn fused_gemm(
         &self,
         shape: GemmShape,
@@ -153,6 +154,9 @@ impl CudaDevice {
         c: BufMut,
         epilogue: Epilogue,
     ) -> bool {
+        if !self.epilogue_fusion {
+            return false;
+        }
         let bf16 = dtype == DType::Bf16;
         if let Epilogue::GeluBackward(aux) = &epilogue {
             // cuBLASLt reads the aux matrix in 16-byte accesses.

@@ -39,6 +39,8 @@ pub struct CudaDevice {
     /// cuBLASLt, for the matmuls with an epilogue (blaslt.rs); serialised as `blas` is.
     pub(super) lt: Mutex<Lt>,
     pub(super) precision: MatmulPrecision,
+    /// Whether matmuls fold the op after them into cuBLASLt epilogues (blaslt.rs).
+    pub(super) epilogue_fusion: bool,
     pub(super) ledger: Arc<MemoryLedger>,
     /// Offloaded activations in host memory (`Device::offload`).
     host_ledger: Arc<MemoryLedger>,
@@ -104,6 +106,7 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             lt: Mutex::new(lt),
             precision: MatmulPrecision::Fp32,
+            epilogue_fusion: true,
             ledger: Arc::new(MemoryLedger::new()),
             host_ledger: Arc::new(MemoryLedger::new()),
             copies,
@@ -132,6 +135,13 @@ impl CudaDevice {
         }
         self.precision = precision;
         Ok(self)
+    }
+
+    /// The same device with the matmuls' epilogue fusion on (the default) or off: off, the
+    /// bias add and GELU's backward run as kernels of their own (to measure the fusion).
+    pub fn with_epilogue_fusion(mut self, fused: bool) -> CudaDevice {
+        self.epilogue_fusion = fused;
+        self
     }
 
     pub fn ordinal(&self) -> usize {
