@@ -5,10 +5,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The trainer, run from the repository root. `PIPETRAIN_BIN` names another build of it,
+/// run from the current directory: a test executable carried to a machine where the tree
+/// it was built in does not exist (scripts/gpu-session runs `cuda_train` so).
 pub fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
+    match std::env::var_os("PIPETRAIN_BIN") {
+        Some(binary) => Command::new(binary),
+        None => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
+            c.current_dir(env!("CARGO_MANIFEST_DIR"));
+            c
+        }
+    }
 }
 
 /// A fresh empty directory for one test. A test leaves its directory for a look after a
