@@ -100,7 +100,7 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 8] = [
+    let families: [(&str, &[&str]); 10] = [
         ("rope.cu", &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"]),
         ("embedding.cu", &["embedding_forward", "embedding_forward_bf16"]),
         ("dropout.cu", &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"]),
@@ -108,6 +108,8 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         ("classifier.cu", &["fused_classifier", "fused_classifier_bf16"]),
         ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
         ("bias.cu", &["bias_add", "bias_add_bf16"]),
+        ("adamw.cu", &["adamw", "adamw_with_bf16_copy"]),
+        ("cast.cu", &["f32_to_bf16"]),
         ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
     ];
     for (name, kernels) in families {

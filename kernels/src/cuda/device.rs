@@ -8,7 +8,7 @@ use super::blas::MatmulPrecision;
 use super::blaslt::Lt;
 use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
-use super::launch::per_item;
+use super::launch::per_pack;
 use super::scratch::Scratch;
 use crate::attention::AttentionSaved;
 use crate::backend::{Attention, Buffers};
@@ -241,7 +241,7 @@ impl CudaDevice {
         if let Storage::CudaMaster { master, bf16, part } = t.storage_mut() {
             let n = part.len() as u64;
             let mut copy = bf16.slice_mut(part.clone());
-            launch!(self, "f32_to_bf16", per_item(part.len()), &mut copy, &*master, &n);
+            launch!(self, "f32_to_bf16", per_pack(part.len(), DType::Bf16), &mut copy, &*master, &n);
         }
     }
 
@@ -254,7 +254,7 @@ impl CudaDevice {
         };
         let n = data.len() as u64;
         let mut copy = bf16.slice_mut(from..from + data.len());
-        launch!(self, "f32_to_bf16", per_item(data.len()), &mut copy, &*upload, &n);
+        launch!(self, "f32_to_bf16", per_pack(data.len(), DType::Bf16), &mut copy, &*upload, &n);
         let mine = from.max(part.start)..(from + data.len()).min(part.end);
         if !mine.is_empty() {
             let mut into = master.slice_mut(mine.start - part.start..mine.end - part.start);

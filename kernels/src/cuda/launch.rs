@@ -38,7 +38,9 @@ pub fn pack_len(dtype: DType) -> usize {
 }
 
 /// One thread per 128-bit pack of `items` elements of `dtype`, the last pack partial: the
-/// elementwise kernels of elementwise.cu, gelu.cu and swiglu.cu, and bias.cu's `bias_add`.
+/// elementwise kernels of elementwise.cu, gelu.cu, swiglu.cu and adamw.cu, bias.cu's
+/// `bias_add`, and cast.cu's (whose thread reads two packs of f32 for its pack of bf16, as
+/// does `adamw_with_bf16_copy`: launched per bf16 pack).
 pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
     per_item(items.div_ceil(pack_len(dtype)))
 }

@@ -2,7 +2,7 @@
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
 use super::device::{buf, buf_mut, cu, cu_mut, same_dtype, CudaDevice};
-use super::launch::{per_item, per_pack};
+use super::launch::per_pack;
 use super::sources::kernel_name;
 use crate::backend::{AdamW, Dropout, Elementwise, Gelu, SwiGlu};
 use crate::device::AdamWStep;
@@ -141,7 +141,6 @@ impl AdamW for CudaDevice {
         let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
         let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
         let decay = 1.0 - hp.lr * hp.weight_decay;
-        let cfg = per_item(part.len());
         let grad = cu(grad).slice(part.clone());
         let (name, mut param) = match param.storage_mut() {
             Storage::CudaMaster { master, bf16, part: held } => {
@@ -157,6 +156,12 @@ impl AdamW for CudaDevice {
             }
             Storage::Cuda(master) => ("adamw", AdamWParam::Master(master.slice_mut(part.clone()))),
             _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
+        };
+        // adamw steps a pack of 4 floats a thread, adamw_with_bf16_copy 8 elements (the
+        // copy's pack).
+        let cfg = match param {
+            AdamWParam::Master(_) => per_pack(part.len(), DType::F32),
+            AdamWParam::WithCopy(..) => per_pack(part.len(), DType::Bf16),
         };
         launch!(
             self,

@@ -202,10 +202,10 @@ fn adamw_matches_the_cpu() {
         // The fp32 step, and the step that also writes the bf16 copy, on copies of the same
         // inputs.
         let (p, gg, m, v) = (run.buffer(&p0), run.buffer(&g), run.buffer(&m0), run.buffer(&v0));
-        run.launch("adamw", per_item(n), &args(&[p, gg, m, v]));
+        run.launch("adamw", per_pack(n, DType::F32), &args(&[p, gg, m, v]));
         let (p2, m2, v2) = (run.buffer(&p0), run.buffer(&m0), run.buffer(&v0));
         let copy = run.buffer(&vec![0xffffu16; n]);
-        run.launch("adamw_with_bf16_copy", per_item(n), &args(&[p2, copy, gg, m2, v2]));
+        run.launch("adamw_with_bf16_copy", per_pack(n, DType::Bf16), &args(&[p2, copy, gg, m2, v2]));
         for buf in [p, m, v, p2, m2, v2, copy] {
             run.read(buf);
         }
