@@ -175,7 +175,14 @@ impl CudaDevice {
         let aligned =
             [a_ptr, b_ptr, c_ptr].iter().all(|p| p.is_multiple_of(256)) && vector_ptr.is_multiple_of(16);
         let aux_fits = !matches!(epilogue, Epilogue::GeluBackward(_)) || cuda_fuses_gelu_backward(shape.ldc);
-        if !aligned || !aux_fits {
+        let GemmShape { ta, tb, m, n, k, lda, ldb, ldc } = shape;
+        let problem = Problem {
+            shape: [ta as usize, tb as usize, m, n, k, lda, ldb, ldc],
+            bf16,
+            epilogue: epilogue.kind() as u32,
+        };
+        // A problem cuBLASLt has refused is not asked again.
+        if !aligned || !aux_fits || self.lt().algos.get(&problem) == Some(&None) {
             return false;
         }
 
@@ -198,18 +205,12 @@ impl CudaDevice {
                 set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(shape.ldc as i64));
             }
         }
-        let GemmShape { ta, tb, m, n, k, lda, ldb, ldc } = shape;
         let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
         let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
         d.layouts.push(layout(bf16, a_rows, a_cols, lda));
         d.layouts.push(layout(bf16, b_rows, b_cols, ldb));
         d.layouts.push(layout(bf16, m, n, ldc));
 
-        let problem = Problem {
-            shape: [ta as usize, tb as usize, m, n, k, lda, ldb, ldc],
-            bf16,
-            epilogue: epilogue.kind() as u32,
-        };
         let mut lt = self.lt();
         let handle = lt.handle;
         let workspace_len = lt.workspace.as_ref().map_or(0, CudaSlice::len);
