@@ -6,7 +6,7 @@
 use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::{per_item, per_pack};
+use kernels::cuda::launch::per_pack;
 use kernels::{AdamWStep, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
