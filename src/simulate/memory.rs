@@ -265,15 +265,20 @@ mod tests {
             assert_eq!(a, b, "stage {stage}");
             assert_eq!(b.recompute_working_bytes, 0, "stage {stage}");
         }
-        // Backward's attention scratch is the fused core's delta rows, [B,NH,T].
+        // Backward's attention scratch is the fused core's delta rows, [B,NH,T]; and fc2's
+        // input gradient through GELU is one product, with no [B,T,F] gradient beside
+        // fc1's (`the_fused_gelu_backward_holds_one_ffn_gradient_less`).
         let cpu = chunk_memory(&setup(gpt2_small(4, "1f1b", 1, 8)), 1, 0);
         let gpu = chunk_memory(
             &setup(Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) }),
             1,
             0,
         );
-        let (scores, rows) = (4 * 12 * 1024 * 1024, 4 * 12 * 1024);
-        assert_eq!(cpu.backward_input_working_bytes - gpu.backward_input_working_bytes, scores - rows);
+        let (scores, rows, ffn_gradient) = (4 * 12 * 1024 * 1024, 4 * 12 * 1024, 1024 * 3072 * 4);
+        assert_eq!(
+            cpu.backward_input_working_bytes - gpu.backward_input_working_bytes,
+            scores - rows + ffn_gradient
+        );
     }
 
     fn setup(cfg: Config) -> Setup {
