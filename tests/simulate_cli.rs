@@ -791,10 +791,10 @@ fn plan_pairs_selective_recompute_with_offload_of_the_rest_where_pcie_is_slower(
     );
     assert!(
         plan.contains(
-            "\n# memory levers: stage 0 selective core_attn + offload of the rest N=11 (peak 49.85 GiB, host 6.70 \
-             GiB); stage 1 selective core_attn + offload of the rest N=9 (peak 48.89 GiB, host 4.80 GiB); stages \
-             2-4 selective core_attn + offload of the rest N=6 (peak 49.82 GiB, host 2.74 GiB); stages 5-7 \
-             selective core_attn (peak 49.03 GiB); against neither: none would take iteration 6.267 s and does \
+            "\n# memory levers: stage 0 selective core_attn + offload of the rest N=11 (peak 49.82 GiB, host 6.70 \
+             GiB); stage 1 selective core_attn + offload of the rest N=9 (peak 48.87 GiB, host 4.80 GiB); stages \
+             2-4 selective core_attn + offload of the rest N=6 (peak 49.80 GiB, host 2.74 GiB); stages 5-7 \
+             selective core_attn (peak 49.01 GiB); against neither: none would take iteration 6.267 s and does \
              not fit; recompute: full/block N per stage 10,6,6,6,6,0,0,0 would take iteration 7.657 s\n"
         ),
         "{plan}"
@@ -824,8 +824,8 @@ fn plan_recomputes_where_the_host_is_full_and_offloads_elsewhere() {
     );
     assert!(
         plan.contains(
-            "\n# memory levers: stage 0 full block N=3 (peak 48.17 GiB); stages 1-3 full block N=2 (peak 49.65 \
-             GiB); stages 4-7 offload N=2 (peak 49.51 GiB, host 5.82 GiB); against neither: none would take \
+            "\n# memory levers: stage 0 full block N=3 (peak 48.15 GiB); stages 1-3 full block N=2 (peak 49.63 \
+             GiB); stages 4-7 offload N=2 (peak 49.49 GiB, host 5.82 GiB); against neither: none would take \
              iteration 5.824 s and does not fit; recompute: full/block N per stage 3,2,2,2,2,2,2,2 would take \
              iteration 7.574 s\n"
         ),

@@ -132,7 +132,7 @@ fn fc2_input_grad_width(setup: &Setup) -> usize {
     let fused = setup.cfg.device == DeviceKind::Cuda
         && setup.cfg.bias_gelu_fusion
         && s.arch.activation == Activation::Gelu
-        && kernels::cuda_fuses_gelu_backward(s.ffn);
+        && kernels::cuda_fuses_gelu_backward(setup.tp.per_rank(s.ffn, Split::Interior));
     if fused {
         0
     } else {
