@@ -181,6 +181,23 @@ pub trait Matmul {
     );
 }
 
+/// `matmul_backward_input_gelu` as two ops, the product into a gradient of its own and then
+/// GELU's backward: the CPU's way, and CUDA's where cuBLASLt does not fuse the two.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_backward_input_then_gelu<D: crate::Device + ?Sized>(
+    dev: &D,
+    dinp: &mut Tensor,
+    dout: &Tensor,
+    weight: &Tensor,
+    layout: WeightLayout,
+    gelu_input: &Tensor,
+    dims: MatmulDims,
+) {
+    let mut dact = dev.zeros_of(dinp.dtype(), dinp.shape(), Category::Workspace);
+    dev.matmul_backward_input_impl(&mut dact, dout, weight, layout, dims);
+    dev.gelu_backward_impl(dinp, gelu_input, &dact);
+}
+
 /// `dims` of qkv; out, dout and dqkv fit them. What `saved` holds is the backend's to check.
 pub trait Attention {
     fn attention_forward_impl(

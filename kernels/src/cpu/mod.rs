@@ -31,8 +31,8 @@ pub use peak::measure_matmul_peak;
 
 use crate::attention::AttentionSaved;
 use crate::backend::{
-    AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, LayerNorm, Matmul,
-    Readouts, RmsNorm, Rope, SwiGlu,
+    matmul_backward_input_then_gelu, AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding,
+    Gelu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SwiGlu,
 };
 use crate::counters::{Counters, DeviceCounters};
 use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
@@ -466,10 +466,7 @@ impl Matmul for CpuDevice {
         gelu_input: &Tensor,
         dims: MatmulDims,
     ) {
-        // The product, then GELU's backward: the two passes the one fused product on CUDA does.
-        let mut dact = self.zeros_of(dinp.dtype(), dinp.shape(), Category::Workspace);
-        self.matmul_backward_input_impl(&mut dact, dout, weight, layout, dims);
-        self.gelu_backward_impl(dinp, gelu_input, &dact);
+        matmul_backward_input_then_gelu(self, dinp, dout, weight, layout, gelu_input, dims);
     }
 
     fn matmul_backward_weight_impl(

@@ -4,10 +4,8 @@
 
 use super::blaslt::Epilogue;
 use super::device::{buf, buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, Buf, BufMut, CudaDevice};
-use crate::backend::{Gelu, Matmul};
-use crate::device::Device;
+use crate::backend::{matmul_backward_input_then_gelu, Matmul};
 use crate::device::WeightLayout;
-use crate::memory::Category;
 use crate::shapes::MatmulDims;
 use crate::tensor::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
@@ -287,9 +285,7 @@ impl Matmul for CudaDevice {
         let (a, b) = (operand(dtype, weight), operand(dtype, dout));
         let epilogue = Epilogue::GeluBackward(buf(gelu_input));
         if !self.fused_gemm(shape, dtype, a, b, buf_mut(dinp), epilogue) {
-            let mut dact = self.zeros_of(dtype, dinp.shape(), Category::Workspace);
-            self.layer_gemm(dtype, shape, 0.0, weight, dout, buf_mut(&mut dact));
-            self.gelu_backward_impl(dinp, gelu_input, &dact);
+            matmul_backward_input_then_gelu(self, dinp, dout, weight, layout, gelu_input, dims);
         }
     }
 
