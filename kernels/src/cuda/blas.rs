@@ -25,7 +25,7 @@ pub enum MatmulPrecision {
 }
 
 /// One column-major product C = alpha * op(A) op(B) + beta * C, op(X) = X^T where `t*`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct GemmShape {
     pub ta: bool,
     pub tb: bool,

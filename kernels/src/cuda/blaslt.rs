@@ -56,9 +56,9 @@ impl Epilogue<'_> {
 /// One problem as cuBLASLt's heuristic sees it: the shape, the element type and the epilogue.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Problem {
-    shape: [usize; 8],
+    shape: GemmShape,
     bf16: bool,
-    epilogue: u32,
+    epilogue: cublasLtEpilogue_t,
 }
 
 /// A device's cuBLASLt handle, its workspace, and the algorithm chosen for each problem
@@ -87,17 +87,18 @@ impl Drop for Lt {
     }
 }
 
-/// Descriptors that are destroyed when the call is over, whichever way it ends.
+/// Descriptors that are destroyed when the call is over, whichever way it ends: the
+/// matmul's, and the layouts of A, B and C (= D).
 struct Descriptors {
     desc: cublasLtMatmulDesc_t,
-    layouts: Vec<cublasLtMatrixLayout_t>,
+    layouts: [cublasLtMatrixLayout_t; 3],
 }
 
 impl Drop for Descriptors {
     fn drop(&mut self) {
         // SAFETY: each was created by this call and is not used after it.
         unsafe {
-            for &layout in &self.layouts {
+            for layout in self.layouts {
                 let _ = lt::destroy_matrix_layout(layout);
             }
             let _ = lt::destroy_matmul_desc(self.desc);
@@ -175,24 +176,25 @@ impl CudaDevice {
         let aligned =
             [a_ptr, b_ptr, c_ptr].iter().all(|p| p.is_multiple_of(256)) && vector_ptr.is_multiple_of(16);
         let aux_fits = !matches!(epilogue, Epilogue::GeluBackward(_)) || cuda_fuses_gelu_backward(shape.ldc);
-        let GemmShape { ta, tb, m, n, k, lda, ldb, ldc } = shape;
-        let problem = Problem {
-            shape: [ta as usize, tb as usize, m, n, k, lda, ldb, ldc],
-            bf16,
-            epilogue: epilogue.kind() as u32,
-        };
+        let problem = Problem { shape, bf16, epilogue: epilogue.kind() };
+        let mut lt = self.lt();
         // A problem cuBLASLt has refused is not asked again.
-        if !aligned || !aux_fits || self.lt().algos.get(&problem) == Some(&None) {
+        if !aligned || !aux_fits || lt.algos.get(&problem) == Some(&None) {
             return false;
         }
 
+        let GemmShape { ta, tb, m, n, k, lda, ldb, ldc } = shape;
+        let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
+        let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
+        let layouts =
+            [layout(bf16, a_rows, a_cols, lda), layout(bf16, b_rows, b_cols, ldb), layout(bf16, m, n, ldc)];
         let compute = cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let desc = lt::create_matmul_desc(compute, cudaDataType_t::CUDA_R_32F)
             .unwrap_or_else(|e| panic!("cuda: cuBLASLt matmul desc: {e:?}"));
-        let mut d = Descriptors { desc, layouts: Vec::with_capacity(3) };
+        let d = Descriptors { desc, layouts };
         let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T, CUBLAS_OP_N
-        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op(shape.ta));
-        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op(shape.tb));
+        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op(ta));
+        set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op(tb));
         set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind());
         let vector = vector_ptr as *const c_void;
         match epilogue {
@@ -202,16 +204,10 @@ impl CudaDevice {
             }
             Epilogue::GeluBackward(_) => {
                 set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &vector);
-                set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(shape.ldc as i64));
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(ldc as i64));
             }
         }
-        let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
-        let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
-        d.layouts.push(layout(bf16, a_rows, a_cols, lda));
-        d.layouts.push(layout(bf16, b_rows, b_cols, ldb));
-        d.layouts.push(layout(bf16, m, n, ldc));
 
-        let mut lt = self.lt();
         let handle = lt.handle;
         let workspace_len = lt.workspace.as_ref().map_or(0, CudaSlice::len);
         let algo = *lt.algos.entry(problem).or_insert_with(|| heuristic(handle, &d, workspace_len));
@@ -224,7 +220,7 @@ impl CudaDevice {
             }
             None => (0, None),
         };
-        let [a_layout, b_layout, c_layout] = [d.layouts[0], d.layouts[1], d.layouts[2]];
+        let [a_layout, b_layout, c_layout] = d.layouts;
         // SAFETY: the layouts describe the buffers the callers sized for this shape; the
         // scalars are f32 as the scale type says; every buffer is on this device's stream.
         let status = unsafe {
@@ -274,7 +270,7 @@ fn heuristic(handle: cublasLtHandle_t, d: &Descriptors, bytes: usize) -> Option<
             ),
             "set_matmul_pref_attribute",
         );
-        let [a, b, c] = [d.layouts[0], d.layouts[1], d.layouts[2]];
+        let [a, b, c] = d.layouts;
         let result = lt::get_matmul_algo_heuristic(handle, d.desc, a, b, c, c, pref);
         let _ = lt::destroy_matmul_pref(pref);
         result
