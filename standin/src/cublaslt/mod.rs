@@ -80,13 +80,9 @@ struct Layout {
     ld: usize,
 }
 
-/// What a cublasLtMatmulPreference_t points to.
-struct Preference {
-    /// Kept as cuBLASLt keeps it, never read: it rules nothing out here, where every
-    /// algorithm needs no workspace.
-    #[allow(dead_code)]
-    max_workspace: u64,
-}
+/// What a cublasLtMatmulPreference_t points to: nothing, as its one attribute, the
+/// workspace allowed, rules nothing out here, where every algorithm needs none.
+struct Preference;
 
 /// cuBLASLt's status for the cuBLAS stand-in's (the same codes, one enum per cudarc module).
 fn lt_status(status: blas::cublasStatus_t) -> cublasStatus_t {
@@ -285,7 +281,7 @@ pub unsafe extern "C" fn cublasLtMatmulPreferenceCreate(
     out: *mut cublasLtMatmulPreference_t,
 ) -> cublasStatus_t {
     // SAFETY: per the contract.
-    unsafe { create(out, Preference { max_workspace: 0 }) }
+    unsafe { create(out, Preference) }
 }
 
 /// # Safety
@@ -306,10 +302,10 @@ pub unsafe extern "C" fn cublasLtMatmulPreferenceSetAttribute(
     size: usize,
 ) -> cublasStatus_t {
     // SAFETY (both): per the contract.
-    status(unsafe { object::<Preference, _>(pref) }.and_then(|pref| match attr {
+    status(unsafe { object::<Preference, _>(pref) }.and_then(|_| match attr {
+        // Checked as cuBLASLt checks it (a u64), then not needed.
         cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES => {
-            pref.max_workspace = unsafe { value(buf, size) }?;
-            Ok(())
+            unsafe { value::<u64>(buf, size) }.map(drop)
         }
         _ => Err(NOT_SUPPORTED),
     }))
