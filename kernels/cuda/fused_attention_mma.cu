@@ -157,18 +157,27 @@ __device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FET
 }
 
 // s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
-// fragments `x` (the warp's 16 rows, hs / 16 steps) against the staged rows of `y`.
+// fragments `x` (the warp's 16 rows; zeros past hs) against the staged rows of `y` (zeros
+// past hs too), over all of HS: below it the products of zeros add nothing, as in
+// accumulate. No step tests hs: that test is a branch, and until 2026-11-27, with it in
+// the loop, every product sat between two of them, so that each column's 4 (HS = 64) or 8
+// products ran as a chain, each waiting out the last one's latency, and no two chains
+// overlapped (half the forward's products and two thirds of the query side's, in the SASS
+// of NVRTC 13.0 for sm_90). Now the products of a step are KTILES independent ones, and
+// the steps follow each other with no branch between. Each s[n] adds its steps in order.
 template <int HS>
 __device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsigned int x[Shape<HS>::STEPS][4],
-                                       const Tile<HS> y, int hs) {
+                                       const Tile<HS> y) {
     using S = Shape<HS>;
     #pragma unroll
-    for (int n = 0; n < S::KTILES; ++n) {
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < S::KTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const unsigned int* origin = b_origin(&y[0][0], S::WORDS);
+    #pragma unroll
+    for (int kk = 0; kk < S::STEPS; ++kk) {
         #pragma unroll
-        for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
+        for (int n = 0; n < S::KTILES; ++n) {
             unsigned int b[2];
-            load_b(b, &y[0][0], S::WORDS, 8 * n, kk);
+            load_b(b, origin, S::WORDS, 8 * n, kk);
             mma_bf16_16816(s[n], x[kk], b);
         }
     }
@@ -336,7 +345,7 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
     const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
     const float scale = LOG2E / sqrtf((float)hs);
 
-    unsigned int q[S::STEPS][4];  // the warp's [16, hs] queries, read once
+    unsigned int q[S::STEPS][4] = {};  // the warp's [16, hs] queries, read once (zeros past hs)
     #pragma unroll
     for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[S::DTILES][4] = {};
@@ -349,7 +358,7 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
         if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
         float s[S::KTILES][4];
-        scores<HS>(s, q, k[cur], hs);
+        scores<HS>(s, q, k[cur]);
         if (next) {
             store_tile<HS>(k[1 - cur], f);
             fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
@@ -418,7 +427,7 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
     const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
-    unsigned int q[S::STEPS][4], dy[S::STEPS][4];  // the warp's queries and output gradients
+    unsigned int q[S::STEPS][4] = {}, dy[S::STEPS][4] = {};  // the warp's queries and output gradients
     #pragma unroll
     for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
         load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
@@ -450,9 +459,9 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
         if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
         float s[S::KTILES][4], dp[S::KTILES][4];
-        scores<HS>(s, q, k[cur], hs);
+        scores<HS>(s, q, k[cur]);
         if (next) store_tile<HS>(k[1 - cur], f);
-        scores<HS>(dp, dy, v[cur], hs);
+        scores<HS>(dp, dy, v[cur]);
         if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
         if (dropout) times_kept<HS>(dp, dp, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);
         // dS into s; zero where masked (P = 0).
@@ -493,7 +502,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
     const int j0 = blockIdx.x * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
-    unsigned int k[S::STEPS][4], v[S::STEPS][4];  // the warp's keys and values, read once
+    unsigned int k[S::STEPS][4] = {}, v[S::STEPS][4] = {};  // the warp's keys and values, read once
     #pragma unroll
     for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
         load_a_bf16(k[kk], qkv + kv.k, kv.stride, c0, T, kk);
@@ -533,7 +542,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
             // together only while dS is formed.
             float s[S::KTILES][4], dp[S::KTILES][4];
-            scores<HS>(s, k, q[cur], hs);
+            scores<HS>(s, k, q[cur]);
             if (next) {
                 store_stats(1 - cur);
                 store_tile<HS>(q[1 - cur], f);
@@ -553,7 +562,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             } else {
                 accumulate<HS>(dv, s, dy[cur]);
             }
-            scores<HS>(dp, v, dy[cur], hs);
+            scores<HS>(dp, v, dy[cur]);
             // dS into dp: P (keep * dP - delta).
             if (dropout) times_kept<HS>(dp, dp, bits, mask.scale);
             #pragma unroll
