@@ -184,10 +184,11 @@ __device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsi
 }
 
 // The bf16 pair (lo's column n, hi's column n) of two staged rows' runs of 8 columns, as
-// 4 words each: the B register of one column over two neighbouring rows.
+// 4 words each: the B register of one column over two neighbouring rows. One byte
+// permutation (PRMT) picks the two halves, bytes 0-1 or 2-3 of each word; written with
+// shifts and masks it compiled to two or three integer instructions.
 __device__ __forceinline__ unsigned int column_pair(uint4 lo, uint4 hi, int n) {
-    const unsigned int l = uint4_word(lo, n / 2), h = uint4_word(hi, n / 2);
-    return n % 2 ? (l >> 16) | (h & 0xffff0000u) : (l & 0xffffu) | (h << 16);
+    return __byte_perm(uint4_word(lo, n / 2), uint4_word(hi, n / 2), n % 2 ? 0x7632 : 0x5410);
 }
 
 // acc += P Y over the tile for one warp: P [16, STREAM] in accumulators (rounded to bf16
@@ -203,7 +204,8 @@ template <int HS>
 __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
                                            const Tile<HS> y) {
     using S = Shape<HS>;
-    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const unsigned int* origin = &y[2 * (lane % 4)][4 * (lane / 4)];  // row 2t, word 4g; the rest at constant offsets
     #pragma unroll
     for (int c = 0; c < S::STREAM / 16; ++c) {
         unsigned int a[4];
@@ -213,7 +215,7 @@ __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], cons
             uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
             #pragma unroll
             for (int r = 0; r < 4; ++r)
-                run[r] = *reinterpret_cast<const uint4*>(&y[16 * c + 2 * t + r % 2 + 8 * (r / 2)][32 * m + 4 * g]);
+                run[r] = *reinterpret_cast<const uint4*>(origin + (16 * c + r % 2 + 8 * (r / 2)) * S::WORDS + 32 * m);
             #pragma unroll
             for (int n = 0; n < 8; ++n) {
                 const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
