@@ -13,8 +13,9 @@
 // are fp32. Inside the kernels P, P' and dS are rounded to bf16 before they enter a
 // product; every accumulator, the softmax's maximum and sum, lse and delta (dout_i . out_i
 // in fp32 from the bf16 values) stay fp32, and out and dqkv are rounded once, to nearest
-// even, as they are stored. Exponentials are taken as exp2f of scores scaled by log2(e) /
-// sqrt(hs) (the softmax's maximum in those units).
+// even, as they are stored. Exponentials are powers of 2 (exp2_ftz, one instruction) of
+// one multiply-add, s log2(e) / sqrt(hs) - m, the softmax's maximum m in those units (in
+// the backward, lse in them).
 //
 // Tiles: blocks of WARPS = 4 warps own TILE = 64 rows (queries for the forward and the
 // query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
@@ -317,6 +318,23 @@ __device__ __forceinline__ void times_kept(float out[Shape<HS>::KTILES][4], cons
     }
 }
 
+// 2^x as the one instruction MUFU.EX2 (ex2.approx.ftz), which is what exp2f computes for x
+// >= -126. Below that exp2f wraps four instructions around it (halve x, take the
+// exponential, square it) to return results under 2^-126 as denormals; here they are 0.
+// Those four were a sixth of the forward's instructions a tile (the SASS of NVRTC 13.0 for
+// sm_90), and a probability under 2^-126 adds nothing to a row's sum, which holds a 1.
+// The emulator flushes exp2f's result as the instruction does.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    const float y = exp2f(x);
+    return y < 0x1p-126f ? 0.0f : y;
+#endif
+}
+
 // Over the four lanes of a quad (t = 0..3), which together hold a row of a product.
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
@@ -366,32 +384,33 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
             fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
         }
         if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
-        // The rows' new maxima over the quad. Key 0 is in the first tile and every row's, so
-        // a row's maximum is finite from the first tile (a later tile may mask a warp's
-        // rows whole: their maximum stays, and their exponentials are 0).
-        float m_new[2] = {m[0], m[1]};
+        // The rows' new maxima over the quad, in log2 units: the scores' maximum times scale,
+        // which is the maximum of the scaled scores (rounding keeps their order), one
+        // multiply a row where scaling each score took one an element. Key 0 is in the
+        // first tile and every row's, so a row's maximum is finite from the first tile (a
+        // later tile may mask a warp's rows whole: their maximum stays, and their
+        // exponentials are 0).
+        float m_new[2] = {NEG_INF, NEG_INF};
         #pragma unroll
         for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[c][e] *= scale;
-                m_new[e / 2] = fmaxf(m_new[e / 2], s[c][e]);
-            }
+            for (int e = 0; e < 4; ++e) m_new[e / 2] = fmaxf(m_new[e / 2], s[c][e]);
         }
         float correction[2];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            m_new[h] = quad_max(m_new[h]);
-            correction[h] = exp2f(m[h] - m_new[h]);
+            m_new[h] = fmaxf(m[h], scale * quad_max(m_new[h]));
+            correction[h] = exp2_ftz(m[h] - m_new[h]);
             m[h] = m_new[h];
             l[h] *= correction[h];
         }
-        // P into s, summed undropped (this lane's columns; the quad's parts add up at the end).
+        // P into s, 2^(s scale - m) with the exponent one multiply-add, summed undropped
+        // (this lane's columns; the quad's parts add up at the end).
         #pragma unroll
         for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[c][e] = exp2f(s[c][e] - m[e / 2]);
+                s[c][e] = exp2_ftz(fmaf(s[c][e], scale, -m[e / 2]));
                 l[e / 2] += s[c][e];
             }
         }
@@ -471,7 +490,7 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
         for (int c = 0; c < S::KTILES; ++c) {
             #pragma unroll
             for (int e = 0; e < 4; ++e)
-                s[c][e] = exp2f(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
+                s[c][e] = exp2_ftz(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
         }
         // The next value tile's loads run under dq's product, which leaves s, not dp, live.
         if (next) fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
@@ -555,7 +574,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[c][e] = exp2f(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
+                for (int e = 0; e < 4; ++e) s[c][e] = exp2_ftz(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
             }
             const unsigned int bits = dropout ? kept<HS>(mask, hd.bh, T, c0, i0, true) : 0u;
             if (dropout) {  // dv takes P' = P * keep, dS below P itself
