@@ -117,7 +117,10 @@ using Tile = unsigned int[Shape<HS>::STREAM][Shape<HS>::WORDS];
 // `stride`), into registers: OCTS threads cover a row, 8 bf16 (16 bytes) at a time, so
 // that a quarter-warp reads one row's 128 bytes, and fetch e takes the thread's row plus
 // e * FETCH_ROWS; all of a thread's loads are in flight together. Zeros past T and past
-// hs (a multiple of 16, so a run of 8 lies wholly before it or past it). One 64-bit
+// hs (a multiple of 16, so a run of 8 lies wholly before it or past it). A tile wholly
+// within T and hs, every tile but the last at T a multiple of STREAM and hs = HS, takes
+// its loads with no test and no zeros first, which cost a fetch about 25 instructions
+// (the SASS of NVRTC 13.0 for sm_90). One 64-bit
 // address a call, 32-bit offsets from it, so that the compiler keeps no per-fetch address
 // live across the loop over tiles. For a 16-byte aligned buffer (as allocated) the loads
 // are 16-byte aligned: a row of qkv is (NH + 2 KV) hs bf16, of out and dout NH hs, and a
@@ -129,6 +132,11 @@ __device__ __forceinline__ void fetch_tile(uint4 f[Shape<HS>::FETCHES], const bf
     const int r = row0 + threadIdx.x / S::OCTS, c = 8 * (threadIdx.x % S::OCTS);
     const bf16* p = x + (unsigned long long)r * stride + c;
     const int step = S::FETCH_ROWS * (int)stride;
+    if (row0 + S::STREAM <= T && hs == HS) {
+        #pragma unroll
+        for (int e = 0; e < S::FETCHES; ++e) f[e] = *reinterpret_cast<const uint4*>(p + e * step);
+        return;
+    }
     #pragma unroll
     for (int e = 0; e < S::FETCHES; ++e) {
         f[e] = make_uint4(0u, 0u, 0u, 0u);
