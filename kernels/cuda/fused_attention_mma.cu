@@ -21,14 +21,14 @@
 // query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
 // the other side streams through in tiles of 64 rows, staged in shared memory as bf16
 // pairs along the row (mma.cuh). Products that contract over the head dimension take
-// their B fragments from those rows as words (load_b); products that contract over the
-// tile (P' v, dS k, P'^T dout, dS^T q) take them from the same rows with their output
-// columns permuted, so that a lane's fragments for the whole head dimension are one
-// 16-byte load a row (accumulate, store_columns): no tile is staged twice, transposed. A
-// warp's [16, 64] scores are 8 accumulators of [16, 8], which, rounded, are the A operand
-// of the next product with no trip through shared memory. Head sizes are multiples of 16
-// (the k of one product) up to HS_MAX; below it the permuted products run over HS_MAX
-// columns, the staged zeros past hs included.
+// their B fragments from those rows with one ldmatrix a pair of column tiles
+// (load_b_pair); products that contract over the tile (P' v, dS k, P'^T dout, dS^T q)
+// take them from the same rows with one transposing ldmatrix (load_bt_pair): no tile is
+// staged twice, transposed. A warp's [16, 64] scores are 8 accumulators of [16, 8],
+// which, rounded, are the A operand of the next product with no trip through shared
+// memory. Head sizes are multiples of 16 (the k of one product) up to HS; below it the
+// products run over HS, the zeros past hs (in the fragments and the staged tiles)
+// included.
 //
 // Staging, double-buffered with one barrier per tile: tile n + 1's global loads are issued
 // (fetch_tile: 16-byte loads of 8 bf16 along the rows, every load of a thread in flight at
@@ -90,16 +90,14 @@
 template <int HS>
 struct Shape {
     static constexpr int STREAM = HS == 64 ? 64 : 32;
-    // A staged row of bf16 pairs: HS / 2 words, padded by 4 so that the lanes of a fragment
-    // load (rows g, words t: word (HS / 2 + 4) g + t, 4g + t mod 32) hit 32 different
-    // banks, and the 8 lanes of a quarter-warp's 16-byte load in accumulate (rows 2t, words
-    // 4g: 8t + 4g mod 32) start 4 banks apart, and a quarter-warp's 16-byte stores in
-    // store_tile cover 32 consecutive words. A row is 144 or 272 bytes, so every run of 4
-    // words from a multiple of 4 is 16-byte aligned.
+    // A staged row of bf16 pairs: HS / 2 words, padded by 4 so that the 8 rows of 16 bytes
+    // an ldmatrix matrix reads (rows r0 + r: word (HS / 2 + 4) r = 4r mod 32 on from the
+    // first) start 4 banks apart and cover the 32 banks once, and a quarter-warp's 16-byte
+    // stores in store_tile cover 32 consecutive words. A row is 144 or 272 bytes, so every
+    // run of 4 words from a multiple of 4 is 16-byte aligned, as ldmatrix's rows must be.
     static constexpr int WORDS = HS / 2 + 4;
     static constexpr int STEPS = HS / 16;   // head-dimension k steps of a product, at most
     static constexpr int DTILES = HS / 8;   // [16, 8] accumulators across the head dimension
-    static constexpr int HALVES = HS / 64;  // runs of 64 columns (see accumulate)
     static constexpr int KTILES = STREAM / 8;  // [16, 8] accumulators across a streamed tile
     static constexpr int OCTS = HS / 8;     // 16-byte runs of 8 bf16 in a row, at most
     static constexpr int FETCHES = STREAM * OCTS / THREADS;  // 16-byte loads a thread makes of a tile
@@ -146,8 +144,7 @@ __device__ __forceinline__ void fetch_tile(uint4 f[Shape<HS>::FETCHES], const bf
 
 // The fetched share into a staged tile, as it was loaded (8 bf16, 4 words of pairs, a
 // lane): a quarter-warp writes 32 consecutive words of a row, free of bank conflicts.
-// Columns past hs are staged as the zeros fetched there, which accumulate's permuted
-// products read.
+// Columns past hs are staged as the zeros fetched there, which the products over HS read.
 template <int HS>
 __device__ __forceinline__ void store_tile(Tile<HS> tile, const uint4 f[Shape<HS>::FETCHES]) {
     using S = Shape<HS>;
@@ -184,78 +181,55 @@ __device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsi
     #pragma unroll
     for (int kk = 0; kk < S::STEPS; ++kk) {
         #pragma unroll
-        for (int n = 0; n < S::KTILES; ++n) {
-            unsigned int b[2];
-            load_b(b, origin, S::WORDS, 8 * n, kk);
-            mma_bf16_16816(s[n], x[kk], b);
+        for (int n = 0; n < S::KTILES; n += 2) {
+            unsigned int lo[2], hi[2];
+            load_b_pair(lo, hi, origin, S::WORDS, 8 * n, kk);
+            mma_bf16_16816(s[n], x[kk], lo);
+            mma_bf16_16816(s[n + 1], x[kk], hi);
         }
     }
 }
 
-// The bf16 pair (lo's column n, hi's column n) of two staged rows' runs of 8 columns, as
-// 4 words each: the B register of one column over two neighbouring rows. One byte
-// permutation (PRMT) picks the two halves, bytes 0-1 or 2-3 of each word; written with
-// shifts and masks it compiled to two or three integer instructions.
-__device__ __forceinline__ unsigned int column_pair(uint4 lo, uint4 hi, int n) {
-    return __byte_perm(uint4_word(lo, n / 2), uint4_word(hi, n / 2), n % 2 ? 0x7632 : 0x5410);
-}
-
 // acc += P Y over the tile for one warp: P [16, STREAM] in accumulators (rounded to bf16
-// as they enter), Y [STREAM, HS] the staged rows, read down its columns. The products'
-// columns are permuted within each run of 64: column n' of accumulator acc[8 m + n] is Y's
-// column 64 m + 8 n' + n (see store_columns), so that this lane's B fragments of the 8
-// products of a run and a k step lie in 8 consecutive columns of its 4 rows (64 m + 8g ..
-// + 7 of rows 2t, 2t + 1, 2t + 8, 2t + 9): 4 loads of 16 bytes, free of bank conflicts (the
-// 8 lanes of a quarter-warp start 8t + 4g banks apart), where a column at a time took 32
-// loads of 16 bits and twice the shared memory bandwidth. Below HS the zero columns past hs
-// cost their products.
+// as they enter), Y [STREAM, HS] the staged rows, read down its columns: acc[n] is columns
+// [8n, 8n + 8). The B fragments of two column tiles and a k step are one transposing
+// ldmatrix (load_bt_pair). Until 2026-11-27 they were 16-byte loads of 4 rows with the
+// products' columns permuted, and a byte permutation (PRMT) a register to pick each
+// column's pair out of the rows' words: 2 integer instructions a product. Below HS the
+// zero columns past hs cost their products.
 template <int HS>
 __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
                                            const Tile<HS> y) {
     using S = Shape<HS>;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const unsigned int* origin = &y[2 * (lane % 4)][4 * (lane / 4)];  // row 2t, word 4g; the rest at constant offsets
+    const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
     #pragma unroll
     for (int c = 0; c < S::STREAM / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
         #pragma unroll
-        for (int m = 0; m < S::HALVES; ++m) {
-            uint4 run[4];  // rows 16c + 2t, 2t + 1, 2t + 8, 2t + 9
-            #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                run[r] = *reinterpret_cast<const uint4*>(origin + (16 * c + r % 2 + 8 * (r / 2)) * S::WORDS + 32 * m);
-            #pragma unroll
-            for (int n = 0; n < 8; ++n) {
-                const unsigned int b[2] = {column_pair(run[0], run[1], n), column_pair(run[2], run[3], n)};
-                mma_bf16_16816(acc[8 * m + n], a, b);
-            }
+        for (int n = 0; n < S::DTILES; n += 2) {
+            unsigned int lo[2], hi[2];
+            load_bt_pair(lo, hi, origin, S::WORDS, 16 * c, n);
+            mma_bf16_16816(acc[n], a, lo);
+            mma_bf16_16816(acc[n + 1], a, hi);
         }
     }
 }
 
 // Row g + 8h of a warp's [16, HS] product accumulated by `accumulate`, times `scale`, into
-// the bf16 `row` (32-byte aligned, as fetch_tile's rows are): this lane holds columns
-// 64m + 16t .. + 15 of each run m of 64 (acc[8m + n][2h + k] is column 64m + 16t + 8k + n),
-// written unless they lie past hs, as two 16-byte stores of 8 bf16. Each value is rounded
-// once, to nearest even, by pack_bf16, as common.cuh's store rounds it.
+// the bf16 `row` (4-byte aligned): this lane holds columns 8n + 2t and 8n + 2t + 1 of each
+// accumulator n (acc[n][2h], acc[n][2h + 1]), written as one word unless they lie past hs.
+// Each value is rounded once, to nearest even, by pack_bf16, as common.cuh's store rounds
+// it. The 4 lanes of a quad write 16 consecutive bytes; a block stores its rows once.
 template <int HS>
 __device__ __forceinline__ void store_columns(bf16* row, const float acc[Shape<HS>::DTILES][4], int h, float scale,
                                               int hs) {
     const int t = threadIdx.x % 4;
     #pragma unroll
-    for (int m = 0; m < Shape<HS>::HALVES; ++m) {
-        if (64 * m + 16 * t >= hs) return;
-        uint4* out = reinterpret_cast<uint4*>(row + 64 * m + 16 * t);
-        const float(*run)[4] = acc + 8 * m;
-        #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int e = 2 * h + k;
-            out[k] = make_uint4(pack_bf16(scale * run[0][e], scale * run[1][e]),
-                                pack_bf16(scale * run[2][e], scale * run[3][e]),
-                                pack_bf16(scale * run[4][e], scale * run[5][e]),
-                                pack_bf16(scale * run[6][e], scale * run[7][e]));
-        }
+    for (int n = 0; n < Shape<HS>::DTILES; ++n) {
+        if (8 * n >= hs) return;
+        *reinterpret_cast<unsigned int*>(row + 8 * n + 2 * t) =
+            pack_bf16(scale * acc[n][2 * h], scale * acc[n][2 * h + 1]);
     }
 }
 

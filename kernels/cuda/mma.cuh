@@ -89,22 +89,94 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
 #endif
 }
 
-// This lane's word of a tile of bf16 pairs (row stride `stride` words) for load_b: row g,
-// pair t.
-__device__ __forceinline__ const unsigned int* b_origin(const unsigned int* tile, int stride) {
+// Four 8x8 matrices of bf16 from shared memory in one instruction for the warp (ldmatrix
+// .x4, sm_75 and later): lane 8i + r gives the address of row r of matrix i (16 bytes,
+// 16-byte aligned), and register i of lane 4g + t is row g of matrix i, elements 2t and
+// 2t + 1, the layout of a B register. The emulator has each lane read its words through
+// the addresses the others give.
+__device__ __forceinline__ void load_matrices(unsigned int r[4], const unsigned int* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned int)__cvta_generic_to_shared(row)));
+#elif defined(__CUDA_ARCH__)
+    __trap();  // as mma_bf16_16816 before sm_80
+#else
     const int lane = threadIdx.x % WARP_SIZE;
-    return tile + lane / 4 * stride + lane % 4;
+    for (int i = 0; i < 4; ++i) r[i] = __shfl_sync(FULL_MASK, row, 8 * i + lane / 4)[lane % 4];
+#endif
 }
 
-// The B fragment B[k][n] = X[n0 + n][16 kk + k] of a tile X of bf16 pairs: B is the
-// transpose of X's rows [n0, n0 + 8), columns [16 kk, 16 kk + 16). `origin` is b_origin's
-// of the tile, computed once: with n0, kk and stride known at compile time each register
-// is then one shared load at a constant offset from it. Computed per fragment, the row
-// and column cost two integer instructions a load in the SASS of NVRTC 13.0 for sm_90.
-__device__ __forceinline__ void load_b(unsigned int b[2], const unsigned int* origin, int stride, int n0, int kk) {
-    const unsigned int* row = origin + n0 * stride + 8 * kk;
-    b[0] = row[0];
-    b[1] = row[4];
+// Four 8x8 matrices of bf16 from shared memory, transposed (ldmatrix .x4 .trans): lane
+// 8i + r gives the address of row r of matrix i, as for load_matrices, and register i of
+// lane 4g + t is column g of matrix i, elements 2t and 2t + 1: rows 2t and 2t + 1 of a
+// matrix whose rows run along k, the layout of a B register.
+__device__ __forceinline__ void load_matrices_transposed(unsigned int r[4], const unsigned int* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned int)__cvta_generic_to_shared(row)));
+#elif defined(__CUDA_ARCH__)
+    __trap();  // as mma_bf16_16816 before sm_80
+#else
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const auto lo = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t));
+        const auto hi = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t + 1));
+        r[i] = (unsigned int)lo[g] | (unsigned int)hi[g] << 16;
+    }
+#endif
+}
+
+// The row this lane gives load_b_pair's ldmatrix in a tile of bf16 pairs (row stride
+// `stride` words), before the pair's offset: lane 8i + r gives row r of matrix i, rows 0-7
+// for matrices 0 and 1 and rows 8-15 for 2 and 3, 4 words (8 columns) on for 1 and 3.
+__device__ __forceinline__ const unsigned int* b_origin(const unsigned int* tile, int stride) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    return tile + (8 * (lane / 16) + lane % 8) * stride + 4 * (lane / 8 % 2);
+}
+
+// The B fragments B[k][n] = X[n0 + n][16 kk + k] and X[n0 + 8 + n][16 kk + k] of a tile X of
+// bf16 pairs, `lo` and `hi`: the transposes of X's rows [n0, n0 + 8) and [n0 + 8, n0 + 16),
+// columns [16 kk, 16 kk + 16), as the four matrices of one ldmatrix. `origin` is
+// b_origin's of the tile, computed once, so that with n0, kk and stride known at compile
+// time the instruction's address is a constant offset from it. Loaded a word at a time,
+// the two fragments took four shared loads and, computing each row from the lane, eight
+// integer instructions (the SASS of NVRTC 13.0 for sm_90). The rows of a tile padded as
+// fused_attention_mma.cu's are (a row 4 words more than a multiple of 32) are read free of
+// bank conflicts: 8 rows of 16 bytes start 4 banks apart.
+__device__ __forceinline__ void load_b_pair(unsigned int lo[2], unsigned int hi[2], const unsigned int* origin,
+                                            int stride, int n0, int kk) {
+    unsigned int r[4];
+    load_matrices(r, origin + n0 * stride + 8 * kk);
+    lo[0] = r[0];
+    lo[1] = r[1];
+    hi[0] = r[2];
+    hi[1] = r[3];
+}
+
+// The row this lane gives load_bt_pair's ldmatrix in a tile of bf16 pairs (row stride
+// `stride` words), before the pair's offset: lane 8i + r gives row r of matrix i, rows 0-7
+// for matrices 0 and 2 and rows 8-15 for 1 and 3, 4 words (8 columns) on for 2 and 3.
+__device__ __forceinline__ const unsigned int* bt_origin(const unsigned int* tile, int stride) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    return tile + (8 * (lane / 8 % 2) + lane % 8) * stride + 4 * (lane / 16);
+}
+
+// The B fragments B[k][n] = X[k0 + k][8 c0 + n] and X[k0 + k][8 c0 + 8 + n] of a tile X of
+// bf16 pairs, `lo` and `hi`: X's rows [k0, k0 + 16), columns [8 c0, 8 c0 + 8) and the next
+// 8, read down the columns, as the four matrices of one transposing ldmatrix (`origin`
+// bt_origin's of the tile; c0 counts 8-column runs, 4 words each). A product that contracts
+// over a tile's rows (P'V) thus takes its B operand from the rows as they are staged.
+// Free of bank conflicts in a tile padded as load_b_pair's.
+__device__ __forceinline__ void load_bt_pair(unsigned int lo[2], unsigned int hi[2], const unsigned int* origin,
+                                             int stride, int k0, int c0) {
+    unsigned int r[4];
+    load_matrices_transposed(r, origin + k0 * stride + 4 * c0);
+    lo[0] = r[0];
+    lo[1] = r[1];
+    hi[0] = r[2];
+    hi[1] = r[3];
 }
 
 // The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major bf16

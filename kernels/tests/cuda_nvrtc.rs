@@ -79,12 +79,21 @@ fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
         return;
     }
     // mma.cuh compiles to a trap below sm_80; every target here is sm_80 or later, so the
-    // PTX must hold the instruction itself and no trap, and no local memory.
+    // PTX must hold the instructions themselves and no trap, and no local memory.
     let source =
         SOURCES.iter().find(|s| s.name == "fused_attention_mma.cu").expect("the tensor-core kernels");
     for arch in ARCHS {
         let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
         assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{arch}: no bf16 mma");
+        // The B fragments come from shared memory through ldmatrix, straight and transposed,
+        // and the exponentials are the one instruction (mma.cuh, fused_attention_mma.cu).
+        for instruction in [
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+            "ex2.approx.ftz.f32",
+        ] {
+            assert!(ptx.contains(instruction), "{arch}: no {instruction}");
+        }
         assert!(!ptx.contains("trap;"), "{arch}: the PTX traps");
         // Fragments, accumulators and fetched tiles are register arrays indexed only by
         // constants; one indexed at run time would go to local memory, far slower.

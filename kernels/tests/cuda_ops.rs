@@ -714,6 +714,51 @@ fn tensor_core_mma_is_the_emulators() {
     assert_bitwise("tensor-core mma", &got, &want);
 }
 
+/// load_b_pair's and load_bt_pair's ldmatrix must give each lane the B fragments of the PTX
+/// ISA's layout, as the emulator's reading of ldmatrix does (kernels/tests/simt/mma.rs,
+/// whose expected words are written out again here): every bf16 of the staged tile
+/// differs, so a wrong row, column or lane fails.
+#[test]
+fn ldmatrix_gives_the_emulators_b_fragments() {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    const SOURCE: KernelSource = KernelSource {
+        name: "ldmatrix_layout.cu",
+        source: include_str!("ldmatrix_layout.cu"),
+        kernels: &["ldmatrix_layout"],
+    };
+    let Some((stream, function)) = sm80_test_kernel("ldmatrix_gives_the_emulators_b_fragments", &SOURCE)
+    else {
+        return;
+    };
+    let x: Vec<u32> = (1..=256u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let bf16 = |row: usize, col: usize| x[row * 16 + col / 2] >> (16 * (col % 2)) & 0xffff;
+    let mut want = Vec::new();
+    for (s, lane) in (0..4).flat_map(|s| (0..32).map(move |lane| (s, lane))) {
+        let (g, t) = (lane / 4, lane % 4);
+        if s < 2 {
+            // Lane 4g + t: words 8s + t and 8s + 4 + t of rows g and 8 + g.
+            want.extend([g, g + 8].into_iter().flat_map(|row| [0, 4].map(|w| x[row * 16 + 8 * s + w + t])));
+        } else {
+            // Columns 16c + g and 16c + 8 + g down rows 2t, 2t + 1 and 2t + 8, 2t + 9.
+            let c = s - 2;
+            for col in [16 * c + g, 16 * c + 8 + g] {
+                want.extend([2 * t, 2 * t + 8].map(|k| bf16(k, col) | bf16(k + 1, col) << 16));
+            }
+        }
+    }
+    let mut dx = stream.alloc_zeros::<u32>(x.len()).expect("an allocation");
+    stream.memcpy_htod(&x, &mut dx).expect("a copy");
+    let mut dout = stream.alloc_zeros::<u32>(want.len()).expect("an allocation");
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(&mut dout).arg(&dx);
+    // SAFETY: the kernel reads 256 words and writes 512, one warp.
+    unsafe { launch.launch(cfg) }.expect("the launch");
+    let mut got = vec![0u32; want.len()];
+    stream.memcpy_dtoh(&dout, &mut got).expect("a copy back");
+    assert_eq!(got, want, "ldmatrix's B fragments");
+}
+
 /// pack_bf16, which rounds the attention's P and dS for the tensor cores and its outputs for
 /// storage, is one cvt.rn.bf16x2.f32 on the GPU: it must round as the CPU does (the `half`
 /// crate), bit for bit, the low half first. Random bit patterns of every magnitude, ties

@@ -78,14 +78,6 @@ inline float __uint_as_float(unsigned int u) {
     memcpy(&x, &u, 4);
     return x;
 }
-// Byte i of the result is byte s_i of the eight of (y, x), x's bytes 0-3 and y's 4-7, where
-// s_i is the low three bits of nibble i of `s` (CUDA's __byte_perm without its modes).
-inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
-    const unsigned long long bytes = (unsigned long long)y << 32 | x;
-    unsigned int r = 0;
-    for (int i = 0; i < 4; ++i) r |= (unsigned int)(bytes >> (8 * (s >> (4 * i) & 7)) & 0xff) << (8 * i);
-    return r;
-}
 inline float __int_as_float(int i) {
     float x;
     memcpy(&x, &i, 4);
