@@ -40,10 +40,26 @@
 // bits in a loop of their own (kept); with it off nothing is drawn and no element tests a
 // bit.
 //
-// Registers (ptxas through NVRTC 13.0, -Xptxas -v, for sm_80 and sm_90, no spills): the
-// forward takes 154 to 168, within the 168 its launch bounds allow, so 3 blocks (12 warps)
-// share an SM; the two backward kernels, which hold two [16, 64] fp32 accumulators and the
-// next tile's loads (4 of 16 bytes a thread) besides, take 222 to 241, 2 blocks an SM.
+// Registers (ptxas through NVRTC 13.0, -Xptxas -v, sm_80 and sm_90; scripts/sass-mix):
+// at head size 64 the forward takes 158 to 163, within the 168 its launch bounds allow, so
+// 3 blocks (12 warps) share an SM, and the backward kernels, which hold two [16, 64] fp32
+// accumulators and the next tile's loads (4 of 16 bytes a thread) besides, 229 to 253, 2
+// blocks an SM; none spills. At 128 the forward and query side take 216 to 236, and the
+// key side, which holds dk and dv [16, 128] and its keys and values, 255 with 36 to 44
+// bytes spilled.
+//
+// Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): a tile of the
+// forward at head size 64, unmasked and without dropout, issues about 406 instructions a
+// warp for its 64 products, of which the softmax is 147 (a max, a multiply-add, an
+// exponential and an add an element). Until 2026-11-27 it issued about 960: a branch
+// between any two products over the head dimension (the test of the run-time hs, now
+// gone), which also kept their chains from overlapping; 2 integer instructions a shared
+// load for its address and 2 a P'V product to pick its B register's halves (now ldmatrix,
+// straight and transposed); exp2f's 4 instructions a value for denormal results (now
+// exp2_ftz's one); a multiply a score for the scale (now inside the exponent's
+// multiply-add); the fetches' bounds tests on every tile (now the last only). The loop
+// bodies, every path counted once, went from 1186 to 703 (forward), 1308 to 702 (query
+// side) and 1939 to 1044 (key side). None of this has been timed on a GPU.
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
