@@ -6,12 +6,13 @@
 use super::hardware::{Hardware, HOST_COPY_EFFICIENCY};
 use super::memory::stage_parameters;
 use super::setup::Setup;
+use crate::config::DeviceKind;
 use crate::error::user_error;
 use kernels::AttentionSaves;
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
-use stages::{ModelShape, RecomputePolicy, TensorParallel};
+use stages::{Activation, ModelShape, RecomputePolicy, TensorParallel};
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -88,7 +89,8 @@ fn chunk_collective_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hard
 
 /// Seconds the chunk's recompute takes on `hw`, on one tensor-parallel rank: the forward of
 /// what the policy recomputes. Full: the recomputed blocks' whole forward, its collectives
-/// included, and with distributed saves each group's all-gather of its input. Selective: the attention core's forward (compute-bound, no collectives), GELU
+/// and unfused bias adds included, and with distributed saves each group's all-gather of
+/// its input. Selective: the attention core's forward (compute-bound, no collectives), GELU
 /// and LayerNorm (memory-bound: one read and one write of their output-sized tensors each).
 fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> f64 {
     let (s, tp) = (&setup.shape, setup.tp);
@@ -102,8 +104,9 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
         RecomputePolicy::Full { .. } => {
             let segments = setup.policies[stage].segments(blocks);
             let recomputed: usize = segments.iter().filter(|g| g.recompute).map(|g| g.end - g.start).sum();
-            let forward =
-                block.forward / hw.achieved_flops() + tensor_parallel_seconds(setup, tp.block_forward(), hw);
+            let forward = block.forward / hw.achieved_flops()
+                + tensor_parallel_seconds(setup, tp.block_forward(), hw)
+                + unfused_epilogue_seconds(setup, hw)[0];
             let groups = segments.iter().filter(|g| g.recompute).count();
             let gather = LayerCollectives { all_gather: 1, ..Default::default() };
             let gathers = if tp.distribute_saved {
@@ -139,6 +142,35 @@ const GRAD_NORM_BYTES: f64 = 4.0;
 /// all-reduce (network-bound), the tied embedding's gradient exchange and the global grad
 /// norm (memory-bound; each stage reads its gradients on its own device, in parallel), which
 /// every stage waits for, then its own AdamW. `data_parallel` overrides the all-reduce.
+/// Seconds one block's forward and backward-input spend on `hw`, on one tensor-parallel
+/// rank, in the passes CUDA runs as kernels of their own where it does not fold them into a
+/// product's cuBLASLt epilogue (`bias_gelu_fusion`, docs/gpu.md): each bias add reads and
+/// writes its product's output again (qkv and fc1 split across the ranks, proj and fc2
+/// after their reduction), and GELU's backward reads back the [B,T,F] gradient that fc2's
+/// product wrote. The GPU profiles' efficiencies, calibrated on Megatron-LM's runs, whose
+/// step fuses both, hold neither pass; the CPU's, measured on the trainer, holds both.
+fn unfused_epilogue_seconds(setup: &Setup, hw: &Hardware) -> [f64; 2] {
+    let (s, tp) = (&setup.shape, setup.tp);
+    if setup.cfg.device != DeviceKind::Cuda {
+        return [0.0; 2];
+    }
+    let n = s.tokens();
+    let eb = setup.activation_bytes_per_element() as f64;
+    let read_and_write = |elements: usize, split| 2.0 * tp.per_rank(elements, split) as f64 * eb;
+    let bias_adds = if s.arch.linear_bias && !setup.fuses_bias() {
+        read_and_write(n * (s.qkv_width() + s.fc1_width()), Split::Interior)
+            + 2.0 * read_and_write(n * s.hidden, Split::Sequence)
+    } else {
+        0.0
+    };
+    let gelu_gradient = if s.arch.activation == Activation::Gelu && !setup.fuses_gelu_backward() {
+        read_and_write(n * s.ffn, Split::Interior)
+    } else {
+        0.0
+    };
+    [bias_adds, gelu_gradient].map(|bytes| bytes / hw.achieved_bandwidth())
+}
+
 /// FLOPs one block's backward adds beyond the model's count on one rank: the fused attention
 /// backward (device cuda) computes q k^T again to rebuild P tile by tile, 2 B T^2 C, full
 /// T x T as `stages::flops` counts the core.
@@ -241,9 +273,10 @@ pub(super) fn compute_durations(setup: &Setup, hw: &Hardware, data_parallel: Opt
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
             let blocks = setup.layout(r, c).blocks.len() as f64;
             let kernel_extra = blocks * fused_backward_extra_flops(&setup.shape, setup.tp);
+            let [bias_adds, gelu_gradient] = unfused_epilogue_seconds(setup, hw).map(|t| blocks * t);
             OpTimes {
-                forward: f.forward / rate + forward,
-                backward_input: (f.backward_input + kernel_extra) / rate + backward_input,
+                forward: f.forward / rate + forward + bias_adds,
+                backward_input: (f.backward_input + kernel_extra) / rate + backward_input + gelu_gradient,
                 backward_weight: f.backward_weight / rate + backward_weight,
                 recompute: recompute_seconds(setup, r, c, hw),
             }
@@ -426,6 +459,53 @@ mod tests {
             let adamw = stage_parameters(&whole, r) as f64 * ADAMW_BYTES / bandwidth;
             assert!((a - b - adamw / 2.0).abs() <= 1e-12 * a, "stage {r}: {a} vs {b}");
         }
+    }
+
+    /// On CUDA with `bias_gelu_fusion` off, each block's forward streams its four biased
+    /// products' outputs once more (read and written: qkv and fc1, 2304 + 3072 columns,
+    /// proj and fc2, 768 each) and its backward-input the [B,T,F] GELU gradient, at the
+    /// achieved bandwidth; the fused step (the default) is what the profile's efficiency
+    /// models. A model with neither biases nor GELU (SwiGLU), and the CPU, whose profile is
+    /// measured on the unfused trainer, are the same both ways.
+    #[test]
+    fn unfused_epilogues_cost_their_bytes_at_the_achieved_bandwidth() {
+        use crate::config::{DeviceKind, Precision};
+        let cfg = |device, fusion| Config {
+            device,
+            precision: Precision::Bf16,
+            bias_gelu_fusion: fusion,
+            ..gpt2_small(4, "1f1b", 1, 8)
+        };
+        let times = |cfg| from_hardware(&setup(cfg), &h100());
+        let (on, off) = (times(cfg(DeviceKind::Cuda, true)), times(cfg(DeviceKind::Cuda, false)));
+        let bandwidth = h100().achieved_bandwidth();
+        // 1024 tokens (micro batch 1), 2 bytes an element, read and written.
+        let bias_adds = 2.0 * 1024.0 * 2.0 * (2304.0 + 3072.0 + 768.0 + 768.0);
+        let gelu_gradient = 2.0 * 1024.0 * 2.0 * 3072.0;
+        // Stage 1 holds 4 blocks.
+        assert_eq!(off.chunks[1].forward, on.chunks[1].forward + 4.0 * (bias_adds / bandwidth));
+        assert_eq!(
+            off.chunks[1].backward_input,
+            on.chunks[1].backward_input + 4.0 * (gelu_gradient / bandwidth)
+        );
+        assert_eq!(off.chunks[1].backward_weight, on.chunks[1].backward_weight);
+        // The head's stage has no block.
+        assert_eq!(off.chunks[3], on.chunks[3]);
+        // Full recompute reruns the blocks' forward, bias adds and all.
+        let full = |fusion| {
+            let cfg = Config {
+                recompute_granularity: Some(Named::parse("full").unwrap()),
+                recompute_method: Some(Named::parse("uniform").unwrap()),
+                recompute_num_layers: Some(2),
+                ..cfg(DeviceKind::Cuda, fusion)
+            };
+            times(cfg).chunks[1].recompute
+        };
+        assert!((full(false) - full(true) - 4.0 * bias_adds / bandwidth).abs() < 1e-15);
+        let llama =
+            |fusion| Config { swiglu: true, disable_bias_linear: true, ..cfg(DeviceKind::Cuda, fusion) };
+        assert_eq!(times(llama(false)), times(llama(true)));
+        assert_eq!(times(cfg(DeviceKind::Cpu, false)), times(cfg(DeviceKind::Cpu, true)));
     }
 
     /// The fused attention's backward computes q k^T once more: 2 B T^2 C FLOPs per block

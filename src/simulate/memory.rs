@@ -34,7 +34,6 @@
 //! input.
 
 use super::setup::Setup;
-use crate::config::DeviceKind;
 use kernels::AttentionSaves;
 use schedules::ChunkMemory;
 use stages::memory_model::{
@@ -42,7 +41,7 @@ use stages::memory_model::{
 };
 use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
 use stages::tensor_parallel::Split;
-use stages::{Activation, RecomputePolicy, SelectiveModules};
+use stages::{RecomputePolicy, SelectiveModules};
 
 /// Memory of one microbatch through chunk `chunk` of stage `stage`, on one tensor-parallel
 /// rank.
@@ -128,15 +127,10 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
 /// gradient: F, or none where CUDA computes the GELU's gradient in fc2's product
 /// (`Device::matmul_backward_input_gelu`, under `bias_gelu_fusion`).
 fn fc2_input_grad_width(setup: &Setup) -> usize {
-    let s = &setup.shape;
-    let fused = setup.cfg.device == DeviceKind::Cuda
-        && setup.cfg.bias_gelu_fusion
-        && s.arch.activation == Activation::Gelu
-        && kernels::cuda_fuses_gelu_backward(setup.tp.per_rank(s.ffn, Split::Interior));
-    if fused {
+    if setup.fuses_gelu_backward() {
         0
     } else {
-        s.ffn
+        setup.shape.ffn
     }
 }
 

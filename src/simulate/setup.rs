@@ -5,7 +5,8 @@
 use crate::config::{Config, DeviceKind};
 use crate::plan;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
-use stages::{ActivationOffload, ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
+use stages::tensor_parallel::Split;
+use stages::{Activation, ActivationOffload, ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -96,6 +97,23 @@ impl Setup {
     /// trainer stores as bf16 tensors, fp32's 4 otherwise ([`ModelShape::activations`]).
     pub fn activation_bytes_per_element(&self) -> usize {
         self.shape.activations.size()
+    }
+
+    /// Whether CUDA adds a linear layer's bias inside its forward product (a cuBLASLt
+    /// epilogue, under `bias_gelu_fusion`); the CPU, and CUDA with the key off, add it in a
+    /// pass of its own.
+    pub fn fuses_bias(&self) -> bool {
+        self.cfg.device == DeviceKind::Cuda && self.cfg.bias_gelu_fusion
+    }
+
+    /// Whether CUDA computes GELU's gradient inside fc2's input-gradient product
+    /// (`Device::matmul_backward_input_gelu`, under `bias_gelu_fusion`), as the trainer
+    /// decides it on a rank's width of the FFN ([`kernels::cuda_fuses_gelu_backward`]).
+    pub fn fuses_gelu_backward(&self) -> bool {
+        self.cfg.device == DeviceKind::Cuda
+            && self.cfg.bias_gelu_fusion
+            && self.shape.arch.activation == Activation::Gelu
+            && kernels::cuda_fuses_gelu_backward(self.tp.per_rank(self.shape.ffn, Split::Interior))
     }
 
     /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device
