@@ -1,5 +1,6 @@
 // Warp-level bf16 matrix products on tensor cores: mma.sync.aligned.m16n8k16 with bf16
-// operands and fp32 accumulators (sm_80 and later), and the fragments it takes.
+// operands and fp32 accumulators (sm_80 and later), and the fragments it takes, the B
+// fragments loaded from shared memory by ldmatrix.
 //
 // One instruction computes D = A * B + C for the whole warp: A [16, 16] and B [16, 8] in
 // bf16, C and D [16, 8] in fp32. Each lane holds a fixed part of each operand, as the PTX
@@ -20,7 +21,8 @@
 // kernels/tests/simt), the lanes exchange their fragments with shuffles and each computes
 // its four elements of D from the same layouts, so the harness checks the kernels'
 // fragment bookkeeping; kernels/tests/simt/mma.rs pins the layouts against a plain
-// matrix product, and kernels/tests/cuda_ops.rs runs the instruction against it.
+// matrix product, and kernels/tests/cuda_ops.rs runs the instruction against it. ldmatrix
+// is emulated and pinned the same way (kernels/tests/ldmatrix_layout.cu).
 #pragma once
 
 #include "common.cuh"
