@@ -55,11 +55,11 @@
 // between any two products over the head dimension (the test of the run-time hs, now
 // gone), which also kept their chains from overlapping; 2 integer instructions a shared
 // load for its address and 2 a P'V product to pick its B register's halves (now ldmatrix,
-// straight and transposed); exp2f's 4 instructions a value for denormal results (now
-// exp2_ftz's one); a multiply a score for the scale (now inside the exponent's
-// multiply-add); the fetches' bounds tests on every tile (now the last only). The loop
-// bodies, every path counted once, went from 1186 to 703 (forward), 1308 to 702 (query
-// side) and 1939 to 1044 (key side). None of this has been timed on a GPU.
+// straight and transposed); the 3 instructions exp2f sets around each exponential for
+// denormal results (now none, exp2_ftz); a multiply a score for the scale (now inside the
+// exponent's multiply-add); the fetches' bounds tests on every tile (now the last only).
+// The loop bodies, every path counted once, went from 1186 to 703 (forward), 1308 to 702
+// (query side) and 1939 to 1044 (key side). None of this has been timed on a GPU.
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
@@ -317,11 +317,11 @@ __device__ __forceinline__ void times_kept(float out[Shape<HS>::KTILES][4], cons
 }
 
 // 2^x as the one instruction MUFU.EX2 (ex2.approx.ftz), which is what exp2f computes for x
-// >= -126. Below that exp2f wraps four instructions around it (halve x, take the
-// exponential, square it) to return results under 2^-126 as denormals; here they are 0.
-// Those four were a sixth of the forward's instructions a tile (the SASS of NVRTC 13.0 for
-// sm_90), and a probability under 2^-126 adds nothing to a row's sum, which holds a 1.
-// The emulator flushes exp2f's result as the instruction does.
+// >= -126. exp2f sets three more around it, a test of x against -126, a halving of x
+// before and a squaring after, so that results under 2^-126 come out as denormals; here
+// they are 0. Those three were about a tenth of the forward's instructions a tile (the
+// SASS of NVRTC 13.0 for sm_90), and a probability under 2^-126 adds nothing to a row's
+// sum, which holds a 1. The emulator flushes exp2f's result as the instruction does.
 __device__ __forceinline__ float exp2_ftz(float x) {
 #if defined(__CUDA_ARCH__)
     float y;
