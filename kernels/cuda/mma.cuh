@@ -93,39 +93,39 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
 
 // Four 8x8 matrices of bf16 from shared memory in one instruction for the warp (ldmatrix
 // .x4, sm_75 and later): lane 8i + r gives the address of row r of matrix i (16 bytes,
-// 16-byte aligned), and register i of lane 4g + t is row g of matrix i, elements 2t and
-// 2t + 1, the layout of a B register. The emulator has each lane read its words through
-// the addresses the others give.
-__device__ __forceinline__ void load_matrices(unsigned int r[4], const unsigned int* row) {
+// 16-byte aligned), and this lane receives row g of each matrix, elements 2t and 2t + 1,
+// the layout of a B register: matrices 0 and 1 into `lo`, 2 and 3 into `hi`. The emulator
+// has each lane read its words through the addresses the others give.
+__device__ __forceinline__ void load_matrices(unsigned int lo[2], unsigned int hi[2], const unsigned int* row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "=r"(lo[0]), "=r"(lo[1]), "=r"(hi[0]), "=r"(hi[1])
                  : "r"((unsigned int)__cvta_generic_to_shared(row)));
 #elif defined(__CUDA_ARCH__)
     __trap();  // as mma_bf16_16816 before sm_80
 #else
     const int lane = threadIdx.x % WARP_SIZE;
-    for (int i = 0; i < 4; ++i) r[i] = __shfl_sync(FULL_MASK, row, 8 * i + lane / 4)[lane % 4];
+    for (int i = 0; i < 4; ++i) (i < 2 ? lo : hi)[i % 2] = __shfl_sync(FULL_MASK, row, 8 * i + lane / 4)[lane % 4];
 #endif
 }
 
-// Four 8x8 matrices of bf16 from shared memory, transposed (ldmatrix .x4 .trans): lane
-// 8i + r gives the address of row r of matrix i, as for load_matrices, and register i of
-// lane 4g + t is column g of matrix i, elements 2t and 2t + 1: rows 2t and 2t + 1 of a
-// matrix whose rows run along k, the layout of a B register.
-__device__ __forceinline__ void load_matrices_transposed(unsigned int r[4], const unsigned int* row) {
+// The same four matrices transposed (ldmatrix .x4 .trans): this lane receives column g of
+// each, elements 2t and 2t + 1, that is rows 2t and 2t + 1 of a matrix whose rows run
+// along k, the layout of a B register.
+__device__ __forceinline__ void load_matrices_transposed(unsigned int lo[2], unsigned int hi[2],
+                                                         const unsigned int* row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "=r"(lo[0]), "=r"(lo[1]), "=r"(hi[0]), "=r"(hi[1])
                  : "r"((unsigned int)__cvta_generic_to_shared(row)));
 #elif defined(__CUDA_ARCH__)
     __trap();  // as mma_bf16_16816 before sm_80
 #else
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; ++i) {
-        const auto lo = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t));
-        const auto hi = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t + 1));
-        r[i] = (unsigned int)lo[g] | (unsigned int)hi[g] << 16;
+        const auto top = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t));
+        const auto next = reinterpret_cast<const unsigned short*>(__shfl_sync(FULL_MASK, row, 8 * i + 2 * t + 1));
+        (i < 2 ? lo : hi)[i % 2] = (unsigned int)top[g] | (unsigned int)next[g] << 16;
     }
 #endif
 }
@@ -149,12 +149,7 @@ __device__ __forceinline__ const unsigned int* b_origin(const unsigned int* tile
 // bank conflicts: 8 rows of 16 bytes start 4 banks apart.
 __device__ __forceinline__ void load_b_pair(unsigned int lo[2], unsigned int hi[2], const unsigned int* origin,
                                             int stride, int n0, int kk) {
-    unsigned int r[4];
-    load_matrices(r, origin + n0 * stride + 8 * kk);
-    lo[0] = r[0];
-    lo[1] = r[1];
-    hi[0] = r[2];
-    hi[1] = r[3];
+    load_matrices(lo, hi, origin + n0 * stride + 8 * kk);
 }
 
 // The row this lane gives load_bt_pair's ldmatrix in a tile of bf16 pairs (row stride
@@ -173,12 +168,7 @@ __device__ __forceinline__ const unsigned int* bt_origin(const unsigned int* til
 // Free of bank conflicts in a tile padded as load_b_pair's.
 __device__ __forceinline__ void load_bt_pair(unsigned int lo[2], unsigned int hi[2], const unsigned int* origin,
                                              int stride, int k0, int c0) {
-    unsigned int r[4];
-    load_matrices_transposed(r, origin + k0 * stride + 4 * c0);
-    lo[0] = r[0];
-    lo[1] = r[1];
-    hi[0] = r[2];
-    hi[1] = r[3];
+    load_matrices_transposed(lo, hi, origin + k0 * stride + 4 * c0);
 }
 
 // The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major bf16
