@@ -101,6 +101,43 @@ fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
     }
 }
 
+/// Between two branches the tensor-core kernels' products come whole: the 32 mma.sync of
+/// a tile's product (scores, dP, P'V and the others) or more. A branch between two of them,
+/// as the test of the run-time head size inside the products' loop was until 2026-11-27,
+/// makes each column tile's products a chain that waits out every product's latency with
+/// nothing beside it to overlap (docs/benchmarks.md, "The attention kernels' code").
+#[test]
+fn the_attention_products_run_with_no_branch_between_them() {
+    if !nvrtc_available() {
+        eprintln!(
+            "SKIP the_attention_products_run_with_no_branch_between_them: libnvrtc not found (run .ci/install-nvrtc.sh)"
+        );
+        return;
+    }
+    let source =
+        SOURCES.iter().find(|s| s.name == "fused_attention_mma.cu").expect("the tensor-core kernels");
+    for arch in ARCHS {
+        let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+        for entry in ptx.split(".entry ").skip(1) {
+            let name = entry.split('(').next().unwrap_or_default();
+            let (mut runs, mut run) = (Vec::new(), 0);
+            for line in entry.lines().map(str::trim) {
+                if line.starts_with("mma.sync") {
+                    run += 1;
+                } else if (line.starts_with("bra") || line.contains(" bra")) && run > 0 {
+                    runs.push(run);
+                    run = 0;
+                }
+            }
+            runs.extend((run > 0).then_some(run));
+            assert!(
+                !runs.is_empty() && runs.iter().all(|r| r % 32 == 0),
+                "{arch} {name}: mma.sync between branches in runs of {runs:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_elementwise_kernels_move_128_bit_packs() {
     if !nvrtc_available() {
