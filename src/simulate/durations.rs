@@ -138,10 +138,6 @@ const ADAMW_BYTES: f64 = 28.0 + 4.0;
 /// The global grad norm reads every gradient once.
 const GRAD_NORM_BYTES: f64 = 4.0;
 
-/// Seconds of each stage's post-schedule phase on `hw`: the data-parallel gradient
-/// all-reduce (network-bound), the tied embedding's gradient exchange and the global grad
-/// norm (memory-bound; each stage reads its gradients on its own device, in parallel), which
-/// every stage waits for, then its own AdamW. `data_parallel` overrides the all-reduce.
 /// Seconds one block's forward and backward-input spend on `hw`, on one tensor-parallel
 /// rank, in the passes CUDA runs as kernels of their own where it does not fold them into a
 /// product's cuBLASLt epilogue (`bias_gelu_fusion`, docs/gpu.md): each bias add reads and
@@ -183,6 +179,10 @@ fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel) -> f64 {
     }
 }
 
+/// Seconds of each stage's post-schedule phase on `hw`: the data-parallel gradient
+/// all-reduce (network-bound), the tied embedding's gradient exchange and the global grad
+/// norm (memory-bound; each stage reads its gradients on its own device, in parallel), which
+/// every stage waits for, then its own AdamW. `data_parallel` overrides the all-reduce.
 fn optimizer_seconds(setup: &Setup, hw: &Hardware, data_parallel: Option<f64>) -> Vec<f64> {
     let bandwidth = hw.achieved_bandwidth();
     let params: Vec<f64> = (0..setup.p).map(|r| stage_parameters(setup, r) as f64).collect();
