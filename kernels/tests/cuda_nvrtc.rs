@@ -70,20 +70,30 @@ fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
     assert!(err.contains("broken.cu") && err.contains("no_such_name"), "{err}");
 }
 
-#[test]
-fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
+/// The tensor-core attention's PTX for each of ARCHS, compiled once for the tests that read
+/// it; None, said for `test`, without NVRTC.
+fn attention_ptx(test: &str) -> Option<&'static [(&'static str, String)]> {
+    static PTX: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
     if !nvrtc_available() {
-        eprintln!(
-            "SKIP the_bf16_attention_runs_on_tensor_cores...: libnvrtc not found (run .ci/install-nvrtc.sh)"
-        );
-        return;
+        eprintln!("SKIP {test}: libnvrtc not found (run .ci/install-nvrtc.sh)");
+        return None;
     }
-    // mma.cuh compiles to a trap below sm_80; every target here is sm_80 or later, so the
-    // PTX must hold the instructions themselves and no trap, and no local memory.
     let source =
         SOURCES.iter().find(|s| s.name == "fused_attention_mma.cu").expect("the tensor-core kernels");
-    for arch in ARCHS {
-        let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = PTX.get_or_init(|| {
+        ARCHS.iter().map(|&arch| (arch, compile(source, arch).unwrap_or_else(|e| panic!("{e}")))).collect()
+    });
+    Some(compiled)
+}
+
+#[test]
+fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
+    let Some(compiled) = attention_ptx("the_bf16_attention_runs_on_tensor_cores_on_every_target") else {
+        return;
+    };
+    // mma.cuh compiles to a trap below sm_80; every target here is sm_80 or later, so the
+    // PTX must hold the instructions themselves and no trap, and no local memory.
+    for (arch, ptx) in compiled {
         assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{arch}: no bf16 mma");
         // The B fragments come from shared memory through ldmatrix, straight and transposed,
         // and the exponentials are the one instruction (mma.cuh, fused_attention_mma.cu).
@@ -108,16 +118,10 @@ fn the_bf16_attention_runs_on_tensor_cores_on_every_target() {
 /// nothing beside it to overlap (docs/benchmarks.md, "The attention kernels' code").
 #[test]
 fn the_attention_products_run_with_no_branch_between_them() {
-    if !nvrtc_available() {
-        eprintln!(
-            "SKIP the_attention_products_run_with_no_branch_between_them: libnvrtc not found (run .ci/install-nvrtc.sh)"
-        );
+    let Some(compiled) = attention_ptx("the_attention_products_run_with_no_branch_between_them") else {
         return;
-    }
-    let source =
-        SOURCES.iter().find(|s| s.name == "fused_attention_mma.cu").expect("the tensor-core kernels");
-    for arch in ARCHS {
-        let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+    };
+    for (arch, ptx) in compiled {
         for entry in ptx.split(".entry ").skip(1) {
             let name = entry.split('(').next().unwrap_or_default();
             let (mut runs, mut run) = (Vec::new(), 0);
