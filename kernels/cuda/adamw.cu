@@ -66,7 +66,7 @@ extern "C" __global__ void adamw_with_bf16_copy(float* param, unsigned short* pa
         const unsigned long long j = i + half * Pack<float>::LEN;
         const Pack<float> p = adamw_pack(param, grad, m, v, j, n, vector, c);
         store_pack(param, p, j, n, vector);
-        for (int k = 0; k < Pack<float>::LEN; ++k) copy.x[half * Pack<float>::LEN + k] = f32_to_bf16_bits(p.x[k]);
+        for (int k = 0; k < Pack<float>::LEN; ++k) copy.x[half * Pack<float>::LEN + k] = bf16_bits(p.x[k]);
     }
     store_pack(param_bf16, copy, i, n, vector);
 }

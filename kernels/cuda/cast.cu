@@ -2,7 +2,7 @@
 // writes the parameter (an upload, a copy): the copy is the master rounded to nearest even.
 //
 // bf16 is handled as its bits (unsigned short) so no CUDA header is needed at run time;
-// the rounding is common.cuh's f32_to_bf16_bits. Each thread casts 8 elements, two
+// the rounding is common.cuh's bf16_bits. Each thread casts 8 elements, two
 // 128-bit packs of the input and one of the output (common.cuh): launched over n / 8
 // threads, rounded up.
 #include "common.cuh"
@@ -15,8 +15,8 @@ extern "C" __global__ void f32_to_bf16(unsigned short* out, const float* inp, un
     const Pack<float> lo = load_pack(inp, i, n, vector), hi = load_pack(inp, i + Pack<float>::LEN, n, vector);
     Pack<unsigned short> bits;
     for (int k = 0; k < Pack<float>::LEN; ++k) {
-        bits.x[k] = f32_to_bf16_bits(lo.x[k]);
-        bits.x[Pack<float>::LEN + k] = f32_to_bf16_bits(hi.x[k]);
+        bits.x[k] = bf16_bits(lo.x[k]);
+        bits.x[Pack<float>::LEN + k] = bf16_bits(hi.x[k]);
     }
     store_pack(out, bits, i, n, vector);
 }

@@ -27,22 +27,6 @@
 
 #include "common.cuh"
 
-// Two floats rounded to bf16, to nearest even, and packed into one word, `lo` in the low
-// half. On the GPU it is one cvt.rn.bf16x2.f32, which rounds every number as
-// f32_to_bf16_bits does (a NaN becomes the canonical one), checked on the GPU by
-// kernels/tests/cuda_ops.rs; the emulator takes f32_to_bf16_bits. That function's dozen
-// integer instructions a pair made the integer ALU the attention forward's busiest pipe
-// (50%, ncu on an H200 at micro batch 32), above the tensor cores.
-__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned int packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-    return packed;
-#else
-    return (unsigned int)f32_to_bf16_bits(lo) | ((unsigned int)f32_to_bf16_bits(hi) << 16);
-#endif
-}
-
 // d += a * b over the warp, in the layouts above. Every lane of the warp must call it.
 __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[4], const unsigned int b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

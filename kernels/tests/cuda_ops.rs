@@ -760,8 +760,9 @@ fn ldmatrix_gives_the_emulators_b_fragments() {
 }
 
 /// pack_bf16, which rounds the attention's P and dS for the tensor cores and its outputs for
-/// storage, is one cvt.rn.bf16x2.f32 on the GPU: it must round as the CPU does (the `half`
-/// crate), bit for bit, the low half first. Random bit patterns of every magnitude, ties
+/// storage, is one cvt.rn.bf16x2.f32 on the GPU, and bf16_bits, which rounds every other
+/// bf16 store, one cvt.rn.bf16.f32: each must round as the CPU does (the `half` crate), bit
+/// for bit, the pair's low half first. Random bit patterns of every magnitude, ties
 /// with even and odd kept bits, subnormals, zeros, infinities and the largest finite values,
 /// which round to infinity.
 #[test]
@@ -793,7 +794,8 @@ fn bf16_packing_rounds_as_the_cpu() {
         .collect();
     let mut dx = stream.alloc_zeros::<f32>(x.len()).expect("an allocation");
     stream.memcpy_htod(&x, &mut dx).expect("a copy");
-    let mut dout = stream.alloc_zeros::<u32>(pairs).expect("an allocation");
+    let mut dpacked = stream.alloc_zeros::<u32>(pairs).expect("an allocation");
+    let mut deach = stream.alloc_zeros::<u16>(x.len()).expect("an allocation");
     let cfg = LaunchConfig {
         grid_dim: (pairs.div_ceil(256) as u32, 1, 1),
         block_dim: (256, 1, 1),
@@ -801,19 +803,25 @@ fn bf16_packing_rounds_as_the_cpu() {
     };
     let mut launch = stream.launch_builder(&function);
     let n = pairs as i32;
-    launch.arg(&mut dout).arg(&dx).arg(&n);
-    // SAFETY: the kernel writes `pairs` words from 2 * `pairs` floats, and the grid covers them.
+    launch.arg(&mut dpacked).arg(&mut deach).arg(&dx).arg(&n);
+    // SAFETY: the kernel writes `pairs` words and 2 * `pairs` half-words from 2 * `pairs`
+    // floats, and the grid covers them.
     unsafe { launch.launch(cfg) }.expect("the launch");
-    let mut got = vec![0u32; pairs];
-    stream.memcpy_dtoh(&dout, &mut got).expect("a copy back");
-    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+    let (mut packed, mut each) = (vec![0u32; pairs], vec![0u16; x.len()]);
+    stream.memcpy_dtoh(&dpacked, &mut packed).expect("a copy back");
+    stream.memcpy_dtoh(&deach, &mut each).expect("a copy back");
+    if let Some(i) = packed.iter().zip(&want).position(|(g, w)| g != w) {
         panic!(
             "pair {i} ({:e}, {:e}): the GPU packs {:#010x}, the CPU rounds to {:#010x}",
             x[2 * i],
             x[2 * i + 1],
-            got[i],
+            packed[i],
             want[i]
         );
+    }
+    let halves = want.iter().flat_map(|w| [*w as u16, (w >> 16) as u16]);
+    if let Some((i, (g, w))) = each.iter().zip(halves).enumerate().find(|(_, (g, w))| **g != *w) {
+        panic!("element {i} ({:e}): the GPU rounds to {g:#06x}, the CPU to {w:#06x}", x[i]);
     }
 }
 
