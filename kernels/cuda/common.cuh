@@ -50,6 +50,27 @@ __device__ T block_sum(T v, T* scratch) {
     return warp_sum(v);
 }
 
+// log2(e): the kernels' exponentials are powers of 2 (exp2_ftz) of exponents scaled by it.
+#define LOG2E 1.4426950408889634f
+
+// 2^x as the one instruction MUFU.EX2 (ex2.approx.ftz), which is what exp2f computes for x
+// >= -126. exp2f sets three more around it, a test of x against -126, a halving of x
+// before and a squaring after, so that results under 2^-126 come out as denormals; here
+// they are 0. Those three were about a tenth of the attention forward's instructions a
+// tile (the SASS of NVRTC 13.0 for sm_90); an exponential under 2^-126 is a probability
+// that adds nothing to a softmax's sum, which holds a 1. The emulator flushes exp2f's
+// result as the instruction does.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    const float y = exp2f(x);
+    return y < 0x1p-126f ? 0.0f : y;
+#endif
+}
+
 // An f32 rounded to bf16, as its bits (unsigned short: no CUDA header needed at run time):
 // round to nearest even with NaN kept quiet, the same as __float2bfloat16_rn and as the
 // `half` crate's bf16::from_f32, so both backends round alike.

@@ -96,7 +96,6 @@
 #define ROWS 64  // a block's own rows: queries (forward, query side) or keys (key side)
 #define WARPS 4  // of 16 rows each, the rows of one m16n8k16 product
 #define THREADS (WARPS * WARP_SIZE)
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 // The kernels' sizes at head sizes up to HS, 64 or 128 (each kernel is compiled for both).
@@ -314,23 +313,6 @@ __device__ __forceinline__ void times_kept(float out[Shape<HS>::KTILES][4], cons
         #pragma unroll
         for (int e = 0; e < 4; ++e) out[c][e] = x[c][e] * (bits >> (4 * c + e) & 1u ? scale : 0.0f);
     }
-}
-
-// 2^x as the one instruction MUFU.EX2 (ex2.approx.ftz), which is what exp2f computes for x
-// >= -126. exp2f sets three more around it, a test of x against -126, a halving of x
-// before and a squaring after, so that results under 2^-126 come out as denormals; here
-// they are 0. Those three were about a tenth of the forward's instructions a tile (the
-// SASS of NVRTC 13.0 for sm_90), and a probability under 2^-126 adds nothing to a row's
-// sum, which holds a 1. The emulator flushes exp2f's result as the instruction does.
-__device__ __forceinline__ float exp2_ftz(float x) {
-#if defined(__CUDA_ARCH__)
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#else
-    const float y = exp2f(x);
-    return y < 0x1p-126f ? 0.0f : y;
-#endif
 }
 
 // Over the four lanes of a quad (t = 0..3), which together hold a row of a product.

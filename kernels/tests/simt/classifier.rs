@@ -42,7 +42,11 @@ pub fn classifier(
 ) -> Result<(), String> {
     let vp = padded_vocab(v);
     let mut rng = Rng::new(seed);
-    let (logits, targets) = (storage.round(rng.uniform(n * v, 8.0)), rng.below(n, v as u32));
+    let (logits, mut targets) = (storage.round(rng.uniform(n * v, 8.0)), rng.below(n, v as u32));
+    // The last column (in the vocabulary's last pack, taken element by element where V is
+    // not a multiple of the pack) and the first, besides random ones.
+    targets[0] = v as u32 - 1;
+    targets[n - 1] = 0;
     for grad_scale in [None, Some(1.0 / 4096.0)] {
         let (mut want_losses, mut want) = (vec![f32::NAN; n], logits.clone());
         forward_backward(&mut want_losses, &mut want, &targets, grad_scale);
