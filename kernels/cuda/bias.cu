@@ -26,7 +26,9 @@ extern "C" __global__ void bias_add_bf16(bf16* out, const float* bias, unsigned 
     bias_add_body(out, bias, n_rows, C);
 }
 
-// partial[chunk, c] = sum of x[row, c] over the rows of `chunk`, in row order.
+// partial[chunk, c] = sum of x[row, c] over the rows of `chunk`, in row order (until
+// 2026-11-27 with 4 loads in flight a thread, as the compiler unrolled the plain loop; now
+// SUM_AHEAD).
 template <typename T>
 __device__ __forceinline__ void column_partial_sums_body(float* partial, const T* x, int N, int C,
                                                          int rows_per_chunk) {
@@ -34,11 +36,8 @@ __device__ __forceinline__ void column_partial_sums_body(float* partial, const T
     if (c >= C) return;
     const int chunk = blockIdx.y;
     const int end = min(N, (chunk + 1) * rows_per_chunk);
-    float acc = 0.0f;
-    for (int row = chunk * rows_per_chunk; row < end; ++row) {
-        acc += to_float(x[(unsigned long long)row * C + c]);
-    }
-    partial[(unsigned long long)chunk * C + c] = acc;
+    const auto value = [&](int row) { return to_float(x[(unsigned long long)row * C + c]); };
+    partial[(unsigned long long)chunk * C + c] = sum_in_order(0.0f, chunk * rows_per_chunk, end, value);
 }
 
 extern "C" __global__ void column_partial_sums(float* partial, const float* x, int N, int C,
@@ -52,23 +51,11 @@ extern "C" __global__ void column_partial_sums_bf16(float* partial, const bf16* 
 }
 
 // out[c] += sum over chunks of partial[chunk, c], chunks in order: stage two of the column
-// sums above and of LayerNorm's parameter gradients. A step of 32768 rows has 512 chunks;
-// the loads of PARTIALS_AHEAD of them are issued before their adds, which stay in chunk
-// order, so a thread waits on memory once per batch rather than once per chunk.
-#define PARTIALS_AHEAD 8
-
+// sums above and of LayerNorm's parameter gradients. A step of 32768 rows has 512 chunks,
+// loaded SUM_AHEAD at a time.
 extern "C" __global__ void add_partials(float* out, const float* partial, int chunks, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float acc = 0.0f;
-    int k = 0;
-    for (; k + PARTIALS_AHEAD <= chunks; k += PARTIALS_AHEAD) {
-        float batch[PARTIALS_AHEAD];
-#pragma unroll
-        for (int i = 0; i < PARTIALS_AHEAD; ++i) batch[i] = partial[(unsigned long long)(k + i) * C + c];
-#pragma unroll
-        for (int i = 0; i < PARTIALS_AHEAD; ++i) acc += batch[i];
-    }
-    for (; k < chunks; ++k) acc += partial[(unsigned long long)k * C + c];
-    out[c] += acc;
+    const auto value = [&](int k) { return partial[(unsigned long long)k * C + c]; };
+    out[c] += sum_in_order(0.0f, 0, chunks, value);
 }

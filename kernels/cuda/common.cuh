@@ -149,6 +149,30 @@ __device__ __forceinline__ float plus_residual_grad(float g, const T* dresidual,
     return dresidual == nullptr ? g : __fadd_rn(g, to_float(dresidual[i]));
 }
 
+// acc plus load(i) for i in [begin, end), added in order, with the loads of SUM_AHEAD of
+// them issued before their adds, so that a thread waits on memory once a batch rather than
+// once a value; the adds keep their order, so the sum is the plain loop's, bit for bit. For
+// the deterministic column sums (bias.cu) and the wte gradient's rows (embedding.cu), whose
+// threads each walk a column down many rows.
+#define SUM_AHEAD 8
+
+// The indices are signed: their overflow is undefined, so that the compiler may step an
+// address from one value to the next, where with unsigned ones (whose wrap is defined) it
+// computes each address anew, 2 more instructions a value.
+template <typename Load>
+__device__ __forceinline__ float sum_in_order(float acc, int begin, int end, Load load) {
+    int i = begin;
+    for (; i + SUM_AHEAD <= end; i += SUM_AHEAD) {
+        float batch[SUM_AHEAD];
+        #pragma unroll
+        for (int k = 0; k < SUM_AHEAD; ++k) batch[k] = load(i + k);
+        #pragma unroll
+        for (int k = 0; k < SUM_AHEAD; ++k) acc += batch[k];
+    }
+    for (; i < end; ++i) acc += load(i);
+    return acc;
+}
+
 // ---- 128-bit packs --------------------------------------------------------------------
 // An elementwise kernel moves its tensors in packs of 16 bytes (4 floats or 8 bf16), one
 // pack per thread, so each load and store is one 128-bit access (llm.c's Packed128).

@@ -62,11 +62,10 @@ extern "C" __global__ void embedding_forward_bf16(bf16* out, const unsigned int*
 // G+1 offsets into the row list, then the rows of each token in ascending order) and one
 // block adds one token's rows in that order.
 //
-// A common token has thousands of rows in a step, and its block is the launch's tail: the
-// loads of WTE_ROWS_AHEAD rows are issued before their adds, which stay in row order, so
-// that the block waits on memory once per batch rather than once per row (1.7 ms of an
-// H200's step at micro batch 32, row by row).
-#define WTE_ROWS_AHEAD 8
+// A common token has thousands of rows in a step, and its block is the launch's tail: its
+// rows are loaded SUM_AHEAD at a time (common.cuh's sum_in_order), so that the block waits
+// on memory once per batch rather than once per row (1.7 ms of an H200's step at micro
+// batch 32, row by row).
 
 template <typename S>
 __device__ __forceinline__ void embedding_backward_wte_body(float* dwte, const S* dout,
@@ -77,17 +76,8 @@ __device__ __forceinline__ void embedding_backward_wte_body(float* dwte, const S
     const unsigned int begin = offsets[blockIdx.x], end = offsets[blockIdx.x + 1];
     float* dst = dwte + (unsigned long long)token * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = dst[c];
-        unsigned int r = begin;
-        for (; r + WTE_ROWS_AHEAD <= end; r += WTE_ROWS_AHEAD) {
-            float batch[WTE_ROWS_AHEAD];
-#pragma unroll
-            for (int k = 0; k < WTE_ROWS_AHEAD; ++k) batch[k] = to_float(dout[(unsigned long long)rows[r + k] * C + c]);
-#pragma unroll
-            for (int k = 0; k < WTE_ROWS_AHEAD; ++k) acc += batch[k];
-        }
-        for (; r < end; ++r) acc += to_float(dout[(unsigned long long)rows[r] * C + c]);
-        dst[c] = acc;
+        const auto value = [&](int r) { return to_float(dout[(unsigned long long)rows[r] * C + c]); };
+        dst[c] = sum_in_order(dst[c], begin, end, value);
     }
 }
 
