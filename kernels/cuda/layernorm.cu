@@ -9,30 +9,52 @@
 #include "common.cuh"
 
 // out = (x - mean) * rstd * weight + bias with rstd = 1 / sqrt(var + eps); mean and rstd
-// saved per row for backward.
+// saved per row for backward. Three passes over the row in runs (common.cuh), the second
+// and third from L1.
 template <typename T>
 __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, float* rstd, const T* inp,
                                                        const float* weight, const float* bias, int N, int C,
                                                        float eps) {
+    constexpr int RUN = Pack<T>::LEN;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const T* x = inp + (unsigned long long)row * C;
-    float sum = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) sum += to_float(x[c]);
-    const float m = warp_sum(sum) / C;
-    float sq = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        const float d = to_float(x[c]) - m;
-        sq += d * d;
-    }
-    const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
     T* y = out + (unsigned long long)row * C;
-    for (int c = lane; c < C; c += WARP_SIZE) store(y + c, (to_float(x[c]) - m) * s * weight[c] + bias[c]);
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
-    }
+    const bool whole = C % RUN == 0 && aligned16(x) && aligned16(y) && aligned16(weight) && aligned16(bias);
+    with_whole(whole, [&](auto form) {
+        float v[RUN];
+        float sum = 0.0f;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, v, x, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) sum += v[k];
+        });
+        const float m = warp_sum(sum) / C;
+        float sq = 0.0f;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, v, x, c, C, m);  // past C the mean: no deviation
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) {
+                const float d = v[k] - m;
+                sq += d * d;
+            }
+        });
+        const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
+        for_runs<RUN>(lane, C, [&](int c) {
+            float w[RUN], b[RUN];
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            load_run(form, b, bias, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) v[k] = (v[k] - m) * s * w[k] + b[k];
+            store_run(form, y, v, c, C);
+        });
+        if (lane == 0) {
+            mean[row] = m;
+            rstd[row] = s;
+        }
+    });
 }
 
 extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
@@ -71,30 +93,52 @@ extern "C" __global__ void layernorm_residual_forward_bf16(bf16* residual, bf16*
 // dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
 // with norm = (x - mean) * rstd and dnorm = dout * weight; plus dresidual where it is
 // non-null (the residual gradient folded in, as llm.c's layernorm_backward adds into it).
+// Two passes over the row in runs (common.cuh).
 template <typename T>
 __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
                                                               const T* inp, const float* weight,
                                                               const float* mean, const float* rstd, int N,
                                                               int C) {
+    constexpr int RUN = Pack<T>::LEN;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const unsigned long long base = (unsigned long long)row * C;
-    const float m = mean[row], s = rstd[row];
-    float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        const float dnorm = to_float(dout[base + c]) * weight[c];
-        sum_dnorm += dnorm;
-        sum_dnorm_norm += dnorm * (to_float(inp[base + c]) - m) * s;
-    }
-    const float mean_dnorm = warp_sum(sum_dnorm) / C;
-    const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        const float dnorm = to_float(dout[base + c]) * weight[c];
-        const float norm = (to_float(inp[base + c]) - m) * s;
-        const float g = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
-        store(dinp + base + c, plus_residual_grad(g, dresidual, base + c));
-    }
+    const T *dy = dout + base, *x = inp + base, *dr = dresidual == nullptr ? nullptr : dresidual + base;
+    T* dx = dinp + base;
+    const bool whole = C % RUN == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(weight) &&
+                       (dr == nullptr || aligned16(dr));
+    with_whole(whole, [&](auto form) {
+        const float m = mean[row], s = rstd[row];
+        float g[RUN], v[RUN], w[RUN];
+        float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, g, dy, c, C);  // past C zero: no part in either sum
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) {
+                const float dnorm = g[k] * w[k];
+                sum_dnorm += dnorm;
+                sum_dnorm_norm += dnorm * (v[k] - m) * s;
+            }
+        });
+        const float mean_dnorm = warp_sum(sum_dnorm) / C;
+        const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, g, dy, c, C);
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) {
+                const float dnorm = g[k] * w[k];
+                const float norm = (v[k] - m) * s;
+                g[k] = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+            }
+            plus_residual_grads(form, g, dr, c, C);
+            store_run(form, dx, g, c, C);
+        });
+    });
 }
 
 extern "C" __global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp,

@@ -9,23 +9,37 @@
 // the arithmetic fp32.
 #include "common.cuh"
 
-// out = weight * (x * rstd); rstd saved per row for backward.
+// out = weight * (x * rstd); rstd saved per row for backward. Two passes over the row in
+// runs (common.cuh), the second from L1.
 template <typename T>
 __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, const float* weight,
                                                      int N, int C, float eps) {
+    constexpr int RUN = Pack<T>::LEN;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const T* x = inp + (unsigned long long)row * C;
-    float sq = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        const float v = to_float(x[c]);
-        sq += v * v;
-    }
-    const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
     T* y = out + (unsigned long long)row * C;
-    for (int c = lane; c < C; c += WARP_SIZE) store(y + c, weight[c] * (to_float(x[c]) * s));
-    if (lane == 0) rstd[row] = s;
+    const bool whole = C % RUN == 0 && aligned16(x) && aligned16(y) && aligned16(weight);
+    with_whole(whole, [&](auto form) {
+        float v[RUN];
+        float sq = 0.0f;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, v, x, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) sq += v[k] * v[k];
+        });
+        const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
+        for_runs<RUN>(lane, C, [&](int c) {
+            float w[RUN];
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) v[k] = w[k] * (v[k] * s);
+            store_run(form, y, v, c, C);
+        });
+        if (lane == 0) rstd[row] = s;
+    });
 }
 
 extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
@@ -62,26 +76,46 @@ extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual, bf16* o
 
 // dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
 // dnorm = dout * weight: rstd's dependence on x gives the second term; plus dresidual where
-// it is non-null (the residual gradient folded in).
+// it is non-null (the residual gradient folded in). Two passes over the row in runs
+// (common.cuh).
 template <typename T>
 __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
                                                             const T* inp, const float* weight, const float* rstd,
                                                             int N, int C) {
+    constexpr int RUN = Pack<T>::LEN;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const unsigned long long base = (unsigned long long)row * C;
-    const float s = rstd[row];
-    float sum_dnorm_norm = 0.0f;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        sum_dnorm_norm += to_float(dout[base + c]) * weight[c] * (to_float(inp[base + c]) * s);
-    }
-    const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
-    for (int c = lane; c < C; c += WARP_SIZE) {
-        const float norm = to_float(inp[base + c]) * s;
-        const float g = (to_float(dout[base + c]) * weight[c] - norm * mean_dnorm_norm) * s;
-        store(dinp + base + c, plus_residual_grad(g, dresidual, base + c));
-    }
+    const T *dy = dout + base, *x = inp + base, *dr = dresidual == nullptr ? nullptr : dresidual + base;
+    T* dx = dinp + base;
+    const bool whole = C % RUN == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(weight) &&
+                       (dr == nullptr || aligned16(dr));
+    with_whole(whole, [&](auto form) {
+        const float s = rstd[row];
+        float g[RUN], v[RUN], w[RUN];
+        float sum_dnorm_norm = 0.0f;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, g, dy, c, C);  // past C zero: no part in the sum
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) sum_dnorm_norm += g[k] * w[k] * (v[k] * s);
+        });
+        const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
+        for_runs<RUN>(lane, C, [&](int c) {
+            load_run(form, g, dy, c, C);
+            load_run(form, v, x, c, C);
+            load_run(form, w, weight, c, C);
+            #pragma unroll
+            for (int k = 0; k < RUN; ++k) {
+                const float norm = v[k] * s;
+                g[k] = (g[k] * w[k] - norm * mean_dnorm_norm) * s;
+            }
+            plus_residual_grads(form, g, dr, c, C);
+            store_run(form, dx, g, c, C);
+        });
+    });
 }
 
 extern "C" __global__ void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp,

@@ -150,7 +150,7 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 10] = [
+    let families: [(&str, &[&str]); 12] = [
         ("rope.cu", &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"]),
         ("embedding.cu", &["embedding_forward", "embedding_forward_bf16"]),
         ("dropout.cu", &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"]),
@@ -161,6 +161,33 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         ("adamw.cu", &["adamw", "adamw_with_bf16_copy"]),
         ("cast.cu", &["f32_to_bf16"]),
         ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
+        // The norms' row passes, in runs of a pack (common.cuh's load_run and store_run).
+        (
+            "layernorm.cu",
+            &[
+                "layernorm_forward",
+                "layernorm_forward_bf16",
+                "layernorm_residual_forward",
+                "layernorm_residual_forward_bf16",
+                "layernorm_backward_input",
+                "layernorm_backward_input_bf16",
+                "layernorm_residual_backward_input",
+                "layernorm_residual_backward_input_bf16",
+            ],
+        ),
+        (
+            "rmsnorm.cu",
+            &[
+                "rmsnorm_forward",
+                "rmsnorm_forward_bf16",
+                "rmsnorm_residual_forward",
+                "rmsnorm_residual_forward_bf16",
+                "rmsnorm_backward_input",
+                "rmsnorm_backward_input_bf16",
+                "rmsnorm_residual_backward_input",
+                "rmsnorm_residual_backward_input_bf16",
+            ],
+        ),
     ];
     for (name, kernels) in families {
         let source = SOURCES.iter().find(|s| s.name == name).expect("an elementwise family");

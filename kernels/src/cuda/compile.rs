@@ -36,7 +36,14 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, String> {
     require_nvrtc()?;
     let options = CompileOptions {
         name: Some(source.name.to_string()),
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()],
+        // Every function of kernels/cuda is device code: with -default-device an unannotated
+        // one is a device function, as a generic lambda's call operator must be (common.cuh's
+        // with_whole), which no annotation can make it without nvcc's --extended-lambda.
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+            "-default-device".to_string(),
+        ],
         ..Default::default()
     };
     let ptx = compile_ptx_with_opts(with_headers(source)?, options).map_err(|e| match e {
