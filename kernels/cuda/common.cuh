@@ -214,10 +214,9 @@ __device__ __forceinline__ void store_pack(T* dst, const Pack<T>& p, unsigned lo
 // 26 instructions an element over LayerNorm's forward passes and 34 over its backward, now
 // about 13 and 18 (bf16, the SASS of NVRTC 13.0 for sm_90).
 
+// The form of a row: whole or not, as a type, which load_run and store_run take apart.
 template <bool W>
-struct Whole {
-    static constexpr bool value = W;
-};
+struct Whole {};
 
 // f(Whole<true>{}) where `whole`, else f(Whole<false>{}): a row's passes compiled once for
 // each form.
