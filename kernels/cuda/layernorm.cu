@@ -6,10 +6,10 @@
 // Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
 // body, the input, output and their gradients bf16; the weights, mean, rstd and partial
 // sums fp32, the arithmetic fp32.
-#include "common.cuh"
+#include "warp_row.cuh"
 
 // out = (x - mean) * rstd * weight + bias with rstd = 1 / sqrt(var + eps); mean and rstd
-// saved per row for backward. Three passes over the row in runs (common.cuh), the second
+// saved per row for backward. Three passes over the row in runs (warp_row.cuh), the second
 // and third from L1.
 template <typename T>
 __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, float* rstd, const T* inp,
@@ -93,7 +93,7 @@ extern "C" __global__ void layernorm_residual_forward_bf16(bf16* residual, bf16*
 // dinp (overwrite) = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)),
 // with norm = (x - mean) * rstd and dnorm = dout * weight; plus dresidual where it is
 // non-null (the residual gradient folded in, as llm.c's layernorm_backward adds into it).
-// Two passes over the row in runs (common.cuh).
+// Two passes over the row in runs (warp_row.cuh).
 template <typename T>
 __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
                                                               const T* inp, const float* weight,

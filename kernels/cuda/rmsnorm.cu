@@ -7,10 +7,10 @@
 // Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
 // body, the input, output and their gradients bf16; the weight, rstd and partial sums fp32,
 // the arithmetic fp32.
-#include "common.cuh"
+#include "warp_row.cuh"
 
 // out = weight * (x * rstd); rstd saved per row for backward. Two passes over the row in
-// runs (common.cuh), the second from L1.
+// runs (warp_row.cuh), the second from L1.
 template <typename T>
 __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, const float* weight,
                                                      int N, int C, float eps) {
@@ -77,7 +77,7 @@ extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual, bf16* o
 // dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
 // dnorm = dout * weight: rstd's dependence on x gives the second term; plus dresidual where
 // it is non-null (the residual gradient folded in). Two passes over the row in runs
-// (common.cuh).
+// (warp_row.cuh).
 template <typename T>
 __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
                                                             const T* inp, const float* weight, const float* rstd,

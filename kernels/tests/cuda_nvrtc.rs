@@ -161,7 +161,7 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         ("adamw.cu", &["adamw", "adamw_with_bf16_copy"]),
         ("cast.cu", &["f32_to_bf16"]),
         ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
-        // The norms' row passes, in runs of a pack (common.cuh's load_run and store_run).
+        // The norms' row passes, in runs of a pack (warp_row.cuh's load_run and store_run).
         (
             "layernorm.cu",
             &[

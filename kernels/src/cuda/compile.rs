@@ -37,7 +37,7 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, String> {
     let options = CompileOptions {
         name: Some(source.name.to_string()),
         // Every function of kernels/cuda is device code: with -default-device an unannotated
-        // one is a device function, as a generic lambda's call operator must be (common.cuh's
+        // one is a device function, as a generic lambda's call operator must be (warp_row.cuh's
         // with_whole), which no annotation can make it without nvcc's --extended-lambda.
         options: vec![
             format!("--gpu-architecture={arch}"),
