@@ -103,19 +103,13 @@ __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* 
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const unsigned long long base = (unsigned long long)row * C;
-    const T *dy = dout + base, *x = inp + base, *dr = dresidual == nullptr ? nullptr : dresidual + base;
-    T* dx = dinp + base;
-    const bool whole = C % RUN == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(weight) &&
-                       (dr == nullptr || aligned16(dr));
-    with_whole(whole, [&](auto form) {
+    const GradRow<T> rows(dinp, dresidual, dout, inp, weight, row, C);
+    with_whole(rows.whole, [&](auto form) {
         const float m = mean[row], s = rstd[row];
         float g[RUN], v[RUN], w[RUN];
         float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
         for_runs<RUN>(lane, C, [&](int c) {
-            load_run(form, g, dy, c, C);  // past C zero: no part in either sum
-            load_run(form, v, x, c, C);
-            load_run(form, w, weight, c, C);
+            rows.load(form, c, g, v, w);
             #pragma unroll
             for (int k = 0; k < RUN; ++k) {
                 const float dnorm = g[k] * w[k];
@@ -126,17 +120,14 @@ __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* 
         const float mean_dnorm = warp_sum(sum_dnorm) / C;
         const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
         for_runs<RUN>(lane, C, [&](int c) {
-            load_run(form, g, dy, c, C);
-            load_run(form, v, x, c, C);
-            load_run(form, w, weight, c, C);
+            rows.load(form, c, g, v, w);
             #pragma unroll
             for (int k = 0; k < RUN; ++k) {
                 const float dnorm = g[k] * w[k];
                 const float norm = (v[k] - m) * s;
                 g[k] = (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
             }
-            plus_residual_grads(form, g, dr, c, C);
-            store_run(form, dx, g, c, C);
+            rows.write(form, c, g);
         });
     });
 }

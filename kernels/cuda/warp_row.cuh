@@ -130,16 +130,46 @@ __device__ __forceinline__ void residual_add_row(T* residual, const T* a, const 
     });
 }
 
-// A norm's input gradients g of a run, plus the gradients that reach the norm's input along
-// the residual path where there is one (dresidual, the row's, non-null): each added after g
-// is rounded to fp32 and never contracted into the multiply before it, as the separate
-// `accumulate` of elementwise.cu adds it, so fp32 gives that pair's bits.
-template <bool WHOLE, int LEN, typename T>
-__device__ __forceinline__ void plus_residual_grads(Whole<WHOLE> form, float (&g)[LEN], const T* dresidual, int c,
-                                                    int C) {
-    if (dresidual == nullptr) return;
-    float r[LEN];
-    load_run(form, r, dresidual, c, C);
-    #pragma unroll
-    for (int k = 0; k < LEN; ++k) g[k] = __fadd_rn(g[k], r[k]);
-}
+// The rows a norm's input-gradient kernel walks: this warp's row `row` of dout, inp, dinp and
+// dresidual (null where there is none), the weight, and whether all of them are whole.
+template <typename T>
+struct GradRow {
+    const T *dy, *x, *dr;
+    T* dx;
+    const float* weight;
+    int C;
+    bool whole;
+
+    __device__ GradRow(T* dinp, const T* dresidual, const T* dout, const T* inp, const float* weight, int row,
+                       int C)
+        : weight(weight), C(C) {
+        const unsigned long long base = (unsigned long long)row * C;
+        dy = dout + base, x = inp + base, dr = dresidual == nullptr ? nullptr : dresidual + base, dx = dinp + base;
+        whole = C % Pack<T>::LEN == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(weight) &&
+                (dr == nullptr || aligned16(dr));
+    }
+
+    // Columns [c, c + LEN) of dout, inp and the weight; zero past C, so no part in a sum.
+    template <bool WHOLE, int LEN>
+    __device__ __forceinline__ void load(Whole<WHOLE> form, int c, float (&g)[LEN], float (&v)[LEN],
+                                         float (&w)[LEN]) const {
+        load_run(form, g, dy, c, C);
+        load_run(form, v, x, c, C);
+        load_run(form, w, weight, c, C);
+    }
+
+    // The input gradients g of columns [c, c + LEN) into dinp, each plus the gradient that
+    // reaches the norm's input along the residual path where there is one: added after g is
+    // rounded to fp32 and never contracted into the multiply before it, as the separate
+    // `accumulate` of elementwise.cu adds it, so fp32 gives that pair's bits.
+    template <bool WHOLE, int LEN>
+    __device__ __forceinline__ void write(Whole<WHOLE> form, int c, float (&g)[LEN]) const {
+        if (dr != nullptr) {
+            float r[LEN];
+            load_run(form, r, dr, c, C);
+            #pragma unroll
+            for (int k = 0; k < LEN; ++k) g[k] = __fadd_rn(g[k], r[k]);
+        }
+        store_run(form, dx, g, c, C);
+    }
+};
