@@ -46,18 +46,20 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     // A Hugging Face directory has no manifest by its nature; a pipetrain checkpoint (with
     // trainer state) without one predates them, and the user is told it went unchecked.
     let has_trainer_state = dir.join(STATE_FILE).exists() || dir.join(OPTIMIZER_FILE).exists();
-    if manifest::verify(&dir)? == Verified::NoManifest && has_trainer_state {
+    let verified = manifest::verify(&dir)?;
+    if verified == Verified::NoManifest && has_trainer_state {
         eprintln!(
             "note: {}: no {MANIFEST_FILE} (a checkpoint from before they were written); its files are not verified",
             dir.display()
         );
     }
     let config_path = dir.join(CONFIG_FILE);
+    verified.require(&config_path)?;
     let text = fs::read_to_string(&config_path)
         .map_err(|e| user_error(format!("{}: cannot read: {e}", config_path.display())))?;
     let config = ModelConfig::from_json(&config_path, &text)?;
 
-    let (model_path, tensors) = read_model_files(&dir)?;
+    let (model_path, tensors) = read_model_files(&dir, &verified)?;
     let found = normalize_hf_names(&model_path, tensors, config.tied_embedding())?;
     check_layer_count(&model_path, config.num_layers(), &found)?;
     let expected = expected_shapes(&config);
@@ -69,6 +71,8 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let trainer = match (state_path.exists(), optimizer_path.exists()) {
         (false, false) => None,
         (true, true) => {
+            verified.require(&state_path)?;
+            verified.require(&optimizer_path)?;
             let text = fs::read_to_string(&state_path)
                 .map_err(|e| user_error(format!("{}: cannot read: {e}", state_path.display())))?;
             let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
@@ -120,14 +124,17 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
 }
 
 /// The model's weights in `dir`: model.safetensors, or the shards its index lists. Returns
-/// the file to name in errors about the set (the index, for shards) and every tensor.
-fn read_model_files(dir: &Path) -> anyhow::Result<(PathBuf, Vec<NamedTensor>)> {
+/// the file to name in errors about the set (the index, for shards) and every tensor. Each
+/// file read is one `verified` lists, where there is a manifest.
+fn read_model_files(dir: &Path, verified: &Verified) -> anyhow::Result<(PathBuf, Vec<NamedTensor>)> {
     let single = dir.join(MODEL_FILE);
     if single.is_file() {
+        verified.require(&single)?;
         return Ok((single.clone(), read_safetensors(&single)?));
     }
     let index = dir.join(MODEL_INDEX_FILE);
     let shown = index.display();
+    verified.require(&index)?;
     let text = fs::read_to_string(&index).map_err(|e| user_error(format!("{shown}: cannot read: {e}")))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| user_error(format!("{shown}: not valid JSON: {e}")))?;
@@ -147,6 +154,7 @@ fn read_model_files(dir: &Path) -> anyhow::Result<(PathBuf, Vec<NamedTensor>)> {
     let mut tensors = Vec::new();
     for file in shards {
         let path = dir.join(file);
+        verified.require(&path)?;
         for t in read_safetensors(&path)? {
             if map.get(&t.name).and_then(|f| f.as_str()) != Some(file) {
                 return Err(user_error(format!(
@@ -307,6 +315,34 @@ mod tests {
                 opt[1].data.len()
             )
         );
+    }
+
+    /// The fuzzer's case: an emptied manifest beside a changed optimizer file, and a
+    /// manifest cut by a line, each refuse the load rather than pass what they leave out.
+    #[test]
+    fn a_manifest_that_leaves_out_a_file_is_damaged() {
+        let run = test_dir("ld_short_manifest");
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        let dir = save_checkpoint(&run, &cfg, &m, &state(2), &optimizer(&m)).unwrap();
+        let err = |p: &Path| load_checkpoint(p).unwrap_err().to_string();
+        let whole = fs::read_to_string(dir.join(MANIFEST_FILE)).unwrap();
+        let not_listed = |file: &str| {
+            format!("{}: not listed in manifest.sha256: the manifest is damaged", dir.join(file).display())
+        };
+
+        let without_optimizer: String =
+            whole.lines().filter(|l| !l.ends_with(OPTIMIZER_FILE)).map(|l| l.to_string() + "\n").collect();
+        assert_eq!(without_optimizer.lines().count(), whole.lines().count() - 1);
+        fs::write(dir.join(MANIFEST_FILE), &without_optimizer).unwrap();
+        assert_eq!(err(&dir), not_listed(OPTIMIZER_FILE));
+
+        let mut optimizer_bytes = fs::read(dir.join(OPTIMIZER_FILE)).unwrap();
+        let last = optimizer_bytes.len() - 1;
+        optimizer_bytes[last] ^= 1;
+        fs::write(dir.join(OPTIMIZER_FILE), optimizer_bytes).unwrap();
+        fs::write(dir.join(MANIFEST_FILE), "").unwrap();
+        assert_eq!(err(&dir), not_listed(CONFIG_FILE));
     }
 
     #[test]

@@ -16,10 +16,26 @@ pub const MANIFEST_FILE: &str = "manifest.sha256";
 /// What a load found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verified {
-    /// Every listed file matched.
-    Files(usize),
+    /// Every listed file matched; their names.
+    Files(Vec<String>),
     /// No manifest: a checkpoint from before they were written, or a Hugging Face directory.
     NoManifest,
+}
+
+impl Verified {
+    /// Refuses to let a load read `path` unchecked: a manifest that leaves out a file the
+    /// load reads (cut short, or emptied) is itself damaged. A file that is not there is
+    /// left to the read, which names it missing.
+    pub fn require(&self, path: &Path) -> anyhow::Result<()> {
+        let listed = |names: &[String]| names.iter().any(|n| path.file_name() == Some(n.as_ref()));
+        match self {
+            Verified::Files(names) if !listed(names) && path.exists() => Err(user_error(format!(
+                "{}: not listed in {MANIFEST_FILE}: the manifest is damaged",
+                path.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The sha256 of `bytes`, in lowercase hex.
@@ -76,7 +92,7 @@ pub fn verify(dir: &Path) -> anyhow::Result<Verified> {
             )));
         }
     }
-    Ok(Verified::Files(entries.len()))
+    Ok(Verified::Files(entries.into_iter().map(|(_, name)| name).collect()))
 }
 
 /// (sha256 hex, file name) of each line; None unless every line is one, naming a file of
@@ -130,7 +146,21 @@ mod tests {
         let files = [("a.json", &b"{}\n"[..]), ("b.bin", &[1, 2, 3])]
             .map(|(name, bytes)| (name.to_string(), sha256_hex(bytes)));
         std::fs::write(dir.join(MANIFEST_FILE), text(&files)).unwrap();
-        assert_eq!(verify(&dir).unwrap(), Verified::Files(2));
+        let verified = verify(&dir).unwrap();
+        assert_eq!(verified, Verified::Files(vec!["a.json".into(), "b.bin".into()]));
+        verified.require(&dir.join("b.bin")).unwrap();
+        Verified::NoManifest.require(&dir.join("c.bin")).unwrap();
+        verified.require(&dir.join("c.bin")).unwrap();
+        std::fs::write(dir.join("c.bin"), [5u8]).unwrap();
+        let e = verified.require(&dir.join("c.bin")).unwrap_err();
+        assert!(crate::error::is_user_error(&e));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: not listed in manifest.sha256: the manifest is damaged",
+                dir.join("c.bin").display()
+            )
+        );
 
         let err = |dir: &Path| {
             let e = verify(dir).unwrap_err();
