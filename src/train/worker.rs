@@ -323,12 +323,19 @@ fn save(
 
 /// Creates the run dir and locks it; with `resume`, returns the checkpoint to continue from.
 /// A run dir that already holds a run is never overwritten, and one that another train is
-/// writing is refused before anything in it is read or written.
+/// writing is refused before anything in it is read or written: the lock comes first, and
+/// what the dir holds is judged only under it.
 fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<(Option<std::path::PathBuf>, RunLock)> {
-    let held = run_dir.is_dir().then(|| RunLock::acquire(run_dir)).transpose()?;
+    let no_run = || user_error(format!("{}: --resume, but this run dir holds no run", run_dir.display()));
+    if resume && !run_dir.is_dir() {
+        return Err(no_run());
+    }
+    std::fs::create_dir_all(run_dir)
+        .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
+    let lock = RunLock::acquire(run_dir)?;
     let has_run = run_dir.join("metrics.jsonl").exists() || run_dir.join("checkpoints").exists();
     if resume && !has_run {
-        return Err(user_error(format!("{}: --resume, but this run dir holds no run", run_dir.display())));
+        return Err(no_run());
     }
     if has_run && !resume {
         return Err(user_error(format!(
@@ -336,13 +343,5 @@ fn prepare_run_dir(run_dir: &Path, resume: bool) -> anyhow::Result<(Option<std::
             run_dir.display()
         )));
     }
-    let lock = match held {
-        Some(lock) => lock,
-        None => {
-            std::fs::create_dir_all(run_dir)
-                .map_err(|e| user_error(format!("{}: cannot create run dir: {e}", run_dir.display())))?;
-            RunLock::acquire(run_dir)?
-        }
-    };
     Ok((resume.then(|| run_dir.to_path_buf()), lock))
 }
