@@ -31,9 +31,11 @@ fn wait_for_checkpoint(run_dir: &Path, child: &mut Child) {
 fn a_second_writer_is_refused_and_a_killed_runs_lock_does_not_block() {
     let dir = temp_dir("run-lock");
     let run_dir = dir.join("run");
+    // The first run's stderr is kept, so that a failure below can say why it ended.
+    let first_stderr = dir.join("first.stderr");
     let mut first = train_cmd(&dir, &["--train-iters", "100000", "--save-interval", "1"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&first_stderr).unwrap())
         .spawn()
         .unwrap();
     wait_for_checkpoint(&run_dir, &mut first);
@@ -43,6 +45,10 @@ fn a_second_writer_is_refused_and_a_killed_runs_lock_does_not_block() {
         let mut args = vec!["--train-iters", "5", "--lr", "5e-3"];
         args.extend_from_slice(extra);
         let second = train_cmd(&dir, &args).output().unwrap();
+        if let Some(status) = first.try_wait().unwrap() {
+            let said = std::fs::read_to_string(&first_stderr).unwrap();
+            panic!("the first run ended ({status}) before the refusals were checked: {said}");
+        }
         assert_user_error(
             &second,
             &format!(
