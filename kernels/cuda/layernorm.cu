@@ -16,7 +16,7 @@ __device__ __forceinline__ void layernorm_forward_body(T* out, float* mean, floa
                                                        const float* weight, const float* bias, int N, int C,
                                                        float eps) {
     constexpr int RUN = Pack<T>::LEN;
-    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const T* x = inp + (unsigned long long)row * C;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void layernorm_backward_input_body(T* dinp, const T* 
                                                               const float* mean, const float* rstd, int N,
                                                               int C) {
     constexpr int RUN = Pack<T>::LEN;
-    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const GradRow<T> rows(dinp, dresidual, dout, inp, weight, row, C);

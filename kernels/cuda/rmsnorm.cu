@@ -15,7 +15,7 @@ template <typename T>
 __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, const float* weight,
                                                      int N, int C, float eps) {
     constexpr int RUN = Pack<T>::LEN;
-    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const T* x = inp + (unsigned long long)row * C;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dr
                                                             const T* inp, const float* weight, const float* rstd,
                                                             int N, int C) {
     constexpr int RUN = Pack<T>::LEN;
-    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const GradRow<T> rows(dinp, dresidual, dout, inp, weight, row, C);

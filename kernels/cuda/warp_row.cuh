@@ -14,6 +14,9 @@
 
 #include "common.cuh"
 
+// The row of [N, C] this thread's warp takes: a block's warps take consecutive rows.
+__device__ __forceinline__ int warp_row_index() { return blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE; }
+
 // The form of a row: whole or not, as a type, which load_run and store_run take apart.
 template <bool W>
 struct Whole {};
@@ -113,7 +116,7 @@ __device__ __forceinline__ void store_run(Whole<WHOLE>, T* y, const float (&v)[L
 template <typename T>
 __device__ __forceinline__ void residual_add_row(T* residual, const T* a, const T* b, int N, int C) {
     constexpr int RUN = Pack<T>::LEN;
-    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const unsigned long long base = (unsigned long long)row * C;
