@@ -130,9 +130,16 @@ fn new_without_a_usable_gpu_is_an_error_not_a_panic() {
 /// A rank alone in its process opens its GPU as the sole device, without cudarc's event
 /// tracking; a second live sole device on that GPU is an error, not a silent race, while
 /// shared devices still open beside it (bench gpu's probe beside its training runs).
+/// The turn of the tests that open GPU 0's sole device, one at a time.
+fn sole_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_gpu_has_one_sole_device() {
     let Some(_shared) = gpu("a_gpu_has_one_sole_device") else { return };
+    let _turn = sole_turn();
     let sole = CudaDevice::sole(0).expect("the first sole device");
     let again = CudaDevice::sole(0).err().expect("a second sole device is refused");
     assert_eq!(again, "GPU 0 already has its sole device in this process");
@@ -1100,12 +1107,11 @@ fn the_ops_on_a_part_match_the_cpu() {
     assert_bitwise("product through the copy after a part's step", &product(&p), &product(&fresh));
 }
 
-/// GPU 1's sole device, for one test at a time (a GPU has one sole device per process;
-/// a_gpu_has_one_sole_device opens GPU 0's).
-fn sole_gpu_1() -> (std::sync::MutexGuard<'static, ()>, CudaDevice) {
-    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    (turn, CudaDevice::sole(1).expect("the stand-in has two GPUs; GPU 1's sole device"))
+/// GPU 0's sole device, for one test at a time: a GPU has one sole device per process, and
+/// a machine may have one GPU.
+fn sole_gpu() -> (std::sync::MutexGuard<'static, ()>, CudaDevice) {
+    let turn = sole_turn();
+    (turn, CudaDevice::sole(0).expect("GPU 0's sole device"))
 }
 
 /// Offload moves a tensor's bytes from the device's ledger to its host ledger and reload
@@ -1118,7 +1124,7 @@ fn offload_and_reload_keep_the_bits_and_move_the_bytes() {
     let test = "offload_and_reload_keep_the_bits_and_move_the_bytes";
     let Some(f32_gpu) = gpu(test) else { return };
     let Some(bf16) = bf16_gpu(test) else { return };
-    let (_turn, sole) = sole_gpu_1();
+    let (_turn, sole) = sole_gpu();
     let mut rng = seeded("offload");
     let data = rng.uniform(N * C, 1.0);
     for dev in [&f32_gpu as &dyn Device, &bf16, &sole] {
@@ -1152,7 +1158,7 @@ fn an_offloaded_buffer_is_not_reused_before_its_copy_has_read_it() {
     let test = "an_offloaded_buffer_is_not_reused_before_its_copy_has_read_it";
     let Some(shared) = gpu(test) else { return };
     let Some(bf16) = bf16_gpu(test) else { return };
-    let (_turn, sole) = sole_gpu_1();
+    let (_turn, sole) = sole_gpu();
     let mut rng = seeded("offload reuse");
     let (first, second) = (rng.uniform(4 * N * C, 1.0), rng.uniform(4 * N * C, 1.0));
     for dev in [&shared as &dyn Device, &bf16, &sole] {
