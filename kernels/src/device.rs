@@ -95,14 +95,16 @@ pub fn cuda_fuses_gelu_backward(width: usize) -> bool {
     width.is_multiple_of(8)
 }
 
-/// The elements of the bf16 copy a device storing bf16 activations keeps beside a parameter
-/// of `shape` for its matmuls to read: a matrix's, its rows padded with zeros to a multiple
-/// of [`VOCAB_PADDING`] (so the LM head's GEMMs read wte's as [Vp, C]); none for a vector
-/// (biases and LayerNorms, which kernels read in f32).
-pub fn bf16_copy_len(shape: &[usize]) -> Option<usize> {
+/// The elements of the bf16 copy a device storing bf16 activations keeps beside every
+/// parameter of `shape`, for its matmuls to read: a matrix's rows padded with zeros to a
+/// multiple of [`VOCAB_PADDING`] (so the LM head's GEMMs read wte's as [Vp, C]); a vector's
+/// elements as they are. cuBLASLt adds a bias in its epilogue only in the product's type
+/// (13.1 refuses an fp32 bias beside a bf16 product); the norms' copies go unread, their
+/// kernels reading the f32 masters, for one rule at 2 bytes an element of the vectors.
+pub fn bf16_copy_len(shape: &[usize]) -> usize {
     match *shape {
-        [rows, cols] => Some(padded_vocab(rows) * cols),
-        _ => None,
+        [rows, cols] => padded_vocab(rows) * cols,
+        _ => shape.iter().product(),
     }
 }
 

@@ -973,28 +973,33 @@ fn adamw_step(step: u32) -> AdamWStep {
     AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step, grad_scale: 0.5 }
 }
 
-/// On a bf16 GPU, AdamW refreshes a matrix parameter's bf16 copy in its own pass: a
-/// matmul through the updated parameter is bit for bit the one through the same values
-/// uploaded afresh (whose copy the upload rounds).
+/// On a bf16 GPU, AdamW refreshes a parameter's bf16 copy in its own pass, a matrix's and a
+/// bias's (which the fused forward's epilogue reads): a matmul through the updated
+/// parameters is bit for bit the one through the same values uploaded afresh (whose copies
+/// the upload rounds).
 #[test]
 fn adamw_refreshes_the_bf16_copy() {
     let Some(gpu) = bf16_gpu("adamw_refreshes_the_bf16_copy") else { return };
     let mut rng = seeded("adamw bf16 copy");
     let (w0, g, x) = (rng.uniform(C * C, 1.0), rng.uniform(C * C, 0.1), rng.uniform(N * C, 1.0));
-    let mut w = param(&gpu, &w0, &[C, C]);
-    let (mut m, mut v) =
-        (gpu.zeros(&[C, C], Category::OptimizerState), gpu.zeros(&[C, C], Category::OptimizerState));
-    gpu.adamw(&mut w, &grad(&gpu, &g, &[C, C]), &mut m, &mut v, adamw_step(1));
-    let fresh = param(&gpu, &gpu.to_host(&w), &[C, C]);
+    let (b0, gb) = (rng.uniform(C, 1.0), rng.uniform(C, 0.1));
+    let (mut w, mut b) = (param(&gpu, &w0, &[C, C]), param(&gpu, &b0, &[C]));
+    for (p, g) in [(&mut w, &g), (&mut b, &gb)] {
+        let shape = p.shape().to_vec();
+        let (mut m, mut v) =
+            (gpu.zeros(&shape, Category::OptimizerState), gpu.zeros(&shape, Category::OptimizerState));
+        gpu.adamw(p, &grad(&gpu, g, &shape), &mut m, &mut v, adamw_step(1));
+    }
+    let fresh = (param(&gpu, &gpu.to_host(&w), &[C, C]), param(&gpu, &gpu.to_host(&b), &[C]));
     let x = put(&gpu, &x, &[N, C]);
-    let product = |w: &Tensor| {
+    let product = |(w, b): (&Tensor, &Tensor)| {
         let mut out = act_zeros(&gpu, &[N, C]);
-        gpu.matmul_forward(&mut out, &x, w, WeightLayout::InOut, None);
+        gpu.matmul_forward(&mut out, &x, w, WeightLayout::InOut, Some(b));
         gpu.to_host(&out)
     };
-    let before = product(&param(&gpu, &w0, &[C, C]));
-    let after = product(&w);
-    assert_bitwise("product through the updated copy", &after, &product(&fresh));
+    let before = product((&param(&gpu, &w0, &[C, C]), &param(&gpu, &b0, &[C])));
+    let after = product((&w, &b));
+    assert_bitwise("product through the updated copies", &after, &product((&fresh.0, &fresh.1)));
     assert_ne!(after, before, "the update reached the copy");
 }
 

@@ -28,7 +28,7 @@
 //!   [B,NH,T] instead of the probabilities [B,NH,T,T] (stages::saved), and its backward
 //!   computes q k^T once more (durations.rs). Under `precision: bf16` activations are
 //!   stored, recomputed and sent at 2 bytes per element, as the trainer stores them;
-//!   weights, gradients and Adam moments stay fp32 (with a bf16 copy of the matrices beside
+//!   weights, gradients and Adam moments stay fp32 (with a bf16 copy of the parameters beside
 //!   them, memory.rs), and so do the gradient reductions.
 //!
 //! Every figure can be overridden after the name: `--hardware a100-80gb,efficiency=0.65,

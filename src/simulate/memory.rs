@@ -5,12 +5,12 @@
 //! Kept and static bytes come from the trainer's own declarations (stages::memory_model,
 //! saved.rs), in the element types it stores (`ModelShape::activations`): under
 //! `precision: bf16` activations and their gradients take 2 bytes per element, and each
-//! stage holds a bf16 copy of its matrices beside the fp32 master weights, gradients and
+//! stage holds a bf16 copy of its parameters beside the fp32 master weights, gradients and
 //! AdamW moments. Megatron-LM's flat rule (2 bytes per activation element, 18 per
 //! parameter) differs by little: the trainer keeps the LayerNorm statistics and the
 //! attention's log-sum-exp in fp32 (16 values per token and layer for GPT-2 small, 128 KiB
-//! more of a layer's 96 MiB at micro batch 4) and copies only the matrices, wte's rows
-//! padded (166.5 KiB less than 2 bytes per parameter for GPT-2 small).
+//! more of a layer's 96 MiB at micro batch 4) and pads wte's copy to 50304 rows (70.5 KiB
+//! more than 2 bytes per parameter for GPT-2 small).
 //!
 //! Working bytes (estimates; the schedule simulator holds each only while its action runs):
 //! * forward: the tensors a block drops or offloads, alive until its forward ends (the
@@ -292,23 +292,26 @@ mod tests {
     }
 
     /// The trainer stores bf16 activations and their gradients at 2 bytes but the row
-    /// statistics at 4, and keeps a bf16 copy of each matrix parameter: the peak predicted
-    /// for bf16 is fp32's with everything above the static bytes halved but the statistics,
+    /// statistics at 4, and keeps a bf16 copy of each parameter: the peak predicted for
+    /// bf16 is fp32's with everything above the static bytes halved but the statistics,
     /// plus the copy.
     #[test]
-    fn bf16_halves_what_a_stage_holds_but_the_statistics_and_adds_a_copy_of_the_matrices() {
+    fn bf16_halves_what_a_stage_holds_but_the_statistics_and_adds_a_copy_of_the_parameters() {
         let path = Path::new("c.yaml");
         let (fp32, bf16) = (setup(on_one_gpu("fp32")), setup(on_one_gpu("bf16")));
         let peak = |cfg: &Config| predicted_stage_peaks(cfg, path).unwrap()[0];
         let (peak32, peak16) = (peak(&fp32.cfg), peak(&bf16.cfg));
         let (static32, static16) = (stage_static_bytes(&fp32, 0), stage_static_bytes(&bf16, 0));
 
-        // wte with its rows padded to 50304, wpe, and each block's [C,3C], [C,C], [C,4C], [4C,C].
+        // wte with its rows padded to 50304, wpe, each block's [C,3C], [C,C], [C,4C], [4C,C],
+        // and the vectors: each block's biases (3C, C, 4C, C) and two LayerNorms', ln_f's.
         let (t, c) = (1024u64, 768u64);
         let matrices = 50304 * c + t * c + 12 * (3 * c * c + c * c + 4 * c * c + 4 * c * c);
-        assert_eq!(static16 - static32, 2 * matrices);
-        // 166.5 KiB less than 2 bytes for each of the 124M parameters (memory.rs's header).
-        assert_eq!(2 * (stages::params::total_params(&fp32.shape) as u64 - matrices), 170_496);
+        let vectors = 12 * (3 * c + c + 4 * c + c + 4 * c) + 2 * c;
+        assert_eq!(static16 - static32, 2 * (matrices + vectors));
+        // 70.5 KiB more than 2 bytes for each of the 124M parameters (memory.rs's header).
+        let parameters = stages::params::total_params(&fp32.shape) as u64;
+        assert_eq!(2 * (matrices + vectors - parameters), 72_192);
 
         // The peak is the head's forward: every block's stash and the head's beside ln_f's
         // output and the logits [4096, 50304]. Of the stash, each block's two LayerNorms'

@@ -125,15 +125,13 @@ pub fn static_bytes(
 }
 
 /// The bf16 copies a device storing bf16 activations keeps beside the parameters
-/// ([`bf16_copy_len`]: every matrix parameter, its rows padded).
+/// ([`bf16_copy_len`]: every parameter, a matrix's rows padded).
 fn weight_copy_bytes(s: &ModelShape, tp: TensorParallel, layout: &ChunkLayout) -> usize {
     if s.activations != DType::Bf16 {
         return 0;
     }
-    let elements: usize = chunk_param_specs(s, layout)
-        .iter()
-        .filter_map(|p| Some(tp.per_rank(bf16_copy_len(&p.shape)?, p.split)))
-        .sum();
+    let elements: usize =
+        chunk_param_specs(s, layout).iter().map(|p| tp.per_rank(bf16_copy_len(&p.shape), p.split)).sum();
     elements * DType::Bf16.size()
 }
 

@@ -246,7 +246,7 @@ impl Matmul for CudaDevice {
         let shape = forward_shape(d, layout);
         if let Some(bias) = bias {
             let (a, b) = (operand(dtype, weight), operand(dtype, inp));
-            if self.fused_gemm(shape, dtype, a, b, buf_mut(out), Epilogue::Bias(cu(bias))) {
+            if self.fused_gemm(shape, dtype, a, b, buf_mut(out), Epilogue::Bias(operand(dtype, bias))) {
                 return;
             }
         }

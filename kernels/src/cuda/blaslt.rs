@@ -4,7 +4,8 @@
 //! over an [N, OC] activation, the bias add or the GELU backward, as llm.c's matmuls do.
 //!
 //! The epilogue runs on the fp32 accumulator, so a bf16 result is rounded once where the
-//! unfused path rounds the product and then the sum. cuBLASLt's GELU derivative is its own
+//! unfused path rounds the product and then the sum; under bf16 the epilogue adds the
+//! bias's bf16 copy where the unfused path adds its fp32 master. cuBLASLt's GELU derivative is its own
 //! code: it agrees with `gelu.cu`'s to rounding, not bit for bit, so a run keeps one path
 //! for a given problem. Where cuBLASLt has no algorithm for a problem (an aux leading
 //! dimension that is not a multiple of 8, say), the caller takes the unfused path; the
@@ -38,8 +39,10 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// What a fused product does after the accumulation.
 pub(super) enum Epilogue<'a> {
-    /// out += bias [m], broadcast over the columns (the rows of a row-major out).
-    Bias(&'a CudaSlice<f32>),
+    /// out += bias [m], broadcast over the columns (the rows of a row-major out), the bias
+    /// of out's type: under bf16 the parameter's bf16 copy, as cuBLASLt takes no other
+    /// (an fp32 bias beside a bf16 product is INVALID_VALUE in 13.1, seen on an H200).
+    Bias(Buf<'a>),
     /// out *= gelu'(aux), aux of out's shape and type (GELU's input from the forward).
     GeluBackward(Buf<'a>),
 }
@@ -167,8 +170,7 @@ impl CudaDevice {
             BufMut::Bf16(s) => s.device_ptr_mut(&self.stream),
         };
         let (vector_ptr, _vector) = match &epilogue {
-            Epilogue::Bias(bias) => bias.device_ptr(&self.stream),
-            Epilogue::GeluBackward(aux) => address(aux, &self.stream),
+            Epilogue::Bias(vector) | Epilogue::GeluBackward(vector) => address(vector, &self.stream),
         };
         // cuBLASLt's algorithms assume 256-byte aligned matrices unless told otherwise and
         // read the bias and aux in 16-byte accesses. The arena's buffers are whole
@@ -200,7 +202,7 @@ impl CudaDevice {
         match epilogue {
             Epilogue::Bias(_) => {
                 set(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector);
-                set(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &cudaDataType_t::CUDA_R_32F);
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &element(bf16));
             }
             Epilogue::GeluBackward(_) => {
                 set(desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &vector);
@@ -277,8 +279,9 @@ fn heuristic(handle: cublasLtHandle_t, d: &Descriptors, bytes: usize) -> Option<
     };
     match result {
         Ok(found) => Some(found.algo),
-        // No algorithm, or a combination this cuBLASLt does not take (an fp32 bias beside
-        // bf16 outputs, say): the unfused path, which the launch count in `cuda_ops` shows.
+        // No algorithm, or a combination this cuBLASLt does not take (a bias or aux of
+        // another type than the product's, say): the unfused path, which the launch count
+        // in `cuda_ops` shows.
         Err(lt::CublasError(
             cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED | cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE,
         )) => None,

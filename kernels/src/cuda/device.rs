@@ -121,7 +121,7 @@ impl CudaDevice {
     }
 
     /// The same device storing activations in `precision`: under bf16, activations and
-    /// their gradients are bf16 tensors, matrix parameters carry a bf16 copy that AdamW
+    /// their gradients are bf16 tensors, parameters carry a bf16 copy that AdamW
     /// refreshes, and every matmul and the fused attention run on tensor cores into fp32
     /// accumulators; parameters, their gradients and the optimizer stay fp32. bf16 needs
     /// tensor-core bf16 (sm_80 on): an older GPU is an error that says so.
@@ -227,11 +227,11 @@ impl CudaDevice {
             .unwrap_or_else(|e| panic!("cuda: cannot copy {shape:?} to GPU {}: {e:?}", self.ordinal))
     }
 
-    /// The length of the bf16 copy a tensor of `shape` carries: a matrix parameter's
+    /// The length of the bf16 copy a tensor of `shape` carries: a parameter's
     /// ([`bf16_copy_len`]) on a device whose matmuls are bf16.
     fn bf16_copy_len(&self, shape: &[usize], category: Category) -> Option<usize> {
         let bf16_parameter = self.precision == MatmulPrecision::Bf16 && category == Category::Parameters;
-        bf16_parameter.then(|| bf16_copy_len(shape)).flatten()
+        bf16_parameter.then(|| bf16_copy_len(shape))
     }
 
     /// Makes a parameter's bf16 copy equal to its master rounded (the padding rows stay

@@ -16,16 +16,14 @@
 //! other epilogues, descriptor, layout or preference attributes not listed at their setter,
 //! sizes or leading dimensions above i32::MAX (the products take C ints), a DGELU aux matrix
 //! whose leading dimension is not a multiple of 8 at least m or whose address is not
-//! 16-byte aligned (cuBLASLt's own requirements). Rejected with INVALID_VALUE: null
+//! 16-byte aligned (cuBLASLt's own requirements). Rejected with INVALID_VALUE: a bias or
+//! DGELU aux of another type than D (as cuBLASLt 13.1's heuristic answered on an H200,
+//! 2026-11-27, for f32 and bf16 D at GPT-2's shapes and a small one), null
 //! pointers where one is required (the heuristic does not look at the bias and aux
 //! pointers' presence, which may be set after it), an attribute buffer of the wrong size,
 //! a layout's leading dimension below max(1, rows), layouts inconsistent with the
 //! operations, CUBLAS_OP_CONJG, and C == D with different leading dimensions (cuBLASLt
 //! computes in place only with C's layout equal to D's).
-//!
-//! Assumptions where cuBLASLt's documentation leaves the model open: a bias of another
-//! type than D is accepted only in f32 (a bf16 bias into an f32 D is refused); the aux type
-//! of DGELU defaults to D's and may be f32 or bf16 whatever D is.
 
 mod plan;
 #[cfg(test)]

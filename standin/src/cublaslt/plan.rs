@@ -33,17 +33,16 @@ impl Epilogue {
             CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_DGELU,
         };
         let is = |epilogue: cublasLtEpilogue_t| desc.epilogue == epilogue as u32;
-        // A type attribute left unset (or set to -1) means D's type.
-        let ty = |raw: i32| if raw == -1 { Ok(d) } else { Element::of_raw(raw).map_err(lt_status) };
+        // A type attribute left unset (or set to -1) means D's type, the only one taken.
+        let ty = |raw: i32| match raw {
+            -1 => Ok(d),
+            raw if Element::of_raw(raw).map_err(lt_status)? == d => Ok(d),
+            _ => Err(INVALID),
+        };
         if is(CUBLASLT_EPILOGUE_DEFAULT) {
             Ok(Epilogue::Default)
         } else if is(CUBLASLT_EPILOGUE_BIAS) {
-            let ty = ty(desc.bias_type)?;
-            // Assumed (see the module doc): a bias of another type than D only in f32.
-            if ty != d && ty != Element::F32 {
-                return Err(NOT_SUPPORTED);
-            }
-            Ok(Epilogue::Bias { addr: desc.bias, ty })
+            Ok(Epilogue::Bias { addr: desc.bias, ty: ty(desc.bias_type)? })
         } else if is(CUBLASLT_EPILOGUE_DGELU) {
             let ty = ty(desc.aux_type)?;
             // cuBLASLt's requirements of the aux matrix, which has no layout of its own.

@@ -311,20 +311,16 @@ fn a_bias_into_bf16_is_added_before_the_one_rounding() {
     // 257, 259, 257.5, which bf16 would round to 256, 260, 258 (ties to even).
     let (a, b) = (Buf::new(BF16, &[256., 258., 256., 1., 1., 1.5]), Buf::new(BF16, &[1., 1.]));
     let (product, bias_values) = ([257f32, 259., 257.5], [1f32, -1., 0.25]);
-    // An f32 bias into a bf16 D is modelled too.
-    for bias_type in [BF16, F32] {
-        let bias = Buf::new(bias_type, &bias_values);
-        let mut d = Buf::new(BF16, &[f32::NAN; 3]);
-        let call =
-            Call { epilogue: BIAS, bias: (bias.ptr(), bias_type as i32), ..Call::new(BF16, BF16, (3, 1, 2)) };
-        let d_ptr = d.mut_ptr();
-        assert_eq!(lt.statuses(&call, [a.ptr(), b.ptr(), d_ptr], d_ptr), (OK, OK));
-        let once: Vec<f32> = product.iter().zip(bias_values).map(|(p, b)| round(BF16, p + b)).collect();
-        let twice: Vec<f32> =
-            product.iter().zip(bias_values).map(|(p, b)| round(BF16, round(BF16, *p) + b)).collect();
-        assert_eq!(bits(&d.values()), bits(&once), "{bias_type:?}");
-        assert_eq!((once, twice), (vec![258.; 3], vec![256., 260., 258.]), "the case shows one rounding");
-    }
+    let bias = Buf::new(BF16, &bias_values);
+    let mut d = Buf::new(BF16, &[f32::NAN; 3]);
+    let call = Call { epilogue: BIAS, bias: (bias.ptr(), BF16 as i32), ..Call::new(BF16, BF16, (3, 1, 2)) };
+    let d_ptr = d.mut_ptr();
+    assert_eq!(lt.statuses(&call, [a.ptr(), b.ptr(), d_ptr], d_ptr), (OK, OK));
+    let once: Vec<f32> = product.iter().zip(bias_values).map(|(p, b)| round(BF16, p + b)).collect();
+    let twice: Vec<f32> =
+        product.iter().zip(bias_values).map(|(p, b)| round(BF16, round(BF16, *p) + b)).collect();
+    assert_eq!(bits(&d.values()), bits(&once));
+    assert_eq!((once, twice), (vec![258.; 3], vec![256., 260., 258.]), "the case shows one rounding");
 }
 
 #[test]
@@ -343,13 +339,8 @@ fn dgelu_scales_the_product_by_the_gelu_gradient_of_aux() {
     let product = |i: usize, j: usize| 2. * (a[i] * b[2 * j] + a[i + m] * b[2 * j + 1]) + c[i + j * m];
     let mut aux_values = vec![f32::NAN; 8 * n];
     (0..m * n).for_each(|e| aux_values[e % m + 8 * (e / m)] = e as f32 * 0.29 - 4.1);
-    for (d_type, aux_type) in [(F32, -1), (F32, BF16 as i32), (BF16, -1), (BF16, F32 as i32)] {
-        let aux_ty = match aux_type {
-            -1 => d_type,
-            ty if ty == BF16 as i32 => BF16,
-            _ => F32,
-        };
-        let aux = Buf::new(aux_ty, &aux_values);
+    for (d_type, aux_type) in [(F32, -1), (F32, F32 as i32), (BF16, -1), (BF16, BF16 as i32)] {
+        let aux = Buf::new(d_type, &aux_values);
         let (a, b, c) = (Buf::new(BF16, &a), Buf::new(BF16, &b), Buf::new(d_type, &c));
         let mut d = Buf::new(d_type, &vec![f32::NAN; m * n]);
         let call = Call {
@@ -444,12 +435,17 @@ fn what_is_not_modelled_or_not_valid_is_refused() {
     assert_eq!(refused(&dgelu(aux.ptr(), 0)), (UNSUPPORTED, UNSUPPORTED), "aux ld below m");
     let misaligned = aux.ptr().wrapping_byte_add(4);
     assert_eq!(refused(&dgelu(misaligned, 8)), (UNSUPPORTED, UNSUPPORTED), "aux not 16-byte aligned");
-    // Types: a bf16 bias only into a bf16 D; f32 operands not into bf16; C and D of one type.
+    // Types: a bias or aux only of D's type; f32 operands not into bf16; C and D of one type.
     let bf16_call = Call::new(BF16, BF16, (3, 2, 2));
     let bias_call =
         |call: Call, ty: cudaDataType| Call { epilogue: BIAS, bias: (bias.ptr(), ty as i32), ..call };
-    assert_eq!(lt.heuristic(&bias_call(bf16_call, F32)), (OK, 1));
-    assert_eq!(lt.heuristic(&bias_call(f32_call, BF16)), (UNSUPPORTED, 0));
+    assert_eq!(lt.heuristic(&bias_call(bf16_call, BF16)), (OK, 1));
+    assert_eq!(lt.heuristic(&bias_call(bf16_call, F32)), (INVALID, 0));
+    assert_eq!(lt.heuristic(&bias_call(f32_call, BF16)), (INVALID, 0));
+    let aux_call =
+        |call: Call, ty: cudaDataType| Call { epilogue: DGELU, aux: (aux.ptr(), 8, ty as i32), ..call };
+    assert_eq!(lt.heuristic(&aux_call(bf16_call, F32)), (INVALID, 0));
+    assert_eq!(lt.heuristic(&aux_call(f32_call, BF16)), (INVALID, 0));
     assert_eq!(lt.heuristic(&Call::new(F32, BF16, (3, 2, 2))).0, UNSUPPORTED);
     let mut mixed = f32_call;
     mixed.layouts[2].0 = BF16;
