@@ -72,6 +72,16 @@ pub fn one_block() -> LaunchConfig {
     LaunchConfig { grid_dim: (1, 1, 1), block_dim: (REDUCE_BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Stage two of a column sum (`add_partials`): one block of `REDUCE_BLOCK` threads per 32
+/// columns, a lane per column, its warps each summing a run of the chunks.
+pub fn per_column_tile(cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid(cols.div_ceil(32), "column tiles"), 1, 1),
+        block_dim: (REDUCE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Stage one of a column sum over `rows` rows of `cols` columns: one thread per column,
 /// one block row per chunk of rows; and the number of chunks.
 pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {

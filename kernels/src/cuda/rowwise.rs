@@ -4,7 +4,7 @@
 //! pass), so results are bitwise repeatable.
 
 use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
-use super::launch::{per_column_chunk, per_item, per_pack, per_row_warp, ROWS_PER_CHUNK};
+use super::launch::{per_column_chunk, per_column_tile, per_pack, per_row_warp, ROWS_PER_CHUNK};
 use super::sources::kernel_name;
 use crate::backend::{LayerNorm, RmsNorm};
 use crate::tensor::Tensor;
@@ -247,7 +247,7 @@ impl CudaDevice {
 
     fn add_partials(&self, out: &mut CudaSlice<f32>, partial: &CudaSlice<f32>, chunks: usize, cols: usize) {
         let (chunks_i, c_i) = (int(chunks), int(cols));
-        launch!(self, "add_partials", per_item(cols), out, partial, &chunks_i, &c_i);
+        launch!(self, "add_partials", per_column_tile(cols), out, partial, &chunks_i, &c_i);
     }
 
     /// out [N, C] += bias [C] broadcast over rows.

@@ -7,8 +7,8 @@
 use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    one_block, per_column_chunk, per_item, per_pack, per_row_warp, sum_squares, sum_squares_first_blocks,
-    ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+    one_block, per_column_chunk, per_column_tile, per_pack, per_row_warp, sum_squares,
+    sum_squares_first_blocks, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
 
@@ -29,7 +29,7 @@ fn cpu() -> CpuDevice {
 pub fn add_partials(run: &mut Run, out: Buf, partial: Buf, chunks: usize, cols: usize) {
     run.launch(
         "add_partials",
-        per_item(cols),
+        per_column_tile(cols),
         &[out.into(), partial.into(), (chunks as i32).into(), (cols as i32).into()],
     );
 }
@@ -242,9 +242,10 @@ fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
         // c_fc's output (B * T rows of 4C), an odd shape whose 128-bit packs span the ends
-        // of rows and whose last pack is partial in both storages, and 12 chunks of rows, which
-        // `add_partials` takes as a batch of 8 loads and 4 one by one.
-        for (n, c) in [(N, 4 * C), (75, 101), (11 * 64 + 5, 101)] {
+        // of rows and whose last pack is partial in both storages, and 12 and 147 chunks of
+        // rows, which `add_partials`'s 16 warps take one each (four warps none) and 10 each
+        // (a batch of 8 loads and 2 one by one; the last run 7, and the last warp none).
+        for (n, c) in [(N, 4 * C), (75, 101), (11 * 64 + 5, 101), (146 * 64 + 5, 101)] {
             let (x, bias, db0) =
                 (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
             let mut run = Run::new(n as u64);
