@@ -234,65 +234,63 @@ fn sum_squares_matches_the_cpu() {
     sum_of_squares(&family, &family, &real, SUM_SQUARES_CHUNK, 10).unwrap();
 }
 
-/// The column sums of rows in either storage into f32 partial sums (then `add_partials`, for
-/// both), and the bias added to those rows in place.
+/// The column sums of rows [n, c] in `storage` into f32 partial sums, then `add_partials`
+/// (for both), and the bias added to those rows in place; Err on the first difference from
+/// the CPU.
+pub fn bias_kernels(family: &Family, storage: Storage, n: usize, c: usize, seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let (x, bias, db0) = (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
+    let mut run = Run::new(seed);
+    let (gx, gb, db) = (storage.buffer(&mut run, &x), run.buffer(&bias), run.buffer(&db0));
+    let (cfg, chunks) = per_column_chunk(n, c);
+    let partial = run.buffer(&vec![f32::NAN; chunks * c]);
+    run.launch(
+        storage.kernel("column_partial_sums"),
+        cfg,
+        &[partial.into(), gx.into(), (n as i32).into(), (c as i32).into(), (ROWS_PER_CHUNK as i32).into()],
+    );
+    add_partials(&mut run, db, partial, chunks, c);
+    run.launch(
+        storage.kernel("bias_add"),
+        per_pack(n * c, storage.dtype()),
+        &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
+    );
+    for buf in [db, gx] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.
+    let dev = cpu();
+    let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
+    let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
+    let dout = put(&x, &[n, c]);
+    dev.matmul_backward_weight(
+        &mut dw,
+        Some(&mut tdb),
+        &dout,
+        &put(&vec![0.0; n], &[n, 1]),
+        WeightLayout::InOut,
+    );
+    let what = |part: &str| format!("{part} in {storage}, [{n}, {c}]");
+    // A sum of n terms of either sign, in another order: judged against the largest sum.
+    let want = dev.to_host(&tdb);
+    close(&what("dbias"), &got.get(db), &want, 1e-5, max_abs(&want))?;
+    // x + bias: one rounding, as the CPU's matmul adds its bias (then bf16's, in bf16).
+    let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
+    storage.check(&what("bias_add"), &storage.read(&got, gx), &want, Tolerance::Exact)
+}
+
 #[test]
 fn bias_kernels_match_the_cpu_in_f32_and_bf16() {
     let Some(family) = Family::of("bias_kernels_match_the_cpu_in_f32_and_bf16", "bias.cu") else { return };
     for storage in Storage::BOTH {
-        let mut rng = Rng::new(11);
         // c_fc's output (B * T rows of 4C), an odd shape whose 128-bit packs span the ends
         // of rows and whose last pack is partial in both storages, and 12 and 147 chunks of
         // rows, which `add_partials`'s 16 warps take one each (four warps none) and 10 each
         // (a batch of 8 loads and 2 one by one; the last run 7, and the last warp none).
         for (n, c) in [(N, 4 * C), (75, 101), (11 * 64 + 5, 101), (146 * 64 + 5, 101)] {
-            let (x, bias, db0) =
-                (storage.round(rng.uniform(n * c, 1.0)), rng.uniform(c, 1.0), rng.uniform(c, 1.0));
-            let mut run = Run::new(n as u64);
-            let (gx, gb, db) = (storage.buffer(&mut run, &x), run.buffer(&bias), run.buffer(&db0));
-            let (cfg, chunks) = per_column_chunk(n, c);
-            let partial = run.buffer(&vec![f32::NAN; chunks * c]);
-            run.launch(
-                storage.kernel("column_partial_sums"),
-                cfg,
-                &[
-                    partial.into(),
-                    gx.into(),
-                    (n as i32).into(),
-                    (c as i32).into(),
-                    (ROWS_PER_CHUNK as i32).into(),
-                ],
-            );
-            add_partials(&mut run, db, partial, chunks, c);
-            run.launch(
-                storage.kernel("bias_add"),
-                per_pack(n * c, storage.dtype()),
-                &[gx.into(), gb.into(), (n as u64).into(), (c as i32).into()],
-            );
-            for buf in [db, gx] {
-                run.read(buf);
-            }
-            let got = family.run(run).unwrap();
-
-            // The CPU's bias gradient comes with a matmul's weight gradient: one input channel.
-            let dev = cpu();
-            let put = |v: &[f32], shape: &[usize]| dev.from_host(v, shape, Category::Workspace);
-            let (mut dw, mut tdb) = (dev.zeros(&[1, c], Category::Workspace), put(&db0, &[c]));
-            let dout = put(&x, &[n, c]);
-            dev.matmul_backward_weight(
-                &mut dw,
-                Some(&mut tdb),
-                &dout,
-                &put(&vec![0.0; n], &[n, 1]),
-                WeightLayout::InOut,
-            );
-            let what = |part: &str| format!("{part} in {storage}");
-            // A sum of n terms of either sign, in another order: judged against the largest sum.
-            let want = dev.to_host(&tdb);
-            close(&what("dbias"), &got.get(db), &want, 1e-5, max_abs(&want)).unwrap();
-            // x + bias: one rounding, as the CPU's matmul adds its bias (then bf16's, in bf16).
-            let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + bias[i % c]).collect();
-            storage.check(&what("bias_add"), &storage.read(&got, gx), &want, Tolerance::Exact).unwrap();
+            bias_kernels(&family, storage, n, c, n as u64).unwrap();
         }
     }
 }
