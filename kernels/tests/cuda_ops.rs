@@ -127,15 +127,15 @@ fn new_without_a_usable_gpu_is_an_error_not_a_panic() {
     assert!(CudaDevice::new(1 << 20).is_err(), "GPU 1048576 cannot exist");
 }
 
-/// A rank alone in its process opens its GPU as the sole device, without cudarc's event
-/// tracking; a second live sole device on that GPU is an error, not a silent race, while
-/// shared devices still open beside it (bench gpu's probe beside its training runs).
 /// The turn of the tests that open GPU 0's sole device, one at a time.
 fn sole_turn() -> std::sync::MutexGuard<'static, ()> {
     static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A rank alone in its process opens its GPU as the sole device, without cudarc's event
+/// tracking; a second live sole device on that GPU is an error, not a silent race, while
+/// shared devices still open beside it (bench gpu's probe beside its training runs).
 #[test]
 fn a_gpu_has_one_sole_device() {
     let Some(_shared) = gpu("a_gpu_has_one_sole_device") else { return };

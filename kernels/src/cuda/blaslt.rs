@@ -5,11 +5,11 @@
 //!
 //! The epilogue runs on the fp32 accumulator, so a bf16 result is rounded once where the
 //! unfused path rounds the product and then the sum; under bf16 the epilogue adds the
-//! bias's bf16 copy where the unfused path adds its fp32 master. cuBLASLt's GELU derivative is its own
-//! code: it agrees with `gelu.cu`'s to rounding, not bit for bit, so a run keeps one path
-//! for a given problem. Where cuBLASLt has no algorithm for a problem (an aux leading
-//! dimension that is not a multiple of 8, say), the caller takes the unfused path; the
-//! choice is made once per problem and kept.
+//! bias's bf16 copy where the unfused path adds its fp32 master. cuBLASLt's GELU
+//! derivative is its own code: it agrees with `gelu.cu`'s to rounding, not bit for bit, so
+//! a run keeps one path for a given problem. Where cuBLASLt has no algorithm for a problem
+//! (an aux leading dimension that is not a multiple of 8, say), the caller takes the
+//! unfused path; the choice is made once per problem and kept.
 //!
 //! GELU's forward stays our kernel: the `mlp` recompute module rebuilds the activation
 //! with it, and a forward through cuBLASLt's GELU would give the kept activation and the
