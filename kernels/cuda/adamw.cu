@@ -48,7 +48,7 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
 
 // The same step on fp32 master weights that also refreshes their bf16 copy (as bits) in
 // the same pass, rounded to nearest even from the updated value: the weights bf16 matmuls
-// read, with no cast kernel per step (a matrix parameter on a bf16 device). Launched over
+// read, with no cast kernel per step (every parameter on a bf16 device). Launched over
 // n / 8 threads, rounded up: a thread's 8 elements are two packs of each fp32 tensor and
 // one of the copy.
 extern "C" __global__ void adamw_with_bf16_copy(float* param, unsigned short* param_bf16, const float* grad,

@@ -206,10 +206,11 @@ pub trait Device:
         self.to_host(t)[part].to_vec()
     }
     /// Keeps only the elements `part` of parameter `t`'s fp32 master, where it has one
-    /// beside a bf16 copy (a bf16 device's matrices): the distributed optimizer's replica
-    /// steps that part, and the matmuls read the copy, which stays whole. Reads of the whole
-    /// master (`to_host`) are then bugs; [`Device::write_at`] writes the master within its
-    /// part and the copy everywhere. Whether `t` had such a master.
+    /// beside a bf16 copy (a bf16 device's parameters; the trainer shards the matrices'):
+    /// the distributed optimizer's replica steps that part, and the matmuls read the copy,
+    /// which stays whole. Reads of the whole master (`to_host`) are then bugs;
+    /// [`Device::write_at`] writes the master within its part and the copy everywhere.
+    /// Whether `t` had such a master.
     fn shard_master(&self, t: &mut Tensor, part: Range<usize>) -> bool {
         let _ = (t, part);
         false
