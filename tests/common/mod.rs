@@ -317,9 +317,10 @@ pub fn wait_with_deadline(mut child: Child, deadline: Duration) -> (Output, Dura
 }
 
 /// Starts a long run under `launcher` (a command that ends in the binary) and returns once
-/// it has recorded `steps` steps.
+/// it has recorded `steps` steps. A run that records fewer in a minute is stopped, and the
+/// test fails with what it said and whether it had ended.
 pub fn spawn_until(mut launcher: Command, cfg: &Path, run: &Path, extra: &[String], steps: usize) -> Child {
-    let child = launcher
+    let mut child = launcher
         .args(train_args(cfg, run, extra))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -327,7 +328,23 @@ pub fn spawn_until(mut launcher: Command, cfg: &Path, run: &Path, extra: &[Strin
         .unwrap();
     let start = Instant::now();
     while steps_recorded(run) < steps {
-        assert!(start.elapsed() < Duration::from_secs(60), "no steps recorded");
+        if start.elapsed() > Duration::from_secs(60) {
+            let ended = child.try_wait().unwrap();
+            let _ = child.kill();
+            // What it said, unless a process it started still holds its pipes open.
+            let (said, got) = std::sync::mpsc::channel();
+            std::thread::spawn(move || said.send(child.wait_with_output().map(|out| stderr(&out))));
+            let said = got.recv_timeout(Duration::from_secs(10)).map_or_else(
+                |_| "(its output still held open after 10 s)".to_string(),
+                |out| out.unwrap_or_else(|e| e.to_string()),
+            );
+            panic!(
+                "{} of {steps} steps recorded after {:.0?}, the run {}:\n{said}",
+                steps_recorded(run),
+                start.elapsed(),
+                ended.map_or("stopped".to_string(), |status| format!("already ended ({status})")),
+            );
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
     child
