@@ -207,6 +207,15 @@ macro_rules! value_arg {
 }
 value_arg!(f32, u32, i32, u64);
 
+/// A word of a [`Run::table`]: the address of a buffer's byte `offset`, a null pointer, or a
+/// value.
+#[derive(Clone, Copy)]
+pub enum Word {
+    At(Buf, u64),
+    Null,
+    Value(u64),
+}
+
 /// The buffers, launches and reads of one emulator run, in order.
 pub struct Run {
     input: Vec<u8>,
@@ -237,12 +246,30 @@ impl Run {
     /// A buffer holding the emulator's addresses of `bufs`, as a kernel's array of device
     /// pointers (`const float* const*`) holds them.
     pub fn pointers(&mut self, bufs: &[Buf]) -> Buf {
+        self.table(&bufs.iter().map(|&b| Word::At(b, 0)).collect::<Vec<_>>())
+    }
+
+    /// A buffer of 64-bit words, as a table of records that hold device pointers is laid out.
+    pub fn table(&mut self, words: &[Word]) -> Buf {
         let id = self.buffers.len() as u32;
         self.input.push(b't');
         self.input.extend_from_slice(&id.to_le_bytes());
-        self.input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
-        bufs.iter().for_each(|b| self.input.extend_from_slice(&b.0.to_le_bytes()));
-        self.buffers.push(bufs.len() * 8);
+        self.input.extend_from_slice(&(words.len() as u32).to_le_bytes());
+        for word in words {
+            match *word {
+                Word::At(b, offset) => {
+                    self.input.push(b'p');
+                    self.input.extend_from_slice(&b.0.to_le_bytes());
+                    self.input.extend_from_slice(&offset.to_le_bytes());
+                }
+                Word::Null => self.input.push(b'n'),
+                Word::Value(x) => {
+                    self.input.push(b'v');
+                    self.input.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        self.buffers.push(words.len() * 8);
         Buf(id)
     }
 

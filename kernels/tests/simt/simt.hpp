@@ -490,8 +490,9 @@ void launch_entry(Args& args, const Launch& launch) {
     launch_kernel(K, args, launch);
 }
 
-// Commands: 'b' id len bytes (a buffer), 't' id count ids (a buffer of the addresses of
-// buffers: an array of device pointers), 'l' name grid block seed blocks args (a launch),
+// Commands: 'b' id len bytes (a buffer), 't' id count words (a buffer of 64-bit words, each
+// 'p' id offset, the address of a buffer's byte; 'n', a null pointer; or 'v' value: an
+// array of device pointers, or of records that hold some), 'l' name grid block seed blocks args (a launch),
 // 'r' id (write the buffer to standard output).
 inline int serve(const Kernel* kernels, size_t count) {
     int command;
@@ -506,11 +507,22 @@ inline int serve(const Kernel* kernels, size_t count) {
             const unsigned id = read_value<unsigned>();
             const unsigned count = read_value<unsigned>();
             if (id != buffers.size()) fail("buffer %u out of order", id);
-            Buffer table = allocate(count * sizeof(char*));
+            Buffer table = allocate(count * sizeof(unsigned long long));
             for (unsigned i = 0; i < count; ++i) {
-                const unsigned target = read_value<unsigned>();
-                if (target >= buffers.size()) fail("address table %u: no buffer %u", id, target);
-                reinterpret_cast<char**>(table.data)[i] = buffers[target].data;
+                unsigned long long word = 0;
+                const int kind = getchar();
+                if (kind == 'p') {
+                    const unsigned target = read_value<unsigned>();
+                    const unsigned long long offset = read_value<unsigned long long>();
+                    if (target >= buffers.size()) fail("table %u: no buffer %u", id, target);
+                    if (offset > buffers[target].len) fail("table %u: byte %llu of buffer %u", id, offset, target);
+                    word = (unsigned long long)(buffers[target].data + offset);
+                } else if (kind == 'v') {
+                    word = read_value<unsigned long long>();
+                } else if (kind != 'n') {
+                    fail("table %u: entry %u of unknown kind %d", id, i, kind);
+                }
+                reinterpret_cast<unsigned long long*>(table.data)[i] = word;
             }
             buffers.push_back(table);
         } else if (command == 'l') {
