@@ -51,6 +51,19 @@ __device__ T block_sum(T v, T* scratch) {
     return warp_sum(v);
 }
 
+// Many tensors in one launch (sum_squares.cu, adamw.cu): each block a fixed chunk of one
+// tensor, `first` [count + 1] numbering the blocks, so that tensor t owns blocks first[t] ..
+// first[t + 1] (none for an empty tensor). The tensor that owns block `b` is the last t with
+// first[t] <= b.
+__device__ __forceinline__ int owner(const unsigned long long* first, int count, unsigned long long b) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
 // log2(e): the kernels' exponentials are powers of 2 (exp2_ftz) of exponents scaled by it.
 #define LOG2E 1.4426950408889634f
 

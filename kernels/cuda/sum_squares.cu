@@ -4,19 +4,8 @@
 //
 // Stage one gives each block a fixed chunk of one tensor, whatever the GPU; stage two
 // reduces each tensor's chunk sums in one block, in a fixed order, into that tensor's slot.
-// `first` [count + 1] numbers the stage-one blocks: tensor t owns blocks first[t] ..
-// first[t + 1] (ceil(len / chunk) of them; none for an empty tensor).
+// `first` [count + 1] numbers the stage-one blocks (common.cuh's owner()).
 #include "common.cuh"
-
-// The tensor that owns stage-one block `b`: the last t with first[t] <= b.
-__device__ int owner(const unsigned long long* first, int count, unsigned long long b) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (first[mid] <= b) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
 
 extern "C" __global__ void sum_squares_chunks(double* partial, const float* const* tensors,
                                               const unsigned long long* lens,

@@ -8,7 +8,7 @@
 //! without `_impl`.
 
 use crate::attention::AttentionSaved;
-use crate::device::{AdamWStep, ClassifierGrad, WeightLayout};
+use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
 use crate::readout::Readout;
@@ -258,16 +258,9 @@ pub trait Classifier {
     );
 }
 
-/// param and grad of one length, m and v of another, the part `from..from + m.len()` of
-/// param and grad that they hold the moments of.
+/// AdamW on many tensors, each checked by [`crate::Device::adamw_tensors`]: param and grad of
+/// one length, m and v of another, the part `from..from + m.len()` of param and grad that
+/// they hold the moments of.
 pub trait AdamW {
-    fn adamw_impl(
-        &self,
-        param: &mut Tensor,
-        grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        hp: &AdamWStep,
-        from: usize,
-    );
+    fn adamw_impl(&self, tensors: &mut [AdamWTensor<'_>], hp: &AdamWStep);
 }

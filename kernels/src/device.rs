@@ -49,19 +49,31 @@ pub enum WeightLayout {
     OutIn,
 }
 
-/// Hyper-parameters of one AdamW update of one tensor.
+/// Hyper-parameters of one AdamW update.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWStep {
     pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    /// Decoupled weight decay; 0 for biases and LayerNorm parameters.
+    /// Decoupled weight decay, of the tensors that decay ([`AdamWTensor::decay`]).
     pub weight_decay: f32,
     /// 1-based step number, for bias correction.
     pub step: u32,
     /// Multiplies the gradient before the update (global grad-norm clipping).
     pub grad_scale: f32,
+}
+
+/// One parameter's share of an AdamW step ([`Device::adamw_tensors`]): the elements
+/// `from..from + m.len()` of param and grad, whose moments m and v hold.
+pub struct AdamWTensor<'a> {
+    pub param: &'a mut Tensor,
+    pub grad: &'a Tensor,
+    pub m: &'a mut Tensor,
+    pub v: &'a mut Tensor,
+    pub from: usize,
+    /// Whether the step's weight decay applies: not to biases and norms.
+    pub decay: bool,
 }
 
 /// The backward half of [`Device::classifier`].
@@ -654,23 +666,20 @@ pub trait Device:
     /// One AdamW step: m, v (same shape as param) updated in place, then param.
     fn adamw(&self, param: &mut Tensor, grad: &Tensor, m: &mut Tensor, v: &mut Tensor, hp: AdamWStep) {
         assert_same_len(param, m);
-        self.adamw_part(param, grad, m, v, hp, 0);
+        self.adamw_tensors(&mut [AdamWTensor { param, grad, m, v, from: 0, decay: true }], hp);
     }
-    /// [`Device::adamw`] on the part `from..from + m.len()` of param and grad, whose moments
-    /// m and v hold (the distributed optimizer's share of a parameter): those elements come
-    /// out as the whole step leaves them, the rest untouched.
-    fn adamw_part(
-        &self,
-        param: &mut Tensor,
-        grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        hp: AdamWStep,
-        from: usize,
-    ) {
-        assert_same_len(param, grad);
-        assert_same_len(m, v);
-        assert!(from + m.len() <= param.len(), "adamw: moments of {} from {from} of {param:?}", m.len());
-        self.adamw_impl(param, grad, m, v, &hp, from);
+    /// AdamW on many parameters at once (every parameter of a stage: one launch on CUDA),
+    /// each as [`Device::adamw`] steps it where its moments are whole, or on the part
+    /// `from..from + m.len()` of param and grad that they hold (the distributed optimizer's
+    /// share of a parameter), the rest untouched. `hp.weight_decay` applies to the tensors
+    /// that decay.
+    fn adamw_tensors(&self, tensors: &mut [AdamWTensor<'_>], hp: AdamWStep) {
+        for t in tensors.iter() {
+            assert_same_len(t.param, t.grad);
+            assert_same_len(t.m, t.v);
+            let (from, len) = (t.from, t.m.len());
+            assert!(from + len <= t.param.len(), "adamw: moments of {len} from {from} of {:?}", t.param);
+        }
+        self.adamw_impl(tensors, &hp);
     }
 }

@@ -158,7 +158,7 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         ("classifier.cu", &["fused_classifier", "fused_classifier_bf16"]),
         ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
         ("bias.cu", &["bias_add", "bias_add_bf16"]),
-        ("adamw.cu", &["adamw", "adamw_with_bf16_copy"]),
+        ("adamw.cu", &["adamw"]),
         ("cast.cu", &["f32_to_bf16"]),
         ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
         // The norms' row passes, in runs of a pack (warp_row.cuh's load_run and store_run).

@@ -9,8 +9,8 @@ use kernels::cuda::compile::compile;
 use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
-    AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, DType, Device, DropoutKey,
-    DropoutSite, DropoutSpec, SplitMix64, Tensor, WeightLayout,
+    AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, ClassifierGrad, DType, Device,
+    DropoutKey, DropoutSite, DropoutSpec, SplitMix64, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -973,6 +973,76 @@ fn adamw_step(step: u32) -> AdamWStep {
     AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step, grad_scale: 0.5 }
 }
 
+/// AdamW on a stage's tensors is one launch, each tensor stepped as the CPU steps it: a
+/// matrix that decays, a bias that does not, a plain f32 tensor (no bf16 copy, beside
+/// parameters with one on a bf16 GPU) and a part of a matrix; two steps, the second
+/// through the table the first uploaded.
+#[test]
+fn adamw_steps_a_stage_in_one_launch() {
+    for gpu in [gpu("adamw_steps_a_stage_in_one_launch"), bf16_gpu("adamw_steps_a_stage_in_one_launch")] {
+        let Some(gpu) = gpu else { return };
+        let mut rng = seeded("adamw one launch");
+        let shapes: [(&[usize], bool, usize); 4] =
+            [(&[C, C], true, 0), (&[C], false, 0), (&[7, C], true, 0), (&[C, C], true, 129)];
+        let inputs: Vec<_> = shapes
+            .iter()
+            .map(|(shape, ..)| {
+                let n = shape.iter().product();
+                (rng.uniform(n, 1.0), rng.uniform(n, 0.1))
+            })
+            .collect();
+        let run = |dev: &dyn Device, launches: &dyn Fn() -> u64| {
+            let mut ts: Vec<_> = shapes
+                .iter()
+                .zip(&inputs)
+                .enumerate()
+                .map(|(i, ((shape, _, from), (p0, g)))| {
+                    // The third a plain f32 tensor, the others parameters (with a bf16 copy on
+                    // a bf16 GPU).
+                    let category = if i == 2 { Category::Workspace } else { Category::Parameters };
+                    let moments = p0.len() - from;
+                    (
+                        dev.from_host(p0, shape, category),
+                        grad(dev, g, shape),
+                        dev.zeros(&[moments], Category::OptimizerState),
+                        dev.zeros(&[moments], Category::OptimizerState),
+                    )
+                })
+                .collect();
+            let mut launched = Vec::new();
+            for step in 1..=2 {
+                let mut tensors: Vec<AdamWTensor> = ts
+                    .iter_mut()
+                    .zip(&shapes)
+                    .map(|((param, grad, m, v), &(_, decay, from))| AdamWTensor {
+                        param,
+                        grad,
+                        m,
+                        v,
+                        from,
+                        decay,
+                    })
+                    .collect();
+                let before = launches();
+                dev.adamw_tensors(&mut tensors, adamw_step(step));
+                launched.push(launches() - before);
+            }
+            let values: Vec<_> = ts.iter().map(|(p, _, m, v)| [p, m, v].map(|t| dev.to_host(t))).collect();
+            (values, launched)
+        };
+        let (got, launched) = run(&gpu, &|| gpu.launches());
+        assert_eq!(launched, [1, 1], "{:?}: launches a step", gpu.activation_dtype());
+        let (want, _) = run(&cpu(), &|| 0);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (what, (g, w)) in ["param", "m", "v"].iter().zip(g.iter().zip(w)) {
+                assert_close(&format!("{:?}: {what} of tensor {i}", gpu.activation_dtype()), g, w, TOL);
+            }
+        }
+        // Untouched before the part.
+        assert_eq!(&got[3][0][..129], &inputs[3].0[..129]);
+    }
+}
+
 /// On a bf16 GPU, AdamW refreshes a parameter's bf16 copy in its own pass, a matrix's and a
 /// bias's (which the fused forward's epilogue reads): a matmul through the updated
 /// parameters is bit for bit the one through the same values uploaded afresh (whose copies
@@ -1088,7 +1158,9 @@ fn the_ops_on_a_part_match_the_cpu() {
             dev.zeros(&[part.len()], Category::OptimizerState),
         );
         let grad = grad(dev, &g, &[n]);
-        dev.adamw_part(&mut p, &grad, &mut m, &mut v, adamw_step(1), part.start);
+        let share =
+            AdamWTensor { param: &mut p, grad: &grad, m: &mut m, v: &mut v, from: part.start, decay: true };
+        dev.adamw_tensors(&mut [share], adamw_step(1));
         let mut out = dev.readout(1);
         dev.sum_squares_of_parts_into(&mut out, 0, &[(&grad, part.clone())]);
         dev.write_at(&mut p, 0, &[5.0; 3]);
@@ -1108,7 +1180,10 @@ fn the_ops_on_a_part_match_the_cpu() {
         gpu.zeros(&[part.len()], Category::OptimizerState),
         gpu.zeros(&[part.len()], Category::OptimizerState),
     );
-    gpu.adamw_part(&mut p, &grad(&gpu, &g, &[n]), &mut m, &mut v, adamw_step(1), part.start);
+    let grad = grad(&gpu, &g, &[n]);
+    let share =
+        AdamWTensor { param: &mut p, grad: &grad, m: &mut m, v: &mut v, from: part.start, decay: true };
+    gpu.adamw_tensors(&mut [share], adamw_step(1));
     gpu.write_at(&mut p, 0, &[5.0; 3]);
     let x = put(&gpu, &rng.uniform(N * C, 1.0), &[N, C]);
     let product = |w: &Tensor| {

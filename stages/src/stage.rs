@@ -7,7 +7,7 @@ use crate::dist::TensorGroup;
 use crate::optimizer_shard::OptimizerShard;
 use crate::params::{Parameters, Role};
 use crate::tensor_parallel::Split;
-use kernels::{AdamWStep, Device, Readings, Readout, Tensor};
+use kernels::{AdamWStep, AdamWTensor, Device, Readings, Readout, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -249,32 +249,39 @@ impl Stage {
         }
     }
 
-    /// AdamW on every parameter of this stage: on the part this replica steps.
+    /// AdamW on every parameter of this stage, in one call: on the part this replica steps.
     pub fn optimizer_step(&mut self, hp: OptimizerStep) {
-        let dev = &*self.device;
-        for c in &mut self.chunks {
-            let p = &mut c.params;
-            for i in 0..p.values.len() {
-                let step = AdamWStep {
-                    lr: hp.lr,
-                    beta1: hp.beta1,
-                    beta2: hp.beta2,
-                    eps: hp.eps,
-                    weight_decay: if p.specs[i].decay { hp.weight_decay } else { 0.0 },
-                    step: hp.step,
-                    grad_scale: hp.grad_scale,
-                };
-                let from = p.optimizer.part(p.values[i].len()).start;
-                dev.adamw_part(
-                    &mut p.values[i],
-                    &p.grads[i],
-                    &mut p.exp_avg[i],
-                    &mut p.exp_avg_sq[i],
-                    step,
-                    from,
-                );
-            }
-        }
+        let step = AdamWStep {
+            lr: hp.lr,
+            beta1: hp.beta1,
+            beta2: hp.beta2,
+            eps: hp.eps,
+            weight_decay: hp.weight_decay,
+            step: hp.step,
+            grad_scale: hp.grad_scale,
+        };
+        let mut tensors: Vec<AdamWTensor> = self
+            .chunks
+            .iter_mut()
+            .flat_map(|c| {
+                let p = &mut c.params;
+                let optimizer = &p.optimizer;
+                p.values
+                    .iter_mut()
+                    .zip(&p.grads)
+                    .zip(p.exp_avg.iter_mut().zip(p.exp_avg_sq.iter_mut()))
+                    .zip(&p.specs)
+                    .map(|(((param, grad), (m, v)), spec)| AdamWTensor {
+                        from: optimizer.part(param.len()).start,
+                        param,
+                        grad,
+                        m,
+                        v,
+                        decay: spec.decay,
+                    })
+            })
+            .collect();
+        self.device.adamw_tensors(&mut tensors, step);
     }
 }
 

@@ -5,7 +5,7 @@
 use super::testutil::random;
 use super::CpuDevice;
 use crate::attention::AttentionSaved;
-use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::memory::Category;
 use crate::philox;
@@ -392,6 +392,48 @@ fn residual_norms_are_the_add_and_the_norm_bit_for_bit() {
 /// The distributed optimizer's ops on a part of a tensor: AdamW on elements 7..20 of 27
 /// leaves exactly those elements as the whole step does and the rest untouched; a part's
 /// sum of squares is that of a tensor of just its elements; `write_at` lands where it says.
+/// AdamW on many tensors at once steps each as `adamw` steps it alone, with the step's
+/// weight decay where the tensor decays and none where it does not.
+#[test]
+fn adamw_tensors_steps_each_as_adamw_alone() {
+    let dev = CpuDevice::new(2);
+    let hp = AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 2,
+        grad_scale: 0.5,
+    };
+    let put = |data: &[f32], cat| dev.from_host(data, &[data.len()], cat);
+    let zeros = |n| dev.zeros(&[n], Category::OptimizerState);
+    let (a0, b0, ga, gb) =
+        (random(51, 30, 1.0), random(52, 11, 1.0), random(53, 30, 0.1), random(54, 11, 0.1));
+    let (ga, gb) = (put(&ga, Category::Gradients), put(&gb, Category::Gradients));
+    let (mut a, mut b) = (put(&a0, Category::Parameters), put(&b0, Category::Parameters));
+    let (mut ma, mut va, mut mb, mut vb) = (zeros(30), zeros(30), zeros(11), zeros(11));
+    dev.adamw_tensors(
+        &mut [
+            AdamWTensor { param: &mut a, grad: &ga, m: &mut ma, v: &mut va, from: 0, decay: true },
+            AdamWTensor { param: &mut b, grad: &gb, m: &mut mb, v: &mut vb, from: 0, decay: false },
+        ],
+        hp,
+    );
+    let (mut a1, mut b1) = (put(&a0, Category::Parameters), put(&b0, Category::Parameters));
+    let (mut ma1, mut va1, mut mb1, mut vb1) = (zeros(30), zeros(30), zeros(11), zeros(11));
+    dev.adamw(&mut a1, &ga, &mut ma1, &mut va1, hp);
+    dev.adamw(&mut b1, &gb, &mut mb1, &mut vb1, AdamWStep { weight_decay: 0.0, ..hp });
+    let bits = |t: &Tensor| dev.to_host(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (got, want) in [(&a, &a1), (&ma, &ma1), (&va, &va1), (&b, &b1), (&mb, &mb1), (&vb, &vb1)] {
+        assert_eq!(bits(got), bits(want));
+    }
+    // Without its decay the bias would have moved otherwise.
+    let mut b2 = put(&b0, Category::Parameters);
+    dev.adamw(&mut b2, &gb, &mut zeros(11), &mut zeros(11), hp);
+    assert_ne!(bits(&b2), bits(&b));
+}
+
 #[test]
 fn the_ops_on_a_part_are_the_whole_ops_there() {
     let dev = CpuDevice::new(2);
@@ -414,7 +456,15 @@ fn the_ops_on_a_part_are_the_whole_ops_there() {
     let ((mut m, mut v), (mut pm, mut pv)) = (moments(n), moments(part.len()));
     for step in 1..=2 {
         dev.adamw(&mut whole, &grad, &mut m, &mut v, hp(step));
-        dev.adamw_part(&mut cut, &grad, &mut pm, &mut pv, hp(step), part.start);
+        let cut = AdamWTensor {
+            param: &mut cut,
+            grad: &grad,
+            m: &mut pm,
+            v: &mut pv,
+            from: part.start,
+            decay: true,
+        };
+        dev.adamw_tensors(&mut [cut], hp(step));
     }
     let (whole, cut) = (dev.to_host(&whole), dev.to_host(&cut));
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -35,7 +35,7 @@ use crate::backend::{
     Gelu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SwiGlu,
 };
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{AdamWStep, ClassifierGrad, Device, WeightLayout};
+use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::{Readout, ReadoutStorage};
@@ -601,18 +601,13 @@ impl Classifier for CpuDevice {
 }
 
 impl AdamW for CpuDevice {
-    fn adamw_impl(
-        &self,
-        param: &mut Tensor,
-        grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        hp: &AdamWStep,
-        from: usize,
-    ) {
-        let part = from..from + m.len();
-        let (param, grad) = (&mut param.cpu_mut()[part.clone()], &grad.cpu()[part]);
-        self.pool.install(|| adamw::step(param, grad, m.cpu_mut(), v.cpu_mut(), hp));
+    fn adamw_impl(&self, tensors: &mut [AdamWTensor<'_>], hp: &AdamWStep) {
+        for t in tensors {
+            let part = t.from..t.from + t.m.len();
+            let hp = AdamWStep { weight_decay: if t.decay { hp.weight_decay } else { 0.0 }, ..*hp };
+            let (param, grad) = (&mut t.param.cpu_mut()[part.clone()], &t.grad.cpu()[part]);
+            self.pool.install(|| adamw::step(param, grad, t.m.cpu_mut(), t.v.cpu_mut(), &hp));
+        }
     }
 }
 

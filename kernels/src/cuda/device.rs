@@ -53,6 +53,9 @@ pub struct CudaDevice {
     /// The fused grad norm's tables for the last set of tensors it was given (see
     /// `readout.rs`): gradients never move, so after the first step it uploads nothing.
     pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
+    /// AdamW's table of the tensors it was last given (see `adamw.rs`), kept for the same
+    /// reason.
+    pub(super) adamw_tables: Mutex<Option<super::adamw::AdamWTables>>,
     clock: EventClock,
     /// Kernels of ours launched ([`CudaDevice::launches`]).
     pub(super) launches: AtomicU64,
@@ -116,6 +119,7 @@ impl CudaDevice {
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
             norm_tables: Mutex::new(None),
+            adamw_tables: Mutex::new(None),
             sole: used == GpuUse::Sole,
         })
     }
@@ -165,6 +169,16 @@ impl CudaDevice {
 
     pub(super) fn upload<T: DeviceRepr + Send + 'static>(&self, data: &[T]) -> Scratch<T> {
         Scratch::from_host(&self.stream, &self.arena, &self.ledger, data)
+    }
+
+    /// A copy of `data` that a table of the device keeps (the fused norm's and AdamW's: a
+    /// few KiB per stage, uploaded once; like the compiled kernels, outside the ledger).
+    pub(super) fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
+        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
+        self.stream
+            .memcpy_htod(data, &mut slice)
+            .unwrap_or_else(|e| panic!("cuda: cannot upload a table: {e:?}"));
+        slice
     }
 
     /// Wraps storage as a tensor that goes back to the arena when dropped.

@@ -38,9 +38,8 @@ pub fn pack_len(dtype: DType) -> usize {
 }
 
 /// One thread per 128-bit pack of `items` elements of `dtype`, the last pack partial: the
-/// elementwise kernels of elementwise.cu, gelu.cu, swiglu.cu and adamw.cu, bias.cu's
-/// `bias_add`, and cast.cu's (whose thread reads two packs of f32 for its pack of bf16, as
-/// does `adamw_with_bf16_copy`: launched per bf16 pack).
+/// elementwise kernels of elementwise.cu, gelu.cu and swiglu.cu, bias.cu's `bias_add`, and
+/// cast.cu's (whose thread reads two packs of f32 for its pack of bf16).
 pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
     per_item(items.div_ceil(pack_len(dtype)))
 }
@@ -91,10 +90,11 @@ pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
     (cfg, chunks)
 }
 
-/// The fused sums of squares of tensors of `lens` elements: the first stage-one block of
-/// each tensor, one block per `chunk` of it (`SUM_SQUARES_CHUNK` on the device; `first` in
-/// sum_squares.cu; `lens.len() + 1` entries, the last the number of blocks).
-pub fn sum_squares_first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
+/// Many tensors of `lens` elements in one launch, one block per `chunk` of each: the first
+/// block of each tensor (`first` in common.cuh's `owner`; `lens.len() + 1` entries, the last
+/// the number of blocks). The chunk is `SUM_SQUARES_CHUNK` for the fused sums of squares and
+/// [`ADAMW_CHUNK`] for AdamW.
+pub fn first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
     let mut first = vec![0u64];
     for &n in lens {
         first.push(first.last().copied().unwrap_or(0) + n.div_ceil(chunk) as u64);
@@ -102,8 +102,24 @@ pub fn sum_squares_first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
     first
 }
 
+/// Elements of a tensor an AdamW thread steps (`ADAMW_ELEMENTS` in adamw.cu): two packs of
+/// f32, one of the bf16 copy.
+pub const ADAMW_ELEMENTS: usize = 8;
+/// Elements of a tensor an AdamW block steps.
+pub const ADAMW_CHUNK: usize = ADAMW_ELEMENTS * BLOCK as usize;
+
+/// AdamW over many tensors (adamw.cu): `blocks`, the last of [`first_blocks`] with
+/// [`ADAMW_CHUNK`], of `BLOCK` threads.
+pub fn per_adamw_chunk(blocks: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid(blocks, "AdamW chunks"), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Stage one (`sum_squares_chunks`, one block per chunk: `blocks` is the last of
-/// [`sum_squares_first_blocks`]) and stage two (`sum_squares_totals`, one block per tensor).
+/// [`first_blocks`]) and stage two (`sum_squares_totals`, one block per tensor).
 pub fn sum_squares(blocks: usize, tensors: usize) -> (LaunchConfig, LaunchConfig) {
     (per_row_block(blocks), per_row_block(tensors))
 }

@@ -26,6 +26,7 @@ macro_rules! launch {
     }};
 }
 
+mod adamw;
 mod arena;
 mod attention;
 mod blas;

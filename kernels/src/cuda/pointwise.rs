@@ -1,16 +1,15 @@
-//! The elementwise ops: residual add and accumulation, GELU, SwiGLU, dropout and AdamW, each on
+//! The elementwise ops: residual add and accumulation, GELU, SwiGLU and dropout, each on
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
 
-use super::device::{buf, buf_mut, cu, cu_mut, same_dtype, CudaDevice};
+use super::device::{buf, buf_mut, same_dtype, CudaDevice};
 use super::launch::per_pack;
 use super::sources::kernel_name;
-use crate::backend::{AdamW, Dropout, Elementwise, Gelu, SwiGlu};
-use crate::device::AdamWStep;
+use crate::backend::{Dropout, Elementwise, Gelu, SwiGlu};
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::Tensor;
 use crate::DType;
-use cudarc::driver::{CudaSlice, CudaViewMut, DeviceRepr, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
 /// for field (repr(C) pads both the same way).
@@ -119,83 +118,5 @@ impl CudaDevice {
     pub(super) fn dropout_inplace(&self, x: &mut CudaSlice<f32>, len: usize, spec: &DropoutSpec) {
         let (n, mask) = (len as u64, DropoutMask::new(spec));
         launch!(self, "dropout_apply_inplace", per_pack(len, DType::F32), x, &n, &mask);
-    }
-}
-
-impl AdamW for CudaDevice {
-    /// The AdamW step on a part of the parameter (views from its first element); one with a
-    /// bf16 copy has that part of it refreshed in the same pass.
-    fn adamw_impl(
-        &self,
-        param: &mut Tensor,
-        grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        hp: &AdamWStep,
-        from: usize,
-    ) {
-        let part = from..from + m.len();
-        let n = part.len() as u64;
-        // The per-step constants, computed as the CPU backend computes them.
-        let t = i32::try_from(hp.step).expect("adamw step fits in i32");
-        let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
-        let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
-        let decay = 1.0 - hp.lr * hp.weight_decay;
-        let grad = cu(grad).slice(part.clone());
-        let (name, mut param) = match param.storage_mut() {
-            Storage::CudaMaster { master, bf16, part: held } => {
-                assert!(
-                    held.start <= part.start && part.end <= held.end,
-                    "cuda: AdamW on elements {part:?} of a parameter whose master holds {held:?}"
-                );
-                let in_master = part.start - held.start..part.end - held.start;
-                (
-                    "adamw_with_bf16_copy",
-                    AdamWParam::WithCopy(master.slice_mut(in_master), bf16.slice_mut(part.clone())),
-                )
-            }
-            Storage::Cuda(master) => ("adamw", AdamWParam::Master(master.slice_mut(part.clone()))),
-            _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
-        };
-        // adamw steps a pack of 4 floats a thread, adamw_with_bf16_copy 8 elements (the
-        // copy's pack).
-        let cfg = match param {
-            AdamWParam::Master(_) => per_pack(part.len(), DType::F32),
-            AdamWParam::WithCopy(..) => per_pack(part.len(), DType::Bf16),
-        };
-        launch!(
-            self,
-            name,
-            cfg,
-            &mut param,
-            &grad,
-            cu_mut(m),
-            cu_mut(v),
-            &n,
-            &hp.beta1,
-            &hp.beta2,
-            &hp.eps,
-            &hp.grad_scale,
-            &decay,
-            &step_size,
-            &bias2_sqrt,
-        );
-    }
-}
-
-/// A parameter as the AdamW kernels take it: its fp32 master, then its bf16 copy where it
-/// has one (`adamw_with_bf16_copy`'s second argument).
-enum AdamWParam<'a> {
-    Master(CudaViewMut<'a, f32>),
-    WithCopy(CudaViewMut<'a, f32>, CudaViewMut<'a, u16>),
-}
-
-// SAFETY: pushes each view exactly as cudarc pushes a view, in the kernels' order.
-unsafe impl<'a, 'b: 'a> PushKernelArg<&'a mut AdamWParam<'b>> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: &'a mut AdamWParam<'b>) -> &mut Self {
-        match arg {
-            AdamWParam::Master(master) => self.arg(master),
-            AdamWParam::WithCopy(master, copy) => self.arg(master).arg(copy),
-        }
     }
 }

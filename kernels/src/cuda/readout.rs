@@ -3,7 +3,7 @@
 //! one fused pass (`sum_squares.cu`), read back with one synchronisation.
 
 use super::device::{cu, int, CudaDevice};
-use super::launch::{one_block, sum_squares, sum_squares_first_blocks, SUM_SQUARES_CHUNK};
+use super::launch::{first_blocks, one_block, sum_squares, SUM_SQUARES_CHUNK};
 use crate::backend::Readouts;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::Tensor;
@@ -53,7 +53,7 @@ impl Readouts for CudaDevice {
         let key: Vec<u64> = addresses.iter().copied().chain(lens.iter().map(|&n| n as u64)).collect();
         let mut cached = self.norm_tables.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_none_or(|t| t.key != key) {
-            let first = sum_squares_first_blocks(&lens, SUM_SQUARES_CHUNK);
+            let first = first_blocks(&lens, SUM_SQUARES_CHUNK);
             let blocks = *first.last().expect("at least one entry") as usize;
             *cached = Some(NormTables {
                 tensors: self.upload_kept(&addresses),
@@ -80,17 +80,5 @@ impl Readouts for CudaDevice {
         );
         let mut target = slots(out).slice_mut(first..first + parts.len());
         launch!(self, "sum_squares_totals", two, &mut target, &*partial, &tables.first);
-    }
-}
-
-impl CudaDevice {
-    /// A copy of `data` that the norm's tables keep (a few KiB per stage, uploaded once; like
-    /// the compiled kernels, outside the ledger).
-    fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
-        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
-        self.stream
-            .memcpy_htod(data, &mut slice)
-            .unwrap_or_else(|e| panic!("cuda: cannot upload a norm table: {e:?}"));
-        slice
     }
 }

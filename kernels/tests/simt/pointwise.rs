@@ -3,11 +3,11 @@
 //! pack is partial where the kernel moves packs, the same test for each: in bf16
 //! from inputs rounded to bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance};
+use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance, Word};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::per_pack;
-use kernels::{AdamWStep, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec};
+use kernels::cuda::launch::{first_blocks, per_adamw_chunk, per_pack, ADAMW_CHUNK};
+use kernels::{AdamWStep, AdamWTensor, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
 const RESIDUAL: usize = 4 * 1024 * 768;
@@ -167,67 +167,117 @@ fn dropout_draws_the_cpus_mask_bit_for_bit_in_f32_and_bf16() {
     }
 }
 
+/// One launch steps many tensors, each as the CPU steps it alone: fp32 ones and ones with a
+/// bf16 copy, with and without weight decay, wte's length (GPT-2 124M's largest parameter),
+/// lengths whose last 8 elements are partial, an empty tensor, and parts that start one
+/// element into a tensor (so that no pack is 16-byte aligned and every thread takes its
+/// elements one by one, and the elements before the part are left as they were). The copy-carrying tensors repeat the fp32 ones' inputs: the same
+/// fp32 arithmetic, so the same bits, and the copy exactly the `half` crate's rounding of
+/// the updated weights (the rounding of a given f32 has one right answer).
 #[test]
-fn adamw_matches_the_cpu() {
-    let Some(family) = Family::of("adamw_matches_the_cpu", "adamw.cu") else { return };
+fn adamw_steps_every_tensor_of_one_launch_as_the_cpu() {
+    let Some(family) = Family::of("adamw_steps_every_tensor_of_one_launch_as_the_cpu", "adamw.cu") else {
+        return;
+    };
     let mut rng = Rng::new(4);
-    // wte, GPT-2 124M's largest parameter (V * C), and an odd length.
-    for n in [50257 * 768, 1001] {
-        let (p0, m0, v0, g) =
-            (rng.uniform(n, 1.0), rng.uniform(n, 0.01), rng.uniform(n, 1e-4), rng.uniform(n, 0.1));
-        let v0: Vec<f32> = v0.iter().map(|v| v.abs()).collect();
-        let hp = AdamWStep {
-            lr: 6e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            step: 3,
-            grad_scale: 0.5,
-        };
-        // The per-step constants, computed on the host as the CUDA backend computes them.
-        let t = hp.step as i32;
-        let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
-        let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
-        let decay = 1.0 - hp.lr * hp.weight_decay;
-        let mut run = Run::new(n as u64);
-        let scalars = [hp.beta1, hp.beta2, hp.eps, hp.grad_scale, decay, step_size, bias2_sqrt];
-        let args = |bufs: &[Buf]| -> Vec<Arg> {
-            bufs.iter()
-                .map(|&b| Arg::from(b))
-                .chain([(n as u64).into()])
-                .chain(scalars.map(Arg::from))
-                .collect()
-        };
-        // The fp32 step, and the step that also writes the bf16 copy, on copies of the same
-        // inputs.
-        let (p, gg, m, v) = (run.buffer(&p0), run.buffer(&g), run.buffer(&m0), run.buffer(&v0));
-        run.launch("adamw", per_pack(n, DType::F32), &args(&[p, gg, m, v]));
-        let (p2, m2, v2) = (run.buffer(&p0), run.buffer(&m0), run.buffer(&v0));
-        let copy = run.buffer(&vec![0xffffu16; n]);
-        run.launch("adamw_with_bf16_copy", per_pack(n, DType::Bf16), &args(&[p2, copy, gg, m2, v2]));
-        for buf in [p, m, v, p2, m2, v2, copy] {
-            run.read(buf);
+    let hp = AdamWStep {
+        lr: 6e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 3,
+        grad_scale: 0.5,
+    };
+    // (length, first element stepped, weight decay)
+    let shapes = [(50257 * 768, 0, true), (1001, 0, false), (768, 1, false), (0, 0, true), (2051, 1, true)];
+    struct Case {
+        p: Vec<f32>,
+        g: Vec<f32>,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        from: usize,
+        decay: bool,
+    }
+    let cases: Vec<Case> = shapes
+        .iter()
+        .map(|&(n, from, decay)| Case {
+            p: rng.uniform(n, 1.0),
+            g: rng.uniform(n, 0.1),
+            m: rng.uniform(n - from, 0.01),
+            v: rng.uniform(n - from, 1e-4).iter().map(|v| v.abs()).collect(),
+            from,
+            decay,
+        })
+        .collect();
+    // The per-step constants, computed on the host as the CUDA backend computes them.
+    let t = hp.step as i32;
+    let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
+    let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
+    let decay = 1.0 - hp.lr * hp.weight_decay;
+    let mut run = Run::new(5);
+    // Each case twice: fp32 alone, then with a bf16 copy; the table's records are
+    // `AdamWTensor`'s fields, each part's pointers offset to its first element.
+    let mut bufs = Vec::new();
+    let mut words = Vec::new();
+    for with_copy in [false, true] {
+        for c in &cases {
+            let n = c.p.len() - c.from;
+            let (p, g, m, v) = (run.buffer(&c.p), run.buffer(&c.g), run.buffer(&c.m), run.buffer(&c.v));
+            let copy = with_copy.then(|| run.buffer(&vec![0xffffu16; c.p.len()]));
+            // Each pointer at the part's first element, as the device's table has it.
+            let at = |b: Buf, bytes: usize| Word::At(b, (c.from * bytes) as u64);
+            words.extend([
+                at(p, 4),
+                copy.map_or(Word::Null, |b| at(b, 2)),
+                at(g, 4),
+                Word::At(m, 0),
+                Word::At(v, 0),
+                Word::Value(n as u64),
+                Word::Value(u64::from(c.decay)),
+            ]);
+            bufs.push((p, copy, m, v));
         }
-        let got = family.run(run).unwrap();
-        let dev = cpu();
-        let put = |x: &[f32]| dev.from_host(x, &[n], Category::Workspace);
-        let (mut tp, mut tm, mut tv) = (put(&p0), put(&m0), put(&v0));
-        dev.adamw(&mut tp, &put(&g), &mut tm, &mut tv, hp);
-        for (what, buf, want) in [("param", p, &tp), ("m", m, &tm), ("v", v, &tv)] {
-            let want = dev.to_host(want);
-            close(what, &got.get(buf), &want, 1e-5, 0.0).unwrap();
+    }
+    let lens: Vec<usize> =
+        [false, true].iter().flat_map(|_| cases.iter().map(|c| c.p.len() - c.from)).collect();
+    let first = first_blocks(&lens, ADAMW_CHUNK);
+    let (table, gfirst) = (run.table(&words), run.buffer(&first));
+    let scalars = [hp.beta1, hp.beta2, hp.eps, hp.grad_scale, decay, step_size, bias2_sqrt];
+    let args: Vec<Arg> = [table.into(), gfirst.into(), (lens.len() as i32).into()]
+        .into_iter()
+        .chain(scalars.map(Arg::from))
+        .collect();
+    run.launch("adamw", per_adamw_chunk(*first.last().unwrap() as usize), &args);
+    for &(p, copy, m, v) in &bufs {
+        [p, m, v].into_iter().chain(copy).for_each(|b| run.read(b));
+    }
+    let got = family.run(run).unwrap();
+    let dev = cpu();
+    let put = |x: &[f32]| dev.from_host(x, &[x.len()], Category::Workspace);
+    for (i, c) in cases.iter().enumerate() {
+        let (p, _, m, v) = bufs[i];
+        let (p2, copy, m2, v2) = bufs[cases.len() + i];
+        let what = |x: &str| format!("{x} of case {i} ({} from {})", c.p.len(), c.from);
+        let (mut tp, mut tm, mut tv, g) = (put(&c.p), put(&c.m), put(&c.v), put(&c.g));
+        let share =
+            AdamWTensor { param: &mut tp, grad: &g, m: &mut tm, v: &mut tv, from: c.from, decay: c.decay };
+        dev.adamw_tensors(&mut [share], hp);
+        let want_p = dev.to_host(&tp);
+        for (x, buf, want) in
+            [("param", p, &want_p), ("m", m, &dev.to_host(&tm)), ("v", v, &dev.to_host(&tv))]
+        {
+            close(&what(x), &got.get(buf), want, 1e-5, 0.0).unwrap();
         }
-        // The same fp32 arithmetic, so the same bits as adamw's; the copy is exactly the
-        // `half` crate's rounding of the updated weights (the rounding of a given f32 has
-        // one right answer, so no tolerance).
-        for (what, fp32, with_copy) in [("param", p, p2), ("m", m, m2), ("v", v, v2)] {
-            bitwise(&format!("{what} beside a bf16 copy"), &got.get(with_copy), &got.get(fp32)).unwrap();
+        for (x, fp32, with_copy) in [("param", p, p2), ("m", m, m2), ("v", v, v2)] {
+            bitwise(&what(&format!("{x} beside a bf16 copy")), &got.get(with_copy), &got.get(fp32)).unwrap();
         }
-        let (copy, updated) = (got.get::<u16>(copy), got.get::<f32>(p));
-        assert_eq!(copy.len(), n);
-        for (i, (&bits, &x)) in copy.iter().zip(&updated).enumerate() {
-            assert_eq!(bits, half::bf16::from_f32(x).to_bits(), "bf16 copy of element {i}, {x:e}");
+        // The copy before the part is as it was.
+        let (copy, updated) = (got.get::<u16>(copy.expect("a copy")), got.get::<f32>(p));
+        assert_eq!(copy.len(), updated.len());
+        assert!(copy[..c.from].iter().all(|&bits| bits == 0xffff), "{}", what("bf16 copy before the part"));
+        for (j, (&bits, &x)) in copy.iter().zip(&updated).enumerate().skip(c.from) {
+            assert_eq!(bits, half::bf16::from_f32(x).to_bits(), "{}: element {j}, {x:e}", what("bf16 copy"));
         }
     }
 }

@@ -7,8 +7,8 @@
 use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
-    one_block, per_column_chunk, per_column_tile, per_pack, per_row_warp, sum_squares,
-    sum_squares_first_blocks, ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
+    first_blocks, one_block, per_column_chunk, per_column_tile, per_pack, per_row_warp, sum_squares,
+    ROWS_PER_CHUNK, SUM_SQUARES_CHUNK,
 };
 use kernels::{Category, Device, WeightLayout};
 
@@ -167,14 +167,14 @@ pub fn sum_of_squares(
 ) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let xs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.uniform(n, 1.0)).collect();
-    let first_blocks = sum_squares_first_blocks(lens, chunk);
-    let blocks = *first_blocks.last().unwrap() as usize;
+    let firsts = first_blocks(lens, chunk);
+    let blocks = *firsts.last().unwrap() as usize;
     let (one, two) = sum_squares(blocks, lens.len());
     let mut run = Run::new(seed);
     let tensors: Vec<Buf> = xs.iter().map(|x| run.buffer(x)).collect();
     let table = run.pointers(&tensors);
     let gl = run.buffer(&lens.iter().map(|&n| n as u64).collect::<Vec<_>>());
-    let gfirst = run.buffer(&first_blocks);
+    let gfirst = run.buffer(&firsts);
     let partial = run.buffer(&vec![f64::NAN; blocks]);
     let (count, chunk) = (lens.len() as i32, chunk as u64);
     let args = [partial.into(), table.into(), gl.into(), gfirst.into(), count.into(), chunk.into()];
@@ -182,7 +182,7 @@ pub fn sum_of_squares(
     run.read(partial);
     let partials = first.run(run)?.get::<f64>(partial);
     let mut run = Run::new(seed + 1);
-    let (partial, gfirst) = (run.buffer(&partials), run.buffer(&first_blocks));
+    let (partial, gfirst) = (run.buffer(&partials), run.buffer(&firsts));
     // Stage two is small: it runs four times, each launch in its own order of warps, so that
     // one order that happens to hide a race does not decide the check.
     let totals: Vec<Buf> = (0..4).map(|_| run.buffer(&vec![f64::NAN; lens.len()])).collect();

@@ -1,0 +1,104 @@
+//! AdamW over every parameter of a stage in one launch (`adamw.cu`): a table of the tensors'
+//! addresses, lengths and weight decay, uploaded once and kept while the tensors stay where
+//! they are, as they do from step to step.
+
+use super::device::{cu, cu_mut, CudaDevice};
+use super::launch::{first_blocks, per_adamw_chunk, ADAMW_CHUNK};
+use crate::backend::AdamW;
+use crate::device::{AdamWStep, AdamWTensor};
+use crate::tensor::Storage;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+/// The words of one tensor's record: `AdamWTensor` in adamw.cu, field for field (param, its
+/// bf16 copy or 0, grad, m, v, the length, whether it decays).
+const RECORD: usize = 7;
+
+/// The kernel's inputs on the device for one set of tensors. `key` is the host's copy of
+/// the records, to tell whether a later call passes the same tensors.
+pub(super) struct AdamWTables {
+    key: Vec<u64>,
+    records: CudaSlice<u64>,
+    first: CudaSlice<u64>,
+    blocks: usize,
+}
+
+impl AdamW for CudaDevice {
+    /// One launch for all of `tensors`; a parameter with a bf16 copy has its part of the
+    /// copy refreshed in the same pass.
+    fn adamw_impl(&self, tensors: &mut [AdamWTensor<'_>], hp: &AdamWStep) {
+        if tensors.is_empty() {
+            return;
+        }
+        let count = i32::try_from(tensors.len()).expect("fewer than 2^31 tensors");
+        let stream = &self.stream;
+        // The addresses are read on this stream; the guards record that use for cudarc's
+        // event tracking when they drop, after the launch.
+        let (mut records, mut lens, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+        const F32: u64 = std::mem::size_of::<f32>() as u64;
+        const BF16: u64 = std::mem::size_of::<u16>() as u64;
+        for t in tensors.iter_mut() {
+            let part = t.from..t.from + t.m.len();
+            let (param, copy) = match t.param.storage_mut() {
+                Storage::CudaMaster { master, bf16, part: held } => {
+                    assert!(
+                        held.start <= part.start && part.end <= held.end,
+                        "cuda: AdamW on elements {part:?} of a parameter whose master holds {held:?}"
+                    );
+                    let (param, guard) = master.device_ptr_mut(stream);
+                    guards.push(guard);
+                    let (copy, guard) = bf16.device_ptr_mut(stream);
+                    guards.push(guard);
+                    (param + (part.start - held.start) as u64 * F32, copy + part.start as u64 * BF16)
+                }
+                Storage::Cuda(master) => {
+                    let (param, guard) = master.device_ptr_mut(stream);
+                    guards.push(guard);
+                    (param + part.start as u64 * F32, 0)
+                }
+                _ => panic!("cuda: AdamW on a parameter that is not an f32 GPU tensor"),
+            };
+            let (grad, guard) = cu(t.grad).device_ptr(stream);
+            guards.push(guard);
+            let (m, guard) = cu_mut(t.m).device_ptr_mut(stream);
+            guards.push(guard);
+            let (v, guard) = cu_mut(t.v).device_ptr_mut(stream);
+            guards.push(guard);
+            let grad = grad + part.start as u64 * F32;
+            records.extend([param, copy, grad, m, v, part.len() as u64, u64::from(t.decay)]);
+            lens.push(part.len());
+        }
+        debug_assert_eq!(records.len(), RECORD * lens.len());
+        let mut cached = self.adamw_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.as_ref().is_none_or(|t| t.key != records) {
+            let first = first_blocks(&lens, ADAMW_CHUNK);
+            *cached = Some(AdamWTables {
+                blocks: *first.last().expect("at least one entry") as usize,
+                records: self.upload_kept(&records),
+                first: self.upload_kept(&first),
+                key: records,
+            });
+        }
+        let tables = cached.as_ref().expect("set above");
+        // The per-step constants, computed as the CPU backend computes them.
+        let t = i32::try_from(hp.step).expect("adamw step fits in i32");
+        let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
+        let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
+        let decay = 1.0 - hp.lr * hp.weight_decay;
+        launch!(
+            self,
+            "adamw",
+            per_adamw_chunk(tables.blocks),
+            &tables.records,
+            &tables.first,
+            &count,
+            &hp.beta1,
+            &hp.beta2,
+            &hp.eps,
+            &hp.grad_scale,
+            &decay,
+            &step_size,
+            &bias2_sqrt,
+        );
+        drop(guards);
+    }
+}
