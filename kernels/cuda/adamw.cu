@@ -5,15 +5,16 @@
 // (1 - beta1^t), bias2_sqrt = sqrt(1 - beta2^t) computed once per step on the host.
 //
 // One launch, not one a parameter: a GPT-2 124M stage has 148 parameters, most of them
-// vectors of 768, so that a launch each cost more in launches than in bytes (1.72 ms of
-// kernels a step at micro batch 32 on an H200). The tensors are laid out as sum_squares.cu
-// lays them: each block a fixed chunk of one tensor, `first` [count + 1] numbering the
-// blocks (tensor t owns blocks first[t] .. first[t + 1]), the tensor found by owner().
+// vectors of 768, and a launch each took 1.72 ms of kernels a step on an H200 (2026-11-27)
+// where the bytes (30 a parameter: p, grad, m and v read, p, m, v and the bf16 copy
+// written) take about 0.8 ms at HBM speed. The tensors are laid out as sum_squares.cu lays
+// them: each block a fixed chunk of one tensor, `first` [count + 1] numbering the blocks
+// (tensor t owns blocks first[t] .. first[t + 1]), the tensor found by owner().
 //
 // Each thread steps 8 elements: two 128-bit packs of 4 floats (common.cuh), and one pack
 // of the bf16 copy where the parameter has one, so that the copy's 8 bf16 are one 128-bit
 // store too; the arithmetic per element, and so the bits, are those of one element a
-// thread.
+// thread. The packs move with the evict-first hint: nothing reads them again this step.
 #include "common.cuh"
 
 // One parameter's share of the step, as the host's table gives it (AdamWTensor in
@@ -32,20 +33,36 @@ struct AdamWConstants {
     float beta1, beta2, eps, grad_scale, decay, step_size, bias2_sqrt;
 };
 
+// The pack of a tensor of n elements at i: where `vector`, one streaming 128-bit access
+// (every byte is touched once a step), else element by element below n.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_once(const T* src, unsigned long long i, unsigned long long n, bool vector) {
+    return vector ? load_pack_streaming(src + i) : load_pack(src, i, n, false);
+}
+template <typename T>
+__device__ __forceinline__ void store_once(T* dst, const Pack<T>& p, unsigned long long i, unsigned long long n,
+                                           bool vector) {
+    if (vector) {
+        store_pack_streaming(dst + i, p);
+    } else {
+        store_pack(dst, p, i, n, false);
+    }
+}
+
 // The step on the pack of 4 elements at i (those below n): the moments updated in place,
 // the parameter's new values returned, not stored.
 __device__ __forceinline__ Pack<float> adamw_pack(const AdamWTensor& x, unsigned long long i, bool vector,
                                                   const AdamWConstants& c) {
-    const Pack<float> p = load_pack(x.param, i, x.n, vector), g = load_pack(x.grad, i, x.n, vector);
-    Pack<float> pm = load_pack(x.m, i, x.n, vector), pv = load_pack(x.v, i, x.n, vector), out;
+    const Pack<float> p = load_once(x.param, i, x.n, vector), g = load_once(x.grad, i, x.n, vector);
+    Pack<float> pm = load_once(x.m, i, x.n, vector), pv = load_once(x.v, i, x.n, vector), out;
     for (int k = 0; k < Pack<float>::LEN; ++k) {
         const float gk = g.x[k] * c.grad_scale;
         pm.x[k] = c.beta1 * pm.x[k] + (1.0f - c.beta1) * gk;
         pv.x[k] = c.beta2 * pv.x[k] + (1.0f - c.beta2) * gk * gk;
         out.x[k] = p.x[k] * c.decay - c.step_size * pm.x[k] / (sqrtf(pv.x[k]) / c.bias2_sqrt + c.eps);
     }
-    store_pack(x.m, pm, i, x.n, vector);
-    store_pack(x.v, pv, i, x.n, vector);
+    store_once(x.m, pm, i, x.n, vector);
+    store_once(x.v, pv, i, x.n, vector);
     return out;
 }
 
@@ -69,9 +86,9 @@ extern "C" __global__ void adamw(const AdamWTensor* tensors, const unsigned long
         // Past n, the pack reads zeros and stores nothing.
         const unsigned long long j = i + half * Pack<float>::LEN;
         const Pack<float> p = adamw_pack(x, j, vector, c);
-        store_pack(x.param, p, j, x.n, vector);
+        store_once(x.param, p, j, x.n, vector);
         if (x.copy == nullptr) continue;
         for (int k = 0; k < Pack<float>::LEN; ++k) copy.x[half * Pack<float>::LEN + k] = bf16_bits(p.x[k]);
     }
-    if (x.copy != nullptr) store_pack(x.copy, copy, i, x.n, vector);
+    if (x.copy != nullptr) store_once(x.copy, copy, i, x.n, vector);
 }

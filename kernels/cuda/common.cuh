@@ -203,6 +203,24 @@ __device__ __forceinline__ Pack<T> load_pack(const T* src, unsigned long long st
     return p;
 }
 
+// The pack at p (16-byte aligned, in global memory) in one 128-bit load or store with the
+// evict-first hint (ld.global.cs, st.global.cs): for a kernel that touches each byte once
+// a launch through pointers it reads from a table (AdamW), which the compiler would
+// otherwise move with generic loads and stores, not knowing the pointers global.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack_streaming(const T* p) {
+    const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(p));
+    Pack<T> pack;
+    memcpy(&pack, &bits, sizeof pack);
+    return pack;
+}
+template <typename T>
+__device__ __forceinline__ void store_pack_streaming(T* p, const Pack<T>& pack) {
+    uint4 bits;
+    memcpy(&bits, &pack, sizeof bits);
+    __stcs(reinterpret_cast<uint4*>(p), bits);
+}
+
 // Stores the pack p at `start` of dst: one 128-bit store where `vector`, else its elements
 // below n one by one.
 template <typename T>

@@ -86,6 +86,15 @@ inline float __int_as_float(int i) {
 // An add rounded on its own, never contracted into a multiply-add (the host build has
 // -ffp-contract=off, so a plain add is one).
 inline float __fadd_rn(float a, float b) { return a + b; }
+// Loads and stores with a cache hint: the hint is the GPU's business.
+template <typename T>
+inline T __ldcs(const T* p) {
+    return *p;
+}
+template <typename T>
+inline void __stcs(T* p, T v) {
+    *p = v;
+}
 template <typename T>
 inline T min(T a, T b) {
     return b < a ? b : a;
