@@ -7,18 +7,24 @@
 // `first` [count + 1] numbers the stage-one blocks (common.cuh's owner()).
 #include "common.cuh"
 
-extern "C" __global__ void sum_squares_chunks(double* partial, const float* const* tensors,
-                                              const unsigned long long* lens,
+// One tensor of the host's table (kernels/src/cuda/readout.rs): its first element and its
+// length.
+struct SquaredTensor {
+    const float* x;
+    unsigned long long n;
+};
+
+extern "C" __global__ void sum_squares_chunks(double* partial, const SquaredTensor* tensors,
                                               const unsigned long long* first, int count,
                                               unsigned long long chunk) {
     __shared__ double scratch[WARP_SIZE];
     const int t = owner(first, count, blockIdx.x);
-    const float* x = tensors[t];
+    const SquaredTensor x = tensors[t];
     const unsigned long long begin = (blockIdx.x - first[t]) * chunk;
-    const unsigned long long end = min(lens[t], begin + chunk);
+    const unsigned long long end = min(x.n, begin + chunk);
     double acc = 0.0;
     for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const double xi = x[i];
+        const double xi = x.x[i];
         acc += xi * xi;
     }
     acc = block_sum(acc, scratch);

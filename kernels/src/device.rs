@@ -212,6 +212,9 @@ pub trait Device:
         self.write_at_impl(t, from, data);
     }
     fn fill_zero(&self, t: &mut Tensor);
+    /// Zeroes every one of `tensors`, f32 tensors without a bf16 copy (a stage's gradients:
+    /// one launch on CUDA).
+    fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]);
     /// The elements `part` of f32 tensor `t` (of a parameter whose master is sharded,
     /// within the part it holds).
     fn to_host_part(&self, t: &Tensor, part: Range<usize>) -> Vec<f32> {

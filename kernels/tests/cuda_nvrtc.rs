@@ -197,19 +197,28 @@ fn the_elementwise_kernels_move_128_bit_packs() {
             ],
         ),
     ];
-    for (name, kernels) in families {
+    // The PTX of each family, and of a kernel in it.
+    let ptx = |name: &str| {
         let source = SOURCES.iter().find(|s| s.name == name).expect("an elementwise family");
-        let ptx = compile(source, ARCHS[0]).unwrap_or_else(|e| panic!("{e}"));
+        compile(source, ARCHS[0]).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let entry = |ptx: &str, kernel: &str| -> String {
+        let start = ptx.find(&format!(".entry {kernel}(")).unwrap_or_else(|| panic!("no {kernel}"));
+        let body = &ptx[start..];
+        body[..body.find("\n}\n").expect("the end of the entry")].to_string()
+    };
+    for (name, kernels) in families {
+        let ptx = ptx(name);
         // Each kernel, fp32 and bf16, loads and stores its whole packs in one access each;
         // the pack, indexed only by unrolled loops, stays in registers.
         for kernel in kernels {
-            let start =
-                ptx.find(&format!(".entry {kernel}(")).unwrap_or_else(|| panic!("{name}: no {kernel}"));
-            let body = &ptx[start..];
-            let body = &body[..body.find("\n}\n").expect("the end of the entry")];
-            assert!(accesses_128_bits(body, "ld"), "{name}: {kernel} has no 128-bit load");
-            assert!(accesses_128_bits(body, "st"), "{name}: {kernel} has no 128-bit store");
+            let body = entry(&ptx, kernel);
+            assert!(accesses_128_bits(&body, "ld"), "{name}: {kernel} has no 128-bit load");
+            assert!(accesses_128_bits(&body, "st"), "{name}: {kernel} has no 128-bit store");
             assert!(!body.contains(".local"), "{name}: {kernel} puts its pack in local memory");
         }
     }
+    // Zeroing loads nothing.
+    let zero = entry(&ptx("zero.cu"), "zero_tensors");
+    assert!(accesses_128_bits(&zero, "st"), "zero.cu: zero_tensors has no 128-bit store");
 }

@@ -1043,6 +1043,24 @@ fn adamw_steps_a_stage_in_one_launch() {
     }
 }
 
+/// A stage's gradients are zeroed in one launch, the second time through the kept table.
+#[test]
+fn fill_zero_tensors_zeroes_a_stage_in_one_launch() {
+    let Some(gpu) = bf16_gpu("fill_zero_tensors_zeroes_a_stage_in_one_launch") else { return };
+    let mut rng = seeded("zero tensors");
+    let mut grads: Vec<Tensor> =
+        [C * C, C, 7, 0].iter().map(|&n| grad(&gpu, &rng.uniform(n, 1.0), &[n])).collect();
+    for round in 0..2 {
+        let before = gpu.launches();
+        gpu.fill_zero_tensors(&mut grads.iter_mut().collect::<Vec<_>>());
+        assert_eq!(gpu.launches() - before, 1, "round {round}");
+        for (i, g) in grads.iter().enumerate() {
+            assert!(gpu.to_host(g).iter().all(|&x| x.to_bits() == 0), "round {round}: tensor {i} is not +0");
+        }
+        grads.iter_mut().for_each(|g| gpu.write_at(g, 0, &vec![1.5; g.len().min(3)]));
+    }
+}
+
 /// On a bf16 GPU, AdamW refreshes a parameter's bf16 copy in its own pass, a matrix's and a
 /// bias's (which the fused forward's epilogue reads): a matmul through the updated
 /// parameters is bit for bit the one through the same values uploaded afresh (whose copies

@@ -579,9 +579,9 @@ impl Parameters {
     }
 
     pub fn zero_grads(&mut self, dev: &dyn Device) {
-        for g in self.grads.iter_mut().chain(self.head_wte_grad.iter_mut()) {
-            dev.fill_zero(g);
-        }
+        let mut grads: Vec<&mut Tensor> =
+            self.grads.iter_mut().chain(self.head_wte_grad.iter_mut()).collect();
+        dev.fill_zero_tensors(&mut grads);
     }
 
     pub fn num_elements(&self) -> usize {

@@ -192,6 +192,12 @@ impl Device for CpuDevice {
         self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
     }
 
+    fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]) {
+        for t in tensors {
+            self.fill_zero(t);
+        }
+    }
+
     fn readout(&self, len: usize) -> Readout {
         self.counters.backing_allocation();
         Readout::new(len, ReadoutStorage::Cpu(vec![0.0; len]), self.ledger.clone())

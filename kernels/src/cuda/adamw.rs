@@ -1,26 +1,16 @@
-//! AdamW over every parameter of a stage in one launch (`adamw.cu`): a table of the tensors'
-//! addresses, lengths and weight decay, uploaded once and kept while the tensors stay where
-//! they are, as they do from step to step.
+//! AdamW over every parameter of a stage in one launch (`adamw.cu`), from a kept table of
+//! the tensors' addresses, lengths and weight decay (tensor_table.rs).
 
 use super::device::{cu, cu_mut, CudaDevice};
-use super::launch::{first_blocks, per_adamw_chunk, ADAMW_CHUNK};
+use super::launch::{per_table_chunk, ADAMW_CHUNK};
 use crate::backend::AdamW;
 use crate::device::{AdamWStep, AdamWTensor};
 use crate::tensor::Storage;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 /// The words of one tensor's record: `AdamWTensor` in adamw.cu, field for field (param, its
 /// bf16 copy or 0, grad, m, v, the length, whether it decays).
 const RECORD: usize = 7;
-
-/// The kernel's inputs on the device for one set of tensors. `key` is the host's copy of
-/// the records, to tell whether a later call passes the same tensors.
-pub(super) struct AdamWTables {
-    key: Vec<u64>,
-    records: CudaSlice<u64>,
-    first: CudaSlice<u64>,
-    blocks: usize,
-}
 
 impl AdamW for CudaDevice {
     /// One launch for all of `tensors`; a parameter with a bf16 copy has its part of the
@@ -29,7 +19,6 @@ impl AdamW for CudaDevice {
         if tensors.is_empty() {
             return;
         }
-        let count = i32::try_from(tensors.len()).expect("fewer than 2^31 tensors");
         let stream = &self.stream;
         // The addresses are read on this stream; the guards record that use for cudarc's
         // event tracking when they drop, after the launch.
@@ -68,17 +57,8 @@ impl AdamW for CudaDevice {
             lens.push(part.len());
         }
         debug_assert_eq!(records.len(), RECORD * lens.len());
-        let mut cached = self.adamw_tables.lock().unwrap_or_else(|e| e.into_inner());
-        if cached.as_ref().is_none_or(|t| t.key != records) {
-            let first = first_blocks(&lens, ADAMW_CHUNK);
-            *cached = Some(AdamWTables {
-                blocks: *first.last().expect("at least one entry") as usize,
-                records: self.upload_kept(&records),
-                first: self.upload_kept(&first),
-                key: records,
-            });
-        }
-        let tables = cached.as_ref().expect("set above");
+        let table = self.tensor_table(&self.adamw_table, records, &lens, ADAMW_CHUNK);
+        let table = table.as_ref().expect("set by tensor_table");
         // The per-step constants, computed as the CPU backend computes them.
         let t = i32::try_from(hp.step).expect("adamw step fits in i32");
         let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
@@ -87,10 +67,10 @@ impl AdamW for CudaDevice {
         launch!(
             self,
             "adamw",
-            per_adamw_chunk(tables.blocks),
-            &tables.records,
-            &tables.first,
-            &count,
+            per_table_chunk(table.blocks),
+            &table.records,
+            &table.first,
+            &table.count,
             &hp.beta1,
             &hp.beta2,
             &hp.eps,

@@ -10,6 +10,7 @@ use super::clock::EventClock;
 use super::gpu::{gpu, Gpu, GpuUse};
 use super::launch::per_pack;
 use super::scratch::Scratch;
+use super::tensor_table::KeptTable;
 use crate::attention::AttentionSaved;
 use crate::backend::{Attention, Buffers};
 use crate::counters::{Counters, DeviceCounters};
@@ -50,12 +51,11 @@ pub struct CudaDevice {
     pub(super) reloads: Mutex<Vec<cudarc::driver::CudaEvent>>,
     pub(super) counters: Arc<Counters>,
     pub(super) arena: Arc<Arena>,
-    /// The fused grad norm's tables for the last set of tensors it was given (see
-    /// `readout.rs`): gradients never move, so after the first step it uploads nothing.
-    pub(super) norm_tables: Mutex<Option<super::readout::NormTables>>,
-    /// AdamW's table of the tensors it was last given (see `adamw.rs`), kept for the same
-    /// reason.
-    pub(super) adamw_tables: Mutex<Option<super::adamw::AdamWTables>>,
+    /// The tables of the last tensors the fused grad norm, AdamW and the zeroing of
+    /// gradients were given (tensor_table.rs): after the first step they upload nothing.
+    pub(super) norm_table: KeptTable,
+    pub(super) adamw_table: KeptTable,
+    pub(super) zero_table: KeptTable,
     clock: EventClock,
     /// Kernels of ours launched ([`CudaDevice::launches`]).
     pub(super) launches: AtomicU64,
@@ -118,8 +118,9 @@ impl CudaDevice {
             launches: AtomicU64::new(0),
             arena: Arc::new(Arena::new(counters.clone())),
             counters,
-            norm_tables: Mutex::new(None),
-            adamw_tables: Mutex::new(None),
+            norm_table: KeptTable::default(),
+            adamw_table: KeptTable::default(),
+            zero_table: KeptTable::default(),
             sole: used == GpuUse::Sole,
         })
     }
@@ -169,16 +170,6 @@ impl CudaDevice {
 
     pub(super) fn upload<T: DeviceRepr + Send + 'static>(&self, data: &[T]) -> Scratch<T> {
         Scratch::from_host(&self.stream, &self.arena, &self.ledger, data)
-    }
-
-    /// A copy of `data` that a table of the device keeps (the fused norm's and AdamW's: a
-    /// few KiB per stage, uploaded once; like the compiled kernels, outside the ledger).
-    pub(super) fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
-        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
-        self.stream
-            .memcpy_htod(data, &mut slice)
-            .unwrap_or_else(|e| panic!("cuda: cannot upload a table: {e:?}"));
-        slice
     }
 
     /// Wraps storage as a tensor that goes back to the arena when dropped.
@@ -545,6 +536,10 @@ impl Device for CudaDevice {
         };
         zeroed.unwrap_or_else(|e| panic!("cuda: cannot zero a tensor: {e:?}"));
         self.refresh_bf16_copy(t);
+    }
+
+    fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]) {
+        self.zero_tensors(tensors);
     }
 
     fn readout(&self, len: usize) -> Readout {

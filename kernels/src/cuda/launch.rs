@@ -92,8 +92,8 @@ pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
 
 /// Many tensors of `lens` elements in one launch, one block per `chunk` of each: the first
 /// block of each tensor (`first` in common.cuh's `owner`; `lens.len() + 1` entries, the last
-/// the number of blocks). The chunk is `SUM_SQUARES_CHUNK` for the fused sums of squares and
-/// [`ADAMW_CHUNK`] for AdamW.
+/// the number of blocks). The chunk is `SUM_SQUARES_CHUNK` for the fused sums of squares,
+/// [`ADAMW_CHUNK`] for AdamW and [`ZERO_CHUNK`] for zeroing.
 pub fn first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
     let mut first = vec![0u64];
     for &n in lens {
@@ -107,12 +107,14 @@ pub fn first_blocks(lens: &[usize], chunk: usize) -> Vec<u64> {
 pub const ADAMW_ELEMENTS: usize = 8;
 /// Elements of a tensor an AdamW block steps.
 pub const ADAMW_CHUNK: usize = ADAMW_ELEMENTS * BLOCK as usize;
+/// Elements of a tensor a block of `zero_tensors` zeroes: a pack of 4 f32 a thread.
+pub const ZERO_CHUNK: usize = 4 * BLOCK as usize;
 
-/// AdamW over many tensors (adamw.cu): `blocks`, the last of [`first_blocks`] with
-/// [`ADAMW_CHUNK`], of `BLOCK` threads.
-pub fn per_adamw_chunk(blocks: usize) -> LaunchConfig {
+/// A kernel over a table of tensors (adamw.cu, zero.cu): `blocks`, the last of
+/// [`first_blocks`], of `BLOCK` threads.
+pub fn per_table_chunk(blocks: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (grid(blocks, "AdamW chunks"), 1, 1),
+        grid_dim: (grid(blocks, "chunks of tensors"), 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }

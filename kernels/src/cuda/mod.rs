@@ -46,6 +46,7 @@ mod rope;
 mod rowwise;
 mod scratch;
 pub mod sources;
+mod tensor_table;
 
 pub use blas::MatmulPrecision;
 pub use device::CudaDevice;

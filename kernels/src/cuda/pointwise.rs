@@ -1,15 +1,16 @@
 //! The elementwise ops: residual add and accumulation, GELU, SwiGLU and dropout, each on
-//! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones.
+//! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones; and zeroing many f32
+//! tensors at once (zero.cu).
 
 use super::device::{buf, buf_mut, same_dtype, CudaDevice};
-use super::launch::per_pack;
+use super::launch::{per_pack, per_table_chunk, ZERO_CHUNK};
 use super::sources::kernel_name;
 use crate::backend::{Dropout, Elementwise, Gelu, SwiGlu};
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 use crate::DType;
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
 /// for field (repr(C) pads both the same way).
@@ -118,5 +119,42 @@ impl CudaDevice {
     pub(super) fn dropout_inplace(&self, x: &mut CudaSlice<f32>, len: usize, spec: &DropoutSpec) {
         let (n, mask) = (len as u64, DropoutMask::new(spec));
         launch!(self, "dropout_apply_inplace", per_pack(len, DType::F32), x, &n, &mask);
+    }
+}
+
+impl CudaDevice {
+    /// Zeroes `tensors` (f32, without a bf16 copy) in one launch of `zero_tensors`, from a
+    /// kept table of their addresses and lengths (tensor_table.rs).
+    pub(super) fn zero_tensors(&self, tensors: &mut [&mut Tensor]) {
+        if tensors.is_empty() {
+            return;
+        }
+        // The addresses are written on this stream; the guards record that use for cudarc's
+        // event tracking when they drop, after the launch. A record is zero.cu's
+        // `ZeroedTensor`: the address and the length.
+        let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        let (records, _writes): (Vec<[u64; 2]>, Vec<_>) = tensors
+            .iter_mut()
+            .map(|t| {
+                let n = t.len() as u64;
+                assert!(
+                    matches!(t.storage(), Storage::Cuda(_)),
+                    "cuda: zeroing {t:?} with others: only f32 tensors without a bf16 copy"
+                );
+                let Storage::Cuda(x) = t.storage_mut() else { unreachable!("checked above") };
+                let (address, write) = x.device_ptr_mut(&self.stream);
+                ([address, n], write)
+            })
+            .unzip();
+        let table = self.tensor_table(&self.zero_table, records.concat(), &lens, ZERO_CHUNK);
+        let table = table.as_ref().expect("set by tensor_table");
+        launch!(
+            self,
+            "zero_tensors",
+            per_table_chunk(table.blocks),
+            &table.records,
+            &table.first,
+            &table.count
+        );
     }
 }

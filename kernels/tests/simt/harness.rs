@@ -243,12 +243,6 @@ impl Run {
         Buf(id)
     }
 
-    /// A buffer holding the emulator's addresses of `bufs`, as a kernel's array of device
-    /// pointers (`const float* const*`) holds them.
-    pub fn pointers(&mut self, bufs: &[Buf]) -> Buf {
-        self.table(&bufs.iter().map(|&b| Word::At(b, 0)).collect::<Vec<_>>())
-    }
-
     /// A buffer of 64-bit words, as a table of records that hold device pointers is laid out.
     pub fn table(&mut self, words: &[Word]) -> Buf {
         let id = self.buffers.len() as u32;

@@ -1,4 +1,5 @@
-//! The elementwise kernels: residual add and accumulation, GELU, dropout and AdamW. Each
+//! The elementwise kernels: residual add and accumulation, GELU, dropout, AdamW and the
+//! zeroing of many tensors at once. Each
 //! kernel with a bf16-storage twin runs in both storages, at a length whose last 128-bit
 //! pack is partial where the kernel moves packs, the same test for each: in bf16
 //! from inputs rounded to bf16, against the CPU's op on those rounded values.
@@ -6,7 +7,7 @@
 use crate::harness::{bitwise, close, max_abs, Arg, Buf, Family, Rng, Run, Storage, Tolerance, Word};
 use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::{first_blocks, per_adamw_chunk, per_pack, ADAMW_CHUNK};
+use kernels::cuda::launch::{first_blocks, per_pack, per_table_chunk, ADAMW_CHUNK, ZERO_CHUNK};
 use kernels::{AdamWStep, AdamWTensor, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec};
 
 /// GPT-2 124M: B * T * C, the residual stream, and B * T * 4C, the MLP's hidden layer.
@@ -248,7 +249,7 @@ fn adamw_steps_every_tensor_of_one_launch_as_the_cpu() {
         .into_iter()
         .chain(scalars.map(Arg::from))
         .collect();
-    run.launch("adamw", per_adamw_chunk(*first.last().unwrap() as usize), &args);
+    run.launch("adamw", per_table_chunk(*first.last().unwrap() as usize), &args);
     for &(p, copy, m, v) in &bufs {
         [p, m, v].into_iter().chain(copy).for_each(|b| run.read(b));
     }
@@ -279,5 +280,39 @@ fn adamw_steps_every_tensor_of_one_launch_as_the_cpu() {
         for (j, (&bits, &x)) in copy.iter().zip(&updated).enumerate().skip(c.from) {
             assert_eq!(bits, half::bf16::from_f32(x).to_bits(), "{}: element {j}, {x:e}", what("bf16 copy"));
         }
+    }
+}
+
+/// One launch zeroes many tensors: lengths of whole and partial packs, an empty tensor, one
+/// of several blocks, and parts that start one element in (so that no pack is 16-byte
+/// aligned); what lies outside each part keeps its value.
+#[test]
+fn zero_tensors_zeroes_each_part_and_nothing_else() {
+    let Some(family) = Family::of("zero_tensors_zeroes_each_part_and_nothing_else", "zero.cu") else {
+        return;
+    };
+    // (length of the buffer, first element zeroed, elements zeroed)
+    let parts =
+        [(1001, 0, 1001), (768, 0, 768), (0, 0, 0), (3 * ZERO_CHUNK + 5, 1, 3 * ZERO_CHUNK + 3), (9, 1, 5)];
+    let mut rng = Rng::new(6);
+    let mut run = Run::new(7);
+    let inputs: Vec<Vec<f32>> = parts.iter().map(|&(len, ..)| rng.uniform(len, 1.0)).collect();
+    let bufs: Vec<Buf> = inputs.iter().map(|x| run.buffer(x)).collect();
+    let words: Vec<Word> = bufs
+        .iter()
+        .zip(&parts)
+        .flat_map(|(&b, &(_, from, n))| [Word::At(b, 4 * from as u64), Word::Value(n as u64)])
+        .collect();
+    let lens: Vec<usize> = parts.iter().map(|&(_, _, n)| n).collect();
+    let first = first_blocks(&lens, ZERO_CHUNK);
+    let (table, gfirst) = (run.table(&words), run.buffer(&first));
+    let args = [table.into(), gfirst.into(), (parts.len() as i32).into()];
+    run.launch("zero_tensors", per_table_chunk(*first.last().unwrap() as usize), &args);
+    bufs.iter().for_each(|&b| run.read(b));
+    let got = family.run(run).unwrap();
+    for (i, ((&b, x), &(_, from, n))) in bufs.iter().zip(&inputs).zip(&parts).enumerate() {
+        let want: Vec<f32> =
+            x.iter().enumerate().map(|(j, &v)| if (from..from + n).contains(&j) { 0.0 } else { v }).collect();
+        bitwise(&format!("tensor {i}, {n} zeroed from {from}"), &got.get(b), &want).unwrap();
     }
 }

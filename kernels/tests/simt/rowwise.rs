@@ -4,7 +4,7 @@
 //! bf16-storage twin run in both storages, the same test for each: in bf16 from inputs
 //! rounded to bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance};
+use crate::harness::{close, max_abs, Buf, Family, Rng, Run, Storage, Tolerance, Word};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{
     first_blocks, one_block, per_column_chunk, per_column_tile, per_pack, per_row_warp, sum_squares,
@@ -171,13 +171,14 @@ pub fn sum_of_squares(
     let blocks = *firsts.last().unwrap() as usize;
     let (one, two) = sum_squares(blocks, lens.len());
     let mut run = Run::new(seed);
-    let tensors: Vec<Buf> = xs.iter().map(|x| run.buffer(x)).collect();
-    let table = run.pointers(&tensors);
-    let gl = run.buffer(&lens.iter().map(|&n| n as u64).collect::<Vec<_>>());
+    // sum_squares.cu's records: each tensor's address and length.
+    let words: Vec<Word> =
+        xs.iter().zip(lens).flat_map(|(x, &n)| [Word::At(run.buffer(x), 0), Word::Value(n as u64)]).collect();
+    let table = run.table(&words);
     let gfirst = run.buffer(&firsts);
     let partial = run.buffer(&vec![f64::NAN; blocks]);
     let (count, chunk) = (lens.len() as i32, chunk as u64);
-    let args = [partial.into(), table.into(), gl.into(), gfirst.into(), count.into(), chunk.into()];
+    let args = [partial.into(), table.into(), gfirst.into(), count.into(), chunk.into()];
     run.launch("sum_squares_chunks", one, &args);
     run.read(partial);
     let partials = first.run(run)?.get::<f64>(partial);

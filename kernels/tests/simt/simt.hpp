@@ -500,8 +500,8 @@ void launch_entry(Args& args, const Launch& launch) {
 }
 
 // Commands: 'b' id len bytes (a buffer), 't' id count words (a buffer of 64-bit words, each
-// 'p' id offset, the address of a buffer's byte; 'n', a null pointer; or 'v' value: an
-// array of device pointers, or of records that hold some), 'l' name grid block seed blocks args (a launch),
+// 'p' id offset, the address of a buffer's byte; 'n', a null pointer; or 'v' value: a
+// table of records that hold device pointers), 'l' name grid block seed blocks args (a launch),
 // 'r' id (write the buffer to standard output).
 inline int serve(const Kernel* kernels, size_t count) {
     int command;

@@ -1,0 +1,60 @@
+//! Many tensors in one launch (`sum_squares.cu`, `adamw.cu`): a table of one record per
+//! tensor (its addresses and length, and whatever else its kernel reads), and the first
+//! block of each tensor (common.cuh's `owner`), each block a fixed chunk of one tensor. A
+//! stage's parameters and gradients never move, so a table is uploaded once and kept while
+//! the same records come back.
+
+use super::device::CudaDevice;
+use super::launch::first_blocks;
+use cudarc::driver::CudaSlice;
+use std::sync::{Mutex, MutexGuard};
+
+/// A table on the device. `key` is the host's copy of the records, to tell whether a later
+/// call passes the same tensors.
+pub(super) struct TensorTable {
+    key: Vec<u64>,
+    pub records: CudaSlice<u64>,
+    pub first: CudaSlice<u64>,
+    /// Blocks of the launch: the last of `first`.
+    pub blocks: usize,
+    /// Tensors in the table.
+    pub count: i32,
+}
+
+/// One kernel's kept table (a field of the device), or none yet.
+pub(super) type KeptTable = Mutex<Option<TensorTable>>;
+
+impl CudaDevice {
+    /// The table of `records` for tensors of `lens` elements in blocks of `chunk`, from
+    /// `kept` where it holds the same records, else uploaded into it (a few KiB per stage;
+    /// like the compiled kernels, outside the ledger). At least one tensor.
+    pub(super) fn tensor_table<'a>(
+        &self,
+        kept: &'a KeptTable,
+        records: Vec<u64>,
+        lens: &[usize],
+        chunk: usize,
+    ) -> MutexGuard<'a, Option<TensorTable>> {
+        assert!(!lens.is_empty() && records.len().is_multiple_of(lens.len()), "cuda: a table of no tensors");
+        let mut table = kept.lock().unwrap_or_else(|e| e.into_inner());
+        if table.as_ref().is_none_or(|t| t.key != records) {
+            let first = first_blocks(lens, chunk);
+            *table = Some(TensorTable {
+                blocks: *first.last().expect("at least one entry") as usize,
+                records: self.upload_kept(&records),
+                first: self.upload_kept(&first),
+                count: i32::try_from(lens.len()).expect("fewer than 2^31 tensors"),
+                key: records,
+            });
+        }
+        table
+    }
+
+    fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
+        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
+        self.stream
+            .memcpy_htod(data, &mut slice)
+            .unwrap_or_else(|e| panic!("cuda: cannot upload a table: {e:?}"));
+        slice
+    }
+}
