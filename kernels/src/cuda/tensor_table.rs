@@ -35,7 +35,13 @@ impl CudaDevice {
         lens: &[usize],
         chunk: usize,
     ) -> MutexGuard<'a, Option<TensorTable>> {
-        assert!(!lens.is_empty() && records.len().is_multiple_of(lens.len()), "cuda: a table of no tensors");
+        assert!(!lens.is_empty(), "cuda: a table of no tensors");
+        assert!(
+            records.len().is_multiple_of(lens.len()),
+            "cuda: {} words of records for {} tensors",
+            records.len(),
+            lens.len()
+        );
         let mut table = kept.lock().unwrap_or_else(|e| e.into_inner());
         if table.as_ref().is_none_or(|t| t.key != records) {
             let first = first_blocks(lens, chunk);
