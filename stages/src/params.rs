@@ -578,10 +578,10 @@ impl Parameters {
         BlockIndices::find(s, &self.specs, layer)
     }
 
-    pub fn zero_grads(&mut self, dev: &dyn Device) {
-        let mut grads: Vec<&mut Tensor> =
-            self.grads.iter_mut().chain(self.head_wte_grad.iter_mut()).collect();
-        dev.fill_zero_tensors(&mut grads);
+    /// Every gradient this chunk accumulates into: its parameters', and the tied head's
+    /// copy of wte's where it has one.
+    pub fn grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.grads.iter_mut().chain(self.head_wte_grad.iter_mut())
     }
 
     pub fn num_elements(&self) -> usize {

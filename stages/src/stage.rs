@@ -157,10 +157,11 @@ impl Stage {
         self.stash.len()
     }
 
+    /// Zeroes every chunk's gradients in one call: one launch on CUDA, whose table of these
+    /// tensors the device keeps from step to step.
     pub fn zero_grads(&mut self) {
-        for c in &mut self.chunks {
-            c.params.zero_grads(&*self.device);
-        }
+        let mut grads: Vec<&mut Tensor> = self.chunks.iter_mut().flat_map(|c| c.params.grads_mut()).collect();
+        self.device.fill_zero_tensors(&mut grads);
     }
 
     /// Sums the two gradients of the tied token embedding where this stage holds both the
