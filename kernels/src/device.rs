@@ -64,6 +64,28 @@ pub struct AdamWStep {
     pub grad_scale: f32,
 }
 
+impl AdamWStep {
+    /// The constants of this step that every element shares, computed once on the host (in
+    /// f64 where they come from powers, as every backend computes them): `step_size` = lr /
+    /// (1 - beta1^t), `bias2_sqrt` = sqrt(1 - beta2^t), and `decay` = 1 - lr * wd.
+    pub fn constants(&self) -> AdamWConstants {
+        let t = i32::try_from(self.step).expect("adamw step fits in i32");
+        AdamWConstants {
+            step_size: (self.lr as f64 / (1.0 - (self.beta1 as f64).powi(t))) as f32,
+            bias2_sqrt: (1.0 - (self.beta2 as f64).powi(t)).sqrt() as f32,
+            decay: 1.0 - self.lr * self.weight_decay,
+        }
+    }
+}
+
+/// [`AdamWStep::constants`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConstants {
+    pub step_size: f32,
+    pub bias2_sqrt: f32,
+    pub decay: f32,
+}
+
 /// One parameter's share of an AdamW step ([`Device::adamw_tensors`]): the elements
 /// `from..from + m.len()` of param and grad, whose moments m and v hold.
 pub struct AdamWTensor<'a> {

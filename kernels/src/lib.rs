@@ -35,8 +35,8 @@ pub use attention::{
 };
 pub use counters::DeviceCounters;
 pub use device::{
-    bf16_copy_len, cuda_fuses_gelu_backward, padded_vocab, AdamWStep, AdamWTensor, ClassifierGrad, Device,
-    WeightLayout, OTHER_SHARD, VOCAB_PADDING,
+    bf16_copy_len, cuda_fuses_gelu_backward, padded_vocab, AdamWConstants, AdamWStep, AdamWTensor,
+    ClassifierGrad, Device, WeightLayout, OTHER_SHARD, VOCAB_PADDING,
 };
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};

@@ -1,17 +1,14 @@
 //! AdamW with PyTorch's semantics: decoupled weight decay, bias-corrected moments.
 
 use super::CHUNK;
-use crate::device::AdamWStep;
+use crate::device::{AdamWConstants, AdamWStep};
 use rayon::prelude::*;
 
 /// One step on param [n] with grad [n] (times hp.grad_scale), moments m [n], v [n]:
 ///   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;
 ///   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 pub fn step(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], hp: &AdamWStep) {
-    let t = hp.step as i32;
-    let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
-    let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
-    let decay = 1.0 - hp.lr * hp.weight_decay;
+    let AdamWConstants { step_size, bias2_sqrt, decay } = hp.constants();
     let moments = m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK));
     param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(moments).for_each(|((p, g), (m, v))| {
         for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {

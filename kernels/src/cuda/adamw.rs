@@ -59,11 +59,7 @@ impl AdamW for CudaDevice {
         debug_assert_eq!(records.len(), RECORD * lens.len());
         let table = self.tensor_table(&self.adamw_table, records, &lens, ADAMW_CHUNK);
         let table = table.as_ref().expect("set by tensor_table");
-        // The per-step constants, computed as the CPU backend computes them.
-        let t = i32::try_from(hp.step).expect("adamw step fits in i32");
-        let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
-        let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
-        let decay = 1.0 - hp.lr * hp.weight_decay;
+        let c = hp.constants();
         launch!(
             self,
             "adamw",
@@ -75,9 +71,9 @@ impl AdamW for CudaDevice {
             &hp.beta2,
             &hp.eps,
             &hp.grad_scale,
-            &decay,
-            &step_size,
-            &bias2_sqrt,
+            &c.decay,
+            &c.step_size,
+            &c.bias2_sqrt,
         );
         drop(guards);
     }

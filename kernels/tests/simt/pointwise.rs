@@ -212,10 +212,7 @@ fn adamw_steps_every_tensor_of_one_launch_as_the_cpu() {
         })
         .collect();
     // The per-step constants, computed on the host as the CUDA backend computes them.
-    let t = hp.step as i32;
-    let step_size = (hp.lr as f64 / (1.0 - (hp.beta1 as f64).powi(t))) as f32;
-    let bias2_sqrt = (1.0 - (hp.beta2 as f64).powi(t)).sqrt() as f32;
-    let decay = 1.0 - hp.lr * hp.weight_decay;
+    let constants = hp.constants();
     let mut run = Run::new(5);
     // Each case twice: fp32 alone, then with a bf16 copy; the table's records are
     // `AdamWTensor`'s fields, each part's pointers offset to its first element.
@@ -244,7 +241,15 @@ fn adamw_steps_every_tensor_of_one_launch_as_the_cpu() {
         [false, true].iter().flat_map(|_| cases.iter().map(|c| c.p.len() - c.from)).collect();
     let first = first_blocks(&lens, ADAMW_CHUNK);
     let (table, gfirst) = (run.table(&words), run.buffer(&first));
-    let scalars = [hp.beta1, hp.beta2, hp.eps, hp.grad_scale, decay, step_size, bias2_sqrt];
+    let scalars = [
+        hp.beta1,
+        hp.beta2,
+        hp.eps,
+        hp.grad_scale,
+        constants.decay,
+        constants.step_size,
+        constants.bias2_sqrt,
+    ];
     let args: Vec<Arg> = [table.into(), gfirst.into(), (lens.len() as i32).into()]
         .into_iter()
         .chain(scalars.map(Arg::from))
