@@ -57,24 +57,24 @@ impl AdamW for CudaDevice {
             lens.push(part.len());
         }
         debug_assert_eq!(records.len(), RECORD * lens.len());
-        let table = self.tensor_table(&self.adamw_table, records, &lens, ADAMW_CHUNK);
-        let table = table.as_ref().expect("set by tensor_table");
         let c = hp.constants();
-        launch!(
-            self,
-            "adamw",
-            per_table_chunk(table.blocks),
-            &table.records,
-            &table.first,
-            &table.count,
-            &hp.beta1,
-            &hp.beta2,
-            &hp.eps,
-            &hp.grad_scale,
-            &c.decay,
-            &c.step_size,
-            &c.bias2_sqrt,
-        );
+        self.with_tensor_table(&self.adamw_table, records, &lens, ADAMW_CHUNK, |table| {
+            launch!(
+                self,
+                "adamw",
+                per_table_chunk(table.blocks),
+                &table.records,
+                &table.first,
+                &table.count,
+                &hp.beta1,
+                &hp.beta2,
+                &hp.eps,
+                &hp.grad_scale,
+                &c.decay,
+                &c.step_size,
+                &c.bias2_sqrt,
+            )
+        });
         drop(guards);
     }
 }

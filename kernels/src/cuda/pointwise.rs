@@ -146,15 +146,15 @@ impl CudaDevice {
                 ([address, n], write)
             })
             .unzip();
-        let table = self.tensor_table(&self.zero_table, records.concat(), &lens, ZERO_CHUNK);
-        let table = table.as_ref().expect("set by tensor_table");
-        launch!(
-            self,
-            "zero_tensors",
-            per_table_chunk(table.blocks),
-            &table.records,
-            &table.first,
-            &table.count
-        );
+        self.with_tensor_table(&self.zero_table, records.concat(), &lens, ZERO_CHUNK, |table| {
+            launch!(
+                self,
+                "zero_tensors",
+                per_table_chunk(table.blocks),
+                &table.records,
+                &table.first,
+                &table.count
+            )
+        });
     }
 }

@@ -40,22 +40,22 @@ impl Readouts for CudaDevice {
             })
             .unzip();
         let lens: Vec<usize> = parts.iter().map(|(_, range)| range.len()).collect();
-        let table = self.tensor_table(&self.norm_table, records.concat(), &lens, SUM_SQUARES_CHUNK);
-        let table = table.as_ref().expect("set by tensor_table");
-        let mut partial = self.scratch::<f64>(table.blocks);
-        let (one, two) = sum_squares(table.blocks, parts.len());
         let chunk = SUM_SQUARES_CHUNK as u64;
-        launch!(
-            self,
-            "sum_squares_chunks",
-            one,
-            &mut *partial,
-            &table.records,
-            &table.first,
-            &table.count,
-            &chunk
-        );
-        let mut target = slots(out).slice_mut(first..first + parts.len());
-        launch!(self, "sum_squares_totals", two, &mut target, &*partial, &table.first);
+        self.with_tensor_table(&self.norm_table, records.concat(), &lens, SUM_SQUARES_CHUNK, |table| {
+            let mut partial = self.scratch::<f64>(table.blocks);
+            let (one, two) = sum_squares(table.blocks, parts.len());
+            launch!(
+                self,
+                "sum_squares_chunks",
+                one,
+                &mut *partial,
+                &table.records,
+                &table.first,
+                &table.count,
+                &chunk
+            );
+            let mut target = slots(out).slice_mut(first..first + parts.len());
+            launch!(self, "sum_squares_totals", two, &mut target, &*partial, &table.first);
+        });
     }
 }

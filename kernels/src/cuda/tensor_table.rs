@@ -7,7 +7,7 @@
 use super::device::CudaDevice;
 use super::launch::first_blocks;
 use cudarc::driver::CudaSlice;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// A table on the device. `key` is the host's copy of the records, to tell whether a later
 /// call passes the same tensors.
@@ -25,16 +25,17 @@ pub(super) struct TensorTable {
 pub(super) type KeptTable = Mutex<Option<TensorTable>>;
 
 impl CudaDevice {
-    /// The table of `records` for tensors of `lens` elements in blocks of `chunk`, from
-    /// `kept` where it holds the same records, else uploaded into it (a few KiB per stage;
-    /// like the compiled kernels, outside the ledger). At least one tensor.
-    pub(super) fn tensor_table<'a>(
+    /// `launch` with the table of `records` for tensors of `lens` elements in blocks of
+    /// `chunk`: `kept`'s where it holds the same records, else uploaded into it (a few KiB
+    /// per stage; like the compiled kernels, outside the ledger). At least one tensor.
+    pub(super) fn with_tensor_table(
         &self,
-        kept: &'a KeptTable,
+        kept: &KeptTable,
         records: Vec<u64>,
         lens: &[usize],
         chunk: usize,
-    ) -> MutexGuard<'a, Option<TensorTable>> {
+        launch: impl FnOnce(&TensorTable),
+    ) {
         assert!(!lens.is_empty(), "cuda: a table of no tensors");
         assert!(
             records.len().is_multiple_of(lens.len()),
@@ -53,7 +54,7 @@ impl CudaDevice {
                 key: records,
             });
         }
-        table
+        launch(table.as_ref().expect("set above"));
     }
 
     fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
