@@ -389,23 +389,16 @@ fn residual_norms_are_the_add_and_the_norm_bit_for_bit() {
     }
 }
 
-/// The distributed optimizer's ops on a part of a tensor: AdamW on elements 7..20 of 27
-/// leaves exactly those elements as the whole step does and the rest untouched; a part's
-/// sum of squares is that of a tensor of just its elements; `write_at` lands where it says.
+/// The AdamW hyper-parameters of these tests at 1-based `step`.
+fn adamw_step(step: u32) -> AdamWStep {
+    AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step, grad_scale: 0.5 }
+}
+
 /// AdamW on many tensors at once steps each as `adamw` steps it alone, with the step's
 /// weight decay where the tensor decays and none where it does not.
 #[test]
 fn adamw_tensors_steps_each_as_adamw_alone() {
-    let dev = CpuDevice::new(2);
-    let hp = AdamWStep {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        step: 2,
-        grad_scale: 0.5,
-    };
+    let (dev, hp) = (CpuDevice::new(2), adamw_step(2));
     let put = |data: &[f32], cat| dev.from_host(data, &[data.len()], cat);
     let zeros = |n| dev.zeros(&[n], Category::OptimizerState);
     let (a0, b0, ga, gb) =
@@ -434,20 +427,15 @@ fn adamw_tensors_steps_each_as_adamw_alone() {
     assert_ne!(bits(&b2), bits(&b));
 }
 
+/// The distributed optimizer's ops on a part of a tensor: AdamW on elements 7..20 of 27
+/// leaves exactly those elements as the whole step does and the rest untouched; a part's
+/// sum of squares is that of a tensor of just its elements; `write_at` lands where it says.
 #[test]
 fn the_ops_on_a_part_are_the_whole_ops_there() {
     let dev = CpuDevice::new(2);
     let (n, part) = (27, 7..20);
     let (p0, g) = (random(41, n, 1.0), random(42, n, 0.1));
-    let hp = |step| AdamWStep {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        step,
-        grad_scale: 0.5,
-    };
+    let hp = adamw_step;
     let put = |data: &[f32], cat| dev.from_host(data, &[data.len()], cat);
     let grad = put(&g, Category::Gradients);
     let (mut whole, mut cut) = (put(&p0, Category::Parameters), put(&p0, Category::Parameters));
