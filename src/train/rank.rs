@@ -10,11 +10,11 @@ use crate::config::{Config, DeviceKind};
 use crate::data::TokenData;
 use crate::plan;
 use kernels::cpu::CpuDevice;
-use kernels::Device;
+use kernels::{AdamWStep, Device};
 use schedules::{LoweredSchedule, Shape};
 use stages::dist::{Collective, Group, Reader, Topology, Transport, Writer};
 use stages::runtime::{forward_only, run_stage, Fault, FaultInjection, MicrobatchData, StepInputs};
-use stages::stage::{clip_factor, global_grad_norm, OptimizerStep, Stage};
+use stages::stage::{clip_factor, global_grad_norm, Stage};
 use stages::{Mode, Shard, TensorGroup};
 use std::path::Path;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub struct Rank {
     /// of the next step, or at [`Rank::apply_pending_update`] before anything reads the
     /// weights. So a step waits for its device once, at its readout, and not again for the
     /// end of its update.
-    pending_update: Option<OptimizerStep>,
+    pending_update: Option<AdamWStep>,
 }
 
 /// What one training step left on this rank.
@@ -215,7 +215,7 @@ impl Rank {
         let grad_norm = self.grad_norm(&values.grad_sum_squares)?;
         let readings = dev.clock_read();
         self.check_device(step, fault)?;
-        self.pending_update = Some(OptimizerStep {
+        self.pending_update = Some(AdamWStep {
             lr,
             beta1: cfg.adam_beta1,
             beta2: cfg.adam_beta2,

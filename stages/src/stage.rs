@@ -12,20 +12,6 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Optimizer hyper-parameters of one step (the lr already scheduled).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OptimizerStep {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based.
-    pub step: u32,
-    /// Global grad-norm clipping factor (1 when not clipping).
-    pub grad_scale: f32,
-}
-
 pub struct Stage {
     pub device: Arc<dyn Device>,
     /// This stage's model chunks, in the order of the schedule's chunks (placed by its Shape).
@@ -250,17 +236,9 @@ impl Stage {
         }
     }
 
-    /// AdamW on every parameter of this stage, in one call: on the part this replica steps.
-    pub fn optimizer_step(&mut self, hp: OptimizerStep) {
-        let step = AdamWStep {
-            lr: hp.lr,
-            beta1: hp.beta1,
-            beta2: hp.beta2,
-            eps: hp.eps,
-            weight_decay: hp.weight_decay,
-            step: hp.step,
-            grad_scale: hp.grad_scale,
-        };
+    /// AdamW on every parameter of this stage, in one call: on the part this replica steps,
+    /// `hp`'s lr already scheduled and its grad_scale the step's clipping factor.
+    pub fn optimizer_step(&mut self, hp: AdamWStep) {
         let mut tensors: Vec<AdamWTensor> = self
             .chunks
             .iter_mut()
@@ -282,7 +260,7 @@ impl Stage {
                     })
             })
             .collect();
-        self.device.adamw_tensors(&mut tensors, step);
+        self.device.adamw_tensors(&mut tensors, hp);
     }
 }
 
