@@ -66,9 +66,9 @@ fn counts_after_the_first_step(
         });
     };
     run(&mut ranks, 1);
-    // The first step's AdamW update, which the next step would start with: it uploads the
-    // table of the stage's tensors that every later update reuses (cuda/adamw.rs), so it
-    // belongs to the first step.
+    // The first step's AdamW update, which the next step would start with: it and the
+    // zeroing of the gradients after it upload the tables of the stage's tensors that every
+    // later update reuses (cuda/tensor_table.rs), so it belongs to the first step.
     for r in ranks.iter_mut() {
         r.apply_pending_update().unwrap();
     }
