@@ -2,10 +2,18 @@
 // fused_attention.cu (the same arguments, with qkv, out, dout and dqkv stored as bf16; the
 // same contract: causal, online softmax, tiles above the diagonal skipped, lse = max +
 // log(sum), the CPU's Philox dropout mask drawn in the kernel at element (bh * T + i) * T
-// + j, backward without atomics, deterministic) with every matrix product a warp's
+// + j, no atomics on any value, deterministic) with every matrix product a warp's
 // mma.sync m16n8k16 in bf16 (mma.cuh), FlashAttention-2 style. The fp32 kernels spend
 // most of a GPT-2 step in attention on CUDA cores; bf16 operands into fp32 accumulators run
 // those products on the tensor cores.
+//
+// The backward at head sizes up to 64 is one kernel from the key side (DQ), which also
+// sums dq: each query tile's dq is a chain of fp32 partial sums in global memory, handed
+// from key tile to key tile, n, n - 1, ..., 0, by turns (turns.cuh), so that its order is
+// fixed, as FlashAttention 3's deterministic backward fixes it. That makes five products a
+// tile where the query side and the key side make seven between them (S and dP are
+// computed once, not once a side). At 128 the key tile, dS and the double-buffered query
+// tiles would not fit 48 KB of static shared memory, and the two kernels stay.
 //
 // Storage and rounding: under `precision: bf16` every [B, T, *] tensor is stored as bf16
 // (common.cuh's bf16): qkv, out and dout arrive as bf16 and enter the products as they are,
@@ -44,9 +52,12 @@
 // at head size 64 the forward takes 158 to 163, within the 168 its launch bounds allow, so
 // 3 blocks (12 warps) share an SM, and the backward kernels, which hold two [16, 64] fp32
 // accumulators and the next tile's loads (4 of 16 bytes a thread) besides, 229 to 253, 2
-// blocks an SM; none spills. At 128 the forward and query side take 216 to 236, and the
-// key side, which holds dk and dv [16, 128] and its keys and values, 255 with 36 to 44
-// bytes spilled.
+// blocks an SM; none spills. The one-kernel backward at 64, which adds dq's [16, 64]
+// accumulators after dS is staged, takes 254 (sm_90) with 16 bytes spilled, 2 blocks an
+// SM; its 47,108 bytes of shared memory (the double-buffered query and output gradient
+// tiles, its key tile, lse and delta) allow 4. At 128 the forward and query side take 216
+// to 236, and the key side, which holds dk and dv [16, 128] and its keys and values, 255
+// with 36 to 44 bytes spilled.
 //
 // Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): a tile of the
 // forward at head size 64, unmasked and without dropout, issues about 406 instructions a
@@ -73,10 +84,13 @@
 //
 // Work per call, counting a multiply-add as 2 FLOPs over the causal half of the T x T
 // scores (the diagonal tiles' masked half is computed too): the forward makes 2 products
-// (S = q k^T, O = P' v), 2 * 2 * B * NH * (T^2 / 2) * hs FLOPs; the backward 7 (the query
-// side S, dP = dout v^T and dq; the key side S^T, dP^T, dv and dk), 7 * 2 * B * NH *
-// (T^2 / 2) * hs. At GPT-2 124M's B = 4, T = 1024, 12 heads of 64: 6.4 GFLOP forward and
-// 22.5 GFLOP backward per layer.
+// (S = q k^T, O = P' v), 2 * 2 * B * NH * (T^2 / 2) * hs FLOPs; the backward 5 at head
+// sizes up to 64 (S^T, dP^T, dv, dk and dq), 7 above (the query side S, dP = dout v^T and
+// dq; the key side S^T, dP^T, dv and dk), 5 or 7 times 2 * B * NH * (T^2 / 2) * hs. At
+// GPT-2 124M's B = 4, T = 1024, 12 heads of 64: 6.4 GFLOP forward and 16.1 GFLOP backward
+// per layer (22.5 in the two kernels before 2026-11-27). The chain adds 16 KiB of fp32 a
+// query tile and key tile, written and read back (from L2, mostly: the next key tile's
+// block reads it a tile's work later).
 //
 // Launch (per_attention_tile_bf16 in launch.rs): grid (T / TILE rounded up, B * NH), one
 // block of WARPS warps per tile of a query head; the key side's grid is (T / TILE rounded
@@ -87,11 +101,15 @@
 // streams, so the longest go first and the last wave holds the shortest: the forward and
 // the query side take their query tiles in reverse (block 0 the last tile, which streams
 // every key tile), the key side its key tiles in order (block 0 the first, which streams
-// every query tile).
+// every query tile). The one-kernel backward's blocks take their key tiles from tickets
+// instead, the last tile first, since key tile j waits on j + 1's sums: a block always
+// waits on one that started before it (turns.cuh), and, key tile by key tile, trails it by
+// one query tile.
 #include "attention_head.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 #include "philox.cuh"
+#include "turns.cuh"
 
 #define ROWS 64  // a block's own rows: queries (forward, query side) or keys (key side)
 #define WARPS 4  // of 16 rows each, the rows of one m16n8k16 product
@@ -221,6 +239,35 @@ __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], cons
     for (int c = 0; c < S::STREAM / 16; ++c) {
         unsigned int a[4];
         a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
+        #pragma unroll
+        for (int n = 0; n < S::DTILES; n += 2) {
+            unsigned int lo[2], hi[2];
+            load_bt_pair(lo, hi, origin, S::WORDS, 16 * c, n);
+            mma_bf16_16816(acc[n], a, lo);
+            mma_bf16_16816(acc[n + 1], a, hi);
+        }
+    }
+}
+
+// acc += dS Y for one warp's 16 queries, columns [16 w, 16 w + 16) of `ds`, the staged
+// dS^T (ROWS keys by STREAM queries, bf16 pairs along the queries): a product over the
+// block's keys, Y [ROWS, HS] the staged key tile read down its columns as `accumulate`
+// reads its B operand. dS's A fragments are the transposes of ds's 8x8 matrices, one
+// transposing ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2), queries 16 w + 8 (i %
+// 2), which is b_origin's order of rows and words, so the fragment's four registers are
+// the instruction's four in order. Only at HS = 64, where a tile of STREAM = ROWS queries
+// fits a row of ds.
+template <int HS>
+__device__ __forceinline__ void accumulate_transposed(float acc[Shape<HS>::DTILES][4], const Tile<HS> ds,
+                                                      const Tile<HS> y) {
+    using S = Shape<HS>;
+    static_assert(S::STREAM == ROWS && S::WORDS >= ROWS / 2, "dS^T of a query tile fits a staged tile");
+    const unsigned int* a_origin = b_origin(&ds[0][0], S::WORDS) + 8 * (threadIdx.x / WARP_SIZE);
+    const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
+    #pragma unroll
+    for (int c = 0; c < ROWS / 16; ++c) {
+        unsigned int a[4];
+        load_matrices_transposed(a, a + 2, a_origin + 16 * c * S::WORDS);
         #pragma unroll
         for (int n = 0; n < S::DTILES; n += 2) {
             unsigned int lo[2], hi[2];
@@ -412,6 +459,27 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
     }
 }
 
+// delta_i = dout_i . out_i (fp32, from the bf16 dout and out) of this lane's rows of a
+// warp's 16 from r0, g and g + 8, into D and, for rows below T, into delta [B * NH * T]:
+// the quad splits a row's dimensions, 8 bf16 of each of dout and out at a time (16-byte
+// loads, aligned as fetch_tile's), and adds its parts in a fixed order.
+__device__ __forceinline__ void row_deltas(float D[2], float* delta, const bf16* out, const bf16* dout,
+                                           const Head& hd, int r0, int T, int NH, int hs) {
+    const unsigned long long C = (unsigned long long)NH * hs;
+    const int t = threadIdx.x % 4;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = r0 + acc_row(2 * h);
+        float part = 0.0f;
+        for (int d = 8 * t; i < T && d < hs; d += 32) {
+            const unsigned long long at = hd.io + (unsigned long long)i * C + d;
+            part += dot8(*reinterpret_cast<const uint4*>(dout + at), *reinterpret_cast<const uint4*>(out + at));
+        }
+        D[h] = quad_sum(part);
+        if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
+    }
+}
+
 // Backward through the query side, one block per query tile: delta_i = dout_i . out_i
 // (fp32, from the bf16 dout and out) into delta [B * NH * T] for the key side, and
 // dq_i = scale * sum_j dS_ij k_j into dqkv (bf16), with P_ij = exp(s_ij - lse_i),
@@ -424,7 +492,7 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
     const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
-    const int warp = threadIdx.x / WARP_SIZE, t = threadIdx.x % 4, tile = gridDim.x - 1 - blockIdx.x;
+    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x;
     const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
@@ -434,21 +502,13 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
         load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
         load_a_bf16(dy[kk], dout + hd.io, C, r0, T, kk);
     }
-    // delta and lse (log2 units) of this lane's rows g and g + 8; the quad splits a row's
-    // dimensions, 8 bf16 of each of dout and out at a time (16-byte loads, aligned as
-    // fetch_tile's).
+    // delta and lse (log2 units) of this lane's rows g and g + 8.
     float D[2], L[2];
+    row_deltas(D, delta, out, dout, hd, r0, T, NH, hs);
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = r0 + acc_row(2 * h);
-        float part = 0.0f;
-        for (int d = 8 * t; i < T && d < hs; d += 32) {
-            const unsigned long long at = hd.io + (unsigned long long)i * C + d;
-            part += dot8(*reinterpret_cast<const uint4*>(dout + at), *reinterpret_cast<const uint4*>(out + at));
-        }
-        D[h] = quad_sum(part);
         L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
-        if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
     }
     float dq[S::DTILES][4] = {};
 
@@ -484,23 +544,102 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
     }
 }
 
+// What the key side needs to sum dq as well, in the one-kernel backward at head size 64
+// (DQ): the block's key tile staged for dS k, where its ticket is broadcast (both shared
+// memory), and the chain of dq's partial sums (global): a [ROWS, HS] fp32 tile for each
+// query tile of each query head, in fragment order (warp, accumulator, lane: one 16-byte
+// load a lane an accumulator), handed from key tile to key tile by turns (turns.cuh), and
+// the turns' counters, B * NH * tiles of them (one a query tile of a query head), then B *
+// KV tickets (one a key/value head).
+template <int HS>
+struct DqChain {
+    Tile<HS>* keys;
+    unsigned int* ticket;
+    float4* partials;
+    unsigned int* turns;
+};
+
+// dq's terms from the block's keys for query tile n of head hd: dS, in dp as this warp's
+// keys' rows of dS^T, staged as bf16 over the tile's output gradients `ds` (every warp is
+// done with them), then dS k over the block's ROWS keys for each warp's 16 queries, added
+// to the partial sum. Query tile n's sum runs over key tiles n, n - 1, ..., 0 in that
+// order, each adding its terms to the sum of those before (the diagonal's block starts it;
+// key tile 0's rounds it to bf16 times 1 / sqrt(hs) into dqkv): fixed whatever the timing,
+// so dq is bitwise deterministic, as the two-kernel backward's is.
+template <int HS>
+__device__ __forceinline__ void add_dq(const DqChain<HS>& chain, Tile<HS> ds, const float dp[Shape<HS>::KTILES][4],
+                                       bf16* dqkv, const Head& hd, int key_tile, int n, int tiles, int T, int hs,
+                                       float scale) {
+    using S = Shape<HS>;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    __syncthreads();  // every warp is done with the tile's output gradients
+    #pragma unroll
+    for (int c = 0; c < S::KTILES; ++c) {
+        ds[16 * warp + g][4 * c + t] = pack_bf16(dp[c][0], dp[c][1]);
+        ds[16 * warp + g + 8][4 * c + t] = pack_bf16(dp[c][2], dp[c][3]);
+    }
+    __syncthreads();  // dS^T is whole before any warp reads its columns
+    float dq[S::DTILES][4] = {};
+    accumulate_transposed<HS>(dq, ds, *chain.keys);
+    const unsigned long long at = hd.bh * tiles + n;
+    float4* part = chain.partials + (at * WARPS + warp) * S::DTILES * WARP_SIZE + lane;
+    if (n != key_tile) {
+        wait_turn(chain.turns + at, n - key_tile);
+        #pragma unroll
+        for (int d = 0; d < S::DTILES; ++d) {
+            const float4 sum = __ldcg(part + d * WARP_SIZE);
+            dq[d][0] = sum.x + dq[d][0];
+            dq[d][1] = sum.y + dq[d][1];
+            dq[d][2] = sum.z + dq[d][2];
+            dq[d][3] = sum.w + dq[d][3];
+        }
+    }
+    if (key_tile == 0) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = n * ROWS + 16 * warp + acc_row(2 * h);
+            if (i < T) store_columns<HS>(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
+        }
+        return;
+    }
+    #pragma unroll
+    for (int d = 0; d < S::DTILES; ++d) __stcg(part + d * WARP_SIZE, make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+    pass_turn(chain.turns + at);
+}
+
+// The block's key tile: blockIdx.x, or with DQ its ticket's, the last tile taking the
+// first ticket of its key/value head.
+template <int HS, bool DQ>
+__device__ __forceinline__ int key_tile_of(const DqChain<HS>& chain, int tiles, int NH, int KV) {
+    if constexpr (DQ) {
+        unsigned int* tickets = chain.turns + (unsigned long long)gridDim.y / KV * NH * tiles;
+        return tiles - 1 - (int)take_ticket(tickets + blockIdx.y, chain.ticket);
+    } else {
+        return blockIdx.x;
+    }
+}
+
 // Backward through the key side, one block per key tile of a key/value head (blockIdx.y =
 // b * KV + g), after the query side (it reads delta): dv_j = sum_i P'_ij dout_i and dk_j =
 // scale * sum_i dS_ij q_i over the query tiles from the diagonal on, of each query head of
 // the group in ascending order, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
 // works on the transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are
 // queries. q and dy are two buffers of staged query and output gradient tiles, L and D two
-// of those queries' lse (log2 units) and delta.
-template <int HS>
+// of those queries' lse (log2 units) and delta. With DQ (head size 64) the block also adds
+// dq's terms (add_dq), after the delta launch instead of the query side: its key tile is
+// then its ticket's, taken in the order the blocks start (the last tile first), as the
+// chain of each query tile's sum needs.
+template <int HS, bool DQ>
 __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2], float L[2][Shape<HS>::STREAM],
-                                                   float D[2][Shape<HS>::STREAM], bf16* dqkv, const bf16* qkv,
-                                                   const bf16* dout, const float* lse, const float* delta,
-                                                   SHAPE_ARGS) {
+                                                   float D[2][Shape<HS>::STREAM], DqChain<HS> chain, bf16* dqkv,
+                                                   const bf16* qkv, const bf16* dout, const float* lse,
+                                                   const float* delta, SHAPE_ARGS) {
     using S = Shape<HS>;
     const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int warp = threadIdx.x / WARP_SIZE, tiles = (T + S::STREAM - 1) / S::STREAM;
-    const int j0 = blockIdx.x * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
+    const int key_tile = key_tile_of<HS, DQ>(chain, tiles, NH, KV);
+    const int j0 = key_tile * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
     unsigned int k[S::STEPS][4] = {}, v[S::STEPS][4] = {};  // the warp's keys and values, read once
@@ -512,6 +651,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
     float dk[S::DTILES][4] = {}, dv[S::DTILES][4] = {};
 
     uint4 f[S::FETCHES];
+    if constexpr (DQ) stage_tile<HS>(*chain.keys, f, qkv + kv.k, kv.stride, j0, T, hs);  // read after a tile's barrier
     for (int r = 0; r < NH / KV; ++r) {
         const Head hd = group_head(r, T, NH, KV, hs);
         const bf16 *queries = qkv + hd.q, *grads = dout + hd.io;
@@ -576,6 +716,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             if (next) fetch_tile<HS>(f, grads, C, i0 + S::STREAM, T, hs);
             accumulate<HS>(dk, dp, q[cur]);
             if (next) store_tile<HS>(dy[1 - cur], f);
+            if constexpr (DQ) add_dq<HS>(chain, dy[cur], dp, dqkv, hd, key_tile, n, tiles, T, hs, scale);
         }
     }
     #pragma unroll
@@ -602,28 +743,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
     forward<128>(k, v, out, lse, qkv, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_query_bf16(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
-                                        const bf16* dout, const float* lse, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<64> k[2], v[2];
-    backward_query<64>(k, v, dqkv, delta, qkv, out, dout, lse, SHAPE);
-}
-extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_query_bf16_hs128(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
                                               const bf16* dout, const float* lse, SHAPE_ARGS) {
     alignas(16) __shared__ Tile<128> k[2], v[2];
     backward_query<128>(k, v, dqkv, delta, qkv, out, dout, lse, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_key_value_bf16(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
-                                            const float* delta, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<64> q[2], dy[2];
-    __shared__ float L[2][Shape<64>::STREAM], D[2][Shape<64>::STREAM];
-    backward_key_value<64>(q, dy, L, D, dqkv, qkv, dout, lse, delta, SHAPE);
-}
-extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_key_value_bf16_hs128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
                                                   const float* delta, SHAPE_ARGS) {
     alignas(16) __shared__ Tile<128> q[2], dy[2];
     __shared__ float L[2][Shape<128>::STREAM], D[2][Shape<128>::STREAM];
-    backward_key_value<128>(q, dy, L, D, dqkv, qkv, dout, lse, delta, SHAPE);
+    backward_key_value<128, false>(q, dy, L, D, DqChain<128>{}, dqkv, qkv, dout, lse, delta, SHAPE);
+}
+
+// The backward at head sizes up to 64 in two launches: delta, and the turns' counters
+// zeroed, a block per query tile of each query head as the forward's; then every gradient
+// from the key side (DQ), five products a tile where the query side and the key side make
+// seven between them.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_delta_bf16(float* delta, unsigned int* turns, const bf16* out, const bf16* dout, int T,
+                                        int NH, int KV, int hs) {
+    const Head hd = head_of(T, NH, KV, hs);
+    float D[2];
+    row_deltas(D, delta, out, dout, hd, blockIdx.x * ROWS + 16 * (threadIdx.x / WARP_SIZE), T, NH, hs);
+    if (threadIdx.x != 0) return;
+    turns[hd.bh * gridDim.x + blockIdx.x] = 0;
+    // The group's ticket, from its first query head's first tile.
+    const int group = NH / KV, h = blockIdx.y % NH;
+    if (blockIdx.x == 0 && h % group == 0) turns[gridDim.y * gridDim.x + blockIdx.y / NH * KV + h / group] = 0;
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_bf16(bf16* dqkv, float4* partials, unsigned int* turns, const bf16* qkv,
+                                  const bf16* dout, const float* lse, const float* delta, SHAPE_ARGS) {
+    alignas(16) __shared__ Tile<64> q[2], dy[2], k;
+    __shared__ float L[2][Shape<64>::STREAM], D[2][Shape<64>::STREAM];
+    __shared__ unsigned int ticket;
+    backward_key_value<64, true>(q, dy, L, D, DqChain<64>{&k, &ticket, partials, turns}, dqkv, qkv, dout, lse, delta,
+                                 SHAPE);
 }

@@ -24,6 +24,43 @@ pub const ATTENTION_MMA_K: usize = 16;
 /// compiled for heads up to 64 and up to 128, Llama's).
 pub const ATTENTION_MMA_MAX_HEAD_SIZE: usize = 128;
 
+/// Query or key rows per block of the tensor-core attention kernels (`ROWS` in
+/// fused_attention_mma.cu), 16 per warp: the rows of one m16n8k16 product.
+pub const ATTENTION_MMA_TILE: usize = 64;
+
+/// The largest head size at which the tensor-core backward is one kernel from the key side,
+/// each query tile's dq summed over the key tiles' blocks in turn (fused_attention_mma.cu's
+/// DQ, compiled at head size 64: at 128 its tiles would not fit the shared memory).
+pub const CHAINED_DQ_MAX_HEAD_SIZE: usize = 64;
+
+/// The scratch of the chained backward beside delta, in elements: dq's fp32 partial sums, a
+/// [ATTENTION_MMA_TILE, CHAINED_DQ_MAX_HEAD_SIZE] tile (the compiled head size, whatever
+/// the run's) for each query tile of each of B*NH query heads, and the turns' u32
+/// counters, one for each of those tiles and a ticket for each of B*KV key/value heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainedDq {
+    pub partials: usize,
+    pub turns: usize,
+}
+
+impl ChainedDq {
+    /// The scratch of the chained backward over `heads` (B*NH) query heads and `kv_heads`
+    /// (B*KV) of `t` rows; None where the backward is not chained: f32 activations, or a
+    /// head size above [`CHAINED_DQ_MAX_HEAD_SIZE`].
+    pub fn of(dtype: DType, head_size: usize, t: usize, heads: usize, kv_heads: usize) -> Option<ChainedDq> {
+        let tiles = t.div_ceil(ATTENTION_MMA_TILE);
+        (dtype == DType::Bf16 && head_size <= CHAINED_DQ_MAX_HEAD_SIZE).then_some(ChainedDq {
+            partials: heads * tiles * ATTENTION_MMA_TILE * CHAINED_DQ_MAX_HEAD_SIZE,
+            turns: heads * tiles + kv_heads,
+        })
+    }
+
+    /// Its bytes: 4 an element of either.
+    pub fn bytes(&self) -> usize {
+        4 * (self.partials + self.turns)
+    }
+}
+
 /// Whether the tensor-core attention kernels take head size `head_size`.
 pub fn attention_mma_fits(head_size: usize) -> bool {
     head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= ATTENTION_MMA_MAX_HEAD_SIZE

@@ -48,9 +48,19 @@ fn nvrtc_compiles_every_kernel() {
                 .collect();
             let listed: BTreeSet<&str> = source.kernels.iter().copied().collect();
             assert_eq!(entries, listed, "{}: the PTX's entries vs the listed kernels", source.name);
-            // Determinism: float atomics would make sums depend on timing. No kernel uses any.
-            let atomic = ptx.split_whitespace().find(|op| op.starts_with("atom.") || op.starts_with("red."));
-            assert_eq!(atomic, None, "{}: the PTX for {arch} has an atomic", source.name);
+            // Determinism: float atomics would make sums depend on timing. No kernel uses any;
+            // the only atomics are the u32 counters by which the chained attention backward's
+            // blocks take their tickets and turns (turns.cuh), which order a sum, never add
+            // to one.
+            let atomics: BTreeSet<&str> = ptx
+                .split_whitespace()
+                .filter(|op| op.starts_with("atom.") || op.starts_with("red."))
+                .collect();
+            let counters: BTreeSet<&str> = match source.name {
+                "fused_attention_mma.cu" => ["atom.global.add.u32", "red.release.gpu.global.add.u32"].into(),
+                _ => BTreeSet::new(),
+            };
+            assert_eq!(atomics, counters, "{}: the PTX for {arch}'s atomics", source.name);
         }
     }
 }
@@ -124,6 +134,9 @@ fn the_attention_products_run_with_no_branch_between_them() {
     for (arch, ptx) in compiled {
         for entry in ptx.split(".entry ").skip(1) {
             let name = entry.split('(').next().unwrap_or_default();
+            if name == "fused_attention_backward_delta_bf16" {
+                continue; // dot products of rows on CUDA cores: no matrix product
+            }
             let (mut runs, mut run) = (Vec::new(), 0);
             for line in entry.lines().map(str::trim) {
                 if line.starts_with("mma.sync") {

@@ -5,19 +5,23 @@
 //! also leaves delta_i = dout_i . out_i for the key side; then the key and value side, a
 //! block per key tile of each key/value head, summing over its group of query heads).
 //! Grouped-query attention's shared key and value heads are read in place from qkv. No
-//! [T,T] tensor, and no atomics: every sum has a fixed order. The SIMT harness
+//! [T,T] tensor, and no atomics on any value: every sum has a fixed order. The SIMT harness
 //! (kernels/tests/simt/fused_attention.rs) replays these launches against the CPU's
 //! attention op.
 //!
-//! On bf16 activations (`precision: bf16`) the same three launches run
-//! fused_attention_mma.cu instead, which reads and writes bf16 and multiplies on tensor
-//! cores into fp32 (sm_80 and later, head sizes that are multiples of 16, compiled for
-//! heads up to 64 and up to 128; the SIMT harness's fused_attention_mma.rs checks them).
+//! On bf16 activations (`precision: bf16`) fused_attention_mma.cu runs instead, which reads
+//! and writes bf16 and multiplies on tensor cores into fp32 (sm_80 and later, head sizes
+//! that are multiples of 16, compiled for heads up to 64 and up to 128; the SIMT harness's
+//! fused_attention_mma.rs checks them). Up to 64 its backward is chained: a launch for
+//! delta (which also zeroes the counters), then one kernel from the key side that sums dq
+//! too, each query tile's over the key tiles' blocks in a fixed order, through fp32
+//! partial sums they hand on by turns ([`ChainedDq`] is that scratch). Five products a tile
+//! where the two sides make seven.
 
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
 use super::launch::{per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
-use super::sources::kernel_name;
+use crate::attention::{ChainedDq, CHAINED_DQ_MAX_HEAD_SIZE};
 use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
@@ -33,30 +37,45 @@ fn mask(dropout: Option<DropoutSpec>) -> (DropoutMask, i32) {
     }
 }
 
-/// The names of the three fused attention kernels of one family.
+/// The fused attention kernels of one family: the forward and the backward's.
 struct Kernels {
     forward: &'static str,
-    query: &'static str,
-    key_value: &'static str,
+    backward: Backward,
 }
 
-impl Kernels {
-    /// fused_attention.cu's kernels for f32 activations, their tensor-core twins in
-    /// fused_attention_mma.cu for bf16.
-    fn of(dtype: DType) -> Kernels {
-        Kernels {
-            forward: kernel_name("fused_attention_forward", dtype),
-            query: kernel_name("fused_attention_backward_query", dtype),
-            key_value: kernel_name("fused_attention_backward_key_value", dtype),
-        }
-    }
+enum Backward {
+    /// The query side (dq, and delta for the key side), then the key side (dk and dv).
+    TwoSided { query: &'static str, key_value: &'static str },
+    /// delta, with the turns' counters zeroed, then every gradient from the key side, each
+    /// query tile's dq summed over the key tiles' blocks in turn ([`ChainedDq`]).
+    Chained { delta: &'static str, backward: &'static str },
 }
+
+/// fused_attention.cu's kernels, for f32 activations at head sizes up to 64.
+const F32: Kernels = Kernels {
+    forward: "fused_attention_forward",
+    backward: Backward::TwoSided {
+        query: "fused_attention_backward_query",
+        key_value: "fused_attention_backward_key_value",
+    },
+};
+
+/// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64.
+const BF16: Kernels = Kernels {
+    forward: "fused_attention_forward_bf16",
+    backward: Backward::Chained {
+        delta: "fused_attention_backward_delta_bf16",
+        backward: "fused_attention_backward_bf16",
+    },
+};
 
 /// The tensor-core kernels compiled for head sizes above 64, up to 128.
 const BF16_HS128: Kernels = Kernels {
     forward: "fused_attention_forward_bf16_hs128",
-    query: "fused_attention_backward_query_bf16_hs128",
-    key_value: "fused_attention_backward_key_value_bf16_hs128",
+    backward: Backward::TwoSided {
+        query: "fused_attention_backward_query_bf16_hs128",
+        key_value: "fused_attention_backward_key_value_bf16_hs128",
+    },
 };
 
 impl CudaDevice {
@@ -66,9 +85,11 @@ impl CudaDevice {
     /// that fits them), f32 ones to CUDA cores.
     fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (Kernels, LaunchConfig) {
         match dtype {
-            DType::Bf16 if d.hs > 64 => (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
-            DType::Bf16 => (Kernels::of(dtype), per_attention_tile_bf16(d.t, heads, d.hs)),
-            DType::F32 => (Kernels::of(dtype), per_attention_tile(d.t, heads, d.hs)),
+            DType::Bf16 if d.hs > CHAINED_DQ_MAX_HEAD_SIZE => {
+                (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs))
+            }
+            DType::Bf16 => (BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::F32 => (F32, per_attention_tile(d.t, heads, d.hs)),
         }
     }
 
@@ -134,38 +155,79 @@ impl CudaDevice {
         let (_, key_value_cfg) = Self::attention_kernels(dtype, d, d.b * d.kv);
         let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
         let lse = cu(lse);
-        launch!(
-            self,
-            kernels.query,
-            query_cfg,
-            buf_mut(dqkv),
-            &mut *delta,
-            buf(qkv),
-            buf(out),
-            buf(dout),
-            lse,
-            &t,
-            &nh,
-            &kv,
-            &hs,
-            &mask,
-            &on,
-        );
-        launch!(
-            self,
-            kernels.key_value,
-            key_value_cfg,
-            buf_mut(dqkv),
-            buf(qkv),
-            buf(dout),
-            lse,
-            &*delta,
-            &t,
-            &nh,
-            &kv,
-            &hs,
-            &mask,
-            &on
-        );
+        match kernels.backward {
+            Backward::TwoSided { query, key_value } => {
+                launch!(
+                    self,
+                    query,
+                    query_cfg,
+                    buf_mut(dqkv),
+                    &mut *delta,
+                    buf(qkv),
+                    buf(out),
+                    buf(dout),
+                    lse,
+                    &t,
+                    &nh,
+                    &kv,
+                    &hs,
+                    &mask,
+                    &on,
+                );
+                launch!(
+                    self,
+                    key_value,
+                    key_value_cfg,
+                    buf_mut(dqkv),
+                    buf(qkv),
+                    buf(dout),
+                    lse,
+                    &*delta,
+                    &t,
+                    &nh,
+                    &kv,
+                    &hs,
+                    &mask,
+                    &on
+                );
+            }
+            Backward::Chained { delta: delta_kernel, backward } => {
+                let chain =
+                    ChainedDq::of(dtype, d.hs, d.t, d.b * d.nh, d.b * d.kv).expect("a chained head size");
+                let (mut partials, mut turns) =
+                    (self.scratch::<f32>(chain.partials), self.scratch::<u32>(chain.turns));
+                launch!(
+                    self,
+                    delta_kernel,
+                    query_cfg,
+                    &mut *delta,
+                    &mut *turns,
+                    buf(out),
+                    buf(dout),
+                    &t,
+                    &nh,
+                    &kv,
+                    &hs
+                );
+                launch!(
+                    self,
+                    backward,
+                    key_value_cfg,
+                    buf_mut(dqkv),
+                    &mut *partials,
+                    &mut *turns,
+                    buf(qkv),
+                    buf(dout),
+                    lse,
+                    &*delta,
+                    &t,
+                    &nh,
+                    &kv,
+                    &hs,
+                    &mask,
+                    &on
+                );
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! does.
 
 use crate::attention::{
-    attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
+    attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
 };
 use crate::device::OTHER_SHARD;
 use crate::tensor::DType;
@@ -144,10 +144,6 @@ pub fn per_attention_tile(t: usize, heads: usize, head_size: usize) -> LaunchCon
         shared_mem_bytes: 0,
     }
 }
-
-/// Query or key rows per block of the tensor-core attention kernels (`TILE` in
-/// fused_attention_mma.cu), 16 per warp: the rows of one m16n8k16 product.
-pub const ATTENTION_MMA_TILE: usize = 64;
 
 /// The tensor-core (bf16) fused attention kernels over `heads` heads (B * NH) of `t` rows
 /// each: one block of 4 warps per tile of `ATTENTION_MMA_TILE` rows of one head.

@@ -1,28 +1,39 @@
 //! The CUDA device's fused attention op (kernels/src/cuda/fused_attention.rs), launch for
 //! launch with its shapes and buffers, against the CPU's attention op through the same
-//! `Device` seam: forward into out and lse, then backward from out and lse (the query side
-//! leaving delta for the key side) into dqkv, with and without dropout.
+//! `Device` seam: forward into out and lse, then backward from out and lse into dqkv (the
+//! query side leaving delta for the key side, or, where one kernel sums every gradient, a
+//! launch for delta first), with and without dropout.
 
 use crate::attention::{cpu_attention, Dims};
 use crate::harness::{bf16_bits, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run, Storage};
 use crate::philox::{dropout_mask, unused_dropout_mask};
 use cudarc::driver::LaunchConfig;
 use kernels::cuda::launch::per_attention_tile;
-use kernels::{DropoutKey, DropoutSite, DropoutSpec};
+use kernels::{ChainedDq, DType, DropoutKey, DropoutSite, DropoutSpec};
 
-/// One family of the fused attention kernels: its file of kernels/cuda, its three kernels,
-/// their launch (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key
-/// side), the storage of their [B, T, *] tensors (qkv, out, dout,
-/// dqkv; lse and delta are f32), and how close to the CPU's its outputs must be, relative
-/// to the largest magnitude of each output of a head.
+/// One family of the fused attention kernels: its file of kernels/cuda, its kernels, their
+/// launch (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key side),
+/// the storage of their [B, T, *] tensors (qkv, out, dout, dqkv; lse and delta are f32),
+/// and how close to the CPU's its outputs must be, relative to the largest magnitude of
+/// each output of a head.
 pub struct Fused {
     pub file: &'static str,
     pub forward: &'static str,
-    pub query: &'static str,
-    pub key_value: &'static str,
+    pub backward: Backward,
     pub launch: fn(usize, usize, usize) -> LaunchConfig,
     pub storage: Storage,
     pub tol: f64,
+}
+
+/// The kernels of a family's backward, as the device launches them.
+pub enum Backward {
+    /// The query side (dq, and delta for the key side), a block per query tile, then the
+    /// key side (dk and dv), a block per key tile.
+    TwoSided { query: &'static str, key_value: &'static str },
+    /// delta, with the turns' counters zeroed, a block per query tile; then every gradient
+    /// from the key side, each query tile's dq summed over the key tiles' blocks in turn
+    /// (fused_attention_mma.cu at head sizes up to 64).
+    Chained { delta: &'static str, backward: &'static str },
 }
 
 impl Fused {
@@ -43,8 +54,10 @@ impl Fused {
 pub const FP32: Fused = Fused {
     file: "fused_attention.cu",
     forward: "fused_attention_forward",
-    query: "fused_attention_backward_query",
-    key_value: "fused_attention_backward_key_value",
+    backward: Backward::TwoSided {
+        query: "fused_attention_backward_query",
+        key_value: "fused_attention_backward_key_value",
+    },
     launch: per_attention_tile,
     storage: Storage::F32,
     tol: 1e-5,
@@ -108,11 +121,41 @@ pub fn fused_attention(
     };
     run.launch_blocks(kernels.forward, cfg, &args(&[out, lse, gqkv]), &query_blocks);
     run.read(out);
-    run.launch_blocks(kernels.query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &query_blocks);
     let key_blocks = blocks(&groups, key_cfg.grid_dim.0 as usize);
-    run.launch_blocks(kernels.key_value, key_cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &key_blocks);
+    let turns = match kernels.backward {
+        Backward::TwoSided { query, key_value } => {
+            run.launch_blocks(query, cfg, &args(&[dqkv, delta, gqkv, out, gdout, lse]), &query_blocks);
+            run.launch_blocks(key_value, key_cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &key_blocks);
+            None
+        }
+        Backward::Chained { delta: delta_kernel, backward } => {
+            // The partial sums and the counters start as garbage: the delta launch must
+            // zero every counter the backward reads, and the chain write every partial sum
+            // before it reads it.
+            let tiles = cfg.grid_dim.0 as usize;
+            let scratch = ChainedDq::of(DType::Bf16, d.hs(), d.t, d.heads(), d.kv_heads())
+                .expect("a chained head size");
+            let partials = run.buffer(&vec![f32::NAN; scratch.partials]);
+            let turns = run.buffer(&vec![u32::MAX; scratch.turns]);
+            let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
+            let delta_args: Vec<Arg> =
+                [delta, turns, out, gdout].map(Arg::from).into_iter().chain(sizes).collect();
+            run.launch_blocks(delta_kernel, cfg, &delta_args, &query_blocks);
+            run.launch_blocks(
+                backward,
+                key_cfg,
+                &args(&[dqkv, partials, turns, gqkv, gdout, lse, delta]),
+                &key_blocks,
+            );
+            run.read(turns);
+            Some((turns, tiles))
+        }
+    };
     run.read(dqkv);
     let got = family.run(run)?;
+    if let Some((turns, tiles)) = turns {
+        chain_ended(&got.get::<u32>(turns), d, heads, &groups, tiles)?;
+    }
 
     let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
     let case = if spec.is_some() { "with dropout" } else { "without dropout" };
@@ -137,6 +180,31 @@ pub fn fused_attention(
                 w,
                 offset,
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// The turns' counters after a chained backward: query tile n of each head run has been
+/// handed on n times (by key tiles n to 1; key tile 0 ends its sum), and each key/value
+/// head run has given out a ticket to each of its key tiles' blocks.
+fn chain_ended(
+    turns: &[u32],
+    d: Dims,
+    heads: &[usize],
+    groups: &[usize],
+    tiles: usize,
+) -> Result<(), String> {
+    for &bh in heads {
+        let got = &turns[bh * tiles..][..tiles];
+        if got.iter().enumerate().any(|(n, &count)| count != n as u32) {
+            return Err(format!("head {bh}: query tiles handed on {got:?} times, not 0, 1, 2, ..."));
+        }
+    }
+    for &g in groups {
+        let tickets = turns[d.heads() * tiles + g];
+        if tickets != tiles as u32 {
+            return Err(format!("key/value head {g}: {tickets} tickets for {tiles} key tiles"));
         }
     }
     Ok(())

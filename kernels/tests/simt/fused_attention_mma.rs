@@ -5,7 +5,7 @@
 //! activations and their gradients under bf16; lse and delta stay fp32.
 
 use crate::attention::Dims;
-use crate::fused_attention::{fused_attention, Fused, GPT2, GROUPED, SPEC, TWO_TILES};
+use crate::fused_attention::{fused_attention, Backward, Fused, GPT2, GROUPED, SPEC, TWO_TILES};
 use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
@@ -33,8 +33,10 @@ use kernels::cuda::launch::per_attention_tile_bf16;
 pub const BF16: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16",
-    query: "fused_attention_backward_query_bf16",
-    key_value: "fused_attention_backward_key_value_bf16",
+    backward: Backward::Chained {
+        delta: "fused_attention_backward_delta_bf16",
+        backward: "fused_attention_backward_bf16",
+    },
     launch: per_attention_tile_bf16,
     storage: Storage::Bf16,
     tol: 2e-2,
@@ -46,8 +48,10 @@ pub const BF16: Fused = Fused {
 pub const BF16_HS128: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16_hs128",
-    query: "fused_attention_backward_query_bf16_hs128",
-    key_value: "fused_attention_backward_key_value_bf16_hs128",
+    backward: Backward::TwoSided {
+        query: "fused_attention_backward_query_bf16_hs128",
+        key_value: "fused_attention_backward_key_value_bf16_hs128",
+    },
     launch: per_attention_tile_bf16,
     storage: Storage::Bf16,
     tol: 2e-2,

@@ -96,6 +96,14 @@ inline void __stcs(T* p, T v) {
     *p = v;
 }
 template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+template <typename T>
+inline void __stcg(T* p, T v) {
+    *p = v;
+}
+template <typename T>
 inline T min(T a, T b) {
     return b < a ? b : a;
 }
