@@ -26,7 +26,9 @@
 //!   largest such pair), one block's gradient scratch (two [B,T,F], or one on CUDA under
 //!   GELU, whose backward is the epilogue of fc2's input-gradient product; one [B,T,3C];
 //!   and the attention core's: the [B,NH,T,T] score gradient, or the fused core's [B,NH,T]
-//!   row sums), and the received and the sent gradient [B,T,C];
+//!   row sums, beside which its one-kernel bf16 backward at head sizes up to 64 holds dq's
+//!   fp32 partial sums, [B,NH,ceil(T/64),64,64], and its turns' counters,
+//!   `kernels::ChainedDq`), and the received and the sent gradient [B,T,C];
 //! * backward-weight: nothing (it reads what backward-input left and adds into the
 //!   gradients, which are static).
 //!
@@ -34,7 +36,7 @@
 //! input.
 
 use super::setup::Setup;
-use kernels::AttentionSaves;
+use kernels::{AttentionSaves, ChainedDq};
 use schedules::ChunkMemory;
 use stages::memory_model::{
     block_stash, deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes,
@@ -62,8 +64,15 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         // run only in fp32).
         AttentionSaves::Probabilities => element(b * nh * t * t, Split::Interior),
         // The fused core's row sums: fp32 scratch under either precision, as its
-        // log-sum-exp is.
-        AttentionSaves::RowLogSumExp => (tp.per_rank(b * nh * t, Split::Interior) * F32_BYTES) as u64,
+        // log-sum-exp is; and where its bf16 backward is one kernel (head sizes up to 64),
+        // dq's fp32 partial sums and the counters its blocks take turns by.
+        AttentionSaves::RowLogSumExp => {
+            let (heads, kv_heads) =
+                (tp.per_rank(b * nh, Split::Interior), tp.per_rank(b * s.kv_heads, Split::Interior));
+            let chained =
+                ChainedDq::of(s.activations, s.head_size(), t, heads, kv_heads).map_or(0, |c| c.bytes());
+            (tp.per_rank(b * nh * t, Split::Interior) * F32_BYTES + chained) as u64
+        }
     };
     let block = |keep| block_kept_bytes(s, tp, keep) as u64;
     let full_block = block(BlockKeep::Stored(SelectiveModules::NONE));
