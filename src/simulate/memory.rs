@@ -332,6 +332,24 @@ mod tests {
         assert_eq!(peak16 - static16, (peak32 - static32 - statistics) / 2 + statistics);
     }
 
+    /// Under bf16 the CUDA backward's attention scratch holds, beside delta, the one-kernel
+    /// backward's dq partial sums, a [64, 64] fp32 tile a query tile of each head, and its
+    /// counters, one a query tile of each head and one a key/value head
+    /// (`kernels::ChainedDq`); the rest of what a backward holds halves.
+    #[test]
+    fn the_bf16_backward_holds_dqs_partial_sums_beside_delta() {
+        let (fp32, bf16) = (setup(on_one_gpu("fp32")), setup(on_one_gpu("bf16")));
+        let (a, b) = (chunk_memory(&fp32, 0, 0), chunk_memory(&bf16, 0, 0));
+        let (heads, tiles) = (4 * 12, 1024 / 64);
+        let delta = heads * 1024 * 4;
+        let chained = 4 * (heads * tiles * 64 * 64 + heads * tiles + heads);
+        assert_eq!(chained, 12_586_176);
+        assert_eq!(
+            b.backward_input_working_bytes - delta - chained,
+            (a.backward_input_working_bytes - delta) / 2
+        );
+    }
+
     /// The CUDA device's logits rows are padded from 50257 to 50304 columns: the head's
     /// stage works with that much more, the other stages as much as on the CPU.
     #[test]
