@@ -234,4 +234,7 @@ fn the_elementwise_kernels_move_128_bit_packs() {
     // Zeroing loads nothing.
     let zero = entry(&ptx("zero.cu"), "zero_tensors");
     assert!(accesses_128_bits(&zero, "st"), "zero.cu: zero_tensors has no 128-bit store");
+    // The gradient norm's first stage stores one sum a block.
+    let squares = entry(&ptx("sum_squares.cu"), "sum_squares_chunks");
+    assert!(accesses_128_bits(&squares, "ld"), "sum_squares.cu: sum_squares_chunks has no 128-bit load");
 }

@@ -46,12 +46,12 @@ const SQUARES: [usize; 2] = [3 * 65536 + 5, 1001];
 const SQUARES_STAGE_TWO: ([usize; 16], usize) = ([40 * 1024 - 3; 16], 1024);
 
 fn sum_squares_chunks_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
-    sum_of_squares(edited, intact, &SQUARES, SUM_SQUARES_CHUNK, seed)
+    sum_of_squares(edited, intact, &SQUARES, 0, SUM_SQUARES_CHUNK, seed)
 }
 
 fn sum_squares_totals_kernel(intact: &Family, edited: &Family, seed: u64) -> Result<(), String> {
     let (lens, chunk) = SQUARES_STAGE_TWO;
-    sum_of_squares(intact, edited, &lens, chunk, seed)
+    sum_of_squares(intact, edited, &lens, 0, chunk, seed)
 }
 
 /// Twelve chunks of rows over four blocks of columns (the last a partial one): the first

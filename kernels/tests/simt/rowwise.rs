@@ -158,22 +158,29 @@ fn layernorm_matches_the_cpu_in_f32_and_bf16() {
 /// `chunk` (the device's `SUM_SQUARES_CHUNK`, or smaller to give stage two more partial
 /// sums), against the CPU's per tensor: stage one (`sum_squares_chunks`) run by `first`,
 /// stage two (`sum_squares_totals`) by `second`, so that either can be a family with an edit.
+/// Each tensor is a part of a buffer, `skip` elements in (as the distributed optimizer's
+/// parts are), whose elements before it must not count.
 pub fn sum_of_squares(
     first: &Family,
     second: &Family,
     lens: &[usize],
+    skip: usize,
     chunk: usize,
     seed: u64,
 ) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let xs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.uniform(n, 1.0)).collect();
+    let buffers: Vec<Vec<f32>> = lens.iter().map(|&n| rng.uniform(skip + n, 1.0)).collect();
+    let xs: Vec<&[f32]> = buffers.iter().map(|b| &b[skip..]).collect();
     let firsts = first_blocks(lens, chunk);
     let blocks = *firsts.last().unwrap() as usize;
     let (one, two) = sum_squares(blocks, lens.len());
     let mut run = Run::new(seed);
     // sum_squares.cu's records: each tensor's address and length.
-    let words: Vec<Word> =
-        xs.iter().zip(lens).flat_map(|(x, &n)| [Word::At(run.buffer(x), 0), Word::Value(n as u64)]).collect();
+    let words: Vec<Word> = buffers
+        .iter()
+        .zip(lens)
+        .flat_map(|(b, &n)| [Word::At(run.buffer(b), 4 * skip as u64), Word::Value(n as u64)])
+        .collect();
     let table = run.table(&words);
     let gfirst = run.buffer(&firsts);
     let partial = run.buffer(&vec![f64::NAN; blocks]);
@@ -229,10 +236,16 @@ fn sum_squares_matches_the_cpu() {
     // and of many), then at their real sizes wpe and the first block's twelve (7.9 M
     // elements; all 124 M would take minutes to emulate), with an empty tensor among them.
     let scaled: Vec<usize> = lens.iter().map(|n| n / 64 + 1).collect();
-    sum_of_squares(&family, &family, &scaled, SUM_SQUARES_CHUNK, 9).unwrap();
+    sum_of_squares(&family, &family, &scaled, 0, SUM_SQUARES_CHUNK, 9).unwrap();
     let mut real = lens[1..14].to_vec();
     real.insert(3, 0);
-    sum_of_squares(&family, &family, &real, SUM_SQUARES_CHUNK, 10).unwrap();
+    sum_of_squares(&family, &family, &real, 0, SUM_SQUARES_CHUNK, 10).unwrap();
+    // Parts one element into their buffers, every pack off a 16-byte boundary (element by
+    // element), and four in (in packs again), over chunks of 4096 so that a tensor spans
+    // blocks.
+    let parts: Vec<usize> = lens[1..14].iter().map(|n| n / 64 + 3).collect();
+    sum_of_squares(&family, &family, &parts, 1, 4096, 11).unwrap();
+    sum_of_squares(&family, &family, &parts, 4, 4096, 12).unwrap();
 }
 
 /// The column sums of rows [n, c] in `storage` into f32 partial sums, then `add_partials`

@@ -86,22 +86,32 @@ inline float __int_as_float(int i) {
 // An add rounded on its own, never contracted into a multiply-add (the host build has
 // -ffp-contract=off, so a plain add is one).
 inline float __fadd_rn(float a, float b) { return a + b; }
-// Loads and stores with a cache hint: the hint is the GPU's business.
+// Loads and stores with a cache hint: the hint is the GPU's business, but the access must
+// be aligned to its size, as on the GPU, where a misaligned one faults (the host's would
+// not: so checked here).
+namespace simt {
+[[noreturn]] void fail(const char* fmt, ...);
+template <typename T>
+inline const T* aligned_access(const T* p) {
+    if ((unsigned long long)p % sizeof(T) != 0) fail("a %zu-byte access at %p, off its alignment", sizeof(T), (const void*)p);
+    return p;
+}
+}  // namespace simt
 template <typename T>
 inline T __ldcs(const T* p) {
-    return *p;
+    return *simt::aligned_access(p);
 }
 template <typename T>
 inline void __stcs(T* p, T v) {
-    *p = v;
+    *const_cast<T*>(simt::aligned_access(p)) = v;
 }
 template <typename T>
 inline T __ldcg(const T* p) {
-    return *p;
+    return *simt::aligned_access(p);
 }
 template <typename T>
 inline void __stcg(T* p, T v) {
-    *p = v;
+    *const_cast<T*>(simt::aligned_access(p)) = v;
 }
 template <typename T>
 inline T min(T a, T b) {
@@ -109,8 +119,6 @@ inline T min(T a, T b) {
 }
 
 namespace simt {
-
-[[noreturn]] void fail(const char* fmt, ...);
 
 // ---- fibers ------------------------------------------------------------------------------
 
