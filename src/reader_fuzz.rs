@@ -4,7 +4,7 @@
 //! than a small multiple of its input (a header's claim is checked against the bytes before
 //! anything is sized from it). The case counts keep each target to a few seconds.
 
-use crate::checkpoint::{load_checkpoint, save_checkpoint};
+use crate::checkpoint::{read_checkpoint, save_checkpoint};
 use crate::config;
 use crate::data::{test_dir, TokenData, TokenFile};
 use crate::error::is_user_error;
@@ -382,7 +382,7 @@ const CHECKPOINT_FILES: [&str; 5] = [
 proptest! {
     #![proptest_config(cases(200))]
 
-    /// `load_checkpoint` over a saved checkpoint with one to three of its files changed, with
+    /// `read_checkpoint` (`load_checkpoint` without its note) over a saved checkpoint with one to three of its files changed, with
     /// its manifest (which must catch every change) or without (so the readers behind it see
     /// the bytes).
     #[test]
@@ -399,7 +399,7 @@ proptest! {
             std::fs::remove_file(dir.join("manifest.sha256")).unwrap();
         }
         let changed = CHECKPOINT_FILES[..4].iter().zip(&pristine).any(|(f, p)| &std::fs::read(dir.join(f)).unwrap() != p);
-        let loaded = check(input_bytes(&dir), || load_checkpoint(&dir))?;
+        let loaded = check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
         if keep_manifest && changed {
             prop_assert!(loaded.is_none(), "a changed file passed its manifest");
         }
@@ -411,7 +411,7 @@ const HF_FILES: [&str; 2] = ["config.json", "model.safetensors"];
 proptest! {
     #![proptest_config(cases(200))]
 
-    /// `load_checkpoint` over a Hugging Face directory (`transformer.` prefixes, a tied
+    /// `read_checkpoint` over a Hugging Face directory (`transformer.` prefixes, a tied
     /// `lm_head.weight`) with one to three changes to its two files.
     #[test]
     fn hugging_face_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len()), 1..4)) {
@@ -428,7 +428,7 @@ proptest! {
         for m in &mutations {
             apply(&dir, &HF_FILES, m);
         }
-        check(input_bytes(&dir), || load_checkpoint(&dir))?;
+        check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
     }
 }
 

@@ -40,19 +40,30 @@ pub struct TrainerCheckpoint {
 /// Loads `path`: a checkpoint directory, a run directory (or its `checkpoints/`) whose
 /// `latest` pointer is followed, or a Hugging Face directory of a GPT-2 or Llama model
 /// (config.json + model.safetensors, or shards listed by model.safetensors.index.json;
-/// `transformer.` prefixes and a tied `lm_head.weight` accepted).
+/// `transformer.` prefixes and a tied `lm_head.weight` accepted). A pipetrain checkpoint
+/// from before manifests were written loads with a note that its files went unverified.
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
-    let dir = resolve(path)?;
-    // A Hugging Face directory has no manifest by its nature; a pipetrain checkpoint (with
-    // trainer state) without one predates them, and the user is told it went unchecked.
-    let has_trainer_state = dir.join(STATE_FILE).exists() || dir.join(OPTIMIZER_FILE).exists();
-    let verified = manifest::verify(&dir)?;
-    if verified == Verified::NoManifest && has_trainer_state {
+    let (checkpoint, unverified) = read_checkpoint(path)?;
+    if unverified {
         eprintln!(
             "note: {}: no {MANIFEST_FILE} (a checkpoint from before they were written); its files are not verified",
-            dir.display()
+            checkpoint.dir.display()
         );
     }
+    Ok(checkpoint)
+}
+
+/// [`load_checkpoint`] without its note: the checkpoint, and whether it is a pipetrain
+/// checkpoint whose files went unverified for want of a manifest. It writes nothing, so
+/// that the readers' fuzzer measures the reader's heap alone: the test harness keeps what
+/// a test prints in a buffer that grows, on the printing thread.
+pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)> {
+    let dir = resolve(path)?;
+    // A Hugging Face directory has no manifest by its nature; a pipetrain checkpoint (with
+    // trainer state) without one predates them.
+    let has_trainer_state = dir.join(STATE_FILE).exists() || dir.join(OPTIMIZER_FILE).exists();
+    let verified = manifest::verify(&dir)?;
+    let unverified = verified == Verified::NoManifest && has_trainer_state;
     let config_path = dir.join(CONFIG_FILE);
     verified.require(&config_path)?;
     let text = fs::read_to_string(&config_path)
@@ -94,7 +105,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
             )));
         }
     };
-    Ok(Checkpoint { dir, config, model, trainer })
+    Ok((Checkpoint { dir, config, model, trainer }, unverified))
 }
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that

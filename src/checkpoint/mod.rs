@@ -23,6 +23,8 @@ mod tensors;
 
 pub use hf_config::HfGpt2Config;
 pub use llama_config::LlamaConfig;
+#[cfg(test)]
+pub(crate) use load::read_checkpoint;
 pub use load::{export_hf, load_checkpoint};
 pub use model_config::ModelConfig;
 pub use save::{save_checkpoint, write_atomic};
