@@ -665,6 +665,46 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
+/// The chained backward (head size 64: every gradient from the key side, each query tile's
+/// dq summed over the key tiles' blocks in turn, turns.cuh) at GPT-2 124M's attention with
+/// B = 16: 3072 blocks, so that most wait for their turns behind blocks still running, where
+/// a missing fence would show as a dq that changes from run to run, and a wrong order of
+/// tickets as a hang. dqkv must be the same bits in five runs, and at B = 4 close to the
+/// CPU's. Only on a real GPU: the stand-in's emulator runs one block at a time, which
+/// cannot show either fault (the SIMT harness checks the order of the turns), and would
+/// take an hour at this size.
+#[test]
+fn the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size() {
+    let test = "the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size";
+    let Some(gpu) = bf16_gpu(test) else { return };
+    if gpu.name().contains(kernels::STANDIN_GPU_NAME) {
+        eprintln!("SKIP {test}: the stand-in runs one block at a time, and this size would take it an hour");
+        return;
+    }
+    let mut rng = seeded(test);
+    let spec = Some(dropout(0.1, 5, DropoutSite::AttentionProbs));
+    let [b, t, c, nh] = [16, 1024, 768, 12];
+    let (n, width) = (b * t, 3 * c);
+    let (qkv, dout) = (rng.uniform(n * width, 2.0), rng.uniform(n * c, 1.0));
+    let (qkv, dout) = (put(&gpu, &qkv, &[b, t, width]), put(&gpu, &dout, &[b, t, c]));
+    let mut out = act_zeros(&gpu, &[b, t, c]);
+    let mut saved =
+        AttentionSaved::empty(&gpu, AttentionSaves::RowLogSumExp, [b, nh, t], true, Category::Workspace);
+    gpu.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, nh);
+    let backward = || {
+        let mut dqkv = put(&gpu, &vec![f32::NAN; n * width], &[b, t, width]);
+        gpu.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, nh);
+        gpu.to_host(&dqkv).iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let first = backward();
+    for run in 1..5 {
+        let again = backward();
+        let differ = first.iter().zip(&again).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "run {run}: {differ} elements of dqkv differ from the first run's");
+    }
+    attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, [4, t, c, nh, nh], 2e-2, &mut rng);
+}
+
 /// A kernel of this directory's own, compiled by NVRTC for the GPU and loaded on a context
 /// of its own, for a test of what only a real GPU computes: None, saying why, on the
 /// stand-in (whose kernels are kernels/cuda's families under the emulator, so it would
