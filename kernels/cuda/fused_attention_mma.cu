@@ -223,22 +223,22 @@ __device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsi
     }
 }
 
-// acc += P Y over the tile for one warp: P [16, STREAM] in accumulators (rounded to bf16
-// as they enter), Y [STREAM, HS] the staged rows, read down its columns: acc[n] is columns
-// [8n, 8n + 8). The B fragments of two column tiles and a k step are one transposing
-// ldmatrix (load_bt_pair). Until 2026-11-27 they were 16-byte loads of 4 rows with the
-// products' columns permuted, and a byte permutation (PRMT) a register to pick each
-// column's pair out of the rows' words: 2 integer instructions a product. Below HS the
-// zero columns past hs cost their products.
-template <int HS>
-__device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
-                                           const Tile<HS> y) {
+// acc += A Y for one warp, over the STREAM staged rows of Y, read down its columns: acc[n]
+// is columns [8n, 8n + 8). `a_step(a, c)` gives A's fragment of k step c, the product's
+// columns [16 c, 16 c + 16), against Y's rows [16 c, 16 c + 16). The B fragments of two
+// column tiles and a k step are one transposing ldmatrix (load_bt_pair). Until 2026-11-27
+// they were 16-byte loads of 4 rows with the products' columns permuted, and a byte
+// permutation (PRMT) a register to pick each column's pair out of the rows' words: 2
+// integer instructions a product. Below HS the zero columns past hs cost their products.
+template <int HS, typename AStep>
+__device__ __forceinline__ void accumulate_over_rows(float acc[Shape<HS>::DTILES][4], const Tile<HS> y,
+                                                     AStep a_step) {
     using S = Shape<HS>;
     const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
     #pragma unroll
     for (int c = 0; c < S::STREAM / 16; ++c) {
         unsigned int a[4];
-        a_from_accumulators(a, p[2 * c], p[2 * c + 1]);
+        a_step(a, c);
         #pragma unroll
         for (int n = 0; n < S::DTILES; n += 2) {
             unsigned int lo[2], hi[2];
@@ -249,33 +249,30 @@ __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], cons
     }
 }
 
+// acc += P Y over the tile for one warp: P [16, STREAM] in accumulators, rounded to bf16
+// as they enter.
+template <int HS>
+__device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
+                                           const Tile<HS> y) {
+    accumulate_over_rows<HS>(acc, y, [&](unsigned int a[4], int c) { a_from_accumulators(a, p[2 * c], p[2 * c + 1]); });
+}
+
 // acc += dS Y for one warp's 16 queries, columns [16 w, 16 w + 16) of `ds`, the staged
 // dS^T (ROWS keys by STREAM queries, bf16 pairs along the queries): a product over the
-// block's keys, Y [ROWS, HS] the staged key tile read down its columns as `accumulate`
-// reads its B operand. dS's A fragments are the transposes of ds's 8x8 matrices, one
-// transposing ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2), queries 16 w + 8 (i %
-// 2), which is b_origin's order of rows and words, so the fragment's four registers are
-// the instruction's four in order. Only at HS = 64, where a tile of STREAM = ROWS queries
-// fits a row of ds.
+// block's keys, Y [ROWS, HS] the staged key tile. dS's A fragments are the transposes of
+// ds's 8x8 matrices, one transposing ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2),
+// queries 16 w + 8 (i % 2), which is b_origin's order of rows and words, so the fragment's
+// four registers are the instruction's four in order. Only at HS = 64, where a tile of
+// STREAM = ROWS queries fits a row of ds.
 template <int HS>
 __device__ __forceinline__ void accumulate_transposed(float acc[Shape<HS>::DTILES][4], const Tile<HS> ds,
                                                       const Tile<HS> y) {
     using S = Shape<HS>;
     static_assert(S::STREAM == ROWS && S::WORDS >= ROWS / 2, "dS^T of a query tile fits a staged tile");
     const unsigned int* a_origin = b_origin(&ds[0][0], S::WORDS) + 8 * (threadIdx.x / WARP_SIZE);
-    const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
-    #pragma unroll
-    for (int c = 0; c < ROWS / 16; ++c) {
-        unsigned int a[4];
+    accumulate_over_rows<HS>(acc, y, [&](unsigned int a[4], int c) {
         load_matrices_transposed(a, a + 2, a_origin + 16 * c * S::WORDS);
-        #pragma unroll
-        for (int n = 0; n < S::DTILES; n += 2) {
-            unsigned int lo[2], hi[2];
-            load_bt_pair(lo, hi, origin, S::WORDS, 16 * c, n);
-            mma_bf16_16816(acc[n], a, lo);
-            mma_bf16_16816(acc[n + 1], a, hi);
-        }
-    }
+    });
 }
 
 // Row g + 8h of a warp's [16, HS] product accumulated by `accumulate`, times `scale`, into
