@@ -49,10 +49,16 @@ impl ChainedDq {
     /// head size above [`CHAINED_DQ_MAX_HEAD_SIZE`].
     pub fn of(dtype: DType, head_size: usize, t: usize, heads: usize, kv_heads: usize) -> Option<ChainedDq> {
         let tiles = t.div_ceil(ATTENTION_MMA_TILE);
-        (dtype == DType::Bf16 && head_size <= CHAINED_DQ_MAX_HEAD_SIZE).then_some(ChainedDq {
+        ChainedDq::chains(dtype, head_size).then_some(ChainedDq {
             partials: heads * tiles * ATTENTION_MMA_TILE * CHAINED_DQ_MAX_HEAD_SIZE,
             turns: heads * tiles + kv_heads,
         })
+    }
+
+    /// Whether the CUDA backend's backward over activations of `dtype` at head size
+    /// `head_size` is the chained one: bf16, up to [`CHAINED_DQ_MAX_HEAD_SIZE`].
+    pub fn chains(dtype: DType, head_size: usize) -> bool {
+        dtype == DType::Bf16 && head_size <= CHAINED_DQ_MAX_HEAD_SIZE
     }
 
     /// Its bytes: 4 an element of either.

@@ -8,7 +8,7 @@ use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::config::DeviceKind;
 use crate::error::user_error;
-use kernels::AttentionSaves;
+use kernels::{AttentionSaves, ChainedDq};
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
@@ -167,15 +167,19 @@ fn unfused_epilogue_seconds(setup: &Setup, hw: &Hardware) -> [f64; 2] {
     [bias_adds, gelu_gradient].map(|bytes| bytes / hw.achieved_bandwidth())
 }
 
-/// FLOPs one block's backward adds beyond the model's count on one rank: the fused attention
-/// backward (device cuda) computes q k^T again to rebuild P tile by tile, 2 B T^2 C, full
-/// T x T as `stages::flops` counts the core.
+/// FLOPs one block's backward adds beyond the model's count on one rank. The model counts
+/// the attention core's backward as four products of 2 B T^2 C each (dP, dv, dq and dk,
+/// full T x T as `stages::flops` counts the core). The fused kernels (device cuda) also
+/// rebuild S = q k^T tile by tile: one product more where one kernel takes the whole
+/// backward (bf16 up to head size 64, `kernels::ChainedDq`), three more where the query side
+/// and the key side each compute S and dP.
 fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel) -> f64 {
+    let product =
+        2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.hidden as f64 / tp.size as f64;
     match s.attention {
         AttentionSaves::Probabilities => 0.0,
-        AttentionSaves::RowLogSumExp => {
-            2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.hidden as f64 / tp.size as f64
-        }
+        AttentionSaves::RowLogSumExp if ChainedDq::chains(s.activations, s.head_size()) => product,
+        AttentionSaves::RowLogSumExp => 3.0 * product,
     }
 }
 
@@ -508,19 +512,28 @@ mod tests {
         assert_eq!(times(cfg(DeviceKind::Cpu, false)), times(cfg(DeviceKind::Cpu, true)));
     }
 
-    /// The fused attention's backward computes q k^T once more: 2 B T^2 C FLOPs per block
-    /// on top of the model's count; nothing else changes.
+    /// The fused attention's backward computes q k^T once more, and in two kernels (fp32)
+    /// q k^T and dout v^T once more on each side: 2 or 6 B T^2 C FLOPs per block on top of
+    /// the model's count; nothing else changes.
     #[test]
     fn fused_attention_backward_rebuilds_the_scores() {
         let materialized = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100());
         let cuda = Config { device: crate::config::DeviceKind::Cuda, ..gpt2_small(4, "1f1b", 1, 8) };
-        let fused = from_hardware(&setup(cuda), &h100());
+        let chained = Config { precision: Named::parse("bf16").unwrap(), ..cuda.clone() };
         let rate = 989e12 * 0.5;
-        let (a, b) = (materialized.chunks[1], fused.chunks[1]);
-        assert_eq!(b.backward_input, a.backward_input + 4.0 * 2.0 * 1024.0 * 1024.0 * 768.0 / rate);
-        assert_eq!((b.forward, b.backward_weight, b.recompute), (a.forward, a.backward_weight, a.recompute));
-        // The head's chunk holds no block: the same either way.
-        assert_eq!(fused.chunks[3], materialized.chunks[3]);
+        let product = 2.0 * 1024.0 * 1024.0 * 768.0 / rate;
+        for (cfg, products) in [(cuda, 3.0), (chained, 1.0)] {
+            let fused = from_hardware(&setup(cfg), &h100());
+            let (a, b) = (materialized.chunks[1], fused.chunks[1]);
+            let extra = b.backward_input - a.backward_input;
+            assert!((extra - 4.0 * products * product).abs() < 1e-15, "{extra} for {products} products");
+            assert_eq!(
+                (b.forward, b.backward_weight, b.recompute),
+                (a.forward, a.backward_weight, a.recompute)
+            );
+            // The head's chunk holds no block: the same either way.
+            assert_eq!(fused.chunks[3], materialized.chunks[3]);
+        }
     }
 
     #[test]
