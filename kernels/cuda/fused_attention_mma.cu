@@ -53,7 +53,8 @@
 // 3 blocks (12 warps) share an SM, and the backward kernels, which hold two [16, 64] fp32
 // accumulators and the next tile's loads (4 of 16 bytes a thread) besides, 229 to 253, 2
 // blocks an SM; none spills. The one-kernel backward at 64, which adds dq's [16, 64]
-// accumulators after dS is staged, takes 254 (sm_90) with 16 bytes spilled, 2 blocks an
+// accumulators after dS is staged, takes 254 (sm_90) with 16 bytes spilled (two 64-bit
+// values, stored once and read back before and after the loops over tiles), 2 blocks an
 // SM; its 47,108 bytes of shared memory (the double-buffered query and output gradient
 // tiles, its key tile, lse and delta) allow 4. At 128 the forward and query side take 216
 // to 236, and the key side, which holds dk and dv [16, 128] and its keys and values, 255
