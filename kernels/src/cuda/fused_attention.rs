@@ -21,7 +21,7 @@
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
 use super::launch::{per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
-use crate::attention::{ChainedDq, CHAINED_DQ_MAX_HEAD_SIZE};
+use crate::attention::ChainedDq;
 use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
@@ -60,7 +60,8 @@ const F32: Kernels = Kernels {
     },
 };
 
-/// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64.
+/// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64, where
+/// the backward is chained ([`ChainedDq::chains`]).
 const BF16: Kernels = Kernels {
     forward: "fused_attention_forward_bf16",
     backward: Backward::Chained {
@@ -85,10 +86,10 @@ impl CudaDevice {
     /// that fits them), f32 ones to CUDA cores.
     fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (Kernels, LaunchConfig) {
         match dtype {
-            DType::Bf16 if d.hs > CHAINED_DQ_MAX_HEAD_SIZE => {
-                (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs))
+            DType::Bf16 if ChainedDq::chains(dtype, d.hs) => {
+                (BF16, per_attention_tile_bf16(d.t, heads, d.hs))
             }
-            DType::Bf16 => (BF16, per_attention_tile_bf16(d.t, heads, d.hs)),
+            DType::Bf16 => (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
             DType::F32 => (F32, per_attention_tile(d.t, heads, d.hs)),
         }
     }
