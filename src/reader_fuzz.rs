@@ -382,9 +382,9 @@ const CHECKPOINT_FILES: [&str; 5] = [
 proptest! {
     #![proptest_config(cases(200))]
 
-    /// `read_checkpoint` (`load_checkpoint` without its note) over a saved checkpoint with one to three of its files changed, with
-    /// its manifest (which must catch every change) or without (so the readers behind it see
-    /// the bytes).
+    /// `read_checkpoint` (`load_checkpoint` without its note) over a saved checkpoint with
+    /// one to three of its files changed, with its manifest (which must catch every change)
+    /// or without (so the readers behind it see the bytes).
     #[test]
     fn checkpoints(mutations in proptest::collection::vec(mutation(CHECKPOINT_FILES.len()), 1..4), keep_manifest in any::<bool>()) {
         use crate::checkpoint::testing::{config, model, optimizer, state};

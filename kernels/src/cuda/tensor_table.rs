@@ -1,4 +1,4 @@
-//! Many tensors in one launch (`sum_squares.cu`, `adamw.cu`): a table of one record per
+//! Many tensors in one launch (`sum_squares.cu`, `adamw.cu`, `zero.cu`): a table of one record per
 //! tensor (its addresses and length, and whatever else its kernel reads), and the first
 //! block of each tensor (common.cuh's `owner`), each block a fixed chunk of one tensor. A
 //! stage's parameters and gradients never move, so a table is uploaded once and kept while
