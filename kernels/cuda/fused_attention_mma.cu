@@ -25,9 +25,11 @@
 // one multiply-add, s log2(e) / sqrt(hs) - m, the softmax's maximum m in those units (in
 // the backward, lse in them).
 //
-// Tiles: blocks of WARPS = 4 warps own TILE = 64 rows (queries for the forward and the
+// Tiles: blocks of WARPS = 4 warps own ROWS = 64 rows (queries for the forward and the
 // query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
-// the other side streams through in tiles of 64 rows, staged in shared memory as bf16
+// the forward at head size 64 owns 128, two such row tiles a warp (M = 2), so that each
+// B fragment it loads feeds two products. The other side streams through in tiles of 64
+// (HS = 64) or 32 (HS = 128) rows, staged in shared memory as bf16
 // pairs along the row (mma.cuh). Products that contract over the head dimension take
 // their B fragments from those rows with one ldmatrix a pair of column tiles
 // (load_b_pair); products that contract over the tile (P' v, dS k, P'^T dout, dS^T q)
@@ -49,10 +51,11 @@
 // bit.
 //
 // Registers (ptxas through NVRTC 13.0, -Xptxas -v, sm_80 and sm_90; scripts/sass-mix):
-// at head size 64 the forward takes 158 to 163, within the 168 its launch bounds allow, so
-// 3 blocks (12 warps) share an SM, and the backward kernels, which hold two [16, 64] fp32
-// accumulators and the next tile's loads (4 of 16 bytes a thread) besides, 229 to 253, 2
-// blocks an SM; none spills. The one-kernel backward at 64, which adds dq's [16, 64]
+// at head size 64 the forward, which holds two row tiles' queries, scores and outputs,
+// takes 255 and spills none, 2 blocks (8 warps) an SM (with one row tile a warp, until
+// 2026-11-27, it took 158 to 163, and 3 blocks shared an SM). The backward kernels, which
+// hold two [16, 64] fp32 accumulators and the next tile's loads (4 of 16 bytes a thread)
+// besides, take 229 to 253, 2 blocks an SM; none spills. The one-kernel backward at 64, which adds dq's [16, 64]
 // accumulators after dS is staged, takes 254 (sm_90) with 16 bytes spilled (two 64-bit
 // values, stored once and read back before and after the loops over tiles), 2 blocks an
 // SM; its 47,108 bytes of shared memory (the double-buffered query and output gradient
@@ -60,18 +63,23 @@
 // to 236, and the key side, which holds dk and dv [16, 128] and its keys and values, 255
 // with 36 to 44 bytes spilled.
 //
-// Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): a tile of the
-// forward at head size 64, unmasked and without dropout, issues about 406 instructions a
-// warp for its 64 products, of which the softmax is 147 (a max, a multiply-add, an
-// exponential and an add an element). Until 2026-11-27 it issued about 960: a branch
+// Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): with one row tile a
+// warp, a tile of the forward at head size 64, unmasked and without dropout, issued about
+// 406 instructions a warp for its 64 products (traced by hand), of which the softmax is
+// 147 (a max, a multiply-add, an exponential and an add an element); that form ran at 173
+// TFLOP/s on an H200 (2026-11-27). With two row tiles a warp, the loop body with the mask
+// and dropout compiled out is 786 instructions for 128 products, where the same count
+// gives 464 for 64: 6.1 a product where 7.3 were, an ldmatrix for 4 products where it was
+// for 2, and twice the independent products a warp has in flight, with 8 warps an SM where
+// 12 were. Not yet timed on a GPU. Until 2026-11-27 a tile issued about 960: a branch
 // between any two products over the head dimension (the test of the run-time hs, now
 // gone), which also kept their chains from overlapping; 2 integer instructions a shared
 // load for its address and 2 a P'V product to pick its B register's halves (now ldmatrix,
 // straight and transposed); the 3 instructions exp2f sets around each exponential for
 // denormal results (now none, exp2_ftz); a multiply a score for the scale (now inside the
 // exponent's multiply-add); the fetches' bounds tests on every tile (now the last only).
-// The loop bodies, every path counted once, went from 1186 to 703 (forward), 1308 to 702
-// (query side) and 1939 to 1044 (key side). None of this has been timed on a GPU.
+// The loop bodies, every path counted once, went from 1186 to 703 (forward; 1292 for two
+// row tiles), 1308 to 702 (query side) and 1939 to 1044 (key side).
 //
 // Where the time went before this design (an estimate from the code and the measured
 // 0.69 / 0.78 / 1.02 ms per call at GPT-2 small on an H100, not a profile): staging loops
@@ -81,7 +89,7 @@
 // conflicts; expf and a causal test on every element of every tile. Measured on the same
 // H100 (ncu, its locked clocks) this design takes 0.168 / 0.214 / 0.270 ms, about 4x less,
 // with qkv, out and dout still stored as fp32; bf16 storage halves the bytes the kernels
-// read and write, and has not been timed on a GPU yet.
+// read and write.
 //
 // Work per call, counting a multiply-add as 2 FLOPs over the causal half of the T x T
 // scores (the diagonal tiles' masked half is computed too): the forward makes 2 products
@@ -93,8 +101,9 @@
 // query tile and key tile, written and read back (from L2, mostly: the next key tile's
 // block reads it a tile's work later).
 //
-// Launch (per_attention_tile_bf16 in launch.rs): grid (T / TILE rounded up, B * NH), one
-// block of WARPS warps per tile of a query head; the key side's grid is (T / TILE rounded
+// Launch (per_attention_tile_bf16 in launch.rs, per_attention_forward_bf16 for the
+// forward): grid (T / ROWS rounded up, B * NH), one block of WARPS warps per tile of a
+// query head (T / 128 for the forward at head size 64); the key side's grid is (T / ROWS rounded
 // up, B * KV), a block per key tile of a key/value head, which streams the query tiles of
 // each query head of its group in turn (grouped-query attention reads the shared k and v
 // in place). GPUs in practice dispatch blocks in order of blockIdx.x
@@ -112,7 +121,7 @@
 #include "philox.cuh"
 #include "turns.cuh"
 
-#define ROWS 64  // a block's own rows: queries (forward, query side) or keys (key side)
+#define ROWS 64  // a block's own rows: queries (query side; the forward's M times) or keys (key side)
 #define WARPS 4  // of 16 rows each, the rows of one m16n8k16 product
 #define THREADS (WARPS * WARP_SIZE)
 #define LN2 0.6931471805599453f
@@ -196,21 +205,27 @@ __device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FET
     store_tile<HS>(tile, f);
 }
 
-// s = X Y^T over the head dimension for one warp, s[n] its columns [8n, 8n + 8): X's A
-// fragments `x` (the warp's 16 rows; zeros past hs) against the staged rows of `y` (zeros
-// past hs too), over all of HS: below it the products of zeros add nothing, as in
-// accumulate. No step tests hs: that test is a branch, and until 2026-11-27, with it in
-// the loop, every product sat between two of them, so that each column's 4 (HS = 64) or 8
-// products ran as a chain, each waiting out the last one's latency, and no two chains
-// overlapped (half the forward's products and two thirds of the query side's, in the SASS
-// of NVRTC 13.0 for sm_90). Now the products of a step are KTILES independent ones, and
-// the steps follow each other with no branch between. Each s[n] adds its steps in order.
-template <int HS>
-__device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsigned int x[Shape<HS>::STEPS][4],
-                                       const Tile<HS> y) {
+// s[m] = X[m] Y^T over the head dimension for M row tiles of one warp, s[m][n] its columns
+// [8n, 8n + 8): X's A fragments `x` (each tile's 16 rows; zeros past hs) against the staged
+// rows of `y` (zeros past hs too), over all of HS: below it the products of zeros add
+// nothing, as in accumulate. Each B fragment pair, one ldmatrix, feeds the M tiles' products
+// (the forward at head size 64 takes two tiles a warp, so that it reads shared memory half
+// as often a product; a single tile passes its arrays' addresses, `scores<HS, 1>(&s, &x,
+// y)`). No step tests hs: that test is a branch, and until 2026-11-27, with it in the loop,
+// every product sat between two of them, so that each column's 4 (HS = 64) or 8 products
+// ran as a chain, each waiting out the last one's latency, and no two chains overlapped
+// (half the forward's products and two thirds of the query side's, in the SASS of NVRTC
+// 13.0 for sm_90). Now the products of a step are M * KTILES independent ones, and the
+// steps follow each other with no branch between. Each s[m][n] adds its steps in order.
+template <int HS, int M>
+__device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
+                                       const unsigned int x[M][Shape<HS>::STEPS][4], const Tile<HS> y) {
     using S = Shape<HS>;
     #pragma unroll
-    for (int n = 0; n < S::KTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int m = 0; m < M; ++m) {
+        #pragma unroll
+        for (int n = 0; n < S::KTILES; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+    }
     const unsigned int* origin = b_origin(&y[0][0], S::WORDS);
     #pragma unroll
     for (int kk = 0; kk < S::STEPS; ++kk) {
@@ -218,44 +233,54 @@ __device__ __forceinline__ void scores(float s[Shape<HS>::KTILES][4], const unsi
         for (int n = 0; n < S::KTILES; n += 2) {
             unsigned int lo[2], hi[2];
             load_b_pair(lo, hi, origin, S::WORDS, 8 * n, kk);
-            mma_bf16_16816(s[n], x[kk], lo);
-            mma_bf16_16816(s[n + 1], x[kk], hi);
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                mma_bf16_16816(s[m][n], x[m][kk], lo);
+                mma_bf16_16816(s[m][n + 1], x[m][kk], hi);
+            }
         }
     }
 }
 
-// acc += A Y for one warp, over the STREAM staged rows of Y, read down its columns: acc[n]
-// is columns [8n, 8n + 8). `a_step(a, c)` gives A's fragment of k step c, the product's
-// columns [16 c, 16 c + 16), against Y's rows [16 c, 16 c + 16). The B fragments of two
-// column tiles and a k step are one transposing ldmatrix (load_bt_pair). Until 2026-11-27
-// they were 16-byte loads of 4 rows with the products' columns permuted, and a byte
-// permutation (PRMT) a register to pick each column's pair out of the rows' words: 2
-// integer instructions a product. Below HS the zero columns past hs cost their products.
-template <int HS, typename AStep>
-__device__ __forceinline__ void accumulate_over_rows(float acc[Shape<HS>::DTILES][4], const Tile<HS> y,
+// acc[m] += A[m] Y for M row tiles of one warp, over the STREAM staged rows of Y, read
+// down its columns: acc[m][n] is columns [8n, 8n + 8). `a_step(a, c)` gives each tile's A
+// fragment of k step c, a[m], the product's columns [16 c, 16 c + 16), against Y's rows
+// [16 c, 16 c + 16). The B fragments of two column tiles and a k step are one transposing
+// ldmatrix (load_bt_pair), which feeds the M tiles' products. Until 2026-11-27 they were
+// 16-byte loads of 4 rows with the products' columns permuted, and a byte permutation
+// (PRMT) a register to pick each column's pair out of the rows' words: 2 integer
+// instructions a product. Below HS the zero columns past hs cost their products.
+template <int HS, int M, typename AStep>
+__device__ __forceinline__ void accumulate_over_rows(float acc[M][Shape<HS>::DTILES][4], const Tile<HS> y,
                                                      AStep a_step) {
     using S = Shape<HS>;
     const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
     #pragma unroll
     for (int c = 0; c < S::STREAM / 16; ++c) {
-        unsigned int a[4];
+        unsigned int a[M][4];
         a_step(a, c);
         #pragma unroll
         for (int n = 0; n < S::DTILES; n += 2) {
             unsigned int lo[2], hi[2];
             load_bt_pair(lo, hi, origin, S::WORDS, 16 * c, n);
-            mma_bf16_16816(acc[n], a, lo);
-            mma_bf16_16816(acc[n + 1], a, hi);
+            #pragma unroll
+            for (int m = 0; m < M; ++m) {
+                mma_bf16_16816(acc[m][n], a[m], lo);
+                mma_bf16_16816(acc[m][n + 1], a[m], hi);
+            }
         }
     }
 }
 
-// acc += P Y over the tile for one warp: P [16, STREAM] in accumulators, rounded to bf16
-// as they enter.
-template <int HS>
-__device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], const float p[Shape<HS>::KTILES][4],
-                                           const Tile<HS> y) {
-    accumulate_over_rows<HS>(acc, y, [&](unsigned int a[4], int c) { a_from_accumulators(a, p[2 * c], p[2 * c + 1]); });
+// acc[m] += P[m] Y over the tile for M row tiles of one warp: P[m] [16, STREAM] in
+// accumulators, rounded to bf16 as they enter.
+template <int HS, int M>
+__device__ __forceinline__ void accumulate(float acc[M][Shape<HS>::DTILES][4],
+                                           const float p[M][Shape<HS>::KTILES][4], const Tile<HS> y) {
+    accumulate_over_rows<HS, M>(acc, y, [&](unsigned int a[M][4], int c) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) a_from_accumulators(a[m], p[m][2 * c], p[m][2 * c + 1]);
+    });
 }
 
 // acc += dS Y for one warp's 16 queries, columns [16 w, 16 w + 16) of `ds`, the staged
@@ -266,13 +291,13 @@ __device__ __forceinline__ void accumulate(float acc[Shape<HS>::DTILES][4], cons
 // four registers are the instruction's four in order. Only at HS = 64, where a tile of
 // STREAM = ROWS queries fits a row of ds.
 template <int HS>
-__device__ __forceinline__ void accumulate_transposed(float acc[Shape<HS>::DTILES][4], const Tile<HS> ds,
+__device__ __forceinline__ void accumulate_transposed(float (&acc)[Shape<HS>::DTILES][4], const Tile<HS> ds,
                                                       const Tile<HS> y) {
     using S = Shape<HS>;
     static_assert(S::STREAM == ROWS && S::WORDS >= ROWS / 2, "dS^T of a query tile fits a staged tile");
     const unsigned int* a_origin = b_origin(&ds[0][0], S::WORDS) + 8 * (threadIdx.x / WARP_SIZE);
-    accumulate_over_rows<HS>(acc, y, [&](unsigned int a[4], int c) {
-        load_matrices_transposed(a, a + 2, a_origin + 16 * c * S::WORDS);
+    accumulate_over_rows<HS, 1>(&acc, y, [&](unsigned int a[1][4], int c) {
+        load_matrices_transposed(a[0], a[0] + 2, a_origin + 16 * c * S::WORDS);
     });
 }
 
@@ -376,10 +401,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // out [B, T, NH hs] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, (NH + 2 KV) hs]
 // (bf16), with k and v two buffers of staged key and value tiles (tile n in [n % 2]). Warp
-// w owns query rows i0 + 16w .. + 15; this lane keeps the running maximum m (log2 units),
-// its part of the sum l and the output o of its two rows g and g + 8. Key tiles up to the
-// block's last row: the rest are masked out.
-template <int HS>
+// w owns M row tiles of 16 queries, rows r0 = i0 + 16 M w .. + 16 M - 1 of the block's
+// 16 M WARPS; this lane keeps the running maximum m (log2 units), its part of the sum l
+// and the output o of its two rows g and g + 8 of each. Key tiles up to the block's last
+// row, of which a warp multiplies those up to its own: a tile wholly past its rows would
+// leave its sums as they are (every weight 0, the maximum unchanged), so skipping it
+// changes no bit, and every row's tiles are those a block of 64 rows takes.
+template <int HS, int M>
 __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out, float* lse, const bf16* qkv,
                                         SHAPE_ARGS) {
     using S = Shape<HS>;
@@ -387,73 +415,96 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
     const unsigned long long C = (unsigned long long)NH * hs;
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
     const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x;
-    const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
+    const int i0 = tile * 16 * M * WARPS, r0 = i0 + 16 * M * warp, tiles = (i0 + 16 * M * WARPS) / S::STREAM;
     const float scale = LOG2E / sqrtf((float)hs);
 
-    unsigned int q[S::STEPS][4] = {};  // the warp's [16, hs] queries, read once (zeros past hs)
+    unsigned int q[M][S::STEPS][4] = {};  // the warp's [16 M, hs] queries, read once (zeros past hs)
     #pragma unroll
-    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, o[S::DTILES][4] = {};
+    for (int m = 0; m < M; ++m) {
+        #pragma unroll
+        for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk)
+            load_a_bf16(q[m][kk], qkv + hd.q, hd.stride, r0 + 16 * m, T, kk);
+    }
+    float mx[M][2], l[M][2] = {}, o[M][S::DTILES][4] = {};
+    #pragma unroll
+    for (int m = 0; m < M; ++m) mx[m][0] = mx[m][1] = NEG_INF;
+
+    // The end of the warp's rows, read from lane 0 so that the compiler knows it is the same
+    // across the warp: the test of a tile against it is then a branch the whole warp takes,
+    // and ptxas does not wrap the quad's shuffles inside it in code that gathers diverged
+    // lanes (NVRTC 13.0). With one row tile a warp every tile holds keys of its rows.
+    const int end = M == 1 ? T : __shfl_sync(FULL_MASK, r0 + 16 * M, 0);
 
     uint4 f[S::FETCHES];
     stage_tile<HS>(k[0], f, keys, hd.stride, 0, T, hs);
     stage_tile<HS>(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
+        const bool mine = M == 1 || j0 < end;  // the tile holds a key some row of the warp sees
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
         if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
-        float s[S::KTILES][4];
-        scores<HS>(s, q, k[cur]);
+        float s[M][S::KTILES][4];
+        if (mine) scores<HS, M>(s, q, k[cur]);
         if (next) {
             store_tile<HS>(k[1 - cur], f);
             fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
         }
-        if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
-        // The rows' new maxima over the quad, in log2 units: the scores' maximum times scale,
-        // which is the maximum of the scaled scores (rounding keeps their order), one
-        // multiply a row where scaling each score took one an element. Key 0 is in the
-        // first tile and every row's, so a row's maximum is finite from the first tile (a
-        // later tile may mask a warp's rows whole: their maximum stays, and their
-        // exponentials are 0).
-        float m_new[2] = {NEG_INF, NEG_INF};
-        #pragma unroll
-        for (int c = 0; c < S::KTILES; ++c) {
+        if (mine) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) m_new[e / 2] = fmaxf(m_new[e / 2], s[c][e]);
-        }
-        float correction[2];
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            m_new[h] = fmaxf(m[h], scale * quad_max(m_new[h]));
-            correction[h] = exp2_ftz(m[h] - m_new[h]);
-            m[h] = m_new[h];
-            l[h] *= correction[h];
-        }
-        // P into s, 2^(s scale - m) with the exponent one multiply-add, summed undropped
-        // (this lane's columns; the quad's parts add up at the end).
-        #pragma unroll
-        for (int c = 0; c < S::KTILES; ++c) {
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[c][e] = exp2_ftz(fmaf(s[c][e], scale, -m[e / 2]));
-                l[e / 2] += s[c][e];
+            for (int m = 0; m < M; ++m) {
+                const int rows = r0 + 16 * m;
+                if (j0 + S::STREAM > rows) mask_scores<HS>(s[m], rows, j0, T, false);  // crossing the diagonal
+                // The rows' new maxima over the quad, in log2 units: the scores' maximum times
+                // scale, which is the maximum of the scaled scores (rounding keeps their order),
+                // one multiply a row where scaling each score took one an element. Key 0 is in
+                // the first tile and every row's, so a row's maximum is finite from the first
+                // tile (a later tile may mask a tile's rows whole: their maximum stays, and
+                // their exponentials are 0).
+                float m_new[2] = {NEG_INF, NEG_INF};
+                #pragma unroll
+                for (int c = 0; c < S::KTILES; ++c) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) m_new[e / 2] = fmaxf(m_new[e / 2], s[m][c][e]);
+                }
+                float correction[2];
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    m_new[h] = fmaxf(mx[m][h], scale * quad_max(m_new[h]));
+                    correction[h] = exp2_ftz(mx[m][h] - m_new[h]);
+                    mx[m][h] = m_new[h];
+                    l[m][h] *= correction[h];
+                }
+                // P into s, 2^(s scale - m) with the exponent one multiply-add, summed
+                // undropped (this lane's columns; the quad's parts add up at the end).
+                #pragma unroll
+                for (int c = 0; c < S::KTILES; ++c) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[m][c][e] = exp2_ftz(fmaf(s[m][c][e], scale, -mx[m][e / 2]));
+                        l[m][e / 2] += s[m][c][e];
+                    }
+                }
+                if (dropout)  // P', which o accumulates
+                    times_kept<HS>(s[m], s[m], kept<HS>(mask, hd.bh, T, rows, j0, false), mask.scale);
+                #pragma unroll
+                for (int d = 0; d < S::DTILES; ++d) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) o[m][d][e] *= correction[e / 2];
+                }
             }
+            accumulate<HS, M>(o, s, v[cur]);
         }
-        if (dropout) times_kept<HS>(s, s, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);  // P', which o accumulates
-        #pragma unroll
-        for (int d = 0; d < S::DTILES; ++d) {
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) o[d][e] *= correction[e / 2];
-        }
-        accumulate<HS>(o, s, v[cur]);
         if (next) store_tile<HS>(v[1 - cur], f);
     }
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = r0 + acc_row(2 * h);
-        l[h] = quad_sum(l[h]);
-        if (i < T) store_columns<HS>(out + hd.io + (unsigned long long)i * C, o, h, 1.0f / l[h], hs);
-        if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = m[h] * LN2 + logf(l[h]);
+    for (int m = 0; m < M; ++m) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = r0 + 16 * m + acc_row(2 * h);
+            l[m][h] = quad_sum(l[m][h]);
+            if (i < T) store_columns<HS>(out + hd.io + (unsigned long long)i * C, o[m], h, 1.0f / l[m][h], hs);
+            if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = mx[m][h] * LN2 + logf(l[m][h]);
+        }
     }
 }
 
@@ -518,9 +569,9 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
         if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
         float s[S::KTILES][4], dp[S::KTILES][4];
-        scores<HS>(s, q, k[cur]);
+        scores<HS, 1>(&s, &q, k[cur]);
         if (next) store_tile<HS>(k[1 - cur], f);
-        scores<HS>(dp, dy, v[cur]);
+        scores<HS, 1>(&dp, &dy, v[cur]);
         if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
         if (dropout) times_kept<HS>(dp, dp, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);
         // dS into s; zero where masked (P = 0).
@@ -532,7 +583,7 @@ __device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf1
         }
         // The next value tile's loads run under dq's product, which leaves s, not dp, live.
         if (next) fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
-        accumulate<HS>(dq, s, k[cur]);
+        accumulate<HS, 1>(&dq, &s, k[cur]);
         if (next) store_tile<HS>(v[1 - cur], f);
     }
     #pragma unroll
@@ -681,7 +732,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
             // together only while dS is formed.
             float s[S::KTILES][4], dp[S::KTILES][4];
-            scores<HS>(s, k, q[cur]);
+            scores<HS, 1>(&s, &k, q[cur]);
             if (next) {
                 store_stats(1 - cur);
                 store_tile<HS>(q[1 - cur], f);
@@ -697,11 +748,11 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             const unsigned int bits = dropout ? kept<HS>(mask, hd.bh, T, c0, i0, true) : 0u;
             if (dropout) {  // dv takes P' = P * keep, dS below P itself
                 times_kept<HS>(dp, s, bits, mask.scale);
-                accumulate<HS>(dv, dp, dy[cur]);
+                accumulate<HS, 1>(&dv, &dp, dy[cur]);
             } else {
-                accumulate<HS>(dv, s, dy[cur]);
+                accumulate<HS, 1>(&dv, &s, dy[cur]);
             }
-            scores<HS>(dp, v, dy[cur]);
+            scores<HS, 1>(&dp, &v, dy[cur]);
             // dS into dp: P (keep * dP - delta).
             if (dropout) times_kept<HS>(dp, dp, bits, mask.scale);
             #pragma unroll
@@ -712,7 +763,7 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             // The next output gradient tile's loads run under dk's product, which leaves only
             // dS live.
             if (next) fetch_tile<HS>(f, grads, C, i0 + S::STREAM, T, hs);
-            accumulate<HS>(dk, dp, q[cur]);
+            accumulate<HS, 1>(&dk, &dp, q[cur]);
             if (next) store_tile<HS>(dy[1 - cur], f);
             if constexpr (DQ) add_dq<HS>(chain, dy[cur], dp, dqkv, hd, key_tile, n, tiles, T, hs, scale);
         }
@@ -728,17 +779,16 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
 }
 
 // The entry points, head sizes up to 64 and (suffix _hs128) up to 128, each with its
-// shared memory. The forward at 64 takes at most 168 registers a thread, so that 3 blocks
-// share an SM (see the header).
-extern "C" __global__ void __launch_bounds__(THREADS, 3)
+// shared memory, 2 blocks an SM (see the header).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
     fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
     alignas(16) __shared__ Tile<64> k[2], v[2];
-    forward<64>(k, v, out, lse, qkv, SHAPE);
+    forward<64, 2>(k, v, out, lse, qkv, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
     fused_attention_forward_bf16_hs128(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
     alignas(16) __shared__ Tile<128> k[2], v[2];
-    forward<128>(k, v, out, lse, qkv, SHAPE);
+    forward<128, 1>(k, v, out, lse, qkv, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_query_bf16_hs128(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,

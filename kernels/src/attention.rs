@@ -28,6 +28,13 @@ pub const ATTENTION_MMA_MAX_HEAD_SIZE: usize = 128;
 /// fused_attention_mma.cu), 16 per warp: the rows of one m16n8k16 product.
 pub const ATTENTION_MMA_TILE: usize = 64;
 
+/// Query rows per block of the tensor-core forward compiled for head sizes up to 64: each of
+/// its 4 warps takes two tiles of 16 queries (`M` in fused_attention_mma.cu), so that each
+/// fragment of keys and values it reads from shared memory feeds two products. The one
+/// compiled for 128, whose [16, 128] outputs fill a warp's registers, takes one, as every
+/// other kernel does ([`ATTENTION_MMA_TILE`]).
+pub const ATTENTION_MMA_FORWARD_ROWS: usize = 2 * ATTENTION_MMA_TILE;
+
 /// The largest head size at which the tensor-core backward is one kernel from the key side,
 /// each query tile's dq summed over the key tiles' blocks in turn (fused_attention_mma.cu's
 /// DQ, compiled at head size 64: at 128 its tiles would not fit the shared memory).

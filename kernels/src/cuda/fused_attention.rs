@@ -19,7 +19,7 @@
 //! where the two sides make seven.
 
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
-use super::launch::{per_attention_tile, per_attention_tile_bf16};
+use super::launch::{per_attention_forward_bf16, per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
 use crate::attention::ChainedDq;
 use crate::device::Device;
@@ -37,10 +37,14 @@ fn mask(dropout: Option<DropoutSpec>) -> (DropoutMask, i32) {
     }
 }
 
-/// The fused attention kernels of one family: the forward and the backward's.
+/// The fused attention kernels of one family: the forward and the backward's, and their
+/// launches over `heads` heads (T, heads, hs): B*NH query heads, or B*KV key/value heads
+/// for the key side.
 struct Kernels {
     forward: &'static str,
+    forward_launch: fn(usize, usize, usize) -> LaunchConfig,
     backward: Backward,
+    backward_launch: fn(usize, usize, usize) -> LaunchConfig,
 }
 
 enum Backward {
@@ -54,43 +58,46 @@ enum Backward {
 /// fused_attention.cu's kernels, for f32 activations at head sizes up to 64.
 const F32: Kernels = Kernels {
     forward: "fused_attention_forward",
+    forward_launch: per_attention_tile,
     backward: Backward::TwoSided {
         query: "fused_attention_backward_query",
         key_value: "fused_attention_backward_key_value",
     },
+    backward_launch: per_attention_tile,
 };
 
 /// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64, where
 /// the backward is chained ([`ChainedDq::chains`]).
 const BF16: Kernels = Kernels {
     forward: "fused_attention_forward_bf16",
+    forward_launch: per_attention_forward_bf16,
     backward: Backward::Chained {
         delta: "fused_attention_backward_delta_bf16",
         backward: "fused_attention_backward_bf16",
     },
+    backward_launch: per_attention_tile_bf16,
 };
 
 /// The tensor-core kernels compiled for head sizes above 64, up to 128.
 const BF16_HS128: Kernels = Kernels {
     forward: "fused_attention_forward_bf16_hs128",
+    forward_launch: per_attention_tile_bf16,
     backward: Backward::TwoSided {
         query: "fused_attention_backward_query_bf16_hs128",
         key_value: "fused_attention_backward_key_value_bf16_hs128",
     },
+    backward_launch: per_attention_tile_bf16,
 };
 
 impl CudaDevice {
-    /// The kernels for qkv of `dtype`, and the launch of those over `heads` heads of `d`
-    /// (B*NH query heads, or B*KV key/value heads for the key side): bf16 activations go to
-    /// the tensor cores (the device requires sm_80 for bf16, and the trainer a head size
-    /// that fits them), f32 ones to CUDA cores.
-    fn attention_kernels(dtype: DType, d: Dims, heads: usize) -> (Kernels, LaunchConfig) {
+    /// The kernels for qkv of `dtype` at head size `hs`: bf16 activations go to the tensor
+    /// cores (the device requires sm_80 for bf16, and the trainer a head size that fits
+    /// them), f32 ones to CUDA cores.
+    fn attention_kernels(dtype: DType, hs: usize) -> Kernels {
         match dtype {
-            DType::Bf16 if ChainedDq::chains(dtype, d.hs) => {
-                (BF16, per_attention_tile_bf16(d.t, heads, d.hs))
-            }
-            DType::Bf16 => (BF16_HS128, per_attention_tile_bf16(d.t, heads, d.hs)),
-            DType::F32 => (F32, per_attention_tile(d.t, heads, d.hs)),
+            DType::Bf16 if ChainedDq::chains(dtype, hs) => BF16,
+            DType::Bf16 => BF16_HS128,
+            DType::F32 => F32,
         }
     }
 
@@ -116,7 +123,8 @@ impl CudaDevice {
             Some(out) => out,
             None => scratch.insert(self.empty_of(qkv.dtype(), &[d.b, d.t, d.nh * d.hs], Category::Workspace)),
         };
-        let (kernels, cfg) = Self::attention_kernels(same_dtype(&[out, qkv]), d, d.b * d.nh);
+        let kernels = Self::attention_kernels(same_dtype(&[out, qkv]), d.hs);
+        let cfg = (kernels.forward_launch)(d.t, d.b * d.nh, d.hs);
         let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
         launch!(
             self,
@@ -152,8 +160,9 @@ impl CudaDevice {
         assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
         let mut delta = self.scratch::<f32>(rows); // [B,NH,T]
         let dtype = same_dtype(&[dqkv, dout, out, qkv]);
-        let (kernels, query_cfg) = Self::attention_kernels(dtype, d, d.b * d.nh);
-        let (_, key_value_cfg) = Self::attention_kernels(dtype, d, d.b * d.kv);
+        let kernels = Self::attention_kernels(dtype, d.hs);
+        let query_cfg = (kernels.backward_launch)(d.t, d.b * d.nh, d.hs);
+        let key_value_cfg = (kernels.backward_launch)(d.t, d.b * d.kv, d.hs);
         let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
         let lse = cu(lse);
         match kernels.backward {

@@ -4,7 +4,8 @@
 //! does.
 
 use crate::attention::{
-    attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE, ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
+    attention_mma_fits, ATTENTION_MMA_FORWARD_ROWS, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE,
+    ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
 };
 use crate::device::OTHER_SHARD;
 use crate::tensor::DType;
@@ -156,6 +157,17 @@ pub fn per_attention_tile_bf16(t: usize, heads: usize, head_size: usize) -> Laun
         grid_dim: (grid(t.div_ceil(ATTENTION_MMA_TILE), "attention tiles"), grid(heads, "heads"), 1),
         block_dim: (4 * 32, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+/// The tensor-core (bf16) fused attention forward compiled for head sizes up to 64, over
+/// `heads` heads (B * NH) of `t` rows each: one block of 4 warps per
+/// [`ATTENTION_MMA_FORWARD_ROWS`] queries of one head.
+pub fn per_attention_forward_bf16(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
+    let tile = per_attention_tile_bf16(t, heads, head_size);
+    LaunchConfig {
+        grid_dim: (grid(t.div_ceil(ATTENTION_MMA_FORWARD_ROWS), "attention tiles"), tile.grid_dim.1, 1),
+        ..tile
     }
 }
 

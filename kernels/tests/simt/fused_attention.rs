@@ -12,13 +12,14 @@ use kernels::cuda::launch::per_attention_tile;
 use kernels::{ChainedDq, DType, DropoutKey, DropoutSite, DropoutSpec};
 
 /// One family of the fused attention kernels: its file of kernels/cuda, its kernels, their
-/// launch (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key side),
+/// launches (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key side),
 /// the storage of their [B, T, *] tensors (qkv, out, dout, dqkv; lse and delta are f32),
 /// and how close to the CPU's its outputs must be, relative to the largest magnitude of
 /// each output of a head.
 pub struct Fused {
     pub file: &'static str,
     pub forward: &'static str,
+    pub forward_launch: fn(usize, usize, usize) -> LaunchConfig,
     pub backward: Backward,
     pub launch: fn(usize, usize, usize) -> LaunchConfig,
     pub storage: Storage,
@@ -54,6 +55,7 @@ impl Fused {
 pub const FP32: Fused = Fused {
     file: "fused_attention.cu",
     forward: "fused_attention_forward",
+    forward_launch: per_attention_tile,
     backward: Backward::TwoSided {
         query: "fused_attention_backward_query",
         key_value: "fused_attention_backward_key_value",
@@ -91,6 +93,7 @@ pub fn fused_attention(
     let storage = kernels.storage;
     let mut rng = Rng::new(seed);
     let (qkv, dout) = (storage.round(rng.uniform(d.qkv(), 2.0)), storage.round(rng.uniform(d.act(), 1.0)));
+    let forward_cfg = (kernels.forward_launch)(d.t, d.heads(), d.hs());
     let cfg = (kernels.launch)(d.t, d.heads(), d.hs());
     let key_cfg = (kernels.launch)(d.t, d.kv_heads(), d.hs());
     // Without dropout the kernels are passed the device's unused mask and do not read it.
@@ -119,7 +122,8 @@ pub fn fused_attention(
         let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
         bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
     };
-    run.launch_blocks(kernels.forward, cfg, &args(&[out, lse, gqkv]), &query_blocks);
+    let forward_blocks = blocks(heads, forward_cfg.grid_dim.0 as usize);
+    run.launch_blocks(kernels.forward, forward_cfg, &args(&[out, lse, gqkv]), &forward_blocks);
     run.read(out);
     let key_blocks = blocks(&groups, key_cfg.grid_dim.0 as usize);
     let turns = match kernels.backward {

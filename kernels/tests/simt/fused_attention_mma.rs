@@ -9,7 +9,7 @@ use crate::fused_attention::{fused_attention, Backward, Fused, GPT2, GROUPED, SP
 use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
-use kernels::cuda::launch::per_attention_tile_bf16;
+use kernels::cuda::launch::{per_attention_forward_bf16, per_attention_tile_bf16};
 
 /// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
 /// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
@@ -33,6 +33,7 @@ use kernels::cuda::launch::per_attention_tile_bf16;
 pub const BF16: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16",
+    forward_launch: per_attention_forward_bf16,
     backward: Backward::Chained {
         delta: "fused_attention_backward_delta_bf16",
         backward: "fused_attention_backward_bf16",
@@ -48,6 +49,7 @@ pub const BF16: Fused = Fused {
 pub const BF16_HS128: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16_hs128",
+    forward_launch: per_attention_tile_bf16,
     backward: Backward::TwoSided {
         query: "fused_attention_backward_query_bf16_hs128",
         key_value: "fused_attention_backward_key_value_bf16_hs128",
@@ -120,7 +122,7 @@ fn fused_attention_mma_rounds_its_output_once() {
         // q = 0, k and v eighths.
         let qkv: Vec<f32> =
             eighths.iter().enumerate().map(|(e, &x)| if e % d.width() < c { 0.0 } else { x }).collect();
-        let cfg = (BF16.launch)(t, d.heads(), d.hs());
+        let cfg = (BF16.forward_launch)(t, d.heads(), d.hs());
         let mut run = Run::new(seed);
         let nan = bf16::NAN.to_bits();
         let (out, lse, gqkv) = (
