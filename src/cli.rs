@@ -33,14 +33,15 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Benchmarks: `recompute` (step time and activation memory per policy), `pipeline`
     /// (tokens/s per stage count), `family` (GPT-2 against a Llama of the same width),
-    /// measured in one process, or `gpu` (the GPU path against the CPU, its predictions and
-    /// PyTorch; exit 3 where there is no usable GPU).
+    /// measured in one process, `gpu` (the GPU path against the CPU, its predictions and
+    /// PyTorch; exit 3 where there is no usable GPU), or `attention` (the bf16 attention
+    /// core's TFLOP/s alone, at #21's shapes and the config's).
     Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// recompute | pipeline | family | gpu
+    /// recompute | pipeline | family | gpu | attention
     pub what: String,
     /// The run config (YAML); config keys override as --kebab-case VALUE.
     #[arg(long)]

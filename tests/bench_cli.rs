@@ -47,8 +47,9 @@ fn unknown_variant_is_one_line() {
     assert_user_error(&out, "--variants: no variant `selective everything`; expected some of none, ");
 }
 
-/// Without a usable GPU, `bench gpu` says why in one line and exits 3, apart from a failure
-/// (1) and a mistake (2). With a GPU it measures for minutes: that is its own run.
+/// Without a usable GPU, `bench gpu` and `bench attention` say why in one line and exit 3,
+/// apart from a failure (1) and a mistake (2). With a GPU they measure: that is their own
+/// run.
 #[test]
 fn bench_gpu_without_a_gpu_is_one_line_and_exit_3() {
     #[cfg(feature = "cuda")]
@@ -63,8 +64,24 @@ fn bench_gpu_without_a_gpu_is_one_line_and_exit_3() {
     let why = "this binary was built without the `cuda` feature (cargo build --release --features cuda)";
     let dir = temp_dir("bench-gpu");
     let cfg = write_config(&dir, "c.yaml", SMALL);
-    let out = bin().args(["bench", "gpu", "--config"]).arg(&cfg).output().unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert_eq!(stderr(&out), format!("bench gpu: no usable GPU: {why}\n"));
-    assert!(out.stdout.is_empty());
+    for what in ["gpu", "attention"] {
+        let out = bin().args(["bench", what, "--config"]).arg(&cfg).output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{what}: {}", stderr(&out));
+        assert_eq!(stderr(&out), format!("bench {what}: no usable GPU: {why}\n"));
+        assert!(out.stdout.is_empty(), "{what}");
+    }
+}
+
+/// `bench attention` times the config's own shape beside #21's, so a head size the bf16
+/// kernels do not take is the config's mistake: one line, exit 2, before any GPU is opened.
+#[test]
+fn bench_attention_refuses_a_head_size_the_kernels_do_not_take() {
+    let dir = temp_dir("bench-attention-head-size");
+    let cfg = write_config(&dir, "c.yaml", &SMALL.replace("hidden_size: 64", "hidden_size: 72"));
+    let out = bin().args(["bench", "attention", "--config"]).arg(&cfg).output().unwrap();
+    assert_user_error(
+        &out,
+        "c.yaml: key `hidden_size`: bench attention runs the bf16 kernels, which need a head size \
+         (hidden_size / num_attention_heads) that is a multiple of 16 up to 128, got 18",
+    );
 }

@@ -612,6 +612,32 @@ fn the_standin_exports_every_cuda_function_the_binary_calls() {
     assert!(missing.is_empty(), "the binary calls functions the stand-in lacks: {missing:?}");
 }
 
+/// `bench attention` times the bf16 attention core alone on the stand-in: a forward and a
+/// backward row for each of the stand-in's shapes and for the config's own (B = 2, T = 32,
+/// 4 heads of 16), in milliseconds of the emulator's CPU time.
+#[test]
+fn bench_attention_times_each_case_on_the_standin() {
+    if !nvrtc("bench_attention_times_each_case_on_the_standin") {
+        return;
+    }
+    let dir = temp_dir("standin-bench-attention");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let out = on_standin(bin(), 1).args(["bench", "attention", "--config"]).arg(&cfg).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", stderr(&out));
+    let title = format!("pipetrain bench attention: cuda:0 ({}, sm_90)\n", kernels::STANDIN_GPU_NAME);
+    assert!(table.starts_with(&title), "{table}");
+    let rows: Vec<&str> = table.lines().skip(2).collect();
+    let checks: Vec<&str> = rows.iter().map(|r| r.split("  ").next().unwrap()).collect();
+    let pair =
+        |hs| [format!("attention forward, head size {hs}"), format!("attention backward, head size {hs}")];
+    assert_eq!(checks, [pair(64), pair(128), pair(16)].concat(), "{table}");
+    assert!(rows[4].contains("B = 2, T = 32, 4 heads over 4 key/value heads of 16"), "{table}");
+    assert!(rows
+        .iter()
+        .all(|r| r.contains(" ms ") && r.contains("the stand-in's CPU time under the emulator")));
+}
+
 /// `bench gpu` prints its whole table on the stand-in: every op and both loss curves within
 /// their tolerances, the attention timings, the memory rows, and the step time marked as
 /// the stand-in's.

@@ -78,9 +78,9 @@ impl Verdict {
     }
 }
 
-/// The table: a title line naming the device, a header, one line per row, columns padded
-/// to their widest cell.
-pub fn render(device: &str, rows: &[Row]) -> String {
+/// The table of `bench what`: a title line naming the device, a header, one line per row,
+/// columns padded to their widest cell.
+pub fn render(what: &str, device: &str, rows: &[Row]) -> String {
     let header = ["check", "measured", "against", "verdict"].map(String::from);
     let cells: Vec<[String; 4]> = std::iter::once(header)
         .chain(
@@ -89,7 +89,7 @@ pub fn render(device: &str, rows: &[Row]) -> String {
         .collect();
     let width = |i: usize| cells.iter().map(|c| c[i].chars().count()).max().unwrap_or(0);
     let widths = [width(0), width(1), width(2)];
-    let mut out = format!("pipetrain bench gpu: {device}\n");
+    let mut out = format!("pipetrain bench {what}: {device}\n");
     for c in &cells {
         let line = format!(
             "{:<w0$}  {:<w1$}  {:<w2$}  {}",
@@ -156,7 +156,25 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
         rows.push(mfu::row("MFU, pipetrain", &shape, Some(ours), peak));
         rows.push(mfu::torch_row(&shape, args.steps, peak));
     }
-    print!("{}", render(&device, &rows));
+    print!("{}", render("gpu", &device, &rows));
+    Ok(())
+}
+
+/// `pipetrain bench attention`: the bf16 attention core's TFLOP/s forward and backward at
+/// #21's shapes and at the config's own (micro batch, sequence, heads and key/value heads),
+/// alone, in seconds, where `bench gpu` takes minutes to reach it: so that two builds can
+/// be set against each other on one GPU in one session (scripts/gpu-session's anchor). One
+/// line and exit code 3 where no GPU stores activations in bf16.
+pub fn run_attention(cfg: &Config, origin: &str) -> anyhow::Result<()> {
+    let config_case = attention::Case::of(cfg, origin)?;
+    let gpu =
+        usable_gpu(Precision::Bf16).map_err(|e| NoDevice(format!("bench attention: no usable GPU: {e}")))?;
+    let device = gpu.name();
+    let standin = device.contains(kernels::STANDIN_GPU_NAME);
+    let mut cases = if standin { attention::STANDIN } else { attention::TARGET }.to_vec();
+    cases.push(config_case);
+    let saves = |head_size| AttentionSaves::cuda(head_size, DType::Bf16);
+    print!("{}", render("attention", &device, &attention::rows(&*gpu, saves, &cases, standin)));
     Ok(())
 }
 
@@ -260,7 +278,7 @@ mod tests {
             },
         ];
         assert_eq!(
-            render("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", &rows),
+            render("gpu", "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", &rows),
             "pipetrain bench gpu: cuda:0 (NVIDIA H100 80GB HBM3, sm_90)\n\
              check                            measured                against                         verdict\n\
              CUDA fp32 vs CPU loss, 20 steps  worst 3.2e-6 (step 17)  <= 1e-4 of the loss             ok\n\

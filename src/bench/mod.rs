@@ -89,8 +89,12 @@ impl Variant {
 
 pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let base = config::load(&args.config, overrides)?;
-    if args.what == "gpu" {
-        return gpu::run(args, &base);
+    match args.what.as_str() {
+        "gpu" => return gpu::run(args, &base),
+        "attention" => {
+            return gpu::run_attention(&base, &config::origin_of(&args.config, overrides, "hidden_size"))
+        }
+        _ => {}
     }
     let data = training_data(&base, &args.config)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -100,7 +104,7 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         "family" => family_variants(&base),
         other => {
             return Err(user_error(format!(
-                "command line: bench {other}: expected recompute, pipeline, family or gpu"
+                "command line: bench {other}: expected recompute, pipeline, family, gpu or attention"
             )))
         }
     };

@@ -9,6 +9,9 @@
 //! On the CUDA stand-in the cases shrink and the times are its CPU's under the emulator.
 
 use super::{Row, Verdict};
+use crate::config::Config;
+use crate::error::user_error;
+use kernels::{attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE};
 use kernels::{AttentionSaved, AttentionSaves, Category, Device, Tensor};
 
 /// Calls timed per figure.
@@ -40,6 +43,27 @@ pub const STANDIN: [Case; 2] = [
 const TARGET_TFLOPS: (f64, f64) = (200.0, 150.0);
 
 impl Case {
+    /// The attention core of `cfg`'s layers at its micro batch; refused in one line, as
+    /// `train` refuses it under bf16, where the tensor-core kernels do not take its head
+    /// size (`origin`: where hidden_size came from, as config::origin_of describes it).
+    pub fn of(cfg: &Config, origin: &str) -> anyhow::Result<Case> {
+        let head_size = cfg.hidden_size / cfg.num_attention_heads;
+        if !attention_mma_fits(head_size) {
+            return Err(user_error(format!(
+                "{origin}: bench attention runs the bf16 kernels, which need a head size \
+                 (hidden_size / num_attention_heads) that is a multiple of {ATTENTION_MMA_K} up to \
+                 {ATTENTION_MMA_MAX_HEAD_SIZE}, got {head_size}"
+            )));
+        }
+        Ok(Case {
+            batch: cfg.micro_batch_size,
+            seq: cfg.seq_length,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.kv_heads(),
+            head_size,
+        })
+    }
+
     /// FLOPs of one forward call over the causal half.
     pub fn forward_flops(&self) -> f64 {
         let (b, t, nh, hs) = (self.batch as f64, self.seq as f64, self.heads as f64, self.head_size as f64);
