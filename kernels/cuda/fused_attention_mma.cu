@@ -7,13 +7,17 @@
 // most of a GPT-2 step in attention on CUDA cores; bf16 operands into fp32 accumulators run
 // those products on the tensor cores.
 //
-// The backward at head sizes up to 64 is one kernel from the key side (DQ), which also
-// sums dq: each query tile's dq is a chain of fp32 partial sums in global memory, handed
-// from key tile to key tile, n, n - 1, ..., 0, by turns (turns.cuh), so that its order is
-// fixed, as FlashAttention 3's deterministic backward fixes it. That makes five products a
-// tile where the query side and the key side make seven between them (S and dP are
-// computed once, not once a side). At 128 the key tile, dS and the double-buffered query
-// tiles would not fit 48 KB of static shared memory, and the two kernels stay.
+// The backward is one kernel from the key side, which also sums dq: each streamed query
+// tile's dq is a chain of fp32 partial sums in global memory, handed from key tile to key
+// tile, from the one holding its queries down to 0, by turns (turns.cuh), so that its
+// order is fixed, as FlashAttention 3's deterministic backward fixes it. That makes five
+// products a tile where a query side and a key side make seven between them (S and dP are
+// computed once, not once a side). Until 2026-11-27 the kernels for heads up to 128 kept
+// the two sides: the key tile, dS^T and double-buffered query and output gradient tiles
+// would not fit 48 KB of static shared memory. The output gradients are now staged in one
+// buffer, the next tile's after every warp is done with the current one, and dS^T over the
+// query tile the dk product was the last to read; the warps read their keys' fragments
+// from the staged key tile, which frees the registers that held them.
 //
 // Storage and rounding: under `precision: bf16` every [B, T, *] tensor is stored as bf16
 // (common.cuh's bf16): qkv, out and dout arrive as bf16 and enter the products as they are,
@@ -25,8 +29,8 @@
 // one multiply-add, s log2(e) / sqrt(hs) - m, the softmax's maximum m in those units (in
 // the backward, lse in them).
 //
-// Tiles: blocks of WARPS = 4 warps own ROWS = 64 rows (queries for the forward and the
-// query side, keys for the key side), 16 rows a warp, the rows of one m16n8k16 product;
+// Tiles: blocks of WARPS = 4 warps own ROWS = 64 rows (queries for the forward, keys for
+// the backward), 16 rows a warp, the rows of one m16n8k16 product;
 // the forward at head size 64 owns 128, two such row tiles a warp (M = 2), so that each
 // B fragment it loads feeds two products. The other side streams through in tiles of 64
 // (HS = 64) or 32 (HS = 128) rows, staged in shared memory as bf16
@@ -54,15 +58,13 @@
 // at head size 64 the forward, which holds two row tiles' queries, scores and outputs,
 // takes 255 and spills none, 2 blocks (8 warps) an SM (with one row tile a warp, until
 // 2026-11-27, it took 158 to 163, and 3 blocks shared an SM). The backward kernels, which
-// hold two [16, 64] fp32 accumulators and the next tile's loads (4 of 16 bytes a thread)
-// besides, take 229 to 253, 2 blocks an SM; none spills. The one-kernel backward at 64, which adds dq's [16, 64]
-// accumulators after dS is staged, takes 254 (sm_90) with 16 bytes spilled (two 64-bit
-// values, stored once and read back before and after the loops over tiles), 2 blocks an
-// SM; its 47,108 bytes of shared memory (the double-buffered query and output gradient
-// tiles, its key tile, lse and delta) allow 4. At 128 the forward and query side take 216
-// to 236, and the key side, which holds dk and dv [16, 128] and its keys and values, 255
-// with 32 (sm_80) to 52 (sm_90) bytes spilled, some within its loop over tiles: at sm_90
-// 8 local stores and 15 loads of the loop body's 875 instructions.
+// hold two [16, HS] fp32 accumulators and the next tile's loads (4 of 16 bytes a thread)
+// besides, and dq's [16, 64] after dS^T is staged, take 255, 2 blocks an SM; at 64 they
+// spill none. Their shared memory (KeySide: 37,892 bytes at 64, 44,036 at 128) would allow
+// 5 and 4. At 128 the forward takes 216 to 224, and the backward, which holds dk and dv
+// [16, 128] and its values, 255 with 20 (sm_90) to 32 (sm_80) bytes spilled, of which one
+// local access (sm_90) is within its loop over tiles, where the two-sided key side's had
+// 23.
 //
 // Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): with one row tile a
 // warp, a tile of the forward at head size 64, unmasked and without dropout, issued about
@@ -94,43 +96,43 @@
 //
 // Work per call, counting a multiply-add as 2 FLOPs over the causal half of the T x T
 // scores (the diagonal tiles' masked half is computed too): the forward makes 2 products
-// (S = q k^T, O = P' v), 2 * 2 * B * NH * (T^2 / 2) * hs FLOPs; the backward 5 at head
-// sizes up to 64 (S^T, dP^T, dv, dk and dq), 7 above (the query side S, dP = dout v^T and
-// dq; the key side S^T, dP^T, dv and dk), 5 or 7 times 2 * B * NH * (T^2 / 2) * hs. At
+// (S = q k^T, O = P' v), 2 * 2 * B * NH * (T^2 / 2) * hs FLOPs; the backward 5 (S^T, dP^T,
+// dv, dk and dq), 5 times 2 * B * NH * (T^2 / 2) * hs, where a query side and a key side
+// made 7 (S, dP = dout v^T and dq; S^T, dP^T, dv and dk). At
 // GPT-2 124M's B = 4, T = 1024, 12 heads of 64: 6.4 GFLOP forward and 16.1 GFLOP backward
 // per layer (22.5 in the two kernels before 2026-11-27). The chain adds 16 KiB of fp32 a
 // query tile and key tile, written and read back (from L2, mostly: the next key tile's
-// block reads it a tile's work later).
+// block reads it a tile's work later); at 128 the query tiles are 32 rows of 128 columns.
 //
 // Launch (per_attention_tile_bf16 in launch.rs, per_attention_forward_bf16 for the
 // forward): grid (T / ROWS rounded up, B * NH), one block of WARPS warps per tile of a
-// query head (T / 128 for the forward at head size 64); the key side's grid is (T / ROWS rounded
-// up, B * KV), a block per key tile of a key/value head, which streams the query tiles of
-// each query head of its group in turn (grouped-query attention reads the shared k and v
-// in place). GPUs in practice dispatch blocks in order of blockIdx.x
-// (x fastest), and the causal half makes a block's work proportional to the tiles it
-// streams, so the longest go first and the last wave holds the shortest: the forward and
-// the query side take their query tiles in reverse (block 0 the last tile, which streams
-// every key tile), the key side its key tiles in order (block 0 the first, which streams
-// every query tile). The one-kernel backward's blocks take their key tiles from tickets
-// instead, the last tile first, since key tile j waits on j + 1's sums: a block always
-// waits on one that started before it (turns.cuh), and, key tile by key tile, trails it by
-// one query tile.
+// query head (T / 128 for the forward at head size 64; so too the backward's delta
+// launch, at T / ROWS); the backward's grid is (T / ROWS rounded up, B * KV), a block per
+// key tile of a key/value head, which streams the query tiles of each query head of its
+// group in turn (grouped-query attention reads the shared k and v in place). GPUs in
+// practice dispatch blocks in order of blockIdx.x (x fastest), and the causal half makes
+// a block's work proportional to the tiles it streams, so the longest go first and the
+// last wave holds the shortest: the forward takes its query tiles in reverse (block 0 the
+// last tile, which streams every key tile). The backward's blocks take their key tiles
+// from tickets, the last tile first, since key tile j waits on j + 1's sums: a block
+// always waits on one that started before it (turns.cuh), and, key tile by key tile,
+// trails it by a query tile's work (two at 128, whose query tiles are half a key tile).
 #include "attention_head.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 #include "philox.cuh"
 #include "turns.cuh"
 
-#define ROWS 64  // a block's own rows: queries (query side; the forward's M times) or keys (key side)
+#define ROWS 64  // a block's own rows: keys (backward) or queries (the forward, M times)
 #define WARPS 4  // of 16 rows each, the rows of one m16n8k16 product
 #define THREADS (WARPS * WARP_SIZE)
 #define LN2 0.6931471805599453f
 
 // The kernels' sizes at head sizes up to HS, 64 or 128 (each kernel is compiled for both).
 // The other side streams through in tiles of STREAM rows: 64 at HS = 64, 32 at HS = 128,
-// so that the four staged tiles of a kernel (two buffers of two operands) stay within the
-// 48 KB of static shared memory and a warp's [16, STREAM] scores within its registers.
+// so that a kernel's staged tiles (the forward's two buffers of keys and of values, the
+// backward's KeySide) stay within the 48 KB of static shared memory and a warp's [16,
+// STREAM] scores within its registers.
 template <int HS>
 struct Shape {
     static constexpr int STREAM = HS == 64 ? 64 : 32;
@@ -146,6 +148,13 @@ struct Shape {
     static constexpr int OCTS = HS / 8;     // 16-byte runs of 8 bf16 in a row, at most
     static constexpr int FETCHES = STREAM * OCTS / THREADS;  // 16-byte loads a thread makes of a tile
     static constexpr int FETCH_ROWS = THREADS / OCTS;
+    // dq of a streamed query tile in the backward: its QUERY_TILES row tiles of 16 queries
+    // share the WARPS warps, each taking DQ_TILES [16, 8] column tiles (the whole head
+    // dimension at 64, half of it at 128); dS^T is staged in rows of DS_WORDS words, the
+    // tile's queries as bf16 pairs, padded as a tile's rows are.
+    static constexpr int QUERY_TILES = STREAM / 16;
+    static constexpr int DQ_TILES = DTILES * QUERY_TILES / WARPS;
+    static constexpr int DS_WORDS = STREAM / 2 + 4;
 };
 // Fragments, accumulators and fetched tiles are arrays that must live in registers, so
 // every index into them must be known at compile time: loops over them are bounded by the
@@ -154,6 +163,9 @@ struct Shape {
 // STREAM rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
 template <int HS>
 using Tile = unsigned int[Shape<HS>::STREAM][Shape<HS>::WORDS];
+// The backward block's own ROWS keys, staged as a tile's rows are.
+template <int HS>
+using Keys = unsigned int[ROWS][Shape<HS>::WORDS];
 
 // This thread's share of rows [row0, row0 + STREAM) of a [T, hs] bf16 operand (row stride
 // `stride`), into registers: OCTS threads cover a row, 8 bf16 (16 bytes) at a time, so
@@ -207,20 +219,19 @@ __device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FET
 }
 
 // s[m] = X[m] Y^T over the head dimension for M row tiles of one warp, s[m][n] its columns
-// [8n, 8n + 8): X's A fragments `x` (each tile's 16 rows; zeros past hs) against the staged
-// rows of `y` (zeros past hs too), over all of HS: below it the products of zeros add
-// nothing, as in accumulate. Each B fragment pair, one ldmatrix, feeds the M tiles' products
-// (the forward at head size 64 takes two tiles a warp, so that it reads shared memory half
-// as often a product; a single tile passes its arrays' addresses, `scores<HS, 1>(&s, &x,
-// y)`). No step tests hs: that test is a branch, and until 2026-11-27, with it in the loop,
-// every product sat between two of them, so that each column's 4 (HS = 64) or 8 products
-// ran as a chain, each waiting out the last one's latency, and no two chains overlapped
-// (half the forward's products and two thirds of the query side's, in the SASS of NVRTC
-// 13.0 for sm_90). Now the products of a step are M * KTILES independent ones, and the
-// steps follow each other with no branch between. Each s[m][n] adds its steps in order.
-template <int HS, int M>
-__device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
-                                       const unsigned int x[M][Shape<HS>::STEPS][4], const Tile<HS> y) {
+// [8n, 8n + 8): `a_step(a, kk)` gives each tile's A fragment of k step kk, a[m] (X's rows;
+// zeros past hs), against the staged rows of `y` (zeros past hs too), over all of HS: below
+// it the products of zeros add nothing, as in accumulate. Each B fragment pair, one
+// ldmatrix, feeds the M tiles' products (the forward at head size 64 takes two tiles a
+// warp, so that it reads shared memory half as often a product). No step tests hs: that
+// test is a branch, and until 2026-11-27, with it in the loop, every product sat between
+// two of them, so that each column's 4 (HS = 64) or 8 products ran as a chain, each
+// waiting out the last one's latency, and no two chains overlapped (half the forward's
+// products and two thirds of the query side's, in the SASS of NVRTC 13.0 for sm_90). Now
+// the products of a step are M * KTILES independent ones, and the steps follow each other
+// with no branch between. Each s[m][n] adds its steps in order.
+template <int HS, int M, typename AStep>
+__device__ __forceinline__ void scores_of(float s[M][Shape<HS>::KTILES][4], const Tile<HS> y, AStep a_step) {
     using S = Shape<HS>;
     #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -230,38 +241,55 @@ __device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
     const unsigned int* origin = b_origin(&y[0][0], S::WORDS);
     #pragma unroll
     for (int kk = 0; kk < S::STEPS; ++kk) {
+        unsigned int a[M][4];
+        a_step(a, kk);
         #pragma unroll
         for (int n = 0; n < S::KTILES; n += 2) {
             unsigned int lo[2], hi[2];
             load_b_pair(lo, hi, origin, S::WORDS, 8 * n, kk);
             #pragma unroll
             for (int m = 0; m < M; ++m) {
-                mma_bf16_16816(s[m][n], x[m][kk], lo);
-                mma_bf16_16816(s[m][n + 1], x[m][kk], hi);
+                mma_bf16_16816(s[m][n], a[m], lo);
+                mma_bf16_16816(s[m][n + 1], a[m], hi);
             }
         }
     }
 }
 
-// acc[m] += A[m] Y for M row tiles of one warp, over the STREAM staged rows of Y, read
-// down its columns: acc[m][n] is columns [8n, 8n + 8). `a_step(a, c)` gives each tile's A
-// fragment of k step c, a[m], the product's columns [16 c, 16 c + 16), against Y's rows
-// [16 c, 16 c + 16). The B fragments of two column tiles and a k step are one transposing
-// ldmatrix (load_bt_pair), which feeds the M tiles' products. Until 2026-11-27 they were
-// 16-byte loads of 4 rows with the products' columns permuted, and a byte permutation
-// (PRMT) a register to pick each column's pair out of the rows' words: 2 integer
-// instructions a product. Below HS the zero columns past hs cost their products.
-template <int HS, int M, typename AStep>
-__device__ __forceinline__ void accumulate_over_rows(float acc[M][Shape<HS>::DTILES][4], const Tile<HS> y,
-                                                     AStep a_step) {
+// The same with X's fragments `x` in registers, read once (a single tile passes its
+// arrays' addresses, `scores<HS, 1>(&s, &x, y)`).
+template <int HS, int M>
+__device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
+                                       const unsigned int x[M][Shape<HS>::STEPS][4], const Tile<HS> y) {
+    scores_of<HS, M>(s, y, [&](unsigned int a[M][4], int kk) {
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) a[m][r] = x[m][kk][r];
+        }
+    });
+}
+
+// acc[m] += A[m] Y for M row tiles of one warp, over the first K staged rows of Y, read
+// down its columns from column tile n0: acc[m][n] is columns [8 (n0 + n), 8 (n0 + n) + 8).
+// `a_step(a, c)` gives each tile's A fragment of k step c, a[m], the product's columns
+// [16 c, 16 c + 16), against Y's rows [16 c, 16 c + 16). The B fragments of two column
+// tiles and a k step are one transposing ldmatrix (load_bt_pair), which feeds the M tiles'
+// products. Until 2026-11-27 they were 16-byte loads of 4 rows with the products' columns
+// permuted, and a byte permutation (PRMT) a register to pick each column's pair out of the
+// rows' words: 2 integer instructions a product. Below HS the zero columns past hs cost
+// their products.
+template <int HS, int M, int K, int N, typename AStep>
+__device__ __forceinline__ void accumulate_over_rows(float acc[M][N][4], const unsigned int (*y)[Shape<HS>::WORDS],
+                                                     int n0, AStep a_step) {
     using S = Shape<HS>;
-    const unsigned int* origin = bt_origin(&y[0][0], S::WORDS);
+    const unsigned int* origin = bt_origin(&y[0][0], S::WORDS) + 4 * n0;
     #pragma unroll
-    for (int c = 0; c < S::STREAM / 16; ++c) {
+    for (int c = 0; c < K / 16; ++c) {
         unsigned int a[M][4];
         a_step(a, c);
         #pragma unroll
-        for (int n = 0; n < S::DTILES; n += 2) {
+        for (int n = 0; n < N; n += 2) {
             unsigned int lo[2], hi[2];
             load_bt_pair(lo, hi, origin, S::WORDS, 16 * c, n);
             #pragma unroll
@@ -278,42 +306,43 @@ __device__ __forceinline__ void accumulate_over_rows(float acc[M][Shape<HS>::DTI
 template <int HS, int M>
 __device__ __forceinline__ void accumulate(float acc[M][Shape<HS>::DTILES][4],
                                            const float p[M][Shape<HS>::KTILES][4], const Tile<HS> y) {
-    accumulate_over_rows<HS, M>(acc, y, [&](unsigned int a[M][4], int c) {
+    using S = Shape<HS>;
+    accumulate_over_rows<HS, M, S::STREAM, S::DTILES>(acc, y, 0, [&](unsigned int a[M][4], int c) {
         #pragma unroll
         for (int m = 0; m < M; ++m) a_from_accumulators(a[m], p[m][2 * c], p[m][2 * c + 1]);
     });
 }
 
-// acc += dS Y for one warp's 16 queries, columns [16 w, 16 w + 16) of `ds`, the staged
-// dS^T (ROWS keys by STREAM queries, bf16 pairs along the queries): a product over the
-// block's keys, Y [ROWS, HS] the staged key tile. dS's A fragments are the transposes of
-// ds's 8x8 matrices, one transposing ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2),
-// queries 16 w + 8 (i % 2), which is b_origin's order of rows and words, so the fragment's
-// four registers are the instruction's four in order. Only at HS = 64, where a tile of
-// STREAM = ROWS queries fits a row of ds.
+// dq += dS K for one warp's share of a streamed query tile, its 16 queries 16 r on and its
+// DQ_TILES column tiles from n0: a product over the block's ROWS keys, K the staged key
+// tile. `ds` is dS^T, staged as ROWS keys by STREAM queries (bf16 pairs along the
+// queries); dS's A fragments are the transposes of its 8x8 matrices, one transposing
+// ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2), queries 16 r + 8 (i % 2), which is
+// b_origin's order of rows and words, so the fragment's four registers are the
+// instruction's four in order.
 template <int HS>
-__device__ __forceinline__ void accumulate_transposed(float (&acc)[Shape<HS>::DTILES][4], const Tile<HS> ds,
-                                                      const Tile<HS> y) {
+__device__ __forceinline__ void dq_terms(float (&dq)[Shape<HS>::DQ_TILES][4],
+                                         const unsigned int (*ds)[Shape<HS>::DS_WORDS], const Keys<HS> keys, int r,
+                                         int n0) {
     using S = Shape<HS>;
-    static_assert(S::STREAM == ROWS && S::WORDS >= ROWS / 2, "dS^T of a query tile fits a staged tile");
-    const unsigned int* a_origin = b_origin(&ds[0][0], S::WORDS) + 8 * (threadIdx.x / WARP_SIZE);
-    accumulate_over_rows<HS, 1>(&acc, y, [&](unsigned int a[1][4], int c) {
-        load_matrices_transposed(a[0], a[0] + 2, a_origin + 16 * c * S::WORDS);
+    const unsigned int* a_origin = b_origin(&ds[0][0], S::DS_WORDS) + 8 * r;
+    accumulate_over_rows<HS, 1, ROWS, S::DQ_TILES>(&dq, keys, n0, [&](unsigned int a[1][4], int c) {
+        load_matrices_transposed(a[0], a[0] + 2, a_origin + 16 * c * S::DS_WORDS);
     });
 }
 
-// Row g + 8h of a warp's [16, HS] product accumulated by `accumulate`, times `scale`, into
-// the bf16 `row` (4-byte aligned): this lane holds columns 8n + 2t and 8n + 2t + 1 of each
-// accumulator n (acc[n][2h], acc[n][2h + 1]), written as one word unless they lie past hs.
-// Each value is rounded once, to nearest even, by pack_bf16, as common.cuh's store rounds
-// it. The 4 lanes of a quad write 16 consecutive bytes; a block stores its rows once.
-template <int HS>
-__device__ __forceinline__ void store_columns(bf16* row, const float acc[Shape<HS>::DTILES][4], int h, float scale,
-                                              int hs) {
+// Row g + 8h of a warp's [16, 8 N] product accumulated by `accumulate`, times `scale`,
+// into the bf16 `row` (4-byte aligned): this lane holds columns 8n + 2t and 8n + 2t + 1 of
+// each accumulator n (acc[n][2h], acc[n][2h + 1]), written as one word unless they lie at
+// or past `width` (hs, less the columns before `row`). Each value is rounded once, to
+// nearest even, by pack_bf16, as common.cuh's store rounds it. The 4 lanes of a quad write
+// 16 consecutive bytes; a block stores its rows once.
+template <int N>
+__device__ __forceinline__ void store_columns(bf16* row, const float (&acc)[N][4], int h, float scale, int width) {
     const int t = threadIdx.x % 4;
     #pragma unroll
-    for (int n = 0; n < Shape<HS>::DTILES; ++n) {
-        if (8 * n >= hs) return;
+    for (int n = 0; n < N; ++n) {
+        if (8 * n >= width) return;
         *reinterpret_cast<unsigned int*>(row + 8 * n + 2 * t) =
             pack_bf16(scale * acc[n][2 * h], scale * acc[n][2 * h + 1]);
     }
@@ -503,18 +532,18 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
         for (int h = 0; h < 2; ++h) {
             const int i = r0 + 16 * m + acc_row(2 * h);
             l[m][h] = quad_sum(l[m][h]);
-            if (i < T) store_columns<HS>(out + hd.io + (unsigned long long)i * C, o[m], h, 1.0f / l[m][h], hs);
+            if (i < T) store_columns(out + hd.io + (unsigned long long)i * C, o[m], h, 1.0f / l[m][h], hs);
             if (threadIdx.x % 4 == 0 && i < T) lse[hd.bh * T + i] = mx[m][h] * LN2 + logf(l[m][h]);
         }
     }
 }
 
 // delta_i = dout_i . out_i (fp32, from the bf16 dout and out) of this lane's rows of a
-// warp's 16 from r0, g and g + 8, into D and, for rows below T, into delta [B * NH * T]:
-// the quad splits a row's dimensions, 8 bf16 of each of dout and out at a time (16-byte
-// loads, aligned as fetch_tile's), and adds its parts in a fixed order.
-__device__ __forceinline__ void row_deltas(float D[2], float* delta, const bf16* out, const bf16* dout,
-                                           const Head& hd, int r0, int T, int NH, int hs) {
+// warp's 16 from r0, g and g + 8, for rows below T into delta [B * NH * T]: the quad
+// splits a row's dimensions, 8 bf16 of each of dout and out at a time (16-byte loads,
+// aligned as fetch_tile's), and adds its parts in a fixed order.
+__device__ __forceinline__ void row_deltas(float* delta, const bf16* out, const bf16* dout, const Head& hd, int r0,
+                                           int T, int NH, int hs) {
     const unsigned long long C = (unsigned long long)NH * hs;
     const int t = threadIdx.x % 4;
     #pragma unroll
@@ -525,118 +554,70 @@ __device__ __forceinline__ void row_deltas(float D[2], float* delta, const bf16*
             const unsigned long long at = hd.io + (unsigned long long)i * C + d;
             part += dot8(*reinterpret_cast<const uint4*>(dout + at), *reinterpret_cast<const uint4*>(out + at));
         }
-        D[h] = quad_sum(part);
-        if (t == 0 && i < T) delta[hd.bh * T + i] = D[h];
+        const float D = quad_sum(part);
+        if (t == 0 && i < T) delta[hd.bh * T + i] = D;
     }
 }
 
-// Backward through the query side, one block per query tile: delta_i = dout_i . out_i
-// (fp32, from the bf16 dout and out) into delta [B * NH * T] for the key side, and
-// dq_i = scale * sum_j dS_ij k_j into dqkv (bf16), with P_ij = exp(s_ij - lse_i),
-// dP_ij = keep_ij * (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i).
+// The backward's first launch, a block per ROWS queries of a query head as the forward's
+// grid at one row tile a warp: delta of its rows, and zeros in the turns' counters of its
+// streamed query tiles (ROWS / STREAM of them, those below T) and, from the group's first
+// query head's first block, in the group's ticket. The counters follow the heads' tiles:
+// B * NH * tiles of them (tiles = T / STREAM rounded up), then a ticket a key/value head.
 template <int HS>
-__device__ __forceinline__ void backward_query(Tile<HS> k[2], Tile<HS> v[2], bf16* dqkv, float* delta,
-                                               const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                                               SHAPE_ARGS) {
+__device__ __forceinline__ void delta_and_turns(float* delta, unsigned int* turns, const bf16* out, const bf16* dout,
+                                                int T, int NH, int KV, int hs) {
     using S = Shape<HS>;
     const Head hd = head_of(T, NH, KV, hs);
-    const unsigned long long C = (unsigned long long)NH * hs;
-    const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
-    const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x;
-    const int i0 = tile * ROWS, r0 = i0 + 16 * warp, tiles = (i0 + ROWS) / S::STREAM;
-    const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
-
-    unsigned int q[S::STEPS][4] = {}, dy[S::STEPS][4] = {};  // the warp's queries and output gradients
-    #pragma unroll
-    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
-        load_a_bf16(q[kk], qkv + hd.q, hd.stride, r0, T, kk);
-        load_a_bf16(dy[kk], dout + hd.io, C, r0, T, kk);
-    }
-    // delta and lse (log2 units) of this lane's rows g and g + 8.
-    float D[2], L[2];
-    row_deltas(D, delta, out, dout, hd, r0, T, NH, hs);
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = r0 + acc_row(2 * h);
-        L[h] = i < T ? LOG2E * lse[hd.bh * T + i] : 0.0f;
-    }
-    float dq[S::DTILES][4] = {};
-
-    uint4 f[S::FETCHES];
-    stage_tile<HS>(k[0], f, keys, hd.stride, 0, T, hs);
-    stage_tile<HS>(v[0], f, values, hd.stride, 0, T, hs);
-    for (int n = 0; n < tiles; ++n) {
-        const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
-        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
-        float s[S::KTILES][4], dp[S::KTILES][4];
-        scores<HS, 1>(&s, &q, k[cur]);
-        if (next) store_tile<HS>(k[1 - cur], f);
-        scores<HS, 1>(&dp, &dy, v[cur]);
-        if (j0 + S::STREAM > i0) mask_scores<HS>(s, r0, j0, T, false);  // the tiles crossing the diagonal
-        if (dropout) times_kept<HS>(dp, dp, kept<HS>(mask, hd.bh, T, r0, j0, false), mask.scale);
-        // dS into s; zero where masked (P = 0).
-        #pragma unroll
-        for (int c = 0; c < S::KTILES; ++c) {
-            #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                s[c][e] = exp2_ftz(scale2 * s[c][e] - L[e / 2]) * (dp[c][e] - D[e / 2]);
-        }
-        // The next value tile's loads run under dq's product, which leaves s, not dp, live.
-        if (next) fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
-        accumulate<HS, 1>(&dq, &s, k[cur]);
-        if (next) store_tile<HS>(v[1 - cur], f);
-    }
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = r0 + acc_row(2 * h);
-        if (i < T) store_columns<HS>(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
-    }
+    row_deltas(delta, out, dout, hd, blockIdx.x * ROWS + 16 * (threadIdx.x / WARP_SIZE), T, NH, hs);
+    if (threadIdx.x != 0) return;
+    const int tiles = (T + S::STREAM - 1) / S::STREAM, per_block = ROWS / S::STREAM;
+    for (int n = blockIdx.x * per_block; n < (blockIdx.x + 1) * per_block && n < tiles; ++n)
+        turns[hd.bh * tiles + n] = 0;
+    const int group = NH / KV, h = blockIdx.y % NH;
+    if (blockIdx.x == 0 && h % group == 0)
+        turns[(unsigned long long)gridDim.y * tiles + blockIdx.y / NH * KV + h / group] = 0;
 }
 
-// What the key side needs to sum dq as well, in the one-kernel backward at head size 64
-// (DQ): the block's key tile staged for dS k, where its ticket is broadcast (both shared
-// memory), and the chain of dq's partial sums (global): a [ROWS, HS] fp32 tile for each
-// query tile of each query head, in fragment order (warp, accumulator, lane: one 16-byte
-// load a lane an accumulator), handed from key tile to key tile by turns (turns.cuh), and
-// the turns' counters, B * NH * tiles of them (one a query tile of a query head), then B *
-// KV tickets (one a key/value head).
+// The backward block's shared memory: two buffers of staged query tiles and one of output
+// gradients, its key tile, the query tiles' lse (log2 units) and delta in two buffers, and
+// its ticket. Tile n + 1's output gradients are staged after every warp is done with tile
+// n's, and dS^T over the query tile the dk product was the last to read: 37,892 bytes at
+// head size 64 and 44,036 at 128, within 48 KB of static shared memory.
 template <int HS>
-struct DqChain {
-    Tile<HS>* keys;
-    unsigned int* ticket;
-    float4* partials;
-    unsigned int* turns;
+struct alignas(16) KeySide {
+    Tile<HS> q[2], dy;
+    Keys<HS> keys;
+    float L[2][Shape<HS>::STREAM], D[2][Shape<HS>::STREAM];
+    unsigned int ticket;
 };
 
-// dq's terms from the block's keys for query tile n of head hd: dS, in dp as this warp's
-// keys' rows of dS^T, staged as bf16 over the tile's output gradients `ds` (every warp is
-// done with them), then dS k over the block's ROWS keys for each warp's 16 queries, added
-// to the partial sum. Query tile n's sum runs over key tiles n, n - 1, ..., 0 in that
-// order, each adding its terms to the sum of those before (the diagonal's block starts it;
-// key tile 0's rounds it to bf16 times 1 / sqrt(hs) into dqkv): fixed whatever the timing,
-// so dq is bitwise deterministic, as the two-kernel backward's is.
+// dq's terms from the block's keys for query tile n of head hd, from dS^T staged in `ds`:
+// each warp's share of the tile (dq_terms) added to the partial sum of the key tiles
+// before. Query tile n's sum runs over the key tiles that see it, from the one holding its
+// queries (the diagonal's, n STREAM / ROWS) down to 0, each adding its terms to the sum of
+// those before; key tile 0's block rounds it to bf16 times 1 / sqrt(hs) into dqkv. The
+// partial sums are a [STREAM, HS] fp32 tile for each query tile of each query head (in
+// global memory), in fragment order (warp, accumulator, lane: one 16-byte load a lane an
+// accumulator), handed on by turns (turns.cuh). The order of every sum is fixed whatever
+// the timing, so dq is bitwise deterministic.
 template <int HS>
-__device__ __forceinline__ void add_dq(const DqChain<HS>& chain, Tile<HS> ds, const float dp[Shape<HS>::KTILES][4],
-                                       bf16* dqkv, const Head& hd, int key_tile, int n, int tiles, int T, int hs,
-                                       float scale) {
+__device__ __forceinline__ void add_dq(const unsigned int (*ds)[Shape<HS>::DS_WORDS], const Keys<HS> keys,
+                                       float4* partials, unsigned int* turns, bf16* dqkv, const Head& hd,
+                                       int key_tile, int n, int tiles, int T, int hs, float scale) {
     using S = Shape<HS>;
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    __syncthreads();  // every warp is done with the tile's output gradients
-    #pragma unroll
-    for (int c = 0; c < S::KTILES; ++c) {
-        ds[16 * warp + g][4 * c + t] = pack_bf16(dp[c][0], dp[c][1]);
-        ds[16 * warp + g + 8][4 * c + t] = pack_bf16(dp[c][2], dp[c][3]);
-    }
-    __syncthreads();  // dS^T is whole before any warp reads its columns
-    float dq[S::DTILES][4] = {};
-    accumulate_transposed<HS>(dq, ds, *chain.keys);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    // This warp's 16 queries of the tile and its first column tile.
+    const int r = warp % S::QUERY_TILES, n0 = S::DQ_TILES * (warp / S::QUERY_TILES);
+    float dq[S::DQ_TILES][4] = {};
+    dq_terms<HS>(dq, ds, keys, r, n0);
     const unsigned long long at = hd.bh * tiles + n;
-    float4* part = chain.partials + (at * WARPS + warp) * S::DTILES * WARP_SIZE + lane;
-    if (n != key_tile) {
-        wait_turn(chain.turns + at, n - key_tile);
+    float4* part = partials + (at * WARPS + warp) * S::DQ_TILES * WARP_SIZE + lane;
+    const int diagonal = n * S::STREAM / ROWS;
+    if (key_tile != diagonal) {
+        wait_turn(turns + at, diagonal - key_tile);
         #pragma unroll
-        for (int d = 0; d < S::DTILES; ++d) {
+        for (int d = 0; d < S::DQ_TILES; ++d) {
             const float4 sum = __ldcg(part + d * WARP_SIZE);
             dq[d][0] = sum.x + dq[d][0];
             dq[d][1] = sum.y + dq[d][1];
@@ -647,61 +628,53 @@ __device__ __forceinline__ void add_dq(const DqChain<HS>& chain, Tile<HS> ds, co
     if (key_tile == 0) {
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int i = n * ROWS + 16 * warp + acc_row(2 * h);
-            if (i < T) store_columns<HS>(dqkv + hd.q + (unsigned long long)i * hd.stride, dq, h, scale, hs);
+            const int i = n * S::STREAM + 16 * r + acc_row(2 * h);
+            bf16* row = dqkv + hd.q + (unsigned long long)i * hd.stride + 8 * n0;
+            if (i < T) store_columns(row, dq, h, scale, hs - 8 * n0);
         }
         return;
     }
     #pragma unroll
-    for (int d = 0; d < S::DTILES; ++d) __stcg(part + d * WARP_SIZE, make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
-    pass_turn(chain.turns + at);
+    for (int d = 0; d < S::DQ_TILES; ++d)
+        __stcg(part + d * WARP_SIZE, make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+    pass_turn(turns + at);
 }
 
-// The block's key tile: blockIdx.x, or with DQ its ticket's, the last tile taking the
-// first ticket of its key/value head.
-template <int HS, bool DQ>
-__device__ __forceinline__ int key_tile_of(const DqChain<HS>& chain, int tiles, int NH, int KV) {
-    if constexpr (DQ) {
-        unsigned int* tickets = chain.turns + (unsigned long long)gridDim.y / KV * NH * tiles;
-        return tiles - 1 - (int)take_ticket(tickets + blockIdx.y, chain.ticket);
-    } else {
-        return blockIdx.x;
-    }
-}
-
-// Backward through the key side, one block per key tile of a key/value head (blockIdx.y =
-// b * KV + g), after the query side (it reads delta): dv_j = sum_i P'_ij dout_i and dk_j =
-// scale * sum_i dS_ij q_i over the query tiles from the diagonal on, of each query head of
-// the group in ascending order, into dqkv (bf16). Warp w owns keys j0 + 16w .. + 15 and
-// works on the transposed products: S^T = k q^T and dP^T = v dout^T, whose columns are
-// queries. q and dy are two buffers of staged query and output gradient tiles, L and D two
-// of those queries' lse (log2 units) and delta. With DQ (head size 64) the block also adds
-// dq's terms (add_dq), after the delta launch instead of the query side: its key tile is
-// then its ticket's, taken in the order the blocks start (the last tile first), as the
-// chain of each query tile's sum needs.
-template <int HS, bool DQ>
-__device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2], float L[2][Shape<HS>::STREAM],
-                                                   float D[2][Shape<HS>::STREAM], DqChain<HS> chain, bf16* dqkv,
+// The backward's second launch, a block per key tile of a key/value head (blockIdx.y = b *
+// KV + g), after delta_and_turns: dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij
+// q_i over the query tiles from the diagonal on, of each query head of the group in
+// ascending order, into dqkv (bf16), with P_ij = exp(s_ij - lse_i), dP_ij = keep_ij *
+// (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i); and dq_i = scale * sum_j dS_ij k_j,
+// each query tile's summed over the key tiles' blocks in turn (add_dq). Warp w owns keys
+// j0 + 16w .. + 15 and works on the transposed products: S^T = k q^T and dP^T = v dout^T,
+// whose columns are queries. Its values are read once into registers; its keys' fragments
+// come from the staged key tile, which dq's product reads whole. The key tile is the
+// block's ticket's, taken in the order the blocks start, the last tile first: key tile j's
+// dq terms follow j + 1's, whose block has thus started.
+template <int HS>
+__device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* partials, unsigned int* turns, bf16* dqkv,
                                                    const bf16* qkv, const bf16* dout, const float* lse,
                                                    const float* delta, SHAPE_ARGS) {
     using S = Shape<HS>;
+    static_assert(ROWS * S::DS_WORDS <= S::STREAM * S::WORDS, "dS^T of a query tile fits a staged tile");
     const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const int warp = threadIdx.x / WARP_SIZE, tiles = (T + S::STREAM - 1) / S::STREAM;
-    const int key_tile = key_tile_of<HS, DQ>(chain, tiles, NH, KV);
+    unsigned int* tickets = turns + (unsigned long long)gridDim.y / KV * NH * tiles;
+    const int key_tile = gridDim.x - 1 - (int)take_ticket(tickets + blockIdx.y, &sm.ticket);
     const int j0 = key_tile * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
-    unsigned int k[S::STEPS][4] = {}, v[S::STEPS][4] = {};  // the warp's keys and values, read once
+    unsigned int v[S::STEPS][4] = {};  // the warp's values, read once (zeros past hs)
     #pragma unroll
-    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) {
-        load_a_bf16(k[kk], qkv + kv.k, kv.stride, c0, T, kk);
-        load_a_bf16(v[kk], qkv + kv.v, kv.stride, c0, T, kk);
-    }
+    for (int kk = 0; kk < S::STEPS && 16 * kk < hs; ++kk) load_a_bf16(v[kk], qkv + kv.v, kv.stride, c0, T, kk);
+    const unsigned int* keys = b_origin(&sm.keys[16 * warp][0], S::WORDS);  // the warp's 16 keys' fragments
     float dk[S::DTILES][4] = {}, dv[S::DTILES][4] = {};
 
     uint4 f[S::FETCHES];
-    if constexpr (DQ) stage_tile<HS>(*chain.keys, f, qkv + kv.k, kv.stride, j0, T, hs);  // read after a tile's barrier
+    #pragma unroll
+    for (int i = 0; i < ROWS / S::STREAM; ++i)  // read after a tile's barrier
+        stage_tile<HS>(&sm.keys[i * S::STREAM], f, qkv + kv.k, kv.stride, j0 + i * S::STREAM, T, hs);
     for (int r = 0; r < NH / KV; ++r) {
         const Head hd = group_head(r, T, NH, KV, hs);
         const bf16 *queries = qkv + hd.q, *grads = dout + hd.io;
@@ -714,18 +687,18 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
         };
         const auto store_stats = [&](int buffer) {
             if (threadIdx.x < S::STREAM) {
-                L[buffer][threadIdx.x] = lse_i;
-                D[buffer][threadIdx.x] = delta_i;
+                sm.L[buffer][threadIdx.x] = lse_i;
+                sm.D[buffer][threadIdx.x] = delta_i;
             }
         };
         __syncthreads();  // every warp is done with the previous head's last tile
         fetch_stats(first * S::STREAM);
         store_stats(first % 2);
-        stage_tile<HS>(q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
-        stage_tile<HS>(dy[first % 2], f, grads, C, first * S::STREAM, T, hs);
+        stage_tile<HS>(sm.q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
+        stage_tile<HS>(sm.dy, f, grads, C, first * S::STREAM, T, hs);
         for (int n = first; n < tiles; ++n) {
             const int i0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
-            __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
+            __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffers
             if (next) {
                 fetch_stats(i0 + S::STREAM);
                 fetch_tile<HS>(f, queries, hd.stride, i0 + S::STREAM, T, hs);
@@ -733,10 +706,10 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
             // together only while dS is formed.
             float s[S::KTILES][4], dp[S::KTILES][4];
-            scores<HS, 1>(&s, &k, q[cur]);
+            scores_of<HS, 1>(&s, sm.q[cur], [&](unsigned int a[1][4], int kk) { load_a_shared(a[0], keys, kk); });
             if (next) {
                 store_stats(1 - cur);
-                store_tile<HS>(q[1 - cur], f);
+                store_tile<HS>(sm.q[1 - cur], f);
             }
             // The tiles crossing the diagonal, and the last if it runs past T.
             if (i0 < j0 + ROWS || i0 + S::STREAM > T) mask_scores<HS>(s, c0, i0, T, true);
@@ -744,29 +717,39 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[c][e] = exp2_ftz(scale2 * s[c][e] - L[cur][8 * c + acc_col(e)]);
+                for (int e = 0; e < 4; ++e) s[c][e] = exp2_ftz(scale2 * s[c][e] - sm.L[cur][8 * c + acc_col(e)]);
             }
             const unsigned int bits = dropout ? kept<HS>(mask, hd.bh, T, c0, i0, true) : 0u;
             if (dropout) {  // dv takes P' = P * keep, dS below P itself
                 times_kept<HS>(dp, s, bits, mask.scale);
-                accumulate<HS, 1>(&dv, &dp, dy[cur]);
+                accumulate<HS, 1>(&dv, &dp, sm.dy);
             } else {
-                accumulate<HS, 1>(&dv, &s, dy[cur]);
+                accumulate<HS, 1>(&dv, &s, sm.dy);
             }
-            scores<HS, 1>(&dp, &v, dy[cur]);
+            scores<HS, 1>(&dp, &v, sm.dy);
             // dS into dp: P (keep * dP - delta).
             if (dropout) times_kept<HS>(dp, dp, bits, mask.scale);
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - D[cur][8 * c + acc_col(e)]);
+                for (int e = 0; e < 4; ++e) dp[c][e] = s[c][e] * (dp[c][e] - sm.D[cur][8 * c + acc_col(e)]);
             }
             // The next output gradient tile's loads run under dk's product, which leaves only
             // dS live.
             if (next) fetch_tile<HS>(f, grads, C, i0 + S::STREAM, T, hs);
-            accumulate<HS, 1>(&dk, &dp, q[cur]);
-            if (next) store_tile<HS>(dy[1 - cur], f);
-            if constexpr (DQ) add_dq<HS>(chain, dy[cur], dp, dqkv, hd, key_tile, n, tiles, T, hs, scale);
+            accumulate<HS, 1>(&dk, &dp, sm.q[cur]);
+            __syncthreads();  // every warp is done with tile n's queries and output gradients
+            if (next) store_tile<HS>(sm.dy, f);  // tile n + 1's, which its barrier publishes
+            // dS^T as bf16 over tile n's queries, this warp's 16 keys' rows of it.
+            const auto ds = reinterpret_cast<unsigned int (*)[S::DS_WORDS]>(&sm.q[cur][0][0]);
+            const int g = threadIdx.x % WARP_SIZE / 4, t = threadIdx.x % 4;
+            #pragma unroll
+            for (int c = 0; c < S::KTILES; ++c) {
+                ds[16 * warp + g][4 * c + t] = pack_bf16(dp[c][0], dp[c][1]);
+                ds[16 * warp + g + 8][4 * c + t] = pack_bf16(dp[c][2], dp[c][3]);
+            }
+            __syncthreads();  // dS^T is whole before any warp reads its columns
+            add_dq<HS>(ds, sm.keys, partials, turns, dqkv, hd, key_tile, n, tiles, T, hs, scale);
         }
     }
     #pragma unroll
@@ -774,13 +757,13 @@ __device__ __forceinline__ void backward_key_value(Tile<HS> q[2], Tile<HS> dy[2]
         const int j = c0 + acc_row(2 * h);
         if (j >= T) continue;
         bf16* g = dqkv + (unsigned long long)j * kv.stride;
-        store_columns<HS>(g + kv.k, dk, h, scale, hs);
-        store_columns<HS>(g + kv.v, dv, h, 1.0f, hs);
+        store_columns(g + kv.k, dk, h, scale, hs);
+        store_columns(g + kv.v, dv, h, 1.0f, hs);
     }
 }
 
 // The entry points, head sizes up to 64 and (suffix _hs128) up to 128, each with its
-// shared memory, 2 blocks an SM (see the header).
+// shared memory, the forward 2 blocks an SM (see the header).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
     fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
     alignas(16) __shared__ Tile<64> k[2], v[2];
@@ -791,42 +774,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
     alignas(16) __shared__ Tile<128> k[2], v[2];
     forward<128, 1>(k, v, out, lse, qkv, SHAPE);
 }
-extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_query_bf16_hs128(bf16* dqkv, float* delta, const bf16* qkv, const bf16* out,
-                                              const bf16* dout, const float* lse, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<128> k[2], v[2];
-    backward_query<128>(k, v, dqkv, delta, qkv, out, dout, lse, SHAPE);
-}
-extern "C" __global__ void __launch_bounds__(THREADS)
-    fused_attention_backward_key_value_bf16_hs128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
-                                                  const float* delta, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<128> q[2], dy[2];
-    __shared__ float L[2][Shape<128>::STREAM], D[2][Shape<128>::STREAM];
-    backward_key_value<128, false>(q, dy, L, D, DqChain<128>{}, dqkv, qkv, dout, lse, delta, SHAPE);
-}
 
-// The backward at head sizes up to 64 in two launches: delta, and the turns' counters
-// zeroed, a block per query tile of each query head as the forward's; then every gradient
-// from the key side (DQ), five products a tile where the query side and the key side make
-// seven between them.
+// The backward in two launches: delta, with the turns' counters zeroed, a block per ROWS
+// queries of each query head; then every gradient from the key side, five products a tile
+// (S^T, dP^T, dv, dk and dq) where a query side and a key side would make seven between
+// them.
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_delta_bf16(float* delta, unsigned int* turns, const bf16* out, const bf16* dout, int T,
                                         int NH, int KV, int hs) {
-    const Head hd = head_of(T, NH, KV, hs);
-    float D[2];
-    row_deltas(D, delta, out, dout, hd, blockIdx.x * ROWS + 16 * (threadIdx.x / WARP_SIZE), T, NH, hs);
-    if (threadIdx.x != 0) return;
-    turns[hd.bh * gridDim.x + blockIdx.x] = 0;
-    // The group's ticket, from its first query head's first tile.
-    const int group = NH / KV, h = blockIdx.y % NH;
-    if (blockIdx.x == 0 && h % group == 0) turns[gridDim.y * gridDim.x + blockIdx.y / NH * KV + h / group] = 0;
+    delta_and_turns<64>(delta, turns, out, dout, T, NH, KV, hs);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_delta_bf16_hs128(float* delta, unsigned int* turns, const bf16* out, const bf16* dout,
+                                              int T, int NH, int KV, int hs) {
+    delta_and_turns<128>(delta, turns, out, dout, T, NH, KV, hs);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_bf16(bf16* dqkv, float4* partials, unsigned int* turns, const bf16* qkv,
                                   const bf16* dout, const float* lse, const float* delta, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<64> q[2], dy[2], k;
-    __shared__ float L[2][Shape<64>::STREAM], D[2][Shape<64>::STREAM];
-    __shared__ unsigned int ticket;
-    backward_key_value<64, true>(q, dy, L, D, DqChain<64>{&k, &ticket, partials, turns}, dqkv, qkv, dout, lse, delta,
-                                 SHAPE);
+    __shared__ KeySide<64> sm;
+    backward_key_value<64>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
+}
+extern "C" __global__ void __launch_bounds__(THREADS)
+    fused_attention_backward_bf16_hs128(bf16* dqkv, float4* partials, unsigned int* turns, const bf16* qkv,
+                                        const bf16* dout, const float* lse, const float* delta, SHAPE_ARGS) {
+    __shared__ KeySide<128> sm;
+    backward_key_value<128>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
 }

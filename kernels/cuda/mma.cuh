@@ -155,6 +155,19 @@ __device__ __forceinline__ void load_bt_pair(unsigned int lo[2], unsigned int hi
     load_matrices_transposed(lo, hi, origin + k0 * stride + 4 * c0);
 }
 
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a tile of bf16
+// pairs in shared memory, one ldmatrix: `origin` is b_origin's of the tile's row r0. Its
+// matrices come in b_origin's order, columns 0-7 and 8-15 of rows 0-7 before those of rows
+// 8-15, and the fragment takes them as rows before columns: 0, 2, 1, 3.
+__device__ __forceinline__ void load_a_shared(unsigned int a[4], const unsigned int* origin, int kk) {
+    unsigned int lo[2], hi[2];
+    load_matrices(lo, hi, origin + 8 * kk);
+    a[0] = lo[0];
+    a[1] = hi[0];
+    a[2] = lo[1];
+    a[3] = hi[1];
+}
+
 // The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16) of a row-major bf16
 // matrix x in global memory (row stride `stride`), as it is stored: each register is one
 // 4-byte load of a pair of neighbours, aligned where x is 4-byte aligned and `stride` even

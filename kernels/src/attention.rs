@@ -35,15 +35,32 @@ pub const ATTENTION_MMA_TILE: usize = 64;
 /// other kernel does ([`ATTENTION_MMA_TILE`]).
 pub const ATTENTION_MMA_FORWARD_ROWS: usize = 2 * ATTENTION_MMA_TILE;
 
-/// The largest head size at which the tensor-core backward is one kernel from the key side,
-/// each query tile's dq summed over the key tiles' blocks in turn (fused_attention_mma.cu's
-/// DQ, compiled at head size 64: at 128 its tiles would not fit the shared memory).
-pub const CHAINED_DQ_MAX_HEAD_SIZE: usize = 64;
+/// The head size the tensor-core kernels that run `head_size` are compiled for: 64, or 128
+/// (Llama's) above it.
+pub fn attention_mma_compiled_head_size(head_size: usize) -> usize {
+    if head_size <= 64 {
+        64
+    } else {
+        ATTENTION_MMA_MAX_HEAD_SIZE
+    }
+}
 
-/// The scratch of the chained backward beside delta, in elements: dq's fp32 partial sums, a
-/// [ATTENTION_MMA_TILE, CHAINED_DQ_MAX_HEAD_SIZE] tile (the compiled head size, whatever
-/// the run's) for each query tile of each of B*NH query heads, and the turns' u32
-/// counters, one for each of those tiles and a ticket for each of B*KV key/value heads.
+/// Rows of the tiles the tensor-core kernels stream (`STREAM` in fused_attention_mma.cu): 64
+/// for those compiled at head size 64, 32 at 128, so that their staged tiles fit 48 KB of
+/// shared memory. The backward's dq is summed a streamed query tile at a time.
+pub fn attention_mma_stream(head_size: usize) -> usize {
+    if attention_mma_compiled_head_size(head_size) == 64 {
+        64
+    } else {
+        32
+    }
+}
+
+/// The scratch of the tensor-core backward beside delta, in elements: dq's fp32 partial
+/// sums, a [stream, compiled head size] tile ([`attention_mma_stream`],
+/// [`attention_mma_compiled_head_size`], whatever the run's head size) for each streamed
+/// query tile of each of B*NH query heads, and the turns' u32 counters, one for each of
+/// those tiles and a ticket for each of B*KV key/value heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainedDq {
     pub partials: usize,
@@ -51,21 +68,22 @@ pub struct ChainedDq {
 }
 
 impl ChainedDq {
-    /// The scratch of the chained backward over `heads` (B*NH) query heads and `kv_heads`
-    /// (B*KV) of `t` rows; None where the backward is not chained: f32 activations, or a
-    /// head size above [`CHAINED_DQ_MAX_HEAD_SIZE`].
+    /// The scratch of the backward over `heads` (B*NH) query heads and `kv_heads` (B*KV) of
+    /// `t` rows; None where the backward is not chained (f32 activations).
     pub fn of(dtype: DType, head_size: usize, t: usize, heads: usize, kv_heads: usize) -> Option<ChainedDq> {
-        let tiles = t.div_ceil(ATTENTION_MMA_TILE);
-        ChainedDq::chains(dtype, head_size).then_some(ChainedDq {
-            partials: heads * tiles * ATTENTION_MMA_TILE * CHAINED_DQ_MAX_HEAD_SIZE,
+        let stream = attention_mma_stream(head_size);
+        let tiles = t.div_ceil(stream);
+        ChainedDq::chains(dtype).then_some(ChainedDq {
+            partials: heads * tiles * stream * attention_mma_compiled_head_size(head_size),
             turns: heads * tiles + kv_heads,
         })
     }
 
-    /// Whether the CUDA backend's backward over activations of `dtype` at head size
-    /// `head_size` is the chained one: bf16, up to [`CHAINED_DQ_MAX_HEAD_SIZE`].
-    pub fn chains(dtype: DType, head_size: usize) -> bool {
-        dtype == DType::Bf16 && head_size <= CHAINED_DQ_MAX_HEAD_SIZE
+    /// Whether the CUDA backend's backward over activations of `dtype` is chained: one
+    /// kernel from the key side that sums dq too, each query tile's over the key tiles'
+    /// blocks in turn (the tensor-core kernels, bf16). The fp32 kernels' is two-sided.
+    pub fn chains(dtype: DType) -> bool {
+        dtype == DType::Bf16
     }
 
     /// Its bytes: 4 an element of either.
@@ -146,5 +164,27 @@ impl AttentionSaved {
             AttentionSaved::Probabilities { .. } => AttentionSaves::Probabilities,
             AttentionSaved::RowLogSumExp { .. } => AttentionSaves::RowLogSumExp,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// dq's chain runs over the streamed query tiles of the kernels that run the head size:
+    /// at GPT-2's 64, tiles of 64 rows and a [64, 64] partial sum each; at Llama's 128 (and
+    /// at 80, which the same kernels run), tiles of 32 and a [32, 128] sum each, twice the
+    /// counters; none in fp32, whose backward is two-sided.
+    #[test]
+    fn the_chain_counts_the_streamed_query_tiles_of_the_kernels_that_run() {
+        let (t, heads, kv_heads) = (1000, 32, 8);
+        let gpt2 = ChainedDq::of(DType::Bf16, 64, t, heads, kv_heads).unwrap();
+        assert_eq!(gpt2, ChainedDq { partials: 32 * 16 * 64 * 64, turns: 32 * 16 + 8 });
+        for head_size in [80, 128] {
+            let llama = ChainedDq::of(DType::Bf16, head_size, t, heads, kv_heads).unwrap();
+            assert_eq!(llama, ChainedDq { partials: 32 * 32 * 32 * 128, turns: 32 * 32 + 8 });
+        }
+        assert_eq!(ChainedDq::of(DType::Bf16, 32, t, heads, kv_heads), Some(gpt2));
+        assert_eq!(ChainedDq::of(DType::F32, 64, t, heads, kv_heads), None);
     }
 }

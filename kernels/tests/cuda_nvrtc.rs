@@ -134,7 +134,7 @@ fn the_attention_products_run_with_no_branch_between_them() {
     for (arch, ptx) in compiled {
         for entry in ptx.split(".entry ").skip(1) {
             let name = entry.split('(').next().unwrap_or_default();
-            if name == "fused_attention_backward_delta_bf16" {
+            if name.starts_with("fused_attention_backward_delta_bf16") {
                 continue; // dot products of rows on CUDA cores: no matrix product
             }
             let (mut runs, mut run) = (Vec::new(), 0);

@@ -665,13 +665,15 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
-/// The chained backward (head size 64: every gradient from the key side, each query tile's
-/// dq summed over the key tiles' blocks in turn, turns.cuh) at GPT-2 124M's attention with
-/// B = 16, 3072 blocks, and at TinyLlama 1.1B's (32 query heads of 64 on 4 key/value heads,
-/// so that a block hands on turns for 8 query heads in a row) with B = 8, 512 blocks: most
-/// blocks wait for their turns behind blocks still running, where a missing fence would
-/// show as a dq that changes from run to run, and a wrong order of tickets as a hang. dqkv
-/// must be the same bits in five runs, and at B = 2 close to the CPU's. Only on a real GPU:
+/// The chained backward (every gradient from the key side, each query tile's dq summed
+/// over the key tiles' blocks in turn, turns.cuh) at GPT-2 124M's attention with B = 16,
+/// 3072 blocks; at TinyLlama 1.1B's (32 query heads of 64 on 4 key/value heads, so that a
+/// block hands on turns for 8 query heads in a row) with B = 8, 512 blocks; and at Llama 3
+/// 8B's (32 query heads of 128 on 8, the kernels for heads up to 128, whose query tiles of
+/// 32 rows two warps share) with B = 2, 256 blocks: most blocks wait for their turns
+/// behind blocks still running, where a missing fence would show as a dq that changes from
+/// run to run, and a wrong order of tickets as a hang. dqkv must be the same bits in five
+/// runs, and at B = 2 close to the CPU's. Only on a real GPU:
 /// the stand-in's emulator runs one block at a time, which cannot show either fault (the
 /// SIMT harness checks the order of the turns), and would take an hour at these sizes.
 #[test]
@@ -686,7 +688,7 @@ fn the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size() {
     }
     let mut rng = seeded(test);
     let spec = Some(dropout(0.1, 5, DropoutSite::AttentionProbs));
-    for [b, t, c, nh, kv] in [[16, 1024, 768, 12, 12], [8, 1024, 2048, 32, 4]] {
+    for [b, t, c, nh, kv] in [[16, 1024, 768, 12, 12], [8, 1024, 2048, 32, 4], [2, 1024, 4096, 32, 8]] {
         let (n, width) = (b * t, c + 2 * kv * (c / nh));
         let (qkv, dout) = (rng.uniform(n * width, 2.0), rng.uniform(n * c, 1.0));
         let (qkv, dout) = (put(&gpu, &qkv, &[b, t, width]), put(&gpu, &dout, &[b, t, c]));

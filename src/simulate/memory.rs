@@ -64,8 +64,8 @@ pub fn chunk_memory(setup: &Setup, stage: usize, chunk: usize) -> ChunkMemory {
         // run only in fp32).
         AttentionSaves::Probabilities => element(b * nh * t * t, Split::Interior),
         // The fused core's row sums: fp32 scratch under either precision, as its
-        // log-sum-exp is; and where its bf16 backward is one kernel (head sizes up to 64),
-        // dq's fp32 partial sums and the counters its blocks take turns by.
+        // log-sum-exp is; and where its backward is one kernel (bf16), dq's fp32 partial
+        // sums and the counters its blocks take turns by.
         AttentionSaves::RowLogSumExp => {
             let (heads, kv_heads) =
                 (tp.per_rank(b * nh, Split::Interior), tp.per_rank(b * s.kv_heads, Split::Interior));

@@ -12,16 +12,16 @@
 //! On bf16 activations (`precision: bf16`) fused_attention_mma.cu runs instead, which reads
 //! and writes bf16 and multiplies on tensor cores into fp32 (sm_80 and later, head sizes
 //! that are multiples of 16, compiled for heads up to 64 and up to 128; the SIMT harness's
-//! fused_attention_mma.rs checks them). Up to 64 its backward is chained: a launch for
-//! delta (which also zeroes the counters), then one kernel from the key side that sums dq
-//! too, each query tile's over the key tiles' blocks in a fixed order, through fp32
-//! partial sums they hand on by turns ([`ChainedDq`] is that scratch). Five products a tile
-//! where the two sides make seven.
+//! fused_attention_mma.rs checks them). Their backward is chained: a launch for delta
+//! (which also zeroes the counters), then one kernel from the key side that sums dq too,
+//! each query tile's over the key tiles' blocks in a fixed order, through fp32 partial
+//! sums they hand on by turns ([`ChainedDq`] is that scratch). Five products a tile where
+//! the two sides make seven.
 
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
 use super::launch::{per_attention_forward_bf16, per_attention_tile, per_attention_tile_bf16};
 use super::pointwise::DropoutMask;
-use crate::attention::ChainedDq;
+use crate::attention::{attention_mma_compiled_head_size, ChainedDq};
 use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
@@ -66,8 +66,7 @@ const F32: Kernels = Kernels {
     backward_launch: per_attention_tile,
 };
 
-/// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64, where
-/// the backward is chained ([`ChainedDq::chains`]).
+/// The tensor-core kernels (fused_attention_mma.cu) compiled for head sizes up to 64.
 const BF16: Kernels = Kernels {
     forward: "fused_attention_forward_bf16",
     forward_launch: per_attention_forward_bf16,
@@ -82,9 +81,9 @@ const BF16: Kernels = Kernels {
 const BF16_HS128: Kernels = Kernels {
     forward: "fused_attention_forward_bf16_hs128",
     forward_launch: per_attention_tile_bf16,
-    backward: Backward::TwoSided {
-        query: "fused_attention_backward_query_bf16_hs128",
-        key_value: "fused_attention_backward_key_value_bf16_hs128",
+    backward: Backward::Chained {
+        delta: "fused_attention_backward_delta_bf16_hs128",
+        backward: "fused_attention_backward_bf16_hs128",
     },
     backward_launch: per_attention_tile_bf16,
 };
@@ -95,7 +94,7 @@ impl CudaDevice {
     /// them), f32 ones to CUDA cores.
     fn attention_kernels(dtype: DType, hs: usize) -> Kernels {
         match dtype {
-            DType::Bf16 if ChainedDq::chains(dtype, hs) => BF16,
+            DType::Bf16 if attention_mma_compiled_head_size(hs) == 64 => BF16,
             DType::Bf16 => BF16_HS128,
             DType::F32 => F32,
         }
@@ -202,8 +201,7 @@ impl CudaDevice {
                 );
             }
             Backward::Chained { delta: delta_kernel, backward } => {
-                let chain =
-                    ChainedDq::of(dtype, d.hs, d.t, d.b * d.nh, d.b * d.kv).expect("a chained head size");
+                let chain = ChainedDq::of(dtype, d.hs, d.t, d.b * d.nh, d.b * d.kv).expect("a chained dtype");
                 let (mut partials, mut turns) =
                     (self.scratch::<f32>(chain.partials), self.scratch::<u32>(chain.turns));
                 launch!(

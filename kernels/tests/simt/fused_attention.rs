@@ -8,6 +8,7 @@ use crate::attention::{cpu_attention, Dims};
 use crate::harness::{bf16_bits, close, max_abs, rounds_from, Arg, Buf, Family, Rng, Run, Storage};
 use crate::philox::{dropout_mask, unused_dropout_mask};
 use cudarc::driver::LaunchConfig;
+use kernels::attention::{attention_mma_stream, ATTENTION_MMA_TILE};
 use kernels::cuda::launch::per_attention_tile;
 use kernels::{ChainedDq, DType, DropoutKey, DropoutSite, DropoutSpec};
 
@@ -32,9 +33,10 @@ pub enum Backward {
     /// key side (dk and dv), a block per key tile.
     TwoSided { query: &'static str, key_value: &'static str },
     /// delta, with the turns' counters zeroed, a block per query tile; then every gradient
-    /// from the key side, each query tile's dq summed over the key tiles' blocks in turn
-    /// (fused_attention_mma.cu at head sizes up to 64).
-    Chained { delta: &'static str, backward: &'static str },
+    /// from the key side, each streamed query tile's dq summed over the key tiles' blocks in
+    /// turn (fused_attention_mma.cu); their scratch and turns are those of the kernels
+    /// compiled for heads up to `compiled`, whatever the run's head size.
+    Chained { delta: &'static str, backward: &'static str, compiled: usize },
 }
 
 impl Fused {
@@ -132,13 +134,12 @@ pub fn fused_attention(
             run.launch_blocks(key_value, key_cfg, &args(&[dqkv, gqkv, gdout, lse, delta]), &key_blocks);
             None
         }
-        Backward::Chained { delta: delta_kernel, backward } => {
+        Backward::Chained { delta: delta_kernel, backward, compiled } => {
             // The partial sums and the counters start as garbage: the delta launch must
             // zero every counter the backward reads, and the chain write every partial sum
             // before it reads it.
-            let tiles = cfg.grid_dim.0 as usize;
-            let scratch = ChainedDq::of(DType::Bf16, d.hs(), d.t, d.heads(), d.kv_heads())
-                .expect("a chained head size");
+            let scratch =
+                ChainedDq::of(DType::Bf16, compiled, d.t, d.heads(), d.kv_heads()).expect("a chained dtype");
             let partials = run.buffer(&vec![f32::NAN; scratch.partials]);
             let turns = run.buffer(&vec![u32::MAX; scratch.turns]);
             let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
@@ -152,13 +153,13 @@ pub fn fused_attention(
                 &key_blocks,
             );
             run.read(turns);
-            Some((turns, tiles))
+            Some((turns, attention_mma_stream(compiled), key_cfg.grid_dim.0 as usize))
         }
     };
     run.read(dqkv);
     let got = family.run(run)?;
-    if let Some((turns, tiles)) = turns {
-        chain_ended(&got.get::<u32>(turns), d, heads, &groups, tiles)?;
+    if let Some((turns, stream, key_tiles)) = turns {
+        chain_ended(&got.get::<u32>(turns), d, heads, &groups, stream, key_tiles)?;
     }
 
     let [want_out, _, _, want_dqkv] = cpu_attention(d, spec, &qkv, &dout);
@@ -189,26 +190,30 @@ pub fn fused_attention(
     Ok(())
 }
 
-/// The turns' counters after a chained backward: query tile n of each head run has been
-/// handed on n times (by key tiles n to 1; key tile 0 ends its sum), and each key/value
-/// head run has given out a ticket to each of its key tiles' blocks.
+/// The turns' counters after a chained backward: each head run's query tiles of `stream`
+/// rows, tile n handed on as many times as key tiles before the one holding its queries
+/// (of ATTENTION_MMA_TILE rows) add to its sum (key tile 0 ends it: n stream / 64 times),
+/// and each key/value head run has given out a ticket to each of its `key_tiles` blocks.
 fn chain_ended(
     turns: &[u32],
     d: Dims,
     heads: &[usize],
     groups: &[usize],
-    tiles: usize,
+    stream: usize,
+    key_tiles: usize,
 ) -> Result<(), String> {
+    let tiles = d.t.div_ceil(stream);
     for &bh in heads {
         let got = &turns[bh * tiles..][..tiles];
-        if got.iter().enumerate().any(|(n, &count)| count != n as u32) {
-            return Err(format!("head {bh}: query tiles handed on {got:?} times, not 0, 1, 2, ..."));
+        let due: Vec<u32> = (0..tiles).map(|n| (n * stream / ATTENTION_MMA_TILE) as u32).collect();
+        if got != due {
+            return Err(format!("head {bh}: query tiles handed on {got:?} times, not {due:?}"));
         }
     }
     for &g in groups {
         let tickets = turns[d.heads() * tiles + g];
-        if tickets != tiles as u32 {
-            return Err(format!("key/value head {g}: {tickets} tickets for {tiles} key tiles"));
+        if tickets != key_tiles as u32 {
+            return Err(format!("key/value head {g}: {tickets} tickets for {key_tiles} key tiles"));
         }
     }
     Ok(())

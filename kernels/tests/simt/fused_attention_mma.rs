@@ -37,6 +37,7 @@ pub const BF16: Fused = Fused {
     backward: Backward::Chained {
         delta: "fused_attention_backward_delta_bf16",
         backward: "fused_attention_backward_bf16",
+        compiled: 64,
     },
     launch: per_attention_tile_bf16,
     storage: Storage::Bf16,
@@ -44,15 +45,16 @@ pub const BF16: Fused = Fused {
 };
 
 /// The kernels compiled for head sizes above 64, up to 128 (Llama's), which stream tiles
-/// of 32 rows and permute their products' columns in two runs of 64: the same rounding, so
-/// the same tolerance.
+/// of 32 rows, so that dq's chain runs over query tiles of 32 and two warps share a tile,
+/// each summing half its columns: the same rounding, so the same tolerance.
 pub const BF16_HS128: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16_hs128",
     forward_launch: per_attention_tile_bf16,
-    backward: Backward::TwoSided {
-        query: "fused_attention_backward_query_bf16_hs128",
-        key_value: "fused_attention_backward_key_value_bf16_hs128",
+    backward: Backward::Chained {
+        delta: "fused_attention_backward_delta_bf16_hs128",
+        backward: "fused_attention_backward_bf16_hs128",
+        compiled: 128,
     },
     launch: per_attention_tile_bf16,
     storage: Storage::Bf16,
