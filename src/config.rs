@@ -730,6 +730,21 @@ impl Config {
         }
     }
 
+    /// The head size (hidden_size / num_attention_heads) where the tensor-core attention
+    /// kernels, the only ones for bf16 activations on CUDA, take it; else what they need,
+    /// worded to follow "need" in a refusal.
+    pub fn tensor_core_head_size(&self) -> Result<usize, String> {
+        let head_size = self.hidden_size / self.num_attention_heads;
+        if kernels::attention_mma_fits(head_size) {
+            return Ok(head_size);
+        }
+        Err(format!(
+            "a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
+            kernels::ATTENTION_MMA_K,
+            kernels::ATTENTION_MMA_MAX_HEAD_SIZE
+        ))
+    }
+
     /// Key/value heads: num_query_groups with grouped-query attention, else the heads.
     pub fn kv_heads(&self) -> usize {
         self.num_query_groups.filter(|_| self.group_query_attention).unwrap_or(self.num_attention_heads)

@@ -31,18 +31,12 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     let origin = |key| config::origin_of(&args.config, overrides, key);
     tensor_parallel_runs(&cfg)
         .map_err(|(key, msg)| launch::quiet_unless_root(user_error(format!("{}: {msg}", origin(key)))))?;
-    let head_size = cfg.hidden_size / cfg.num_attention_heads;
     // bf16 activations have only the tensor-core attention kernels.
-    if cfg.device == config::DeviceKind::Cuda
-        && cfg.precision == config::Precision::Bf16
-        && !kernels::attention_mma_fits(head_size)
-    {
-        return Err(launch::quiet_unless_root(user_error(format!(
-            "{}: bf16 on cuda needs a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
-            origin("precision"),
-            kernels::ATTENTION_MMA_K,
-            kernels::ATTENTION_MMA_MAX_HEAD_SIZE
-        ))));
+    if cfg.device == config::DeviceKind::Cuda && cfg.precision == config::Precision::Bf16 {
+        if let Err(need) = cfg.tensor_core_head_size() {
+            let why = format!("{}: bf16 on cuda needs {need}", origin("precision"));
+            return Err(launch::quiet_unless_root(user_error(why)));
+        }
     }
     let one_rank = launch::launched().is_some_and(|(world, _)| world > 1);
     if let Some(short) = host_memory::shortfall(&cfg, &args.config, one_rank)? {

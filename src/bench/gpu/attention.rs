@@ -11,7 +11,6 @@
 use super::{Row, Verdict};
 use crate::config::Config;
 use crate::error::user_error;
-use kernels::{attention_mma_fits, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE};
 use kernels::{AttentionSaved, AttentionSaves, Category, Device, Tensor};
 
 /// Calls timed per figure.
@@ -47,14 +46,9 @@ impl Case {
     /// `train` refuses it under bf16, where the tensor-core kernels do not take its head
     /// size (`origin`: where hidden_size came from, as config::origin_of describes it).
     pub fn of(cfg: &Config, origin: &str) -> anyhow::Result<Case> {
-        let head_size = cfg.hidden_size / cfg.num_attention_heads;
-        if !attention_mma_fits(head_size) {
-            return Err(user_error(format!(
-                "{origin}: bench attention runs the bf16 kernels, which need a head size \
-                 (hidden_size / num_attention_heads) that is a multiple of {ATTENTION_MMA_K} up to \
-                 {ATTENTION_MMA_MAX_HEAD_SIZE}, got {head_size}"
-            )));
-        }
+        let head_size = cfg.tensor_core_head_size().map_err(|need| {
+            user_error(format!("{origin}: bench attention runs the bf16 kernels, which need {need}"))
+        })?;
         Ok(Case {
             batch: cfg.micro_batch_size,
             seq: cfg.seq_length,
