@@ -612,6 +612,20 @@ fn the_standin_exports_every_cuda_function_the_binary_calls() {
     assert!(missing.is_empty(), "the binary calls functions the stand-in lacks: {missing:?}");
 }
 
+/// `pipetrain bench WHAT` of the small config on one stand-in GPU, with `extra` flags: its
+/// table, after checking that it succeeded and that its title names the stand-in.
+fn bench_on_the_standin(what: &str, extra: &[&str]) -> String {
+    let dir = temp_dir(&format!("standin-bench-{what}"));
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let out =
+        on_standin(bin(), 1).args(["bench", what]).args(extra).arg("--config").arg(&cfg).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{table}{}", stderr(&out));
+    let title = format!("pipetrain bench {what}: cuda:0 ({}, sm_90)\n", kernels::STANDIN_GPU_NAME);
+    assert!(table.starts_with(&title), "{table}");
+    table
+}
+
 /// `bench attention` times the bf16 attention core alone on the stand-in: a forward and a
 /// backward row for each of the stand-in's shapes and for the config's own (B = 2, T = 32,
 /// 4 heads of 16), in milliseconds of the emulator's CPU time.
@@ -620,13 +634,7 @@ fn bench_attention_times_each_case_on_the_standin() {
     if !nvrtc("bench_attention_times_each_case_on_the_standin") {
         return;
     }
-    let dir = temp_dir("standin-bench-attention");
-    let cfg = write_config(&dir, "c.yaml", SMALL);
-    let out = on_standin(bin(), 1).args(["bench", "attention", "--config"]).arg(&cfg).output().unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{table}{}", stderr(&out));
-    let title = format!("pipetrain bench attention: cuda:0 ({}, sm_90)\n", kernels::STANDIN_GPU_NAME);
-    assert!(table.starts_with(&title), "{table}");
+    let table = bench_on_the_standin("attention", &[]);
     let rows: Vec<&str> = table.lines().skip(2).collect();
     let checks: Vec<&str> = rows.iter().map(|r| r.split("  ").next().unwrap()).collect();
     let pair =
@@ -646,14 +654,7 @@ fn bench_gpu_runs_its_table_on_the_standin() {
     if !nvrtc("bench_gpu_runs_its_table_on_the_standin") {
         return;
     }
-    let dir = temp_dir("standin-bench");
-    let cfg = write_config(&dir, "c.yaml", SMALL);
-    let mut command = on_standin(bin(), 1);
-    let out = command.args(["bench", "gpu", "--steps", "2", "--config"]).arg(&cfg).output().unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{table}{}", stderr(&out));
-    let title = format!("pipetrain bench gpu: cuda:0 ({}, sm_90)\n", kernels::STANDIN_GPU_NAME);
-    assert!(table.starts_with(&title), "{table}");
+    let table = bench_on_the_standin("gpu", &["--steps", "2"]);
     let verdict = |check: &str| {
         let line = table
             .lines()
