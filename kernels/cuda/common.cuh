@@ -12,6 +12,17 @@
 // NVRTC compiles without the C headers, so no INFINITY macro.
 #define NEG_INF __int_as_float(0xff800000)
 
+// `name`, a reference to a `type` in the block's dynamic shared memory: the shared memory a
+// kernel's launch gives (its shared_mem_bytes, at least sizeof(type)), which alone may pass
+// the 48 KB of static shared memory, once the kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES is
+// raised to it (kernels/src/cuda/gpu.rs). The SIMT emulator defines its own, which fails a
+// launch that gives fewer bytes.
+#ifndef DYNAMIC_SHARED
+#define DYNAMIC_SHARED(type, name)                                \
+    extern __shared__ __align__(16) unsigned char name##_bytes[]; \
+    type& name = *reinterpret_cast<type*>(name##_bytes)
+#endif
+
 // warp_sum and warp_max reduce over each aligned group of `lanes` lanes (a power of two
 // up to the warp: a row of a 16-wide thread grid is half a warp); every lane of the warp
 // takes part, and each receives its group's result.

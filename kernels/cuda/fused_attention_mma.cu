@@ -33,7 +33,7 @@
 // the backward), 16 rows a warp, the rows of one m16n8k16 product;
 // the forward at head size 64 owns 128, two such row tiles a warp (M = 2), so that each
 // B fragment it loads feeds two products. The other side streams through in tiles of 64
-// (HS = 64) or 32 (HS = 128) rows, staged in shared memory as bf16
+// rows (the backward's at HS = 128: 32), staged in shared memory as bf16
 // pairs along the row (mma.cuh). Products that contract over the head dimension take
 // their B fragments from those rows with one ldmatrix a pair of column tiles
 // (load_b_pair); products that contract over the tile (P' v, dS k, P'^T dout, dS^T q)
@@ -61,10 +61,12 @@
 // hold two [16, HS] fp32 accumulators and the next tile's loads (4 of 16 bytes a thread)
 // besides, and dq's [16, 64] after dS^T is staged, take 255, 2 blocks an SM; at 64 they
 // spill none. Their shared memory (KeySide: 37,892 bytes at 64, 44,036 at 128) would allow
-// 5 and 4. At 128 the forward takes 216 to 224, and the backward, which holds dk and dv
-// [16, 128] and its values, 255 with 20 (sm_90) to 32 (sm_80) bytes spilled, of which one
-// local access (sm_90) is within its loop over tiles, where the two-sided key side's had
-// 23.
+// 5 and 4. At 128 the backward, which holds dk and dv [16, 128] and its values, takes 255
+// with 20 (sm_90) to 32 (sm_80) bytes spilled, of which one local access (sm_90) is within
+// its loop over tiles, where the two-sided key side's had 23. At 128 the forward streams 64
+// keys a tile (since 2026-11-27; 32 before, in static shared memory): 248 registers (252 at
+// sm_80) and no spills, its 69,632 bytes of staged tiles in dynamic shared memory, 2 blocks
+// an SM.
 //
 // Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): with one row tile a
 // warp, a tile of the forward at head size 64, unmasked and without dropout, issued about
@@ -74,7 +76,11 @@
 // and dropout compiled out is 786 instructions for 128 products, where the same count
 // gives 464 for 64: 6.1 a product where 7.3 were, an ldmatrix for 4 products where it was
 // for 2, and twice the independent products a warp has in flight, with 8 warps an SM where
-// 12 were. Not yet timed on a GPU. Until 2026-11-27 a tile issued about 960: a branch
+// 12 were. Not yet timed on a GPU. At 128, with the same count, a tile of 64 keys is 736
+// instructions for 128 products, where a tile of 32 was 423 for 64: 5.8 a product where
+// 6.6 were, the fixed work of a tile (its barrier, the rows' maxima and their correction
+// of the [16, 128] outputs, 64 multiplies) now spread over twice the products. Not yet
+// timed on a GPU either. Until 2026-11-27 a tile issued about 960: a branch
 // between any two products over the head dimension (the test of the run-time hs, now
 // gone), which also kept their chains from overlapping; 2 integer instructions a shared
 // load for its address and 2 a P'V product to pick its B register's halves (now ldmatrix,
@@ -128,14 +134,11 @@
 #define THREADS (WARPS * WARP_SIZE)
 #define LN2 0.6931471805599453f
 
-// The kernels' sizes at head sizes up to HS, 64 or 128 (each kernel is compiled for both).
-// The other side streams through in tiles of STREAM rows: 64 at HS = 64, 32 at HS = 128,
-// so that a kernel's staged tiles (the forward's two buffers of keys and of values, the
-// backward's KeySide) stay within the 48 KB of static shared memory and a warp's [16,
-// STREAM] scores within its registers.
-template <int HS>
+// A kernel's sizes at head sizes up to HS, 64 or 128 (each kernel is compiled for both),
+// the other side streaming through in tiles of STREAM rows (the shapes below).
+template <int HS_, int STREAM_>
 struct Shape {
-    static constexpr int STREAM = HS == 64 ? 64 : 32;
+    static constexpr int HS = HS_, STREAM = STREAM_;
     // A staged row of bf16 pairs: HS / 2 words, padded by 4 so that the 8 rows of 16 bytes
     // an ldmatrix matrix reads (rows r0 + r: word (HS / 2 + 4) r = 4r mod 32 on from the
     // first) start 4 banks apart and cover the 32 banks once, and a quarter-warp's 16-byte
@@ -156,16 +159,30 @@ struct Shape {
     static constexpr int DQ_TILES = DTILES * QUERY_TILES / WARPS;
     static constexpr int DS_WORDS = STREAM / 2 + 4;
 };
+// The kernels' shapes. The backward streams 32 query rows at head size 128, so that KeySide
+// fits 48 KB of static shared memory and its scores beside dk and dv fit a warp's registers;
+// the forward streams 64 key rows at both, its staged tiles at 128 (69,632 bytes) in
+// dynamic shared memory, so that each tile's fixed work (a barrier, the rows' maxima, the
+// correction of the [16, 128] outputs) serves 128 products a warp where it served 64.
+using Forward64 = Shape<64, 64>;
+using Forward128 = Shape<128, 64>;
+using Backward64 = Shape<64, 64>;
+using Backward128 = Shape<128, 32>;
 // Fragments, accumulators and fetched tiles are arrays that must live in registers, so
 // every index into them must be known at compile time: loops over them are bounded by the
 // array's size (STEPS, DTILES, FETCHES) and unrolled, and stop early at the head size.
 
 // STREAM rows of one operand as bf16 pairs along the row: tile[r][w] = (x[r][2w], x[r][2w+1]).
-template <int HS>
-using Tile = unsigned int[Shape<HS>::STREAM][Shape<HS>::WORDS];
+template <class S>
+using Tile = unsigned int[S::STREAM][S::WORDS];
+// The forward block's two buffers of staged key tiles and of value tiles (tile n in [n % 2]).
+template <class S>
+struct alignas(16) Staged {
+    Tile<S> k[2], v[2];
+};
 // The backward block's own ROWS keys, staged as a tile's rows are.
-template <int HS>
-using Keys = unsigned int[ROWS][Shape<HS>::WORDS];
+template <class S>
+using Keys = unsigned int[ROWS][S::WORDS];
 
 // This thread's share of rows [row0, row0 + STREAM) of a [T, hs] bf16 operand (row stride
 // `stride`), into registers: OCTS threads cover a row, 8 bf16 (16 bytes) at a time, so
@@ -179,14 +196,13 @@ using Keys = unsigned int[ROWS][Shape<HS>::WORDS];
 // live across the loop over tiles. For a 16-byte aligned buffer (as allocated) the loads
 // are 16-byte aligned: a row of qkv is (NH + 2 KV) hs bf16, of out and dout NH hs, and a
 // head's columns start at a multiple of hs, all multiples of 16 bf16, 32 bytes.
-template <int HS>
-__device__ __forceinline__ void fetch_tile(uint4 f[Shape<HS>::FETCHES], const bf16* x, unsigned long long stride,
+template <class S>
+__device__ __forceinline__ void fetch_tile(uint4 f[S::FETCHES], const bf16* x, unsigned long long stride,
                                            int row0, int T, int hs) {
-    using S = Shape<HS>;
     const int r = row0 + threadIdx.x / S::OCTS, c = 8 * (threadIdx.x % S::OCTS);
     const bf16* p = x + (unsigned long long)r * stride + c;
     const int step = S::FETCH_ROWS * (int)stride;
-    if (row0 + S::STREAM <= T && hs == HS) {
+    if (row0 + S::STREAM <= T && hs == S::HS) {
         #pragma unroll
         for (int e = 0; e < S::FETCHES; ++e) f[e] = *reinterpret_cast<const uint4*>(p + e * step);
         return;
@@ -201,9 +217,8 @@ __device__ __forceinline__ void fetch_tile(uint4 f[Shape<HS>::FETCHES], const bf
 // The fetched share into a staged tile, as it was loaded (8 bf16, 4 words of pairs, a
 // lane): a quarter-warp writes 32 consecutive words of a row, free of bank conflicts.
 // Columns past hs are staged as the zeros fetched there, which the products over HS read.
-template <int HS>
-__device__ __forceinline__ void store_tile(Tile<HS> tile, const uint4 f[Shape<HS>::FETCHES]) {
-    using S = Shape<HS>;
+template <class S>
+__device__ __forceinline__ void store_tile(Tile<S> tile, const uint4 f[S::FETCHES]) {
     const int r = threadIdx.x / S::OCTS, o = threadIdx.x % S::OCTS;
     #pragma unroll
     for (int e = 0; e < S::FETCHES; ++e) *reinterpret_cast<uint4*>(&tile[r + e * S::FETCH_ROWS][4 * o]) = f[e];
@@ -211,11 +226,11 @@ __device__ __forceinline__ void store_tile(Tile<HS> tile, const uint4 f[Shape<HS
 
 // Rows [row0, row0 + STREAM) of x fetched and staged at once, with `f` as the fetch's
 // registers: the first tile of a loop, which then stages each next tile around its products.
-template <int HS>
-__device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FETCHES], const bf16* x,
+template <class S>
+__device__ __forceinline__ void stage_tile(Tile<S> tile, uint4 f[S::FETCHES], const bf16* x,
                                            unsigned long long stride, int row0, int T, int hs) {
-    fetch_tile<HS>(f, x, stride, row0, T, hs);
-    store_tile<HS>(tile, f);
+    fetch_tile<S>(f, x, stride, row0, T, hs);
+    store_tile<S>(tile, f);
 }
 
 // s[m] = X[m] Y^T over the head dimension for M row tiles of one warp, s[m][n] its columns
@@ -230,9 +245,8 @@ __device__ __forceinline__ void stage_tile(Tile<HS> tile, uint4 f[Shape<HS>::FET
 // products and two thirds of the query side's, in the SASS of NVRTC 13.0 for sm_90). Now
 // the products of a step are M * KTILES independent ones, and the steps follow each other
 // with no branch between. Each s[m][n] adds its steps in order.
-template <int HS, int M, typename AStep>
-__device__ __forceinline__ void scores_of(float s[M][Shape<HS>::KTILES][4], const Tile<HS> y, AStep a_step) {
-    using S = Shape<HS>;
+template <class S, int M, typename AStep>
+__device__ __forceinline__ void scores_of(float s[M][S::KTILES][4], const Tile<S> y, AStep a_step) {
     #pragma unroll
     for (int m = 0; m < M; ++m) {
         #pragma unroll
@@ -257,11 +271,11 @@ __device__ __forceinline__ void scores_of(float s[M][Shape<HS>::KTILES][4], cons
 }
 
 // The same with X's fragments `x` in registers, read once (a single tile passes its
-// arrays' addresses, `scores<HS, 1>(&s, &x, y)`).
-template <int HS, int M>
-__device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
-                                       const unsigned int x[M][Shape<HS>::STEPS][4], const Tile<HS> y) {
-    scores_of<HS, M>(s, y, [&](unsigned int a[M][4], int kk) {
+// arrays' addresses, `scores<S, 1>(&s, &x, y)`).
+template <class S, int M>
+__device__ __forceinline__ void scores(float s[M][S::KTILES][4],
+                                       const unsigned int x[M][S::STEPS][4], const Tile<S> y) {
+    scores_of<S, M>(s, y, [&](unsigned int a[M][4], int kk) {
         #pragma unroll
         for (int m = 0; m < M; ++m) {
             #pragma unroll
@@ -279,10 +293,9 @@ __device__ __forceinline__ void scores(float s[M][Shape<HS>::KTILES][4],
 // permuted, and a byte permutation (PRMT) a register to pick each column's pair out of the
 // rows' words: 2 integer instructions a product. Below HS the zero columns past hs cost
 // their products.
-template <int HS, int M, int K, int N, typename AStep>
-__device__ __forceinline__ void accumulate_over_rows(float acc[M][N][4], const unsigned int (*y)[Shape<HS>::WORDS],
+template <class S, int M, int K, int N, typename AStep>
+__device__ __forceinline__ void accumulate_over_rows(float acc[M][N][4], const unsigned int (*y)[S::WORDS],
                                                      int n0, AStep a_step) {
-    using S = Shape<HS>;
     const unsigned int* origin = bt_origin(&y[0][0], S::WORDS) + 4 * n0;
     #pragma unroll
     for (int c = 0; c < K / 16; ++c) {
@@ -303,11 +316,10 @@ __device__ __forceinline__ void accumulate_over_rows(float acc[M][N][4], const u
 
 // acc[m] += P[m] Y over the tile for M row tiles of one warp: P[m] [16, STREAM] in
 // accumulators, rounded to bf16 as they enter.
-template <int HS, int M>
-__device__ __forceinline__ void accumulate(float acc[M][Shape<HS>::DTILES][4],
-                                           const float p[M][Shape<HS>::KTILES][4], const Tile<HS> y) {
-    using S = Shape<HS>;
-    accumulate_over_rows<HS, M, S::STREAM, S::DTILES>(acc, y, 0, [&](unsigned int a[M][4], int c) {
+template <class S, int M>
+__device__ __forceinline__ void accumulate(float acc[M][S::DTILES][4],
+                                           const float p[M][S::KTILES][4], const Tile<S> y) {
+    accumulate_over_rows<S, M, S::STREAM, S::DTILES>(acc, y, 0, [&](unsigned int a[M][4], int c) {
         #pragma unroll
         for (int m = 0; m < M; ++m) a_from_accumulators(a[m], p[m][2 * c], p[m][2 * c + 1]);
     });
@@ -320,13 +332,12 @@ __device__ __forceinline__ void accumulate(float acc[M][Shape<HS>::DTILES][4],
 // ldmatrix a k step: matrix i at keys 16 c + 8 (i / 2), queries 16 r + 8 (i % 2), which is
 // b_origin's order of rows and words, so the fragment's four registers are the
 // instruction's four in order.
-template <int HS>
-__device__ __forceinline__ void dq_terms(float (&dq)[Shape<HS>::DQ_TILES][4],
-                                         const unsigned int (*ds)[Shape<HS>::DS_WORDS], const Keys<HS> keys, int r,
+template <class S>
+__device__ __forceinline__ void dq_terms(float (&dq)[S::DQ_TILES][4],
+                                         const unsigned int (*ds)[S::DS_WORDS], const Keys<S> keys, int r,
                                          int n0) {
-    using S = Shape<HS>;
     const unsigned int* a_origin = b_origin(&ds[0][0], S::DS_WORDS) + 8 * r;
-    accumulate_over_rows<HS, 1, ROWS, S::DQ_TILES>(&dq, keys, n0, [&](unsigned int a[1][4], int c) {
+    accumulate_over_rows<S, 1, ROWS, S::DQ_TILES>(&dq, keys, n0, [&](unsigned int a[1][4], int c) {
         load_matrices_transposed(a[0], a[0] + 2, a_origin + 16 * c * S::DS_WORDS);
     });
 }
@@ -371,10 +382,10 @@ __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x % 4) + e
 // With queries in the rows (`transposed` false) that is j > i; rows past T are computed
 // and never stored. With queries in the columns (the key side), also i >= T, which would
 // otherwise add to every key's sums.
-template <int HS>
-__device__ __forceinline__ void mask_scores(float s[Shape<HS>::KTILES][4], int r0, int c0, int T, bool transposed) {
+template <class S>
+__device__ __forceinline__ void mask_scores(float s[S::KTILES][4], int r0, int c0, int T, bool transposed) {
     #pragma unroll
-    for (int n = 0; n < Shape<HS>::KTILES; ++n) {
+    for (int n = 0; n < S::KTILES; ++n) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int row = r0 + acc_row(e), col = c0 + 8 * n + acc_col(e);
@@ -390,12 +401,12 @@ __device__ __forceinline__ void mask_scores(float s[Shape<HS>::KTILES][4], int r
 // (its factor mask.scale, else 0). The elements are drawn one at a time in a loop that is
 // not unrolled, so that 32 elements' Philox rounds do not compete for registers with the
 // products' accumulators, and the bits index no register array.
-template <int HS>
+template <class S>
 __device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned long long bh, int T, int r0, int c0,
                                              bool transposed) {
     unsigned int bits = 0;
     #pragma unroll 1
-    for (int b = 0; b < 4 * Shape<HS>::KTILES; ++b) {
+    for (int b = 0; b < 4 * S::KTILES; ++b) {
         const int row = r0 + acc_row(b % 4), col = c0 + 8 * (b / 4) + acc_col(b % 4);
         const int i = transposed ? col : row, j = transposed ? row : col;
         if (dropout_factor(mask, bh, T, i, j) != 0.0f) bits |= 1u << b;
@@ -405,11 +416,11 @@ __device__ __forceinline__ unsigned int kept(const DropoutMask& mask, unsigned l
 
 // out[n][e] = x[n][e] times its dropout factor: mask.scale where bit 4n + e of `bits`
 // (kept's) is set, else 0. `out` may be `x`.
-template <int HS>
-__device__ __forceinline__ void times_kept(float out[Shape<HS>::KTILES][4], const float x[Shape<HS>::KTILES][4],
+template <class S>
+__device__ __forceinline__ void times_kept(float out[S::KTILES][4], const float x[S::KTILES][4],
                                            unsigned int bits, float scale) {
     #pragma unroll
-    for (int c = 0; c < Shape<HS>::KTILES; ++c) {
+    for (int c = 0; c < S::KTILES; ++c) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) out[c][e] = x[c][e] * (bits >> (4 * c + e) & 1u ? scale : 0.0f);
     }
@@ -437,10 +448,9 @@ __device__ __forceinline__ float quad_sum(float v) {
 // row, of which a warp multiplies those up to its own: a tile wholly past its rows would
 // leave its sums as they are (every weight 0, the maximum unchanged), so skipping it
 // changes no bit, and every row's tiles are those a block of 64 rows takes.
-template <int HS, int M>
-__device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out, float* lse, const bf16* qkv,
+template <class S, int M>
+__device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, float* lse, const bf16* qkv,
                                         SHAPE_ARGS) {
-    using S = Shape<HS>;
     const Head hd = head_of(T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
@@ -466,24 +476,24 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
     const int end = M == 1 ? T : __shfl_sync(FULL_MASK, r0 + 16 * M, 0);
 
     uint4 f[S::FETCHES];
-    stage_tile<HS>(k[0], f, keys, hd.stride, 0, T, hs);
-    stage_tile<HS>(v[0], f, values, hd.stride, 0, T, hs);
+    stage_tile<S>(k[0], f, keys, hd.stride, 0, T, hs);
+    stage_tile<S>(v[0], f, values, hd.stride, 0, T, hs);
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
         const bool mine = M == 1 || j0 < end;  // the tile holds a key some row of the warp sees
         __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile<HS>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
+        if (next) fetch_tile<S>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
         float s[M][S::KTILES][4];
-        if (mine) scores<HS, M>(s, q, k[cur]);
+        if (mine) scores<S, M>(s, q, k[cur]);
         if (next) {
-            store_tile<HS>(k[1 - cur], f);
-            fetch_tile<HS>(f, values, hd.stride, j0 + S::STREAM, T, hs);
+            store_tile<S>(k[1 - cur], f);
+            fetch_tile<S>(f, values, hd.stride, j0 + S::STREAM, T, hs);
         }
         if (mine) {
             #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const int rows = r0 + 16 * m;
-                if (j0 + S::STREAM > rows) mask_scores<HS>(s[m], rows, j0, T, false);  // crossing the diagonal
+                if (j0 + S::STREAM > rows) mask_scores<S>(s[m], rows, j0, T, false);  // crossing the diagonal
                 // The rows' new maxima over the quad, in log2 units: the scores' maximum times
                 // scale, which is the maximum of the scaled scores (rounding keeps their order),
                 // one multiply a row where scaling each score took one an element. Key 0 is in
@@ -515,16 +525,16 @@ __device__ __forceinline__ void forward(Tile<HS> k[2], Tile<HS> v[2], bf16* out,
                     }
                 }
                 if (dropout)  // P', which o accumulates
-                    times_kept<HS>(s[m], s[m], kept<HS>(mask, hd.bh, T, rows, j0, false), mask.scale);
+                    times_kept<S>(s[m], s[m], kept<S>(mask, hd.bh, T, rows, j0, false), mask.scale);
                 #pragma unroll
                 for (int d = 0; d < S::DTILES; ++d) {
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) o[m][d][e] *= correction[e / 2];
                 }
             }
-            accumulate<HS, M>(o, s, v[cur]);
+            accumulate<S, M>(o, s, v[cur]);
         }
-        if (next) store_tile<HS>(v[1 - cur], f);
+        if (next) store_tile<S>(v[1 - cur], f);
     }
     #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -564,10 +574,9 @@ __device__ __forceinline__ void row_deltas(float* delta, const bf16* out, const 
 // streamed query tiles (ROWS / STREAM of them, those below T) and, from the group's first
 // query head's first block, in the group's ticket. The counters follow the heads' tiles:
 // B * NH * tiles of them (tiles = T / STREAM rounded up), then a ticket a key/value head.
-template <int HS>
+template <class S>
 __device__ __forceinline__ void delta_and_turns(float* delta, unsigned int* turns, const bf16* out, const bf16* dout,
                                                 int T, int NH, int KV, int hs) {
-    using S = Shape<HS>;
     const Head hd = head_of(T, NH, KV, hs);
     row_deltas(delta, out, dout, hd, blockIdx.x * ROWS + 16 * (threadIdx.x / WARP_SIZE), T, NH, hs);
     if (threadIdx.x != 0) return;
@@ -584,11 +593,11 @@ __device__ __forceinline__ void delta_and_turns(float* delta, unsigned int* turn
 // its ticket. Tile n + 1's output gradients are staged after every warp is done with tile
 // n's, and dS^T over the query tile the dk product was the last to read: 37,892 bytes at
 // head size 64 and 44,036 at 128, within 48 KB of static shared memory.
-template <int HS>
+template <class S>
 struct alignas(16) KeySide {
-    Tile<HS> q[2], dy;
-    Keys<HS> keys;
-    float L[2][Shape<HS>::STREAM], D[2][Shape<HS>::STREAM];
+    Tile<S> q[2], dy;
+    Keys<S> keys;
+    float L[2][S::STREAM], D[2][S::STREAM];
     unsigned int ticket;
 };
 
@@ -601,16 +610,15 @@ struct alignas(16) KeySide {
 // global memory), in fragment order (warp, accumulator, lane: one 16-byte load a lane an
 // accumulator), handed on by turns (turns.cuh). The order of every sum is fixed whatever
 // the timing, so dq is bitwise deterministic.
-template <int HS>
-__device__ __forceinline__ void add_dq(const unsigned int (*ds)[Shape<HS>::DS_WORDS], const Keys<HS> keys,
+template <class S>
+__device__ __forceinline__ void add_dq(const unsigned int (*ds)[S::DS_WORDS], const Keys<S> keys,
                                        float4* partials, unsigned int* turns, bf16* dqkv, const Head& hd,
                                        int key_tile, int n, int tiles, int T, int hs, float scale) {
-    using S = Shape<HS>;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     // This warp's 16 queries of the tile and its first column tile.
     const int r = warp % S::QUERY_TILES, n0 = S::DQ_TILES * (warp / S::QUERY_TILES);
     float dq[S::DQ_TILES][4] = {};
-    dq_terms<HS>(dq, ds, keys, r, n0);
+    dq_terms<S>(dq, ds, keys, r, n0);
     const unsigned long long at = hd.bh * tiles + n;
     float4* part = partials + (at * WARPS + warp) * S::DQ_TILES * WARP_SIZE + lane;
     const int diagonal = n * S::STREAM / ROWS;
@@ -651,11 +659,10 @@ __device__ __forceinline__ void add_dq(const unsigned int (*ds)[Shape<HS>::DS_WO
 // come from the staged key tile, which dq's product reads whole. The key tile is the
 // block's ticket's, taken in the order the blocks start, the last tile first: key tile j's
 // dq terms follow j + 1's, whose block has thus started.
-template <int HS>
-__device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* partials, unsigned int* turns, bf16* dqkv,
+template <class S>
+__device__ __forceinline__ void backward_key_value(KeySide<S>& sm, float4* partials, unsigned int* turns, bf16* dqkv,
                                                    const bf16* qkv, const bf16* dout, const float* lse,
                                                    const float* delta, SHAPE_ARGS) {
-    using S = Shape<HS>;
     static_assert(ROWS * S::DS_WORDS <= S::STREAM * S::WORDS, "dS^T of a query tile fits a staged tile");
     const Head kv = group_head(0, T, NH, KV, hs);
     const unsigned long long C = (unsigned long long)NH * hs;
@@ -674,7 +681,7 @@ __device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* part
     uint4 f[S::FETCHES];
     #pragma unroll
     for (int i = 0; i < ROWS / S::STREAM; ++i)  // read after a tile's barrier
-        stage_tile<HS>(&sm.keys[i * S::STREAM], f, qkv + kv.k, kv.stride, j0 + i * S::STREAM, T, hs);
+        stage_tile<S>(&sm.keys[i * S::STREAM], f, qkv + kv.k, kv.stride, j0 + i * S::STREAM, T, hs);
     for (int r = 0; r < NH / KV; ++r) {
         const Head hd = group_head(r, T, NH, KV, hs);
         const bf16 *queries = qkv + hd.q, *grads = dout + hd.io;
@@ -694,41 +701,41 @@ __device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* part
         __syncthreads();  // every warp is done with the previous head's last tile
         fetch_stats(first * S::STREAM);
         store_stats(first % 2);
-        stage_tile<HS>(sm.q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
-        stage_tile<HS>(sm.dy, f, grads, C, first * S::STREAM, T, hs);
+        stage_tile<S>(sm.q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
+        stage_tile<S>(sm.dy, f, grads, C, first * S::STREAM, T, hs);
         for (int n = first; n < tiles; ++n) {
             const int i0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
             __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffers
             if (next) {
                 fetch_stats(i0 + S::STREAM);
-                fetch_tile<HS>(f, queries, hd.stride, i0 + S::STREAM, T, hs);
+                fetch_tile<S>(f, queries, hd.stride, i0 + S::STREAM, T, hs);
             }
             // S^T, then P, and dv's product before dP^T's, so that P and dP^T are live
             // together only while dS is formed.
             float s[S::KTILES][4], dp[S::KTILES][4];
-            scores_of<HS, 1>(&s, sm.q[cur], [&](unsigned int a[1][4], int kk) { load_a_shared(a[0], keys, kk); });
+            scores_of<S, 1>(&s, sm.q[cur], [&](unsigned int a[1][4], int kk) { load_a_shared(a[0], keys, kk); });
             if (next) {
                 store_stats(1 - cur);
-                store_tile<HS>(sm.q[1 - cur], f);
+                store_tile<S>(sm.q[1 - cur], f);
             }
             // The tiles crossing the diagonal, and the last if it runs past T.
-            if (i0 < j0 + ROWS || i0 + S::STREAM > T) mask_scores<HS>(s, c0, i0, T, true);
+            if (i0 < j0 + ROWS || i0 + S::STREAM > T) mask_scores<S>(s, c0, i0, T, true);
             // P into s, transposed (row j, column i); zero where masked.
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[c][e] = exp2_ftz(scale2 * s[c][e] - sm.L[cur][8 * c + acc_col(e)]);
             }
-            const unsigned int bits = dropout ? kept<HS>(mask, hd.bh, T, c0, i0, true) : 0u;
+            const unsigned int bits = dropout ? kept<S>(mask, hd.bh, T, c0, i0, true) : 0u;
             if (dropout) {  // dv takes P' = P * keep, dS below P itself
-                times_kept<HS>(dp, s, bits, mask.scale);
-                accumulate<HS, 1>(&dv, &dp, sm.dy);
+                times_kept<S>(dp, s, bits, mask.scale);
+                accumulate<S, 1>(&dv, &dp, sm.dy);
             } else {
-                accumulate<HS, 1>(&dv, &s, sm.dy);
+                accumulate<S, 1>(&dv, &s, sm.dy);
             }
-            scores<HS, 1>(&dp, &v, sm.dy);
+            scores<S, 1>(&dp, &v, sm.dy);
             // dS into dp: P (keep * dP - delta).
-            if (dropout) times_kept<HS>(dp, dp, bits, mask.scale);
+            if (dropout) times_kept<S>(dp, dp, bits, mask.scale);
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
                 #pragma unroll
@@ -736,10 +743,10 @@ __device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* part
             }
             // The next output gradient tile's loads run under dk's product, which leaves only
             // dS live.
-            if (next) fetch_tile<HS>(f, grads, C, i0 + S::STREAM, T, hs);
-            accumulate<HS, 1>(&dk, &dp, sm.q[cur]);
+            if (next) fetch_tile<S>(f, grads, C, i0 + S::STREAM, T, hs);
+            accumulate<S, 1>(&dk, &dp, sm.q[cur]);
             __syncthreads();  // every warp is done with tile n's queries and output gradients
-            if (next) store_tile<HS>(sm.dy, f);  // tile n + 1's, which its barrier publishes
+            if (next) store_tile<S>(sm.dy, f);  // tile n + 1's, which its barrier publishes
             // dS^T as bf16 over tile n's queries, this warp's 16 keys' rows of it.
             const auto ds = reinterpret_cast<unsigned int (*)[S::DS_WORDS]>(&sm.q[cur][0][0]);
             const int g = threadIdx.x % WARP_SIZE / 4, t = threadIdx.x % 4;
@@ -749,7 +756,7 @@ __device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* part
                 ds[16 * warp + g + 8][4 * c + t] = pack_bf16(dp[c][2], dp[c][3]);
             }
             __syncthreads();  // dS^T is whole before any warp reads its columns
-            add_dq<HS>(ds, sm.keys, partials, turns, dqkv, hd, key_tile, n, tiles, T, hs, scale);
+            add_dq<S>(ds, sm.keys, partials, turns, dqkv, hd, key_tile, n, tiles, T, hs, scale);
         }
     }
     #pragma unroll
@@ -766,13 +773,13 @@ __device__ __forceinline__ void backward_key_value(KeySide<HS>& sm, float4* part
 // shared memory, the forward 2 blocks an SM (see the header).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
     fused_attention_forward_bf16(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<64> k[2], v[2];
-    forward<64, 2>(k, v, out, lse, qkv, SHAPE);
+    __shared__ Staged<Forward64> sm;
+    forward<Forward64, 2>(sm.k, sm.v, out, lse, qkv, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
     fused_attention_forward_bf16_hs128(bf16* out, float* lse, const bf16* qkv, SHAPE_ARGS) {
-    alignas(16) __shared__ Tile<128> k[2], v[2];
-    forward<128, 1>(k, v, out, lse, qkv, SHAPE);
+    DYNAMIC_SHARED(Staged<Forward128>, sm);
+    forward<Forward128, 1>(sm.k, sm.v, out, lse, qkv, SHAPE);
 }
 
 // The backward in two launches: delta, with the turns' counters zeroed, a block per ROWS
@@ -782,22 +789,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_delta_bf16(float* delta, unsigned int* turns, const bf16* out, const bf16* dout, int T,
                                         int NH, int KV, int hs) {
-    delta_and_turns<64>(delta, turns, out, dout, T, NH, KV, hs);
+    delta_and_turns<Backward64>(delta, turns, out, dout, T, NH, KV, hs);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_delta_bf16_hs128(float* delta, unsigned int* turns, const bf16* out, const bf16* dout,
                                               int T, int NH, int KV, int hs) {
-    delta_and_turns<128>(delta, turns, out, dout, T, NH, KV, hs);
+    delta_and_turns<Backward128>(delta, turns, out, dout, T, NH, KV, hs);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_bf16(bf16* dqkv, float4* partials, unsigned int* turns, const bf16* qkv,
                                   const bf16* dout, const float* lse, const float* delta, SHAPE_ARGS) {
-    __shared__ KeySide<64> sm;
-    backward_key_value<64>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
+    __shared__ KeySide<Backward64> sm;
+    backward_key_value<Backward64>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     fused_attention_backward_bf16_hs128(bf16* dqkv, float4* partials, unsigned int* turns, const bf16* qkv,
                                         const bf16* dout, const float* lse, const float* delta, SHAPE_ARGS) {
-    __shared__ KeySide<128> sm;
-    backward_key_value<128>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
+    __shared__ KeySide<Backward128> sm;
+    backward_key_value<Backward128>(sm, partials, turns, dqkv, qkv, dout, lse, delta, SHAPE);
 }

@@ -35,6 +35,12 @@ pub const ATTENTION_MMA_TILE: usize = 64;
 /// other kernel does ([`ATTENTION_MMA_TILE`]).
 pub const ATTENTION_MMA_FORWARD_ROWS: usize = 2 * ATTENTION_MMA_TILE;
 
+/// The dynamic shared memory of the tensor-core forward compiled for head size 128, in
+/// bytes: two buffers of 64 staged key rows and two of value rows, a row 64 words of bf16
+/// pairs padded by 4 (`Staged<Forward128>` in fused_attention_mma.cu), past the 48 KB of
+/// static shared memory. The SIMT emulator fails a launch that gives the kernel fewer.
+pub const ATTENTION_MMA_FORWARD_HS128_SHARED: u32 = 2 * 2 * 64 * (128 / 2 + 4) * 4;
+
 /// The head size the tensor-core kernels that run `head_size` are compiled for: 64, or 128
 /// (Llama's) above it.
 pub fn attention_mma_compiled_head_size(head_size: usize) -> usize {

@@ -16,6 +16,10 @@ use std::sync::{Arc, OnceLock};
 pub const NAME: &str = kernels::STANDIN_GPU_NAME;
 pub const COMPUTE_CAPABILITY: (i32, i32) = (9, 0);
 pub const MULTIPROCESSORS: i32 = 132;
+/// Shared memory a block may have (static and dynamic), and what a kernel may take once its
+/// MAX_DYNAMIC_SHARED_SIZE_BYTES is raised, as on an H100.
+pub const SHARED_PER_BLOCK: i32 = 48 * 1024;
+pub const SHARED_PER_BLOCK_OPTIN: i32 = 227 * 1024;
 /// CUDA 13.0, as `cuDriverGetVersion` encodes it: the NVRTC the project installs.
 pub const DRIVER_VERSION: i32 = 13000;
 

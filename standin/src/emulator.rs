@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void, CStr, CString};
+use std::sync::atomic::AtomicI32;
 use std::sync::{Mutex, OnceLock};
 
 include!(concat!(env!("OUT_DIR"), "/families.rs"));
@@ -12,13 +13,18 @@ include!(concat!(env!("OUT_DIR"), "/families.rs"));
 type Count = unsafe extern "C" fn() -> c_uint;
 type Name = unsafe extern "C" fn(c_uint) -> *const c_char;
 type Params = unsafe extern "C" fn(c_uint, *mut c_ulonglong, c_uint) -> c_uint;
-type Launch = unsafe extern "C" fn(c_uint, *const c_uint, *const c_uint, c_ulonglong, *mut *mut c_void);
+type Launch =
+    unsafe extern "C" fn(c_uint, *const c_uint, *const c_uint, c_uint, c_ulonglong, *mut *mut c_void);
 
 /// A kernel the emulator can run.
 pub struct Kernel {
     pub name: String,
     /// The byte size of each parameter, in order.
     pub param_sizes: Vec<usize>,
+    /// The most dynamic shared memory a launch may give it, its
+    /// MAX_DYNAMIC_SHARED_SIZE_BYTES: 48 KB until raised (on a GPU, 48 KB less its static
+    /// shared memory, which the stand-in does not know).
+    pub max_dynamic_shared: AtomicI32,
     index: c_uint,
     launch: Launch,
 }
@@ -27,17 +33,25 @@ pub struct Kernel {
 static RUNNING: Mutex<()> = Mutex::new(());
 
 impl Kernel {
-    /// Runs the kernel over `grid` blocks of `block` threads, its block and warp orders
-    /// shuffled by `seed`. `params[i]` points to parameter i's value.
+    /// Runs the kernel over `grid` blocks of `block` threads with `shared` bytes of dynamic
+    /// shared memory, its block and warp orders shuffled by `seed`. `params[i]` points to
+    /// parameter i's value.
     ///
     /// # Safety
     /// `params` holds one pointer per parameter, each to a value of the parameter's size,
     /// and every device pointer among the values points to memory the kernel may access.
-    pub unsafe fn launch(&self, grid: [u32; 3], block: [u32; 3], seed: u64, params: &mut [*mut c_void]) {
+    pub unsafe fn launch(
+        &self,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        seed: u64,
+        params: &mut [*mut c_void],
+    ) {
         assert_eq!(params.len(), self.param_sizes.len(), "{}: parameters", self.name);
         let _running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: per the contract; the family's entry reads exactly its parameters.
-        unsafe { (self.launch)(self.index, grid.as_ptr(), block.as_ptr(), seed, params.as_mut_ptr()) }
+        unsafe { (self.launch)(self.index, grid.as_ptr(), block.as_ptr(), shared, seed, params.as_mut_ptr()) }
     }
 }
 
@@ -116,6 +130,7 @@ fn load_family(file: &str, object: &[u8]) -> Result<Vec<Kernel>, String> {
             kernels.push(Kernel {
                 name,
                 param_sizes: sizes[..n].iter().map(|&s| s as usize).collect(),
+                max_dynamic_shared: AtomicI32::new(crate::devices::SHARED_PER_BLOCK),
                 index,
                 launch,
             });
@@ -162,7 +177,7 @@ mod tests {
             (&mut pn as *mut u64).cast(),
         ];
         // SAFETY: four parameters of the sizes checked above; the buffers hold n floats.
-        unsafe { add.launch([2, 1, 1], [256, 1, 1], 1, &mut params) };
+        unsafe { add.launch([2, 1, 1], [256, 1, 1], 0, 1, &mut params) };
         assert!(out.iter().enumerate().all(|(i, &o)| o == 1.5 * i as f32));
     }
 }

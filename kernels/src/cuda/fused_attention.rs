@@ -19,7 +19,9 @@
 //! the two sides make seven.
 
 use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
-use super::launch::{per_attention_forward_bf16, per_attention_tile, per_attention_tile_bf16};
+use super::launch::{
+    per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile, per_attention_tile_bf16,
+};
 use super::pointwise::DropoutMask;
 use crate::attention::{attention_mma_compiled_head_size, ChainedDq};
 use crate::device::Device;
@@ -80,7 +82,7 @@ const BF16: Kernels = Kernels {
 /// The tensor-core kernels compiled for head sizes above 64, up to 128.
 const BF16_HS128: Kernels = Kernels {
     forward: "fused_attention_forward_bf16_hs128",
-    forward_launch: per_attention_tile_bf16,
+    forward_launch: per_attention_forward_bf16_hs128,
     backward: Backward::Chained {
         delta: "fused_attention_backward_delta_bf16_hs128",
         backward: "fused_attention_backward_bf16_hs128",

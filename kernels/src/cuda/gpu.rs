@@ -4,7 +4,9 @@
 //! runs without cudarc's per-buffer event tracking (`GpuUse`).
 
 use super::compile::{compile, nvrtc_version};
+use super::launch::DYNAMIC_SHARED;
 use super::sources::SOURCES;
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
 use rayon::prelude::*;
@@ -117,6 +119,14 @@ fn open(ordinal: usize, used: GpuUse) -> Result<Gpu, String> {
             let function = module
                 .load_function(kernel)
                 .map_err(|e| format!("GPU {ordinal}: {} has no kernel {kernel}: {e:?}", source.name))?;
+            if let Some(&(_, bytes)) = DYNAMIC_SHARED.iter().find(|(name, _)| *name == kernel) {
+                let limit = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                function.set_attribute(limit, bytes as i32).map_err(|e| {
+                    format!(
+                        "GPU {ordinal}: {kernel} cannot take {bytes} bytes of dynamic shared memory: {e:?}"
+                    )
+                })?;
+            }
             kernels.insert(kernel, function);
         }
     }

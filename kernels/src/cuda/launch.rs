@@ -4,8 +4,8 @@
 //! does.
 
 use crate::attention::{
-    attention_mma_fits, ATTENTION_MMA_FORWARD_ROWS, ATTENTION_MMA_K, ATTENTION_MMA_MAX_HEAD_SIZE,
-    ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
+    attention_mma_fits, ATTENTION_MMA_FORWARD_HS128_SHARED, ATTENTION_MMA_FORWARD_ROWS, ATTENTION_MMA_K,
+    ATTENTION_MMA_MAX_HEAD_SIZE, ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
 };
 use crate::device::OTHER_SHARD;
 use crate::tensor::DType;
@@ -168,6 +168,22 @@ pub fn per_attention_forward_bf16(t: usize, heads: usize, head_size: usize) -> L
     LaunchConfig {
         grid_dim: (grid(t.div_ceil(ATTENTION_MMA_FORWARD_ROWS), "attention tiles"), tile.grid_dim.1, 1),
         ..tile
+    }
+}
+
+/// The kernels whose launches give more dynamic shared memory than a kernel may take unless
+/// told (48 KB), each with the most it takes: the device raises each one's limit as it loads
+/// it (gpu.rs).
+pub const DYNAMIC_SHARED: [(&str, u32); 1] =
+    [("fused_attention_forward_bf16_hs128", ATTENTION_MMA_FORWARD_HS128_SHARED)];
+
+/// The tensor-core fused attention forward compiled for head sizes up to 128:
+/// [`per_attention_tile_bf16`]'s grid, with [`ATTENTION_MMA_FORWARD_HS128_SHARED`] bytes of
+/// dynamic shared memory for its staged tiles.
+pub fn per_attention_forward_bf16_hs128(t: usize, heads: usize, head_size: usize) -> LaunchConfig {
+    LaunchConfig {
+        shared_mem_bytes: ATTENTION_MMA_FORWARD_HS128_SHARED,
+        ..per_attention_tile_bf16(t, heads, head_size)
     }
 }
 

@@ -9,7 +9,9 @@ use crate::fused_attention::{fused_attention, Backward, Fused, GPT2, GROUPED, SP
 use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
-use kernels::cuda::launch::{per_attention_forward_bf16, per_attention_tile_bf16};
+use kernels::cuda::launch::{
+    per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile_bf16,
+};
 
 /// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
 /// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
@@ -44,13 +46,14 @@ pub const BF16: Fused = Fused {
     tol: 2e-2,
 };
 
-/// The kernels compiled for head sizes above 64, up to 128 (Llama's), which stream tiles
-/// of 32 rows, so that dq's chain runs over query tiles of 32 and two warps share a tile,
-/// each summing half its columns: the same rounding, so the same tolerance.
+/// The kernels compiled for head sizes above 64, up to 128 (Llama's). The forward streams
+/// key tiles of 64 rows from dynamic shared memory, the backward query tiles of 32, so that
+/// dq's chain runs over query tiles of 32 and two warps share a tile, each summing half its
+/// columns: the same rounding, so the same tolerance.
 pub const BF16_HS128: Fused = Fused {
     file: "fused_attention_mma.cu",
     forward: "fused_attention_forward_bf16_hs128",
-    forward_launch: per_attention_tile_bf16,
+    forward_launch: per_attention_forward_bf16_hs128,
     backward: Backward::Chained {
         delta: "fused_attention_backward_delta_bf16_hs128",
         backward: "fused_attention_backward_bf16_hs128",
@@ -97,17 +100,18 @@ fn fused_attention_mma_at_head_size_128_matches_the_cpu() {
     let llama = Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8 };
     fused_attention(&family, &BF16_HS128, llama, &[28, 29, 30, 31], Some(SPEC), 61).unwrap();
     // Heads of 80 (a second run of 64 columns, partly past hs), 2 query heads a key/value
-    // head, T = 77: a partial last tile of the block's 64 rows and of the 32 streamed.
+    // head, T = 77: a partial last tile of the block's 64 rows, of the forward's 64 streamed
+    // and of the backward's 32.
     let odd = Dims { b: 2, t: 77, c: 320, nh: 4, kv: 2 };
     let all: Vec<usize> = (0..odd.heads()).collect();
     fused_attention(&family, &BF16_HS128, odd, &all, None, 62).unwrap();
     fused_attention(&family, &BF16_HS128, odd, &all, Some(SPEC), 63).unwrap();
-    // Multi-head at 128, T = 45: one block of rows, two streamed tiles.
+    // Multi-head at 128, T = 45: one block of rows, one streamed tile forward and two backward.
     let multi = Dims { b: 1, t: 45, c: 256, nh: 2, kv: 2 };
     fused_attention(&family, &BF16_HS128, multi, &[0, 1], Some(SPEC), 64).unwrap();
 }
 
-/// The forward's output bit for bit where every step before its rounding is exact: with
+/// The forwards' output bit for bit where every step before its rounding is exact: with
 /// q = 0 every score is 0, so a row's probabilities are exactly 1 (exp2 of 0) over l = i + 1
 /// keys, and with v in eighths up to 2 the accumulated sum of row i is exact in fp32. The
 /// kernel's fp32 result is then the sum times 1 / l, each rounded as fp32 rounds them, and
@@ -116,15 +120,18 @@ fn fused_attention_mma_at_head_size_128_matches_the_cpu() {
 #[test]
 fn fused_attention_mma_rounds_its_output_once() {
     let Some(family) = Family::of("fused_attention_mma_rounds_its_output_once", BF16.file) else { return };
-    // Every head of T = 77 (two tiles, a partial one) at head size 32, and of T = 100 at 64.
-    for (d, seed) in [(ODD, 57), (TWO_TILES, 58)] {
+    // Every head of T = 77 (two tiles, a partial one) at head size 32, and of T = 100 at 64,
+    // through the kernels compiled for each head size.
+    for (kernels, d, seed) in
+        [(&BF16, ODD, 57), (&BF16, TWO_TILES, 58), (&BF16_HS128, ODD, 65), (&BF16_HS128, TWO_TILES, 66)]
+    {
         let (c, t) = (d.c, d.t);
         let eighths: Vec<f32> =
             Rng::new(seed).uniform(d.qkv(), 2.0).iter().map(|x| (x * 8.0).round() / 8.0).collect();
         // q = 0, k and v eighths.
         let qkv: Vec<f32> =
             eighths.iter().enumerate().map(|(e, &x)| if e % d.width() < c { 0.0 } else { x }).collect();
-        let cfg = (BF16.forward_launch)(t, d.heads(), d.hs());
+        let cfg = (kernels.forward_launch)(t, d.heads(), d.hs());
         let mut run = Run::new(seed);
         let nan = bf16::NAN.to_bits();
         let (out, lse, gqkv) = (
@@ -138,7 +145,7 @@ fn fused_attention_mma_rounds_its_output_once() {
             .chain([t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32)))
             .chain([unused_dropout_mask(), 0i32.into()])
             .collect();
-        run.launch(BF16.forward, cfg, &args);
+        run.launch(kernels.forward, cfg, &args);
         run.read(out);
         let got = family.run(run).unwrap().get::<u16>(out);
         let want: Vec<u16> = (0..d.act())
@@ -155,4 +162,32 @@ fn fused_attention_mma_rounds_its_output_once() {
             panic!("out element {e} is {:#06x}, the rounding of the exact result {:#06x}", got[e], want[e]);
         }
     }
+}
+
+/// The forward at head size 128 stages its tiles in dynamic shared memory: a launch that
+/// gives it fewer bytes than they take fails, as on a GPU it would read past its own.
+#[test]
+fn the_forward_at_128_fails_a_launch_short_of_its_shared_memory() {
+    let test = "the_forward_at_128_fails_a_launch_short_of_its_shared_memory";
+    let Some(family) = Family::of(test, BF16_HS128.file) else { return };
+    let d = Dims { b: 1, t: 16, c: 16, nh: 1, kv: 1 };
+    let mut cfg = (BF16_HS128.forward_launch)(d.t, d.heads(), d.hs());
+    assert_eq!(cfg.shared_mem_bytes, 69_632);
+    cfg.shared_mem_bytes -= 16;
+    let mut run = Run::new(67);
+    let (out, lse, qkv) = (
+        run.buffer(&vec![0u16; d.act()]),
+        run.buffer(&vec![0f32; d.heads() * d.t]),
+        run.buffer(&vec![0u16; d.qkv()]),
+    );
+    let args: Vec<Arg> = [out, lse, qkv]
+        .map(Arg::from)
+        .into_iter()
+        .chain([d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32)))
+        .chain([unused_dropout_mask(), 0i32.into()])
+        .collect();
+    run.launch(BF16_HS128.forward, cfg, &args);
+    run.read(out);
+    let err = family.run(run).err().expect("a launch short of the kernel's shared memory fails");
+    assert!(err.contains("69632 bytes of dynamic shared memory, where the launch gives 69616"), "{err}");
 }

@@ -293,7 +293,7 @@ impl Run {
         self.input.extend_from_slice(&(kernel.len() as u32).to_le_bytes());
         self.input.extend_from_slice(kernel.as_bytes());
         let (g, b) = (cfg.grid_dim, cfg.block_dim);
-        for d in [g.0, g.1, g.2, b.0, b.1, b.2] {
+        for d in [g.0, g.1, g.2, b.0, b.1, b.2, cfg.shared_mem_bytes] {
             self.input.extend_from_slice(&d.to_le_bytes());
         }
         self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -12,7 +12,8 @@
 //   barrier some thread never reaches, a shuffle some lane never reaches, or a deadlock
 //   ends the program with a message.
 // - __shared__ variables are statics in one section, set to all ones bits (NaN) before each
-//   block, so a read of shared memory no thread has written shows.
+//   block, so a read of shared memory no thread has written shows. So is a kernel's dynamic
+//   shared memory (common.cuh's DYNAMIC_SHARED), whose launch must give its bytes.
 // - A kernel with shared memory runs twice from the same inputs: once with every warp
 //   seeing only its own writes to shared memory between barriers, once seeing those of the
 //   warps before it, in another order. Results that differ are reported as a race, which
@@ -46,6 +47,12 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)  // a register budget: nothing to the emulator
 #define __shared__ static __attribute__((section("simt_shared")))
+// The kernel's dynamic shared memory as a `type`: a static of the shared section, as its
+// other shared variables, which the launch must give at least the bytes of (on a GPU a
+// kernel that reads past them reads what is not its own, or faults).
+#define DYNAMIC_SHARED(type, name)   \
+    __shared__ type name##_storage; \
+    type& name = ::simt::dynamic_shared(name##_storage)
 
 struct uint4 {
     unsigned int x, y, z, w;
@@ -194,6 +201,7 @@ inline void* scheduler_sp = nullptr;
 inline void (*body)(void*) = nullptr;  // the kernel call, as every thread makes it
 inline void* body_args = nullptr;
 inline std::string kernel_name;
+inline unsigned dynamic_shared_bytes;  // the running launch's
 
 [[noreturn]] inline void fail(const char* fmt, ...) {
     fprintf(stderr, "simt: %s, block (%u,%u,%u)", kernel_name.c_str(), blockIdx_.x, blockIdx_.y, blockIdx_.z);
@@ -352,13 +360,22 @@ inline void run_block(Rng& rng) {
     }
 }
 
-// How a kernel is launched: its grid and blocks, the seed of its orders, and the blocks to
-// run (their linear ids, x fastest), or none for all of them.
+// How a kernel is launched: its grid and blocks, its bytes of dynamic shared memory, the
+// seed of its orders, and the blocks to run (their linear ids, x fastest), or none for all
+// of them.
 struct Launch {
     dim3 grid, block;
+    unsigned dynamic_shared;
     unsigned long long seed;
     std::vector<unsigned long long> only;
 };
+
+template <typename T>
+T& dynamic_shared(T& storage) {
+    if (dynamic_shared_bytes < sizeof(T))
+        fail("%zu bytes of dynamic shared memory, where the launch gives %u", sizeof(T), dynamic_shared_bytes);
+    return storage;
+}
 
 // Runs the blocks of the launch, in an order shuffled by `seed`.
 inline void run_grid(const Launch& launch, unsigned long long seed) {
@@ -372,6 +389,7 @@ inline void run_grid(const Launch& launch, unsigned long long seed) {
     }
     gridDim_ = grid;
     blockDim_ = block;
+    dynamic_shared_bytes = launch.dynamic_shared;
     Rng rng{seed};
     std::vector<unsigned long long> order = launch.only;
     for (unsigned long long b = 0; launch.only.empty() && b < blocks; ++b) order.push_back(b);
@@ -517,8 +535,9 @@ void launch_entry(Args& args, const Launch& launch) {
 
 // Commands: 'b' id len bytes (a buffer), 't' id count words (a buffer of 64-bit words, each
 // 'p' id offset, the address of a buffer's byte; 'n', a null pointer; or 'v' value: a
-// table of records that hold device pointers), 'l' name grid block seed blocks args (a launch),
-// 'r' id (write the buffer to standard output).
+// table of records that hold device pointers), 'l' name grid block shared seed blocks args
+// (a launch, with its bytes of dynamic shared memory), 'r' id (write the buffer to
+// standard output).
 inline int serve(const Kernel* kernels, size_t count) {
     int command;
     while ((command = getchar()) != EOF) {
@@ -556,6 +575,7 @@ inline int serve(const Kernel* kernels, size_t count) {
             Launch launch;
             read_exact(&launch.grid, sizeof launch.grid);
             read_exact(&launch.block, sizeof launch.block);
+            launch.dynamic_shared = read_value<unsigned>();
             launch.seed = read_value<unsigned long long>();
             launch.only.resize(read_value<unsigned>());
             read_exact(launch.only.data(), launch.only.size() * sizeof(unsigned long long));
@@ -641,9 +661,10 @@ LibraryKernel library_entry(const char* name) {
         return (unsigned)p.size();                                                                      \
     }                                                                                                   \
     extern "C" __attribute__((visibility("default"))) void simt_kernel_launch(                         \
-        unsigned i, const unsigned* grid, const unsigned* block, unsigned long long seed, void** params) { \
+        unsigned i, const unsigned* grid, const unsigned* block, unsigned shared, unsigned long long seed, \
+        void** params) {                                                                                \
         ::simt::kernel_name = table[i].name;                                                            \
-        ::simt::Launch launch{{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, seed, {}};    \
+        ::simt::Launch launch{{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, shared, seed, {}}; \
         table[i].launch(params, launch);                                                                \
     }
 

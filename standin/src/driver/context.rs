@@ -102,19 +102,19 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) ->
 /// launch shapes; any other is refused, saying which.
 fn attribute(attrib: c_int) -> Option<c_int> {
     Some(match attrib {
-        1 => 1024,                           // MAX_THREADS_PER_BLOCK
-        2 | 3 => 1024,                       // MAX_BLOCK_DIM_X, _Y
-        4 => 64,                             // MAX_BLOCK_DIM_Z
-        5 => i32::MAX,                       // MAX_GRID_DIM_X
-        6 | 7 => 65535,                      // MAX_GRID_DIM_Y, _Z
-        8 => 48 * 1024,                      // MAX_SHARED_MEMORY_PER_BLOCK
-        10 => 32,                            // WARP_SIZE
-        16 => devices::MULTIPROCESSORS,      // MULTIPROCESSOR_COUNT
-        39 => 2048,                          // MAX_THREADS_PER_MULTIPROCESSOR
-        75 => devices::COMPUTE_CAPABILITY.0, // COMPUTE_CAPABILITY_MAJOR
-        76 => devices::COMPUTE_CAPABILITY.1, // COMPUTE_CAPABILITY_MINOR
-        97 => 227 * 1024,                    // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        115 => 1,                            // MEMORY_POOLS_SUPPORTED
+        1 => 1024,                             // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,                         // MAX_BLOCK_DIM_X, _Y
+        4 => 64,                               // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,                         // MAX_GRID_DIM_X
+        6 | 7 => 65535,                        // MAX_GRID_DIM_Y, _Z
+        8 => devices::SHARED_PER_BLOCK,        // MAX_SHARED_MEMORY_PER_BLOCK
+        10 => 32,                              // WARP_SIZE
+        16 => devices::MULTIPROCESSORS,        // MULTIPROCESSOR_COUNT
+        39 => 2048,                            // MAX_THREADS_PER_MULTIPROCESSOR
+        75 => devices::COMPUTE_CAPABILITY.0,   // COMPUTE_CAPABILITY_MAJOR
+        76 => devices::COMPUTE_CAPABILITY.1,   // COMPUTE_CAPABILITY_MINOR
+        97 => devices::SHARED_PER_BLOCK_OPTIN, // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        115 => 1,                              // MEMORY_POOLS_SUPPORTED
         _ => return None,
     })
 }

@@ -3,10 +3,12 @@
 //! same source (crate::emulator). The PTX itself is not executed.
 
 use super::{current, refuse, status};
+use crate::devices;
 use crate::emulator::{self, Kernel};
 use crate::stream::from_handle;
 use cudarc::driver::sys::{CUfunction, CUmodule, CUresult, CUstream};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::Ordering;
 
 /// The kernels a module's PTX declares.
 struct Module {
@@ -137,6 +139,37 @@ pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut c_int, attrib: c_int, f:
     CUresult::CUDA_SUCCESS
 }
 
+/// Function attributes set: the one pipetrain sets is the dynamic shared memory a launch
+/// may give (MAX_DYNAMIC_SHARED_SIZE_BYTES), up to the device's opt-in limit.
+/// # Safety
+/// The CUDA driver API's contract for this call: `f` a function from cuModuleGetFunction.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: c_int, value: c_int) -> CUresult {
+    if f.is_null() {
+        return CUresult::CUDA_ERROR_INVALID_HANDLE;
+    }
+    // SAFETY: a function handle from cuModuleGetFunction is a static Kernel.
+    let kernel: &'static Kernel = unsafe { &*(f as *const Kernel) };
+    match attrib {
+        8 if (0..=devices::SHARED_PER_BLOCK_OPTIN).contains(&value) => {
+            kernel.max_dynamic_shared.store(value, Ordering::Relaxed);
+            CUresult::CUDA_SUCCESS
+        }
+        8 => refuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            &format!(
+                "{}: MAX_DYNAMIC_SHARED_SIZE_BYTES {value}, past the device's {}",
+                kernel.name,
+                devices::SHARED_PER_BLOCK_OPTIN
+            ),
+        ),
+        _ => refuse(
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            &format!("function attribute {attrib} is not settable here"),
+        ),
+    }
+}
+
 /// A kernel's parameter values, copied at the launch as CUDA copies them, each in its own
 /// 16-byte-aligned slot.
 struct Params(Vec<Vec<u128>>);
@@ -181,11 +214,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
             &format!("{}: grid {grid:?} of blocks {block:?} is not a valid launch", kernel.name),
         );
     }
-    if shared_bytes != 0 {
+    let most = kernel.max_dynamic_shared.load(Ordering::Relaxed);
+    if i64::from(shared_bytes) > i64::from(most) {
         return refuse(
-            CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            CUresult::CUDA_ERROR_INVALID_VALUE,
             &format!(
-                "{}: {shared_bytes} bytes of dynamic shared memory (no kernel in kernels/cuda uses it)",
+                "{}: {shared_bytes} bytes of dynamic shared memory, above its MAX_DYNAMIC_SHARED_SIZE_BYTES of {most}",
                 kernel.name
             ),
         );
@@ -220,7 +254,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             copied.0.iter_mut().map(|slot| slot.as_mut_ptr().cast()).collect();
         // SAFETY: one pointer per parameter, to a copy of its value; the device pointers
         // among them are the caller's, valid in stream order as CUDA requires.
-        unsafe { kernel.launch(grid, block, order, &mut pointers) };
+        unsafe { kernel.launch(grid, block, shared_bytes, order, &mut pointers) };
     }));
     status(Ok(()))
 }
