@@ -51,9 +51,11 @@ pub fn attention_mma_compiled_head_size(head_size: usize) -> usize {
     }
 }
 
-/// Rows of the tiles the tensor-core kernels stream (`STREAM` in fused_attention_mma.cu): 64
-/// for those compiled at head size 64, 32 at 128, so that their staged tiles fit 48 KB of
-/// shared memory. The backward's dq is summed a streamed query tile at a time.
+/// Rows of the query tiles the tensor-core backward streams (`STREAM` of its shapes in
+/// fused_attention_mma.cu): 64 for the kernels compiled at head size 64, 32 at 128, so that
+/// its staged tiles fit 48 KB of static shared memory and its scores beside dk and dv a
+/// warp's registers. Its dq is summed a streamed query tile at a time. (The forward streams
+/// 64 keys at both.)
 pub fn attention_mma_stream(head_size: usize) -> usize {
     if attention_mma_compiled_head_size(head_size) == 64 {
         64
