@@ -66,7 +66,8 @@
 // its loop over tiles, where the two-sided key side's had 23. At 128 the forward streams 64
 // keys a tile (since 2026-11-27; 32 before, in static shared memory): 248 registers (252 at
 // sm_80) and no spills, its 69,632 bytes of staged tiles in dynamic shared memory, 2 blocks
-// an SM.
+// an SM where it has the 136 KB for two (the A100's 164 KB, the H100's 228), 1 on sm_86 and
+// sm_89 (100 KB).
 //
 // Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): with one row tile a
 // warp, a tile of the forward at head size 64, unmasked and without dropout, issued about
