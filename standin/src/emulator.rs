@@ -23,7 +23,8 @@ pub struct Kernel {
     pub param_sizes: Vec<usize>,
     /// The most dynamic shared memory a launch may give it, its
     /// MAX_DYNAMIC_SHARED_SIZE_BYTES: 48 KB until raised (on a GPU, 48 KB less its static
-    /// shared memory, which the stand-in does not know).
+    /// shared memory, which the stand-in does not know). One for the process, as the kernel
+    /// is, where a GPU keeps one a loaded module.
     pub max_dynamic_shared: AtomicI32,
     index: c_uint,
     launch: Launch,
