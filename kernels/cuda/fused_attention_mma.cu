@@ -44,30 +44,34 @@
 // products run over HS, the zeros past hs (in the fragments and the staged tiles)
 // included.
 //
-// Staging, double-buffered with one barrier per tile: tile n + 1's global loads are issued
-// (fetch_tile: 16-byte loads of 8 bf16 along the rows, every load of a thread in flight at
-// once) before a product of tile n and written as loaded to the other buffer (store_tile)
-// after it, so their latency runs under tile n's tensor-core work; the barrier at the top
-// of each tile both publishes the tile staged during the previous one and retires the
-// buffer the next will overwrite. Only tiles that cross the diagonal (or T) are masked;
+// Staging, double-buffered with one barrier per tile, so that tile n + 1's loads run under
+// tile n's tensor-core work: the forward copies tile n + 1's keys and values straight into
+// the other buffers as tile n begins (copy_tile: cp.async, 16 bytes of 8 bf16 along the
+// rows a copy, no register in between; since 2026-11-27, when it freed 31 registers at head
+// size 128 and 14 at 64 (sm_90), and issued the values' loads a tile's scores earlier); the
+// backward issues tile n + 1's loads into registers (fetch_tile, every load of a thread in
+// flight at once) before a product of tile n and stores them as loaded to the other buffer
+// (store_tile) after it. The barrier at the top of each tile both publishes the tile
+// staged during the previous one and retires the buffer the next will overwrite. Only
+// tiles that cross the diagonal (or T) are masked;
 // the others take no per-element test. With dropout on, a lane draws its 32 elements' mask
 // bits in a loop of their own (kept); with it off nothing is drawn and no element tests a
 // bit.
 //
-// Registers (ptxas through NVRTC 13.0, -Xptxas -v, sm_80 and sm_90; scripts/sass-mix):
-// at head size 64 the forward, which holds two row tiles' queries, scores and outputs,
-// takes 255 and spills none, 2 blocks (8 warps) an SM (with one row tile a warp, until
-// 2026-11-27, it took 158 to 163, and 3 blocks shared an SM). The backward kernels, which
-// hold two [16, HS] fp32 accumulators and the next tile's loads (4 of 16 bytes a thread)
-// besides, and dq's [16, 64] after dS^T is staged, take 255, 2 blocks an SM; at 64 they
-// spill none. Their shared memory (KeySide: 37,892 bytes at 64, 44,036 at 128) would allow
-// 5 and 4. At 128 the backward, which holds dk and dv [16, 128] and its values, takes 255
-// with 20 (sm_90) to 32 (sm_80) bytes spilled, of which one local access (sm_90) is within
-// its loop over tiles, where the two-sided key side's had 23. At 128 the forward streams 64
-// keys a tile (since 2026-11-27; 32 before, in static shared memory): 248 registers (252 at
-// sm_80) and no spills, its 69,632 bytes of staged tiles in dynamic shared memory, 2 blocks
-// an SM where it has the 136 KB for two (the A100's 164 KB, the H100's 228), 1 on sm_86 and
-// sm_89 (100 KB).
+// Registers (ptxas through NVRTC 13.0, -Xptxas -v, sm_80 and sm_90; scripts/sass-mix): at
+// head size 64 the forward, which holds two row tiles' queries, scores and outputs, takes
+// 241 (sm_90) to 255 (sm_80) and spills none, 2 blocks (8 warps) an SM (with one row tile a
+// warp, until 2026-11-27, it took 158 to 163, and 3 blocks shared an SM). The backward
+// kernels, which hold two [16, HS] fp32 accumulators and the next tile's loads (4 of 16
+// bytes a thread) besides, and dq's [16, 64] after dS^T is staged, take 255, 2 blocks an
+// SM; at 64 they spill none. Their shared memory (KeySide: 37,892 bytes at 64, 44,036 at
+// 128) would allow 5 and 4. At 128 the backward, which holds dk and dv [16, 128] and its
+// values, takes 255 with 20 (sm_90) to 32 (sm_80) bytes spilled, of which one local access
+// (sm_90) is within its loop over tiles, where the two-sided key side's had 23. At 128 the
+// forward streams 64 keys a tile (since 2026-11-27; 32 before, in static shared memory):
+// 217 registers (211 at sm_80) and no spills, its 69,632 bytes of staged tiles in dynamic
+// shared memory, 2 blocks an SM where it has the 136 KB for two (the A100's 164 KB, the
+// H100's 228), 1 on sm_86 and sm_89 (100 KB).
 //
 // Instructions (the SASS of NVRTC 13.0 for sm_90, scripts/sass-mix): with one row tile a
 // warp, a tile of the forward at head size 64, unmasked and without dropout, issued about
@@ -81,8 +85,10 @@
 // instructions for 128 products, where a tile of 32 was 423 for 64: 5.8 a product where
 // 6.6 were, the fixed work of a tile (its barrier, the rows' maxima and their correction
 // of the [16, 128] outputs, 64 multiplies) now spread over twice the products. Not yet
-// timed on a GPU either. Until 2026-11-27 a tile issued about 960: a branch
-// between any two products over the head dimension (the test of the run-time hs, now
+// timed on a GPU either. With the tiles copied by cp.async the two bodies are 764 and 742
+// instructions: the copies' addresses cost what the stores saved; the gain is in registers
+// and in the values' loads in flight for longer. Until 2026-11-27 a tile issued about 960:
+// a branch between any two products over the head dimension (the test of the run-time hs, now
 // gone), which also kept their chains from overlapping; 2 integer instructions a shared
 // load for its address and 2 a P'V product to pick its B register's halves (now ldmatrix,
 // straight and transposed); the 3 instructions exp2f sets around each exponential for
@@ -124,6 +130,7 @@
 // from tickets, the last tile first, since key tile j waits on j + 1's sums: a block
 // always waits on one that started before it (turns.cuh), and, key tile by key tile,
 // trails it by a query tile's work (two at 128, whose query tiles are half a key tile).
+#include "async_copy.cuh"
 #include "attention_head.cuh"
 #include "common.cuh"
 #include "mma.cuh"
@@ -223,6 +230,28 @@ __device__ __forceinline__ void store_tile(Tile<S> tile, const uint4 f[S::FETCHE
     const int r = threadIdx.x / S::OCTS, o = threadIdx.x % S::OCTS;
     #pragma unroll
     for (int e = 0; e < S::FETCHES; ++e) *reinterpret_cast<uint4*>(&tile[r + e * S::FETCH_ROWS][4 * o]) = f[e];
+}
+
+// Rows [row0, row0 + STREAM) of x into a staged tile by asynchronous copies (async_copy.cuh),
+// this thread's share as fetch_tile's, landed by the thread's next copies_landed. Zeros
+// past T and past hs; a tile wholly within them, as in fetch_tile, makes no test.
+template <class S>
+__device__ __forceinline__ void copy_tile(Tile<S> tile, const bf16* x, unsigned long long stride, int row0, int T,
+                                          int hs) {
+    const int r = threadIdx.x / S::OCTS, o = threadIdx.x % S::OCTS, c = 8 * o;
+    const bf16* p = x + (unsigned long long)(row0 + r) * stride + c;
+    const int step = S::FETCH_ROWS * (int)stride;
+    unsigned int* to = &tile[r][4 * o];
+    if (row0 + S::STREAM <= T && hs == S::HS) {
+        #pragma unroll
+        for (int e = 0; e < S::FETCHES; ++e) copy_async16(to + e * S::FETCH_ROWS * S::WORDS, p + e * step, true);
+        return;
+    }
+    #pragma unroll
+    for (int e = 0; e < S::FETCHES; ++e) {
+        const bool valid = row0 + r + e * S::FETCH_ROWS < T && c < hs;
+        copy_async16(to + e * S::FETCH_ROWS * S::WORDS, valid ? p + e * step : x, valid);
+    }
 }
 
 // Rows [row0, row0 + STREAM) of x fetched and staged at once, with `f` as the fetch's
@@ -476,21 +505,20 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
     // lanes (NVRTC 13.0). With one row tile a warp every tile holds keys of its rows.
     const int end = M == 1 ? T : __shfl_sync(FULL_MASK, r0 + 16 * M, 0);
 
-    uint4 f[S::FETCHES];
-    stage_tile<S>(k[0], f, keys, hd.stride, 0, T, hs);
-    stage_tile<S>(v[0], f, values, hd.stride, 0, T, hs);
+    copy_tile<S>(k[0], keys, hd.stride, 0, T, hs);
+    copy_tile<S>(v[0], values, hd.stride, 0, T, hs);
+    copies_landed();
     for (int n = 0; n < tiles; ++n) {
         const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
         const bool mine = M == 1 || j0 < end;  // the tile holds a key some row of the warp sees
-        __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffer
-        if (next) fetch_tile<S>(f, keys, hd.stride, j0 + S::STREAM, T, hs);
-        float s[M][S::KTILES][4];
-        if (mine) scores<S, M>(s, q, k[cur]);
-        if (next) {
-            store_tile<S>(k[1 - cur], f);
-            fetch_tile<S>(f, values, hd.stride, j0 + S::STREAM, T, hs);
+        __syncthreads();  // tile n has landed, and every warp is done with tile n - 1's buffers
+        if (next) {  // tile n + 1's keys and values, in flight under tile n's products
+            copy_tile<S>(k[1 - cur], keys, hd.stride, j0 + S::STREAM, T, hs);
+            copy_tile<S>(v[1 - cur], values, hd.stride, j0 + S::STREAM, T, hs);
         }
         if (mine) {
+            float s[M][S::KTILES][4];
+            scores<S, M>(s, q, k[cur]);
             #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const int rows = r0 + 16 * m;
@@ -535,7 +563,7 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
             }
             accumulate<S, M>(o, s, v[cur]);
         }
-        if (next) store_tile<S>(v[1 - cur], f);
+        copies_landed();  // tile n + 1's, which the next barrier publishes
     }
     #pragma unroll
     for (int m = 0; m < M; ++m) {

@@ -12,6 +12,7 @@ use half::bf16;
 use kernels::cuda::launch::{
     per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile_bf16,
 };
+use kernels::cuda::sources::SOURCES;
 
 /// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
 /// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
@@ -190,4 +191,29 @@ fn the_forward_at_128_fails_a_launch_short_of_its_shared_memory() {
     run.read(out);
     let err = family.run(run).err().expect("a launch short of the kernel's shared memory fails");
     assert!(err.contains("69632 bytes of dynamic shared memory, where the launch gives 69616"), "{err}");
+}
+
+/// The forwards copy their tiles by `cp.async` (async_copy.cuh), whose copies the emulator
+/// lands only when their thread waits for them. Without the wait in the loop over tiles a
+/// run fails, its copies never waited for; with the wait moved past the loop, so that each
+/// tile after the first is read before it has landed, the results are wrong. Both forwards,
+/// over two streamed tiles of T = 100.
+#[test]
+fn the_forwards_read_a_tile_only_once_its_copies_have_landed() {
+    let test = "the_forwards_read_a_tile_only_once_its_copies_have_landed";
+    let source = SOURCES.iter().find(|s| s.name == BF16.file).expect("the family").source;
+    const WAIT: &str = "        copies_landed();  // tile n + 1's, which the next barrier publishes\n    }\n";
+    assert_eq!(source.matches(WAIT).count(), 1, "the loop's wait, as written");
+    let never = source.replace(WAIT, "    }\n");
+    let late = source.replace(WAIT, "    }\n    copies_landed();\n");
+    for kernels in [&BF16, &BF16_HS128] {
+        for (edit, text) in [("no wait", &never), ("the wait after the loop", &late)] {
+            let Some(edited) = Family::edited(test, BF16.file, &[(BF16.file, text.clone())]) else { return };
+            let err = fused_attention(&edited, kernels, TWO_TILES, &[0, 1], None, 68)
+                .err()
+                .unwrap_or_else(|| panic!("{} passes with {edit}", kernels.forward));
+            let never_waited = err.contains("asynchronous copies it never waited for");
+            assert_eq!(never_waited, edit == "no wait", "{} with {edit}: {err}", kernels.forward);
+        }
+    }
 }

@@ -192,6 +192,7 @@ struct Thread {
     const char* barrier_file = "";
     unsigned src_lane = 0;  // the lane whose value its shuffle reads
     unsigned long long value = 0, result = 0;
+    std::vector<std::pair<uint4*, uint4>> copies;  // its asynchronous copies not yet waited for
 };
 
 inline dim3 gridDim_, blockIdx_, blockDim_;
@@ -220,6 +221,8 @@ inline void yield() { simt_switch(&current->fiber.sp, scheduler_sp); }
 [[noreturn]] inline void fiber_main() {
     for (;;) {
         body(body_args);
+        if (!current->copies.empty())
+            fail("a thread ends with %zu asynchronous copies it never waited for", current->copies.size());
         current->state = State::Done;
         yield();
     }
@@ -248,6 +251,21 @@ struct Rng {
 
 extern "C" char __start_simt_shared[] __attribute__((weak));
 extern "C" char __stop_simt_shared[] __attribute__((weak));
+
+// Asynchronous copies (async_copy.cuh's cp.async): each is read when issued and lands in
+// shared memory when its thread waits for its copies, not before, so that a read of the
+// tile before the wait reads what was there, and one by another thread before a barrier
+// after the wait too.
+inline void copy_async(void* shared, uint4 value) {
+    char* at = static_cast<char*>(shared);
+    if (at < __start_simt_shared || at + sizeof(uint4) > __stop_simt_shared)
+        fail("an asynchronous copy to %p, outside shared memory", shared);
+    current->copies.emplace_back(const_cast<uint4*>(aligned_access(static_cast<uint4*>(shared))), value);
+}
+inline void wait_copies() {
+    for (const auto& [to, value] : current->copies) *to = value;
+    current->copies.clear();
+}
 
 // The block's shared memory between two barriers, seen by the warps in one of two ways.
 // Shared: a warp sees every write of the warps that ran before it. Isolated: each warp
