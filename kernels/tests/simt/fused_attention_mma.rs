@@ -166,7 +166,10 @@ fn fused_attention_mma_rounds_its_output_once() {
 }
 
 /// The forward at head size 128 stages its tiles in dynamic shared memory: a launch that
-/// gives it fewer bytes than they take fails, as on a GPU it would read past its own.
+/// gives it fewer bytes than they take fails, as on a GPU it would read past its own. Its
+/// launch gives 69,632 bytes, and 16 fewer fail: the tiles (a multiple of 16 bytes) take
+/// exactly what `ATTENTION_MMA_FORWARD_HS128_SHARED` says, so the Rust constant and the
+/// kernel's declaration cannot drift apart unnoticed.
 #[test]
 fn the_forward_at_128_fails_a_launch_short_of_its_shared_memory() {
     let test = "the_forward_at_128_fails_a_launch_short_of_its_shared_memory";
