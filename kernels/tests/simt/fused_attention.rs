@@ -79,6 +79,13 @@ fn blocks(heads: &[usize], tiles: usize) -> Vec<u64> {
     heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect()
 }
 
+/// A fused attention kernel's arguments: its buffers, then T, NH, KV, hs, the dropout mask
+/// and whether to apply it.
+pub fn kernel_args(bufs: &[Buf], d: Dims, mask: Arg, on: i32) -> Vec<Arg> {
+    let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
+    bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask, on.into()]).collect()
+}
+
 /// Forward and backward of `kernels` (built as `family`) at `d`, running the blocks of query
 /// heads `heads` (b * NH + h) and of the key/value heads they read only; Err on the first
 /// difference from the CPU in those heads, whose op runs in f32 on the values of qkv and
@@ -119,11 +126,7 @@ pub fn fused_attention(
         run.buffer(&vec![f32::NAN; rows]),
     );
     let dqkv = storage.output(&mut run, d.qkv());
-    // The buffers, then T, NH, KV, hs, the mask and whether to apply it.
-    let args = |bufs: &[Buf]| -> Vec<Arg> {
-        let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
-        bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask(), on.into()]).collect()
-    };
+    let args = |bufs: &[Buf]| kernel_args(bufs, d, mask(), on);
     let forward_blocks = blocks(heads, forward_cfg.grid_dim.0 as usize);
     run.launch_blocks(kernels.forward, forward_cfg, &args(&[out, lse, gqkv]), &forward_blocks);
     run.read(out);

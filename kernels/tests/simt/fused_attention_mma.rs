@@ -5,8 +5,8 @@
 //! activations and their gradients under bf16; lse and delta stay fp32.
 
 use crate::attention::Dims;
-use crate::fused_attention::{fused_attention, Backward, Fused, GPT2, GROUPED, SPEC, TWO_TILES};
-use crate::harness::{bf16_bits, Arg, Family, Rng, Run, Storage};
+use crate::fused_attention::{fused_attention, kernel_args, Backward, Fused, GPT2, GROUPED, SPEC, TWO_TILES};
+use crate::harness::{bf16_bits, Family, Rng, Run, Storage};
 use crate::philox::unused_dropout_mask;
 use half::bf16;
 use kernels::cuda::launch::{
@@ -140,12 +140,7 @@ fn fused_attention_mma_rounds_its_output_once() {
             run.buffer(&vec![f32::NAN; d.heads() * t]),
             run.buffer(&bf16_bits(&qkv)),
         );
-        let args: Vec<Arg> = [out, lse, gqkv]
-            .map(Arg::from)
-            .into_iter()
-            .chain([t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32)))
-            .chain([unused_dropout_mask(), 0i32.into()])
-            .collect();
+        let args = kernel_args(&[out, lse, gqkv], d, unused_dropout_mask(), 0);
         run.launch(kernels.forward, cfg, &args);
         run.read(out);
         let got = family.run(run).unwrap().get::<u16>(out);
@@ -184,12 +179,7 @@ fn the_forward_at_128_fails_a_launch_short_of_its_shared_memory() {
         run.buffer(&vec![0f32; d.heads() * d.t]),
         run.buffer(&vec![0u16; d.qkv()]),
     );
-    let args: Vec<Arg> = [out, lse, qkv]
-        .map(Arg::from)
-        .into_iter()
-        .chain([d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32)))
-        .chain([unused_dropout_mask(), 0i32.into()])
-        .collect();
+    let args = kernel_args(&[out, lse, qkv], d, unused_dropout_mask(), 0);
     run.launch(BF16_HS128.forward, cfg, &args);
     run.read(out);
     let err = family.run(run).err().expect("a launch short of the kernel's shared memory fails");
