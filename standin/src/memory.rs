@@ -1,9 +1,11 @@
 //! Device memory: a stand-in GPU's address is a host address, so kernels, copies, GEMMs and
 //! collectives read and write it directly. Each allocation ends at an unmapped page, so a
 //! read or write past its end faults; each GPU has the capacity the environment gives it,
-//! so running out of memory is testable; freed memory is poisoned (all ones bits: NaN in
-//! f32 and bf16) and kept mapped a while, so a use after free reads NaN rather than stale
-//! values that look right.
+//! so running out of memory is testable. Fresh memory is poisoned (all ones bits: NaN in
+//! f32 and bf16), as CUDA promises no contents, so a kernel that leaves an element of its
+//! output unwritten shows as NaN rather than as the zero a fresh page would hold; freed
+//! memory is poisoned too and kept mapped a while, so a use after free reads NaN rather
+//! than stale values that look right.
 
 use crate::devices::capacity;
 use std::collections::{BTreeMap, VecDeque};
@@ -84,7 +86,7 @@ fn unmap(m: Mapping) {
     unsafe { libc::munmap(m.base as *mut libc::c_void, m.span) };
 }
 
-/// Allocates `len` bytes on GPU `device`; None when they would pass its capacity.
+/// Allocates `len` bytes on GPU `device`, poisoned; None when they would pass its capacity.
 pub fn allocate(device: usize, len: usize) -> Option<u64> {
     let mut mem = memory();
     let used = mem.used.get(&device).copied().unwrap_or(0);
@@ -92,6 +94,8 @@ pub fn allocate(device: usize, len: usize) -> Option<u64> {
         return None;
     }
     let mapping = map(len, device)?;
+    // SAFETY: `map` mapped `len` writable bytes at addr.
+    unsafe { std::ptr::write_bytes(mapping.addr as *mut u8, 0xff, len) };
     *mem.used.entry(device).or_default() += len;
     mem.live.insert(mapping.addr, mapping);
     Some(mapping.addr as u64)
@@ -155,6 +159,16 @@ pub fn is_pinned(ptr: *const u8, len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_memory_reads_as_nan() {
+        let addr = allocate(0, 6).expect("6 bytes");
+        // SAFETY: 6 bytes were allocated at addr.
+        let (f, h) = unsafe { ((addr as *const f32).read(), (addr as *const u16).add(2).read()) };
+        assert!(f.is_nan());
+        assert_eq!(h, 0xffff, "a bf16 NaN");
+        assert!(free(addr));
+    }
 
     #[test]
     fn freed_memory_reads_as_nan() {

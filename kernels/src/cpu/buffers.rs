@@ -20,9 +20,14 @@ pub struct BufferCache {
 impl BufferCache {
     /// A buffer of `len` elements with unspecified contents, reused when one is cached; a
     /// fresh one otherwise, counted in `counters` as a backing allocation.
+    ///
+    /// In a build with debug assertions (the tests') every element is NaN, so that an op
+    /// that leaves an element of its output unwritten shows as NaN in whatever reads it,
+    /// where a zero or an old value could pass for a result.
     pub fn take(&self, len: usize, counters: &Counters) -> Vec<f32> {
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&len).and_then(Vec::pop);
-        match reused {
+        #[allow(unused_mut)]
+        let mut buffer = match reused {
             Some(v) => {
                 self.cached_bytes.fetch_sub(len * 4, Ordering::Relaxed);
                 v
@@ -31,7 +36,10 @@ impl BufferCache {
                 counters.backing_allocation();
                 vec![0.0; len]
             }
-        }
+        };
+        #[cfg(debug_assertions)]
+        buffer.fill(f32::NAN);
+        buffer
     }
 
     /// Bytes held for reuse, outside every tensor.
@@ -70,5 +78,14 @@ mod tests {
         assert_eq!(cache.cached_bytes(), 0);
         // The 8 and the 4 came from the allocator; the second 8 from the cache.
         assert_eq!(counters.snapshot().backing_allocations, 2);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_taken_buffer_is_nan_where_debug_assertions_are_on() {
+        let (cache, counters) = (BufferCache::default(), Counters::default());
+        assert!(cache.take(3, &counters).iter().all(|x| x.is_nan()));
+        cache.recycle(Storage::Cpu(vec![1.0; 3]));
+        assert!(cache.take(3, &counters).iter().all(|x| x.is_nan()));
     }
 }
