@@ -193,7 +193,7 @@ pub(crate) fn matmul_backward_input_then_gelu<D: crate::Device + ?Sized>(
     gelu_input: &Tensor,
     dims: MatmulDims,
 ) {
-    let mut dact = dev.zeros_of(dinp.dtype(), dinp.shape(), Category::Workspace);
+    let mut dact = dev.empty_of(dinp.dtype(), dinp.shape(), Category::Workspace);
     dev.matmul_backward_input_impl(&mut dact, dout, weight, layout, dims);
     dev.gelu_backward_impl(dinp, gelu_input, &dact);
 }

@@ -1,8 +1,12 @@
-//! How often a device makes the host wait for its values, and how often it asks the backing
-//! allocator (`cudaMalloc`, the heap) for memory: a training step should wait once and, after
-//! its first, allocate nothing. Both backends count at the same points — every download is a
-//! host sync, every buffer its cache could not supply an allocation — so a test on the CPU
-//! says the same about the structure of a CUDA step.
+//! How often a device makes the host wait for its values, how often it asks the backing
+//! allocator (`cudaMalloc`, the heap) for memory, and how often it is asked to zero a
+//! tensor: a training step should wait once, after its first allocate nothing, and zero
+//! only its gradients, in one op. Both backends count at the same points — every download is
+//! a host sync, every buffer its cache could not supply an allocation, every
+//! [`Device::fill_zero`](crate::Device::fill_zero) (so every `zeros_of`) and every
+//! `fill_zero_tensors` a zero fill — so a test on the CPU says the same about the structure of
+//! a CUDA step. A zero fill is a memset on CUDA, a pass over the tensor's bytes outside any
+//! kernel: a layer whose op writes every element of its output takes it `empty_of`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Counters {
     host_syncs: AtomicU64,
     backing_allocations: AtomicU64,
+    zero_fills: AtomicU64,
 }
 
 impl Counters {
@@ -21,10 +26,15 @@ impl Counters {
         self.backing_allocations.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn zero_fill(&self) {
+        self.zero_fills.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> DeviceCounters {
         DeviceCounters {
             host_syncs: self.host_syncs.load(Ordering::Relaxed),
             backing_allocations: self.backing_allocations.load(Ordering::Relaxed),
+            zero_fills: self.zero_fills.load(Ordering::Relaxed),
         }
     }
 }
@@ -36,6 +46,9 @@ pub struct DeviceCounters {
     pub host_syncs: u64,
     /// Buffers taken from the backing allocator rather than the device's cache of freed ones.
     pub backing_allocations: u64,
+    /// Tensors zeroed on request (a `fill_zero_tensors` counts once, as CUDA zeroes them in
+    /// one launch).
+    pub zero_fills: u64,
 }
 
 impl std::ops::Sub for DeviceCounters {
@@ -44,6 +57,7 @@ impl std::ops::Sub for DeviceCounters {
         DeviceCounters {
             host_syncs: self.host_syncs - earlier.host_syncs,
             backing_allocations: self.backing_allocations - earlier.backing_allocations,
+            zero_fills: self.zero_fills - earlier.zero_fills,
         }
     }
 }

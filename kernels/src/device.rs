@@ -180,11 +180,13 @@ pub trait Device:
         DType::F32
     }
     /// A zero-filled tensor of `dtype`, counted in the ledger under `category` until
-    /// dropped. A dtype the device does not store (bf16 on the CPU) is a bug in the caller.
+    /// dropped: for a tensor that is added to, never for an op's output that it overwrites
+    /// (`empty_of`). A dtype the device does not store (bf16 on the CPU) is a bug in the caller.
     fn zeros_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor;
     /// A tensor of `dtype` for an op that writes every element: its contents until then are
-    /// unspecified (a reused buffer's old values), which saves the zero fill. Counted as
-    /// `zeros_of`.
+    /// unspecified (a reused buffer's old values; NaN in the CPU's debug builds and on the
+    /// CUDA stand-in, so that an element left unwritten shows), which saves the zero fill.
+    /// Counted in the ledger as `zeros_of`.
     fn empty_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor;
     /// A tensor of `dtype` holding a copy of `data`, rounded to bf16 for a bf16 tensor.
     /// (A device method, not a conversion of `self`.)
@@ -233,6 +235,7 @@ pub trait Device:
         assert!(from + data.len() <= t.len(), "write_at: {} values from {from} into {t:?}", data.len());
         self.write_at_impl(t, from, data);
     }
+    /// t = 0: a memset on CUDA, counted as a zero fill ([`crate::counters`]).
     fn fill_zero(&self, t: &mut Tensor);
     /// Zeroes every one of `tensors`, f32 tensors without a bf16 copy (a stage's gradients:
     /// one launch on CUDA).

@@ -217,7 +217,10 @@ fn readout_matches_with_one_sync_per_read() {
         let first = step();
         let second = step();
         assert_eq!(first.0, second.0, "a second step gives the same values");
-        assert_eq!(second.1, kernels::DeviceCounters { host_syncs: 1, backing_allocations: 0 });
+        assert_eq!(
+            second.1,
+            kernels::DeviceCounters { host_syncs: 1, backing_allocations: 0, zero_fills: 0 }
+        );
         first.0
     };
     let (want, got) = (run(&cpu()), run(&gpu));

@@ -1,10 +1,12 @@
 //! A training step makes one host sync per rank — the step's losses and its gradients' sums
 //! of squares, read together — and, after the first step and its update, no call to the
 //! backing allocator: every tensor and scratch buffer comes from the device's cache of freed
-//! ones.
-//! Each rank's device counts both where a CUDA device would synchronise or allocate, so
-//! the CPU run says the same about the structure of a CUDA step; on a GPU the same test
-//! counts the CUDA device's real waits and allocations.
+//! ones. Its one zero fill is its gradients', in one op after its update: every activation
+//! and activation gradient is overwritten by the op that makes it, so none is zeroed first
+//! (on a GPU, a memset each).
+//! Each rank's device counts all three where a CUDA device would synchronise, allocate or
+//! memset, so the CPU run says the same about the structure of a CUDA step; on a GPU the
+//! same test counts the CUDA device's real waits, allocations and memsets.
 
 use super::rank::Rank;
 use crate::config::{Config, Named};
@@ -76,14 +78,19 @@ fn counts_after_the_first_step(
     for step in 2..2 + steps {
         run(&mut ranks, step);
     }
+    // The last step's update, so that each step counts its own.
+    for r in ranks.iter_mut() {
+        r.apply_pending_update().unwrap();
+    }
     ranks.iter().zip(before).map(|(r, before)| r.stage.device.counters() - before).collect()
 }
 
-/// Five schedules with recompute on `device` at a precision: one host sync per step per
-/// rank, and no allocation after the first step.
+/// Five schedules with recompute on `device` at a precision: one host sync and one zero
+/// fill per step per rank, and no allocation after the first step.
 fn assert_once_per_step(device: (&str, &str)) {
     let steps = 3;
-    let once_per_step = DeviceCounters { host_syncs: steps as u64, backing_allocations: 0 };
+    let once_per_step =
+        DeviceCounters { host_syncs: steps as u64, backing_allocations: 0, zero_fills: steps as u64 };
     for (schedule, recompute) in [
         ("1f1b", "full"),
         ("gpipe", "selective"),

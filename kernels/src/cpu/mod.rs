@@ -113,8 +113,12 @@ impl CpuDevice {
         }
     }
 
+    /// Zeroed scratch of an op's own, as a CUDA kernel zeroes its own: not a zero fill in
+    /// [`Device::counters`].
     fn workspace(&self, len: usize) -> Tensor {
-        self.zeros(&[len], Category::Workspace)
+        let mut t = self.empty(&[len], Category::Workspace);
+        self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
+        t
     }
 }
 
@@ -151,7 +155,7 @@ impl Device for CpuDevice {
 
     fn zeros_of(&self, dtype: DType, shape: &[usize], category: Category) -> Tensor {
         let mut t = self.empty_of(dtype, shape, category);
-        t.cpu_mut().fill(0.0);
+        self.fill_zero(&mut t);
         t
     }
 
@@ -189,13 +193,13 @@ impl Device for CpuDevice {
     }
 
     fn fill_zero(&self, t: &mut Tensor) {
+        self.counters.zero_fill();
         self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
     }
 
     fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]) {
-        for t in tensors {
-            self.fill_zero(t);
-        }
+        self.counters.zero_fill();
+        self.pool.install(|| tensors.iter_mut().for_each(|t| elementwise::fill_zero(t.cpu_mut())));
     }
 
     fn readout(&self, len: usize) -> Readout {
@@ -594,7 +598,7 @@ impl Classifier for CpuDevice {
         grad: Option<ClassifierGrad>,
         (n, v): (usize, usize),
     ) {
-        let mut logits = self.zeros(&[n, v], Category::Workspace); // [N,V]
+        let mut logits = self.empty(&[n, v], Category::Workspace); // [N,V]
         self.matmul_forward(&mut logits, inp, weight, WeightLayout::OutIn, None);
         let scale = grad.as_ref().map(|g| g.scale);
         self.pool

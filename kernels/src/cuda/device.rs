@@ -530,6 +530,7 @@ impl Device for CudaDevice {
     }
 
     fn fill_zero(&self, t: &mut Tensor) {
+        self.counters.zero_fill();
         let zeroed = match t.dtype() {
             DType::F32 => self.stream.memset_zeros(cu_mut(t)),
             DType::Bf16 => self.stream.memset_zeros(cu16_mut(t)),
@@ -539,6 +540,7 @@ impl Device for CudaDevice {
     }
 
     fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]) {
+        self.counters.zero_fill();
         self.zero_tensors(tensors);
     }
 

@@ -44,7 +44,7 @@ impl Activation {
             Activation::SwiGlu => {
                 let f = dinp.shape().last().expect("a [N, 2F] gradient") / 2;
                 let mut dact =
-                    dev.zeros_of(dev.activation_dtype(), &[dinp.len() / (2 * f), f], Category::Workspace); // [N,F]
+                    dev.empty_of(dev.activation_dtype(), &[dinp.len() / (2 * f), f], Category::Workspace); // [N,F]
                 dev.matmul_backward_input(&mut dact, dout, weight, layout);
                 dev.swiglu_backward(dinp, inp, &dact);
             }

@@ -82,7 +82,7 @@ pub struct Block<'a> {
 fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
     match spec {
         Some(spec) => {
-            let mut out = dev.zeros_of(t.dtype(), t.shape(), Category::Workspace);
+            let mut out = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
             dev.dropout_forward(&mut out, &t, spec);
             out
         }
@@ -93,7 +93,7 @@ fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Te
 fn dropout_backward_or_keep(dev: &dyn Device, d: Arc<Tensor>, spec: Option<DropoutSpec>) -> Arc<Tensor> {
     match spec {
         Some(spec) => {
-            let mut out = dev.zeros_of(d.dtype(), d.shape(), Category::Workspace);
+            let mut out = dev.empty_of(d.dtype(), d.shape(), Category::Workspace);
             dev.dropout_backward(&mut out, &d, spec);
             Arc::new(out)
         }
@@ -145,7 +145,7 @@ impl Block<'_> {
     ) -> Tensor {
         let s = self.s;
         let mut out =
-            dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
+            dev.empty_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
         let bias = self.bias(weight).filter(|_| self.shard.rank == 0);
         dev.matmul_forward(&mut out, inp, self.param(weight), s.weight_layout(), bias);
         self.summed(dev, tp, out)
@@ -232,8 +232,9 @@ impl Block<'_> {
             true => Category::Workspace,
             false => keep_as,
         };
-        // Activations in the device's dtype; norm statistics in f32.
-        let act = |shape: &[usize], category| dev.zeros_of(dev.activation_dtype(), shape, category);
+        // Activations in the device's dtype; norm statistics in f32. Each op below writes
+        // every element of its output, so none is zeroed first (on a GPU, a memset each).
+        let act = |shape: &[usize], category| dev.empty_of(dev.activation_dtype(), shape, category);
         let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
 
         // ---- attention ----
@@ -313,8 +314,8 @@ impl Block<'_> {
         let (s, shard) = (self.s, self.shard);
         let (b, t, c, f, a) = (s.micro_batch, s.seq_len, s.hidden, shard.ffn(s), shard.attention_width(s));
         let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
-        // Activation gradients, in the activations' dtype.
-        let ws = |shape: &[usize]| dev.zeros_of(dev.activation_dtype(), shape, Category::Workspace);
+        // Activation gradients, in the activations' dtype, each overwritten by its op.
+        let ws = |shape: &[usize]| dev.empty_of(dev.activation_dtype(), shape, Category::Workspace);
         let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
         let dy = Arc::new(dy);
 
@@ -420,9 +421,9 @@ impl Block<'_> {
     /// q, k, v [1,QKV] of x [1,C] at sequence position `position` (rotated there).
     pub fn decode_qkv(&self, dev: &dyn Device, x: &Tensor, position: usize) -> Tensor {
         let s = self.s;
-        let mut n1 = dev.zeros_of(x.dtype(), x.shape(), Category::Workspace); // [1,C]
+        let mut n1 = dev.empty_of(x.dtype(), x.shape(), Category::Workspace); // [1,C]
         self.norm1().forward(dev, &mut n1, x, Category::Workspace);
-        let mut qkv = dev.zeros_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
+        let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
         self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
         if let Positions::Rotary { base } = s.arch.positions {
             dev.rope_forward(&mut qkv, s.heads, s.kv_heads, base, position);
@@ -433,7 +434,7 @@ impl Block<'_> {
     /// The block's output y [1,C] from its input x [1,C] and the attention's output att [1,C].
     pub fn decode_rest(&self, dev: &dyn Device, x: &Tensor, att: &Tensor) -> Tensor {
         let s = self.s;
-        let new = |width: usize| dev.zeros_of(x.dtype(), &[1, width], Category::Workspace);
+        let new = |width: usize| dev.empty_of(x.dtype(), &[1, width], Category::Workspace);
         let mut proj = new(s.hidden); // [1,C]
         self.linear(dev, &mut proj, att, BlockParam::ProjWeight);
         let (mut residual, mut n2) = (new(s.hidden), new(s.hidden)); // [1,C] each

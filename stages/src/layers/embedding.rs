@@ -34,7 +34,7 @@ pub fn forward(
     tp: &mut TensorGroup,
 ) -> Tensor {
     let mut out =
-        dev.zeros_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
+        dev.empty_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
     let wpe = wpe.filter(|_| wte.shard.rank == 0);
     dev.embedding_forward(&mut out, &wte.shard.vocab_ids(s, tokens), wte.table, wpe);
     let rows = wte.shard.rows(s);
@@ -47,7 +47,7 @@ pub fn forward(
     };
     match stream_dropout(s, dropout, rows.start) {
         Some(spec) => {
-            let mut dropped = dev.zeros_of(out.dtype(), out.shape(), Category::Workspace);
+            let mut dropped = dev.empty_of(out.dtype(), out.shape(), Category::Workspace);
             dev.dropout_forward(&mut dropped, &out, spec);
             dropped
         }
@@ -72,7 +72,7 @@ pub fn backward(
 ) {
     let dout = match stream_dropout(s, dropout, wte.shard.rows(s).start) {
         Some(spec) => {
-            let mut d = dev.zeros_of(dout.dtype(), dout.shape(), Category::Workspace);
+            let mut d = dev.empty_of(dout.dtype(), dout.shape(), Category::Workspace);
             dev.dropout_backward(&mut d, &dout, spec);
             d
         }

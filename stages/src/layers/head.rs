@@ -57,13 +57,13 @@ pub fn forward(
     let (b, t, c) = (s.micro_batch, s.seq_len, s.hidden);
     let keep = if grad.is_some() { Category::Activations } else { Category::Workspace };
     x.recategorize(keep);
-    let mut normed = dev.zeros_of(x.dtype(), x.shape(), Category::Workspace); // [B,T,C] | [R,C]
+    let mut normed = dev.empty_of(x.dtype(), x.shape(), Category::Workspace); // [B,T,C] | [R,C]
     let stats = norm.forward(dev, &mut normed, &x, keep); // [B,T] | [R]
     let normed = match shard.sequence {
         true => tp.all_gather_parts(&normed, dev, &[b, t, c]),
         false => normed,
     }; // [B,T,C]
-    let mut losses = dev.zeros(&[b, t], Category::Workspace); // [B,T]
+    let mut losses = dev.empty(&[b, t], Category::Workspace); // [B,T]
     let mut classifier = |losses: &mut Tensor, grad: Option<ClassifierGrad>| match shard.size {
         1 => dev.classifier(losses, &normed, output, targets, grad),
         _ => vocab_parallel::classifier(dev, losses, &normed, output, &shard.vocab_ids(s, targets), grad, tp),
@@ -76,7 +76,7 @@ pub fn forward(
     // parallelism each rank's dnorm is its part, summed over the group (into rows with
     // sequence parallelism).
     let kept = if shard.sequence { Category::Workspace } else { Category::Activations };
-    let mut dnorm = dev.zeros_of(x.dtype(), &[b, t, c], kept); // [B,T,C]
+    let mut dnorm = dev.empty_of(x.dtype(), &[b, t, c], kept); // [B,T,C]
     let head_grad = ClassifierGrad { scale: grad.scale, dinp: &mut dnorm, dweight: grad.dweight };
     classifier(&mut losses, Some(head_grad));
     let dnorm = match (shard.size, shard.sequence) {
@@ -99,7 +99,7 @@ pub fn backward(
     dweight: &mut Tensor,
     dbias: Option<&mut Tensor>,
 ) -> Tensor {
-    let mut dx = dev.zeros_of(acts.input.dtype(), acts.input.shape(), Category::Workspace); // [B,T,C] | [R,C]
+    let mut dx = dev.empty_of(acts.input.dtype(), acts.input.shape(), Category::Workspace); // [B,T,C] | [R,C]
     norm.backward(dev, &mut dx, None, (dweight, dbias), &acts.dnorm, &acts.input, &acts.stats);
     dx
 }

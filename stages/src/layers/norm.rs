@@ -71,14 +71,14 @@ impl NormLayer<'_> {
         let rows = &inp.shape()[..inp.shape().len() - 1];
         match self.norm {
             Norm::LayerNorm => {
-                let mut mean = dev.zeros(rows, keep_as); // [N]
-                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let mut mean = dev.empty(rows, keep_as); // [N]
+                let mut rstd = dev.empty(rows, keep_as); // [N]
                 let bias = self.bias.expect("LayerNorm has a bias");
                 dev.layernorm_forward(out, &mut mean, &mut rstd, inp, self.weight, bias, self.eps);
                 NormStats { mean: Some(mean), rstd }
             }
             Norm::RmsNorm => {
-                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let mut rstd = dev.empty(rows, keep_as); // [N]
                 dev.rmsnorm_forward(out, &mut rstd, inp, self.weight, self.eps);
                 NormStats { mean: None, rstd }
             }
@@ -99,8 +99,8 @@ impl NormLayer<'_> {
         let rows = &residual.shape()[..residual.shape().len() - 1];
         match self.norm {
             Norm::LayerNorm => {
-                let mut mean = dev.zeros(rows, keep_as); // [N]
-                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let mut mean = dev.empty(rows, keep_as); // [N]
+                let mut rstd = dev.empty(rows, keep_as); // [N]
                 let bias = self.bias.expect("LayerNorm has a bias");
                 dev.layernorm_residual_forward(
                     residual,
@@ -116,7 +116,7 @@ impl NormLayer<'_> {
                 NormStats { mean: Some(mean), rstd }
             }
             Norm::RmsNorm => {
-                let mut rstd = dev.zeros(rows, keep_as); // [N]
+                let mut rstd = dev.empty(rows, keep_as); // [N]
                 dev.rmsnorm_residual_forward(residual, out, &mut rstd, a, b, self.weight, self.eps);
                 NormStats { mean: None, rstd }
             }
@@ -126,7 +126,7 @@ impl NormLayer<'_> {
     /// norm(inp) into a fresh workspace tensor, the statistics recomputed bitwise equal to
     /// the saved ones and dropped: the recompute of a dropped norm output.
     pub fn recompute(&self, dev: &dyn Device, inp: &Tensor) -> Tensor {
-        let mut out = dev.zeros_of(inp.dtype(), inp.shape(), Category::Workspace);
+        let mut out = dev.empty_of(inp.dtype(), inp.shape(), Category::Workspace);
         self.forward(dev, &mut out, inp, Category::Workspace);
         out
     }

@@ -99,7 +99,7 @@ pub fn classifier(
     tp: &mut TensorGroup,
 ) {
     let (n, v) = (targets.len(), weight.shape()[0]);
-    let mut logits = dev.zeros(&[n, v], Category::Workspace); // [N,V/t]
+    let mut logits = dev.empty(&[n, v], Category::Workspace); // [N,V/t]
     dev.matmul_forward(&mut logits, inp, weight, WeightLayout::OutIn, None);
     let mut host = dev.to_host(&logits);
     drop(logits);
