@@ -28,7 +28,7 @@
 //! backward runs on what forward kept (dropout masks, never stored, are regenerated from
 //! their key).
 
-use super::dropout_ctx::DropoutCtx;
+use super::dropout_ctx::{dropout_backward_or_keep, dropout_or_keep, DropoutCtx};
 use super::norm::{NormLayer, NormStats};
 use super::pair_mut;
 use super::weight_grads::{WeightGrad, WeightGrads};
@@ -77,28 +77,6 @@ pub struct Block<'a> {
     pub at: BlockIndices,
     /// This rank's part of the block's tensor-parallel layers.
     pub shard: Shard,
-}
-
-fn dropout_or_keep(dev: &dyn Device, t: Tensor, spec: Option<DropoutSpec>) -> Tensor {
-    match spec {
-        Some(spec) => {
-            let mut out = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
-            dev.dropout_forward(&mut out, &t, spec);
-            out
-        }
-        None => t,
-    }
-}
-
-fn dropout_backward_or_keep(dev: &dyn Device, d: Arc<Tensor>, spec: Option<DropoutSpec>) -> Arc<Tensor> {
-    match spec {
-        Some(spec) => {
-            let mut out = dev.empty_of(d.dtype(), d.shape(), Category::Workspace);
-            dev.dropout_backward(&mut out, &d, spec);
-            Arc::new(out)
-        }
-        None => d,
-    }
 }
 
 impl Block<'_> {

@@ -8,11 +8,12 @@
 //! is exact, so the sum is the whole lookup bit for bit. With sequence parallelism the sum
 //! is reduce-scattered into each rank's rows, and dropout runs on them.
 
-use super::dropout_ctx::DropoutCtx;
+use super::dropout_ctx::{dropout_backward_or_keep, dropout_or_keep, DropoutCtx};
 use crate::dist::TensorGroup;
 use crate::model::ModelShape;
 use crate::tensor_parallel::Shard;
 use kernels::{Category, Device, DropoutSite, Tensor};
+use std::sync::Arc;
 
 /// The token embedding as one rank holds it: its shard of the table's rows.
 pub struct TokenEmbedding<'a> {
@@ -45,14 +46,7 @@ pub fn forward(
             out
         }
     };
-    match stream_dropout(s, dropout, rows.start) {
-        Some(spec) => {
-            let mut dropped = dev.empty_of(out.dtype(), out.shape(), Category::Workspace);
-            dev.dropout_forward(&mut dropped, &out, spec);
-            dropped
-        }
-        None => out,
-    }
+    dropout_or_keep(dev, out, stream_dropout(s, dropout, rows.start))
 }
 
 /// dwte [V/t,C] += (this shard's rows) and, where the model learns positions, dwpe
@@ -70,16 +64,10 @@ pub fn backward(
     dropout: &DropoutCtx,
     tp: &mut TensorGroup,
 ) {
-    let dout = match stream_dropout(s, dropout, wte.shard.rows(s).start) {
-        Some(spec) => {
-            let mut d = dev.empty_of(dout.dtype(), dout.shape(), Category::Workspace);
-            dev.dropout_backward(&mut d, &dout, spec);
-            d
-        }
-        None => dout,
-    };
+    let dout =
+        dropout_backward_or_keep(dev, Arc::new(dout), stream_dropout(s, dropout, wte.shard.rows(s).start));
     let dout = match wte.shard.sequence {
-        true => tp.all_gather_parts(&dout, dev, &[s.micro_batch, s.seq_len, s.hidden]),
+        true => Arc::new(tp.all_gather_parts(&dout, dev, &[s.micro_batch, s.seq_len, s.hidden])),
         false => dout,
     };
     dev.embedding_backward(dwte, dwpe, &dout, &wte.shard.vocab_ids(s, tokens));
