@@ -86,6 +86,13 @@ fn unmap(m: Mapping) {
     unsafe { libc::munmap(m.base as *mut libc::c_void, m.span) };
 }
 
+/// Sets every usable byte of `m` to all ones: NaN in f32 and bf16.
+fn poison(m: &Mapping) {
+    // SAFETY: a mapping's `len` bytes at `addr` stay mapped and writable until `unmap`, which
+    // only a mapping out of the live set and the quarantine reaches.
+    unsafe { std::ptr::write_bytes(m.addr as *mut u8, 0xff, m.len) };
+}
+
 /// Allocates `len` bytes on GPU `device`, poisoned; None when they would pass its capacity.
 pub fn allocate(device: usize, len: usize) -> Option<u64> {
     let mut mem = memory();
@@ -94,8 +101,7 @@ pub fn allocate(device: usize, len: usize) -> Option<u64> {
         return None;
     }
     let mapping = map(len, device)?;
-    // SAFETY: `map` mapped `len` writable bytes at addr.
-    unsafe { std::ptr::write_bytes(mapping.addr as *mut u8, 0xff, len) };
+    poison(&mapping);
     *mem.used.entry(device).or_default() += len;
     mem.live.insert(mapping.addr, mapping);
     Some(mapping.addr as u64)
@@ -106,8 +112,7 @@ pub fn allocate(device: usize, len: usize) -> Option<u64> {
 pub fn free(addr: u64) -> bool {
     let mut mem = memory();
     let Some(m) = mem.live.remove(&(addr as usize)) else { return false };
-    // SAFETY: the allocation's bytes are mapped until it leaves the quarantine.
-    unsafe { std::ptr::write_bytes(m.addr as *mut u8, 0xff, m.len) };
+    poison(&m);
     *mem.used.entry(m.device).or_default() -= m.len;
     mem.quarantined += m.span;
     mem.quarantine.push_back(m);

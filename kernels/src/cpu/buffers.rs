@@ -26,7 +26,6 @@ impl BufferCache {
     /// where a zero or an old value could pass for a result.
     pub fn take(&self, len: usize, counters: &Counters) -> Vec<f32> {
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&len).and_then(Vec::pop);
-        #[allow(unused_mut)]
         let mut buffer = match reused {
             Some(v) => {
                 self.cached_bytes.fetch_sub(len * 4, Ordering::Relaxed);
@@ -37,8 +36,9 @@ impl BufferCache {
                 vec![0.0; len]
             }
         };
-        #[cfg(debug_assertions)]
-        buffer.fill(f32::NAN);
+        if cfg!(debug_assertions) {
+            buffer.fill(f32::NAN);
+        }
         buffer
     }
 

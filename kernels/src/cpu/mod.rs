@@ -117,8 +117,13 @@ impl CpuDevice {
     /// [`Device::counters`].
     fn workspace(&self, len: usize) -> Tensor {
         let mut t = self.empty(&[len], Category::Workspace);
-        self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
+        self.zero(&mut [&mut t]);
         t
+    }
+
+    /// Zeroes `tensors` on the pool, uncounted: the one body of every zeroing here.
+    fn zero(&self, tensors: &mut [&mut Tensor]) {
+        self.pool.install(|| tensors.iter_mut().for_each(|t| elementwise::fill_zero(t.cpu_mut())));
     }
 }
 
@@ -194,12 +199,12 @@ impl Device for CpuDevice {
 
     fn fill_zero(&self, t: &mut Tensor) {
         self.counters.zero_fill();
-        self.pool.install(|| elementwise::fill_zero(t.cpu_mut()));
+        self.zero(&mut [t]);
     }
 
     fn fill_zero_tensors(&self, tensors: &mut [&mut Tensor]) {
         self.counters.zero_fill();
-        self.pool.install(|| tensors.iter_mut().for_each(|t| elementwise::fill_zero(t.cpu_mut())));
+        self.zero(tensors);
     }
 
     fn readout(&self, len: usize) -> Readout {
