@@ -45,6 +45,7 @@ fn succeeded(child: std::process::Child) {
 /// Rank 1 ends only once rank 0 says so: a rank learns at once that a peer's process has
 /// ended, so rank 0 checks its communicator is still whole before that.
 fn two_process_steps(r: &Rank) {
+    const GO: u8 = 7;
     let send = Buffer::new(&[[1e8f32, 1.5], [1.0, 2.5]][r.rank]);
     let sum = Buffer::new(&[0f32; 2]);
     let out = Buffer::new(&[100 + r.rank as u64; 3]);
@@ -62,16 +63,16 @@ fn two_process_steps(r: &Rank) {
     assert_eq!(bits(&sum.read()), bits(&[1e8, 4.0]));
     assert_eq!(back.read(), vec![100 + peer as u64; 3]);
     assert_eq!(r.async_error(), ncclSuccess);
-    let go = Buffer::new(&[7u8]);
     if r.rank == 1 {
-        let heard = Buffer::new(&[0u8]);
+        let go = Buffer::new(&[0u8]);
         // SAFETY: live handles and one byte.
-        assert_eq!(unsafe { ncclRecv(heard.ptr(), 1, ncclUint8, 0, r.comm, r.s()) }, ncclSuccess);
+        assert_eq!(unsafe { ncclRecv(go.ptr(), 1, ncclUint8, 0, r.comm, r.s()) }, ncclSuccess);
         r.sync();
-        assert_eq!(heard.read(), go.read());
+        assert_eq!(go.read(), vec![GO]);
         // Ends without ncclCommDestroy or ncclCommAbort: to the hub, the connection breaks.
         std::process::exit(0);
     }
+    let go = Buffer::new(&[GO]);
     // In one group, so that both calls are made before rank 1 can hear it may end.
     // SAFETY: live handles and buffers of the counts given; rank 1 never sends to this receive.
     unsafe {
