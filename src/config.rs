@@ -11,6 +11,7 @@ mod aliases;
 mod data_path;
 mod named;
 mod offload_keys;
+mod origin;
 #[cfg(test)]
 mod reference_doc;
 mod refused;
@@ -22,6 +23,8 @@ pub use named::{
     DeviceKind, LrDecayStyle, Named, PositionEmbeddingType, Precision, RecomputeGranularity, RecomputeMethod,
     RecomputeModule,
 };
+use origin::Origin;
+pub use origin::Origins;
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
@@ -157,6 +160,9 @@ pub struct Config {
     /// The aliases the config was written with (not a key: set by [`load`]).
     #[serde(skip)]
     pub aliases: Vec<AliasUse>,
+    /// Where each key's value came from (not a key: set by [`load`]).
+    #[serde(skip)]
+    pub origins: Origins,
 }
 
 impl Default for Config {
@@ -226,22 +232,7 @@ impl Default for Config {
             load: None,
             distributed_timeout_minutes: 10.0,
             aliases: Vec::new(),
-        }
-    }
-}
-
-/// Where a key's value came from, for error messages.
-#[derive(Clone, Debug)]
-enum Origin {
-    File(PathBuf),
-    Flag(String),
-}
-
-impl Origin {
-    fn describe(&self, key: &str) -> String {
-        match self {
-            Origin::File(p) => format!("{}: key `{key}`", p.display()),
-            Origin::Flag(flag) => format!("command line: {flag}"),
+            origins: Origins::default(),
         }
     }
 }
@@ -303,18 +294,6 @@ pub fn flag_to_key(flag: &str) -> Option<String> {
 
 /// Config keys set on the command line: (flag as given, value).
 pub type Overrides = Vec<(String, String)>;
-
-/// Where `key`'s value came from, as the loader's own errors name it, for a check made
-/// after loading: ``command line: --flag value`` where a flag set it (the last such flag),
-/// else ``FILE: key `key` ``.
-pub fn origin_of(file: &Path, overrides: &[(String, String)], key: &str) -> String {
-    let flag = overrides.iter().rev().find(|(flag, _)| flag_to_key(flag).as_deref() == Some(key));
-    match flag {
-        Some((flag, raw)) => Origin::Flag(format!("{flag} {raw}")),
-        None => Origin::File(file.to_path_buf()),
-    }
-    .describe(key)
-}
 
 /// Splits command-line arguments into config overrides (`--kebab-key VALUE` for any config
 /// key) and the rest, which belong to the subcommand's own flags. A switch may stand alone:
@@ -430,15 +409,12 @@ fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
     }
     let config: Config = serde_norway::from_value(Value::Mapping(map))
         .map_err(|e| user_error(format!("config: {}", one_line(&e.to_string()))))?;
-    let origin_of = |key: &str| {
-        entries
-            .iter()
-            .rev()
-            .find(|e| e.key == key)
-            .map(|e| e.origin.describe(&e.written))
-            .unwrap_or_else(|| format!("{}: key `{key}` (unset)", path.display()))
-    };
-    config.validate().map_err(|(key, msg)| user_error(format!("{}: {msg}", origin_of(key))))?;
+    let mut origins = Origins::file(path);
+    for e in entries {
+        origins.set(&e.key, &e.origin, &e.written);
+    }
+    let config = Config { origins, ..config };
+    config.validate().map_err(|(key, msg)| config.key_error(key, msg))?;
     Ok(config)
 }
 
@@ -510,6 +486,21 @@ impl Precision {
 }
 
 impl Config {
+    /// A user mistake in `key` found after loading, in one line that names where its value
+    /// came from (the flag or the file) as the loader's own errors do.
+    pub fn key_error(&self, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
+        user_error(format!("{}: {msg}", self.origins.of(key)))
+    }
+
+    /// The key that asks for activation offload, which an error about what offload keeps
+    /// in host memory names.
+    pub fn offload_key(&self) -> &'static str {
+        match self.fine_grained_activation_offloading {
+            true => "fine_grained_activation_offloading",
+            false => "cpu_offloading_activations",
+        }
+    }
+
     /// The config as YAML in canonical keys, headed by a comment for each alias it was
     /// written with: what a run dir keeps.
     pub fn to_yaml(&self) -> anyhow::Result<String> {
@@ -903,6 +894,37 @@ mod tests {
         load_text(text, overrides).unwrap_err()
     }
 
+    /// The settings alone, however they were spelled and wherever they came from.
+    fn settings(cfg: Config) -> Config {
+        Config { aliases: vec![], origins: Origins::default(), ..cfg }
+    }
+
+    /// A check made after loading (the schedule's shape, the split of the layers, the MPI
+    /// world) names where the key's value came from as the loader does: the flag that set
+    /// it, else the file's line as written (an alias's name included), else the key unset.
+    #[test]
+    fn a_later_error_names_the_flag_or_the_file_that_set_the_key() {
+        let cfg = load_text(
+            "pipeline_model_parallel_size: 4\nrecompute_granularity: full\nrecompute_method: block\n\
+             checkpoint_num_layers: 2\npipeline_schedule: gpipe\n",
+            &[("--pipeline-schedule", "zb-v")],
+        )
+        .unwrap();
+        let line = |key| cfg.key_error(key, "why").to_string();
+        assert_eq!(line("pipeline_schedule"), "command line: --pipeline-schedule zb-v: why");
+        let file = cfg.origins.of("seed").replace(" key `seed` (unset)", "");
+        assert!(file.ends_with("c.yaml:"), "{file}");
+        assert_eq!(
+            line("pipeline_model_parallel_size"),
+            format!("{file} key `pipeline_model_parallel_size`: why")
+        );
+        assert_eq!(line("recompute_num_layers"), format!("{file} key `checkpoint_num_layers`: why"));
+        assert_eq!(line("seed"), format!("{file} key `seed` (unset): why"));
+        assert!(crate::error::is_user_error(&cfg.key_error("seed", "why")));
+        // A config built in code has no file to name.
+        assert_eq!(Config::default().key_error("seed", "why").to_string(), "key `seed`: why");
+    }
+
     #[test]
     fn megatrons_document_switches_are_refused_unless_false() {
         let why = "is not supported: a window that spans a document boundary trains as one sequence (set it \
@@ -912,7 +934,7 @@ mod tests {
             err_of("", &[("--reset-position-ids", "true")]),
             format!("command line: --reset-position-ids true: true {why}")
         );
-        assert_eq!(load_text("reset_attention_mask: false\n", &[]).unwrap(), Config::default());
+        assert_eq!(settings(load_text("reset_attention_mask: false\n", &[]).unwrap()), Config::default());
         let args = ["--reset-attention-mask", "--lr", "1"].map(String::from);
         let (overrides, rest) = split_overrides(&args).unwrap();
         assert_eq!(
@@ -935,7 +957,7 @@ mod tests {
         assert_eq!(cli.train_data_path, Some(DataPath::Shards(vec!["s_000.bin".into(), "s_001.bin".into()])));
         // What a run dir keeps loads back to the same config.
         let again = load_text(&cfg.to_yaml().unwrap(), &[]).unwrap();
-        assert_eq!(again, cfg);
+        assert_eq!(settings(again), settings(cfg));
         assert_eq!(
             err_of("train_data_path: [0.5, a, 0.5]\n", &[]),
             "c.yaml: key `train_data_path`: bad value - 0.5 - a - 0.5: a blend is [weight, prefix, weight, prefix, \
@@ -969,7 +991,7 @@ mod tests {
         for (aliased, overrides, canonical) in cases {
             let got = load_text(aliased, overrides).unwrap();
             assert!(!got.aliases.is_empty() || aliased.contains("false"), "{aliased}");
-            assert_eq!(Config { aliases: vec![], ..got }, load_text(&canonical, &[]).unwrap(), "{aliased}");
+            assert_eq!(settings(got), settings(load_text(&canonical, &[]).unwrap()), "{aliased}");
         }
         let c = load_text("checkpoint_activations: true\ncheckpoint_num_layers: 2\n", &[]).unwrap();
         let describe: Vec<String> = c.aliases.iter().map(AliasUse::describe).collect();

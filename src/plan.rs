@@ -15,7 +15,6 @@ use stages::{
     ActivationOffload, ChunkLayout, DropoutProbs, FullMethod, ModelChunk, ModelShape, OptimizerShard,
     Parameters, RecomputePolicy, SelectiveModules, Shard,
 };
-use std::path::Path;
 
 /// The model's shape for one microbatch: the config's architecture and sizes, and what the
 /// device it runs on keeps and stores.
@@ -184,52 +183,44 @@ pub fn in_global_order(mut tagged: Vec<((usize, usize), NamedTensor)>) -> Vec<Na
     tagged.into_iter().map(|(_, t)| t).collect()
 }
 
-fn key_error(path: &Path, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
-    user_error(format!("{}: key `{key}`: {msg}", path.display()))
-}
-
 /// The schedule `cfg` asks for, generated and lowered; an impossible shape is a user error
-/// naming `pipeline_schedule` (the config read from `path`).
-pub fn lowered_schedule(cfg: &Config, path: &Path) -> anyhow::Result<(ScheduleKind, LoweredSchedule)> {
+/// naming `pipeline_schedule`.
+pub fn lowered_schedule(cfg: &Config) -> anyhow::Result<(ScheduleKind, LoweredSchedule)> {
     let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
     let kind = cfg.pipeline_schedule;
-    let schedule = generate(kind, p, v, m).and_then(|s| lower(&s)).map_err(|e| {
-        key_error(
-            path,
-            "pipeline_schedule",
-            format!("{} with p={p}, v={v}, m={m}: {e}", cfg.pipeline_schedule),
-        )
-    })?;
+    let schedule = generate(kind, p, v, m)
+        .and_then(|s| lower(&s))
+        .map_err(|e| cfg.key_error("pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))?;
     Ok((kind, schedule))
 }
 
 /// What each virtual stage holds: `num_layers_per_stage` when given, else balanced by cost.
-pub fn chunk_layouts(cfg: &Config, path: &Path) -> anyhow::Result<Vec<ChunkLayout>> {
+pub fn chunk_layouts(cfg: &Config) -> anyhow::Result<Vec<ChunkLayout>> {
     let virtual_stages = cfg.pipeline_model_parallel_size * cfg.virtual_stages();
     let counts = match &cfg.num_layers_per_stage {
         Some(counts) => partition::explicit(cfg.num_layers, counts, virtual_stages)
-            .map_err(|e| key_error(path, "num_layers_per_stage", e))?,
+            .map_err(|e| cfg.key_error("num_layers_per_stage", e))?,
         None => partition::balanced(&shape(cfg), virtual_stages)
-            .map_err(|e| key_error(path, "pipeline_model_parallel_size", e))?,
+            .map_err(|e| cfg.key_error("pipeline_model_parallel_size", e))?,
     };
     Ok(partition::layouts(&counts))
 }
 
 /// The layouts of stage `stage`'s chunks, placed as the schedule's [`schedules::Shape`] says
 /// (interleaved: chunk c is virtual stage c*p + stage; V: stage and 2p-1-stage).
-pub fn stage_layouts(cfg: &Config, path: &Path, stage: usize) -> anyhow::Result<Vec<ChunkLayout>> {
-    let layouts = chunk_layouts(cfg, path)?;
-    let shape = schedule_shape(cfg, path)?;
+pub fn stage_layouts(cfg: &Config, stage: usize) -> anyhow::Result<Vec<ChunkLayout>> {
+    let layouts = chunk_layouts(cfg)?;
+    let shape = schedule_shape(cfg)?;
     Ok((0..shape.chunks).map(|c| layouts[shape.virtual_stage(stage, c)].clone()).collect())
 }
 
 /// The shape of the schedule `cfg` asks for; an impossible one is a user error naming
 /// `pipeline_schedule`.
-pub fn schedule_shape(cfg: &Config, path: &Path) -> anyhow::Result<schedules::Shape> {
+pub fn schedule_shape(cfg: &Config) -> anyhow::Result<schedules::Shape> {
     let (p, v, m) = (cfg.pipeline_model_parallel_size, cfg.virtual_stages(), cfg.num_microbatches());
     let kind = cfg.pipeline_schedule;
     kind.shape(p, v, m)
-        .map_err(|e| key_error(path, "pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))
+        .map_err(|e| cfg.key_error("pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))
 }
 
 /// One line for a stage: what it holds and how it recomputes.
@@ -283,7 +274,6 @@ pub struct ActivationPeaks {
 /// (`with_levers` false) to say what they saved.
 pub fn predicted_activation_peaks(
     cfg: &Config,
-    path: &Path,
     schedule: &LoweredSchedule,
     with_levers: bool,
 ) -> anyhow::Result<ActivationPeaks> {
@@ -296,7 +286,7 @@ pub fn predicted_activation_peaks(
             true => (recompute_policy(cfg, stage), activation_offload(cfg, stage)),
             false => (RecomputePolicy::None, ActivationOffload::NONE),
         };
-        for layout in stage_layouts(cfg, path, stage)? {
+        for layout in stage_layouts(cfg, stage)? {
             let tp = cfg.tensor_parallel();
             let stash = stages::memory_model::stash_bytes(&s, tp, &layout, &policy, &offload);
             let memory = ChunkMemory {

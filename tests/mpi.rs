@@ -329,7 +329,9 @@ fn a_world_that_p_does_not_divide_is_one_line_from_rank_0() {
     let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(ours.len(), 1, "{err}");
     assert!(
-        ours[0].ends_with("key `pipeline_model_parallel_size`: 2 does not divide the 3 ranks mpirun started"),
+        ours[0].ends_with(
+            "command line: --pipeline-model-parallel-size 2: 2 does not divide the 3 ranks mpirun started"
+        ),
         "{err}"
     );
     assert!(!dir.join("run").exists(), "nothing is written");

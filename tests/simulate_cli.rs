@@ -523,7 +523,7 @@ fn bad_input_is_one_line_and_exit_2() {
     let cases: [(&[&str], &str); 11] = [
         (
             &["--pipeline-schedule", "interleaved-1f1b", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size", "6"],
-            "c.yaml: key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number of microbatches (6) must be a multiple of pipeline_model_parallel_size (4)",
+            "command line: --pipeline-schedule interleaved-1f1b: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number of microbatches (6) must be a multiple of pipeline_model_parallel_size (4)",
         ),
         (
             &["--pipeline-schedule", "interleaved-1f1b", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size", "2"],
@@ -746,8 +746,8 @@ fn offload_moves_the_predicted_bytes_to_the_host_and_the_copy_shows_where_pcie_i
     }
     assert_user_error(
         &simulate(&cfg, &["--hardware", "h100-sxm,host-memory-gib=0.01", offload[0], offload[1], offload[2], offload[3]]),
-        "stage 0 would keep 54.56 MiB of offloaded activations in host memory, more than the 10.24 MiB per GPU of \
-         --hardware h100-sxm (its host-memory-gib)",
+        "error: command line: --fine-grained-activation-offloading true: stage 0 would keep 54.56 MiB of offloaded \
+         activations in host memory, more than the 10.24 MiB per GPU of --hardware h100-sxm (its host-memory-gib)",
     );
 }
 

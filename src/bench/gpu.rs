@@ -25,7 +25,6 @@ use crate::data::TokenData;
 use crate::error::NoDevice;
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, DType, Device};
-use std::path::Path;
 
 /// Training steps of the loss-curve comparisons.
 const CURVE_STEPS: usize = 20;
@@ -109,7 +108,7 @@ pub fn render(what: &str, device: &str, rows: &[Row]) -> String {
 
 pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
     let gpu = usable_gpu(Precision::Fp32).map_err(|e| NoDevice(format!("bench gpu: no usable GPU: {e}")))?;
-    let data = training_data(cfg, &args.config)?;
+    let data = training_data(cfg)?;
     let device = gpu.name();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!("bench gpu: {device}: every op against the CPU's");
@@ -132,24 +131,23 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
             verdict: Verdict::Skipped(why),
         }),
     }
-    let path = &args.config;
     let on = |device, precision| Config { device, precision, ..cfg.clone() };
     eprintln!("bench gpu: {CURVE_STEPS} steps on the CPU, then on the GPU in fp32 and in bf16");
-    let cpu = loss_curve(&on(DeviceKind::Cpu, Precision::Fp32), path, &data, CURVE_STEPS)?;
+    let cpu = loss_curve(&on(DeviceKind::Cpu, Precision::Fp32), &data, CURVE_STEPS)?;
     let (fp32, fp32_peaks) =
-        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Fp32), path, &data, CURVE_STEPS)?;
+        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Fp32), &data, CURVE_STEPS)?;
     let (bf16, bf16_peaks) =
-        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Bf16), path, &data, CURVE_STEPS)?;
+        loss_curve_and_peaks(&on(DeviceKind::Cuda, Precision::Bf16), &data, CURVE_STEPS)?;
     rows.push(curve_row("CUDA fp32 vs CPU loss", &fp32, &cpu, FP32_TOLERANCE));
     rows.push(curve_row("CUDA bf16 vs fp32 loss", &bf16, &fp32, BF16_TOLERANCE));
     for (precision, measured) in [(Precision::Fp32, &fp32_peaks), (Precision::Bf16, &bf16_peaks)] {
-        let predicted = crate::simulate::predicted_stage_peaks(&on(DeviceKind::Cuda, precision), path)?;
+        let predicted = crate::simulate::predicted_stage_peaks(&on(DeviceKind::Cuda, precision))?;
         rows.extend(memory_rows(precision.name(), measured, &predicted));
     }
     let shape = mfu::Shape::of(cfg);
     let peak = crate::simulate::gpu_peak_flops(&device, cfg.precision);
     eprintln!("bench gpu: MFU over {} steps, ours then PyTorch's", args.steps);
-    let ours = mfu::measure(&on(DeviceKind::Cuda, cfg.precision), path, &data, args.steps)?;
+    let ours = mfu::measure(&on(DeviceKind::Cuda, cfg.precision), &data, args.steps)?;
     if standin {
         rows.extend(mfu::standin_rows(ours));
     } else {
@@ -165,8 +163,8 @@ pub fn run(args: &BenchArgs, cfg: &Config) -> anyhow::Result<()> {
 /// alone, in seconds, where `bench gpu` takes minutes to reach it: so that two builds can
 /// be set against each other on one GPU in one session (scripts/gpu-session's anchor). One
 /// line and exit code 3 where no GPU stores activations in bf16.
-pub fn run_attention(cfg: &Config, origin: &str) -> anyhow::Result<()> {
-    let config_case = attention::Case::of(cfg, origin)?;
+pub fn run_attention(cfg: &Config) -> anyhow::Result<()> {
+    let config_case = attention::Case::of(cfg)?;
     let gpu =
         usable_gpu(Precision::Bf16).map_err(|e| NoDevice(format!("bench attention: no usable GPU: {e}")))?;
     let device = gpu.name();
@@ -191,19 +189,18 @@ fn usable_gpu(_: Precision) -> Result<Box<dyn Device>, String> {
 }
 
 /// The mean loss of each of `steps` training steps of `cfg` from its seed.
-pub fn loss_curve(cfg: &Config, path: &Path, data: &TokenData, steps: usize) -> anyhow::Result<Vec<f64>> {
-    Ok(loss_curve_and_peaks(cfg, path, data, steps)?.0)
+pub fn loss_curve(cfg: &Config, data: &TokenData, steps: usize) -> anyhow::Result<Vec<f64>> {
+    Ok(loss_curve_and_peaks(cfg, data, steps)?.0)
 }
 
 /// As [`loss_curve`], with each stage's whole peak as its ledger measured it.
 fn loss_curve_and_peaks(
     cfg: &Config,
-    path: &Path,
     data: &TokenData,
     steps: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<u64>)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), path, threads)?;
+    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), threads)?;
     let losses = (1..=steps).map(|step| run.step(data, step)).collect::<anyhow::Result<Vec<_>>>()?;
     let peaks = run.ranks.iter().map(|r| r.stage.device.ledger().snapshot().peak_bytes as u64).collect();
     Ok((losses, peaks))
@@ -308,8 +305,7 @@ mod tests {
     /// same losses to the bit, so a GPU's difference is the GPU's.
     #[test]
     fn a_loss_curve_is_the_same_bits_run_twice() {
-        let path = Path::new("tiny-for-bench.yaml");
-        let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
+        let data = TokenData::open_file(std::path::Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
         let cfg = Config {
             num_layers: 2,
             hidden_size: 32,
@@ -321,7 +317,7 @@ mod tests {
             pipeline_model_parallel_size: 2,
             ..Config::default()
         };
-        let (a, b) = (loss_curve(&cfg, path, &data, 3).unwrap(), loss_curve(&cfg, path, &data, 3).unwrap());
+        let (a, b) = (loss_curve(&cfg, &data, 3).unwrap(), loss_curve(&cfg, &data, 3).unwrap());
         assert_eq!(a.len(), 3);
         let uniform = (50257f64).ln();
         assert!(a.iter().all(|l| (l - uniform).abs() < 0.1), "untrained, near ln(50257): {a:?}");

@@ -21,7 +21,6 @@ use crate::train::summary::human_bytes;
 use kernels::Category;
 use stages::dist::{threads, Topology};
 use stages::OffloadModule;
-use std::path::Path;
 use std::time::Instant;
 
 struct Variant {
@@ -36,18 +35,17 @@ struct Variant {
 }
 
 impl Variant {
-    fn build(name: String, cfg: Config, path: &Path, threads: usize) -> anyhow::Result<Variant> {
-        let (_, schedule) = plan::lowered_schedule(&cfg, path)?;
+    fn build(name: String, cfg: Config, threads: usize) -> anyhow::Result<Variant> {
+        let (_, schedule) = plan::lowered_schedule(&cfg)?;
         let placement = schedule.schedule().shape().placement;
         let topology = Topology { tensor: 1, pipeline: cfg.pipeline_model_parallel_size, data: 1, placement };
-        let predicted = plan::predicted_activation_peaks(&cfg, path, &schedule, true)?;
+        let predicted = plan::predicted_activation_peaks(&cfg, &schedule, true)?;
         let ranks = threads::world(topology, schedule.required_capacity().get(), cfg.distributed_timeout())
             .into_iter()
             .enumerate()
             .map(|(id, (t, c))| {
                 Rank::build(
                     &cfg,
-                    path,
                     None,
                     Local { cpu_threads: threads / topology.pipeline, sole_rank: topology.pipeline == 1 },
                     id,
@@ -91,12 +89,10 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     let base = config::load(&args.config, overrides)?;
     match args.what.as_str() {
         "gpu" => return gpu::run(args, &base),
-        "attention" => {
-            return gpu::run_attention(&base, &config::origin_of(&args.config, overrides, "hidden_size"))
-        }
+        "attention" => return gpu::run_attention(&base),
         _ => {}
     }
-    let data = training_data(&base, &args.config)?;
+    let data = training_data(&base)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let configs = match args.what.as_str() {
         "recompute" => recompute_variants(&base),
@@ -114,7 +110,7 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
     };
     let mut variants = Vec::new();
     for (name, cfg) in configs {
-        variants.push(Variant::build(name, cfg, &args.config, threads)?);
+        variants.push(Variant::build(name, cfg, threads)?);
     }
     eprintln!("{} variants x ({} warm-up + {} timed) steps, round-robin", variants.len(), 1, args.steps);
     for round in 0..=args.steps {
@@ -137,10 +133,11 @@ pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<(
 }
 
 /// The config's training tokens, checked against its shape.
-fn training_data(cfg: &Config, path: &Path) -> anyhow::Result<TokenData> {
-    let data_path = cfg.train_data_path.clone().ok_or_else(|| {
-        user_error(format!("{}: key `train_data_path` is required for a benchmark", path.display()))
-    })?;
+fn training_data(cfg: &Config) -> anyhow::Result<TokenData> {
+    let data_path = cfg
+        .train_data_path
+        .clone()
+        .ok_or_else(|| cfg.key_error("train_data_path", "a benchmark needs one"))?;
     TokenData::open(&data_path, cfg.seq_length, cfg.vocab_size)
 }
 

@@ -425,10 +425,9 @@ mod tests {
     use super::*;
     use crate::config::{Config, Named};
     use crate::simulate::setup::tests::gpt2_small;
-    use std::path::Path;
 
     fn setup(cfg: Config) -> Setup {
-        Setup::new(&cfg, Path::new("c.yaml")).unwrap()
+        Setup::new(&cfg).unwrap()
     }
 
     fn h100() -> Hardware {

@@ -166,7 +166,7 @@ mod tests {
         events.push(event(1, "reduce", 1, 0, 1.5)); // stage 1 has no update: 1.5 ms
         write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
 
-        let setup = Setup::new(&gpt2_small(2, "zb-h1", 1, 3), Path::new("c.yaml")).unwrap();
+        let setup = Setup::new(&gpt2_small(2, "zb-h1", 1, 3)).unwrap();
         let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();
         let d = durations(&path, &setup, &hw).unwrap();
         assert_eq!(
@@ -177,7 +177,7 @@ mod tests {
         assert!((p2p - 0.375e-3).abs() < 1e-15, "{p2p}");
         assert_eq!(d.optimizer, [0.00575, 0.0015]);
 
-        let four = Setup::new(&gpt2_small(4, "1f1b", 1, 4), Path::new("c.yaml")).unwrap();
+        let four = Setup::new(&gpt2_small(4, "1f1b", 1, 4)).unwrap();
         let err = durations(&path, &four, &hw).unwrap_err().to_string();
         assert!(err.ends_with("step 1 has no forward events for stage 2 chunk 0"), "{err}");
     }

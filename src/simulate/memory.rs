@@ -179,7 +179,6 @@ mod tests {
     use crate::simulate::setup::tests::gpt2_small;
     use stages::saved::kept_bytes;
     use stages::TensorParallel;
-    use std::path::Path;
 
     /// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
     /// Models", section 4.1): a Megatron layer stores, at 16 bits with 1-byte dropout
@@ -285,7 +284,7 @@ mod tests {
     }
 
     fn setup(cfg: Config) -> Setup {
-        Setup::new(&cfg, Path::new("c.yaml")).unwrap()
+        Setup::new(&cfg).unwrap()
     }
 
     /// GPT-2 small at seq 1024 on one CUDA stage, micro batch 4 (configs/gpt2-124m.yaml).
@@ -306,9 +305,8 @@ mod tests {
     /// plus the copy.
     #[test]
     fn bf16_halves_what_a_stage_holds_but_the_statistics_and_adds_a_copy_of_the_parameters() {
-        let path = Path::new("c.yaml");
         let (fp32, bf16) = (setup(on_one_gpu("fp32")), setup(on_one_gpu("bf16")));
-        let peak = |cfg: &Config| predicted_stage_peaks(cfg, path).unwrap()[0];
+        let peak = |cfg: &Config| predicted_stage_peaks(cfg).unwrap()[0];
         let (peak32, peak16) = (peak(&fp32.cfg), peak(&bf16.cfg));
         let (static32, static16) = (stage_static_bytes(&fp32, 0), stage_static_bytes(&bf16, 0));
 

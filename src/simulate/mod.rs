@@ -30,7 +30,7 @@ use durations::GivenTimes;
 use hardware::Hardware;
 use report::Report;
 use setup::Setup;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -124,20 +124,22 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
 
 /// A stage whose offloaded activations need more host memory than the host holds per GPU is
 /// a user error, as no run of it could start.
-fn check_host_memory(path: &Path, sim: &schedules::SimReport, hw: &Hardware) -> anyhow::Result<()> {
+fn check_host_memory(cfg: &Config, sim: &schedules::SimReport, hw: &Hardware) -> anyhow::Result<()> {
     let peaks = sim.stages.iter().map(|s| s.peak_host);
     if let (Some(limit), Some((stage, peak))) =
         (hw.host_memory_bytes, peaks.enumerate().max_by_key(|&(_, b)| b))
     {
         if peak > limit {
-            return Err(user_error(format!(
-                "{}: stage {stage} would keep {} of offloaded activations in host memory, more than the {} per GPU \
-                 of --hardware {} (its host-memory-gib); offload fewer layers (offload_num_layers_per_stage)",
-                path.display(),
-                units::format_bytes(peak),
-                units::format_bytes(limit),
-                hw.name
-            )));
+            return Err(cfg.key_error(
+                cfg.offload_key(),
+                format!(
+                    "stage {stage} would keep {} of offloaded activations in host memory, more than the {} per \
+                     GPU of --hardware {} (its host-memory-gib); offload fewer layers (offload_num_layers_per_stage)",
+                    units::format_bytes(peak),
+                    units::format_bytes(limit),
+                    hw.name
+                ),
+            ));
         }
     }
     Ok(())
@@ -173,7 +175,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         } else {
             sweep::Search::Everything
         };
-        let outcomes = sweep::sweep(&layouts, &args.config, &hw, limit, search);
+        let outcomes = sweep::sweep(&layouts, &hw, limit, search);
         if args.plan {
             let plan = sweep::plan_yaml(&outcomes, &cfg, limit, RUNNERS_UP)
                 .ok_or_else(|| no_plan(&outcomes, limit))?;
@@ -190,7 +192,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         return Ok(());
     }
 
-    let setup = Setup::new(&cfg, &args.config)?;
+    let setup = Setup::new(&cfg)?;
     if args.print_schedule {
         print!("{}", setup.schedule()?);
         return Ok(());
@@ -203,7 +205,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
     };
     let sim = input::run(&setup, &durations)?;
     let memory_limit = explicit_limit.or(hw.memory_bytes);
-    check_host_memory(&args.config, &sim, &hw)?;
+    check_host_memory(&cfg, &sim, &hw)?;
     let report =
         Report { setup: &setup, hw: &hw, durations: &durations, sim: &sim, times_from, memory_limit };
     if let Some(path) = &args.trace {
@@ -224,8 +226,8 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
 /// Each stage's whole peak (static, activations, working and transfer bytes) for `cfg`'s
 /// schedule, every pass taking the same time and messages none: what the trainer's ledger
 /// must measure, from the same memory model `simulate` reports.
-pub fn predicted_stage_peaks(cfg: &Config, path: &Path) -> anyhow::Result<Vec<u64>> {
-    let setup = Setup::new(cfg, path)?;
+pub fn predicted_stage_peaks(cfg: &Config) -> anyhow::Result<Vec<u64>> {
+    let setup = Setup::new(cfg)?;
     let unit = durations::OpTimes { forward: 1.0, backward_input: 1.0, backward_weight: 1.0, recompute: 0.0 };
     let durations = durations::Durations {
         chunks: vec![unit; setup.p * setup.v],

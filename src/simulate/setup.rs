@@ -7,7 +7,6 @@ use crate::plan;
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
 use stages::tensor_parallel::Split;
 use stages::{Activation, ActivationOffload, ChunkLayout, ModelShape, RecomputePolicy, TensorParallel};
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 pub struct Setup {
@@ -34,18 +33,18 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The simulation of `cfg` (validated, read from `path`). Impossible shapes are user
-    /// errors naming the key, as the trainer names them.
-    pub fn new(cfg: &Config, path: &Path) -> anyhow::Result<Setup> {
-        let (kind, schedule) = plan::lowered_schedule(cfg, path)?;
-        let setup = Self::unlowered(cfg, path, kind)?;
+    /// The simulation of `cfg` (validated). Impossible shapes are user errors naming the
+    /// key, as the trainer names them.
+    pub fn new(cfg: &Config) -> anyhow::Result<Setup> {
+        let (kind, schedule) = plan::lowered_schedule(cfg)?;
+        let setup = Self::unlowered(cfg, kind)?;
         setup.schedule.get_or_init(|| Ok(schedule));
         Ok(setup)
     }
 
     /// As [`Setup::new`], the schedule `kind` lowered only when first simulated.
-    pub fn unlowered(cfg: &Config, path: &Path, kind: ScheduleKind) -> anyhow::Result<Setup> {
-        Ok(Self::with_layouts(cfg, kind, plan::chunk_layouts(cfg, path)?))
+    pub fn unlowered(cfg: &Config, kind: ScheduleKind) -> anyhow::Result<Setup> {
+        Ok(Self::with_layouts(cfg, kind, plan::chunk_layouts(cfg)?))
     }
 
     /// As [`Setup::unlowered`] with the split already made (`plan::chunk_layouts` of `cfg`:
@@ -193,11 +192,11 @@ pub(crate) mod tests {
 
     #[test]
     fn splits_as_the_trainer_and_names_the_layers() {
-        let s = Setup::new(&gpt2_small(4, "1f1b", 1, 8), Path::new("c.yaml")).unwrap();
+        let s = Setup::new(&gpt2_small(4, "1f1b", 1, 8)).unwrap();
         assert_eq!((s.p, s.v, s.m), (4, 1, 8));
         let names: Vec<String> = (0..4).map(|r| s.stage_layers(r)).collect();
         assert_eq!(names, ["h.0-h.3 + embedding", "h.4-h.7", "h.8-h.11", "head"]);
-        let s = Setup::new(&gpt2_small(2, "interleaved-1f1b", 2, 4), Path::new("c.yaml")).unwrap();
+        let s = Setup::new(&gpt2_small(2, "interleaved-1f1b", 2, 4)).unwrap();
         assert_eq!(s.stage_layers(0), "h.0-h.3 + embedding, h.8-h.11");
         assert_eq!(s.stage_layers(1), "h.4-h.7, head");
     }
@@ -206,7 +205,7 @@ pub(crate) mod tests {
     fn a_v_holds_the_embedding_and_the_head_on_stage_0_with_nothing_to_exchange() {
         // 12 blocks over 4 virtual stages: stage 0 holds virtual stages 0 and 3, stage 1
         // virtual stages 1 and 2.
-        let s = Setup::new(&gpt2_small(2, "zb-v", 1, 4), Path::new("c.yaml")).unwrap();
+        let s = Setup::new(&gpt2_small(2, "zb-v", 1, 4)).unwrap();
         assert_eq!((s.p, s.v), (2, 2));
         assert!(s.layout(0, 0).embedding && s.layout(0, 1).head);
         assert_eq!(s.layout(1, 0).blocks, s.layouts[1].blocks);
@@ -216,20 +215,20 @@ pub(crate) mod tests {
 
     #[test]
     fn impossible_shapes_name_the_key() {
-        let err = |cfg: Config| Setup::new(&cfg, Path::new("c.yaml")).err().unwrap().to_string();
+        let err = |cfg: Config| Setup::new(&cfg).err().unwrap().to_string();
         assert_eq!(
             err(gpt2_small(4, "interleaved-1f1b", 2, 6)),
-            "c.yaml: key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number \
+            "key `pipeline_schedule`: interleaved-1f1b with p=4, v=2, m=6: interleaved-1f1b: the number \
              of microbatches (6) must be a multiple of pipeline_model_parallel_size (4), as in Megatron-LM: \
              microbatches go through the model chunks in groups of 4"
         );
         assert_eq!(
             err(Config { num_layers: 3, ..gpt2_small(8, "1f1b", 1, 8) }),
-            "c.yaml: key `pipeline_model_parallel_size`: cannot split 3 layers over 8 pipeline stages (chunks)"
+            "key `pipeline_model_parallel_size`: cannot split 3 layers over 8 pipeline stages (chunks)"
         );
         assert_eq!(
             err(Config { num_layers_per_stage: Some(vec![6, 5]), ..gpt2_small(2, "1f1b", 1, 8) }),
-            "c.yaml: key `num_layers_per_stage`: [6, 5] sums to 11, num_layers is 12"
+            "key `num_layers_per_stage`: [6, 5] sums to 11, num_layers is 12"
         );
     }
 }

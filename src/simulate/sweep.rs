@@ -36,7 +36,6 @@ use schedules::{Placement, ScheduleKind};
 use serde_json::{json, Value};
 use stages::ChunkLayout;
 use std::collections::HashMap;
-use std::path::Path;
 
 /// One simulated candidate.
 #[derive(Clone, Debug)]
@@ -146,13 +145,7 @@ fn shapes(base: &Config) -> Vec<(ScheduleKind, usize, usize)> {
 }
 
 /// Simulates the candidates of every layout in `bases` on `hw`; sorted fastest first.
-pub fn sweep(
-    bases: &[Config],
-    path: &Path,
-    hw: &Hardware,
-    limit: Option<u64>,
-    search: Search,
-) -> Vec<Outcome> {
+pub fn sweep(bases: &[Config], hw: &Hardware, limit: Option<u64>, search: Search) -> Vec<Outcome> {
     let bases = with_and_without_the_distributed_optimizer(bases);
     let bases = &bases[..];
     let shapes: Vec<(usize, (ScheduleKind, usize, usize))> =
@@ -166,9 +159,7 @@ pub fn sweep(
     }
     let splits: HashMap<(usize, Placement, usize), Split> = split_kinds
         .into_par_iter()
-        .filter_map(|((i, placement, v), kind)| {
-            Some(((i, placement, v), Split::new(&bases[i], path, kind, v)?))
-        })
+        .filter_map(|((i, placement, v), kind)| Some(((i, placement, v), Split::new(&bases[i], kind, v)?)))
         .collect();
     let planning = matches!(search, Search::Plan { .. });
     let mut shapes: Vec<Shape> = shapes
@@ -260,10 +251,10 @@ struct Split {
 impl Split {
     /// The split for `kind`'s placement of v chunks per stage; its static bytes are those
     /// `simulate` reports for every schedule of that placement.
-    fn new(base: &Config, path: &Path, kind: ScheduleKind, v: usize) -> Option<Split> {
+    fn new(base: &Config, kind: ScheduleKind, v: usize) -> Option<Split> {
         let mut cfg = base.clone();
         shape_config(&mut cfg, base, kind, v, base.micro_batch_size);
-        let layouts = crate::plan::chunk_layouts(&cfg, path).ok()?;
+        let layouts = crate::plan::chunk_layouts(&cfg).ok()?;
         let setup = Setup::with_layouts(&cfg, kind, layouts);
         let static_floor = (0..setup.p).map(|r| stage_static_bytes(&setup, r)).max()?;
         Some(Split { layouts: setup.layouts, static_floor })
@@ -763,7 +754,7 @@ mod tests {
         // Stage 0 holds 4 microbatches of h.0-h.3 (about 1.6 GiB of activations without
         // recompute), stage 2 holds 2 of h.8-h.11: a 1.5 GiB limit needs recompute early only.
         let limit = 3 << 29;
-        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
+        let split = Split::new(&base, ScheduleKind::OneFOneB, 1).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let per_stage = outcomes.iter().find(|o| matches!(o.lever, Lever::BlockPerStage(_))).unwrap();
@@ -792,7 +783,7 @@ mod tests {
         let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();
         let base = gpt2_small(4, "1f1b", 1, 8);
         let limit = 3 << 29;
-        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::OneFOneB, 1).unwrap();
+        let split = Split::new(&base, ScheduleKind::OneFOneB, 1).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::OneFOneB, 1, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let is_mix = |o: &&Outcome| matches!(&o.lever, Lever::Offload { set: OffloadSet::Every, layers: ns } if ns.iter().any(|&n| n != ns[0]));
@@ -836,7 +827,7 @@ mod tests {
             ..gpt2_small(4, "1f1b", 1, 8)
         };
         let limit = 9 << 28;
-        let split = Split::new(&base, Path::new("c.yaml"), ScheduleKind::DualPipeV, 2).unwrap();
+        let split = Split::new(&base, ScheduleKind::DualPipeV, 2).unwrap();
         let shape = Shape::new(&base, &split.layouts, &hw, ScheduleKind::DualPipeV, 2, 1).unwrap();
         let outcomes = shape_outcomes(&shape, &hw, Some(limit), Search::Everything);
         let per_stage = outcomes.iter().find(|o| matches!(o.lever, Lever::BlockPerStage(_))).unwrap();
@@ -857,10 +848,9 @@ mod tests {
     /// memory `simulate` reports for that schedule, not the interleaved placement's.
     #[test]
     fn a_v_split_floors_at_stage_0_holding_both_ends() {
-        let path = Path::new("c.yaml");
         let base = gpt2_small(2, "1f1b", 1, 8);
-        let v_split = Split::new(&base, path, ScheduleKind::ZeroBubbleV, 2).unwrap();
-        let interleaved = Split::new(&base, path, ScheduleKind::Interleaved1F1B, 2).unwrap();
+        let v_split = Split::new(&base, ScheduleKind::ZeroBubbleV, 2).unwrap();
+        let interleaved = Split::new(&base, ScheduleKind::Interleaved1F1B, 2).unwrap();
         let blocks: Vec<usize> = v_split.layouts.iter().map(|l| l.blocks.len()).collect();
         // The head (a [C, V] matmul and the loss) weighs as much as 4 blocks: a chunk alone.
         assert_eq!(blocks, [4, 4, 4, 0]);
@@ -881,7 +871,7 @@ mod tests {
         assert!(interleaved.static_floor < v_split.static_floor);
 
         for kind in ["zb-v", "dualpipe-v"] {
-            let simulated = Setup::new(&gpt2_small(2, kind, 1, 8), path).unwrap();
+            let simulated = Setup::new(&gpt2_small(2, kind, 1, 8)).unwrap();
             let reported: Vec<u64> = (0..2).map(|r| stage_static_bytes(&simulated, r)).collect();
             assert_eq!(reported, v_stages, "{kind}");
         }
@@ -895,11 +885,11 @@ mod tests {
     fn the_plan_is_a_v_and_its_lines_simulate_to_its_figures() {
         let dir = std::env::temp_dir().join(format!("pipetrain-plan-v-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/gpt3-175b.yaml");
+        let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/gpt3-175b.yaml");
         let base = crate::config::load(&config, &[]).unwrap();
         let hw = Hardware::lookup("a100-80gb", base.precision).unwrap();
         let limit = hw.memory_bytes;
-        let outcomes = sweep(std::slice::from_ref(&base), &config, &hw, limit, Search::Plan { fitting: 6 });
+        let outcomes = sweep(std::slice::from_ref(&base), &hw, limit, Search::Plan { fitting: 6 });
         let best = outcomes.iter().find(|o| o.fits).unwrap();
         assert_eq!(
             (best.kind, best.micro_batch_size, &best.lever),
@@ -919,7 +909,7 @@ mod tests {
 
         // What `simulate --config planned.yaml` runs.
         let cfg = crate::config::load(&applied, &[]).unwrap();
-        let setup = Setup::new(&cfg, &applied).unwrap();
+        let setup = Setup::new(&cfg).unwrap();
         let sim = input::run(&setup, &from_hardware(&setup, &hw)).unwrap();
         let peaks: Vec<u64> = sim.stages.iter().map(|s| s.peak_memory).collect();
         assert_eq!(setup.kind, ScheduleKind::DualPipeV);

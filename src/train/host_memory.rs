@@ -9,15 +9,14 @@
 use super::summary::human_bytes;
 use crate::config::Config;
 use crate::plan;
-use std::path::Path;
 
 /// The offloaded bytes this process's ranks would keep at their peaks, if more than the
 /// host has available: (those bytes, what is available).
-pub fn shortfall(cfg: &Config, path: &Path, one_rank: bool) -> anyhow::Result<Option<(u64, u64)>> {
+pub fn shortfall(cfg: &Config, one_rank: bool) -> anyhow::Result<Option<(u64, u64)>> {
     let offloads = cfg.fine_grained_activation_offloading || cfg.cpu_offloading_activations;
     let Some(available) = offloads.then(available_bytes).flatten() else { return Ok(None) };
-    let (_, schedule) = plan::lowered_schedule(cfg, path)?;
-    let peaks = plan::predicted_activation_peaks(cfg, path, &schedule, true)?.host;
+    let (_, schedule) = plan::lowered_schedule(cfg)?;
+    let peaks = plan::predicted_activation_peaks(cfg, &schedule, true)?.host;
     let ranks_per_stage = (cfg.tensor_model_parallel_size * cfg.data_parallel()) as u64;
     let needed = match one_rank {
         true => peaks.iter().copied().max().unwrap_or(0),
@@ -26,10 +25,10 @@ pub fn shortfall(cfg: &Config, path: &Path, one_rank: bool) -> anyhow::Result<Op
     Ok((needed > available).then_some((needed, available)))
 }
 
-/// The error line for a [`shortfall`], on the key that asked for the offload.
-pub fn message(origin: &str, (needed, available): (u64, u64)) -> String {
+/// What is wrong with a [`shortfall`], for an error on the key that asked for the offload.
+pub fn message((needed, available): (u64, u64)) -> String {
     format!(
-        "{origin}: the offloaded activations would take {} of host memory at their peak, more than the {} \
+        "the offloaded activations would take {} of host memory at their peak, more than the {} \
          this host has available (MemAvailable); offload fewer layers (offload_num_layers_per_stage) or modules",
         human_bytes(needed as usize),
         human_bytes(available as usize)

@@ -91,7 +91,7 @@ pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
 /// report their ends: a rank that timed out waiting on a peer ends the run with that error
 /// while the peer may still hang (the process's exit ends it).
 fn in_threads(args: &TrainArgs, cfg: &Config) -> anyhow::Result<()> {
-    let (_, schedule) = plan::lowered_schedule(cfg, &args.config)?;
+    let (_, schedule) = plan::lowered_schedule(cfg)?;
     let topology = Topology {
         tensor: cfg.tensor_model_parallel_size,
         pipeline: cfg.pipeline_model_parallel_size,
@@ -220,7 +220,7 @@ fn processes(args: &TrainArgs, mut cfg: Config, _announced: usize) -> anyhow::Re
     use stages::dist::mpi::MpiWorld;
     let mpi = MpiWorld::init().map_err(|e| anyhow::anyhow!("MPI: {e}"))?;
     let (id, world) = (mpi.rank(), mpi.size());
-    let result = agree_on_config(args, &mut cfg, &mpi, world).and_then(|topology| {
+    let result = agree_on_config(&mut cfg, &mpi, world).and_then(|topology| {
         let (transport, collective) = endpoints(&cfg, &mpi, topology)?;
         let setup = RankSetup {
             id,
@@ -289,12 +289,10 @@ fn endpoints(
 /// the same config; a mistake here every rank sees alike, so none aborts.
 #[cfg(feature = "mpi")]
 fn agree_on_config(
-    args: &TrainArgs,
     cfg: &mut Config,
     mpi: &stages::dist::mpi::MpiWorld,
     world: usize,
 ) -> anyhow::Result<Topology> {
-    let path = args.config.display();
     let (t, p) = (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
     if !world.is_multiple_of(t * p) {
         let (key, what) = match t {
@@ -303,18 +301,17 @@ fn agree_on_config(
                 ("tensor_model_parallel_size", format!("{t} x pipeline_model_parallel_size {p} = {}", t * p))
             }
         };
-        return Err(user_error(format!(
-            "{path}: key `{key}`: {what} does not divide the {world} ranks mpirun started"
-        )));
+        return Err(cfg.key_error(key, format!("{what} does not divide the {world} ranks mpirun started")));
     }
     let dp = world / (t * p);
     if let Some(given) = cfg.data_parallel_size.filter(|&d| d != dp) {
-        return Err(user_error(format!(
-            "{path}: key `data_parallel_size`: {given}, but {world} ranks / (tensor_model_parallel_size {t} x pipeline_model_parallel_size {p}) = {dp}"
-        )));
+        return Err(cfg.key_error(
+            "data_parallel_size",
+            format!("{given}, but {world} ranks / (tensor_model_parallel_size {t} x pipeline_model_parallel_size {p}) = {dp}"),
+        ));
     }
     cfg.data_parallel_size = Some(dp);
-    cfg.validate().map_err(|(key, msg)| user_error(format!("{path}: key `{key}`: {msg}")))?;
+    cfg.validate().map_err(|(key, msg)| cfg.key_error(key, msg))?;
     let mine = serde_norway::to_string(&*cfg)?;
     let probe =
         Topology { tensor: 1, pipeline: 1, data: world, placement: schedules::Placement::Interleaved };
@@ -327,6 +324,6 @@ fn agree_on_config(
             "rank {other} read a config that differs from rank 0's: {differing}"
         )));
     }
-    let placement = plan::schedule_shape(cfg, &args.config)?.placement;
+    let placement = plan::schedule_shape(cfg)?.placement;
     Ok(Topology { tensor: t, pipeline: p, data: dp, placement })
 }

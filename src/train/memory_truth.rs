@@ -32,7 +32,6 @@ fn whole_stage_peaks_are_predicted_within_two_percent_at_gpt2_small_width() {
 }
 
 fn peaks_are_predicted(family: &Config) {
-    let path = Path::new("gpt2-small-width.yaml");
     let data = TokenData::open_file(Path::new("data/corpus/train.bin"), 1, 50257).unwrap();
     // (schedule, p, t, sequence parallelism, distributed saves)
     let cases = [
@@ -63,14 +62,14 @@ fn peaks_are_predicted(family: &Config) {
             distribute_saved_activations: distributed,
             ..family.clone()
         };
-        let mut ranks = Rank::all_in_threads(&cfg, path);
+        let mut ranks = Rank::all_in_threads(&cfg);
         std::thread::scope(|s| {
             for r in &mut ranks {
                 let (cfg, data) = (&cfg, &data);
                 s.spawn(move || r.train_step(cfg, data, 1, 1e-4, None).unwrap());
             }
         });
-        let predicted = crate::simulate::predicted_stage_peaks(&cfg, path).unwrap();
+        let predicted = crate::simulate::predicted_stage_peaks(&cfg).unwrap();
         for (r, rank) in ranks.iter().enumerate() {
             let measured = rank.stage.device.ledger().snapshot().peak_bytes as f64;
             let stage = rank.stage_index();

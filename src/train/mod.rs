@@ -24,27 +24,21 @@ pub use report::mean_loss;
 
 use crate::cli::TrainArgs;
 use crate::config;
-use crate::error::user_error;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
-    let origin = |key| config::origin_of(&args.config, overrides, key);
-    tensor_parallel_runs(&cfg)
-        .map_err(|(key, msg)| launch::quiet_unless_root(user_error(format!("{}: {msg}", origin(key)))))?;
+    tensor_parallel_runs(&cfg).map_err(|(key, msg)| launch::quiet_unless_root(cfg.key_error(key, msg)))?;
     // bf16 activations have only the tensor-core attention kernels.
     if cfg.device == config::DeviceKind::Cuda && cfg.precision == config::Precision::Bf16 {
         if let Err(need) = cfg.tensor_core_head_size() {
-            let why = format!("{}: bf16 on cuda needs {need}", origin("precision"));
-            return Err(launch::quiet_unless_root(user_error(why)));
+            return Err(launch::quiet_unless_root(
+                cfg.key_error("precision", format!("bf16 on cuda needs {need}")),
+            ));
         }
     }
     let one_rank = launch::launched().is_some_and(|(world, _)| world > 1);
-    if let Some(short) = host_memory::shortfall(&cfg, &args.config, one_rank)? {
-        let key = match cfg.fine_grained_activation_offloading {
-            true => "fine_grained_activation_offloading",
-            false => "cpu_offloading_activations",
-        };
-        return Err(launch::quiet_unless_root(user_error(host_memory::message(&origin(key), short))));
+    if let Some(short) = host_memory::shortfall(&cfg, one_rank)? {
+        return Err(launch::quiet_unless_root(cfg.key_error(cfg.offload_key(), host_memory::message(short))));
     }
     launch::run(args, cfg)
 }

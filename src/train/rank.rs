@@ -16,7 +16,6 @@ use stages::dist::{Collective, Group, Reader, Topology, Transport, Writer};
 use stages::runtime::{forward_only, run_stage, Fault, FaultInjection, MicrobatchData, StepInputs};
 use stages::stage::{clip_factor, global_grad_norm, Stage};
 use stages::{Mode, Shard, TensorGroup};
-use std::path::Path;
 use std::sync::Arc;
 
 pub struct Rank {
@@ -57,10 +56,8 @@ impl Rank {
     /// Builds this rank's stage from `weights` (the tensors its chunks need; None
     /// initialises them from the seed) with a CPU device of its share of the cores, or the
     /// GPU.
-    #[allow(clippy::too_many_arguments)]
     pub fn build(
         cfg: &Config,
-        cfg_path: &Path,
         weights: Option<&[NamedTensor]>,
         local: Local,
         id: usize,
@@ -69,9 +66,9 @@ impl Rank {
         collective: Box<dyn Collective>,
     ) -> anyhow::Result<Rank> {
         let stage_index = topology.stage_of(id);
-        let (_, schedule) = plan::lowered_schedule(cfg, cfg_path)?;
-        let layouts = plan::stage_layouts(cfg, cfg_path, stage_index)?;
-        let device = stage_device(cfg, cfg_path, local)?;
+        let (_, schedule) = plan::lowered_schedule(cfg)?;
+        let layouts = plan::stage_layouts(cfg, stage_index)?;
+        let device = stage_device(cfg, local)?;
         // The memory model counts activations in the shape's dtype: it must be what the
         // device stores, or every prediction of this run is off.
         assert_eq!(plan::shape(cfg).activations, device.activation_dtype(), "{}", device.name());
@@ -103,8 +100,8 @@ impl Rank {
     /// as threads of this process, built from the seed with one CPU thread each: for tests
     /// that drive the steps themselves.
     #[cfg(test)]
-    pub fn all_in_threads(cfg: &Config, cfg_path: &Path) -> Vec<Rank> {
-        let schedule = plan::lowered_schedule(cfg, cfg_path).unwrap().1;
+    pub fn all_in_threads(cfg: &Config) -> Vec<Rank> {
+        let schedule = plan::lowered_schedule(cfg).unwrap().1;
         let placement = schedule.schedule().shape().placement;
         let (tensor, pipeline) = (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size);
         let topology = Topology { tensor, pipeline, data: 1, placement };
@@ -113,7 +110,7 @@ impl Rank {
             .into_iter()
             .enumerate()
             .map(|(id, (t, c))| {
-                Rank::build(cfg, cfg_path, None, local, id, topology, Box::new(t), Box::new(c)).unwrap()
+                Rank::build(cfg, None, local, id, topology, Box::new(t), Box::new(c)).unwrap()
             })
             .collect()
     }
@@ -448,9 +445,9 @@ pub enum Held {
 }
 
 /// A stage's device: a CPU with its share of the cores, or the GPU.
-fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<Arc<dyn Device>> {
+fn stage_device(cfg: &Config, local: Local) -> anyhow::Result<Arc<dyn Device>> {
     match cfg.device {
-        DeviceKind::Cuda => cuda_device(cfg, cfg_path, local.sole_rank),
+        DeviceKind::Cuda => cuda_device(cfg, local.sole_rank),
         DeviceKind::Cpu => Ok(Arc::new(CpuDevice::new(local.cpu_threads.max(1)))),
     }
 }
@@ -460,10 +457,9 @@ fn stage_device(cfg: &Config, cfg_path: &Path, local: Local) -> anyhow::Result<A
 /// matmuls on bf16 operands with fp32 accumulation and master weights; `bias_gelu_fusion`
 /// says whether matmuls fold in the bias and GELU's backward.
 #[cfg(feature = "cuda")]
-fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
+fn cuda_device(cfg: &Config, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
     use kernels::cuda::CudaDevice;
-    let device_error =
-        |e: String| crate::error::user_error(format!("{}: key `device`: cuda: {e}", cfg_path.display()));
+    let device_error = |e: String| cfg.key_error("device", format!("cuda: {e}"));
     let ordinal = super::launch::local_gpu();
     let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
     let device = device.map_err(device_error)?;
@@ -472,9 +468,6 @@ fn cuda_device(cfg: &Config, cfg_path: &Path, sole_rank: bool) -> anyhow::Result
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_device(_cfg: &Config, cfg_path: &Path, _sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
-    Err(crate::error::user_error(format!(
-        "{}: key `device`: cuda needs a build with `--features cuda`; use device: cpu",
-        cfg_path.display()
-    )))
+fn cuda_device(cfg: &Config, _sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
+    Err(cfg.key_error("device", "cuda needs a build with `--features cuda`; use device: cpu"))
 }

@@ -9,7 +9,6 @@ use crate::config::Config;
 use crate::plan;
 use stages::dist::{decode_tensors, encode_tensors, DistError, Reader, Topology, Writer};
 use stages::params::chunk_param_specs;
-use std::path::Path;
 
 /// What rank 0 hands a rank at the start.
 pub struct RankStart {
@@ -24,7 +23,6 @@ pub struct RankStart {
 /// Rank 0's parts, one per rank: each rank's share of `weights` and `optimizer`.
 pub fn start_parts(
     cfg: &Config,
-    path: &Path,
     topology: Topology,
     step: usize,
     weights: Option<&[NamedTensor]>,
@@ -33,7 +31,7 @@ pub fn start_parts(
     let shape = plan::shape(cfg);
     let mut per_stage = Vec::with_capacity(topology.pipeline);
     for stage in 0..topology.pipeline {
-        let names: Vec<String> = plan::stage_layouts(cfg, path, stage)?
+        let names: Vec<String> = plan::stage_layouts(cfg, stage)?
             .iter()
             .flat_map(|l| chunk_param_specs(&shape, l))
             .flat_map(|spec| spec.hf.into_iter().map(|part| part.name))

@@ -12,7 +12,6 @@ use super::rank::Rank;
 use crate::config::{Config, Named};
 use crate::data::TokenData;
 use kernels::DeviceCounters;
-use std::path::Path;
 
 /// A vocabulary of 96: the counts do not depend on its size, and on the CUDA stand-in a
 /// GPT-2 vocabulary's classifier and embedding gradient would take most of the test's minutes
@@ -37,7 +36,6 @@ fn counts_after_the_first_step(
     recompute: &str,
     steps: usize,
 ) -> Vec<DeviceCounters> {
-    let path = Path::new("sync-count.yaml");
     let data = small_vocabulary_tokens(&format!("sync-count-{device}-{precision}"));
     let cfg = Config {
         num_layers: 4,
@@ -58,7 +56,7 @@ fn counts_after_the_first_step(
         precision: Named::parse(precision).unwrap(),
         ..Config::default()
     };
-    let mut ranks = Rank::all_in_threads(&cfg, path);
+    let mut ranks = Rank::all_in_threads(&cfg);
     let run = |ranks: &mut [Rank], step: usize| {
         std::thread::scope(|s| {
             for r in ranks.iter_mut() {

@@ -38,13 +38,12 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let root = id == 0;
     if root && cfg.use_distributed_optimizer && topology.data == 1 {
         eprintln!(
-            "note: {}: key `use_distributed_optimizer`: true with one data-parallel replica shards nothing; the optimizer runs unsharded",
-            args.config.display()
+            "note: {}: with one data-parallel replica it shards nothing; the optimizer runs unsharded",
+            cfg.origins.of("use_distributed_optimizer")
         );
     }
-    let train_path = cfg.train_data_path.as_ref().ok_or_else(|| {
-        user_error(format!("{}: key `train_data_path` is required for training", args.config.display()))
-    })?;
+    let train_path =
+        cfg.train_data_path.as_ref().ok_or_else(|| cfg.key_error("train_data_path", "training needs one"))?;
     let train_data = TokenData::open(train_path, cfg.seq_length, cfg.vocab_size)?;
     let valid_data = cfg
         .valid_data_path
@@ -62,8 +61,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         false => (None, None, None),
     };
     let start = shards::decode_start(&collective.scatter(parts)?)?;
-    let mut rank =
-        Rank::build(cfg, &args.config, start.weights.as_deref(), local, id, topology, transport, collective)?;
+    let mut rank = Rank::build(cfg, start.weights.as_deref(), local, id, topology, transport, collective)?;
     if let Some(opt) = &start.optimizer {
         rank.restore_optimizer(opt)?;
     }
@@ -196,7 +194,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let summaries = summaries.iter().map(|b| RankSummary::decode(b)).collect::<Result<Vec<_>, _>>()?;
     let per_rank =
         |per_stage: Vec<u64>| (0..topology.world()).map(|r| per_stage[topology.stage_of(r)]).collect();
-    let predicted = plan::predicted_activation_peaks(cfg, &args.config, &rank.schedule, true)?;
+    let predicted = plan::predicted_activation_peaks(cfg, &rank.schedule, true)?;
     let report = summary::Summary {
         steps: trained_steps,
         final_loss: state.train_losses.last().map(|x| x.1 as f64),
@@ -214,13 +212,13 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         stage_descriptions: (0..topology.world())
             .map(|r| {
                 let stage = topology.stage_of(r);
-                Ok(plan::describe_stage(cfg, &plan::stage_layouts(cfg, &args.config, stage)?, stage))
+                Ok(plan::describe_stage(cfg, &plan::stage_layouts(cfg, stage)?, stage))
             })
             .collect::<anyhow::Result<_>>()?,
-        predicted_peaks: per_rank(crate::simulate::predicted_stage_peaks(cfg, &args.config)?),
+        predicted_peaks: per_rank(crate::simulate::predicted_stage_peaks(cfg)?),
         predicted_activations: per_rank(predicted.device),
         predicted_without_recompute: per_rank(
-            plan::predicted_activation_peaks(cfg, &args.config, &rank.schedule, false)?.device,
+            plan::predicted_activation_peaks(cfg, &rank.schedule, false)?.device,
         ),
         host_peaks: summaries.iter().map(|s| s.host_peak_bytes).collect(),
         predicted_host_peaks: per_rank(predicted.host),
@@ -289,8 +287,7 @@ fn root_start(
         None => (None, None),
     };
     let step = state.as_ref().map_or(0, |s| s.step as usize);
-    let parts =
-        shards::start_parts(cfg, &args.config, topology, step, weights.as_deref(), optimizer.as_deref())?;
+    let parts = shards::start_parts(cfg, topology, step, weights.as_deref(), optimizer.as_deref())?;
     std::fs::write(args.run_dir.join("config.yaml"), cfg.to_yaml()?)?;
     let state = state.unwrap_or_else(|| TrainerState {
         step: 0,

@@ -10,7 +10,6 @@
 
 use super::{Row, Verdict};
 use crate::config::Config;
-use crate::error::user_error;
 use kernels::{AttentionSaved, AttentionSaves, Category, Device, Tensor};
 
 /// Calls timed per figure.
@@ -44,10 +43,10 @@ const TARGET_TFLOPS: (f64, f64) = (200.0, 150.0);
 impl Case {
     /// The attention core of `cfg`'s layers at its micro batch; refused in one line, as
     /// `train` refuses it under bf16, where the tensor-core kernels do not take its head
-    /// size (`origin`: where hidden_size came from, as config::origin_of describes it).
-    pub fn of(cfg: &Config, origin: &str) -> anyhow::Result<Case> {
+    /// size.
+    pub fn of(cfg: &Config) -> anyhow::Result<Case> {
         let head_size = cfg.tensor_core_head_size().map_err(|need| {
-            user_error(format!("{origin}: bench attention runs the bf16 kernels, which need {need}"))
+            cfg.key_error("hidden_size", format!("bench attention runs the bf16 kernels, which need {need}"))
         })?;
         Ok(Case {
             batch: cfg.micro_batch_size,

@@ -7,7 +7,6 @@ use super::super::Variant;
 use super::{Row, Verdict};
 use crate::config::Config;
 use crate::data::TokenData;
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -40,9 +39,9 @@ impl Shape {
 }
 
 /// The median of `steps` timed training steps of `cfg`, after one warm-up step.
-pub fn measure(cfg: &Config, path: &Path, data: &TokenData, steps: usize) -> anyhow::Result<f64> {
+pub fn measure(cfg: &Config, data: &TokenData, steps: usize) -> anyhow::Result<f64> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), path, threads)?;
+    let mut run = Variant::build(cfg.device.to_string(), cfg.clone(), threads)?;
     run.step(data, 1)?;
     for step in 0..steps {
         let start = Instant::now();
