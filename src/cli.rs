@@ -1,8 +1,23 @@
 //! The command line: subcommands and their own flags. Config keys are not flags here: any
 //! `--kebab-case-key VALUE` is split off first as a config override (see config.rs).
 
-use clap::{Args, Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
+
+/// clap's refusal of an argument `command` (train, simulate or bench) does not take, as one
+/// line that also weighs the config keys, which clap does not know, for the nearest name.
+pub fn unknown_argument(command: &str, refusal: &clap::Error) -> anyhow::Error {
+    let arg = match refusal.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => arg.clone(),
+        _ => String::new(),
+    };
+    let own: Vec<String> = Cli::command()
+        .find_subcommand(command)
+        .map(|c| c.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).collect())
+        .unwrap_or_default();
+    crate::config::unknown_argument(command, &arg, &own)
+}
 
 #[derive(Parser, Debug)]
 #[command(

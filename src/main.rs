@@ -36,6 +36,9 @@ fn main() -> ExitCode {
     };
     let cli = match cli::Cli::try_parse_from(std::iter::once(args[0].clone()).chain(rest)) {
         Ok(cli) => cli,
+        Err(e) if takes_config && e.kind() == clap::error::ErrorKind::UnknownArgument => {
+            return report(cli::unknown_argument(&args[1], &e));
+        }
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });

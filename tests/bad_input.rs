@@ -83,6 +83,36 @@ fn config_mistakes() {
     }
 }
 
+/// A flag that is neither a config key nor the command's own is one line, hinting the
+/// nearest of either (clap alone knows only the command's own), exit 2.
+#[test]
+fn unknown_flags_name_the_nearest_key_or_flag() {
+    let dir = temp_dir("bad-flags");
+    let cases: [(&str, &[&str], &str); 4] = [
+        (
+            "train",
+            &["--num-layer", "4"],
+            "--num-layer: neither a config key nor a flag of `train` (did you mean `--num-layers`?)",
+        ),
+        (
+            "train",
+            &["--run-dri", "r"],
+            "--run-dri: neither a config key nor a flag of `train` (did you mean `--run-dir`?)",
+        ),
+        (
+            "simulate",
+            &["--hardwar", "h200"],
+            "--hardwar: neither a config key nor a flag of `simulate` (did you mean `--hardware`?)",
+        ),
+        ("bench", &["recompute", "--zzzzzz"], "--zzzzzz: neither a config key nor a flag of `bench`"),
+    ];
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    for (command, extra, needle) in cases {
+        let o = bin().args([command, "--config", cfg.to_str().unwrap()]).args(extra).output().unwrap();
+        assert_user_error(&o, &format!("error: command line: {needle}\n"));
+    }
+}
+
 #[test]
 fn data_mistakes() {
     let dir = temp_dir("bad-data");
