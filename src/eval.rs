@@ -25,9 +25,9 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let available = data.eval_windows(seq_length);
     if args.windows == 0 || args.windows > available {
         return Err(user_error(format!(
-            "{}: --windows {} but the file holds {available} windows of {seq_length} tokens",
-            args.data.display(),
-            args.windows
+            "command line: --windows {}: {} holds {available} windows of {seq_length} tokens; give 1 to {available}",
+            args.windows,
+            args.data.display()
         )));
     }
     let cfg = ck.config.run_config(seq_length, 1);

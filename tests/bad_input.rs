@@ -113,6 +113,35 @@ fn unknown_flags_name_the_nearest_key_or_flag() {
     }
 }
 
+/// `eval`'s own flags out of range: one line naming the flag and what the checkpoint and
+/// the file allow, exit 2.
+#[test]
+fn eval_mistakes() {
+    let dir = temp_dir("bad-eval");
+    let run = dir.join("run");
+    let o =
+        train(&write_config(&dir, "c.yaml", SMALL), &run, &["--train-iters", "1", "--save-interval", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let val = "data/corpus/val.bin";
+    // Windows of 32 tokens and the token after each: (tokens - 1) / 32 of the llm.c file,
+    // whose header's third int32 counts its tokens.
+    let header = std::fs::read(val).unwrap();
+    let windows = (i32::from_le_bytes(header[8..12].try_into().unwrap()) - 1) / 32;
+    let cases: [(&[&str], String); 3] = [
+        (&["--windows", "0"], format!("command line: --windows 0: {val} holds {windows} windows of 32 tokens; give 1 to {windows}")),
+        (&["--windows", "99999999"], format!("command line: --windows 99999999: {val} holds {windows} windows of 32 tokens; give 1 to {windows}")),
+        (&["--windows", "1", "--seq-length", "33"], "command line: --seq-length 33 must be between 1 and the model's n_positions 32".into()),
+    ];
+    for (extra, needle) in cases {
+        let o = bin()
+            .args(["eval", "--checkpoint", run.to_str().unwrap(), "--data", val])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_user_error(&o, &format!("error: {needle}\n"));
+    }
+}
+
 #[test]
 fn data_mistakes() {
     let dir = temp_dir("bad-data");
