@@ -89,7 +89,7 @@ pub struct TrainArgs {
     pub quiet: bool,
     /// The MFU denominator in FLOP/s; when not given, measured at start on the CPU (a second
     /// of matmul), the GPU's published peak at the run's precision on CUDA.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub peak_flops: Option<f64>,
 }
 
@@ -153,7 +153,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
     /// Softmax temperature; 0 always takes the most likely token.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only.
     #[arg(long, value_name = "K")]

@@ -448,12 +448,13 @@ fn one_line(s: &str) -> String {
 
 /// The known key nearest to `key` by edit distance, if it is near enough to be a typo.
 /// An argument that is neither a config key nor one of the command's own flags (`own`,
-/// as `--name`): one line, with the nearest of either as a hint, as an unknown key in the
-/// file gets.
+/// as `--name`): one line, a flag with the nearest of either as a hint, as an unknown key
+/// in the file gets.
 pub fn unknown_argument(command: &str, arg: &str, own: &[String]) -> anyhow::Error {
     let mut flags: Vec<String> = known_keys().iter().map(|k| format!("--{}", k.replace('_', "-"))).collect();
     flags.extend_from_slice(own);
-    let hint = closest(arg, &flags).map(|f| format!(" (did you mean `{f}`?)")).unwrap_or_default();
+    let near = arg.starts_with("--").then(|| closest(arg, &flags)).flatten();
+    let hint = near.map(|f| format!(" (did you mean `{f}`?)")).unwrap_or_default();
     user_error(format!("command line: {arg}: neither a config key nor a flag of `{command}`{hint}"))
 }
 

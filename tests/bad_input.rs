@@ -84,11 +84,12 @@ fn config_mistakes() {
 }
 
 /// A flag that is neither a config key nor the command's own is one line, hinting the
-/// nearest of either (clap alone knows only the command's own), exit 2.
+/// nearest of either (clap alone knows only the command's own), exit 2; so is a command's
+/// own flag out of range.
 #[test]
 fn unknown_flags_name_the_nearest_key_or_flag() {
     let dir = temp_dir("bad-flags");
-    let cases: [(&str, &[&str], &str); 4] = [
+    let cases: [(&str, &[&str], &str); 8] = [
         (
             "train",
             &["--num-layer", "4"],
@@ -105,6 +106,12 @@ fn unknown_flags_name_the_nearest_key_or_flag() {
             "--hardwar: neither a config key nor a flag of `simulate` (did you mean `--hardware`?)",
         ),
         ("bench", &["recompute", "--zzzzzz"], "--zzzzzz: neither a config key nor a flag of `bench`"),
+        // A stray value is no misspelt flag: no hint.
+        ("train", &["-5"], "-5: neither a config key nor a flag of `train`"),
+        // The command's own numbers out of range, negative ones included.
+        ("train", &["--peak-flops", "-5"], "--peak-flops -5: must be a number of FLOP/s > 0"),
+        ("train", &["--peak-flops=0"], "--peak-flops 0: must be a number of FLOP/s > 0"),
+        ("train", &["--peak-flops", "inf"], "--peak-flops inf: must be a number of FLOP/s > 0"),
     ];
     let cfg = write_config(&dir, "c.yaml", SMALL);
     for (command, extra, needle) in cases {
@@ -113,10 +120,10 @@ fn unknown_flags_name_the_nearest_key_or_flag() {
     }
 }
 
-/// `eval`'s own flags out of range: one line naming the flag and what the checkpoint and
-/// the file allow, exit 2.
+/// `eval`'s and `generate`'s own flags out of range: one line naming the flag and what the
+/// checkpoint and the file allow, exit 2.
 #[test]
-fn eval_mistakes() {
+fn eval_and_generate_mistakes() {
     let dir = temp_dir("bad-eval");
     let run = dir.join("run");
     let o =
@@ -139,6 +146,16 @@ fn eval_mistakes() {
             .output()
             .unwrap();
         assert_user_error(&o, &format!("error: {needle}\n"));
+    }
+    for (temperature, shown) in [("-1", "-1"), ("nan", "NaN")] {
+        let o = bin()
+            .args(["generate", "--checkpoint", run.to_str().unwrap(), "--temperature", temperature])
+            .output()
+            .unwrap();
+        assert_user_error(
+            &o,
+            &format!("error: command line: --temperature {shown}: must be a number >= 0 (0 is greedy)\n"),
+        );
     }
 }
 

@@ -24,8 +24,13 @@ pub use report::mean_loss;
 
 use crate::cli::TrainArgs;
 use crate::config;
+use crate::error::user_error;
 
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
+    if let Some(peak) = args.peak_flops.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        let why = format!("command line: --peak-flops {peak}: must be a number of FLOP/s > 0");
+        return Err(launch::quiet_unless_root(user_error(why)));
+    }
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
     tensor_parallel_runs(&cfg).map_err(|(key, msg)| launch::quiet_unless_root(cfg.key_error(key, msg)))?;
     // bf16 activations have only the tensor-core attention kernels.
