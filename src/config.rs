@@ -477,6 +477,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// The most microbatches a step may take. The schedule lists each one's passes on every
+/// stage, and the simulator and the trainer walk that list: 16,384 is over 10 times GPT-3
+/// 175B's published batch of 1,536 sequences taken one at a time on one replica (simulated
+/// at 1T's p = 64 interleaved in about 1 GB), where a typo's 10^11 filled the memory
+/// building it.
+pub const MAX_MICROBATCHES: usize = 1 << 14;
+
 fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
     if v == 0 {
         return Err((key, "must be at least 1, got 0".into()));
@@ -606,12 +613,24 @@ impl Config {
             ));
         }
         let dp = self.data_parallel();
-        if !self.global_batch_size.is_multiple_of(self.micro_batch_size * dp) {
+        if self.micro_batch_size.checked_mul(dp).is_none_or(|n| !self.global_batch_size.is_multiple_of(n)) {
             return Err((
                 "global_batch_size",
                 format!(
                     "{} is not a multiple of micro_batch_size {} x data_parallel_size {dp}",
                     self.global_batch_size, self.micro_batch_size
+                ),
+            ));
+        }
+        if self.num_microbatches() > MAX_MICROBATCHES {
+            return Err((
+                "global_batch_size",
+                format!(
+                    "{} / (micro_batch_size {} x data_parallel_size {dp}) is {} microbatches a step; a schedule \
+                     holds every pass of each, at most {MAX_MICROBATCHES} microbatches",
+                    self.global_batch_size,
+                    self.micro_batch_size,
+                    self.num_microbatches()
                 ),
             ));
         }
@@ -1096,6 +1115,23 @@ mod tests {
         assert_eq!(
             err_of("micro_batch_size: 3\nglobal_batch_size: 8\n", &[]),
             "c.yaml: key `global_batch_size`: 8 is not a multiple of micro_batch_size 3"
+        );
+        // A step of more microbatches than a schedule lists is refused before one is built;
+        // the most it takes loads.
+        assert_eq!(
+            err_of("micro_batch_size: 2\nglobal_batch_size: 65538\n", &[]),
+            "c.yaml: key `global_batch_size`: 65538 / (micro_batch_size 2 x data_parallel_size 1) is 32769 \
+             microbatches a step; a schedule holds every pass of each, at most 16384 microbatches"
+        );
+        assert_eq!(
+            load_text("global_batch_size: 16384\n", &[]).unwrap().num_microbatches(),
+            MAX_MICROBATCHES
+        );
+        // micro_batch_size x data_parallel_size past usize divides nothing; it does not wrap.
+        assert_eq!(
+            err_of("micro_batch_size: 4294967296\ndata_parallel_size: 4294967296\nglobal_batch_size: 4294967296\n", &[]),
+            "c.yaml: key `global_batch_size`: 4294967296 is not a multiple of micro_batch_size 4294967296 x \
+             data_parallel_size 4294967296"
         );
         assert_eq!(
             err_of("seq_length: 2048\n", &[]),
