@@ -482,7 +482,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// 175B's published batch of 1,536 sequences taken one at a time on one replica (simulated
 /// at 1T's p = 64 interleaved in about 1 GB), where a typo's 10^11 filled the memory
 /// building it.
-pub const MAX_MICROBATCHES: usize = 1 << 14;
+const MAX_MICROBATCHES: usize = 1 << 14;
 
 fn positive(key: &'static str, v: usize) -> Result<(), (&'static str, String)> {
     if v == 0 {
