@@ -286,6 +286,11 @@ pub fn known_keys() -> Vec<String> {
     }
 }
 
+/// `hidden_size` -> `--hidden-size`: the flag that sets a config key.
+pub fn key_to_flag(key: &str) -> String {
+    format!("--{}", key.replace('_', "-"))
+}
+
 /// `--hidden-size` -> `hidden_size`, if that is a config key or an alias of one.
 pub fn flag_to_key(flag: &str) -> Option<String> {
     let key = flag.strip_prefix("--")?.replace('-', "_");
@@ -446,18 +451,18 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The known key nearest to `key` by edit distance, if it is near enough to be a typo.
 /// An argument that is neither a config key nor one of the command's own flags (`own`,
 /// as `--name`): one line, a flag with the nearest of either as a hint, as an unknown key
 /// in the file gets.
 pub fn unknown_argument(command: &str, arg: &str, own: &[String]) -> anyhow::Error {
-    let mut flags: Vec<String> = known_keys().iter().map(|k| format!("--{}", k.replace('_', "-"))).collect();
+    let mut flags: Vec<String> = known_keys().iter().map(|k| key_to_flag(k)).collect();
     flags.extend_from_slice(own);
     let near = arg.starts_with("--").then(|| closest(arg, &flags)).flatten();
     let hint = near.map(|f| format!(" (did you mean `{f}`?)")).unwrap_or_default();
     user_error(format!("command line: {arg}: neither a config key nor a flag of `{command}`{hint}"))
 }
 
+/// The known key nearest to `key` by edit distance, if it is near enough to be a typo.
 fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a String> {
     known.iter().map(|k| (edit_distance(key, k), k)).filter(|(d, _)| *d <= 3).min().map(|(_, k)| k)
 }

@@ -131,7 +131,7 @@ proptest! {
         entries in proptest::collection::vec((config_key(), yaml_value()), 0..10),
         use_raw in any::<bool>(),
         flags in proptest::collection::vec((config_key(), yaml_value()), 0..4),
-        args in proptest::collection::vec(prop_oneof!["[ -~]{0,10}", config_key().prop_map(|k| format!("--{}", k.replace('_', "-")))], 0..6),
+        args in proptest::collection::vec(prop_oneof!["[ -~]{0,10}", config_key().prop_map(|k| config::key_to_flag(&k))], 0..6),
     ) {
         let dir = test_dir("fuzz_config");
         let path = dir.join("c.yaml");
@@ -141,7 +141,7 @@ proptest! {
         };
         std::fs::write(&path, &text).unwrap();
         let overrides: Vec<(String, String)> =
-            flags.into_iter().map(|(k, v)| (format!("--{}", k.replace('_', "-")), v)).collect();
+            flags.into_iter().map(|(k, v)| (config::key_to_flag(&k), v)).collect();
         let size = text.len() + overrides.iter().map(|(f, v)| f.len() + v.len()).sum::<usize>();
         check(size, || config::load(&path, &overrides))?;
         let size = args.iter().map(String::len).sum();
