@@ -23,7 +23,7 @@ pub fn unknown_argument(command: &str, refusal: &clap::Error) -> anyhow::Error {
 #[command(
     name = "pipetrain",
     version,
-    about = "Pipeline-parallel GPT pretraining, activation recompute, schedule simulation"
+    about = "Pipeline-parallel pretraining of GPT-2 and Llama-family models, activation recompute, schedule simulation"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,7 +32,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Pretrain a GPT-2-style model from a YAML config (config keys override as --kebab-case VALUE).
+    /// Pretrain a GPT-2 or Llama-family model from a YAML config (config keys override as --kebab-case VALUE).
     #[command(after_help = crate::config::alias_help())]
     Train(TrainArgs),
     /// Simulate a schedule/recompute plan: time and memory per stage, no weights, no GPU.
@@ -40,7 +40,7 @@ pub enum Command {
     Simulate(crate::simulate::SimulateArgs),
     /// Tokenize text or JSONL into llm.c .bin token files (one or shards) or a Megatron indexed dataset.
     Tokenize(TokenizeArgs),
-    /// Export a checkpoint as a Hugging Face GPT-2 directory (config.json + model.safetensors).
+    /// Export a checkpoint as a Hugging Face directory (config.json + model.safetensors) for GPT2LMHeadModel or LlamaForCausalLM.
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),
@@ -143,7 +143,7 @@ pub struct ExportArgs {
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 dir.
+    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 or Llama dir.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// The text to continue [default: <|endoftext|>, as a document starts].
@@ -169,7 +169,7 @@ pub struct GenerateArgs {
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 dir.
+    /// A checkpoint dir, a run dir, or a Hugging Face GPT-2 or Llama dir.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// The token file (.bin) to evaluate on.

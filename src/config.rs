@@ -149,7 +149,7 @@ pub struct Config {
     /// epilogues (Megatron's name for its bias-GELU fusion); false runs them as kernels of
     /// their own, to measure the fusion. The CPU always runs them apart.
     pub bias_gelu_fusion: bool,
-    /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 dir.
+    /// Start from these weights: a checkpoint dir, a run dir or a Hugging Face GPT-2 or Llama dir.
     pub load: Option<PathBuf>,
 
     // ---- distributed ----

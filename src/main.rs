@@ -1,5 +1,5 @@
-//! pipetrain: pipeline-parallel GPT pretraining with Megatron-style activation recompute,
-//! and a simulator of schedules and recompute plans.
+//! pipetrain: pipeline-parallel pretraining of GPT-2 and Llama-family models with
+//! Megatron-style activation recompute, and a simulator of schedules and recompute plans.
 
 mod bench;
 mod checkpoint;
