@@ -159,6 +159,46 @@ fn a_recompute_alias_shows_as_its_canonical_form_and_the_summary_ends_with_a_sam
 }
 
 #[test]
+fn a_resume_refuses_another_model_and_notes_a_changed_setting() {
+    let dir = temp_dir("resume-changes");
+    let cfg = write_config(&dir, "c.yaml", SMALL);
+    let run = dir.join("run");
+    let first = train(&cfg, &run, &["--train-iters", "2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    // Four heads of 16 or eight of 8: the same tensors, another model.
+    let other = train(&cfg, &run, &["--resume", "--train-iters", "3", "--num-attention-heads", "8"]);
+    let ck = run.join("checkpoints").join("step_000002");
+    assert_user_error(
+        &other,
+        &format!(
+            "error: command line: --num-attention-heads 8: {} holds a model with num_attention_heads 4, not 8",
+            ck.display()
+        ),
+    );
+    assert_eq!((steps_recorded(&run), latest(&run)), (2, "step_000002".to_string()));
+    // A changed learning rate trains on, saying so; the stage count changes nothing.
+    let flags = ["--resume", "--lr", "2e-3", "--lr-decay-iters", "4", "--pipeline-model-parallel-size", "2"];
+    let lowered = train(&cfg, &run, &[&flags[..], &["--train-iters", "3"]].concat());
+    assert!(lowered.status.success(), "{}", stderr(&lowered));
+    let notes = |o: &std::process::Output| -> Vec<String> {
+        stderr(o).lines().filter(|l| l.starts_with("note:")).map(String::from).collect()
+    };
+    let at = format!("note: resuming {} at step 2 with", run.display());
+    assert_eq!(
+        notes(&lowered),
+        [
+            format!("{at} lr 0.002, where the run had 0.001"),
+            format!("{at} lr_decay_iters 4, where the run had none")
+        ]
+    );
+    // The next resume compares with the settings the last steps were trained with.
+    let again = train(&cfg, &run, &[&flags[..], &["--train-iters", "4"]].concat());
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(notes(&again), Vec::<String>::new());
+    assert_eq!(steps_recorded(&run), 4);
+}
+
+#[test]
 fn a_run_resumes_with_another_stage_count() {
     let dir = temp_dir("resume-p");
     let f = |p: &str, iters: &str| {

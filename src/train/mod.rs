@@ -12,6 +12,7 @@ mod non_finite;
 mod peak;
 pub mod rank;
 mod report;
+mod resume_changes;
 mod run_lock;
 mod shards;
 pub mod summary;

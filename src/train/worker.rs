@@ -4,7 +4,7 @@
 use super::rank::{Local, Rank};
 use super::report::{mean_loss, RankSummary, StepReport};
 use super::run_lock::RunLock;
-use super::{loss_chart, lr, metrics, non_finite, peak, shards, summary, timeline};
+use super::{loss_chart, lr, metrics, non_finite, peak, resume_changes, shards, summary, timeline};
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
@@ -276,25 +276,34 @@ fn root_start(
             &checkpoint::expected_shapes(&checkpoint::ModelConfig::of(cfg)),
             &ck.model,
         )?;
+        checkpoint::check_same_model(cfg, &ck.config, &ck.dir)?;
     }
     let (weights, trainer) = match loaded {
         Some(ck) if resume_from.is_some() => (Some(ck.model), ck.trainer),
         Some(ck) => (Some(ck.model), None),
         None => (None, None),
     };
-    let (state, optimizer) = match trainer {
+    let (mut state, optimizer) = match trainer {
         Some(t) => (Some(t.state), Some(t.optimizer)),
         None => (None, None),
     };
+    let now = cfg.to_yaml()?;
+    if let Some(s) = &mut state {
+        for change in resume_changes::changed_keys(&s.config_yaml, &now) {
+            eprintln!("note: resuming {} at step {} with {change}", args.run_dir.display(), s.step);
+        }
+        // The steps from here are trained with this config; a later resume compares with it.
+        s.config_yaml = now.clone();
+    }
     let step = state.as_ref().map_or(0, |s| s.step as usize);
     let parts = shards::start_parts(cfg, topology, step, weights.as_deref(), optimizer.as_deref())?;
-    std::fs::write(args.run_dir.join("config.yaml"), cfg.to_yaml()?)?;
+    std::fs::write(args.run_dir.join("config.yaml"), &now)?;
     let state = state.unwrap_or_else(|| TrainerState {
         step: 0,
         seed: cfg.seed,
         data_position: 0,
         lr: 0.0,
-        config_yaml: cfg.to_yaml().unwrap_or_default(),
+        config_yaml: now,
         train_losses: vec![],
         val_losses: vec![],
     });

@@ -1,0 +1,111 @@
+//! The check that a run config describes the model a checkpoint holds, before a run resumes
+//! it or starts from it (`load`). The tensors' shapes catch most differences; these are the
+//! ones they cannot: the head count of a model without grouped-query attention, the norm's
+//! epsilon, rotary positions' base. A run that took the config's value would train another
+//! model on these weights without a word.
+
+use std::path::Path;
+
+use super::ModelConfig;
+use crate::config::{Config, Named, PositionEmbeddingType};
+
+/// Errors, naming the key and where its value came from, where `cfg` and the model `held`
+/// (the checkpoint at `dir`) differ in anything that defines the function the model
+/// computes. Dropout and init std do not: training may change the one, and loaded weights
+/// make the other moot.
+pub fn check_same_model(cfg: &Config, held: &ModelConfig, dir: &Path) -> anyhow::Result<()> {
+    let theirs = held.run_config(cfg.seq_length, cfg.micro_batch_size);
+    for ((key, ours), (_, held)) in defining_values(cfg).into_iter().zip(defining_values(&theirs)) {
+        if ours != held {
+            return Err(
+                cfg.key_error(key, format!("{} holds a model with {key} {held}, not {ours}", dir.display()))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The config keys that define the model, each with its value as the config resolves it
+/// (an unset `ffn_hidden_size` is 4 x hidden, an unset `num_query_groups` the head count).
+/// `rotary_base` counts only with rotary positions, and `max_position_embeddings` only
+/// with learned ones: a rotary model runs at any length up to it.
+fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
+    let rope = c.position_embedding_type == PositionEmbeddingType::Rope;
+    let mut values = vec![
+        ("num_layers", c.num_layers.to_string()),
+        ("hidden_size", c.hidden_size.to_string()),
+        ("num_attention_heads", c.num_attention_heads.to_string()),
+        ("num_query_groups", c.kv_heads().to_string()),
+        ("ffn_hidden_size", c.ffn_size().to_string()),
+        ("vocab_size", c.vocab_size.to_string()),
+        ("normalization", c.normalization.name().to_string()),
+        ("norm_epsilon", c.norm_epsilon.to_string()),
+        ("position_embedding_type", c.position_embedding_type.name().to_string()),
+        ("swiglu", c.swiglu.to_string()),
+        ("disable_bias_linear", c.disable_bias_linear.to_string()),
+        ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
+    ];
+    values.push(match rope {
+        true => ("rotary_base", c.rotary_base.to_string()),
+        false => ("max_position_embeddings", c.max_position_embeddings.to_string()),
+    });
+    values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stages::Norm;
+
+    fn refusal(cfg: &Config, held: &Config) -> String {
+        match check_same_model(cfg, &ModelConfig::of(held), Path::new("ck")) {
+            Ok(()) => "the same model".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn names_what_the_shapes_cannot_tell_apart() {
+        let gpt2 = Config {
+            num_layers: 2,
+            hidden_size: 8,
+            num_attention_heads: 2,
+            vocab_size: 64,
+            ..Config::default()
+        };
+        let llama = Config {
+            normalization: Norm::RmsNorm,
+            position_embedding_type: PositionEmbeddingType::Rope,
+            swiglu: true,
+            disable_bias_linear: true,
+            untie_embeddings_and_output_weights: true,
+            ..gpt2.clone()
+        };
+        for model in [&gpt2, &llama] {
+            assert_eq!(refusal(model, model), "the same model");
+            // Dropout and init are the run's, not the model's.
+            let run = Config { hidden_dropout: 0.3, init_method_std: 0.5, ..model.clone() };
+            assert_eq!(refusal(&run, model), "the same model");
+        }
+        let heads = Config { num_attention_heads: 4, ..gpt2.clone() };
+        assert_eq!(
+            refusal(&heads, &gpt2),
+            "key `num_attention_heads`: ck holds a model with num_attention_heads 2, not 4"
+        );
+        let longer = Config { max_position_embeddings: 2 * gpt2.max_position_embeddings, ..gpt2.clone() };
+        assert!(refusal(&longer, &gpt2).starts_with("key `max_position_embeddings`: "));
+        // A rotary model runs at any length up to its limit: raising it is the same model.
+        let longer = Config { max_position_embeddings: 2 * llama.max_position_embeddings, ..llama.clone() };
+        assert_eq!(refusal(&longer, &llama), "the same model");
+        let eps = Config { norm_epsilon: 1e-3, ..llama.clone() };
+        assert_eq!(
+            refusal(&eps, &llama),
+            "key `norm_epsilon`: ck holds a model with norm_epsilon 0.00001, not 0.001"
+        );
+        let base = Config { rotary_base: 500000.0, ..llama.clone() };
+        assert_eq!(
+            refusal(&base, &llama),
+            "key `rotary_base`: ck holds a model with rotary_base 10000, not 500000"
+        );
+    }
+}
