@@ -242,8 +242,33 @@ fn bad_inputs_are_one_line_naming_the_place_and_exit_2() {
     let o = tokenize(&jsonl, &out, &["--tokenizer", tok.to_str().unwrap(), "--eot-token", "</s>"]);
     assert_user_error(&o, "--eot-token </s> is not in the vocabulary");
     let o = tokenize(&jsonl, &out, &["--format", "megatron", "--shard-tokens", "10"]);
-    assert_user_error(&o, "--shard-tokens 10: shards are llm.c files; not with --format megatron");
-    assert_user_error(&tokenize(&jsonl, &out, &["--shard-tokens", "0"]), "--shard-tokens 0");
+    assert_user_error(
+        &o,
+        "error: command line: --shard-tokens 10: shards are llm.c files; not with --format megatron",
+    );
+    assert_user_error(
+        &tokenize(&jsonl, &out, &["--shard-tokens", "0"]),
+        "error: command line: --shard-tokens 0: a shard holds at least one token",
+    );
+    // An output that is an input, even by another spelling, is refused, --force or not.
+    let spelled = dir.join(".").join("in.jsonl");
+    assert_user_error(
+        &tokenize(&jsonl, &spelled, &["--force"]),
+        &format!(
+            "error: {}: is the input too; tokenizing would replace the text by its tokens",
+            spelled.display()
+        ),
+    );
+    assert_eq!(fs::read_to_string(&jsonl).unwrap(), "{\"text\": \"a\"}\n");
+    let inside = dir.join("o.bin");
+    assert_user_error(
+        &tokenize(&dir, &inside, &[]),
+        &format!(
+            "error: {}: inside the input directory {}, whose every file is read as documents; write it elsewhere",
+            inside.display(),
+            dir.display()
+        ),
+    );
     // Nothing was written by any of them.
     let left: Vec<PathBuf> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(left.len(), 2, "{left:?}");

@@ -73,7 +73,7 @@ impl Tokenizer {
         if let Some(t) = TIKTOKEN.iter().find(|t| t.name == wanted) {
             if let Some(e) = eot_token.filter(|&e| e != "<|endoftext|>") {
                 return Err(user_error(format!(
-                    "--eot-token {e}: {spec}'s end of text is <|endoftext|> (--eot-token is for a tokenizer.json)"
+                    "command line: --eot-token {e}: {spec}'s end of text is <|endoftext|> (--eot-token is for a tokenizer.json)"
                 )));
             }
             return Ok(Tokenizer {
@@ -105,7 +105,7 @@ fn load_hugging_face(path: &Path, eot_token: Option<&str>) -> anyhow::Result<Tok
     let shown = path.display();
     if !path.is_file() {
         return Err(user_error(format!(
-            "--tokenizer {shown}: neither gpt2, cl100k_base, o200k_base nor a tokenizer.json file"
+            "command line: --tokenizer {shown}: neither gpt2, cl100k_base, o200k_base nor a tokenizer.json file"
         )));
     }
     let tok = tokenizers::Tokenizer::from_file(path)
@@ -173,9 +173,11 @@ mod tests {
         let Err(err) = Tokenizer::load("nope.json", None) else { panic!("nope.json loaded") };
         assert_eq!(
             err.to_string(),
-            "--tokenizer nope.json: neither gpt2, cl100k_base, o200k_base nor a tokenizer.json file"
+            "command line: --tokenizer nope.json: neither gpt2, cl100k_base, o200k_base nor a tokenizer.json file"
         );
         let Err(err) = Tokenizer::load("gpt2", Some("</s>")) else { panic!("gpt2 took --eot-token </s>") };
-        assert!(err.to_string().starts_with("--eot-token </s>: gpt2's end of text is <|endoftext|>"));
+        assert!(err
+            .to_string()
+            .starts_with("command line: --eot-token </s>: gpt2's end of text is <|endoftext|>"));
     }
 }

@@ -43,6 +43,44 @@ pub fn input_files(input: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Errors where an output would be read as input: the input file itself (`--force` would
+/// replace the text by its tokens), or a file in the input directory (the next run over it
+/// would read the tokens, or the record's JSON, as documents).
+pub fn refuse_outputs_among_inputs<'a>(
+    input: &Path,
+    outputs: impl IntoIterator<Item = &'a PathBuf>,
+) -> anyhow::Result<()> {
+    let Ok(read) = input.canonicalize() else { return Ok(()) };
+    for output in outputs {
+        let Some(written) = resolved(output) else { continue };
+        if written == read {
+            return Err(user_error(format!(
+                "{}: is the input too; tokenizing would replace the text by its tokens",
+                output.display()
+            )));
+        }
+        if read.is_dir() && written.parent() == Some(read.as_path()) {
+            return Err(user_error(format!(
+                "{}: inside the input directory {}, whose every file is read as documents; \
+                 write it elsewhere",
+                output.display(),
+                input.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` with its directory resolved (links, `..`), whether or not the file exists yet;
+/// None where the directory does not exist, so that nothing can be read from there.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(dir.canonicalize().ok()?.join(path.file_name()?))
+}
+
 fn is_jsonl(path: &Path) -> bool {
     matches!(path.extension().and_then(|e| e.to_str()), Some("jsonl" | "json" | "ndjson"))
 }

@@ -93,15 +93,17 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
     staged::remove_on_interrupt();
     let prefix = prefix_of(&args.output);
     let naming = match (args.format, args.shard_tokens) {
-        (_, Some(0)) => return Err(user_error("--shard-tokens 0: a shard holds at least one token")),
+        (_, Some(0)) => {
+            return Err(user_error("command line: --shard-tokens 0: a shard holds at least one token"))
+        }
         (OutputFormat::Megatron, Some(n)) => {
             return Err(user_error(format!(
-                "--shard-tokens {n}: shards are llm.c files; not with --format megatron"
+                "command line: --shard-tokens {n}: shards are llm.c files; not with --format megatron"
             )))
         }
         (OutputFormat::Llmc, Some(n)) if n > i32::MAX as usize => {
             return Err(user_error(format!(
-                "--shard-tokens {n}: above {}, the most an llm.c header counts",
+                "command line: --shard-tokens {n}: above {}, the most an llm.c header counts",
                 i32::MAX
             )))
         }
@@ -115,6 +117,7 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
         Some(Naming::Shards { prefix, .. }) => vec![Naming::shard(prefix, 0)],
         None => vec![format!("{prefix}.bin").into(), format!("{prefix}.idx").into()],
     };
+    input::refuse_outputs_among_inputs(&args.input, first_outputs.iter().chain([&record]))?;
     if !args.force {
         if let Some(p) = first_outputs.iter().chain([&record]).find(|p| p.exists()) {
             return Err(user_error(format!("{}: already exists; pass --force to overwrite it", p.display())));
