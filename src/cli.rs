@@ -1,22 +1,24 @@
 //! The command line: subcommands and their own flags. Config keys are not flags here: any
 //! `--kebab-case-key VALUE` is split off first as a config override (see config.rs).
 
-use clap::error::{ContextKind, ContextValue};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+mod refusal;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
-/// clap's refusal of an argument `command` (train, simulate or bench) does not take, as one
-/// line that also weighs the config keys, which clap does not know, for the nearest name.
-pub fn unknown_argument(command: &str, refusal: &clap::Error) -> anyhow::Error {
-    let arg = match refusal.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(arg)) => arg.clone(),
-        _ => String::new(),
-    };
-    let own: Vec<String> = Cli::command()
-        .find_subcommand(command)
-        .map(|c| c.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).collect())
-        .unwrap_or_default();
-    crate::config::unknown_argument(command, &arg, &own)
+pub use refusal::refusal;
+
+/// Parses the command line (the program's name first). Every flag that takes a value takes
+/// a negative number as one, so `--top -1` is refused as a value out of range, not read as
+/// an unknown flag `-1`.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, clap::Error> {
+    let command = Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| match arg.get_action().takes_values() {
+            true => arg.allow_negative_numbers(true),
+            false => arg,
+        })
+    });
+    Cli::from_arg_matches(&command.try_get_matches_from(args)?)
 }
 
 #[derive(Parser, Debug)]
@@ -89,7 +91,7 @@ pub struct TrainArgs {
     pub quiet: bool,
     /// The MFU denominator in FLOP/s; when not given, measured at start on the CPU (a second
     /// of matmul), the GPU's published peak at the run's precision on CUDA.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long)]
     pub peak_flops: Option<f64>,
 }
 
@@ -153,7 +155,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
     /// Softmax temperature; 0 always takes the most likely token.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.8)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only.
     #[arg(long, value_name = "K")]

@@ -463,7 +463,7 @@ pub fn unknown_argument(command: &str, arg: &str, own: &[String]) -> anyhow::Err
 }
 
 /// The known key nearest to `key` by edit distance, if it is near enough to be a typo.
-fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a String> {
+pub fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a String> {
     known.iter().map(|k| (edit_distance(key, k), k)).filter(|(d, _)| *d <= 3).min().map(|(_, k)| k)
 }
 

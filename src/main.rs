@@ -18,7 +18,7 @@ mod svg;
 mod trace;
 mod train;
 
-use clap::Parser;
+use clap::error::ErrorKind;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -34,15 +34,14 @@ fn main() -> ExitCode {
     } else {
         (Vec::new(), args[1..].to_vec())
     };
-    let cli = match cli::Cli::try_parse_from(std::iter::once(args[0].clone()).chain(rest)) {
+    let cli = match cli::parse(std::iter::once(args[0].clone()).chain(rest)) {
         Ok(cli) => cli,
-        Err(e) if takes_config && e.kind() == clap::error::ErrorKind::UnknownArgument => {
-            return report(cli::unknown_argument(&args[1], &e));
-        }
-        Err(e) => {
+        // Help and the version are printed as clap writes them; a bare `pipetrain` gets the help.
+        Err(e) if !e.use_stderr() || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
+        Err(e) => return report(cli::refusal(&args[1..], &e)),
     };
     if !matches!(cli.command, cli::Command::Train(_)) {
         end_quietly_when_the_reader_stops();

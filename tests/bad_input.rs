@@ -120,6 +120,53 @@ fn unknown_flags_name_the_nearest_key_or_flag() {
     }
 }
 
+/// What clap refuses before any command runs (a command, a flag, a value, a missing
+/// argument) is one line too, in the same form, where clap's own is several with a usage
+/// block. Nothing here reads a file: the line comes first.
+#[test]
+fn command_line_refusals_are_one_line() {
+    let commands = "train, simulate, tokenize, export, eval, generate or bench";
+    let cases: [(&[&str], String); 15] = [
+        (&["trian"], format!("trian: not a command; pipetrain's are {commands} (did you mean `train`?)")),
+        (&["frobnicate"], format!("frobnicate: not a command; pipetrain's are {commands}")),
+        (&["eval", "--checkpoint", "ck"], "`eval` needs --data <DATA> and --windows <WINDOWS>".into()),
+        (&["bench"], "`bench` needs --config <CONFIG> and <WHAT>".into()),
+        (&["train", "--config"], "--config: needs a value".into()),
+        (&["tokenize", "a", "b", "--format", "csv"], "--format csv: expected llmc or megatron".into()),
+        (&["tokenize", "a", "b", "c"], "c: `tokenize` takes no more arguments".into()),
+        (
+            &["export", "--checkpoint", "a", "--hf", "b", "--forc"],
+            "--forc: not an argument of `export` (did you mean `--force`?)".into(),
+        ),
+        (
+            &["eval", "--checkpoint", "a", "--data", "b", "--windows", "2.5"],
+            "--windows 2.5: not a whole number".into(),
+        ),
+        (&["generate", "--checkpoint", "a", "--seed", "-1"], "--seed -1: must be 0 or more".into()),
+        (
+            &["generate", "--checkpoint", "a", "--top-k=99999999999999999999999"],
+            "--top-k 99999999999999999999999: too large".into(),
+        ),
+        (
+            &["generate", "--checkpoint", "a", "--temperature", "hot"],
+            "--temperature hot: not a number".into(),
+        ),
+        (&["simulate", "--config", "c.yaml", "--top", "-1"], "--top -1: must be 0 or more".into()),
+        (&["tokenize", "a", "b", "--threads=-3"], "--threads -3: must be 0 or more".into()),
+        (
+            &["simulate", "--config", "c.yaml", "--json", "--json"],
+            "the argument '--json' cannot be used multiple times".into(),
+        ),
+    ];
+    for (args, line) in cases {
+        assert_user_error(&bin().args(args).output().unwrap(), &format!("error: command line: {line}\n"));
+    }
+    // Help and the version are not refusals.
+    let help = bin().args(["eval", "--help"]).output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).starts_with("Mean loss of a checkpoint"));
+}
+
 /// `eval`'s and `generate`'s own flags out of range: one line naming the flag and what the
 /// checkpoint and the file allow, exit 2.
 #[test]
