@@ -530,14 +530,14 @@ fn bad_input_is_one_line_and_exit_2() {
             "interleaved-1f1b with p=4, v=2, m=2",
         ),
         (&["--num-layers", "2"], "c.yaml: key `pipeline_model_parallel_size`: cannot split 2 layers over 4 pipeline stages (chunks)"),
-        (&["--op-times", "forward=0,backward=1"], "--op-times forward=0,backward=1: forward=0: a time must be > 0 ms"),
-        (&["--op-times", "forward=1,backward=-3"], "--op-times forward=1,backward=-3: backward=-3: a time must be > 0 ms"),
-        (&["--op-times", "forward=1,backward=1,p2p=-1"], "--op-times forward=1,backward=1,p2p=-1: p2p=-1: a time must be >= 0 ms"),
-        (&["--op-times", "forward=1,backward=1,p2p=nan"], "--op-times forward=1,backward=1,p2p=nan: p2p=nan: a time must be >= 0 ms"),
-        (&["--hardware", "tpu-v9"], "--hardware tpu-v9: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"),
-        (&["--memory-limit", "80XB"], "--memory-limit 80XB: give a size with a unit"),
+        (&["--op-times", "forward=0,backward=1"], "command line: --op-times forward=0,backward=1: forward=0: a time must be > 0 ms"),
+        (&["--op-times", "forward=1,backward=-3"], "command line: --op-times forward=1,backward=-3: backward=-3: a time must be > 0 ms"),
+        (&["--op-times", "forward=1,backward=1,p2p=-1"], "command line: --op-times forward=1,backward=1,p2p=-1: p2p=-1: a time must be >= 0 ms"),
+        (&["--op-times", "forward=1,backward=1,p2p=nan"], "command line: --op-times forward=1,backward=1,p2p=nan: p2p=nan: a time must be >= 0 ms"),
+        (&["--hardware", "tpu-v9"], "command line: --hardware tpu-v9: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"),
+        (&["--memory-limit", "80XB"], "command line: --memory-limit 80XB: give a size with a unit"),
         (&["--measured", "no-such-trace.json"], "no-such-trace.json: cannot read the trace"),
-        (&["--sweep", "--op-times", "forward=1,backward=1"], "--op-times with --sweep"),
+        (&["--sweep", "--op-times", "forward=1,backward=1"], "command line: --op-times with --sweep"),
     ];
     let svg = dir.join("never.svg");
     for (extra, needle) in cases {
@@ -545,6 +545,11 @@ fn bad_input_is_one_line_and_exit_2() {
         assert_user_error(&o, needle);
         assert!(!svg.exists(), "a failed simulation wrote its chart");
     }
+    // A sweep of no rows would print only its header.
+    assert_user_error(
+        &simulate(&cfg, &["--sweep", "--top", "0"]),
+        "error: command line: --top 0: give 1 or more rows\n",
+    );
 }
 
 #[test]

@@ -191,7 +191,7 @@ fn only(all: Vec<(String, Config)>, wanted: &[String]) -> anyhow::Result<Vec<(St
     if let Some(unknown) = wanted.iter().find(|w| !all.iter().any(|(name, _)| name == *w)) {
         let names: Vec<&str> = all.iter().map(|(name, _)| name.as_str()).collect();
         return Err(user_error(format!(
-            "--variants: no variant `{unknown}`; expected some of {}",
+            "command line: --variants: no variant `{unknown}`; expected some of {}",
             names.join(", ")
         )));
     }

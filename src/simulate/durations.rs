@@ -334,7 +334,7 @@ enum Backward {
 
 impl GivenTimes {
     pub fn parse(text: &str) -> anyhow::Result<GivenTimes> {
-        let err = |msg: String| user_error(format!("--op-times {text}: {msg}"));
+        let err = |msg: String| user_error(format!("command line: --op-times {text}: {msg}"));
         let mut values: Vec<(&str, f64)> = Vec::new();
         for item in text.split(',').map(str::trim) {
             let (key, value) = item.split_once('=').ok_or_else(|| err(format!("`{item}` is not NAME=MS")))?;
@@ -380,7 +380,7 @@ impl GivenTimes {
         let model = compute_durations(setup, hw, self.data_parallel);
         let recomputes = setup.policies.iter().any(|p| *p != RecomputePolicy::None);
         if self.recompute.is_some() && !recomputes {
-            return Err(user_error("--op-times recompute=...: the config recomputes nothing"));
+            return Err(user_error("command line: --op-times recompute=...: the config recomputes nothing"));
         }
         let v = setup.v as f64;
         let chunks = model
@@ -408,7 +408,9 @@ impl GivenTimes {
             })
             .collect();
         if self.data_parallel.is_some() && setup.dp == 1 {
-            return Err(user_error("--op-times dp-allreduce=...: the config has data_parallel_size 1"));
+            return Err(user_error(
+                "command line: --op-times dp-allreduce=...: the config has data_parallel_size 1",
+            ));
         }
         // What the given optimizer time leaves out: the data-parallel all-reduce.
         let all_reduce = |r: usize| {
@@ -657,7 +659,7 @@ mod tests {
         assert_eq!(given.durations(&setup(with_dp(2)), &h100).unwrap().optimizer, [0.008; 4]);
         assert_eq!(
             given.durations(&setup(with_dp(1)), &h100).unwrap_err().to_string(),
-            "--op-times dp-allreduce=...: the config has data_parallel_size 1"
+            "command line: --op-times dp-allreduce=...: the config has data_parallel_size 1"
         );
     }
 
@@ -681,23 +683,23 @@ mod tests {
         let err = |text: &str| GivenTimes::parse(text).unwrap_err().to_string();
         assert_eq!(
             err("forward=0,backward=1"),
-            "--op-times forward=0,backward=1: forward=0: a time must be > 0 ms"
+            "command line: --op-times forward=0,backward=1: forward=0: a time must be > 0 ms"
         );
         assert_eq!(
             err("forward=1,backward=-2"),
-            "--op-times forward=1,backward=-2: backward=-2: a time must be > 0 ms"
+            "command line: --op-times forward=1,backward=-2: backward=-2: a time must be > 0 ms"
         );
         assert_eq!(
             err("forward=1,backward=2,p2p=-0.5"),
-            "--op-times forward=1,backward=2,p2p=-0.5: p2p=-0.5: a time must be >= 0 ms"
+            "command line: --op-times forward=1,backward=2,p2p=-0.5: p2p=-0.5: a time must be >= 0 ms"
         );
         assert_eq!(
             err("forward=1,backward=2,optimizer=NaN"),
-            "--op-times forward=1,backward=2,optimizer=NaN: optimizer=NaN: a time must be >= 0 ms"
+            "command line: --op-times forward=1,backward=2,optimizer=NaN: optimizer=NaN: a time must be >= 0 ms"
         );
         assert_eq!(
             err("forward=1,backward-input=0,backward-weight=1"),
-            "--op-times forward=1,backward-input=0,backward-weight=1: backward-input=0: a time must be > 0 ms"
+            "command line: --op-times forward=1,backward-input=0,backward-weight=1: backward-input=0: a time must be > 0 ms"
         );
         assert!(err("forward=1").ends_with("give backward-input=MS and backward-weight=MS, or backward=MS"));
         assert!(err("fwd=1").contains("unknown op `fwd`"));

@@ -95,7 +95,7 @@ impl Hardware {
         let mut items = spec.split(',');
         let mut hw = Self::named(items.next().unwrap_or("").trim(), precision)?;
         for item in items {
-            let err = |msg: String| user_error(format!("--hardware {spec}: {msg}"));
+            let err = |msg: String| user_error(format!("command line: --hardware {spec}: {msg}"));
             let (key, value) =
                 item.split_once('=').ok_or_else(|| err(format!("`{item}` is not FIGURE=VALUE")))?;
             let x: f64 = value.trim().parse().map_err(|_| err(format!("{item}: not a number")))?;
@@ -157,7 +157,7 @@ impl Hardware {
             "cpu-measured" => cpu_measured(),
             other => {
                 return Err(user_error(format!(
-                    "--hardware {other}: unknown hardware (expected one of: {})",
+                    "command line: --hardware {other}: unknown hardware (expected one of: {})",
                     NAMES.join(", ")
                 )))
             }
@@ -312,17 +312,20 @@ mod tests {
         let err = |spec: &str| Hardware::lookup(spec, Precision::Bf16).unwrap_err().to_string();
         assert_eq!(
             err("h200,efficiency=1.5"),
-            "--hardware h200,efficiency=1.5: efficiency=1.5: a fraction of the peak, at most 1"
+            "command line: --hardware h200,efficiency=1.5: efficiency=1.5: a fraction of the peak, at most 1"
         );
         assert!(err("h200,speed=3").ends_with("unknown figure `speed` (expected one of: peak-tflops, efficiency, hbm-tb-s, nvlink-gb-s, network-gb-s, gpus-per-node, memory-gib, pcie-gb-s, host-memory-gib)"));
-        assert_eq!(err("h200,hbm-tb-s=fast"), "--hardware h200,hbm-tb-s=fast: hbm-tb-s=fast: not a number");
+        assert_eq!(
+            err("h200,hbm-tb-s=fast"),
+            "command line: --hardware h200,hbm-tb-s=fast: hbm-tb-s=fast: not a number"
+        );
     }
 
     #[test]
     fn unknown_hardware_lists_the_known_ones() {
         assert_eq!(
             Hardware::lookup("tpu", crate::config::Precision::Bf16).unwrap_err().to_string(),
-            "--hardware tpu: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"
+            "command line: --hardware tpu: unknown hardware (expected one of: a100-80gb, h100-sxm, h200, cpu-measured)"
         );
     }
 }

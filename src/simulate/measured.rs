@@ -44,7 +44,7 @@ fn arg(e: &TraceEvent, key: &str) -> Option<u64> {
 /// Op times of `setup`'s stages and chunks from the trace at `path`; `hw` gives the model's
 /// FLOP proportions for splitting a whole backward.
 pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Durations> {
-    let bad = |msg: String| user_error(format!("--measured {}: {msg}", path.display()));
+    let bad = |msg: String| user_error(format!("command line: --measured {}: {msg}", path.display()));
     let events = read_chrome_trace(path)?;
     let compute: Vec<&TraceEvent> =
         events.iter().filter(|e| COMPUTE.contains(&e.category.as_str())).collect();

@@ -94,29 +94,31 @@ fn check_flags(args: &SimulateArgs) -> anyhow::Result<()> {
         args.measured.as_ref().map(|_| "--measured")
     };
     if args.op_times.is_some() && args.measured.is_some() {
-        return Err(user_error("--op-times and --measured: give the op times one way"));
+        return Err(user_error("command line: --op-times and --measured: give the op times one way"));
     }
     if args.sweep || args.plan {
         let mode = if args.plan { "--plan" } else { "--sweep" };
         if let Some(flag) = given_times {
             return Err(user_error(format!(
-                "{flag} with {mode}: given times fit one configuration; the sweep times each from the hardware model"
+                "command line: {flag} with {mode}: given times fit one configuration; the sweep times each from the hardware model"
             )));
         }
         if args.trace.is_some() || args.svg.is_some() || args.print_schedule {
             return Err(user_error(format!(
-                "{mode}: --trace, --svg and --print-schedule show one simulation"
+                "command line: {mode}: --trace, --svg and --print-schedule show one simulation"
             )));
         }
     }
-    if args.top.is_some() && !args.sweep {
-        return Err(user_error("--top applies to --sweep"));
+    match args.top {
+        Some(_) if !args.sweep => return Err(user_error("command line: --top applies to --sweep")),
+        Some(0) => return Err(user_error("command line: --top 0: give 1 or more rows")),
+        _ => {}
     }
     match args.gpus {
         Some(_) if !(args.sweep || args.plan) => {
-            return Err(user_error("--gpus applies to --plan and --sweep"))
+            return Err(user_error("command line: --gpus applies to --plan and --sweep"))
         }
-        Some(0) => return Err(user_error("--gpus 0: give at least 1 GPU")),
+        Some(0) => return Err(user_error("command line: --gpus 0: give at least 1 GPU")),
         _ => {}
     }
     Ok(())
@@ -166,7 +168,7 @@ pub fn run(args: &SimulateArgs, overrides: &[(String, String)]) -> anyhow::Resul
         };
         if layouts.is_empty() {
             return Err(user_error(format!(
-                "--gpus {}: no tensor x pipeline x data parallel layout fits the model and global batch",
+                "command line: --gpus {}: no tensor x pipeline x data parallel layout fits the model and global batch",
                 args.gpus.unwrap_or(0)
             )));
         }
@@ -245,7 +247,7 @@ fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
     let limit = limit.map_or("the limit".into(), units::format_bytes);
     match outcomes.iter().min_by_key(|o| o.max_peak()) {
         Some(o) => user_error(format!(
-            "--plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, memory lever {})",
+            "command line: --plan: nothing fits {limit} per device; the least memory is {} (t={}, p={}, dp={}, {}, v={}, micro batch {}, memory lever {})",
             units::format_bytes(o.max_peak()),
             o.cfg.tensor_model_parallel_size,
             o.cfg.pipeline_model_parallel_size,
@@ -256,7 +258,7 @@ fn no_plan(outcomes: &[sweep::Outcome], limit: Option<u64>) -> anyhow::Error {
             o.lever.describe()
         )),
         None => user_error(format!(
-            "--plan: no schedule suits this config's shape, or its parameters and optimizer state alone exceed {limit} per device"
+            "command line: --plan: no schedule suits this config's shape, or its parameters and optimizer state alone exceed {limit} per device"
         )),
     }
 }

@@ -118,6 +118,7 @@ fn legend(svg: &mut Svg) {
 }
 
 pub fn write(path: &Path, setup: &Setup, sim: &SimReport) -> anyhow::Result<()> {
-    std::fs::write(path, render(setup, sim))
-        .map_err(|e| user_error(format!("--svg {}: cannot write the chart: {e}", path.display())))
+    std::fs::write(path, render(setup, sim)).map_err(|e| {
+        user_error(format!("command line: --svg {}: cannot write the chart: {e}", path.display()))
+    })
 }

@@ -23,11 +23,13 @@ pub fn parse_bytes(flag: &str, text: &str) -> anyhow::Result<u64> {
     let names = UNITS.map(|(n, _)| n).join(", ");
     let scale =
         UNITS.iter().find(|(name, _)| name.eq_ignore_ascii_case(unit)).map(|(_, s)| *s).ok_or_else(|| {
-            user_error(format!("{flag} {text}: give a size with a unit ({names}), e.g. 80GiB"))
+            user_error(format!("command line: {flag} {text}: give a size with a unit ({names}), e.g. 80GiB"))
         })?;
     match number.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok((x * scale).round() as u64),
-        _ => Err(user_error(format!("{flag} {text}: the size must be a number > 0, e.g. 80GiB"))),
+        _ => {
+            Err(user_error(format!("command line: {flag} {text}: the size must be a number > 0, e.g. 80GiB")))
+        }
     }
 }
 
@@ -71,11 +73,11 @@ mod tests {
         assert_eq!(parse_bytes("--memory-limit", "512MB").unwrap(), 512_000_000);
         assert_eq!(
             parse_bytes("--memory-limit", "80").unwrap_err().to_string(),
-            "--memory-limit 80: give a size with a unit (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB), e.g. 80GiB"
+            "command line: --memory-limit 80: give a size with a unit (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB), e.g. 80GiB"
         );
         assert_eq!(
             parse_bytes("--memory-limit", "-3GB").unwrap_err().to_string(),
-            "--memory-limit -3GB: the size must be a number > 0, e.g. 80GiB"
+            "command line: --memory-limit -3GB: the size must be a number > 0, e.g. 80GiB"
         );
     }
 
