@@ -128,6 +128,15 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
         if entries.count() > 0 && !force {
             return Err(user_error(format!("{shown}: exists and is not empty; pass --force to overwrite")));
         }
+        // --force replaces an export's files; in a checkpoint it would leave trainer state its
+        // new manifest does not list (a damaged checkpoint), in a run dir a model that
+        // `--resume` would take for the run's latest checkpoint.
+        let training = [STATE_FILE, OPTIMIZER_FILE, CHECKPOINTS_DIR, "metrics.jsonl"];
+        if let Some(file) = training.into_iter().find(|f| out_dir.join(f).exists()) {
+            return Err(user_error(format!(
+                "{shown}: holds {file}: a training checkpoint or run, which an export never replaces; give another --hf"
+            )));
+        }
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
     let files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
@@ -270,6 +279,22 @@ mod tests {
         let empty = run.join("empty");
         fs::create_dir(&empty).unwrap();
         export_hf(&ck, &empty, false).unwrap();
+        // Not even --force writes over a training checkpoint (the one exported included) or a
+        // run dir: the one would lose its manifest's trainer state, the other its latest.
+        for (target, holds) in [(&ck.dir, STATE_FILE), (&run, CHECKPOINTS_DIR)] {
+            let before = fs::read(ck.dir.join(MANIFEST_FILE)).unwrap();
+            let err = export_hf(&ck, target, true).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "{}: holds {holds}: a training checkpoint or run, which an export never replaces; give another --hf",
+                    target.display()
+                )
+            );
+            assert_eq!(fs::read(ck.dir.join(MANIFEST_FILE)).unwrap(), before);
+            assert!(!run.join(MODEL_FILE).exists());
+        }
+        load_checkpoint(&run).unwrap();
     }
 
     #[test]
