@@ -316,7 +316,7 @@ fn a_run_whose_vocab_size_is_below_the_tokenizers_is_one_line() {
     assert_user_error(
         &o,
         &format!(
-            "vocab_size 100276: below the 100277 ids of tokenizer cl100k_base, which made {} (as {} records)",
+            "error: {}: made by tokenizer cl100k_base (as {} records), whose 100277 ids exceed vocab_size 100276",
             dir.join("web_000000.bin").display(),
             dir.join("web.meta.json").display()
         ),

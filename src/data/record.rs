@@ -53,11 +53,11 @@ impl Records {
             }
             if record.vocab_size > vocab_size {
                 return Err(user_error(format!(
-                    "vocab_size {vocab_size}: below the {} ids of tokenizer {}, which made {} (as {} records)",
-                    record.vocab_size,
-                    record.tokenizer,
+                    "{}: made by tokenizer {} (as {} records), whose {} ids exceed vocab_size {vocab_size}",
                     bin.display(),
-                    path.display()
+                    record.tokenizer,
+                    path.display(),
+                    record.vocab_size,
                 )));
             }
             return Ok(());
@@ -137,7 +137,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "vocab_size 50304: below the 100277 ids of tokenizer cl100k_base, which made {} (as {} records)",
+                "{}: made by tokenizer cl100k_base (as {} records), whose 100277 ids exceed vocab_size 50304",
                 shard.display(),
                 dir.join("web.meta.json").display()
             )
