@@ -46,7 +46,7 @@ pub enum Command {
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),
-    /// Continue a prompt with a checkpoint's model, token by token to stdout (GPT-2 BPE).
+    /// Continue a prompt with a checkpoint's model, token by token to stdout, in its tokenizer's text.
     Generate(GenerateArgs),
     /// Benchmarks: `recompute` (step time and activation memory per policy), `pipeline`
     /// (tokens/s per stage count), `family` (GPT-2 against a Llama of the same width),
@@ -167,6 +167,13 @@ pub struct GenerateArgs {
     /// the same output, for checking).
     #[arg(long)]
     pub no_kv_cache: bool,
+    /// gpt2, cl100k_base, o200k_base or a tokenizer.json [default: a Hugging Face dir's
+    /// tokenizer.json, else the one that made the run's training data, else gpt2].
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+    /// The end-of-text token of a tokenizer.json (as `tokenize --eot-token`).
+    #[arg(long, value_name = "TOKEN")]
+    pub eot_token: Option<String>,
 }
 
 #[derive(Args, Debug)]

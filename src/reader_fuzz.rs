@@ -293,6 +293,7 @@ fn mutation(files: usize) -> impl Strategy<Value = Mutation> {
         "seed",
         "train_losses",
         "config_yaml",
+        "tokenizer",
     ]);
     let dim = prop_oneof![0u64..20, any::<u64>(), Just(1u64 << 40)];
     prop_oneof![

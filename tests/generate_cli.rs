@@ -97,3 +97,57 @@ fn mistakes_are_one_line_and_exit_2() {
     let o = bin().args(["generate", "--checkpoint"]).arg(&dir).output().unwrap();
     assert_user_error(&o, "not a checkpoint: no model.safetensors, and no checkpoints/latest to follow");
 }
+
+/// A model trained on data a tokenizer.json made writes that tokenizer's text: the tokenizer
+/// its run recorded, or a Hugging Face directory's own tokenizer.json. GPT-2's BPE, the
+/// default with neither, would read its ids as other text; here GPT-2's id of the prompt's
+/// first word is not even in the model's vocabulary, so the export without the file is
+/// refused.
+#[test]
+fn the_text_is_the_tokenizer_the_data_was_made_with() {
+    let dir = temp_dir("gen-tokenizer");
+    let tok = dir.join("tokenizer.json");
+    std::fs::write(&tok, WORD_LEVEL).unwrap();
+    let docs = dir.join("docs.jsonl");
+    std::fs::write(&docs, "{\"text\": \"hello world ! world hello\"}\n".repeat(200)).unwrap();
+    let data = dir.join("words.bin");
+    let o = bin()
+        .arg("tokenize")
+        .arg(&docs)
+        .arg(&data)
+        .args(["--quiet", "--tokenizer"])
+        .arg(&tok)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let yaml = format!(
+        "{MODEL}global_batch_size: 2\ntrain_data_path: {}\nvalid_data_path: {}\n",
+        data.display(),
+        data.display()
+    );
+    let run = dir.join("run");
+    let o = train(&write_config(&dir, "c.yaml", &yaml), &run, &["--train-iters", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let greedy = ["--max-new-tokens", "6", "--temperature", "0", "--prompt", "hello world"];
+    let from = |ck: &std::path::Path, extra: &[&str]| {
+        bin().arg("generate").arg("--checkpoint").arg(ck).args(greedy).args(extra).output().unwrap()
+    };
+    let text = String::from_utf8(stdout_of(&from(&run, &[]))).unwrap();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(words.len(), 2 + 6, "{text:?}");
+    assert_eq!(words[..2], ["hello", "world"]);
+    let vocabulary = ["<|endoftext|>", "hello", "world", "!", "[UNK]"];
+    assert!(words.iter().all(|w| vocabulary.contains(w)), "{text:?}");
+    // The flag names the same tokenizer, to the byte.
+    assert_eq!(stdout_of(&from(&run, &["--tokenizer", tok.to_str().unwrap()])), text.as_bytes());
+
+    let hf = dir.join("hf");
+    let o = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(&hf).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_user_error(
+        &from(&hf, &[]),
+        "error: command line: --prompt: token 31373 (\"hello\") is outside the model's vocabulary of 96",
+    );
+    std::fs::copy(&tok, hf.join("tokenizer.json")).unwrap();
+    assert_eq!(stdout_of(&from(&hf, &[])), text.as_bytes());
+}

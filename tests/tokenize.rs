@@ -186,16 +186,6 @@ fn a_vocabulary_above_65536_writes_uint32_tokens() {
     );
 }
 
-/// A word-level Hugging Face tokenizer: words split by its Whitespace pre-tokenizer (a regex).
-const WORD_LEVEL: &str = r#"{
-  "version": "1.0", "truncation": null, "padding": null,
-  "added_tokens": [{"id": 0, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": true}],
-  "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-  "model": {"type": "WordLevel", "vocab": {"<|endoftext|>": 0, "hello": 1, "world": 2, "!": 3, "[UNK]": 4},
-            "unk_token": "[UNK]"}
-}"#;
-
 #[test]
 fn a_hugging_face_tokenizer_json_tokenizes_and_is_recorded() {
     let dir = temp_dir("tok-hf");

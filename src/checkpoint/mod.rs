@@ -102,6 +102,10 @@ pub(crate) mod testing {
             data_position: step,
             lr: 6e-4 * 0.1f64.sqrt(),
             config_yaml: "num_layers: 2\nhidden_size: 8\n".into(),
+            tokenizer: Some(crate::data::TokenizerSpec {
+                tokenizer: "cl100k_base".into(),
+                eot_token: "<|endoftext|>".into(),
+            }),
             train_losses: vec![(1, 10.987_654), (step, 0.1f32.sqrt())],
             val_losses: vec![(step, 3.25)],
         }

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::NamedTensor;
+use crate::data::TokenizerSpec;
 use crate::error::user_error;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,6 +23,11 @@ pub struct TrainerState {
     pub lr: f64,
     /// The run's full pipetrain config as YAML, so a resumed run can compare against it.
     pub config_yaml: String,
+    /// The tokenizer that made the training data, where its `tokenize` records say: the one
+    /// `generate` then reads and writes the model's text with. None for data without a
+    /// record (and in a checkpoint from before it was kept).
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerSpec>,
     /// (step, training loss) of completed steps.
     #[serde(default, deserialize_with = "null_as_nan")]
     pub train_losses: Vec<(u64, f32)>,
@@ -86,6 +92,7 @@ mod tests {
             data_position: 2,
             lr: 1e-3,
             config_yaml: String::new(),
+            tokenizer: None,
             train_losses: vec![(1, 2.5), (2, f32::NAN)],
             val_losses: vec![],
         };

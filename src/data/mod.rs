@@ -8,11 +8,12 @@ mod source;
 mod token_file;
 mod tokenize;
 
+pub use record::TokenizerSpec;
 pub use source::TokenData;
 #[cfg(test)]
 pub(crate) use token_file::write_tokens;
 pub use token_file::TokenFile;
-pub use tokenize::{bpe_decode, bpe_encode, run as tokenize, OutputFormat, EOT, TEXT_VOCAB};
+pub use tokenize::{run as tokenize, OutputFormat, Tokenizer};
 
 /// A fresh, empty directory for one test.
 #[cfg(test)]

@@ -29,6 +29,15 @@ pub struct TokenizeRecord {
     pub documents: usize,
 }
 
+/// The tokenizer a record names, as `tokenize` was given it (`gpt2`, `cl100k_base`,
+/// `o200k_base` or a tokenizer.json's path) with its end-of-text token: what a run trained
+/// on the data keeps, so that `generate` reads and writes the model's text with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerSpec {
+    pub tokenizer: String,
+    pub eot_token: String,
+}
+
 /// The record of the output whose files share `prefix` (OUTPUT without `.bin`).
 pub fn record_path(prefix: &str) -> PathBuf {
     PathBuf::from(format!("{prefix}.meta.json"))
@@ -42,10 +51,15 @@ pub struct Records {
 
 impl Records {
     /// Errors if the record that lists data file `bin` (an llm.c file, or a Megatron
-    /// dataset's `.bin`) names a tokenizer with more ids than `vocab_size`. A file no record
-    /// lists (made by another tool) is not checked here; its tokens still are.
-    pub fn check_vocab_size(&mut self, bin: &Path, vocab_size: usize) -> anyhow::Result<()> {
-        let Some(name) = bin.file_name().map(|n| n.to_string_lossy().into_owned()) else { return Ok(()) };
+    /// dataset's `.bin`) names a tokenizer with more ids than `vocab_size`; else returns the
+    /// tokenizer it names. A file no record lists (made by another tool) is not checked
+    /// here, and has no known tokenizer; its tokens still are checked.
+    pub fn check_vocab_size(
+        &mut self,
+        bin: &Path,
+        vocab_size: usize,
+    ) -> anyhow::Result<Option<TokenizerSpec>> {
+        let Some(name) = bin.file_name().map(|n| n.to_string_lossy().into_owned()) else { return Ok(None) };
         for path in candidates(bin) {
             let Some(record) = self.read(&path)? else { continue };
             if !record.files.contains(&name) {
@@ -60,9 +74,11 @@ impl Records {
                     record.vocab_size,
                 )));
             }
-            return Ok(());
+            let spec =
+                TokenizerSpec { tokenizer: record.tokenizer.clone(), eot_token: record.eot_token.clone() };
+            return Ok(Some(spec));
         }
-        Ok(())
+        Ok(None)
     }
 
     fn read(&mut self, path: &Path) -> anyhow::Result<Option<&TokenizeRecord>> {
@@ -143,11 +159,12 @@ mod tests {
             )
         );
         assert!(crate::error::is_user_error(&err));
-        records.check_vocab_size(&shard, 100277).unwrap();
+        let cl100k = TokenizerSpec { tokenizer: "cl100k_base".into(), eot_token: "<|endoftext|>".into() };
+        assert_eq!(records.check_vocab_size(&shard, 100277).unwrap(), Some(cl100k));
         // A file the record does not list is not its tokenizer's.
-        records.check_vocab_size(&dir.join("web_000001.bin"), 50304).unwrap();
+        assert_eq!(records.check_vocab_size(&dir.join("web_000001.bin"), 50304).unwrap(), None);
         // Nor is a file without a record.
-        records.check_vocab_size(&dir.join("other.bin"), 50304).unwrap();
+        assert_eq!(records.check_vocab_size(&dir.join("other.bin"), 50304).unwrap(), None);
     }
 
     #[test]

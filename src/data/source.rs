@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::indexed::{is_indexed, open_indexed};
-use super::record::Records;
+use super::record::{Records, TokenizerSpec};
 use super::TokenFile;
 use crate::config::DataPath;
 use crate::error::user_error;
@@ -21,6 +21,9 @@ pub struct Source {
 /// Every source of a data path (one, unless it is a blend).
 pub struct TokenData {
     pub sources: Vec<Source>,
+    /// The tokenizer that made every file, where their `tokenize` records name one and the
+    /// same; None where a file has no record or two name different tokenizers.
+    pub tokenizer: Option<TokenizerSpec>,
 }
 
 impl TokenData {
@@ -30,6 +33,7 @@ impl TokenData {
     pub fn open(path: &DataPath, seq_len: usize, vocab_size: usize) -> anyhow::Result<TokenData> {
         let mut sources = Vec::new();
         let mut records = Records::default();
+        let mut tokenizers = Vec::new();
         for ((weight, patterns), name) in path.sources().into_iter().zip(path.source_names()) {
             let mut locations: Vec<Location> = Vec::new();
             for pattern in &patterns {
@@ -40,14 +44,16 @@ impl TokenData {
                 .map(|l| {
                     let f = l.open()?;
                     f.check_seq_len(seq_len)?;
-                    records.check_vocab_size(f.path(), vocab_size)?;
+                    tokenizers.push(records.check_vocab_size(f.path(), vocab_size)?);
                     f.check_vocab(vocab_size)?;
                     Ok(f)
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             sources.push(Source { name, weight, files });
         }
-        Ok(TokenData { sources })
+        let first = tokenizers.first().cloned().flatten();
+        let tokenizer = first.filter(|f| tokenizers.iter().all(|t| t.as_ref() == Some(f)));
+        Ok(TokenData { sources, tokenizer })
     }
 
     /// One llm.c file or Megatron prefix, checked as [`TokenData::open`] does.

@@ -1,30 +1,41 @@
-//! `pipetrain generate`: text from a checkpoint, a run dir or a Hugging Face directory,
-//! GPT-2 BPE in and out, one position's forward per new token (model.rs keeps a KV cache),
-//! greedy or sampled (sample.rs), each token written to stdout as it comes.
+//! `pipetrain generate`: text from a checkpoint, a run dir or a Hugging Face directory, in
+//! and out through the model's tokenizer, one position's forward per new token (model.rs
+//! keeps a KV cache), greedy or sampled (sample.rs), each token's text written to stdout as
+//! it comes (text.rs).
 
 mod model;
 mod sample;
+mod text;
 
 use crate::checkpoint::{self, ModelConfig, NamedTensor};
 use crate::cli::GenerateArgs;
-use crate::data::{bpe_decode, bpe_encode, EOT, TEXT_VOCAB};
+use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::user_error;
 use model::Decoder;
 use sample::Sampler;
 use std::io::Write;
+use std::path::Path;
+use text::TextStream;
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let sampler = sampler(args)?;
     let ck = checkpoint::load_checkpoint(&args.checkpoint)?;
+    let recorded = ck.trainer.as_ref().and_then(|t| t.state.tokenizer.as_ref());
+    let tokenizer = tokenizer(args, &ck.dir, recorded)?;
     let model = Decoder::new(&ck.config, &ck.model);
-    let prompt = prompt_tokens(args.prompt.as_deref(), &model)?;
+    let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, &model)?;
     let mut out = std::io::stdout().lock();
-    out.write_all(&bpe_decode(&prompt))?;
+    let mut text = TextStream::new(&tokenizer);
+    out.write_all(&text.push(&prompt)?)?;
     out.flush()?;
-    let generated = generate(&model, &prompt, args.max_new_tokens, sampler, !args.no_kv_cache, |token| {
-        out.write_all(&bpe_decode(&[token]))?;
-        out.flush()
-    })?;
+    let candidates = model.vocab().min(tokenizer.vocab_size);
+    let emit = |token| -> anyhow::Result<()> {
+        out.write_all(&text.push(&[token])?)?;
+        Ok(out.flush()?)
+    };
+    let generated =
+        generate(&model, &prompt, args.max_new_tokens, sampler, !args.no_kv_cache, candidates, emit)?;
+    out.write_all(&text.finish()?)?;
     writeln!(out)?;
     if generated < args.max_new_tokens {
         eprintln!(
@@ -33,6 +44,30 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The tokenizer of the model's text: `--tokenizer`; else the `tokenizer.json` a Hugging
+/// Face directory keeps beside the weights; else the one that made the run's training data
+/// (`recorded`, from its trainer state); else GPT-2's.
+fn tokenizer(args: &GenerateArgs, dir: &Path, recorded: Option<&TokenizerSpec>) -> anyhow::Result<Tokenizer> {
+    let eot = args.eot_token.as_deref();
+    if let Some(spec) = &args.tokenizer {
+        return Tokenizer::load(spec, eot);
+    }
+    let beside = dir.join("tokenizer.json");
+    if beside.is_file() {
+        return Tokenizer::load(&beside.to_string_lossy(), eot);
+    }
+    match recorded {
+        Some(spec) => Tokenizer::load(&spec.tokenizer, eot.or(Some(&spec.eot_token))).map_err(|_| {
+            user_error(format!(
+                "{}: the run's data was tokenized with {}, which does not load here; give --tokenizer",
+                dir.display(),
+                spec.tokenizer
+            ))
+        }),
+        None => Tokenizer::load("gpt2", eot),
+    }
 }
 
 fn sampler(args: &GenerateArgs) -> anyhow::Result<Sampler> {
@@ -52,13 +87,22 @@ fn sampler(args: &GenerateArgs) -> anyhow::Result<Sampler> {
     Ok(Sampler { temperature: args.temperature, top_k: args.top_k, seed })
 }
 
-/// The prompt's GPT-2 tokens (`<|endoftext|>` alone when there is none, as every document
-/// starts in training), checked against the model.
-fn prompt_tokens(prompt: Option<&str>, model: &Decoder) -> anyhow::Result<Vec<u32>> {
-    let tokens = match prompt {
-        Some(text) if !text.is_empty() => bpe_encode(text),
-        _ => vec![EOT as u32],
-    };
+/// The prompt's tokens, the end-of-text token's text written in it as that token
+/// (`<|endoftext|>` alone when there is no prompt, as every document starts in training),
+/// checked against the model.
+fn prompt_tokens(prompt: Option<&str>, tokenizer: &Tokenizer, model: &Decoder) -> anyhow::Result<Vec<u32>> {
+    let mut tokens = Vec::new();
+    match prompt {
+        Some(text) if !text.is_empty() => {
+            for (i, piece) in text.split(tokenizer.eot_token.as_str()).enumerate() {
+                if i > 0 {
+                    tokens.push(tokenizer.eot);
+                }
+                tokens.extend(tokenizer.encode(piece)?);
+            }
+        }
+        _ => tokens.push(tokenizer.eot),
+    }
     if tokens.len() > model.max_positions() {
         return Err(user_error(format!(
             "command line: --prompt: {} tokens, more than the model's {} positions (max_position_embeddings)",
@@ -69,26 +113,27 @@ fn prompt_tokens(prompt: Option<&str>, model: &Decoder) -> anyhow::Result<Vec<u3
     if let Some(&t) = tokens.iter().find(|&&t| t as usize >= model.vocab()) {
         return Err(user_error(format!(
             "command line: --prompt: token {t} ({:?}) is outside the model's vocabulary of {}",
-            String::from_utf8_lossy(&bpe_decode(&[t])),
+            String::from_utf8_lossy(&tokenizer.decode(&[t])?),
             model.vocab()
         )));
     }
     Ok(tokens)
 }
 
-/// Generates up to `max_new` tokens after `prompt`, calling `emit` with each as it comes,
-/// and stops early when the model's positions are full. With `cache`, each new token runs
-/// one position; without, every position again (the same numbers, for checking).
-/// Returns how many tokens were generated.
+/// Generates up to `max_new` tokens after `prompt`, drawn from ids below `candidates` (the
+/// tokenizer's, where the model's vocabulary is padded past them), calling `emit` with each
+/// as it comes, and stops early when the model's positions are full. With `cache`, each new
+/// token runs one position; without, every position again (the same numbers, for
+/// checking). Returns how many tokens were generated.
 fn generate<E>(
     model: &Decoder,
     prompt: &[u32],
     max_new: usize,
     sampler: Sampler,
     cache: bool,
+    candidates: usize,
     mut emit: impl FnMut(u32) -> Result<(), E>,
 ) -> Result<usize, E> {
-    let candidates = model.vocab().min(TEXT_VOCAB);
     let mut tokens = prompt.to_vec();
     let mut kv = model.empty_cache();
     let mut logits = model.forward(prompt, &mut kv);
@@ -110,10 +155,22 @@ fn generate<E>(
     Ok(generated)
 }
 
-/// A short greedy continuation of `<|endoftext|>` by a model, as text, for the train
-/// summary; None when its vocabulary has no `<|endoftext|>`.
-pub fn greedy_sample(config: &ModelConfig, weights: &[NamedTensor], tokens: usize) -> Option<String> {
-    if config.vocab_size() < TEXT_VOCAB {
+/// A short greedy continuation of the end-of-text token by a model, as text, for the train
+/// summary, through the tokenizer that made the training data (`data`; GPT-2's where no
+/// record says). None where that tokenizer does not load or its end of text is not in the
+/// model's vocabulary.
+pub fn greedy_sample(
+    config: &ModelConfig,
+    weights: &[NamedTensor],
+    data: Option<&TokenizerSpec>,
+    tokens: usize,
+) -> Option<String> {
+    let tokenizer = match data {
+        Some(spec) => Tokenizer::load(&spec.tokenizer, Some(&spec.eot_token)),
+        None => Tokenizer::load("gpt2", None),
+    }
+    .ok()?;
+    if tokenizer.eot as usize >= config.vocab_size() {
         return None;
     }
     let model = Decoder::new(config, weights);
@@ -122,8 +179,9 @@ pub fn greedy_sample(config: &ModelConfig, weights: &[NamedTensor], tokens: usiz
         out.push(t);
         Ok::<(), std::convert::Infallible>(())
     };
-    let Ok(_) = generate(&model, &[EOT as u32], tokens, Sampler::GREEDY, true, emit);
-    Some(String::from_utf8_lossy(&bpe_decode(&out)).into_owned())
+    let candidates = model.vocab().min(tokenizer.vocab_size);
+    let Ok(_) = generate(&model, &[tokenizer.eot], tokens, Sampler::GREEDY, true, candidates, emit);
+    Some(String::from_utf8_lossy(&tokenizer.decode(&out).ok()?).into_owned())
 }
 
 #[cfg(test)]
@@ -171,7 +229,7 @@ mod tests {
                 out.push(t);
                 Ok::<(), ()>(())
             };
-            generate(model, &[0], 15, sampler, cache, emit).unwrap();
+            generate(model, &[0], 15, sampler, cache, model.vocab(), emit).unwrap();
             out
         };
         let with = run(true);
@@ -182,14 +240,15 @@ mod tests {
     #[test]
     fn prompts_are_checked_against_the_model() {
         let model = fixture_model();
-        assert_eq!(prompt_tokens(Some("x=y"), &model).unwrap(), [87, 28, 88]);
+        let gpt2 = Tokenizer::load("gpt2", None).unwrap();
+        assert_eq!(prompt_tokens(Some("x=y"), &gpt2, &model).unwrap(), [87, 28, 88]);
         let long = vec!["a"; 17].join(" ");
         assert_eq!(
-            prompt_tokens(Some(&long), &model).unwrap_err().to_string(),
+            prompt_tokens(Some(&long), &gpt2, &model).unwrap_err().to_string(),
             "command line: --prompt: 17 tokens, more than the model's 16 positions (max_position_embeddings)"
         );
         assert_eq!(
-            prompt_tokens(None, &model).unwrap_err().to_string(),
+            prompt_tokens(None, &gpt2, &model).unwrap_err().to_string(),
             "command line: --prompt: token 50256 (\"<|endoftext|>\") is outside the model's vocabulary of 96"
         );
     }

@@ -8,7 +8,7 @@ use super::{loss_chart, lr, metrics, non_finite, peak, resume_changes, shards, s
 use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
-use crate::data::TokenData;
+use crate::data::{TokenData, TokenizerSpec};
 use crate::error::{user_error, Interrupted, NonFinite};
 use crate::plan;
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
@@ -55,7 +55,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     // 0 holds the run dir's lock until it returns.
     let (parts, mut state, _lock) = match root {
         true => {
-            let (parts, state, lock) = root_start(args, cfg, topology)?;
+            let (parts, state, lock) = root_start(args, cfg, topology, train_data.tokenizer.clone())?;
             (Some(parts), Some(state), Some(lock))
         }
         false => (None, None, None),
@@ -230,9 +230,12 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         loss_chart: loss_chart::path(&args.run_dir),
         aliases: cfg.aliases.clone(),
         sample: match (&final_model, args.quiet) {
-            (Some(model), false) => {
-                crate::generate::greedy_sample(&checkpoint::ModelConfig::of(cfg), model, SAMPLE_TOKENS)
-            }
+            (Some(model), false) => crate::generate::greedy_sample(
+                &checkpoint::ModelConfig::of(cfg),
+                model,
+                train_data.tokenizer.as_ref(),
+                SAMPLE_TOKENS,
+            ),
             _ => None,
         },
     };
@@ -263,6 +266,7 @@ fn root_start(
     args: &TrainArgs,
     cfg: &Config,
     topology: Topology,
+    tokenizer: Option<TokenizerSpec>,
 ) -> anyhow::Result<(Vec<Vec<u8>>, TrainerState, RunLock)> {
     let (resume_from, lock) = prepare_run_dir(&args.run_dir, args.resume)?;
     let loaded = match (&resume_from, &cfg.load) {
@@ -292,8 +296,10 @@ fn root_start(
         for change in resume_changes::changed_keys(&s.config_yaml, &now) {
             eprintln!("note: resuming {} at step {} with {change}", args.run_dir.display(), s.step);
         }
-        // The steps from here are trained with this config; a later resume compares with it.
+        // The steps from here are trained with this config and data; a later resume compares
+        // with the one, generate writes text with the other's tokenizer.
         s.config_yaml = now.clone();
+        s.tokenizer = tokenizer.clone();
     }
     let step = state.as_ref().map_or(0, |s| s.step as usize);
     let parts = shards::start_parts(cfg, topology, step, weights.as_deref(), optimizer.as_deref())?;
@@ -304,6 +310,7 @@ fn root_start(
         data_position: 0,
         lr: 0.0,
         config_yaml: now,
+        tokenizer,
         train_losses: vec![],
         val_losses: vec![],
     });

@@ -178,6 +178,16 @@ pub fn synthetic_data(dir: &Path) -> PathBuf {
     path
 }
 
+/// A word-level Hugging Face tokenizer: words split by its Whitespace pre-tokenizer (a regex).
+pub const WORD_LEVEL: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 0, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+  "model": {"type": "WordLevel", "vocab": {"<|endoftext|>": 0, "hello": 1, "world": 2, "!": 3, "[UNK]": 4},
+            "unk_token": "[UNK]"}
+}"#;
+
 /// Writes an llm.c token file of uint32 tokens (magic 20240801, version 7).
 pub fn write_u32_tokens(path: &Path, tokens: &[u32]) {
     let mut bytes = vec![0u8; 1024];

@@ -7,23 +7,6 @@ use tiktoken_rs::CoreBPE;
 
 use crate::error::user_error;
 
-/// GPT-2's `<|endoftext|>` token.
-pub const EOT: u16 = 50256;
-
-/// Tokens GPT-2's BPE has text for: 0 ..= `<|endoftext|>`.
-pub const TEXT_VOCAB: usize = EOT as usize + 1;
-
-/// GPT-2 tokens of `text` alone; the literal `<|endoftext|>` becomes its token.
-pub fn bpe_encode(text: &str) -> Vec<u32> {
-    tiktoken_rs::r50k_base_singleton().encode_with_special_tokens(text)
-}
-
-/// The bytes of GPT-2 tokens below [`TEXT_VOCAB`]. One token may hold part of a UTF-8
-/// character, so a stream of them is bytes, valid text only once complete.
-pub fn bpe_decode(tokens: &[u32]) -> Vec<u8> {
-    tiktoken_rs::r50k_base_singleton().decode_bytes(tokens).expect("tokens below TEXT_VOCAB decode")
-}
-
 /// The end-of-text spellings looked up in a Hugging Face vocabulary when `--eot-token` is not
 /// given, in this order: GPT-2 and most BPEs, Llama 3, SentencePiece models, Gemma.
 const HF_EOT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
@@ -97,6 +80,21 @@ impl Tokenizer {
                 .encode_fast(doc, false)
                 .map(|e| e.get_ids().to_vec())
                 .map_err(|e| anyhow::anyhow!("{}: cannot encode a document: {e}", self.name)),
+        }
+    }
+
+    /// The bytes `tokens` stand for, special tokens written out. tiktoken's are the exact
+    /// bytes, of which a token may hold part of a character; a Hugging Face decoder's are
+    /// text, with U+FFFD for a character the tokens do not complete yet.
+    pub fn decode(&self, tokens: &[u32]) -> anyhow::Result<Vec<u8>> {
+        match &self.engine {
+            Engine::Tiktoken(bpe) => {
+                bpe.decode_bytes(tokens).map_err(|e| anyhow::anyhow!("{}: cannot decode: {e}", self.name))
+            }
+            Engine::HuggingFace(tok) => tok
+                .decode(tokens, false)
+                .map(String::into_bytes)
+                .map_err(|e| anyhow::anyhow!("{}: cannot decode: {e}", self.name)),
         }
     }
 }

@@ -20,8 +20,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use encoder::Tokenizer;
-pub use encoder::{bpe_decode, bpe_encode, EOT, TEXT_VOCAB};
+pub use encoder::Tokenizer;
 use input::Documents;
 use llmc::{LlmcWriter, Naming};
 use megatron::MegatronWriter;
@@ -250,9 +249,10 @@ mod tests {
         assert_eq!((s.tokens, s.documents, s.input_bytes), (5, 2, 29));
         assert_eq!(s.to_string(), format!("{}: 5 tokens (2 documents) from 29 bytes of text", out.display()));
         let f = TokenFile::open(&out).unwrap();
+        // GPT-2's <|endoftext|> (50256) before each document.
         assert_eq!(
             (0..f.len()).map(|i| f.token(i) as u16).collect::<Vec<_>>(),
-            [EOT, 15496, 995, EOT, 15496]
+            [50256, 15496, 995, 50256, 15496]
         );
         assert!(!dir.join(".out.bin.tmp").exists());
         let record: serde_json::Value =
