@@ -402,8 +402,9 @@ fn from_entries(path: &Path, entries: &[Entry]) -> anyhow::Result<Config> {
         single.insert(Value::String(key.clone()), value.clone());
         if let Err(e) = serde_norway::from_value::<Config>(Value::Mapping(single)) {
             let msg = one_line(&e.to_string());
-            // A name outside a key's set already quotes the value and lists the names.
-            let bad_value = if msg.contains(" is not one of ") {
+            // A name outside a key's set already quotes the value and lists the names, and
+            // a flag's origin is the flag with its value.
+            let bad_value = if msg.contains(" is not one of ") || matches!(origin, Origin::Flag(_)) {
                 String::new()
             } else {
                 format!("bad value {}: ", show(value))
@@ -443,8 +444,12 @@ pub fn first_difference(a: &str, b: &str) -> String {
 }
 
 /// A YAML value as it would be written, on one line.
+/// A value in one line as a user writes it, a list in flow style: `[0.5, a.bin, 0.5, b.bin]`.
 fn show(v: &Value) -> String {
-    serde_norway::to_string(v).map(|s| one_line(s.trim())).unwrap_or_else(|_| format!("{v:?}"))
+    match v {
+        Value::Sequence(items) => format!("[{}]", items.iter().map(show).collect::<Vec<_>>().join(", ")),
+        _ => serde_norway::to_string(v).map(|s| one_line(s.trim())).unwrap_or_else(|_| format!("{v:?}")),
+    }
 }
 
 fn one_line(s: &str) -> String {
@@ -995,7 +1000,7 @@ mod tests {
         assert_eq!(settings(again), settings(cfg));
         assert_eq!(
             err_of("train_data_path: [0.5, a, 0.5]\n", &[]),
-            "c.yaml: key `train_data_path`: bad value - 0.5 - a - 0.5: a blend is [weight, prefix, weight, prefix, \
+            "c.yaml: key `train_data_path`: bad value [0.5, a, 0.5]: a blend is [weight, prefix, weight, prefix, \
              ...]; 3 entries do not pair up"
         );
     }

@@ -306,7 +306,9 @@ fn a_run_whose_vocab_size_is_below_the_tokenizers_is_one_line() {
     assert_user_error(
         &o,
         &format!(
-            "error: {}: made by tokenizer cl100k_base (as {} records), whose 100277 ids exceed vocab_size 100276",
+            "error: {}: key `train_data_path`: {}: made by tokenizer cl100k_base (as {} records), whose 100277 ids \
+             exceed vocab_size 100276",
+            cfg.display(),
             dir.join("web_000000.bin").display(),
             dir.join("web.meta.json").display()
         ),

@@ -92,6 +92,9 @@ pub struct TokenFile {
 pub(super) fn map_file(path: &Path, what: &str) -> anyhow::Result<Mmap> {
     let shown = path.display();
     let file = File::open(path).map_err(|e| user_error(format!("{shown}: cannot open {what}: {e}")))?;
+    if path.is_dir() {
+        return Err(user_error(format!("{shown}: a directory, not a {what}")));
+    }
     // SAFETY: the map is read-only and we never hand out references that outlive it;
     // a concurrent writer truncating the file is outside what we can guard against.
     unsafe { Mmap::map(&file) }.map_err(|e| user_error(format!("{shown}: cannot map {what}: {e}")))
@@ -275,6 +278,7 @@ mod tests {
 
         let missing = dir.join("missing.bin");
         assert!(open_err(&missing).starts_with(&format!("{}: cannot open token file: ", missing.display())));
+        assert_eq!(open_err(&dir), format!("{}: a directory, not a token file", dir.display()));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::checkpoint::{self, NamedTensor, TrainerState};
 use crate::cli::TrainArgs;
 use crate::config::Config;
 use crate::data::{TokenData, TokenizerSpec};
-use crate::error::{user_error, Interrupted, NonFinite};
+use crate::error::{is_user_error, user_error, Interrupted, NonFinite};
 use crate::plan;
 use stages::dist::{Collective, DistError, Group, Topology, Transport};
 use stages::runtime::FaultInjection;
@@ -44,12 +44,18 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     }
     let train_path =
         cfg.train_data_path.as_ref().ok_or_else(|| cfg.key_error("train_data_path", "training needs one"))?;
-    let train_data = TokenData::open(train_path, cfg.seq_length, cfg.vocab_size)?;
-    let valid_data = cfg
-        .valid_data_path
-        .as_ref()
-        .map(|p| TokenData::open(p, cfg.seq_length, cfg.vocab_size))
-        .transpose()?;
+    // A file's error names the file; the key names which of the two paths led to it.
+    let open = |key, path| {
+        TokenData::open(path, cfg.seq_length, cfg.vocab_size).map_err(|e| {
+            if is_user_error(&e) {
+                cfg.key_error(key, e)
+            } else {
+                e
+            }
+        })
+    };
+    let train_data = open("train_data_path", train_path)?;
+    let valid_data = cfg.valid_data_path.as_ref().map(|p| open("valid_data_path", p)).transpose()?;
 
     // Rank 0 prepares the run dir and reads the checkpoint; each rank gets its share. Rank
     // 0 holds the run dir's lock until it returns.
