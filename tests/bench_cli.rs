@@ -45,6 +45,9 @@ fn unknown_variant_is_one_line() {
     let cfg = write_config(&dir, "c.yaml", SMALL);
     let out = bench(&cfg, &["--variants", "none,selective everything"]);
     assert_user_error(&out, "--variants: no variant `selective everything`; expected some of none, ");
+    // No timed step would leave the table no median to take.
+    let out = bin().args(["bench", "recompute", "--steps", "0", "--config"]).arg(&cfg).output().unwrap();
+    assert_user_error(&out, "error: command line: --steps 0: a benchmark times 1 or more steps\n");
 }
 
 /// Without a usable GPU, `bench gpu` and `bench attention` say why in one line and exit 3,

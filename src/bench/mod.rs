@@ -86,6 +86,9 @@ impl Variant {
 }
 
 pub fn run(args: &BenchArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        return Err(user_error("command line: --steps 0: a benchmark times 1 or more steps"));
+    }
     let base = config::load(&args.config, overrides)?;
     match args.what.as_str() {
         "gpu" => return gpu::run(args, &base),
