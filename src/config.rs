@@ -1154,7 +1154,7 @@ mod tests {
         assert!(err_of("a: [1, 2\n", &[]).starts_with("c.yaml: malformed YAML: "));
         assert_eq!(
             err_of("- 1\n- 2\n", &[]),
-            "c.yaml: a config is one flat mapping of keys to values, found - 1 - 2"
+            "c.yaml: a config is one flat mapping of keys to values, found [1, 2]"
         );
     }
 
