@@ -49,6 +49,26 @@ pub struct TraceEvent {
     pub args: Value,
 }
 
+/// Errors unless `path` (given as `--trace`) can be where a trace is written: not a
+/// directory, in one that exists. A run checks it before its first step, so that a slip in
+/// the flag does not cost the trace of the whole run at its end.
+pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        return Err(user_error(format!(
+            "command line: --trace {shown}: a directory; give the file to write"
+        )));
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(user_error(format!(
+            "command line: --trace {shown}: no directory {} to write it in",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Writes `events` as a Chrome trace; `stage_names[i]` names track i. The file appears
 /// whole or not at all (written beside it, then renamed).
 pub fn write_chrome_trace(path: &Path, events: &[TraceEvent], stage_names: &[String]) -> anyhow::Result<()> {
@@ -178,5 +198,20 @@ mod tests {
         assert!(e.to_string().ends_with("bad.json: no \"traceEvents\" array: not a Chrome trace"), "{e}");
         let e = write_chrome_trace(&dir.join("missing/t.json"), &[], &[]).unwrap_err();
         assert!(e.to_string().contains("cannot write the trace"), "{e}");
+        let missing = dir.join("missing/t.json");
+        assert_eq!(
+            check_trace_path(&missing).unwrap_err().to_string(),
+            format!(
+                "command line: --trace {}: no directory {} to write it in",
+                missing.display(),
+                dir.join("missing").display()
+            )
+        );
+        assert_eq!(
+            check_trace_path(&dir).unwrap_err().to_string(),
+            format!("command line: --trace {}: a directory; give the file to write", dir.display())
+        );
+        check_trace_path(&dir.join("t.json")).unwrap();
+        check_trace_path(Path::new("t.json")).unwrap();
     }
 }

@@ -89,7 +89,7 @@ fn config_mistakes() {
 #[test]
 fn unknown_flags_name_the_nearest_key_or_flag() {
     let dir = temp_dir("bad-flags");
-    let cases: [(&str, &[&str], &str); 8] = [
+    let cases: [(&str, &[&str], &str); 9] = [
         (
             "train",
             &["--num-layer", "4"],
@@ -112,6 +112,12 @@ fn unknown_flags_name_the_nearest_key_or_flag() {
         ("train", &["--peak-flops", "-5"], "--peak-flops -5: must be a number of FLOP/s > 0"),
         ("train", &["--peak-flops=0"], "--peak-flops 0: must be a number of FLOP/s > 0"),
         ("train", &["--peak-flops", "inf"], "--peak-flops inf: must be a number of FLOP/s > 0"),
+        // Before the first step, not after the last.
+        (
+            "train",
+            &["--trace", "/no-such-dir/t.json"],
+            "--trace /no-such-dir/t.json: no directory /no-such-dir to write it in",
+        ),
     ];
     let cfg = write_config(&dir, "c.yaml", SMALL);
     for (command, extra, needle) in cases {

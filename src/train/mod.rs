@@ -32,6 +32,9 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
         let why = format!("command line: --peak-flops {peak}: must be a number of FLOP/s > 0");
         return Err(launch::quiet_unless_root(user_error(why)));
     }
+    if let Some(trace) = &args.trace {
+        crate::trace::check_trace_path(trace).map_err(launch::quiet_unless_root)?;
+    }
     let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
     tensor_parallel_runs(&cfg).map_err(|(key, msg)| launch::quiet_unless_root(cfg.key_error(key, msg)))?;
     // bf16 activations have only the tensor-core attention kernels.
