@@ -194,9 +194,6 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     let (Some(m), Some(state), Some(summaries)) = (metrics, state, summaries) else { return Ok(()) };
     m.finish();
     loss_chart::write(&args.run_dir)?;
-    if let Some(path) = &args.trace {
-        timeline.write_trace(path)?;
-    }
     let summaries = summaries.iter().map(|b| RankSummary::decode(b)).collect::<Result<Vec<_>, _>>()?;
     let per_rank =
         |per_stage: Vec<u64>| (0..topology.world()).map(|r| per_stage[topology.stage_of(r)]).collect();
@@ -247,6 +244,10 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     };
     report.print();
     report.write(&args.run_dir)?;
+    // After the report, so that a trace that cannot be written costs only itself.
+    if let Some(path) = &args.trace {
+        timeline.write_trace(path)?;
+    }
     if interrupted {
         return Err(anyhow::Error::new(Interrupted(format!(
             "interrupted: checkpoint of step {last_saved} saved in {}; continue with --resume",
