@@ -9,7 +9,7 @@ use serde_norway::{Mapping, Value};
 /// Keys that leave every step's result as it was: how the work is laid out over stages
 /// and in time (bitwise under any stage count, schedule, recompute, offload or sharding of
 /// the optimizer), when the run logs, evaluates and saves, what it checks, and what only
-/// a fresh run reads (its init and `load`).
+/// a fresh run reads (its init).
 const LAYOUT_AND_BOOKKEEPING: &[&str] = &[
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
@@ -33,15 +33,15 @@ const LAYOUT_AND_BOOKKEEPING: &[&str] = &[
     "check_for_nan_in_loss_and_grad",
     "distributed_timeout_minutes",
     "init_method_std",
-    "load",
 ];
 
 /// One line per key whose value in `now` (the resumed run's config, as YAML) differs from
 /// `trained` (the config the checkpoint's steps were trained with, as its trainer state
 /// keeps it) and changes what a step computes. `train_iters` counts only where the
-/// learning rate decays over it: `lr_decay_iters` unset, a style other than constant. A key one of the two
-/// configs lacks (a checkpoint from before it existed) is passed over, and so is a
-/// checkpoint that kept no config.
+/// learning rate decays over it: `lr_decay_iters` unset, a style other than constant; a
+/// new `load`, which a resume does not read, counts too. A key one of the two configs
+/// lacks (a checkpoint from before it existed) is passed over, and so is a checkpoint that
+/// kept no config.
 pub fn changed_keys(trained: &str, now: &str) -> Vec<String> {
     let (Some(trained), Some(now)) = (mapping(trained), mapping(now)) else { return Vec::new() };
     let decay_over_train_iters = now.get("lr_decay_iters").is_none_or(Value::is_null)
@@ -50,12 +50,14 @@ pub fn changed_keys(trained: &str, now: &str) -> Vec<String> {
         .filter_map(|(key, value)| {
             let key = key.as_str()?;
             let was = trained.get(key)?;
-            let counts = match key {
-                "train_iters" => decay_over_train_iters,
-                _ => !LAYOUT_AND_BOOKKEEPING.contains(&key),
+            let (counts, why) = match key {
+                "train_iters" => {
+                    (decay_over_train_iters, " (lr_decay_iters is unset: the lr decays over it)")
+                }
+                // Noted though it changes nothing: a user who set it may think it was read.
+                "load" => (true, " (not read: a resume continues its own checkpoint)"),
+                _ => (!LAYOUT_AND_BOOKKEEPING.contains(&key), ""),
             };
-            let why =
-                if key == "train_iters" { " (lr_decay_iters is unset: the lr decays over it)" } else { "" };
             (counts && was != value)
                 .then(|| format!("{key} {}, where the run had {}{why}", shown(value), shown(was)))
         })
@@ -98,6 +100,11 @@ mod tests {
             ]
         );
         // With the decay's length set, more iterations only train longer on the same schedule.
+        let load = |path: &str| format!("load: {path}\n");
+        assert_eq!(
+            changed_keys(&load("null"), &load("hf")),
+            ["load hf, where the run had none (not read: a resume continues its own checkpoint)"]
+        );
         let fixed = |iters: u32| format!("train_iters: {iters}\nlr_decay_iters: 6\n");
         assert!(changed_keys(&fixed(4), &fixed(8)).is_empty());
         let constant = |iters: u32| format!("train_iters: {iters}\nlr_decay_style: constant\n");
