@@ -443,7 +443,6 @@ pub fn first_difference(a: &str, b: &str) -> String {
     "the configs differ".into()
 }
 
-/// A YAML value as it would be written, on one line.
 /// A value in one line as a user writes it, a list in flow style: `[0.5, a.bin, 0.5, b.bin]`.
 fn show(v: &Value) -> String {
     match v {
@@ -456,15 +455,9 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// An argument that is neither a config key nor one of the command's own flags (`own`,
-/// as `--name`): one line, a flag with the nearest of either as a hint, as an unknown key
-/// in the file gets.
-pub fn unknown_argument(command: &str, arg: &str, own: &[String]) -> anyhow::Error {
-    let mut flags: Vec<String> = known_keys().iter().map(|k| key_to_flag(k)).collect();
-    flags.extend_from_slice(own);
-    let near = arg.starts_with("--").then(|| closest(arg, &flags)).flatten();
-    let hint = near.map(|f| format!(" (did you mean `{f}`?)")).unwrap_or_default();
-    user_error(format!("command line: {arg}: neither a config key nor a flag of `{command}`{hint}"))
+/// The flag of every config key, which train, simulate and bench take beside their own.
+pub fn key_flags() -> Vec<String> {
+    known_keys().iter().map(|k| key_to_flag(k)).collect()
 }
 
 /// The known key nearest to `key` by edit distance, if it is near enough to be a typo.

@@ -59,7 +59,9 @@ pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
             "command line: --trace {shown}: a directory; give the file to write"
         )));
     }
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let absolute =
+        std::path::absolute(path).map_err(|e| user_error(format!("command line: --trace {shown}: {e}")))?;
+    let dir = absolute.parent().unwrap_or(&absolute);
     if !dir.is_dir() {
         return Err(user_error(format!(
             "command line: --trace {shown}: no directory {} to write it in",

@@ -11,7 +11,8 @@ use crate::error::user_error;
 
 /// The line for clap's refusal `e` of `args` (the command line less the program's name).
 pub fn refusal(args: &[String], e: &clap::Error) -> anyhow::Error {
-    let command = args.first().map(String::as_str).filter(|c| Cli::command().find_subcommand(c).is_some());
+    let cli = Cli::command();
+    let command = args.first().map(String::as_str).filter(|c| cli.find_subcommand(c).is_some());
     let one = |kind| match e.get(kind) {
         Some(ContextValue::String(s)) => s.clone(),
         _ => String::new(),
@@ -25,11 +26,10 @@ pub fn refusal(args: &[String], e: &clap::Error) -> anyhow::Error {
     let flag = || one(ContextKind::InvalidArg).split(' ').next().unwrap_or_default().to_string();
     let line = match (e.kind(), command) {
         (ErrorKind::UnknownArgument, Some(command)) => {
-            return unknown_argument(command, &one(ContextKind::InvalidArg));
+            return unknown_argument(&cli, command, &one(ContextKind::InvalidArg));
         }
         (ErrorKind::InvalidSubcommand, _) => {
-            let commands: Vec<String> =
-                Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
+            let commands: Vec<String> = cli.get_subcommands().map(|c| c.get_name().to_string()).collect();
             let hint = many(ContextKind::SuggestedSubcommand)
                 .first()
                 .map(|s| format!(" (did you mean `{s}`?)"))
@@ -61,27 +61,30 @@ pub fn refusal(args: &[String], e: &clap::Error) -> anyhow::Error {
     user_error(format!("command line: {line}"))
 }
 
-/// An argument `command` has no place for. Under train, simulate and bench a flag may be a
-/// config key too, which clap does not know: the nearest of either is the hint, as an
-/// unknown key in the file gets.
-fn unknown_argument(command: &str, arg: &str) -> anyhow::Error {
-    let own: Vec<String> = Cli::command()
+/// An argument `command` has no place for, with the nearest of its names as the hint to
+/// a flag, as an unknown key in the file gets. Train, simulate and bench take every config
+/// key as a flag too, which clap does not know.
+fn unknown_argument(cli: &clap::Command, command: &str, arg: &str) -> anyhow::Error {
+    let mut names: Vec<String> = cli
         .find_subcommand(command)
         .map(|c| c.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).collect())
         .unwrap_or_default();
-    if matches!(command, "train" | "simulate" | "bench") {
-        return crate::config::unknown_argument(command, arg, &own);
-    }
-    if !arg.starts_with('-') {
-        return user_error(format!("command line: {arg}: `{command}` takes no more arguments"));
-    }
+    let takes_keys = matches!(command, "train" | "simulate" | "bench");
+    let what = if takes_keys {
+        names.extend(crate::config::key_flags());
+        format!("neither a config key nor a flag of `{command}`")
+    } else if arg.starts_with('-') {
+        format!("not an argument of `{command}`")
+    } else {
+        format!("`{command}` takes no more arguments")
+    };
     let hint = arg
         .starts_with("--")
-        .then(|| crate::config::closest(arg, &own))
+        .then(|| crate::config::closest(arg, &names))
         .flatten()
         .map(|f| format!(" (did you mean `{f}`?)"))
         .unwrap_or_default();
-    user_error(format!("command line: {arg}: not an argument of `{command}`{hint}"))
+    user_error(format!("command line: {arg}: {what}{hint}"))
 }
 
 /// Why `value` is not a number the flag takes, in words; another parser's own reason. A

@@ -58,14 +58,21 @@ fn tokenizer(args: &GenerateArgs, dir: &Path, recorded: Option<&TokenizerSpec>) 
     if beside.is_file() {
         return Tokenizer::load(&beside.to_string_lossy(), eot);
     }
-    match recorded {
-        Some(spec) => Tokenizer::load(&spec.tokenizer, eot.or(Some(&spec.eot_token))).map_err(|_| {
-            user_error(format!(
-                "{}: the run's data was tokenized with {}, which does not load here; give --tokenizer",
-                dir.display(),
-                spec.tokenizer
-            ))
-        }),
+    data_tokenizer(recorded, eot).map_err(|e| match recorded {
+        Some(spec) => user_error(format!(
+            "{}: the run's data was tokenized with {}, which does not load here; give --tokenizer",
+            dir.display(),
+            spec.tokenizer
+        )),
+        None => e,
+    })
+}
+
+/// The tokenizer a run's data records name (`spec`; GPT-2's where none does), `eot`
+/// overriding its end-of-text token.
+fn data_tokenizer(spec: Option<&TokenizerSpec>, eot: Option<&str>) -> anyhow::Result<Tokenizer> {
+    match spec {
+        Some(spec) => Tokenizer::load(&spec.tokenizer, eot.or(Some(&spec.eot_token))),
         None => Tokenizer::load("gpt2", eot),
     }
 }
@@ -165,11 +172,7 @@ pub fn greedy_sample(
     data: Option<&TokenizerSpec>,
     tokens: usize,
 ) -> Option<String> {
-    let tokenizer = match data {
-        Some(spec) => Tokenizer::load(&spec.tokenizer, Some(&spec.eot_token)),
-        None => Tokenizer::load("gpt2", None),
-    }
-    .ok()?;
+    let tokenizer = data_tokenizer(data, None).ok()?;
     if tokenizer.eot as usize >= config.vocab_size() {
         return None;
     }

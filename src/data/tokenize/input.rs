@@ -74,11 +74,8 @@ pub fn refuse_outputs_among_inputs<'a>(
 /// `path` with its directory resolved (links, `..`), whether or not the file exists yet;
 /// None where the directory does not exist, so that nothing can be read from there.
 fn resolved(path: &Path) -> Option<PathBuf> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    Some(dir.canonicalize().ok()?.join(path.file_name()?))
+    let absolute = std::path::absolute(path).ok()?;
+    Some(absolute.parent()?.canonicalize().ok()?.join(absolute.file_name()?))
 }
 
 fn is_jsonl(path: &Path) -> bool {
