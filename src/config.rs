@@ -19,6 +19,7 @@ mod refused;
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
 pub use data_path::DataPath;
+use kernels::RopeFrequencies;
 pub use named::{
     DeviceKind, LrDecayStyle, Named, PositionEmbeddingType, Precision, RecomputeGranularity, RecomputeMethod,
     RecomputeModule,
@@ -30,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use stages::{Activation, Architecture, Norm, OffloadModule, Positions};
 use std::path::{Path, PathBuf};
+
+/// `rope_scaling_factor` where `use_rope_scaling` is set without it, as in Megatron-LM (Llama 3.1's).
+const MEGATRON_ROPE_SCALING_FACTOR: f32 = 8.0;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,6 +61,10 @@ pub struct Config {
     pub position_embedding_type: PositionEmbeddingType,
     /// The rotary embedding's base (Llama 2: 10000, Llama 3: 500000).
     pub rotary_base: f32,
+    /// Llama 3.1's scaling of the rotary frequencies (config.json's rope_type "llama3").
+    pub use_rope_scaling: bool,
+    /// Its factor (Megatron's default 8; Llama 3.2 1B and 3B: 32).
+    pub rope_scaling_factor: Option<f32>,
     pub swiglu: bool,
     pub group_query_attention: bool,
     /// Key/value heads with group_query_attention.
@@ -182,6 +190,8 @@ impl Default for Config {
             norm_epsilon: 1e-5,
             position_embedding_type: PositionEmbeddingType::LearnedAbsolute,
             rotary_base: 10000.0,
+            use_rope_scaling: false,
+            rope_scaling_factor: None,
             swiglu: false,
             group_query_attention: false,
             num_query_groups: None,
@@ -719,7 +729,20 @@ impl Config {
             }
             _ => {}
         }
-        if self.position_embedding_type == PositionEmbeddingType::Rope {
+        let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
+        if self.use_rope_scaling && !rope {
+            return Err(("use_rope_scaling", "true needs position_embedding_type: rope".into()));
+        }
+        match (self.use_rope_scaling, self.rope_scaling_factor) {
+            (false, Some(f)) => {
+                return Err(("rope_scaling_factor", format!("{f} needs use_rope_scaling: true")))
+            }
+            (true, Some(f)) if !(f.is_finite() && f >= 1.0) => {
+                return Err(("rope_scaling_factor", format!("{f} must be a finite number >= 1")));
+            }
+            _ => {}
+        }
+        if rope {
             if !(self.rotary_base.is_finite() && self.rotary_base > 1.0) {
                 return Err(("rotary_base", format!("{} must be a finite number > 1", self.rotary_base)));
             }
@@ -745,7 +768,12 @@ impl Config {
             norm_eps: self.norm_epsilon,
             positions: match self.position_embedding_type {
                 PositionEmbeddingType::LearnedAbsolute => Positions::Learned,
-                PositionEmbeddingType::Rope => Positions::Rotary { base: self.rotary_base },
+                PositionEmbeddingType::Rope => Positions::Rotary(RopeFrequencies {
+                    base: self.rotary_base,
+                    llama3_factor: self
+                        .use_rope_scaling
+                        .then(|| self.rope_scaling_factor.unwrap_or(MEGATRON_ROPE_SCALING_FACTOR)),
+                }),
             },
             activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },
             linear_bias: !self.disable_bias_linear,

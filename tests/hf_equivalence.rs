@@ -3,7 +3,8 @@
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
-//! weights at rotary base 500000, in one file), each saved by transformers' `save_pretrained`
+//! weights at rotary base 500000, in one file; `hf_llama_tiny_rope_llama3` Llama 3.2 in
+//! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions), each saved by transformers' `save_pretrained`
 //! with random weights (every bias and norm weight random too) together with the per-token
 //! losses transformers computed with it; `tests/hf/make_fixture.py` and
 //! `make_llama_fixture.py` regenerate them (torch and transformers needed there, not here).
@@ -15,7 +16,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use kernels::cpu::CpuDevice;
-use kernels::{AttentionSaves, Category, DType, Device, Tensor};
+use kernels::{AttentionSaves, Category, DType, Device, RopeFrequencies, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use stages::params::chunk_param_specs;
@@ -27,7 +28,8 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 3] = ["hf_tiny", "hf_llama_tiny", "hf_llama_tiny_rope500k"];
+const FIXTURES: [&str; 4] =
+    ["hf_tiny", "hf_llama_tiny", "hf_llama_tiny_rope500k", "hf_llama_tiny_rope_llama3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -76,11 +78,31 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         };
     }
     assert_eq!((c["model_type"].as_str(), c["hidden_act"].as_str()), (Some("llama"), Some("silu")));
-    assert_eq!(c["rope_parameters"]["rope_type"], "default");
+    let rope = &c["rope_parameters"];
+    let llama3_factor = match rope["rope_type"].as_str().unwrap() {
+        "default" => None,
+        "llama3" => {
+            let fixed = [
+                &rope["low_freq_factor"],
+                &rope["high_freq_factor"],
+                &rope["original_max_position_embeddings"],
+            ];
+            assert_eq!(
+                fixed.map(|v| v.as_f64().unwrap()),
+                [1.0, 4.0, 8192.0],
+                "the fixed factors of Llama 3.1"
+            );
+            Some(rope["factor"].as_f64().unwrap() as f32)
+        }
+        other => panic!("rope_type {other}"),
+    };
     let arch = Architecture {
         norm: Norm::RmsNorm,
         norm_eps: c["rms_norm_eps"].as_f64().unwrap() as f32,
-        positions: Positions::Rotary { base: c["rope_parameters"]["rope_theta"].as_f64().unwrap() as f32 },
+        positions: Positions::Rotary(RopeFrequencies {
+            base: rope["rope_theta"].as_f64().unwrap() as f32,
+            llama3_factor,
+        }),
         activation: Activation::SwiGlu,
         linear_bias: c["attention_bias"].as_bool().unwrap(),
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),

@@ -55,15 +55,17 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 6] = [
+    let alone: [&[(&str, &str)]; 7] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
+        &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
         &[("swiglu", "true")],
         &[("group-query-attention", "true"), ("num-query-groups", "1")],
         &[("untie-embeddings-and-output-weights", "true")],
         &[("disable-bias-linear", "true")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
+    let mut each = Vec::new();
     for (i, set) in alone.iter().enumerate() {
         let mut f: Vec<(&str, String)> = set.iter().map(|(k, v)| (*k, v.to_string())).collect();
         f.push(gb.clone());
@@ -73,7 +75,11 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         assert_eq!(losses(&one), losses(&two), "{set:?}: p=2 differs from p=1");
         assert!(weights(&one) == weights(&two), "{set:?}: weights differ");
         assert_ne!(losses(&one), gpt2, "{set:?} changed nothing");
+        each.push(losses(&one));
     }
+    // Llama 3.1's scaling slows the rotary embedding's long wavelengths (here the pair of
+    // wavelength 6283 positions): another model than plain rope.
+    assert_ne!(each[2], each[1], "use_rope_scaling changed nothing");
 }
 
 #[test]
@@ -97,7 +103,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -121,6 +127,18 @@ fn impossible_combinations_are_one_line() {
             "command line: --position-embedding-type alibi: `alibi` is not one of learned_absolute, rope",
         ),
         (&["--norm-epsilon", "0"], "command line: --norm-epsilon 0: 0 must be a finite number > 0"),
+        (
+            &["--use-rope-scaling", "true"],
+            "command line: --use-rope-scaling true: true needs position_embedding_type: rope",
+        ),
+        (
+            &["--position-embedding-type", "rope", "--rope-scaling-factor", "32"],
+            "command line: --rope-scaling-factor 32: 32 needs use_rope_scaling: true",
+        ),
+        (
+            &["--position-embedding-type", "rope", "--use-rope-scaling", "true", "--rope-scaling-factor", "0.5"],
+            "command line: --rope-scaling-factor 0.5: 0.5 must be a finite number >= 1",
+        ),
     ];
     for (args, needle) in cases {
         let o = run(args);

@@ -2,9 +2,11 @@
 // and key heads of qkv [B,T,(NH+2*KV)*hs] (queries, then keys, then the untouched values in
 // each token's row), as the CPU backend's kernels/src/cpu/rope.rs: with half = hs/2, pair
 // (x[i], x[i + half]) of a head at position p turns by p * inv_freq_i, where
-// inv_freq_i = 1 / base^(2i/hs) in f32 (Hugging Face's f32 `base ** exponent`), the angle
-// is an f32 product, and cos and sin are computed in double and rounded once to f32. The
-// backward turns the gradient back: the same with sin negated.
+// inv_freq_i = 1 / base^(2i/hs) in f32 (Hugging Face's f32 `base ** exponent`), slowed
+// where its wavelength is long by Llama 3.1's scaling when llama3_factor is not 0
+// (kernels/src/rope_frequencies.rs, step for step), the angle is an f32 product, and cos
+// and sin are computed in double and rounded once to f32. The backward turns the gradient
+// back: the same with sin negated.
 //
 // One thread per (row, pack of pairs), or per (row, pair) where half is not a multiple of
 // the 128-bit pack: it computes its angles' cos and sin once and turns those pairs in every
@@ -28,12 +30,30 @@ __device__ __forceinline__ int rope_pairs(int half) {
     return half % Pack<T>::LEN == 0 ? Pack<T>::LEN : 1;
 }
 
+// Llama 3.1's fixed scaling: first trained on 8192 positions, low and high frequency
+// factors 1 and 4 (rope_frequencies.rs's LLAMA3_* constants).
+constexpr float LLAMA3_ORIGINAL_POSITIONS = 8192.0f, LLAMA3_LOW_FREQ_FACTOR = 1.0f,
+                LLAMA3_HIGH_FREQ_FACTOR = 4.0f;
+
+// transformers' _compute_llama3_parameters, one f32 operation per step in its order; the
+// products that an add follows are __fmul_rn, so that no FMA contraction changes a bit.
+__device__ __forceinline__ float llama3_scaled(float inv_freq, float factor) {
+    const float low_freq_wavelen = LLAMA3_ORIGINAL_POSITIONS / LLAMA3_LOW_FREQ_FACTOR;
+    const float high_freq_wavelen = LLAMA3_ORIGINAL_POSITIONS / LLAMA3_HIGH_FREQ_FACTOR;
+    const float wavelen = (1.0f / inv_freq) * 6.28318548f;  // 2 pi rounded to f32
+    if (wavelen > low_freq_wavelen) return inv_freq / factor;
+    if (wavelen < high_freq_wavelen) return inv_freq;
+    const float smooth = (__fmul_rn(1.0f / wavelen, LLAMA3_ORIGINAL_POSITIONS) - LLAMA3_LOW_FREQ_FACTOR) /
+                         (LLAMA3_HIGH_FREQ_FACTOR - LLAMA3_LOW_FREQ_FACTOR);
+    return __fmul_rn(1.0f - smooth, inv_freq) / factor + __fmul_rn(smooth, inv_freq);
+}
+
 // `sign` is 1 (forward) or -1 (backward: the inverse rotation); `first` is the position of
 // each sequence's first token (0 in training).
 template <typename T>
 __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int seq_len, int n_head,
                                           int n_kv_head, int head_size, unsigned long long first,
-                                          float base, float sign) {
+                                          float base, float llama3_factor, float sign) {
     constexpr int LEN = Pack<T>::LEN;
     const int half = head_size / 2, per = rope_pairs<T>(half), threads_per_row = half / per;
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -43,7 +63,8 @@ __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int s
     const float position = (float)(first + row % seq_len);
     float c[LEN], s[LEN];
     for (int k = 0; k < LEN && k < per; ++k) {
-        const float inv_freq = 1.0f / powf(base, (float)(2 * (pair + k)) / (float)head_size);
+        float inv_freq = 1.0f / powf(base, (float)(2 * (pair + k)) / (float)head_size);
+        if (llama3_factor != 0.0f) inv_freq = llama3_scaled(inv_freq, llama3_factor);
         const double angle = (double)(position * inv_freq);
         c[k] = (float)cos(angle);
         s[k] = sign * (float)sin(angle);
@@ -71,22 +92,25 @@ __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int s
 
 extern "C" __global__ void rope_forward(float* qkv, unsigned long long rows, int seq_len, int n_head,
                                         int n_kv_head, int head_size, unsigned long long first,
-                                        float base) {
-    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, 1.0f);
+                                        float base, float llama3_factor) {
+    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, llama3_factor, 1.0f);
 }
 
 extern "C" __global__ void rope_forward_bf16(bf16* qkv, unsigned long long rows, int seq_len,
                                              int n_head, int n_kv_head, int head_size,
-                                             unsigned long long first, float base) {
-    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, 1.0f);
+                                             unsigned long long first, float base,
+                                             float llama3_factor) {
+    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, llama3_factor, 1.0f);
 }
 
 extern "C" __global__ void rope_backward(float* dqkv, unsigned long long rows, int seq_len,
-                                         int n_head, int n_kv_head, int head_size, float base) {
-    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, -1.0f);
+                                         int n_head, int n_kv_head, int head_size, float base,
+                                         float llama3_factor) {
+    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, llama3_factor, -1.0f);
 }
 
 extern "C" __global__ void rope_backward_bf16(bf16* dqkv, unsigned long long rows, int seq_len,
-                                              int n_head, int n_kv_head, int head_size, float base) {
-    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, -1.0f);
+                                              int n_head, int n_kv_head, int head_size, float base,
+                                              float llama3_factor) {
+    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, llama3_factor, -1.0f);
 }

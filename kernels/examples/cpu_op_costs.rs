@@ -7,7 +7,10 @@
 //! cargo run --release -p kernels --example cpu_op_costs -- [threads] [micro_batch] [seq_len]
 
 use kernels::cpu::{cross_entropy, measure_matmul_peak, CpuDevice};
-use kernels::{AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Tensor, WeightLayout};
+use kernels::{
+    AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, RopeFrequencies, Tensor,
+    WeightLayout,
+};
 use std::cell::Cell;
 use std::time::Instant;
 
@@ -185,7 +188,7 @@ fn main() {
     time("matmul fwd qkv", mm(n, C, qkv_width), &mut || {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None)
     });
-    time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0));
+    time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, RopeFrequencies::plain(10_000.0), 0));
     time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV));
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::OutIn, None)
@@ -214,7 +217,7 @@ fn main() {
     time("attention bwd", 0.0, &mut || {
         dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, None, NH, KV)
     });
-    time("rope bwd", 0.0, &mut || dev.rope_backward(&mut dqkv, NH, KV, 10_000.0));
+    time("rope bwd", 0.0, &mut || dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0)));
     time("matmul bwd qkv", 2.0 * mm(n, C, qkv_width), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::OutIn);
         dev.matmul_backward_weight(&mut dw_qkv, None, &dqkv, &ln, WeightLayout::OutIn);

@@ -12,6 +12,7 @@ use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
 use crate::readout::Readout;
+use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{MatmulDims, QkvDims};
 use crate::tensor::{DType, Tensor};
 use std::ops::Range;
@@ -223,8 +224,14 @@ pub trait Attention {
 
 /// `dims` of qkv (dqkv), the head size even.
 pub trait Rope {
-    fn rope_forward_impl(&self, qkv: &mut Tensor, dims: QkvDims, base: f32, first_position: usize);
-    fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, base: f32);
+    fn rope_forward_impl(
+        &self,
+        qkv: &mut Tensor,
+        dims: QkvDims,
+        freqs: RopeFrequencies,
+        first_position: usize,
+    );
+    fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, freqs: RopeFrequencies);
 }
 
 /// All tensors of one length.

@@ -32,6 +32,7 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
+use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
     assert_same_len, classifier_rows, embedding_dims, matmul_dims, qkv_dims, residual_rows, rope_dims,
 };
@@ -593,7 +594,7 @@ pub trait Device:
     /// Rotary position embedding, in place, of the NH query and KV key heads of qkv
     /// [B,T,(NH+2*KV)*hs] (the value heads untouched), token t of each sequence at position
     /// first_position + t (0 in training; a decoder's token after its cache), in Hugging
-    /// Face's rotate-half layout: for i < hs/2, with inv_freq_i = 1 / base^(2i/hs) and
+    /// Face's rotate-half layout: for i < hs/2, with inv_freq_i of `freqs` and
     /// angle = position * inv_freq_i in f32, x[i] = x[i] cos - x[i + hs/2] sin and
     /// x[i + hs/2] = x[i + hs/2] cos + x[i] sin. hs must be even.
     fn rope_forward(
@@ -601,17 +602,17 @@ pub trait Device:
         qkv: &mut Tensor,
         n_head: usize,
         n_kv_head: usize,
-        base: f32,
+        freqs: RopeFrequencies,
         first_position: usize,
     ) {
         let dims = rope_dims(qkv, n_head, n_kv_head);
-        self.rope_forward_impl(qkv, dims, base, first_position);
+        self.rope_forward_impl(qkv, dims, freqs, first_position);
     }
     /// RoPE's backward, in place on dqkv [B,T,(NH+2*KV)*hs], token t at position t: the
     /// inverse rotation of the query and key gradients (the value gradients untouched).
-    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, base: f32) {
+    fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, freqs: RopeFrequencies) {
         let dims = rope_dims(dqkv, n_head, n_kv_head);
-        self.rope_backward_impl(dqkv, dims, base);
+        self.rope_backward_impl(dqkv, dims, freqs);
     }
 
     // ---- pointwise -----------------------------------------------------------------

@@ -24,6 +24,7 @@ pub mod dropout;
 pub mod memory;
 pub mod philox;
 pub mod readout;
+pub mod rope_frequencies;
 pub mod shapes;
 pub mod splitmix;
 pub mod tensor;
@@ -41,6 +42,7 @@ pub use device::{
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
 pub use readout::{Readout, ReadoutStorage};
+pub use rope_frequencies::RopeFrequencies;
 pub use splitmix::SplitMix64;
 pub use tensor::{DType, Detached, Fence, Storage, Tensor};
 pub use timing::{Mark, Readings, Stopwatch};

@@ -10,7 +10,7 @@ use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, ClassifierGrad, DType, Device,
-    DropoutKey, DropoutSite, DropoutSpec, SplitMix64, Tensor, WeightLayout,
+    DropoutKey, DropoutSite, DropoutSpec, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -911,9 +911,9 @@ fn gelu_matches() {
 }
 
 /// RoPE on 4 query heads sharing 2 key/value heads, the forward at a later position (a
-/// decoder's) and the backward from 0. The emulator's powf, cos and sin are the host's, so
-/// on the stand-in this is the CPU's bits; a GPU's may differ by an ulp, hence the
-/// tolerance.
+/// decoder's) and the backward from 0, plain and with Llama 3.1's scaling. The emulator's
+/// powf, cos and sin are the host's, so on the stand-in this is the CPU's bits; a GPU's may
+/// differ by an ulp, hence the tolerance.
 #[test]
 fn rope_matches() {
     let Some(gpu) = gpu("rope_matches") else { return };
@@ -921,15 +921,18 @@ fn rope_matches() {
     let (kv, hs) = (2, C / NH);
     let shape = [B, T, (NH + 2 * kv) * hs];
     let (x, dx) = (rng.uniform(shape.iter().product(), 2.0), rng.uniform(shape.iter().product(), 1.0));
-    let run = |dev: &dyn Device| {
-        let (mut qkv, mut dqkv) = (put(dev, &x, &shape), put(dev, &dx, &shape));
-        dev.rope_forward(&mut qkv, NH, kv, 500_000.0, 1000);
-        dev.rope_backward(&mut dqkv, NH, kv, 500_000.0);
-        [qkv, dqkv].map(|t| dev.to_host(&t))
-    };
-    let (want, got) = (run(&cpu()), run(&gpu));
-    assert_close("rope", &got[0], &want[0], TOL);
-    assert_close("drope", &got[1], &want[1], TOL);
+    for llama3_factor in [None, Some(8.0)] {
+        let freqs = RopeFrequencies { base: 500_000.0, llama3_factor };
+        let run = |dev: &dyn Device| {
+            let (mut qkv, mut dqkv) = (put(dev, &x, &shape), put(dev, &dx, &shape));
+            dev.rope_forward(&mut qkv, NH, kv, freqs, 1000);
+            dev.rope_backward(&mut dqkv, NH, kv, freqs);
+            [qkv, dqkv].map(|t| dev.to_host(&t))
+        };
+        let (want, got) = (run(&cpu()), run(&gpu));
+        assert_close("rope", &got[0], &want[0], TOL);
+        assert_close("drope", &got[1], &want[1], TOL);
+    }
 }
 
 #[test]

@@ -9,6 +9,9 @@
 
 use std::path::Path;
 
+use kernels::rope_frequencies::{
+    RopeFrequencies, LLAMA3_HIGH_FREQ_FACTOR, LLAMA3_LOW_FREQ_FACTOR, LLAMA3_ORIGINAL_POSITIONS,
+};
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, Norm, Positions};
 
@@ -34,7 +37,7 @@ pub struct LlamaConfig {
 /// What LlamaForCausalLM builds: RMSNorm, rotary positions and a SwiGLU MLP.
 fn llama_can_express(arch: &Architecture) -> bool {
     arch.norm == Norm::RmsNorm
-        && matches!(arch.positions, Positions::Rotary { .. })
+        && matches!(arch.positions, Positions::Rotary(_))
         && arch.activation == Activation::SwiGlu
 }
 
@@ -46,9 +49,9 @@ impl LlamaConfig {
 
     pub fn to_json(&self) -> Value {
         let a = &self.arch;
-        let rope_theta = match a.positions {
-            Positions::Rotary { base } => decimal(base),
-            Positions::Learned => Value::Null,
+        let (rope_theta, rope_scaling) = match a.positions {
+            Positions::Rotary(f) => (decimal(f.base), f.llama3_factor.map_or(Value::Null, llama3_scaling)),
+            Positions::Learned => (Value::Null, Value::Null),
         };
         let mut j = json!({
             "model_type": if self.is_llama() { "llama" } else { "pipetrain" },
@@ -64,7 +67,7 @@ impl LlamaConfig {
             "hidden_act": "silu",
             "rms_norm_eps": decimal(a.norm_eps),
             "rope_theta": rope_theta,
-            "rope_scaling": null,
+            "rope_scaling": rope_scaling,
             "attention_bias": a.linear_bias,
             "mlp_bias": a.linear_bias,
             "attention_dropout": decimal(self.attention_dropout),
@@ -79,7 +82,7 @@ impl LlamaConfig {
             extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
             let positions = match a.positions {
                 Positions::Learned => "learned_absolute",
-                Positions::Rotary { .. } => "rope",
+                Positions::Rotary(_) => "rope",
             };
             extra.insert("position_embedding_type".into(), json!(positions));
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
@@ -90,7 +93,8 @@ impl LlamaConfig {
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's) or
     /// "pipetrain"; `path` names the file in errors. Settings that would make another model
-    /// than the one pipetrain runs (rope scaling, another activation) are refused.
+    /// than the one pipetrain runs (a rope scaling other than Llama 3.1's, another
+    /// activation) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
@@ -116,25 +120,24 @@ impl LlamaConfig {
             }
         };
         let pipetrain = obj.get("model_type").and_then(Value::as_str) == Some("pipetrain");
-        if let Some(v) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
-            return Err(bad(format!("rope_scaling is {v}; pipetrain's rotary embedding takes none")));
-        }
-        // transformers 5 nests the base in rope_parameters; earlier ones and most published
-        // checkpoints write rope_theta beside the other keys.
-        let rope_theta = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
-            Some(params) => {
-                let kind = params.get("rope_type").and_then(Value::as_str).unwrap_or("default");
-                if kind != "default" {
-                    return Err(bad(format!(
-                        "rope_parameters has rope_type {kind:?}; pipetrain's rotary embedding is \"default\""
-                    )));
-                }
-                params
+        // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
+        // most published checkpoints write rope_theta and rope_scaling beside the other keys.
+        let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
+            Some(params) => RopeFrequencies {
+                base: params
                     .get("rope_theta")
                     .and_then(Value::as_f64)
-                    .ok_or_else(|| bad("rope_parameters has no rope_theta".into()))? as f32
-            }
-            None => float("rope_theta", 10000.0)?,
+                    .ok_or_else(|| bad("rope_parameters has no rope_theta".into()))?
+                    as f32,
+                llama3_factor: llama3_factor(params).map_err(|e| bad(format!("rope_parameters {e}")))?,
+            },
+            None => RopeFrequencies {
+                base: float("rope_theta", 10000.0)?,
+                llama3_factor: match obj.get("rope_scaling").filter(|v| !v.is_null()) {
+                    Some(scaling) => llama3_factor(scaling).map_err(|e| bad(format!("rope_scaling {e}")))?,
+                    None => None,
+                },
+            },
         };
         if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
             return Err(bad(format!("hidden_act is {v}, pipetrain's Llama needs \"silu\"")));
@@ -179,7 +182,7 @@ impl LlamaConfig {
         let arch = Architecture {
             norm,
             norm_eps: float("rms_norm_eps", 1e-6)?,
-            positions: if learned { Positions::Learned } else { Positions::Rotary { base: rope_theta } },
+            positions: if learned { Positions::Learned } else { Positions::Rotary(freqs) },
             activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
             linear_bias: attention_bias,
             tied_output: flag("tie_word_embeddings", false)?,
@@ -198,6 +201,55 @@ impl LlamaConfig {
             attention_dropout: float("attention_dropout", 0.0)?,
         })
     }
+}
+
+/// config.json's `rope_scaling` for Llama 3.1's scaling by `factor`.
+fn llama3_scaling(factor: f32) -> Value {
+    json!({
+        "rope_type": "llama3",
+        "factor": decimal(factor),
+        "low_freq_factor": decimal(LLAMA3_LOW_FREQ_FACTOR),
+        "high_freq_factor": decimal(LLAMA3_HIGH_FREQ_FACTOR),
+        "original_max_position_embeddings": LLAMA3_ORIGINAL_POSITIONS as u64,
+    })
+}
+
+/// The Llama 3.1 factor of a `rope_parameters` or `rope_scaling` object: None for rope_type
+/// "default", the factor for "llama3" with the frequency factors and original positions
+/// Megatron fixes. Anything else is an error, worded to follow the object's key.
+fn llama3_factor(params: &Value) -> Result<Option<f32>, String> {
+    let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str);
+    let kind = kind.unwrap_or("default");
+    if kind == "default" {
+        return Ok(None);
+    }
+    if kind != "llama3" {
+        let known = "pipetrain's rotary embedding is \"default\" or Llama 3.1's \"llama3\"";
+        return Err(format!("has rope_type {kind:?}; {known}"));
+    }
+    let number = |key: &str| {
+        params
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| format!("has rope_type \"llama3\" and no number {key}"))
+    };
+    let factor = number("factor")?;
+    if !(factor.is_finite() && factor >= 1.0) {
+        return Err(format!("has factor {factor}; it must be a finite number >= 1"));
+    }
+    for (key, fixed) in [
+        ("low_freq_factor", LLAMA3_LOW_FREQ_FACTOR),
+        ("high_freq_factor", LLAMA3_HIGH_FREQ_FACTOR),
+        ("original_max_position_embeddings", LLAMA3_ORIGINAL_POSITIONS),
+    ] {
+        let value = number(key)?;
+        if value != fixed as f64 {
+            return Err(format!(
+                "has {key} {value}; pipetrain's Llama 3.1 scaling (Megatron's use_rope_scaling) fixes it at {fixed}"
+            ));
+        }
+    }
+    Ok(Some(factor as f32))
 }
 
 /// `x` as the shortest decimal that reads back as the same f32 (0.1, not 0.10000000149011612).
@@ -257,6 +309,60 @@ mod tests {
         assert_eq!(parse(&hub).unwrap(), llama());
     }
 
+    fn scaled(factor: f32) -> Positions {
+        Positions::Rotary(RopeFrequencies { base: 500000.0, llama3_factor: Some(factor) })
+    }
+
+    #[test]
+    fn reads_llama_3_1_8b_and_3_2_1b_with_their_rope_scaling() {
+        // The config.json of meta-llama/Llama-3.1-8B on the Hugging Face hub.
+        let llama31: Value = serde_json::from_str(
+            r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+            "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0",
+            "use_cache": true, "vocab_size": 128256}"#,
+        )
+        .unwrap();
+        let want = LlamaConfig {
+            arch: Architecture { positions: scaled(8.0), ..llama().arch },
+            max_position_embeddings: 131072,
+            ..llama()
+        };
+        assert_eq!(parse(&llama31).unwrap(), want);
+        // meta-llama/Llama-3.2-1B's: scaled by 32, its output layer tied to the embedding.
+        let llama32: Value = serde_json::from_str(
+            r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+            "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+            "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+            "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+            "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+            "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0,
+            "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+            "rope_type": "llama3"}, "rope_theta": 500000.0, "tie_word_embeddings": true,
+            "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0", "use_cache": true,
+            "vocab_size": 128256}"#,
+        )
+        .unwrap();
+        let got = parse(&llama32).unwrap();
+        assert_eq!((got.arch.positions, got.arch.tied_output), (scaled(32.0), true));
+        assert_eq!((got.hidden_size, got.num_hidden_layers, got.intermediate_size), (2048, 16, 8192));
+        // Written back as it was read, and read back the same.
+        assert_eq!(got.to_json()["rope_scaling"], llama32["rope_scaling"]);
+        assert_eq!(parse(&got.to_json()).unwrap(), got);
+        // transformers 5 writes the same under rope_parameters, the base beside it.
+        let mut nested = llama32.clone();
+        let o = nested.as_object_mut().unwrap();
+        let mut params = o.remove("rope_scaling").unwrap();
+        params["rope_theta"] = o.remove("rope_theta").unwrap();
+        o.insert("rope_parameters".into(), params);
+        assert_eq!(parse(&nested).unwrap(), got);
+    }
+
     #[test]
     fn reads_the_rope_base_where_transformers_5_nests_it() {
         let mut j = llama().to_json();
@@ -267,7 +373,8 @@ mod tests {
         j["rope_parameters"]["rope_type"] = json!("yarn");
         assert_eq!(
             parse(&j).unwrap_err().to_string(),
-            "d/config.json: rope_parameters has rope_type \"yarn\"; pipetrain's rotary embedding is \"default\""
+            "d/config.json: rope_parameters has rope_type \"yarn\"; pipetrain's rotary embedding is \"default\" or \
+             Llama 3.1's \"llama3\""
         );
     }
 
@@ -278,9 +385,29 @@ mod tests {
             edit(&mut j);
             parse(&j).unwrap_err().to_string()
         };
+        let llama3_with = |key: &str, value: f64| {
+            let mut scaling = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+            scaling[key] = json!(value);
+            scaling
+        };
         assert_eq!(
             err(&|j| j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})),
-            "d/config.json: rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}; pipetrain's rotary embedding takes none"
+            "d/config.json: rope_scaling has rope_type \"llama3\" and no number low_freq_factor"
+        );
+        assert_eq!(
+            err(&|j| j["rope_scaling"] = json!({"type": "linear", "factor": 2.0})),
+            "d/config.json: rope_scaling has rope_type \"linear\"; pipetrain's rotary embedding is \"default\" or \
+             Llama 3.1's \"llama3\""
+        );
+        assert_eq!(
+            err(&|j| j["rope_scaling"] = llama3_with("original_max_position_embeddings", 4096.0)),
+            "d/config.json: rope_scaling has original_max_position_embeddings 4096; pipetrain's Llama 3.1 scaling \
+             (Megatron's use_rope_scaling) fixes it at 8192"
+        );
+        assert_eq!(
+            err(&|j| j["rope_scaling"] = llama3_with("factor", 0.5)),
+            "d/config.json: rope_scaling has factor 0.5; it must be a finite number >= 1"
         );
         assert_eq!(
             err(&|j| j["hidden_act"] = json!("gelu")),

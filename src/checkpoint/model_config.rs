@@ -97,9 +97,11 @@ impl ModelConfig {
             },
             ModelConfig::Llama(l) => {
                 let a: &Architecture = &l.arch;
-                let (position_embedding_type, rotary_base) = match a.positions {
-                    stages::Positions::Learned => (PositionEmbeddingType::LearnedAbsolute, run.rotary_base),
-                    stages::Positions::Rotary { base } => (PositionEmbeddingType::Rope, base),
+                let (position_embedding_type, rotary_base, llama3_factor) = match a.positions {
+                    stages::Positions::Learned => {
+                        (PositionEmbeddingType::LearnedAbsolute, run.rotary_base, None)
+                    }
+                    stages::Positions::Rotary(f) => (PositionEmbeddingType::Rope, f.base, f.llama3_factor),
                 };
                 let gqa = l.num_key_value_heads != l.num_attention_heads;
                 Config {
@@ -114,6 +116,8 @@ impl ModelConfig {
                     norm_epsilon: a.norm_eps,
                     position_embedding_type,
                     rotary_base,
+                    use_rope_scaling: llama3_factor.is_some(),
+                    rope_scaling_factor: llama3_factor,
                     swiglu: a.activation == stages::Activation::SwiGlu,
                     group_query_attention: gqa,
                     num_query_groups: gqa.then_some(l.num_key_value_heads),

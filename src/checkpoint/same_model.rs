@@ -1,13 +1,14 @@
 //! The check that a run config describes the model a checkpoint holds, before a run resumes
 //! it or starts from it (`load`). The tensors' shapes catch most differences; these are the
 //! ones they cannot: the head count of a model without grouped-query attention, the norm's
-//! epsilon, rotary positions' base. A run that took the config's value would train another
+//! epsilon, rotary positions' base and scaling. A run that took the config's value would train another
 //! model on these weights without a word.
 
 use std::path::Path;
 
 use super::ModelConfig;
-use crate::config::{Config, Named, PositionEmbeddingType};
+use crate::config::{Config, Named};
+use stages::Positions;
 
 /// Errors, naming the key and where its value came from, where `cfg` and the model `held`
 /// (the checkpoint at `dir`) differ in anything that defines the function the model
@@ -27,10 +28,11 @@ pub fn check_same_model(cfg: &Config, held: &ModelConfig, dir: &Path) -> anyhow:
 
 /// The config keys that define the model, each with its value as the config resolves it
 /// (an unset `ffn_hidden_size` is 4 x hidden, an unset `num_query_groups` the head count).
-/// `rotary_base` counts only with rotary positions, and `max_position_embeddings` only
-/// with learned ones: a rotary model runs at any length up to it.
+/// The rotary keys count only with rotary positions, `rope_scaling_factor` (its default
+/// resolved, "none" unscaled) only where both use the scaling, and
+/// `max_position_embeddings` only with learned positions: a rotary model runs at any length
+/// up to it.
 fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
-    let rope = c.position_embedding_type == PositionEmbeddingType::Rope;
     let mut values = vec![
         ("num_layers", c.num_layers.to_string()),
         ("hidden_size", c.hidden_size.to_string()),
@@ -45,16 +47,21 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
     ];
-    values.push(match rope {
-        true => ("rotary_base", c.rotary_base.to_string()),
-        false => ("max_position_embeddings", c.max_position_embeddings.to_string()),
-    });
+    match c.architecture().positions {
+        Positions::Rotary(freqs) => values.extend([
+            ("rotary_base", freqs.base.to_string()),
+            ("use_rope_scaling", c.use_rope_scaling.to_string()),
+            ("rope_scaling_factor", freqs.llama3_factor.map_or("none".into(), |f| f.to_string())),
+        ]),
+        Positions::Learned => values.push(("max_position_embeddings", c.max_position_embeddings.to_string())),
+    }
     values
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PositionEmbeddingType;
     use stages::Norm;
 
     fn refusal(cfg: &Config, held: &Config) -> String {
@@ -106,6 +113,19 @@ mod tests {
         assert_eq!(
             refusal(&base, &llama),
             "key `rotary_base`: ck holds a model with rotary_base 10000, not 500000"
+        );
+        // Llama 3.1's scaling, its factor resolved: Megatron's default is 8.
+        let llama31 = Config { use_rope_scaling: true, ..base.clone() };
+        assert_eq!(
+            refusal(&base, &llama31),
+            "key `use_rope_scaling`: ck holds a model with use_rope_scaling true, not false"
+        );
+        let eight = Config { rope_scaling_factor: Some(8.0), ..llama31.clone() };
+        assert_eq!(refusal(&eight, &llama31), "the same model");
+        let llama32 = Config { rope_scaling_factor: Some(32.0), ..llama31.clone() };
+        assert_eq!(
+            refusal(&llama31, &llama32),
+            "key `rope_scaling_factor`: ck holds a model with rope_scaling_factor 32, not 8"
         );
     }
 }

@@ -174,7 +174,7 @@ mod tests {
         arch: stages::Architecture {
             norm: stages::Norm::RmsNorm,
             norm_eps: 1e-5,
-            positions: stages::Positions::Rotary { base: 500000.0 },
+            positions: stages::Positions::Rotary(kernels::RopeFrequencies::plain(500000.0)),
             activation: stages::Activation::SwiGlu,
             linear_bias: false,
             tied_output: false,

@@ -8,7 +8,7 @@
 
 use crate::layers::activation::Activation;
 use crate::layers::norm::Norm;
-use kernels::{AttentionSaves, DType, WeightLayout};
+use kernels::{AttentionSaves, DType, RopeFrequencies, WeightLayout};
 
 /// How a token learns its position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -16,8 +16,9 @@ pub enum Positions {
     /// A learned table [max_positions, C] added to the token embedding (GPT-2).
     Learned,
     /// Rotary embeddings on q and k in every block, Hugging Face's rotate-half layout, with
-    /// frequencies base^(-2i/hs) (Llama: base 10000, Llama 3: 500000).
-    Rotary { base: f32 },
+    /// frequencies base^(-2i/hs) (Llama: base 10000, Llama 3: 500000), Llama 3.1's scaling
+    /// on top where it is set.
+    Rotary(RopeFrequencies),
 }
 
 /// The family-level choices of a decoder: Megatron's `normalization`, `norm_epsilon`,
@@ -66,7 +67,7 @@ impl Architecture {
         Architecture {
             norm: Norm::RmsNorm,
             norm_eps,
-            positions: Positions::Rotary { base: rotary_base },
+            positions: Positions::Rotary(RopeFrequencies::plain(rotary_base)),
             activation: Activation::SwiGlu,
             linear_bias: false,
             tied_output: false,
@@ -170,7 +171,10 @@ impl ModelShape {
         let mut parts = vec![format!("{} (eps {:e})", a.norm, a.norm_eps)];
         parts.push(match a.positions {
             Positions::Learned => "learned positions".into(),
-            Positions::Rotary { base } => format!("rope (base {base})"),
+            Positions::Rotary(RopeFrequencies { base, llama3_factor: None }) => format!("rope (base {base})"),
+            Positions::Rotary(RopeFrequencies { base, llama3_factor: Some(factor) }) => {
+                format!("rope (base {base}, Llama 3.1 scaling by {factor})")
+            }
         });
         parts.push(
             match a.activation {
@@ -239,6 +243,16 @@ mod tests {
         assert_eq!(
             llama3.describe_architecture(),
             "RMSNorm (eps 1e-5), rope (base 500000), SwiGLU, 8 query groups, no linear biases, untied output layer"
+        );
+        let scaled = RopeFrequencies { llama3_factor: Some(32.0), ..RopeFrequencies::plain(500000.0) };
+        let llama32 = ModelShape {
+            arch: Architecture { positions: Positions::Rotary(scaled), tied_output: true, ..llama3.arch },
+            ..llama3
+        };
+        assert_eq!(
+            llama32.describe_architecture(),
+            "RMSNorm (eps 1e-5), rope (base 500000, Llama 3.1 scaling by 32), SwiGLU, 8 query groups, no linear \
+             biases, tied output layer"
         );
         assert_eq!(
             ModelShape::GPT2_SMALL.describe_architecture(),

@@ -9,6 +9,14 @@ Also writes OUT_DIR's sibling hf_llama_tiny_rope500k: the same weights with rope
 (Llama 3's), saved as one model.safetensors, so a loader that ignores rope_theta (10000 is
 transformers' default) or reads only one of the two layouts fails one of them.
 
+And OUT_DIR's sibling hf_llama_tiny_rope_llama3, Llama 3.2 1B in miniature: rope_type "llama3"
+(factor 32, low and high frequency factors 1 and 4, 8192 original positions) at rope_theta
+500000, the output layer tied to the embedding, and 128 positions, enough that the blended
+band's angles (pair 2 of a head of 8 has a wavelength of about 4400 positions) move by a tenth
+of a radian: a loader or a rope that drops the scaling fails it. Beside the fixtures,
+llama3_inv_freq.json holds transformers' inv_freq bits for Llama 3.1 8B's and Llama 3.2 1B's
+config.json, and Llama 3 8B's unscaled.
+
 Needs torch and transformers (CPU is enough); CI only reads the committed output. The shape
 has what separates Llama from GPT-2: grouped-query attention (4 query heads sharing 2
 key/value heads), a SwiGLU width that is not 4x the model's, no biases, an output layer apart
@@ -18,19 +26,29 @@ from uniform, and the embedding and output layer are drawn separately, so a mist
 them shows in the losses.
 """
 
+import json
 import os
+import struct
 import sys
 
 import torch
 from make_fixture import losses_on_a_stream, summary, versions, write_json
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 VOCAB, T, BATCH = 96, 16, 2
 # Small enough that the ~85 KB of weights span several shards.
 SHARD_SIZE = "40KB"
 
 
-def tiny_llama(rope_theta: float) -> LlamaForCausalLM:
+LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope(rope_theta: float, factor: float) -> dict:
+    return {"rope_type": "llama3", "rope_theta": rope_theta, "factor": factor, **LLAMA3_SCALING}
+
+
+def tiny_llama(rope_parameters: dict, positions: int = T, tied: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -40,12 +58,12 @@ def tiny_llama(rope_theta: float) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
-        max_position_embeddings=T,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        max_position_embeddings=positions,
+        rope_parameters=rope_parameters,
         rms_norm_eps=1e-5,
         attention_bias=False,
         mlp_bias=False,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=VOCAB - 1,
         eos_token_id=VOCAB - 1,
     )
@@ -60,18 +78,19 @@ def tiny_llama(rope_theta: float) -> LlamaForCausalLM:
             else:
                 assert not name.endswith(".bias"), name
                 p.copy_(0.2 * torch.randn_like(p))
-    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr(), "head tied"
+    head_tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert head_tied == tied, f"head tied: {head_tied}"
     return model
 
 
-def save(model: LlamaForCausalLM, out: str, shard_size: str | None) -> dict:
+def save(model: LlamaForCausalLM, out: str, shard_size: str | None, t: int = T) -> dict:
     os.makedirs(out, exist_ok=True)
     if shard_size:
         model.save_pretrained(out, max_shard_size=shard_size)
     else:
         model.save_pretrained(out)
     expected = {"generated_by": "tests/hf/make_llama_fixture.py", **versions()}
-    expected.update(losses_on_a_stream(model, VOCAB, T, BATCH))
+    expected.update(losses_on_a_stream(model, VOCAB, t, BATCH))
     write_json(os.path.join(out, "expected.json"), expected)
     print(f"wrote {out}: {sorted(os.listdir(out))}, {summary(expected)}")
     return expected
@@ -80,11 +99,38 @@ def save(model: LlamaForCausalLM, out: str, shard_size: str | None) -> dict:
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_llama_tiny")
-    save(tiny_llama(10000.0), out, SHARD_SIZE)
+    save(tiny_llama({"rope_type": "default", "rope_theta": 10000.0}), out, SHARD_SIZE)
     shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
     assert len(shards) >= 2 and os.path.exists(os.path.join(out, "model.safetensors.index.json")), shards
     rope500k = os.path.join(os.path.dirname(os.path.abspath(out)), "hf_llama_tiny_rope500k")
-    save(tiny_llama(500000.0), rope500k, None)
+    save(tiny_llama({"rope_type": "default", "rope_theta": 500000.0}), rope500k, None)
+    fixtures = os.path.dirname(os.path.abspath(out))
+    llama3 = os.path.join(fixtures, "hf_llama_tiny_rope_llama3")
+    save(tiny_llama(llama3_rope(500000.0, 32.0), positions=128, tied=True), llama3, None, t=128)
+    write_inv_freq(os.path.join(fixtures, "llama3_inv_freq.json"))
+
+
+def write_inv_freq(path: str) -> None:
+    """transformers' inv_freq, as f32 bits, for the rotary embeddings of Llama 3 8B (unscaled),
+    Llama 3.1 8B (factor 8) and Llama 3.2 1B (factor 32), each built from its config.json's keys."""
+    cases = []
+    for head_dim, heads, factor in [(128, 32, None), (128, 32, 8.0), (64, 32, 32.0)]:
+        rope = llama3_rope(500000.0, factor) if factor else {"rope_type": "default", "rope_theta": 500000.0}
+        config = LlamaConfig(
+            hidden_size=head_dim * heads,
+            num_attention_heads=heads,
+            head_dim=head_dim,
+            max_position_embeddings=131072,
+            rope_parameters=rope,
+        )
+        inv_freq = LlamaRotaryEmbedding(config).inv_freq
+        assert inv_freq.dtype == torch.float32 and inv_freq.shape == (head_dim // 2,)
+        bits = [struct.unpack("<I", struct.pack("<f", x))[0] for x in inv_freq.tolist()]
+        cases.append({"head_dim": head_dim, "rope_theta": 500000.0, "factor": factor, "inv_freq_bits": bits})
+    with open(path, "w") as f:
+        json.dump({"generated_by": "tests/hf/make_llama_fixture.py", **versions(), "cases": cases}, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::memory::Category;
 use crate::philox;
+use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::Tensor;
 
 // A small GPT-2 block. T spans two attention row blocks; 4C = 640 exceeds gemm's depth
@@ -241,7 +242,7 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let w_qkv = t(3, &[QKV, C], 0.1); // OutIn, as nn.Linear
     let mut qkv = z(&[B, T, QKV]);
     dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None);
-    dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0);
+    dev.rope_forward(&mut qkv, NH, KV, RopeFrequencies::plain(10_000.0), 0);
     keep(&qkv);
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let mut y = z(&[B, T, C]);
@@ -259,7 +260,7 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.swiglu_backward(&mut dh, &h, &dg);
     let mut dqkv = z(&[B, T, QKV]);
     dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, KV);
-    dev.rope_backward(&mut dqkv, NH, KV, 10_000.0);
+    dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0));
     dev.matmul_backward_input(&mut dy, &dqkv, &w_qkv, WeightLayout::OutIn);
     let (mut dx, mut dnorm_w) = (z(&[B, T, C]), t(7, &[C], 0.1));
     dev.rmsnorm_backward(&mut dx, &mut dnorm_w, &dy, &x, &norm_w, &rstd);
@@ -298,8 +299,14 @@ fn llama_op_scratch_is_counted_as_workspace_and_released() {
         ledger.peak(Category::Workspace)
     };
     // RoPE: its cos and sin table [2, T, hs/2].
-    assert_eq!(peak_after(&mut || dev.rope_forward(&mut qkv, NH, KV, 10_000.0, 0)), 2 * T * (HS / 2) * 4);
-    assert_eq!(peak_after(&mut || dev.rope_backward(&mut dqkv, NH, KV, 10_000.0)), 2 * T * (HS / 2) * 4);
+    assert_eq!(
+        peak_after(&mut || dev.rope_forward(&mut qkv, NH, KV, RopeFrequencies::plain(10_000.0), 0)),
+        2 * T * (HS / 2) * 4
+    );
+    assert_eq!(
+        peak_after(&mut || dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0))),
+        2 * T * (HS / 2) * 4
+    );
     // RMSNorm: a dweight partial per 32 rows.
     let rmsnorm = &mut || dev.rmsnorm_backward(&mut dx, &mut dw, &y, &x, &w, &rstd);
     assert_eq!(peak_after(rmsnorm), N.div_ceil(32) * C * 4);
@@ -316,7 +323,7 @@ fn llama_op_scratch_is_counted_as_workspace_and_released() {
 fn key_value_heads_must_divide_the_query_heads() {
     let dev = CpuDevice::new(1);
     let mut qkv = dev.zeros(&[B, T, (NH + 2 * 3) * HS], Category::Activations);
-    dev.rope_forward(&mut qkv, NH, 3, 10_000.0, 0);
+    dev.rope_forward(&mut qkv, NH, 3, RopeFrequencies::plain(10_000.0), 0);
 }
 
 #[test]
@@ -324,7 +331,7 @@ fn key_value_heads_must_divide_the_query_heads() {
 fn rope_needs_an_even_head_size() {
     let dev = CpuDevice::new(1);
     let mut qkv = dev.zeros(&[1, 3, 3 * 5], Category::Activations);
-    dev.rope_forward(&mut qkv, 1, 1, 10_000.0, 0);
+    dev.rope_forward(&mut qkv, 1, 1, RopeFrequencies::plain(10_000.0), 0);
 }
 
 /// The norms fused with the residual stream are the unfused ops' bits: residual = a + b and

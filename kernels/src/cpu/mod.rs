@@ -39,6 +39,7 @@ use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout
 use crate::dropout::DropoutSpec;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::{Readout, ReadoutStorage};
+use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{assert_same_len, MatmulDims, QkvDims};
 use crate::tensor::{rows_cols, DType, Detached, Fence, Storage, Tensor};
 use crate::timing::{HostClock, Mark, Readings};
@@ -554,16 +555,22 @@ impl Attention for CpuDevice {
 }
 
 impl Rope for CpuDevice {
-    fn rope_forward_impl(&self, qkv: &mut Tensor, dims: QkvDims, base: f32, first_position: usize) {
+    fn rope_forward_impl(
+        &self,
+        qkv: &mut Tensor,
+        dims: QkvDims,
+        freqs: RopeFrequencies,
+        first_position: usize,
+    ) {
         let dims = rope::Dims { first: first_position, ..rope_dims(dims) };
         let mut table = self.workspace(rope::table_len(dims));
-        self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, base));
+        self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, freqs));
     }
 
-    fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, base: f32) {
+    fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, freqs: RopeFrequencies) {
         let dims = rope_dims(dims);
         let mut table = self.workspace(rope::table_len(dims));
-        self.pool.install(|| rope::backward(dqkv.cpu_mut(), table.cpu_mut(), dims, base));
+        self.pool.install(|| rope::backward(dqkv.cpu_mut(), table.cpu_mut(), dims, freqs));
     }
 }
 

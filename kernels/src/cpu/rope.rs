@@ -2,18 +2,18 @@
 //! key heads of qkv [B,T,(NH+2*KV)*hs] (queries, then keys, then values in each token's
 //! row). Token t of a sequence sits at position first + t (first is 0 in training; a
 //! decoder's next token sits after its cache). With half = hs/2, for i < half:
-//! inv_freq_i = 1 / base^(2i/hs), angle = position * inv_freq_i, and the pair
+//! angle = position * inv_freq_i (kernels/src/rope_frequencies.rs), and the pair
 //! (x[i], x[i + half]) turns by that angle. Every value is the f32 Hugging Face's
-//! LlamaRotaryEmbedding computes: the exponent an f32 quotient, the power and its
-//! reciprocal in f32 (torch's `base ** exponent` on f32), the angle an f32 product; cos and
-//! sin are computed in f64 and rounded once, the correctly rounded f32 that torch's
-//! approximate.
+//! LlamaRotaryEmbedding computes: the frequencies in f32 as transformers computes them, the
+//! angle an f32 product; cos and sin are computed in f64 and rounded once, the correctly
+//! rounded f32 that torch's approximate.
 //!
 //! Each call fills a table of cos and sin [T, half] once (in parallel over positions) and
 //! then rotates the rows in parallel; the rotation of an element depends on nothing else, so
 //! the result is the same whatever the thread count.
 
 use super::rows_per_task;
+use crate::rope_frequencies::RopeFrequencies;
 use rayon::prelude::*;
 
 /// The heads of qkv: NH query heads, KV key heads (and KV value heads, untouched) of hs
@@ -43,17 +43,11 @@ pub fn table_len(d: Dims) -> usize {
     2 * d.t * d.half()
 }
 
-/// 1 / base^(2i/hs), as Hugging Face's `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`.
-pub fn inv_freq(i: usize, hs: usize, base: f32) -> f32 {
-    let exponent = (2 * i) as f32 / hs as f32;
-    1.0 / base.powf(exponent)
-}
-
 /// table [2, T, hs/2] = cos and sin of (first + t) * inv_freq_i, the sines negated for
 /// `inverse`.
-fn fill_table(table: &mut [f32], d: Dims, base: f32, inverse: bool) {
+fn fill_table(table: &mut [f32], d: Dims, freqs: RopeFrequencies, inverse: bool) {
     let half = d.half();
-    let inv_freq: Vec<f32> = (0..half).map(|i| inv_freq(i, d.hs, base)).collect();
+    let inv_freq: Vec<f32> = (0..half).map(|i| freqs.inv_freq(i, d.hs)).collect();
     let sign = if inverse { -1.0 } else { 1.0 };
     let (cos, sin) = table.split_at_mut(d.t * half);
     cos.par_chunks_mut(half).zip(sin.par_chunks_mut(half)).enumerate().for_each(|(t, (cos, sin))| {
@@ -90,17 +84,17 @@ fn check(qkv: &[f32], table: &[f32], d: Dims) {
 
 /// Rotates the query and key heads of qkv [B,T,(NH+2*KV)*hs] in place; `table` is scratch
 /// of `table_len`.
-pub fn forward(qkv: &mut [f32], table: &mut [f32], d: Dims, base: f32) {
+pub fn forward(qkv: &mut [f32], table: &mut [f32], d: Dims, freqs: RopeFrequencies) {
     check(qkv, table, d);
-    fill_table(table, d, base, false);
+    fill_table(table, d, freqs, false);
     rotate(qkv, table, d);
 }
 
 /// The transpose of `forward` (its inverse rotation), in place on dqkv:
 /// d[i] = d[i] cos + d[i + half] sin, d[i + half] = d[i + half] cos - d[i] sin.
-pub fn backward(dqkv: &mut [f32], table: &mut [f32], d: Dims, base: f32) {
+pub fn backward(dqkv: &mut [f32], table: &mut [f32], d: Dims, freqs: RopeFrequencies) {
     check(dqkv, table, d);
-    fill_table(table, d, base, true);
+    fill_table(table, d, freqs, true);
     rotate(dqkv, table, d);
 }
 
@@ -112,7 +106,7 @@ mod tests {
     // Odd sizes: 3 sequences of 7 tokens, 3 query heads sharing 1 key/value head of 10.
     const B: usize = 3;
     const D: Dims = Dims { t: 7, nh: 3, kv: 1, hs: 10, first: 0 };
-    const BASE: f32 = 10_000.0;
+    const FREQS: RopeFrequencies = RopeFrequencies::plain(10_000.0);
 
     fn qkv(seed: u64) -> Vec<f32> {
         random(seed, B * D.t * D.width(), 2.0)
@@ -125,7 +119,7 @@ mod tests {
         for (n, row) in out.chunks_exact_mut(width).enumerate() {
             for head in row[..(D.nh + D.kv) * D.hs].chunks_exact_mut(D.hs) {
                 for i in 0..half {
-                    let angle = ((n % D.t) as f32 * inv_freq(i, D.hs, BASE)) as f64;
+                    let angle = ((n % D.t) as f32 * FREQS.inv_freq(i, D.hs)) as f64;
                     let (x1, x2) = (head[i], head[i + half]);
                     head[i] = x1 * angle.cos() - x2 * angle.sin();
                     head[i + half] = x2 * angle.cos() + x1 * angle.sin();
@@ -138,9 +132,9 @@ mod tests {
     fn run(x: &[f32], inverse: bool) -> Vec<f32> {
         let (mut out, mut table) = (x.to_vec(), vec![f32::NAN; table_len(D)]);
         if inverse {
-            backward(&mut out, &mut table, D, BASE);
+            backward(&mut out, &mut table, D, FREQS);
         } else {
-            forward(&mut out, &mut table, D, BASE);
+            forward(&mut out, &mut table, D, FREQS);
         }
         out
     }
@@ -169,7 +163,7 @@ mod tests {
         let got = run(&x, false);
         let row = 2 * D.width();
         let (x1, x2) = (x[row + 1], x[row + 6]);
-        assert_eq!(inv_freq(1, 10, BASE), 0.158_489_32);
+        assert_eq!(FREQS.inv_freq(1, 10), 0.158_489_32);
         let angle = 2.0f32 * 0.158_489_32;
         assert_eq!(angle, 0.316_978_63);
         let (c, s) = (0.950_181_5f32, 0.311_697_16f32); // cos and sin of 0.31697863, to f32
@@ -188,7 +182,7 @@ mod tests {
             let one = Dims { t: 1, first: t, ..D };
             let mut row = x[t * width..(t + 1) * width].to_vec();
             let mut table = vec![f32::NAN; table_len(one)];
-            forward(&mut row, &mut table, one, BASE);
+            forward(&mut row, &mut table, one, FREQS);
             assert_eq!(row, whole[t * width..(t + 1) * width], "position {t}");
         }
     }

@@ -6,17 +6,19 @@ use super::device::{buf_mut, int, CudaDevice};
 use super::launch::per_rope_thread;
 use super::sources::kernel_name;
 use crate::backend::Rope;
+use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::QkvDims;
 use crate::tensor::Tensor;
 
 impl Rope for CudaDevice {
     /// Turns the query and key heads of qkv, token t of each sequence at position
     /// `first + t`.
-    fn rope_forward_impl(&self, qkv: &mut Tensor, d: QkvDims, base: f32, first: usize) {
+    fn rope_forward_impl(&self, qkv: &mut Tensor, d: QkvDims, freqs: RopeFrequencies, first: usize) {
         let (rows, hs) = (d.b * d.t, d.hs);
         let name = kernel_name("rope_forward", qkv.dtype());
         let (rows_u, t_i, nh_i, kv_i, hs_i, first_u) =
             (rows as u64, int(d.t), int(d.nh), int(d.kv), int(hs), first as u64);
+        let factor = llama3_factor(freqs);
         launch!(
             self,
             name,
@@ -28,15 +30,17 @@ impl Rope for CudaDevice {
             &kv_i,
             &hs_i,
             &first_u,
-            &base
+            &freqs.base,
+            &factor
         );
     }
 
     /// The inverse rotation in place on dqkv, token t at position t.
-    fn rope_backward_impl(&self, dqkv: &mut Tensor, d: QkvDims, base: f32) {
+    fn rope_backward_impl(&self, dqkv: &mut Tensor, d: QkvDims, freqs: RopeFrequencies) {
         let (rows, hs) = (d.b * d.t, d.hs);
         let name = kernel_name("rope_backward", dqkv.dtype());
         let (rows_u, t_i, nh_i, kv_i, hs_i) = (rows as u64, int(d.t), int(d.nh), int(d.kv), int(hs));
+        let factor = llama3_factor(freqs);
         launch!(
             self,
             name,
@@ -47,7 +51,13 @@ impl Rope for CudaDevice {
             &nh_i,
             &kv_i,
             &hs_i,
-            &base
+            &freqs.base,
+            &factor
         );
     }
+}
+
+/// The kernels' `llama3_factor`: 0 for plain RoPE.
+fn llama3_factor(freqs: RopeFrequencies) -> f32 {
+    freqs.llama3_factor.unwrap_or(0.0)
 }

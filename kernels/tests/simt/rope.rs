@@ -1,10 +1,10 @@
 //! Rotary position embedding, forward and backward, in place on qkv, launched as the CUDA
 //! backend launches it (one thread per row and rotated pair), against the CPU's op.
 
-use crate::harness::{Family, Rng, Run, Storage, Tolerance};
+use crate::harness::{Arg, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_rope_thread;
-use kernels::{Category, Device};
+use kernels::{Category, Device, RopeFrequencies};
 
 /// One qkv [B,T,(NH+2*KV)*hs] and the position of its first token.
 struct Case {
@@ -14,7 +14,7 @@ struct Case {
     kv: usize,
     hs: usize,
     first: usize,
-    base: f32,
+    freqs: RopeFrequencies,
 }
 
 impl Case {
@@ -31,9 +31,9 @@ impl Case {
 fn cpu_rope(case: &Case, x: &[f32], dx: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let dev = CpuDevice::new(2);
     let mut qkv = dev.from_host(x, &case.shape(), Category::Workspace);
-    dev.rope_forward(&mut qkv, case.nh, case.kv, case.base, case.first);
+    dev.rope_forward(&mut qkv, case.nh, case.kv, case.freqs, case.first);
     let mut dqkv = dev.from_host(dx, &case.shape(), Category::Workspace);
-    dev.rope_backward(&mut dqkv, case.nh, case.kv, case.base);
+    dev.rope_backward(&mut dqkv, case.nh, case.kv, case.freqs);
     (dev.to_host(&qkv), dev.to_host(&dqkv))
 }
 
@@ -46,16 +46,22 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
     let Some(family) = Family::of("rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16", "rope.cu") else {
         return;
     };
+    let plain = RopeFrequencies::plain;
+    let llama3 = |llama3_factor| RopeFrequencies { base: 500_000.0, llama3_factor: Some(llama3_factor) };
     let cases = [
         // Llama-3-8B's attention: 32 query heads on 8 key/value heads of 128, base 500000;
         // 2 sequences of 48 tokens rather than 8192, the forward's placed at the end of an
         // 8192-token context, where the angles are largest.
-        Case { b: 2, t: 48, nh: 32, kv: 8, hs: 128, first: 8192 - 48, base: 500_000.0 },
+        Case { b: 2, t: 48, nh: 32, kv: 8, hs: 128, first: 8192 - 48, freqs: plain(500_000.0) },
+        // Llama-3.1-8B's: the same with its long wavelengths slowed by 8.
+        Case { b: 1, t: 48, nh: 32, kv: 8, hs: 128, first: 100_000, freqs: llama3(8.0) },
+        // Llama-3.2-1B's: heads of 64, slowed by 32.
+        Case { b: 1, t: 16, nh: 32, kv: 8, hs: 64, first: 4000, freqs: llama3(32.0) },
         // Odd sizes: 3 query heads on 1 key/value head of 6, 3 sequences of 7 tokens
         // (21 rows of 3 pairs: one block, partly idle).
-        Case { b: 3, t: 7, nh: 3, kv: 1, hs: 6, first: 5, base: 10_000.0 },
+        Case { b: 3, t: 7, nh: 3, kv: 1, hs: 6, first: 5, freqs: plain(10_000.0) },
         // Heads of 8: in f32 a thread's 4 pairs are one pack, in bf16 (8 a pack) one pair.
-        Case { b: 1, t: 5, nh: 2, kv: 1, hs: 8, first: 0, base: 10_000.0 },
+        Case { b: 1, t: 5, nh: 2, kv: 1, hs: 8, first: 0, freqs: plain(10_000.0) },
     ];
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
@@ -77,11 +83,13 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             };
             let mut forward: Vec<_> = vec![qkv.into()];
             forward.extend(dims());
-            forward.extend([(case.first as u64).into(), case.base.into()]);
+            let freqs: [Arg; 2] = [case.freqs.base.into(), case.freqs.llama3_factor.unwrap_or(0.0).into()];
+            forward.push((case.first as u64).into());
+            forward.extend(freqs.clone());
             run.launch(storage.kernel("rope_forward"), cfg(), &forward);
             let mut backward: Vec<_> = vec![dqkv.into()];
             backward.extend(dims());
-            backward.push(case.base.into());
+            backward.extend(freqs);
             run.launch(storage.kernel("rope_backward"), cfg(), &backward);
             run.read(qkv);
             run.read(dqkv);

@@ -222,8 +222,8 @@ impl Block<'_> {
         let mut qkv = act(&[b, t, shard.qkv_width(s)], cat(BlockTensor::Qkv)); // [B,T,QKV]
         self.linear(dev, &mut qkv, n1_all.as_ref().unwrap_or(&n1), BlockParam::QkvWeight);
         drop(n1_all);
-        if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_forward(&mut qkv, heads, kv_heads, base, 0);
+        if let Positions::Rotary(freqs) = s.arch.positions {
+            dev.rope_forward(&mut qkv, heads, kv_heads, freqs, 0);
         }
         let att_drop = self.attention_dropout(dropout);
         let att_saved = BlockTensor::attention_saved(s);
@@ -356,8 +356,8 @@ impl Block<'_> {
         drop(att);
         drop(datty);
         drop(acts.qkv);
-        if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_backward(&mut dqkv, heads, kv_heads, base);
+        if let Positions::Rotary(freqs) = s.arch.positions {
+            dev.rope_backward(&mut dqkv, heads, kv_heads, freqs);
         }
         let dqkv = Arc::new(dqkv);
         let norm1 = self.norm1();
@@ -403,8 +403,8 @@ impl Block<'_> {
         self.norm1().forward(dev, &mut n1, x, Category::Workspace);
         let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
         self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
-        if let Positions::Rotary { base } = s.arch.positions {
-            dev.rope_forward(&mut qkv, s.heads, s.kv_heads, base, position);
+        if let Positions::Rotary(freqs) = s.arch.positions {
+            dev.rope_forward(&mut qkv, s.heads, s.kv_heads, freqs, position);
         }
         qkv
     }
