@@ -23,7 +23,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let recorded = ck.trainer.as_ref().and_then(|t| t.state.tokenizer.as_ref());
     let tokenizer = tokenizer(args, &ck.dir, recorded)?;
     let model = Decoder::new(&ck.config, &ck.model);
-    let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, &model)?;
+    // A checkpoint without pipetrain's trainer state is a Hugging Face directory (or an
+    // export), whose prompts transformers would encode with the tokenizer's special tokens.
+    let convention = match ck.trainer {
+        Some(_) => PromptConvention::Tokenize,
+        None => PromptConvention::HuggingFace,
+    };
+    let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, convention, &model)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(&tokenizer);
     out.write_all(&text.push(&prompt)?)?;
@@ -94,21 +100,37 @@ fn sampler(args: &GenerateArgs) -> anyhow::Result<Sampler> {
     Ok(Sampler { temperature: args.temperature, top_k: args.top_k, seed })
 }
 
-/// The prompt's tokens, the end-of-text token's text written in it as that token
-/// (`<|endoftext|>` alone when there is no prompt, as every document starts in training),
-/// checked against the model.
-fn prompt_tokens(prompt: Option<&str>, tokenizer: &Tokenizer, model: &Decoder) -> anyhow::Result<Vec<u32>> {
-    let mut tokens = Vec::new();
-    match prompt {
-        Some(text) if !text.is_empty() => {
-            for (i, piece) in text.split(tokenizer.eot_token.as_str()).enumerate() {
-                if i > 0 {
-                    tokens.push(tokenizer.eot);
-                }
-                tokens.extend(tokenizer.encode(piece)?);
-            }
-        }
-        _ => tokens.push(tokenizer.eot),
+/// How a prompt becomes tokens: as the model's training text did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PromptConvention {
+    /// As `pipetrain tokenize` wrote it: the text alone, documents apart by end of text.
+    Tokenize,
+    /// As transformers' `tokenizer(prompt)`: a tokenizer.json's post-processor adds its
+    /// special tokens (Llama 3's `<|begin_of_text|>` first).
+    HuggingFace,
+}
+
+/// The prompt's tokens, the end-of-text token's text written in it as that token, checked
+/// against the model. An empty prompt is the end-of-text token alone, as every document
+/// starts in training; or, by the Hugging Face convention, what the post-processor makes
+/// of no text (Llama 3's `<|begin_of_text|>`) where it makes anything.
+fn prompt_tokens(
+    prompt: Option<&str>,
+    tokenizer: &Tokenizer,
+    convention: PromptConvention,
+    model: &Decoder,
+) -> anyhow::Result<Vec<u32>> {
+    let text = prompt.unwrap_or("");
+    let post_processed = match convention {
+        PromptConvention::HuggingFace => tokenizer.encode_post_processed(text)?,
+        PromptConvention::Tokenize => None,
+    };
+    let mut tokens = match post_processed {
+        Some(tokens) => tokens,
+        None => text_tokens(text, tokenizer)?,
+    };
+    if tokens.is_empty() {
+        tokens.push(tokenizer.eot);
     }
     if tokens.len() > model.max_positions() {
         return Err(user_error(format!(
@@ -123,6 +145,18 @@ fn prompt_tokens(prompt: Option<&str>, tokenizer: &Tokenizer, model: &Decoder) -
             String::from_utf8_lossy(&tokenizer.decode(&[t])?),
             model.vocab()
         )));
+    }
+    Ok(tokens)
+}
+
+/// The tokens of `text`, the end-of-text token's text in it as that token.
+fn text_tokens(text: &str, tokenizer: &Tokenizer) -> anyhow::Result<Vec<u32>> {
+    let mut tokens = Vec::new();
+    for (i, piece) in text.split(tokenizer.eot_token.as_str()).enumerate() {
+        if i > 0 {
+            tokens.push(tokenizer.eot);
+        }
+        tokens.extend(tokenizer.encode(piece)?);
     }
     Ok(tokens)
 }
@@ -244,15 +278,38 @@ mod tests {
     fn prompts_are_checked_against_the_model() {
         let model = fixture_model();
         let gpt2 = Tokenizer::load("gpt2", None).unwrap();
-        assert_eq!(prompt_tokens(Some("x=y"), &gpt2, &model).unwrap(), [87, 28, 88]);
-        let long = vec!["a"; 17].join(" ");
-        assert_eq!(
-            prompt_tokens(Some(&long), &gpt2, &model).unwrap_err().to_string(),
-            "command line: --prompt: 17 tokens, more than the model's 16 positions (max_position_embeddings)"
-        );
-        assert_eq!(
-            prompt_tokens(None, &gpt2, &model).unwrap_err().to_string(),
-            "command line: --prompt: token 50256 (\"<|endoftext|>\") is outside the model's vocabulary of 96"
-        );
+        for convention in [PromptConvention::Tokenize, PromptConvention::HuggingFace] {
+            assert_eq!(prompt_tokens(Some("x=y"), &gpt2, convention, &model).unwrap(), [87, 28, 88]);
+            let long = vec!["a"; 17].join(" ");
+            assert_eq!(
+                prompt_tokens(Some(&long), &gpt2, convention, &model).unwrap_err().to_string(),
+                "command line: --prompt: 17 tokens, more than the model's 16 positions (max_position_embeddings)"
+            );
+            assert_eq!(
+                prompt_tokens(None, &gpt2, convention, &model).unwrap_err().to_string(),
+                "command line: --prompt: token 50256 (\"<|endoftext|>\") is outside the model's vocabulary of 96"
+            );
+        }
+    }
+
+    /// A Llama 3 style tokenizer.json (ids 0..93 the characters ! to ~, 94
+    /// <|begin_of_text|>, which its post-processor puts first, 95 <|end_of_text|>): by the
+    /// Hugging Face convention every prompt begins with <|begin_of_text|>, as
+    /// `tokenizer(prompt)` does in transformers; as `tokenize` wrote the training text, none.
+    #[test]
+    fn the_hugging_face_convention_begins_with_the_post_processors_tokens() {
+        let model = fixture("hf_llama_tiny_rope_llama3");
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_llama_tiny_rope_llama3/tokenizer.json");
+        let llama3 = Tokenizer::load(path, None).unwrap();
+        assert_eq!((llama3.eot, llama3.eot_token.as_str()), (95, "<|end_of_text|>"));
+        let tokens = |prompt, convention| prompt_tokens(prompt, &llama3, convention, &model).unwrap();
+        let (tokenize, hugging_face) = (PromptConvention::Tokenize, PromptConvention::HuggingFace);
+        assert_eq!(tokens(Some("x=y"), tokenize), [87, 28, 88]);
+        assert_eq!(tokens(Some("x=y"), hugging_face), [94, 87, 28, 88]);
+        assert_eq!(tokens(Some("a<|end_of_text|>b"), tokenize), [64, 95, 65]);
+        assert_eq!(tokens(Some("a<|end_of_text|>b"), hugging_face), [94, 64, 95, 65]);
+        assert_eq!(tokens(None, tokenize), [95]);
+        assert_eq!(tokens(None, hugging_face), [94]);
     }
 }

@@ -7,7 +7,9 @@ for tests/generate_cli.rs.
 Needs torch and transformers (CPU is enough); CI only reads the committed output. The model
 never stops at its end-of-text token here (pipetrain generates the tokens asked for), and
 each prompt is given as the single-byte GPT-2 tokens its text encodes to, which the
-fixture's 96-token vocabulary holds.
+fixture's 96-token vocabulary holds. Where the fixture has a tokenizer.json, the prompt is
+what that tokenizer makes of the text (`tokenizer(text)`, its post-processor's special tokens
+included) and each case also holds `tokenizer.decode` of the whole output.
 """
 
 import os
@@ -15,7 +17,7 @@ import sys
 
 import torch
 from make_fixture import versions, write_json
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 # (prompt text, its GPT-2 BPE tokens, new tokens): byte tokens are the byte minus 33, and
 # the pre-tokenizer splits letters from punctuation, so nothing merges.
@@ -27,9 +29,15 @@ def main() -> None:
     fixture = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_tiny")
     model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager").eval()
     model.generation_config.eos_token_id = None
+    tokenizer_json = os.path.join(fixture, "tokenizer.json")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json) if os.path.exists(tokenizer_json) else None
     cases = []
     for text, prompt, new in CASES:
         assert all(ord(ch) - 33 == t for ch, t in zip(text, prompt)), text
+        if tokenizer:
+            encoded = tokenizer(text)["input_ids"]
+            assert encoded[len(encoded) - len(prompt) :] == prompt, (text, encoded)
+            prompt = encoded
         assert len(prompt) + new <= model.config.max_position_embeddings
         with torch.no_grad():
             out = model.generate(
@@ -47,7 +55,10 @@ def main() -> None:
         # Every choice clear of the runner-up, so fp32 rounding elsewhere cannot flip it.
         margin = min((lambda top: (top[0] - top[1]).item())(s[0].topk(2).values) for s in out.scores)
         assert margin > 1e-3, (text, margin)
-        cases.append({"prompt": text, "prompt_tokens": prompt, "new_tokens": tokens})
+        case = {"prompt": text, "prompt_tokens": prompt, "new_tokens": tokens}
+        if tokenizer:
+            case["text"] = tokenizer.decode(prompt + tokens, clean_up_tokenization_spaces=False)
+        cases.append(case)
 
     path = os.path.join(fixture, "generate.json")
     write_json(path, {"generated_by": "tests/hf/make_generate_fixture.py", **versions(), "greedy": cases})

@@ -13,7 +13,10 @@ And OUT_DIR's sibling hf_llama_tiny_rope_llama3, Llama 3.2 1B in miniature: rope
 (factor 32, low and high frequency factors 1 and 4, 8192 original positions) at rope_theta
 500000, the output layer tied to the embedding, and 128 positions, enough that the blended
 band's angles (pair 2 of a head of 8 has a wavelength of about 4400 positions) move by a tenth
-of a radian: a loader or a rope that drops the scaling fails it. Beside the fixtures,
+of a radian: a loader or a rope that drops the scaling fails it. Its tokenizer.json is Llama
+3's in miniature: ids 0..93 the characters ! to ~ (GPT-2's single-byte tokens), 94
+<|begin_of_text|>, which its post-processor puts before every text, and 95 <|end_of_text|>.
+Beside the fixtures,
 llama3_inv_freq.json holds transformers' inv_freq bits for Llama 3.1 8B's and Llama 3.2 1B's
 config.json, and Llama 3 8B's unscaled.
 
@@ -33,6 +36,7 @@ import sys
 
 import torch
 from make_fixture import losses_on_a_stream, summary, versions, write_json
+from tokenizers import Tokenizer, decoders, models, processors
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -107,7 +111,24 @@ def main() -> None:
     fixtures = os.path.dirname(os.path.abspath(out))
     llama3 = os.path.join(fixtures, "hf_llama_tiny_rope_llama3")
     save(tiny_llama(llama3_rope(500000.0, 32.0), positions=128, tied=True), llama3, None, t=128)
+    write_llama3_style_tokenizer(os.path.join(llama3, "tokenizer.json"))
     write_inv_freq(os.path.join(fixtures, "llama3_inv_freq.json"))
+
+
+def write_llama3_style_tokenizer(path: str) -> None:
+    """A character-level tokenizer.json over the fixture's 96 ids with Llama 3's special tokens
+    and its post-processor, which begins every text with <|begin_of_text|>."""
+    vocab = {chr(33 + i): i for i in range(VOCAB - 2)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    assert tok.token_to_id("<|begin_of_text|>") == VOCAB - 2 and tok.token_to_id("<|end_of_text|>") == VOCAB - 1
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", VOCAB - 2)]
+    )
+    tok.decoder = decoders.Fuse()
+    assert tok.encode("x=y").ids == [VOCAB - 2, 87, 28, 88]
+    tok.save(path)
+    print(f"wrote {path}")
 
 
 def write_inv_freq(path: str) -> None:

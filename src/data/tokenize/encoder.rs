@@ -83,6 +83,19 @@ impl Tokenizer {
         }
     }
 
+    /// The tokens transformers' `tokenizer(text)` gives: a Hugging Face tokenizer's added
+    /// special tokens matched in the text, and those its post-processor adds (Llama's
+    /// `<|begin_of_text|>` before it). None for tiktoken, which has no post-processor.
+    pub fn encode_post_processed(&self, text: &str) -> anyhow::Result<Option<Vec<u32>>> {
+        match &self.engine {
+            Engine::Tiktoken(_) => Ok(None),
+            Engine::HuggingFace(tok) => tok
+                .encode_fast(text, true)
+                .map(|e| Some(e.get_ids().to_vec()))
+                .map_err(|e| anyhow::anyhow!("{}: cannot encode: {e}", self.name)),
+        }
+    }
+
     /// The bytes `tokens` stand for, special tokens written out. tiktoken's are the exact
     /// bytes, of which a token may hold part of a character; a Hugging Face decoder's are
     /// text, with U+FFFD for a character the tokens do not complete yet.
