@@ -640,20 +640,26 @@ fn a_reader_that_stops_early_ends_the_report_quietly() {
 }
 
 /// The shipped Llama 3 configs simulate with the model cards' parameter counts (8.03B,
-/// 70.6B, 405.9B, each within 0.5%), name their architecture, and print the Korthikanti
-/// line at their own widths, saying what differs from the paper's GPT formula.
+/// 70.6B, 405.9B, each within 0.5%), name their architecture (405B is Llama 3.1's, its rope
+/// scaled), and print the Korthikanti line at their own widths, saying what differs from the
+/// paper's GPT formula.
 #[test]
 fn llama3_configs_have_the_model_cards_parameter_counts() {
+    let rope = |scaled: bool| match scaled {
+        true => "rope (base 500000, Llama 3.1 scaling by 8)",
+        false => "rope (base 500000)",
+    };
     for (name, card) in [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 405.9e9)] {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
         let report = json_of(&cfg, &["--hardware", "h100-sxm"]);
         let params = report["parameters"].as_f64().unwrap();
         assert!((params / card - 1.0).abs() < 0.005, "{name}: {params} parameters, the card says {card}");
         let text = stdout(&simulate(&cfg, &["--hardware", "h100-sxm"]));
-        assert!(
-            text.contains("RMSNorm (eps 1e-5), rope (base 500000), SwiGLU, 8 query groups, no linear biases, untied output layer"),
-            "{name}: {text}"
+        let architecture = format!(
+            "RMSNorm (eps 1e-5), {}, SwiGLU, 8 query groups, no linear biases, untied output layer",
+            rope(name == "llama3-405b")
         );
+        assert!(text.contains(&architecture), "{name}: {text}");
         assert!(
             text.contains("(the paper's GPT formula at this model's widths: k, v over 8 groups"),
             "{name}: {text}"
