@@ -4,7 +4,9 @@
 //! Hugging Face tensors. `train`, `simulate`, `bench`, `eval`, `generate` and the checkpoints
 //! read the run through it.
 
-use crate::config::{Config, DeviceKind, Precision, RecomputeGranularity, RecomputeMethod, RecomputeModule};
+use crate::config::{
+    Config, DeviceKind, Named, Precision, RecomputeGranularity, RecomputeMethod, RecomputeModule,
+};
 use crate::error::user_error;
 use kernels::{AttentionSaves, Category, DType, Device};
 use schedules::{generate, lower, LoweredSchedule, ScheduleKind};
@@ -221,6 +223,30 @@ pub fn schedule_shape(cfg: &Config) -> anyhow::Result<schedules::Shape> {
     let kind = cfg.pipeline_schedule;
     kind.shape(p, v, m)
         .map_err(|e| cfg.key_error("pipeline_schedule", format!("{kind} with p={p}, v={v}, m={m}: {e}")))
+}
+
+/// One line for what a run's op times depend on beyond each stage's holdings: the model and
+/// what each microbatch computes on. A measured trace carries it (`train --trace`), and
+/// `simulate --measured` takes a trace only for a config of the same line.
+pub fn describe_run(cfg: &Config) -> String {
+    let s = shape(cfg);
+    let sequence_parallel = if cfg.sequence_parallel { " (sequence parallel)" } else { "" };
+    format!(
+        "{} layers, hidden {}, {} heads over {} groups, ffn {}, seq {}, vocab {}, {}; micro batch {}, \
+         tensor parallel {}{sequence_parallel}, {} {}",
+        s.num_layers,
+        s.hidden,
+        s.heads,
+        s.kv_heads,
+        s.ffn,
+        s.seq_len,
+        s.vocab,
+        s.describe_architecture(),
+        s.micro_batch,
+        cfg.tensor_model_parallel_size,
+        cfg.device.name(),
+        cfg.precision.name(),
+    )
 }
 
 /// One line for a stage: what it holds and how it recomputes.

@@ -2,8 +2,11 @@
 //! (`simulate --trace`) runs alike; it opens in Perfetto and chrome://tracing.
 //!
 //! Every event is a complete ("X") event of process 0 on thread `stage`, with `ts` and `dur`
-//! in microseconds; each thread is named by a metadata event. [`read_chrome_trace`] reads
-//! back what [`write_chrome_trace`] writes (the simulator calibrates from measured traces).
+//! in microseconds; each thread is named by a metadata event. A measured trace also says
+//! which run it timed: the process's metadata carries `run` (`plan::describe_run`) and each
+//! stage's thread name what the stage held (`plan::describe_stage`). [`read_chrome_trace`]
+//! reads back what [`write_chrome_trace`] writes (the simulator calibrates from measured
+//! traces).
 
 use crate::error::user_error;
 use serde_json::{json, Value};
@@ -49,6 +52,15 @@ pub struct TraceEvent {
     pub args: Value,
 }
 
+/// What a trace holds: its complete events, its tracks' names and the run it timed (None in
+/// a simulated trace, or one from elsewhere).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChromeTrace {
+    pub run: Option<String>,
+    pub track_names: Vec<(usize, String)>,
+    pub events: Vec<TraceEvent>,
+}
+
 /// Errors unless `path` (given as `--trace`) can be where a trace is written: not a
 /// directory, in one that exists. A run checks it before its first step, so that a slip in
 /// the flag does not cost the trace of the whole run at its end.
@@ -71,9 +83,14 @@ pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `events` as a Chrome trace; `stage_names[i]` names track i. The file appears
-/// whole or not at all (written beside it, then renamed).
-pub fn write_chrome_trace(path: &Path, events: &[TraceEvent], stage_names: &[String]) -> anyhow::Result<()> {
+/// Writes `events` as a Chrome trace of `run` (None for a simulation); `stage_names[i]`
+/// names track i. The file appears whole or not at all (written beside it, then renamed).
+pub fn write_chrome_trace(
+    path: &Path,
+    run: Option<&str>,
+    events: &[TraceEvent],
+    stage_names: &[String],
+) -> anyhow::Result<()> {
     let fail = |e: std::io::Error| user_error(format!("{}: cannot write the trace: {e}", path.display()));
     let tmp = path.with_extension("json.partial");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
@@ -87,7 +104,11 @@ pub fn write_chrome_trace(path: &Path, events: &[TraceEvent], stage_names: &[Str
             first = false;
             serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::other)
         };
-        emit(json!({"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "pipetrain"}}), &mut out)?;
+        let mut process = json!({"name": "pipetrain"});
+        if let Some(run) = run {
+            process["run"] = json!(run);
+        }
+        emit(json!({"ph": "M", "pid": 0, "name": "process_name", "args": process}), &mut out)?;
         for (tid, name) in stage_names.iter().enumerate() {
             emit(
                 json!({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name", "args": {"name": name}}),
@@ -117,8 +138,9 @@ pub fn write_chrome_trace(path: &Path, events: &[TraceEvent], stage_names: &[Str
 }
 
 /// The complete events of a Chrome trace (a `{"traceEvents": [...]}` object or a bare
-/// array), in file order; metadata and other phases are skipped.
-pub fn read_chrome_trace(path: &Path) -> anyhow::Result<Vec<TraceEvent>> {
+/// array), in file order, with the names of its tracks and its process's `run`; other
+/// phases are skipped.
+pub fn read_chrome_trace(path: &Path) -> anyhow::Result<ChromeTrace> {
     let bad = |msg: String| user_error(format!("{}: {msg}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the trace: {e}")))?;
     let doc: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -130,10 +152,23 @@ pub fn read_chrome_trace(path: &Path) -> anyhow::Result<Vec<TraceEvent>> {
         },
         _ => return Err(bad("not a Chrome trace (an object or an array of events)".into())),
     };
-    let mut events = Vec::new();
+    let mut trace = ChromeTrace { run: None, track_names: Vec::new(), events: Vec::new() };
     for (i, e) in list.iter().enumerate() {
-        if e.get("ph").and_then(Value::as_str) != Some("X") {
-            continue;
+        let arg =
+            |key: &str| e.get("args").and_then(|a| a.get(key)).and_then(Value::as_str).map(str::to_string);
+        match (e.get("ph").and_then(Value::as_str), e.get("name").and_then(Value::as_str)) {
+            (Some("X"), _) => {}
+            (Some("M"), Some("process_name")) => {
+                trace.run = arg("run");
+                continue;
+            }
+            (Some("M"), Some("thread_name")) => {
+                if let (Some(tid), Some(name)) = (e.get("tid").and_then(Value::as_u64), arg("name")) {
+                    trace.track_names.push((tid as usize, name));
+                }
+                continue;
+            }
+            _ => continue,
         }
         let number = |key: &str| e.get(key).and_then(Value::as_f64);
         let (Some(tid), Some(ts), Some(dur)) =
@@ -142,7 +177,7 @@ pub fn read_chrome_trace(path: &Path) -> anyhow::Result<Vec<TraceEvent>> {
             return Err(bad(format!("event {i}: a complete event needs a numeric tid, ts and dur")));
         };
         let text = |key: &str| e.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
-        events.push(TraceEvent {
+        trace.events.push(TraceEvent {
             stage: tid as usize,
             name: text("name"),
             category: text("cat"),
@@ -151,7 +186,7 @@ pub fn read_chrome_trace(path: &Path) -> anyhow::Result<Vec<TraceEvent>> {
             args: e.get("args").cloned().unwrap_or(Value::Null),
         });
     }
-    Ok(events)
+    Ok(trace)
 }
 
 #[cfg(test)]
@@ -171,7 +206,8 @@ mod tests {
             dur_s: 0.25,
             args: json!({"chunk": 0, "microbatch": 0, "step": 3}),
         }];
-        write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
+        let tracks = ["stage 0: embedding + h.0".to_string(), "stage 1: h.1 + head".into()];
+        write_chrome_trace(&path, Some("the run"), &events, &tracks).unwrap();
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let list = doc["traceEvents"].as_array().unwrap();
         let x = list.iter().find(|e| e["ph"] == "X").unwrap();
@@ -184,8 +220,11 @@ mod tests {
             .filter(|e| e["name"] == "thread_name")
             .map(|e| e["args"]["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["stage 0", "stage 1"]);
-        assert_eq!(read_chrome_trace(&path).unwrap(), events);
+        assert_eq!(names, ["stage 0: embedding + h.0", "stage 1: h.1 + head"]);
+        let read = read_chrome_trace(&path).unwrap();
+        assert_eq!(read.events, events);
+        assert_eq!(read.run.as_deref(), Some("the run"));
+        assert_eq!(read.track_names, [(0, tracks[0].clone()), (1, tracks[1].clone())]);
         assert!(!dir.join("t.json.partial").exists());
     }
 
@@ -198,7 +237,7 @@ mod tests {
         let e = read_chrome_trace(&path).unwrap_err();
         assert!(crate::error::is_user_error(&e));
         assert!(e.to_string().ends_with("bad.json: no \"traceEvents\" array: not a Chrome trace"), "{e}");
-        let e = write_chrome_trace(&dir.join("missing/t.json"), &[], &[]).unwrap_err();
+        let e = write_chrome_trace(&dir.join("missing/t.json"), None, &[], &[]).unwrap_err();
         assert!(e.to_string().contains("cannot write the trace"), "{e}");
         let missing = dir.join("missing/t.json");
         assert_eq!(

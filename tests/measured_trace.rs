@@ -1,5 +1,7 @@
 //! `train --trace` records every stage's actions in the simulator's trace format, the report
-//! carries each stage's measured bubble rate, and `simulate --measured` calibrates from it.
+//! carries each stage's measured bubble rate, and `simulate --measured` calibrates from it,
+//! for the run it timed only: another schedule, but not another model or another stage's
+//! layers or recompute.
 
 mod common;
 use common::*;
@@ -77,10 +79,30 @@ fn a_measured_trace_feeds_the_simulator() {
         assert!((0.0..1.0).contains(&b), "{s}");
     }
 
+    let track_names: Vec<&str> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        track_names,
+        ["stage 0: embedding + h.0-h.3; recompute none", "stage 1: h.4-h.7 + head; recompute none"]
+    );
+
     let cfg = dir.join("model.yaml");
-    let mut sim = bin();
-    sim.args(["simulate", "--json", "--config"]).arg(&cfg).args(&f).arg("--measured").arg(&trace);
-    let out = sim.output().unwrap();
+    let simulate = |more: &[&str]| {
+        let mut sim = bin();
+        sim.args(["simulate", "--json", "--config"])
+            .arg(&cfg)
+            .args(&f)
+            .args(more)
+            .arg("--measured")
+            .arg(&trace);
+        sim.output().unwrap()
+    };
+    let out = simulate(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["iteration_time_ms"].as_f64().unwrap() > 0.0, "{r}");
@@ -88,4 +110,24 @@ fn a_measured_trace_feeds_the_simulator() {
     for s in r["stages"].as_array().unwrap() {
         assert!(s["optimizer_ms"].as_f64().unwrap() > 0.0, "{s}");
     }
+    // Another schedule over the same stages is what a trace is for.
+    let one_f_one_b = simulate(&["--pipeline-schedule", "1f1b"]);
+    assert!(one_f_one_b.status.success(), "{}", stderr(&one_f_one_b));
+    // Recompute the trace's backward did not run, or another width, is another run.
+    let path = trace.display();
+    let advice = "simulate the config the trace was taken with (the schedule may differ)";
+    let recompute = simulate(&["--recompute-granularity", "selective"]);
+    assert_user_error(
+        &recompute,
+        &format!(
+            "command line: --measured {path}: the trace's stage 0 held `embedding + h.0-h.3; recompute none`, \
+             the config's holds `embedding + h.0-h.3; recompute selective (core_attn)`: {advice}"
+        ),
+    );
+    let wider = simulate(&["--hidden-size", "64"]);
+    assert_user_error(
+        &wider,
+        &format!("command line: --measured {path}: the trace timed a run of `8 layers, hidden 32,"),
+    );
+    assert!(stderr(&wider).contains("the config's is `8 layers, hidden 64,"), "{}", stderr(&wider));
 }

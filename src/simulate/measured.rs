@@ -10,12 +10,20 @@
 //! receive also waits for its peer, so it measures the schedule rather than the link. Each
 //! stage's post-schedule time is its `reduce` event plus its `optimizer` event (the update
 //! the trainer runs at the next step's start; each 0 where a step has none).
+//!
+//! The times are those of the run traced, so a trace the trainer wrote is taken only for a
+//! config of the same run (`plan::describe_run`: model, micro batch, tensor parallelism,
+//! device) whose every stage holds the same layers with the same recompute and offload
+//! (`plan::describe_stage`): its backward has its recompute inside. Only the schedule may
+//! differ. A trace without that record (a simulated one, or from elsewhere) is taken as
+//! it is.
 
 use super::durations::{compute_durations, with_offload_copies, Durations, OpTimes, P2p};
 use super::hardware::Hardware;
 use super::setup::Setup;
 use crate::error::user_error;
-use crate::trace::{category, read_chrome_trace, TraceEvent};
+use crate::plan;
+use crate::trace::{category, read_chrome_trace, ChromeTrace, TraceEvent};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -45,7 +53,9 @@ fn arg(e: &TraceEvent, key: &str) -> Option<u64> {
 /// FLOP proportions for splitting a whole backward.
 pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Durations> {
     let bad = |msg: String| user_error(format!("command line: --measured {}: {msg}", path.display()));
-    let events = read_chrome_trace(path)?;
+    let trace = read_chrome_trace(path)?;
+    same_run(&trace, setup).map_err(bad)?;
+    let events = trace.events;
     let compute: Vec<&TraceEvent> =
         events.iter().filter(|e| COMPUTE.contains(&e.category.as_str())).collect();
     let last = compute.iter().filter_map(|e| arg(e, "step")).max().ok_or_else(|| {
@@ -101,6 +111,31 @@ pub fn durations(path: &Path, setup: &Setup, hw: &Hardware) -> anyhow::Result<Du
     let p2p = if sends.is_empty() { 0.0 } else { median(sends) };
     let optimizer = optimizer_times(&events, setup.p, last);
     Ok(with_offload_copies(setup, hw, Durations { chunks, p2p: P2p::PerMessage(p2p), optimizer }))
+}
+
+/// Errors, worded to follow the trace's path, where the trace records a run other than
+/// `setup`'s or a stage that held other layers, recompute or offload.
+fn same_run(trace: &ChromeTrace, setup: &Setup) -> Result<(), String> {
+    const ADVICE: &str = "simulate the config the trace was taken with (the schedule may differ)";
+    let Some(run) = &trace.run else { return Ok(()) };
+    let ours = plan::describe_run(&setup.cfg);
+    if *run != ours {
+        return Err(format!("the trace timed a run of `{run}`, the config's is `{ours}`: {ADVICE}"));
+    }
+    for (tid, name) in &trace.track_names {
+        let Some(held) = name.strip_prefix(&format!("stage {tid}: ")) else { continue };
+        if *tid >= setup.p {
+            continue;
+        }
+        let layouts: Vec<_> = (0..setup.v).map(|c| setup.layout(*tid, c).clone()).collect();
+        let holds = plan::describe_stage(&setup.cfg, &layouts, *tid);
+        if held != holds {
+            return Err(format!(
+                "the trace's stage {tid} held `{held}`, the config's holds `{holds}`: {ADVICE}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Per stage, the median of its `reduce` events plus that of its `optimizer` events in
@@ -164,7 +199,7 @@ mod tests {
         events.push(event(0, "optimizer", 1, 0, 5.0));
         events.push(event(0, "reduce", 1, 0, 0.75)); // stage 0: 0.75 + 5 ms
         events.push(event(1, "reduce", 1, 0, 1.5)); // stage 1 has no update: 1.5 ms
-        write_chrome_trace(&path, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
+        write_chrome_trace(&path, None, &events, &["stage 0".into(), "stage 1".into()]).unwrap();
 
         let setup = Setup::new(&gpt2_small(2, "zb-h1", 1, 3)).unwrap();
         let hw = Hardware::lookup("h100-sxm", crate::config::Precision::Fp32).unwrap();

@@ -61,5 +61,5 @@ pub fn write(path: &Path, setup: &Setup, sim: &SimReport) -> anyhow::Result<()> 
         .map(|r| format!("stage {r}: {}", setup.stage_layers(r)))
         .chain((0..p).map(|r| format!("stage {r} sends")))
         .collect();
-    write_chrome_trace(path, &events, &names)
+    write_chrome_trace(path, None, &events, &names)
 }

@@ -131,15 +131,17 @@ impl Timeline {
         events
     }
 
-    pub fn write_trace(&self, path: &std::path::Path) -> anyhow::Result<()> {
+    /// The trace of `run` (`plan::describe_run`), each rank's track named by what its stage
+    /// holds (`holds[rank]`, `plan::describe_stage`).
+    pub fn write_trace(&self, path: &std::path::Path, run: &str, holds: &[String]) -> anyhow::Result<()> {
         let t = self.topology;
         let names: Vec<String> = (0..t.world())
-            .map(|r| match t.data {
-                1 => format!("stage {r}"),
-                _ => format!("rank {r}: stage {}, replica {}", t.stage_of(r), t.replica_of(r)),
+            .map(|r| match t.world() == t.pipeline {
+                true => format!("stage {r}: {}", holds[r]),
+                false => format!("{}: {}", t.describe(&[r]), holds[r]),
             })
             .collect();
-        crate::trace::write_chrome_trace(path, &self.events(), &names)
+        crate::trace::write_chrome_trace(path, Some(run), &self.events(), &names)
     }
 }
 

@@ -246,7 +246,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
     report.write(&args.run_dir)?;
     // After the report, so that a trace that cannot be written costs only itself.
     if let Some(path) = &args.trace {
-        timeline.write_trace(path)?;
+        timeline.write_trace(path, &plan::describe_run(cfg), &report.stage_descriptions)?;
     }
     if interrupted {
         return Err(anyhow::Error::new(Interrupted(format!(
