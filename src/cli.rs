@@ -113,6 +113,11 @@ pub struct TokenizeArgs {
     /// <|end_of_text|>, </s>, <eos> in its vocabulary].
     #[arg(long, value_name = "TOKEN")]
     pub eot_token: Option<String>,
+    /// Begin each document with the special tokens a tokenizer.json's post-processor adds,
+    /// as transformers' `tokenizer(text)` and Megatron's preprocess_data.py do (Llama 3:
+    /// <|begin_of_text|>).
+    #[arg(long)]
+    pub add_special_tokens: bool,
     /// The key of a JSONL line's document (Megatron's --json-keys).
     #[arg(long, value_name = "KEY", default_value = "text")]
     pub json_key: String,

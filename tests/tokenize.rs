@@ -205,6 +205,57 @@ fn a_hugging_face_tokenizer_json_tokenizes_and_is_recorded() {
     assert_eq!(llmc(&dir.join("e.bin")).1, u16s_bytes(&[3, 1, 2, 3, 3, 2, 4]));
 }
 
+/// `--add-special-tokens` begins each document with what a tokenizer.json's post-processor
+/// adds, as transformers' `tokenizer(text)` and Megatron's preprocess_data.py do: with the
+/// Llama 3 style tokenizer of the Llama fixture (ids 0..93 the characters ! to ~, 94
+/// <|begin_of_text|> first in every text, 95 <|end_of_text|>), a run on such data has its
+/// prompts begin the same way in `generate`, and tiktoken's encodings refuse the flag.
+#[test]
+fn special_tokens_begin_each_document_and_then_each_prompt() {
+    let dir = temp_dir("tok-special");
+    let tok = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_llama_tiny_rope_llama3/tokenizer.json");
+    let input = dir.join("in.jsonl");
+    let docs: Vec<String> = (0..40).map(|i| if i % 2 == 0 { "x=y".into() } else { "Q".into() }).collect();
+    write_jsonl(&input, &docs);
+    ok(tokenize(&input, &dir.join("plain.bin"), &["--tokenizer", tok]));
+    assert_eq!(u16s(&llmc(&dir.join("plain.bin")).1)[..6], [95, 87, 28, 88, 95, 48]);
+    ok(tokenize(&input, &dir.join("special.bin"), &["--tokenizer", tok, "--add-special-tokens"]));
+    assert_eq!(u16s(&llmc(&dir.join("special.bin")).1)[..8], [95, 94, 87, 28, 88, 95, 94, 48]);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("special.meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["special_tokens"], true);
+    // Megatron's layout: <|begin_of_text|>, the text, <|end_of_text|> (--append-eod).
+    let m = dir.join("m");
+    ok(tokenize(&input, &m, &["--tokenizer", tok, "--add-special-tokens", "--format", "megatron"]));
+    assert_eq!(u16s(&fs::read(dir.join("m.bin")).unwrap())[..8], [94, 87, 28, 88, 95, 94, 48, 95]);
+    assert_user_error(
+        &tokenize(&input, &dir.join("g.bin"), &["--add-special-tokens"]),
+        "command line: --add-special-tokens: gpt2 adds no special tokens (a tokenizer.json's post-processor does)",
+    );
+
+    // A run on that data keeps the convention for its prompts.
+    let data = dir.join("special.bin");
+    let cfg = write_config(
+        &dir,
+        "c.yaml",
+        &format!(
+            "{MODEL}global_batch_size: 2\ntrain_data_path: {}\nvalid_data_path: {}\n",
+            data.display(),
+            data.display()
+        ),
+    );
+    let run = dir.join("run");
+    ok(train(&cfg, &run, &[]));
+    let o = ok(bin()
+        .args(["generate", "--checkpoint"])
+        .arg(&run)
+        .args(["--prompt", "x=y", "--max-new-tokens", "3"])
+        .output()
+        .unwrap());
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.starts_with("<|begin_of_text|>x=y"), "{text}");
+}
+
 fn u16s_bytes(tokens: &[u16]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
 }

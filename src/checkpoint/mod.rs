@@ -105,6 +105,7 @@ pub(crate) mod testing {
             tokenizer: Some(crate::data::TokenizerSpec {
                 tokenizer: "cl100k_base".into(),
                 eot_token: "<|endoftext|>".into(),
+                special_tokens: false,
             }),
             train_losses: vec![(1, 10.987_654), (step, 0.1f32.sqrt())],
             val_losses: vec![(step, 3.25)],

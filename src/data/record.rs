@@ -22,6 +22,10 @@ pub struct TokenizeRecord {
     pub eot_position: String,
     /// `llmc` or `megatron`.
     pub format: String,
+    /// Each document begins with the special tokens the tokenizer's post-processor adds
+    /// (`--add-special-tokens`: a Llama's `<|begin_of_text|>`). Absent in older records.
+    #[serde(default)]
+    pub special_tokens: bool,
     pub token_bytes: usize,
     /// The file names written, without their directory.
     pub files: Vec<String>,
@@ -36,6 +40,10 @@ pub struct TokenizeRecord {
 pub struct TokenizerSpec {
     pub tokenizer: String,
     pub eot_token: String,
+    /// The documents begin with the post-processor's special tokens, as a prompt then
+    /// should (absent in older trainer states).
+    #[serde(default)]
+    pub special_tokens: bool,
 }
 
 /// The record of the output whose files share `prefix` (OUTPUT without `.bin`).
@@ -74,8 +82,11 @@ impl Records {
                     record.vocab_size,
                 )));
             }
-            let spec =
-                TokenizerSpec { tokenizer: record.tokenizer.clone(), eot_token: record.eot_token.clone() };
+            let spec = TokenizerSpec {
+                tokenizer: record.tokenizer.clone(),
+                eot_token: record.eot_token.clone(),
+                special_tokens: record.special_tokens,
+            };
             return Ok(Some(spec));
         }
         Ok(None)
@@ -124,6 +135,7 @@ mod tests {
             eot_token: "<|endoftext|>".into(),
             eot_position: "before each document".into(),
             format: "llmc".into(),
+            special_tokens: false,
             token_bytes: 4,
             files: files.iter().map(|f| f.to_string()).collect(),
             tokens: 10,
@@ -159,7 +171,11 @@ mod tests {
             )
         );
         assert!(crate::error::is_user_error(&err));
-        let cl100k = TokenizerSpec { tokenizer: "cl100k_base".into(), eot_token: "<|endoftext|>".into() };
+        let cl100k = TokenizerSpec {
+            tokenizer: "cl100k_base".into(),
+            eot_token: "<|endoftext|>".into(),
+            special_tokens: false,
+        };
         assert_eq!(records.check_vocab_size(&shard, 100277).unwrap(), Some(cl100k));
         // A file the record does not list is not its tokenizer's.
         assert_eq!(records.check_vocab_size(&dir.join("web_000001.bin"), 50304).unwrap(), None);

@@ -23,11 +23,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let recorded = ck.trainer.as_ref().and_then(|t| t.state.tokenizer.as_ref());
     let tokenizer = tokenizer(args, &ck.dir, recorded)?;
     let model = Decoder::new(&ck.config, &ck.model);
-    // A checkpoint without pipetrain's trainer state is a Hugging Face directory (or an
-    // export), whose prompts transformers would encode with the tokenizer's special tokens.
-    let convention = match ck.trainer {
-        Some(_) => PromptConvention::Tokenize,
-        None => PromptConvention::HuggingFace,
+    // As the model's training text: a checkpoint without pipetrain's trainer state is a
+    // Hugging Face directory (or an export), whose prompts transformers encodes with the
+    // tokenizer's special tokens; a run's data says how it was tokenized.
+    let convention = match (&ck.trainer, recorded) {
+        (Some(_), Some(spec)) if spec.special_tokens => PromptConvention::SpecialTokens,
+        (Some(_), _) => PromptConvention::TextOnly,
+        (None, _) => PromptConvention::SpecialTokens,
     };
     let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, convention, &model)?;
     let mut out = std::io::stdout().lock();
@@ -103,17 +105,18 @@ fn sampler(args: &GenerateArgs) -> anyhow::Result<Sampler> {
 /// How a prompt becomes tokens: as the model's training text did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum PromptConvention {
-    /// As `pipetrain tokenize` wrote it: the text alone, documents apart by end of text.
-    Tokenize,
-    /// As transformers' `tokenizer(prompt)`: a tokenizer.json's post-processor adds its
-    /// special tokens (Llama 3's `<|begin_of_text|>` first).
-    HuggingFace,
+    /// As `pipetrain tokenize` writes a document by default: the text alone.
+    TextOnly,
+    /// As transformers' `tokenizer(prompt)` (and `tokenize --add-special-tokens`): a
+    /// tokenizer.json's post-processor adds its special tokens (Llama 3's
+    /// `<|begin_of_text|>` first).
+    SpecialTokens,
 }
 
 /// The prompt's tokens, the end-of-text token's text written in it as that token, checked
 /// against the model. An empty prompt is the end-of-text token alone, as every document
-/// starts in training; or, by the Hugging Face convention, what the post-processor makes
-/// of no text (Llama 3's `<|begin_of_text|>`) where it makes anything.
+/// starts in training; or, with special tokens, what the post-processor makes of no text
+/// (Llama 3's `<|begin_of_text|>`) where it makes anything.
 fn prompt_tokens(
     prompt: Option<&str>,
     tokenizer: &Tokenizer,
@@ -121,13 +124,9 @@ fn prompt_tokens(
     model: &Decoder,
 ) -> anyhow::Result<Vec<u32>> {
     let text = prompt.unwrap_or("");
-    let post_processed = match convention {
-        PromptConvention::HuggingFace => tokenizer.encode_post_processed(text)?,
-        PromptConvention::Tokenize => None,
-    };
-    let mut tokens = match post_processed {
-        Some(tokens) => tokens,
-        None => text_tokens(text, tokenizer)?,
+    let mut tokens = match convention == PromptConvention::SpecialTokens && tokenizer.has_post_processor() {
+        true => tokenizer.encode_with_special_tokens(text)?,
+        false => text_tokens(text, tokenizer)?,
     };
     if tokens.is_empty() {
         tokens.push(tokenizer.eot);
@@ -278,7 +277,7 @@ mod tests {
     fn prompts_are_checked_against_the_model() {
         let model = fixture_model();
         let gpt2 = Tokenizer::load("gpt2", None).unwrap();
-        for convention in [PromptConvention::Tokenize, PromptConvention::HuggingFace] {
+        for convention in [PromptConvention::TextOnly, PromptConvention::SpecialTokens] {
             assert_eq!(prompt_tokens(Some("x=y"), &gpt2, convention, &model).unwrap(), [87, 28, 88]);
             let long = vec!["a"; 17].join(" ");
             assert_eq!(
@@ -293,23 +292,23 @@ mod tests {
     }
 
     /// A Llama 3 style tokenizer.json (ids 0..93 the characters ! to ~, 94
-    /// <|begin_of_text|>, which its post-processor puts first, 95 <|end_of_text|>): by the
-    /// Hugging Face convention every prompt begins with <|begin_of_text|>, as
-    /// `tokenizer(prompt)` does in transformers; as `tokenize` wrote the training text, none.
+    /// <|begin_of_text|>, which its post-processor puts first, 95 <|end_of_text|>): with
+    /// special tokens every prompt begins with <|begin_of_text|>, as `tokenizer(prompt)`
+    /// does in transformers; as `tokenize` writes text by default, none.
     #[test]
-    fn the_hugging_face_convention_begins_with_the_post_processors_tokens() {
+    fn special_tokens_begin_the_prompt_as_the_post_processor_puts_them() {
         let model = fixture("hf_llama_tiny_rope_llama3");
         let path =
             concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_llama_tiny_rope_llama3/tokenizer.json");
         let llama3 = Tokenizer::load(path, None).unwrap();
         assert_eq!((llama3.eot, llama3.eot_token.as_str()), (95, "<|end_of_text|>"));
         let tokens = |prompt, convention| prompt_tokens(prompt, &llama3, convention, &model).unwrap();
-        let (tokenize, hugging_face) = (PromptConvention::Tokenize, PromptConvention::HuggingFace);
-        assert_eq!(tokens(Some("x=y"), tokenize), [87, 28, 88]);
-        assert_eq!(tokens(Some("x=y"), hugging_face), [94, 87, 28, 88]);
-        assert_eq!(tokens(Some("a<|end_of_text|>b"), tokenize), [64, 95, 65]);
-        assert_eq!(tokens(Some("a<|end_of_text|>b"), hugging_face), [94, 64, 95, 65]);
-        assert_eq!(tokens(None, tokenize), [95]);
-        assert_eq!(tokens(None, hugging_face), [94]);
+        let (text_only, special) = (PromptConvention::TextOnly, PromptConvention::SpecialTokens);
+        assert_eq!(tokens(Some("x=y"), text_only), [87, 28, 88]);
+        assert_eq!(tokens(Some("x=y"), special), [94, 87, 28, 88]);
+        assert_eq!(tokens(Some("a<|end_of_text|>b"), text_only), [64, 95, 65]);
+        assert_eq!(tokens(Some("a<|end_of_text|>b"), special), [94, 64, 95, 65]);
+        assert_eq!(tokens(None, text_only), [95]);
+        assert_eq!(tokens(None, special), [94]);
     }
 }

@@ -83,15 +83,21 @@ impl Tokenizer {
         }
     }
 
+    /// Whether this is a Hugging Face tokenizer, whose post-processor may add special
+    /// tokens to a text (Llama's `<|begin_of_text|>`); tiktoken's encodings add none.
+    pub fn has_post_processor(&self) -> bool {
+        matches!(self.engine, Engine::HuggingFace(_))
+    }
+
     /// The tokens transformers' `tokenizer(text)` gives: a Hugging Face tokenizer's added
     /// special tokens matched in the text, and those its post-processor adds (Llama's
-    /// `<|begin_of_text|>` before it). None for tiktoken, which has no post-processor.
-    pub fn encode_post_processed(&self, text: &str) -> anyhow::Result<Option<Vec<u32>>> {
+    /// `<|begin_of_text|>` before it); tiktoken's as [`Tokenizer::encode`]'s.
+    pub fn encode_with_special_tokens(&self, text: &str) -> anyhow::Result<Vec<u32>> {
         match &self.engine {
-            Engine::Tiktoken(_) => Ok(None),
+            Engine::Tiktoken(_) => self.encode(text),
             Engine::HuggingFace(tok) => tok
                 .encode_fast(text, true)
-                .map(|e| Some(e.get_ids().to_vec()))
+                .map(|e| e.get_ids().to_vec())
                 .map_err(|e| anyhow::anyhow!("{}: cannot encode: {e}", self.name)),
         }
     }

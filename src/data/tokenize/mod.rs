@@ -123,6 +123,16 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
         }
     }
     let tokenizer = Tokenizer::load(&args.tokenizer, args.eot_token.as_deref())?;
+    if args.add_special_tokens && !tokenizer.has_post_processor() {
+        return Err(user_error(format!(
+            "command line: --add-special-tokens: {} adds no special tokens (a tokenizer.json's post-processor does)",
+            tokenizer.name
+        )));
+    }
+    let encode = |doc: &String| match args.add_special_tokens {
+        true => tokenizer.encode_with_special_tokens(doc),
+        false => tokenizer.encode(doc),
+    };
     let files = input::input_files(&args.input)?;
     let mut docs = Documents::new(files, &args.json_key);
     let mut sink: Box<dyn TokenSink> = match naming {
@@ -136,7 +146,7 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
         let mut batch = read_batch(&mut docs)?;
         while !batch.is_empty() {
             let (encoded, next) = rayon::join(
-                || batch.par_iter().map(|d| tokenizer.encode(d)).collect::<anyhow::Result<Vec<_>>>(),
+                || batch.par_iter().map(encode).collect::<anyhow::Result<Vec<_>>>(),
                 || read_batch(&mut docs),
             );
             for tokens in encoded? {
@@ -158,7 +168,8 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<TokenizeSummary> {
     if args.force {
         remove_stale_shards(&prefix, args.shard_tokens.map(|_| written.len()))?;
     }
-    write_record(&record, &tokenizer, args.format, token_bytes, &written, tokens, documents)?;
+    let output = Output { format: args.format, special_tokens: args.add_special_tokens, token_bytes };
+    write_record(&record, &tokenizer, output, &written, tokens, documents)?;
     Ok(TokenizeSummary { files: written, input_bytes: docs.bytes_read, tokens, documents })
 }
 
@@ -190,17 +201,23 @@ fn remove_stale_shards(prefix: &str, written: Option<usize>) -> anyhow::Result<(
     }
 }
 
+/// How the documents were written.
+struct Output {
+    format: OutputFormat,
+    special_tokens: bool,
+    token_bytes: usize,
+}
+
 /// `PREFIX.meta.json`: which tokenizer made the files, so a run can check its vocab_size.
 fn write_record(
     path: &Path,
     tokenizer: &Tokenizer,
-    format: OutputFormat,
-    token_bytes: usize,
+    output: Output,
     files: &[PathBuf],
     tokens: usize,
     documents: usize,
 ) -> anyhow::Result<()> {
-    let (format, eot_position) = match format {
+    let (format, eot_position) = match output.format {
         OutputFormat::Llmc => ("llmc", "before each document"),
         OutputFormat::Megatron => ("megatron", "after each document"),
     };
@@ -211,7 +228,8 @@ fn write_record(
         eot_token: tokenizer.eot_token.clone(),
         eot_position: eot_position.to_string(),
         format: format.to_string(),
-        token_bytes,
+        special_tokens: output.special_tokens,
+        token_bytes: output.token_bytes,
         files: files
             .iter()
             .map(|f| f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()))
