@@ -737,7 +737,7 @@ impl Config {
             (false, Some(f)) => {
                 return Err(("rope_scaling_factor", format!("{f} needs use_rope_scaling: true")))
             }
-            (true, Some(f)) if !(f.is_finite() && f >= 1.0) => {
+            (true, Some(f)) if !kernels::rope_frequencies::is_llama3_factor(f as f64) => {
                 return Err(("rope_scaling_factor", format!("{f} must be a finite number >= 1")));
             }
             _ => {}

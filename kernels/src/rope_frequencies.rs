@@ -11,6 +11,12 @@ pub const LLAMA3_ORIGINAL_POSITIONS: f32 = 8192.0;
 pub const LLAMA3_LOW_FREQ_FACTOR: f32 = 1.0;
 pub const LLAMA3_HIGH_FREQ_FACTOR: f32 = 4.0;
 
+/// Whether `factor` can scale Llama 3.1's frequencies: transformers refuses one below 1,
+/// which would speed the long wavelengths up.
+pub fn is_llama3_factor(factor: f64) -> bool {
+    factor.is_finite() && factor >= 1.0
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeFrequencies {
     /// Llama 2: 10000, Llama 3: 500000.

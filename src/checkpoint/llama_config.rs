@@ -10,7 +10,8 @@
 use std::path::Path;
 
 use kernels::rope_frequencies::{
-    RopeFrequencies, LLAMA3_HIGH_FREQ_FACTOR, LLAMA3_LOW_FREQ_FACTOR, LLAMA3_ORIGINAL_POSITIONS,
+    is_llama3_factor, RopeFrequencies, LLAMA3_HIGH_FREQ_FACTOR, LLAMA3_LOW_FREQ_FACTOR,
+    LLAMA3_ORIGINAL_POSITIONS,
 };
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, Norm, Positions};
@@ -234,7 +235,7 @@ fn llama3_factor(params: &Value) -> Result<Option<f32>, String> {
             .ok_or_else(|| format!("has rope_type \"llama3\" and no number {key}"))
     };
     let factor = number("factor")?;
-    if !(factor.is_finite() && factor >= 1.0) {
+    if !is_llama3_factor(factor) {
         return Err(format!("has factor {factor}; it must be a finite number >= 1"));
     }
     for (key, fixed) in [

@@ -1,8 +1,8 @@
 //! The check that a run config describes the model a checkpoint holds, before a run resumes
 //! it or starts from it (`load`). The tensors' shapes catch most differences; these are the
 //! ones they cannot: the head count of a model without grouped-query attention, the norm's
-//! epsilon, rotary positions' base and scaling. A run that took the config's value would train another
-//! model on these weights without a word.
+//! epsilon, rotary positions' base and scaling. A run that took the config's value would
+//! train another model on these weights without a word.
 
 use std::path::Path;
 

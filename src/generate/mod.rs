@@ -26,10 +26,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // As the model's training text: a checkpoint without pipetrain's trainer state is a
     // Hugging Face directory (or an export), whose prompts transformers encodes with the
     // tokenizer's special tokens; a run's data says how it was tokenized.
-    let convention = match (&ck.trainer, recorded) {
-        (Some(_), Some(spec)) if spec.special_tokens => PromptConvention::SpecialTokens,
-        (Some(_), _) => PromptConvention::TextOnly,
-        (None, _) => PromptConvention::SpecialTokens,
+    let convention = match ck.trainer.is_none() || recorded.is_some_and(|spec| spec.special_tokens) {
+        true => PromptConvention::SpecialTokens,
+        false => PromptConvention::TextOnly,
     };
     let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, convention, &model)?;
     let mut out = std::io::stdout().lock();

@@ -122,11 +122,8 @@ fn same_run(trace: &ChromeTrace, setup: &Setup) -> Result<(), String> {
     if *run != ours {
         return Err(format!("the trace timed a run of `{run}`, the config's is `{ours}`: {ADVICE}"));
     }
-    for (tid, name) in &trace.track_names {
+    for (tid, name) in trace.track_names.iter().filter(|(tid, _)| *tid < setup.p) {
         let Some(held) = name.strip_prefix(&format!("stage {tid}: ")) else { continue };
-        if *tid >= setup.p {
-            continue;
-        }
         let layouts: Vec<_> = (0..setup.v).map(|c| setup.layout(*tid, c).clone()).collect();
         let holds = plan::describe_stage(&setup.cfg, &layouts, *tid);
         if held != holds {
