@@ -29,7 +29,7 @@ pub use origin::Origins;
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
-use stages::{Activation, Architecture, Norm, OffloadModule, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, OffloadModule, Positions};
 use std::path::{Path, PathBuf};
 
 /// `rope_scaling_factor` where `use_rope_scaling` is set without it, as in Megatron-LM (Llama 3.1's).
@@ -71,6 +71,8 @@ pub struct Config {
     pub num_query_groups: Option<usize>,
     pub untie_embeddings_and_output_weights: bool,
     pub disable_bias_linear: bool,
+    /// A bias on the q, k and v projections whatever `disable_bias_linear` says (Qwen2).
+    pub add_qkv_bias: bool,
 
     // ---- pipeline ----
     pub pipeline_model_parallel_size: usize,
@@ -197,6 +199,7 @@ impl Default for Config {
             num_query_groups: None,
             untie_embeddings_and_output_weights: false,
             disable_bias_linear: false,
+            add_qkv_bias: false,
             pipeline_model_parallel_size: 1,
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: ScheduleKind::OneFOneB,
@@ -776,7 +779,11 @@ impl Config {
                 }),
             },
             activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },
-            linear_bias: !self.disable_bias_linear,
+            biases: match (self.disable_bias_linear, self.add_qkv_bias) {
+                (false, _) => LinearBiases::All,
+                (true, true) => LinearBiases::QkvOnly,
+                (true, false) => LinearBiases::NoBiases,
+            },
             tied_output: !self.untie_embeddings_and_output_weights,
             init_std: self.init_method_std,
         }

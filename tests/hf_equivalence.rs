@@ -1,13 +1,15 @@
-//! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel` and
-//! `LlamaForCausalLM`.
+//! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
+//! `LlamaForCausalLM` and `Qwen2ForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
 //! weights at rotary base 500000, in one file; `hf_llama_tiny_rope_llama3` Llama 3.2 in
-//! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions), each saved by transformers' `save_pretrained`
-//! with random weights (every bias and norm weight random too) together with the per-token
-//! losses transformers computed with it; `tests/hf/make_fixture.py` and
-//! `make_llama_fixture.py` regenerate them (torch and transformers needed there, not here).
+//! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions;
+//! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone), each saved by transformers'
+//! `save_pretrained` with random weights (every bias and norm weight random too) together
+//! with the per-token losses transformers computed with it; `tests/hf/make_fixture.py`,
+//! `make_llama_fixture.py` and `make_qwen2_fixture.py` regenerate them (torch and
+//! transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
 
@@ -21,15 +23,15 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use stages::params::chunk_param_specs;
 use stages::{
-    Activation, Architecture, ChunkLayout, DropoutProbs, Microbatch, ModelChunk, ModelShape, Norm,
-    Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
+    Activation, Architecture, ChunkLayout, DropoutProbs, LinearBiases, Microbatch, ModelChunk, ModelShape,
+    Norm, Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 4] =
-    ["hf_tiny", "hf_llama_tiny", "hf_llama_tiny_rope500k", "hf_llama_tiny_rope_llama3"];
+const FIXTURES: [&str; 5] =
+    ["hf_tiny", "hf_llama_tiny", "hf_llama_tiny_rope500k", "hf_llama_tiny_rope_llama3", "hf_qwen2_tiny"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -77,7 +79,14 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
             ..base
         };
     }
-    assert_eq!((c["model_type"].as_str(), c["hidden_act"].as_str()), (Some("llama"), Some("silu")));
+    assert_eq!(c["hidden_act"], "silu");
+    // Qwen2ForCausalLM fixes its biases: on q, k and v, nowhere else.
+    let biases = match c["model_type"].as_str().unwrap() {
+        "qwen2" => LinearBiases::QkvOnly,
+        "llama" if c["attention_bias"] == true => LinearBiases::All,
+        "llama" => LinearBiases::NoBiases,
+        other => panic!("model_type {other}"),
+    };
     let rope = &c["rope_parameters"];
     let llama3_factor = match rope["rope_type"].as_str().unwrap() {
         "default" => None,
@@ -104,7 +113,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
             llama3_factor,
         }),
         activation: Activation::SwiGlu,
-        linear_bias: c["attention_bias"].as_bool().unwrap(),
+        biases,
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
         init_std: 0.02,
     };

@@ -1,6 +1,7 @@
-//! The Llama family through Megatron's flags: each flag alone and all together train, bitwise
-//! equal across every schedule, stage count and recompute policy, with the activation
-//! memory the model predicts; impossible combinations are one line and exit 2.
+//! The Llama family through Megatron's flags (and Qwen2's `add_qkv_bias`): each flag alone
+//! and all together train, bitwise equal across every schedule, stage count and recompute
+//! policy, with the activation memory the model predicts; impossible combinations are one
+//! line and exit 2.
 
 mod common;
 use common::*;
@@ -55,7 +56,7 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 7] = [
+    let alone: [&[(&str, &str)]; 8] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -63,6 +64,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("group-query-attention", "true"), ("num-query-groups", "1")],
         &[("untie-embeddings-and-output-weights", "true")],
         &[("disable-bias-linear", "true")],
+        &[("disable-bias-linear", "true"), ("add-qkv-bias", "true")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -80,6 +82,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     // Llama 3.1's scaling slows the rotary embedding's long wavelengths (here the pair of
     // wavelength 6283 positions): another model than plain rope.
     assert_ne!(each[2], each[1], "use_rope_scaling changed nothing");
+    // Qwen2's biases on q, k and v, without the others: neither GPT-2's biases nor none.
+    assert_ne!(each[7], each[6], "add_qkv_bias changed nothing");
 }
 
 #[test]

@@ -672,6 +672,21 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
     assert_eq!(exact("llama3-8b"), 8_030_261_248);
 }
 
+/// The shipped Qwen2.5 7B config has the model card's 7.61B parameters to the one (its q, k
+/// and v biases, 4608 a layer, counted, no other bias) and says what it is.
+#[test]
+fn qwen2_5_config_has_the_model_cards_parameter_count() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/qwen2.5-7b.yaml");
+    let report = json_of(&cfg, &["--hardware", "h100-sxm"]);
+    assert_eq!(report["parameters"].as_u64(), Some(7_615_616_512));
+    let text = stdout(&simulate(&cfg, &["--hardware", "h100-sxm"]));
+    let architecture =
+        "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 4 query groups, biases on q, k and v \
+                        alone, untied output layer";
+    assert!(text.contains(architecture), "{text}");
+    assert!(text.contains("every stage fits"), "{text}");
+}
+
 /// The planner searches a Llama as it does a GPT: the plan for Llama 3 8B over 16 GPUs,
 /// pasted over the config, simulates and fits.
 #[test]

@@ -267,6 +267,18 @@ fn the_llama_family_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &[]), &dir, &[]);
 }
 
+/// Qwen2: llama-tiny.yaml with biases on q, k and v alone, the bias in the fused projection's
+/// cuBLASLt epilogue under Linear's [out, in] layout, on the stand-in as on the CPU.
+#[test]
+fn qwen2s_biases_on_q_k_and_v_on_the_standin_are_the_cpu_within_1e_5() {
+    if !nvrtc("qwen2s_biases_on_q_k_and_v_on_the_standin_are_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-qwen2");
+    let qkv_bias = [("disable_bias_linear: true", "disable_bias_linear: true\nadd_qkv_bias: true")];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &qkv_bias), &dir, &[]);
+}
+
 /// llama-tiny.yaml at Llama's head size of 128: 2 query heads on one key/value head.
 const HEADS_OF_128: [(&str, &str); 3] = [
     ("hidden_size: 64", "hidden_size: 256"),

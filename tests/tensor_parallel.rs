@@ -122,6 +122,13 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
             assert_memory_truth(&run, &name, 2);
         }
     }
+    // Qwen2: the q, k and v biases split with their heads' columns, the groups' among them.
+    let qwen2 = [llama.clone(), vec![("add-qkv-bias", "true".to_string())]].concat();
+    let base = loss_values(&run_small(&dir, "qwen2-t1", &steps(&qwen2)));
+    let f = [qwen2, tsp(2, 2, true)].concat();
+    let run = run_small(&dir, "qwen2-t2-p2-sp", &steps(&f));
+    assert_within(&loss_values(&run), &base, "qwen2-t2-p2-sp");
+    assert_memory_truth(&run, "qwen2-t2-p2-sp", 2);
 }
 
 /// Run to run the bits are the same; the checkpoint holds the whole model, from which a

@@ -1,6 +1,8 @@
 //! `config.json` in Hugging Face's LlamaConfig format, for every model that is not GPT-2's
 //! architecture: written so that `transformers.LlamaForCausalLM.from_pretrained(dir)`
-//! builds the same model, and read back (from pipetrain or from Hugging Face).
+//! builds the same model, and read back (from pipetrain or from Hugging Face). A Llama with
+//! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
+//! (`Qwen2ForCausalLM`), which names the same tensors the same way.
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -14,7 +16,7 @@ use kernels::rope_frequencies::{
     LLAMA3_ORIGINAL_POSITIONS,
 };
 use serde_json::{json, Map, Value};
-use stages::{Activation, Architecture, Norm, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
 
 use crate::config::Named;
 use crate::error::user_error;
@@ -43,9 +45,21 @@ fn llama_can_express(arch: &Architecture) -> bool {
 }
 
 impl LlamaConfig {
-    /// Whether `transformers.LlamaForCausalLM` can load this model.
-    pub fn is_llama(&self) -> bool {
+    /// Whether `transformers` can load this model, as a `LlamaForCausalLM` or a
+    /// `Qwen2ForCausalLM`.
+    pub fn loads_in_transformers(&self) -> bool {
         llama_can_express(&self.arch)
+    }
+
+    /// config.json's model_type: "qwen2" for biases on q, k and v alone (LlamaConfig's
+    /// `attention_bias` would put one on the output projection too), "llama" for what else
+    /// LlamaForCausalLM builds, "pipetrain" for the rest.
+    fn model_type(&self) -> &'static str {
+        match (self.loads_in_transformers(), self.arch.biases) {
+            (false, _) => "pipetrain",
+            (true, LinearBiases::QkvOnly) => "qwen2",
+            (true, LinearBiases::All | LinearBiases::NoBiases) => "llama",
+        }
     }
 
     pub fn to_json(&self) -> Value {
@@ -54,9 +68,10 @@ impl LlamaConfig {
             Positions::Rotary(f) => (decimal(f.base), f.llama3_factor.map_or(Value::Null, llama3_scaling)),
             Positions::Learned => (Value::Null, Value::Null),
         };
+        let model_type = self.model_type();
         let mut j = json!({
-            "model_type": if self.is_llama() { "llama" } else { "pipetrain" },
-            "architectures": ["LlamaForCausalLM"],
+            "model_type": model_type,
+            "architectures": [if model_type == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -69,16 +84,21 @@ impl LlamaConfig {
             "rms_norm_eps": decimal(a.norm_eps),
             "rope_theta": rope_theta,
             "rope_scaling": rope_scaling,
-            "attention_bias": a.linear_bias,
-            "mlp_bias": a.linear_bias,
             "attention_dropout": decimal(self.attention_dropout),
             "tie_word_embeddings": a.tied_output,
             "initializer_range": decimal(a.init_std),
             "torch_dtype": "float32",
             "use_cache": true,
         });
-        if !self.is_llama() {
-            let extra = j.as_object_mut().expect("an object");
+        let extra = j.as_object_mut().expect("an object");
+        if model_type == "qwen2" {
+            // Qwen2ForCausalLM's biases are fixed; its sliding window is off, as in Qwen2.5.
+            extra.insert("use_sliding_window".into(), json!(false));
+        } else {
+            extra.insert("attention_bias".into(), json!(a.biases == LinearBiases::All));
+            extra.insert("mlp_bias".into(), json!(a.biases == LinearBiases::All));
+        }
+        if model_type == "pipetrain" {
             extra.insert("normalization".into(), json!(a.norm.name()));
             extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
             let positions = match a.positions {
@@ -87,15 +107,16 @@ impl LlamaConfig {
             };
             extra.insert("position_embedding_type".into(), json!(positions));
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
+            extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
             extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
         }
         j
     }
 
-    /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's) or
-    /// "pipetrain"; `path` names the file in errors. Settings that would make another model
-    /// than the one pipetrain runs (a rope scaling other than Llama 3.1's, another
-    /// activation) are refused.
+    /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2"
+    /// or "pipetrain"; `path` names the file in errors. Settings that would make another
+    /// model than the one pipetrain runs (a rope scaling other than Llama 3.1's, another
+    /// activation, Qwen2's sliding window) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
@@ -120,7 +141,8 @@ impl LlamaConfig {
                 Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key} is {v}, not true or false"))),
             }
         };
-        let pipetrain = obj.get("model_type").and_then(Value::as_str) == Some("pipetrain");
+        let model_type = obj.get("model_type").and_then(Value::as_str);
+        let pipetrain = model_type == Some("pipetrain");
         // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
         // most published checkpoints write rope_theta and rope_scaling beside the other keys.
         let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
@@ -165,12 +187,22 @@ impl LlamaConfig {
         if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
-        let attention_bias = flag("attention_bias", false)?;
-        if flag("mlp_bias", false)? != attention_bias {
-            return Err(bad(
-                "attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into()
-            ));
-        }
+        let biases = if model_type == Some("qwen2") {
+            qwen2_full_attention(obj).map_err(bad)?;
+            LinearBiases::QkvOnly
+        } else {
+            let attention_bias = flag("attention_bias", false)?;
+            if flag("mlp_bias", false)? != attention_bias {
+                return Err(bad(
+                    "attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into(),
+                ));
+            }
+            match (attention_bias, pipetrain && flag("add_qkv_bias", false)?) {
+                (true, _) => LinearBiases::All,
+                (false, true) => LinearBiases::QkvOnly,
+                (false, false) => LinearBiases::NoBiases,
+            }
+        };
         let norm = match obj.get("normalization").and_then(Value::as_str) {
             Some(name) if pipetrain => {
                 <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?
@@ -185,7 +217,7 @@ impl LlamaConfig {
             norm_eps: float("rms_norm_eps", 1e-6)?,
             positions: if learned { Positions::Learned } else { Positions::Rotary(freqs) },
             activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
-            linear_bias: attention_bias,
+            biases,
             tied_output: flag("tie_word_embeddings", false)?,
             init_std: float("initializer_range", 0.02)?,
         };
@@ -202,6 +234,25 @@ impl LlamaConfig {
             attention_dropout: float("attention_dropout", 0.0)?,
         })
     }
+}
+
+/// Refuses a Qwen2Config whose sliding window is on at any layer: pipetrain's attention
+/// sees every earlier token. Qwen2.5's config.json sets `use_sliding_window: false` beside a
+/// `sliding_window` and `max_window_layers` that then mean nothing; transformers 5 writes
+/// the outcome as `layer_types`.
+fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
+    let full = "pipetrain's attention sees the whole sequence at every layer";
+    match obj.get("use_sliding_window") {
+        None | Some(Value::Bool(false)) | Some(Value::Null) => {}
+        Some(v) => return Err(format!("use_sliding_window is {v}; {full}")),
+    }
+    if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
+        let list = types.as_array().ok_or_else(|| format!("layer_types is {types}, not a list"))?;
+        if let Some((i, t)) = list.iter().enumerate().find(|(_, t)| t.as_str() != Some("full_attention")) {
+            return Err(format!("layer_types[{i}] is {t}; {full} (\"full_attention\")"));
+        }
+    }
+    Ok(())
 }
 
 /// config.json's `rope_scaling` for Llama 3.1's scaling by `factor`.
@@ -362,6 +413,96 @@ mod tests {
         params["rope_theta"] = o.remove("rope_theta").unwrap();
         o.insert("rope_parameters".into(), params);
         assert_eq!(parse(&nested).unwrap(), got);
+    }
+
+    #[test]
+    fn reads_qwen2_5_0_5b_and_writes_it_back_as_qwen2() {
+        // The config.json of Qwen/Qwen2.5-0.5B on the Hugging Face hub (revision 060db64).
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+            "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+            "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+            "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+            "use_cache": true, "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936}"#,
+        )
+        .unwrap();
+        let want = LlamaConfig {
+            arch: Architecture {
+                biases: LinearBiases::QkvOnly,
+                tied_output: true,
+                ..Architecture::llama(1e6, 1e-6)
+            },
+            vocab_size: 151936,
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_hidden_layers: 24,
+            num_attention_heads: 14,
+            num_key_value_heads: 2,
+            max_position_embeddings: 32768,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        assert_eq!(parse(&hub).unwrap(), want);
+        let written = want.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"][0], &written["use_sliding_window"]),
+            (&json!("qwen2"), &json!("Qwen2ForCausalLM"), &json!(false))
+        );
+        // LlamaConfig's bias keys would mean other biases; Qwen2Config has none.
+        assert_eq!((written.get("attention_bias"), written.get("mlp_bias")), (None, None));
+        assert_eq!(parse(&written).unwrap(), want);
+        // What transformers 5 writes for it: the window's outcome as layer_types.
+        let mut v5 = written.clone();
+        v5["layer_types"] = json!(vec!["full_attention"; 24]);
+        assert_eq!(parse(&v5).unwrap(), want);
+    }
+
+    #[test]
+    fn refuses_qwen2s_sliding_window() {
+        let err = |key: &str, value: Value| {
+            let mut j = LlamaConfig {
+                arch: Architecture { biases: LinearBiases::QkvOnly, ..llama().arch },
+                ..llama()
+            }
+            .to_json();
+            j[key] = value;
+            parse(&j).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("use_sliding_window", json!(true)),
+            "d/config.json: use_sliding_window is true; pipetrain's attention sees the whole sequence at every layer"
+        );
+        assert_eq!(
+            err("layer_types", json!(["full_attention", "sliding_attention"])),
+            "d/config.json: layer_types[1] is \"sliding_attention\"; pipetrain's attention sees the whole sequence \
+             at every layer (\"full_attention\")"
+        );
+        assert_eq!(err("layer_types", json!("full")), "d/config.json: layer_types is \"full\", not a list");
+    }
+
+    #[test]
+    fn writes_qkv_biases_beside_a_layernorm_as_pipetrains_own() {
+        let mixed = LlamaConfig {
+            arch: Architecture { norm: Norm::LayerNorm, biases: LinearBiases::QkvOnly, ..llama().arch },
+            ..llama()
+        };
+        let j = mixed.to_json();
+        assert_eq!(
+            (&j["model_type"], &j["add_qkv_bias"], &j["attention_bias"]),
+            (&json!("pipetrain"), &json!(true), &json!(false))
+        );
+        assert_eq!(parse(&j).unwrap(), mixed);
+        // A Llama with every bias stays a Llama: LlamaConfig's attention_bias and mlp_bias.
+        let biased =
+            LlamaConfig { arch: Architecture { biases: LinearBiases::All, ..llama().arch }, ..llama() };
+        let j = biased.to_json();
+        assert_eq!(
+            (&j["model_type"], &j["attention_bias"], &j["mlp_bias"]),
+            (&json!("llama"), &json!(true), &json!(true))
+        );
+        assert_eq!(parse(&j).unwrap(), biased);
     }
 
     #[test]

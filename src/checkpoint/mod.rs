@@ -1,9 +1,9 @@
 //! Checkpoints: safetensors weights in Hugging Face names and layout (so a checkpoint or an
-//! export loads in `transformers.GPT2LMHeadModel` or `LlamaForCausalLM`), AdamW moments and
-//! trainer state beside them, written atomically.
+//! export loads in `transformers.GPT2LMHeadModel`, `LlamaForCausalLM` or
+//! `Qwen2ForCausalLM`), AdamW moments and trainer state beside them, written atomically.
 //!
 //! ```text
-//! run/checkpoints/step_000100/config.json                HF GPT2Config or LlamaConfig
+//! run/checkpoints/step_000100/config.json                HF GPT2Config, LlamaConfig or Qwen2Config
 //!                            /model.safetensors          f32 weights, LM head tied (absent)
 //!                            /trainer_state.safetensors  exp_avg.<p>, exp_avg_sq.<p>
 //!                            /trainer_state.json         step, seed, data position, ...

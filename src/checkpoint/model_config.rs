@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use stages::{Architecture, Naming};
+use stages::{Architecture, LinearBiases, Naming};
 
 use super::{HfGpt2Config, LlamaConfig};
 use crate::config::{Config, PositionEmbeddingType};
@@ -64,9 +64,11 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "pipetrain") => Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?)),
+            Some("llama" | "qwen2" | "pipetrain") => {
+                Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
+            }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\" and \"llama\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\" and \"qwen2\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }
@@ -122,7 +124,8 @@ impl ModelConfig {
                     group_query_attention: gqa,
                     num_query_groups: gqa.then_some(l.num_key_value_heads),
                     untie_embeddings_and_output_weights: !a.tied_output,
-                    disable_bias_linear: !a.linear_bias,
+                    disable_bias_linear: a.biases != LinearBiases::All,
+                    add_qkv_bias: a.biases == LinearBiases::QkvOnly,
                     ..run
                 }
             }
@@ -159,11 +162,12 @@ impl ModelConfig {
         }
     }
 
-    /// Whether `transformers` builds this model: GPT-2's, or one LlamaForCausalLM expresses.
+    /// Whether `transformers` builds this model: GPT-2's, or one LlamaForCausalLM or
+    /// Qwen2ForCausalLM expresses.
     pub fn loads_in_transformers(&self) -> bool {
         match self {
             ModelConfig::Gpt2(_) => true,
-            ModelConfig::Llama(l) => l.is_llama(),
+            ModelConfig::Llama(l) => l.loads_in_transformers(),
         }
     }
 }

@@ -28,8 +28,9 @@ pub fn check_same_model(cfg: &Config, held: &ModelConfig, dir: &Path) -> anyhow:
 
 /// The config keys that define the model, each with its value as the config resolves it
 /// (an unset `ffn_hidden_size` is 4 x hidden, an unset `num_query_groups` the head count).
-/// The rotary keys count only with rotary positions, `rope_scaling_factor` (its default
-/// resolved, "none" unscaled) only where both use the scaling, and
+/// `add_qkv_bias` counts only under `disable_bias_linear` (beside the other biases it adds
+/// none). The rotary keys count only with rotary positions, `rope_scaling_factor` (its
+/// default resolved, "none" unscaled) only where both use the scaling, and
 /// `max_position_embeddings` only with learned positions: a rotary model runs at any length
 /// up to it.
 fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
@@ -47,6 +48,9 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
     ];
+    if c.disable_bias_linear {
+        values.push(("add_qkv_bias", c.add_qkv_bias.to_string()));
+    }
     match c.architecture().positions {
         Positions::Rotary(freqs) => values.extend([
             ("rotary_base", freqs.base.to_string()),
@@ -127,5 +131,13 @@ mod tests {
             refusal(&llama31, &llama32),
             "key `rope_scaling_factor`: ck holds a model with rope_scaling_factor 32, not 8"
         );
+        // Qwen2's biases on q, k and v count without the other biases; beside them they add none.
+        let qwen2 = Config { add_qkv_bias: true, ..llama.clone() };
+        assert_eq!(
+            refusal(&llama, &qwen2),
+            "key `add_qkv_bias`: ck holds a model with add_qkv_bias true, not false"
+        );
+        let biased = Config { add_qkv_bias: true, ..gpt2.clone() };
+        assert_eq!(refusal(&biased, &gpt2), "the same model");
     }
 }

@@ -153,11 +153,18 @@ fn unfused_epilogue_seconds(setup: &Setup, hw: &Hardware) -> [f64; 2] {
     let n = s.tokens();
     let eb = setup.activation_bytes_per_element() as f64;
     let read_and_write = |elements: usize, split| 2.0 * tp.per_rank(elements, split) as f64 * eb;
-    let bias_adds = if s.arch.linear_bias && !setup.fuses_bias() {
-        read_and_write(n * (s.qkv_width() + s.fc1_width()), Split::Interior)
-            + 2.0 * read_and_write(n * s.hidden, Split::Sequence)
-    } else {
+    let bias_adds = if setup.fuses_bias() {
         0.0
+    } else {
+        let qkv =
+            if s.arch.biases.on_qkv() { read_and_write(n * s.qkv_width(), Split::Interior) } else { 0.0 };
+        let rest = if s.arch.biases.on_the_rest() {
+            read_and_write(n * s.fc1_width(), Split::Interior)
+                + 2.0 * read_and_write(n * s.hidden, Split::Sequence)
+        } else {
+            0.0
+        };
+        qkv + rest
     };
     let gelu_gradient = if s.arch.activation == Activation::Gelu && !setup.fuses_gelu_backward() {
         read_and_write(n * s.ffn, Split::Interior)
@@ -510,6 +517,12 @@ mod tests {
         let llama =
             |fusion| Config { swiglu: true, disable_bias_linear: true, ..cfg(DeviceKind::Cuda, fusion) };
         assert_eq!(times(llama(false)), times(llama(true)));
+        // Qwen2's biases on q, k and v alone: the qkv product's add, no other.
+        let qkv_only = |fusion| Config { add_qkv_bias: true, ..llama(fusion) };
+        let (off, on) = (times(qkv_only(false)), times(qkv_only(true)));
+        let qkv_add = 2.0 * 1024.0 * 2.0 * 2304.0;
+        assert_eq!(off.chunks[1].forward, on.chunks[1].forward + 4.0 * (qkv_add / bandwidth));
+        assert_eq!(off.chunks[1].backward_input, on.chunks[1].backward_input);
         assert_eq!(times(cfg(DeviceKind::Cpu, false)), times(cfg(DeviceKind::Cpu, true)));
     }
 

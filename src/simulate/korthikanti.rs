@@ -176,7 +176,7 @@ mod tests {
             norm_eps: 1e-5,
             positions: stages::Positions::Rotary(kernels::RopeFrequencies::plain(500000.0)),
             activation: stages::Activation::SwiGlu,
-            linear_bias: false,
+            biases: stages::LinearBiases::NoBiases,
             tied_output: false,
             init_std: 0.02,
         },

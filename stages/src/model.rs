@@ -21,8 +21,31 @@ pub enum Positions {
     Rotary(RopeFrequencies),
 }
 
+/// Which linear layers add a bias: Megatron's `disable_bias_linear` and `add_qkv_bias`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearBiases {
+    /// Every projection (GPT-2).
+    All,
+    /// The q, k and v projections alone (Qwen2: `disable_bias_linear` with `add_qkv_bias`).
+    QkvOnly,
+    /// No projection (Llama: `disable_bias_linear`).
+    NoBiases,
+}
+
+impl LinearBiases {
+    /// Whether the fused q, k, v projection adds a bias.
+    pub fn on_qkv(self) -> bool {
+        self != LinearBiases::NoBiases
+    }
+
+    /// Whether the attention's output projection and the MLP's projections add theirs.
+    pub fn on_the_rest(self) -> bool {
+        self == LinearBiases::All
+    }
+}
+
 /// The family-level choices of a decoder: Megatron's `normalization`, `norm_epsilon`,
-/// `position_embedding_type`, `swiglu`, `disable_bias_linear`,
+/// `position_embedding_type`, `swiglu`, `disable_bias_linear`, `add_qkv_bias`,
 /// `untie_embeddings_and_output_weights` and `init_method_std`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Architecture {
@@ -31,8 +54,7 @@ pub struct Architecture {
     pub positions: Positions,
     /// The MLP's activation: GELU on one projection, or SwiGLU on a gate and an up projection.
     pub activation: Activation,
-    /// Every linear layer has a bias (not `disable_bias_linear`).
-    pub linear_bias: bool,
+    pub biases: LinearBiases,
     /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
     pub tied_output: bool,
     /// The std of every weight's normal init; the residual projections use
@@ -57,7 +79,7 @@ impl Architecture {
         norm_eps: 1e-5,
         positions: Positions::Learned,
         activation: Activation::Gelu,
-        linear_bias: true,
+        biases: LinearBiases::All,
         tied_output: true,
         init_std: 0.02,
     };
@@ -69,7 +91,7 @@ impl Architecture {
             norm_eps,
             positions: Positions::Rotary(RopeFrequencies::plain(rotary_base)),
             activation: Activation::SwiGlu,
-            linear_bias: false,
+            biases: LinearBiases::NoBiases,
             tied_output: false,
             init_std: 0.02,
         }
@@ -186,8 +208,10 @@ impl ModelShape {
         if self.kv_heads != self.heads {
             parts.push(format!("{} query groups", self.kv_heads));
         }
-        if !a.linear_bias {
-            parts.push("no linear biases".into());
+        match a.biases {
+            LinearBiases::All => {}
+            LinearBiases::QkvOnly => parts.push("biases on q, k and v alone".into()),
+            LinearBiases::NoBiases => parts.push("no linear biases".into()),
         }
         parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
         parts.join(", ")
@@ -257,6 +281,17 @@ mod tests {
         assert_eq!(
             ModelShape::GPT2_SMALL.describe_architecture(),
             "LayerNorm (eps 1e-5), learned positions, GELU, tied output layer"
+        );
+        let qwen2 = ModelShape {
+            arch: Architecture { biases: LinearBiases::QkvOnly, ..Architecture::llama(1e6, 1e-6) },
+            heads: 28,
+            kv_heads: 4,
+            ..ModelShape::GPT2_SMALL
+        };
+        assert_eq!(
+            qwen2.describe_architecture(),
+            "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 4 query groups, biases on q, k and v alone, untied \
+             output layer"
         );
     }
 

@@ -71,7 +71,8 @@ impl BlockParam {
         use BlockParam::*;
         match self {
             Norm1Bias | Norm2Bias => s.arch.norm.has_bias(),
-            QkvBias | ProjBias | Fc1Bias | Fc2Bias => s.arch.linear_bias,
+            QkvBias => s.arch.biases.on_qkv(),
+            ProjBias | Fc1Bias | Fc2Bias => s.arch.biases.on_the_rest(),
             Norm1Weight | QkvWeight | ProjWeight | Norm2Weight | Fc1Weight | Fc2Weight => true,
         }
     }
@@ -592,7 +593,7 @@ impl Parameters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Architecture;
+    use crate::model::{Architecture, LinearBiases};
 
     fn names(s: &ModelShape) -> Vec<String> {
         model_param_specs(s).into_iter().map(|p| p.name).collect()
@@ -710,5 +711,51 @@ mod tests {
             head.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
             ["model.norm.weight", "lm_head.weight"]
         );
+    }
+
+    /// Qwen2: the fused q, k, v projection has a bias, stacked from Hugging Face's three like
+    /// its weight; no other projection has one.
+    #[test]
+    fn qwen2_has_biases_on_q_k_and_v_alone() {
+        let s = ModelShape {
+            arch: Architecture { biases: LinearBiases::QkvOnly, ..Architecture::llama(1e6, 1e-6) },
+            num_layers: 1,
+            hidden: 32,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 48,
+            vocab: 96,
+            ..ModelShape::GPT2_SMALL
+        };
+        let specs = model_param_specs(&s);
+        let biases: Vec<&ParamSpec> = specs.iter().filter(|p| p.name.ends_with(".bias")).collect();
+        assert_eq!(biases.len(), 1);
+        let bias = biases[0];
+        assert_eq!(
+            (bias.name.as_str(), &bias.shape[..]),
+            ("model.layers.0.self_attn.qkv_proj.bias", &[64][..])
+        );
+        let hf: Vec<(String, Vec<usize>)> = bias.hf_shapes().collect();
+        assert_eq!(
+            hf,
+            [
+                ("model.layers.0.self_attn.q_proj.bias".to_string(), vec![32]),
+                ("model.layers.0.self_attn.k_proj.bias".to_string(), vec![16]),
+                ("model.layers.0.self_attn.v_proj.bias".to_string(), vec![16]),
+            ]
+        );
+        assert_eq!(bias.init, Init::Zeros);
+        // Qwen2.5 0.5B's 494,032,768 parameters (its output layer tied).
+        let qwen25 = ModelShape {
+            num_layers: 24,
+            hidden: 896,
+            heads: 14,
+            kv_heads: 2,
+            ffn: 4864,
+            vocab: 151936,
+            arch: Architecture { tied_output: true, ..s.arch },
+            ..s
+        };
+        assert_eq!(model_param_specs(&qwen25).iter().map(ParamSpec::elements).sum::<usize>(), 494_032_768);
     }
 }

@@ -87,13 +87,13 @@ def tiny_llama(rope_parameters: dict, positions: int = T, tied: bool = False) ->
     return model
 
 
-def save(model: LlamaForCausalLM, out: str, shard_size: str | None, t: int = T) -> dict:
+def save(model, out: str, shard_size: str | None, t: int = T, script: str = "make_llama_fixture.py") -> dict:
     os.makedirs(out, exist_ok=True)
     if shard_size:
         model.save_pretrained(out, max_shard_size=shard_size)
     else:
         model.save_pretrained(out)
-    expected = {"generated_by": "tests/hf/make_llama_fixture.py", **versions()}
+    expected = {"generated_by": f"tests/hf/{script}", **versions()}
     expected.update(losses_on_a_stream(model, VOCAB, t, BATCH))
     write_json(os.path.join(out, "expected.json"), expected)
     print(f"wrote {out}: {sorted(os.listdir(out))}, {summary(expected)}")
