@@ -1,6 +1,7 @@
 //! Loading checkpoints (pipetrain's or Hugging Face directories, sharded ones included) and
 //! exporting the Hugging Face part.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -38,7 +39,7 @@ pub struct TrainerCheckpoint {
 }
 
 /// Loads `path`: a checkpoint directory, a run directory (or its `checkpoints/`) whose
-/// `latest` pointer is followed, or a Hugging Face directory of a GPT-2 or Llama model
+/// `latest` pointer is followed, that pointer itself, or a Hugging Face directory of a GPT-2 or Llama model
 /// (config.json + model.safetensors, or shards listed by model.safetensors.index.json;
 /// `transformer.` prefixes and a tied `lm_head.weight` accepted). A pipetrain checkpoint
 /// from before manifests were written loads with a note that its files went unverified.
@@ -109,8 +110,8 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 }
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
-/// `transformers.GPT2LMHeadModel.from_pretrained` or `LlamaForCausalLM.from_pretrained`
-/// loads, and their manifest. A model neither class builds is refused. A non-empty
+/// `transformers.GPT2LMHeadModel.from_pretrained`, `LlamaForCausalLM.from_pretrained` or
+/// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` loads, and their manifest. A model neither class builds is refused. A non-empty
 /// `out_dir` is written into only with `force` (and then only those three files are
 /// replaced).
 pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
@@ -199,7 +200,10 @@ fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
     if has_model_files(path) {
         return Ok(path.to_path_buf());
     }
-    for pointer in [path.join(CHECKPOINTS_DIR).join(LATEST_FILE), path.join(LATEST_FILE)] {
+    // The pointer itself (`run/checkpoints/latest`), or the one inside a run or its checkpoints.
+    let named = path.file_name() == Some(OsStr::new(LATEST_FILE)) && path.is_file();
+    let inside = [path.join(CHECKPOINTS_DIR).join(LATEST_FILE), path.join(LATEST_FILE)];
+    for pointer in named.then(|| path.to_path_buf()).into_iter().chain(inside) {
         if let Ok(text) = fs::read_to_string(&pointer) {
             let name = text.trim();
             let dir = pointer.with_file_name(name);
@@ -246,7 +250,7 @@ mod tests {
         let m = model(&cfg, 1.0);
         let opt = optimizer(&m);
         let dir = save_checkpoint(&run, &cfg, &m, &state(3), &opt).unwrap();
-        for path in [run.clone(), run.join("checkpoints"), dir.clone()] {
+        for path in [run.clone(), run.join("checkpoints"), run.join("checkpoints/latest"), dir.clone()] {
             let ck = load_checkpoint(&path).unwrap();
             assert_eq!(ck.dir, dir);
             assert_eq!(ck.config, cfg);

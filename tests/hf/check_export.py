@@ -1,4 +1,4 @@
-"""Load a pipetrain export (GPT2LMHeadModel or LlamaForCausalLM) in Hugging Face transformers
+"""Load a pipetrain export (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM) in transformers
 and print what it computes.
 
     pipetrain export --checkpoint RUN --hf OUT
