@@ -2,7 +2,8 @@
 //! architecture: written so that `transformers.LlamaForCausalLM.from_pretrained(dir)`
 //! builds the same model, and read back (from pipetrain or from Hugging Face). A Llama with
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
-//! (`Qwen2ForCausalLM`), which names the same tensors the same way.
+//! (`Qwen2ForCausalLM`), which names the same tensors the same way. MistralForCausalLM's
+//! config.json is read too: without its sliding window it is a Llama.
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -113,10 +114,10 @@ impl LlamaConfig {
         j
     }
 
-    /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2"
-    /// or "pipetrain"; `path` names the file in errors. Settings that would make another
-    /// model than the one pipetrain runs (a rope scaling other than Llama 3.1's, another
-    /// activation, Qwen2's sliding window) are refused.
+    /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
+    /// "mistral" (a Llama, and written back as one) or "pipetrain"; `path` names the file in
+    /// errors. Settings that would make another model than the one pipetrain runs (a rope
+    /// scaling other than Llama 3.1's, another activation, a sliding window) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
@@ -190,6 +191,9 @@ impl LlamaConfig {
         let biases = if model_type == Some("qwen2") {
             qwen2_full_attention(obj).map_err(bad)?;
             LinearBiases::QkvOnly
+        } else if model_type == Some("mistral") {
+            mistral_full_attention(obj).map_err(bad)?;
+            LinearBiases::NoBiases
         } else {
             let attention_bias = flag("attention_bias", false)?;
             if flag("mlp_bias", false)? != attention_bias {
@@ -253,6 +257,18 @@ fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Refuses a MistralConfig whose sliding window is on: MistralForCausalLM is a Llama but for
+/// it. `sliding_window: null` turns it off (Mistral 7B v0.2 and later); an absent key is
+/// transformers' default of 4096 (Mistral 7B v0.1's).
+fn mistral_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
+    let full = "pipetrain's attention sees the whole sequence (null)";
+    match obj.get("sliding_window") {
+        Some(Value::Null) => Ok(()),
+        Some(v) => Err(format!("sliding_window is {v}; {full}")),
+        None => Err(format!("sliding_window is missing, which transformers takes as 4096; {full}")),
+    }
 }
 
 /// config.json's `rope_scaling` for Llama 3.1's scaling by `factor`.
@@ -457,6 +473,47 @@ mod tests {
         let mut v5 = written.clone();
         v5["layer_types"] = json!(vec!["full_attention"; 24]);
         assert_eq!(parse(&v5).unwrap(), want);
+    }
+
+    #[test]
+    fn reads_mistral_7b_v0_3_as_a_llama() {
+        // The keys of mistralai/Mistral-7B-v0.3's config.json: no sliding window.
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+            "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+            "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0",
+            "use_cache": true, "vocab_size": 32768}"#,
+        )
+        .unwrap();
+        let want = LlamaConfig {
+            arch: Architecture::llama(1e6, 1e-5),
+            vocab_size: 32768,
+            max_position_embeddings: 32768,
+            ..llama()
+        };
+        let got = parse(&hub).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.to_json()["model_type"], "llama");
+        let err = |window: Option<Value>| {
+            let mut j = hub.clone();
+            match window {
+                Some(v) => j["sliding_window"] = v,
+                None => drop(j.as_object_mut().unwrap().remove("sliding_window")),
+            }
+            parse(&j).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err(Some(json!(4096))),
+            "d/config.json: sliding_window is 4096; pipetrain's attention sees the whole sequence (null)"
+        );
+        assert_eq!(
+            err(None),
+            "d/config.json: sliding_window is missing, which transformers takes as 4096; pipetrain's attention \
+             sees the whole sequence (null)"
+        );
     }
 
     #[test]

@@ -64,11 +64,11 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "pipetrain") => {
+            Some("llama" | "qwen2" | "mistral" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\" and \"qwen2\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }

@@ -1,0 +1,100 @@
+"""Generate tests/fixtures/hf_qwen2_tiny, a tiny Qwen2 (Qwen2ForCausalLM), and its sibling
+hf_mistral_tiny, a tiny Mistral (MistralForCausalLM), each saved by Hugging Face transformers
+with the per-token losses transformers computes with it, in the form tests/fixtures/hf_llama_tiny
+has.
+
+    python3 tests/hf/make_qwen2_mistral_fixtures.py [OUT_DIR]   # default: tests/fixtures/hf_qwen2_tiny
+    python3 tests/hf/make_generate_fixture.py tests/fixtures/hf_qwen2_tiny
+
+Needs torch and transformers (CPU is enough); CI only reads the committed output. Qwen2 is a
+Llama whose q, k and v projections alone have biases (Megatron's disable_bias_linear with
+add_qkv_bias). The shape is Qwen2.5 0.5B's in miniature: grouped-query attention (4 query
+heads sharing 2 key/value heads), rope_theta 1000000, rms_norm_eps 1e-6, the output layer
+tied to the embedding. The biases are drawn large (std 0.5) beside weights of std 0.2, so
+that a model which drops them, or puts one on the output projection, fails the losses.
+
+Mistral is a Llama but for its sliding window, which pipetrain refuses; the fixture has none
+(sliding_window null, as Mistral 7B v0.3), rope_theta 1000000, rms_norm_eps 1e-5, an output
+layer of its own, and weights drawn as the Qwen2's are.
+"""
+
+import os
+import sys
+
+import torch
+from make_llama_fixture import T, VOCAB, save
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+def tiny_qwen2() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=T,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
+    model = randomized(Qwen2ForCausalLM, config)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model
+
+
+def tiny_mistral() -> MistralForCausalLM:
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=T,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=None,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
+    return randomized(MistralForCausalLM, config)
+
+
+def randomized(cls, config):
+    """The model in eager attention (the documented math) with every parameter redrawn far
+    from init: norm weights about 1 +- 0.4, biases of std 0.5, weights of std 0.2."""
+    config._attn_implementation = "eager"
+    model = cls(config).eval()
+    biases = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.4 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                biases.append(name.split(".")[-2])
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(0.2 * torch.randn_like(p))
+    want = ["k_proj", "q_proj", "v_proj"] if isinstance(model, Qwen2ForCausalLM) else []
+    assert sorted(set(biases)) == want, biases
+    return model
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_qwen2_tiny")
+    save(tiny_qwen2(), out, None, script="make_qwen2_mistral_fixtures.py")
+    mistral = os.path.join(os.path.dirname(os.path.abspath(out)), "hf_mistral_tiny")
+    save(tiny_mistral(), mistral, None, script="make_qwen2_mistral_fixtures.py")
+
+
+if __name__ == "__main__":
+    main()
