@@ -153,13 +153,29 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
     // The flag names the same tokenizer, to the byte.
     assert_eq!(stdout_of(&from(&run, &["--tokenizer", tok.to_str().unwrap()])), text.as_bytes());
 
+    // The export carries the tokenizer.json, so its text is the run's.
+    let export = |to: &std::path::Path| {
+        let o = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(to).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
     let hf = dir.join("hf");
-    let o = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(&hf).output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_user_error(
-        &from(&hf, &[]),
-        "error: command line: --prompt: token 31373 (\"hello\") is outside the model's vocabulary of 96",
-    );
-    std::fs::copy(&tok, hf.join("tokenizer.json")).unwrap();
+    let o = export(&hf);
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .ends_with("(config.json, model.safetensors, tokenizer.json, manifest.sha256)\n"));
+    assert_eq!(std::fs::read(hf.join("tokenizer.json")).unwrap(), WORD_LEVEL.as_bytes());
     assert_eq!(stdout_of(&from(&hf, &[])), text.as_bytes());
+    // A tokenizer.json since moved away is said, and the export goes on without it.
+    std::fs::rename(&tok, dir.join("moved.json")).unwrap();
+    let o = export(&dir.join("hf2"));
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "note: {}: no tokenizer.json: the run's data was tokenized with {}, which is not a tokenizer.json file \
+             here; give generate --tokenizer",
+            dir.join("hf2").display(),
+            tok.display()
+        )
+    );
+    assert!(!dir.join("hf2/tokenizer.json").exists());
 }

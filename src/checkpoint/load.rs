@@ -5,10 +5,10 @@ use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::manifest::{self, Verified, MANIFEST_FILE};
+use super::manifest::{self, sha256_hex, Verified, MANIFEST_FILE};
 use super::save::{
     write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
-    STATE_FILE,
+    STATE_FILE, TOKENIZER_FILE,
 };
 use super::shapes::{check_layer_count, check_shapes, expected_shapes};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
@@ -111,10 +111,17 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
 /// `transformers.GPT2LMHeadModel.from_pretrained`, `LlamaForCausalLM.from_pretrained` or
-/// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` loads, and their manifest. A model neither class builds is refused. A non-empty
-/// `out_dir` is written into only with `force` (and then only those three files are
-/// replaced).
-pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow::Result<()> {
+/// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` loads, `tokenizer` (a
+/// tokenizer.json's text) where given, and their manifest; returns the files' names. A
+/// model none of those classes builds is refused. A non-empty `out_dir` is written into
+/// only with `force`, and then only those files are replaced (a tokenizer.json, with none
+/// given, removed: it would be another model's).
+pub fn export_hf(
+    checkpoint: &Checkpoint,
+    out_dir: &Path,
+    force: bool,
+    tokenizer: Option<&str>,
+) -> anyhow::Result<Vec<String>> {
     let shown = out_dir.display();
     if !checkpoint.config.loads_in_transformers() {
         return Err(user_error(format!(
@@ -140,8 +147,22 @@ pub fn export_hf(checkpoint: &Checkpoint, out_dir: &Path, force: bool) -> anyhow
         }
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
-    let files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
-    write_atomic(&out_dir.join(MANIFEST_FILE), &manifest::text(&files))
+    let mut files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
+    let tokenizer_path = out_dir.join(TOKENIZER_FILE);
+    match tokenizer {
+        Some(text) => {
+            write_atomic(&tokenizer_path, text)?;
+            files.push((TOKENIZER_FILE.into(), sha256_hex(text.as_bytes())));
+        }
+        None => match fs::remove_file(&tokenizer_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(user_error(format!("{}: cannot remove: {e}", tokenizer_path.display())));
+            }
+            _ => {}
+        },
+    }
+    write_atomic(&out_dir.join(MANIFEST_FILE), &manifest::text(&files))?;
+    Ok(files.into_iter().map(|(name, _)| name).chain([MANIFEST_FILE.to_string()]).collect())
 }
 
 /// The model's weights in `dir`: model.safetensors, or the shards its index lists. Returns
@@ -269,25 +290,25 @@ mod tests {
         save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
         let ck = load_checkpoint(&run).unwrap();
         let out = run.join("hf");
-        export_hf(&ck, &out, false).unwrap();
+        export_hf(&ck, &out, false, None).unwrap();
         let back = load_checkpoint(&out).unwrap();
         assert_eq!((back.trainer, &back.config), (None, &cfg));
         assert_bitwise_eq(&back.model, &m);
 
-        let err = export_hf(&ck, &out, false).unwrap_err();
+        let err = export_hf(&ck, &out, false, None).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("{}: exists and is not empty; pass --force to overwrite", out.display())
         );
-        export_hf(&ck, &out, true).unwrap();
+        export_hf(&ck, &out, true, None).unwrap();
         let empty = run.join("empty");
         fs::create_dir(&empty).unwrap();
-        export_hf(&ck, &empty, false).unwrap();
+        export_hf(&ck, &empty, false, None).unwrap();
         // Not even --force writes over a training checkpoint (the one exported included) or a
         // run dir: the one would lose its manifest's trainer state, the other its latest.
         for (target, holds) in [(&ck.dir, STATE_FILE), (&run, CHECKPOINTS_DIR)] {
             let before = fs::read(ck.dir.join(MANIFEST_FILE)).unwrap();
-            let err = export_hf(&ck, target, true).unwrap_err();
+            let err = export_hf(&ck, target, true, None).unwrap_err();
             assert_eq!(
                 err.to_string(),
                 format!(
@@ -299,6 +320,31 @@ mod tests {
             assert!(!run.join(MODEL_FILE).exists());
         }
         load_checkpoint(&run).unwrap();
+    }
+
+    /// A tokenizer.json given to the export is written beside the weights and listed in the
+    /// manifest, so a change to it is caught; exported again with none, over it, it goes.
+    #[test]
+    fn export_carries_the_tokenizer_in_its_manifest() {
+        let run = test_dir("ld_export_tokenizer");
+        let cfg = config();
+        let m = model(&cfg, 1.0);
+        save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
+        let ck = load_checkpoint(&run).unwrap();
+        let out = run.join("hf");
+        let files = export_hf(&ck, &out, false, Some("{\"model\": {}}\n")).unwrap();
+        assert_eq!(files, [CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, MANIFEST_FILE]);
+        assert_eq!(fs::read_to_string(out.join(TOKENIZER_FILE)).unwrap(), "{\"model\": {}}\n");
+        load_checkpoint(&out).unwrap();
+        fs::write(out.join(TOKENIZER_FILE), "{}\n").unwrap();
+        let err = load_checkpoint(&out).unwrap_err().to_string();
+        let shown = out.join(TOKENIZER_FILE).display().to_string();
+        assert!(err.starts_with(&format!("{shown}: sha256 ")), "{err}");
+        assert!(err.ends_with("in manifest.sha256: the file is damaged"), "{err}");
+        let files = export_hf(&ck, &out, true, None).unwrap();
+        assert_eq!(files, [CONFIG_FILE, MODEL_FILE, MANIFEST_FILE]);
+        assert!(!out.join(TOKENIZER_FILE).exists());
+        load_checkpoint(&out).unwrap();
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "trainer_state.safetensors";
+/// A Hugging Face directory's tokenizer, beside the weights (an export's too).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
 /// `step_000100`: zero-padded so a directory listing sorts by step.
 pub fn checkpoint_name(step: u64) -> String {

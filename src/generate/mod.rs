@@ -61,7 +61,7 @@ fn tokenizer(args: &GenerateArgs, dir: &Path, recorded: Option<&TokenizerSpec>) 
     if let Some(spec) = &args.tokenizer {
         return Tokenizer::load(spec, eot);
     }
-    let beside = dir.join("tokenizer.json");
+    let beside = dir.join(checkpoint::TOKENIZER_FILE);
     if beside.is_file() {
         return Tokenizer::load(&beside.to_string_lossy(), eot);
     }
