@@ -26,10 +26,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // As the model's training text: a checkpoint without pipetrain's trainer state is a
     // Hugging Face directory (or an export), whose prompts transformers encodes with the
     // tokenizer's special tokens; a run's data says how it was tokenized.
-    let convention = match ck.trainer.is_none() || recorded.is_some_and(|spec| spec.special_tokens) {
-        true => PromptConvention::SpecialTokens,
-        false => PromptConvention::TextOnly,
-    };
+    let convention = PromptConvention::special_tokens(
+        ck.trainer.is_none() || recorded.is_some_and(|spec| spec.special_tokens),
+    );
     let prompt = prompt_tokens(args.prompt.as_deref(), &tokenizer, convention, &model)?;
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::new(&tokenizer);
@@ -110,6 +109,15 @@ enum PromptConvention {
     /// tokenizer.json's post-processor adds its special tokens (Llama 3's
     /// `<|begin_of_text|>` first).
     SpecialTokens,
+}
+
+impl PromptConvention {
+    fn special_tokens(with: bool) -> PromptConvention {
+        match with {
+            true => PromptConvention::SpecialTokens,
+            false => PromptConvention::TextOnly,
+        }
+    }
 }
 
 /// The prompt's tokens, the end-of-text token's text written in it as that token, checked
@@ -194,10 +202,12 @@ fn generate<E>(
     Ok(generated)
 }
 
-/// A short greedy continuation of the end-of-text token by a model, as text, for the train
-/// summary, through the tokenizer that made the training data (`data`; GPT-2's where no
-/// record says). None where that tokenizer does not load or its end of text is not in the
-/// model's vocabulary.
+/// A short greedy continuation by a model of what begins a document of its training data,
+/// as text, for the train summary: the end-of-text token, or where the data was tokenized
+/// with special tokens what the tokenizer puts first (Llama 3's `<|begin_of_text|>`), as
+/// generate begins an empty prompt. Through the tokenizer that made the data (`data`;
+/// GPT-2's where no record says). None where that tokenizer does not load or its tokens are
+/// not in the model's vocabulary.
 pub fn greedy_sample(
     config: &ModelConfig,
     weights: &[NamedTensor],
@@ -205,17 +215,16 @@ pub fn greedy_sample(
     tokens: usize,
 ) -> Option<String> {
     let tokenizer = data_tokenizer(data, None).ok()?;
-    if tokenizer.eot as usize >= config.vocab_size() {
-        return None;
-    }
     let model = Decoder::new(config, weights);
+    let convention = PromptConvention::special_tokens(data.is_some_and(|spec| spec.special_tokens));
+    let start = prompt_tokens(None, &tokenizer, convention, &model).ok()?;
     let mut out = Vec::new();
     let emit = |t: u32| {
         out.push(t);
         Ok::<(), std::convert::Infallible>(())
     };
     let candidates = model.vocab().min(tokenizer.vocab_size);
-    let Ok(_) = generate(&model, &[tokenizer.eot], tokens, Sampler::GREEDY, true, candidates, emit);
+    let Ok(_) = generate(&model, &start, tokens, Sampler::GREEDY, true, candidates, emit);
     Some(String::from_utf8_lossy(&tokenizer.decode(&out).ok()?).into_owned())
 }
 
@@ -309,5 +318,38 @@ mod tests {
         assert_eq!(tokens(Some("a<|end_of_text|>b"), special), [94, 64, 95, 65]);
         assert_eq!(tokens(None, text_only), [95]);
         assert_eq!(tokens(None, special), [94]);
+    }
+
+    /// The train summary's sample begins where the run's documents begin: after
+    /// <|begin_of_text|> where `tokenize --add-special-tokens` wrote the data, after the end
+    /// of text otherwise; each the greedy continuation generate gives from that token.
+    #[test]
+    fn the_summary_sample_begins_as_the_data_does() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_llama_tiny_rope_llama3");
+        let ck = checkpoint::load_checkpoint(&dir).unwrap();
+        let model = Decoder::new(&ck.config, &ck.model);
+        let path = dir.join("tokenizer.json").to_string_lossy().into_owned();
+        let llama3 = Tokenizer::load(&path, None).unwrap();
+        let continuation = |start: u32| {
+            let mut out = Vec::new();
+            generate(&model, &[start], 8, Sampler::GREEDY, true, 96, |t| {
+                out.push(t);
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .unwrap();
+            String::from_utf8(llama3.decode(&out).unwrap()).unwrap()
+        };
+        let sample = |special_tokens| {
+            let spec = TokenizerSpec {
+                tokenizer: path.clone(),
+                eot_token: "<|end_of_text|>".into(),
+                special_tokens,
+            };
+            greedy_sample(&ck.config, &ck.model, Some(&spec), 8).unwrap()
+        };
+        let (begin, end) = (continuation(94), continuation(95));
+        assert_ne!(begin, end, "the two starts give the same text: the test cannot tell them apart");
+        assert_eq!((sample(true), sample(false)), (begin, end));
     }
 }
