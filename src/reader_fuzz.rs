@@ -273,28 +273,63 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         any::<f64>().prop_filter("JSON numbers are finite", |v| v.is_finite()).prop_map(|v| json!(v)),
         Just(json!(null)),
         Just(json!("gpt2")),
+        select(vec!["llama", "qwen2", "mistral", "pipetrain", "full_attention", "sliding_attention"])
+            .prop_map(|v| json!(v)),
+        Just(json!(["full_attention", "sliding_attention"])),
+        Just(json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192})),
+        Just(json!({"rope_type": "yarn", "rope_theta": 1e6})),
         Just(json!([1, 2])),
         Just(json!({"a": 1})),
     ]
 }
 
-fn mutation(files: usize) -> impl Strategy<Value = Mutation> {
+/// The JSON keys a mutation sets: GPT2Config's and the trainer state's.
+const GPT2_KEYS: &[&str] = &[
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_positions",
+    "vocab_size",
+    "n_inner",
+    "model_type",
+    "resid_pdrop",
+    "step",
+    "seed",
+    "train_losses",
+    "config_yaml",
+    "tokenizer",
+];
+
+/// LlamaConfig's, Qwen2Config's and MistralConfig's keys that pipetrain reads.
+const LLAMA_KEYS: &[&str] = &[
+    "model_type",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "rms_norm_eps",
+    "attention_bias",
+    "mlp_bias",
+    "tie_word_embeddings",
+    "use_sliding_window",
+    "sliding_window",
+    "layer_types",
+    "hidden_act",
+    "normalization",
+    "add_qkv_bias",
+];
+
+fn mutation(files: usize, keys: &'static [&'static str]) -> impl Strategy<Value = Mutation> {
     let file = 0..files;
-    let keys = select(vec![
-        "n_layer",
-        "n_embd",
-        "n_head",
-        "n_positions",
-        "vocab_size",
-        "n_inner",
-        "model_type",
-        "resid_pdrop",
-        "step",
-        "seed",
-        "train_losses",
-        "config_yaml",
-        "tokenizer",
-    ]);
+    let keys = select(keys);
     let dim = prop_oneof![0u64..20, any::<u64>(), Just(1u64 << 40)];
     prop_oneof![
         (file.clone(), any::<usize>(), 1u8..=255).prop_map(|(file, at, xor)| Mutation::Flip {
@@ -387,7 +422,7 @@ proptest! {
     /// one to three of its files changed, with its manifest (which must catch every change)
     /// or without (so the readers behind it see the bytes).
     #[test]
-    fn checkpoints(mutations in proptest::collection::vec(mutation(CHECKPOINT_FILES.len()), 1..4), keep_manifest in any::<bool>()) {
+    fn checkpoints(mutations in proptest::collection::vec(mutation(CHECKPOINT_FILES.len(), GPT2_KEYS), 1..4), keep_manifest in any::<bool>()) {
         use crate::checkpoint::testing::{config, model, optimizer, state};
         let run = test_dir("fuzz_checkpoint");
         let m = model(&config(), 1.0);
@@ -415,7 +450,7 @@ proptest! {
     /// `read_checkpoint` over a Hugging Face directory (`transformer.` prefixes, a tied
     /// `lm_head.weight`) with one to three changes to its two files.
     #[test]
-    fn hugging_face_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len()), 1..4)) {
+    fn hugging_face_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), GPT2_KEYS), 1..4)) {
         use crate::checkpoint::testing::{config, model};
         use crate::checkpoint::NamedTensor;
         let dir = test_dir("fuzz_hf");
@@ -426,6 +461,46 @@ proptest! {
         hf.push(NamedTensor { name: "lm_head.weight".into(), ..m[0].clone() });
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &hf).unwrap();
         std::fs::write(dir.join("config.json"), cfg.to_json().to_string()).unwrap();
+        for m in &mutations {
+            apply(&dir, &HF_FILES, m);
+        }
+        check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(200))]
+
+    /// `read_checkpoint` over a Qwen2 directory (grouped-query attention, biases on q, k and
+    /// v, Llama 3.1's rope scaling) with one to three changes to its config's keys, its
+    /// model_type among them, or to its bytes.
+    #[test]
+    fn llama_family_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
+        use crate::checkpoint::testing::model;
+        use crate::checkpoint::{LlamaConfig, ModelConfig};
+        use kernels::RopeFrequencies;
+        use stages::{Architecture, LinearBiases, Positions};
+        let dir = test_dir("fuzz_llama");
+        let scaled = RopeFrequencies { llama3_factor: Some(8.0), ..RopeFrequencies::plain(1e6) };
+        let cfg = ModelConfig::Llama(LlamaConfig {
+            arch: Architecture {
+                biases: LinearBiases::QkvOnly,
+                positions: Positions::Rotary(scaled),
+                ..Architecture::llama(1e6, 1e-6)
+            },
+            vocab_size: 64,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 16,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        });
+        crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &model(&cfg, 1.0)).unwrap();
+        std::fs::write(dir.join("config.json"), cfg.to_json().to_string()).unwrap();
+        prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
         for m in &mutations {
             apply(&dir, &HF_FILES, m);
         }
