@@ -42,6 +42,9 @@ pub struct Config {
     pub num_layers: usize,
     pub hidden_size: usize,
     pub num_attention_heads: usize,
+    /// The head size, where it is not hidden_size / num_attention_heads (Hugging Face's
+    /// `head_dim`).
+    pub kv_channels: Option<usize>,
     /// Defaults to 4 * hidden_size.
     pub ffn_hidden_size: Option<usize>,
     pub seq_length: usize,
@@ -181,6 +184,7 @@ impl Default for Config {
             num_layers: 12,
             hidden_size: 768,
             num_attention_heads: 12,
+            kv_channels: None,
             ffn_hidden_size: None,
             seq_length: 1024,
             max_position_embeddings: 1024,
@@ -593,7 +597,10 @@ impl Config {
         positive("micro_batch_size", self.micro_batch_size)?;
         positive("global_batch_size", self.global_batch_size)?;
         positive("pipeline_model_parallel_size", self.pipeline_model_parallel_size)?;
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.kv_channels == Some(0) {
+            return Err(("kv_channels", "must be at least 1, got 0".into()));
+        }
+        if self.kv_channels.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err((
                 "hidden_size",
                 format!(
@@ -749,14 +756,13 @@ impl Config {
             if !(self.rotary_base.is_finite() && self.rotary_base > 1.0) {
                 return Err(("rotary_base", format!("{} must be a finite number > 1", self.rotary_base)));
             }
-            let head_size = self.hidden_size / heads;
+            let head_size = self.head_size();
             if !head_size.is_multiple_of(2) {
                 return Err((
                     "position_embedding_type",
                     format!(
-                        "rope rotates pairs of channels and needs an even head size; hidden_size {} / \
-                         num_attention_heads {heads} is {head_size}",
-                        self.hidden_size
+                        "rope rotates pairs of channels and needs an even head size; {}",
+                        self.head_size_said()
                     ),
                 ));
             }
@@ -789,16 +795,38 @@ impl Config {
         }
     }
 
-    /// The head size (hidden_size / num_attention_heads) where the tensor-core attention
-    /// kernels, the only ones for bf16 activations on CUDA, take it; else what they need,
-    /// worded to follow "need" in a refusal.
+    /// The head size: `kv_channels`, else hidden_size / num_attention_heads.
+    pub fn head_size(&self) -> usize {
+        self.kv_channels.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// Where the head size comes from, and what it is, for a refusal.
+    fn head_size_said(&self) -> String {
+        match self.kv_channels {
+            Some(k) => format!("kv_channels is {k}"),
+            None => format!(
+                "hidden_size {} / num_attention_heads {} is {}",
+                self.hidden_size,
+                self.num_attention_heads,
+                self.head_size()
+            ),
+        }
+    }
+
+    /// The head size where the tensor-core attention kernels, the only ones for bf16
+    /// activations on CUDA, take it; else what they need, worded to follow "need" in a
+    /// refusal.
     pub fn tensor_core_head_size(&self) -> Result<usize, String> {
-        let head_size = self.hidden_size / self.num_attention_heads;
+        let head_size = self.head_size();
         if kernels::attention_mma_fits(head_size) {
             return Ok(head_size);
         }
+        let source = match self.kv_channels {
+            Some(_) => "kv_channels",
+            None => "hidden_size / num_attention_heads",
+        };
         Err(format!(
-            "a head size (hidden_size / num_attention_heads) that is a multiple of {} up to {}, got {head_size}",
+            "a head size ({source}) that is a multiple of {} up to {}, got {head_size}",
             kernels::ATTENTION_MMA_K,
             kernels::ATTENTION_MMA_MAX_HEAD_SIZE
         ))

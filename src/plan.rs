@@ -33,6 +33,7 @@ pub fn shape(c: &Config) -> ModelShape {
         hidden: c.hidden_size,
         heads: c.num_attention_heads,
         kv_heads: c.kv_heads(),
+        head_dim: c.kv_channels,
         ffn: c.ffn_size(),
         seq_len: c.seq_length,
         max_positions: c.max_position_embeddings,
@@ -40,7 +41,7 @@ pub fn shape(c: &Config) -> ModelShape {
         micro_batch: c.micro_batch_size,
         attention_dropout: c.attention_dropout > 0.0,
         attention: match c.device {
-            DeviceKind::Cuda => AttentionSaves::cuda(c.hidden_size / c.num_attention_heads, activations),
+            DeviceKind::Cuda => AttentionSaves::cuda(c.head_size(), activations),
             DeviceKind::Cpu => AttentionSaves::Probabilities,
         },
         activations,

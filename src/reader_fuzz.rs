@@ -494,6 +494,7 @@ proptest! {
             num_hidden_layers: 2,
             num_attention_heads: 4,
             num_key_value_heads: 2,
+            head_dim: 4,
             max_position_embeddings: 16,
             hidden_dropout: 0.0,
             attention_dropout: 0.0,

@@ -6,7 +6,8 @@
 //! weights at rotary base 500000, in one file; `hf_llama_tiny_rope_llama3` Llama 3.2 in
 //! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions;
 //! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone; `hf_mistral_tiny` a tiny
-//! Mistral without its sliding window), each saved by transformers'
+//! Mistral without its sliding window, `hf_mistral_nemo_tiny` one whose heads are wider
+//! than the width over the heads, as Mistral Nemo's), each saved by transformers'
 //! `save_pretrained` with random weights (every bias and norm weight random too) together
 //! with the per-token losses transformers computed with it; `tests/hf/make_fixture.py`,
 //! `make_llama_fixture.py` and `make_qwen2_mistral_fixtures.py` regenerate them (torch and
@@ -31,13 +32,14 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
     "hf_llama_tiny_rope_llama3",
     "hf_qwen2_tiny",
     "hf_mistral_tiny",
+    "hf_mistral_nemo_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -130,6 +132,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         hidden: get("hidden_size"),
         heads: get("num_attention_heads"),
         kv_heads: get("num_key_value_heads"),
+        head_dim: c["head_dim"].as_u64().map(|d| d as usize),
         ffn: get("intermediate_size"),
         max_positions: get("max_position_embeddings"),
         vocab: get("vocab_size"),

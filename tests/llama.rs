@@ -56,7 +56,7 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 8] = [
+    let alone: [&[(&str, &str)]; 9] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -65,6 +65,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("untie-embeddings-and-output-weights", "true")],
         &[("disable-bias-linear", "true")],
         &[("disable-bias-linear", "true"), ("add-qkv-bias", "true")],
+        &[("kv-channels", "16")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -107,7 +108,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -142,6 +143,11 @@ fn impossible_combinations_are_one_line() {
         (
             &["--position-embedding-type", "rope", "--use-rope-scaling", "true", "--rope-scaling-factor", "0.5"],
             "command line: --rope-scaling-factor 0.5: 0.5 must be a finite number >= 1",
+        ),
+        (&["--kv-channels", "0"], "command line: --kv-channels 0: must be at least 1, got 0"),
+        (
+            &["--position-embedding-type", "rope", "--kv-channels", "9"],
+            "rope rotates pairs of channels and needs an even head size; kv_channels is 9",
         ),
     ];
     for (args, needle) in cases {

@@ -672,19 +672,32 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
     assert_eq!(exact("llama3-8b"), 8_030_261_248);
 }
 
-/// The shipped Qwen2.5 7B config has the model card's 7.61B parameters to the one (its q, k
-/// and v biases, 4608 a layer, counted, no other bias) and says what it is.
+/// The shipped Qwen2.5 7B and Mistral Nemo 12B configs have the model cards' parameter counts
+/// to the one (Qwen's q, k and v biases, 4608 a layer, counted and no other bias; Nemo's
+/// output projections [5120, 4096], its heads of 128 not 5120 / 32) and say what they are.
 #[test]
-fn qwen2_5_config_has_the_model_cards_parameter_count() {
-    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/qwen2.5-7b.yaml");
-    let report = json_of(&cfg, &["--hardware", "h100-sxm"]);
-    assert_eq!(report["parameters"].as_u64(), Some(7_615_616_512));
-    let text = stdout(&simulate(&cfg, &["--hardware", "h100-sxm"]));
-    let architecture =
-        "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 4 query groups, biases on q, k and v \
-                        alone, untied output layer";
-    assert!(text.contains(architecture), "{text}");
-    assert!(text.contains("every stage fits"), "{text}");
+fn qwen2_5_and_mistral_nemo_configs_have_the_model_cards_parameter_counts() {
+    for (name, parameters, architecture) in [
+        (
+            "qwen2.5-7b",
+            7_615_616_512u64,
+            "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 4 query groups, biases on q, k and v alone, untied \
+             output layer",
+        ),
+        (
+            "mistral-nemo-12b",
+            12_247_782_400,
+            "RMSNorm (eps 1e-5), rope (base 1000000), SwiGLU, 8 query groups, heads of 128, no linear biases, \
+             untied output layer",
+        ),
+    ] {
+        let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
+        let report = json_of(&cfg, &["--hardware", "h100-sxm"]);
+        assert_eq!(report["parameters"].as_u64(), Some(parameters), "{name}");
+        let text = stdout(&simulate(&cfg, &["--hardware", "h100-sxm"]));
+        assert!(text.contains(architecture), "{name}: {text}");
+        assert!(text.contains("every stage fits"), "{name}: {text}");
+    }
 }
 
 /// The planner searches a Llama as it does a GPT: the plan for Llama 3 8B over 16 GPUs,

@@ -279,6 +279,17 @@ fn qwen2s_biases_on_q_k_and_v_on_the_standin_are_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &qkv_bias), &dir, &[]);
 }
 
+/// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
+/// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
+#[test]
+fn heads_wider_than_the_width_over_the_heads_on_the_standin_are_the_cpu_within_1e_5() {
+    if !nvrtc("heads_wider_than_the_width_over_the_heads_on_the_standin_are_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-wide-heads");
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &[]), &dir, &["--kv-channels", "32"]);
+}
+
 /// llama-tiny.yaml at Llama's head size of 128: 2 query heads on one key/value head.
 const HEADS_OF_128: [(&str, &str); 3] = [
     ("hidden_size: 64", "hidden_size: 256"),

@@ -32,11 +32,16 @@ pub struct LlamaConfig {
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
+    pub head_dim: usize,
     pub max_position_embeddings: usize,
     /// Megatron's hidden_dropout (Llama has none; kept for a pipetrain run's record).
     pub hidden_dropout: f32,
     pub attention_dropout: f32,
 }
+
+/// The largest head size read (real ones are at most 256), so that the fused projection's
+/// width, (NH + 2 KV) x hs, fits a usize whatever the head counts.
+const MAX_HEAD_DIM: usize = 1 << 16;
 
 /// What LlamaForCausalLM builds: RMSNorm, rotary positions and a SwiGLU MLP.
 fn llama_can_express(arch: &Architecture) -> bool {
@@ -79,7 +84,7 @@ impl LlamaConfig {
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.hidden_size / self.num_attention_heads,
+            "head_dim": self.head_dim,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "rms_norm_eps": decimal(a.norm_eps),
@@ -122,9 +127,9 @@ impl LlamaConfig {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
             match obj.get(key) {
-                Some(v) => {
-                    v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{key} is {v}, not a count")))
-                }
+                // Bounded, as GPT-2's are, so that no width derived from it overflows.
+                Some(v) => (v.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as usize))
+                    .ok_or_else(|| bad(format!("{key} is {v}, not a count"))),
                 None => Err(bad(format!("missing {key}"))),
             }
         };
@@ -168,18 +173,21 @@ impl LlamaConfig {
         }
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
-        if heads == 0 || !hidden.is_multiple_of(heads) {
-            return Err(bad(format!(
-                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-            )));
+        if heads == 0 {
+            return Err(bad("num_attention_heads is 0".into()));
         }
-        if let Some(v) =
-            obj.get("head_dim").filter(|v| !v.is_null() && v.as_u64() != Some((hidden / heads) as u64))
-        {
-            return Err(bad(format!(
-                "head_dim is {v}, pipetrain needs hidden_size / num_attention_heads = {}",
-                hidden / heads
-            )));
+        // transformers' default where the key is absent or null.
+        let head_dim = match obj.get("head_dim") {
+            None | Some(Value::Null) if hidden.is_multiple_of(heads) => hidden / heads,
+            None | Some(Value::Null) => {
+                return Err(bad(format!(
+                    "hidden_size {hidden} is not a multiple of num_attention_heads {heads}, and no head_dim"
+                )));
+            }
+            Some(_) => int("head_dim")?,
+        };
+        if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+            return Err(bad(format!("a head size of {head_dim}; pipetrain takes 1 to {MAX_HEAD_DIM}")));
         }
         let kv = match obj.get("num_key_value_heads") {
             None | Some(Value::Null) => heads,
@@ -233,6 +241,7 @@ impl LlamaConfig {
             num_hidden_layers: int("num_hidden_layers")?,
             num_attention_heads: heads,
             num_key_value_heads: kv,
+            head_dim,
             max_position_embeddings: int("max_position_embeddings")?,
             hidden_dropout: float("hidden_dropout", 0.0)?,
             attention_dropout: float("attention_dropout", 0.0)?,
@@ -338,6 +347,7 @@ mod tests {
             num_hidden_layers: 32,
             num_attention_heads: 32,
             num_key_value_heads: 8,
+            head_dim: 128,
             max_position_embeddings: 8192,
             hidden_dropout: 0.0,
             attention_dropout: 0.0,
@@ -456,6 +466,7 @@ mod tests {
             num_hidden_layers: 24,
             num_attention_heads: 14,
             num_key_value_heads: 2,
+            head_dim: 64,
             max_position_embeddings: 32768,
             hidden_dropout: 0.0,
             attention_dropout: 0.0,
@@ -514,6 +525,24 @@ mod tests {
             "d/config.json: sliding_window is missing, which transformers takes as 4096; pipetrain's attention \
              sees the whole sequence (null)"
         );
+    }
+
+    #[test]
+    fn reads_mistral_nemos_heads_wider_than_the_width_over_the_heads() {
+        // The keys of mistralai/Mistral-Nemo-Base-2407's config.json: 32 heads of 128 at 5120.
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+            "eos_token_id": 2, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+            "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 1024000,
+            "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 131072}"#,
+        )
+        .unwrap();
+        let got = parse(&hub).unwrap();
+        assert_eq!((got.hidden_size, got.num_attention_heads, got.head_dim), (5120, 32, 128));
+        assert_eq!(got.to_json()["head_dim"], 128);
+        assert_eq!(parse(&got.to_json()).unwrap(), got);
     }
 
     #[test]
@@ -617,8 +646,28 @@ mod tests {
             "d/config.json: num_key_value_heads 5 does not divide num_attention_heads 32"
         );
         assert_eq!(
-            err(&|j| j["head_dim"] = json!(64)),
-            "d/config.json: head_dim is 64, pipetrain needs hidden_size / num_attention_heads = 128"
+            err(&|j| j["head_dim"] = json!(0)),
+            "d/config.json: a head size of 0; pipetrain takes 1 to 65536"
+        );
+        assert_eq!(
+            err(&|j| {
+                j["hidden_size"] = json!(1u64 << 31);
+                j["num_attention_heads"] = json!(1);
+                j["num_key_value_heads"] = json!(1);
+                j["head_dim"] = json!(null);
+            }),
+            "d/config.json: a head size of 2147483648; pipetrain takes 1 to 65536"
+        );
+        assert_eq!(
+            err(&|j| j["hidden_size"] = json!(1u64 << 40)),
+            "d/config.json: hidden_size is 1099511627776, not a count"
+        );
+        assert_eq!(
+            err(&|j| {
+                j["hidden_size"] = json!(4001);
+                j["head_dim"] = json!(null);
+            }),
+            "d/config.json: hidden_size 4001 is not a multiple of num_attention_heads 32, and no head_dim"
         );
         assert_eq!(
             err(&|j| j.as_object_mut().unwrap().remove("vocab_size").map(drop).unwrap()),

@@ -39,6 +39,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("hidden_size", c.hidden_size.to_string()),
         ("num_attention_heads", c.num_attention_heads.to_string()),
         ("num_query_groups", c.kv_heads().to_string()),
+        ("kv_channels", c.head_size().to_string()),
         ("ffn_hidden_size", c.ffn_size().to_string()),
         ("vocab_size", c.vocab_size.to_string()),
         ("normalization", c.normalization.name().to_string()),
@@ -139,5 +140,9 @@ mod tests {
         );
         let biased = Config { add_qkv_bias: true, ..gpt2.clone() };
         assert_eq!(refusal(&biased, &gpt2), "the same model");
+        // The head size, resolved: kv_channels 4 is the width over the heads.
+        let wide = Config { kv_channels: Some(8), ..llama.clone() };
+        assert_eq!(refusal(&wide, &llama), "key `kv_channels`: ck holds a model with kv_channels 4, not 8");
+        assert_eq!(refusal(&Config { kv_channels: Some(4), ..llama.clone() }, &llama), "the same model");
     }
 }

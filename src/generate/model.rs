@@ -106,14 +106,14 @@ impl Decoder {
             None => self.wte_host[tok..tok + c].to_vec(),
         };
         let mut x = dev.from_host(&x_host, &[1, c], Category::Workspace); // [1,C]
-        let kv = s.kv_heads * s.head_size();
+        let (a, kv) = (s.attention_width(), s.kv_heads * s.head_size());
         for (layer, (at, (keys, values))) in self.blocks.iter().zip(&mut cache.layers).enumerate() {
             let block = Block { s, layer, w: &self.values, at: *at, shard: Shard::WHOLE };
             let qkv = dev.to_host(&block.decode_qkv(dev, &x, pos)); // [QKV]
-            keys.extend_from_slice(&qkv[c..c + kv]);
-            values.extend_from_slice(&qkv[c + kv..]);
-            let att = attend(&qkv[..c], keys, values, s.heads, s.kv_heads); // [C]
-            let att = dev.from_host(&att, &[1, c], Category::Workspace); // [1,C]
+            keys.extend_from_slice(&qkv[a..a + kv]);
+            values.extend_from_slice(&qkv[a + kv..]);
+            let att = attend(&qkv[..a], keys, values, s.heads, s.kv_heads); // [A]
+            let att = dev.from_host(&att, &[1, a], Category::Workspace); // [1,A]
             x = block.decode_rest(dev, &x, &att);
         }
         cache.positions += 1;

@@ -175,14 +175,14 @@ fn unfused_epilogue_seconds(setup: &Setup, hw: &Hardware) -> [f64; 2] {
 }
 
 /// FLOPs one block's backward adds beyond the model's count on one rank. The model counts
-/// the attention core's backward as four products of 2 B T^2 C each (dP, dv, dq and dk,
+/// the attention core's backward as four products of 2 B T^2 A each (dP, dv, dq and dk,
 /// full T x T as `stages::flops` counts the core). The fused kernels (device cuda) also
 /// rebuild S = q k^T tile by tile: one product more where one kernel takes the whole
 /// backward (bf16, `kernels::ChainedDq`), three more where the query side and the key side
 /// each compute S and dP (fp32).
 fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel) -> f64 {
-    let product =
-        2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.hidden as f64 / tp.size as f64;
+    let product = 2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.attention_width() as f64
+        / tp.size as f64;
     match s.attention {
         AttentionSaves::Probabilities => 0.0,
         AttentionSaves::RowLogSumExp if ChainedDq::chains(s.activations) => product,

@@ -59,7 +59,7 @@ impl Kept {
 pub fn layer_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> f64 {
     let sbh = (s.seq_len * s.micro_batch * s.hidden) as f64;
     let (a, sq, h, t) = (s.heads as f64, s.seq_len as f64, s.hidden as f64, tp.size as f64);
-    let widths = s.qkv_width() + s.hidden + s.fc1_width() + s.ffn;
+    let widths = s.qkv_width() + s.attention_width() + s.fc1_width() + s.ffn;
     let inside = 2.0 * widths as f64 / h;
     let attention = if kept == Kept::Everything { 5.0 * a * sq / h } else { 0.0 };
     match (kept, tp.sequence && tp.size > 1) {
@@ -77,6 +77,13 @@ pub fn differences(s: &ModelShape) -> Vec<String> {
             "k, v over {} groups (q, k, v {}h, not 3h)",
             s.kv_heads,
             ratio(s.qkv_width(), s.hidden)
+        ));
+    }
+    if s.attention_width() != s.hidden {
+        out.push(format!(
+            "heads of {} (the projection's input {}h, not h)",
+            s.head_size(),
+            ratio(s.attention_width(), s.hidden)
         ));
     }
     if s.fc1_width() != 4 * s.hidden || s.ffn != 4 * s.hidden {
@@ -158,6 +165,7 @@ mod tests {
         hidden: 12288,
         heads: 96,
         kv_heads: 96,
+        head_dim: None,
         ffn: 4 * 12288,
         seq_len: 2048,
         max_positions: 2048,

@@ -38,9 +38,9 @@ impl Flops {
 /// rotary embeddings and activations are elementwise and not counted.
 pub fn block_flops(s: &ModelShape) -> Flops {
     let (n, c, f) = (s.tokens() as f64, s.hidden as f64, s.ffn as f64);
-    let (qkv, fc1) = (s.qkv_width() as f64, s.fc1_width() as f64);
-    let matmul = 2.0 * n * (c * qkv + c * c + c * fc1 + f * c);
-    let attention = 2.0 * 2.0 * s.micro_batch as f64 * s.seq_len as f64 * s.seq_len as f64 * c;
+    let (qkv, fc1, a) = (s.qkv_width() as f64, s.fc1_width() as f64, s.attention_width() as f64);
+    let matmul = 2.0 * n * (c * qkv + a * c + c * fc1 + f * c);
+    let attention = 2.0 * 2.0 * s.micro_batch as f64 * s.seq_len as f64 * s.seq_len as f64 * a;
     Flops { forward: matmul + attention, backward_input: matmul + 2.0 * attention, backward_weight: matmul }
 }
 

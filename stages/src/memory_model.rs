@@ -150,7 +150,7 @@ pub fn deferred_weight_grad_bytes(s: &ModelShape, tp: TensorParallel, layout: &C
     // (norm1, dqkv), (atty, dattproj), (norm2, dfc1), (act, dfc2) per block. The head's
     // matmul has none: its whole backward runs in forward.
     let per_block = (outside(n * c) + inside(n * s.qkv_width()))
-        + (inside(n * c) + outside(n * c))
+        + (inside(n * s.attention_width()) + outside(n * c))
         + (outside(n * c) + inside(n * s.fc1_width()))
         + (inside(n * f) + outside(n * c));
     layout.blocks.len() * per_block * s.activations.size()

@@ -117,6 +117,9 @@ pub struct ModelShape {
     /// KV, key and value heads (Megatron's `num_query_groups`): NH without grouped-query
     /// attention.
     pub kv_heads: usize,
+    /// hs, the head size, where it is not C / NH (Megatron's `kv_channels`, Hugging Face's
+    /// `head_dim`: Mistral Nemo's 128 at C = 5120 over 32 heads).
+    pub head_dim: Option<usize>,
     /// F, the MLP's inner width (4C for GPT-2).
     pub ffn: usize,
     /// T, tokens per sequence.
@@ -148,6 +151,7 @@ impl ModelShape {
         hidden: 768,
         heads: 12,
         kv_heads: 12,
+        head_dim: None,
         ffn: 3072,
         seq_len: 1024,
         max_positions: 1024,
@@ -163,14 +167,21 @@ impl ModelShape {
         self.micro_batch * self.seq_len
     }
 
+    /// hs: `head_dim`, else C / NH.
     pub fn head_size(&self) -> usize {
-        self.hidden / self.heads
+        self.head_dim.unwrap_or(self.hidden / self.heads)
+    }
+
+    /// A, the attention output's width: NH heads of hs (C unless `head_dim` says otherwise),
+    /// the input of the output projection.
+    pub fn attention_width(&self) -> usize {
+        self.heads * self.head_size()
     }
 
     /// GPT-2's names exactly where the model is GPT-2's (`GPT2LMHeadModel` can load it), the
     /// Llama family's otherwise.
     pub fn naming(&self) -> Naming {
-        if self.arch.is_gpt2() && self.kv_heads == self.heads {
+        if self.arch.is_gpt2() && self.kv_heads == self.heads && self.attention_width() == self.hidden {
             Naming::Gpt2
         } else {
             Naming::Llama
@@ -207,6 +218,9 @@ impl ModelShape {
         );
         if self.kv_heads != self.heads {
             parts.push(format!("{} query groups", self.kv_heads));
+        }
+        if self.attention_width() != self.hidden {
+            parts.push(format!("heads of {}", self.head_size()));
         }
         match a.biases {
             LinearBiases::All => {}
@@ -282,8 +296,28 @@ mod tests {
             ModelShape::GPT2_SMALL.describe_architecture(),
             "LayerNorm (eps 1e-5), learned positions, GELU, tied output layer"
         );
+        // Mistral Nemo: 32 heads of 128 at a width of 5120.
+        let nemo = ModelShape {
+            arch: Architecture::llama(1e6, 1e-5),
+            hidden: 5120,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: Some(128),
+            ..ModelShape::GPT2_SMALL
+        };
+        assert_eq!(
+            nemo.describe_architecture(),
+            "RMSNorm (eps 1e-5), rope (base 1000000), SwiGLU, 8 query groups, heads of 128, no linear biases, \
+             untied output layer"
+        );
+        assert_eq!((nemo.head_size(), nemo.attention_width(), nemo.qkv_width()), (128, 4096, 6144));
+        // GPT2LMHeadModel cannot hold heads of another size: the Llama family's names.
+        let wide = ModelShape { head_dim: Some(128), ..ModelShape::GPT2_SMALL };
+        assert_eq!(wide.naming(), Naming::Llama);
+        assert_eq!(ModelShape { head_dim: Some(64), ..ModelShape::GPT2_SMALL }.naming(), Naming::Gpt2);
         let qwen2 = ModelShape {
             arch: Architecture { biases: LinearBiases::QkvOnly, ..Architecture::llama(1e6, 1e-6) },
+            hidden: 3584,
             heads: 28,
             kv_heads: 4,
             ..ModelShape::GPT2_SMALL

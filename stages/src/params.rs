@@ -195,7 +195,7 @@ impl ParamSpec {
             Role::Block { param: QkvBias, .. } => (0, shard.qkv_ranges(s)),
             Role::Block { param: Fc1Weight, .. } => (out_axis, shard.fc1_ranges(s)),
             Role::Block { param: Fc1Bias, .. } => (0, shard.fc1_ranges(s)),
-            Role::Block { param: ProjWeight, .. } => (in_axis, shard.even(s.hidden)),
+            Role::Block { param: ProjWeight, .. } => (in_axis, shard.even(s.attention_width())),
             Role::Block { param: Fc2Weight, .. } => (in_axis, shard.even(s.ffn)),
             role => unreachable!("{role:?} is declared split but has no cut"),
         };
@@ -348,7 +348,7 @@ fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usi
         Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
         QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),
         QkvBias => (vec![qkv], Init::Zeros, false, Split::Interior),
-        ProjWeight => (matrix(c, c), Init::Normal(proj_std), true, Split::Interior),
+        ProjWeight => (matrix(s.attention_width(), c), Init::Normal(proj_std), true, Split::Interior),
         Fc1Weight => (matrix(c, fc1), Init::Normal(std), true, Split::Interior),
         Fc1Bias => (vec![fc1], Init::Zeros, false, Split::Interior),
         Fc2Weight => (matrix(f, c), Init::Normal(proj_std), true, Split::Interior),

@@ -41,7 +41,8 @@ pub enum BlockTensor {
     /// backward recomputes the probabilities (with q, k and the attention output). Only
     /// where the core is fused (the CUDA backend).
     AttLogSumExp,
-    /// attention output [B,T,C]: input of the output projection.
+    /// attention output [B,T,A] (A = NH * hs, C unless the head size is set apart): input of
+    /// the output projection.
     AttOut,
     /// x + dropout(proj(att)) [B,T,C]: the residual stream after attention, norm_2's input.
     Residual,
@@ -76,11 +77,10 @@ impl BlockTensor {
     pub fn elements(self, s: &ModelShape) -> usize {
         let (n, c) = (s.tokens(), s.hidden);
         match self {
-            BlockTensor::Input
-            | BlockTensor::Norm1Out
-            | BlockTensor::AttOut
-            | BlockTensor::Residual
-            | BlockTensor::Norm2Out => n * c,
+            BlockTensor::Input | BlockTensor::Norm1Out | BlockTensor::Residual | BlockTensor::Norm2Out => {
+                n * c
+            }
+            BlockTensor::AttOut => n * s.attention_width(),
             BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
             BlockTensor::Qkv => n * s.qkv_width(),
             BlockTensor::AttProbs | BlockTensor::AttDropped

@@ -200,7 +200,7 @@ impl Shard {
 
     /// Columns of the attention's output before its projection: this shard's heads.
     pub fn attention_width(&self, s: &ModelShape) -> usize {
-        self.heads(s) * s.head_size()
+        s.attention_width() / self.size
     }
 
     /// The vocabulary rows of the embedding and the output layer this shard holds.

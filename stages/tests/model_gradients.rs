@@ -1,7 +1,8 @@
 //! The whole model's gradients against central differences of its loss: the embedding, the
 //! blocks and the head composed, with dropout on (its masks are keyed, so the loss is a
 //! fixed function of the weights), including the tied embedding's two gradients and the
-//! head's backward, which runs in forward.
+//! head's backward, which runs in forward; and again with heads wider than the width over
+//! the heads (`head_dim`, as Mistral Nemo's), the output projection [C, NH * hs].
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
@@ -15,6 +16,7 @@ const SHAPE: ModelShape = ModelShape {
     hidden: 16,
     heads: 2,
     kv_heads: 2,
+    head_dim: None,
     ffn: 64,
     seq_len: 8,
     max_positions: 8,
@@ -26,11 +28,11 @@ const SHAPE: ModelShape = ModelShape {
 };
 const TOKENS: usize = SHAPE.micro_batch * SHAPE.seq_len;
 
-fn model(dev: &CpuDevice) -> ModelChunk {
-    let layout = ChunkLayout { blocks: 0..SHAPE.num_layers, embedding: true, head: true };
-    let params = Parameters::init(dev, &SHAPE, &layout, 7, Shard::WHOLE, stages::OptimizerShard::WHOLE);
+fn model(dev: &CpuDevice, s: ModelShape) -> ModelChunk {
+    let layout = ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true };
+    let params = Parameters::init(dev, &s, &layout, 7, Shard::WHOLE, stages::OptimizerShard::WHOLE);
     let dropout = DropoutProbs { hidden: 0.1, attention: 0.1 };
-    ModelChunk::new(SHAPE, layout, Shard::WHOLE, params, RecomputePolicy::None, dropout, 3)
+    ModelChunk::new(s, layout, Shard::WHOLE, params, RecomputePolicy::None, dropout, 3)
 }
 
 fn microbatch<'a>(tokens: &'a [u32], targets: &'a [u32]) -> Microbatch<'a> {
@@ -54,12 +56,23 @@ fn loss(chunk: &mut ModelChunk, dev: &CpuDevice, mb: &Microbatch) -> f64 {
 
 #[test]
 fn gradients_match_central_differences() {
+    check_gradients(SHAPE);
+}
+
+#[test]
+fn gradients_match_central_differences_with_wider_heads() {
+    let wide = ModelShape { head_dim: Some(12), ..SHAPE };
+    assert_eq!(wide.attention_width(), 24);
+    check_gradients(wide);
+}
+
+fn check_gradients(s: ModelShape) {
     let dev = CpuDevice::new(2);
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| (i * 5 + 1) % SHAPE.vocab as u32).collect();
     let targets: Vec<u32> = (0..TOKENS as u32).map(|i| (i * 7 + 3) % SHAPE.vocab as u32).collect();
     let mb = microbatch(&tokens, &targets);
 
-    let mut chunk = model(&dev);
+    let mut chunk = model(&dev, s);
     let out = chunk.forward(&dev, &mb, None, &mut TensorGroup::whole());
     chunk.backward(&dev, out.stash.expect("training keeps a stash"), None, false, &mut TensorGroup::whole());
     let p = &chunk.params;

@@ -15,7 +15,9 @@ that a model which drops them, or puts one on the output projection, fails the l
 
 Mistral is a Llama but for its sliding window, which pipetrain refuses; the fixture has none
 (sliding_window null, as Mistral 7B v0.3), rope_theta 1000000, rms_norm_eps 1e-5, an output
-layer of its own, and weights drawn as the Qwen2's are.
+layer of its own, and weights drawn as the Qwen2's are. Its sibling hf_mistral_nemo_tiny is
+Mistral Nemo in miniature: heads of 16 at a width of 32 over 4 heads (Nemo's 128 at 5120 over
+32), so the attention's output (64 wide) is not the residual's width and o_proj is [32, 64].
 """
 
 import os
@@ -48,7 +50,7 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
     return model
 
 
-def tiny_mistral() -> MistralForCausalLM:
+def tiny_mistral(head_dim: int | None = None) -> MistralForCausalLM:
     torch.manual_seed(0)
     config = MistralConfig(
         vocab_size=VOCAB,
@@ -57,6 +59,7 @@ def tiny_mistral() -> MistralForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=T,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-5,
@@ -92,8 +95,11 @@ def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "fixtures", "hf_qwen2_tiny")
     save(tiny_qwen2(), out, None, script="make_qwen2_mistral_fixtures.py")
-    mistral = os.path.join(os.path.dirname(os.path.abspath(out)), "hf_mistral_tiny")
-    save(tiny_mistral(), mistral, None, script="make_qwen2_mistral_fixtures.py")
+    fixtures = os.path.dirname(os.path.abspath(out))
+    save(tiny_mistral(), os.path.join(fixtures, "hf_mistral_tiny"), None, script="make_qwen2_mistral_fixtures.py")
+    nemo = tiny_mistral(head_dim=16)
+    assert nemo.model.layers[0].self_attn.o_proj.weight.shape == (32, 64)
+    save(nemo, os.path.join(fixtures, "hf_mistral_nemo_tiny"), None, script="make_qwen2_mistral_fixtures.py")
 
 
 if __name__ == "__main__":

@@ -409,7 +409,7 @@ impl Block<'_> {
         qkv
     }
 
-    /// The block's output y [1,C] from its input x [1,C] and the attention's output att [1,C].
+    /// The block's output y [1,C] from its input x [1,C] and the attention's output att [1,A].
     pub fn decode_rest(&self, dev: &dyn Device, x: &Tensor, att: &Tensor) -> Tensor {
         let s = self.s;
         let new = |width: usize| dev.empty_of(x.dtype(), &[1, width], Category::Workspace);
