@@ -39,9 +39,10 @@ pub struct TrainerCheckpoint {
 }
 
 /// Loads `path`: a checkpoint directory, a run directory (or its `checkpoints/`) whose
-/// `latest` pointer is followed, that pointer itself, or a Hugging Face directory of a GPT-2 or Llama model
-/// (config.json + model.safetensors, or shards listed by model.safetensors.index.json;
-/// `transformer.` prefixes and a tied `lm_head.weight` accepted). A pipetrain checkpoint
+/// `latest` pointer is followed, that pointer itself, or a Hugging Face directory of a GPT-2,
+/// Llama, Qwen2 or Mistral model (config.json + model.safetensors, or shards listed by
+/// model.safetensors.index.json; `transformer.` prefixes and a tied `lm_head.weight`
+/// accepted). A pipetrain checkpoint
 /// from before manifests were written loads with a note that its files went unverified.
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let (checkpoint, unverified) = read_checkpoint(path)?;
