@@ -90,10 +90,12 @@ inline float __int_as_float(int i) {
     memcpy(&x, &i, 4);
     return x;
 }
-// An add and a multiply rounded on their own, never contracted into a multiply-add (the
-// host build has -ffp-contract=off, so a plain one is one).
-inline float __fadd_rn(float a, float b) { return a + b; }
+// A multiply rounded on its own, never contracted into a multiply-add (the host build has
+// -ffp-contract=off, so a plain multiply is one).
 inline float __fmul_rn(float a, float b) { return a * b; }
+// An add rounded on its own, never contracted into a multiply-add (the host build has
+// -ffp-contract=off, so a plain add is one).
+inline float __fadd_rn(float a, float b) { return a + b; }
 // Loads and stores with a cache hint: the hint is the GPU's business, but the access must
 // be aligned to its size, as on the GPU, where a misaligned one faults (the host's would
 // not: so checked here).
