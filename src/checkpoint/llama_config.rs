@@ -43,18 +43,14 @@ pub struct LlamaConfig {
 /// width, (NH + 2 KV) x hs, fits a usize whatever the head counts.
 const MAX_HEAD_DIM: usize = 1 << 16;
 
-/// What LlamaForCausalLM builds: RMSNorm, rotary positions and a SwiGLU MLP.
-fn llama_can_express(arch: &Architecture) -> bool {
-    arch.norm == Norm::RmsNorm
-        && matches!(arch.positions, Positions::Rotary(_))
-        && arch.activation == Activation::SwiGlu
-}
-
 impl LlamaConfig {
     /// Whether `transformers` can load this model, as a `LlamaForCausalLM` or a
-    /// `Qwen2ForCausalLM`.
+    /// `Qwen2ForCausalLM`: RMSNorm, rotary positions and a SwiGLU MLP.
     pub fn loads_in_transformers(&self) -> bool {
-        llama_can_express(&self.arch)
+        let a = &self.arch;
+        a.norm == Norm::RmsNorm
+            && matches!(a.positions, Positions::Rotary(_))
+            && a.activation == Activation::SwiGlu
     }
 
     /// config.json's model_type: "qwen2" for biases on q, k and v alone (LlamaConfig's

@@ -52,15 +52,24 @@ def llama3_rope(rope_theta: float, factor: float) -> dict:
     return {"rope_type": "llama3", "rope_theta": rope_theta, "factor": factor, **LLAMA3_SCALING}
 
 
+# The shape every tiny fixture shares: 4 query heads over 2 key/value heads, a SwiGLU width
+# of 48, the fixture's vocabulary, its last id the end of text.
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=VOCAB - 1,
+    eos_token_id=VOCAB - 1,
+)
+
+
 def tiny_llama(rope_parameters: dict, positions: int = T, tied: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY,
         head_dim=8,
         max_position_embeddings=positions,
         rope_parameters=rope_parameters,
@@ -68,22 +77,31 @@ def tiny_llama(rope_parameters: dict, positions: int = T, tied: bool = False) ->
         attention_bias=False,
         mlp_bias=False,
         tie_word_embeddings=tied,
-        bos_token_id=VOCAB - 1,
-        eos_token_id=VOCAB - 1,
     )
+    model = randomized(LlamaForCausalLM, config)
+    head_tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert head_tied == tied, f"head tied: {head_tied}"
+    return model
+
+
+def randomized(cls, config, biases: tuple = ()):
+    """The model in eager attention (the documented math: QK^T / sqrt(d), causal mask,
+    softmax, times V) with every parameter redrawn far from init: norm weights about
+    1 +- 0.4, biases (only on the projections `biases` names) of std 0.5, weights of std 0.2."""
     config._attn_implementation = "eager"
-    # Eager attention is the documented math (QK^T / sqrt(d), causal mask, softmax, times V).
-    model = LlamaForCausalLM(config).eval()
+    model = cls(config).eval()
     assert model.config._attn_implementation == "eager"
+    drawn = []
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # input_layernorm, post_attention_layernorm, model.norm
                 p.copy_(1.0 + 0.4 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                drawn.append(name.split(".")[-2])
+                p.copy_(0.5 * torch.randn_like(p))
             else:
-                assert not name.endswith(".bias"), name
                 p.copy_(0.2 * torch.randn_like(p))
-    head_tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert head_tied == tied, f"head tied: {head_tied}"
+    assert sorted(set(drawn)) == sorted(biases), drawn
     return model
 
 

@@ -24,28 +24,21 @@ import os
 import sys
 
 import torch
-from make_llama_fixture import T, VOCAB, save
+from make_llama_fixture import TINY, T, randomized, save
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 def tiny_qwen2() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY,
         max_position_embeddings=T,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
         use_sliding_window=False,
-        bos_token_id=VOCAB - 1,
-        eos_token_id=VOCAB - 1,
     )
-    model = randomized(Qwen2ForCausalLM, config)
+    model = randomized(Qwen2ForCausalLM, config, biases=("q_proj", "k_proj", "v_proj"))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
 
@@ -53,42 +46,15 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
 def tiny_mistral(head_dim: int | None = None) -> MistralForCausalLM:
     torch.manual_seed(0)
     config = MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY,
         head_dim=head_dim,
         max_position_embeddings=T,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         sliding_window=None,
-        bos_token_id=VOCAB - 1,
-        eos_token_id=VOCAB - 1,
     )
     return randomized(MistralForCausalLM, config)
-
-
-def randomized(cls, config):
-    """The model in eager attention (the documented math) with every parameter redrawn far
-    from init: norm weights about 1 +- 0.4, biases of std 0.5, weights of std 0.2."""
-    config._attn_implementation = "eager"
-    model = cls(config).eval()
-    biases = []
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.4 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                biases.append(name.split(".")[-2])
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(0.2 * torch.randn_like(p))
-    want = ["k_proj", "q_proj", "v_proj"] if isinstance(model, Qwen2ForCausalLM) else []
-    assert sorted(set(biases)) == want, biases
-    return model
 
 
 def main() -> None:
