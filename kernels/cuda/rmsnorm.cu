@@ -4,22 +4,58 @@
 // a column sum reduced in two fixed stages (per chunk of rows here, then `add_partials` in
 // bias.cu) so the result does not depend on scheduling.
 //
+// QK-norm (Qwen3's) is this norm in place on qkv, each query and key head a row: the bodies
+// find a row, its weight and a chunk's rows through `Dense` (the rows of [N, C]) or `Heads`
+// (QK-norm's), so both take the same arithmetic. Its weight gradients' chunks are of tokens.
+//
 // Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
 // body, the input, output and their gradients bf16; the weight, rstd and partial sums fp32,
 // the arithmetic fp32.
 #include "warp_row.cuh"
 
-// out = weight * (x * rstd); rstd saved per row for backward. Two passes over the row in
-// runs (warp_row.cuh), the second from L1.
-template <typename T>
-__device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, const float* weight,
-                                                     int N, int C, float eps) {
+// The rows of C a norm's kernels take, where each lies and its weight. A weight-gradient
+// chunk takes tokens, and a token's rows of weight `g` are `count(g)` consecutive rows from
+// `first(n, g)`, C apart.
+
+// The rows of [N, C], one a token, all of the one weight.
+struct Dense {
+    const float* w;
+    int C;
+    __device__ unsigned long long offset(int row) const { return (unsigned long long)row * C; }
+    __device__ const float* weight(int) const { return w; }
+    __device__ int first(int n, int) const { return n; }
+    __device__ int count(int) const { return 1; }
+};
+
+// The query and key heads of qkv [N, (NH + 2 KV) C] (heads of C): token n's NH query heads
+// and then its KV key heads are rows n (NH + KV) + h, at n (NH + 2 KV) C + h C; its value
+// heads no row. Weight 0 (q_weight) is the query heads', weight 1 (k_weight) the key heads'.
+struct Heads {
+    const float *q_weight, *k_weight;
+    int nh, kv, C;
+    __device__ unsigned long long offset(int row) const {
+        const int n = row / (nh + kv), h = row % (nh + kv);
+        return (unsigned long long)n * (nh + 2 * kv) * C + h * C;
+    }
+    __device__ const float* weight(int row) const { return row % (nh + kv) < nh ? q_weight : k_weight; }
+    __device__ int first(int n, int g) const { return n * (nh + kv) + (g == 0 ? 0 : nh); }
+    __device__ int count(int g) const { return g == 0 ? nh : kv; }
+};
+
+// out = weight * (x * rstd) over N `rows`; rstd saved per row for backward. Two passes over
+// the row in runs (warp_row.cuh), the second from L1. out may be inp (QK-norm's, in place):
+// a lane reads each run before it writes it, and no other lane touches that run.
+template <typename T, typename Rows>
+__device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, Rows layout, int N,
+                                                     float eps) {
     constexpr int RUN = Pack<T>::LEN;
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const T* x = inp + (unsigned long long)row * C;
-    T* y = out + (unsigned long long)row * C;
+    const int C = layout.C;
+    const T* x = inp + layout.offset(row);
+    T* y = out + layout.offset(row);
+    const float* weight = layout.weight(row);
     const bool whole = C % RUN == 0 && aligned16(x) && aligned16(y) && aligned16(weight);
     with_whole(whole, [&](auto form) {
         float v[RUN];
@@ -44,12 +80,12 @@ __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const 
 
 extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
                                            int C, float eps) {
-    rmsnorm_forward_body(out, rstd, inp, weight, N, C, eps);
+    rmsnorm_forward_body(out, rstd, inp, Dense{weight, C}, N, eps);
 }
 
 extern "C" __global__ void rmsnorm_forward_bf16(bf16* out, float* rstd, const bf16* inp, const float* weight,
                                                 int N, int C, float eps) {
-    rmsnorm_forward_body(out, rstd, inp, weight, N, C, eps);
+    rmsnorm_forward_body(out, rstd, inp, Dense{weight, C}, N, eps);
 }
 
 // residual = a + b, then out = rmsnorm(residual) as rmsnorm_forward: one launch and no
@@ -59,7 +95,7 @@ __device__ __forceinline__ void rmsnorm_residual_forward_body(T* residual, T* ou
                                                               const T* b, const float* weight, int N, int C,
                                                               float eps) {
     residual_add_row(residual, a, b, N, C);
-    rmsnorm_forward_body(out, rstd, (const T*)residual, weight, N, C, eps);
+    rmsnorm_forward_body(out, rstd, (const T*)residual, Dense{weight, C}, N, eps);
 }
 
 extern "C" __global__ void rmsnorm_residual_forward(float* residual, float* out, float* rstd, const float* a,
@@ -77,16 +113,19 @@ extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual, bf16* o
 // dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
 // dnorm = dout * weight: rstd's dependence on x gives the second term; plus dresidual where
 // it is non-null (the residual gradient folded in). Two passes over the row in runs
-// (warp_row.cuh).
-template <typename T>
+// (warp_row.cuh). dinp may be dout (QK-norm's, in place), as out may be inp in the forward.
+template <typename T, typename Rows>
 __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
-                                                            const T* inp, const float* weight, const float* rstd,
-                                                            int N, int C) {
+                                                            const T* inp, Rows layout, const float* rstd, int N) {
     constexpr int RUN = Pack<T>::LEN;
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const GradRow<T> rows(dinp, dresidual, dout, inp, weight, row, C);
+    const int C = layout.C;
+    const unsigned long long at = layout.offset(row);
+    // GradRow's row 0 of the buffers from this row on.
+    const GradRow<T> rows(dinp + at, dresidual == nullptr ? nullptr : dresidual + at, dout + at, inp + at,
+                          layout.weight(row), 0, C);
     with_whole(rows.whole, [&](auto form) {
         const float s = rstd[row];
         float g[RUN], v[RUN], w[RUN];
@@ -111,54 +150,127 @@ __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dr
 
 extern "C" __global__ void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp,
                                                   const float* weight, const float* rstd, int N, int C) {
-    rmsnorm_backward_input_body(dinp, (const float*)nullptr, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, (const float*)nullptr, dout, inp, Dense{weight, C}, rstd, N);
 }
 
 extern "C" __global__ void rmsnorm_backward_input_bf16(bf16* dinp, const bf16* dout, const bf16* inp,
                                                        const float* weight, const float* rstd, int N, int C) {
-    rmsnorm_backward_input_body(dinp, (const bf16*)nullptr, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, (const bf16*)nullptr, dout, inp, Dense{weight, C}, rstd, N);
 }
 
 extern "C" __global__ void rmsnorm_residual_backward_input(float* dinp, const float* dresidual,
                                                            const float* dout, const float* inp,
                                                            const float* weight, const float* rstd, int N, int C) {
-    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, Dense{weight, C}, rstd, N);
 }
 
 extern "C" __global__ void rmsnorm_residual_backward_input_bf16(bf16* dinp, const bf16* dresidual,
                                                                 const bf16* dout, const bf16* inp,
                                                                 const float* weight, const float* rstd, int N,
                                                                 int C) {
-    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, weight, rstd, N, C);
+    rmsnorm_backward_input_body(dinp, dresidual, dout, inp, Dense{weight, C}, rstd, N);
 }
 
-// Stage one of dweight += sum_rows(dout * norm): block y sums rows
-// [y * rows_per_chunk, (y + 1) * rows_per_chunk) of one column per thread, in row order,
-// into partial_w [chunks, C].
-template <typename T>
+// Stage one of dweight += sum_rows(dout * norm) for weight g = blockIdx.z of `layout`: block
+// (x, y, g) sums the rows of weight g of tokens [y * tokens_per_chunk, (y + 1) *
+// tokens_per_chunk), one column per thread, in token and then row order, into
+// partial_w [weights, chunks, C].
+template <typename T, typename Rows>
 __device__ __forceinline__ void rmsnorm_backward_weight_partial_body(float* partial_w, const T* dout,
-                                                                     const T* inp, const float* rstd, int N,
-                                                                     int C, int rows_per_chunk) {
+                                                                     const T* inp, const float* rstd, Rows layout,
+                                                                     int N, int tokens_per_chunk) {
+    const int C = layout.C;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int chunk = blockIdx.y;
-    const int begin = chunk * rows_per_chunk;
-    const int end = min(N, begin + rows_per_chunk);
+    const int chunk = blockIdx.y, g = blockIdx.z;
+    const int begin = chunk * tokens_per_chunk;
+    const int end = min(N, begin + tokens_per_chunk);
     float w = 0.0f;
-    for (int row = begin; row < end; ++row) {
-        const unsigned long long i = (unsigned long long)row * C + c;
-        w += to_float(dout[i]) * (to_float(inp[i]) * rstd[row]);
+    for (int n = begin; n < end; ++n) {
+        const int first = layout.first(n, g);
+        unsigned long long i = layout.offset(first) + c;
+        for (int row = first; row < first + layout.count(g); ++row, i += C) {
+            w += to_float(dout[i]) * (to_float(inp[i]) * rstd[row]);
+        }
     }
-    partial_w[(unsigned long long)chunk * C + c] = w;
+    partial_w[((unsigned long long)g * gridDim.y + chunk) * C + c] = w;
 }
 
 extern "C" __global__ void rmsnorm_backward_weight_partial(float* partial_w, const float* dout, const float* inp,
                                                            const float* rstd, int N, int C, int rows_per_chunk) {
-    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, N, C, rows_per_chunk);
+    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, Dense{nullptr, C}, N, rows_per_chunk);
 }
 
 extern "C" __global__ void rmsnorm_backward_weight_partial_bf16(float* partial_w, const bf16* dout,
                                                                 const bf16* inp, const float* rstd, int N, int C,
                                                                 int rows_per_chunk) {
-    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, N, C, rows_per_chunk);
+    rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, Dense{nullptr, C}, N, rows_per_chunk);
+}
+
+// QK-norm in place on qkv [N, (NH + 2 KV) hs] (N tokens): each query head becomes
+// q_weight * (q * rstd), each key head k_weight * (k * rstd); rstd [N, NH + KV]. One warp a
+// head.
+template <typename T>
+__device__ __forceinline__ void qk_norm_forward_body(T* qkv, float* rstd, const float* q_weight,
+                                                     const float* k_weight, int N, int NH, int KV, int hs,
+                                                     float eps) {
+    rmsnorm_forward_body(qkv, rstd, (const T*)qkv, Heads{q_weight, k_weight, NH, KV, hs}, N * (NH + KV), eps);
+}
+
+extern "C" __global__ void qk_norm_forward(float* qkv, float* rstd, const float* q_weight, const float* k_weight,
+                                           int N, int NH, int KV, int hs, float eps) {
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NH, KV, hs, eps);
+}
+
+extern "C" __global__ void qk_norm_forward_bf16(bf16* qkv, float* rstd, const float* q_weight,
+                                                const float* k_weight, int N, int NH, int KV, int hs,
+                                                float eps) {
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NH, KV, hs, eps);
+}
+
+// QK-norm's input gradient in place on dqkv: its query and key heads, the gradient of the
+// forward's output, become that of its input `inp` (the qkv the forward normalised); the
+// value heads' are untouched. Run after the weight partial sums, which read dqkv first.
+template <typename T>
+__device__ __forceinline__ void qk_norm_backward_input_body(T* dqkv, const T* inp, const float* q_weight,
+                                                            const float* k_weight, const float* rstd, int N,
+                                                            int NH, int KV, int hs) {
+    const Heads heads{q_weight, k_weight, NH, KV, hs};
+    rmsnorm_backward_input_body(dqkv, (const T*)nullptr, (const T*)dqkv, inp, heads, rstd, N * (NH + KV));
+}
+
+extern "C" __global__ void qk_norm_backward_input(float* dqkv, const float* inp, const float* q_weight,
+                                                  const float* k_weight, const float* rstd, int N, int NH, int KV,
+                                                  int hs) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NH, KV, hs);
+}
+
+extern "C" __global__ void qk_norm_backward_input_bf16(bf16* dqkv, const bf16* inp, const float* q_weight,
+                                                       const float* k_weight, const float* rstd, int N, int NH,
+                                                       int KV, int hs) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NH, KV, hs);
+}
+
+// Stage one of dq_weight and dk_weight += over N tokens: partial_w [2, chunks, hs], the query
+// heads' partial sums (blockIdx.z 0) and then the key heads' (1), from the dqkv the input
+// gradient then overwrites.
+template <typename T>
+__device__ __forceinline__ void qk_norm_backward_weight_partial_body(float* partial_w, const T* dqkv,
+                                                                     const T* inp, const float* rstd, int N,
+                                                                     int NH, int KV, int hs,
+                                                                     int tokens_per_chunk) {
+    const Heads heads{nullptr, nullptr, NH, KV, hs};
+    rmsnorm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, heads, N, tokens_per_chunk);
+}
+
+extern "C" __global__ void qk_norm_backward_weight_partial(float* partial_w, const float* dqkv,
+                                                           const float* inp, const float* rstd, int N, int NH,
+                                                           int KV, int hs, int tokens_per_chunk) {
+    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NH, KV, hs, tokens_per_chunk);
+}
+
+extern "C" __global__ void qk_norm_backward_weight_partial_bf16(float* partial_w, const bf16* dqkv,
+                                                                const bf16* inp, const float* rstd, int N,
+                                                                int NH, int KV, int hs, int tokens_per_chunk) {
+    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NH, KV, hs, tokens_per_chunk);
 }

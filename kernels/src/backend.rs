@@ -140,6 +140,25 @@ pub trait RmsNorm {
         weight: &Tensor,
         rstd: &Tensor,
     );
+    /// As [`crate::Device::qk_norm_forward`]: weights [q, k].
+    fn qk_norm_forward_impl(
+        &self,
+        qkv: &mut Tensor,
+        rstd: &mut Tensor,
+        weights: [&Tensor; 2],
+        dims: QkvDims,
+        eps: f32,
+    );
+    /// As [`crate::Device::qk_norm_backward`]: dweights and weights [q, k].
+    fn qk_norm_backward_impl(
+        &self,
+        dqkv: &mut Tensor,
+        dweights: [&mut Tensor; 2],
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        dims: QkvDims,
+    );
 }
 
 /// `dims` as the weight's layout reads them; a bias (gradient) has OC elements.

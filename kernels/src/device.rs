@@ -34,7 +34,8 @@ use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
-    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qkv_dims, residual_rows, rope_dims,
+    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_dims, qkv_dims, residual_rows,
+    rope_dims,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
@@ -490,6 +491,47 @@ pub trait Device:
         assert_eq!(rstd.len(), n, "rmsnorm: rstd must have {n} rows");
         assert!(weight.len() == c && dweight.len() == c, "rmsnorm: {c} channels");
         self.rmsnorm_backward_impl(dinp, Some(dresidual), dweight, dout, inp, weight, rstd);
+    }
+
+    /// QK-norm (Qwen3's; Megatron's `qk_layernorm` with RMSNorm), in place on
+    /// qkv [B,T,(NH+2*KV)*hs]: each query head becomes q_weight [hs] * (q * rstd) and each key
+    /// head k_weight [hs] * (k * rstd), a head normalised as [`Device::rmsnorm_forward`]
+    /// normalises a row; the value heads untouched. rstd [B*T, NH+KV]: each token's query
+    /// heads', then its key heads'.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_forward(
+        &self,
+        qkv: &mut Tensor,
+        rstd: &mut Tensor,
+        q_weight: &Tensor,
+        k_weight: &Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+        eps: f32,
+    ) {
+        let dims = qk_norm_dims(qkv, rstd, [q_weight, k_weight], n_head, n_kv_head);
+        self.qk_norm_forward_impl(qkv, rstd, [q_weight, k_weight], dims, eps);
+    }
+    /// QK-norm's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: its query and key heads (the
+    /// gradient of the norm's output) become the gradient of its input `inp` (the q, k, v
+    /// forward normalised), the value heads untouched; dq_weight and dk_weight [hs] += .
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_backward(
+        &self,
+        dqkv: &mut Tensor,
+        dq_weight: &mut Tensor,
+        dk_weight: &mut Tensor,
+        inp: &Tensor,
+        q_weight: &Tensor,
+        k_weight: &Tensor,
+        rstd: &Tensor,
+        n_head: usize,
+        n_kv_head: usize,
+    ) {
+        let dims = qk_norm_dims(inp, rstd, [q_weight, k_weight], n_head, n_kv_head);
+        assert_same_len(inp, dqkv);
+        assert!(dq_weight.len() == dims.hs && dk_weight.len() == dims.hs, "qk-norm: {} channels", dims.hs);
+        self.qk_norm_backward_impl(dqkv, [dq_weight, dk_weight], inp, [q_weight, k_weight], rstd, dims);
     }
 
     // ---- matmul --------------------------------------------------------------------

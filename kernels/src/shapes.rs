@@ -87,6 +87,20 @@ pub(crate) fn qkv_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> QkvDims
     QkvDims { b, t, nh: n_head, kv: n_kv_head, hs: width / (n_head + 2 * n_kv_head) }
 }
 
+/// The sizes of QK-norm's qkv, checked against its rstd [B*T, NH+KV] and its two weights [hs].
+pub(crate) fn qk_norm_dims(
+    qkv: &Tensor,
+    rstd: &Tensor,
+    weights: [&Tensor; 2],
+    n_head: usize,
+    n_kv_head: usize,
+) -> QkvDims {
+    let dims = qkv_dims(qkv, n_head, n_kv_head);
+    assert_eq!(rstd.len(), dims.b * dims.t * (n_head + n_kv_head), "qk-norm: rstd {rstd:?} for {qkv:?}");
+    assert!(weights.iter().all(|w| w.len() == dims.hs), "qk-norm: weights of {} channels", dims.hs);
+    dims
+}
+
 /// The sizes of RoPE's qkv: as [`qkv_dims`], with an even head size (the rotated pairs).
 pub(crate) fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> QkvDims {
     let dims = qkv_dims(qkv, n_head, n_kv_head);

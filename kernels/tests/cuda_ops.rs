@@ -316,6 +316,53 @@ fn rmsnorm_matches() {
     }
 }
 
+/// QK-norm in place on 4 query heads sharing 2 key/value heads, at Qwen3's epsilon, in f32
+/// and then with bf16 activations, judged as `rmsnorm_matches`: heads of 24 (whole 128-bit
+/// runs in either storage) and of 10 (element by element). The value heads and their
+/// gradients come through bit for bit.
+#[test]
+fn qk_norm_matches() {
+    let Some(gpu) = gpu("qk_norm_matches") else { return };
+    let bf16 = bf16_gpu("qk_norm_matches");
+    let mut rng = seeded("qk_norm");
+    let kv = 2;
+    for hs in [C / NH, 10] {
+        let shape = [B, T, (NH + 2 * kv) * hs];
+        let (x, dx) = (rng.uniform(N * shape[2], 2.0), rng.uniform(N * shape[2], 1.0));
+        let [wq, wk, dwq0, dwk0] = [(); 4].map(|()| rng.uniform(hs, 1.0));
+        let run = |dev: &dyn Device, x: &[f32], dx: &[f32]| {
+            let (mut qkv, inp, mut dqkv) = (put(dev, x, &shape), put(dev, x, &shape), put(dev, dx, &shape));
+            let (wq, wk) = (param(dev, &wq, &[hs]), param(dev, &wk, &[hs]));
+            let mut rstd = dev.zeros(&[N * (NH + kv)], Category::Workspace);
+            dev.qk_norm_forward(&mut qkv, &mut rstd, &wq, &wk, NH, kv, 1e-6);
+            let (mut dwq, mut dwk) = (grad(dev, &dwq0, &[hs]), grad(dev, &dwk0, &[hs]));
+            dev.qk_norm_backward(&mut dqkv, &mut dwq, &mut dwk, &inp, &wq, &wk, &rstd, NH, kv);
+            [qkv, rstd, dqkv, dwq, dwk].map(|t| dev.to_host(&t))
+        };
+        let values = |qkv: &[f32]| -> Vec<f32> {
+            qkv.chunks(shape[2]).flat_map(|token| token[(NH + kv) * hs..].to_vec()).collect()
+        };
+        let names = ["out", "rstd", "dinp", "dq_weight", "dk_weight"];
+        let (want, got) = (run(&cpu(), &x, &dx), run(&gpu, &x, &dx));
+        for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+            assert_close(&format!("{what} of heads of {hs}"), g, w, TOL);
+        }
+        assert_bitwise("value heads", &values(&got[0]), &values(&x));
+        assert_bitwise("value heads' gradient", &values(&got[2]), &values(&dx));
+        let Some(bf16) = &bf16 else { continue };
+        let round = |x: &[f32]| x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect::<Vec<_>>();
+        let (x, dx) = (round(&x), round(&dx));
+        let (want, got) = (run(&cpu(), &x, &dx), run(bf16, &x, &dx));
+        for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+            let rounded = matches!(*what, "out" | "dinp");
+            let tol = if rounded { 2f64.powi(-8) + TOL } else { TOL };
+            assert_close(&format!("bf16 {what} of heads of {hs}"), g, w, tol);
+        }
+        assert_bitwise("bf16 value heads", &values(&got[0]), &values(&x));
+        assert_bitwise("bf16 value heads' gradient", &values(&got[2]), &values(&dx));
+    }
+}
+
 /// The norm fused with the residual stream (LayerNorm, then RMSNorm), in f32 and then with
 /// bf16 activations from the same values rounded to bf16, on one GPU: residual = a + b and
 /// the norm of it are bitwise `add` and then the unfused norm there (what a recompute of the

@@ -442,6 +442,37 @@ impl RmsNorm for CpuDevice {
             self.accumulate_impl(dinp, dresidual);
         }
     }
+
+    fn qk_norm_forward_impl(
+        &self,
+        qkv: &mut Tensor,
+        rstd: &mut Tensor,
+        weights: [&Tensor; 2],
+        dims: QkvDims,
+        eps: f32,
+    ) {
+        let heads = rmsnorm_heads(dims);
+        let weights = weights.map(Tensor::cpu);
+        self.pool.install(|| rmsnorm::heads_forward(qkv.cpu_mut(), rstd.cpu_mut(), weights, heads, eps));
+    }
+
+    fn qk_norm_backward_impl(
+        &self,
+        dqkv: &mut Tensor,
+        dweights: [&mut Tensor; 2],
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        dims: QkvDims,
+    ) {
+        let heads = rmsnorm_heads(dims);
+        let mut partials = self.workspace(rmsnorm::heads_partials_len(dims.b * dims.t, heads));
+        let (dweights, weights) = (dweights.map(|t| t.cpu_mut()), weights.map(Tensor::cpu));
+        self.pool.install(|| {
+            let (dqkv, inp, rstd) = (dqkv.cpu_mut(), inp.cpu(), rstd.cpu());
+            rmsnorm::heads_backward(dqkv, dweights, inp, weights, rstd, heads, partials.cpu_mut())
+        });
+    }
 }
 
 impl Matmul for CpuDevice {
@@ -662,4 +693,9 @@ fn attention_dims(d: QkvDims) -> attention::Dims {
 
 fn rope_dims(d: QkvDims) -> rope::Dims {
     rope::Dims { t: d.t, nh: d.nh, kv: d.kv, hs: d.hs, first: 0 }
+}
+
+/// The heads QK-norm normalises in qkv of `dims`.
+fn rmsnorm_heads(dims: QkvDims) -> rmsnorm::Heads {
+    rmsnorm::Heads { nh: dims.nh, kv: dims.kv, hs: dims.hs }
 }

@@ -91,6 +91,14 @@ pub fn per_column_chunk(rows: usize, cols: usize) -> (LaunchConfig, usize) {
     (cfg, chunks)
 }
 
+/// [`per_column_chunk`] for `sums` column sums in one launch, block z summing the z-th
+/// (QK-norm's two weights).
+pub fn per_column_chunk_of_each(rows: usize, cols: usize, sums: usize) -> (LaunchConfig, usize) {
+    let (mut cfg, chunks) = per_column_chunk(rows, cols);
+    cfg.grid_dim.2 = grid(sums, "column sums");
+    (cfg, chunks)
+}
+
 /// Many tensors of `lens` elements in one launch, one block per `chunk` of each: the first
 /// block of each tensor (`first` in common.cuh's `owner`; `lens.len() + 1` entries, the last
 /// the number of blocks). The chunk is `SUM_SQUARES_CHUNK` for the fused sums of squares,

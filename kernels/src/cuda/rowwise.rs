@@ -1,14 +1,18 @@
 //! The ops that reduce along rows or columns: LayerNorm, RMSNorm (alone, or fused with the
-//! residual add before them and the residual gradient after them) and bias gradients, on f32 or bf16
-//! activations (parameters and their gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or elements, then one ordered
-//! pass), so results are bitwise repeatable.
+//! residual add before them and the residual gradient after them, or as QK-norm on each query
+//! and key head of qkv) and bias gradients, on f32 or bf16 activations (parameters and their
+//! gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or
+//! elements, then one ordered pass), so results are bitwise repeatable.
 
 use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
-use super::launch::{per_column_chunk, per_column_tile, per_pack, per_row_warp, ROWS_PER_CHUNK};
+use super::launch::{
+    per_column_chunk, per_column_chunk_of_each, per_column_tile, per_pack, per_row_warp, ROWS_PER_CHUNK,
+};
 use super::sources::kernel_name;
 use crate::backend::{LayerNorm, RmsNorm};
+use crate::shapes::QkvDims;
 use crate::tensor::Tensor;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 
 impl LayerNorm for CudaDevice {
     fn layernorm_forward_impl(
@@ -130,8 +134,8 @@ impl LayerNorm for CudaDevice {
             &c_i,
             &rows_per_chunk,
         );
-        self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
-        self.add_partials(cu_mut(dbias), &partial_b, chunks, c);
+        self.add_partials(cu_mut(dweight), &partial_w.as_view(), chunks, c);
+        self.add_partials(cu_mut(dbias), &partial_b.as_view(), chunks, c);
     }
 }
 
@@ -230,7 +234,82 @@ impl RmsNorm for CudaDevice {
             &c_i,
             &rows_per_chunk,
         );
-        self.add_partials(cu_mut(dweight), &partial_w, chunks, c);
+        self.add_partials(cu_mut(dweight), &partial_w.as_view(), chunks, c);
+    }
+
+    fn qk_norm_forward_impl(
+        &self,
+        qkv: &mut Tensor,
+        rstd: &mut Tensor,
+        [q_weight, k_weight]: [&Tensor; 2],
+        d: QkvDims,
+        eps: f32,
+    ) {
+        let (n_i, nh_i, kv_i, hs_i) = (int(d.b * d.t), int(d.nh), int(d.kv), int(d.hs));
+        launch!(
+            self,
+            kernel_name("qk_norm_forward", qkv.dtype()),
+            per_row_warp(d.b * d.t * (d.nh + d.kv)),
+            buf_mut(qkv),
+            cu_mut(rstd),
+            cu(q_weight),
+            cu(k_weight),
+            &n_i,
+            &nh_i,
+            &kv_i,
+            &hs_i,
+            &eps
+        );
+    }
+
+    fn qk_norm_backward_impl(
+        &self,
+        dqkv: &mut Tensor,
+        [dq_weight, dk_weight]: [&mut Tensor; 2],
+        inp: &Tensor,
+        [q_weight, k_weight]: [&Tensor; 2],
+        rstd: &Tensor,
+        d: QkvDims,
+    ) {
+        let n = d.b * d.t;
+        let (n_i, nh_i, kv_i, hs_i) = (int(n), int(d.nh), int(d.kv), int(d.hs));
+        let dtype = same_dtype(&[dqkv, inp]);
+        // The weights' partial sums first: they read dqkv, which the input gradient overwrites.
+        // Two sums: the query heads' weight's, then the key heads'.
+        let (cfg, chunks) = per_column_chunk_of_each(n, d.hs, 2);
+        let mut partial = self.scratch::<f32>(2 * chunks * d.hs);
+        let tokens_per_chunk = ROWS_PER_CHUNK as i32;
+        launch!(
+            self,
+            kernel_name("qk_norm_backward_weight_partial", dtype),
+            cfg,
+            &mut *partial,
+            buf(dqkv),
+            buf(inp),
+            cu(rstd),
+            &n_i,
+            &nh_i,
+            &kv_i,
+            &hs_i,
+            &tokens_per_chunk,
+        );
+        let (q_partial, k_partial) = partial.split_at(chunks * d.hs);
+        self.add_partials(cu_mut(dq_weight), &q_partial, chunks, d.hs);
+        self.add_partials(cu_mut(dk_weight), &k_partial, chunks, d.hs);
+        launch!(
+            self,
+            kernel_name("qk_norm_backward_input", dtype),
+            per_row_warp(n * (d.nh + d.kv)),
+            buf_mut(dqkv),
+            buf(inp),
+            cu(q_weight),
+            cu(k_weight),
+            cu(rstd),
+            &n_i,
+            &nh_i,
+            &kv_i,
+            &hs_i
+        );
     }
 }
 
@@ -242,10 +321,11 @@ impl CudaDevice {
         let (n_i, c_i, rows_per_chunk) = (int(rows), int(cols), ROWS_PER_CHUNK as i32);
         let name = kernel_name("column_partial_sums", x.dtype());
         launch!(self, name, cfg, &mut *partial, buf(x), &n_i, &c_i, &rows_per_chunk);
-        self.add_partials(out, &partial, chunks, cols);
+        self.add_partials(out, &partial.as_view(), chunks, cols);
     }
 
-    fn add_partials(&self, out: &mut CudaSlice<f32>, partial: &CudaSlice<f32>, chunks: usize, cols: usize) {
+    /// out [cols] += the column sums of partial [chunks, cols].
+    fn add_partials(&self, out: &mut CudaSlice<f32>, partial: &CudaView<f32>, chunks: usize, cols: usize) {
         let (chunks_i, c_i) = (int(chunks), int(cols));
         launch!(self, "add_partials", per_column_tile(cols), out, partial, &chunks_i, &c_i);
     }

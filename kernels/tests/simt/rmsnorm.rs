@@ -1,11 +1,11 @@
-//! RMSNorm (rmsnorm.cu) forward and backward, replaying the launches of the CUDA op
-//! (kernels/src/cuda/rowwise.rs) and comparing with the CPU op, in both storages: in bf16
-//! from inputs rounded to bf16, against the CPU's op on those rounded values.
+//! RMSNorm (rmsnorm.cu) forward and backward, and QK-norm's, replaying the launches of the
+//! CUDA op (kernels/src/cuda/rowwise.rs) and comparing with the CPU op, in both storages: in
+//! bf16 from inputs rounded to bf16, against the CPU's op on those rounded values.
 
-use crate::harness::{close, max_abs, Family, Rng, Run, Storage, Tolerance};
+use crate::harness::{bitwise, close, max_abs, Arg, Family, Rng, Run, Storage, Tolerance};
 use crate::rowwise::add_partials;
 use kernels::cpu::CpuDevice;
-use kernels::cuda::launch::{per_column_chunk, per_row_warp, ROWS_PER_CHUNK};
+use kernels::cuda::launch::{per_column_chunk, per_column_chunk_of_each, per_row_warp, ROWS_PER_CHUNK};
 use kernels::{Category, Device};
 
 /// Llama-3-8B's width and its RMSNorm epsilon (`rms_norm_eps`).
@@ -99,5 +99,124 @@ fn rmsnorm_matches_the_cpu_in_f32_and_bf16() {
         // C not a multiple of 32, rows that end inside a block and a chunk; an epsilon large
         // beside mean(x^2) (about 1.3), so one the kernel did not add would fail rstd.
         rmsnorm(&family, &bias, storage, 37, 100, 0.5, 22).unwrap();
+    }
+}
+
+/// QK-norm on qkv [B,T,(NH+2*KV)*hs].
+struct Heads {
+    b: usize,
+    t: usize,
+    nh: usize,
+    kv: usize,
+    hs: usize,
+}
+
+impl Heads {
+    fn width(&self) -> usize {
+        (self.nh + 2 * self.kv) * self.hs
+    }
+
+    /// The value heads of each token of `qkv`, which QK-norm leaves as they are.
+    fn values(&self, qkv: &[f32]) -> Vec<f32> {
+        let first = (self.nh + self.kv) * self.hs;
+        qkv.chunks(self.width()).flat_map(|token| token[first..].to_vec()).collect()
+    }
+}
+
+/// QK-norm forward and backward, in place, qkv and dqkv in `storage` (rstd and the weight
+/// gradients f32); Err on the first difference from the CPU.
+fn qk_norm(
+    family: &Family,
+    bias_family: &Family,
+    storage: Storage,
+    h: &Heads,
+    eps: f32,
+    seed: u64,
+) -> Result<(), String> {
+    let (n, rows, len) = (h.b * h.t, h.b * h.t * (h.nh + h.kv), h.b * h.t * h.width());
+    let mut rng = Rng::new(seed);
+    let (qkv, dqkv) = (storage.round(rng.uniform(len, 2.0)), storage.round(rng.uniform(len, 1.0)));
+    let [wq, wk, dwq0, dwk0] = [(); 4].map(|()| rng.uniform(h.hs, 1.0));
+    let dims: [Arg; 4] = [n, h.nh, h.kv, h.hs].map(|x| (x as i32).into());
+
+    let mut run = Run::new(seed);
+    // gi: the input again, which the caller keeps for the backward while gq is normalised.
+    let (gq, gd, gi) =
+        (storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &dqkv), storage.buffer(&mut run, &qkv));
+    let (gwq, gwk, rstd) = (run.buffer(&wq), run.buffer(&wk), run.buffer(&vec![f32::NAN; rows]));
+    let mut args = vec![gq.into(), rstd.into(), gwq.into(), gwk.into()];
+    args.extend(dims.clone());
+    args.push(eps.into());
+    run.launch(storage.kernel("qk_norm_forward"), per_row_warp(rows), &args);
+    // As the op: the weights' partial sums first, from dqkv before it is overwritten.
+    let (cfg, chunks) = per_column_chunk_of_each(n, h.hs, 2);
+    let pw = run.buffer(&vec![f32::NAN; 2 * chunks * h.hs]);
+    let mut args = vec![pw.into(), gd.into(), gi.into(), rstd.into()];
+    args.extend(dims.clone());
+    args.push((ROWS_PER_CHUNK as i32).into());
+    run.launch(storage.kernel("qk_norm_backward_weight_partial"), cfg, &args);
+    let mut args = vec![gd.into(), gi.into(), gwq.into(), gwk.into(), rstd.into()];
+    args.extend(dims);
+    run.launch(storage.kernel("qk_norm_backward_input"), per_row_warp(rows), &args);
+    for buf in [gq, rstd, gd, pw] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    // Stage two, into each weight from its half of the partial sums.
+    let mut run = Run::new(seed + 1);
+    let partials = got.get::<f32>(pw);
+    let (pq, pk) = partials.split_at(chunks * h.hs);
+    let (dwq, dwk) = (run.buffer(&dwq0), run.buffer(&dwk0));
+    let (pq, pk) = (run.buffer(pq), run.buffer(pk));
+    add_partials(&mut run, dwq, pq, chunks, h.hs);
+    add_partials(&mut run, dwk, pk, chunks, h.hs);
+    run.read(dwq);
+    run.read(dwk);
+    let dweights = bias_family.run(run)?;
+
+    let dev = CpuDevice::new(2);
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let shape = [h.b, h.t, h.width()];
+    let (mut tq, ti, mut td) = (put(&qkv, &shape), put(&qkv, &shape), put(&dqkv, &shape));
+    let (tw, mut trstd) = ([put(&wq, &[h.hs]), put(&wk, &[h.hs])], dev.zeros(&[rows], Category::Workspace));
+    dev.qk_norm_forward(&mut tq, &mut trstd, &tw[0], &tw[1], h.nh, h.kv, eps);
+    let (mut tdwq, mut tdwk) = (put(&dwq0, &[h.hs]), put(&dwk0, &[h.hs]));
+    dev.qk_norm_backward(&mut td, &mut tdwq, &mut tdwk, &ti, &tw[0], &tw[1], &trstd, h.nh, h.kv);
+    let what = |part: &str| format!("qk-norm {part}, {} heads on {} of {} in {storage}", h.nh, h.kv, h.hs);
+    // As `rmsnorm`: rstd and out elementwise, the input gradient and the weights' (sums of
+    // either sign) against the largest magnitude.
+    close(&what("rstd"), &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    let (out, dinp) = (storage.read(&got, gq), storage.read(&got, gd));
+    let elementwise = Tolerance::Close { rtol: 1e-5, floor: 0.0 };
+    storage.check(&what("out"), &out, &dev.to_host(&tq), elementwise)?;
+    let want = dev.to_host(&td);
+    storage.check(&what("dinp"), &dinp, &want, Tolerance::Close { rtol: 1e-5, floor: max_abs(&want) })?;
+    bitwise(&what("value heads"), &h.values(&out), &h.values(&qkv))?;
+    bitwise(&what("value heads' gradient"), &h.values(&dinp), &h.values(&dqkv))?;
+    // Each weight gradient started from a value of its own, which the CPU adds to as well.
+    for (name, buf, want) in [("dq_weight", dwq, &tdwq), ("dk_weight", dwk, &tdwk)] {
+        let want = dev.to_host(want);
+        close(&what(name), &dweights.get::<f32>(buf), &want, 1e-5, max_abs(&want))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn qk_norm_matches_the_cpu_in_f32_and_bf16() {
+    let test = "qk_norm_matches_the_cpu_in_f32_and_bf16";
+    let (Some(family), Some(bias)) = (Family::of(test, "rmsnorm.cu"), Family::of(test, "bias.cu")) else {
+        return;
+    };
+    for storage in Storage::BOTH {
+        // Qwen3's heads of 128 and epsilon (`rms_norm_eps`), on 4 query heads sharing 2
+        // key/value heads (Qwen3-8B has 32 on 8: the same code for each head's warp); 7
+        // sequences of 19 tokens, two full chunks of the weights' column sums and a partial one.
+        let qwen3 = Heads { b: 7, t: 19, nh: 4, kv: 2, hs: 128 };
+        assert_eq!(qwen3.b * qwen3.t, 2 * ROWS_PER_CHUNK + 5);
+        qk_norm(&family, &bias, storage, &qwen3, 1e-6, 31).unwrap();
+        // Heads of 10, no multiple of a pack in either storage, so element by element; 148
+        // heads ending inside a block of warps, and an epsilon that counts (as in `rmsnorm`).
+        qk_norm(&family, &bias, storage, &Heads { b: 1, t: 37, nh: 3, kv: 1, hs: 10 }, 0.5, 32).unwrap();
     }
 }
