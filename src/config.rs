@@ -76,6 +76,8 @@ pub struct Config {
     pub disable_bias_linear: bool,
     /// A bias on the q, k and v projections whatever `disable_bias_linear` says (Qwen2).
     pub add_qkv_bias: bool,
+    /// QK-norm: each query and key head normalised before the rotary embedding (Qwen3).
+    pub qk_layernorm: bool,
 
     // ---- pipeline ----
     pub pipeline_model_parallel_size: usize,
@@ -204,6 +206,7 @@ impl Default for Config {
             untie_embeddings_and_output_weights: false,
             disable_bias_linear: false,
             add_qkv_bias: false,
+            qk_layernorm: false,
             pipeline_model_parallel_size: 1,
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: ScheduleKind::OneFOneB,
@@ -739,6 +742,15 @@ impl Config {
             }
             _ => {}
         }
+        if self.qk_layernorm && self.normalization != Norm::RmsNorm {
+            return Err((
+                "qk_layernorm",
+                format!(
+                    "true needs normalization: RMSNorm (QK-norm here is RMSNorm's), not {}",
+                    self.normalization
+                ),
+            ));
+        }
         let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
         if self.use_rope_scaling && !rope {
             return Err(("use_rope_scaling", "true needs position_embedding_type: rope".into()));
@@ -790,6 +802,7 @@ impl Config {
                 (true, true) => LinearBiases::QkvOnly,
                 (true, false) => LinearBiases::NoBiases,
             },
+            qk_norm: self.qk_layernorm,
             tied_output: !self.untie_embeddings_and_output_weights,
             init_std: self.init_method_std,
         }

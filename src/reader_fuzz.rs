@@ -273,8 +273,16 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         any::<f64>().prop_filter("JSON numbers are finite", |v| v.is_finite()).prop_map(|v| json!(v)),
         Just(json!(null)),
         Just(json!("gpt2")),
-        select(vec!["llama", "qwen2", "mistral", "pipetrain", "full_attention", "sliding_attention"])
-            .prop_map(|v| json!(v)),
+        select(vec![
+            "llama",
+            "qwen2",
+            "qwen3",
+            "mistral",
+            "pipetrain",
+            "full_attention",
+            "sliding_attention"
+        ])
+        .prop_map(|v| json!(v)),
         Just(json!(["full_attention", "sliding_attention"])),
         Just(json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192})),
@@ -301,7 +309,7 @@ const GPT2_KEYS: &[&str] = &[
     "tokenizer",
 ];
 
-/// LlamaConfig's, Qwen2Config's and MistralConfig's keys that pipetrain reads.
+/// LlamaConfig's, Qwen2Config's, Qwen3Config's and MistralConfig's keys that pipetrain reads.
 const LLAMA_KEYS: &[&str] = &[
     "model_type",
     "hidden_size",
@@ -325,6 +333,7 @@ const LLAMA_KEYS: &[&str] = &[
     "hidden_act",
     "normalization",
     "add_qkv_bias",
+    "qk_layernorm",
 ];
 
 fn mutation(files: usize, keys: &'static [&'static str]) -> impl Strategy<Value = Mutation> {

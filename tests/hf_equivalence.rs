@@ -1,5 +1,5 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
-//! `LlamaForCausalLM`, `Qwen2ForCausalLM` and `MistralForCausalLM`.
+//! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -7,11 +7,12 @@
 //! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions;
 //! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone; `hf_mistral_tiny` a tiny
 //! Mistral without its sliding window, `hf_mistral_nemo_tiny` one whose heads are wider
-//! than the width over the heads, as Mistral Nemo's), each saved by transformers'
+//! than the width over the heads, as Mistral Nemo's; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
+//! on heads wider than the width over the heads), each saved by transformers'
 //! `save_pretrained` with random weights (every bias and norm weight random too) together
 //! with the per-token losses transformers computed with it; `tests/hf/make_fixture.py`,
-//! `make_llama_fixture.py` and `make_qwen2_mistral_fixtures.py` regenerate them (torch and
-//! transformers needed there, not here).
+//! `make_llama_fixture.py`, `make_qwen2_mistral_fixtures.py` and `make_qwen3_fixture.py`
+//! regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
 
@@ -32,7 +33,7 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -40,6 +41,7 @@ const FIXTURES: [&str; 7] = [
     "hf_qwen2_tiny",
     "hf_mistral_tiny",
     "hf_mistral_nemo_tiny",
+    "hf_qwen3_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -93,7 +95,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
     let biases = match c["model_type"].as_str().unwrap() {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" if c["attention_bias"] == true => LinearBiases::All,
-        "llama" | "mistral" => LinearBiases::NoBiases,
+        "llama" | "mistral" | "qwen3" => LinearBiases::NoBiases,
         other => panic!("model_type {other}"),
     };
     let rope = &c["rope_parameters"];
@@ -123,6 +125,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         }),
         activation: Activation::SwiGlu,
         biases,
+        qk_norm: c["model_type"] == "qwen3",
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
         init_std: 0.02,
     };

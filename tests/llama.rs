@@ -1,4 +1,5 @@
-//! The Llama family through Megatron's flags (and Qwen2's `add_qkv_bias`): each flag alone
+//! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias` and Qwen3's
+//! `qk_layernorm` among them): each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
 //! line and exit 2.
@@ -56,7 +57,7 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 9] = [
+    let alone: [&[(&str, &str)]; 10] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -66,6 +67,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("disable-bias-linear", "true")],
         &[("disable-bias-linear", "true"), ("add-qkv-bias", "true")],
         &[("kv-channels", "16")],
+        &[("normalization", "RMSNorm"), ("qk-layernorm", "true")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -85,6 +87,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     assert_ne!(each[2], each[1], "use_rope_scaling changed nothing");
     // Qwen2's biases on q, k and v, without the others: neither GPT-2's biases nor none.
     assert_ne!(each[7], each[6], "add_qkv_bias changed nothing");
+    // Qwen3's QK-norm, beside the RMSNorm it needs.
+    assert_ne!(each[9], each[0], "qk_layernorm changed nothing");
 }
 
 #[test]
@@ -108,7 +112,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -145,6 +149,11 @@ fn impossible_combinations_are_one_line() {
             "command line: --rope-scaling-factor 0.5: 0.5 must be a finite number >= 1",
         ),
         (&["--kv-channels", "0"], "command line: --kv-channels 0: must be at least 1, got 0"),
+        (
+            &["--qk-layernorm", "true"],
+            "command line: --qk-layernorm true: true needs normalization: RMSNorm (QK-norm here is RMSNorm's), \
+             not LayerNorm",
+        ),
         (
             &["--position-embedding-type", "rope", "--kv-channels", "9"],
             "rope rotates pairs of channels and needs an even head size; kv_channels is 9",

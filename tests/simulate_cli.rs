@@ -672,16 +672,23 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
     assert_eq!(exact("llama3-8b"), 8_030_261_248);
 }
 
-/// The shipped Qwen2.5 7B and Mistral Nemo 12B configs have the model cards' parameter counts
-/// to the one (Qwen's q, k and v biases, 4608 a layer, counted and no other bias; Nemo's
-/// output projections [5120, 4096], its heads of 128 not 5120 / 32) and say what they are.
+/// The shipped Qwen2.5 7B, Qwen3 8B and Mistral Nemo 12B configs have the model cards'
+/// parameter counts to the one (Qwen2.5's q, k and v biases, 4608 a layer, counted and no
+/// other bias; Qwen3's QK-norm weights, 256 a layer; Nemo's output projections [5120, 4096],
+/// its heads of 128 not 5120 / 32) and say what they are.
 #[test]
-fn qwen2_5_and_mistral_nemo_configs_have_the_model_cards_parameter_counts() {
+fn qwen_and_mistral_nemo_configs_have_the_model_cards_parameter_counts() {
     for (name, parameters, architecture) in [
         (
             "qwen2.5-7b",
             7_615_616_512u64,
             "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 4 query groups, biases on q, k and v alone, untied \
+             output layer",
+        ),
+        (
+            "qwen3-8b",
+            8_190_735_360,
+            "RMSNorm (eps 1e-6), rope (base 1000000), SwiGLU, 8 query groups, no linear biases, QK-norm, untied \
              output layer",
         ),
         (

@@ -279,6 +279,18 @@ fn qwen2s_biases_on_q_k_and_v_on_the_standin_are_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &qkv_bias), &dir, &[]);
 }
 
+/// Qwen3: llama-tiny.yaml with QK-norm, the per-head RMSNorm of q and k in place on the
+/// fused projection's output before rope, on the stand-in as on the CPU.
+#[test]
+fn qwen3s_qk_norm_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("qwen3s_qk_norm_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-qwen3");
+    let qk_norm = [("disable_bias_linear: true", "disable_bias_linear: true\nqk_layernorm: true")];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &qk_norm), &dir, &[]);
+}
+
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
 /// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
 #[test]

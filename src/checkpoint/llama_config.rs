@@ -2,8 +2,9 @@
 //! architecture: written so that `transformers.LlamaForCausalLM.from_pretrained(dir)`
 //! builds the same model, and read back (from pipetrain or from Hugging Face). A Llama with
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
-//! (`Qwen2ForCausalLM`), which names the same tensors the same way. MistralForCausalLM's
-//! config.json is read too: without its sliding window it is a Llama.
+//! (`Qwen2ForCausalLM`), which names the same tensors the same way; a Llama with QK-norm and
+//! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's config.json is read too:
+//! without its sliding window it is a Llama.
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -44,23 +45,26 @@ pub struct LlamaConfig {
 const MAX_HEAD_DIM: usize = 1 << 16;
 
 impl LlamaConfig {
-    /// Whether `transformers` can load this model, as a `LlamaForCausalLM` or a
-    /// `Qwen2ForCausalLM`: RMSNorm, rotary positions and a SwiGLU MLP.
+    /// Whether `transformers` can load this model, as a `LlamaForCausalLM`, a
+    /// `Qwen2ForCausalLM` or a `Qwen3ForCausalLM`: RMSNorm, rotary positions and a SwiGLU
+    /// MLP, and no biases beside QK-norm.
     pub fn loads_in_transformers(&self) -> bool {
         let a = &self.arch;
         a.norm == Norm::RmsNorm
             && matches!(a.positions, Positions::Rotary(_))
             && a.activation == Activation::SwiGlu
+            && !(a.qk_norm && a.biases != LinearBiases::NoBiases)
     }
 
-    /// config.json's model_type: "qwen2" for biases on q, k and v alone (LlamaConfig's
-    /// `attention_bias` would put one on the output projection too), "llama" for what else
-    /// LlamaForCausalLM builds, "pipetrain" for the rest.
+    /// config.json's model_type: "qwen3" for QK-norm, "qwen2" for biases on q, k and v
+    /// alone (LlamaConfig's `attention_bias` would put one on the output projection too),
+    /// "llama" for what else LlamaForCausalLM builds, "pipetrain" for the rest.
     fn model_type(&self) -> &'static str {
-        match (self.loads_in_transformers(), self.arch.biases) {
-            (false, _) => "pipetrain",
-            (true, LinearBiases::QkvOnly) => "qwen2",
-            (true, LinearBiases::All | LinearBiases::NoBiases) => "llama",
+        match (self.loads_in_transformers(), self.arch.qk_norm, self.arch.biases) {
+            (false, ..) => "pipetrain",
+            (true, true, _) => "qwen3",
+            (true, false, LinearBiases::QkvOnly) => "qwen2",
+            (true, false, LinearBiases::All | LinearBiases::NoBiases) => "llama",
         }
     }
 
@@ -73,7 +77,11 @@ impl LlamaConfig {
         let model_type = self.model_type();
         let mut j = json!({
             "model_type": model_type,
-            "architectures": [if model_type == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+            "architectures": [match model_type {
+                "qwen2" => "Qwen2ForCausalLM",
+                "qwen3" => "Qwen3ForCausalLM",
+                _ => "LlamaForCausalLM",
+            }],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -96,6 +104,10 @@ impl LlamaConfig {
         if model_type == "qwen2" {
             // Qwen2ForCausalLM's biases are fixed; its sliding window is off, as in Qwen2.5.
             extra.insert("use_sliding_window".into(), json!(false));
+        } else if model_type == "qwen3" {
+            // Qwen3's attention_bias puts one on q, k, v and o alike: none here.
+            extra.insert("use_sliding_window".into(), json!(false));
+            extra.insert("attention_bias".into(), json!(false));
         } else {
             extra.insert("attention_bias".into(), json!(a.biases == LinearBiases::All));
             extra.insert("mlp_bias".into(), json!(a.biases == LinearBiases::All));
@@ -110,13 +122,14 @@ impl LlamaConfig {
             extra.insert("position_embedding_type".into(), json!(positions));
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
             extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
+            extra.insert("qk_layernorm".into(), json!(a.qk_norm));
             extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
         }
         j
     }
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
-    /// "mistral" (a Llama, and written back as one) or "pipetrain"; `path` names the file in
+    /// "qwen3", "mistral" (a Llama, and written back as one) or "pipetrain"; `path` names the file in
     /// errors. Settings that would make another model than the one pipetrain runs (a rope
     /// scaling other than Llama 3.1's, another activation, a sliding window) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
@@ -195,6 +208,16 @@ impl LlamaConfig {
         let biases = if model_type == Some("qwen2") {
             qwen2_full_attention(obj).map_err(bad)?;
             LinearBiases::QkvOnly
+        } else if model_type == Some("qwen3") {
+            qwen2_full_attention(obj).map_err(bad)?;
+            if flag("attention_bias", false)? {
+                return Err(bad(
+                    "attention_bias is true: Qwen3's puts a bias on q, k, v and o but not the MLP, \
+                     which pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+                        .into(),
+                ));
+            }
+            LinearBiases::NoBiases
         } else if model_type == Some("mistral") {
             mistral_full_attention(obj).map_err(bad)?;
             LinearBiases::NoBiases
@@ -226,6 +249,7 @@ impl LlamaConfig {
             positions: if learned { Positions::Learned } else { Positions::Rotary(freqs) },
             activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
             biases,
+            qk_norm: model_type == Some("qwen3") || (pipetrain && flag("qk_layernorm", false)?),
             tied_output: flag("tie_word_embeddings", false)?,
             init_std: float("initializer_range", 0.02)?,
         };
@@ -245,8 +269,8 @@ impl LlamaConfig {
     }
 }
 
-/// Refuses a Qwen2Config whose sliding window is on at any layer: pipetrain's attention
-/// sees every earlier token. Qwen2.5's config.json sets `use_sliding_window: false` beside a
+/// Refuses a Qwen2Config or Qwen3Config whose sliding window is on at any layer: pipetrain's
+/// attention sees every earlier token. Qwen2.5's config.json sets `use_sliding_window: false` beside a
 /// `sliding_window` and `max_window_layers` that then mean nothing; transformers 5 writes
 /// the outcome as `layer_types`.
 fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
@@ -539,6 +563,61 @@ mod tests {
         assert_eq!((got.hidden_size, got.num_attention_heads, got.head_dim), (5120, 32, 128));
         assert_eq!(got.to_json()["head_dim"], 128);
         assert_eq!(parse(&got.to_json()).unwrap(), got);
+    }
+
+    #[test]
+    fn reads_qwen3_8b_and_writes_it_back_as_qwen3() {
+        // The config.json of Qwen/Qwen3-8B-Base on the Hugging Face hub.
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151643, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+            "max_position_embeddings": 32768, "max_window_layers": 36, "model_type": "qwen3",
+            "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+            "use_sliding_window": false, "vocab_size": 151936}"#,
+        )
+        .unwrap();
+        let want = LlamaConfig {
+            arch: Architecture { qk_norm: true, ..Architecture::llama(1e6, 1e-6) },
+            vocab_size: 151936,
+            hidden_size: 4096,
+            intermediate_size: 12288,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 32768,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        assert_eq!(parse(&hub).unwrap(), want);
+        let written = want.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"][0], &written["attention_bias"]),
+            (&json!("qwen3"), &json!("Qwen3ForCausalLM"), &json!(false))
+        );
+        assert_eq!(parse(&written).unwrap(), want);
+        // Qwen3's attention_bias is on q, k, v and o, but not the MLP: no pipetrain model.
+        let mut biased = hub.clone();
+        biased["attention_bias"] = json!(true);
+        assert_eq!(
+            parse(&biased).unwrap_err().to_string(),
+            "d/config.json: attention_bias is true: Qwen3's puts a bias on q, k, v and o but not the MLP, which \
+             pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+        );
+        let mut windowed = hub.clone();
+        windowed["use_sliding_window"] = json!(true);
+        assert_eq!(
+            parse(&windowed).unwrap_err().to_string(),
+            "d/config.json: use_sliding_window is true; pipetrain's attention sees the whole sequence at every layer"
+        );
+        // QK-norm beside biases no transformers class builds: pipetrain's own, read back.
+        let mixed = LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..want.arch }, ..want };
+        let j = mixed.to_json();
+        assert_eq!((&j["model_type"], &j["qk_layernorm"]), (&json!("pipetrain"), &json!(true)));
+        assert_eq!(parse(&j).unwrap(), mixed);
     }
 
     #[test]

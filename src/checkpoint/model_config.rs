@@ -65,11 +65,11 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "mistral" | "pipetrain") => {
+            Some("llama" | "qwen2" | "qwen3" | "mistral" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" and \"mistral\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }
@@ -128,6 +128,7 @@ impl ModelConfig {
                     untie_embeddings_and_output_weights: !a.tied_output,
                     disable_bias_linear: a.biases != LinearBiases::All,
                     add_qkv_bias: a.biases == LinearBiases::QkvOnly,
+                    qk_layernorm: a.qk_norm,
                     ..run
                 }
             }

@@ -47,6 +47,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("position_embedding_type", c.position_embedding_type.name().to_string()),
         ("swiglu", c.swiglu.to_string()),
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
+        ("qk_layernorm", c.qk_layernorm.to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
     ];
     if c.disable_bias_linear {
@@ -144,5 +145,11 @@ mod tests {
         let wide = Config { kv_channels: Some(8), ..llama.clone() };
         assert_eq!(refusal(&wide, &llama), "key `kv_channels`: ck holds a model with kv_channels 4, not 8");
         assert_eq!(refusal(&Config { kv_channels: Some(4), ..llama.clone() }, &llama), "the same model");
+        // Qwen3's QK-norm: the same parameters but two per block.
+        let qwen3 = Config { qk_layernorm: true, ..llama.clone() };
+        assert_eq!(
+            refusal(&qwen3, &llama),
+            "key `qk_layernorm`: ck holds a model with qk_layernorm false, not true"
+        );
     }
 }

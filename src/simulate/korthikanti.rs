@@ -15,8 +15,9 @@
 //! formula here counts the same tensors at the model's own widths, term by term, so it is
 //! the paper's for GPT and its generalisation for the rest ([`differences`] says what
 //! differs): grouped-query attention narrows k and v to the groups' width, SwiGLU keeps a
-//! 2F-wide input and an F-wide output where GELU kept 4h and 4h, and RMSNorm keeps one
-//! statistic per row where LayerNorm keeps two (statistics the paper leaves out either way).
+//! 2F-wide input and an F-wide output where GELU kept 4h and 4h, RMSNorm keeps one
+//! statistic per row where LayerNorm keeps two (statistics the paper leaves out either way),
+//! and QK-norm keeps q, k, v from before it too (and a statistic per head, left out).
 
 use kernels::AttentionSaves;
 use stages::recompute::RecomputePolicy;
@@ -59,7 +60,8 @@ impl Kept {
 pub fn layer_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> f64 {
     let sbh = (s.seq_len * s.micro_batch * s.hidden) as f64;
     let (a, sq, h, t) = (s.heads as f64, s.seq_len as f64, s.hidden as f64, tp.size as f64);
-    let widths = s.qkv_width() + s.attention_width() + s.fc1_width() + s.ffn;
+    let qkv = s.qkv_width() * if s.arch.qk_norm { 2 } else { 1 };
+    let widths = qkv + s.attention_width() + s.fc1_width() + s.ffn;
     let inside = 2.0 * widths as f64 / h;
     let attention = if kept == Kept::Everything { 5.0 * a * sq / h } else { 0.0 };
     match (kept, tp.sequence && tp.size > 1) {
@@ -100,6 +102,12 @@ pub fn differences(s: &ModelShape) -> Vec<String> {
     if s.arch.norm.stats_per_row() != 2 {
         out.push(format!("{} keeps 1 statistic per row", s.arch.norm));
     }
+    if s.arch.qk_norm {
+        out.push(format!(
+            "QK-norm keeps q, k, v before it too (another {}h)",
+            ratio(s.qkv_width(), s.hidden)
+        ));
+    }
     out
 }
 
@@ -124,7 +132,7 @@ pub fn mask_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
 pub fn statistics_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize {
     match kept {
         Kept::Input => 0,
-        _ => [BlockTensor::Norm1Stats, BlockTensor::Norm2Stats]
+        _ => [BlockTensor::Norm1Stats, BlockTensor::QkNormStats, BlockTensor::Norm2Stats]
             .into_iter()
             .map(|t| stored_bytes(s, tp, t))
             .sum(),
@@ -185,6 +193,7 @@ mod tests {
             positions: stages::Positions::Rotary(kernels::RopeFrequencies::plain(500000.0)),
             activation: stages::Activation::SwiGlu,
             biases: stages::LinearBiases::NoBiases,
+            qk_norm: false,
             tied_output: false,
             init_std: 0.02,
         },
@@ -199,6 +208,22 @@ mod tests {
         ..GPT3
     };
 
+    /// Qwen3 8B's layer at s = 4096, b = 1 (h = 4096, 32 heads of 128 over 8 groups, SwiGLU
+    /// of 12288, QK-norm).
+    const QWEN3_8B: ModelShape = ModelShape {
+        arch: stages::Architecture { qk_norm: true, ..LLAMA3_70B.arch },
+        num_layers: 36,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: Some(128),
+        ffn: 12288,
+        seq_len: 4096,
+        max_positions: 32768,
+        vocab: 151936,
+        ..LLAMA3_70B
+    };
+
     #[test]
     fn the_differences_from_gpt_are_named() {
         assert!(differences(&GPT3).is_empty());
@@ -209,6 +234,10 @@ mod tests {
                 "SwiGLU input 7h and output 3.5h (not 4h and 4h)",
                 "RMSNorm keeps 1 statistic per row"
             ]
+        );
+        assert_eq!(
+            differences(&QWEN3_8B).last().unwrap(),
+            "QK-norm keeps q, k, v before it too (another 1.5h)"
         );
     }
 
@@ -226,7 +255,7 @@ mod tests {
                 BlockKeep::InputOnly { group_start: true },
             ),
         ];
-        for shape in [GPT3, LLAMA3_70B] {
+        for shape in [GPT3, LLAMA3_70B, QWEN3_8B] {
             for t in [1, 2, 8] {
                 for sequence in [false, true] {
                     let tp = TensorParallel { size: t, sequence, distribute_saved: false };

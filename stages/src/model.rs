@@ -46,7 +46,7 @@ impl LinearBiases {
 
 /// The family-level choices of a decoder: Megatron's `normalization`, `norm_epsilon`,
 /// `position_embedding_type`, `swiglu`, `disable_bias_linear`, `add_qkv_bias`,
-/// `untie_embeddings_and_output_weights` and `init_method_std`.
+/// `qk_layernorm`, `untie_embeddings_and_output_weights` and `init_method_std`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Architecture {
     pub norm: Norm,
@@ -55,6 +55,11 @@ pub struct Architecture {
     /// The MLP's activation: GELU on one projection, or SwiGLU on a gate and an up projection.
     pub activation: Activation,
     pub biases: LinearBiases,
+    /// Each query and key head is normalised by the model's norm before the rotary
+    /// embedding, one weight [hs] for the query heads and one for the key heads (Megatron's
+    /// `qk_layernorm`, Qwen3's `q_norm` and `k_norm`). RMSNorm only: pipetrain has no
+    /// per-head LayerNorm.
+    pub qk_norm: bool,
     /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
     pub tied_output: bool,
     /// The std of every weight's normal init; the residual projections use
@@ -80,6 +85,7 @@ impl Architecture {
         positions: Positions::Learned,
         activation: Activation::Gelu,
         biases: LinearBiases::All,
+        qk_norm: false,
         tied_output: true,
         init_std: 0.02,
     };
@@ -92,6 +98,7 @@ impl Architecture {
             positions: Positions::Rotary(RopeFrequencies::plain(rotary_base)),
             activation: Activation::SwiGlu,
             biases: LinearBiases::NoBiases,
+            qk_norm: false,
             tied_output: false,
             init_std: 0.02,
         }
@@ -226,6 +233,9 @@ impl ModelShape {
             LinearBiases::All => {}
             LinearBiases::QkvOnly => parts.push("biases on q, k and v alone".into()),
             LinearBiases::NoBiases => parts.push("no linear biases".into()),
+        }
+        if a.qk_norm {
+            parts.push("QK-norm".into());
         }
         parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
         parts.join(", ")

@@ -23,7 +23,8 @@ pub enum OffloadModule {
     AttnNorm,
     /// The qkv projection: its input, norm_1's output.
     QkvLinear,
-    /// The attention core: q, k, v and what the core keeps (probabilities or log-sum-exp).
+    /// The attention core: q, k, v and what the core keeps (probabilities or log-sum-exp),
+    /// and QK-norm's input and statistics where the model normalises q and k.
     CoreAttn,
     /// The attention's output projection: its input, the attention output.
     AttnProj,
@@ -67,7 +68,9 @@ impl OffloadModule {
         match t {
             BlockTensor::Input | BlockTensor::Norm1Stats => OffloadModule::AttnNorm,
             BlockTensor::Norm1Out => OffloadModule::QkvLinear,
-            BlockTensor::Qkv
+            BlockTensor::QkNormIn
+            | BlockTensor::QkNormStats
+            | BlockTensor::Qkv
             | BlockTensor::AttProbs
             | BlockTensor::AttDropped
             | BlockTensor::AttLogSumExp => OffloadModule::CoreAttn,
@@ -146,7 +149,7 @@ mod tests {
         let expected: [&[BlockTensor]; 8] = [
             &[Input, Norm1Stats],
             &[Norm1Out],
-            &[Qkv, AttProbs, AttDropped, AttLogSumExp],
+            &[QkNormIn, QkNormStats, Qkv, AttProbs, AttDropped, AttLogSumExp],
             &[AttOut],
             &[Residual, Norm2Stats],
             &[Norm2Out],

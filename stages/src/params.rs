@@ -37,6 +37,9 @@ pub enum BlockParam {
     /// The fused q, k, v projection.
     QkvWeight,
     QkvBias,
+    /// QK-norm's weights [hs]: the query heads', the key heads'.
+    QNormWeight,
+    KNormWeight,
     /// The attention's output projection.
     ProjWeight,
     ProjBias,
@@ -51,11 +54,13 @@ pub enum BlockParam {
 }
 
 impl BlockParam {
-    pub const ALL: [BlockParam; 12] = [
+    pub const ALL: [BlockParam; 14] = [
         BlockParam::Norm1Weight,
         BlockParam::Norm1Bias,
         BlockParam::QkvWeight,
         BlockParam::QkvBias,
+        BlockParam::QNormWeight,
+        BlockParam::KNormWeight,
         BlockParam::ProjWeight,
         BlockParam::ProjBias,
         BlockParam::Norm2Weight,
@@ -72,6 +77,7 @@ impl BlockParam {
         match self {
             Norm1Bias | Norm2Bias => s.arch.norm.has_bias(),
             QkvBias => s.arch.biases.on_qkv(),
+            QNormWeight | KNormWeight => s.arch.qk_norm,
             ProjBias | Fc1Bias | Fc2Bias => s.arch.biases.on_the_rest(),
             Norm1Weight | QkvWeight | ProjWeight | Norm2Weight | Fc1Weight | Fc2Weight => true,
         }
@@ -106,13 +112,18 @@ pub enum Role {
 }
 
 impl Role {
-    /// A norm's weight or bias: with sequence parallelism each tensor rank's gradient of it
-    /// covers only its rows of the sequence, and the group sums them.
-    pub fn is_norm(&self) -> bool {
+    /// A parameter every tensor-parallel rank holds whole but computes the gradient of over
+    /// only its part of the layer, for the group to sum (Megatron's
+    /// `_allreduce_layernorm_grads`): QK-norm's weights, over its heads; a norm's weight or
+    /// bias, over its rows of the sequence, where `sequence` parallelism splits them.
+    pub fn grad_is_partial(&self, sequence: bool) -> bool {
         use BlockParam::*;
         match self {
-            Role::FinalNormWeight | Role::FinalNormBias => true,
-            Role::Block { param, .. } => matches!(param, Norm1Weight | Norm1Bias | Norm2Weight | Norm2Bias),
+            Role::Block { param: QNormWeight | KNormWeight, .. } => true,
+            Role::FinalNormWeight | Role::FinalNormBias => sequence,
+            Role::Block { param, .. } => {
+                sequence && matches!(param, Norm1Weight | Norm1Bias | Norm2Weight | Norm2Bias)
+            }
             Role::TokenEmbedding | Role::PositionEmbedding | Role::OutputLayer => false,
         }
     }
@@ -345,6 +356,7 @@ fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usi
     };
     let (shape, init, decay, split) = match param {
         Norm1Weight | Norm2Weight => (vec![c], Init::Ones, false, Split::Replicated),
+        QNormWeight | KNormWeight => (vec![s.head_size()], Init::Ones, false, Split::Replicated),
         Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
         QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),
         QkvBias => (vec![qkv], Init::Zeros, false, Split::Interior),
@@ -371,6 +383,9 @@ fn gpt2_name(param: BlockParam) -> &'static str {
         Norm1Bias => "ln_1.bias",
         QkvWeight => "attn.c_attn.weight",
         QkvBias => "attn.c_attn.bias",
+        QNormWeight | KNormWeight => {
+            unreachable!("GPT-2's names are for GPT-2's architecture, which has no QK-norm")
+        }
         ProjWeight => "attn.c_proj.weight",
         ProjBias => "attn.c_proj.bias",
         Norm2Weight => "ln_2.weight",
@@ -387,11 +402,9 @@ fn gpt2_name(param: BlockParam) -> &'static str {
 fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> (String, Vec<HfPart>) {
     use BlockParam::*;
     let prefix = format!("model.layers.{layer}");
-    let kind = if matches!(param, Norm1Weight | Norm2Weight | QkvWeight | ProjWeight | Fc1Weight | Fc2Weight)
-    {
-        "weight"
-    } else {
-        "bias"
+    let kind = match param {
+        Norm1Bias | QkvBias | ProjBias | Norm2Bias | Fc1Bias | Fc2Bias => "bias",
+        _ => "weight",
     };
     let one = |module: &str| {
         let name = format!("{prefix}.{module}.{kind}");
@@ -416,6 +429,8 @@ fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> 
                 ("self_attn.v_proj", s.kv_heads * hs),
             ],
         ),
+        QNormWeight => one("self_attn.q_norm"),
+        KNormWeight => one("self_attn.k_norm"),
         ProjWeight | ProjBias => one("self_attn.o_proj"),
         Fc1Weight | Fc1Bias => match s.arch.activation.fc1_width(1) {
             2 => stacked("mlp.gate_up_proj", &[("mlp.gate_proj", s.ffn), ("mlp.up_proj", s.ffn)]),
@@ -431,7 +446,7 @@ pub struct BlockIndices {
     /// The chunk index of the block's first parameter.
     base: usize,
     /// Offsets within the block, by [`BlockParam::ALL`] position; None where absent.
-    offsets: [Option<usize>; 12],
+    offsets: [Option<usize>; BlockParam::ALL.len()],
 }
 
 impl BlockIndices {
@@ -445,7 +460,7 @@ impl BlockIndices {
     }
 
     fn at(s: &ModelShape, base: usize) -> BlockIndices {
-        let mut offsets = [None; 12];
+        let mut offsets = [None; BlockParam::ALL.len()];
         for (k, param) in block_params(s).enumerate() {
             offsets[param as usize] = Some(k);
         }
@@ -757,5 +772,57 @@ mod tests {
             ..s
         };
         assert_eq!(model_param_specs(&qwen25).iter().map(ParamSpec::elements).sum::<usize>(), 494_032_768);
+    }
+
+    /// Qwen3: each block's QK-norm weights [hs] after the fused q, k, v projection, named as
+    /// Qwen3ForCausalLM names them; replicated over tensor ranks, whose gradients of them
+    /// cover only their heads, for the group to sum.
+    #[test]
+    fn qwen3_has_a_qk_norm_weight_per_block() {
+        let s = ModelShape {
+            arch: Architecture { qk_norm: true, ..Architecture::llama(1e6, 1e-6) },
+            num_layers: 1,
+            hidden: 32,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: Some(16),
+            ffn: 48,
+            vocab: 96,
+            ..ModelShape::GPT2_SMALL
+        };
+        let specs = model_param_specs(&s);
+        let names: Vec<(&str, &[usize], usize)> =
+            specs.iter().map(|p| (p.name.as_str(), &p.shape[..], p.global_index)).skip(3).take(3).collect();
+        assert_eq!(
+            names,
+            [
+                ("model.layers.0.self_attn.q_norm.weight", &[16][..], 3),
+                ("model.layers.0.self_attn.k_norm.weight", &[16][..], 4),
+                ("model.layers.0.self_attn.o_proj.weight", &[32, 64][..], 5),
+            ]
+        );
+        let q_norm = &specs[3];
+        assert_eq!((&q_norm.init, q_norm.decay, q_norm.split), (&Init::Ones, false, Split::Replicated));
+        assert!(q_norm.role.grad_is_partial(false), "each tensor rank's gradient covers its heads alone");
+        let norm1 = &specs[1];
+        assert_eq!(norm1.name, "model.layers.0.input_layernorm.weight");
+        assert_eq!((norm1.role.grad_is_partial(false), norm1.role.grad_is_partial(true)), (false, true));
+        // Qwen3 0.6B's 596,049,920 parameters (its output layer tied), 440,466,432 of them
+        // in the blocks: the card's 0.6B and 0.44B non-embedding.
+        let qwen3 = ModelShape {
+            num_layers: 28,
+            hidden: 1024,
+            heads: 16,
+            kv_heads: 8,
+            head_dim: Some(128),
+            ffn: 3072,
+            vocab: 151936,
+            arch: Architecture { tied_output: true, ..s.arch },
+            ..s
+        };
+        let specs = model_param_specs(&qwen3);
+        assert_eq!(specs.iter().map(ParamSpec::elements).sum::<usize>(), 596_049_920);
+        let blocks = specs.iter().filter(|p| matches!(p.role, Role::Block { .. }));
+        assert_eq!(blocks.map(ParamSpec::elements).sum::<usize>(), 440_466_432);
     }
 }

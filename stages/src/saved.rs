@@ -8,7 +8,8 @@
 //!
 //! Each tensor is stored in the activations' element type (`ModelShape::activations`) but for
 //! the row statistics, which the device keeps in f32 whatever its activations are: the
-//! LayerNorms' mean and reciprocal std and the fused attention core's log-sum-exp.
+//! norms' mean and reciprocal std (QK-norm's per head) and the fused attention core's
+//! log-sum-exp.
 
 use crate::model::ModelShape;
 use crate::recompute::SelectiveModules;
@@ -27,8 +28,15 @@ pub enum BlockTensor {
     /// norm_1's row statistics, [B,T] each: mean and reciprocal std (LayerNorm), or the
     /// reciprocal root mean square (RMSNorm).
     Norm1Stats,
-    /// q, k, v [B,T,QKV]: the qkv projection's output, after the rotary embedding where the
-    /// model has one (its backward needs no input).
+    /// q, k, v [B,T,QKV] as the qkv projection gives them, before QK-norm: the norm's
+    /// backward reads them. Only under QK-norm (`Architecture::qk_norm`).
+    QkNormIn,
+    /// QK-norm's reciprocal root mean square of each query and key head, [B,T,NH+KV]. Only
+    /// under QK-norm.
+    QkNormStats,
+    /// q, k, v [B,T,QKV] as the attention core reads them: the qkv projection's output,
+    /// after QK-norm and the rotary embedding where the model has them (the rotary
+    /// embedding's backward needs no input).
     Qkv,
     /// softmax(q k^T / sqrt(hs) + mask) [B,NH,T,T], before dropout: the softmax's backward
     /// reads it. Only where the attention core keeps probabilities (the CPU backend).
@@ -57,10 +65,12 @@ pub enum BlockTensor {
 }
 
 impl BlockTensor {
-    pub const ALL: [BlockTensor; 13] = [
+    pub const ALL: [BlockTensor; 15] = [
         BlockTensor::Input,
         BlockTensor::Norm1Out,
         BlockTensor::Norm1Stats,
+        BlockTensor::QkNormIn,
+        BlockTensor::QkNormStats,
         BlockTensor::Qkv,
         BlockTensor::AttProbs,
         BlockTensor::AttDropped,
@@ -82,7 +92,9 @@ impl BlockTensor {
             }
             BlockTensor::AttOut => n * s.attention_width(),
             BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
-            BlockTensor::Qkv => n * s.qkv_width(),
+            BlockTensor::QkNormIn | BlockTensor::QkNormStats if !s.arch.qk_norm => 0,
+            BlockTensor::QkNormIn | BlockTensor::Qkv => n * s.qkv_width(),
+            BlockTensor::QkNormStats => n * (s.heads + s.kv_heads),
             BlockTensor::AttProbs | BlockTensor::AttDropped
                 if s.attention != AttentionSaves::Probabilities =>
             {
@@ -104,7 +116,10 @@ impl BlockTensor {
     /// the fused core, which bf16 does not take).
     pub fn element_bytes(self, s: &ModelShape) -> usize {
         match self {
-            BlockTensor::Norm1Stats | BlockTensor::Norm2Stats | BlockTensor::AttLogSumExp => F32_BYTES,
+            BlockTensor::Norm1Stats
+            | BlockTensor::QkNormStats
+            | BlockTensor::Norm2Stats
+            | BlockTensor::AttLogSumExp => F32_BYTES,
             _ => s.activations.size(),
         }
     }
@@ -114,7 +129,9 @@ impl BlockTensor {
     /// on every rank, or split along the sequence with sequence parallelism.
     pub fn split(self) -> Split {
         match self {
-            BlockTensor::Qkv
+            BlockTensor::QkNormIn
+            | BlockTensor::QkNormStats
+            | BlockTensor::Qkv
             | BlockTensor::AttProbs
             | BlockTensor::AttDropped
             | BlockTensor::AttLogSumExp

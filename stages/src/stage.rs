@@ -193,12 +193,16 @@ impl Stage {
         Some(&mut c.params.grads[wte])
     }
 
-    /// The gradients each tensor-parallel rank computes over its own rows of the sequence
-    /// (the norms', under sequence parallelism), for the group to sum; none without it.
-    pub fn sequence_grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
-        self.chunks.iter_mut().filter(|c| c.shard.sequence).flat_map(|c| {
-            let p = &mut c.params;
-            p.specs.iter().zip(&mut p.grads).filter(|(spec, _)| spec.role.is_norm()).map(|(_, g)| g)
+    /// The gradients of whole parameters each tensor-parallel rank computes over its own
+    /// part of the layer ([`Role::grad_is_partial`]), for the group to sum; none at t = 1.
+    pub fn partial_grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.chunks.iter_mut().filter(|c| c.shard.size > 1).flat_map(|c| {
+            let (p, sequence) = (&mut c.params, c.shard.sequence);
+            p.specs
+                .iter()
+                .zip(&mut p.grads)
+                .filter(move |(spec, _)| spec.role.grad_is_partial(sequence))
+                .map(|(_, g)| g)
         })
     }
 

@@ -2,7 +2,8 @@
 //! blocks and the head composed, with dropout on (its masks are keyed, so the loss is a
 //! fixed function of the weights), including the tied embedding's two gradients and the
 //! head's backward, which runs in forward; and again with heads wider than the width over
-//! the heads (`head_dim`, as Mistral Nemo's), the output projection [C, NH * hs].
+//! the heads (`head_dim`, as Mistral Nemo's), the output projection [C, NH * hs]; and for a
+//! Qwen3 (QK-norm before rope, grouped-query attention, SwiGLU).
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
@@ -64,6 +65,15 @@ fn gradients_match_central_differences_with_wider_heads() {
     let wide = ModelShape { head_dim: Some(12), ..SHAPE };
     assert_eq!(wide.attention_width(), 24);
     check_gradients(wide);
+}
+
+#[test]
+fn gradients_match_central_differences_with_qk_norm() {
+    // Tied, as the harness adds the head's embedding gradient (Qwen3 0.6B ties it too).
+    let llama = stages::Architecture::llama(1e4, 1e-5);
+    let arch = stages::Architecture { qk_norm: true, tied_output: true, ..llama };
+    let qwen3 = ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE };
+    check_gradients(qwen3);
 }
 
 fn check_gradients(s: ModelShape) {

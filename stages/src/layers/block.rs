@@ -1,9 +1,9 @@
 //! One pre-norm transformer block, forward and backward, as the model description shapes it
 //! (GPT-2: LayerNorm, GELU, biases; Llama: RMSNorm, rotary q and k, grouped-query
-//! attention, SwiGLU, no biases):
+//! attention, SwiGLU, no biases; Qwen3 adds QK-norm, Llama leaves it out):
 //!
 //! ```text
-//! n1  = norm_1(x)                     qkv = rope(qkv_proj(n1))     att = attn(qkv)
+//! n1  = norm_1(x)                     qkv = rope(qk_norm(qkv_proj(n1)))     att = attn(qkv)
 //! residual = x + dropout(proj(att))
 //! n2  = norm_2(residual)              y   = residual + dropout(fc2(act(fc1(n2))))
 //! ```
@@ -31,6 +31,7 @@
 use super::dropout_ctx::{dropout_backward_or_keep, dropout_or_keep, DropoutCtx};
 use super::norm::{NormLayer, NormStats};
 use super::pair_mut;
+use super::qk_norm::{QkNorm, QkNormActs};
 use super::weight_grads::{WeightGrad, WeightGrads};
 use crate::dist::TensorGroup;
 use crate::model::{ModelShape, Positions};
@@ -49,7 +50,9 @@ pub struct BlockActs {
     pub n1: Option<Tensor>,
     /// [B,T] each
     pub n1_stats: NormStats,
-    /// [B,T,QKV], after the rotary embedding (QKV: this shard's heads)
+    /// What QK-norm's backward reads, where the model has it.
+    pub qk_norm: Option<QkNormActs>,
+    /// [B,T,QKV], after QK-norm and the rotary embedding (QKV: this shard's heads)
     pub qkv: Tensor,
     /// what the attention core's backward reads besides q, k, v and its output: the
     /// probabilities or the per-row log-sum-exp, as the device keeps them
@@ -104,6 +107,17 @@ impl Block<'_> {
 
     fn norm2(&self) -> NormLayer<'_> {
         self.norm(BlockParam::Norm2Weight, BlockParam::Norm2Bias)
+    }
+
+    /// QK-norm over `heads` query and `kv_heads` key heads, where the model has it.
+    fn qk_norm(&self, heads: usize, kv_heads: usize) -> Option<QkNorm<'_>> {
+        self.s.arch.qk_norm.then(|| QkNorm {
+            q_weight: self.param(BlockParam::QNormWeight),
+            k_weight: self.param(BlockParam::KNormWeight),
+            eps: self.s.arch.norm_eps,
+            heads,
+            kv_heads,
+        })
     }
 
     /// out = inp @ W (+ b) for matmul weight `weight`, in the model's weight layout.
@@ -222,6 +236,9 @@ impl Block<'_> {
         let mut qkv = act(&[b, t, shard.qkv_width(s)], cat(BlockTensor::Qkv)); // [B,T,QKV]
         self.linear(dev, &mut qkv, n1_all.as_ref().unwrap_or(&n1), BlockParam::QkvWeight);
         drop(n1_all);
+        let qk_norm = self.qk_norm(heads, kv_heads).map(|norm| {
+            norm.forward(dev, &mut qkv, cat(BlockTensor::QkNormIn), cat(BlockTensor::QkNormStats))
+        });
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_forward(&mut qkv, heads, kv_heads, freqs, 0);
         }
@@ -261,6 +278,7 @@ impl Block<'_> {
             input: x,
             n1: (!modules.layernorm).then_some(n1),
             n1_stats,
+            qk_norm,
             qkv,
             att: (!att_dropped).then_some(att),
             atty,
@@ -359,6 +377,11 @@ impl Block<'_> {
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_backward(&mut dqkv, heads, kv_heads, freqs);
         }
+        if let (Some(norm), Some(saved)) = (self.qk_norm(heads, kv_heads), acts.qk_norm) {
+            let dweights =
+                pair_mut(grads, self.at.of(BlockParam::QNormWeight), self.at.of(BlockParam::KNormWeight));
+            norm.backward(dev, &mut dqkv, saved, dweights);
+        }
         let dqkv = Arc::new(dqkv);
         let norm1 = self.norm1();
         let n1 = acts.n1.unwrap_or_else(|| norm1.recompute(dev, &acts.input));
@@ -403,6 +426,9 @@ impl Block<'_> {
         self.norm1().forward(dev, &mut n1, x, Category::Workspace);
         let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
         self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
+        if let Some(norm) = self.qk_norm(s.heads, s.kv_heads) {
+            norm.forward(dev, &mut qkv, Category::Workspace, Category::Workspace);
+        }
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_forward(&mut qkv, s.heads, s.kv_heads, freqs, position);
         }

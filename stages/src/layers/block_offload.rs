@@ -35,6 +35,8 @@ impl BlockActs {
             BlockTensor::Input => vec![&mut self.input],
             BlockTensor::Norm1Out => self.n1.iter_mut().collect(),
             BlockTensor::Norm1Stats => stats(&mut self.n1_stats),
+            BlockTensor::QkNormIn => self.qk_norm.iter_mut().map(|n| &mut n.input).collect(),
+            BlockTensor::QkNormStats => self.qk_norm.iter_mut().map(|n| &mut n.rstd).collect(),
             BlockTensor::Qkv => vec![&mut self.qkv],
             BlockTensor::AttProbs => match &mut self.att {
                 Some(AttentionSaved::Probabilities { probs, .. }) => vec![probs],

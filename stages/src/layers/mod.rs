@@ -9,6 +9,7 @@ pub mod dropout_ctx;
 pub mod embedding;
 pub mod head;
 pub mod norm;
+pub mod qk_norm;
 pub mod vocab_parallel;
 pub mod weight_grads;
 
