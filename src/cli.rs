@@ -42,7 +42,7 @@ pub enum Command {
     Simulate(crate::simulate::SimulateArgs),
     /// Tokenize text or JSONL into llm.c .bin token files (one or shards) or a Megatron indexed dataset.
     Tokenize(TokenizeArgs),
-    /// Export a checkpoint as a Hugging Face directory (config.json + model.safetensors) for GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM.
+    /// Export a checkpoint as a Hugging Face directory (config.json + model.safetensors) for GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),

@@ -278,6 +278,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "qwen2",
             "qwen3",
             "mistral",
+            "phi3",
             "pipetrain",
             "full_attention",
             "sliding_attention"
@@ -309,7 +310,8 @@ const GPT2_KEYS: &[&str] = &[
     "tokenizer",
 ];
 
-/// LlamaConfig's, Qwen2Config's, Qwen3Config's and MistralConfig's keys that pipetrain reads.
+/// LlamaConfig's, Qwen2Config's, Qwen3Config's, MistralConfig's and Phi3Config's keys that
+/// pipetrain reads.
 const LLAMA_KEYS: &[&str] = &[
     "model_type",
     "hidden_size",
@@ -334,6 +336,7 @@ const LLAMA_KEYS: &[&str] = &[
     "normalization",
     "add_qkv_bias",
     "qk_layernorm",
+    "partial_rotary_factor",
 ];
 
 fn mutation(files: usize, keys: &'static [&'static str]) -> impl Strategy<Value = Mutation> {

@@ -1,5 +1,6 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
-//! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM`.
+//! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` and
+//! `Phi3ForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -8,10 +9,11 @@
 //! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone; `hf_mistral_tiny` a tiny
 //! Mistral without its sliding window, `hf_mistral_nemo_tiny` one whose heads are wider
 //! than the width over the heads, as Mistral Nemo's; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
-//! on heads wider than the width over the heads), each saved by transformers'
-//! `save_pretrained` with random weights (every bias and norm weight random too) together
-//! with the per-token losses transformers computed with it; `tests/hf/make_fixture.py`,
-//! `make_llama_fixture.py`, `make_qwen2_mistral_fixtures.py` and `make_qwen3_fixture.py`
+//! on heads wider than the width over the heads; `hf_phi3_tiny` a tiny Phi-3, its q, k, v and
+//! gate, up fused in the file), each saved by transformers' `save_pretrained` with random
+//! weights (every bias and norm weight random too) together with the per-token losses
+//! transformers computed with it; `tests/hf/make_fixture.py`, `make_llama_fixture.py`,
+//! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py` and `make_phi3_fixture.py`
 //! regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
@@ -24,7 +26,7 @@ use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device, RopeFrequencies, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-use stages::params::chunk_param_specs;
+use stages::params::{chunk_param_specs, model_param_specs, ParamSpec};
 use stages::{
     Activation, Architecture, ChunkLayout, DropoutProbs, LinearBiases, Microbatch, ModelChunk, ModelShape,
     Norm, Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
@@ -33,7 +35,7 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -42,6 +44,7 @@ const FIXTURES: [&str; 8] = [
     "hf_mistral_tiny",
     "hf_mistral_nemo_tiny",
     "hf_qwen3_tiny",
+    "hf_phi3_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -95,7 +98,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
     let biases = match c["model_type"].as_str().unwrap() {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" if c["attention_bias"] == true => LinearBiases::All,
-        "llama" | "mistral" | "qwen3" => LinearBiases::NoBiases,
+        "llama" | "mistral" | "qwen3" | "phi3" => LinearBiases::NoBiases,
         other => panic!("model_type {other}"),
     };
     let rope = &c["rope_parameters"];
@@ -193,15 +196,25 @@ fn hf_weights(dir: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     out
 }
 
+/// The Hugging Face tensors that hold parameter `spec` in a file of `names`: the fused tensor
+/// itself where the file has it (Phi-3's), else its parts.
+fn held_as(spec: &ParamSpec, names: &[&str]) -> Vec<(String, Vec<usize>)> {
+    match names.contains(&spec.name.as_str()) {
+        true => vec![(spec.name.clone(), spec.shape.clone())],
+        false => spec.hf_shapes().collect(),
+    }
+}
+
 /// The whole model as one chunk on the CPU, holding the fixture's weights (pipetrain's fused
-/// parameters stacked from their Hugging Face parts); every tensor of the files is used
-/// exactly once.
+/// parameters stacked from their Hugging Face parts, or fused in the file); every tensor of
+/// the files is used exactly once.
 fn whole_model(dev: &CpuDevice, dir: &str, s: ModelShape) -> ModelChunk {
     let layout = ChunkLayout { blocks: 0..s.num_layers, embedding: true, head: true };
     let specs = chunk_param_specs(&s, &layout);
     let weights = hf_weights(dir);
     let mut names: Vec<&str> = weights.iter().map(|t| t.0.as_str()).collect();
-    let mut wanted: Vec<String> = specs.iter().flat_map(|p| p.hf.iter().map(|h| h.name.clone())).collect();
+    let mut wanted: Vec<String> =
+        specs.iter().flat_map(|p| held_as(p, &names)).map(|(name, _)| name).collect();
     names.sort_unstable();
     wanted.sort_unstable();
     assert_eq!(names, wanted, "{dir}: the file's tensors are not the model's");
@@ -209,7 +222,7 @@ fn whole_model(dev: &CpuDevice, dir: &str, s: ModelShape) -> ModelChunk {
         .iter()
         .map(|spec| {
             let mut data = Vec::new();
-            for (name, shape) in spec.hf_shapes() {
+            for (name, shape) in held_as(spec, &names) {
                 let (_, found, part) = weights.iter().find(|t| t.0 == name).unwrap();
                 assert_eq!(found, &shape, "{name}");
                 data.extend_from_slice(part);
@@ -337,7 +350,7 @@ fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
 /// `export --hf` writes what it read: the export of each fixture evaluates to the same
 /// losses, and for the sharded Llama its tensors come back whole in one file, each with
 /// transformers' name, shape and bits (`tests/hf/check_export.py` loads such a directory
-/// in transformers).
+/// in transformers); Phi-3's fused tensors come back as the Llama parts that stack to them.
 #[test]
 fn export_round_trips_through_huggingface_names() {
     for dir in FIXTURES {
@@ -354,19 +367,31 @@ fn export_round_trips_through_huggingface_names() {
         let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let original = hf_weights(dir);
-        assert_eq!(st.len(), original.len(), "{dir}: tensors exported");
+        let specs = model_param_specs(&shape(dir, 1, 1));
+        let mut exported = 0;
         for (name, shape, data) in original {
-            let view = st.tensor(&name).unwrap_or_else(|_| panic!("{dir}: {name} not exported"));
-            assert_eq!(view.shape(), &shape[..], "{name}");
-            let bits: Vec<u32> =
-                view.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            let parts: Vec<String> = match specs.iter().find(|p| p.name == name && p.hf.len() > 1) {
+                Some(fused) => fused.hf.iter().map(|part| part.name.clone()).collect(),
+                None => vec![name.clone()],
+            };
+            let (mut rows, mut bits) = (0, Vec::new());
+            for part in &parts {
+                let view = st.tensor(part).unwrap_or_else(|_| panic!("{dir}: {part} not exported"));
+                assert_eq!(view.shape()[1..], shape[1..], "{part}");
+                rows += view.shape()[0];
+                bits.extend(view.data().chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())));
+            }
+            assert_eq!(rows, shape[0], "{name}");
             assert!(bits == data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dir}: {name} differs");
+            exported += parts.len();
         }
+        assert_eq!(st.len(), exported, "{dir}: tensors exported");
         let config: Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-        // A Mistral without its sliding window is written as the Llama it is.
+        // A Mistral without its sliding window, or a Phi-3 that rotates all of each head, is
+        // written as the Llama it is.
         let want = match read_json(dir, "config.json")["model_type"].as_str().unwrap() {
-            "mistral" => "llama".to_string(),
+            "mistral" | "phi3" => "llama".to_string(),
             other => other.to_string(),
         };
         assert_eq!(config["model_type"], want.as_str(), "{dir}");

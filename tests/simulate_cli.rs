@@ -672,12 +672,12 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
     assert_eq!(exact("llama3-8b"), 8_030_261_248);
 }
 
-/// The shipped Qwen2.5 7B, Qwen3 8B and Mistral Nemo 12B configs have the model cards'
+/// The shipped Qwen2.5 7B, Qwen3 8B, Mistral Nemo 12B and Phi-4 configs have the model cards'
 /// parameter counts to the one (Qwen2.5's q, k and v biases, 4608 a layer, counted and no
 /// other bias; Qwen3's QK-norm weights, 256 a layer; Nemo's output projections [5120, 4096],
-/// its heads of 128 not 5120 / 32) and say what they are.
+/// its heads of 128 not 5120 / 32; Phi-4's 14.7B) and say what they are.
 #[test]
-fn qwen_and_mistral_nemo_configs_have_the_model_cards_parameter_counts() {
+fn qwen_mistral_nemo_and_phi_4_configs_have_the_model_cards_parameter_counts() {
     for (name, parameters, architecture) in [
         (
             "qwen2.5-7b",
@@ -696,6 +696,11 @@ fn qwen_and_mistral_nemo_configs_have_the_model_cards_parameter_counts() {
             12_247_782_400,
             "RMSNorm (eps 1e-5), rope (base 1000000), SwiGLU, 8 query groups, heads of 128, no linear biases, \
              untied output layer",
+        ),
+        (
+            "phi4-14b",
+            14_659_507_200,
+            "RMSNorm (eps 1e-5), rope (base 250000), SwiGLU, 10 query groups, no linear biases, untied output layer",
         ),
     ] {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));

@@ -199,8 +199,8 @@ mod tests {
         j["model_type"] = json!("llama2");
         assert_eq!(
             err(&j.to_string()),
-            "d/config.json: model_type is \"llama2\", pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" \
-             and \"mistral\""
+            "d/config.json: model_type is \"llama2\", pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \
+             \"mistral\" and \"phi3\""
         );
         let mut j = cfg().to_json();
         j.as_object_mut().unwrap().remove("n_embd");

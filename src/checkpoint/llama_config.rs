@@ -3,8 +3,10 @@
 //! builds the same model, and read back (from pipetrain or from Hugging Face). A Llama with
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
 //! (`Qwen2ForCausalLM`), which names the same tensors the same way; a Llama with QK-norm and
-//! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's config.json is read too:
-//! without its sliding window it is a Llama.
+//! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's and Phi3ForCausalLM's
+//! config.json are read too: without a sliding window (and, for Phi-3, with every channel
+//! rotated) each is a Llama; Phi-3's checkpoints hold q, k, v and gate, up fused, under
+//! pipetrain's own fused names (`shapes::split_fused`).
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -45,22 +47,26 @@ pub struct LlamaConfig {
 const MAX_HEAD_DIM: usize = 1 << 16;
 
 impl LlamaConfig {
-    /// Whether `transformers` can load this model, as a `LlamaForCausalLM`, a
-    /// `Qwen2ForCausalLM` or a `Qwen3ForCausalLM`: RMSNorm, rotary positions and a SwiGLU
-    /// MLP, and no biases beside QK-norm.
-    pub fn loads_in_transformers(&self) -> bool {
+    /// Why `transformers` has no class for this model, where it has none: its
+    /// `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` need RMSNorm, rotary
+    /// positions and a SwiGLU MLP, and Qwen3's QK-norm comes without biases.
+    pub fn missing_in_transformers(&self) -> Option<&'static str> {
         let a = &self.arch;
-        a.norm == Norm::RmsNorm
-            && matches!(a.positions, Positions::Rotary(_))
-            && a.activation == Activation::SwiGlu
-            && !(a.qk_norm && a.biases != LinearBiases::NoBiases)
+        if a.norm != Norm::RmsNorm || a.positions == Positions::Learned || a.activation != Activation::SwiGlu
+        {
+            return Some("LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together");
+        }
+        if a.qk_norm && a.biases != LinearBiases::NoBiases {
+            return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
+        }
+        None
     }
 
     /// config.json's model_type: "qwen3" for QK-norm, "qwen2" for biases on q, k and v
     /// alone (LlamaConfig's `attention_bias` would put one on the output projection too),
     /// "llama" for what else LlamaForCausalLM builds, "pipetrain" for the rest.
     fn model_type(&self) -> &'static str {
-        match (self.loads_in_transformers(), self.arch.qk_norm, self.arch.biases) {
+        match (self.missing_in_transformers().is_none(), self.arch.qk_norm, self.arch.biases) {
             (false, ..) => "pipetrain",
             (true, true, _) => "qwen3",
             (true, false, LinearBiases::QkvOnly) => "qwen2",
@@ -129,7 +135,8 @@ impl LlamaConfig {
     }
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
-    /// "qwen3", "mistral" (a Llama, and written back as one) or "pipetrain"; `path` names the file in
+    /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one) or "pipetrain";
+    /// `path` names the file in
     /// errors. Settings that would make another model than the one pipetrain runs (a rope
     /// scaling other than Llama 3.1's, another activation, a sliding window) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
@@ -221,6 +228,9 @@ impl LlamaConfig {
         } else if model_type == Some("mistral") {
             mistral_full_attention(obj).map_err(bad)?;
             LinearBiases::NoBiases
+        } else if model_type == Some("phi3") {
+            phi3_llama(obj).map_err(bad)?;
+            LinearBiases::NoBiases
         } else {
             let attention_bias = flag("attention_bias", false)?;
             if flag("mlp_bias", false)? != attention_bias {
@@ -297,6 +307,29 @@ fn mistral_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
         Some(Value::Null) => Ok(()),
         Some(v) => Err(format!("sliding_window is {v}; {full}")),
         None => Err(format!("sliding_window is missing, which transformers takes as 4096; {full}")),
+    }
+}
+
+/// Refuses a Phi3Config that is not a Llama: a sliding window (Phi-3 mini's and medium's
+/// 2047; null is Phi-4's and transformers' default), or a rotation of part of each head
+/// (Phi-4 mini's `partial_rotary_factor` 0.75, at the top level or, from transformers 5, in
+/// rope_parameters).
+fn phi3_llama(obj: &Map<String, Value>) -> Result<(), String> {
+    match obj.get("sliding_window") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            return Err(format!(
+                "sliding_window is {v}; pipetrain's attention sees the whole sequence (null)"
+            ))
+        }
+    }
+    let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
+    match nested.or_else(|| obj.get("partial_rotary_factor")) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_f64() == Some(1.0) => Ok(()),
+        Some(v) => {
+            Err(format!("partial_rotary_factor is {v}; pipetrain's rope turns every channel of a head (1.0)"))
+        }
     }
 }
 
@@ -618,6 +651,73 @@ mod tests {
         let j = mixed.to_json();
         assert_eq!((&j["model_type"], &j["qk_layernorm"]), (&json!("pipetrain"), &json!(true)));
         assert_eq!(parse(&j).unwrap(), mixed);
+    }
+
+    #[test]
+    fn reads_phi_4_as_a_llama_and_refuses_the_phi_3s_that_are_not() {
+        // The config.json of microsoft/phi-4 on the Hugging Face hub.
+        let hub: Value = serde_json::from_str(
+            r#"{"architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+            "bos_token_id": 100257, "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu",
+            "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17920,
+            "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+            "num_hidden_layers": 40, "num_key_value_heads": 10, "original_max_position_embeddings": 16384,
+            "pad_token_id": 100349, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+            "rope_theta": 250000, "sliding_window": null, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "transformers_version": "4.47.0", "use_cache": true,
+            "vocab_size": 100352}"#,
+        )
+        .unwrap();
+        let want = LlamaConfig {
+            arch: Architecture::llama(250000.0, 1e-5),
+            vocab_size: 100352,
+            hidden_size: 5120,
+            intermediate_size: 17920,
+            num_hidden_layers: 40,
+            num_attention_heads: 40,
+            num_key_value_heads: 10,
+            head_dim: 128,
+            max_position_embeddings: 16384,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        let got = parse(&hub).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.to_json()["model_type"], "llama");
+        let err = |key: &str, value: Value| {
+            let mut j = hub.clone();
+            j[key] = value;
+            parse(&j).unwrap_err().to_string()
+        };
+        // Phi-3 mini's and medium's window.
+        assert_eq!(
+            err("sliding_window", json!(2047)),
+            "d/config.json: sliding_window is 2047; pipetrain's attention sees the whole sequence (null)"
+        );
+        // Phi-4 mini rotates three quarters of each head, in transformers 4's place or 5's.
+        let partial =
+            "d/config.json: partial_rotary_factor is 0.75; pipetrain's rope turns every channel of a head \
+                       (1.0)";
+        assert_eq!(err("partial_rotary_factor", json!(0.75)), partial);
+        let nested = json!({"rope_type": "default", "rope_theta": 250000.0, "partial_rotary_factor": 0.75});
+        assert_eq!(err("rope_parameters", nested.clone()), partial);
+        let mut whole = nested;
+        whole["partial_rotary_factor"] = json!(1.0);
+        assert_eq!(
+            parse(&{
+                let mut j = hub.clone();
+                j["rope_parameters"] = whole;
+                j
+            })
+            .unwrap(),
+            want
+        );
+        // Phi-3.5's long-context rope.
+        assert_eq!(
+            err("rope_scaling", json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]})),
+            "d/config.json: rope_scaling has rope_type \"longrope\"; pipetrain's rotary embedding is \"default\" or \
+             Llama 3.1's \"llama3\""
+        );
     }
 
     #[test]

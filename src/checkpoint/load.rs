@@ -10,7 +10,7 @@ use super::save::{
     write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
     STATE_FILE, TOKENIZER_FILE,
 };
-use super::shapes::{check_layer_count, check_shapes, expected_shapes};
+use super::shapes::{check_layer_count, check_shapes, expected_shapes, split_fused};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
 use super::{ModelConfig, NamedTensor, TrainerState};
@@ -74,6 +74,7 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 
     let (model_path, tensors) = read_model_files(&dir, &verified)?;
     let found = normalize_hf_names(&model_path, tensors, config.tied_embedding())?;
+    let found = split_fused(&model_path, &config, found)?;
     check_layer_count(&model_path, config.num_layers(), &found)?;
     let expected = expected_shapes(&config);
     check_shapes(&model_path, &expected, &found)?;
@@ -111,8 +112,9 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 }
 
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
-/// `transformers.GPT2LMHeadModel.from_pretrained`, `LlamaForCausalLM.from_pretrained` or
-/// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` loads, `tokenizer` (a
+/// `transformers.GPT2LMHeadModel.from_pretrained`, `LlamaForCausalLM.from_pretrained`,
+/// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` or (QK-norm)
+/// `Qwen3ForCausalLM.from_pretrained` loads, `tokenizer` (a
 /// tokenizer.json's text) where given, and their manifest; returns the files' names. A
 /// model none of those classes builds is refused. A non-empty `out_dir` is written into
 /// only with `force`, and then only those files are replaced (a tokenizer.json, with none
@@ -124,12 +126,9 @@ pub fn export_hf(
     tokenizer: Option<&str>,
 ) -> anyhow::Result<Vec<String>> {
     let shown = out_dir.display();
-    if !checkpoint.config.loads_in_transformers() {
-        return Err(user_error(format!(
-            "{}: transformers has no class for this model (LlamaForCausalLM needs normalization RMSNorm, \
-             position_embedding_type rope and swiglu together)",
-            checkpoint.dir.display()
-        )));
+    if let Some(why) = checkpoint.config.missing_in_transformers() {
+        let dir = checkpoint.dir.display();
+        return Err(user_error(format!("{dir}: transformers has no class for this model ({why})")));
     }
     if out_dir.exists() {
         let entries = fs::read_dir(out_dir)
@@ -321,6 +320,49 @@ mod tests {
             assert!(!run.join(MODEL_FILE).exists());
         }
         load_checkpoint(&run).unwrap();
+    }
+
+    /// A model no transformers class builds is refused, saying what the classes need.
+    #[test]
+    fn export_refuses_what_transformers_cannot_build() {
+        use super::super::LlamaConfig;
+        use stages::{Architecture, LinearBiases, Norm};
+        let llama = |arch| {
+            ModelConfig::Llama(LlamaConfig {
+                arch,
+                vocab_size: 64,
+                hidden_size: 16,
+                intermediate_size: 24,
+                num_hidden_layers: 1,
+                num_attention_heads: 4,
+                num_key_value_heads: 2,
+                head_dim: 4,
+                max_position_embeddings: 16,
+                hidden_dropout: 0.0,
+                attention_dropout: 0.0,
+            })
+        };
+        let base = Architecture::llama(1e4, 1e-5);
+        for (arch, why) in [
+            (
+                Architecture { norm: Norm::LayerNorm, ..base },
+                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together",
+            ),
+            (
+                Architecture { qk_norm: true, biases: LinearBiases::QkvOnly, ..base },
+                "Qwen3ForCausalLM's QK-norm comes without linear biases",
+            ),
+        ] {
+            let run = test_dir("ld_export_refused");
+            let cfg = llama(arch);
+            let m = model(&cfg, 1.0);
+            save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
+            let ck = load_checkpoint(&run).unwrap();
+            let out = run.join("hf");
+            let err = export_hf(&ck, &out, false, None).unwrap_err().to_string();
+            assert_eq!(err, format!("{}: transformers has no class for this model ({why})", ck.dir.display()));
+            assert!(!out.exists(), "nothing written");
+        }
     }
 
     /// A tokenizer.json given to the export is written beside the weights and listed in the

@@ -65,11 +65,11 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "qwen3" | "mistral" | "pipetrain") => {
+            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" and \"mistral\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\" and \"phi3\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }
@@ -165,12 +165,11 @@ impl ModelConfig {
         }
     }
 
-    /// Whether `transformers` builds this model: GPT-2's, or one LlamaForCausalLM or
-    /// Qwen2ForCausalLM expresses.
-    pub fn loads_in_transformers(&self) -> bool {
+    /// Why `transformers` has no class for this model, where it has none (GPT-2's it has).
+    pub fn missing_in_transformers(&self) -> Option<&'static str> {
         match self {
-            ModelConfig::Gpt2(_) => true,
-            ModelConfig::Llama(l) => l.loads_in_transformers(),
+            ModelConfig::Gpt2(_) => None,
+            ModelConfig::Llama(l) => l.missing_in_transformers(),
         }
     }
 }

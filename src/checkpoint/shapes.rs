@@ -5,15 +5,53 @@ use std::path::Path;
 
 use super::{ModelConfig, NamedTensor};
 use crate::error::user_error;
-use stages::params::model_param_specs;
+use stages::params::{model_param_specs, ParamSpec};
 
 /// Names and shapes of the model's parameters in Hugging Face layout and order (GPT-2's
 /// Conv1D weights are [in, out], Llama's Linear ones [out, in]; pipetrain's fused q, k, v
 /// and gate, up as their Hugging Face parts; a tied output layer not listed): the model's
 /// own list.
 pub fn expected_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let shape = crate::plan::shape(&cfg.run_config(cfg.max_positions(), 1));
-    model_param_specs(&shape).iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
+    specs(cfg).iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
+}
+
+/// The model's parameters.
+fn specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
+    model_param_specs(&crate::plan::shape(&cfg.run_config(cfg.max_positions(), 1)))
+}
+
+/// `tensors` with each fused tensor a file holds in place of its Hugging Face parts split
+/// into them by rows: Phi-3's `self_attn.qkv_proj` and `mlp.gate_up_proj`, which are
+/// pipetrain's own fused parameters under pipetrain's names, q, k, v and gate, up stacked in
+/// the order the model lists them. Errors, naming `file`, where one has another shape.
+pub fn split_fused(
+    file: &Path,
+    cfg: &ModelConfig,
+    tensors: Vec<NamedTensor>,
+) -> anyhow::Result<Vec<NamedTensor>> {
+    let fused: Vec<ParamSpec> = specs(cfg).into_iter().filter(|p| p.hf.len() > 1).collect();
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let Some(spec) = fused.iter().find(|p| p.name == t.name) else {
+            out.push(t);
+            continue;
+        };
+        if t.shape != spec.shape {
+            return Err(user_error(format!(
+                "{}: {} has shape {:?}, the config needs {:?} (its parts stacked)",
+                file.display(),
+                t.name,
+                t.shape,
+                spec.shape
+            )));
+        }
+        out.extend(spec.to_hf(&t.data).map(|(name, shape, data)| NamedTensor {
+            name: name.to_string(),
+            shape,
+            data: data.to_vec(),
+        }));
+    }
+    Ok(out)
 }
 
 /// Errors, naming `file`, unless `found` holds exactly the `expected` tensors with their
@@ -195,6 +233,65 @@ mod tests {
         assert_eq!(
             err(&cfg(8, 2), &found),
             "ckpt/model.safetensors: unexpected tensor score.weight, which the config has no place for"
+        );
+    }
+
+    /// A file that holds q, k, v and gate, up fused (Phi-3's) reads as the one holding their
+    /// parts, bit for bit; a fused tensor of another shape is one line naming it.
+    #[test]
+    fn fused_tensors_split_into_their_parts() {
+        use super::super::testing::model;
+        use super::super::LlamaConfig;
+        use stages::Architecture;
+        let llama = ModelConfig::Llama(LlamaConfig {
+            arch: Architecture::llama(1e4, 1e-5),
+            vocab_size: 64,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            max_position_embeddings: 16,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        });
+        let parts = model(&llama, 1.0);
+        let fuse = |tensors: &[NamedTensor], fused: &str, names: &[&str]| -> Vec<NamedTensor> {
+            let (stacked, mut rest): (Vec<NamedTensor>, Vec<NamedTensor>) =
+                tensors.iter().cloned().partition(|t| names.iter().any(|n| t.name.ends_with(n)));
+            for layer in 0..2 {
+                let of_layer: Vec<&NamedTensor> = stacked
+                    .iter()
+                    .filter(|t| t.name.starts_with(&format!("model.layers.{layer}.")))
+                    .collect();
+                let rows = of_layer.iter().map(|t| t.shape[0]).sum();
+                rest.push(NamedTensor {
+                    name: format!("model.layers.{layer}.{fused}"),
+                    shape: vec![rows, 16],
+                    data: of_layer.iter().flat_map(|t| t.data.clone()).collect(),
+                });
+            }
+            rest
+        };
+        let qkv = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"];
+        let fused = fuse(&parts, "self_attn.qkv_proj.weight", &qkv);
+        let fused = fuse(&fused, "mlp.gate_up_proj.weight", &["mlp.gate_proj.weight", "mlp.up_proj.weight"]);
+        assert_eq!(fused.len(), parts.len() - 6);
+        let file = Path::new("ckpt/model.safetensors");
+        let mut split = split_fused(file, &llama, fused.clone()).unwrap();
+        split.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut want = parts.clone();
+        want.sort_by(|a, b| a.name.cmp(&b.name));
+        assert!(split == want, "the parts come back bit for bit");
+        let mut short = fused;
+        let t = short.iter_mut().find(|t| t.name == "model.layers.1.self_attn.qkv_proj.weight").unwrap();
+        t.shape = vec![31, 16];
+        t.data.truncate(31 * 16);
+        assert_eq!(
+            split_fused(file, &llama, short).unwrap_err().to_string(),
+            "ckpt/model.safetensors: model.layers.1.self_attn.qkv_proj.weight has shape [31, 16], the config \
+             needs [32, 16] (its parts stacked)"
         );
     }
 }
