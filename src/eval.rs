@@ -17,7 +17,8 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let seq_length = args.seq_length.unwrap_or(ck.config.max_positions());
     if seq_length == 0 || seq_length > ck.config.max_positions() {
         return Err(user_error(format!(
-            "command line: --seq-length {seq_length}: must be between 1 and the model's n_positions {}",
+            "command line: --seq-length {seq_length}: must be between 1 and the model's {} positions \
+             (max_position_embeddings)",
             ck.config.max_positions()
         )));
     }

@@ -190,7 +190,7 @@ fn eval_and_generate_mistakes() {
     let cases: [(&[&str], String); 3] = [
         (&["--windows", "0"], format!("command line: --windows 0: {val} holds {windows} windows of 32 tokens; give 1 to {windows}")),
         (&["--windows", "99999999"], format!("command line: --windows 99999999: {val} holds {windows} windows of 32 tokens; give 1 to {windows}")),
-        (&["--windows", "1", "--seq-length", "33"], "command line: --seq-length 33: must be between 1 and the model's n_positions 32".into()),
+        (&["--windows", "1", "--seq-length", "33"], "command line: --seq-length 33: must be between 1 and the model's 32 positions (max_position_embeddings)".into()),
     ];
     for (extra, needle) in cases {
         let o = bin()

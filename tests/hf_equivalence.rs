@@ -8,7 +8,8 @@
 //! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions;
 //! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone; `hf_mistral_tiny` a tiny
 //! Mistral without its sliding window, `hf_mistral_nemo_tiny` one whose heads are wider
-//! than the width over the heads, as Mistral Nemo's; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
+//! than the width over the heads, as Mistral Nemo's, `hf_mistral_v01_tiny` one with a window
+//! of 12 keys at 16 positions, read as a Llama of 12; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
 //! on heads wider than the width over the heads; `hf_phi3_tiny` a tiny Phi-3, its q, k, v and
 //! gate, up fused in the file), each saved by transformers' `save_pretrained` with random
 //! weights (every bias and norm weight random too) together with the per-token losses
@@ -35,7 +36,7 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 10] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -43,6 +44,7 @@ const FIXTURES: [&str; 9] = [
     "hf_qwen2_tiny",
     "hf_mistral_tiny",
     "hf_mistral_nemo_tiny",
+    "hf_mistral_v01_tiny",
     "hf_qwen3_tiny",
     "hf_phi3_tiny",
 ];
@@ -345,6 +347,29 @@ fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
     for dir in FIXTURES {
         eval_matches(dir, &fixture(dir), "fixture");
     }
+}
+
+/// A Mistral's sliding window of 12 keys covers sequences of up to 12 tokens, where it is
+/// full attention (the losses above): beyond, where it is not, pipetrain refuses.
+#[test]
+fn a_mistral_window_bounds_the_sequence() {
+    let tmp = common::temp_dir("hf_mistral_window");
+    let data = tmp.join("stream.bin");
+    write_bin(&data, &usizes(&read_json("hf_mistral_v01_tiny", "expected.json")["stream"]));
+    let o = common::bin()
+        .args(["eval", "--checkpoint"])
+        .arg(fixture("hf_mistral_v01_tiny"))
+        .arg("--data")
+        .arg(&data)
+        .args(["--windows", "1", "--seq-length", "13"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert_eq!(
+        common::stderr(&o).trim(),
+        "error: command line: --seq-length 13: must be between 1 and the model's 12 positions \
+         (max_position_embeddings)"
+    );
 }
 
 /// `export --hf` writes what it read: the export of each fixture evaluates to the same

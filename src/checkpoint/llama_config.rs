@@ -4,9 +4,10 @@
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
 //! (`Qwen2ForCausalLM`), which names the same tensors the same way; a Llama with QK-norm and
 //! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's and Phi3ForCausalLM's
-//! config.json are read too: without a sliding window (and, for Phi-3, with every channel
-//! rotated) each is a Llama; Phi-3's checkpoints hold q, k, v and gate, up fused, under
-//! pipetrain's own fused names (`shapes::split_fused`).
+//! config.json are read too, each as a Llama: a Mistral with a sliding window as one of at
+//! most the window's positions, a Phi-3 where it has no window and rotates every channel;
+//! Phi-3's checkpoints hold q, k, v and gate, up fused, under pipetrain's own fused names
+//! (`shapes::split_fused`).
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -212,6 +213,8 @@ impl LlamaConfig {
         if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
+        // Mistral's sliding window, where it has one: a Llama of at most that many positions.
+        let mut window = None;
         let biases = if model_type == Some("qwen2") {
             qwen2_full_attention(obj).map_err(bad)?;
             LinearBiases::QkvOnly
@@ -226,7 +229,7 @@ impl LlamaConfig {
             }
             LinearBiases::NoBiases
         } else if model_type == Some("mistral") {
-            mistral_full_attention(obj).map_err(bad)?;
+            window = mistral_window(obj).map_err(bad)?;
             LinearBiases::NoBiases
         } else if model_type == Some("phi3") {
             phi3_llama(obj).map_err(bad)?;
@@ -272,7 +275,7 @@ impl LlamaConfig {
             num_attention_heads: heads,
             num_key_value_heads: kv,
             head_dim,
-            max_position_embeddings: int("max_position_embeddings")?,
+            max_position_embeddings: int("max_position_embeddings")?.min(window.unwrap_or(usize::MAX)),
             hidden_dropout: float("hidden_dropout", 0.0)?,
             attention_dropout: float("attention_dropout", 0.0)?,
         })
@@ -298,17 +301,24 @@ fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses a MistralConfig whose sliding window is on: MistralForCausalLM is a Llama but for
-/// it. `sliding_window: null` turns it off (Mistral 7B v0.2 and later); an absent key is
-/// transformers' default of 4096 (Mistral 7B v0.1's).
-fn mistral_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
-    let full = "pipetrain's attention sees the whole sequence (null)";
+/// MistralConfig's sliding window of W keys, None where it is off (`sliding_window: null`,
+/// Mistral 7B v0.2 and later); an absent key is transformers' default of 4096 (v0.1's).
+/// MistralForCausalLM is a Llama but for it, and a query sees the W keys up to itself, so
+/// over at most W positions the window is the whole sequence: such a Mistral reads as a Llama
+/// of at most W positions (pipetrain's attention being full), exactly.
+fn mistral_window(obj: &Map<String, Value>) -> Result<Option<usize>, String> {
     match obj.get("sliding_window") {
-        Some(Value::Null) => Ok(()),
-        Some(v) => Err(format!("sliding_window is {v}; {full}")),
-        None => Err(format!("sliding_window is missing, which transformers takes as 4096; {full}")),
+        Some(Value::Null) => Ok(None),
+        None => Ok(Some(MISTRAL_DEFAULT_WINDOW)),
+        Some(v) => match v.as_u64().filter(|&w| (1..=u32::MAX as u64).contains(&w)) {
+            Some(w) => Ok(Some(w as usize)),
+            None => Err(format!("sliding_window is {v}, not a count of positions")),
+        },
     }
 }
+
+/// transformers' MistralConfig `sliding_window` where config.json leaves it out.
+const MISTRAL_DEFAULT_WINDOW: usize = 4096;
 
 /// Refuses a Phi3Config that is not a Llama: a sliding window (Phi-3 mini's and medium's
 /// 2047; null is Phi-4's and transformers' default), or a rotation of part of each head
@@ -540,7 +550,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_mistral_7b_v0_3_as_a_llama() {
+    fn reads_mistral_7b_v0_3_as_a_llama_and_v0_1_as_one_of_its_windows_length() {
         // The keys of mistralai/Mistral-7B-v0.3's config.json: no sliding window.
         let hub: Value = serde_json::from_str(
             r#"{"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
@@ -561,23 +571,28 @@ mod tests {
         let got = parse(&hub).unwrap();
         assert_eq!(got, want);
         assert_eq!(got.to_json()["model_type"], "llama");
-        let err = |window: Option<Value>| {
+        let with = |window: Option<Value>| {
             let mut j = hub.clone();
             match window {
                 Some(v) => j["sliding_window"] = v,
                 None => drop(j.as_object_mut().unwrap().remove("sliding_window")),
             }
-            parse(&j).unwrap_err().to_string()
+            parse(&j)
         };
-        assert_eq!(
-            err(Some(json!(4096))),
-            "d/config.json: sliding_window is 4096; pipetrain's attention sees the whole sequence (null)"
-        );
-        assert_eq!(
-            err(None),
-            "d/config.json: sliding_window is missing, which transformers takes as 4096; pipetrain's attention \
-             sees the whole sequence (null)"
-        );
+        // Mistral 7B v0.1's window of 4096 (absent: transformers' default), at 32768
+        // positions: a Llama of 4096, written back as one.
+        let v01 = LlamaConfig { max_position_embeddings: 4096, ..want.clone() };
+        assert_eq!(with(Some(json!(4096))).unwrap(), v01);
+        assert_eq!(with(None).unwrap(), v01);
+        assert_eq!(parse(&v01.to_json()).unwrap(), v01);
+        // A window wider than the positions changes nothing.
+        assert_eq!(with(Some(json!(65536))).unwrap(), want);
+        for bad in [json!(0), json!(-1), json!("4096")] {
+            assert_eq!(
+                with(Some(bad.clone())).unwrap_err().to_string(),
+                format!("d/config.json: sliding_window is {bad}, not a count of positions")
+            );
+        }
     }
 
     #[test]

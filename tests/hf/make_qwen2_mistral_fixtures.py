@@ -13,11 +13,14 @@ heads sharing 2 key/value heads), rope_theta 1000000, rms_norm_eps 1e-6, the out
 tied to the embedding. The biases are drawn large (std 0.5) beside weights of std 0.2, so
 that a model which drops them, or puts one on the output projection, fails the losses.
 
-Mistral is a Llama but for its sliding window, which pipetrain refuses; the fixture has none
-(sliding_window null, as Mistral 7B v0.3), rope_theta 1000000, rms_norm_eps 1e-5, an output
-layer of its own, and weights drawn as the Qwen2's are. Its sibling hf_mistral_nemo_tiny is
-Mistral Nemo in miniature: heads of 16 at a width of 32 over 4 heads (Nemo's 128 at 5120 over
-32), so the attention's output (64 wide) is not the residual's width and o_proj is [32, 64].
+Mistral is a Llama but for its sliding window; the fixture has none (sliding_window null, as
+Mistral 7B v0.3), rope_theta 1000000, rms_norm_eps 1e-5, an output layer of its own, and
+weights drawn as the Qwen2's are. Its sibling hf_mistral_nemo_tiny is Mistral Nemo in
+miniature: heads of 16 at a width of 32 over 4 heads (Nemo's 128 at 5120 over 32), so the
+attention's output (64 wide) is not the residual's width and o_proj is [32, 64]. And
+hf_mistral_v01_tiny is Mistral 7B v0.1 in miniature: a window of 12 keys at 16 positions
+(v0.1's 4096 at 32768), its losses over windows of 12 tokens, which the window covers:
+pipetrain reads it as a Llama of 12 positions.
 """
 
 import os
@@ -43,7 +46,7 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
     return model
 
 
-def tiny_mistral(head_dim: int | None = None) -> MistralForCausalLM:
+def tiny_mistral(head_dim: int | None = None, sliding_window: int | None = None) -> MistralForCausalLM:
     torch.manual_seed(0)
     config = MistralConfig(
         **TINY,
@@ -52,7 +55,7 @@ def tiny_mistral(head_dim: int | None = None) -> MistralForCausalLM:
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        sliding_window=None,
+        sliding_window=sliding_window,
     )
     return randomized(MistralForCausalLM, config)
 
@@ -66,6 +69,8 @@ def main() -> None:
     nemo = tiny_mistral(head_dim=16)
     assert nemo.model.layers[0].self_attn.o_proj.weight.shape == (32, 64)
     save(nemo, os.path.join(fixtures, "hf_mistral_nemo_tiny"), None, script="make_qwen2_mistral_fixtures.py")
+    v01 = tiny_mistral(sliding_window=12)
+    save(v01, os.path.join(fixtures, "hf_mistral_v01_tiny"), None, t=12, script="make_qwen2_mistral_fixtures.py")
 
 
 if __name__ == "__main__":
