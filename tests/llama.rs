@@ -53,6 +53,39 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
     }
 }
 
+/// Qwen3 (the Llama with QK-norm) under every schedule, with full recompute (its QK-norm
+/// rerun before each backward) or selective (its input and statistics kept): bitwise p = 1's,
+/// with the activation memory the model predicts.
+#[test]
+fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
+    let dir = temp_dir("qwen3-bitwise");
+    let model = [("global-batch-size", "8".to_string()), ("qk-layernorm", "true".to_string())];
+    let base = run_small(&dir, "p1", &llama(&model));
+    let (base_losses, base_weights) = (losses(&base), weights(&base));
+    for (i, (schedule, p)) in
+        [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
+            .into_iter()
+            .enumerate()
+    {
+        let mut f = model.to_vec();
+        f.extend(schedule_flags(schedule, p).into_iter().filter(|(k, _)| *k != "global-batch-size"));
+        f.extend(if i % 2 == 0 {
+            full_recompute("uniform", "1")
+        } else {
+            selective_recompute("core_attn,mlp")
+        });
+        let name = format!("{schedule}-p{p}");
+        let r = run_small(&dir, &name, &llama(&f));
+        assert_eq!(losses(&r), base_losses, "{name}: losses differ from p=1");
+        assert!(weights(&r) == base_weights, "{name}: final weights differ from p=1");
+        for (stage, s) in report(&r)["stages"].as_array().unwrap().iter().enumerate() {
+            let measured = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+            let predicted = s["predicted_activation_peak_bytes"].as_u64().unwrap();
+            assert_eq!(measured, predicted, "{name} stage {stage}: activation bytes");
+        }
+    }
+}
+
 #[test]
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
