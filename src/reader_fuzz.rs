@@ -519,6 +519,39 @@ proptest! {
         }
         check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
     }
+
+    /// `read_checkpoint` over a Phi-3 directory (q, k, v and gate, up fused in the file,
+    /// grouped-query attention) with one to three changes to its config's keys or its bytes.
+    #[test]
+    fn phi3_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
+        use crate::checkpoint::testing::{fused, model};
+        use crate::checkpoint::{LlamaConfig, ModelConfig};
+        use stages::Architecture;
+        let dir = test_dir("fuzz_phi3");
+        let cfg = ModelConfig::Llama(LlamaConfig {
+            arch: Architecture::llama(250000.0, 1e-5),
+            vocab_size: 64,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            max_position_embeddings: 16,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        });
+        let tensors = fused(&cfg, &model(&cfg, 1.0));
+        crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
+        let mut config = cfg.to_json();
+        config["model_type"] = serde_json::json!("phi3");
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
+        for m in &mutations {
+            apply(&dir, &HF_FILES, m);
+        }
+        check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
+    }
 }
 
 /// The harness itself: an allocation past the bound, a second line and an internal error

@@ -16,7 +16,7 @@ pub fn expected_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 }
 
 /// The model's parameters.
-fn specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
+pub(super) fn specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     model_param_specs(&crate::plan::shape(&cfg.run_config(cfg.max_positions(), 1)))
 }
 
@@ -240,7 +240,7 @@ mod tests {
     /// parts, bit for bit; a fused tensor of another shape is one line naming it.
     #[test]
     fn fused_tensors_split_into_their_parts() {
-        use super::super::testing::model;
+        use super::super::testing::{fused, model};
         use super::super::LlamaConfig;
         use stages::Architecture;
         let llama = ModelConfig::Llama(LlamaConfig {
@@ -257,27 +257,11 @@ mod tests {
             attention_dropout: 0.0,
         });
         let parts = model(&llama, 1.0);
-        let fuse = |tensors: &[NamedTensor], fused: &str, names: &[&str]| -> Vec<NamedTensor> {
-            let (stacked, mut rest): (Vec<NamedTensor>, Vec<NamedTensor>) =
-                tensors.iter().cloned().partition(|t| names.iter().any(|n| t.name.ends_with(n)));
-            for layer in 0..2 {
-                let of_layer: Vec<&NamedTensor> = stacked
-                    .iter()
-                    .filter(|t| t.name.starts_with(&format!("model.layers.{layer}.")))
-                    .collect();
-                let rows = of_layer.iter().map(|t| t.shape[0]).sum();
-                rest.push(NamedTensor {
-                    name: format!("model.layers.{layer}.{fused}"),
-                    shape: vec![rows, 16],
-                    data: of_layer.iter().flat_map(|t| t.data.clone()).collect(),
-                });
-            }
-            rest
-        };
-        let qkv = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"];
-        let fused = fuse(&parts, "self_attn.qkv_proj.weight", &qkv);
-        let fused = fuse(&fused, "mlp.gate_up_proj.weight", &["mlp.gate_proj.weight", "mlp.up_proj.weight"]);
-        assert_eq!(fused.len(), parts.len() - 6);
+        // Per layer, q, k, v in one tensor and gate, up in another.
+        let fused = fused(&llama, &parts);
+        assert_eq!(fused.len(), parts.len() - 2 * 3);
+        let qkv = fused.iter().find(|t| t.name == "model.layers.1.self_attn.qkv_proj.weight").unwrap();
+        assert_eq!(qkv.shape, [32, 16]);
         let file = Path::new("ckpt/model.safetensors");
         let mut split = split_fused(file, &llama, fused.clone()).unwrap();
         split.sort_by(|a, b| a.name.cmp(&b.name));
