@@ -137,9 +137,9 @@ impl LlamaConfig {
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
     /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one) or "pipetrain";
-    /// `path` names the file in
-    /// errors. Settings that would make another model than the one pipetrain runs (a rope
-    /// scaling other than Llama 3.1's, another activation, a sliding window) are refused.
+    /// `path` names the file in errors. Settings that would make another model than the one
+    /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a sliding
+    /// window but Mistral's, a partial rotation) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
@@ -214,7 +214,10 @@ impl LlamaConfig {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
         // Mistral's sliding window, where it has one: a Llama of at most that many positions.
-        let mut window = None;
+        let window = match model_type {
+            Some("mistral") => mistral_window(obj).map_err(bad)?,
+            _ => None,
+        };
         let biases = if model_type == Some("qwen2") {
             qwen2_full_attention(obj).map_err(bad)?;
             LinearBiases::QkvOnly
@@ -229,7 +232,6 @@ impl LlamaConfig {
             }
             LinearBiases::NoBiases
         } else if model_type == Some("mistral") {
-            window = mistral_window(obj).map_err(bad)?;
             LinearBiases::NoBiases
         } else if model_type == Some("phi3") {
             phi3_llama(obj).map_err(bad)?;
@@ -283,9 +285,9 @@ impl LlamaConfig {
 }
 
 /// Refuses a Qwen2Config or Qwen3Config whose sliding window is on at any layer: pipetrain's
-/// attention sees every earlier token. Qwen2.5's config.json sets `use_sliding_window: false` beside a
-/// `sliding_window` and `max_window_layers` that then mean nothing; transformers 5 writes
-/// the outcome as `layer_types`.
+/// attention sees every earlier token. Qwen2.5's and Qwen3's config.json set
+/// `use_sliding_window: false` beside a `sliding_window` and `max_window_layers` that then
+/// mean nothing; transformers 5 writes the outcome as `layer_types`.
 fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
     let full = "pipetrain's attention sees the whole sequence at every layer";
     match obj.get("use_sliding_window") {

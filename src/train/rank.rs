@@ -280,10 +280,10 @@ impl Rank {
     }
 
     /// Sums over the tensor-parallel group the gradients each rank computed over its part
-    /// (the norms' where sequence parallelism split their rows, QK-norm's), the tied embedding's two halves within this replica, then every
-    /// gradient across replicas. In this order the tied gradient is sum over replicas r of (embedding_r +
-    /// head_r) whether one stage holds both halves or two do, so the bits do not depend on
-    /// the partition. Under the distributed optimizer the replicas reduce-scatter: each is
+    /// (the norms' where sequence parallelism split their rows, QK-norm's), then the tied
+    /// embedding's two halves within this replica, then every gradient across replicas. In
+    /// this order the tied gradient is sum over replicas r of (embedding_r + head_r) whether
+    /// one stage holds both halves or two do, so the bits do not depend on the partition. Under the distributed optimizer the replicas reduce-scatter: each is
     /// left the sum of its own part, the same bits as the all-reduce's there.
     fn reduce_grads(&mut self) -> anyhow::Result<()> {
         let dev = self.stage.device.clone();
