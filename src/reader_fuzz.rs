@@ -488,29 +488,16 @@ proptest! {
     /// model_type among them, or to its bytes.
     #[test]
     fn llama_family_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
-        use crate::checkpoint::testing::model;
-        use crate::checkpoint::{LlamaConfig, ModelConfig};
+        use crate::checkpoint::testing::{llama, model};
         use kernels::RopeFrequencies;
         use stages::{Architecture, LinearBiases, Positions};
         let dir = test_dir("fuzz_llama");
         let scaled = RopeFrequencies { llama3_factor: Some(8.0), ..RopeFrequencies::plain(1e6) };
-        let cfg = ModelConfig::Llama(LlamaConfig {
-            arch: Architecture {
+        let cfg = llama(Architecture {
                 biases: LinearBiases::QkvOnly,
                 positions: Positions::Rotary(scaled),
                 ..Architecture::llama(1e6, 1e-6)
-            },
-            vocab_size: 64,
-            hidden_size: 16,
-            intermediate_size: 24,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 4,
-            max_position_embeddings: 16,
-            hidden_dropout: 0.0,
-            attention_dropout: 0.0,
-        });
+            });
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &model(&cfg, 1.0)).unwrap();
         std::fs::write(dir.join("config.json"), cfg.to_json().to_string()).unwrap();
         prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
@@ -524,23 +511,10 @@ proptest! {
     /// grouped-query attention) with one to three changes to its config's keys or its bytes.
     #[test]
     fn phi3_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
-        use crate::checkpoint::testing::{fused, model};
-        use crate::checkpoint::{LlamaConfig, ModelConfig};
+        use crate::checkpoint::testing::{fused, llama, model};
         use stages::Architecture;
         let dir = test_dir("fuzz_phi3");
-        let cfg = ModelConfig::Llama(LlamaConfig {
-            arch: Architecture::llama(250000.0, 1e-5),
-            vocab_size: 64,
-            hidden_size: 16,
-            intermediate_size: 24,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 4,
-            max_position_embeddings: 16,
-            hidden_dropout: 0.0,
-            attention_dropout: 0.0,
-        });
+        let cfg = llama(Architecture::llama(250000.0, 1e-5));
         let tensors = fused(&cfg, &model(&cfg, 1.0));
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
         let mut config = cfg.to_json();

@@ -18,7 +18,6 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
     let dir = temp_dir("llama-bitwise");
     let gb = ("global-batch-size", "8".to_string());
     let base = run_small(&dir, "p1", &llama(std::slice::from_ref(&gb)));
-    let (base_losses, base_weights) = (losses(&base), weights(&base));
     let policies = [
         vec![],
         full_recompute("uniform", "2"),
@@ -42,14 +41,20 @@ fn every_schedule_stage_count_and_recompute_policy_matches_one_stage_bitwise() {
             f.extend(policy.iter().cloned());
             let name = format!("{schedule}-p{p}-policy{i}");
             let r = run_small(&dir, &name, &llama(&f));
-            assert_eq!(losses(&r), base_losses, "{name}: losses differ from p=1");
-            assert!(weights(&r) == base_weights, "{name}: final weights differ from p=1");
-            for (stage, s) in report(&r)["stages"].as_array().unwrap().iter().enumerate() {
-                let measured = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
-                let predicted = s["predicted_activation_peak_bytes"].as_u64().unwrap();
-                assert_eq!(measured, predicted, "{name} stage {stage}: activation bytes");
-            }
+            assert_one_stages_bits_and_predicted_memory(&r, &base, &name);
         }
+    }
+}
+
+/// Run `r` has run `base`'s losses and final weights to the bit, and every stage's measured
+/// activation peak is the memory model's prediction to the byte.
+fn assert_one_stages_bits_and_predicted_memory(r: &std::path::Path, base: &std::path::Path, name: &str) {
+    assert_eq!(losses(r), losses(base), "{name}: losses differ from p=1");
+    assert!(weights(r) == weights(base), "{name}: final weights differ from p=1");
+    for (stage, s) in report(r)["stages"].as_array().unwrap().iter().enumerate() {
+        let measured = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
+        let predicted = s["predicted_activation_peak_bytes"].as_u64().unwrap();
+        assert_eq!(measured, predicted, "{name} stage {stage}: activation bytes");
     }
 }
 
@@ -61,7 +66,6 @@ fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
     let dir = temp_dir("qwen3-bitwise");
     let model = [("global-batch-size", "8".to_string()), ("qk-layernorm", "true".to_string())];
     let base = run_small(&dir, "p1", &llama(&model));
-    let (base_losses, base_weights) = (losses(&base), weights(&base));
     for (i, (schedule, p)) in
         [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
             .into_iter()
@@ -76,13 +80,7 @@ fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
         });
         let name = format!("{schedule}-p{p}");
         let r = run_small(&dir, &name, &llama(&f));
-        assert_eq!(losses(&r), base_losses, "{name}: losses differ from p=1");
-        assert!(weights(&r) == base_weights, "{name}: final weights differ from p=1");
-        for (stage, s) in report(&r)["stages"].as_array().unwrap().iter().enumerate() {
-            let measured = s["peak_bytes_by_category"]["activations"].as_u64().unwrap();
-            let predicted = s["predicted_activation_peak_bytes"].as_u64().unwrap();
-            assert_eq!(measured, predicted, "{name} stage {stage}: activation bytes");
-        }
+        assert_one_stages_bits_and_predicted_memory(&r, &base, &name);
     }
 }
 

@@ -325,23 +325,7 @@ mod tests {
     /// A model no transformers class builds is refused, saying what the classes need.
     #[test]
     fn export_refuses_what_transformers_cannot_build() {
-        use super::super::LlamaConfig;
         use stages::{Architecture, LinearBiases, Norm};
-        let llama = |arch| {
-            ModelConfig::Llama(LlamaConfig {
-                arch,
-                vocab_size: 64,
-                hidden_size: 16,
-                intermediate_size: 24,
-                num_hidden_layers: 1,
-                num_attention_heads: 4,
-                num_key_value_heads: 2,
-                head_dim: 4,
-                max_position_embeddings: 16,
-                hidden_dropout: 0.0,
-                attention_dropout: 0.0,
-            })
-        };
         let base = Architecture::llama(1e4, 1e-5);
         for (arch, why) in [
             (

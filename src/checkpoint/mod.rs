@@ -59,6 +59,24 @@ pub(crate) mod testing {
         })
     }
 
+    /// A Llama-family model of architecture `arch`: 2 layers of 16, 4 heads of 4 over 2
+    /// key/value heads, a SwiGLU of 24, 64 tokens, 16 positions.
+    pub fn llama(arch: stages::Architecture) -> ModelConfig {
+        ModelConfig::Llama(LlamaConfig {
+            arch,
+            vocab_size: 64,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            max_position_embeddings: 16,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        })
+    }
+
     /// Every value distinct and `scale` apart between models, negative zero and a subnormal
     /// included, so that a bitwise comparison means something.
     pub fn model(cfg: &ModelConfig, scale: f32) -> Vec<NamedTensor> {

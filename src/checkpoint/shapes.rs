@@ -240,30 +240,17 @@ mod tests {
     /// parts, bit for bit; a fused tensor of another shape is one line naming it.
     #[test]
     fn fused_tensors_split_into_their_parts() {
-        use super::super::testing::{fused, model};
-        use super::super::LlamaConfig;
+        use super::super::testing::{fused, llama, model};
         use stages::Architecture;
-        let llama = ModelConfig::Llama(LlamaConfig {
-            arch: Architecture::llama(1e4, 1e-5),
-            vocab_size: 64,
-            hidden_size: 16,
-            intermediate_size: 24,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 4,
-            max_position_embeddings: 16,
-            hidden_dropout: 0.0,
-            attention_dropout: 0.0,
-        });
-        let parts = model(&llama, 1.0);
+        let config = llama(Architecture::llama(1e4, 1e-5));
+        let parts = model(&config, 1.0);
         // Per layer, q, k, v in one tensor and gate, up in another.
-        let fused = fused(&llama, &parts);
+        let fused = fused(&config, &parts);
         assert_eq!(fused.len(), parts.len() - 2 * 3);
         let qkv = fused.iter().find(|t| t.name == "model.layers.1.self_attn.qkv_proj.weight").unwrap();
         assert_eq!(qkv.shape, [32, 16]);
         let file = Path::new("ckpt/model.safetensors");
-        let mut split = split_fused(file, &llama, fused.clone()).unwrap();
+        let mut split = split_fused(file, &config, fused.clone()).unwrap();
         split.sort_by(|a, b| a.name.cmp(&b.name));
         let mut want = parts.clone();
         want.sort_by(|a, b| a.name.cmp(&b.name));
@@ -273,7 +260,7 @@ mod tests {
         t.shape = vec![31, 16];
         t.data.truncate(31 * 16);
         assert_eq!(
-            split_fused(file, &llama, short).unwrap_err().to_string(),
+            split_fused(file, &config, short).unwrap_err().to_string(),
             "ckpt/model.safetensors: model.layers.1.self_attn.qkv_proj.weight has shape [31, 16], the config \
              needs [32, 16] (its parts stacked)"
         );
