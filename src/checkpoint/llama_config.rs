@@ -4,10 +4,10 @@
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
 //! (`Qwen2ForCausalLM`), which names the same tensors the same way; a Llama with QK-norm and
 //! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's and Phi3ForCausalLM's
-//! config.json are read too, each as a Llama: a Mistral with a sliding window as one of at
-//! most the window's positions, a Phi-3 where it has no window and rotates every channel;
+//! config.json are read too, each as a Llama (a Phi-3 where it rotates every channel);
 //! Phi-3's checkpoints hold q, k, v and gate, up fused, under pipetrain's own fused names
-//! (`shapes::split_fused`).
+//! (`shapes::split_fused`). A model with a sliding window reads as a Llama of at most the
+//! window's positions, over which the window is the whole sequence.
 //!
 //! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
 //! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
@@ -138,8 +138,8 @@ impl LlamaConfig {
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
     /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one) or "pipetrain";
     /// `path` names the file in errors. Settings that would make another model than the one
-    /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a sliding
-    /// window but Mistral's, a partial rotation) are refused.
+    /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a partial
+    /// rotation) are refused.
     pub fn from_json(path: &Path, obj: &Map<String, Value>) -> anyhow::Result<LlamaConfig> {
         let bad = |what: String| user_error(format!("{}: {what}", path.display()));
         let int = |key: &str| -> anyhow::Result<usize> {
@@ -213,16 +213,11 @@ impl LlamaConfig {
         if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
-        // Mistral's sliding window, where it has one: a Llama of at most that many positions.
-        let window = match model_type {
-            Some("mistral") => mistral_window(obj).map_err(bad)?,
-            _ => None,
-        };
+        // A sliding window, where the model has one: a Llama of at most that many positions.
+        let window = sliding_window(obj, model_type).map_err(bad)?;
         let biases = if model_type == Some("qwen2") {
-            qwen2_full_attention(obj).map_err(bad)?;
             LinearBiases::QkvOnly
         } else if model_type == Some("qwen3") {
-            qwen2_full_attention(obj).map_err(bad)?;
             if flag("attention_bias", false)? {
                 return Err(bad(
                     "attention_bias is true: Qwen3's puts a bias on q, k, v and o but not the MLP, \
@@ -234,7 +229,7 @@ impl LlamaConfig {
         } else if model_type == Some("mistral") {
             LinearBiases::NoBiases
         } else if model_type == Some("phi3") {
-            phi3_llama(obj).map_err(bad)?;
+            phi3_full_rotation(obj).map_err(bad)?;
             LinearBiases::NoBiases
         } else {
             let attention_bias = flag("attention_bias", false)?;
@@ -284,34 +279,25 @@ impl LlamaConfig {
     }
 }
 
-/// Refuses a Qwen2Config or Qwen3Config whose sliding window is on at any layer: pipetrain's
-/// attention sees every earlier token. Qwen2.5's and Qwen3's config.json set
-/// `use_sliding_window: false` beside a `sliding_window` and `max_window_layers` that then
-/// mean nothing; transformers 5 writes the outcome as `layer_types`.
-fn qwen2_full_attention(obj: &Map<String, Value>) -> Result<(), String> {
-    let full = "pipetrain's attention sees the whole sequence at every layer";
-    match obj.get("use_sliding_window") {
-        None | Some(Value::Bool(false)) | Some(Value::Null) => {}
-        Some(v) => return Err(format!("use_sliding_window is {v}; {full}")),
-    }
-    if let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) {
-        let list = types.as_array().ok_or_else(|| format!("layer_types is {types}, not a list"))?;
-        if let Some((i, t)) = list.iter().enumerate().find(|(_, t)| t.as_str() != Some("full_attention")) {
-            return Err(format!("layer_types[{i}] is {t}; {full} (\"full_attention\")"));
-        }
-    }
-    Ok(())
-}
-
-/// MistralConfig's sliding window of W keys, None where it is off (`sliding_window: null`,
-/// Mistral 7B v0.2 and later); an absent key is transformers' default of 4096 (v0.1's).
-/// MistralForCausalLM is a Llama but for it, and a query sees the W keys up to itself, so
-/// over at most W positions the window is the whole sequence: such a Mistral reads as a Llama
-/// of at most W positions (pipetrain's attention being full), exactly.
-fn mistral_window(obj: &Map<String, Value>) -> Result<Option<usize>, String> {
+/// The sliding window of W keys a config.json turns on, None where every layer attends to
+/// the whole sequence. A query sees the W keys up to itself, so over at most W positions the
+/// window is the whole sequence: a model with one reads as a Llama of at most W positions
+/// (pipetrain's attention being full), exactly. MistralConfig's `sliding_window` is on where
+/// it is a count (absent, transformers' 4096: Mistral 7B v0.1's; null from v0.2 on);
+/// Phi3Config's too (Phi-3 mini's and medium's 2047; absent or null, Phi-4's, none);
+/// Qwen2Config's and Qwen3Config's (absent, 4096) where `use_sliding_window` or any entry
+/// of `layer_types` turns it on, whichever layers it covers (Qwen2.5's and Qwen3's turn it
+/// off).
+fn sliding_window(obj: &Map<String, Value>, model_type: Option<&str>) -> Result<Option<usize>, String> {
+    let default = match model_type {
+        Some("mistral") => Some(TRANSFORMERS_WINDOW),
+        Some("phi3") => None,
+        Some("qwen2" | "qwen3") if qwen_slides(obj)? => Some(TRANSFORMERS_WINDOW),
+        _ => return Ok(None),
+    };
     match obj.get("sliding_window") {
+        None => Ok(default),
         Some(Value::Null) => Ok(None),
-        None => Ok(Some(MISTRAL_DEFAULT_WINDOW)),
         Some(v) => match v.as_u64().filter(|&w| (1..=u32::MAX as u64).contains(&w)) {
             Some(w) => Ok(Some(w as usize)),
             None => Err(format!("sliding_window is {v}, not a count of positions")),
@@ -319,22 +305,40 @@ fn mistral_window(obj: &Map<String, Value>) -> Result<Option<usize>, String> {
     }
 }
 
-/// transformers' MistralConfig `sliding_window` where config.json leaves it out.
-const MISTRAL_DEFAULT_WINDOW: usize = 4096;
+/// The `sliding_window` transformers' MistralConfig, Qwen2Config and Qwen3Config take where
+/// config.json leaves it out.
+const TRANSFORMERS_WINDOW: usize = 4096;
 
-/// Refuses a Phi3Config that is not a Llama: a sliding window (Phi-3 mini's and medium's
-/// 2047; null is Phi-4's and transformers' default), or a rotation of part of each head
-/// (Phi-4 mini's `partial_rotary_factor` 0.75, at the top level or, from transformers 5, in
-/// rope_parameters).
-fn phi3_llama(obj: &Map<String, Value>) -> Result<(), String> {
-    match obj.get("sliding_window") {
-        None | Some(Value::Null) => {}
-        Some(v) => {
-            return Err(format!(
-                "sliding_window is {v}; pipetrain's attention sees the whole sequence (null)"
-            ))
+/// Whether a Qwen2Config or Qwen3Config turns its sliding window on at some layer:
+/// `use_sliding_window`, or (transformers 5's record of the outcome) a "sliding_attention"
+/// among `layer_types`.
+fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
+    let on = match obj.get("use_sliding_window") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(on)) => *on,
+        Some(v) => return Err(format!("use_sliding_window is {v}, not true or false")),
+    };
+    let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) else { return Ok(on) };
+    let list = types.as_array().ok_or_else(|| format!("layer_types is {types}, not a list"))?;
+    let mut slides = on;
+    for (i, t) in list.iter().enumerate() {
+        match t.as_str() {
+            Some("full_attention") => {}
+            Some("sliding_attention") => slides = true,
+            _ => {
+                return Err(format!(
+                    "layer_types[{i}] is {t}, not \"full_attention\" or \"sliding_attention\""
+                ))
+            }
         }
     }
+    Ok(slides)
+}
+
+/// Refuses a Phi3Config that rotates part of each head (Phi-4 mini's `partial_rotary_factor`
+/// 0.75, at the top level or, from transformers 5, in rope_parameters): pipetrain's rope
+/// turns every channel.
+fn phi3_full_rotation(obj: &Map<String, Value>) -> Result<(), String> {
     let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
     match nested.or_else(|| obj.get("partial_rotary_factor")) {
         None | Some(Value::Null) => Ok(()),
@@ -657,12 +661,11 @@ mod tests {
             "d/config.json: attention_bias is true: Qwen3's puts a bias on q, k, v and o but not the MLP, which \
              pipetrain's disable_bias_linear and add_qkv_bias cannot express"
         );
+        // Its window turned on: a Llama of at most its length.
         let mut windowed = hub.clone();
         windowed["use_sliding_window"] = json!(true);
-        assert_eq!(
-            parse(&windowed).unwrap_err().to_string(),
-            "d/config.json: use_sliding_window is true; pipetrain's attention sees the whole sequence at every layer"
-        );
+        windowed["sliding_window"] = json!(4096);
+        assert_eq!(parse(&windowed).unwrap(), LlamaConfig { max_position_embeddings: 4096, ..want.clone() });
         // QK-norm beside biases no transformers class builds: pipetrain's own, read back.
         let mixed = LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..want.arch }, ..want };
         let j = mixed.to_json();
@@ -671,7 +674,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_phi_4_as_a_llama_and_refuses_the_phi_3s_that_are_not() {
+    fn reads_phi_4_and_phi_3_mini_as_llamas_and_refuses_phi_4_mini() {
         // The config.json of microsoft/phi-4 on the Hugging Face hub.
         let hub: Value = serde_json::from_str(
             r#"{"architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -706,11 +709,10 @@ mod tests {
             j[key] = value;
             parse(&j).unwrap_err().to_string()
         };
-        // Phi-3 mini's and medium's window.
-        assert_eq!(
-            err("sliding_window", json!(2047)),
-            "d/config.json: sliding_window is 2047; pipetrain's attention sees the whole sequence (null)"
-        );
+        // Phi-3 mini's and medium's window: a Llama of at most its length.
+        let mut mini = hub.clone();
+        mini["sliding_window"] = json!(2047);
+        assert_eq!(parse(&mini).unwrap(), LlamaConfig { max_position_embeddings: 2047, ..want.clone() });
         // Phi-4 mini rotates three quarters of each head, in transformers 4's place or 5's.
         let partial =
             "d/config.json: partial_rotary_factor is 0.75; pipetrain's rope turns every channel of a head \
@@ -738,26 +740,45 @@ mod tests {
     }
 
     #[test]
-    fn refuses_qwen2s_sliding_window() {
-        let err = |key: &str, value: Value| {
-            let mut j = LlamaConfig {
-                arch: Architecture { biases: LinearBiases::QkvOnly, ..llama().arch },
-                ..llama()
+    fn reads_a_qwen_sliding_window_as_a_llama_of_its_length() {
+        let qwen2 =
+            LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..llama().arch }, ..llama() };
+        let with = |edits: &[(&str, Value)]| {
+            let mut j = qwen2.to_json();
+            for (key, value) in edits {
+                j[*key] = value.clone();
             }
-            .to_json();
-            j[key] = value;
-            parse(&j).unwrap_err().to_string()
+            parse(&j)
         };
+        let of = |positions| LlamaConfig { max_position_embeddings: positions, ..qwen2.clone() };
+        // On, at transformers' default window and at a given one; on at some layers alone.
+        assert_eq!(with(&[("use_sliding_window", json!(true))]).unwrap(), of(4096));
+        let on = [("use_sliding_window", json!(true)), ("sliding_window", json!(2048))];
+        assert_eq!(with(&on).unwrap(), of(2048));
+        let some_layers = [
+            ("layer_types", json!(["full_attention", "sliding_attention"])),
+            ("sliding_window", json!(1024)),
+        ];
+        assert_eq!(with(&some_layers).unwrap(), of(1024));
+        // Off (Qwen2.5's), a window means nothing; a null one is none.
+        assert_eq!(with(&[("sliding_window", json!(1024))]).unwrap(), qwen2);
         assert_eq!(
-            err("use_sliding_window", json!(true)),
-            "d/config.json: use_sliding_window is true; pipetrain's attention sees the whole sequence at every layer"
+            with(&[("use_sliding_window", json!(true)), ("sliding_window", Value::Null)]).unwrap(),
+            qwen2
+        );
+        let err = |edits: &[(&str, Value)]| with(edits).unwrap_err().to_string();
+        assert_eq!(
+            err(&[("layer_types", json!("full"))]),
+            "d/config.json: layer_types is \"full\", not a list"
         );
         assert_eq!(
-            err("layer_types", json!(["full_attention", "sliding_attention"])),
-            "d/config.json: layer_types[1] is \"sliding_attention\"; pipetrain's attention sees the whole sequence \
-             at every layer (\"full_attention\")"
+            err(&[("layer_types", json!(["chunked_attention"]))]),
+            "d/config.json: layer_types[0] is \"chunked_attention\", not \"full_attention\" or \"sliding_attention\""
         );
-        assert_eq!(err("layer_types", json!("full")), "d/config.json: layer_types is \"full\", not a list");
+        assert_eq!(
+            err(&[("use_sliding_window", json!("yes"))]),
+            "d/config.json: use_sliding_window is \"yes\", not true or false"
+        );
     }
 
     #[test]
