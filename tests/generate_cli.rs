@@ -162,7 +162,10 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
     // The flag names the same tokenizer, to the byte.
     assert_eq!(stdout_of(&from(&run, &["--tokenizer", tok.to_str().unwrap()])), text.as_bytes());
 
-    // The export carries the tokenizer.json, so its text is the run's.
+    // The export carries the tokenizer.json, so its text is the run's, and the settings
+    // beside it (a Hugging Face directory's special tokens, its chat template).
+    let settings = "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"eos_token\": \"<|endoftext|>\"}\n";
+    std::fs::write(dir.join("tokenizer_config.json"), settings).unwrap();
     let export = |to: &std::path::Path| {
         let o = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(to).output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
@@ -170,9 +173,11 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
     };
     let hf = dir.join("hf");
     let o = export(&hf);
-    assert!(String::from_utf8_lossy(&o.stdout)
-        .ends_with("(config.json, model.safetensors, tokenizer.json, manifest.sha256)\n"));
+    assert!(String::from_utf8_lossy(&o.stdout).ends_with(
+        "(config.json, model.safetensors, tokenizer.json, tokenizer_config.json, manifest.sha256)\n"
+    ));
     assert_eq!(std::fs::read(hf.join("tokenizer.json")).unwrap(), WORD_LEVEL.as_bytes());
+    assert_eq!(std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap(), settings);
     assert_eq!(stdout_of(&from(&hf, &[])), text.as_bytes());
     // A tokenizer.json since moved away is said, and the export goes on without it.
     std::fs::rename(&tok, dir.join("moved.json")).unwrap();
@@ -187,4 +192,56 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
         )
     );
     assert!(!dir.join("hf2/tokenizer.json").exists());
+}
+
+/// A run on data tiktoken's cl100k_base made exports the tokenizer.json that encodes as
+/// cl100k_base does: `tokenize` with it writes the same tokens, and the export generates the
+/// run's text.
+#[test]
+fn an_export_of_a_tiktoken_run_carries_the_tokenizer_json_of_its_encoding() {
+    let dir = temp_dir("gen-tiktoken-export");
+    let docs = dir.join("docs.jsonl");
+    let text = "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, \
+                seemed to unite some of the best blessings of existence; 1816 — naïve café.";
+    std::fs::write(&docs, format!("{{\"text\": {text:?}}}\n").repeat(40)).unwrap();
+    let tokenize = |tokenizer: &str, out: &std::path::Path| {
+        let o =
+            bin().arg("tokenize").arg(&docs).arg(out).args(["--quiet", "--tokenizer", tokenizer]).output();
+        let o = o.unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    let data = dir.join("cl100k.bin");
+    tokenize("cl100k_base", &data);
+    let yaml = format!(
+        "{MODEL}vocab_size: 100277\nglobal_batch_size: 2\ntrain_data_path: {}\nvalid_data_path: {}\n",
+        data.display(),
+        data.display()
+    )
+    .replace("vocab_size: 96\n", "");
+    let run = dir.join("run");
+    let o = train(&write_config(&dir, "c.yaml", &yaml), &run, &["--train-iters", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hf = dir.join("hf");
+    let o = bin().args(["export", "--checkpoint"]).arg(&run).arg("--hf").arg(&hf).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).ends_with(
+        "(config.json, model.safetensors, tokenizer.json, tokenizer_config.json, manifest.sha256)\n"
+    ));
+    // AutoTokenizer takes the file as it is, where GPT2Tokenizer would split by GPT-2's
+    // pattern.
+    assert_eq!(
+        std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap(),
+        "{\"tokenizer_class\": \"PreTrainedTokenizerFast\"}\n"
+    );
+    // The same tokens from the exported file as from tiktoken (the files' 1024-byte headers
+    // aside).
+    let again = dir.join("again.bin");
+    tokenize(hf.join("tokenizer.json").to_str().unwrap(), &again);
+    let tokens = |p: &std::path::Path| std::fs::read(p).unwrap()[1024..].to_vec();
+    assert!(tokens(&again) == tokens(&data), "the exported tokenizer.json encodes otherwise");
+    let greedy = ["--max-new-tokens", "5", "--temperature", "0", "--prompt", "Emma Woodhouse, handsome"];
+    let from = |ck: &std::path::Path| {
+        stdout_of(&bin().arg("generate").arg("--checkpoint").arg(ck).args(greedy).output().unwrap())
+    };
+    assert_eq!(from(&hf), from(&run));
 }

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use super::manifest::{self, sha256_hex, Verified, MANIFEST_FILE};
 use super::save::{
     write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
-    STATE_FILE, TOKENIZER_FILE,
+    STATE_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 use super::shapes::{check_layer_count, check_shapes, expected_shapes, split_fused};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
-use super::{ModelConfig, NamedTensor, TrainerState};
+use super::{ModelConfig, NamedTensor, TokenizerFiles, TrainerState};
 use crate::error::user_error;
 
 /// Hugging Face's list of a sharded model's files.
@@ -114,16 +114,16 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 /// Writes `checkpoint`'s config.json and model.safetensors to `out_dir`, a directory that
 /// `transformers.GPT2LMHeadModel.from_pretrained`, `LlamaForCausalLM.from_pretrained`,
 /// (biases on q, k and v alone) `Qwen2ForCausalLM.from_pretrained` or (QK-norm)
-/// `Qwen3ForCausalLM.from_pretrained` loads, `tokenizer` (a
-/// tokenizer.json's text) where given, and their manifest; returns the files' names. A
-/// model none of those classes builds is refused. A non-empty `out_dir` is written into
-/// only with `force`, and then only those files are replaced (a tokenizer.json, with none
-/// given, removed: it would be another model's).
+/// `Qwen3ForCausalLM.from_pretrained` loads, `tokenizer` (tokenizer.json and
+/// tokenizer_config.json) where given, and their manifest; returns the files' names. A model
+/// none of those classes builds is refused. A non-empty `out_dir` is written into only with
+/// `force`, and then only those files are replaced (a tokenizer, with none given, removed: it
+/// would be another model's).
 pub fn export_hf(
     checkpoint: &Checkpoint,
     out_dir: &Path,
     force: bool,
-    tokenizer: Option<&str>,
+    tokenizer: Option<&TokenizerFiles>,
 ) -> anyhow::Result<Vec<String>> {
     let shown = out_dir.display();
     if let Some(why) = checkpoint.config.missing_in_transformers() {
@@ -148,18 +148,25 @@ pub fn export_hf(
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
     let mut files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
-    let tokenizer_path = out_dir.join(TOKENIZER_FILE);
-    match tokenizer {
-        Some(text) => {
-            write_atomic(&tokenizer_path, text)?;
-            files.push((TOKENIZER_FILE.into(), sha256_hex(text.as_bytes())));
-        }
-        None => match fs::remove_file(&tokenizer_path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(user_error(format!("{}: cannot remove: {e}", tokenizer_path.display())));
+    let tokenizer_files = tokenizer.map(|t| [(TOKENIZER_FILE, &t.json), (TOKENIZER_CONFIG_FILE, &t.config)]);
+    match tokenizer_files {
+        Some(written) => {
+            for (name, text) in written {
+                write_atomic(&out_dir.join(name), text)?;
+                files.push((name.into(), sha256_hex(text.as_bytes())));
             }
-            _ => {}
-        },
+        }
+        None => {
+            for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+                let path = out_dir.join(name);
+                match fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(user_error(format!("{}: cannot remove: {e}", path.display())));
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
     write_atomic(&out_dir.join(MANIFEST_FILE), &manifest::text(&files))?;
     Ok(files.into_iter().map(|(name, _)| name).chain([MANIFEST_FILE.to_string()]).collect())
@@ -349,7 +356,7 @@ mod tests {
         }
     }
 
-    /// A tokenizer.json given to the export is written beside the weights and listed in the
+    /// A tokenizer given to the export is written beside the weights and listed in the
     /// manifest, so a change to it is caught; exported again with none, over it, it goes.
     #[test]
     fn export_carries_the_tokenizer_in_its_manifest() {
@@ -359,9 +366,14 @@ mod tests {
         save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
         let ck = load_checkpoint(&run).unwrap();
         let out = run.join("hf");
-        let files = export_hf(&ck, &out, false, Some("{\"model\": {}}\n")).unwrap();
-        assert_eq!(files, [CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, MANIFEST_FILE]);
+        let tokenizer = TokenizerFiles::as_is("{\"model\": {}}\n".into());
+        let files = export_hf(&ck, &out, false, Some(&tokenizer)).unwrap();
+        assert_eq!(files, [CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, MANIFEST_FILE]);
         assert_eq!(fs::read_to_string(out.join(TOKENIZER_FILE)).unwrap(), "{\"model\": {}}\n");
+        assert_eq!(
+            fs::read_to_string(out.join(TOKENIZER_CONFIG_FILE)).unwrap(),
+            "{\"tokenizer_class\": \"PreTrainedTokenizerFast\"}\n"
+        );
         load_checkpoint(&out).unwrap();
         fs::write(out.join(TOKENIZER_FILE), "{}\n").unwrap();
         let err = load_checkpoint(&out).unwrap_err().to_string();
@@ -370,7 +382,7 @@ mod tests {
         assert!(err.ends_with("in manifest.sha256: the file is damaged"), "{err}");
         let files = export_hf(&ck, &out, true, None).unwrap();
         assert_eq!(files, [CONFIG_FILE, MODEL_FILE, MANIFEST_FILE]);
-        assert!(!out.join(TOKENIZER_FILE).exists());
+        assert!(!out.join(TOKENIZER_FILE).exists() && !out.join(TOKENIZER_CONFIG_FILE).exists());
         load_checkpoint(&out).unwrap();
     }
 

@@ -25,6 +25,23 @@ pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "trainer_state.safetensors";
 /// A Hugging Face directory's tokenizer, beside the weights (an export's too).
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Its settings for transformers' `AutoTokenizer`, beside it.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// An export's tokenizer: the tokenizer.json and the tokenizer_config.json beside it.
+pub struct TokenizerFiles {
+    pub json: String,
+    pub config: String,
+}
+
+impl TokenizerFiles {
+    /// A tokenizer.json with the settings that have `AutoTokenizer` take it as it is
+    /// (`PreTrainedTokenizerFast`): the class the model's type names would rebuild it (GPT-2's
+    /// and Qwen's would split the text by their own pattern).
+    pub fn as_is(json: String) -> TokenizerFiles {
+        TokenizerFiles { json, config: "{\"tokenizer_class\": \"PreTrainedTokenizerFast\"}\n".into() }
+    }
+}
 
 /// `step_000100`: zero-padded so a directory listing sorts by step.
 pub fn checkpoint_name(step: u64) -> String {

@@ -13,7 +13,7 @@ pub use source::TokenData;
 #[cfg(test)]
 pub(crate) use token_file::write_tokens;
 pub use token_file::TokenFile;
-pub use tokenize::{run as tokenize, OutputFormat, Tokenizer};
+pub use tokenize::{run as tokenize, tiktoken_tokenizer_json, OutputFormat, Tokenizer};
 
 /// A fresh, empty directory for one test.
 #[cfg(test)]

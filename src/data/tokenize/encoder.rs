@@ -5,6 +5,7 @@ use std::path::Path;
 
 use tiktoken_rs::CoreBPE;
 
+use super::tiktoken_json;
 use crate::error::user_error;
 
 /// The end-of-text spellings looked up in a Hugging Face vocabulary when `--eot-token` is not
@@ -12,24 +13,53 @@ use crate::error::user_error;
 const HF_EOT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
 
 /// One tiktoken encoding: its name, its singleton, its vocabulary size (highest id + 1, as
-/// tiktoken's `n_vocab`) and its `<|endoftext|>` id.
+/// tiktoken's `n_vocab`), its `<|endoftext|>` id and its pre-tokenizing pattern in Hugging
+/// Face's regex dialect.
 struct Tiktoken {
     name: &'static str,
     bpe: fn() -> &'static CoreBPE,
     vocab_size: usize,
     eot: u32,
+    pattern: &'static str,
 }
 
 const TIKTOKEN: [Tiktoken; 3] = [
-    Tiktoken { name: "gpt2", bpe: tiktoken_rs::r50k_base_singleton, vocab_size: 50257, eot: 50256 },
+    Tiktoken {
+        name: "gpt2",
+        bpe: tiktoken_rs::r50k_base_singleton,
+        vocab_size: 50257,
+        eot: 50256,
+        pattern: tiktoken_json::R50K_PATTERN,
+    },
     Tiktoken {
         name: "cl100k_base",
         bpe: tiktoken_rs::cl100k_base_singleton,
         vocab_size: 100277,
         eot: 100257,
+        pattern: tiktoken_json::CL100K_PATTERN,
     },
-    Tiktoken { name: "o200k_base", bpe: tiktoken_rs::o200k_base_singleton, vocab_size: 200019, eot: 199999 },
+    Tiktoken {
+        name: "o200k_base",
+        bpe: tiktoken_rs::o200k_base_singleton,
+        vocab_size: 200019,
+        eot: 199999,
+        pattern: tiktoken_json::O200K_PATTERN,
+    },
 ];
+
+/// The tiktoken encoding `name` names: `gpt2` (or its alias `r50k_base`), `cl100k_base` or
+/// `o200k_base`.
+fn tiktoken(name: &str) -> Option<&'static Tiktoken> {
+    let wanted = if name == "r50k_base" { "gpt2" } else { name };
+    TIKTOKEN.iter().find(|t| t.name == wanted)
+}
+
+/// The Hugging Face tokenizer.json that encodes as tiktoken encoding `name` does; None where
+/// `name` is not one.
+pub fn tiktoken_tokenizer_json(name: &str) -> Option<String> {
+    let t = tiktoken(name)?;
+    Some(tiktoken_json::tokenizer_json((t.bpe)(), t.vocab_size, t.pattern))
+}
 
 enum Engine {
     Tiktoken(&'static CoreBPE),
@@ -52,8 +82,7 @@ impl Tokenizer {
     /// `o200k_base`) or is the path of a Hugging Face tokenizer.json. `eot_token` overrides the
     /// end-of-text token's text (Hugging Face only: tiktoken's is `<|endoftext|>`).
     pub fn load(spec: &str, eot_token: Option<&str>) -> anyhow::Result<Tokenizer> {
-        let wanted = if spec == "r50k_base" { "gpt2" } else { spec };
-        if let Some(t) = TIKTOKEN.iter().find(|t| t.name == wanted) {
+        if let Some(t) = tiktoken(spec) {
             if let Some(e) = eot_token.filter(|&e| e != "<|endoftext|>") {
                 return Err(user_error(format!(
                     "command line: --eot-token {e}: {spec}'s end of text is <|endoftext|> (--eot-token is for a tokenizer.json)"

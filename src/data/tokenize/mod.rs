@@ -14,13 +14,14 @@ mod llmc;
 mod megatron;
 mod progress;
 mod staged;
+mod tiktoken_json;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-pub use encoder::Tokenizer;
+pub use encoder::{tiktoken_tokenizer_json, Tokenizer};
 use input::Documents;
 use llmc::{LlmcWriter, Naming};
 use megatron::MegatronWriter;
