@@ -19,7 +19,10 @@ use tiktoken_rs::CoreBPE;
 /// `{1,3}`, which matches the same where nothing follows it to backtrack into.
 pub const R50K_PATTERN: &str =
     r"'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++\z|\s+(?!\S)|\s";
-pub const CL100K_PATTERN: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++\z|\s*[\r\n]|\s+(?!\S)|\s";
+pub const CL100K_PATTERN: &str = concat!(
+    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*+",
+    r"|\s++\z|\s*[\r\n]|\s+(?!\S)|\s"
+);
 
 /// o200k_base's pattern, which Oniguruma reads as tiktoken does.
 pub const O200K_PATTERN: &str = tiktoken_rs::O200K_BASE_PAT_STR;
@@ -90,7 +93,7 @@ pub fn tokenizer_json(bpe: &CoreBPE, vocab_size: usize, pattern: &str) -> String
 /// The two parts whose merge makes the token `bytes` of rank `rank`: what byte-pair merging
 /// with the ranks below `rank` leaves of it.
 fn last_merge<'a>(bytes: &'a [u8], rank: u32, ranks: &HashMap<Vec<u8>, u32>) -> (&'a [u8], &'a [u8]) {
-    // Part boundaries: parts[i]..parts[i + 1].
+    // The parts are bytes[cuts[i]..cuts[i + 1]]: the single bytes to begin with.
     let mut cuts: Vec<usize> = (0..=bytes.len()).collect();
     while cuts.len() > 3 {
         let best = (0..cuts.len() - 2)
