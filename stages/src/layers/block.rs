@@ -427,7 +427,7 @@ impl Block<'_> {
         let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
         self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
         if let Some(norm) = self.qk_norm(s.heads, s.kv_heads) {
-            norm.forward(dev, &mut qkv, Category::Workspace, Category::Workspace);
+            norm.normalize(dev, &mut qkv, Category::Workspace);
         }
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_forward(&mut qkv, s.heads, s.kv_heads, freqs, position);

@@ -40,11 +40,18 @@ impl QkNorm<'_> {
     ) -> QkNormActs {
         let mut input = dev.empty_of(qkv.dtype(), qkv.shape(), keep_as); // [B,T,QKV]
         dev.copy(&mut input, qkv);
+        let rstd = self.normalize(dev, qkv, stats_as);
+        QkNormActs { input, rstd }
+    }
+
+    /// Normalises the query and key heads of qkv [B,T,QKV] in place, keeping no input for a
+    /// backward (inference); returns the statistics [B,T,NH+KV], allocated under `stats_as`.
+    pub fn normalize(&self, dev: &dyn Device, qkv: &mut Tensor, stats_as: Category) -> Tensor {
         let tokens = &qkv.shape()[..qkv.shape().len() - 1];
         let mut rstd = dev.empty(&[tokens, &[self.heads + self.kv_heads]].concat(), stats_as); // [B,T,NH+KV]
         let (q, k) = (self.q_weight, self.k_weight);
         dev.qk_norm_forward(qkv, &mut rstd, q, k, self.heads, self.kv_heads, self.eps);
-        QkNormActs { input, rstd }
+        rstd
     }
 
     /// dqkv [B,T,QKV], the gradient of the norm's output, becomes its input's, in place;
