@@ -10,7 +10,7 @@ use super::save::{
     write_atomic, write_model_files, CHECKPOINTS_DIR, CONFIG_FILE, LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
     STATE_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
-use super::shapes::{check_layer_count, check_shapes, expected_shapes, split_fused};
+use super::shapes::{check_layer_count, check_shapes, hf_shapes, specs, split_fused};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
 use super::{ModelConfig, NamedTensor, TokenizerFiles, TrainerState};
@@ -74,9 +74,11 @@ pub(crate) fn read_checkpoint(path: &Path) -> anyhow::Result<(Checkpoint, bool)>
 
     let (model_path, tensors) = read_model_files(&dir, &verified)?;
     let found = normalize_hf_names(&model_path, tensors, config.tied_embedding())?;
-    let found = split_fused(&model_path, &config, found)?;
+    // Before the config's list of parameters is built: its length is the config's to say.
     check_layer_count(&model_path, config.num_layers(), &found)?;
-    let expected = expected_shapes(&config);
+    let specs = specs(&config);
+    let found = split_fused(&model_path, &specs, found)?;
+    let expected = hf_shapes(&specs);
     check_shapes(&model_path, &expected, &found)?;
     let model = in_order(found, expected.iter().map(|(name, _)| name.clone()));
     check_finite(&model_path, &model)?;
@@ -468,6 +470,31 @@ mod tests {
         fs::write(dir.join(OPTIMIZER_FILE), optimizer_bytes).unwrap();
         fs::write(dir.join(MANIFEST_FILE), "").unwrap();
         assert_eq!(err(&dir), not_listed(CONFIG_FILE));
+    }
+
+    /// A config.json that claims more layers than its file holds is refused before the
+    /// config's list of parameters is built (a hundred million layers would not fit), fused
+    /// q, k, v (Phi-3's) or not.
+    #[test]
+    fn a_config_of_more_layers_than_the_file_is_one_line() {
+        use super::super::testing::{fused, llama};
+        use super::super::write_safetensors;
+        let cfg = llama(stages::Architecture::llama(1e4, 1e-5));
+        for (kind, tensors) in [("llama", model(&cfg, 1.0)), ("phi3", fused(&cfg, &model(&cfg, 1.0)))] {
+            let dir = test_dir(&format!("ld_layers_{kind}"));
+            write_safetensors(&dir.join(MODEL_FILE), &tensors).unwrap();
+            let mut config = cfg.to_json();
+            config["model_type"] = serde_json::json!(kind);
+            config["num_hidden_layers"] = serde_json::json!(100_000_000);
+            fs::write(dir.join(CONFIG_FILE), config.to_string()).unwrap();
+            assert_eq!(
+                load_checkpoint(&dir).unwrap_err().to_string(),
+                format!(
+                    "{}: has 2 layers, the config needs num_layers 100000000",
+                    dir.join(MODEL_FILE).display()
+                )
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,12 @@ use stages::params::{model_param_specs, ParamSpec};
 /// and gate, up as their Hugging Face parts; a tied output layer not listed): the model's
 /// own list.
 pub fn expected_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    specs(cfg).iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
+    hf_shapes(&specs(cfg))
+}
+
+/// The Hugging Face tensors of `specs`, each with its shape, in order.
+pub(super) fn hf_shapes(specs: &[ParamSpec]) -> Vec<(String, Vec<usize>)> {
+    specs.iter().flat_map(|p| p.hf_shapes().collect::<Vec<_>>()).collect()
 }
 
 /// The model's parameters.
@@ -23,13 +28,14 @@ pub(super) fn specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
 /// `tensors` with each fused tensor a file holds in place of its Hugging Face parts split
 /// into them by rows: Phi-3's `self_attn.qkv_proj` and `mlp.gate_up_proj`, which are
 /// pipetrain's own fused parameters under pipetrain's names, q, k, v and gate, up stacked in
-/// the order the model lists them. Errors, naming `file`, where one has another shape.
+/// the order the model lists them (`specs`, the model's parameters). Errors, naming `file`,
+/// where one has another shape.
 pub fn split_fused(
     file: &Path,
-    cfg: &ModelConfig,
+    specs: &[ParamSpec],
     tensors: Vec<NamedTensor>,
 ) -> anyhow::Result<Vec<NamedTensor>> {
-    let fused: Vec<ParamSpec> = specs(cfg).into_iter().filter(|p| p.hf.len() > 1).collect();
+    let fused: Vec<&ParamSpec> = specs.iter().filter(|p| p.hf.len() > 1).collect();
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let Some(spec) = fused.iter().find(|p| p.name == t.name) else {
@@ -250,7 +256,7 @@ mod tests {
         let qkv = fused.iter().find(|t| t.name == "model.layers.1.self_attn.qkv_proj.weight").unwrap();
         assert_eq!(qkv.shape, [32, 16]);
         let file = Path::new("ckpt/model.safetensors");
-        let mut split = split_fused(file, &config, fused.clone()).unwrap();
+        let mut split = split_fused(file, &specs(&config), fused.clone()).unwrap();
         split.sort_by(|a, b| a.name.cmp(&b.name));
         let mut want = parts.clone();
         want.sort_by(|a, b| a.name.cmp(&b.name));
@@ -260,7 +266,7 @@ mod tests {
         t.shape = vec![31, 16];
         t.data.truncate(31 * 16);
         assert_eq!(
-            split_fused(file, &config, short).unwrap_err().to_string(),
+            split_fused(file, &specs(&config), short).unwrap_err().to_string(),
             "ckpt/model.safetensors: model.layers.1.self_attn.qkv_proj.weight has shape [31, 16], the config \
              needs [32, 16] (its parts stacked)"
         );
