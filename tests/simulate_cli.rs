@@ -639,6 +639,31 @@ fn a_reader_that_stops_early_ends_the_report_quietly() {
     assert_eq!(stderr(&out), "");
 }
 
+/// Every shipped config fits, on every stage, the memory of the hardware `simulate` assumes
+/// for it (an 80 GB H100 for `device: cuda`): a config we ship as a layout to copy must be
+/// one that could run. Llama 3 405B does so only with Meta's own balance, a layer fewer on
+/// each end stage, and its optimizer state sharded over 64 replicas.
+#[test]
+fn every_shipped_config_fits_its_memory() {
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(&configs).unwrap() {
+        let cfg = entry.unwrap().path();
+        let report = json_of(&cfg, &[]);
+        let over: Vec<_> = report["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|stage| stage["fits"] != Value::Bool(true))
+            .map(|stage| stage["stage"].clone())
+            .collect();
+        assert!(over.is_empty(), "{}: stages {over:?} exceed the GPU's memory", cfg.display());
+        assert_eq!(report["fits"], Value::Bool(true), "{}", cfg.display());
+        checked.push(cfg.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    assert!(checked.contains(&"llama3-405b.yaml".to_string()), "{checked:?}");
+}
+
 /// The shipped Llama 3 configs simulate with the model cards' parameter counts (8.03B,
 /// 70.6B, 405.9B, each within 0.5%), name their architecture (405B is Llama 3.1's, its rope
 /// scaled), and print the Korthikanti line at their own widths, saying what differs from the
