@@ -19,6 +19,7 @@ mod refused;
 use crate::error::user_error;
 pub use aliases::{help as alias_help, AliasUse};
 pub use data_path::DataPath;
+use kernels::rope_frequencies::rotary_dims_of;
 use kernels::RopeFrequencies;
 pub use named::{
     DeviceKind, LrDecayStyle, Named, PositionEmbeddingType, Precision, RecomputeGranularity, RecomputeMethod,
@@ -68,6 +69,9 @@ pub struct Config {
     pub use_rope_scaling: bool,
     /// Its factor (Megatron's default 8; Llama 3.2 1B and 3B: 32).
     pub rope_scaling_factor: Option<f32>,
+    /// The share of each head the rotary embedding turns, its leading `int(head size x
+    /// percent)` channels (Megatron's name; Nemotron's 0.5, GPT-NeoX's 0.25).
+    pub rotary_percent: f64,
     pub swiglu: bool,
     pub group_query_attention: bool,
     /// Key/value heads with group_query_attention.
@@ -200,6 +204,7 @@ impl Default for Config {
             rotary_base: 10000.0,
             use_rope_scaling: false,
             rope_scaling_factor: None,
+            rotary_percent: 1.0,
             swiglu: false,
             group_query_attention: false,
             num_query_groups: None,
@@ -764,6 +769,23 @@ impl Config {
             }
             _ => {}
         }
+        if self.rotary_percent != 1.0 {
+            let p = self.rotary_percent;
+            if !rope {
+                return Err(("rotary_percent", format!("{p} needs position_embedding_type: rope")));
+            }
+            let rot = rotary_dims_of(p, self.head_size());
+            if !(p > 0.0 && p < 1.0) || rot == 0 || !rot.is_multiple_of(2) {
+                return Err((
+                    "rotary_percent",
+                    format!(
+                        "{p} must be above 0 and below 1 and turn an even number of channels; it turns {rot} of \
+                         a head of {}",
+                        self.head_size()
+                    ),
+                ));
+            }
+        }
         if rope {
             if !(self.rotary_base.is_finite() && self.rotary_base > 1.0) {
                 return Err(("rotary_base", format!("{} must be a finite number > 1", self.rotary_base)));
@@ -794,6 +816,8 @@ impl Config {
                     llama3_factor: self
                         .use_rope_scaling
                         .then(|| self.rope_scaling_factor.unwrap_or(MEGATRON_ROPE_SCALING_FACTOR)),
+                    rotary_dims: (self.rotary_percent != 1.0)
+                        .then(|| rotary_dims_of(self.rotary_percent, self.head_size())),
                 }),
             },
             activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },

@@ -127,6 +127,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         positions: Positions::Rotary(RopeFrequencies {
             base: rope["rope_theta"].as_f64().unwrap() as f32,
             llama3_factor,
+            rotary_dims: None,
         }),
         activation: Activation::SwiGlu,
         biases,

@@ -88,7 +88,7 @@ fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 10] = [
+    let alone: [&[(&str, &str)]; 11] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -99,6 +99,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("disable-bias-linear", "true"), ("add-qkv-bias", "true")],
         &[("kv-channels", "16")],
         &[("normalization", "RMSNorm"), ("qk-layernorm", "true")],
+        &[("position-embedding-type", "rope"), ("rotary-percent", "0.5")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -120,6 +121,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     assert_ne!(each[7], each[6], "add_qkv_bias changed nothing");
     // Qwen3's QK-norm, beside the RMSNorm it needs.
     assert_ne!(each[9], each[0], "qk_layernorm changed nothing");
+    // Nemotron's rotary embedding on half of each head: neither the whole head's nor none.
+    assert_ne!(each[10], each[1], "rotary_percent changed nothing");
 }
 
 #[test]
@@ -143,7 +146,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 17] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -188,6 +191,17 @@ fn impossible_combinations_are_one_line() {
         (
             &["--position-embedding-type", "rope", "--kv-channels", "9"],
             "rope rotates pairs of channels and needs an even head size; kv_channels is 9",
+        ),
+        (&["--rotary-percent", "0.5"], "command line: --rotary-percent 0.5: 0.5 needs position_embedding_type: rope"),
+        (
+            &["--position-embedding-type", "rope", "--rotary-percent", "0.375"],
+            "command line: --rotary-percent 0.375: 0.375 must be above 0 and below 1 and turn an even number of \
+             channels; it turns 3 of a head of 8",
+        ),
+        (
+            &["--position-embedding-type", "rope", "--rotary-percent", "1.5"],
+            "command line: --rotary-percent 1.5: 1.5 must be above 0 and below 1 and turn an even number of \
+             channels; it turns 12 of a head of 8",
         ),
     ];
     for (args, needle) in cases {

@@ -1,8 +1,10 @@
 // Rotary position embedding in Hugging Face's rotate-half layout, in place on the query
 // and key heads of qkv [B,T,(NH+2*KV)*hs] (queries, then keys, then the untouched values in
-// each token's row), as the CPU backend's kernels/src/cpu/rope.rs: with half = hs/2, pair
-// (x[i], x[i + half]) of a head at position p turns by p * inv_freq_i, where
-// inv_freq_i = 1 / base^(2i/hs) in f32 (Hugging Face's f32 `base ** exponent`), slowed
+// each token's row), as the CPU backend's kernels/src/cpu/rope.rs: of each head the first
+// rot channels turn (rot = hs, or a partial rotary embedding's share; the rest pass
+// through); with half = rot/2, pair (x[i], x[i + half]) of a head at position p turns by
+// p * inv_freq_i, where inv_freq_i = 1 / base^(2i/rot) in f32 (Hugging Face's f32
+// `base ** exponent`), slowed
 // where its wavelength is long by Llama 3.1's scaling when llama3_factor is not 0
 // (kernels/src/rope_frequencies.rs, step for step), the angle is an f32 product, and cos
 // and sin are computed in double and rounded once to f32. The backward turns the gradient
@@ -52,10 +54,11 @@ __device__ __forceinline__ float llama3_scaled(float inv_freq, float factor) {
 // each sequence's first token (0 in training).
 template <typename T>
 __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int seq_len, int n_head,
-                                          int n_kv_head, int head_size, unsigned long long first,
-                                          float base, float llama3_factor, float sign) {
+                                          int n_kv_head, int head_size, int rot,
+                                          unsigned long long first, float base,
+                                          float llama3_factor, float sign) {
     constexpr int LEN = Pack<T>::LEN;
-    const int half = head_size / 2, per = rope_pairs<T>(half), threads_per_row = half / per;
+    const int half = rot / 2, per = rope_pairs<T>(half), threads_per_row = half / per;
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * threads_per_row) return;
     const unsigned long long row = i / threads_per_row;
@@ -63,7 +66,7 @@ __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int s
     const float position = (float)(first + row % seq_len);
     float c[LEN], s[LEN];
     for (int k = 0; k < LEN && k < per; ++k) {
-        float inv_freq = 1.0f / powf(base, (float)(2 * (pair + k)) / (float)head_size);
+        float inv_freq = 1.0f / powf(base, (float)(2 * (pair + k)) / (float)rot);
         if (llama3_factor != 0.0f) inv_freq = llama3_scaled(inv_freq, llama3_factor);
         const double angle = (double)(position * inv_freq);
         c[k] = (float)cos(angle);
@@ -91,26 +94,30 @@ __device__ __forceinline__ void rope_body(T* qkv, unsigned long long rows, int s
 }
 
 extern "C" __global__ void rope_forward(float* qkv, unsigned long long rows, int seq_len, int n_head,
-                                        int n_kv_head, int head_size, unsigned long long first,
-                                        float base, float llama3_factor) {
-    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, llama3_factor, 1.0f);
+                                        int n_kv_head, int head_size, int rot,
+                                        unsigned long long first, float base, float llama3_factor) {
+    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, rot, first, base, llama3_factor,
+              1.0f);
 }
 
 extern "C" __global__ void rope_forward_bf16(bf16* qkv, unsigned long long rows, int seq_len,
-                                             int n_head, int n_kv_head, int head_size,
+                                             int n_head, int n_kv_head, int head_size, int rot,
                                              unsigned long long first, float base,
                                              float llama3_factor) {
-    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, first, base, llama3_factor, 1.0f);
+    rope_body(qkv, rows, seq_len, n_head, n_kv_head, head_size, rot, first, base, llama3_factor,
+              1.0f);
 }
 
 extern "C" __global__ void rope_backward(float* dqkv, unsigned long long rows, int seq_len,
-                                         int n_head, int n_kv_head, int head_size, float base,
-                                         float llama3_factor) {
-    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, llama3_factor, -1.0f);
+                                         int n_head, int n_kv_head, int head_size, int rot,
+                                         float base, float llama3_factor) {
+    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, rot, 0ull, base, llama3_factor,
+              -1.0f);
 }
 
 extern "C" __global__ void rope_backward_bf16(bf16* dqkv, unsigned long long rows, int seq_len,
-                                              int n_head, int n_kv_head, int head_size, float base,
-                                              float llama3_factor) {
-    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, 0ull, base, llama3_factor, -1.0f);
+                                              int n_head, int n_kv_head, int head_size, int rot,
+                                              float base, float llama3_factor) {
+    rope_body(dqkv, rows, seq_len, n_head, n_kv_head, head_size, rot, 0ull, base, llama3_factor,
+              -1.0f);
 }

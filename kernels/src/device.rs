@@ -636,9 +636,10 @@ pub trait Device:
     /// Rotary position embedding, in place, of the NH query and KV key heads of qkv
     /// [B,T,(NH+2*KV)*hs] (the value heads untouched), token t of each sequence at position
     /// first_position + t (0 in training; a decoder's token after its cache), in Hugging
-    /// Face's rotate-half layout: for i < hs/2, with inv_freq_i of `freqs` and
-    /// angle = position * inv_freq_i in f32, x[i] = x[i] cos - x[i + hs/2] sin and
-    /// x[i + hs/2] = x[i + hs/2] cos + x[i] sin. hs must be even.
+    /// Face's rotate-half layout over the d = `freqs.rotated(hs)` leading channels of each
+    /// head (the rest pass through): for i < d/2, with inv_freq_i of `freqs` and
+    /// angle = position * inv_freq_i in f32, x[i] = x[i] cos - x[i + d/2] sin and
+    /// x[i + d/2] = x[i + d/2] cos + x[i] sin. d must be even.
     fn rope_forward(
         &self,
         qkv: &mut Tensor,
@@ -647,13 +648,13 @@ pub trait Device:
         freqs: RopeFrequencies,
         first_position: usize,
     ) {
-        let dims = rope_dims(qkv, n_head, n_kv_head);
+        let dims = rope_dims(qkv, n_head, n_kv_head, freqs);
         self.rope_forward_impl(qkv, dims, freqs, first_position);
     }
     /// RoPE's backward, in place on dqkv [B,T,(NH+2*KV)*hs], token t at position t: the
     /// inverse rotation of the query and key gradients (the value gradients untouched).
     fn rope_backward(&self, dqkv: &mut Tensor, n_head: usize, n_kv_head: usize, freqs: RopeFrequencies) {
-        let dims = rope_dims(dqkv, n_head, n_kv_head);
+        let dims = rope_dims(dqkv, n_head, n_kv_head, freqs);
         self.rope_backward_impl(dqkv, dims, freqs);
     }
 

@@ -1,6 +1,7 @@
 //! The rotary embedding's frequencies, each the f32 that Hugging Face's
-//! `LlamaRotaryEmbedding` computes: inv_freq_i = 1 / base^(2i/hs), and for Llama 3.1 and
-//! later (config.json's rope_type "llama3", Megatron's `use_rope_scaling`) those of long
+//! `LlamaRotaryEmbedding` computes: inv_freq_i = 1 / base^(2i/d) over the d channels of a
+//! head that turn (all hs of them, or the first `rotary_dims`), and for Llama 3.1 and later
+//! (config.json's rope_type "llama3", Megatron's `use_rope_scaling`) those of long
 //! wavelength slowed by a factor. Every backend's rope turns its pairs by these;
 //! kernels/cuda/rope.cu repeats [`RopeFrequencies::inv_freq`] step for step.
 
@@ -17,23 +18,51 @@ pub fn is_llama3_factor(factor: f64) -> bool {
     factor.is_finite() && factor >= 1.0
 }
 
+/// The channels that `percent` of a head of `hs` turns, as Megatron-LM's RotaryEmbedding
+/// and transformers' `partial_rotary_factor` count them: `int(hs * percent)`.
+pub fn rotary_dims_of(percent: f64, hs: usize) -> usize {
+    (hs as f64 * percent) as usize
+}
+
+/// The `percent` whose [`rotary_dims_of`] a head of `hs` is `rot`, for writing down:
+/// rot / hs, or the next f64 up where the product rounds below rot (2 of 98 is
+/// 0.02040816326530612, and 98 of it 1.9999999999999998).
+pub fn rotary_percent_of(rot: usize, hs: usize) -> f64 {
+    let percent = rot as f64 / hs as f64;
+    if rotary_dims_of(percent, hs) == rot {
+        percent
+    } else {
+        percent.next_up()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeFrequencies {
     /// Llama 2: 10000, Llama 3: 500000.
     pub base: f32,
     /// Llama 3.1's scaling factor (8 for 3.1, 32 for 3.2's 1B and 3B); None for plain RoPE.
     pub llama3_factor: Option<f32>,
+    /// The leading channels of each head that turn, the rest passing through (Megatron's
+    /// `rotary_percent` of the head size, Hugging Face's `partial_rotary_factor`: Nemotron's
+    /// half, GPT-NeoX's quarter); None turns the whole head. Even, and at most the head size.
+    pub rotary_dims: Option<usize>,
 }
 
 impl RopeFrequencies {
     pub const fn plain(base: f32) -> RopeFrequencies {
-        RopeFrequencies { base, llama3_factor: None }
+        RopeFrequencies { base, llama3_factor: None, rotary_dims: None }
     }
 
-    /// The frequency of pair i of a head of `hs`: `1.0 / (base ** (arange(0, hs, 2).float() / hs))`
-    /// in f32, then Llama 3.1's scaling where it is set.
+    /// The channels of a head of `hs` that turn: d = 2 * (the pairs).
+    pub fn rotated(&self, hs: usize) -> usize {
+        self.rotary_dims.unwrap_or(hs)
+    }
+
+    /// The frequency of pair i of a head of `hs`, d = [`RopeFrequencies::rotated`] channels
+    /// of it turning: `1.0 / (base ** (arange(0, d, 2).float() / d))` in f32, then Llama
+    /// 3.1's scaling where it is set.
     pub fn inv_freq(&self, i: usize, hs: usize) -> f32 {
-        let exponent = (2 * i) as f32 / hs as f32;
+        let exponent = (2 * i) as f32 / self.rotated(hs) as f32;
         let inv_freq = 1.0 / self.base.powf(exponent);
         match self.llama3_factor {
             Some(factor) => llama3_scaled(inv_freq, factor),
@@ -79,6 +108,7 @@ mod tests {
             let freqs = RopeFrequencies {
                 base: case["rope_theta"].as_f64().unwrap() as f32,
                 llama3_factor: case["factor"].as_f64().map(|f| f as f32),
+                rotary_dims: None,
             };
             let bits: Vec<u32> = case["inv_freq_bits"]
                 .as_array()
@@ -90,6 +120,19 @@ mod tests {
             let ours: Vec<u32> = (0..hs / 2).map(|i| freqs.inv_freq(i, hs).to_bits()).collect();
             assert_eq!(ours, bits, "{freqs:?}, head size {hs}");
         }
+    }
+
+    /// Every even count of channels of every head up to 2048 reads back from the percent
+    /// written for it.
+    #[test]
+    fn a_written_percent_reads_back_as_its_channels() {
+        for hs in 2..=2048 {
+            for rot in (2..=hs).step_by(2) {
+                assert_eq!(rotary_dims_of(rotary_percent_of(rot, hs), hs), rot, "{rot} of {hs}");
+            }
+        }
+        assert_eq!(rotary_percent_of(64, 128), 0.5);
+        assert_eq!(rotary_dims_of(0.25, 80), 20);
     }
 
     /// The three bands at Llama 3.1 8B's sizes: pair 0 (wavelength 2 pi) kept, pair 63

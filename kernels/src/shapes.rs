@@ -3,6 +3,7 @@
 //! that does not fit is a bug in the caller: each check panics with the tensors it got.
 
 use crate::device::WeightLayout;
+use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::{rows_cols, Tensor};
 
 /// A matmul's sizes: inp [N,IC], out [N,OC].
@@ -102,9 +103,14 @@ pub(crate) fn qk_norm_dims(
 }
 
 /// The sizes of RoPE's qkv: as [`qkv_dims`], with an even head size (the rotated pairs).
-pub(crate) fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> QkvDims {
+pub(crate) fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize, freqs: RopeFrequencies) -> QkvDims {
     let dims = qkv_dims(qkv, n_head, n_kv_head);
-    assert!(dims.hs.is_multiple_of(2), "rope: the head size {} must be even", dims.hs);
+    let rot = freqs.rotated(dims.hs);
+    assert!(
+        rot.is_multiple_of(2) && rot > 0 && rot <= dims.hs,
+        "rope: {rot} channels of a head of {} must turn (even, at most the head)",
+        dims.hs
+    );
     dims
 }
 

@@ -958,7 +958,8 @@ fn gelu_matches() {
 }
 
 /// RoPE on 4 query heads sharing 2 key/value heads, the forward at a later position (a
-/// decoder's) and the backward from 0, plain and with Llama 3.1's scaling. The emulator's
+/// decoder's) and the backward from 0, plain, with Llama 3.1's scaling, and turning half of
+/// each head (Nemotron's partial rotary embedding). The emulator's
 /// powf, cos and sin are the host's, so on the stand-in this is the CPU's bits; a GPU's may
 /// differ by an ulp, hence the tolerance.
 #[test]
@@ -968,8 +969,10 @@ fn rope_matches() {
     let (kv, hs) = (2, C / NH);
     let shape = [B, T, (NH + 2 * kv) * hs];
     let (x, dx) = (rng.uniform(shape.iter().product(), 2.0), rng.uniform(shape.iter().product(), 1.0));
-    for llama3_factor in [None, Some(8.0)] {
-        let freqs = RopeFrequencies { base: 500_000.0, llama3_factor };
+    let plain = RopeFrequencies::plain(500_000.0);
+    let scaled = RopeFrequencies { llama3_factor: Some(8.0), ..plain };
+    let half = RopeFrequencies { rotary_dims: Some(hs / 2), ..plain };
+    for freqs in [plain, scaled, half] {
         let run = |dev: &dyn Device| {
             let (mut qkv, mut dqkv) = (put(dev, &x, &shape), put(dev, &dx, &shape));
             dev.rope_forward(&mut qkv, NH, kv, freqs, 1000);

@@ -17,8 +17,8 @@
 use std::path::Path;
 
 use kernels::rope_frequencies::{
-    is_llama3_factor, RopeFrequencies, LLAMA3_HIGH_FREQ_FACTOR, LLAMA3_LOW_FREQ_FACTOR,
-    LLAMA3_ORIGINAL_POSITIONS,
+    is_llama3_factor, rotary_dims_of, rotary_percent_of, RopeFrequencies, LLAMA3_HIGH_FREQ_FACTOR,
+    LLAMA3_LOW_FREQ_FACTOR, LLAMA3_ORIGINAL_POSITIONS,
 };
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
@@ -59,6 +59,11 @@ impl LlamaConfig {
         }
         if a.qk_norm && a.biases != LinearBiases::NoBiases {
             return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
+        }
+        if matches!(a.positions, Positions::Rotary(RopeFrequencies { rotary_dims: Some(_), .. })) {
+            return Some(
+                "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it",
+            );
         }
         None
     }
@@ -127,6 +132,9 @@ impl LlamaConfig {
                 Positions::Rotary(_) => "rope",
             };
             extra.insert("position_embedding_type".into(), json!(positions));
+            if let Positions::Rotary(RopeFrequencies { rotary_dims: Some(rot), .. }) = a.positions {
+                extra.insert("rotary_percent".into(), json!(rotary_percent_of(rot, self.head_dim)));
+            }
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
             extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
             extra.insert("qk_layernorm".into(), json!(a.qk_norm));
@@ -176,6 +184,7 @@ impl LlamaConfig {
                     .ok_or_else(|| bad("rope_parameters has no rope_theta".into()))?
                     as f32,
                 llama3_factor: llama3_factor(params).map_err(|e| bad(format!("rope_parameters {e}")))?,
+                rotary_dims: None,
             },
             None => RopeFrequencies {
                 base: float("rope_theta", 10000.0)?,
@@ -183,6 +192,7 @@ impl LlamaConfig {
                     Some(scaling) => llama3_factor(scaling).map_err(|e| bad(format!("rope_scaling {e}")))?,
                     None => None,
                 },
+                rotary_dims: None,
             },
         };
         if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
@@ -229,7 +239,6 @@ impl LlamaConfig {
         } else if model_type == Some("mistral") {
             LinearBiases::NoBiases
         } else if model_type == Some("phi3") {
-            phi3_full_rotation(obj).map_err(bad)?;
             LinearBiases::NoBiases
         } else {
             let attention_bias = flag("attention_bias", false)?;
@@ -253,10 +262,15 @@ impl LlamaConfig {
         let learned = pipetrain
             && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
         let swiglu = !pipetrain || flag("swiglu", true)?;
+        let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
         let arch = Architecture {
             norm,
             norm_eps: float("rms_norm_eps", 1e-6)?,
-            positions: if learned { Positions::Learned } else { Positions::Rotary(freqs) },
+            positions: if learned {
+                Positions::Learned
+            } else {
+                Positions::Rotary(RopeFrequencies { rotary_dims, ..freqs })
+            },
             activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
             biases,
             qk_norm: model_type == Some("qwen3") || (pipetrain && flag("qk_layernorm", false)?),
@@ -335,18 +349,45 @@ fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
     Ok(slides)
 }
 
-/// Refuses a Phi3Config that rotates part of each head (Phi-4 mini's `partial_rotary_factor`
-/// 0.75, at the top level or, from transformers 5, in rope_parameters): pipetrain's rope
-/// turns every channel.
-fn phi3_full_rotation(obj: &Map<String, Value>) -> Result<(), String> {
-    let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
-    match nested.or_else(|| obj.get("partial_rotary_factor")) {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) if v.as_f64() == Some(1.0) => Ok(()),
-        Some(v) => {
-            Err(format!("partial_rotary_factor is {v}; pipetrain's rope turns every channel of a head (1.0)"))
+/// The leading channels of each head of `hs` that the rotary embedding turns, None for all
+/// of them: `int(hs x share)` for Phi3Config's `partial_rotary_factor` (top level, or from
+/// transformers 5 in rope_parameters; Phi-4 mini's 0.75) and pipetrain's `rotary_percent`.
+/// The attention of every other model_type read here turns the whole head (transformers
+/// would build its frequencies for part of it and fail to apply them), so a share there is
+/// refused.
+fn rotary_dims(
+    obj: &Map<String, Value>,
+    model_type: Option<&str>,
+    hs: usize,
+) -> Result<Option<usize>, String> {
+    let (key, share) = match model_type {
+        Some("pipetrain") => ("rotary_percent", obj.get("rotary_percent")),
+        _ => {
+            let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
+            ("partial_rotary_factor", nested.or_else(|| obj.get("partial_rotary_factor")))
         }
+    };
+    let share = match share {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|s| *s > 0.0 && *s <= 1.0)
+            .ok_or_else(|| format!("{key} is {v}, not a share above 0 and at most 1"))?,
+    };
+    let rot = rotary_dims_of(share, hs);
+    if rot == hs {
+        return Ok(None);
     }
+    if !matches!(model_type, Some("phi3" | "pipetrain")) {
+        let model_type = model_type.unwrap_or("llama");
+        return Err(format!("{key} is {share}; model_type {model_type:?} turns every channel of a head"));
+    }
+    if rot == 0 || !rot.is_multiple_of(2) {
+        return Err(format!(
+            "{key} is {share}: it turns {rot} channels of a head of {hs}, not an even number"
+        ));
+    }
+    Ok(Some(rot))
 }
 
 /// config.json's `rope_scaling` for Llama 3.1's scaling by `factor`.
@@ -457,7 +498,7 @@ mod tests {
     }
 
     fn scaled(factor: f32) -> Positions {
-        Positions::Rotary(RopeFrequencies { base: 500000.0, llama3_factor: Some(factor) })
+        Positions::Rotary(RopeFrequencies { llama3_factor: Some(factor), ..RopeFrequencies::plain(500000.0) })
     }
 
     #[test]
@@ -674,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_phi_4_and_phi_3_mini_as_llamas_and_refuses_phi_4_mini() {
+    fn reads_phi_4_phi_3_mini_and_phi_4_minis_partial_rotation_as_llamas() {
         // The config.json of microsoft/phi-4 on the Hugging Face hub.
         let hub: Value = serde_json::from_str(
             r#"{"architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -713,23 +754,49 @@ mod tests {
         let mut mini = hub.clone();
         mini["sliding_window"] = json!(2047);
         assert_eq!(parse(&mini).unwrap(), LlamaConfig { max_position_embeddings: 2047, ..want.clone() });
-        // Phi-4 mini rotates three quarters of each head, in transformers 4's place or 5's.
-        let partial =
-            "d/config.json: partial_rotary_factor is 0.75; pipetrain's rope turns every channel of a head \
-                       (1.0)";
-        assert_eq!(err("partial_rotary_factor", json!(0.75)), partial);
+        // Phi-4 mini turns three quarters of each head, in transformers 4's place or 5's.
+        let three_quarters = |j: &Value| parse(j).map(|c| c.arch.positions);
+        let turning =
+            |rot| Positions::Rotary(RopeFrequencies { rotary_dims: rot, ..RopeFrequencies::plain(250000.0) });
+        let with = |key: &str, value: Value| {
+            let mut j = hub.clone();
+            j[key] = value;
+            j
+        };
+        assert_eq!(three_quarters(&with("partial_rotary_factor", json!(0.75))).unwrap(), turning(Some(96)));
         let nested = json!({"rope_type": "default", "rope_theta": 250000.0, "partial_rotary_factor": 0.75});
-        assert_eq!(err("rope_parameters", nested.clone()), partial);
+        assert_eq!(three_quarters(&with("rope_parameters", nested.clone())).unwrap(), turning(Some(96)));
         let mut whole = nested;
         whole["partial_rotary_factor"] = json!(1.0);
+        assert_eq!(parse(&with("rope_parameters", whole)).unwrap(), want);
+        // A Llama that turns part of its heads names no transformers class, so exports as
+        // pipetrain's own, its share in Megatron's key, and reads back.
+        let partial = parse(&with("partial_rotary_factor", json!(0.75))).unwrap();
         assert_eq!(
-            parse(&{
-                let mut j = hub.clone();
-                j["rope_parameters"] = whole;
-                j
-            })
-            .unwrap(),
-            want
+            partial.missing_in_transformers(),
+            Some(
+                "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it"
+            )
+        );
+        let written = partial.to_json();
+        assert_eq!((&written["model_type"], &written["rotary_percent"]), (&json!("pipetrain"), &json!(0.75)));
+        assert_eq!(parse(&written).unwrap(), partial);
+        // Shares that turn no even number of channels, or are no share; and a Llama's.
+        assert_eq!(
+            err("partial_rotary_factor", json!(0.7)),
+            "d/config.json: partial_rotary_factor is 0.7: it turns 89 channels of a head of 128, not an even number"
+        );
+        for bad in [json!(0), json!(1.5), json!("half")] {
+            assert_eq!(
+                err("partial_rotary_factor", bad.clone()),
+                format!("d/config.json: partial_rotary_factor is {bad}, not a share above 0 and at most 1")
+            );
+        }
+        let mut llama = with("partial_rotary_factor", json!(0.5));
+        llama["model_type"] = json!("llama");
+        assert_eq!(
+            parse(&llama).unwrap_err().to_string(),
+            "d/config.json: partial_rotary_factor is 0.5; model_type \"llama\" turns every channel of a head"
         );
         // Phi-3.5's long-context rope.
         assert_eq!(

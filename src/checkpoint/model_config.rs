@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use kernels::rope_frequencies::rotary_percent_of;
 use serde_json::Value;
 use stages::{Architecture, LinearBiases, Naming};
 
@@ -100,11 +101,17 @@ impl ModelConfig {
             },
             ModelConfig::Llama(l) => {
                 let a: &Architecture = &l.arch;
-                let (position_embedding_type, rotary_base, llama3_factor) = match a.positions {
+                let (position_embedding_type, rotary_base, llama3_factor, rotary_percent) = match a.positions
+                {
                     stages::Positions::Learned => {
-                        (PositionEmbeddingType::LearnedAbsolute, run.rotary_base, None)
+                        (PositionEmbeddingType::LearnedAbsolute, run.rotary_base, None, 1.0)
                     }
-                    stages::Positions::Rotary(f) => (PositionEmbeddingType::Rope, f.base, f.llama3_factor),
+                    stages::Positions::Rotary(f) => (
+                        PositionEmbeddingType::Rope,
+                        f.base,
+                        f.llama3_factor,
+                        f.rotary_dims.map_or(1.0, |rot| rotary_percent_of(rot, l.head_dim)),
+                    ),
                 };
                 let gqa = l.num_key_value_heads != l.num_attention_heads;
                 Config {
@@ -122,6 +129,7 @@ impl ModelConfig {
                     rotary_base,
                     use_rope_scaling: llama3_factor.is_some(),
                     rope_scaling_factor: llama3_factor,
+                    rotary_percent,
                     swiglu: a.activation == stages::Activation::SwiGlu,
                     group_query_attention: gqa,
                     num_query_groups: gqa.then_some(l.num_key_value_heads),

@@ -29,7 +29,7 @@ pub fn check_same_model(cfg: &Config, held: &ModelConfig, dir: &Path) -> anyhow:
 /// The config keys that define the model, each with its value as the config resolves it
 /// (an unset `ffn_hidden_size` is 4 x hidden, an unset `num_query_groups` the head count).
 /// `add_qkv_bias` counts only under `disable_bias_linear` (beside the other biases it adds
-/// none). The rotary keys count only with rotary positions, `rope_scaling_factor` (its
+/// none). The rotary keys (`rotary_percent` among them) count only with rotary positions, `rope_scaling_factor` (its
 /// default resolved, "none" unscaled) only where both use the scaling, and
 /// `max_position_embeddings` only with learned positions: a rotary model runs at any length
 /// up to it.
@@ -58,6 +58,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
             ("rotary_base", freqs.base.to_string()),
             ("use_rope_scaling", c.use_rope_scaling.to_string()),
             ("rope_scaling_factor", freqs.llama3_factor.map_or("none".into(), |f| f.to_string())),
+            ("rotary_percent", c.rotary_percent.to_string()),
         ]),
         Positions::Learned => values.push(("max_position_embeddings", c.max_position_embeddings.to_string())),
     }
@@ -151,5 +152,12 @@ mod tests {
             refusal(&qwen3, &llama),
             "key `qk_layernorm`: ck holds a model with qk_layernorm false, not true"
         );
+        // Nemotron's half-turned heads: the same parameters, other positions.
+        let nemotron = Config { rotary_percent: 0.5, ..llama.clone() };
+        assert_eq!(
+            refusal(&nemotron, &llama),
+            "key `rotary_percent`: ck holds a model with rotary_percent 1, not 0.5"
+        );
+        assert_eq!(refusal(&nemotron, &nemotron), "the same model");
     }
 }

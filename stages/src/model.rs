@@ -211,9 +211,15 @@ impl ModelShape {
         let mut parts = vec![format!("{} (eps {:e})", a.norm, a.norm_eps)];
         parts.push(match a.positions {
             Positions::Learned => "learned positions".into(),
-            Positions::Rotary(RopeFrequencies { base, llama3_factor: None }) => format!("rope (base {base})"),
-            Positions::Rotary(RopeFrequencies { base, llama3_factor: Some(factor) }) => {
-                format!("rope (base {base}, Llama 3.1 scaling by {factor})")
+            Positions::Rotary(freqs) => {
+                let mut rope = vec![format!("base {}", freqs.base)];
+                if let Some(factor) = freqs.llama3_factor {
+                    rope.push(format!("Llama 3.1 scaling by {factor}"));
+                }
+                if let Some(rot) = freqs.rotary_dims {
+                    rope.push(format!("on {rot} of {} channels", self.head_size()));
+                }
+                format!("rope ({})", rope.join(", "))
             }
         });
         parts.push(
@@ -305,6 +311,14 @@ mod tests {
         assert_eq!(
             ModelShape::GPT2_SMALL.describe_architecture(),
             "LayerNorm (eps 1e-5), learned positions, GELU, tied output layer"
+        );
+        let half = RopeFrequencies { rotary_dims: Some(12), ..RopeFrequencies::plain(10000.0) };
+        let partial =
+            ModelShape { arch: Architecture { positions: Positions::Rotary(half), ..llama3.arch }, ..llama3 };
+        assert_eq!(
+            partial.describe_architecture(),
+            "RMSNorm (eps 1e-5), rope (base 10000, on 12 of 24 channels), SwiGLU, 8 query groups, no linear \
+             biases, untied output layer"
         );
         // Mistral Nemo: 32 heads of 128 at a width of 5120.
         let nemo = ModelShape {

@@ -327,7 +327,7 @@ fn key_value_heads_must_divide_the_query_heads() {
 }
 
 #[test]
-#[should_panic(expected = "rope: the head size 5 must be even")]
+#[should_panic(expected = "rope: 5 channels of a head of 5 must turn (even, at most the head)")]
 fn rope_needs_an_even_head_size() {
     let dev = CpuDevice::new(1);
     let mut qkv = dev.zeros(&[1, 3, 3 * 5], Category::Activations);

@@ -594,13 +594,13 @@ impl Rope for CpuDevice {
         first_position: usize,
     ) {
         let dims = rope::Dims { first: first_position, ..rope_dims(dims) };
-        let mut table = self.workspace(rope::table_len(dims));
+        let mut table = self.workspace(rope::table_len(dims, freqs));
         self.pool.install(|| rope::forward(qkv.cpu_mut(), table.cpu_mut(), dims, freqs));
     }
 
     fn rope_backward_impl(&self, dqkv: &mut Tensor, dims: QkvDims, freqs: RopeFrequencies) {
         let dims = rope_dims(dims);
-        let mut table = self.workspace(rope::table_len(dims));
+        let mut table = self.workspace(rope::table_len(dims, freqs));
         self.pool.install(|| rope::backward(dqkv.cpu_mut(), table.cpu_mut(), dims, freqs));
     }
 }

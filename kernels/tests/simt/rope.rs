@@ -47,7 +47,8 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
         return;
     };
     let plain = RopeFrequencies::plain;
-    let llama3 = |llama3_factor| RopeFrequencies { base: 500_000.0, llama3_factor: Some(llama3_factor) };
+    let llama3 = |llama3_factor| RopeFrequencies { llama3_factor: Some(llama3_factor), ..plain(500_000.0) };
+    let partial = |rotary_dims| RopeFrequencies { rotary_dims: Some(rotary_dims), ..plain(10_000.0) };
     let cases = [
         // Llama-3-8B's attention: 32 query heads on 8 key/value heads of 128, base 500000;
         // 2 sequences of 48 tokens rather than 8192, the forward's placed at the end of an
@@ -62,6 +63,11 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
         Case { b: 3, t: 7, nh: 3, kv: 1, hs: 6, first: 5, freqs: plain(10_000.0) },
         // Heads of 8: in f32 a thread's 4 pairs are one pack, in bf16 (8 a pack) one pair.
         Case { b: 1, t: 5, nh: 2, kv: 1, hs: 8, first: 0, freqs: plain(10_000.0) },
+        // Nemotron's half: 64 of 128 channels turn, 32 pairs (packs in f32 and bf16), the
+        // second pack of a pair's halves 16 elements past the first, not 64.
+        Case { b: 1, t: 9, nh: 4, kv: 2, hs: 128, first: 3000, freqs: partial(64) },
+        // GPT-NeoX's quarter of a head of 24: 6 channels, 3 pairs (one each, unaligned).
+        Case { b: 2, t: 5, nh: 3, kv: 1, hs: 24, first: 7, freqs: partial(6) },
     ];
     for storage in Storage::BOTH {
         let mut rng = Rng::new(11);
@@ -71,7 +77,8 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             let mut run = Run::new(case.len() as u64);
             let (qkv, dqkv) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dx));
             let rows = case.b * case.t;
-            let cfg = || per_rope_thread(rows, case.hs / 2, storage.dtype());
+            let rot = case.freqs.rotated(case.hs);
+            let cfg = || per_rope_thread(rows, rot / 2, storage.dtype());
             let dims = || {
                 [
                     (rows as u64).into(),
@@ -79,6 +86,7 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
                     (case.nh as i32).into(),
                     (case.kv as i32).into(),
                     (case.hs as i32).into(),
+                    (rot as i32).into(),
                 ]
             };
             let mut forward: Vec<_> = vec![qkv.into()];
@@ -95,8 +103,9 @@ fn rope_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
             run.read(dqkv);
             let got = family.run(run).unwrap();
             let (want, dwant) = cpu_rope(case, &x, &dx);
-            let what =
-                |part: &str| format!("{part} in {storage}, {} heads on {} of {}", case.nh, case.kv, case.hs);
+            let what = |part: &str| {
+                format!("{part} in {storage}, {} heads on {} of {}, {rot} turning", case.nh, case.kv, case.hs)
+            };
             storage.check(&what("rope"), &storage.read(&got, qkv), &want, Tolerance::Exact).unwrap();
             storage.check(&what("drope"), &storage.read(&got, dqkv), &dwant, Tolerance::Exact).unwrap();
         }
