@@ -73,6 +73,8 @@ pub struct Config {
     /// percent)` channels (Megatron's name; Nemotron's 0.5, GPT-NeoX's 0.25).
     pub rotary_percent: f64,
     pub swiglu: bool,
+    /// The MLP's activation is relu(x)^2 (Nemotron's) instead of GELU.
+    pub squared_relu: bool,
     pub group_query_attention: bool,
     /// Key/value heads with group_query_attention.
     pub num_query_groups: Option<usize>,
@@ -206,6 +208,7 @@ impl Default for Config {
             rope_scaling_factor: None,
             rotary_percent: 1.0,
             swiglu: false,
+            squared_relu: false,
             group_query_attention: false,
             num_query_groups: None,
             untie_embeddings_and_output_weights: false,
@@ -747,6 +750,12 @@ impl Config {
             }
             _ => {}
         }
+        if self.squared_relu && self.swiglu {
+            return Err((
+                "squared_relu",
+                "true and swiglu: true are two activations for one MLP; set one".into(),
+            ));
+        }
         if self.qk_layernorm && self.normalization != Norm::RmsNorm {
             return Err((
                 "qk_layernorm",
@@ -820,7 +829,11 @@ impl Config {
                         .then(|| rotary_dims_of(self.rotary_percent, self.head_size())),
                 }),
             },
-            activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },
+            activation: match (self.swiglu, self.squared_relu) {
+                (true, _) => Activation::SwiGlu,
+                (false, true) => Activation::SquaredRelu,
+                (false, false) => Activation::Gelu,
+            },
             biases: match (self.disable_bias_linear, self.add_qkv_bias) {
                 (false, _) => LinearBiases::All,
                 (true, true) => LinearBiases::QkvOnly,

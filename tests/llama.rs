@@ -88,7 +88,7 @@ fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 11] = [
+    let alone: [&[(&str, &str)]; 12] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -100,6 +100,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("kv-channels", "16")],
         &[("normalization", "RMSNorm"), ("qk-layernorm", "true")],
         &[("position-embedding-type", "rope"), ("rotary-percent", "0.5")],
+        &[("squared-relu", "true")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -146,7 +147,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 18] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -191,6 +192,10 @@ fn impossible_combinations_are_one_line() {
         (
             &["--position-embedding-type", "rope", "--kv-channels", "9"],
             "rope rotates pairs of channels and needs an even head size; kv_channels is 9",
+        ),
+        (
+            &["--swiglu", "true", "--squared-relu", "true"],
+            "command line: --squared-relu true: true and swiglu: true are two activations for one MLP; set one",
         ),
         (&["--rotary-percent", "0.5"], "command line: --rotary-percent 0.5: 0.5 needs position_embedding_type: rope"),
         (

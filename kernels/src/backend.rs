@@ -259,6 +259,12 @@ pub trait Gelu {
     fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
 }
 
+/// All tensors of one length.
+pub trait SquaredRelu {
+    fn squared_relu_forward_impl(&self, out: &mut Tensor, inp: &Tensor);
+    fn squared_relu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor);
+}
+
 /// `f` is F: out (dout) [N,F], inp and dinp [N,2F].
 pub trait SwiGlu {
     fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize);

@@ -26,7 +26,7 @@
 use crate::attention::AttentionSaved;
 use crate::backend::{
     AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, LayerNorm, Matmul,
-    Readouts, RmsNorm, Rope, SwiGlu,
+    Readouts, RmsNorm, Rope, SquaredRelu, SwiGlu,
 };
 use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
@@ -160,6 +160,7 @@ pub trait Device:
     + Attention
     + Rope
     + Gelu
+    + SquaredRelu
     + SwiGlu
     + Dropout
     + Classifier
@@ -669,6 +670,18 @@ pub trait Device:
         assert_same_len(dinp, inp);
         assert_same_len(dinp, dout);
         self.gelu_backward_impl(dinp, inp, dout);
+    }
+    /// Squared ReLU (Megatron's `squared_relu`, Nemotron's): out = relu(inp)^2, a NaN
+    /// passing through.
+    fn squared_relu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+        assert_same_len(out, inp);
+        self.squared_relu_forward_impl(out, inp);
+    }
+    /// dinp (overwrite) = 2 relu(inp) * dout
+    fn squared_relu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        assert_same_len(dinp, inp);
+        assert_same_len(dinp, dout);
+        self.squared_relu_backward_impl(dinp, inp, dout);
     }
     /// SwiGLU: out [N,F] = silu(a) * b, with a = inp[:, :F] (the gate) and b = inp[:, F:]
     /// (the up projection) of inp [N,2F], Megatron's fused linear_fc1 output;

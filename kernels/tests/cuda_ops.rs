@@ -957,6 +957,25 @@ fn gelu_matches() {
     assert_close("dgelu", &got[1], &want[1], TOL);
 }
 
+/// Squared ReLU: a product of f32s in each direction, so the CPU's bits on any GPU.
+#[test]
+fn squared_relu_matches_bit_for_bit() {
+    let Some(gpu) = gpu("squared_relu_matches_bit_for_bit") else { return };
+    let mut rng = seeded("squared_relu");
+    let (x, dout) = (rng.uniform(50_001, 6.0), rng.uniform(50_001, 1.0));
+    let run = |dev: &dyn Device| {
+        let x = put(dev, &x, &[x.len()]);
+        let mut out = dev.zeros(&[x.len()], Category::Workspace);
+        dev.squared_relu_forward(&mut out, &x);
+        let mut dinp = dev.zeros(&[x.len()], Category::Workspace);
+        dev.squared_relu_backward(&mut dinp, &x, &put(dev, &dout, &[x.len()]));
+        [out, dinp].map(|t| dev.to_host(&t))
+    };
+    let (want, got) = (run(&cpu()), run(&gpu));
+    assert!(got[0] == want[0], "relu2 differs from the CPU's");
+    assert!(got[1] == want[1], "drelu2 differs from the CPU's");
+}
+
 /// RoPE on 4 query heads sharing 2 key/value heads, the forward at a later position (a
 /// decoder's) and the backward from 0, plain, with Llama 3.1's scaling, and turning half of
 /// each head (Nemotron's partial rotary embedding). The emulator's

@@ -136,6 +136,7 @@ impl LlamaConfig {
                 extra.insert("rotary_percent".into(), json!(rotary_percent_of(rot, self.head_dim)));
             }
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
+            extra.insert("squared_relu".into(), json!(a.activation == Activation::SquaredRelu));
             extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
             extra.insert("qk_layernorm".into(), json!(a.qk_norm));
             extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
@@ -236,9 +237,7 @@ impl LlamaConfig {
                 ));
             }
             LinearBiases::NoBiases
-        } else if model_type == Some("mistral") {
-            LinearBiases::NoBiases
-        } else if model_type == Some("phi3") {
+        } else if matches!(model_type, Some("mistral" | "phi3")) {
             LinearBiases::NoBiases
         } else {
             let attention_bias = flag("attention_bias", false)?;
@@ -261,7 +260,15 @@ impl LlamaConfig {
         };
         let learned = pipetrain
             && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
-        let swiglu = !pipetrain || flag("swiglu", true)?;
+        let activation =
+            match (!pipetrain || flag("swiglu", true)?, pipetrain && flag("squared_relu", false)?) {
+                (true, false) => Activation::SwiGlu,
+                (false, true) => Activation::SquaredRelu,
+                (false, false) => Activation::Gelu,
+                (true, true) => {
+                    return Err(bad("swiglu and squared_relu are both true: one MLP, one activation".into()))
+                }
+            };
         let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
         let arch = Architecture {
             norm,
@@ -271,7 +278,7 @@ impl LlamaConfig {
             } else {
                 Positions::Rotary(RopeFrequencies { rotary_dims, ..freqs })
             },
-            activation: if swiglu { Activation::SwiGlu } else { Activation::Gelu },
+            activation,
             biases,
             qk_norm: model_type == Some("qwen3") || (pipetrain && flag("qk_layernorm", false)?),
             tied_output: flag("tie_word_embeddings", false)?,
@@ -479,6 +486,21 @@ mod tests {
         };
         assert_eq!(mixed.to_json()["model_type"], "pipetrain");
         assert_eq!(parse(&mixed.to_json()).unwrap(), mixed);
+        for activation in [Activation::Gelu, Activation::SquaredRelu] {
+            let other = LlamaConfig { arch: Architecture { activation, ..llama().arch }, ..llama() };
+            assert_eq!(other.to_json()["model_type"], "pipetrain");
+            assert_eq!(parse(&other.to_json()).unwrap(), other, "{activation:?}");
+        }
+        let mut both = LlamaConfig {
+            arch: Architecture { activation: Activation::SquaredRelu, ..llama().arch },
+            ..llama()
+        }
+        .to_json();
+        both["swiglu"] = json!(true);
+        assert_eq!(
+            parse(&both).unwrap_err().to_string(),
+            "d/config.json: swiglu and squared_relu are both true: one MLP, one activation"
+        );
     }
 
     #[test]

@@ -131,6 +131,7 @@ impl ModelConfig {
                     rope_scaling_factor: llama3_factor,
                     rotary_percent,
                     swiglu: a.activation == stages::Activation::SwiGlu,
+                    squared_relu: a.activation == stages::Activation::SquaredRelu,
                     group_query_attention: gqa,
                     num_query_groups: gqa.then_some(l.num_key_value_heads),
                     untie_embeddings_and_output_weights: !a.tied_output,

@@ -46,6 +46,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("norm_epsilon", c.norm_epsilon.to_string()),
         ("position_embedding_type", c.position_embedding_type.name().to_string()),
         ("swiglu", c.swiglu.to_string()),
+        ("squared_relu", c.squared_relu.to_string()),
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("qk_layernorm", c.qk_layernorm.to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),

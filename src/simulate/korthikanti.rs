@@ -91,10 +91,7 @@ pub fn differences(s: &ModelShape) -> Vec<String> {
     if s.fc1_width() != 4 * s.hidden || s.ffn != 4 * s.hidden {
         out.push(format!(
             "{} input {}h and output {}h (not 4h and 4h)",
-            match s.arch.activation {
-                stages::Activation::Gelu => "GELU",
-                stages::Activation::SwiGlu => "SwiGLU",
-            },
+            s.arch.activation.name(),
             ratio(s.fc1_width(), s.hidden),
             ratio(s.ffn, s.hidden)
         ));

@@ -52,7 +52,8 @@ pub struct Architecture {
     pub norm: Norm,
     pub norm_eps: f32,
     pub positions: Positions,
-    /// The MLP's activation: GELU on one projection, or SwiGLU on a gate and an up projection.
+    /// The MLP's activation: GELU or squared ReLU on one projection, or SwiGLU on a gate and
+    /// an up projection.
     pub activation: Activation,
     pub biases: LinearBiases,
     /// Each query and key head is normalised by the model's norm before the rotary
@@ -222,13 +223,7 @@ impl ModelShape {
                 format!("rope ({})", rope.join(", "))
             }
         });
-        parts.push(
-            match a.activation {
-                Activation::Gelu => "GELU",
-                Activation::SwiGlu => "SwiGLU",
-            }
-            .into(),
-        );
+        parts.push(a.activation.name().into());
         if self.kv_heads != self.heads {
             parts.push(format!("{} query groups", self.kv_heads));
         }

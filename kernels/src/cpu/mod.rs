@@ -23,6 +23,7 @@ mod matmul;
 mod peak;
 mod rmsnorm;
 mod rope;
+mod squared_relu;
 mod swiglu;
 #[cfg(test)]
 mod testutil;
@@ -32,7 +33,7 @@ pub use peak::measure_matmul_peak;
 use crate::attention::AttentionSaved;
 use crate::backend::{
     matmul_backward_input_then_gelu, AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding,
-    Gelu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SwiGlu,
+    Gelu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SquaredRelu, SwiGlu,
 };
 use crate::counters::{Counters, DeviceCounters};
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
@@ -612,6 +613,16 @@ impl Gelu for CpuDevice {
 
     fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
         self.pool.install(|| gelu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu()));
+    }
+}
+
+impl SquaredRelu for CpuDevice {
+    fn squared_relu_forward_impl(&self, out: &mut Tensor, inp: &Tensor) {
+        self.pool.install(|| squared_relu::forward(out.cpu_mut(), inp.cpu()));
+    }
+
+    fn squared_relu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        self.pool.install(|| squared_relu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu()));
     }
 }
 

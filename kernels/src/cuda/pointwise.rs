@@ -1,11 +1,11 @@
-//! The elementwise ops: residual add and accumulation, GELU, SwiGLU and dropout, each on
+//! The elementwise ops: residual add and accumulation, GELU, squared ReLU, SwiGLU and dropout, each on
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones; and zeroing many f32
 //! tensors at once (zero.cu).
 
 use super::device::{buf, buf_mut, same_dtype, CudaDevice};
 use super::launch::{per_pack, per_table_chunk, ZERO_CHUNK};
 use super::sources::kernel_name;
-use crate::backend::{Dropout, Elementwise, Gelu, SwiGlu};
+use crate::backend::{Dropout, Elementwise, Gelu, SquaredRelu, SwiGlu};
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
@@ -71,6 +71,20 @@ impl Gelu for CudaDevice {
     fn gelu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
         let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
         let name = kernel_name("gelu_backward", dtype);
+        launch!(self, name, per_pack(dinp.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n);
+    }
+}
+
+impl SquaredRelu for CudaDevice {
+    fn squared_relu_forward_impl(&self, out: &mut Tensor, inp: &Tensor) {
+        let (n, dtype) = (out.len() as u64, same_dtype(&[out, inp]));
+        let name = kernel_name("squared_relu_forward", dtype);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(inp), &n);
+    }
+
+    fn squared_relu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+        let (n, dtype) = (dinp.len() as u64, same_dtype(&[dinp, inp, dout]));
+        let name = kernel_name("squared_relu_backward", dtype);
         launch!(self, name, per_pack(dinp.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n);
     }
 }

@@ -111,6 +111,59 @@ fn gelu_matches_the_cpu_in_f32_and_bf16() {
     }
 }
 
+/// Squared ReLU in f32 and bf16: the CPU's bits, forward and backward, NaN passed through.
+#[test]
+fn squared_relu_matches_the_cpu_bit_for_bit_in_f32_and_bf16() {
+    let Some(family) =
+        Family::of("squared_relu_matches_the_cpu_bit_for_bit_in_f32_and_bf16", "squared_relu.cu")
+    else {
+        return;
+    };
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(3);
+        // The MLP's hidden layer, and a length whose last pack is partial in both storages.
+        for n in [HIDDEN, 777] {
+            let mut x = storage.round(rng.uniform(n, 4.0));
+            x[5] = f32::NAN;
+            let dout = storage.round(rng.uniform(n, 1.0));
+            let mut run = Run::new(n as u64);
+            let (gx, gd) = (storage.buffer(&mut run, &x), storage.buffer(&mut run, &dout));
+            let (out, dinp) = (storage.output(&mut run, n), storage.output(&mut run, n));
+            let cfg = || per_pack(n, storage.dtype());
+            run.launch(
+                storage.kernel("squared_relu_forward"),
+                cfg(),
+                &[out.into(), gx.into(), (n as u64).into()],
+            );
+            run.launch(
+                storage.kernel("squared_relu_backward"),
+                cfg(),
+                &[dinp.into(), gx.into(), gd.into(), (n as u64).into()],
+            );
+            run.read(out);
+            run.read(dinp);
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let put = |v: &[f32]| dev.from_host(v, &[n], Category::Workspace);
+            let (tx, td) = (put(&x), put(&dout));
+            let (mut want_out, mut want_dinp) =
+                (dev.zeros(&[n], Category::Workspace), dev.zeros(&[n], Category::Workspace));
+            dev.squared_relu_forward(&mut want_out, &tx);
+            dev.squared_relu_backward(&mut want_dinp, &tx, &td);
+            let (want_out, want_dinp) = (dev.to_host(&want_out), dev.to_host(&want_dinp));
+            let (got_out, got_dinp) = (storage.read(&got, out), storage.read(&got, dinp));
+            assert!(got_out[5].is_nan() && want_out[5].is_nan(), "{storage}: relu2(NaN) is {}", got_out[5]);
+            let finite = |v: &[f32]| [&v[..5], &v[6..]].concat();
+            let what = |part: &str| format!("{part} in {storage}, {n} elements");
+            storage.check(&what("relu2"), &finite(&got_out), &finite(&want_out), Tolerance::Exact).unwrap();
+            assert!(got_dinp[5].is_nan(), "{storage}: drelu2 at NaN is {}", got_dinp[5]);
+            storage
+                .check(&what("drelu2"), &finite(&got_dinp), &finite(&want_dinp), Tolerance::Exact)
+                .unwrap();
+        }
+    }
+}
+
 fn spec(p: f32, layer: u32, site: DropoutSite) -> DropoutSpec {
     DropoutSpec {
         p,

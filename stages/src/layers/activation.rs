@@ -1,11 +1,13 @@
-//! The MLP's activation: GELU (GPT-2's tanh approximation) on one projection, or SwiGLU
-//! (Megatron's `swiglu`: silu(gate) * up) on the two halves of a fused projection.
+//! The MLP's activation: GELU (GPT-2's tanh approximation) or squared ReLU (Megatron's
+//! `squared_relu`, Nemotron's) on one projection, or SwiGLU (Megatron's `swiglu`:
+//! silu(gate) * up) on the two halves of a fused projection.
 
 use kernels::{Category, Device, Tensor, WeightLayout};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
     Gelu,
+    SquaredRelu,
     SwiGlu,
 }
 
@@ -14,7 +16,7 @@ impl Activation {
     /// gate and up halves side by side (Megatron's fused linear_fc1).
     pub fn fc1_width(self, ffn: usize) -> usize {
         match self {
-            Activation::Gelu => ffn,
+            Activation::Gelu | Activation::SquaredRelu => ffn,
             Activation::SwiGlu => 2 * ffn,
         }
     }
@@ -23,7 +25,17 @@ impl Activation {
     pub fn forward(self, dev: &dyn Device, out: &mut Tensor, inp: &Tensor) {
         match self {
             Activation::Gelu => dev.gelu_forward(out, inp),
+            Activation::SquaredRelu => dev.squared_relu_forward(out, inp),
             Activation::SwiGlu => dev.swiglu_forward(out, inp),
+        }
+    }
+
+    /// Megatron's name for it, as the simulator's report and the model's line print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "GELU",
+            Activation::SquaredRelu => "squared ReLU",
+            Activation::SwiGlu => "SwiGLU",
         }
     }
 
@@ -41,6 +53,11 @@ impl Activation {
         let (weight, layout) = fc2;
         match self {
             Activation::Gelu => dev.matmul_backward_input_gelu(dinp, dout, weight, layout, inp),
+            Activation::SquaredRelu => {
+                let mut dact = dev.empty_of(dev.activation_dtype(), dinp.shape(), Category::Workspace); // [N,F]
+                dev.matmul_backward_input(&mut dact, dout, weight, layout);
+                dev.squared_relu_backward(dinp, inp, &dact);
+            }
             Activation::SwiGlu => {
                 let f = dinp.shape().last().expect("a [N, 2F] gradient") / 2;
                 let mut dact =
