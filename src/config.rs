@@ -61,6 +61,8 @@ pub struct Config {
     #[serde(with = "named")]
     pub normalization: Norm,
     pub norm_epsilon: f32,
+    /// Every norm but QK-norm scales by 1 + weight, its weight zero-centred (Nemotron's).
+    pub apply_layernorm_1p: bool,
     #[serde(with = "named")]
     pub position_embedding_type: PositionEmbeddingType,
     /// The rotary embedding's base (Llama 2: 10000, Llama 3: 500000).
@@ -202,6 +204,7 @@ impl Default for Config {
             init_method_std: 0.02,
             normalization: Norm::LayerNorm,
             norm_epsilon: 1e-5,
+            apply_layernorm_1p: false,
             position_embedding_type: PositionEmbeddingType::LearnedAbsolute,
             rotary_base: 10000.0,
             use_rope_scaling: false,
@@ -756,6 +759,13 @@ impl Config {
                 "true and swiglu: true are two activations for one MLP; set one".into(),
             ));
         }
+        if self.qk_layernorm && self.apply_layernorm_1p {
+            return Err((
+                "qk_layernorm",
+                "true beside apply_layernorm_1p: pipetrain's QK-norm weights are plain, not zero-centred"
+                    .into(),
+            ));
+        }
         if self.qk_layernorm && self.normalization != Norm::RmsNorm {
             return Err((
                 "qk_layernorm",
@@ -818,6 +828,7 @@ impl Config {
         Architecture {
             norm: self.normalization,
             norm_eps: self.norm_epsilon,
+            zero_centered_gamma: self.apply_layernorm_1p,
             positions: match self.position_embedding_type {
                 PositionEmbeddingType::LearnedAbsolute => Positions::Learned,
                 PositionEmbeddingType::Rope => Positions::Rotary(RopeFrequencies {

@@ -279,6 +279,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "qwen3",
             "mistral",
             "phi3",
+            "nemotron",
             "pipetrain",
             "full_attention",
             "sliding_attention"

@@ -1,5 +1,6 @@
-//! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias` and Qwen3's
-//! `qk_layernorm` among them): each flag alone
+//! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias`, Qwen3's
+//! `qk_layernorm` and Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`
+//! among them): each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
 //! line and exit 2.
@@ -63,22 +64,43 @@ fn assert_one_stages_bits_and_predicted_memory(r: &std::path::Path, base: &std::
 /// with the activation memory the model predicts.
 #[test]
 fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
-    let dir = temp_dir("qwen3-bitwise");
-    let model = [("global-batch-size", "8".to_string()), ("qk-layernorm", "true".to_string())];
+    matches_one_stage_bitwise_under_every_schedule("qwen3", &[("qk-layernorm", "true")]);
+}
+
+/// Nemotron (LayerNorm scaling by 1 + weight, squared ReLU, rope on half of each head), as
+/// Qwen3 above.
+#[test]
+fn nemotron_matches_one_stage_bitwise_under_every_schedule() {
+    let nemotron = [
+        ("normalization", "LayerNorm"),
+        ("apply-layernorm-1p", "true"),
+        ("swiglu", "false"),
+        ("squared-relu", "true"),
+        ("rotary-percent", "0.5"),
+    ];
+    matches_one_stage_bitwise_under_every_schedule("nemotron", &nemotron);
+}
+
+/// The Llama with `family`'s flags under all six schedules, full recompute and selective
+/// alternately: p = 1's bits and the predicted activation peaks.
+fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'static str, &str)]) {
+    let dir = temp_dir(&format!("{name}-bitwise"));
+    let mut model = vec![("global-batch-size", "8".to_string())];
+    model.extend(family.iter().map(|(k, v)| (*k, v.to_string())));
     let base = run_small(&dir, "p1", &llama(&model));
     for (i, (schedule, p)) in
         [("1f1b", 2), ("gpipe", 4), ("zb-h1", 3), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)]
             .into_iter()
             .enumerate()
     {
-        let mut f = model.to_vec();
+        let mut f = model.clone();
         f.extend(schedule_flags(schedule, p).into_iter().filter(|(k, _)| *k != "global-batch-size"));
         f.extend(if i % 2 == 0 {
             full_recompute("uniform", "1")
         } else {
             selective_recompute("core_attn,mlp")
         });
-        let name = format!("{schedule}-p{p}");
+        let name = format!("{name}-{schedule}-p{p}");
         let r = run_small(&dir, &name, &llama(&f));
         assert_one_stages_bits_and_predicted_memory(&r, &base, &name);
     }
@@ -88,7 +110,7 @@ fn qwen3_matches_one_stage_bitwise_under_every_schedule() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 12] = [
+    let alone: [&[(&str, &str)]; 13] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -101,6 +123,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("normalization", "RMSNorm"), ("qk-layernorm", "true")],
         &[("position-embedding-type", "rope"), ("rotary-percent", "0.5")],
         &[("squared-relu", "true")],
+        &[("normalization", "RMSNorm"), ("apply-layernorm-1p", "true")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -124,6 +147,11 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     assert_ne!(each[9], each[0], "qk_layernorm changed nothing");
     // Nemotron's rotary embedding on half of each head: neither the whole head's nor none.
     assert_ne!(each[10], each[1], "rotary_percent changed nothing");
+    // A zero-centred norm weight starts at 0 where a plain one starts at 1: the same
+    // function, so the first step's loss is plain RMSNorm's to the bit; the updates then
+    // round about 0 and not about 1.
+    assert_eq!(each[12][0], each[0][0], "1 + 0 is not the plain norm's 1");
+    assert_ne!(each[12][1..], each[0][1..], "apply_layernorm_1p changed nothing after the first step");
 }
 
 #[test]
@@ -147,7 +175,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 19] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -196,6 +224,11 @@ fn impossible_combinations_are_one_line() {
         (
             &["--swiglu", "true", "--squared-relu", "true"],
             "command line: --squared-relu true: true and swiglu: true are two activations for one MLP; set one",
+        ),
+        (
+            &["--normalization", "RMSNorm", "--qk-layernorm", "true", "--apply-layernorm-1p", "true"],
+            "command line: --qk-layernorm true: true beside apply_layernorm_1p: pipetrain's QK-norm weights are \
+             plain, not zero-centred",
         ),
         (&["--rotary-percent", "0.5"], "command line: --rotary-percent 0.5: 0.5 needs position_embedding_type: rope"),
         (

@@ -291,6 +291,22 @@ fn qwen3s_qk_norm_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &qk_norm), &dir, &[]);
 }
 
+/// Nemotron: llama-tiny.yaml with zero-centred LayerNorms (the kernels scale by a shifted
+/// weight), squared ReLU and rope on half of each head, on the stand-in as on the CPU.
+#[test]
+fn nemotron_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("nemotron_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-nemotron");
+    let nemotron = [
+        ("normalization: RMSNorm", "normalization: LayerNorm\napply_layernorm_1p: true"),
+        ("swiglu: true", "squared_relu: true"),
+        ("rotary_base: 10000", "rotary_base: 10000\nrotary_percent: 0.5"),
+    ];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &nemotron), &dir, &[]);
+}
+
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
 /// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
 #[test]

@@ -125,14 +125,25 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
     // Qwen2: the q, k and v biases split with their heads' columns, the groups' among them.
     // Heads of 16 at a width of 32 over 4 heads (Mistral Nemo's shape): the output
     // projection's 64 input columns split by heads. Qwen3's QK-norm: each rank's gradient of
-    // the norms' weights covers its heads, summed over the group.
-    let models = [
-        ("qwen2", ("add-qkv-bias", "true")),
-        ("wide-heads", ("kv-channels", "16")),
-        ("qwen3", ("qk-layernorm", "true")),
+    // the norms' weights covers its heads, summed over the group. Nemotron: zero-centred
+    // LayerNorms over sequence shards, squared ReLU on each rank's columns, half of each
+    // rank's heads turning.
+    let nemotron: &[(&str, &str)] = &[
+        ("normalization", "LayerNorm"),
+        ("apply-layernorm-1p", "true"),
+        ("swiglu", "false"),
+        ("squared-relu", "true"),
+        ("rotary-percent", "0.5"),
+    ];
+    let models: [(&str, &[(&str, &str)]); 4] = [
+        ("qwen2", &[("add-qkv-bias", "true")]),
+        ("wide-heads", &[("kv-channels", "16")]),
+        ("qwen3", &[("qk-layernorm", "true")]),
+        ("nemotron", nemotron),
     ];
     for (name, extra) in models {
-        let model = [llama.clone(), vec![(extra.0, extra.1.to_string())]].concat();
+        let extra: Vec<_> = extra.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let model = [llama.clone(), extra].concat();
         let base = loss_values(&run_small(&dir, &format!("{name}-t1"), &steps(&model)));
         let f = [model, tsp(2, 2, true)].concat();
         let t2 = run_small(&dir, &format!("{name}-t2-p2-sp"), &steps(&f));

@@ -1,4 +1,5 @@
-// Elementwise arithmetic of the residual stream and of gradient accumulation. Each kernel
+// Elementwise arithmetic of the residual stream, of gradient accumulation and of a
+// zero-centred norm weight's shift. Each kernel
 // has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one body, the sum
 // taken in fp32 and rounded once on its store. Each thread takes one 128-bit pack
 // (common.cuh): launched over n / Pack<T>::LEN threads, rounded up.
@@ -42,4 +43,24 @@ extern "C" __global__ void add(float* out, const float* a, const float* b, unsig
 
 extern "C" __global__ void add_bf16(bf16* out, const bf16* a, const bf16* b, unsigned long long n) {
     add_body(out, a, b, n);
+}
+
+// out = a + s (a zero-centred norm weight's 1 + w)
+template <typename T>
+__device__ __forceinline__ void add_scalar_body(T* out, const T* a, float s, unsigned long long n) {
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(a);
+    const Pack<T> pa = load_pack(a, i, n, vector);
+    Pack<T> po;
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&po.x[k], to_float(pa.x[k]) + s);
+    store_pack(out, po, i, n, vector);
+}
+
+extern "C" __global__ void add_scalar(float* out, const float* a, float s, unsigned long long n) {
+    add_scalar_body(out, a, s, n);
+}
+
+extern "C" __global__ void add_scalar_bf16(bf16* out, const bf16* a, float s, unsigned long long n) {
+    add_scalar_body(out, a, s, n);
 }

@@ -37,6 +37,7 @@ pub trait Buffers {
 pub trait Elementwise {
     fn accumulate_impl(&self, acc: &mut Tensor, x: &Tensor);
     fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
+    fn add_scalar_impl(&self, out: &mut Tensor, a: &Tensor, s: f32);
 }
 
 /// The values a step leaves for the host; the slots are within the readout.

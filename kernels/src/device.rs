@@ -289,6 +289,11 @@ pub trait Device:
         assert_same_len(out, b);
         self.add_impl(out, a, b);
     }
+    /// out = a + s, elementwise (a zero-centred norm weight's 1 + w).
+    fn add_scalar(&self, out: &mut Tensor, a: &Tensor, s: f32) {
+        assert_same_len(out, a);
+        self.add_scalar_impl(out, a, s);
+    }
     /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent), as
     /// [`Device::sum_squares_into`] computes it, read at once: a host sync, for tests and tools.
     fn sum_squares(&self, t: &Tensor) -> f64 {

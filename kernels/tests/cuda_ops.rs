@@ -939,6 +939,19 @@ fn bf16_packing_rounds_as_the_cpu() {
     }
 }
 
+/// A zero-centred norm weight's 1 + w: one f32 add, the CPU's bits on any GPU.
+#[test]
+fn add_scalar_matches_bit_for_bit() {
+    let Some(gpu) = gpu("add_scalar_matches_bit_for_bit") else { return };
+    let a = seeded("add_scalar").uniform(4099, 0.1);
+    let run = |dev: &dyn Device| {
+        let mut out = dev.zeros(&[a.len()], Category::Workspace);
+        dev.add_scalar(&mut out, &put(dev, &a, &[a.len()]), 1.0);
+        dev.to_host(&out)
+    };
+    assert!(run(&gpu) == run(&cpu()), "1 + w differs from the CPU's");
+}
+
 #[test]
 fn gelu_matches() {
     let Some(gpu) = gpu("gelu_matches") else { return };

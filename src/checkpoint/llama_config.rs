@@ -48,14 +48,39 @@ pub struct LlamaConfig {
 const MAX_HEAD_DIM: usize = 1 << 16;
 
 impl LlamaConfig {
+    /// Whether transformers' `NemotronForCausalLM` builds this model: LayerNorm1P (a
+    /// LayerNorm scaling by 1 + weight), squared ReLU, rotary positions without Llama 3.1's
+    /// scaling, no QK-norm, and biases on every linear layer or on none.
+    fn is_nemotron(&self) -> bool {
+        let a = &self.arch;
+        a.norm == Norm::LayerNorm
+            && a.zero_centered_gamma
+            && a.activation == Activation::SquaredRelu
+            && matches!(a.positions, Positions::Rotary(RopeFrequencies { llama3_factor: None, .. }))
+            && !a.qk_norm
+            && a.biases != LinearBiases::QkvOnly
+    }
+
     /// Why `transformers` has no class for this model, where it has none: its
     /// `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` need RMSNorm, rotary
-    /// positions and a SwiGLU MLP, and Qwen3's QK-norm comes without biases.
+    /// positions over the whole head and a SwiGLU MLP, and Qwen3's QK-norm comes without
+    /// biases; `NemotronForCausalLM` takes what [`LlamaConfig::is_nemotron`] says.
     pub fn missing_in_transformers(&self) -> Option<&'static str> {
         let a = &self.arch;
+        if self.is_nemotron() {
+            return None;
+        }
         if a.norm != Norm::RmsNorm || a.positions == Positions::Learned || a.activation != Activation::SwiGlu
         {
-            return Some("LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together");
+            return Some(
+                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
+                 NemotronForCausalLM LayerNorm, apply_layernorm_1p, rope and squared_relu",
+            );
+        }
+        if a.zero_centered_gamma {
+            return Some(
+                "LlamaForCausalLM's RMSNorm scales by its weight, not 1 + weight (apply_layernorm_1p)",
+            );
         }
         if a.qk_norm && a.biases != LinearBiases::NoBiases {
             return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
@@ -68,10 +93,14 @@ impl LlamaConfig {
         None
     }
 
-    /// config.json's model_type: "qwen3" for QK-norm, "qwen2" for biases on q, k and v
-    /// alone (LlamaConfig's `attention_bias` would put one on the output projection too),
-    /// "llama" for what else LlamaForCausalLM builds, "pipetrain" for the rest.
+    /// config.json's model_type: "nemotron" for Nemotron's architecture, "qwen3" for
+    /// QK-norm, "qwen2" for biases on q, k and v alone (LlamaConfig's `attention_bias` would
+    /// put one on the output projection too), "llama" for what else LlamaForCausalLM builds,
+    /// "pipetrain" for the rest.
     fn model_type(&self) -> &'static str {
+        if self.is_nemotron() {
+            return "nemotron";
+        }
         match (self.missing_in_transformers().is_none(), self.arch.qk_norm, self.arch.biases) {
             (false, ..) => "pipetrain",
             (true, true, _) => "qwen3",
@@ -92,6 +121,7 @@ impl LlamaConfig {
             "architectures": [match model_type {
                 "qwen2" => "Qwen2ForCausalLM",
                 "qwen3" => "Qwen3ForCausalLM",
+                "nemotron" => "NemotronForCausalLM",
                 _ => "LlamaForCausalLM",
             }],
             "vocab_size": self.vocab_size,
@@ -113,6 +143,18 @@ impl LlamaConfig {
             "use_cache": true,
         });
         let extra = j.as_object_mut().expect("an object");
+        if model_type == "nemotron" {
+            // NemotronConfig's names for the activation and the epsilon; its rotation
+            // defaults to half a head, so it is always written.
+            extra.insert("hidden_act".into(), json!("relu2"));
+            extra.remove("rms_norm_eps");
+            extra.insert("norm_eps".into(), decimal(a.norm_eps));
+            let rot = match a.positions {
+                Positions::Rotary(f) => f.rotated(self.head_dim),
+                Positions::Learned => unreachable!("a Nemotron has rotary positions"),
+            };
+            extra.insert("partial_rotary_factor".into(), json!(rotary_percent_of(rot, self.head_dim)));
+        }
         if model_type == "qwen2" {
             // Qwen2ForCausalLM's biases are fixed; its sliding window is off, as in Qwen2.5.
             extra.insert("use_sliding_window".into(), json!(false));
@@ -127,6 +169,7 @@ impl LlamaConfig {
         if model_type == "pipetrain" {
             extra.insert("normalization".into(), json!(a.norm.name()));
             extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
+            extra.insert("apply_layernorm_1p".into(), json!(a.zero_centered_gamma));
             let positions = match a.positions {
                 Positions::Learned => "learned_absolute",
                 Positions::Rotary(_) => "rope",
@@ -145,7 +188,8 @@ impl LlamaConfig {
     }
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
-    /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one) or "pipetrain";
+    /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one), "nemotron" or
+    /// "pipetrain";
     /// `path` names the file in errors. Settings that would make another model than the one
     /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a partial
     /// rotation) are refused.
@@ -175,6 +219,7 @@ impl LlamaConfig {
         };
         let model_type = obj.get("model_type").and_then(Value::as_str);
         let pipetrain = model_type == Some("pipetrain");
+        let nemotron = model_type == Some("nemotron");
         // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
         // most published checkpoints write rope_theta and rope_scaling beside the other keys.
         let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
@@ -196,8 +241,10 @@ impl LlamaConfig {
                 rotary_dims: None,
             },
         };
-        if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
-            return Err(bad(format!("hidden_act is {v}, pipetrain's Llama needs \"silu\"")));
+        let act = if nemotron { "relu2" } else { "silu" };
+        if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some(act)) {
+            let family = if nemotron { "Nemotron" } else { "Llama" };
+            return Err(bad(format!("hidden_act is {v}, pipetrain's {family} needs {act:?}")));
         }
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
@@ -256,23 +303,31 @@ impl LlamaConfig {
             Some(name) if pipetrain => {
                 <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?
             }
+            _ if nemotron => Norm::LayerNorm,
             _ => Norm::RmsNorm,
         };
         let learned = pipetrain
             && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
-        let activation =
-            match (!pipetrain || flag("swiglu", true)?, pipetrain && flag("squared_relu", false)?) {
+        let activation = if nemotron {
+            Activation::SquaredRelu
+        } else if !pipetrain {
+            Activation::SwiGlu
+        } else {
+            match (flag("swiglu", true)?, flag("squared_relu", false)?) {
                 (true, false) => Activation::SwiGlu,
                 (false, true) => Activation::SquaredRelu,
                 (false, false) => Activation::Gelu,
                 (true, true) => {
                     return Err(bad("swiglu and squared_relu are both true: one MLP, one activation".into()))
                 }
-            };
+            }
+        };
         let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
         let arch = Architecture {
             norm,
-            norm_eps: float("rms_norm_eps", 1e-6)?,
+            // NemotronConfig's name for it, and its default.
+            norm_eps: if nemotron { float("norm_eps", 1e-5)? } else { float("rms_norm_eps", 1e-6)? },
+            zero_centered_gamma: nemotron || (pipetrain && flag("apply_layernorm_1p", false)?),
             positions: if learned {
                 Positions::Learned
             } else {
@@ -357,8 +412,9 @@ fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
 }
 
 /// The leading channels of each head of `hs` that the rotary embedding turns, None for all
-/// of them: `int(hs x share)` for Phi3Config's `partial_rotary_factor` (top level, or from
-/// transformers 5 in rope_parameters; Phi-4 mini's 0.75) and pipetrain's `rotary_percent`.
+/// of them: `int(hs x share)` for Phi3Config's and NemotronConfig's `partial_rotary_factor`
+/// (top level, or from transformers 5 in rope_parameters; Phi-4 mini's 0.75, Nemotron's
+/// default 0.5) and pipetrain's `rotary_percent`.
 /// The attention of every other model_type read here turns the whole head (transformers
 /// would build its frequencies for part of it and fail to apply them), so a share there is
 /// refused.
@@ -375,6 +431,8 @@ fn rotary_dims(
         }
     };
     let share = match share {
+        // NemotronConfig's default.
+        None | Some(Value::Null) if model_type == Some("nemotron") => 0.5,
         None | Some(Value::Null) => return Ok(None),
         Some(v) => v
             .as_f64()
@@ -385,7 +443,7 @@ fn rotary_dims(
     if rot == hs {
         return Ok(None);
     }
-    if !matches!(model_type, Some("phi3" | "pipetrain")) {
+    if !matches!(model_type, Some("phi3" | "nemotron" | "pipetrain")) {
         let model_type = model_type.unwrap_or("llama");
         return Err(format!("{key} is {share}; model_type {model_type:?} turns every channel of a head"));
     }
@@ -826,6 +884,81 @@ mod tests {
             "d/config.json: rope_scaling has rope_type \"longrope\"; pipetrain's rotary embedding is \"default\" or \
              Llama 3.1's \"llama3\""
         );
+    }
+
+    /// transformers' NemotronConfig defaults (Nemotron-4 15B's shape) with Nemotron-4's 8
+    /// key/value groups, as transformers 5.25 writes them (tests/fixtures/nemotron_config.json,
+    /// from tests/hf/make_nemotron_fixture.py): LayerNorm1P, squared ReLU, half of each head
+    /// turning; written back as NemotronForCausalLM's; the mixtures it cannot name refused.
+    #[test]
+    fn reads_nemotron_4_and_writes_it_back() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nemotron_config.json");
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hub = &fixture["config"];
+        let half = RopeFrequencies { rotary_dims: Some(64), ..RopeFrequencies::plain(10000.0) };
+        let want = LlamaConfig {
+            arch: Architecture {
+                norm: Norm::LayerNorm,
+                norm_eps: 1e-5,
+                zero_centered_gamma: true,
+                positions: Positions::Rotary(half),
+                activation: Activation::SquaredRelu,
+                biases: LinearBiases::NoBiases,
+                qk_norm: false,
+                tied_output: false,
+                init_std: 0.0134,
+            },
+            vocab_size: 256000,
+            hidden_size: 6144,
+            intermediate_size: 24576,
+            num_hidden_layers: 32,
+            num_attention_heads: 48,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 4096,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        assert_eq!(parse(hub).unwrap(), want);
+        let written = want.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"], &written["partial_rotary_factor"]),
+            (&json!("nemotron"), &json!(["NemotronForCausalLM"]), &json!(0.5))
+        );
+        assert_eq!((&written["hidden_act"], &written["norm_eps"]), (&json!("relu2"), &json!(1e-5)));
+        assert_eq!(parse(&written).unwrap(), want);
+        // NemotronConfig turns half of each head where it says nothing.
+        let mut unsaid = hub.clone();
+        unsaid.as_object_mut().unwrap().remove("rope_parameters");
+        assert_eq!(parse(&unsaid).unwrap(), want);
+        let mut gelu = hub.clone();
+        gelu["hidden_act"] = json!("gelu");
+        assert_eq!(
+            parse(&gelu).unwrap_err().to_string(),
+            "d/config.json: hidden_act is \"gelu\", pipetrain's Nemotron needs \"relu2\""
+        );
+        // What NemotronForCausalLM cannot build is pipetrain's own, and says why.
+        let swiglu = LlamaConfig {
+            arch: Architecture { activation: Activation::SwiGlu, ..want.arch },
+            ..want.clone()
+        };
+        assert_eq!(swiglu.to_json()["model_type"], "pipetrain");
+        assert_eq!(
+            swiglu.missing_in_transformers(),
+            Some(
+                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
+                 NemotronForCausalLM LayerNorm, apply_layernorm_1p, rope and squared_relu"
+            )
+        );
+        assert_eq!(parse(&swiglu.to_json()).unwrap(), swiglu);
+        let rms = Architecture { zero_centered_gamma: true, ..Architecture::llama(500000.0, 1e-5) };
+        assert_eq!(
+            LlamaConfig { arch: rms, ..llama() }.missing_in_transformers(),
+            Some("LlamaForCausalLM's RMSNorm scales by its weight, not 1 + weight (apply_layernorm_1p)")
+        );
+        let qkv = LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..want.arch }, ..want };
+        assert_eq!(qkv.to_json()["model_type"], "pipetrain");
+        assert_eq!(parse(&qkv.to_json()).unwrap(), qkv);
     }
 
     #[test]

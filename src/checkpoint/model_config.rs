@@ -66,11 +66,12 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "pipetrain") => {
+            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\" and \"phi3\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\" \
+                 and \"nemotron\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }
@@ -125,6 +126,7 @@ impl ModelConfig {
                     init_method_std: a.init_std,
                     normalization: a.norm,
                     norm_epsilon: a.norm_eps,
+                    apply_layernorm_1p: a.zero_centered_gamma,
                     position_embedding_type,
                     rotary_base,
                     use_rope_scaling: llama3_factor.is_some(),

@@ -44,6 +44,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("vocab_size", c.vocab_size.to_string()),
         ("normalization", c.normalization.name().to_string()),
         ("norm_epsilon", c.norm_epsilon.to_string()),
+        ("apply_layernorm_1p", c.apply_layernorm_1p.to_string()),
         ("position_embedding_type", c.position_embedding_type.name().to_string()),
         ("swiglu", c.swiglu.to_string()),
         ("squared_relu", c.squared_relu.to_string()),
@@ -160,5 +161,17 @@ mod tests {
             "key `rotary_percent`: ck holds a model with rotary_percent 1, not 0.5"
         );
         assert_eq!(refusal(&nemotron, &nemotron), "the same model");
+        // Nemotron's squared ReLU and zero-centred norms: GELU's and plain norms' shapes.
+        let relu2 = Config { swiglu: false, squared_relu: true, ..llama.clone() };
+        let gelu = Config { swiglu: false, ..llama.clone() };
+        assert_eq!(
+            refusal(&relu2, &gelu),
+            "key `squared_relu`: ck holds a model with squared_relu false, not true"
+        );
+        let one_plus = Config { apply_layernorm_1p: true, ..llama.clone() };
+        assert_eq!(
+            refusal(&one_plus, &llama),
+            "key `apply_layernorm_1p`: ck holds a model with apply_layernorm_1p false, not true"
+        );
     }
 }

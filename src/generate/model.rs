@@ -124,12 +124,7 @@ impl Decoder {
     fn logits(&self, x: &Tensor) -> Vec<f32> {
         let (dev, s) = (&self.dev, &self.shape);
         let (w, b) = self.final_norm;
-        let norm = NormLayer {
-            norm: s.arch.norm,
-            eps: s.arch.norm_eps,
-            weight: &self.values[w],
-            bias: b.map(|b| &self.values[b]),
-        };
+        let norm = NormLayer::of(&s.arch, &self.values[w], b.map(|b| &self.values[b]));
         let mut normed = dev.empty(&[1, s.hidden], Category::Workspace); // [1,C]
         norm.forward(dev, &mut normed, x, Category::Workspace);
         let mut logits = dev.empty(&[1, s.vocab], Category::Workspace); // [1,V]

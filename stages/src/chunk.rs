@@ -398,12 +398,7 @@ fn final_norm_indices(p: &Parameters) -> (usize, Option<usize>) {
 }
 
 fn final_norm<'a>(s: &ModelShape, values: &'a [Tensor], weight: usize, bias: Option<usize>) -> NormLayer<'a> {
-    NormLayer {
-        norm: s.arch.norm,
-        eps: s.arch.norm_eps,
-        weight: &values[weight],
-        bias: bias.map(|b| &values[b]),
-    }
+    NormLayer::of(&s.arch, &values[weight], bias.map(|b| &values[b]))
 }
 
 /// The weight gradients left for backward-weight, now accounted as activations: what W

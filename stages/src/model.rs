@@ -51,6 +51,9 @@ impl LinearBiases {
 pub struct Architecture {
     pub norm: Norm,
     pub norm_eps: f32,
+    /// Every norm but QK-norm scales by 1 + weight, its weight zero-centred and zero at
+    /// init (Megatron's `apply_layernorm_1p`, Nemotron's LayerNorm1P).
+    pub zero_centered_gamma: bool,
     pub positions: Positions,
     /// The MLP's activation: GELU or squared ReLU on one projection, or SwiGLU on a gate and
     /// an up projection.
@@ -83,6 +86,7 @@ impl Architecture {
     pub const GPT2: Architecture = Architecture {
         norm: Norm::LayerNorm,
         norm_eps: 1e-5,
+        zero_centered_gamma: false,
         positions: Positions::Learned,
         activation: Activation::Gelu,
         biases: LinearBiases::All,
@@ -96,6 +100,7 @@ impl Architecture {
         Architecture {
             norm: Norm::RmsNorm,
             norm_eps,
+            zero_centered_gamma: false,
             positions: Positions::Rotary(RopeFrequencies::plain(rotary_base)),
             activation: Activation::SwiGlu,
             biases: LinearBiases::NoBiases,
@@ -209,7 +214,8 @@ impl ModelShape {
     /// 8 query groups, no linear biases, untied output layer`.
     pub fn describe_architecture(&self) -> String {
         let a = &self.arch;
-        let mut parts = vec![format!("{} (eps {:e})", a.norm, a.norm_eps)];
+        let one_plus = if a.zero_centered_gamma { ", 1 + weight" } else { "" };
+        let mut parts = vec![format!("{} (eps {:e}{one_plus})", a.norm, a.norm_eps)];
         parts.push(match a.positions {
             Positions::Learned => "learned positions".into(),
             Positions::Rotary(freqs) => {

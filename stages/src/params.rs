@@ -29,6 +29,16 @@ pub enum Init {
     Ones,
 }
 
+/// A norm weight's init, the identity scale: ones, or zeros where the norm scales by
+/// 1 + weight.
+fn norm_weight_init(s: &ModelShape) -> Init {
+    if s.arch.zero_centered_gamma {
+        Init::Zeros
+    } else {
+        Init::Ones
+    }
+}
+
 /// A block's parameters, in the order a block lists them (Hugging Face's GPT-2 order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockParam {
@@ -316,7 +326,7 @@ pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec>
             weight.into(),
             vec![c],
             index,
-            Init::Ones,
+            norm_weight_init(s),
             false,
             Split::Replicated,
         ));
@@ -355,7 +365,7 @@ fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usi
         Naming::Llama => vec![out, inp],
     };
     let (shape, init, decay, split) = match param {
-        Norm1Weight | Norm2Weight => (vec![c], Init::Ones, false, Split::Replicated),
+        Norm1Weight | Norm2Weight => (vec![c], norm_weight_init(s), false, Split::Replicated),
         QNormWeight | KNormWeight => (vec![s.head_size()], Init::Ones, false, Split::Replicated),
         Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
         QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),

@@ -3,7 +3,8 @@
 //! fixed function of the weights), including the tied embedding's two gradients and the
 //! head's backward, which runs in forward; and again with heads wider than the width over
 //! the heads (`head_dim`, as Mistral Nemo's), the output projection [C, NH * hs]; and for a
-//! Qwen3 (QK-norm before rope, grouped-query attention, SwiGLU).
+//! Qwen3 (QK-norm before rope, grouped-query attention, SwiGLU); and for a Nemotron
+//! (LayerNorm scaling by 1 + weight, squared ReLU, rope on half of each head).
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
@@ -74,6 +75,20 @@ fn gradients_match_central_differences_with_qk_norm() {
     let arch = stages::Architecture { qk_norm: true, tied_output: true, ..llama };
     let qwen3 = ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE };
     check_gradients(qwen3);
+}
+
+#[test]
+fn gradients_match_central_differences_for_nemotron() {
+    let half = kernels::RopeFrequencies { rotary_dims: Some(6), ..kernels::RopeFrequencies::plain(1e4) };
+    let arch = stages::Architecture {
+        norm: stages::Norm::LayerNorm,
+        zero_centered_gamma: true,
+        positions: stages::Positions::Rotary(half),
+        activation: stages::Activation::SquaredRelu,
+        tied_output: true,
+        ..stages::Architecture::llama(1e4, 1e-5)
+    };
+    check_gradients(ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE });
 }
 
 fn check_gradients(s: ModelShape) {

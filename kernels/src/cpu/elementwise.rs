@@ -1,5 +1,5 @@
-//! Buffer arithmetic: copy, zero, residual add, gradient accumulation, and the sum of squares
-//! behind the global gradient norm.
+//! Buffer arithmetic: copy, zero, residual add, a scalar's add, gradient accumulation, and
+//! the sum of squares behind the global gradient norm.
 
 use super::CHUNK;
 use rayon::prelude::*;
@@ -28,6 +28,15 @@ pub fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
     out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(out, (a, b))| {
         for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
             *o = a + b;
+        }
+    });
+}
+
+/// out [n] = a [n] + s
+pub fn add_scalar(out: &mut [f32], a: &[f32], s: f32) {
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(out, a)| {
+        for (o, &a) in out.iter_mut().zip(a) {
+            *o = a + s;
         }
     });
 }
@@ -68,6 +77,8 @@ mod tests {
         assert!(out.iter().zip(&a).zip(&b).all(|((&o, &a), &b)| o == a + b));
         accumulate(&mut out, &a);
         assert!(out.iter().zip(&a).zip(&b).all(|((&o, &a), &b)| o == (a + b) + a));
+        add_scalar(&mut out, &a, 1.0);
+        assert!(out.iter().zip(&a).all(|(&o, &a)| o == a + 1.0));
         copy(&mut out, &b);
         assert_eq!(out, b);
         fill_zero(&mut out);

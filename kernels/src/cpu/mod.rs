@@ -280,6 +280,10 @@ impl Elementwise for CpuDevice {
     fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor) {
         self.pool.install(|| elementwise::add(out.cpu_mut(), a.cpu(), b.cpu()));
     }
+
+    fn add_scalar_impl(&self, out: &mut Tensor, a: &Tensor, s: f32) {
+        self.pool.install(|| elementwise::add_scalar(out.cpu_mut(), a.cpu(), s));
+    }
 }
 
 impl Readouts for CpuDevice {

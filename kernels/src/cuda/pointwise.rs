@@ -59,6 +59,12 @@ impl Elementwise for CudaDevice {
         let name = kernel_name("add", dtype);
         launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(a), buf(b), &n);
     }
+
+    fn add_scalar_impl(&self, out: &mut Tensor, a: &Tensor, s: f32) {
+        let (n, dtype) = (out.len() as u64, same_dtype(&[out, a]));
+        let name = kernel_name("add_scalar", dtype);
+        launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(a), &s, &n);
+    }
 }
 
 impl Gelu for CudaDevice {

@@ -1,4 +1,5 @@
-//! The elementwise kernels: residual add and accumulation, GELU, dropout, AdamW and the
+//! The elementwise kernels: residual add and accumulation, a scalar's add, GELU, squared
+//! ReLU, dropout, AdamW and the
 //! zeroing of many tensors at once. Each
 //! kernel with a bf16-storage twin runs in both storages, at a length whose last 128-bit
 //! pack is partial where the kernel moves packs, the same test for each: in bf16
@@ -61,6 +62,34 @@ fn add_and_accumulate_are_exact_in_f32_and_bf16() {
             dev.accumulate(&mut acc, &put(&storage.round(sum)));
             let want = dev.to_host(&acc);
             storage.check(&what("accumulate"), &storage.read(&got, ga), &want, Tolerance::Exact).unwrap();
+        }
+    }
+}
+
+/// A zero-centred norm weight's 1 + w: the CPU's sums bit for bit in f32, and rounded once
+/// in bf16.
+#[test]
+fn add_scalar_is_exact_in_f32_and_bf16() {
+    let Some(family) = Family::of("add_scalar_is_exact_in_f32_and_bf16", "elementwise.cu") else { return };
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(4);
+        // Llama 3 8B's width, and one whose last pack is partial in both storages.
+        for n in [4096, 1001] {
+            let a = storage.round(rng.uniform(n, 0.1));
+            let mut run = Run::new(n as u64);
+            let (ga, out) = (storage.buffer(&mut run, &a), storage.output(&mut run, n));
+            run.launch(
+                storage.kernel("add_scalar"),
+                per_pack(n, storage.dtype()),
+                &[out.into(), ga.into(), 1.0f32.into(), (n as u64).into()],
+            );
+            run.read(out);
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let mut want = dev.zeros(&[n], Category::Workspace);
+            dev.add_scalar(&mut want, &dev.from_host(&a, &[n], Category::Workspace), 1.0);
+            let what = format!("1 + w in {storage}, {n} elements");
+            storage.check(&what, &storage.read(&got, out), &dev.to_host(&want), Tolerance::Exact).unwrap();
         }
     }
 }

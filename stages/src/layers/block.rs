@@ -92,13 +92,7 @@ impl Block<'_> {
     }
 
     fn norm(&self, weight: BlockParam, bias: BlockParam) -> NormLayer<'_> {
-        let a = &self.s.arch;
-        NormLayer {
-            norm: a.norm,
-            eps: a.norm_eps,
-            weight: self.param(weight),
-            bias: self.at.get(bias).map(|i| &self.w[i]),
-        }
+        NormLayer::of(&self.s.arch, self.param(weight), self.at.get(bias).map(|i| &self.w[i]))
     }
 
     fn norm1(&self) -> NormLayer<'_> {

@@ -4,6 +4,7 @@
 //! Adding a variant is its kernels (`kernels::Device`) and a case in each match of this
 //! file: the config parses it by [`Norm::name`].
 
+use crate::model::Architecture;
 use kernels::{Category, Device, Tensor};
 use std::fmt;
 
@@ -56,6 +57,10 @@ pub struct NormLayer<'a> {
     pub eps: f32,
     pub weight: &'a Tensor,
     pub bias: Option<&'a Tensor>,
+    /// The norm scales by 1 + weight, the weight zero-centred (Megatron's
+    /// `apply_layernorm_1p`, Nemotron's LayerNorm1P): the kernels take the shifted weight,
+    /// whose gradient is the weight's.
+    pub zero_centered: bool,
 }
 
 /// What a norm's backward reads besides its input: the row statistics [N] (f32).
@@ -65,21 +70,45 @@ pub struct NormStats {
     pub rstd: Tensor,
 }
 
-impl NormLayer<'_> {
+impl<'a> NormLayer<'a> {
+    /// A norm of the model `arch` describes, over `weight` and `bias`.
+    pub fn of(arch: &Architecture, weight: &'a Tensor, bias: Option<&'a Tensor>) -> NormLayer<'a> {
+        NormLayer {
+            norm: arch.norm,
+            eps: arch.norm_eps,
+            weight,
+            bias,
+            zero_centered: arch.zero_centered_gamma,
+        }
+    }
+
+    /// The weight the kernels scale by, [C]: 1 + weight (f32, as transformers' LayerNorm1P
+    /// and Transformer Engine's zero-centred gamma add it) into a workspace tensor where
+    /// the weight is zero-centred, else the weight itself.
+    fn scale(&self, dev: &dyn Device) -> Option<Tensor> {
+        self.zero_centered.then(|| {
+            let mut shifted = dev.empty_of(self.weight.dtype(), self.weight.shape(), Category::Workspace); // [C]
+            dev.add_scalar(&mut shifted, self.weight, 1.0);
+            shifted
+        })
+    }
+
     /// out [N,C] = norm(inp [N,C]); the statistics [N] are allocated under `keep_as`.
     pub fn forward(&self, dev: &dyn Device, out: &mut Tensor, inp: &Tensor, keep_as: Category) -> NormStats {
         let rows = &inp.shape()[..inp.shape().len() - 1];
+        let shifted = self.scale(dev);
+        let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
                 let mut mean = dev.empty(rows, keep_as); // [N]
                 let mut rstd = dev.empty(rows, keep_as); // [N]
                 let bias = self.bias.expect("LayerNorm has a bias");
-                dev.layernorm_forward(out, &mut mean, &mut rstd, inp, self.weight, bias, self.eps);
+                dev.layernorm_forward(out, &mut mean, &mut rstd, inp, w, bias, self.eps);
                 NormStats { mean: Some(mean), rstd }
             }
             Norm::RmsNorm => {
                 let mut rstd = dev.empty(rows, keep_as); // [N]
-                dev.rmsnorm_forward(out, &mut rstd, inp, self.weight, self.eps);
+                dev.rmsnorm_forward(out, &mut rstd, inp, w, self.eps);
                 NormStats { mean: None, rstd }
             }
         }
@@ -97,27 +126,19 @@ impl NormLayer<'_> {
         keep_as: Category,
     ) -> NormStats {
         let rows = &residual.shape()[..residual.shape().len() - 1];
+        let shifted = self.scale(dev);
+        let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
                 let mut mean = dev.empty(rows, keep_as); // [N]
                 let mut rstd = dev.empty(rows, keep_as); // [N]
                 let bias = self.bias.expect("LayerNorm has a bias");
-                dev.layernorm_residual_forward(
-                    residual,
-                    out,
-                    &mut mean,
-                    &mut rstd,
-                    a,
-                    b,
-                    self.weight,
-                    bias,
-                    self.eps,
-                );
+                dev.layernorm_residual_forward(residual, out, &mut mean, &mut rstd, a, b, w, bias, self.eps);
                 NormStats { mean: Some(mean), rstd }
             }
             Norm::RmsNorm => {
                 let mut rstd = dev.empty(rows, keep_as); // [N]
-                dev.rmsnorm_residual_forward(residual, out, &mut rstd, a, b, self.weight, self.eps);
+                dev.rmsnorm_residual_forward(residual, out, &mut rstd, a, b, w, self.eps);
                 NormStats { mean: None, rstd }
             }
         }
@@ -145,7 +166,8 @@ impl NormLayer<'_> {
         inp: &Tensor,
         stats: &NormStats,
     ) {
-        let w = self.weight;
+        let shifted = self.scale(dev);
+        let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
                 let mean = stats.mean.as_ref().expect("LayerNorm keeps its mean");
