@@ -280,6 +280,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "mistral",
             "phi3",
             "nemotron",
+            "stablelm",
             "pipetrain",
             "full_attention",
             "sliding_attention"
@@ -338,6 +339,10 @@ const LLAMA_KEYS: &[&str] = &[
     "add_qkv_bias",
     "qk_layernorm",
     "partial_rotary_factor",
+    "norm_eps",
+    "layer_norm_eps",
+    "use_qkv_bias",
+    "use_parallel_residual",
 ];
 
 fn mutation(files: usize, keys: &'static [&'static str]) -> impl Strategy<Value = Mutation> {

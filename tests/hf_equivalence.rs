@@ -1,6 +1,6 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
 //! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
-//! `Phi3ForCausalLM` and `NemotronForCausalLM`.
+//! `Phi3ForCausalLM`, `NemotronForCausalLM` and `StableLmForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -12,11 +12,13 @@
 //! of 12 keys at 16 positions, read as a Llama of 12; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
 //! on heads wider than the width over the heads; `hf_phi3_tiny` a tiny Phi-3, its q, k, v and
 //! gate, up fused in the file; `hf_nemotron_tiny` a tiny Nemotron, LayerNorm1P, squared ReLU
-//! and a rotary embedding on half of each head), each saved by transformers' `save_pretrained` with random
+//! and a rotary embedding on half of each head; `hf_stablelm_tiny` a tiny StableLM 2,
+//! LayerNorms, biases on q, k and v and a rotary embedding on a quarter of each head), each
+//! saved by transformers' `save_pretrained` with random
 //! weights (every bias and norm weight random too) together with the per-token losses
 //! transformers computed with it; `tests/hf/make_fixture.py`, `make_llama_fixture.py`,
-//! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py`, `make_phi3_fixture.py` and
-//! `make_nemotron_fixture.py` regenerate them (torch and transformers needed there, not here).
+//! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py`, `make_phi3_fixture.py`,
+//! `make_nemotron_fixture.py` and `make_stablelm_fixture.py` regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
 
@@ -37,7 +39,7 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 11] = [
+const FIXTURES: [&str; 12] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -49,6 +51,7 @@ const FIXTURES: [&str; 11] = [
     "hf_qwen3_tiny",
     "hf_phi3_tiny",
     "hf_nemotron_tiny",
+    "hf_stablelm_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -97,13 +100,14 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
             ..base
         };
     }
-    let nemotron = c["model_type"] == "nemotron";
+    let (nemotron, stablelm) = (c["model_type"] == "nemotron", c["model_type"] == "stablelm");
     assert_eq!(c["hidden_act"], if nemotron { "relu2" } else { "silu" });
     // Qwen2ForCausalLM fixes its biases: on q, k and v, nowhere else.
     let biases = match c["model_type"].as_str().unwrap() {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" | "nemotron" if c["attention_bias"] == true => LinearBiases::All,
-        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" => LinearBiases::NoBiases,
+        "stablelm" if c["use_qkv_bias"] == true => LinearBiases::QkvOnly,
+        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" => LinearBiases::NoBiases,
         other => panic!("model_type {other}"),
     };
     let rope = &c["rope_parameters"];
@@ -124,13 +128,20 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         }
         other => panic!("rope_type {other}"),
     };
-    // Nemotron turns the leading channels of each head, partial_rotary_factor of them.
+    // Nemotron and StableLM turn the leading channels of each head, partial_rotary_factor
+    // of them.
     let head_dim =
         c["head_dim"].as_u64().map_or(get("hidden_size") / get("num_attention_heads"), |d| d as usize);
     let rotated = rope["partial_rotary_factor"].as_f64().map(|f| (head_dim as f64 * f) as usize);
     let arch = Architecture {
-        norm: if nemotron { Norm::LayerNorm } else { Norm::RmsNorm },
-        norm_eps: c[if nemotron { "norm_eps" } else { "rms_norm_eps" }].as_f64().unwrap() as f32,
+        norm: if nemotron || stablelm { Norm::LayerNorm } else { Norm::RmsNorm },
+        norm_eps: c[match c["model_type"].as_str().unwrap() {
+            "nemotron" => "norm_eps",
+            "stablelm" => "layer_norm_eps",
+            _ => "rms_norm_eps",
+        }]
+        .as_f64()
+        .unwrap() as f32,
         zero_centered_gamma: nemotron,
         positions: Positions::Rotary(RopeFrequencies {
             base: rope["rope_theta"].as_f64().unwrap() as f32,

@@ -61,25 +61,58 @@ impl LlamaConfig {
             && a.biases != LinearBiases::QkvOnly
     }
 
+    /// Whether transformers' `StableLmForCausalLM` builds this model (StableLM 2): a plain
+    /// LayerNorm, SwiGLU, rotary positions without Llama 3.1's scaling, no QK-norm, biases
+    /// on q, k and v or on none, and heads of hidden_size / num_attention_heads (the class
+    /// reads no head_dim).
+    fn is_stablelm(&self) -> bool {
+        let a = &self.arch;
+        a.norm == Norm::LayerNorm
+            && !a.zero_centered_gamma
+            && a.activation == Activation::SwiGlu
+            && matches!(a.positions, Positions::Rotary(RopeFrequencies { llama3_factor: None, .. }))
+            && !a.qk_norm
+            && a.biases != LinearBiases::All
+            && self.head_dim * self.num_attention_heads == self.hidden_size
+    }
+
+    fn with_biases(&self, biases: LinearBiases) -> LlamaConfig {
+        LlamaConfig { arch: Architecture { biases, ..self.arch }, ..self.clone() }
+    }
+
     /// Why `transformers` has no class for this model, where it has none: its
     /// `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` need RMSNorm, rotary
     /// positions over the whole head and a SwiGLU MLP, and Qwen3's QK-norm comes without
-    /// biases; `NemotronForCausalLM` takes what [`LlamaConfig::is_nemotron`] says.
+    /// biases; `NemotronForCausalLM` and `StableLmForCausalLM` take what
+    /// [`LlamaConfig::is_nemotron`] and [`LlamaConfig::is_stablelm`] say.
     pub fn missing_in_transformers(&self) -> Option<&'static str> {
         let a = &self.arch;
-        if self.is_nemotron() {
+        if self.is_nemotron() || self.is_stablelm() {
             return None;
+        }
+        if a.zero_centered_gamma {
+            return Some(
+                "only NemotronForCausalLM's norms scale by 1 + weight (apply_layernorm_1p), beside LayerNorm, rope \
+                 and squared_relu",
+            );
+        }
+        if self.with_biases(LinearBiases::NoBiases).is_stablelm() {
+            return Some(
+                "StableLmForCausalLM puts biases on q, k and v or nowhere, not on every linear layer",
+            );
+        }
+        let narrow = LlamaConfig { head_dim: self.hidden_size / self.num_attention_heads, ..self.clone() };
+        if narrow.is_stablelm() {
+            return Some(
+                "StableLmForCausalLM's heads are hidden_size / num_attention_heads wide, not kv_channels",
+            );
         }
         if a.norm != Norm::RmsNorm || a.positions == Positions::Learned || a.activation != Activation::SwiGlu
         {
             return Some(
                 "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
-                 NemotronForCausalLM LayerNorm, apply_layernorm_1p, rope and squared_relu",
-            );
-        }
-        if a.zero_centered_gamma {
-            return Some(
-                "LlamaForCausalLM's RMSNorm scales by its weight, not 1 + weight (apply_layernorm_1p)",
+                 StableLmForCausalLM LayerNorm, rope and swiglu, NemotronForCausalLM LayerNorm, \
+                 apply_layernorm_1p, rope and squared_relu",
             );
         }
         if a.qk_norm && a.biases != LinearBiases::NoBiases {
@@ -93,13 +126,16 @@ impl LlamaConfig {
         None
     }
 
-    /// config.json's model_type: "nemotron" for Nemotron's architecture, "qwen3" for
-    /// QK-norm, "qwen2" for biases on q, k and v alone (LlamaConfig's `attention_bias` would
-    /// put one on the output projection too), "llama" for what else LlamaForCausalLM builds,
+    /// config.json's model_type: "nemotron" and "stablelm" for theirs, "qwen3" for QK-norm,
+    /// "qwen2" for biases on q, k and v alone (LlamaConfig's `attention_bias` would put one
+    /// on the output projection too), "llama" for what else LlamaForCausalLM builds,
     /// "pipetrain" for the rest.
     fn model_type(&self) -> &'static str {
         if self.is_nemotron() {
             return "nemotron";
+        }
+        if self.is_stablelm() {
+            return "stablelm";
         }
         match (self.missing_in_transformers().is_none(), self.arch.qk_norm, self.arch.biases) {
             (false, ..) => "pipetrain",
@@ -122,6 +158,7 @@ impl LlamaConfig {
                 "qwen2" => "Qwen2ForCausalLM",
                 "qwen3" => "Qwen3ForCausalLM",
                 "nemotron" => "NemotronForCausalLM",
+                "stablelm" => "StableLmForCausalLM",
                 _ => "LlamaForCausalLM",
             }],
             "vocab_size": self.vocab_size,
@@ -143,19 +180,31 @@ impl LlamaConfig {
             "use_cache": true,
         });
         let extra = j.as_object_mut().expect("an object");
-        if model_type == "nemotron" {
-            // NemotronConfig's names for the activation and the epsilon; its rotation
-            // defaults to half a head, so it is always written.
-            extra.insert("hidden_act".into(), json!("relu2"));
+        if let Some(eps_key) = match model_type {
+            "nemotron" => Some("norm_eps"),
+            "stablelm" => Some("layer_norm_eps"),
+            _ => None,
+        } {
+            // NemotronConfig's and StableLmConfig's names for the epsilon; their rotations
+            // default to part of a head (a half, a quarter), so it is always written.
             extra.remove("rms_norm_eps");
-            extra.insert("norm_eps".into(), decimal(a.norm_eps));
+            extra.insert(eps_key.into(), decimal(a.norm_eps));
             let rot = match a.positions {
                 Positions::Rotary(f) => f.rotated(self.head_dim),
-                Positions::Learned => unreachable!("a Nemotron has rotary positions"),
+                Positions::Learned => unreachable!("{model_type} has rotary positions"),
             };
             extra.insert("partial_rotary_factor".into(), json!(rotary_percent_of(rot, self.head_dim)));
         }
-        if model_type == "qwen2" {
+        if model_type == "nemotron" {
+            extra.insert("hidden_act".into(), json!("relu2"));
+        }
+        if model_type == "stablelm" {
+            // StableLM 2's q, k and v biases, and none elsewhere; its per-head LayerNorm and
+            // parallel residual are off.
+            extra.insert("use_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
+            extra.insert("qk_layernorm".into(), json!(false));
+            extra.insert("use_parallel_residual".into(), json!(false));
+        } else if model_type == "qwen2" {
             // Qwen2ForCausalLM's biases are fixed; its sliding window is off, as in Qwen2.5.
             extra.insert("use_sliding_window".into(), json!(false));
         } else if model_type == "qwen3" {
@@ -188,8 +237,8 @@ impl LlamaConfig {
     }
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
-    /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one), "nemotron" or
-    /// "pipetrain";
+    /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one), "nemotron",
+    /// "stablelm" or "pipetrain";
     /// `path` names the file in errors. Settings that would make another model than the one
     /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a partial
     /// rotation) are refused.
@@ -220,6 +269,7 @@ impl LlamaConfig {
         let model_type = obj.get("model_type").and_then(Value::as_str);
         let pipetrain = model_type == Some("pipetrain");
         let nemotron = model_type == Some("nemotron");
+        let stablelm = model_type == Some("stablelm");
         // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
         // most published checkpoints write rope_theta and rope_scaling beside the other keys.
         let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
@@ -264,6 +314,11 @@ impl LlamaConfig {
         if head_dim == 0 || head_dim > MAX_HEAD_DIM {
             return Err(bad(format!("a head size of {head_dim}; pipetrain takes 1 to {MAX_HEAD_DIM}")));
         }
+        if stablelm && head_dim * heads != hidden {
+            return Err(bad(format!(
+                "head_dim is {head_dim}; StableLmForCausalLM's heads are hidden_size / num_attention_heads wide"
+            )));
+        }
         let kv = match obj.get("num_key_value_heads") {
             None | Some(Value::Null) => heads,
             Some(_) => int("num_key_value_heads")?,
@@ -286,6 +341,23 @@ impl LlamaConfig {
             LinearBiases::NoBiases
         } else if matches!(model_type, Some("mistral" | "phi3")) {
             LinearBiases::NoBiases
+        } else if stablelm {
+            for (key, what) in [
+                (
+                    "qk_layernorm",
+                    "a LayerNorm over each head of q and k, where pipetrain's QK-norm is an RMSNorm",
+                ),
+                ("use_parallel_residual", "attention and MLP side by side on one norm's output"),
+            ] {
+                if flag(key, false)? {
+                    return Err(bad(format!("{key} is true: {what}, which pipetrain does not build")));
+                }
+            }
+            if flag("use_qkv_bias", false)? {
+                LinearBiases::QkvOnly
+            } else {
+                LinearBiases::NoBiases
+            }
         } else {
             let attention_bias = flag("attention_bias", false)?;
             if flag("mlp_bias", false)? != attention_bias {
@@ -303,7 +375,7 @@ impl LlamaConfig {
             Some(name) if pipetrain => {
                 <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?
             }
-            _ if nemotron => Norm::LayerNorm,
+            _ if nemotron || stablelm => Norm::LayerNorm,
             _ => Norm::RmsNorm,
         };
         let learned = pipetrain
@@ -325,8 +397,12 @@ impl LlamaConfig {
         let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
         let arch = Architecture {
             norm,
-            // NemotronConfig's name for it, and its default.
-            norm_eps: if nemotron { float("norm_eps", 1e-5)? } else { float("rms_norm_eps", 1e-6)? },
+            // NemotronConfig's and StableLmConfig's names for it, and their defaults.
+            norm_eps: match model_type {
+                Some("nemotron") => float("norm_eps", 1e-5)?,
+                Some("stablelm") => float("layer_norm_eps", 1e-5)?,
+                _ => float("rms_norm_eps", 1e-6)?,
+            },
             zero_centered_gamma: nemotron || (pipetrain && flag("apply_layernorm_1p", false)?),
             positions: if learned {
                 Positions::Learned
@@ -412,9 +488,10 @@ fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
 }
 
 /// The leading channels of each head of `hs` that the rotary embedding turns, None for all
-/// of them: `int(hs x share)` for Phi3Config's and NemotronConfig's `partial_rotary_factor`
-/// (top level, or from transformers 5 in rope_parameters; Phi-4 mini's 0.75, Nemotron's
-/// default 0.5) and pipetrain's `rotary_percent`.
+/// of them: `int(hs x share)` for the `partial_rotary_factor` of Phi3Config,
+/// NemotronConfig and StableLmConfig (top level, or from transformers 5 in rope_parameters;
+/// Phi-4 mini's 0.75, Nemotron's default 0.5, StableLM's 0.25) and pipetrain's
+/// `rotary_percent`.
 /// The attention of every other model_type read here turns the whole head (transformers
 /// would build its frequencies for part of it and fail to apply them), so a share there is
 /// refused.
@@ -431,8 +508,9 @@ fn rotary_dims(
         }
     };
     let share = match share {
-        // NemotronConfig's default.
+        // NemotronConfig's and StableLmConfig's defaults.
         None | Some(Value::Null) if model_type == Some("nemotron") => 0.5,
+        None | Some(Value::Null) if model_type == Some("stablelm") => 0.25,
         None | Some(Value::Null) => return Ok(None),
         Some(v) => v
             .as_f64()
@@ -443,7 +521,7 @@ fn rotary_dims(
     if rot == hs {
         return Ok(None);
     }
-    if !matches!(model_type, Some("phi3" | "nemotron" | "pipetrain")) {
+    if !matches!(model_type, Some("phi3" | "nemotron" | "stablelm" | "pipetrain")) {
         let model_type = model_type.unwrap_or("llama");
         return Err(format!("{key} is {share}; model_type {model_type:?} turns every channel of a head"));
     }
@@ -943,22 +1021,98 @@ mod tests {
             ..want.clone()
         };
         assert_eq!(swiglu.to_json()["model_type"], "pipetrain");
-        assert_eq!(
-            swiglu.missing_in_transformers(),
-            Some(
-                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
-                 NemotronForCausalLM LayerNorm, apply_layernorm_1p, rope and squared_relu"
-            )
+        let one_plus = Some(
+            "only NemotronForCausalLM's norms scale by 1 + weight (apply_layernorm_1p), beside LayerNorm, rope and \
+             squared_relu",
         );
+        assert_eq!(swiglu.missing_in_transformers(), one_plus);
         assert_eq!(parse(&swiglu.to_json()).unwrap(), swiglu);
         let rms = Architecture { zero_centered_gamma: true, ..Architecture::llama(500000.0, 1e-5) };
-        assert_eq!(
-            LlamaConfig { arch: rms, ..llama() }.missing_in_transformers(),
-            Some("LlamaForCausalLM's RMSNorm scales by its weight, not 1 + weight (apply_layernorm_1p)")
-        );
+        assert_eq!(LlamaConfig { arch: rms, ..llama() }.missing_in_transformers(), one_plus);
         let qkv = LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..want.arch }, ..want };
         assert_eq!(qkv.to_json()["model_type"], "pipetrain");
         assert_eq!(parse(&qkv.to_json()).unwrap(), qkv);
+    }
+
+    /// StableLM 2 1.6B's shape as transformers 5.25 writes StableLmConfig
+    /// (tests/fixtures/stablelm_config.json, from tests/hf/make_stablelm_fixture.py): a
+    /// Llama with LayerNorms, biases on q, k and v and a quarter of each head turning; written
+    /// back as StableLmForCausalLM's, its per-head LayerNorm and parallel residual refused.
+    #[test]
+    fn reads_stablelm_2_and_writes_it_back() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stablelm_config.json");
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hub = &fixture["config"];
+        let quarter = RopeFrequencies { rotary_dims: Some(16), ..RopeFrequencies::plain(10000.0) };
+        let want = LlamaConfig {
+            arch: Architecture {
+                norm: Norm::LayerNorm,
+                norm_eps: 1e-5,
+                positions: Positions::Rotary(quarter),
+                biases: LinearBiases::QkvOnly,
+                ..Architecture::llama(10000.0, 1e-5)
+            },
+            vocab_size: 100352,
+            hidden_size: 2048,
+            intermediate_size: 5632,
+            num_hidden_layers: 24,
+            num_attention_heads: 32,
+            num_key_value_heads: 32,
+            head_dim: 64,
+            max_position_embeddings: 4096,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        assert_eq!(parse(hub).unwrap(), want);
+        let written = want.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"], &written["partial_rotary_factor"]),
+            (&json!("stablelm"), &json!(["StableLmForCausalLM"]), &json!(0.25))
+        );
+        assert_eq!((&written["use_qkv_bias"], &written["layer_norm_eps"]), (&json!(true), &json!(1e-5)));
+        assert_eq!(parse(&written).unwrap(), want);
+        // StableLmConfig turns a quarter of each head where it says nothing.
+        let mut unsaid = hub.clone();
+        unsaid.as_object_mut().unwrap().remove("rope_parameters");
+        assert_eq!(parse(&unsaid).unwrap(), want);
+        for (key, what) in [
+            (
+                "qk_layernorm",
+                "a LayerNorm over each head of q and k, where pipetrain's QK-norm is an RMSNorm",
+            ),
+            ("use_parallel_residual", "attention and MLP side by side on one norm's output"),
+        ] {
+            let mut j = hub.clone();
+            j[key] = json!(true);
+            assert_eq!(
+                parse(&j).unwrap_err().to_string(),
+                format!("d/config.json: {key} is true: {what}, which pipetrain does not build")
+            );
+        }
+        // Without q, k and v biases it is still StableLM; with every bias, nothing transformers
+        // builds.
+        let plain = want.with_biases(LinearBiases::NoBiases);
+        assert_eq!(plain.to_json()["model_type"], "stablelm");
+        assert_eq!(parse(&plain.to_json()).unwrap(), plain);
+        let all = want.with_biases(LinearBiases::All);
+        assert_eq!(
+            all.missing_in_transformers(),
+            Some("StableLmForCausalLM puts biases on q, k and v or nowhere, not on every linear layer")
+        );
+        assert_eq!(parse(&all.to_json()).unwrap(), all);
+        // Its heads are the width over the heads, whatever head_dim says.
+        let wide = LlamaConfig { head_dim: 128, ..want.clone() };
+        assert_eq!(
+            wide.missing_in_transformers(),
+            Some("StableLmForCausalLM's heads are hidden_size / num_attention_heads wide, not kv_channels")
+        );
+        assert_eq!(parse(&wide.to_json()).unwrap(), wide);
+        let mut j = hub.clone();
+        j["head_dim"] = json!(128);
+        assert_eq!(
+            parse(&j).unwrap_err().to_string(),
+            "d/config.json: head_dim is 128; StableLmForCausalLM's heads are hidden_size / num_attention_heads wide"
+        );
     }
 
     #[test]
@@ -1004,11 +1158,15 @@ mod tests {
     }
 
     #[test]
-    fn writes_qkv_biases_beside_a_layernorm_as_pipetrains_own() {
-        let mixed = LlamaConfig {
-            arch: Architecture { norm: Norm::LayerNorm, biases: LinearBiases::QkvOnly, ..llama().arch },
-            ..llama()
+    fn writes_qkv_biases_beside_a_layernorm_and_learned_positions_as_pipetrains_own() {
+        // (Beside rotary positions, StableLM 2's.)
+        let arch = Architecture {
+            norm: Norm::LayerNorm,
+            positions: Positions::Learned,
+            biases: LinearBiases::QkvOnly,
+            ..llama().arch
         };
+        let mixed = LlamaConfig { arch, ..llama() };
         let j = mixed.to_json();
         assert_eq!(
             (&j["model_type"], &j["add_qkv_bias"], &j["attention_bias"]),

@@ -334,12 +334,14 @@ mod tests {
     /// A model no transformers class builds is refused, saying what the classes need.
     #[test]
     fn export_refuses_what_transformers_cannot_build() {
-        use stages::{Architecture, LinearBiases, Norm};
+        use stages::{Activation, Architecture, LinearBiases, Norm};
         let base = Architecture::llama(1e4, 1e-5);
         for (arch, why) in [
             (
-                Architecture { norm: Norm::LayerNorm, ..base },
-                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together",
+                Architecture { norm: Norm::LayerNorm, activation: Activation::Gelu, ..base },
+                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
+                 StableLmForCausalLM LayerNorm, rope and swiglu, NemotronForCausalLM LayerNorm, apply_layernorm_1p, \
+                 rope and squared_relu",
             ),
             (
                 Architecture { qk_norm: true, biases: LinearBiases::QkvOnly, ..base },

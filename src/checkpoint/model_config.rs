@@ -66,12 +66,12 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "pipetrain") => {
+            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "stablelm" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\" \
-                 and \"nemotron\"",
+                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \
+                 \"nemotron\" and \"stablelm\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }

@@ -1,5 +1,6 @@
-"""Load a pipetrain export (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or
-Qwen3ForCausalLM) in transformers and print what it computes.
+"""Load a pipetrain export (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, NemotronForCausalLM or StableLmForCausalLM) in transformers and print what it
+computes.
 
     pipetrain export --checkpoint RUN --hf OUT
     python3 tests/hf/check_export.py OUT [val.bin] [--windows N --seq-length T]
