@@ -90,6 +90,12 @@ impl LlamaConfig {
         if self.is_nemotron() || self.is_stablelm() {
             return None;
         }
+        if self.with_biases(LinearBiases::NoBiases).is_nemotron() {
+            return Some(
+                "NemotronForCausalLM puts biases on every linear layer or none (attention_bias, mlp_bias), not on q, \
+                 k and v alone",
+            );
+        }
         if a.zero_centered_gamma {
             return Some(
                 "only NemotronForCausalLM's norms scale by 1 + weight (apply_layernorm_1p), beside LayerNorm, rope \
@@ -1029,8 +1035,21 @@ mod tests {
         assert_eq!(parse(&swiglu.to_json()).unwrap(), swiglu);
         let rms = Architecture { zero_centered_gamma: true, ..Architecture::llama(500000.0, 1e-5) };
         assert_eq!(LlamaConfig { arch: rms, ..llama() }.missing_in_transformers(), one_plus);
-        let qkv = LlamaConfig { arch: Architecture { biases: LinearBiases::QkvOnly, ..want.arch }, ..want };
+        let qkv = want.with_biases(LinearBiases::QkvOnly);
         assert_eq!(qkv.to_json()["model_type"], "pipetrain");
+        assert_eq!(
+            qkv.missing_in_transformers(),
+            Some(
+                "NemotronForCausalLM puts biases on every linear layer or none (attention_bias, mlp_bias), not on \
+                 q, k and v alone"
+            )
+        );
+        let biased = want.with_biases(LinearBiases::All);
+        assert_eq!(
+            (&biased.to_json()["attention_bias"], &biased.to_json()["mlp_bias"]),
+            (&json!(true), &json!(true))
+        );
+        assert_eq!(parse(&biased.to_json()).unwrap(), biased);
         assert_eq!(parse(&qkv.to_json()).unwrap(), qkv);
     }
 
