@@ -421,6 +421,13 @@ impl LlamaConfig {
             tied_output: flag("tie_word_embeddings", false)?,
             init_std: float("initializer_range", 0.02)?,
         };
+        if arch.qk_norm && arch.zero_centered_gamma {
+            return Err(bad(
+                "qk_layernorm and apply_layernorm_1p are both true: pipetrain's QK-norm weights are plain, not \
+                 zero-centred"
+                    .into(),
+            ));
+        }
         Ok(LlamaConfig {
             arch,
             vocab_size: int("vocab_size")?,
@@ -1033,6 +1040,13 @@ mod tests {
         );
         assert_eq!(swiglu.missing_in_transformers(), one_plus);
         assert_eq!(parse(&swiglu.to_json()).unwrap(), swiglu);
+        let mut qk = swiglu.to_json();
+        qk["qk_layernorm"] = json!(true);
+        assert_eq!(
+            parse(&qk).unwrap_err().to_string(),
+            "d/config.json: qk_layernorm and apply_layernorm_1p are both true: pipetrain's QK-norm weights are \
+             plain, not zero-centred"
+        );
         let rms = Architecture { zero_centered_gamma: true, ..Architecture::llama(500000.0, 1e-5) };
         assert_eq!(LlamaConfig { arch: rms, ..llama() }.missing_in_transformers(), one_plus);
         let qkv = want.with_biases(LinearBiases::QkvOnly);

@@ -85,7 +85,7 @@ impl<'a> NormLayer<'a> {
     /// The weight the kernels scale by, [C]: 1 + weight (f32, as transformers' LayerNorm1P
     /// and Transformer Engine's zero-centred gamma add it) into a workspace tensor where
     /// the weight is zero-centred, else the weight itself.
-    fn scale(&self, dev: &dyn Device) -> Option<Tensor> {
+    fn shifted_weight(&self, dev: &dyn Device) -> Option<Tensor> {
         self.zero_centered.then(|| {
             let mut shifted = dev.empty_of(self.weight.dtype(), self.weight.shape(), Category::Workspace); // [C]
             dev.add_scalar(&mut shifted, self.weight, 1.0);
@@ -96,7 +96,7 @@ impl<'a> NormLayer<'a> {
     /// out [N,C] = norm(inp [N,C]); the statistics [N] are allocated under `keep_as`.
     pub fn forward(&self, dev: &dyn Device, out: &mut Tensor, inp: &Tensor, keep_as: Category) -> NormStats {
         let rows = &inp.shape()[..inp.shape().len() - 1];
-        let shifted = self.scale(dev);
+        let shifted = self.shifted_weight(dev);
         let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
@@ -126,7 +126,7 @@ impl<'a> NormLayer<'a> {
         keep_as: Category,
     ) -> NormStats {
         let rows = &residual.shape()[..residual.shape().len() - 1];
-        let shifted = self.scale(dev);
+        let shifted = self.shifted_weight(dev);
         let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
@@ -166,7 +166,7 @@ impl<'a> NormLayer<'a> {
         inp: &Tensor,
         stats: &NormStats,
     ) {
-        let shifted = self.scale(dev);
+        let shifted = self.shifted_weight(dev);
         let w = shifted.as_ref().unwrap_or(self.weight);
         match self.norm {
             Norm::LayerNorm => {
