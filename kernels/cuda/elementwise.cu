@@ -1,5 +1,5 @@
-// Elementwise arithmetic of the residual stream, of gradient accumulation and of a
-// zero-centred norm weight's shift. Each kernel
+// Elementwise arithmetic of the residual stream, of gradient accumulation, of a
+// zero-centred norm weight's shift and of an embedding's multiplier. Each kernel
 // has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one body, the sum
 // taken in fp32 and rounded once on its store. Each thread takes one 128-bit pack
 // (common.cuh): launched over n / Pack<T>::LEN threads, rounded up.
@@ -64,3 +64,18 @@ extern "C" __global__ void add_scalar(float* out, const float* a, float s, unsig
 extern "C" __global__ void add_scalar_bf16(bf16* out, const bf16* a, float s, unsigned long long n) {
     add_scalar_body(out, a, s, n);
 }
+
+// t *= s (Gemma's embedding multiplier)
+template <typename T>
+__device__ __forceinline__ void scale_body(T* t, float s, unsigned long long n) {
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(t);
+    Pack<T> pt = load_pack(t, i, n, vector);
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&pt.x[k], to_float(pt.x[k]) * s);
+    store_pack(t, pt, i, n, vector);
+}
+
+extern "C" __global__ void scale(float* t, float s, unsigned long long n) { scale_body(t, s, n); }
+
+extern "C" __global__ void scale_bf16(bf16* t, float s, unsigned long long n) { scale_body(t, s, n); }

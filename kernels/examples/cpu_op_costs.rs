@@ -8,7 +8,7 @@
 
 use kernels::cpu::{cross_entropy, measure_matmul_peak, CpuDevice};
 use kernels::{
-    AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, RopeFrequencies, Tensor,
+    AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, Tensor,
     WeightLayout,
 };
 use std::cell::Cell;
@@ -197,7 +197,7 @@ fn main() {
     time("matmul fwd fc", mm(n, C, 2 * F), &mut || {
         dev.matmul_forward(&mut h, &ln, &w_fc, WeightLayout::OutIn, None)
     });
-    time("swiglu fwd", 0.0, &mut || dev.swiglu_forward(&mut g, &h));
+    time("swiglu fwd", 0.0, &mut || dev.glu_forward(&mut g, &h, Gate::Silu));
     time("matmul fwd fc proj", mm(n, F, C), &mut || {
         dev.matmul_forward(&mut o, &g, &w_pr, WeightLayout::OutIn, None)
     });
@@ -209,7 +209,7 @@ fn main() {
         dev.matmul_backward_input(&mut dg, &o, &w_pr, WeightLayout::OutIn);
         dev.matmul_backward_weight(&mut dw_pr, None, &o, &g, WeightLayout::OutIn);
     });
-    time("swiglu bwd", 0.0, &mut || dev.swiglu_backward(&mut dh, &h, &dg));
+    time("swiglu bwd", 0.0, &mut || dev.glu_backward(&mut dh, &h, &dg, Gate::Silu));
     time("matmul bwd fc", 2.0 * mm(n, C, 2 * F), &mut || {
         dev.matmul_backward_input(&mut dln, &dh, &w_fc, WeightLayout::OutIn);
         dev.matmul_backward_weight(&mut dw_fc, None, &dh, &ln, WeightLayout::OutIn);

@@ -10,6 +10,7 @@
 use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
+use crate::gate::Gate;
 use crate::memory::Category;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
@@ -38,6 +39,7 @@ pub trait Elementwise {
     fn accumulate_impl(&self, acc: &mut Tensor, x: &Tensor);
     fn add_impl(&self, out: &mut Tensor, a: &Tensor, b: &Tensor);
     fn add_scalar_impl(&self, out: &mut Tensor, a: &Tensor, s: f32);
+    fn scale_impl(&self, t: &mut Tensor, s: f32);
 }
 
 /// The values a step leaves for the host; the slots are within the readout.
@@ -267,9 +269,9 @@ pub trait SquaredRelu {
 }
 
 /// `f` is F: out (dout) [N,F], inp and dinp [N,2F].
-pub trait SwiGlu {
-    fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize);
-    fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize);
+pub trait Glu {
+    fn glu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize, gate: Gate);
+    fn glu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize, gate: Gate);
 }
 
 /// out = inp * the mask, of one length: dropout's forward on activations and its backward

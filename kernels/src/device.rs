@@ -10,7 +10,7 @@
 //! - Shapes in comments: B batch, T sequence, C channels, NH query heads, KV key/value heads,
 //!   hs head size, V vocabulary, N = B*T rows, IC/OC matmul in/out channels, F the SwiGLU
 //!   hidden width.
-//! - Row-wise ops (layernorm, rmsnorm, swiglu, matmul, classifier, bias) take the last
+//! - Row-wise ops (layernorm, rmsnorm, glu, matmul, classifier, bias) take the last
 //!   dimension as the row width and treat every leading dimension as rows: a [B,T,C] tensor
 //!   is N = B*T rows.
 //! - Attention and RoPE read B and T from `qkv`'s shape [B,T,(NH+2*KV)*hs], NH from `n_head`
@@ -25,11 +25,12 @@
 
 use crate::attention::AttentionSaved;
 use crate::backend::{
-    AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, LayerNorm, Matmul,
-    Readouts, RmsNorm, Rope, SquaredRelu, SwiGlu,
+    AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, Glu, LayerNorm, Matmul,
+    Readouts, RmsNorm, Rope, SquaredRelu,
 };
 use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
+use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
@@ -161,7 +162,7 @@ pub trait Device:
     + Rope
     + Gelu
     + SquaredRelu
-    + SwiGlu
+    + Glu
     + Dropout
     + Classifier
     + AdamW
@@ -293,6 +294,10 @@ pub trait Device:
     fn add_scalar(&self, out: &mut Tensor, a: &Tensor, s: f32) {
         assert_same_len(out, a);
         self.add_scalar_impl(out, a, s);
+    }
+    /// t *= s, elementwise, in place (Gemma's embedding multiplier).
+    fn scale(&self, t: &mut Tensor, s: f32) {
+        self.scale_impl(t, s);
     }
     /// Sum of squares, accumulated in f64 over fixed chunks (thread-count independent), as
     /// [`Device::sum_squares_into`] computes it, read at once: a host sync, for tests and tools.
@@ -688,21 +693,21 @@ pub trait Device:
         assert_same_len(dinp, dout);
         self.squared_relu_backward_impl(dinp, inp, dout);
     }
-    /// SwiGLU: out [N,F] = silu(a) * b, with a = inp[:, :F] (the gate) and b = inp[:, F:]
-    /// (the up projection) of inp [N,2F], Megatron's fused linear_fc1 output;
-    /// silu(a) = a * sigmoid(a).
-    fn swiglu_forward(&self, out: &mut Tensor, inp: &Tensor) {
+    /// A gated linear unit: out [N,F] = act(a) * b, with a = inp[:, :F] (the gate) and
+    /// b = inp[:, F:] (the up projection) of inp [N,2F], Megatron's fused linear_fc1 output;
+    /// act is `gate`'s: silu(a) = a * sigmoid(a) (SwiGLU) or the tanh GELU (GeGLU).
+    fn glu_forward(&self, out: &mut Tensor, inp: &Tensor, gate: Gate) {
         let (n, f) = rows_cols(out);
-        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for out {out:?} (inp is [N,2F])");
-        self.swiglu_forward_impl(out, inp, f);
+        assert_eq!(inp.len(), n * 2 * f, "glu: inp {inp:?} for out {out:?} (inp is [N,2F])");
+        self.glu_forward_impl(out, inp, f, gate);
     }
-    /// dinp [N,2F] (overwrite) = (dout * b * silu'(a), dout * silu(a)), from inp [N,2F] and
+    /// dinp [N,2F] (overwrite) = (dout * b * act'(a), dout * act(a)), from inp [N,2F] and
     /// dout [N,F].
-    fn swiglu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor) {
+    fn glu_backward(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, gate: Gate) {
         let (n, f) = rows_cols(dout);
         assert_same_len(dinp, inp);
-        assert_eq!(inp.len(), n * 2 * f, "swiglu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
-        self.swiglu_backward_impl(dinp, inp, dout, f);
+        assert_eq!(inp.len(), n * 2 * f, "glu: inp {inp:?} for dout {dout:?} (inp is [N,2F])");
+        self.glu_backward_impl(dinp, inp, dout, f, gate);
     }
     /// out = inp * keep / (1 - p); keep drawn from Philox at (key, element index).
     fn dropout_forward(&self, out: &mut Tensor, inp: &Tensor, dropout: DropoutSpec) {

@@ -21,6 +21,7 @@ pub mod cuda;
 mod cuda_decls;
 pub mod device;
 pub mod dropout;
+pub mod gate;
 pub mod memory;
 pub mod philox;
 pub mod readout;
@@ -40,6 +41,7 @@ pub use device::{
     ClassifierGrad, Device, WeightLayout, OTHER_SHARD, VOCAB_PADDING,
 };
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
+pub use gate::Gate;
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
 pub use readout::{Readout, ReadoutStorage};
 pub use rope_frequencies::RopeFrequencies;

@@ -171,17 +171,50 @@ fn the_elementwise_kernels_move_128_bit_packs() {
         );
         return;
     }
-    let families: [(&str, &[&str]); 12] = [
+    let families: [(&str, &[&str]); 13] = [
         ("rope.cu", &["rope_forward", "rope_forward_bf16", "rope_backward", "rope_backward_bf16"]),
         ("embedding.cu", &["embedding_forward", "embedding_forward_bf16"]),
         ("dropout.cu", &["dropout_apply", "dropout_apply_bf16", "dropout_apply_inplace"]),
-        ("elementwise.cu", &["add", "add_bf16", "accumulate", "accumulate_bf16"]),
+        (
+            "elementwise.cu",
+            &[
+                "add",
+                "add_bf16",
+                "accumulate",
+                "accumulate_bf16",
+                "add_scalar",
+                "add_scalar_bf16",
+                "scale",
+                "scale_bf16",
+            ],
+        ),
         ("classifier.cu", &["fused_classifier", "fused_classifier_bf16"]),
         ("gelu.cu", &["gelu_forward", "gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16"]),
         ("bias.cu", &["bias_add", "bias_add_bf16"]),
         ("adamw.cu", &["adamw"]),
         ("cast.cu", &["f32_to_bf16"]),
-        ("swiglu.cu", &["swiglu_forward", "swiglu_forward_bf16", "swiglu_backward", "swiglu_backward_bf16"]),
+        (
+            "glu.cu",
+            &[
+                "swiglu_forward",
+                "swiglu_forward_bf16",
+                "swiglu_backward",
+                "swiglu_backward_bf16",
+                "geglu_forward",
+                "geglu_forward_bf16",
+                "geglu_backward",
+                "geglu_backward_bf16",
+            ],
+        ),
+        (
+            "squared_relu.cu",
+            &[
+                "squared_relu_forward",
+                "squared_relu_forward_bf16",
+                "squared_relu_backward",
+                "squared_relu_backward_bf16",
+            ],
+        ),
         // The norms' row passes, in runs of a pack (warp_row.cuh's load_run and store_run).
         (
             "layernorm.cu",

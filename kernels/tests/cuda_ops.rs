@@ -10,7 +10,7 @@ use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, ClassifierGrad, DType, Device,
-    DropoutKey, DropoutSite, DropoutSpec, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
+    DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -952,6 +952,19 @@ fn add_scalar_matches_bit_for_bit() {
     assert!(run(&gpu) == run(&cpu()), "1 + w differs from the CPU's");
 }
 
+/// Gemma's embedding multiplier in place: one f32 product, the CPU's bits on any GPU.
+#[test]
+fn scale_matches_bit_for_bit() {
+    let Some(gpu) = gpu("scale_matches_bit_for_bit") else { return };
+    let a = seeded("scale").uniform(4099, 2.0);
+    let run = |dev: &dyn Device| {
+        let mut t = put(dev, &a, &[a.len()]);
+        dev.scale(&mut t, (2048f64).sqrt() as f32);
+        dev.to_host(&t)
+    };
+    assert!(run(&gpu) == run(&cpu()), "the product differs from the CPU's");
+}
+
 #[test]
 fn gelu_matches() {
     let Some(gpu) = gpu("gelu_matches") else { return };
@@ -1017,23 +1030,26 @@ fn rope_matches() {
     }
 }
 
+/// SwiGLU (Llama's) and GeGLU (Gemma's).
 #[test]
-fn swiglu_matches() {
-    let Some(gpu) = gpu("swiglu_matches") else { return };
-    let mut rng = seeded("swiglu");
+fn glu_matches() {
+    let Some(gpu) = gpu("glu_matches") else { return };
+    let mut rng = seeded("glu");
     let f = 37;
     let (inp, dout) = (rng.uniform(N * 2 * f, 6.0), rng.uniform(N * f, 1.0));
-    let run = |dev: &dyn Device| {
-        let inp = put(dev, &inp, &[N, 2 * f]);
-        let mut out = act_zeros(dev, &[N, f]);
-        dev.swiglu_forward(&mut out, &inp);
-        let mut dinp = act_zeros(dev, &[N, 2 * f]);
-        dev.swiglu_backward(&mut dinp, &inp, &put(dev, &dout, &[N, f]));
-        [out, dinp].map(|t| dev.to_host(&t))
-    };
-    let (want, got) = (run(&cpu()), run(&gpu));
-    assert_close("swiglu", &got[0], &want[0], TOL);
-    assert_close("dswiglu", &got[1], &want[1], TOL);
+    for gate in [Gate::Silu, Gate::GeluTanh] {
+        let run = |dev: &dyn Device| {
+            let inp = put(dev, &inp, &[N, 2 * f]);
+            let mut out = act_zeros(dev, &[N, f]);
+            dev.glu_forward(&mut out, &inp, gate);
+            let mut dinp = act_zeros(dev, &[N, 2 * f]);
+            dev.glu_backward(&mut dinp, &inp, &put(dev, &dout, &[N, f]), gate);
+            [out, dinp].map(|t| dev.to_host(&t))
+        };
+        let (want, got) = (run(&cpu()), run(&gpu));
+        assert_close(&format!("{gate:?}"), &got[0], &want[0], TOL);
+        assert_close(&format!("d{gate:?}"), &got[1], &want[1], TOL);
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ use super::CpuDevice;
 use crate::attention::AttentionSaved;
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
+use crate::gate::Gate;
 use crate::memory::Category;
 use crate::philox;
 use crate::rope_frequencies::RopeFrequencies;
@@ -252,12 +253,12 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let w_fc = t(4, &[2 * F, C], 0.1);
     let (mut h, mut g) = (z(&[N, 2 * F]), z(&[N, F]));
     dev.matmul_forward(&mut h, &y, &w_fc, WeightLayout::OutIn, None);
-    dev.swiglu_forward(&mut g, &h);
+    dev.glu_forward(&mut g, &h, Gate::Silu);
     [&h, &g].into_iter().for_each(&mut keep);
 
     let dg = t(5, &[N, F], 0.1);
     let (mut dh, mut dy) = (z(&[N, 2 * F]), t(6, &[N, C], 0.1));
-    dev.swiglu_backward(&mut dh, &h, &dg);
+    dev.glu_backward(&mut dh, &h, &dg, Gate::Silu);
     let mut dqkv = z(&[B, T, QKV]);
     dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, KV);
     dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0));

@@ -1,5 +1,5 @@
-//! Buffer arithmetic: copy, zero, residual add, a scalar's add, gradient accumulation, and
-//! the sum of squares behind the global gradient norm.
+//! Buffer arithmetic: copy, zero, residual add, a scalar's add and product, gradient
+//! accumulation, and the sum of squares behind the global gradient norm.
 
 use super::CHUNK;
 use rayon::prelude::*;
@@ -41,6 +41,11 @@ pub fn add_scalar(out: &mut [f32], a: &[f32], s: f32) {
     });
 }
 
+/// t [n] *= s
+pub fn scale(t: &mut [f32], s: f32) {
+    t.par_chunks_mut(CHUNK).for_each(|t| t.iter_mut().for_each(|x| *x *= s));
+}
+
 /// Sum of x² over t [n] in f64: each CHUNK is summed on its own (in 8 interleaved lanes, so
 /// it vectorises), then the chunk sums are added in chunk order. The rounding depends on the
 /// length only, never on how rayon split the work.
@@ -79,6 +84,8 @@ mod tests {
         assert!(out.iter().zip(&a).zip(&b).all(|((&o, &a), &b)| o == (a + b) + a));
         add_scalar(&mut out, &a, 1.0);
         assert!(out.iter().zip(&a).all(|(&o, &a)| o == a + 1.0));
+        scale(&mut out, 55.425625);
+        assert!(out.iter().zip(&a).all(|(&o, &a)| o == (a + 1.0) * 55.425625));
         copy(&mut out, &b);
         assert_eq!(out, b);
         fill_zero(&mut out);

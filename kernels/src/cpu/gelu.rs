@@ -16,11 +16,25 @@ fn sigmoid_2u(x: f32) -> f32 {
     1.0 / (1.0 + exp(-2.0 * u))
 }
 
+/// gelu(x) = x * sigmoid(2u(x)).
+#[inline(always)]
+pub(super) fn value(x: f32) -> f32 {
+    x * sigmoid_2u(x)
+}
+
+/// gelu'(x) = s + x s (1 - s) 2 u'(x), with s = sigmoid(2u(x)).
+#[inline(always)]
+pub(super) fn slope(x: f32) -> f32 {
+    let s = sigmoid_2u(x);
+    let du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x);
+    s + x * s * (1.0 - s) * 2.0 * du_dx
+}
+
 /// out [n] = gelu(inp [n])
 pub fn forward(out: &mut [f32], inp: &[f32]) {
     out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(out, inp)| {
         for (o, &x) in out.iter_mut().zip(inp) {
-            *o = x * sigmoid_2u(x);
+            *o = value(x);
         }
     });
 }
@@ -30,9 +44,7 @@ pub fn backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
     dinp.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK))).for_each(
         |(dinp, (inp, dout))| {
             for ((di, &x), &d) in dinp.iter_mut().zip(inp).zip(dout) {
-                let s = sigmoid_2u(x);
-                let du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * x * x);
-                *di = (s + x * s * (1.0 - s) * 2.0 * du_dx) * d;
+                *di = slope(x) * d;
             }
         },
     );

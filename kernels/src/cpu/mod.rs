@@ -17,6 +17,7 @@ mod dropout;
 mod elementwise;
 mod embedding;
 mod gelu;
+mod glu;
 mod layernorm;
 pub mod math;
 mod matmul;
@@ -24,7 +25,6 @@ mod peak;
 mod rmsnorm;
 mod rope;
 mod squared_relu;
-mod swiglu;
 #[cfg(test)]
 mod testutil;
 
@@ -33,11 +33,12 @@ pub use peak::measure_matmul_peak;
 use crate::attention::AttentionSaved;
 use crate::backend::{
     matmul_backward_input_then_gelu, AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding,
-    Gelu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SquaredRelu, SwiGlu,
+    Gelu, Glu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SquaredRelu,
 };
 use crate::counters::{Counters, DeviceCounters};
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::DropoutSpec;
+use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
 use crate::readout::{Readout, ReadoutStorage};
 use crate::rope_frequencies::RopeFrequencies;
@@ -283,6 +284,10 @@ impl Elementwise for CpuDevice {
 
     fn add_scalar_impl(&self, out: &mut Tensor, a: &Tensor, s: f32) {
         self.pool.install(|| elementwise::add_scalar(out.cpu_mut(), a.cpu(), s));
+    }
+
+    fn scale_impl(&self, t: &mut Tensor, s: f32) {
+        self.pool.install(|| elementwise::scale(t.cpu_mut(), s));
     }
 }
 
@@ -630,13 +635,13 @@ impl SquaredRelu for CpuDevice {
     }
 }
 
-impl SwiGlu for CpuDevice {
-    fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
-        self.pool.install(|| swiglu::forward(out.cpu_mut(), inp.cpu(), f));
+impl Glu for CpuDevice {
+    fn glu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize, gate: Gate) {
+        self.pool.install(|| glu::forward(out.cpu_mut(), inp.cpu(), f, gate));
     }
 
-    fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
-        self.pool.install(|| swiglu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu(), f));
+    fn glu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize, gate: Gate) {
+        self.pool.install(|| glu::backward(dinp.cpu_mut(), inp.cpu(), dout.cpu(), f, gate));
     }
 }
 

@@ -39,7 +39,7 @@ pub fn pack_len(dtype: DType) -> usize {
 }
 
 /// One thread per 128-bit pack of `items` elements of `dtype`, the last pack partial: the
-/// elementwise kernels of elementwise.cu, gelu.cu and swiglu.cu, bias.cu's `bias_add`, and
+/// elementwise kernels of elementwise.cu, gelu.cu and glu.cu, bias.cu's `bias_add`, and
 /// cast.cu's (whose thread reads two packs of f32 for its pack of bf16).
 pub fn per_pack(items: usize, dtype: DType) -> LaunchConfig {
     per_item(items.div_ceil(pack_len(dtype)))

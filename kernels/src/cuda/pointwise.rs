@@ -1,15 +1,16 @@
-//! The elementwise ops: residual add and accumulation, GELU, squared ReLU, SwiGLU and dropout, each on
+//! The elementwise ops: residual add and accumulation, GELU, squared ReLU, the gated linear
+//! units (SwiGLU, GeGLU) and dropout, each on
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones; and zeroing many f32
 //! tensors at once (zero.cu).
 
 use super::device::{buf, buf_mut, same_dtype, CudaDevice};
 use super::launch::{per_pack, per_table_chunk, ZERO_CHUNK};
 use super::sources::kernel_name;
-use crate::backend::{Dropout, Elementwise, Gelu, SquaredRelu, SwiGlu};
+use crate::backend::{Dropout, Elementwise, Gelu, Glu, SquaredRelu};
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
-use crate::DType;
+use crate::{DType, Gate};
 use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr};
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
@@ -65,6 +66,12 @@ impl Elementwise for CudaDevice {
         let name = kernel_name("add_scalar", dtype);
         launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(a), &s, &n);
     }
+
+    fn scale_impl(&self, t: &mut Tensor, s: f32) {
+        let (n, dtype) = (t.len() as u64, t.dtype());
+        let name = kernel_name("scale", dtype);
+        launch!(self, name, per_pack(t.len(), dtype), buf_mut(t), &s, &n);
+    }
 }
 
 impl Gelu for CudaDevice {
@@ -95,18 +102,18 @@ impl SquaredRelu for CudaDevice {
     }
 }
 
-impl SwiGlu for CudaDevice {
-    /// out [N,F] = silu(inp[:, :F]) * inp[:, F:], one thread per output.
-    fn swiglu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize) {
+impl Glu for CudaDevice {
+    /// out [N,F] = act(inp[:, :F]) * inp[:, F:], one thread per output.
+    fn glu_forward_impl(&self, out: &mut Tensor, inp: &Tensor, f: usize, gate: Gate) {
         let (n, cols, dtype) = (out.len() as u64, f as u64, same_dtype(&[out, inp]));
-        let name = kernel_name("swiglu_forward", dtype);
+        let name = kernel_name(gate.kernels().0, dtype);
         launch!(self, name, per_pack(out.len(), dtype), buf_mut(out), buf(inp), &n, &cols);
     }
 
     /// dinp [N,2F] (overwrite) from inp [N,2F] and dout [N,F], one thread per element of dout.
-    fn swiglu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize) {
+    fn glu_backward_impl(&self, dinp: &mut Tensor, inp: &Tensor, dout: &Tensor, f: usize, gate: Gate) {
         let (n, cols, dtype) = (dout.len() as u64, f as u64, same_dtype(&[dinp, inp, dout]));
-        let name = kernel_name("swiglu_backward", dtype);
+        let name = kernel_name(gate.kernels().1, dtype);
         launch!(self, name, per_pack(dout.len(), dtype), buf_mut(dinp), buf(inp), buf(dout), &n, &cols);
     }
 }

@@ -16,6 +16,7 @@ mod embedding;
 mod emulator;
 mod fused_attention;
 mod fused_attention_mma;
+mod glu;
 mod harness;
 mod mma;
 mod philox;
@@ -24,7 +25,6 @@ mod residual_norm;
 mod rmsnorm;
 mod rope;
 mod rowwise;
-mod swiglu;
 
 use kernels::cuda::sources::SOURCES;
 

@@ -94,6 +94,34 @@ fn add_scalar_is_exact_in_f32_and_bf16() {
     }
 }
 
+/// Gemma's embedding multiplier, sqrt(3072) in f32, in place: the CPU's products bit for bit
+/// in f32, and rounded once in bf16.
+#[test]
+fn scale_is_exact_in_f32_and_bf16() {
+    let Some(family) = Family::of("scale_is_exact_in_f32_and_bf16", "elementwise.cu") else { return };
+    let s = (3072f64).sqrt() as f32;
+    for storage in Storage::BOTH {
+        let mut rng = Rng::new(5);
+        for n in [RESIDUAL, 1001] {
+            let a = storage.round(rng.uniform(n, 2.0));
+            let mut run = Run::new(n as u64);
+            let t = storage.buffer(&mut run, &a);
+            run.launch(
+                storage.kernel("scale"),
+                per_pack(n, storage.dtype()),
+                &[t.into(), s.into(), (n as u64).into()],
+            );
+            run.read(t);
+            let got = family.run(run).unwrap();
+            let dev = cpu();
+            let mut want = dev.from_host(&a, &[n], Category::Workspace);
+            dev.scale(&mut want, s);
+            let what = format!("x sqrt(3072) in {storage}, {n} elements");
+            storage.check(&what, &storage.read(&got, t), &dev.to_host(&want), Tolerance::Exact).unwrap();
+        }
+    }
+}
+
 #[test]
 fn gelu_matches_the_cpu_in_f32_and_bf16() {
     let Some(family) = Family::of("gelu_matches_the_cpu_in_f32_and_bf16", "gelu.cu") else { return };

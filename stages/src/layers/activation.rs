@@ -1,23 +1,34 @@
 //! The MLP's activation: GELU (GPT-2's tanh approximation) or squared ReLU (Megatron's
-//! `squared_relu`, Nemotron's) on one projection, or SwiGLU (Megatron's `swiglu`:
-//! silu(gate) * up) on the two halves of a fused projection.
+//! `squared_relu`, Nemotron's) on one projection, or a gated linear unit on the two halves
+//! of a fused projection: SwiGLU (Megatron's `swiglu`: silu(gate) * up) or GeGLU (Gemma's:
+//! gelu(gate) * up, GELU's tanh approximation).
 
-use kernels::{Category, Device, Tensor, WeightLayout};
+use kernels::{Category, Device, Gate, Tensor, WeightLayout};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
     Gelu,
     SquaredRelu,
     SwiGlu,
+    GeGlu,
 }
 
 impl Activation {
-    /// Columns of the MLP's first projection for an inner width F: F, or 2F for SwiGLU's
-    /// gate and up halves side by side (Megatron's fused linear_fc1).
-    pub fn fc1_width(self, ffn: usize) -> usize {
+    /// The gate of a gated linear unit; None for an activation of one projection.
+    fn gate(self) -> Option<Gate> {
         match self {
-            Activation::Gelu | Activation::SquaredRelu => ffn,
-            Activation::SwiGlu => 2 * ffn,
+            Activation::Gelu | Activation::SquaredRelu => None,
+            Activation::SwiGlu => Some(Gate::Silu),
+            Activation::GeGlu => Some(Gate::GeluTanh),
+        }
+    }
+
+    /// Columns of the MLP's first projection for an inner width F: F, or 2F for a gated
+    /// unit's gate and up halves side by side (Megatron's fused linear_fc1).
+    pub fn fc1_width(self, ffn: usize) -> usize {
+        match self.gate() {
+            None => ffn,
+            Some(_) => 2 * ffn,
         }
     }
 
@@ -26,7 +37,9 @@ impl Activation {
         match self {
             Activation::Gelu => dev.gelu_forward(out, inp),
             Activation::SquaredRelu => dev.squared_relu_forward(out, inp),
-            Activation::SwiGlu => dev.swiglu_forward(out, inp),
+            Activation::SwiGlu | Activation::GeGlu => {
+                dev.glu_forward(out, inp, self.gate().expect("a gated unit"))
+            }
         }
     }
 
@@ -36,6 +49,7 @@ impl Activation {
             Activation::Gelu => "GELU",
             Activation::SquaredRelu => "squared ReLU",
             Activation::SwiGlu => "SwiGLU",
+            Activation::GeGlu => "GeGLU",
         }
     }
 
@@ -58,12 +72,12 @@ impl Activation {
                 dev.matmul_backward_input(&mut dact, dout, weight, layout);
                 dev.squared_relu_backward(dinp, inp, &dact);
             }
-            Activation::SwiGlu => {
+            Activation::SwiGlu | Activation::GeGlu => {
                 let f = dinp.shape().last().expect("a [N, 2F] gradient") / 2;
                 let mut dact =
                     dev.empty_of(dev.activation_dtype(), &[dinp.len() / (2 * f), f], Category::Workspace); // [N,F]
                 dev.matmul_backward_input(&mut dact, dout, weight, layout);
-                dev.swiglu_backward(dinp, inp, &dact);
+                dev.glu_backward(dinp, inp, &dact, self.gate().expect("a gated unit"));
             }
         }
     }

@@ -1,19 +1,20 @@
-//! SwiGLU, forward and backward, launched as the CUDA backend launches it (one thread per
-//! output), against the CPU's op, in f32 and in bf16 from inputs rounded to bf16.
+//! The gated linear units, SwiGLU and GeGLU, forward and backward, launched as the CUDA
+//! backend launches them (one thread per output), against the CPU's op, in f32 and in bf16
+//! from inputs rounded to bf16.
 
 use crate::harness::{max_abs, Family, Rng, Run, Storage, Tolerance};
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::per_pack;
-use kernels::{Category, Device};
+use kernels::{Category, Device, Gate};
 
 /// The CPU's out [N,F] and dinp [N,2F] from inp [N,2F] and dout [N,F].
-fn cpu_swiglu(n: usize, f: usize, inp: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) {
+fn cpu_glu(n: usize, f: usize, inp: &[f32], dout: &[f32], gate: Gate) -> (Vec<f32>, Vec<f32>) {
     let dev = CpuDevice::new(2);
     let tin = dev.from_host(inp, &[n, 2 * f], Category::Workspace);
     let mut out = dev.zeros(&[n, f], Category::Workspace);
-    dev.swiglu_forward(&mut out, &tin);
+    dev.glu_forward(&mut out, &tin, gate);
     let mut dinp = dev.zeros(&[n, 2 * f], Category::Workspace);
-    dev.swiglu_backward(&mut dinp, &tin, &dev.from_host(dout, &[n, f], Category::Workspace));
+    dev.glu_backward(&mut dinp, &tin, &dev.from_host(dout, &[n, f], Category::Workspace), gate);
     (dev.to_host(&out), dev.to_host(&dinp))
 }
 
@@ -24,10 +25,11 @@ fn halves(dinp: &[f32], f: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 #[test]
-fn swiglu_matches_the_cpu_in_f32_and_bf16() {
-    let Some(family) = Family::of("swiglu_matches_the_cpu_in_f32_and_bf16", "swiglu.cu") else { return };
-    // Llama-3-8B's MLP, F = 14336, over 64 of its B * T rows; and an odd F over 7 rows.
-    for storage in Storage::BOTH {
+fn swiglu_and_geglu_match_the_cpu_in_f32_and_bf16() {
+    let Some(family) = Family::of("swiglu_and_geglu_match_the_cpu_in_f32_and_bf16", "glu.cu") else { return };
+    // Llama-3-8B's MLP, F = 14336, over 64 of its B * T rows (Gemma 7B's is 24576); and an
+    // odd F over 7 rows.
+    for (storage, gate) in Storage::BOTH.into_iter().flat_map(|s| [(s, Gate::Silu), (s, Gate::GeluTanh)]) {
         let mut rng = Rng::new(12);
         for (n, f) in [(64, 14_336), (7, 37)] {
             let mut inp = rng.uniform(n * 2 * f, 12.0);
@@ -40,33 +42,34 @@ fn swiglu_matches_the_cpu_in_f32_and_bf16() {
             let (gin, gd) = (storage.buffer(&mut run, &inp), storage.buffer(&mut run, &dout));
             let (out, dinp) = (storage.output(&mut run, n * f), storage.output(&mut run, n * 2 * f));
             let (items, cols) = ((n * f) as u64, f as u64);
+            let (forward, backward) = gate.kernels();
             run.launch(
-                storage.kernel("swiglu_forward"),
+                storage.kernel(forward),
                 per_pack(n * f, storage.dtype()),
                 &[out.into(), gin.into(), items.into(), cols.into()],
             );
             run.launch(
-                storage.kernel("swiglu_backward"),
+                storage.kernel(backward),
                 per_pack(n * f, storage.dtype()),
                 &[dinp.into(), gin.into(), gd.into(), items.into(), cols.into()],
             );
             run.read(out);
             run.read(dinp);
             let got = family.run(run).unwrap();
-            let (want_out, want_dinp) = cpu_swiglu(n, f, &inp, &dout);
-            let what = |part: &str| format!("{part} in {storage}, F = {f}");
+            let (want_out, want_dinp) = cpu_glu(n, f, &inp, &dout, gate);
+            let what = |part: &str| format!("{gate:?} {part} in {storage}, F = {f}");
             // The sigmoid's exp is expf on the GPU, the CPU's polynomial on the CPU: a few ulp.
             // Far in the negative tail the GPU's sigmoid is 0 where the CPU's exp stops at
             // e^-87.3: outputs below 1e-30 are judged against 1e-30.
             let tail = Tolerance::Close { rtol: 1e-5, floor: 1e-30 };
-            storage.check(&what("swiglu"), &storage.read(&got, out), &want_out, tail).unwrap();
+            storage.check(&what("out"), &storage.read(&got, out), &want_out, tail).unwrap();
             let (da, db) = halves(&storage.read(&got, dinp), f);
             let (want_da, want_db) = halves(&want_dinp, f);
-            // silu'(a) crosses zero near a = -1.28, where its terms cancel: there da is judged
-            // against the largest da.
+            // silu'(a) crosses zero near a = -1.28 and gelu'(a) near -0.75, where their terms
+            // cancel: there da is judged against the largest da.
             let cancelling = Tolerance::Close { rtol: 1e-5, floor: max_abs(&want_da) };
-            storage.check(&what("dswiglu gate"), &da, &want_da, cancelling).unwrap();
-            storage.check(&what("dswiglu up"), &db, &want_db, tail).unwrap();
+            storage.check(&what("d gate"), &da, &want_da, cancelling).unwrap();
+            storage.check(&what("d up"), &db, &want_db, tail).unwrap();
         }
     }
 }
