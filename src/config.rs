@@ -77,10 +77,14 @@ pub struct Config {
     pub swiglu: bool,
     /// The MLP's activation is relu(x)^2 (Nemotron's) instead of GELU.
     pub squared_relu: bool,
+    /// A gated MLP with the tanh GELU (GeGLU, Gemma's) instead of GELU.
+    pub geglu: bool,
     pub group_query_attention: bool,
     /// Key/value heads with group_query_attention.
     pub num_query_groups: Option<usize>,
     pub untie_embeddings_and_output_weights: bool,
+    /// The token embedding's output is multiplied by this (Gemma's sqrt(hidden_size)).
+    pub embedding_multiplier: Option<f32>,
     pub disable_bias_linear: bool,
     /// A bias on the q, k and v projections whatever `disable_bias_linear` says (Qwen2).
     pub add_qkv_bias: bool,
@@ -212,9 +216,11 @@ impl Default for Config {
             rotary_percent: 1.0,
             swiglu: false,
             squared_relu: false,
+            geglu: false,
             group_query_attention: false,
             num_query_groups: None,
             untie_embeddings_and_output_weights: false,
+            embedding_multiplier: None,
             disable_bias_linear: false,
             add_qkv_bias: false,
             qk_layernorm: false,
@@ -759,6 +765,18 @@ impl Config {
                 "true and swiglu: true are two activations for one MLP; set one".into(),
             ));
         }
+        if let Some(other) = [("swiglu", self.swiglu), ("squared_relu", self.squared_relu)]
+            .into_iter()
+            .find_map(|(key, on)| (on && self.geglu).then_some(key))
+        {
+            return Err((
+                "geglu",
+                format!("true and {other}: true are two activations for one MLP; set one"),
+            ));
+        }
+        if let Some(m) = self.embedding_multiplier.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return Err(("embedding_multiplier", format!("{m} must be a finite number > 0")));
+        }
         if self.qk_layernorm && self.apply_layernorm_1p {
             return Err((
                 "qk_layernorm",
@@ -840,10 +858,11 @@ impl Config {
                         .then(|| rotary_dims_of(self.rotary_percent, self.head_size())),
                 }),
             },
-            activation: match (self.swiglu, self.squared_relu) {
-                (true, _) => Activation::SwiGlu,
-                (false, true) => Activation::SquaredRelu,
-                (false, false) => Activation::Gelu,
+            activation: match (self.swiglu, self.squared_relu, self.geglu) {
+                (true, ..) => Activation::SwiGlu,
+                (false, true, _) => Activation::SquaredRelu,
+                (false, false, true) => Activation::GeGlu,
+                (false, false, false) => Activation::Gelu,
             },
             biases: match (self.disable_bias_linear, self.add_qkv_bias) {
                 (false, _) => LinearBiases::All,
@@ -852,6 +871,7 @@ impl Config {
             },
             qk_norm: self.qk_layernorm,
             tied_output: !self.untie_embeddings_and_output_weights,
+            embedding_multiplier: self.embedding_multiplier,
             init_std: self.init_method_std,
         }
     }

@@ -281,6 +281,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "phi3",
             "nemotron",
             "stablelm",
+            "gemma",
             "pipetrain",
             "full_attention",
             "sliding_attention"
@@ -343,6 +344,8 @@ const LLAMA_KEYS: &[&str] = &[
     "layer_norm_eps",
     "use_qkv_bias",
     "use_parallel_residual",
+    "embedding_multiplier",
+    "geglu",
 ];
 
 fn mutation(files: usize, keys: &'static [&'static str]) -> impl Strategy<Value = Mutation> {

@@ -2,14 +2,15 @@
 //! (grouped-query attention, rotary positions, sharded files; Llama 3.1's rope scaling and a
 //! tied output layer), Qwen2 (biases on q, k and v), Qwen3 (QK-norm), Mistral (Nemo's wide
 //! heads too), Phi-3 (q, k, v and gate, up fused in the file), Nemotron (LayerNorm1P,
-//! squared ReLU, rope on half of each head) and StableLM 2 (LayerNorms, q, k and v biases,
-//! rope on a quarter of each head) equals transformers'
+//! squared ReLU, rope on half of each head), StableLM 2 (LayerNorms, q, k and v biases,
+//! rope on a quarter of each head) and Gemma (GeGLU, embeddings multiplied by
+//! sqrt(hidden_size)) equals transformers'
 //! `generate(do_sample=False)` token for token, with and without the KV cache; seeded
 //! sampling repeats byte for byte, and mistakes are one line with exit code 2.
 //!
 //! `generate.json` in `tests/fixtures/` hf_tiny, hf_llama_tiny, hf_llama_tiny_rope_llama3,
 //! hf_qwen2_tiny, hf_qwen3_tiny, hf_mistral_tiny, hf_mistral_nemo_tiny, hf_phi3_tiny,
-//! hf_nemotron_tiny and hf_stablelm_tiny hold
+//! hf_nemotron_tiny, hf_stablelm_tiny and hf_gemma_tiny hold
 //! transformers' tokens; the script beside the fixtures', `tests/hf/make_generate_fixture.py`,
 //! regenerates them. Every token of that 96-token vocabulary is one distinct byte, so equal
 //! output bytes are equal tokens.
@@ -50,6 +51,7 @@ fn greedy_generation_equals_transformers() {
         "hf_phi3_tiny",
         "hf_nemotron_tiny",
         "hf_stablelm_tiny",
+        "hf_gemma_tiny",
     ] {
         greedy_equals_transformers(fixture);
     }

@@ -1,6 +1,6 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
 //! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
-//! `Phi3ForCausalLM`, `NemotronForCausalLM` and `StableLmForCausalLM`.
+//! `Phi3ForCausalLM`, `NemotronForCausalLM`, `StableLmForCausalLM` and `GemmaForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -13,12 +13,14 @@
 //! on heads wider than the width over the heads; `hf_phi3_tiny` a tiny Phi-3, its q, k, v and
 //! gate, up fused in the file; `hf_nemotron_tiny` a tiny Nemotron, LayerNorm1P, squared ReLU
 //! and a rotary embedding on half of each head; `hf_stablelm_tiny` a tiny StableLM 2,
-//! LayerNorms, biases on q, k and v and a rotary embedding on a quarter of each head), each
-//! saved by transformers' `save_pretrained` with random
+//! LayerNorms, biases on q, k and v and a rotary embedding on a quarter of each head;
+//! `hf_gemma_tiny` a tiny Gemma, RMSNorm scaling by 1 + weight, GeGLU, embeddings multiplied
+//! by sqrt(hidden_size), multi-query attention), each saved by transformers' `save_pretrained` with random
 //! weights (every bias and norm weight random too) together with the per-token losses
 //! transformers computed with it; `tests/hf/make_fixture.py`, `make_llama_fixture.py`,
 //! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py`, `make_phi3_fixture.py`,
-//! `make_nemotron_fixture.py` and `make_stablelm_fixture.py` regenerate them (torch and transformers needed there, not here).
+//! `make_nemotron_fixture.py`, `make_stablelm_fixture.py` and `make_gemma_fixture.py`
+//! regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
 
@@ -39,7 +41,7 @@ use stages::{
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 12] = [
+const FIXTURES: [&str; 13] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -52,6 +54,7 @@ const FIXTURES: [&str; 12] = [
     "hf_phi3_tiny",
     "hf_nemotron_tiny",
     "hf_stablelm_tiny",
+    "hf_gemma_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -101,13 +104,19 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         };
     }
     let (nemotron, stablelm) = (c["model_type"] == "nemotron", c["model_type"] == "stablelm");
-    assert_eq!(c["hidden_act"], if nemotron { "relu2" } else { "silu" });
+    let gemma = c["model_type"] == "gemma";
+    let hidden_act = match c["model_type"].as_str().unwrap() {
+        "nemotron" => "relu2",
+        "gemma" => "gelu_pytorch_tanh",
+        _ => "silu",
+    };
+    assert_eq!(c["hidden_act"], hidden_act);
     // Qwen2ForCausalLM fixes its biases: on q, k and v, nowhere else.
     let biases = match c["model_type"].as_str().unwrap() {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" | "nemotron" if c["attention_bias"] == true => LinearBiases::All,
         "stablelm" if c["use_qkv_bias"] == true => LinearBiases::QkvOnly,
-        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" => LinearBiases::NoBiases,
+        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" | "gemma" => LinearBiases::NoBiases,
         other => panic!("model_type {other}"),
     };
     let rope = &c["rope_parameters"];
@@ -142,16 +151,22 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         }]
         .as_f64()
         .unwrap() as f32,
-        zero_centered_gamma: nemotron,
+        zero_centered_gamma: nemotron || gemma,
         positions: Positions::Rotary(RopeFrequencies {
             base: rope["rope_theta"].as_f64().unwrap() as f32,
             llama3_factor,
             rotary_dims: rotated.filter(|&r| r != head_dim),
         }),
-        activation: if nemotron { Activation::SquaredRelu } else { Activation::SwiGlu },
+        activation: match c["model_type"].as_str().unwrap() {
+            "nemotron" => Activation::SquaredRelu,
+            "gemma" => Activation::GeGlu,
+            _ => Activation::SwiGlu,
+        },
         biases,
         qk_norm: c["model_type"] == "qwen3",
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
+        // GemmaModel's normalizer: sqrt(hidden_size) as an f32 tensor.
+        embedding_multiplier: gemma.then(|| (get("hidden_size") as f64).sqrt() as f32),
         init_std: 0.02,
     };
     ModelShape {

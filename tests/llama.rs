@@ -1,6 +1,6 @@
 //! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias`, Qwen3's
-//! `qk_layernorm` and Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`
-//! among them): each flag alone
+//! `qk_layernorm`, Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`, and
+//! Gemma's `geglu` and `embedding_multiplier` among them): each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
 //! line and exit 2.
@@ -81,6 +81,21 @@ fn nemotron_matches_one_stage_bitwise_under_every_schedule() {
     matches_one_stage_bitwise_under_every_schedule("nemotron", &nemotron);
 }
 
+/// Gemma (RMSNorm scaling by 1 + weight, GeGLU, the embeddings multiplied by sqrt(32) and
+/// tied, one key/value head), as Qwen3 above.
+#[test]
+fn gemma_matches_one_stage_bitwise_under_every_schedule() {
+    let gemma = [
+        ("apply-layernorm-1p", "true"),
+        ("swiglu", "false"),
+        ("geglu", "true"),
+        ("embedding-multiplier", "5.656854"),
+        ("untie-embeddings-and-output-weights", "false"),
+        ("num-query-groups", "1"),
+    ];
+    matches_one_stage_bitwise_under_every_schedule("gemma", &gemma);
+}
+
 /// The Llama with `family`'s flags under all six schedules, full recompute and selective
 /// alternately: p = 1's bits and the predicted activation peaks.
 fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'static str, &str)]) {
@@ -110,7 +125,7 @@ fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'stati
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 13] = [
+    let alone: [&[(&str, &str)]; 15] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -124,6 +139,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("position-embedding-type", "rope"), ("rotary-percent", "0.5")],
         &[("squared-relu", "true")],
         &[("normalization", "RMSNorm"), ("apply-layernorm-1p", "true")],
+        &[("geglu", "true")],
+        &[("embedding-multiplier", "5.656854")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -152,6 +169,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     // round about 0 and not about 1.
     assert_eq!(each[12][0], each[0][0], "1 + 0 is not the plain norm's 1");
     assert_ne!(each[12][1..], each[0][1..], "apply_layernorm_1p changed nothing after the first step");
+    // Gemma's GeGLU: neither SwiGLU nor GELU on one projection.
+    assert_ne!(each[13], each[3], "geglu changed nothing");
 }
 
 #[test]
@@ -175,7 +194,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 19] = [
+    let cases: [(&[&str], &str); 21] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -230,6 +249,11 @@ fn impossible_combinations_are_one_line() {
             "command line: --qk-layernorm true: true beside apply_layernorm_1p: pipetrain's QK-norm weights are \
              plain, not zero-centred",
         ),
+        (
+            &["--geglu", "true", "--squared-relu", "true"],
+            "command line: --geglu true: true and squared_relu: true are two activations for one MLP; set one",
+        ),
+        (&["--embedding-multiplier", "0"], "command line: --embedding-multiplier 0: 0 must be a finite number > 0"),
         (&["--rotary-percent", "0.5"], "command line: --rotary-percent 0.5: 0.5 needs position_embedding_type: rope"),
         (
             &["--position-embedding-type", "rope", "--rotary-percent", "0.375"],

@@ -697,14 +697,15 @@ fn llama3_configs_have_the_model_cards_parameter_counts() {
     assert_eq!(exact("llama3-8b"), 8_030_261_248);
 }
 
-/// The shipped Qwen2.5 7B, Qwen3 8B, Mistral Nemo 12B, Phi-4 and Nemotron-4 15B configs have
+/// The shipped Qwen2.5 7B, Qwen3 8B, Mistral Nemo 12B, Phi-4, Gemma 7B and Nemotron-4 15B configs have
 /// the model cards' parameter counts to the one (Qwen2.5's q, k and v biases, 4608 a layer,
 /// counted and no other bias; Qwen3's QK-norm weights, 256 a layer; Nemo's output projections
-/// [5120, 4096], its heads of 128 not 5120 / 32; Phi-4's 14.7B; Nemotron-4's 3.15B in the
+/// [5120, 4096], its heads of 128 not 5120 / 32; Phi-4's 14.7B; Gemma 7B's 8.54B, its heads
+/// of 256 not 3072 / 16 and its output layer the embedding; Nemotron-4's 3.15B in the
 /// embedding and the output layer and 12.48B in the blocks, its LayerNorms' biases among
 /// them, which its report gives as 3.2B and 12.5B) and say what they are.
 #[test]
-fn qwen_mistral_nemo_phi_4_and_nemotron_configs_have_the_model_cards_parameter_counts() {
+fn qwen_mistral_nemo_phi_4_gemma_and_nemotron_configs_have_the_model_cards_parameter_counts() {
     for (name, parameters, architecture) in [
         (
             "qwen2.5-7b",
@@ -728,6 +729,12 @@ fn qwen_mistral_nemo_phi_4_and_nemotron_configs_have_the_model_cards_parameter_c
             "phi4-14b",
             14_659_507_200,
             "RMSNorm (eps 1e-5), rope (base 250000), SwiGLU, 10 query groups, no linear biases, untied output layer",
+        ),
+        (
+            "gemma-7b",
+            8_537_680_896,
+            "RMSNorm (eps 1e-6, 1 + weight), rope (base 10000), GeGLU, heads of 256, no linear biases, tied output \
+             layer, embeddings x 55.425625",
         ),
         (
             "nemotron4-15b",

@@ -307,6 +307,21 @@ fn nemotron_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &nemotron), &dir, &[]);
 }
 
+/// Gemma: llama-tiny.yaml with zero-centred RMSNorms, GeGLU and its embeddings multiplied
+/// by sqrt(64), on the stand-in as on the CPU.
+#[test]
+fn gemma_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("gemma_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-gemma");
+    let gemma = [
+        ("normalization: RMSNorm", "normalization: RMSNorm\napply_layernorm_1p: true"),
+        ("swiglu: true", "geglu: true\nembedding_multiplier: 8"),
+    ];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &gemma), &dir, &[]);
+}
+
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
 /// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
 #[test]

@@ -135,11 +135,21 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
         ("squared-relu", "true"),
         ("rotary-percent", "0.5"),
     ];
-    let models: [(&str, &[(&str, &str)]); 4] = [
+    // Gemma: GeGLU on each rank's columns, the embedding multiplied after the group's sum
+    // (or on each rank's sequence rows), the output layer tied to it.
+    let gemma: &[(&str, &str)] = &[
+        ("apply-layernorm-1p", "true"),
+        ("swiglu", "false"),
+        ("geglu", "true"),
+        ("embedding-multiplier", "5.656854"),
+        ("untie-embeddings-and-output-weights", "false"),
+    ];
+    let models: [(&str, &[(&str, &str)]); 5] = [
         ("qwen2", &[("add-qkv-bias", "true")]),
         ("wide-heads", &[("kv-channels", "16")]),
         ("qwen3", &[("qk-layernorm", "true")]),
         ("nemotron", nemotron),
+        ("gemma", gemma),
     ];
     for (name, extra) in models {
         let extra: Vec<_> = extra.iter().map(|(k, v)| (*k, v.to_string())).collect();

@@ -23,6 +23,7 @@ use kernels::rope_frequencies::{
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
 
+use super::hf_class::gemma_multiplier;
 use crate::config::Named;
 use crate::error::user_error;
 
@@ -43,114 +44,14 @@ pub struct LlamaConfig {
     pub attention_dropout: f32,
 }
 
+/// GemmaConfig's `head_dim` where config.json leaves it out.
+const GEMMA_HEAD_DIM: usize = 256;
+
 /// The largest head size read (real ones are at most 256), so that the fused projection's
 /// width, (NH + 2 KV) x hs, fits a usize whatever the head counts.
 const MAX_HEAD_DIM: usize = 1 << 16;
 
 impl LlamaConfig {
-    /// Whether transformers' `NemotronForCausalLM` builds this model: LayerNorm1P (a
-    /// LayerNorm scaling by 1 + weight), squared ReLU, rotary positions without Llama 3.1's
-    /// scaling, no QK-norm, and biases on every linear layer or on none.
-    fn is_nemotron(&self) -> bool {
-        let a = &self.arch;
-        a.norm == Norm::LayerNorm
-            && a.zero_centered_gamma
-            && a.activation == Activation::SquaredRelu
-            && matches!(a.positions, Positions::Rotary(RopeFrequencies { llama3_factor: None, .. }))
-            && !a.qk_norm
-            && a.biases != LinearBiases::QkvOnly
-    }
-
-    /// Whether transformers' `StableLmForCausalLM` builds this model (StableLM 2): a plain
-    /// LayerNorm, SwiGLU, rotary positions without Llama 3.1's scaling, no QK-norm, biases
-    /// on q, k and v or on none, and heads of hidden_size / num_attention_heads (the class
-    /// reads no head_dim).
-    fn is_stablelm(&self) -> bool {
-        let a = &self.arch;
-        a.norm == Norm::LayerNorm
-            && !a.zero_centered_gamma
-            && a.activation == Activation::SwiGlu
-            && matches!(a.positions, Positions::Rotary(RopeFrequencies { llama3_factor: None, .. }))
-            && !a.qk_norm
-            && a.biases != LinearBiases::All
-            && self.head_dim * self.num_attention_heads == self.hidden_size
-    }
-
-    fn with_biases(&self, biases: LinearBiases) -> LlamaConfig {
-        LlamaConfig { arch: Architecture { biases, ..self.arch }, ..self.clone() }
-    }
-
-    /// Why `transformers` has no class for this model, where it has none: its
-    /// `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` need RMSNorm, rotary
-    /// positions over the whole head and a SwiGLU MLP, and Qwen3's QK-norm comes without
-    /// biases; `NemotronForCausalLM` and `StableLmForCausalLM` take what
-    /// [`LlamaConfig::is_nemotron`] and [`LlamaConfig::is_stablelm`] say.
-    pub fn missing_in_transformers(&self) -> Option<&'static str> {
-        let a = &self.arch;
-        if self.is_nemotron() || self.is_stablelm() {
-            return None;
-        }
-        if self.with_biases(LinearBiases::NoBiases).is_nemotron() {
-            return Some(
-                "NemotronForCausalLM puts biases on every linear layer or none (attention_bias, mlp_bias), not on q, \
-                 k and v alone",
-            );
-        }
-        if a.zero_centered_gamma {
-            return Some(
-                "only NemotronForCausalLM's norms scale by 1 + weight (apply_layernorm_1p), beside LayerNorm, rope \
-                 and squared_relu",
-            );
-        }
-        if self.with_biases(LinearBiases::NoBiases).is_stablelm() {
-            return Some(
-                "StableLmForCausalLM puts biases on q, k and v or nowhere, not on every linear layer",
-            );
-        }
-        let narrow = LlamaConfig { head_dim: self.hidden_size / self.num_attention_heads, ..self.clone() };
-        if narrow.is_stablelm() {
-            return Some(
-                "StableLmForCausalLM's heads are hidden_size / num_attention_heads wide, not kv_channels",
-            );
-        }
-        if a.norm != Norm::RmsNorm || a.positions == Positions::Learned || a.activation != Activation::SwiGlu
-        {
-            return Some(
-                "LlamaForCausalLM needs normalization RMSNorm, position_embedding_type rope and swiglu together, \
-                 StableLmForCausalLM LayerNorm, rope and swiglu, NemotronForCausalLM LayerNorm, \
-                 apply_layernorm_1p, rope and squared_relu",
-            );
-        }
-        if a.qk_norm && a.biases != LinearBiases::NoBiases {
-            return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
-        }
-        if matches!(a.positions, Positions::Rotary(RopeFrequencies { rotary_dims: Some(_), .. })) {
-            return Some(
-                "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it",
-            );
-        }
-        None
-    }
-
-    /// config.json's model_type: "nemotron" and "stablelm" for theirs, "qwen3" for QK-norm,
-    /// "qwen2" for biases on q, k and v alone (LlamaConfig's `attention_bias` would put one
-    /// on the output projection too), "llama" for what else LlamaForCausalLM builds,
-    /// "pipetrain" for the rest.
-    fn model_type(&self) -> &'static str {
-        if self.is_nemotron() {
-            return "nemotron";
-        }
-        if self.is_stablelm() {
-            return "stablelm";
-        }
-        match (self.missing_in_transformers().is_none(), self.arch.qk_norm, self.arch.biases) {
-            (false, ..) => "pipetrain",
-            (true, true, _) => "qwen3",
-            (true, false, LinearBiases::QkvOnly) => "qwen2",
-            (true, false, LinearBiases::All | LinearBiases::NoBiases) => "llama",
-        }
-    }
-
     pub fn to_json(&self) -> Value {
         let a = &self.arch;
         let (rope_theta, rope_scaling) = match a.positions {
@@ -165,6 +66,7 @@ impl LlamaConfig {
                 "qwen3" => "Qwen3ForCausalLM",
                 "nemotron" => "NemotronForCausalLM",
                 "stablelm" => "StableLmForCausalLM",
+                "gemma" => "GemmaForCausalLM",
                 _ => "LlamaForCausalLM",
             }],
             "vocab_size": self.vocab_size,
@@ -204,6 +106,9 @@ impl LlamaConfig {
         if model_type == "nemotron" {
             extra.insert("hidden_act".into(), json!("relu2"));
         }
+        if model_type == "gemma" {
+            extra.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
+        }
         if model_type == "stablelm" {
             // StableLM 2's q, k and v biases, and none elsewhere; its per-head LayerNorm and
             // parallel residual are off.
@@ -235,6 +140,10 @@ impl LlamaConfig {
             }
             extra.insert("swiglu".into(), json!(a.activation == Activation::SwiGlu));
             extra.insert("squared_relu".into(), json!(a.activation == Activation::SquaredRelu));
+            extra.insert("geglu".into(), json!(a.activation == Activation::GeGlu));
+            if let Some(m) = a.embedding_multiplier {
+                extra.insert("embedding_multiplier".into(), decimal(m));
+            }
             extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
             extra.insert("qk_layernorm".into(), json!(a.qk_norm));
             extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
@@ -244,7 +153,7 @@ impl LlamaConfig {
 
     /// Parses a config.json of model_type "llama" (Hugging Face's or pipetrain's), "qwen2",
     /// "qwen3", "mistral" or "phi3" (each a Llama, and written back as one), "nemotron",
-    /// "stablelm" or "pipetrain";
+    /// "stablelm", "gemma" or "pipetrain";
     /// `path` names the file in errors. Settings that would make another model than the one
     /// pipetrain runs (a rope scaling other than Llama 3.1's, another activation, a partial
     /// rotation) are refused.
@@ -276,6 +185,7 @@ impl LlamaConfig {
         let pipetrain = model_type == Some("pipetrain");
         let nemotron = model_type == Some("nemotron");
         let stablelm = model_type == Some("stablelm");
+        let gemma = model_type == Some("gemma");
         // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
         // most published checkpoints write rope_theta and rope_scaling beside the other keys.
         let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
@@ -297,18 +207,24 @@ impl LlamaConfig {
                 rotary_dims: None,
             },
         };
-        let act = if nemotron { "relu2" } else { "silu" };
-        if let Some(v) = obj.get("hidden_act").filter(|v| v.as_str() != Some(act)) {
-            let family = if nemotron { "Nemotron" } else { "Llama" };
-            return Err(bad(format!("hidden_act is {v}, pipetrain's {family} needs {act:?}")));
+        // GemmaConfig takes its releases' "gelu" for the tanh approximation, as transformers
+        // does.
+        let (family, acts): (&str, &[&str]) = match model_type {
+            Some("nemotron") => ("Nemotron", &["relu2"]),
+            Some("gemma") => ("Gemma", &["gelu_pytorch_tanh", "gelu"]),
+            _ => ("Llama", &["silu"]),
+        };
+        if let Some(v) = obj.get("hidden_act").filter(|v| !v.as_str().is_some_and(|a| acts.contains(&a))) {
+            return Err(bad(format!("hidden_act is {v}, pipetrain's {family} needs {:?}", acts[0])));
         }
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         if heads == 0 {
             return Err(bad("num_attention_heads is 0".into()));
         }
-        // transformers' default where the key is absent or null.
+        // transformers' default where the key is absent or null (GemmaConfig's: 256).
         let head_dim = match obj.get("head_dim") {
+            None | Some(Value::Null) if gemma => GEMMA_HEAD_DIM,
             None | Some(Value::Null) if hidden.is_multiple_of(heads) => hidden / heads,
             None | Some(Value::Null) => {
                 return Err(bad(format!(
@@ -336,13 +252,20 @@ impl LlamaConfig {
         let window = sliding_window(obj, model_type).map_err(bad)?;
         let biases = if model_type == Some("qwen2") {
             LinearBiases::QkvOnly
-        } else if model_type == Some("qwen3") {
-            if flag("attention_bias", false)? {
+        } else if matches!(model_type, Some("qwen3" | "gemma")) {
+            if gemma && flag("use_bidirectional_attention", false)? {
                 return Err(bad(
-                    "attention_bias is true: Qwen3's puts a bias on q, k, v and o but not the MLP, \
-                     which pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+                    "use_bidirectional_attention is true: every query sees every key, where pipetrain's \
+                     attention is causal"
                         .into(),
                 ));
+            }
+            if flag("attention_bias", false)? {
+                let family = if gemma { "Gemma" } else { "Qwen3" };
+                return Err(bad(format!(
+                    "attention_bias is true: {family}'s puts a bias on q, k, v and o but not the MLP, \
+                     which pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+                )));
             }
             LinearBiases::NoBiases
         } else if matches!(model_type, Some("mistral" | "phi3")) {
@@ -388,17 +311,40 @@ impl LlamaConfig {
             && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
         let activation = if nemotron {
             Activation::SquaredRelu
+        } else if gemma {
+            Activation::GeGlu
         } else if !pipetrain {
             Activation::SwiGlu
         } else {
-            match (flag("swiglu", true)?, flag("squared_relu", false)?) {
-                (true, false) => Activation::SwiGlu,
-                (false, true) => Activation::SquaredRelu,
-                (false, false) => Activation::Gelu,
-                (true, true) => {
-                    return Err(bad("swiglu and squared_relu are both true: one MLP, one activation".into()))
+            let chosen = [
+                ("swiglu", flag("swiglu", true)?, Activation::SwiGlu),
+                ("squared_relu", flag("squared_relu", false)?, Activation::SquaredRelu),
+                ("geglu", flag("geglu", false)?, Activation::GeGlu),
+            ];
+            let on: Vec<_> = chosen.iter().filter(|(_, on, _)| *on).collect();
+            match on[..] {
+                [] => Activation::Gelu,
+                [(_, _, activation)] => *activation,
+                _ => {
+                    let keys: Vec<&str> = on.iter().map(|(key, ..)| *key).collect();
+                    let all = if keys.len() == 2 { "both" } else { "all" };
+                    return Err(bad(format!(
+                        "{} are {all} true: one MLP, one activation",
+                        keys.join(" and ")
+                    )));
                 }
             }
+        };
+        // Gemma multiplies its embeddings by sqrt(hidden_size); pipetrain's own says by what.
+        let embedding_multiplier = match obj.get("embedding_multiplier") {
+            _ if gemma => Some(gemma_multiplier(hidden)),
+            Some(v) if pipetrain && !v.is_null() => Some(
+                v.as_f64()
+                    .filter(|m| m.is_finite() && *m > 0.0)
+                    .ok_or_else(|| bad(format!("embedding_multiplier is {v}, not a finite number > 0")))?
+                    as f32,
+            ),
+            _ => None,
         };
         let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
         let arch = Architecture {
@@ -409,7 +355,7 @@ impl LlamaConfig {
                 Some("stablelm") => float("layer_norm_eps", 1e-5)?,
                 _ => float("rms_norm_eps", 1e-6)?,
             },
-            zero_centered_gamma: nemotron || (pipetrain && flag("apply_layernorm_1p", false)?),
+            zero_centered_gamma: nemotron || gemma || (pipetrain && flag("apply_layernorm_1p", false)?),
             positions: if learned {
                 Positions::Learned
             } else {
@@ -418,7 +364,9 @@ impl LlamaConfig {
             activation,
             biases,
             qk_norm: model_type == Some("qwen3") || (pipetrain && flag("qk_layernorm", false)?),
-            tied_output: flag("tie_word_embeddings", false)?,
+            // GemmaConfig ties them where config.json says nothing.
+            tied_output: flag("tie_word_embeddings", gemma)?,
+            embedding_multiplier,
             init_std: float("initializer_range", 0.02)?,
         };
         if arch.qk_norm && arch.zero_centered_gamma {
@@ -997,6 +945,7 @@ mod tests {
                 biases: LinearBiases::NoBiases,
                 qk_norm: false,
                 tied_output: false,
+                embedding_multiplier: None,
                 init_std: 0.0134,
             },
             vocab_size: 256000,
@@ -1035,8 +984,9 @@ mod tests {
         };
         assert_eq!(swiglu.to_json()["model_type"], "pipetrain");
         let one_plus = Some(
-            "only NemotronForCausalLM's norms scale by 1 + weight (apply_layernorm_1p), beside LayerNorm, rope and \
-             squared_relu",
+            "only NemotronForCausalLM's and GemmaForCausalLM's norms scale by 1 + weight (apply_layernorm_1p): \
+             Nemotron's beside LayerNorm, rope and squared_relu, Gemma's beside RMSNorm, rope, geglu and embeddings \
+             multiplied by sqrt(hidden_size)",
         );
         assert_eq!(swiglu.missing_in_transformers(), one_plus);
         assert_eq!(parse(&swiglu.to_json()).unwrap(), swiglu);
@@ -1145,6 +1095,90 @@ mod tests {
         assert_eq!(
             parse(&j).unwrap_err().to_string(),
             "d/config.json: head_dim is 128; StableLmForCausalLM's heads are hidden_size / num_attention_heads wide"
+        );
+    }
+
+    /// GemmaConfig's defaults (Gemma 7B's shape) as transformers 5.25 writes them
+    /// (tests/fixtures/gemma_config.json, from tests/hf/make_gemma_fixture.py): RMSNorm
+    /// scaling by 1 + weight, GeGLU, heads of 256 wider than 3072 / 16, the embeddings
+    /// multiplied by sqrt(3072) and tied; written back as GemmaForCausalLM's.
+    #[test]
+    fn reads_gemma_and_writes_it_back() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma_config.json");
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hub = &fixture["config"];
+        let want = LlamaConfig {
+            arch: Architecture {
+                zero_centered_gamma: true,
+                activation: Activation::GeGlu,
+                tied_output: true,
+                embedding_multiplier: Some(55.425_625),
+                ..Architecture::llama(10000.0, 1e-6)
+            },
+            vocab_size: 256000,
+            hidden_size: 3072,
+            intermediate_size: 24576,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 16,
+            head_dim: 256,
+            max_position_embeddings: 8192,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        assert_eq!(gemma_multiplier(3072), 55.425_625);
+        assert_eq!(parse(hub).unwrap(), want);
+        let written = want.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"], &written["hidden_act"]),
+            (&json!("gemma"), &json!(["GemmaForCausalLM"]), &json!("gelu_pytorch_tanh"))
+        );
+        assert_eq!(parse(&written).unwrap(), want);
+        // Its releases' "gelu" is the tanh approximation; GemmaConfig's defaults fill in the
+        // heads of 256 and the tied output layer.
+        let mut release = hub.clone();
+        release["hidden_act"] = json!("gelu");
+        let fields = release.as_object_mut().unwrap();
+        fields.remove("head_dim");
+        fields.remove("tie_word_embeddings");
+        assert_eq!(parse(&release).unwrap(), want);
+        for (key, value, why) in [
+            (
+                "attention_bias",
+                json!(true),
+                "attention_bias is true: Gemma's puts a bias on q, k, v and o but not the MLP, which pipetrain's \
+                 disable_bias_linear and add_qkv_bias cannot express",
+            ),
+            (
+                "use_bidirectional_attention",
+                json!(true),
+                "use_bidirectional_attention is true: every query sees every key, where pipetrain's attention is \
+                 causal",
+            ),
+            ("hidden_act", json!("silu"), "hidden_act is \"silu\", pipetrain's Gemma needs \"gelu_pytorch_tanh\""),
+        ] {
+            let mut j = hub.clone();
+            j[key] = value;
+            assert_eq!(parse(&j).unwrap_err().to_string(), format!("d/config.json: {why}"), "{key}");
+        }
+        // A multiplier other than sqrt(hidden_size), or beside another model, is pipetrain's own.
+        let other = LlamaConfig {
+            arch: Architecture { embedding_multiplier: Some(12.0), ..want.arch },
+            ..want.clone()
+        };
+        assert_eq!(
+            other.missing_in_transformers(),
+            Some(
+                "only GemmaForCausalLM multiplies its embeddings, by sqrt(hidden_size), beside RMSNorm, \
+                 apply_layernorm_1p, rope over every channel, geglu and no biases"
+            )
+        );
+        assert_eq!(parse(&other.to_json()).unwrap(), other);
+        let mut both = other.to_json();
+        both["squared_relu"] = json!(true);
+        assert_eq!(
+            parse(&both).unwrap_err().to_string(),
+            "d/config.json: squared_relu and geglu are both true: one MLP, one activation"
         );
     }
 

@@ -11,6 +11,7 @@
 //! run/checkpoints/latest                                 "step_000100"
 //! ```
 
+mod hf_class;
 mod hf_config;
 mod llama_config;
 mod load;

@@ -66,12 +66,12 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "stablelm" | "pipetrain") => {
+            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "stablelm" | "gemma" | "pipetrain") => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
             _ => Err(bad(format!(
                 "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \
-                 \"nemotron\" and \"stablelm\"",
+                 \"nemotron\", \"stablelm\" and \"gemma\"",
                 obj.get("model_type").map_or("missing".to_string(), Value::to_string)
             ))),
         }
@@ -134,6 +134,8 @@ impl ModelConfig {
                     rotary_percent,
                     swiglu: a.activation == stages::Activation::SwiGlu,
                     squared_relu: a.activation == stages::Activation::SquaredRelu,
+                    geglu: a.activation == stages::Activation::GeGlu,
+                    embedding_multiplier: a.embedding_multiplier,
                     group_query_attention: gqa,
                     num_query_groups: gqa.then_some(l.num_key_value_heads),
                     untie_embeddings_and_output_weights: !a.tied_output,

@@ -48,6 +48,8 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("position_embedding_type", c.position_embedding_type.name().to_string()),
         ("swiglu", c.swiglu.to_string()),
         ("squared_relu", c.squared_relu.to_string()),
+        ("geglu", c.geglu.to_string()),
+        ("embedding_multiplier", c.embedding_multiplier.map_or("none".into(), |m| m.to_string())),
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("qk_layernorm", c.qk_layernorm.to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
@@ -167,6 +169,13 @@ mod tests {
         assert_eq!(
             refusal(&relu2, &gelu),
             "key `squared_relu`: ck holds a model with squared_relu false, not true"
+        );
+        let geglu = Config { swiglu: false, geglu: true, ..llama.clone() };
+        assert_eq!(refusal(&geglu, &llama), "key `swiglu`: ck holds a model with swiglu true, not false");
+        let scaled = Config { embedding_multiplier: Some(2.0), ..llama.clone() };
+        assert_eq!(
+            refusal(&scaled, &llama),
+            "key `embedding_multiplier`: ck holds a model with embedding_multiplier none, not 2"
         );
         let one_plus = Config { apply_layernorm_1p: true, ..llama.clone() };
         assert_eq!(

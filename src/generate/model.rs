@@ -106,6 +106,9 @@ impl Decoder {
             None => self.wte_host[tok..tok + c].to_vec(),
         };
         let mut x = dev.from_host(&x_host, &[1, c], Category::Workspace); // [1,C]
+        if let Some(m) = s.arch.embedding_multiplier {
+            dev.scale(&mut x, m);
+        }
         let (a, kv) = (s.attention_width(), s.kv_heads * s.head_size());
         for (layer, (at, (keys, values))) in self.blocks.iter().zip(&mut cache.layers).enumerate() {
             let block = Block { s, layer, w: &self.values, at: *at, shard: Shard::WHOLE };

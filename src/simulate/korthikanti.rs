@@ -193,6 +193,7 @@ mod tests {
             biases: stages::LinearBiases::NoBiases,
             qk_norm: false,
             tied_output: false,
+            embedding_multiplier: None,
             init_std: 0.02,
         },
         num_layers: 80,

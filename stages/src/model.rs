@@ -66,6 +66,9 @@ pub struct Architecture {
     pub qk_norm: bool,
     /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
     pub tied_output: bool,
+    /// The token embedding's output is multiplied by this (Gemma's sqrt(hidden_size), in
+    /// f32); None leaves it as looked up.
+    pub embedding_multiplier: Option<f32>,
     /// The std of every weight's normal init; the residual projections use
     /// std / sqrt(2 * layers), as GPT-2 and Megatron do.
     pub init_std: f32,
@@ -92,6 +95,7 @@ impl Architecture {
         biases: LinearBiases::All,
         qk_norm: false,
         tied_output: true,
+        embedding_multiplier: None,
         init_std: 0.02,
     };
 
@@ -106,6 +110,7 @@ impl Architecture {
             biases: LinearBiases::NoBiases,
             qk_norm: false,
             tied_output: false,
+            embedding_multiplier: None,
             init_std: 0.02,
         }
     }
@@ -245,6 +250,9 @@ impl ModelShape {
             parts.push("QK-norm".into());
         }
         parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
+        if let Some(m) = a.embedding_multiplier {
+            parts.push(format!("embeddings x {m}"));
+        }
         parts.join(", ")
     }
 

@@ -3,8 +3,9 @@
 //! fixed function of the weights), including the tied embedding's two gradients and the
 //! head's backward, which runs in forward; and again with heads wider than the width over
 //! the heads (`head_dim`, as Mistral Nemo's), the output projection [C, NH * hs]; and for a
-//! Qwen3 (QK-norm before rope, grouped-query attention, SwiGLU); and for a Nemotron
-//! (LayerNorm scaling by 1 + weight, squared ReLU, rope on half of each head).
+//! Qwen3 (QK-norm before rope, grouped-query attention, SwiGLU); for a Nemotron (LayerNorm
+//! scaling by 1 + weight, squared ReLU, rope on half of each head); and for a Gemma (RMSNorm
+//! scaling by 1 + weight, GeGLU, the embeddings multiplied).
 
 use kernels::cpu::CpuDevice;
 use kernels::{AttentionSaves, Category, DType, Device};
@@ -87,6 +88,18 @@ fn gradients_match_central_differences_for_nemotron() {
         activation: stages::Activation::SquaredRelu,
         tied_output: true,
         ..stages::Architecture::llama(1e4, 1e-5)
+    };
+    check_gradients(ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE });
+}
+
+#[test]
+fn gradients_match_central_differences_for_gemma() {
+    let arch = stages::Architecture {
+        zero_centered_gamma: true,
+        activation: stages::Activation::GeGlu,
+        tied_output: true,
+        embedding_multiplier: Some(4.0),
+        ..stages::Architecture::llama(1e4, 1e-6)
     };
     check_gradients(ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE });
 }

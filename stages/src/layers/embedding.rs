@@ -1,4 +1,5 @@
-//! The embedding: token embedding plus, for learned positions, the position table, then
+//! The embedding: token embedding plus, for learned positions, the position table, times
+//! the model's embedding multiplier where it has one (Gemma's sqrt(hidden_size)), then
 //! dropout (GPT-2's embd_pdrop). Rotary models add no positions here: their blocks rotate
 //! q and k.
 //!
@@ -39,13 +40,16 @@ pub fn forward(
     let wpe = wpe.filter(|_| wte.shard.rank == 0);
     dev.embedding_forward(&mut out, &wte.shard.vocab_ids(s, tokens), wte.table, wpe);
     let rows = wte.shard.rows(s);
-    let out = match wte.shard.sequence {
+    let mut out = match wte.shard.sequence {
         true => tp.reduce_scatter_rows(out, dev, rows.clone(), Category::Workspace),
         false => {
             tp.all_reduce(&mut out, dev);
             out
         }
     };
+    if let Some(m) = s.arch.embedding_multiplier {
+        dev.scale(&mut out, m);
+    }
     dropout_or_keep(dev, out, stream_dropout(s, dropout, rows.start))
 }
 
@@ -64,6 +68,11 @@ pub fn backward(
     dropout: &DropoutCtx,
     tp: &mut TensorGroup,
 ) {
+    let mut dout = dout;
+    // The multiplier and the dropout mask are both diagonal: their gradients commute.
+    if let Some(m) = s.arch.embedding_multiplier {
+        dev.scale(&mut dout, m);
+    }
     let dout =
         dropout_backward_or_keep(dev, Arc::new(dout), stream_dropout(s, dropout, wte.shard.rows(s).start));
     let dout = match wte.shard.sequence {
