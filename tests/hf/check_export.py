@@ -1,6 +1,6 @@
 """Load a pipetrain export (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, NemotronForCausalLM or StableLmForCausalLM) in transformers and print what it
-computes.
+Qwen3ForCausalLM, NemotronForCausalLM, StableLmForCausalLM or GemmaForCausalLM) in
+transformers and print what it computes.
 
     pipetrain export --checkpoint RUN --hf OUT
     python3 tests/hf/check_export.py OUT [val.bin] [--windows N --seq-length T]
