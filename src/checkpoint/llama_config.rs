@@ -568,6 +568,14 @@ mod tests {
         }
     }
 
+    /// The config.json that tests/hf's scripts had transformers write into
+    /// tests/fixtures/`name`.
+    fn written_by_transformers(name: &str) -> Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        fixture["config"].clone()
+    }
+
     fn parse(j: &Value) -> anyhow::Result<LlamaConfig> {
         LlamaConfig::from_json(Path::new("d/config.json"), j.as_object().unwrap())
     }
@@ -931,9 +939,7 @@ mod tests {
     /// turning; written back as NemotronForCausalLM's; the mixtures it cannot name refused.
     #[test]
     fn reads_nemotron_4_and_writes_it_back() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/nemotron_config.json");
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let hub = &fixture["config"];
+        let hub = &written_by_transformers("nemotron_config.json");
         let half = RopeFrequencies { rotary_dims: Some(64), ..RopeFrequencies::plain(10000.0) };
         let want = LlamaConfig {
             arch: Architecture {
@@ -1023,9 +1029,7 @@ mod tests {
     /// back as StableLmForCausalLM's, its per-head LayerNorm and parallel residual refused.
     #[test]
     fn reads_stablelm_2_and_writes_it_back() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stablelm_config.json");
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let hub = &fixture["config"];
+        let hub = &written_by_transformers("stablelm_config.json");
         let quarter = RopeFrequencies { rotary_dims: Some(16), ..RopeFrequencies::plain(10000.0) };
         let want = LlamaConfig {
             arch: Architecture {
@@ -1104,9 +1108,7 @@ mod tests {
     /// multiplied by sqrt(3072) and tied; written back as GemmaForCausalLM's.
     #[test]
     fn reads_gemma_and_writes_it_back() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma_config.json");
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let hub = &fixture["config"];
+        let hub = &written_by_transformers("gemma_config.json");
         let want = LlamaConfig {
             arch: Architecture {
                 zero_centered_gamma: true,
