@@ -759,20 +759,12 @@ impl Config {
             }
             _ => {}
         }
-        if self.squared_relu && self.swiglu {
-            return Err((
-                "squared_relu",
-                "true and swiglu: true are two activations for one MLP; set one".into(),
-            ));
-        }
-        if let Some(other) = [("swiglu", self.swiglu), ("squared_relu", self.squared_relu)]
-            .into_iter()
-            .find_map(|(key, on)| (on && self.geglu).then_some(key))
+        let activations =
+            [("swiglu", self.swiglu), ("squared_relu", self.squared_relu), ("geglu", self.geglu)];
+        if let [first, second, ..] =
+            activations.iter().filter(|(_, on)| *on).map(|(key, _)| *key).collect::<Vec<_>>()[..]
         {
-            return Err((
-                "geglu",
-                format!("true and {other}: true are two activations for one MLP; set one"),
-            ));
+            return Err((second, format!("true and {first}: true are two activations for one MLP; set one")));
         }
         if let Some(m) = self.embedding_multiplier.filter(|m| !(m.is_finite() && *m > 0.0)) {
             return Err(("embedding_multiplier", format!("{m} must be a finite number > 0")));
