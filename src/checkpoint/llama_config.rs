@@ -340,9 +340,9 @@ impl LlamaConfig {
             _ if gemma => Some(gemma_multiplier(hidden)),
             Some(v) if pipetrain && !v.is_null() => Some(
                 v.as_f64()
+                    .map(|m| m as f32)
                     .filter(|m| m.is_finite() && *m > 0.0)
-                    .ok_or_else(|| bad(format!("embedding_multiplier is {v}, not a finite number > 0")))?
-                    as f32,
+                    .ok_or_else(|| bad(format!("embedding_multiplier is {v}, not a finite number > 0")))?,
             ),
             _ => None,
         };
@@ -1176,6 +1176,14 @@ mod tests {
             )
         );
         assert_eq!(parse(&other.to_json()).unwrap(), other);
+        for bad in [json!(0.0), json!(1e300), json!("8")] {
+            let mut j = other.to_json();
+            j["embedding_multiplier"] = bad.clone();
+            assert_eq!(
+                parse(&j).unwrap_err().to_string(),
+                format!("d/config.json: embedding_multiplier is {bad}, not a finite number > 0")
+            );
+        }
         let mut both = other.to_json();
         both["squared_relu"] = json!(true);
         assert_eq!(
