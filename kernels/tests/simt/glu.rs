@@ -42,14 +42,22 @@ fn swiglu_and_geglu_match_the_cpu_in_f32_and_bf16() {
             let (gin, gd) = (storage.buffer(&mut run, &inp), storage.buffer(&mut run, &dout));
             let (out, dinp) = (storage.output(&mut run, n * f), storage.output(&mut run, n * 2 * f));
             let (items, cols) = ((n * f) as u64, f as u64);
-            let (forward, backward) = gate.kernels();
+            // The kernels by name, and the device's choice of them for the gate.
+            let (forward, backward) = match gate {
+                Gate::Silu => (storage.kernel("swiglu_forward"), storage.kernel("swiglu_backward")),
+                Gate::GeluTanh => (storage.kernel("geglu_forward"), storage.kernel("geglu_backward")),
+            };
+            assert_eq!(
+                (storage.kernel(gate.kernels().0), storage.kernel(gate.kernels().1)),
+                (forward, backward)
+            );
             run.launch(
-                storage.kernel(forward),
+                forward,
                 per_pack(n * f, storage.dtype()),
                 &[out.into(), gin.into(), items.into(), cols.into()],
             );
             run.launch(
-                storage.kernel(backward),
+                backward,
                 per_pack(n * f, storage.dtype()),
                 &[dinp.into(), gin.into(), gd.into(), items.into(), cols.into()],
             );
