@@ -1,6 +1,6 @@
 // Helpers shared by the kernels: fixed-shape warp and block reductions, the bf16
 // rounding, the loads and stores of kernels templated on their storage type, their 128-bit
-// packs, and in-order column sums.
+// packs and the pointwise kernels' loop over them, and in-order column sums.
 //
 // Every reduction here combines values in an order fixed by the thread layout alone
 // (butterfly shuffles, then one warp over the per-warp results), never by timing, so a
@@ -242,4 +242,31 @@ __device__ __forceinline__ void store_pack(T* dst, const Pack<T>& p, unsigned lo
         return;
     }
     for (int k = 0; k < Pack<T>::LEN && start + k < n; ++k) dst[start + k] = p.x[k];
+}
+
+// ---- pointwise kernels ----------------------------------------------------------------
+// The scaffolding every pointwise kernel shares, so that each keeps only its arithmetic `f`
+// (fp32 in, fp32 out; a bf16 store rounds once): out[i] = f(a[i]), and out[i] = f(a[i],
+// b[i]), over n elements, one pack per thread, launched over n / Pack<T>::LEN threads
+// rounded up. out may be a or b: each thread loads its packs before it stores.
+template <typename T, typename F>
+__device__ __forceinline__ void map_packs(T* out, const T* a, unsigned long long n, F f) {
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(a);
+    const Pack<T> pa = load_pack(a, i, n, vector);
+    Pack<T> po;
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&po.x[k], f(to_float(pa.x[k])));
+    store_pack(out, po, i, n, vector);
+}
+
+template <typename T, typename F>
+__device__ __forceinline__ void zip_packs(T* out, const T* a, const T* b, unsigned long long n, F f) {
+    const unsigned long long i = pack_start<T>();
+    if (i >= n) return;
+    const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(a) && aligned16(b);
+    const Pack<T> pa = load_pack(a, i, n, vector), pb = load_pack(b, i, n, vector);
+    Pack<T> po;
+    for (int k = 0; k < Pack<T>::LEN; ++k) store(&po.x[k], f(to_float(pa.x[k]), to_float(pb.x[k])));
+    store_pack(out, po, i, n, vector);
 }

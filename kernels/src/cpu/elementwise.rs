@@ -4,6 +4,27 @@
 use super::CHUNK;
 use rayon::prelude::*;
 
+/// out [n] = f(a [n]), element by element over parallel chunks: the loop every pointwise op
+/// shares, so that each keeps only its arithmetic. Inlined, so that `f` vectorises in it.
+#[inline(always)]
+pub(super) fn map(out: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32 + Sync) {
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(out, a)| {
+        for (o, &a) in out.iter_mut().zip(a) {
+            *o = f(a);
+        }
+    });
+}
+
+/// out [n] = f(a [n], b [n]), as [`map`].
+#[inline(always)]
+pub(super) fn zip_map(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(out, (a, b))| {
+        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+            *o = f(a, b);
+        }
+    });
+}
+
 /// dst [n] = src [n]
 pub fn copy(dst: &mut [f32], src: &[f32]) {
     dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
@@ -25,20 +46,12 @@ pub fn accumulate(acc: &mut [f32], x: &[f32]) {
 
 /// out [n] = a [n] + b [n]
 pub fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
-    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(out, (a, b))| {
-        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-            *o = a + b;
-        }
-    });
+    zip_map(out, a, b, |a, b| a + b);
 }
 
 /// out [n] = a [n] + s
 pub fn add_scalar(out: &mut [f32], a: &[f32], s: f32) {
-    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(out, a)| {
-        for (o, &a) in out.iter_mut().zip(a) {
-            *o = a + s;
-        }
-    });
+    map(out, a, |a| a + s);
 }
 
 /// t [n] *= s

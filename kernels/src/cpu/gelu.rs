@@ -2,9 +2,8 @@
 //! as the equal x * sigmoid(2u): one vectorisable exp and one division per element instead
 //! of a libm tanh call.
 
+use super::elementwise::{map, zip_map};
 use super::math::exp;
-use super::CHUNK;
-use rayon::prelude::*;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const CUBIC: f32 = 0.044_715;
@@ -32,28 +31,19 @@ pub(super) fn slope(x: f32) -> f32 {
 
 /// out [n] = gelu(inp [n])
 pub fn forward(out: &mut [f32], inp: &[f32]) {
-    out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(out, inp)| {
-        for (o, &x) in out.iter_mut().zip(inp) {
-            *o = value(x);
-        }
-    });
+    map(out, inp, value);
 }
 
 /// dinp [n] = gelu'(inp [n]) * dout [n] (overwrite)
 pub fn backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
-    dinp.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK))).for_each(
-        |(dinp, (inp, dout))| {
-            for ((di, &x), &d) in dinp.iter_mut().zip(inp).zip(dout) {
-                *di = slope(x) * d;
-            }
-        },
-    );
+    zip_map(dinp, inp, dout, |x, d| slope(x) * d);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpu::testutil::{assert_close, finite_diff, random, to_f64, weighted_sum};
+    use crate::cpu::CHUNK;
 
     /// The defining tanh formula, in f64.
     fn reference(x: &[f64]) -> Vec<f64> {

@@ -2,8 +2,7 @@
 //! Primer): the MLP activation of NVIDIA's Nemotron models. A NaN input passes through as
 //! torch's relu passes it, so that a diverging run's NaN check still sees it.
 
-use super::CHUNK;
-use rayon::prelude::*;
+use super::elementwise::{map, zip_map};
 
 /// relu(x): x where it is not below 0 (a NaN included), else 0.
 #[inline(always)]
@@ -17,30 +16,20 @@ fn relu(x: f32) -> f32 {
 
 /// out [n] = relu(inp [n])^2
 pub fn forward(out: &mut [f32], inp: &[f32]) {
-    out.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK)).for_each(|(out, inp)| {
-        for (o, &x) in out.iter_mut().zip(inp) {
-            let r = relu(x);
-            *o = r * r;
-        }
-    });
+    map(out, inp, |x| relu(x) * relu(x));
 }
 
 /// dinp [n] = 2 relu(inp [n]) * dout [n] (overwrite); 2 relu(x) is exact, so each element
 /// is one rounding.
 pub fn backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
-    dinp.par_chunks_mut(CHUNK).zip(inp.par_chunks(CHUNK).zip(dout.par_chunks(CHUNK))).for_each(
-        |(dinp, (inp, dout))| {
-            for ((di, &x), &d) in dinp.iter_mut().zip(inp).zip(dout) {
-                *di = 2.0 * relu(x) * d;
-            }
-        },
-    );
+    zip_map(dinp, inp, dout, |x, d| 2.0 * relu(x) * d);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpu::testutil::{assert_close, finite_diff, random, weighted_sum};
+    use crate::cpu::CHUNK;
 
     #[test]
     fn forward_squares_the_positive_part_exactly() {
