@@ -1,12 +1,210 @@
-//! Which transformers class builds a model pipetrain describes with a [`LlamaConfig`], and
-//! why none does where none does: `LlamaForCausalLM` and its kin (Qwen2's biases on q, k
-//! and v, Qwen3's QK-norm), `NemotronForCausalLM`, `StableLmForCausalLM` and
-//! `GemmaForCausalLM`; what no class builds is written as pipetrain's own model_type.
+//! The transformers classes that build a model pipetrain describes with a [`LlamaConfig`]:
+//! one row per class ([`CLASSES`]) saying what the class fixes of the architecture and
+//! which config.json keys name the rest, read by `LlamaConfig::from_json` and written by
+//! `LlamaConfig::to_json`. `LlamaForCausalLM` and its kin (Qwen2's biases on q, k and v,
+//! Qwen3's QK-norm; Mistral and Phi-3 read as Llamas), `NemotronForCausalLM`,
+//! `StableLmForCausalLM` and `GemmaForCausalLM`; what no class builds is written as
+//! pipetrain's own model_type, with Megatron's keys.
 
 use kernels::RopeFrequencies;
 use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
 
 use super::LlamaConfig;
+
+/// How a class's config.json says which linear layers add a bias.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BiasKeys {
+    /// `attention_bias` and `mlp_bias`, true both or neither: every layer's or none
+    /// (LlamaConfig, NemotronConfig).
+    AttentionAndMlp,
+    /// `use_qkv_bias`: q's, k's and v's, or none (StableLmConfig).
+    UseQkvBias,
+    /// Fixed by the class: Qwen2's on q, k and v, Mistral's and Phi-3's none.
+    Fixed(LinearBiases),
+    /// None; `attention_bias` would put them on q, k, v and o but not the MLP, which
+    /// pipetrain cannot express, so it is refused (Qwen3Config, GemmaConfig).
+    NoneWithoutAttentionBias,
+}
+
+/// The `sliding_window` transformers' MistralConfig, Qwen2Config and Qwen3Config take where
+/// config.json leaves it out.
+pub const TRANSFORMERS_WINDOW: usize = 4096;
+
+/// How a class's config.json turns on a sliding window (`sliding_window` in
+/// llama_config.rs reads it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Window {
+    /// The class attends to the whole sequence.
+    Never,
+    /// `sliding_window` is the window where it is a count, None where null, this where
+    /// absent (MistralConfig: 4096, Mistral 7B v0.1's; Phi3Config: none, Phi-4's).
+    Count(Option<usize>),
+    /// `sliding_window` (absent: [`TRANSFORMERS_WINDOW`]) where `use_sliding_window` or a "sliding_attention"
+    /// among `layer_types` turns it on (Qwen2Config, Qwen3Config); written off.
+    Switched,
+}
+
+/// What one transformers class fixes of a model, and the config.json keys it reads.
+#[derive(Debug)]
+pub struct HfClass {
+    pub model_type: &'static str,
+    /// config.json's `architectures`; None for a class read as a Llama and written as one.
+    pub architecture: Option<&'static str>,
+    /// The family's name in errors.
+    pub family: &'static str,
+    pub norm: Norm,
+    /// The norms scale by 1 + weight.
+    pub zero_centered_gamma: bool,
+    /// The norm epsilon's key, and transformers' default for it.
+    pub eps_key: &'static str,
+    pub eps_default: f64,
+    pub activation: Activation,
+    /// The `hidden_act` values read as `activation`; the first is written.
+    pub hidden_act: &'static [&'static str],
+    pub qk_norm: bool,
+    pub biases: BiasKeys,
+    /// The class takes Llama 3.1's rope scaling.
+    pub llama3_scaling: bool,
+    /// The share of each head its rotary embedding turns where `partial_rotary_factor` is
+    /// absent; None where it reads no share and turns every channel.
+    pub rotary_share: Option<f64>,
+    /// `head_dim` where config.json leaves it out; None: hidden_size / num_attention_heads.
+    pub head_dim: Option<usize>,
+    /// The class reads no `head_dim`: its heads are hidden_size / num_attention_heads wide.
+    pub heads_fill_hidden: bool,
+    /// The embedding is multiplied by sqrt(hidden_size) ([`gemma_multiplier`]).
+    pub multiplies_embeddings: bool,
+    /// `tie_word_embeddings` where config.json leaves it out.
+    pub tied_by_default: bool,
+    /// Keys that, true, build what pipetrain does not: each refused in one line ("KEY is
+    /// true: WHY"), and written false.
+    pub refused: &'static [(&'static str, &'static str)],
+    pub window: Window,
+}
+
+/// LlamaConfig: also the keys pipetrain's own model_type writes beside Megatron's.
+pub const LLAMA: HfClass = HfClass {
+    model_type: "llama",
+    architecture: Some("LlamaForCausalLM"),
+    family: "Llama",
+    norm: Norm::RmsNorm,
+    zero_centered_gamma: false,
+    eps_key: "rms_norm_eps",
+    eps_default: 1e-6,
+    activation: Activation::SwiGlu,
+    hidden_act: &["silu"],
+    qk_norm: false,
+    biases: BiasKeys::AttentionAndMlp,
+    llama3_scaling: true,
+    rotary_share: None,
+    head_dim: None,
+    heads_fill_hidden: false,
+    multiplies_embeddings: false,
+    tied_by_default: false,
+    refused: &[],
+    window: Window::Never,
+};
+
+const QWEN2: HfClass = HfClass {
+    model_type: "qwen2",
+    architecture: Some("Qwen2ForCausalLM"),
+    biases: BiasKeys::Fixed(LinearBiases::QkvOnly),
+    window: Window::Switched,
+    ..LLAMA
+};
+
+const QWEN3: HfClass = HfClass {
+    model_type: "qwen3",
+    architecture: Some("Qwen3ForCausalLM"),
+    family: "Qwen3",
+    qk_norm: true,
+    biases: BiasKeys::NoneWithoutAttentionBias,
+    window: Window::Switched,
+    ..LLAMA
+};
+
+const MISTRAL: HfClass = HfClass {
+    model_type: "mistral",
+    architecture: None,
+    biases: BiasKeys::Fixed(LinearBiases::NoBiases),
+    window: Window::Count(Some(TRANSFORMERS_WINDOW)),
+    ..LLAMA
+};
+
+/// Phi-3 and Phi-4: their fused tensors are split on load (`shapes::split_fused`).
+const PHI3: HfClass = HfClass {
+    model_type: "phi3",
+    architecture: None,
+    biases: BiasKeys::Fixed(LinearBiases::NoBiases),
+    rotary_share: Some(1.0),
+    window: Window::Count(None),
+    ..LLAMA
+};
+
+/// Nemotron-4 and Minitron: LayerNorm1P, squared ReLU, half of each head turning.
+const NEMOTRON: HfClass = HfClass {
+    model_type: "nemotron",
+    architecture: Some("NemotronForCausalLM"),
+    family: "Nemotron",
+    norm: Norm::LayerNorm,
+    zero_centered_gamma: true,
+    eps_key: "norm_eps",
+    eps_default: 1e-5,
+    activation: Activation::SquaredRelu,
+    hidden_act: &["relu2"],
+    llama3_scaling: false,
+    rotary_share: Some(0.5),
+    ..LLAMA
+};
+
+/// StableLM 2: LayerNorm, a quarter of each head turning.
+const STABLELM: HfClass = HfClass {
+    model_type: "stablelm",
+    architecture: Some("StableLmForCausalLM"),
+    norm: Norm::LayerNorm,
+    eps_key: "layer_norm_eps",
+    eps_default: 1e-5,
+    biases: BiasKeys::UseQkvBias,
+    llama3_scaling: false,
+    rotary_share: Some(0.25),
+    heads_fill_hidden: true,
+    refused: &[
+        (
+            "qk_layernorm",
+            "a LayerNorm over each head of q and k, where pipetrain's QK-norm is an RMSNorm, which pipetrain \
+             does not build",
+        ),
+        (
+            "use_parallel_residual",
+            "attention and MLP side by side on one norm's output, which pipetrain does not build",
+        ),
+    ],
+    ..LLAMA
+};
+
+/// Gemma 1: RMSNorm by 1 + weight, GeGLU, embeddings by sqrt(hidden_size), tied; its
+/// releases' "gelu" is read as the tanh approximation, as transformers reads it.
+const GEMMA: HfClass = HfClass {
+    model_type: "gemma",
+    architecture: Some("GemmaForCausalLM"),
+    family: "Gemma",
+    zero_centered_gamma: true,
+    activation: Activation::GeGlu,
+    hidden_act: &["gelu_pytorch_tanh", "gelu"],
+    biases: BiasKeys::NoneWithoutAttentionBias,
+    llama3_scaling: false,
+    head_dim: Some(256),
+    multiplies_embeddings: true,
+    tied_by_default: true,
+    refused: &[(
+        "use_bidirectional_attention",
+        "every query sees every key, where pipetrain's attention is causal",
+    )],
+    ..LLAMA
+};
+
+/// Every class read. The first written that builds a model names it; they are disjoint.
+pub const CLASSES: [&HfClass; 8] = [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA];
 
 /// Gemma's embedding multiplier for a width of `hidden`: sqrt(hidden_size), as the f32
 /// tensor transformers' GemmaModel holds.
@@ -14,70 +212,55 @@ pub fn gemma_multiplier(hidden: usize) -> f32 {
     (hidden as f64).sqrt() as f32
 }
 
+impl HfClass {
+    /// The class of a config.json's model_type, if pipetrain reads it.
+    pub fn named(model_type: &str) -> Option<&'static HfClass> {
+        CLASSES.into_iter().find(|c| c.model_type == model_type)
+    }
+
+    /// Whether the biases of a model are ones this class's config.json can say.
+    fn takes(&self, biases: LinearBiases) -> bool {
+        match self.biases {
+            BiasKeys::AttentionAndMlp => biases != LinearBiases::QkvOnly,
+            BiasKeys::UseQkvBias => biases != LinearBiases::All,
+            BiasKeys::Fixed(fixed) => biases == fixed,
+            BiasKeys::NoneWithoutAttentionBias => biases == LinearBiases::NoBiases,
+        }
+    }
+
+    /// Whether this class, from the config.json `to_json` writes, builds model `c`.
+    pub(super) fn builds(&self, c: &LlamaConfig) -> bool {
+        let a = &c.arch;
+        let Positions::Rotary(RopeFrequencies { llama3_factor, rotary_dims, .. }) = a.positions else {
+            return false;
+        };
+        a.norm == self.norm
+            && a.zero_centered_gamma == self.zero_centered_gamma
+            && a.activation == self.activation
+            && a.qk_norm == self.qk_norm
+            && self.takes(a.biases)
+            && (self.llama3_scaling || llama3_factor.is_none())
+            && (self.rotary_share.is_some() || rotary_dims.is_none())
+            && a.embedding_multiplier == self.multiplies_embeddings.then(|| gemma_multiplier(c.hidden_size))
+            && (!self.heads_fill_hidden || c.head_dim * c.num_attention_heads == c.hidden_size)
+    }
+}
+
 impl LlamaConfig {
-    /// Rotary positions that every class here builds: no Llama 3.1 scaling.
-    fn unscaled_rope(&self) -> bool {
-        matches!(self.arch.positions, Positions::Rotary(RopeFrequencies { llama3_factor: None, .. }))
-    }
-
-    /// Whether transformers' `NemotronForCausalLM` builds this model: LayerNorm1P (a
-    /// LayerNorm scaling by 1 + weight), squared ReLU, unscaled rope, no QK-norm, and biases
-    /// on every linear layer or on none.
-    fn is_nemotron(&self) -> bool {
-        let a = &self.arch;
-        a.norm == Norm::LayerNorm
-            && a.zero_centered_gamma
-            && a.activation == Activation::SquaredRelu
-            && self.unscaled_rope()
-            && !a.qk_norm
-            && a.biases != LinearBiases::QkvOnly
-            && a.embedding_multiplier.is_none()
-    }
-
-    /// Whether transformers' `StableLmForCausalLM` builds this model (StableLM 2): a plain
-    /// LayerNorm, SwiGLU, unscaled rope, no QK-norm, biases on q, k and v or on none, and
-    /// heads of hidden_size / num_attention_heads (the class reads no head_dim).
-    fn is_stablelm(&self) -> bool {
-        let a = &self.arch;
-        a.norm == Norm::LayerNorm
-            && !a.zero_centered_gamma
-            && a.activation == Activation::SwiGlu
-            && self.unscaled_rope()
-            && !a.qk_norm
-            && a.biases != LinearBiases::All
-            && self.head_dim * self.num_attention_heads == self.hidden_size
-            && a.embedding_multiplier.is_none()
-    }
-
-    /// Whether transformers' `GemmaForCausalLM` builds this model (Gemma 1): RMSNorm scaling
-    /// by 1 + weight, GeGLU, rope over every channel unscaled, no QK-norm, no biases, and
-    /// the embedding multiplied by sqrt(hidden_size).
-    fn is_gemma(&self) -> bool {
-        let a = &self.arch;
-        a.norm == Norm::RmsNorm
-            && a.zero_centered_gamma
-            && a.activation == Activation::GeGlu
-            && matches!(
-                a.positions,
-                Positions::Rotary(RopeFrequencies { llama3_factor: None, rotary_dims: None, .. })
-            )
-            && !a.qk_norm
-            && a.biases == LinearBiases::NoBiases
-            && a.embedding_multiplier == Some(gemma_multiplier(self.hidden_size))
-    }
-
     pub(super) fn with_biases(&self, biases: LinearBiases) -> LlamaConfig {
         LlamaConfig { arch: Architecture { biases, ..self.arch }, ..self.clone() }
     }
 
-    /// Why `transformers` has no class for this model, where it has none: its
-    /// `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` need RMSNorm, rotary
-    /// positions over the whole head and a SwiGLU MLP, and Qwen3's QK-norm comes without
-    /// biases; the other classes take what [`LlamaConfig::is_nemotron`],
-    /// [`LlamaConfig::is_stablelm`] and [`LlamaConfig::is_gemma`] say.
+    /// The class config.json names for this model: the first written that builds it, None
+    /// where none does (model_type "pipetrain").
+    pub(super) fn hf_class(&self) -> Option<&'static HfClass> {
+        CLASSES.into_iter().find(|c| c.architecture.is_some() && c.builds(self))
+    }
+
+    /// Why `transformers` has no class for this model, where it has none.
     pub fn missing_in_transformers(&self) -> Option<&'static str> {
         let a = &self.arch;
-        if self.is_nemotron() || self.is_stablelm() || self.is_gemma() {
+        if self.hf_class().is_some() {
             return None;
         }
         if a.embedding_multiplier.is_some() {
@@ -86,7 +269,7 @@ impl LlamaConfig {
                  apply_layernorm_1p, rope over every channel, geglu and no biases",
             );
         }
-        if self.with_biases(LinearBiases::NoBiases).is_nemotron() {
+        if NEMOTRON.builds(&self.with_biases(LinearBiases::NoBiases)) {
             return Some(
                 "NemotronForCausalLM puts biases on every linear layer or none (attention_bias, mlp_bias), not on q, \
                  k and v alone",
@@ -99,13 +282,13 @@ impl LlamaConfig {
                  embeddings multiplied by sqrt(hidden_size)",
             );
         }
-        if self.with_biases(LinearBiases::NoBiases).is_stablelm() {
+        if STABLELM.builds(&self.with_biases(LinearBiases::NoBiases)) {
             return Some(
                 "StableLmForCausalLM puts biases on q, k and v or nowhere, not on every linear layer",
             );
         }
         let narrow = LlamaConfig { head_dim: self.hidden_size / self.num_attention_heads, ..self.clone() };
-        if narrow.is_stablelm() {
+        if STABLELM.builds(&narrow) {
             return Some(
                 "StableLmForCausalLM's heads are hidden_size / num_attention_heads wide, not kv_channels",
             );
@@ -121,33 +304,8 @@ impl LlamaConfig {
         if a.qk_norm && a.biases != LinearBiases::NoBiases {
             return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
         }
-        if matches!(a.positions, Positions::Rotary(RopeFrequencies { rotary_dims: Some(_), .. })) {
-            return Some(
-                "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it",
-            );
-        }
-        None
-    }
-
-    /// config.json's model_type: "nemotron", "stablelm" and "gemma" for theirs, "qwen3" for
-    /// QK-norm, "qwen2" for biases on q, k and v alone (LlamaConfig's `attention_bias` would
-    /// put one on the output projection too), "llama" for what else LlamaForCausalLM builds,
-    /// "pipetrain" for the rest.
-    pub(super) fn model_type(&self) -> &'static str {
-        if self.is_nemotron() {
-            return "nemotron";
-        }
-        if self.is_stablelm() {
-            return "stablelm";
-        }
-        if self.is_gemma() {
-            return "gemma";
-        }
-        match (self.missing_in_transformers().is_none(), self.arch.qk_norm, self.arch.biases) {
-            (false, ..) => "pipetrain",
-            (true, true, _) => "qwen3",
-            (true, false, LinearBiases::QkvOnly) => "qwen2",
-            (true, false, LinearBiases::All | LinearBiases::NoBiases) => "llama",
-        }
+        // What is left of a model no class builds is a Llama, a Qwen2 or a Qwen3 turning part
+        // of each head: those three take every scaling and bias the checks above let pass.
+        Some("LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it")
     }
 }

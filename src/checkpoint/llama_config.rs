@@ -23,7 +23,7 @@ use kernels::rope_frequencies::{
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
 
-use super::hf_class::gemma_multiplier;
+use super::hf_class::{gemma_multiplier, BiasKeys, HfClass, Window, LLAMA, TRANSFORMERS_WINDOW};
 use crate::config::Named;
 use crate::error::user_error;
 
@@ -44,9 +44,6 @@ pub struct LlamaConfig {
     pub attention_dropout: f32,
 }
 
-/// GemmaConfig's `head_dim` where config.json leaves it out.
-const GEMMA_HEAD_DIM: usize = 256;
-
 /// The largest head size read (real ones are at most 256), so that the fused projection's
 /// width, (NH + 2 KV) x hs, fits a usize whatever the head counts.
 const MAX_HEAD_DIM: usize = 1 << 16;
@@ -58,17 +55,12 @@ impl LlamaConfig {
             Positions::Rotary(f) => (decimal(f.base), f.llama3_factor.map_or(Value::Null, llama3_scaling)),
             Positions::Learned => (Value::Null, Value::Null),
         };
-        let model_type = self.model_type();
+        // pipetrain's own model_type writes Llama's keys, Megatron's beside them.
+        let class = self.hf_class();
+        let row = class.unwrap_or(&LLAMA);
         let mut j = json!({
-            "model_type": model_type,
-            "architectures": [match model_type {
-                "qwen2" => "Qwen2ForCausalLM",
-                "qwen3" => "Qwen3ForCausalLM",
-                "nemotron" => "NemotronForCausalLM",
-                "stablelm" => "StableLmForCausalLM",
-                "gemma" => "GemmaForCausalLM",
-                _ => "LlamaForCausalLM",
-            }],
+            "model_type": class.map_or("pipetrain", |c| c.model_type),
+            "architectures": [row.architecture],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -77,8 +69,8 @@ impl LlamaConfig {
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
             "max_position_embeddings": self.max_position_embeddings,
-            "hidden_act": "silu",
-            "rms_norm_eps": decimal(a.norm_eps),
+            "hidden_act": row.hidden_act[0],
+            row.eps_key: decimal(a.norm_eps),
             "rope_theta": rope_theta,
             "rope_scaling": rope_scaling,
             "attention_dropout": decimal(self.attention_dropout),
@@ -88,45 +80,35 @@ impl LlamaConfig {
             "use_cache": true,
         });
         let extra = j.as_object_mut().expect("an object");
-        if let Some(eps_key) = match model_type {
-            "nemotron" => Some("norm_eps"),
-            "stablelm" => Some("layer_norm_eps"),
-            _ => None,
-        } {
-            // NemotronConfig's and StableLmConfig's names for the epsilon; their rotations
-            // default to part of a head (a half, a quarter), so it is always written.
-            extra.remove("rms_norm_eps");
-            extra.insert(eps_key.into(), decimal(a.norm_eps));
+        if row.rotary_share.is_some() {
+            // The class's rotation defaults to part of a head (Nemotron's half, StableLM's
+            // quarter), so it is always written.
             let rot = match a.positions {
                 Positions::Rotary(f) => f.rotated(self.head_dim),
-                Positions::Learned => unreachable!("{model_type} has rotary positions"),
+                Positions::Learned => unreachable!("{} has rotary positions", row.model_type),
             };
             extra.insert("partial_rotary_factor".into(), json!(rotary_percent_of(rot, self.head_dim)));
         }
-        if model_type == "nemotron" {
-            extra.insert("hidden_act".into(), json!("relu2"));
+        match row.biases {
+            BiasKeys::AttentionAndMlp => {
+                extra.insert("attention_bias".into(), json!(a.biases == LinearBiases::All));
+                extra.insert("mlp_bias".into(), json!(a.biases == LinearBiases::All));
+            }
+            BiasKeys::UseQkvBias => {
+                extra.insert("use_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
+            }
+            BiasKeys::Fixed(_) => {}
+            BiasKeys::NoneWithoutAttentionBias => {
+                extra.insert("attention_bias".into(), json!(false));
+            }
         }
-        if model_type == "gemma" {
-            extra.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
+        for (key, _) in row.refused {
+            extra.insert((*key).into(), json!(false));
         }
-        if model_type == "stablelm" {
-            // StableLM 2's q, k and v biases, and none elsewhere; its per-head LayerNorm and
-            // parallel residual are off.
-            extra.insert("use_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
-            extra.insert("qk_layernorm".into(), json!(false));
-            extra.insert("use_parallel_residual".into(), json!(false));
-        } else if model_type == "qwen2" {
-            // Qwen2ForCausalLM's biases are fixed; its sliding window is off, as in Qwen2.5.
+        if row.window == Window::Switched {
             extra.insert("use_sliding_window".into(), json!(false));
-        } else if model_type == "qwen3" {
-            // Qwen3's attention_bias puts one on q, k, v and o alike: none here.
-            extra.insert("use_sliding_window".into(), json!(false));
-            extra.insert("attention_bias".into(), json!(false));
-        } else {
-            extra.insert("attention_bias".into(), json!(a.biases == LinearBiases::All));
-            extra.insert("mlp_bias".into(), json!(a.biases == LinearBiases::All));
         }
-        if model_type == "pipetrain" {
+        if class.is_none() {
             extra.insert("normalization".into(), json!(a.norm.name()));
             extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
             extra.insert("apply_layernorm_1p".into(), json!(a.zero_centered_gamma));
@@ -181,11 +163,19 @@ impl LlamaConfig {
                 Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key} is {v}, not true or false"))),
             }
         };
-        let model_type = obj.get("model_type").and_then(Value::as_str);
-        let pipetrain = model_type == Some("pipetrain");
-        let nemotron = model_type == Some("nemotron");
-        let stablelm = model_type == Some("stablelm");
-        let gemma = model_type == Some("gemma");
+        // pipetrain's own model_type reads Llama's keys, and Megatron's for what differs.
+        let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("missing");
+        let pipetrain = model_type == "pipetrain";
+        let class = match HfClass::named(model_type) {
+            Some(class) => class,
+            None if pipetrain => &LLAMA,
+            None => return Err(bad(format!("model_type {model_type:?} is not a Llama pipetrain reads"))),
+        };
+        for (key, why) in class.refused {
+            if flag(key, false)? {
+                return Err(bad(format!("{key} is true: {why}")));
+            }
+        }
         // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
         // most published checkpoints write rope_theta and rope_scaling beside the other keys.
         let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
@@ -207,15 +197,9 @@ impl LlamaConfig {
                 rotary_dims: None,
             },
         };
-        // GemmaConfig takes its releases' "gelu" for the tanh approximation, as transformers
-        // does.
-        let (family, acts): (&str, &[&str]) = match model_type {
-            Some("nemotron") => ("Nemotron", &["relu2"]),
-            Some("gemma") => ("Gemma", &["gelu_pytorch_tanh", "gelu"]),
-            _ => ("Llama", &["silu"]),
-        };
+        let acts = class.hidden_act;
         if let Some(v) = obj.get("hidden_act").filter(|v| !v.as_str().is_some_and(|a| acts.contains(&a))) {
-            return Err(bad(format!("hidden_act is {v}, pipetrain's {family} needs {:?}", acts[0])));
+            return Err(bad(format!("hidden_act is {v}, pipetrain's {} needs {:?}", class.family, acts[0])));
         }
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
@@ -223,22 +207,23 @@ impl LlamaConfig {
             return Err(bad("num_attention_heads is 0".into()));
         }
         // transformers' default where the key is absent or null (GemmaConfig's: 256).
-        let head_dim = match obj.get("head_dim") {
-            None | Some(Value::Null) if gemma => GEMMA_HEAD_DIM,
-            None | Some(Value::Null) if hidden.is_multiple_of(heads) => hidden / heads,
-            None | Some(Value::Null) => {
+        let head_dim = match (obj.get("head_dim"), class.head_dim) {
+            (None | Some(Value::Null), Some(default)) => default,
+            (None | Some(Value::Null), None) if hidden.is_multiple_of(heads) => hidden / heads,
+            (None | Some(Value::Null), None) => {
                 return Err(bad(format!(
                     "hidden_size {hidden} is not a multiple of num_attention_heads {heads}, and no head_dim"
                 )));
             }
-            Some(_) => int("head_dim")?,
+            (Some(_), _) => int("head_dim")?,
         };
         if head_dim == 0 || head_dim > MAX_HEAD_DIM {
             return Err(bad(format!("a head size of {head_dim}; pipetrain takes 1 to {MAX_HEAD_DIM}")));
         }
-        if stablelm && head_dim * heads != hidden {
+        if class.heads_fill_hidden && head_dim * heads != hidden {
             return Err(bad(format!(
-                "head_dim is {head_dim}; StableLmForCausalLM's heads are hidden_size / num_attention_heads wide"
+                "head_dim is {head_dim}; {}'s heads are hidden_size / num_attention_heads wide",
+                class.architecture.unwrap_or(class.model_type)
             )));
         }
         let kv = match obj.get("num_key_value_heads") {
@@ -249,72 +234,44 @@ impl LlamaConfig {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
         // A sliding window, where the model has one: a Llama of at most that many positions.
-        let window = sliding_window(obj, model_type).map_err(bad)?;
-        let biases = if model_type == Some("qwen2") {
-            LinearBiases::QkvOnly
-        } else if matches!(model_type, Some("qwen3" | "gemma")) {
-            if gemma && flag("use_bidirectional_attention", false)? {
-                return Err(bad(
-                    "use_bidirectional_attention is true: every query sees every key, where pipetrain's \
-                     attention is causal"
-                        .into(),
-                ));
-            }
-            if flag("attention_bias", false)? {
-                let family = if gemma { "Gemma" } else { "Qwen3" };
+        let window = sliding_window(obj, class.window).map_err(bad)?;
+        let biases = match class.biases {
+            BiasKeys::Fixed(biases) => biases,
+            BiasKeys::NoneWithoutAttentionBias if flag("attention_bias", false)? => {
                 return Err(bad(format!(
-                    "attention_bias is true: {family}'s puts a bias on q, k, v and o but not the MLP, \
-                     which pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+                    "attention_bias is true: {}'s puts a bias on q, k, v and o but not the MLP, which pipetrain's \
+                     disable_bias_linear and add_qkv_bias cannot express",
+                    class.family
                 )));
             }
-            LinearBiases::NoBiases
-        } else if matches!(model_type, Some("mistral" | "phi3")) {
-            LinearBiases::NoBiases
-        } else if stablelm {
-            for (key, what) in [
-                (
-                    "qk_layernorm",
-                    "a LayerNorm over each head of q and k, where pipetrain's QK-norm is an RMSNorm",
-                ),
-                ("use_parallel_residual", "attention and MLP side by side on one norm's output"),
-            ] {
-                if flag(key, false)? {
-                    return Err(bad(format!("{key} is true: {what}, which pipetrain does not build")));
+            BiasKeys::NoneWithoutAttentionBias => LinearBiases::NoBiases,
+            BiasKeys::UseQkvBias if flag("use_qkv_bias", false)? => LinearBiases::QkvOnly,
+            BiasKeys::UseQkvBias => LinearBiases::NoBiases,
+            BiasKeys::AttentionAndMlp => {
+                let attention_bias = flag("attention_bias", false)?;
+                if flag("mlp_bias", false)? != attention_bias {
+                    return Err(bad(
+                        "attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both"
+                            .into(),
+                    ));
                 }
-            }
-            if flag("use_qkv_bias", false)? {
-                LinearBiases::QkvOnly
-            } else {
-                LinearBiases::NoBiases
-            }
-        } else {
-            let attention_bias = flag("attention_bias", false)?;
-            if flag("mlp_bias", false)? != attention_bias {
-                return Err(bad(
-                    "attention_bias and mlp_bias differ; pipetrain's disable_bias_linear sets both".into(),
-                ));
-            }
-            match (attention_bias, pipetrain && flag("add_qkv_bias", false)?) {
-                (true, _) => LinearBiases::All,
-                (false, true) => LinearBiases::QkvOnly,
-                (false, false) => LinearBiases::NoBiases,
+                match (attention_bias, pipetrain && flag("add_qkv_bias", false)?) {
+                    (true, _) => LinearBiases::All,
+                    (false, true) => LinearBiases::QkvOnly,
+                    (false, false) => LinearBiases::NoBiases,
+                }
             }
         };
         let norm = match obj.get("normalization").and_then(Value::as_str) {
             Some(name) if pipetrain => {
                 <Norm as Named>::parse(name).map_err(|e| bad(format!("normalization: {e}")))?
             }
-            _ if nemotron || stablelm => Norm::LayerNorm,
-            _ => Norm::RmsNorm,
+            _ => class.norm,
         };
         let learned = pipetrain
             && obj.get("position_embedding_type").and_then(Value::as_str) == Some("learned_absolute");
-        let activation = if nemotron {
-            Activation::SquaredRelu
-        } else if gemma {
-            Activation::GeGlu
-        } else if !pipetrain {
-            Activation::SwiGlu
+        let activation = if !pipetrain {
+            class.activation
         } else {
             let chosen = [
                 ("swiglu", flag("swiglu", true)?, Activation::SwiGlu),
@@ -337,7 +294,7 @@ impl LlamaConfig {
         };
         // Gemma multiplies its embeddings by sqrt(hidden_size); pipetrain's own says by what.
         let embedding_multiplier = match obj.get("embedding_multiplier") {
-            _ if gemma => Some(gemma_multiplier(hidden)),
+            _ if class.multiplies_embeddings => Some(gemma_multiplier(hidden)),
             Some(v) if pipetrain && !v.is_null() => Some(
                 v.as_f64()
                     .map(|m| m as f32)
@@ -346,16 +303,12 @@ impl LlamaConfig {
             ),
             _ => None,
         };
-        let rotary_dims = rotary_dims(obj, model_type, head_dim).map_err(bad)?;
+        let rotary_dims = rotary_dims(obj, class, pipetrain, head_dim).map_err(bad)?;
         let arch = Architecture {
             norm,
-            // NemotronConfig's and StableLmConfig's names for it, and their defaults.
-            norm_eps: match model_type {
-                Some("nemotron") => float("norm_eps", 1e-5)?,
-                Some("stablelm") => float("layer_norm_eps", 1e-5)?,
-                _ => float("rms_norm_eps", 1e-6)?,
-            },
-            zero_centered_gamma: nemotron || gemma || (pipetrain && flag("apply_layernorm_1p", false)?),
+            norm_eps: float(class.eps_key, class.eps_default)?,
+            zero_centered_gamma: class.zero_centered_gamma
+                || (pipetrain && flag("apply_layernorm_1p", false)?),
             positions: if learned {
                 Positions::Learned
             } else {
@@ -363,9 +316,8 @@ impl LlamaConfig {
             },
             activation,
             biases,
-            qk_norm: model_type == Some("qwen3") || (pipetrain && flag("qk_layernorm", false)?),
-            // GemmaConfig ties them where config.json says nothing.
-            tied_output: flag("tie_word_embeddings", gemma)?,
+            qk_norm: class.qk_norm || (pipetrain && flag("qk_layernorm", false)?),
+            tied_output: flag("tie_word_embeddings", class.tied_by_default)?,
             embedding_multiplier,
             init_std: float("initializer_range", 0.02)?,
         };
@@ -395,18 +347,15 @@ impl LlamaConfig {
 /// The sliding window of W keys a config.json turns on, None where every layer attends to
 /// the whole sequence. A query sees the W keys up to itself, so over at most W positions the
 /// window is the whole sequence: a model with one reads as a Llama of at most W positions
-/// (pipetrain's attention being full), exactly. MistralConfig's `sliding_window` is on where
-/// it is a count (absent, transformers' 4096: Mistral 7B v0.1's; null from v0.2 on);
-/// Phi3Config's too (Phi-3 mini's and medium's 2047; absent or null, Phi-4's, none);
-/// Qwen2Config's and Qwen3Config's (absent, 4096) where `use_sliding_window` or any entry
-/// of `layer_types` turns it on, whichever layers it covers (Qwen2.5's and Qwen3's turn it
-/// off).
-fn sliding_window(obj: &Map<String, Value>, model_type: Option<&str>) -> Result<Option<usize>, String> {
-    let default = match model_type {
-        Some("mistral") => Some(TRANSFORMERS_WINDOW),
-        Some("phi3") => None,
-        Some("qwen2" | "qwen3") if qwen_slides(obj)? => Some(TRANSFORMERS_WINDOW),
-        _ => return Ok(None),
+/// (pipetrain's attention being full), exactly. How the class turns it on is its
+/// [`Window`]: Qwen2's and Qwen3's whichever layers it covers (Qwen2.5's and Qwen3's turn
+/// it off).
+fn sliding_window(obj: &Map<String, Value>, window: Window) -> Result<Option<usize>, String> {
+    let default = match window {
+        Window::Never => return Ok(None),
+        Window::Count(default) => default,
+        Window::Switched if qwen_slides(obj)? => Some(TRANSFORMERS_WINDOW),
+        Window::Switched => return Ok(None),
     };
     match obj.get("sliding_window") {
         None => Ok(default),
@@ -417,10 +366,6 @@ fn sliding_window(obj: &Map<String, Value>, model_type: Option<&str>) -> Result<
         },
     }
 }
-
-/// The `sliding_window` transformers' MistralConfig, Qwen2Config and Qwen3Config take where
-/// config.json leaves it out.
-const TRANSFORMERS_WINDOW: usize = 4096;
 
 /// Whether a Qwen2Config or Qwen3Config turns its sliding window on at some layer:
 /// `use_sliding_window`, or (transformers 5's record of the outcome) a "sliding_attention"
@@ -449,30 +394,28 @@ fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
 }
 
 /// The leading channels of each head of `hs` that the rotary embedding turns, None for all
-/// of them: `int(hs x share)` for the `partial_rotary_factor` of Phi3Config,
-/// NemotronConfig and StableLmConfig (top level, or from transformers 5 in rope_parameters;
-/// Phi-4 mini's 0.75, Nemotron's default 0.5, StableLM's 0.25) and pipetrain's
-/// `rotary_percent`.
-/// The attention of every other model_type read here turns the whole head (transformers
-/// would build its frequencies for part of it and fail to apply them), so a share there is
-/// refused.
+/// of them: `int(hs x share)` for the class's `partial_rotary_factor` (top level, or from
+/// transformers 5 in rope_parameters; Phi-4 mini's 0.75; absent, the class's
+/// [`HfClass::rotary_share`]) or pipetrain's `rotary_percent`. A class that reads no share
+/// turns the whole head (transformers would build its frequencies for part of it and fail
+/// to apply them), so a share there is refused.
 fn rotary_dims(
     obj: &Map<String, Value>,
-    model_type: Option<&str>,
+    class: &HfClass,
+    pipetrain: bool,
     hs: usize,
 ) -> Result<Option<usize>, String> {
-    let (key, share) = match model_type {
-        Some("pipetrain") => ("rotary_percent", obj.get("rotary_percent")),
-        _ => {
-            let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
-            ("partial_rotary_factor", nested.or_else(|| obj.get("partial_rotary_factor")))
-        }
+    let (key, share) = if pipetrain {
+        ("rotary_percent", obj.get("rotary_percent"))
+    } else {
+        let nested = obj.get("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
+        ("partial_rotary_factor", nested.or_else(|| obj.get("partial_rotary_factor")))
     };
     let share = match share {
-        // NemotronConfig's and StableLmConfig's defaults.
-        None | Some(Value::Null) if model_type == Some("nemotron") => 0.5,
-        None | Some(Value::Null) if model_type == Some("stablelm") => 0.25,
-        None | Some(Value::Null) => return Ok(None),
+        None | Some(Value::Null) => match class.rotary_share {
+            Some(default) => default,
+            None => return Ok(None),
+        },
         Some(v) => v
             .as_f64()
             .filter(|s| *s > 0.0 && *s <= 1.0)
@@ -482,9 +425,11 @@ fn rotary_dims(
     if rot == hs {
         return Ok(None);
     }
-    if !matches!(model_type, Some("phi3" | "nemotron" | "stablelm" | "pipetrain")) {
-        let model_type = model_type.unwrap_or("llama");
-        return Err(format!("{key} is {share}; model_type {model_type:?} turns every channel of a head"));
+    if !pipetrain && class.rotary_share.is_none() {
+        return Err(format!(
+            "{key} is {share}; model_type {:?} turns every channel of a head",
+            class.model_type
+        ));
     }
     if rot == 0 || !rot.is_multiple_of(2) {
         return Err(format!(
@@ -551,6 +496,7 @@ pub fn decimal(x: f32) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::hf_class::CLASSES;
 
     fn llama() -> LlamaConfig {
         LlamaConfig {
@@ -1343,5 +1289,63 @@ mod tests {
             err(&|j| j.as_object_mut().unwrap().remove("vocab_size").map(drop).unwrap()),
             "d/config.json: missing vocab_size"
         );
+    }
+
+    #[test]
+    fn no_two_written_classes_build_one_model() {
+        let mut built = Vec::new();
+        for norm in [Norm::LayerNorm, Norm::RmsNorm] {
+            for activation in
+                [Activation::Gelu, Activation::SwiGlu, Activation::SquaredRelu, Activation::GeGlu]
+            {
+                for biases in [LinearBiases::All, LinearBiases::QkvOnly, LinearBiases::NoBiases] {
+                    for (zero_centered_gamma, qk_norm) in [(false, false), (true, false), (false, true)] {
+                        let mut m = LlamaConfig {
+                            arch: Architecture {
+                                norm,
+                                zero_centered_gamma,
+                                activation,
+                                qk_norm,
+                                biases,
+                                ..llama().arch
+                            },
+                            ..llama()
+                        };
+                        if activation == Activation::GeGlu {
+                            m.arch.embedding_multiplier = Some(gemma_multiplier(m.hidden_size));
+                        }
+                        let builders: Vec<&str> = CLASSES
+                            .into_iter()
+                            .filter(|c| c.architecture.is_some() && c.builds(&m))
+                            .map(|c| c.model_type)
+                            .collect();
+                        assert!(builders.len() <= 1, "{builders:?} all build {:?}", m.arch);
+                        assert_eq!(m.hf_class().map(|c| c.model_type), builders.first().copied());
+                        assert_eq!(
+                            m.missing_in_transformers().is_none(),
+                            m.hf_class().is_some(),
+                            "{:?}",
+                            m.arch
+                        );
+                        built.extend(builders);
+                    }
+                }
+            }
+        }
+        // Llama's two bias settings, Nemotron's two, StableLM's two; one each for the rest.
+        built.sort();
+        assert_eq!(
+            built,
+            ["gemma", "llama", "llama", "nemotron", "nemotron", "qwen2", "qwen3", "stablelm", "stablelm"]
+        );
+    }
+
+    #[test]
+    fn each_model_type_names_its_class() {
+        for class in CLASSES {
+            assert_eq!(HfClass::named(class.model_type).map(|c| c.model_type), Some(class.model_type));
+        }
+        assert!(HfClass::named("pipetrain").is_none());
+        assert!(HfClass::named("gpt2").is_none());
     }
 }

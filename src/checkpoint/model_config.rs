@@ -9,6 +9,7 @@ use kernels::rope_frequencies::rotary_percent_of;
 use serde_json::Value;
 use stages::{Architecture, LinearBiases, Naming};
 
+use super::hf_class::{HfClass, CLASSES};
 use super::{HfGpt2Config, LlamaConfig};
 use crate::config::{Config, PositionEmbeddingType};
 use crate::error::user_error;
@@ -66,14 +67,18 @@ impl ModelConfig {
         let obj = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
             Some("gpt2") => Ok(ModelConfig::Gpt2(HfGpt2Config::from_object(path, obj)?)),
-            Some("llama" | "qwen2" | "qwen3" | "mistral" | "phi3" | "nemotron" | "stablelm" | "gemma" | "pipetrain") => {
+            Some(t) if t == "pipetrain" || HfClass::named(t).is_some() => {
                 Ok(ModelConfig::Llama(LlamaConfig::from_json(path, obj)?))
             }
-            _ => Err(bad(format!(
-                "model_type is {}, pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \
-                 \"nemotron\", \"stablelm\" and \"gemma\"",
-                obj.get("model_type").map_or("missing".to_string(), Value::to_string)
-            ))),
+            _ => {
+                let read: Vec<String> = CLASSES.iter().map(|c| format!("{:?}", c.model_type)).collect();
+                let (last, rest) = read.split_last().expect("classes are read");
+                Err(bad(format!(
+                    "model_type is {}, pipetrain reads \"gpt2\", {} and {last}",
+                    obj.get("model_type").map_or("missing".to_string(), Value::to_string),
+                    rest.join(", ")
+                )))
+            }
         }
     }
 
