@@ -121,6 +121,44 @@ fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'stati
     }
 }
 
+/// A Llama turning half of each head is Phi-3's: its checkpoints say so and hold q, k, v and
+/// gate, up fused, as Phi3ForCausalLM's files do, and a run resumed from one is the
+/// uninterrupted run to the bit.
+#[test]
+fn a_llama_turning_part_of_each_head_saves_as_phi3_and_resumes_bitwise() {
+    let dir = temp_dir("llama-phi3");
+    let partial = [("rotary-percent", "0.5".to_string()), ("global-batch-size", "8".to_string())];
+    let whole = run_small(&dir, "whole", &llama(&partial));
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(whole.join("checkpoints/step_000003/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (&config["model_type"], &config["architectures"][0], &config["partial_rotary_factor"]),
+        (&serde_json::json!("phi3"), &serde_json::json!("Phi3ForCausalLM"), &serde_json::json!(0.5))
+    );
+    let bytes = weights(&whole);
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let layers = config["num_hidden_layers"].as_u64().unwrap() as usize;
+    for layer in 0..layers {
+        for fused in ["self_attn.qkv_proj", "mlp.gate_up_proj"] {
+            assert!(st.tensor(&format!("model.layers.{layer}.{fused}.weight")).is_ok(), "{fused}");
+        }
+        assert!(st.tensor(&format!("model.layers.{layer}.self_attn.q_proj.weight")).is_err());
+    }
+    // Embedding, output layer, final norm, and 6 a layer: two norms, qkv, o, gate_up, down.
+    assert_eq!(st.len(), 3 + layers * 6);
+    // The first part stops at step 2 on the whole run's learning-rate schedule.
+    let first = [("train-iters", "2".to_string()), ("lr-decay-iters", "3".to_string())];
+    run_small(&dir, "resumed", &llama(&[&partial[..], &first].concat()));
+    let mut more = llama(&partial);
+    more.push("--resume".into());
+    let resumed = run_small(&dir, "resumed", &more);
+    let training = |run| losses(run).into_iter().map(|(step, loss, _)| (step, loss)).collect::<Vec<_>>();
+    assert_eq!(training(&resumed), training(&whole));
+    assert!(weights(&resumed) == bytes, "the resumed run's weights differ");
+}
+
 #[test]
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");

@@ -2,9 +2,10 @@
 //! one row per class ([`CLASSES`]) saying what the class fixes of the architecture and
 //! which config.json keys name the rest, read by `LlamaConfig::from_json` and written by
 //! `LlamaConfig::to_json`. `LlamaForCausalLM` and its kin (Qwen2's biases on q, k and v,
-//! Qwen3's QK-norm; Mistral and Phi-3 read as Llamas), `NemotronForCausalLM`,
-//! `StableLmForCausalLM` and `GemmaForCausalLM`; what no class builds is written as
-//! pipetrain's own model_type, with Megatron's keys.
+//! Qwen3's QK-norm; Mistral read as a Llama, Phi-3 as one too, and written for a Llama
+//! turning part of each head), `NemotronForCausalLM`, `StableLmForCausalLM` and
+//! `GemmaForCausalLM`; what no class builds is written as pipetrain's own model_type, with
+//! Megatron's keys.
 
 use kernels::RopeFrequencies;
 use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
@@ -76,6 +77,9 @@ pub struct HfClass {
     pub multiplies_embeddings: bool,
     /// `tie_word_embeddings` where config.json leaves it out.
     pub tied_by_default: bool,
+    /// The files hold q, k, v as one tensor and gate, up as another, under pipetrain's
+    /// fused names.
+    pub fused_files: bool,
     /// Keys that, true, build what pipetrain does not: each refused in one line ("KEY is
     /// true: WHY"), and written false.
     pub refused: &'static [(&'static str, &'static str)],
@@ -101,6 +105,7 @@ pub const LLAMA: HfClass = HfClass {
     heads_fill_hidden: false,
     multiplies_embeddings: false,
     tied_by_default: false,
+    fused_files: false,
     refused: &[],
     window: Window::Never,
 };
@@ -131,12 +136,17 @@ const MISTRAL: HfClass = HfClass {
     ..LLAMA
 };
 
-/// Phi-3 and Phi-4: their fused tensors are split on load (`shapes::split_fused`).
+/// Phi-3 and Phi-4: a Llama whose files hold q, k, v and gate, up fused (split on load,
+/// stacked on write: `shapes::split_fused`, `shapes::stack_fused`). It turns a share of
+/// each head (Phi-4 mini's 0.75), so it names the Llamas that turn part of one; those
+/// that turn every channel it builds too, but LLAMA, before it, names them.
 const PHI3: HfClass = HfClass {
     model_type: "phi3",
-    architecture: None,
+    architecture: Some("Phi3ForCausalLM"),
     biases: BiasKeys::Fixed(LinearBiases::NoBiases),
+    llama3_scaling: false,
     rotary_share: Some(1.0),
+    fused_files: true,
     window: Window::Count(None),
     ..LLAMA
 };
@@ -203,7 +213,8 @@ const GEMMA: HfClass = HfClass {
     ..LLAMA
 };
 
-/// Every class read. The first written that builds a model names it; they are disjoint.
+/// Every class read. The first written that builds a model names it; of those, only Phi-3
+/// builds what another does (a test checks it).
 pub const CLASSES: [&HfClass; 8] = [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA];
 
 /// Gemma's embedding multiplier for a width of `hidden`: sqrt(hidden_size), as the f32
@@ -305,7 +316,11 @@ impl LlamaConfig {
             return Some("Qwen3ForCausalLM's QK-norm comes without linear biases");
         }
         // What is left of a model no class builds is a Llama, a Qwen2 or a Qwen3 turning part
-        // of each head: those three take every scaling and bias the checks above let pass.
-        Some("LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it")
+        // of each head: those three take every scaling and bias the checks above let pass,
+        // and Phi-3, the one that turns part, takes a Llama without them.
+        Some(
+            "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it, and \
+             Phi3ForCausalLM's, which turns part, comes without biases, QK-norm or Llama 3.1's scaling",
+        )
     }
 }

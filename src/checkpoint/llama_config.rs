@@ -4,15 +4,15 @@
 //! biases on q, k and v alone is Qwen2's architecture, and its config.json is Qwen2Config's
 //! (`Qwen2ForCausalLM`), which names the same tensors the same way; a Llama with QK-norm and
 //! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's and Phi3ForCausalLM's
-//! config.json are read too, each as a Llama (a Phi-3 where it rotates every channel);
-//! Phi-3's checkpoints hold q, k, v and gate, up fused, under pipetrain's own fused names
-//! (`shapes::split_fused`). A model with a sliding window reads as a Llama of at most the
-//! window's positions, over which the window is the whole sequence.
+//! config.json are read too, each as a Llama; a Llama that rotates part of each head is
+//! written as the Phi-3 it is. Phi-3's checkpoints hold q, k, v and gate, up fused, under
+//! pipetrain's own fused names (`shapes::split_fused`). A model with a sliding window reads
+//! as a Llama of at most the window's positions, over which the window is the whole
+//! sequence. Which class takes which model, and the keys each reads, is `hf_class.rs`.
 //!
-//! A model the Llama class cannot express (a LayerNorm, learned positions or a GELU MLP
-//! beside the Llama family's other choices) is written with `model_type: "pipetrain"` and
-//! Megatron's keys for what differs, so that transformers refuses it instead of building
-//! another model.
+//! A model no class builds (a LayerNorm, learned positions or a GELU MLP beside the Llama
+//! family's other choices) is written with `model_type: "pipetrain"` and Megatron's keys
+//! for what differs, so that transformers refuses it instead of building another model.
 
 use std::path::Path;
 
@@ -76,6 +76,9 @@ impl LlamaConfig {
             "attention_dropout": decimal(self.attention_dropout),
             "tie_word_embeddings": a.tied_output,
             "initializer_range": decimal(a.init_std),
+            // No embedding row is padding: Phi3Config's default would name row 32000,
+            // GemmaConfig's row 0.
+            "pad_token_id": null,
             "torch_dtype": "float32",
             "use_cache": true,
         });
@@ -842,18 +845,36 @@ mod tests {
         let mut whole = nested;
         whole["partial_rotary_factor"] = json!(1.0);
         assert_eq!(parse(&with("rope_parameters", whole)).unwrap(), want);
-        // A Llama that turns part of its heads names no transformers class, so exports as
+        // A Llama that turns part of its heads is Phi-3's, and writes back as one, its share
+        // beside; with biases, or as a Qwen3, no class builds it, and it exports as
         // pipetrain's own, its share in Megatron's key, and reads back.
         let partial = parse(&with("partial_rotary_factor", json!(0.75))).unwrap();
-        assert_eq!(
-            partial.missing_in_transformers(),
-            Some(
-                "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it"
-            )
-        );
+        assert_eq!(partial.missing_in_transformers(), None);
         let written = partial.to_json();
-        assert_eq!((&written["model_type"], &written["rotary_percent"]), (&json!("pipetrain"), &json!(0.75)));
+        assert_eq!(
+            (&written["model_type"], &written["architectures"][0], &written["partial_rotary_factor"]),
+            (&json!("phi3"), &json!("Phi3ForCausalLM"), &json!(0.75))
+        );
         assert_eq!(parse(&written).unwrap(), partial);
+        for arch in [
+            Architecture { biases: LinearBiases::QkvOnly, ..partial.arch },
+            Architecture { qk_norm: true, ..partial.arch },
+        ] {
+            let other = LlamaConfig { arch, ..partial.clone() };
+            assert_eq!(
+                other.missing_in_transformers(),
+                Some(
+                    "LlamaForCausalLM's rotary embedding turns every channel of a head, not rotary_percent of it, \
+                     and Phi3ForCausalLM's, which turns part, comes without biases, QK-norm or Llama 3.1's scaling"
+                )
+            );
+            let written = other.to_json();
+            assert_eq!(
+                (&written["model_type"], &written["rotary_percent"]),
+                (&json!("pipetrain"), &json!(0.75))
+            );
+            assert_eq!(parse(&written).unwrap(), other);
+        }
         // Shares that turn no even number of channels, or are no share; and a Llama's.
         assert_eq!(
             err("partial_rotary_factor", json!(0.7)),
@@ -1292,51 +1313,65 @@ mod tests {
     }
 
     #[test]
-    fn no_two_written_classes_build_one_model() {
-        let mut built = Vec::new();
+    fn the_first_class_that_builds_a_model_names_it_and_only_phi3_overlaps() {
+        let mut named: Vec<&str> = Vec::new();
+        let whole = Positions::Rotary(RopeFrequencies::plain(500000.0));
+        let half =
+            Positions::Rotary(RopeFrequencies { rotary_dims: Some(64), ..RopeFrequencies::plain(500000.0) });
         for norm in [Norm::LayerNorm, Norm::RmsNorm] {
             for activation in
                 [Activation::Gelu, Activation::SwiGlu, Activation::SquaredRelu, Activation::GeGlu]
             {
                 for biases in [LinearBiases::All, LinearBiases::QkvOnly, LinearBiases::NoBiases] {
                     for (zero_centered_gamma, qk_norm) in [(false, false), (true, false), (false, true)] {
-                        let mut m = LlamaConfig {
-                            arch: Architecture {
-                                norm,
-                                zero_centered_gamma,
-                                activation,
-                                qk_norm,
-                                biases,
-                                ..llama().arch
-                            },
-                            ..llama()
-                        };
-                        if activation == Activation::GeGlu {
-                            m.arch.embedding_multiplier = Some(gemma_multiplier(m.hidden_size));
+                        for positions in [whole, half] {
+                            let mut m = LlamaConfig {
+                                arch: Architecture {
+                                    norm,
+                                    zero_centered_gamma,
+                                    activation,
+                                    qk_norm,
+                                    biases,
+                                    positions,
+                                    ..llama().arch
+                                },
+                                ..llama()
+                            };
+                            if activation == Activation::GeGlu {
+                                m.arch.embedding_multiplier = Some(gemma_multiplier(m.hidden_size));
+                            }
+                            let builders: Vec<&str> = CLASSES
+                                .into_iter()
+                                .filter(|c| c.architecture.is_some() && c.builds(&m))
+                                .map(|c| c.model_type)
+                                .collect();
+                            assert!(
+                                builders.len() <= 1 || builders == ["llama", "phi3"],
+                                "{builders:?} all build {:?}",
+                                m.arch
+                            );
+                            assert_eq!(m.hf_class().map(|c| c.model_type), builders.first().copied());
+                            assert_eq!(
+                                m.missing_in_transformers().is_none(),
+                                m.hf_class().is_some(),
+                                "{:?}",
+                                m.arch
+                            );
+                            named.extend(builders.first().copied());
                         }
-                        let builders: Vec<&str> = CLASSES
-                            .into_iter()
-                            .filter(|c| c.architecture.is_some() && c.builds(&m))
-                            .map(|c| c.model_type)
-                            .collect();
-                        assert!(builders.len() <= 1, "{builders:?} all build {:?}", m.arch);
-                        assert_eq!(m.hf_class().map(|c| c.model_type), builders.first().copied());
-                        assert_eq!(
-                            m.missing_in_transformers().is_none(),
-                            m.hf_class().is_some(),
-                            "{:?}",
-                            m.arch
-                        );
-                        built.extend(builders);
                     }
                 }
             }
         }
-        // Llama's two bias settings, Nemotron's two, StableLM's two; one each for the rest.
-        built.sort();
+        // Llama's two bias settings and Nemotron's and StableLM's at either rotation; one
+        // each for the rest.
+        named.sort();
         assert_eq!(
-            built,
-            ["gemma", "llama", "llama", "nemotron", "nemotron", "qwen2", "qwen3", "stablelm", "stablelm"]
+            named,
+            [
+                "gemma", "llama", "llama", "nemotron", "nemotron", "nemotron", "nemotron", "phi3", "qwen2",
+                "qwen3", "stablelm", "stablelm", "stablelm", "stablelm"
+            ]
         );
     }
 

@@ -100,18 +100,9 @@ pub(crate) mod testing {
             .collect()
     }
 
-    /// `tensors`, the model's Hugging Face parts, with each fused parameter's parts stacked
-    /// into the one tensor Phi-3's files hold under its name.
+    /// `tensors` with each fused parameter's parts stacked, as Phi-3's files hold them.
     pub fn fused(cfg: &ModelConfig, tensors: &[NamedTensor]) -> Vec<NamedTensor> {
-        let fused: Vec<_> = super::shapes::specs(cfg).into_iter().filter(|p| p.hf.len() > 1).collect();
-        let is_part = |t: &NamedTensor| fused.iter().any(|p| p.hf.iter().any(|part| part.name == t.name));
-        let mut out: Vec<NamedTensor> = tensors.iter().filter(|t| !is_part(t)).cloned().collect();
-        for p in fused {
-            let part = |name: &str| tensors.iter().find(|t| t.name == name).expect("every part is given");
-            let data = p.hf.iter().flat_map(|h| part(&h.name).data.clone()).collect();
-            out.push(NamedTensor { name: p.name, shape: p.shape, data });
-        }
-        out
+        super::shapes::stack_fused(&super::shapes::specs(cfg), tensors)
     }
 
     pub fn optimizer(model: &[NamedTensor]) -> Vec<NamedTensor> {

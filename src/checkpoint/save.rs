@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::manifest::{self, sha256_hex, MANIFEST_FILE};
-use super::shapes::{check_shapes, expected_shapes};
+use super::shapes::{check_shapes, expected_shapes, specs, stack_fused};
 use super::state::check_optimizer;
 use super::tensors::write_safetensors;
 use super::{ModelConfig, NamedTensor, TrainerState};
@@ -107,20 +107,29 @@ fn save_with_hook(
     Ok(target)
 }
 
-/// `config.json` and `model.safetensors`: a directory `transformers` can load. Returns
-/// each file's name and sha256, for the manifest.
+/// `config.json` and `model.safetensors`: a directory `transformers` can load, the tensors
+/// under the names its class reads (Phi-3's fused). Returns each file's name and sha256,
+/// for the manifest.
 pub fn write_model_files(
     dir: &Path,
     config: &ModelConfig,
     model: &[NamedTensor],
     after_file: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let config = serde_json::to_string_pretty(&config.to_json())? + "\n";
-    write_atomic(&dir.join(CONFIG_FILE), &config)?;
+    let json = serde_json::to_string_pretty(&config.to_json())? + "\n";
+    write_atomic(&dir.join(CONFIG_FILE), &json)?;
     after_file(&dir.join(CONFIG_FILE))?;
+    let fused;
+    let model = match config {
+        ModelConfig::Llama(l) if l.hf_class().is_some_and(|c| c.fused_files) => {
+            fused = stack_fused(&specs(config), model);
+            &fused
+        }
+        _ => model,
+    };
     let model_sha = write_safetensors(&dir.join(MODEL_FILE), model)?;
     after_file(&dir.join(MODEL_FILE))?;
-    Ok(vec![(CONFIG_FILE.into(), sha256_hex(config.as_bytes())), (MODEL_FILE.into(), model_sha)])
+    Ok(vec![(CONFIG_FILE.into(), sha256_hex(json.as_bytes())), (MODEL_FILE.into(), model_sha)])
 }
 
 /// Replaces `path` with `text` through a synced temp file and a rename.

@@ -25,6 +25,21 @@ pub(super) fn specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     model_param_specs(&crate::plan::shape(&cfg.run_config(cfg.max_positions(), 1)))
 }
 
+/// `tensors`, the model's Hugging Face parts, with each fused parameter's parts stacked by
+/// rows into the one tensor under its name, as Phi-3's files hold them: the inverse of
+/// [`split_fused`].
+pub fn stack_fused(specs: &[ParamSpec], tensors: &[NamedTensor]) -> Vec<NamedTensor> {
+    let fused: Vec<&ParamSpec> = specs.iter().filter(|p| p.hf.len() > 1).collect();
+    let is_part = |t: &NamedTensor| fused.iter().any(|p| p.hf.iter().any(|part| part.name == t.name));
+    let mut out: Vec<NamedTensor> = tensors.iter().filter(|t| !is_part(t)).cloned().collect();
+    for p in fused {
+        let part = |name: &str| tensors.iter().find(|t| t.name == name).expect("a model holds every part");
+        let data = p.hf.iter().flat_map(|h| part(&h.name).data.iter().copied()).collect();
+        out.push(NamedTensor { name: p.name.clone(), shape: p.shape.clone(), data });
+    }
+    out
+}
+
 /// `tensors` with each fused tensor a file holds in place of its Hugging Face parts split
 /// into them by rows: Phi-3's `self_attn.qkv_proj` and `mlp.gate_up_proj`, which are
 /// pipetrain's own fused parameters under pipetrain's names, q, k, v and gate, up stacked in
