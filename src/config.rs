@@ -30,7 +30,7 @@ pub use origin::Origins;
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
-use stages::{Activation, Architecture, LinearBiases, Norm, OffloadModule, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, OffloadModule, Positions};
 use std::path::{Path, PathBuf};
 
 /// `rope_scaling_factor` where `use_rope_scaling` is set without it, as in Megatron-LM (Llama 3.1's).
@@ -63,6 +63,10 @@ pub struct Config {
     pub norm_epsilon: f32,
     /// Every norm but QK-norm scales by 1 + weight, its weight zero-centred (Nemotron's).
     pub apply_layernorm_1p: bool,
+    /// `input`: each block normalises its attention's and MLP's inputs (pre-norm); `output`:
+    /// their outputs, before each joins the residual stream (OLMo 2's).
+    #[serde(with = "named")]
+    pub norm_placement: NormPlacement,
     #[serde(with = "named")]
     pub position_embedding_type: PositionEmbeddingType,
     /// The rotary embedding's base (Llama 2: 10000, Llama 3: 500000).
@@ -209,6 +213,7 @@ impl Default for Config {
             normalization: Norm::LayerNorm,
             norm_epsilon: 1e-5,
             apply_layernorm_1p: false,
+            norm_placement: NormPlacement::Input,
             position_embedding_type: PositionEmbeddingType::LearnedAbsolute,
             rotary_base: 10000.0,
             use_rope_scaling: false,
@@ -838,6 +843,7 @@ impl Config {
         Architecture {
             norm: self.normalization,
             norm_eps: self.norm_epsilon,
+            norm_placement: self.norm_placement,
             zero_centered_gamma: self.apply_layernorm_1p,
             positions: match self.position_embedding_type {
                 PositionEmbeddingType::LearnedAbsolute => Positions::Learned,

@@ -337,6 +337,7 @@ const LLAMA_KEYS: &[&str] = &[
     "layer_types",
     "hidden_act",
     "normalization",
+    "norm_placement",
     "add_qkv_bias",
     "qk_layernorm",
     "partial_rotary_factor",

@@ -63,31 +63,75 @@ fn offload_keeps_the_bits_and_moves_exactly_the_predicted_bytes() {
     let dir = temp_dir("offload-matrix");
     for (schedule, p) in [("1f1b", 1usize), ("1f1b", 2), ("interleaved-1f1b", 2), ("zb-h1", 2), ("zb-v", 2)] {
         for (name, offload_flags) in offloads() {
-            // The same recompute without offload is the reference.
-            let recompute: Vec<(&'static str, String)> =
-                offload_flags.iter().filter(|(k, _)| k.starts_with("recompute")).cloned().collect();
-            let mut f = schedule_flags(schedule, p);
-            f.extend(recompute);
-            let base = run_small(&dir, &format!("{schedule}-p{p}-{name}-without"), &flags(&f));
-            let mut f = schedule_flags(schedule, p);
-            f.extend(offload_flags.iter().cloned());
-            let label = format!("{schedule}-p{p}-{name}");
-            let run = run_small(&dir, &label, &flags(&f));
-            assert_eq!(losses(&run), losses(&base), "{label}: losses differ");
-            assert!(weights(&run) == weights(&base), "{label}: weights differ");
-            for (stage, (with, without)) in peaks(&run).into_iter().zip(peaks(&base)).enumerate() {
-                let [device, host, predicted_device, predicted_host] = with;
-                let [device_before, host_before, predicted_before, _] = without;
-                assert_eq!(host_before, 0, "{label} stage {stage}: a run without offload used the host");
-                assert!(predicted_host > 0, "{label} stage {stage}: offloads nothing");
-                assert_eq!(host, predicted_host, "{label} stage {stage}: host peak");
-                assert_eq!(
-                    device_before - device,
-                    predicted_before - predicted_device,
-                    "{label} stage {stage}: the device peak's drop"
-                );
-            }
+            offload_matches_the_run_without(
+                &dir,
+                &format!("{schedule}-p{p}-{name}"),
+                schedule_flags(schedule, p),
+                &offload_flags,
+            );
         }
+    }
+}
+
+/// With OLMo 2's order the norms' inputs, the projections' outputs, offload with the norms'
+/// modules, and the projections that read no norm's output have nothing to offload.
+#[test]
+fn offload_of_norms_on_the_outputs_moves_exactly_the_predicted_bytes() {
+    let dir = temp_dir("offload-olmo2");
+    let mut model = schedule_flags("1f1b", 2);
+    model.extend(llama_flags());
+    model.push(("norm-placement", "output".into()));
+    let every = "attn_norm,core_attn,attn_proj,mlp_norm,mlp_act,mlp_fc2";
+    for (name, modules) in [("norms", "attn_norm,mlp_norm"), ("every-module", every)] {
+        let offload = [
+            ("fine-grained-activation-offloading", "true".to_string()),
+            ("offload-modules", modules.to_string()),
+        ];
+        offload_matches_the_run_without(&dir, &format!("olmo2-{name}"), model.clone(), &offload);
+    }
+    let mut f = model;
+    f.extend([
+        ("fine-grained-activation-offloading", "true".to_string()),
+        ("offload-modules", "mlp_fc1".to_string()),
+    ]);
+    let o = train(
+        &config(&dir),
+        &dir.join("olmo2-mlp_fc1"),
+        &flags(&f).iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert_user_error(
+        &o,
+        "command line: --offload-modules mlp_fc1: `mlp_fc1` has nothing to offload under norm_placement: \
+         output: its projection reads the residual stream, which attn_norm and mlp_norm offload",
+    );
+}
+
+/// The run with `offload_flags` (and `model`) against the one with their recompute alone:
+/// the same bits, the host peak predicted, and the device peak's drop the predicted one.
+fn offload_matches_the_run_without(
+    dir: &Path,
+    label: &str,
+    model: Vec<(&'static str, String)>,
+    offload_flags: &[(&'static str, String)],
+) {
+    // The same recompute without offload is the reference.
+    let recompute = offload_flags.iter().filter(|(k, _)| k.starts_with("recompute")).cloned();
+    let base =
+        run_small(dir, &format!("{label}-without"), &flags(&[model.clone(), recompute.collect()].concat()));
+    let run = run_small(dir, label, &flags(&[model, offload_flags.to_vec()].concat()));
+    assert_eq!(losses(&run), losses(&base), "{label}: losses differ");
+    assert!(weights(&run) == weights(&base), "{label}: weights differ");
+    for (stage, (with, without)) in peaks(&run).into_iter().zip(peaks(&base)).enumerate() {
+        let [device, host, predicted_device, predicted_host] = with;
+        let [device_before, host_before, predicted_before, _] = without;
+        assert_eq!(host_before, 0, "{label} stage {stage}: a run without offload used the host");
+        assert!(predicted_host > 0, "{label} stage {stage}: offloads nothing");
+        assert_eq!(host, predicted_host, "{label} stage {stage}: host peak");
+        assert_eq!(
+            device_before - device,
+            predicted_before - predicted_device,
+            "{label} stage {stage}: the device peak's drop"
+        );
     }
 }
 

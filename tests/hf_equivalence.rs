@@ -36,7 +36,7 @@ use serde_json::Value;
 use stages::params::{chunk_param_specs, model_param_specs, ParamSpec};
 use stages::{
     Activation, Architecture, ChunkLayout, DropoutProbs, LinearBiases, Microbatch, ModelChunk, ModelShape,
-    Norm, Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
+    Norm, NormPlacement, Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
@@ -153,6 +153,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         }]
         .as_f64()
         .unwrap() as f32,
+        norm_placement: NormPlacement::Input,
         zero_centered_gamma: nemotron || gemma,
         positions: Positions::Rotary(RopeFrequencies {
             base: rope["rope_theta"].as_f64().unwrap() as f32,

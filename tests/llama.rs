@@ -1,6 +1,7 @@
 //! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias`, Qwen3's
-//! `qk_layernorm`, Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`, and
-//! Gemma's `geglu` and `embedding_multiplier` among them): each flag alone
+//! `qk_layernorm`, Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`,
+//! Gemma's `geglu` and `embedding_multiplier`, and OLMo 2's `norm_placement` among them):
+//! each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
 //! line and exit 2.
@@ -96,6 +97,22 @@ fn gemma_matches_one_stage_bitwise_under_every_schedule() {
     matches_one_stage_bitwise_under_every_schedule("gemma", &gemma);
 }
 
+/// OLMo 2's block order: the norms on the attention's and MLP's outputs, with QK-norm, as
+/// Qwen3 above; and selective recompute of the norms, which there keep no output to drop.
+#[test]
+fn norms_on_the_outputs_match_one_stage_bitwise_under_every_schedule() {
+    let olmo = [("norm-placement", "output"), ("qk-layernorm", "true"), ("rotary-base", "500000")];
+    matches_one_stage_bitwise_under_every_schedule("olmo2", &olmo);
+    let dir = temp_dir("olmo2-layernorm-recompute");
+    let mut model = vec![("global-batch-size", "8".to_string())];
+    model.extend(olmo.iter().map(|(k, v)| (*k, v.to_string())));
+    let base = run_small(&dir, "p1", &llama(&model));
+    model.extend(schedule_flags("1f1b", 2).into_iter().filter(|(k, _)| *k != "global-batch-size"));
+    model.extend(selective_recompute("layernorm"));
+    let r = run_small(&dir, "layernorm", &llama(&model));
+    assert_one_stages_bits_and_predicted_memory(&r, &base, "olmo2 layernorm");
+}
+
 /// The Llama with `family`'s flags under all six schedules, full recompute and selective
 /// alternately: p = 1's bits and the predicted activation peaks.
 fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'static str, &str)]) {
@@ -163,7 +180,7 @@ fn a_llama_turning_part_of_each_head_saves_as_phi3_and_resumes_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 15] = [
+    let alone: [&[(&str, &str)]; 16] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -179,6 +196,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("normalization", "RMSNorm"), ("apply-layernorm-1p", "true")],
         &[("geglu", "true")],
         &[("embedding-multiplier", "5.656854")],
+        &[("norm-placement", "output")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();

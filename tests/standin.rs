@@ -322,6 +322,21 @@ fn gemma_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &gemma), &dir, &[]);
 }
 
+/// OLMo 2's order: llama-tiny.yaml with its norms on the attention's and MLP's outputs and
+/// QK-norm, on the stand-in as on the CPU.
+#[test]
+fn norms_on_the_outputs_on_the_standin_are_the_cpu_within_1e_5() {
+    if !nvrtc("norms_on_the_outputs_on_the_standin_are_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-olmo2");
+    let olmo2 = [(
+        "disable_bias_linear: true",
+        "disable_bias_linear: true\nqk_layernorm: true\nnorm_placement: output",
+    )];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo2), &dir, &[]);
+}
+
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
 /// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
 #[test]

@@ -144,12 +144,16 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
         ("embedding-multiplier", "5.656854"),
         ("untie-embeddings-and-output-weights", "false"),
     ];
-    let models: [(&str, &[(&str, &str)]); 5] = [
+    // OLMo 2's order: each norm on its projection's summed output (or on each rank's
+    // sequence rows of it), the qkv projection reading the block's input gathered.
+    let olmo2: &[(&str, &str)] = &[("norm-placement", "output"), ("qk-layernorm", "true")];
+    let models: [(&str, &[(&str, &str)]); 6] = [
         ("qwen2", &[("add-qkv-bias", "true")]),
         ("wide-heads", &[("kv-channels", "16")]),
         ("qwen3", &[("qk-layernorm", "true")]),
         ("nemotron", nemotron),
         ("gemma", gemma),
+        ("olmo2", olmo2),
     ];
     for (name, extra) in models {
         let extra: Vec<_> = extra.iter().map(|(k, v)| (*k, v.to_string())).collect();

@@ -8,7 +8,7 @@
 //! Megatron's keys.
 
 use kernels::RopeFrequencies;
-use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions};
 
 use super::LlamaConfig;
 
@@ -54,6 +54,7 @@ pub struct HfClass {
     /// The family's name in errors.
     pub family: &'static str,
     pub norm: Norm,
+    pub norm_placement: NormPlacement,
     /// The norms scale by 1 + weight.
     pub zero_centered_gamma: bool,
     /// The norm epsilon's key, and transformers' default for it.
@@ -92,6 +93,7 @@ pub const LLAMA: HfClass = HfClass {
     architecture: Some("LlamaForCausalLM"),
     family: "Llama",
     norm: Norm::RmsNorm,
+    norm_placement: NormPlacement::Input,
     zero_centered_gamma: false,
     eps_key: "rms_norm_eps",
     eps_default: 1e-6,
@@ -246,6 +248,7 @@ impl HfClass {
             return false;
         };
         a.norm == self.norm
+            && a.norm_placement == self.norm_placement
             && a.zero_centered_gamma == self.zero_centered_gamma
             && a.activation == self.activation
             && a.qk_norm == self.qk_norm
@@ -273,6 +276,12 @@ impl LlamaConfig {
         let a = &self.arch;
         if self.hf_class().is_some() {
             return None;
+        }
+        if a.norm_placement == NormPlacement::Output {
+            return Some(
+                "no class read here puts the norms on the attention's and MLP's outputs: Olmo2ForCausalLM's also \
+                 normalise q and k over the whole projection, which pipetrain does not",
+            );
         }
         if a.embedding_multiplier.is_some() {
             return Some(

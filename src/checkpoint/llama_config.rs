@@ -21,7 +21,7 @@ use kernels::rope_frequencies::{
     LLAMA3_LOW_FREQ_FACTOR, LLAMA3_ORIGINAL_POSITIONS,
 };
 use serde_json::{json, Map, Value};
-use stages::{Activation, Architecture, LinearBiases, Norm, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions};
 
 use super::hf_class::{gemma_multiplier, BiasKeys, HfClass, Window, LLAMA, TRANSFORMERS_WINDOW};
 use crate::config::Named;
@@ -113,6 +113,7 @@ impl LlamaConfig {
         }
         if class.is_none() {
             extra.insert("normalization".into(), json!(a.norm.name()));
+            extra.insert("norm_placement".into(), json!(a.norm_placement.name()));
             extra.insert("norm_epsilon".into(), decimal(a.norm_eps));
             extra.insert("apply_layernorm_1p".into(), json!(a.zero_centered_gamma));
             let positions = match a.positions {
@@ -307,9 +308,16 @@ impl LlamaConfig {
             _ => None,
         };
         let rotary_dims = rotary_dims(obj, class, pipetrain, head_dim).map_err(bad)?;
+        let norm_placement = match obj.get("norm_placement").and_then(Value::as_str) {
+            Some(name) if pipetrain => {
+                <NormPlacement as Named>::parse(name).map_err(|e| bad(format!("norm_placement: {e}")))?
+            }
+            _ => class.norm_placement,
+        };
         let arch = Architecture {
             norm,
             norm_eps: float(class.eps_key, class.eps_default)?,
+            norm_placement,
             zero_centered_gamma: class.zero_centered_gamma
                 || (pipetrain && flag("apply_layernorm_1p", false)?),
             positions: if learned {
@@ -545,6 +553,31 @@ mod tests {
             assert_eq!(other.to_json()["model_type"], "pipetrain");
             assert_eq!(parse(&other.to_json()).unwrap(), other, "{activation:?}");
         }
+        // OLMo 2's block order: no class read here builds it without its QK-norm over the
+        // whole projection.
+        let olmo = LlamaConfig {
+            arch: Architecture { norm_placement: NormPlacement::Output, ..llama().arch },
+            ..llama()
+        };
+        assert_eq!(
+            olmo.missing_in_transformers(),
+            Some(
+                "no class read here puts the norms on the attention's and MLP's outputs: Olmo2ForCausalLM's also \
+                 normalise q and k over the whole projection, which pipetrain does not"
+            )
+        );
+        let written = olmo.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["norm_placement"]),
+            (&json!("pipetrain"), &json!("output"))
+        );
+        assert_eq!(parse(&written).unwrap(), olmo);
+        let mut misplaced = written;
+        misplaced["norm_placement"] = json!("after");
+        assert_eq!(
+            parse(&misplaced).unwrap_err().to_string(),
+            "d/config.json: norm_placement: `after` is not one of input, output"
+        );
         let mut both = LlamaConfig {
             arch: Architecture { activation: Activation::SquaredRelu, ..llama().arch },
             ..llama()
@@ -912,6 +945,7 @@ mod tests {
             arch: Architecture {
                 norm: Norm::LayerNorm,
                 norm_eps: 1e-5,
+                norm_placement: NormPlacement::Input,
                 zero_centered_gamma: true,
                 positions: Positions::Rotary(half),
                 activation: Activation::SquaredRelu,

@@ -132,6 +132,7 @@ impl ModelConfig {
                     normalization: a.norm,
                     norm_epsilon: a.norm_eps,
                     apply_layernorm_1p: a.zero_centered_gamma,
+                    norm_placement: a.norm_placement,
                     position_embedding_type,
                     rotary_base,
                     use_rope_scaling: llama3_factor.is_some(),

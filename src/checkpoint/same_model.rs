@@ -45,6 +45,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("normalization", c.normalization.name().to_string()),
         ("norm_epsilon", c.norm_epsilon.to_string()),
         ("apply_layernorm_1p", c.apply_layernorm_1p.to_string()),
+        ("norm_placement", c.norm_placement.name().to_string()),
         ("position_embedding_type", c.position_embedding_type.name().to_string()),
         ("swiglu", c.swiglu.to_string()),
         ("squared_relu", c.squared_relu.to_string()),

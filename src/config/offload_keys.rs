@@ -32,6 +32,17 @@ impl Config {
             _ => {}
         }
         for &m in modules {
+            if !m.keeps_anything(self.norm_placement) {
+                return Err((
+                    "offload_modules",
+                    format!(
+                        "`{}` has nothing to offload under norm_placement: {}: its projection reads the \
+                         residual stream, which attn_norm and mlp_norm offload",
+                        m.name(),
+                        self.norm_placement.name()
+                    ),
+                ));
+            }
             if let Some(recomputed) = self.drops_all_of(m) {
                 return Err((
                     "offload_modules",

@@ -281,6 +281,46 @@ mod tests {
         assert_eq!(with, run(false));
     }
 
+    /// A Llama with its norms on the attention's and MLP's outputs (OLMo 2's order) and
+    /// QK-norm: the decode pieces give, position by position, the per-token losses of the
+    /// training blocks' forward over the whole sequence.
+    #[test]
+    fn decoding_norms_on_the_outputs_gives_the_training_forwards_losses() {
+        use kernels::Device;
+        use stages::{
+            Architecture, ChunkLayout, Microbatch, NormPlacement, RecomputePolicy, Shard, TensorGroup,
+        };
+        let arch = Architecture {
+            norm_placement: NormPlacement::Output,
+            qk_norm: true,
+            ..Architecture::llama(1e4, 1e-5)
+        };
+        let config = checkpoint::testing::llama(arch);
+        let weights = checkpoint::testing::model(&config, 1.0);
+        let tokens: Vec<u32> = (0..13).map(|i| (i * 7 + 3) % 64).collect();
+        let (inputs, targets) = (&tokens[..12], &tokens[1..]);
+        let run = config.run_config(inputs.len(), 1);
+        let dev = kernels::cpu::CpuDevice::new(2);
+        let layout = ChunkLayout { blocks: 0..run.num_layers, embedding: true, head: true };
+        let whole = (Shard::WHOLE, stages::OptimizerShard::WHOLE);
+        let mut chunk =
+            crate::plan::build_chunk(&dev, &run, layout, whole, RecomputePolicy::None, Some(&weights))
+                .unwrap();
+        let mb = Microbatch { step: 0, index: 0, tokens: inputs, targets, mode: stages::Mode::Eval };
+        let losses = chunk.forward(&dev, &mb, None, &mut TensorGroup::whole()).losses.unwrap();
+        let trained = dev.to_host(&losses);
+        let model = Decoder::new(&config, &weights);
+        let mut cache = model.empty_cache();
+        for (t, (&token, &target)) in inputs.iter().zip(targets).enumerate() {
+            let logits = model.forward(&[token], &mut cache);
+            let top = logits.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let sum: f64 = logits.iter().map(|&x| (x as f64 - top).exp()).sum();
+            let decoded = top + sum.ln() - logits[target as usize] as f64;
+            let want = trained[t] as f64;
+            assert!((decoded - want).abs() <= 1e-5 * want.abs(), "position {t}: {decoded} against {want}");
+        }
+    }
+
     #[test]
     fn prompts_are_checked_against_the_model() {
         let model = fixture_model();

@@ -12,7 +12,7 @@ use kernels::{AttentionSaves, ChainedDq};
 use stages::flops::{block_flops, head_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
-use stages::{Activation, ModelShape, RecomputePolicy, TensorParallel};
+use stages::{Activation, ModelShape, NormPlacement, RecomputePolicy, TensorParallel};
 
 /// Seconds of one microbatch through one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -124,7 +124,12 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
             let core_dropped = BlockTensor::attention_saved(s).dropped_by(m);
             let per_block = if core_dropped { core_attn } else { 0.0 }
                 + if m.mlp { streamed(s.tokens() * s.ffn, Split::Interior) } else { 0.0 }
-                + if m.layernorm { 2.0 * streamed(s.tokens() * s.hidden, Split::Sequence) } else { 0.0 };
+                // The norms' outputs are kept, and so dropped, only pre-norm.
+                + if m.layernorm && s.arch.norm_placement == NormPlacement::Input {
+                    2.0 * streamed(s.tokens() * s.hidden, Split::Sequence)
+                } else {
+                    0.0
+                };
             blocks as f64 * per_block
         }
     }

@@ -187,6 +187,7 @@ mod tests {
         arch: stages::Architecture {
             norm: stages::Norm::RmsNorm,
             norm_eps: 1e-5,
+            norm_placement: stages::NormPlacement::Input,
             zero_centered_gamma: false,
             positions: stages::Positions::Rotary(kernels::RopeFrequencies::plain(500000.0)),
             activation: stages::Activation::SwiGlu,

@@ -5,7 +5,7 @@
 //! and offload, each as the config keys that ask for it.
 
 use crate::config::{Config, Named, RecomputeGranularity, RecomputeMethod, RecomputeModule};
-use stages::OffloadModule;
+use stages::{NormPlacement, OffloadModule};
 
 /// The modules the planner offloads, and the recompute each set goes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,13 +25,13 @@ impl OffloadSet {
     pub const ALL: [OffloadSet; 3] =
         [OffloadSet::Every, OffloadSet::CoreAttn, OffloadSet::BesideSelectiveCore];
 
-    fn modules(self) -> Vec<OffloadModule> {
+    /// Its modules in a block whose norms sit at `placement`, those that keep something.
+    fn modules(self, placement: NormPlacement) -> Vec<OffloadModule> {
+        let all = OffloadModule::ALL.into_iter().filter(|m| m.keeps_anything(placement));
         match self {
-            OffloadSet::Every => OffloadModule::ALL.to_vec(),
+            OffloadSet::Every => all.collect(),
             OffloadSet::CoreAttn => vec![OffloadModule::CoreAttn],
-            OffloadSet::BesideSelectiveCore => {
-                OffloadModule::ALL.into_iter().filter(|&m| m != OffloadModule::CoreAttn).collect()
-            }
+            OffloadSet::BesideSelectiveCore => all.filter(|&m| m != OffloadModule::CoreAttn).collect(),
         }
     }
 
@@ -105,7 +105,7 @@ impl Lever {
             Lever::BlockOrOffload { block, offload } => {
                 Lever::BlockPerStage(block.clone()).apply(cfg);
                 cfg.fine_grained_activation_offloading = true;
-                cfg.offload_modules = Some(OffloadModule::ALL.to_vec());
+                cfg.offload_modules = Some(OffloadSet::Every.modules(cfg.norm_placement));
                 cfg.offload_num_layers_per_stage = Some(offload.clone());
             }
             Lever::Offload { set, layers } => {
@@ -114,7 +114,7 @@ impl Lever {
                     cfg.recompute_modules = Some(modules);
                 }
                 cfg.fine_grained_activation_offloading = true;
-                cfg.offload_modules = Some(set.modules());
+                cfg.offload_modules = Some(set.modules(cfg.norm_placement));
                 cfg.offload_num_layers_per_stage = Some(layers.clone());
             }
         }
@@ -222,6 +222,33 @@ mod tests {
                     assert!(!modules.contains(&OffloadModule::CoreAttn));
                 }
             }
+        }
+    }
+
+    /// With the norms on the branches' outputs, the projections that read no norm's output
+    /// keep nothing: every set leaves them out, and the keys validate.
+    #[test]
+    fn offload_sets_leave_out_what_the_norms_on_the_outputs_leave_empty() {
+        let empty = [OffloadModule::QkvLinear, OffloadModule::MlpFc1];
+        let levers = OffloadSet::ALL.map(|set| Lever::Offload { set, layers: vec![2, 1, 0, 0] });
+        let mix = Lever::BlockOrOffload { block: vec![2, 0, 0, 0], offload: vec![0, 1, 1, 0] };
+        for lever in levers.iter().chain([&mix]) {
+            let mut cfg = gpt2_small(4, "1f1b", 1, 8);
+            cfg.norm_placement = NormPlacement::Output;
+            lever.apply(&mut cfg);
+            cfg.validate().unwrap_or_else(|e| panic!("{lever:?}: {e:?}"));
+            let modules = cfg.offload_modules.unwrap();
+            assert!(modules.iter().all(|m| !empty.contains(m)), "{lever:?}: {modules:?}");
+            assert_eq!(
+                modules.len(),
+                if *lever == levers[1] {
+                    1
+                } else if *lever == levers[2] {
+                    5
+                } else {
+                    6
+                }
+            );
         }
     }
 

@@ -22,7 +22,7 @@ pub mod tensor_parallel;
 pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode, ModelChunk};
 pub use dist::{NamedTensor, TensorGroup};
 pub use layers::activation::Activation;
-pub use layers::norm::Norm;
+pub use layers::norm::{Norm, NormPlacement};
 pub use model::{Architecture, DropoutProbs, LinearBiases, ModelShape, Naming, Positions};
 pub use offload::{ActivationOffload, OffloadModule};
 pub use optimizer_shard::OptimizerShard;

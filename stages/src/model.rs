@@ -7,7 +7,7 @@
 //! the memory model, and the layers themselves (`layers/`).
 
 use crate::layers::activation::Activation;
-use crate::layers::norm::Norm;
+use crate::layers::norm::{Norm, NormPlacement};
 use kernels::{AttentionSaves, DType, RopeFrequencies, WeightLayout};
 
 /// How a token learns its position.
@@ -51,6 +51,8 @@ impl LinearBiases {
 pub struct Architecture {
     pub norm: Norm,
     pub norm_eps: f32,
+    /// Whether each block normalises its branches' inputs (pre-norm) or their outputs.
+    pub norm_placement: NormPlacement,
     /// Every norm but QK-norm scales by 1 + weight, its weight zero-centred and zero at
     /// init (Megatron's `apply_layernorm_1p`, Nemotron's LayerNorm1P).
     pub zero_centered_gamma: bool,
@@ -89,6 +91,7 @@ impl Architecture {
     pub const GPT2: Architecture = Architecture {
         norm: Norm::LayerNorm,
         norm_eps: 1e-5,
+        norm_placement: NormPlacement::Input,
         zero_centered_gamma: false,
         positions: Positions::Learned,
         activation: Activation::Gelu,
@@ -104,6 +107,7 @@ impl Architecture {
         Architecture {
             norm: Norm::RmsNorm,
             norm_eps,
+            norm_placement: NormPlacement::Input,
             zero_centered_gamma: false,
             positions: Positions::Rotary(RopeFrequencies::plain(rotary_base)),
             activation: Activation::SwiGlu,
@@ -220,7 +224,11 @@ impl ModelShape {
     pub fn describe_architecture(&self) -> String {
         let a = &self.arch;
         let one_plus = if a.zero_centered_gamma { ", 1 + weight" } else { "" };
-        let mut parts = vec![format!("{} (eps {:e}{one_plus})", a.norm, a.norm_eps)];
+        let outputs = match a.norm_placement {
+            NormPlacement::Input => "",
+            NormPlacement::Output => ", on the branches' outputs",
+        };
+        let mut parts = vec![format!("{} (eps {:e}{one_plus}{outputs})", a.norm, a.norm_eps)];
         parts.push(match a.positions {
             Positions::Learned => "learned positions".into(),
             Positions::Rotary(freqs) => {

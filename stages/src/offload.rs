@@ -13,13 +13,16 @@
 //! wait longest for their backward, which comes last, so their copies back have the most
 //! time to finish.
 
+use crate::layers::norm::NormPlacement;
 use crate::saved::{BlockKeep, BlockTensor};
 
 /// A module whose saved tensors offload: Megatron's names where Megatron has the module,
 /// `mlp_fc1`, `mlp_act` and `mlp_fc2` for a dense MLP's (Megatron names only its experts').
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OffloadModule {
-    /// The first norm: the block's input and the norm's statistics.
+    /// The first norm: the block's input and the norm's statistics, and the norm's input
+    /// where it is on the branch's output (the block's input, which the qkv projection
+    /// reads there, stays this module's).
     AttnNorm,
     /// The qkv projection: its input, norm_1's output.
     QkvLinear,
@@ -28,7 +31,9 @@ pub enum OffloadModule {
     CoreAttn,
     /// The attention's output projection: its input, the attention output.
     AttnProj,
-    /// The second norm: the residual stream and the norm's statistics.
+    /// The second norm: the residual stream and the norm's statistics, and the norm's input
+    /// where it is on the branch's output (the residual stream, which fc1 reads there, stays
+    /// this module's).
     MlpNorm,
     /// The MLP's first projection: its input, norm_2's output.
     MlpFc1,
@@ -63,10 +68,17 @@ impl OffloadModule {
         }
     }
 
+    /// Whether the module keeps anything in a block whose norms sit at `placement`: the qkv
+    /// projection's and fc1's inputs are norms' outputs only pre-norm; with the norms on the
+    /// outputs they are the residual stream, which `attn_norm` and `mlp_norm` hold.
+    pub fn keeps_anything(self, placement: NormPlacement) -> bool {
+        placement == NormPlacement::Input || !matches!(self, OffloadModule::QkvLinear | OffloadModule::MlpFc1)
+    }
+
     /// The module whose backward reads `t` (each kept tensor belongs to exactly one).
     pub fn of(t: BlockTensor) -> OffloadModule {
         match t {
-            BlockTensor::Input | BlockTensor::Norm1Stats => OffloadModule::AttnNorm,
+            BlockTensor::Input | BlockTensor::Norm1Stats | BlockTensor::AttProj => OffloadModule::AttnNorm,
             BlockTensor::Norm1Out => OffloadModule::QkvLinear,
             BlockTensor::QkNormIn
             | BlockTensor::QkNormStats
@@ -75,7 +87,7 @@ impl OffloadModule {
             | BlockTensor::AttDropped
             | BlockTensor::AttLogSumExp => OffloadModule::CoreAttn,
             BlockTensor::AttOut => OffloadModule::AttnProj,
-            BlockTensor::Residual | BlockTensor::Norm2Stats => OffloadModule::MlpNorm,
+            BlockTensor::Residual | BlockTensor::Norm2Stats | BlockTensor::FcProj => OffloadModule::MlpNorm,
             BlockTensor::Norm2Out => OffloadModule::MlpFc1,
             BlockTensor::FcOut => OffloadModule::MlpAct,
             BlockTensor::ActOut => OffloadModule::MlpFc2,
@@ -147,11 +159,11 @@ mod tests {
             BlockTensor::ALL.into_iter().filter(|&t| OffloadModule::of(t) == m).collect()
         };
         let expected: [&[BlockTensor]; 8] = [
-            &[Input, Norm1Stats],
+            &[Input, Norm1Stats, AttProj],
             &[Norm1Out],
             &[QkNormIn, QkNormStats, Qkv, AttProbs, AttDropped, AttLogSumExp],
             &[AttOut],
-            &[Residual, Norm2Stats],
+            &[Residual, Norm2Stats, FcProj],
             &[Norm2Out],
             &[FcOut],
             &[ActOut],

@@ -7,6 +7,7 @@
 //! orders the global grad-norm sum, so both are the same whatever the partition into stages.
 
 use crate::init::normal_init;
+use crate::layers::norm::NormPlacement;
 use crate::model::{ModelShape, Naming, Positions};
 use crate::optimizer_shard::OptimizerShard;
 use crate::tensor_parallel::{Cut, Shard, Split};
@@ -428,9 +429,13 @@ fn llama_names(s: &ModelShape, layer: usize, param: BlockParam, rows: usize) -> 
         (format!("{prefix}.{fused}.{kind}"), hf)
     };
     let hs = s.head_size();
+    // OLMo 2's names where the norms are on the branches' outputs.
+    let on_inputs = s.arch.norm_placement == NormPlacement::Input;
     match param {
-        Norm1Weight | Norm1Bias => one("input_layernorm"),
-        Norm2Weight | Norm2Bias => one("post_attention_layernorm"),
+        Norm1Weight | Norm1Bias if on_inputs => one("input_layernorm"),
+        Norm2Weight | Norm2Bias if on_inputs => one("post_attention_layernorm"),
+        Norm1Weight | Norm1Bias => one("post_attention_layernorm"),
+        Norm2Weight | Norm2Bias => one("post_feedforward_layernorm"),
         QkvWeight | QkvBias => stacked(
             "self_attn.qkv_proj",
             &[

@@ -11,6 +11,7 @@
 //! norms' mean and reciprocal std (QK-norm's per head) and the fused attention core's
 //! log-sum-exp.
 
+use crate::layers::norm::NormPlacement;
 use crate::model::ModelShape;
 use crate::recompute::SelectiveModules;
 use crate::tensor_parallel::{Split, TensorParallel};
@@ -21,9 +22,11 @@ use kernels::AttentionSaves;
 /// projection's (F, or 2F for SwiGLU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockTensor {
-    /// x [B,T,C]: the block's input, read by the first norm's backward.
+    /// x [B,T,C]: the block's input, read by the first norm's backward (by the qkv
+    /// projection's weight gradient where the norms are on the branches' outputs).
     Input,
-    /// norm_1(x) [B,T,C]: input of the qkv projection, read by its weight gradient.
+    /// norm_1(x) [B,T,C]: input of the qkv projection, read by its weight gradient. Only
+    /// where the norms are on the branches' inputs.
     Norm1Out,
     /// norm_1's row statistics, [B,T] each: mean and reciprocal std (LayerNorm), or the
     /// reciprocal root mean square (RMSNorm).
@@ -52,9 +55,15 @@ pub enum BlockTensor {
     /// attention output [B,T,A] (A = NH * hs, C unless the head size is set apart): input of
     /// the output projection.
     AttOut,
-    /// x + dropout(proj(att)) [B,T,C]: the residual stream after attention, norm_2's input.
+    /// proj(att) [B,T,C]: norm_1's input where the norms are on the branches' outputs, read
+    /// by its backward; only there.
+    AttProj,
+    /// The residual stream after attention [B,T,C]: x + dropout(proj(att)), norm_2's input;
+    /// or x + dropout(norm_1(proj(att))), the MLP's first projection's, where the norms are
+    /// on the branches' outputs.
     Residual,
-    /// norm_2(residual) [B,T,C]: input of the MLP's first projection.
+    /// norm_2(residual) [B,T,C]: input of the MLP's first projection. Only where the norms
+    /// are on the branches' inputs.
     Norm2Out,
     /// norm_2's row statistics, as Norm1Stats.
     Norm2Stats,
@@ -62,10 +71,13 @@ pub enum BlockTensor {
     FcOut,
     /// act(fc1(..)) [B,T,F]: GELU's or SwiGLU's output, input of the MLP's second projection.
     ActOut,
+    /// fc2(act(..)) [B,T,C]: norm_2's input where the norms are on the branches' outputs,
+    /// read by its backward; only there.
+    FcProj,
 }
 
 impl BlockTensor {
-    pub const ALL: [BlockTensor; 15] = [
+    pub const ALL: [BlockTensor; 17] = [
         BlockTensor::Input,
         BlockTensor::Norm1Out,
         BlockTensor::Norm1Stats,
@@ -76,20 +88,28 @@ impl BlockTensor {
         BlockTensor::AttDropped,
         BlockTensor::AttLogSumExp,
         BlockTensor::AttOut,
+        BlockTensor::AttProj,
         BlockTensor::Residual,
         BlockTensor::Norm2Out,
         BlockTensor::Norm2Stats,
         BlockTensor::FcOut,
         BlockTensor::ActOut,
+        BlockTensor::FcProj,
     ];
 
     /// Elements of this tensor for one microbatch.
     pub fn elements(self, s: &ModelShape) -> usize {
         let (n, c) = (s.tokens(), s.hidden);
+        let on_inputs = s.arch.norm_placement == NormPlacement::Input;
         match self {
-            BlockTensor::Input | BlockTensor::Norm1Out | BlockTensor::Residual | BlockTensor::Norm2Out => {
-                n * c
-            }
+            BlockTensor::Norm1Out | BlockTensor::Norm2Out if !on_inputs => 0,
+            BlockTensor::AttProj | BlockTensor::FcProj if on_inputs => 0,
+            BlockTensor::Input
+            | BlockTensor::Norm1Out
+            | BlockTensor::AttProj
+            | BlockTensor::Residual
+            | BlockTensor::Norm2Out
+            | BlockTensor::FcProj => n * c,
             BlockTensor::AttOut => n * s.attention_width(),
             BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
             BlockTensor::QkNormIn | BlockTensor::QkNormStats if !s.arch.qk_norm => 0,
@@ -141,9 +161,11 @@ impl BlockTensor {
             BlockTensor::Input
             | BlockTensor::Norm1Out
             | BlockTensor::Norm1Stats
+            | BlockTensor::AttProj
             | BlockTensor::Residual
             | BlockTensor::Norm2Out
-            | BlockTensor::Norm2Stats => Split::Sequence,
+            | BlockTensor::Norm2Stats
+            | BlockTensor::FcProj => Split::Sequence,
         }
     }
 

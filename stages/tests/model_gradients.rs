@@ -104,6 +104,26 @@ fn gradients_match_central_differences_for_gemma() {
     check_gradients(ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE });
 }
 
+/// OLMo 2's block order, the norms on the attention's and MLP's outputs, with QK-norm, and
+/// GPT-2's LayerNorms and biases the same way. The weights are drawn at std 0.5: at 0.02
+/// the projections' outputs are about 1e-3, so that a norm of them bends within the
+/// differences' step of a bias (measured: the biases' differences then off by up to 50 times,
+/// the same analytic gradients within 2e-3 of them at 0.5).
+#[test]
+fn gradients_match_central_differences_with_the_norms_on_the_outputs() {
+    let output = stages::NormPlacement::Output;
+    let olmo = stages::Architecture {
+        norm_placement: output,
+        qk_norm: true,
+        tied_output: true,
+        init_std: 0.5,
+        ..stages::Architecture::llama(5e5, 1e-6)
+    };
+    check_gradients(ModelShape { arch: olmo, kv_heads: 1, head_dim: Some(12), ..SHAPE });
+    let gpt2 = stages::Architecture { norm_placement: output, init_std: 0.5, ..SHAPE.arch };
+    check_gradients(ModelShape { arch: gpt2, ..SHAPE });
+}
+
 fn check_gradients(s: ModelShape) {
     let dev = CpuDevice::new(2);
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| (i * 5 + 1) % SHAPE.vocab as u32).collect();

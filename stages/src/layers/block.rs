@@ -1,11 +1,20 @@
-//! One pre-norm transformer block, forward and backward, as the model description shapes it
+//! One transformer block, forward and backward, as the model description shapes it
 //! (GPT-2: LayerNorm, GELU, biases; Llama: RMSNorm, rotary q and k, grouped-query
-//! attention, SwiGLU, no biases; Qwen3 adds QK-norm, Llama leaves it out):
+//! attention, SwiGLU, no biases; Qwen3 adds QK-norm, Llama leaves it out). Pre-norm, the
+//! norms on the branches' inputs:
 //!
 //! ```text
 //! n1  = norm_1(x)                     qkv = rope(qk_norm(qkv_proj(n1)))     att = attn(qkv)
 //! residual = x + dropout(proj(att))
 //! n2  = norm_2(residual)              y   = residual + dropout(fc2(act(fc1(n2))))
+//! ```
+//!
+//! or with the norms on the branches' outputs (`NormPlacement::Output`, OLMo 2's):
+//!
+//! ```text
+//! qkv = rope(qk_norm(qkv_proj(x)))    att = attn(qkv)
+//! residual = x + dropout(norm_1(proj(att)))
+//! y   = residual + dropout(norm_2(fc2(act(fc1(residual)))))
 //! ```
 //!
 //! Under tensor parallelism (Megatron's layout, Shoeybi et al. 2019) the block runs on its
@@ -18,9 +27,10 @@
 //! backward, the row-parallel output gradients) are all-gathered from rows. The weight
 //! gradients keep the gathered tensors.
 //!
-//! The residual add and norm_2 run as one device op, and each norm's backward adds the
-//! gradient arriving along the residual stream in the same op (llm.c's fused residual
-//! forward and LayerNorm backward): the same bits on the CPU as the separate ops.
+//! Pre-norm, the residual add and norm_2 run as one device op, and each norm's backward adds
+//! the gradient arriving along the residual stream in the same op (llm.c's fused residual
+//! forward and LayerNorm backward): the same bits on the CPU as the separate ops. With the
+//! norms on the outputs, each norm and its add are separate ops.
 //!
 //! Forward keeps the tensors of [`BlockTensor`](crate::saved::BlockTensor) except those the
 //! selective modules drop; backward recomputes a dropped tensor just before the step that
@@ -29,7 +39,7 @@
 //! their key).
 
 use super::dropout_ctx::{dropout_backward_or_keep, dropout_or_keep, DropoutCtx};
-use super::norm::{NormLayer, NormStats};
+use super::norm::{NormLayer, NormPlacement, NormStats};
 use super::pair_mut;
 use super::qk_norm::{QkNorm, QkNormActs};
 use super::weight_grads::{WeightGrad, WeightGrads};
@@ -59,7 +69,9 @@ pub struct BlockActs {
     pub att: Option<AttentionSaved>,
     /// attention output [B,T,A] (A = C / t: this shard's heads)
     pub atty: Tensor,
-    /// x + dropout(attn proj) [B,T,C] | [R,C]
+    /// attn proj [B,T,C] | [R,C], norm_1's input where the norms are on the outputs
+    pub attproj: Option<Tensor>,
+    /// x + dropout(attn proj), or x + dropout(norm_1(attn proj)) [B,T,C] | [R,C]
     pub residual: Tensor,
     /// norm_2(residual) [B,T,C] | [R,C]
     pub n2: Option<Tensor>,
@@ -69,6 +81,8 @@ pub struct BlockActs {
     pub fch: Tensor,
     /// act(fch) [B,T,F] (F: this shard's columns)
     pub fch_act: Option<Tensor>,
+    /// fc2 output [B,T,C] | [R,C], norm_2's input where the norms are on the outputs
+    pub fcproj: Option<Tensor>,
 }
 
 /// Transformer block `layer` (global index) of a model of shape `s`.
@@ -121,27 +135,35 @@ impl Block<'_> {
 
     /// inp @ W (+ b) for the row-parallel `weight`: this shard's partial product, summed over
     /// the group, with the bias added by tensor rank 0 alone; [B,T,C], or this shard's rows
-    /// [R,C] of it with sequence parallelism.
+    /// [R,C] of it with sequence parallelism, allocated under `keep_as`.
     fn row_parallel(
         &self,
         dev: &dyn Device,
         tp: &mut TensorGroup,
         inp: &Tensor,
         weight: BlockParam,
+        keep_as: Category,
     ) -> Tensor {
         let s = self.s;
-        let mut out =
-            dev.empty_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace);
+        let partial_as = if self.shard.sequence { Category::Workspace } else { keep_as };
+        let mut out = dev.empty_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], partial_as);
         let bias = self.bias(weight).filter(|_| self.shard.rank == 0);
         dev.matmul_forward(&mut out, inp, self.param(weight), s.weight_layout(), bias);
-        self.summed(dev, tp, out)
+        self.summed(dev, tp, out, keep_as)
     }
 
     /// A partial [B,T,C] summed over the group (Megatron's `g` forward, `f` backward): whole,
-    /// or this shard's rows of the sum with sequence parallelism.
-    fn summed(&self, dev: &dyn Device, tp: &mut TensorGroup, mut partial: Tensor) -> Tensor {
+    /// in place, or this shard's rows of the sum with sequence parallelism, allocated under
+    /// `rows_as`.
+    fn summed(
+        &self,
+        dev: &dyn Device,
+        tp: &mut TensorGroup,
+        mut partial: Tensor,
+        rows_as: Category,
+    ) -> Tensor {
         match self.shard.sequence {
-            true => tp.reduce_scatter_rows(partial, dev, self.shard.rows(self.s), Category::Workspace),
+            true => tp.reduce_scatter_rows(partial, dev, self.shard.rows(self.s), rows_as),
             false => {
                 tp.all_reduce(&mut partial, dev);
                 partial
@@ -223,13 +245,20 @@ impl Block<'_> {
         let act = |shape: &[usize], category| dev.empty_of(dev.activation_dtype(), shape, category);
         let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
 
+        let on_inputs = s.arch.norm_placement == NormPlacement::Input;
+
         // ---- attention ----
-        let mut n1 = act(&stream, cat(BlockTensor::Norm1Out)); // [B,T,C] | [R,C]
-        let n1_stats = self.norm1().forward(dev, &mut n1, &x, cat(BlockTensor::Norm1Stats)); // [B,T] | [R]
-        let n1_all = self.gathered(dev, tp, &n1); // [B,T,C] with sequence parallelism
+        // Pre-norm, the qkv projection reads norm_1(x); else x itself.
+        let n1_pre = on_inputs.then(|| {
+            let mut n1 = act(&stream, cat(BlockTensor::Norm1Out)); // [B,T,C] | [R,C]
+            let stats = self.norm1().forward(dev, &mut n1, &x, cat(BlockTensor::Norm1Stats)); // [B,T] | [R]
+            (n1, stats)
+        });
+        let qkv_in = n1_pre.as_ref().map_or(&x, |(n1, _)| n1); // [B,T,C] | [R,C]
+        let qkv_in_all = self.gathered(dev, tp, qkv_in); // [B,T,C] with sequence parallelism
         let mut qkv = act(&[b, t, shard.qkv_width(s)], cat(BlockTensor::Qkv)); // [B,T,QKV]
-        self.linear(dev, &mut qkv, n1_all.as_ref().unwrap_or(&n1), BlockParam::QkvWeight);
-        drop(n1_all);
+        self.linear(dev, &mut qkv, qkv_in_all.as_ref().unwrap_or(qkv_in), BlockParam::QkvWeight);
+        drop(qkv_in_all);
         let qk_norm = self.qk_norm(heads, kv_heads).map(|norm| {
             norm.forward(dev, &mut qkv, cat(BlockTensor::QkNormIn), cat(BlockTensor::QkNormStats))
         });
@@ -242,45 +271,78 @@ impl Block<'_> {
         let mut att = self.attention_saved(dev, att_drop, cat(att_saved)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, a], cat(BlockTensor::AttOut)); // [B,T,A]
         dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads);
-        let attproj = self.row_parallel(dev, tp, &atty, BlockParam::ProjWeight); // [B,T,C] | [R,C]
-        let attproj =
-            dropout_or_keep(dev, attproj, self.stream_dropout(dropout, DropoutSite::AttentionResidual));
-        let mut residual = act(&stream, cat(BlockTensor::Residual)); // [B,T,C] | [R,C]
+        let attproj_as = if on_inputs { Category::Workspace } else { cat(BlockTensor::AttProj) };
+        let attproj = self.row_parallel(dev, tp, &atty, BlockParam::ProjWeight, attproj_as); // [B,T,C] | [R,C]
+        let attention_residual = self.stream_dropout(dropout, DropoutSite::AttentionResidual);
 
         // ---- MLP ----
-        let mut n2 = act(&stream, cat(BlockTensor::Norm2Out)); // [B,T,C] | [R,C]
-        let n2_stats = self.norm2().residual_forward(
-            dev,
-            &mut residual,
-            &mut n2,
-            (&x, &attproj),
-            cat(BlockTensor::Norm2Stats),
-        ); // [B,T] | [R]
-        drop(attproj);
-        let n2_all = self.gathered(dev, tp, &n2); // [B,T,C] with sequence parallelism
+        // Pre-norm, residual = x + dropout(attproj) and n2 = norm_2(residual) in one op, fc1
+        // reading n2; else residual = x + dropout(norm_1(attproj)), fc1 reading it.
+        let (residual, n1_stats, attproj, n2_pre) = match n1_pre {
+            Some((n1, n1_stats)) => {
+                let attproj = dropout_or_keep(dev, attproj, attention_residual);
+                let mut residual = act(&stream, cat(BlockTensor::Residual)); // [B,T,C] | [R,C]
+                let mut n2 = act(&stream, cat(BlockTensor::Norm2Out)); // [B,T,C] | [R,C]
+                let n2_stats = self.norm2().residual_forward(
+                    dev,
+                    &mut residual,
+                    &mut n2,
+                    (&x, &attproj),
+                    cat(BlockTensor::Norm2Stats),
+                ); // [B,T] | [R]
+                (residual, n1_stats, None, Some((n1, n2, n2_stats)))
+            }
+            None => {
+                let mut n1 = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
+                let n1_stats = self.norm1().forward(dev, &mut n1, &attproj, cat(BlockTensor::Norm1Stats)); // [B,T] | [R]
+                let n1 = dropout_or_keep(dev, n1, attention_residual);
+                let mut residual = act(&stream, cat(BlockTensor::Residual)); // [B,T,C] | [R,C]
+                dev.add(&mut residual, &x, &n1);
+                (residual, n1_stats, Some(attproj), None)
+            }
+        };
+        let fc1_in = n2_pre.as_ref().map_or(&residual, |(_, n2, _)| n2); // [B,T,C] | [R,C]
+        let fc1_in_all = self.gathered(dev, tp, fc1_in); // [B,T,C] with sequence parallelism
         let mut fch = act(&[b, t, shard.fc1_width(s)], cat(BlockTensor::FcOut)); // [B,T,FC1]
-        self.linear(dev, &mut fch, n2_all.as_ref().unwrap_or(&n2), BlockParam::Fc1Weight);
-        drop(n2_all);
+        self.linear(dev, &mut fch, fc1_in_all.as_ref().unwrap_or(fc1_in), BlockParam::Fc1Weight);
+        drop(fc1_in_all);
         let mut fch_act = act(&[b, t, f], cat(BlockTensor::ActOut)); // [B,T,F]
         s.arch.activation.forward(dev, &mut fch_act, &fch);
-        let fcproj = self.row_parallel(dev, tp, &fch_act, BlockParam::Fc2Weight); // [B,T,C] | [R,C]
-        let fcproj = dropout_or_keep(dev, fcproj, self.stream_dropout(dropout, DropoutSite::MlpResidual));
-        let mut y = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
-        dev.add(&mut y, &residual, &fcproj);
+        let fcproj_as = if on_inputs { Category::Workspace } else { cat(BlockTensor::FcProj) };
+        let fcproj = self.row_parallel(dev, tp, &fch_act, BlockParam::Fc2Weight, fcproj_as); // [B,T,C] | [R,C]
+        let mlp_residual = self.stream_dropout(dropout, DropoutSite::MlpResidual);
+        let (y, n1, n2, n2_stats, fcproj) = match n2_pre {
+            Some((n1, n2, n2_stats)) => {
+                let fcproj = dropout_or_keep(dev, fcproj, mlp_residual);
+                let mut y = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
+                dev.add(&mut y, &residual, &fcproj);
+                (y, Some(n1), Some(n2), n2_stats, None)
+            }
+            None => {
+                let mut n2 = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
+                let n2_stats = self.norm2().forward(dev, &mut n2, &fcproj, cat(BlockTensor::Norm2Stats)); // [B,T] | [R]
+                let n2 = dropout_or_keep(dev, n2, mlp_residual);
+                let mut y = act(&stream, Category::Workspace); // [B,T,C] | [R,C]
+                dev.add(&mut y, &residual, &n2);
+                (y, None, None, n2_stats, Some(fcproj))
+            }
+        };
 
         let acts = BlockActs {
             input: x,
-            n1: (!modules.layernorm).then_some(n1),
+            n1: n1.filter(|_| !modules.layernorm),
             n1_stats,
             qk_norm,
             qkv,
             att: (!att_dropped).then_some(att),
             atty,
+            attproj,
             residual,
-            n2: (!modules.layernorm).then_some(n2),
+            n2: n2.filter(|_| !modules.layernorm),
             n2_stats,
             fch,
             fch_act: (!modules.mlp).then_some(fch_act),
+            fcproj,
         };
         (y, acts)
     }
@@ -302,16 +364,20 @@ impl Block<'_> {
         tp: &mut TensorGroup,
     ) -> Tensor {
         let (s, shard) = (self.s, self.shard);
-        let (b, t, c, f, a) = (s.micro_batch, s.seq_len, s.hidden, shard.ffn(s), shard.attention_width(s));
+        let (b, t, f, a) = (s.micro_batch, s.seq_len, shard.ffn(s), shard.attention_width(s));
         let (heads, kv_heads) = (shard.heads(s), shard.kv_heads(s));
         // Activation gradients, in the activations' dtype, each overwritten by its op.
         let ws = |shape: &[usize]| dev.empty_of(dev.activation_dtype(), shape, Category::Workspace);
-        let stream = self.stream_shape(); // [B,T,C], or [R,C] with sequence parallelism
         let dy = Arc::new(dy);
 
         // ---- MLP ----
+        // dfcproj: through the dropout, and norm_2's backward where it is on the output.
+        let mlp_residual = self.stream_dropout(dropout, DropoutSite::MlpResidual);
+        let dfcproj = dropout_backward_or_keep(dev, dy.clone(), mlp_residual); // [B,T,C] | [R,C]
+        let norm2 = self.norm2();
+        let norm2_grads = (&norm2, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
         let dfcproj =
-            dropout_backward_or_keep(dev, dy.clone(), self.stream_dropout(dropout, DropoutSite::MlpResidual));
+            self.branch_output_backward(dev, grads, dfcproj, acts.fcproj, norm2_grads, &acts.n2_stats);
         let dfcproj = self.whole(dev, tp, dfcproj); // [B,T,C]
         let fch_act = acts.fch_act.unwrap_or_else(|| {
             recompute.time(dev, || {
@@ -325,28 +391,30 @@ impl Block<'_> {
         s.arch.activation.backward_through_fc2(dev, &mut dfch, &acts.fch, &dfcproj, fc2);
         weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc2Weight, Arc::new(fch_act), dfcproj));
         let dfch = Arc::new(dfch);
-        let norm2 = self.norm2();
-        let n2 = acts.n2.unwrap_or_else(|| norm2.recompute(dev, &acts.residual));
-        let n2 = self.whole(dev, tp, Arc::new(n2)); // [B,T,C]
-        let mut dn2 = ws(&[b, t, c]); // [B,T,C]
-        self.linear_backward_input(dev, &mut dn2, &dfch, BlockParam::Fc1Weight);
-        let dn2 = self.summed(dev, tp, dn2); // [B,T,C] | [R,C]
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::Fc1Weight, n2, dfch));
-        // dresidual = dy + norm_2's input gradient, in one op.
-        let mut dresidual = ws(&stream); // [B,T,C] | [R,C]
-        let dnorm2 = norm_grads(grads, &self.at, BlockParam::Norm2Weight, BlockParam::Norm2Bias);
-        norm2.backward(dev, &mut dresidual, Some(&dy), dnorm2, &dn2, &acts.residual, &acts.n2_stats);
-        drop(dn2);
+        let residual = Arc::new(acts.residual);
+        let fc1_in = self.branch_input(dev, acts.n2, &residual, &norm2);
+        let dfc1_in = self.column_parallel_backward(
+            dev,
+            tp,
+            (grads, weight_grads),
+            BlockParam::Fc1Weight,
+            fc1_in,
+            dfch,
+        );
+        let dresidual =
+            self.stream_backward(dev, grads, &dy, &dfc1_in, norm2_grads, &residual, &acts.n2_stats);
+        drop(dfc1_in);
         drop(dy);
-        drop(acts.residual);
+        drop(residual);
 
         // ---- attention ----
         let dresidual = Arc::new(dresidual);
-        let dattproj = dropout_backward_or_keep(
-            dev,
-            dresidual.clone(),
-            self.stream_dropout(dropout, DropoutSite::AttentionResidual),
-        );
+        let attention_residual = self.stream_dropout(dropout, DropoutSite::AttentionResidual);
+        let dattproj = dropout_backward_or_keep(dev, dresidual.clone(), attention_residual); // [B,T,C] | [R,C]
+        let norm1 = self.norm1();
+        let norm1_grads = (&norm1, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
+        let dattproj =
+            self.branch_output_backward(dev, grads, dattproj, acts.attproj, norm1_grads, &acts.n1_stats);
         let dattproj = self.whole(dev, tp, dattproj); // [B,T,C]
         let mut datty = ws(&[b, t, a]); // [B,T,A]
         self.linear_backward_input(dev, &mut datty, &dattproj, BlockParam::ProjWeight);
@@ -377,18 +445,109 @@ impl Block<'_> {
             norm.backward(dev, &mut dqkv, saved, dweights);
         }
         let dqkv = Arc::new(dqkv);
-        let norm1 = self.norm1();
-        let n1 = acts.n1.unwrap_or_else(|| norm1.recompute(dev, &acts.input));
-        let n1 = self.whole(dev, tp, Arc::new(n1)); // [B,T,C]
-        let mut dn1 = ws(&[b, t, c]); // [B,T,C]
-        self.linear_backward_input(dev, &mut dn1, &dqkv, BlockParam::QkvWeight);
-        let dn1 = self.summed(dev, tp, dn1); // [B,T,C] | [R,C]
-        weight_grads.push(dev, grads, self.weight_grad(BlockParam::QkvWeight, n1, dqkv));
-        // dx = dresidual + norm_1's input gradient, in one op.
-        let mut dx = ws(&stream); // [B,T,C] | [R,C]
-        let dnorm1 = norm_grads(grads, &self.at, BlockParam::Norm1Weight, BlockParam::Norm1Bias);
-        norm1.backward(dev, &mut dx, Some(&dresidual), dnorm1, &dn1, &acts.input, &acts.n1_stats);
-        dx
+        let input = Arc::new(acts.input);
+        let qkv_in = self.branch_input(dev, acts.n1, &input, &norm1);
+        let dqkv_in = self.column_parallel_backward(
+            dev,
+            tp,
+            (grads, weight_grads),
+            BlockParam::QkvWeight,
+            qkv_in,
+            dqkv,
+        );
+        self.stream_backward(dev, grads, &dresidual, &dqkv_in, norm1_grads, &input, &acts.n1_stats)
+    }
+
+    /// The gradient of a branch's output projection [B,T,C] | [R,C] from `d`, that of what
+    /// the branch added to the stream: `d` itself pre-norm; through the norm on the branch's
+    /// output from its input `projected` (kept by forward) else, the norm's weight's and
+    /// bias's gradients accumulating.
+    fn branch_output_backward(
+        &self,
+        dev: &dyn Device,
+        grads: &mut [Tensor],
+        d: Arc<Tensor>,
+        projected: Option<Tensor>,
+        (norm, weight, bias): (&NormLayer, BlockParam, BlockParam),
+        stats: &NormStats,
+    ) -> Arc<Tensor> {
+        let Some(projected) = projected else { return d };
+        let mut dprojected = dev.empty_of(dev.activation_dtype(), d.shape(), Category::Workspace); // [B,T,C] | [R,C]
+        norm.backward(
+            dev,
+            &mut dprojected,
+            None,
+            norm_grads(grads, &self.at, weight, bias),
+            &d,
+            &projected,
+            stats,
+        );
+        Arc::new(dprojected)
+    }
+
+    /// What a branch's first projection read, from the stream [B,T,C] | [R,C] into the
+    /// branch: norm(stream) pre-norm (kept as `normed`, or recomputed where it was
+    /// dropped), else the stream itself.
+    fn branch_input(
+        &self,
+        dev: &dyn Device,
+        normed: Option<Tensor>,
+        stream: &Arc<Tensor>,
+        norm: &NormLayer,
+    ) -> Arc<Tensor> {
+        match (self.s.arch.norm_placement, normed) {
+            (_, Some(normed)) => Arc::new(normed),
+            (NormPlacement::Input, None) => Arc::new(norm.recompute(dev, stream)),
+            (NormPlacement::Output, None) => stream.clone(),
+        }
+    }
+
+    /// The backward of the column-parallel projection `weight` (qkv, fc1) from its output
+    /// gradient `dout`: its input's gradient, summed over the group ([B,T,C] | [R,C]); its
+    /// weight gradient is pushed with its input `inp` (gathered with sequence parallelism).
+    fn column_parallel_backward(
+        &self,
+        dev: &dyn Device,
+        tp: &mut TensorGroup,
+        (grads, weight_grads): (&mut [Tensor], &mut WeightGrads),
+        weight: BlockParam,
+        inp: Arc<Tensor>,
+        dout: Arc<Tensor>,
+    ) -> Tensor {
+        let s = self.s;
+        let inp = self.whole(dev, tp, inp); // [B,T,C]
+        let mut dinp =
+            dev.empty_of(dev.activation_dtype(), &[s.micro_batch, s.seq_len, s.hidden], Category::Workspace); // [B,T,C]
+        self.linear_backward_input(dev, &mut dinp, &dout, weight);
+        let dinp = self.summed(dev, tp, dinp, Category::Workspace); // [B,T,C] | [R,C]
+        weight_grads.push(dev, grads, self.weight_grad(weight, inp, dout));
+        dinp
+    }
+
+    /// The gradient of the stream `stream` [B,T,C] | [R,C] that fed a branch: `d`, the
+    /// gradient arriving along the stream, plus the branch's input gradient `dbranch`,
+    /// through the branch's norm in one op pre-norm (its weight's and bias's gradients
+    /// accumulating), an add else.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_backward(
+        &self,
+        dev: &dyn Device,
+        grads: &mut [Tensor],
+        d: &Tensor,
+        dbranch: &Tensor,
+        (norm, weight, bias): (&NormLayer, BlockParam, BlockParam),
+        stream: &Tensor,
+        stats: &NormStats,
+    ) -> Tensor {
+        let mut dstream = dev.empty_of(dev.activation_dtype(), d.shape(), Category::Workspace); // [B,T,C] | [R,C]
+        match self.s.arch.norm_placement {
+            NormPlacement::Input => {
+                let dnorm = norm_grads(grads, &self.at, weight, bias);
+                norm.backward(dev, &mut dstream, Some(d), dnorm, dbranch, stream, stats);
+            }
+            NormPlacement::Output => dev.add(&mut dstream, d, dbranch),
+        }
+        dstream
     }
 }
 
@@ -416,10 +575,13 @@ impl Block<'_> {
     /// q, k, v [1,QKV] of x [1,C] at sequence position `position` (rotated there).
     pub fn decode_qkv(&self, dev: &dyn Device, x: &Tensor, position: usize) -> Tensor {
         let s = self.s;
-        let mut n1 = dev.empty_of(x.dtype(), x.shape(), Category::Workspace); // [1,C]
-        self.norm1().forward(dev, &mut n1, x, Category::Workspace);
+        let n1 = (s.arch.norm_placement == NormPlacement::Input).then(|| {
+            let mut n1 = dev.empty_of(x.dtype(), x.shape(), Category::Workspace); // [1,C]
+            self.norm1().forward(dev, &mut n1, x, Category::Workspace);
+            n1
+        });
         let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
-        self.linear(dev, &mut qkv, &n1, BlockParam::QkvWeight);
+        self.linear(dev, &mut qkv, n1.as_ref().unwrap_or(x), BlockParam::QkvWeight);
         if let Some(norm) = self.qk_norm(s.heads, s.kv_heads) {
             norm.normalize(dev, &mut qkv, Category::Workspace);
         }
@@ -433,17 +595,38 @@ impl Block<'_> {
     pub fn decode_rest(&self, dev: &dyn Device, x: &Tensor, att: &Tensor) -> Tensor {
         let s = self.s;
         let new = |width: usize| dev.empty_of(x.dtype(), &[1, width], Category::Workspace);
+        let on_inputs = s.arch.norm_placement == NormPlacement::Input;
+        // A branch's output as it joins the stream: itself pre-norm, else normalised.
+        let joining = |out: Tensor, norm: NormLayer| -> Tensor {
+            if on_inputs {
+                return out;
+            }
+            let mut normed = new(s.hidden); // [1,C]
+            norm.forward(dev, &mut normed, &out, Category::Workspace);
+            normed
+        };
         let mut proj = new(s.hidden); // [1,C]
         self.linear(dev, &mut proj, att, BlockParam::ProjWeight);
-        let (mut residual, mut n2) = (new(s.hidden), new(s.hidden)); // [1,C] each
-        self.norm2().residual_forward(dev, &mut residual, &mut n2, (x, &proj), Category::Workspace);
+        let mut residual = new(s.hidden); // [1,C]
+        let n2 = match on_inputs {
+            true => {
+                let mut n2 = new(s.hidden); // [1,C]
+                self.norm2().residual_forward(dev, &mut residual, &mut n2, (x, &proj), Category::Workspace);
+                Some(n2)
+            }
+            false => {
+                dev.add(&mut residual, x, &joining(proj, self.norm1()));
+                None
+            }
+        };
         let mut fch = new(s.fc1_width()); // [1,FC1]
-        self.linear(dev, &mut fch, &n2, BlockParam::Fc1Weight);
+        self.linear(dev, &mut fch, n2.as_ref().unwrap_or(&residual), BlockParam::Fc1Weight);
         let mut act = new(s.ffn); // [1,F]
         s.arch.activation.forward(dev, &mut act, &fch);
-        self.linear(dev, &mut proj, &act, BlockParam::Fc2Weight);
+        let mut fcproj = new(s.hidden); // [1,C]
+        self.linear(dev, &mut fcproj, &act, BlockParam::Fc2Weight);
         let mut y = new(s.hidden); // [1,C]
-        dev.add(&mut y, &residual, &proj);
+        dev.add(&mut y, &residual, &joining(fcproj, self.norm2()));
         y
     }
 }

@@ -51,11 +51,13 @@ impl BlockActs {
                 _ => vec![],
             },
             BlockTensor::AttOut => vec![&mut self.atty],
+            BlockTensor::AttProj => self.attproj.iter_mut().collect(),
             BlockTensor::Residual => vec![&mut self.residual],
             BlockTensor::Norm2Out => self.n2.iter_mut().collect(),
             BlockTensor::Norm2Stats => stats(&mut self.n2_stats),
             BlockTensor::FcOut => vec![&mut self.fch],
             BlockTensor::ActOut => self.fch_act.iter_mut().collect(),
+            BlockTensor::FcProj => self.fcproj.iter_mut().collect(),
         }
     }
 

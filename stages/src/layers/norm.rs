@@ -1,5 +1,6 @@
 //! The normalisation layers a model may use, Megatron's `normalization`: LayerNorm (GPT-2)
-//! or RMSNorm (Llama), forward and backward, and what each keeps for its backward.
+//! or RMSNorm (Llama), forward and backward, and what each keeps for its backward; and
+//! where a block places them.
 //!
 //! Adding a variant is its kernels (`kernels::Device`) and a case in each match of this
 //! file: the config parses it by [`Norm::name`].
@@ -40,6 +41,29 @@ impl Norm {
         match self {
             Norm::LayerNorm => 2,
             Norm::RmsNorm => 1,
+        }
+    }
+}
+
+/// Where a block's two norms sit on its branches, the attention and the MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// On each branch's input: y = x + f(norm(x)) (pre-norm: GPT-2, Llama).
+    Input,
+    /// On each branch's output, before it joins the residual stream: y = x + norm(f(x))
+    /// (OLMo 2's reordered norm, Swin v2's res-post-norm). Not the first transformer's
+    /// post-norm, which normalises the stream after the add.
+    Output,
+}
+
+impl NormPlacement {
+    pub const ALL: [NormPlacement; 2] = [NormPlacement::Input, NormPlacement::Output];
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            NormPlacement::Input => "input",
+            NormPlacement::Output => "output",
         }
     }
 }
