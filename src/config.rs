@@ -30,7 +30,9 @@ pub use origin::Origins;
 use schedules::ScheduleKind;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
-use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, OffloadModule, Positions};
+use stages::{
+    Activation, Architecture, LinearBiases, Norm, NormPlacement, OffloadModule, Positions, QkNormSpan,
+};
 use std::path::{Path, PathBuf};
 
 /// `rope_scaling_factor` where `use_rope_scaling` is set without it, as in Megatron-LM (Llama 3.1's).
@@ -94,6 +96,9 @@ pub struct Config {
     pub add_qkv_bias: bool,
     /// QK-norm: each query and key head normalised before the rotary embedding (Qwen3).
     pub qk_layernorm: bool,
+    /// What QK-norm spans: `head` (Qwen3's) or `projection`, the whole q and k (OLMo 2's).
+    #[serde(with = "named")]
+    pub qk_norm_span: QkNormSpan,
 
     // ---- pipeline ----
     pub pipeline_model_parallel_size: usize,
@@ -229,6 +234,7 @@ impl Default for Config {
             disable_bias_linear: false,
             add_qkv_bias: false,
             qk_layernorm: false,
+            qk_norm_span: QkNormSpan::Head,
             pipeline_model_parallel_size: 1,
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: ScheduleKind::OneFOneB,
@@ -790,6 +796,29 @@ impl Config {
                 ),
             ));
         }
+        if self.qk_norm_span == QkNormSpan::Projection {
+            let why = if !self.qk_layernorm {
+                Some("needs qk_layernorm: true".to_string())
+            } else if self.kv_heads() != self.num_attention_heads {
+                Some(format!(
+                    "needs as many key/value heads as query heads, not {} for {}: pipetrain normalises the whole \
+                     projections as one head each, which grouped-query attention's unequal q and k are not",
+                    self.kv_heads(),
+                    self.num_attention_heads
+                ))
+            } else if self.tensor_model_parallel_size > 1 {
+                Some(format!(
+                    "needs tensor_model_parallel_size 1, not {}: a norm over the whole projection would span \
+                     every rank's heads",
+                    self.tensor_model_parallel_size
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(("qk_norm_span", format!("projection {why}")));
+            }
+        }
         let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
         if self.use_rope_scaling && !rope {
             return Err(("use_rope_scaling", "true needs position_embedding_type: rope".into()));
@@ -868,6 +897,7 @@ impl Config {
                 (true, false) => LinearBiases::NoBiases,
             },
             qk_norm: self.qk_layernorm,
+            qk_norm_span: self.qk_norm_span,
             tied_output: !self.untie_embeddings_and_output_weights,
             embedding_multiplier: self.embedding_multiplier,
             init_std: self.init_method_std,

@@ -340,6 +340,7 @@ const LLAMA_KEYS: &[&str] = &[
     "norm_placement",
     "add_qkv_bias",
     "qk_layernorm",
+    "qk_norm_span",
     "partial_rotary_factor",
     "norm_eps",
     "layer_norm_eps",

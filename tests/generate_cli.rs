@@ -10,7 +10,7 @@
 //!
 //! `generate.json` in `tests/fixtures/` hf_tiny, hf_llama_tiny, hf_llama_tiny_rope_llama3,
 //! hf_qwen2_tiny, hf_qwen3_tiny, hf_mistral_tiny, hf_mistral_nemo_tiny, hf_phi3_tiny,
-//! hf_nemotron_tiny, hf_stablelm_tiny and hf_gemma_tiny hold
+//! hf_nemotron_tiny, hf_stablelm_tiny, hf_gemma_tiny and hf_olmo2_tiny hold
 //! transformers' tokens; the script beside the fixtures', `tests/hf/make_generate_fixture.py`,
 //! regenerates them. Every token of that 96-token vocabulary is one distinct byte, so equal
 //! output bytes are equal tokens.
@@ -52,6 +52,7 @@ fn greedy_generation_equals_transformers() {
         "hf_nemotron_tiny",
         "hf_stablelm_tiny",
         "hf_gemma_tiny",
+        "hf_olmo2_tiny",
     ] {
         greedy_equals_transformers(fixture);
     }

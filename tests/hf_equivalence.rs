@@ -1,6 +1,7 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
 //! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
-//! `Phi3ForCausalLM`, `NemotronForCausalLM`, `StableLmForCausalLM` and `GemmaForCausalLM`.
+//! `Phi3ForCausalLM`, `NemotronForCausalLM`, `StableLmForCausalLM`, `GemmaForCausalLM` and
+//! `Olmo2ForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -16,11 +17,13 @@
 //! and a rotary embedding on half of each head; `hf_stablelm_tiny` a tiny StableLM 2,
 //! LayerNorms, biases on q, k and v and a rotary embedding on a quarter of each head;
 //! `hf_gemma_tiny` a tiny Gemma, RMSNorm scaling by 1 + weight, GeGLU, embeddings multiplied
-//! by sqrt(hidden_size), multi-query attention), each saved by transformers' `save_pretrained` with random
+//! by sqrt(hidden_size), multi-query attention; `hf_olmo2_tiny` a tiny OLMo 2, its norms on
+//! the attention's and MLP's outputs and its QK-norm over the whole projections), each saved by transformers' `save_pretrained` with random
 //! weights (every bias and norm weight random too) together with the per-token losses
 //! transformers computed with it; `tests/hf/make_fixture.py`, `make_llama_fixture.py`,
 //! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py`, `make_phi3_fixture.py`,
-//! `make_nemotron_fixture.py`, `make_stablelm_fixture.py` and `make_gemma_fixture.py`
+//! `make_nemotron_fixture.py`, `make_stablelm_fixture.py`, `make_gemma_fixture.py` and
+//! `make_olmo2_fixture.py`
 //! regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
@@ -36,13 +39,13 @@ use serde_json::Value;
 use stages::params::{chunk_param_specs, model_param_specs, ParamSpec};
 use stages::{
     Activation, Architecture, ChunkLayout, DropoutProbs, LinearBiases, Microbatch, ModelChunk, ModelShape,
-    Norm, NormPlacement, Parameters, Positions, RecomputePolicy, Shard, TensorGroup,
+    Norm, NormPlacement, Parameters, Positions, QkNormSpan, RecomputePolicy, Shard, TensorGroup,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 15] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -57,6 +60,7 @@ const FIXTURES: [&str; 14] = [
     "hf_nemotron_tiny",
     "hf_stablelm_tiny",
     "hf_gemma_tiny",
+    "hf_olmo2_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -106,7 +110,7 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         };
     }
     let (nemotron, stablelm) = (c["model_type"] == "nemotron", c["model_type"] == "stablelm");
-    let gemma = c["model_type"] == "gemma";
+    let (gemma, olmo2) = (c["model_type"] == "gemma", c["model_type"] == "olmo2");
     let hidden_act = match c["model_type"].as_str().unwrap() {
         "nemotron" => "relu2",
         "gemma" => "gelu_pytorch_tanh",
@@ -118,7 +122,9 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" | "nemotron" if c["attention_bias"] == true => LinearBiases::All,
         "stablelm" if c["use_qkv_bias"] == true => LinearBiases::QkvOnly,
-        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" | "gemma" => LinearBiases::NoBiases,
+        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" | "gemma" | "olmo2" => {
+            LinearBiases::NoBiases
+        }
         other => panic!("model_type {other}"),
     };
     let rope = &c["rope_parameters"];
@@ -153,7 +159,8 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         }]
         .as_f64()
         .unwrap() as f32,
-        norm_placement: NormPlacement::Input,
+        // OLMo 2's norms sit on the branches' outputs, its QK-norm over the whole projections.
+        norm_placement: if olmo2 { NormPlacement::Output } else { NormPlacement::Input },
         zero_centered_gamma: nemotron || gemma,
         positions: Positions::Rotary(RopeFrequencies {
             base: rope["rope_theta"].as_f64().unwrap() as f32,
@@ -166,7 +173,8 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
             _ => Activation::SwiGlu,
         },
         biases,
-        qk_norm: c["model_type"] == "qwen3",
+        qk_norm: c["model_type"] == "qwen3" || olmo2,
+        qk_norm_span: if olmo2 { QkNormSpan::Projection } else { QkNormSpan::Head },
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
         // GemmaModel's normalizer: sqrt(hidden_size) as an f32 tensor.
         embedding_multiplier: gemma.then(|| (get("hidden_size") as f64).sqrt() as f32),

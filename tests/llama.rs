@@ -1,6 +1,7 @@
 //! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias`, Qwen3's
 //! `qk_layernorm`, Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`,
-//! Gemma's `geglu` and `embedding_multiplier`, and OLMo 2's `norm_placement` among them):
+//! Gemma's `geglu` and `embedding_multiplier`, and OLMo 2's `norm_placement` and
+//! `qk_norm_span` among them):
 //! each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
@@ -97,11 +98,18 @@ fn gemma_matches_one_stage_bitwise_under_every_schedule() {
     matches_one_stage_bitwise_under_every_schedule("gemma", &gemma);
 }
 
-/// OLMo 2's block order: the norms on the attention's and MLP's outputs, with QK-norm, as
-/// Qwen3 above; and selective recompute of the norms, which there keep no output to drop.
+/// OLMo 2: the norms on the attention's and MLP's outputs, QK-norm over the whole
+/// projections (as many key/value heads as query heads), as Qwen3 above; and selective
+/// recompute of the norms, which there keep no output to drop.
 #[test]
-fn norms_on_the_outputs_match_one_stage_bitwise_under_every_schedule() {
-    let olmo = [("norm-placement", "output"), ("qk-layernorm", "true"), ("rotary-base", "500000")];
+fn olmo2_matches_one_stage_bitwise_under_every_schedule() {
+    let olmo = [
+        ("norm-placement", "output"),
+        ("qk-layernorm", "true"),
+        ("qk-norm-span", "projection"),
+        ("num-query-groups", "4"),
+        ("rotary-base", "500000"),
+    ];
     matches_one_stage_bitwise_under_every_schedule("olmo2", &olmo);
     let dir = temp_dir("olmo2-layernorm-recompute");
     let mut model = vec![("global-batch-size", "8".to_string())];
@@ -180,7 +188,7 @@ fn a_llama_turning_part_of_each_head_saves_as_phi3_and_resumes_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 16] = [
+    let alone: [&[(&str, &str)]; 17] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -197,6 +205,7 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("geglu", "true")],
         &[("embedding-multiplier", "5.656854")],
         &[("norm-placement", "output")],
+        &[("normalization", "RMSNorm"), ("qk-layernorm", "true"), ("qk-norm-span", "projection")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -218,6 +227,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     assert_ne!(each[7], each[6], "add_qkv_bias changed nothing");
     // Qwen3's QK-norm, beside the RMSNorm it needs.
     assert_ne!(each[9], each[0], "qk_layernorm changed nothing");
+    // OLMo 2's QK-norm over the whole projections: not the per-head norm.
+    assert_ne!(each[16], each[9], "qk_norm_span changed nothing");
     // Nemotron's rotary embedding on half of each head: neither the whole head's nor none.
     assert_ne!(each[10], each[1], "rotary_percent changed nothing");
     // A zero-centred norm weight starts at 0 where a plain one starts at 1: the same
@@ -250,7 +261,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 25] = [
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",
@@ -320,6 +331,42 @@ fn impossible_combinations_are_one_line() {
             &["--position-embedding-type", "rope", "--rotary-percent", "1.5"],
             "command line: --rotary-percent 1.5: 1.5 must be above 0 and below 1 and turn an even number of \
              channels; it turns 12 of a head of 8",
+        ),
+        (&["--norm-placement", "after"], "command line: --norm-placement after: `after` is not one of input, output"),
+        (
+            &["--qk-norm-span", "projection"],
+            "command line: --qk-norm-span projection: projection needs qk_layernorm: true",
+        ),
+        (
+            &[
+                "--normalization",
+                "RMSNorm",
+                "--qk-layernorm",
+                "true",
+                "--qk-norm-span",
+                "projection",
+                "--group-query-attention",
+                "true",
+                "--num-query-groups",
+                "2",
+            ],
+            "command line: --qk-norm-span projection: projection needs as many key/value heads as query heads, not \
+             2 for 4: pipetrain normalises the whole projections as one head each, which grouped-query attention's \
+             unequal q and k are not",
+        ),
+        (
+            &[
+                "--normalization",
+                "RMSNorm",
+                "--qk-layernorm",
+                "true",
+                "--qk-norm-span",
+                "projection",
+                "--tensor-model-parallel-size",
+                "2",
+            ],
+            "command line: --qk-norm-span projection: projection needs tensor_model_parallel_size 1, not 2: a norm \
+             over the whole projection would span every rank's heads",
         ),
     ];
     for (args, needle) in cases {

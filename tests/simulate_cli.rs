@@ -743,6 +743,12 @@ fn qwen_mistral_nemo_phi_4_gemma_and_nemotron_configs_have_the_model_cards_param
             "LayerNorm (eps 1e-5, 1 + weight), rope (base 10000, on 64 of 128 channels), squared ReLU, 8 query \
              groups, no linear biases, untied output layer",
         ),
+        (
+            "olmo2-7b",
+            7_298_617_344,
+            "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, no linear biases, QK-norm over \
+             the projections, untied output layer",
+        ),
     ] {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
         let report = json_of(&cfg, &["--hardware", "h100-sxm"]);

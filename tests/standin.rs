@@ -322,18 +322,22 @@ fn gemma_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &gemma), &dir, &[]);
 }
 
-/// OLMo 2's order: llama-tiny.yaml with its norms on the attention's and MLP's outputs and
-/// QK-norm, on the stand-in as on the CPU.
+/// OLMo 2: llama-tiny.yaml with its norms on the attention's and MLP's outputs and QK-norm
+/// over the whole projections (one query and one key "head" each, the per-head kernels'),
+/// as many key/value heads as query heads, on the stand-in as on the CPU.
 #[test]
-fn norms_on_the_outputs_on_the_standin_are_the_cpu_within_1e_5() {
-    if !nvrtc("norms_on_the_outputs_on_the_standin_are_the_cpu_within_1e_5") {
+fn olmo2_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("olmo2_on_the_standin_is_the_cpu_within_1e_5") {
         return;
     }
     let dir = temp_dir("standin-olmo2");
-    let olmo2 = [(
-        "disable_bias_linear: true",
-        "disable_bias_linear: true\nqk_layernorm: true\nnorm_placement: output",
-    )];
+    let olmo2 = [
+        (
+            "disable_bias_linear: true",
+            "disable_bias_linear: true\nqk_layernorm: true\nqk_norm_span: projection\nnorm_placement: output",
+        ),
+        ("num_query_groups: 2", "num_query_groups: 4"),
+    ];
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo2), &dir, &[]);
 }
 

@@ -3,12 +3,12 @@
 //! which config.json keys name the rest, read by `LlamaConfig::from_json` and written by
 //! `LlamaConfig::to_json`. `LlamaForCausalLM` and its kin (Qwen2's biases on q, k and v,
 //! Qwen3's QK-norm; Mistral read as a Llama, Phi-3 as one too, and written for a Llama
-//! turning part of each head), `NemotronForCausalLM`, `StableLmForCausalLM` and
-//! `GemmaForCausalLM`; what no class builds is written as pipetrain's own model_type, with
+//! turning part of each head), `NemotronForCausalLM`, `StableLmForCausalLM`,
+//! `GemmaForCausalLM` and `Olmo2ForCausalLM`; what no class builds is written as pipetrain's own model_type, with
 //! Megatron's keys.
 
 use kernels::RopeFrequencies;
-use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions, QkNormSpan};
 
 use super::LlamaConfig;
 
@@ -64,6 +64,7 @@ pub struct HfClass {
     /// The `hidden_act` values read as `activation`; the first is written.
     pub hidden_act: &'static [&'static str],
     pub qk_norm: bool,
+    pub qk_norm_span: QkNormSpan,
     pub biases: BiasKeys,
     /// The class takes Llama 3.1's rope scaling.
     pub llama3_scaling: bool,
@@ -100,6 +101,7 @@ pub const LLAMA: HfClass = HfClass {
     activation: Activation::SwiGlu,
     hidden_act: &["silu"],
     qk_norm: false,
+    qk_norm_span: QkNormSpan::Head,
     biases: BiasKeys::AttentionAndMlp,
     llama3_scaling: true,
     rotary_share: None,
@@ -215,9 +217,25 @@ const GEMMA: HfClass = HfClass {
     ..LLAMA
 };
 
+/// OLMo 2 (1B, 7B, 13B): the norms on the branches' outputs, QK-norm over the whole q and
+/// k projections, which pipetrain builds where there are as many key/value heads as query
+/// heads (not the 32B's grouped-query attention).
+const OLMO2: HfClass = HfClass {
+    model_type: "olmo2",
+    architecture: Some("Olmo2ForCausalLM"),
+    family: "OLMo 2",
+    norm_placement: NormPlacement::Output,
+    eps_default: 1e-5,
+    qk_norm: true,
+    qk_norm_span: QkNormSpan::Projection,
+    biases: BiasKeys::NoneWithoutAttentionBias,
+    ..LLAMA
+};
+
 /// Every class read. The first written that builds a model names it; of those, only Phi-3
 /// builds what another does (a test checks it).
-pub const CLASSES: [&HfClass; 8] = [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA];
+pub const CLASSES: [&HfClass; 9] =
+    [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA, &OLMO2];
 
 /// Gemma's embedding multiplier for a width of `hidden`: sqrt(hidden_size), as the f32
 /// tensor transformers' GemmaModel holds.
@@ -252,6 +270,7 @@ impl HfClass {
             && a.zero_centered_gamma == self.zero_centered_gamma
             && a.activation == self.activation
             && a.qk_norm == self.qk_norm
+            && (!a.qk_norm || a.qk_norm_span == self.qk_norm_span)
             && self.takes(a.biases)
             && (self.llama3_scaling || llama3_factor.is_none())
             && (self.rotary_share.is_some() || rotary_dims.is_none())
@@ -277,10 +296,13 @@ impl LlamaConfig {
         if self.hf_class().is_some() {
             return None;
         }
-        if a.norm_placement == NormPlacement::Output {
+        if a.norm_placement == NormPlacement::Output
+            || (a.qk_norm && a.qk_norm_span == QkNormSpan::Projection)
+        {
             return Some(
-                "no class read here puts the norms on the attention's and MLP's outputs: Olmo2ForCausalLM's also \
-                 normalise q and k over the whole projection, which pipetrain does not",
+                "only Olmo2ForCausalLM puts the norms on the attention's and MLP's outputs or normalises q and k over \
+                 the whole projections, and it does both, beside RMSNorm, rope over every channel, SwiGLU and no \
+                 biases",
             );
         }
         if a.embedding_multiplier.is_some() {

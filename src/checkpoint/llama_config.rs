@@ -21,7 +21,7 @@ use kernels::rope_frequencies::{
     LLAMA3_LOW_FREQ_FACTOR, LLAMA3_ORIGINAL_POSITIONS,
 };
 use serde_json::{json, Map, Value};
-use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions};
+use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions, QkNormSpan};
 
 use super::hf_class::{gemma_multiplier, BiasKeys, HfClass, Window, LLAMA, TRANSFORMERS_WINDOW};
 use crate::config::Named;
@@ -132,6 +132,7 @@ impl LlamaConfig {
             }
             extra.insert("add_qkv_bias".into(), json!(a.biases == LinearBiases::QkvOnly));
             extra.insert("qk_layernorm".into(), json!(a.qk_norm));
+            extra.insert("qk_norm_span".into(), json!(a.qk_norm_span.name()));
             extra.insert("hidden_dropout".into(), decimal(self.hidden_dropout));
         }
         j
@@ -308,6 +309,18 @@ impl LlamaConfig {
             _ => None,
         };
         let rotary_dims = rotary_dims(obj, class, pipetrain, head_dim).map_err(bad)?;
+        let qk_norm_span = match obj.get("qk_norm_span").and_then(Value::as_str) {
+            Some(name) if pipetrain => {
+                <QkNormSpan as Named>::parse(name).map_err(|e| bad(format!("qk_norm_span: {e}")))?
+            }
+            _ => class.qk_norm_span,
+        };
+        if qk_norm_span == QkNormSpan::Projection && kv != heads {
+            return Err(bad(format!(
+                "num_key_value_heads is {kv} for {heads} query heads: pipetrain normalises q and k over the whole \
+                 projections only where they are as many"
+            )));
+        }
         let norm_placement = match obj.get("norm_placement").and_then(Value::as_str) {
             Some(name) if pipetrain => {
                 <NormPlacement as Named>::parse(name).map_err(|e| bad(format!("norm_placement: {e}")))?
@@ -328,10 +341,16 @@ impl LlamaConfig {
             activation,
             biases,
             qk_norm: class.qk_norm || (pipetrain && flag("qk_layernorm", false)?),
+            qk_norm_span,
             tied_output: flag("tie_word_embeddings", class.tied_by_default)?,
             embedding_multiplier,
             init_std: float("initializer_range", 0.02)?,
         };
+        if arch.qk_norm_span == QkNormSpan::Projection && !arch.qk_norm {
+            return Err(bad(
+                "qk_norm_span is projection and qk_layernorm false: no QK-norm to span it".into()
+            ));
+        }
         if arch.qk_norm && arch.zero_centered_gamma {
             return Err(bad(
                 "qk_layernorm and apply_layernorm_1p are both true: pipetrain's QK-norm weights are plain, not \
@@ -553,8 +572,7 @@ mod tests {
             assert_eq!(other.to_json()["model_type"], "pipetrain");
             assert_eq!(parse(&other.to_json()).unwrap(), other, "{activation:?}");
         }
-        // OLMo 2's block order: no class read here builds it without its QK-norm over the
-        // whole projection.
+        // OLMo 2's block order without its QK-norm over the whole projections: no class.
         let olmo = LlamaConfig {
             arch: Architecture { norm_placement: NormPlacement::Output, ..llama().arch },
             ..llama()
@@ -562,8 +580,9 @@ mod tests {
         assert_eq!(
             olmo.missing_in_transformers(),
             Some(
-                "no class read here puts the norms on the attention's and MLP's outputs: Olmo2ForCausalLM's also \
-                 normalise q and k over the whole projection, which pipetrain does not"
+                "only Olmo2ForCausalLM puts the norms on the attention's and MLP's outputs or normalises q and k \
+                 over the whole projections, and it does both, beside RMSNorm, rope over every channel, SwiGLU and \
+                 no biases"
             )
         );
         let written = olmo.to_json();
@@ -937,6 +956,77 @@ mod tests {
     /// key/value groups, as transformers 5.25 writes them (tests/fixtures/nemotron_config.json,
     /// from tests/hf/make_nemotron_fixture.py): LayerNorm1P, squared ReLU, half of each head
     /// turning; written back as NemotronForCausalLM's; the mixtures it cannot name refused.
+    /// OLMo 2 1B's geometry (OLMo-2-0425-1B: 16 layers of 2048, 16 heads and as many
+    /// key/value heads, an MLP of 8192), in Olmo2Config's keys: the norms on the branches'
+    /// outputs and QK-norm over the whole projections, written back as itself. Its 32B's
+    /// grouped-query attention and a bias on q, k, v and o are one line each.
+    #[test]
+    fn reads_olmo_2_and_writes_it_back() {
+        let hub = json!({
+            "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "attention_bias": false,
+            "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 16,
+            "num_hidden_layers": 16, "num_key_value_heads": 16, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-06, "rope_theta": 500000, "tie_word_embeddings": false, "vocab_size": 100352
+        });
+        let want = LlamaConfig {
+            arch: Architecture {
+                norm_placement: NormPlacement::Output,
+                qk_norm: true,
+                qk_norm_span: QkNormSpan::Projection,
+                ..Architecture::llama(500000.0, 1e-6)
+            },
+            vocab_size: 100352,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_hidden_layers: 16,
+            num_attention_heads: 16,
+            num_key_value_heads: 16,
+            head_dim: 128,
+            max_position_embeddings: 4096,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+        };
+        let got = parse(&hub).unwrap();
+        assert_eq!(got, want);
+        let written = got.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"][0], &written["rms_norm_eps"]),
+            (&json!("olmo2"), &json!("Olmo2ForCausalLM"), &json!(1e-6))
+        );
+        assert_eq!(parse(&written).unwrap(), got);
+        let err = |key: &str, value: Value| {
+            let mut j = hub.clone();
+            j[key] = value;
+            parse(&j).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("num_key_value_heads", json!(8)),
+            "d/config.json: num_key_value_heads is 8 for 16 query heads: pipetrain normalises q and k over the \
+             whole projections only where they are as many"
+        );
+        assert_eq!(
+            err("attention_bias", json!(true)),
+            "d/config.json: attention_bias is true: OLMo 2's puts a bias on q, k, v and o but not the MLP, which \
+             pipetrain's disable_bias_linear and add_qkv_bias cannot express"
+        );
+        // Pipetrain's own: QK-norm over the projections without the norms on the outputs,
+        // and the span without a QK-norm to span.
+        let qk_only =
+            LlamaConfig { arch: Architecture { norm_placement: NormPlacement::Input, ..want.arch }, ..want };
+        let written = qk_only.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["qk_norm_span"]),
+            (&json!("pipetrain"), &json!("projection"))
+        );
+        assert_eq!(parse(&written).unwrap(), qk_only);
+        let mut spanless = written;
+        spanless["qk_layernorm"] = json!(false);
+        assert_eq!(
+            parse(&spanless).unwrap_err().to_string(),
+            "d/config.json: qk_norm_span is projection and qk_layernorm false: no QK-norm to span it"
+        );
+    }
+
     #[test]
     fn reads_nemotron_4_and_writes_it_back() {
         let hub = &written_by_transformers("nemotron_config.json");
@@ -951,6 +1041,7 @@ mod tests {
                 activation: Activation::SquaredRelu,
                 biases: LinearBiases::NoBiases,
                 qk_norm: false,
+                qk_norm_span: QkNormSpan::Head,
                 tied_output: false,
                 embedding_multiplier: None,
                 init_std: 0.0134,
@@ -1358,13 +1449,19 @@ mod tests {
             {
                 for biases in [LinearBiases::All, LinearBiases::QkvOnly, LinearBiases::NoBiases] {
                     for (zero_centered_gamma, qk_norm) in [(false, false), (true, false), (false, true)] {
-                        for positions in [whole, half] {
+                        for (positions, olmo) in [(whole, false), (half, false), (whole, true)] {
+                            let (norm_placement, qk_norm_span) = match olmo {
+                                true => (NormPlacement::Output, QkNormSpan::Projection),
+                                false => (NormPlacement::Input, QkNormSpan::Head),
+                            };
                             let mut m = LlamaConfig {
                                 arch: Architecture {
                                     norm,
+                                    norm_placement,
                                     zero_centered_gamma,
                                     activation,
                                     qk_norm,
+                                    qk_norm_span,
                                     biases,
                                     positions,
                                     ..llama().arch
@@ -1398,13 +1495,13 @@ mod tests {
             }
         }
         // Llama's two bias settings and Nemotron's and StableLM's at either rotation; one
-        // each for the rest.
+        // each for the rest (OLMo 2 in its own order alone).
         named.sort();
         assert_eq!(
             named,
             [
-                "gemma", "llama", "llama", "nemotron", "nemotron", "nemotron", "nemotron", "phi3", "qwen2",
-                "qwen3", "stablelm", "stablelm", "stablelm", "stablelm"
+                "gemma", "llama", "llama", "nemotron", "nemotron", "nemotron", "nemotron", "olmo2", "phi3",
+                "qwen2", "qwen3", "stablelm", "stablelm", "stablelm", "stablelm"
             ]
         );
     }

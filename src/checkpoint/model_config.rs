@@ -148,6 +148,7 @@ impl ModelConfig {
                     disable_bias_linear: a.biases != LinearBiases::All,
                     add_qkv_bias: a.biases == LinearBiases::QkvOnly,
                     qk_layernorm: a.qk_norm,
+                    qk_norm_span: a.qk_norm_span,
                     ..run
                 }
             }

@@ -53,6 +53,7 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("embedding_multiplier", c.embedding_multiplier.map_or("none".into(), |m| m.to_string())),
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("qk_layernorm", c.qk_layernorm.to_string()),
+        ("qk_norm_span", c.qk_norm_span.name().to_string()),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
     ];
     if c.disable_bias_linear {

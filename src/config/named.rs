@@ -6,7 +6,7 @@
 
 use schedules::ScheduleKind;
 use serde::{de::Error, Deserialize, Deserializer, Serializer};
-use stages::{Norm, NormPlacement, OffloadModule};
+use stages::{Norm, NormPlacement, OffloadModule, QkNormSpan};
 
 /// A value written as one of a fixed set of names.
 pub trait Named: Sized + Copy + PartialEq + 'static {
@@ -126,6 +126,13 @@ impl Named for Norm {
     const ALL: &'static [Self] = &Norm::ALL;
     fn name(self) -> &'static str {
         Norm::name(self)
+    }
+}
+
+impl Named for QkNormSpan {
+    const ALL: &'static [Self] = &QkNormSpan::ALL;
+    fn name(self) -> &'static str {
+        QkNormSpan::name(self)
     }
 }
 

@@ -193,6 +193,7 @@ mod tests {
             activation: stages::Activation::SwiGlu,
             biases: stages::LinearBiases::NoBiases,
             qk_norm: false,
+            qk_norm_span: stages::QkNormSpan::Head,
             tied_output: false,
             embedding_multiplier: None,
             init_std: 0.02,

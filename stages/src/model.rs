@@ -8,6 +8,7 @@
 
 use crate::layers::activation::Activation;
 use crate::layers::norm::{Norm, NormPlacement};
+use crate::layers::qk_norm::QkNormSpan;
 use kernels::{AttentionSaves, DType, RopeFrequencies, WeightLayout};
 
 /// How a token learns its position.
@@ -66,6 +67,8 @@ pub struct Architecture {
     /// `qk_layernorm`, Qwen3's `q_norm` and `k_norm`). RMSNorm only: pipetrain has no
     /// per-head LayerNorm.
     pub qk_norm: bool,
+    /// What QK-norm spans, where the model has it: each head, or the whole projection.
+    pub qk_norm_span: QkNormSpan,
     /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
     pub tied_output: bool,
     /// The token embedding's output is multiplied by this (Gemma's sqrt(hidden_size), in
@@ -97,6 +100,7 @@ impl Architecture {
         activation: Activation::Gelu,
         biases: LinearBiases::All,
         qk_norm: false,
+        qk_norm_span: QkNormSpan::Head,
         tied_output: true,
         embedding_multiplier: None,
         init_std: 0.02,
@@ -113,6 +117,7 @@ impl Architecture {
             activation: Activation::SwiGlu,
             biases: LinearBiases::NoBiases,
             qk_norm: false,
+            qk_norm_span: QkNormSpan::Head,
             tied_output: false,
             embedding_multiplier: None,
             init_std: 0.02,
@@ -254,14 +259,25 @@ impl ModelShape {
             LinearBiases::QkvOnly => parts.push("biases on q, k and v alone".into()),
             LinearBiases::NoBiases => parts.push("no linear biases".into()),
         }
-        if a.qk_norm {
-            parts.push("QK-norm".into());
+        match (a.qk_norm, a.qk_norm_span) {
+            (false, _) => {}
+            (true, QkNormSpan::Head) => parts.push("QK-norm".into()),
+            (true, QkNormSpan::Projection) => parts.push("QK-norm over the projections".into()),
         }
         parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
         if let Some(m) = a.embedding_multiplier {
             parts.push(format!("embeddings x {m}"));
         }
         parts.join(", ")
+    }
+
+    /// The query and key groups one QK-norm weight spans: (NH, KV) heads over each head,
+    /// (1, 1) over the whole projections (where NH = KV, three equal parts of the qkv row).
+    pub fn qk_norm_groups(&self) -> (usize, usize) {
+        match self.arch.qk_norm_span {
+            QkNormSpan::Head => (self.heads, self.kv_heads),
+            QkNormSpan::Projection => (1, 1),
+        }
     }
 
     /// Columns of the fused q, k, v projection: NH query heads, then KV key heads and KV

@@ -114,7 +114,10 @@ impl BlockTensor {
             BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
             BlockTensor::QkNormIn | BlockTensor::QkNormStats if !s.arch.qk_norm => 0,
             BlockTensor::QkNormIn | BlockTensor::Qkv => n * s.qkv_width(),
-            BlockTensor::QkNormStats => n * (s.heads + s.kv_heads),
+            BlockTensor::QkNormStats => {
+                let (q, k) = s.qk_norm_groups();
+                n * (q + k)
+            }
             BlockTensor::AttProbs | BlockTensor::AttDropped
                 if s.attention != AttentionSaves::Probabilities =>
             {

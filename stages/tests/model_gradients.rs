@@ -104,7 +104,8 @@ fn gradients_match_central_differences_for_gemma() {
     check_gradients(ModelShape { arch, kv_heads: 1, head_dim: Some(12), ..SHAPE });
 }
 
-/// OLMo 2's block order, the norms on the attention's and MLP's outputs, with QK-norm, and
+/// OLMo 2's block order, the norms on the attention's and MLP's outputs, with QK-norm over
+/// each head and over the whole projections (its own), and
 /// GPT-2's LayerNorms and biases the same way. The weights are drawn at std 0.5: at 0.02
 /// the projections' outputs are about 1e-3, so that a norm of them bends within the
 /// differences' step of a bias (measured: the biases' differences then off by up to 50 times,
@@ -120,6 +121,9 @@ fn gradients_match_central_differences_with_the_norms_on_the_outputs() {
         ..stages::Architecture::llama(5e5, 1e-6)
     };
     check_gradients(ModelShape { arch: olmo, kv_heads: 1, head_dim: Some(12), ..SHAPE });
+    // OLMo 2's own QK-norm, over the whole projections.
+    let projection = stages::Architecture { qk_norm_span: stages::QkNormSpan::Projection, ..olmo };
+    check_gradients(ModelShape { arch: projection, head_dim: Some(12), ..SHAPE });
     let gpt2 = stages::Architecture { norm_placement: output, init_std: 0.5, ..SHAPE.arch };
     check_gradients(ModelShape { arch: gpt2, ..SHAPE });
 }

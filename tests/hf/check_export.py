@@ -1,6 +1,6 @@
 """Load a pipetrain export (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, NemotronForCausalLM, StableLmForCausalLM, GemmaForCausalLM or
-Phi3ForCausalLM) in
+Qwen3ForCausalLM, NemotronForCausalLM, StableLmForCausalLM, GemmaForCausalLM,
+Olmo2ForCausalLM or Phi3ForCausalLM) in
 transformers and print what it computes.
 
     pipetrain export --checkpoint RUN --hf OUT

@@ -218,5 +218,8 @@ fn qk_norm_matches_the_cpu_in_f32_and_bf16() {
         // Heads of 10, no multiple of a pack in either storage, so element by element; 148
         // heads ending inside a block of warps, and an epsilon that counts (as in `rmsnorm`).
         qk_norm(&family, &bias, storage, &Heads { b: 1, t: 37, nh: 3, kv: 1, hs: 10 }, 0.5, 32).unwrap();
+        // OLMo 2's QK-norm over the whole projections: one query and one key "head" as
+        // wide as OLMo 2 1B's projections (16 heads of 128), each warp walking 2048 channels.
+        qk_norm(&family, &bias, storage, &Heads { b: 1, t: 9, nh: 1, kv: 1, hs: 2048 }, 1e-6, 33).unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! QK-norm (Megatron's `qk_layernorm`, Qwen3's `q_norm` and `k_norm`): an RMSNorm over each
 //! query head and each key head, between the qkv projection and the rotary embedding, one
-//! weight [hs] shared by the query heads and one by the key heads. It bounds the attention
+//! weight [hs] shared by the query heads and one by the key heads; or over the whole query
+//! and key projections (OLMo 2's). It bounds the attention
 //! logits, which otherwise grow with the weights' norms (Dehghani et al. 2023, Wortsman et
 //! al. 2023).
 //!
@@ -8,6 +9,31 @@
 //! reads the q, k, v from before it, which forward copies aside.
 
 use kernels::{Category, Device, Tensor};
+
+/// What one QK-norm normalises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNormSpan {
+    /// Each query and key head, one weight [hs] for the query heads and one for the key
+    /// heads (Qwen3's, Megatron's `qk_layernorm`).
+    Head,
+    /// The whole query projection and the whole key projection of each token, one weight
+    /// [NH hs] and one [KV hs] (OLMo 2's). Run as the per-head norm of one query and one key
+    /// "head" NH hs wide, which it is where NH = KV: the fused qkv row is then three equal
+    /// parts, as that kernel reads it.
+    Projection,
+}
+
+impl QkNormSpan {
+    pub const ALL: [QkNormSpan; 2] = [QkNormSpan::Head, QkNormSpan::Projection];
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            QkNormSpan::Head => "head",
+            QkNormSpan::Projection => "projection",
+        }
+    }
+}
 
 /// What QK-norm's backward reads.
 pub struct QkNormActs {
