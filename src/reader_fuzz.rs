@@ -282,9 +282,12 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "nemotron",
             "stablelm",
             "gemma",
+            "olmo2",
             "pipetrain",
             "full_attention",
-            "sliding_attention"
+            "sliding_attention",
+            "output",
+            "projection"
         ])
         .prop_map(|v| json!(v)),
         Just(json!(["full_attention", "sliding_attention"])),
@@ -530,6 +533,36 @@ proptest! {
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
         let mut config = cfg.to_json();
         config["model_type"] = serde_json::json!("phi3");
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
+        for m in &mutations {
+            apply(&dir, &HF_FILES, m);
+        }
+        check(input_bytes(&dir), || read_checkpoint(&dir).map(|(checkpoint, _)| checkpoint))?;
+    }
+
+    /// `read_checkpoint` over an OLMo 2 directory (the norms on the branches' outputs, QK-norm
+    /// over the whole projections, as many key/value heads as query heads) with one to three
+    /// changes to its config's keys, its model_type among them, or to its bytes.
+    #[test]
+    fn olmo2_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
+        use crate::checkpoint::testing::{llama, model};
+        use crate::checkpoint::ModelConfig;
+        use stages::{Architecture, NormPlacement, QkNormSpan};
+        let dir = test_dir("fuzz_olmo2");
+        let ModelConfig::Llama(mut olmo2) = llama(Architecture {
+            norm_placement: NormPlacement::Output,
+            qk_norm: true,
+            qk_norm_span: QkNormSpan::Projection,
+            ..Architecture::llama(500000.0, 1e-6)
+        }) else {
+            unreachable!("a Llama-family config")
+        };
+        olmo2.num_key_value_heads = olmo2.num_attention_heads;
+        let cfg = ModelConfig::Llama(olmo2);
+        crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &model(&cfg, 1.0)).unwrap();
+        let config = cfg.to_json();
+        prop_assert_eq!(&config["model_type"], "olmo2");
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
         prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
         for m in &mutations {
