@@ -108,40 +108,20 @@ named_enum! {
     }
 }
 
-impl Named for ScheduleKind {
-    const ALL: &'static [Self] = &ScheduleKind::ALL;
-    fn name(self) -> &'static str {
-        ScheduleKind::name(self)
-    }
+/// [`Named`] for enums other crates define with their own `ALL` and `name`: the config reads
+/// and writes them by those names.
+macro_rules! named_by_own_names {
+    ($($name:ident),+) => {
+        $(impl Named for $name {
+            const ALL: &'static [Self] = &$name::ALL;
+            fn name(self) -> &'static str {
+                $name::name(self)
+            }
+        })+
+    };
 }
 
-impl Named for OffloadModule {
-    const ALL: &'static [Self] = &OffloadModule::ALL;
-    fn name(self) -> &'static str {
-        OffloadModule::name(self)
-    }
-}
-
-impl Named for Norm {
-    const ALL: &'static [Self] = &Norm::ALL;
-    fn name(self) -> &'static str {
-        Norm::name(self)
-    }
-}
-
-impl Named for QkNormSpan {
-    const ALL: &'static [Self] = &QkNormSpan::ALL;
-    fn name(self) -> &'static str {
-        QkNormSpan::name(self)
-    }
-}
-
-impl Named for NormPlacement {
-    const ALL: &'static [Self] = &NormPlacement::ALL;
-    fn name(self) -> &'static str {
-        NormPlacement::name(self)
-    }
-}
+named_by_own_names!(ScheduleKind, OffloadModule, Norm, NormPlacement, QkNormSpan);
 
 pub fn serialize<T: Named, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(value.name())
