@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use stages::{
     Activation, Architecture, LinearBiases, Norm, NormPlacement, OffloadModule, Positions, QkNormSpan,
+    SlidingWindow,
 };
 use std::path::{Path, PathBuf};
 
@@ -99,6 +100,12 @@ pub struct Config {
     /// What QK-norm spans: `head` (Qwen3's) or `projection`, the whole q and k (OLMo 2's).
     #[serde(with = "named")]
     pub qk_norm_span: QkNormSpan,
+    /// A sliding window, Megatron's (left, right): each query sees the `left` keys before it
+    /// and itself (Hugging Face's `sliding_window` is left + 1); right is 0, the attention
+    /// being causal.
+    pub window_size: Option<[usize; 2]>,
+    /// With `window_size`, every Nth layer counting from 1 sees every key (OLMo 3's 4).
+    pub window_attn_skip_freq: Option<usize>,
 
     // ---- pipeline ----
     pub pipeline_model_parallel_size: usize,
@@ -235,6 +242,8 @@ impl Default for Config {
             add_qkv_bias: false,
             qk_layernorm: false,
             qk_norm_span: QkNormSpan::Head,
+            window_size: None,
+            window_attn_skip_freq: None,
             pipeline_model_parallel_size: 1,
             virtual_pipeline_model_parallel_size: None,
             pipeline_schedule: ScheduleKind::OneFOneB,
@@ -318,8 +327,9 @@ impl Entry {
 }
 
 /// Keys whose values are lists, so `--key 4,3,1` on the command line means `[4, 3, 1]`.
-const LIST_KEYS: [&str; 5] = [
+const LIST_KEYS: [&str; 6] = [
     "num_layers_per_stage",
+    "window_size",
     "recompute_modules",
     "recompute_num_layers_per_stage",
     "offload_modules",
@@ -819,6 +829,7 @@ impl Config {
                 return Err(("qk_norm_span", format!("projection {why}")));
             }
         }
+        self.validate_window()?;
         let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
         if self.use_rope_scaling && !rope {
             return Err(("use_rope_scaling", "true needs position_embedding_type: rope".into()));
@@ -867,6 +878,40 @@ impl Config {
         Ok(())
     }
 
+    /// The sliding window's keys: causal, a skip frequency only beside a window, and on the
+    /// CPU wherever it is narrower than the sequence (the CUDA kernels have no window).
+    fn validate_window(&self) -> Result<(), (&'static str, String)> {
+        let Some([left, right]) = self.window_size else {
+            return match self.window_attn_skip_freq {
+                Some(n) => Err(("window_attn_skip_freq", format!("{n} needs window_size"))),
+                None => Ok(()),
+            };
+        };
+        if right != 0 {
+            return Err((
+                "window_size",
+                format!("[{left}, {right}]: the attention is causal, so no query sees a key after it; right must be 0"),
+            ));
+        }
+        if let Some(n) = self.window_attn_skip_freq.filter(|&n| n < 2) {
+            return Err((
+                "window_attn_skip_freq",
+                format!("{n} must be at least 2: every Nth layer sees every key, and the others the window"),
+            ));
+        }
+        if self.device == DeviceKind::Cuda && left + 1 < self.seq_length {
+            return Err((
+                "window_size",
+                format!(
+                    "[{left}, 0] narrower than seq_length {} needs device: cpu; the CUDA attention kernels see every \
+                     key",
+                    self.seq_length
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The model's architecture, as the family flags describe it.
     pub fn architecture(&self) -> Architecture {
         Architecture {
@@ -898,6 +943,9 @@ impl Config {
             },
             qk_norm: self.qk_layernorm,
             qk_norm_span: self.qk_norm_span,
+            sliding_window: self
+                .window_size
+                .map(|[left, _]| SlidingWindow { keys: left + 1, full_every: self.window_attn_skip_freq }),
             tied_output: !self.untie_embeddings_and_output_weights,
             embedding_multiplier: self.embedding_multiplier,
             init_std: self.init_method_std,
@@ -1273,6 +1321,22 @@ mod tests {
         assert_eq!(c.seq_length, 32);
         assert_eq!(c.recompute_granularity, Some(RecomputeGranularity::Selective));
         assert_eq!(c.recompute_modules, Some(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]));
+    }
+
+    /// A window is the CPU's where it leaves keys out: the CUDA kernels see every key, and
+    /// one as wide as the sequence changes nothing, so it runs there. Megatron's pair reads
+    /// as the window of left + 1 keys, every Nth layer full where the frequency says so.
+    #[test]
+    fn a_window_narrower_than_the_sequence_runs_on_the_cpu() {
+        let cuda = "device: cuda\nseq_length: 64\nmax_position_embeddings: 64\n";
+        assert_eq!(
+            err_of(cuda, &[("--window-size", "62,0")]),
+            "command line: --window-size 62,0: [62, 0] narrower than seq_length 64 needs device: cpu; the CUDA \
+             attention kernels see every key"
+        );
+        let wide = load_text(cuda, &[("--window-size", "63,0"), ("--window-attn-skip-freq", "4")]).unwrap();
+        let window = wide.architecture().sliding_window;
+        assert_eq!(window, Some(SlidingWindow { keys: 64, full_every: Some(4) }));
     }
 
     #[test]

@@ -283,6 +283,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
             "stablelm",
             "gemma",
             "olmo2",
+            "olmo3",
             "pipetrain",
             "full_attention",
             "sliding_attention",
@@ -291,6 +292,10 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         ])
         .prop_map(|v| json!(v)),
         Just(json!(["full_attention", "sliding_attention"])),
+        Just(json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+        Just(json!([4095, 0])),
+        Just(json!({"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+            "sliding_attention": {"rope_type": "yarn", "rope_theta": 5e5}})),
         Just(json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192})),
         Just(json!({"rope_type": "yarn", "rope_theta": 1e6})),
@@ -338,6 +343,8 @@ const LLAMA_KEYS: &[&str] = &[
     "use_sliding_window",
     "sliding_window",
     "layer_types",
+    "window_size",
+    "window_attn_skip_freq",
     "hidden_act",
     "normalization",
     "norm_placement",
@@ -542,18 +549,23 @@ proptest! {
     }
 
     /// `read_checkpoint` over an OLMo 2 directory (the norms on the branches' outputs, QK-norm
-    /// over the whole projections, as many key/value heads as query heads) with one to three
-    /// changes to its config's keys, its model_type among them, or to its bytes.
+    /// over the whole projections, as many key/value heads as query heads), or an OLMo 3 one
+    /// (a sliding window besides, a layer in two full), with one to three changes to its
+    /// config's keys, its model_type among them, or to its bytes.
     #[test]
-    fn olmo2_directories(mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4)) {
+    fn olmo2_and_olmo3_directories(
+        mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4),
+        windowed in any::<bool>(),
+    ) {
         use crate::checkpoint::testing::{llama, model};
         use crate::checkpoint::ModelConfig;
-        use stages::{Architecture, NormPlacement, QkNormSpan};
+        use stages::{Architecture, NormPlacement, QkNormSpan, SlidingWindow};
         let dir = test_dir("fuzz_olmo2");
         let ModelConfig::Llama(mut olmo2) = llama(Architecture {
             norm_placement: NormPlacement::Output,
             qk_norm: true,
             qk_norm_span: QkNormSpan::Projection,
+            sliding_window: windowed.then_some(SlidingWindow { keys: 4, full_every: Some(2) }),
             ..Architecture::llama(500000.0, 1e-6)
         }) else {
             unreachable!("a Llama-family config")
@@ -562,7 +574,7 @@ proptest! {
         let cfg = ModelConfig::Llama(olmo2);
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &model(&cfg, 1.0)).unwrap();
         let config = cfg.to_json();
-        prop_assert_eq!(&config["model_type"], "olmo2");
+        prop_assert_eq!(&config["model_type"], if windowed { "olmo3" } else { "olmo2" });
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
         prop_assert_eq!(read_checkpoint(&dir).unwrap().0.config, cfg, "the unchanged directory reads back");
         for m in &mutations {

@@ -1,7 +1,7 @@
 //! `pipetrain generate` end to end: greedy text from the committed Hugging Face GPT-2, Llamas
 //! (grouped-query attention, rotary positions, sharded files; Llama 3.1's rope scaling and a
 //! tied output layer), Qwen2 (biases on q, k and v), Qwen3 (QK-norm), Mistral (Nemo's wide
-//! heads too), Phi-3 (q, k, v and gate, up fused in the file), Nemotron (LayerNorm1P,
+//! heads, and v0.1's sliding window), Phi-3 (q, k, v and gate, up fused in the file), Nemotron (LayerNorm1P,
 //! squared ReLU, rope on half of each head), StableLM 2 (LayerNorms, q, k and v biases,
 //! rope on a quarter of each head) and Gemma (GeGLU, embeddings multiplied by
 //! sqrt(hidden_size)) equals transformers'
@@ -10,7 +10,8 @@
 //!
 //! `generate.json` in `tests/fixtures/` hf_tiny, hf_llama_tiny, hf_llama_tiny_rope_llama3,
 //! hf_qwen2_tiny, hf_qwen3_tiny, hf_mistral_tiny, hf_mistral_nemo_tiny, hf_phi3_tiny,
-//! hf_nemotron_tiny, hf_stablelm_tiny, hf_gemma_tiny and hf_olmo2_tiny hold
+//! hf_mistral_v01_tiny, hf_nemotron_tiny, hf_stablelm_tiny, hf_gemma_tiny, hf_olmo2_tiny and
+//! hf_olmo3_tiny hold
 //! transformers' tokens; the script beside the fixtures', `tests/hf/make_generate_fixture.py`,
 //! regenerates them. Every token of that 96-token vocabulary is one distinct byte, so equal
 //! output bytes are equal tokens.
@@ -53,6 +54,8 @@ fn greedy_generation_equals_transformers() {
         "hf_stablelm_tiny",
         "hf_gemma_tiny",
         "hf_olmo2_tiny",
+        "hf_mistral_v01_tiny",
+        "hf_olmo3_tiny",
     ] {
         greedy_equals_transformers(fixture);
     }

@@ -1,7 +1,7 @@
 //! pipetrain's models compute the same function as Hugging Face's `GPT2LMHeadModel`,
 //! `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
-//! `Phi3ForCausalLM`, `NemotronForCausalLM`, `StableLmForCausalLM`, `GemmaForCausalLM` and
-//! `Olmo2ForCausalLM`.
+//! `Phi3ForCausalLM`, `NemotronForCausalLM`, `StableLmForCausalLM`, `GemmaForCausalLM`,
+//! `Olmo2ForCausalLM` and `Olmo3ForCausalLM`.
 //!
 //! `tests/fixtures/hf_tiny` is a tiny GPT-2 and `hf_llama_tiny` a tiny Llama (grouped-query
 //! attention, untied output layer, sharded safetensors; `hf_llama_tiny_rope500k` the same
@@ -9,8 +9,8 @@
 //! miniature, with Llama 3.1's rope scaling, a tied output layer and 128 positions;
 //! `hf_qwen2_tiny` a tiny Qwen2, biases on q, k and v alone; `hf_mistral_tiny` a tiny
 //! Mistral without its sliding window, `hf_mistral_nemo_tiny` one whose heads are wider
-//! than the width over the heads, as Mistral Nemo's, `hf_mistral_v01_tiny` one with a window
-//! of 12 keys at 16 positions, read as a Llama of 12; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
+//! than the width over the heads, as Mistral Nemo's, `hf_mistral_v01_tiny` one with a
+//! sliding window of 5 keys at 16 positions; `hf_qwen3_tiny` a tiny Qwen3, QK-norm
 //! on heads wider than the width over the heads; `hf_phi3_tiny` a tiny Phi-3, its q, k, v and
 //! gate, up fused in the file, and `hf_phi3_partial_tiny` one turning 6 of each head's 8
 //! channels with a tied output layer (Phi-4 mini's share, without its longrope); `hf_nemotron_tiny` a tiny Nemotron, LayerNorm1P, squared ReLU
@@ -18,12 +18,14 @@
 //! LayerNorms, biases on q, k and v and a rotary embedding on a quarter of each head;
 //! `hf_gemma_tiny` a tiny Gemma, RMSNorm scaling by 1 + weight, GeGLU, embeddings multiplied
 //! by sqrt(hidden_size), multi-query attention; `hf_olmo2_tiny` a tiny OLMo 2, its norms on
-//! the attention's and MLP's outputs and its QK-norm over the whole projections), each saved by transformers' `save_pretrained` with random
+//! the attention's and MLP's outputs and its QK-norm over the whole projections;
+//! `hf_olmo3_tiny` a tiny OLMo 3, OLMo 2 with a window of 5 keys on three layers in four),
+//! each saved by transformers' `save_pretrained` with random
 //! weights (every bias and norm weight random too) together with the per-token losses
 //! transformers computed with it; `tests/hf/make_fixture.py`, `make_llama_fixture.py`,
 //! `make_qwen2_mistral_fixtures.py`, `make_qwen3_fixture.py`, `make_phi3_fixture.py`,
-//! `make_nemotron_fixture.py`, `make_stablelm_fixture.py`, `make_gemma_fixture.py` and
-//! `make_olmo2_fixture.py`
+//! `make_nemotron_fixture.py`, `make_stablelm_fixture.py`, `make_gemma_fixture.py`,
+//! `make_olmo2_fixture.py` and `make_olmo3_fixture.py`
 //! regenerate them (torch and transformers needed there, not here).
 //! The tests read each fixture as transformers wrote it and compare pipetrain's losses with
 //! transformers', through the model chunk and through `pipetrain eval`.
@@ -39,13 +41,14 @@ use serde_json::Value;
 use stages::params::{chunk_param_specs, model_param_specs, ParamSpec};
 use stages::{
     Activation, Architecture, ChunkLayout, DropoutProbs, LinearBiases, Microbatch, ModelChunk, ModelShape,
-    Norm, NormPlacement, Parameters, Positions, QkNormSpan, RecomputePolicy, Shard, TensorGroup,
+    Norm, NormPlacement, Parameters, Positions, QkNormSpan, RecomputePolicy, Shard, SlidingWindow,
+    TensorGroup,
 };
 
 /// Relative tolerance on each per-token loss (fp32 forwards, losses near 3..8).
 const REL_TOL: f64 = 1e-5;
 
-const FIXTURES: [&str; 15] = [
+const FIXTURES: [&str; 16] = [
     "hf_tiny",
     "hf_llama_tiny",
     "hf_llama_tiny_rope500k",
@@ -61,6 +64,7 @@ const FIXTURES: [&str; 15] = [
     "hf_stablelm_tiny",
     "hf_gemma_tiny",
     "hf_olmo2_tiny",
+    "hf_olmo3_tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -110,7 +114,9 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         };
     }
     let (nemotron, stablelm) = (c["model_type"] == "nemotron", c["model_type"] == "stablelm");
-    let (gemma, olmo2) = (c["model_type"] == "gemma", c["model_type"] == "olmo2");
+    let gemma = c["model_type"] == "gemma";
+    // OLMo 3 is OLMo 2 with a sliding window.
+    let olmo2 = c["model_type"] == "olmo2" || c["model_type"] == "olmo3";
     let hidden_act = match c["model_type"].as_str().unwrap() {
         "nemotron" => "relu2",
         "gemma" => "gelu_pytorch_tanh",
@@ -122,12 +128,19 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         "qwen2" => LinearBiases::QkvOnly,
         "llama" | "nemotron" if c["attention_bias"] == true => LinearBiases::All,
         "stablelm" if c["use_qkv_bias"] == true => LinearBiases::QkvOnly,
-        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" | "gemma" | "olmo2" => {
+        "llama" | "mistral" | "qwen3" | "phi3" | "nemotron" | "stablelm" | "gemma" | "olmo2" | "olmo3" => {
             LinearBiases::NoBiases
         }
         other => panic!("model_type {other}"),
     };
-    let rope = &c["rope_parameters"];
+    // OLMo 3 holds one set for its windowed layers and one for the rest, alike here.
+    let rope = match &c["rope_parameters"] {
+        nested if c["model_type"] == "olmo3" => {
+            assert_eq!(nested["full_attention"], nested["sliding_attention"]);
+            &nested["full_attention"]
+        }
+        rope => rope,
+    };
     let llama3_factor = match rope["rope_type"].as_str().unwrap() {
         "default" => None,
         "llama3" => {
@@ -175,6 +188,18 @@ fn shape(dir: &str, micro_batch: usize, seq_len: usize) -> ModelShape {
         biases,
         qk_norm: c["model_type"] == "qwen3" || olmo2,
         qk_norm_span: if olmo2 { QkNormSpan::Projection } else { QkNormSpan::Head },
+        // Mistral's window covers every layer, OLMo 3's those layer_types names, the first
+        // "full_attention" among them the period's end.
+        sliding_window: match c["model_type"].as_str().unwrap() {
+            "mistral" | "olmo3" => c["sliding_window"].as_u64().map(|keys| SlidingWindow {
+                keys: keys as usize,
+                full_every: c["layer_types"]
+                    .as_array()
+                    .and_then(|types| types.iter().position(|t| t == "full_attention"))
+                    .map(|i| i + 1),
+            }),
+            _ => None,
+        },
         tied_output: c["tie_word_embeddings"].as_bool().unwrap(),
         // GemmaModel's normalizer: sqrt(hidden_size) as an f32 tensor.
         embedding_multiplier: gemma.then(|| (get("hidden_size") as f64).sqrt() as f32),
@@ -395,29 +420,6 @@ fn eval_of_the_huggingface_directory_prints_transformers_mean_loss() {
     }
 }
 
-/// A Mistral's sliding window of 12 keys covers sequences of up to 12 tokens, where it is
-/// full attention (the losses above): beyond, where it is not, pipetrain refuses.
-#[test]
-fn a_mistral_window_bounds_the_sequence() {
-    let tmp = common::temp_dir("hf_mistral_window");
-    let data = tmp.join("stream.bin");
-    write_bin(&data, &usizes(&read_json("hf_mistral_v01_tiny", "expected.json")["stream"]));
-    let o = common::bin()
-        .args(["eval", "--checkpoint"])
-        .arg(fixture("hf_mistral_v01_tiny"))
-        .arg("--data")
-        .arg(&data)
-        .args(["--windows", "1", "--seq-length", "13"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert_eq!(
-        common::stderr(&o).trim(),
-        "error: command line: --seq-length 13: must be between 1 and the model's 12 positions \
-         (max_position_embeddings)"
-    );
-}
-
 /// `export --hf` writes what it read: the export of each fixture evaluates to the same
 /// losses, and for the sharded Llama its tensors come back whole in one file, each with
 /// transformers' name, shape and bits (`tests/hf/check_export.py` loads such a directory
@@ -439,10 +441,12 @@ fn export_round_trips_through_huggingface_names() {
         let config: Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         // A Mistral without its sliding window, or a Phi-3 that rotates all of each head, is
-        // written as the Llama it is; a Phi-3 that rotates part of each as itself, fused.
+        // written as the Llama it is; a Mistral with one as itself, and a Phi-3 that rotates
+        // part of each as itself, fused.
         let read = read_json(dir, "config.json");
         let want = match read["model_type"].as_str().unwrap() {
             "phi3" if read["rope_parameters"]["partial_rotary_factor"].as_f64() != Some(1.0) => "phi3",
+            "mistral" if read["sliding_window"].is_u64() => "mistral",
             "mistral" | "phi3" => "llama",
             other => other,
         };

@@ -121,6 +121,22 @@ fn olmo2_matches_one_stage_bitwise_under_every_schedule() {
     assert_one_stages_bits_and_predicted_memory(&r, &base, "olmo2 layernorm");
 }
 
+/// OLMo 3: OLMo 2 with a sliding window of 5 keys, every second layer seeing every key, as
+/// OLMo 2 above.
+#[test]
+fn olmo3_matches_one_stage_bitwise_under_every_schedule() {
+    let olmo3 = [
+        ("norm-placement", "output"),
+        ("qk-layernorm", "true"),
+        ("qk-norm-span", "projection"),
+        ("num-query-groups", "4"),
+        ("rotary-base", "500000"),
+        ("window-size", "4,0"),
+        ("window-attn-skip-freq", "2"),
+    ];
+    matches_one_stage_bitwise_under_every_schedule("olmo3", &olmo3);
+}
+
 /// The Llama with `family`'s flags under all six schedules, full recompute and selective
 /// alternately: p = 1's bits and the predicted activation peaks.
 fn matches_one_stage_bitwise_under_every_schedule(name: &str, family: &[(&'static str, &str)]) {
@@ -188,7 +204,7 @@ fn a_llama_turning_part_of_each_head_saves_as_phi3_and_resumes_bitwise() {
 fn each_flag_alone_trains_and_pipelines_bitwise() {
     let dir = temp_dir("llama-each-flag");
     let gb = ("global-batch-size", "4".to_string());
-    let alone: [&[(&str, &str)]; 17] = [
+    let alone: [&[(&str, &str)]; 19] = [
         &[("normalization", "RMSNorm")],
         &[("position-embedding-type", "rope")],
         &[("position-embedding-type", "rope"), ("use-rope-scaling", "true"), ("rope-scaling-factor", "32")],
@@ -206,6 +222,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
         &[("embedding-multiplier", "5.656854")],
         &[("norm-placement", "output")],
         &[("normalization", "RMSNorm"), ("qk-layernorm", "true"), ("qk-norm-span", "projection")],
+        &[("window-size", "4,0")],
+        &[("window-size", "4,0"), ("window-attn-skip-freq", "2")],
     ];
     let gpt2 = losses(&run_small(&dir, "gpt2", &flags(std::slice::from_ref(&gb))));
     let mut each = Vec::new();
@@ -238,6 +256,8 @@ fn each_flag_alone_trains_and_pipelines_bitwise() {
     assert_ne!(each[12][1..], each[0][1..], "apply_layernorm_1p changed nothing after the first step");
     // Gemma's GeGLU: neither SwiGLU nor GELU on one projection.
     assert_ne!(each[13], each[3], "geglu changed nothing");
+    // A full layer every second: neither the window on every layer nor none.
+    assert_ne!(each[18], each[17], "window_attn_skip_freq changed nothing");
 }
 
 #[test]
@@ -261,7 +281,19 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 25] = [
+    let cases: [(&[&str], &str); 29] = [
+        (
+            &["--window-size", "4,2"],
+            "command line: --window-size 4,2: [4, 2]: the attention is causal, so no query sees a key after it; \
+             right must be 0",
+        ),
+        (&["--window-size", "4"], "command line: --window-size 4: invalid length 1, expected an array of length 2"),
+        (&["--window-attn-skip-freq", "4"], "command line: --window-attn-skip-freq 4: 4 needs window_size"),
+        (
+            &["--window-size", "4,0", "--window-attn-skip-freq", "1"],
+            "command line: --window-attn-skip-freq 1: 1 must be at least 2: every Nth layer sees every key, and \
+             the others the window",
+        ),
         (
             &["--group-query-attention", "true", "--num-query-groups", "3"],
             "command line: --num-query-groups 3: 3 does not divide num_attention_heads 4",

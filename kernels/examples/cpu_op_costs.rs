@@ -8,8 +8,8 @@
 
 use kernels::cpu::{cross_entropy, measure_matmul_peak, CpuDevice};
 use kernels::{
-    AttentionSaved, Category, Device, DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, Tensor,
-    WeightLayout,
+    AttentionSaved, Category, CausalMask, Device, DropoutKey, DropoutSite, DropoutSpec, Gate,
+    RopeFrequencies, Tensor, WeightLayout,
 };
 use std::cell::Cell;
 use std::time::Instant;
@@ -93,7 +93,7 @@ fn main() {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::InOut, Some(&b_qkv))
     });
     time("attention fwd", 0.0, &mut || {
-        dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH, NH)
+        dev.attention_forward(Some(&mut y), &mut saved, Some(attn), &qkv, NH, NH, CausalMask::Full)
     });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::InOut, None)
@@ -125,7 +125,7 @@ fn main() {
     });
     time("dropout bwd", 0.0, &mut || dev.dropout_backward(&mut dy, &o, drop(DropoutSite::AttentionResidual)));
     time("attention bwd", 0.0, &mut || {
-        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH, NH)
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn), NH, NH, CausalMask::Full)
     });
     time("matmul bwd qkv", 2.0 * mm(n, C, 3 * C), &mut || {
         dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
@@ -189,7 +189,9 @@ fn main() {
         dev.matmul_forward(&mut qkv, &ln, &w_qkv, WeightLayout::OutIn, None)
     });
     time("rope fwd", 0.0, &mut || dev.rope_forward(&mut qkv, NH, KV, RopeFrequencies::plain(10_000.0), 0));
-    time("attention fwd", 0.0, &mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV));
+    time("attention fwd", 0.0, &mut || {
+        dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV, CausalMask::Full)
+    });
     time("matmul fwd proj", mm(n, C, C), &mut || {
         dev.matmul_forward(&mut o, &y, &w_o, WeightLayout::OutIn, None)
     });
@@ -215,7 +217,7 @@ fn main() {
         dev.matmul_backward_weight(&mut dw_fc, None, &dh, &ln, WeightLayout::OutIn);
     });
     time("attention bwd", 0.0, &mut || {
-        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, None, NH, KV)
+        dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, None, NH, KV, CausalMask::Full)
     });
     time("rope bwd", 0.0, &mut || dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0)));
     time("matmul bwd qkv", 2.0 * mm(n, C, qkv_width), &mut || {

@@ -105,6 +105,52 @@ pub fn attention_mma_fits(head_size: usize) -> bool {
     head_size.is_multiple_of(ATTENTION_MMA_K) && head_size <= ATTENTION_MMA_MAX_HEAD_SIZE
 }
 
+/// Which keys each query attends to: every key up to itself, or a sliding window of the
+/// last W keys up to itself, itself included (Mistral 7B v0.1's, OLMo 3's: Hugging Face's
+/// `sliding_window` W; Megatron's `window_size` (W - 1, 0)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CausalMask {
+    Full,
+    Window(usize),
+}
+
+impl CausalMask {
+    /// The mask over sequences of `t` positions: a window of `t` keys or more is the full
+    /// mask there, and is run as it, bit for bit.
+    pub fn over(self, t: usize) -> CausalMask {
+        match self {
+            CausalMask::Window(w) if w < t => self,
+            _ => CausalMask::Full,
+        }
+    }
+
+    /// The first key query `i` sees.
+    pub fn first_key(self, i: usize) -> usize {
+        match self {
+            CausalMask::Full => 0,
+            CausalMask::Window(w) => (i + 1).saturating_sub(w),
+        }
+    }
+
+    /// One past the last of `t` queries that sees a key before `j`: all `t` but where
+    /// a window ends earlier.
+    pub fn queries_end(self, j: usize, t: usize) -> usize {
+        match self {
+            CausalMask::Full => t,
+            CausalMask::Window(w) => (j + w).saturating_sub(1).min(t),
+        }
+    }
+
+    /// The (query, key) pairs a sequence of `t` positions scores: t (t + 1) / 2 causally,
+    /// fewer under a window. The attention core's FLOPs are proportional to it.
+    pub fn pairs(self, t: usize) -> usize {
+        match self.over(t) {
+            CausalMask::Full => t * (t + 1) / 2,
+            CausalMask::Window(w) => w * (w + 1) / 2 + (t - w) * w,
+        }
+    }
+}
+
 /// Which tensors the attention core keeps for its backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionSaves {
@@ -178,6 +224,31 @@ impl AttentionSaved {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The counts and bounds a mask gives are those of its definition, counted pair by pair:
+    /// query i sees key j where j <= i and, under a window of w, j > i - w.
+    #[test]
+    fn a_mask_counts_and_bounds_the_pairs_it_defines() {
+        let t = 11;
+        for mask in [CausalMask::Full, CausalMask::Window(1), CausalMask::Window(4), CausalMask::Window(11)] {
+            let w = match mask {
+                CausalMask::Full => t,
+                CausalMask::Window(w) => w,
+            };
+            let sees = |i: usize, j: usize| j <= i && j + w > i;
+            let pairs = (0..t).flat_map(|i| (0..t).map(move |j| (i, j))).filter(|&(i, j)| sees(i, j)).count();
+            assert_eq!(mask.pairs(t), pairs, "{mask:?}");
+            for i in 0..t {
+                assert_eq!(mask.first_key(i), (0..t).find(|&j| sees(i, j)).unwrap(), "{mask:?} query {i}");
+            }
+            for j in 1..=t {
+                let end = (0..t).rev().find(|&i| (0..j).any(|k| sees(i, k))).unwrap() + 1;
+                assert_eq!(mask.queries_end(j, t), end, "{mask:?} keys before {j}");
+            }
+        }
+        assert_eq!(CausalMask::Window(11).over(t), CausalMask::Full);
+        assert_eq!(CausalMask::Window(10).over(t), CausalMask::Window(10));
+    }
 
     /// dq's chain runs over the streamed query tiles of the kernels that run the head size:
     /// at GPT-2's 64, tiles of 64 rows and a [64, 64] partial sum each; at Llama's 128 (and

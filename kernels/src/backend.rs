@@ -7,7 +7,7 @@
 //! Every method's contract is the [`Device`](crate::Device) method of the same name
 //! without `_impl`.
 
-use crate::attention::AttentionSaved;
+use crate::attention::{AttentionSaved, CausalMask};
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
@@ -230,6 +230,7 @@ pub trait Attention {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         dims: QkvDims,
+        mask: CausalMask,
     );
     #[allow(clippy::too_many_arguments)]
     fn attention_backward_impl(
@@ -241,6 +242,7 @@ pub trait Attention {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         dims: QkvDims,
+        mask: CausalMask,
     );
 }
 

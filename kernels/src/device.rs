@@ -23,7 +23,7 @@
 //! - Every op is deterministic: the same inputs give bitwise the same outputs whatever the
 //!   number of threads, so recompute, any stage count and any schedule agree to the bit.
 
-use crate::attention::AttentionSaved;
+use crate::attention::{AttentionSaved, CausalMask};
 use crate::backend::{
     AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, Glu, LayerNorm, Matmul,
     Readouts, RmsNorm, Rope, SquaredRelu,
@@ -600,14 +600,15 @@ pub trait Device:
 
     // ---- attention core ------------------------------------------------------------
     /// Causal grouped-query self-attention core, per query head h: P = softmax(Q_h K_g^T /
-    /// sqrt(hs) + causal mask), P' = dropout(P), out_h = P' V_g, where g = h / (NH/KV) is
+    /// sqrt(hs) + `mask`), P' = dropout(P), out_h = P' V_g, where g = h / (NH/KV) is
     /// the key/value head h shares (Hugging Face's repeat_kv; KV == NH is multi-head
-    /// attention). qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out [B,T,NH*hs],
+    /// attention); `mask` the causal one or a sliding window's. qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out [B,T,NH*hs],
     /// unless None (a recompute of `saved` for backward). `saved` receives what backward
     /// reads besides qkv and out, of the kind this backend keeps (see
     /// [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in
     /// the caller. The dropout mask, keyed per (batch, query head), is never stored: it is
     /// regenerated from its key.
+    #[allow(clippy::too_many_arguments)]
     fn attention_forward(
         &self,
         out: Option<&mut Tensor>,
@@ -616,12 +617,13 @@ pub trait Device:
         qkv: &Tensor,
         n_head: usize,
         n_kv_head: usize,
+        mask: CausalMask,
     ) {
         let dims = qkv_dims(qkv, n_head, n_kv_head);
         if let Some(out) = &out {
             assert_eq!(out.len(), dims.out_len(), "attention: out {out:?} for qkv {qkv:?}");
         }
-        self.attention_forward_impl(out, saved, dropout, qkv, dims);
+        self.attention_forward_impl(out, saved, dropout, qkv, dims, mask.over(dims.t));
     }
     /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], qkv, and out [B,T,NH*hs]
     /// and `saved` as forward wrote them (the fused backward reads out; the unfused one does
@@ -638,11 +640,12 @@ pub trait Device:
         dropout: Option<DropoutSpec>,
         n_head: usize,
         n_kv_head: usize,
+        mask: CausalMask,
     ) {
         let dims = qkv_dims(qkv, n_head, n_kv_head);
         assert_same_len(dqkv, qkv);
         assert_eq!(dout.len(), dims.out_len(), "attention: dout {dout:?} for qkv {qkv:?}");
-        self.attention_backward_impl(dqkv, dout, out, qkv, saved, dropout, dims);
+        self.attention_backward_impl(dqkv, dout, out, qkv, saved, dropout, dims, mask.over(dims.t));
     }
     /// Rotary position embedding, in place, of the NH query and KV key heads of qkv
     /// [B,T,(NH+2*KV)*hs] (the value heads untouched), token t of each sequence at position

@@ -32,7 +32,7 @@ pub mod tensor;
 pub mod timing;
 
 pub use attention::{
-    attention_mma_fits, AttentionSaved, AttentionSaves, ChainedDq, ATTENTION_MMA_K,
+    attention_mma_fits, AttentionSaved, AttentionSaves, CausalMask, ChainedDq, ATTENTION_MMA_K,
     ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
 };
 pub use counters::DeviceCounters;

@@ -9,8 +9,8 @@ use kernels::cuda::compile::compile;
 use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
-    AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, ClassifierGrad, DType, Device,
-    DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
+    AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, DType,
+    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -628,10 +628,10 @@ fn attention_case(
         let qkv = put(dev, &qkv, &[b, t, width]);
         let mut out = act_zeros(dev, &[b, t, c]);
         let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, CausalMask::Full);
         let mut dqkv = put(dev, &vec![f32::NAN; n * width], &[b, t, width]);
         let dout = put(dev, &dout, &[b, t, c]);
-        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv);
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv, CausalMask::Full);
         let probs = match &saved {
             AttentionSaved::Probabilities { probs, dropped } => {
                 [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
@@ -745,10 +745,10 @@ fn the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size() {
         let mut out = act_zeros(&gpu, &[b, t, c]);
         let mut saved =
             AttentionSaved::empty(&gpu, AttentionSaves::RowLogSumExp, [b, nh, t], true, Category::Workspace);
-        gpu.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv);
+        gpu.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, CausalMask::Full);
         let backward = || {
             let mut dqkv = put(&gpu, &vec![f32::NAN; n * width], &[b, t, width]);
-            gpu.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv);
+            gpu.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv, CausalMask::Full);
             gpu.to_host(&dqkv).iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
         };
         let first = backward();
@@ -1282,13 +1282,23 @@ fn every_op_is_bitwise_repeatable() {
             true,
             Category::Workspace,
         );
-        gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH, NH);
+        gpu.attention_forward(Some(&mut out), &mut saved, Some(spec), &qkv_t, NH, NH, CausalMask::Full);
         let AttentionSaved::RowLogSumExp { lse } = &saved else {
             unreachable!("the fused core at head size 24")
         };
         let mut dqkv = gpu.zeros(&[B, T, 3 * C], Category::Workspace);
         let dout_t = put(&gpu, &dout, &[B, T, C]);
-        gpu.attention_backward(&mut dqkv, &dout_t, &out, &qkv_t, &saved, Some(spec), NH, NH);
+        gpu.attention_backward(
+            &mut dqkv,
+            &dout_t,
+            &out,
+            &qkv_t,
+            &saved,
+            Some(spec),
+            NH,
+            NH,
+            CausalMask::Full,
+        );
         let x_t = put(&gpu, &x, &[B, T, C]);
         let (mut dw, mut db) =
             (gpu.zeros(&[C, C], Category::Workspace), gpu.zeros(&[C], Category::Workspace));

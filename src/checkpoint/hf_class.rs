@@ -2,15 +2,16 @@
 //! one row per class ([`CLASSES`]) saying what the class fixes of the architecture and
 //! which config.json keys name the rest, read by `LlamaConfig::from_json` and written by
 //! `LlamaConfig::to_json`. `LlamaForCausalLM` and its kin (Qwen2's biases on q, k and v,
-//! Qwen3's QK-norm; Mistral read as a Llama, Phi-3 as one too, and written for a Llama
-//! turning part of each head), `NemotronForCausalLM`, `StableLmForCausalLM`,
-//! `GemmaForCausalLM` and `Olmo2ForCausalLM`; what no class builds is written as pipetrain's own model_type, with
-//! Megatron's keys.
+//! Qwen3's QK-norm; Mistral, written for a Llama with a sliding window on every layer;
+//! Phi-3, written for a Llama turning part of each head), `NemotronForCausalLM`,
+//! `StableLmForCausalLM`, `GemmaForCausalLM`, `Olmo2ForCausalLM` and `Olmo3ForCausalLM`
+//! (OLMo 2's with a sliding window); what no class builds is written as pipetrain's own
+//! model_type, with Megatron's keys.
 
 use kernels::RopeFrequencies;
 use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions, QkNormSpan};
 
-use super::LlamaConfig;
+use super::{hf_window, LlamaConfig};
 
 /// How a class's config.json says which linear layers add a bias.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,8 +32,7 @@ pub enum BiasKeys {
 /// config.json leaves it out.
 pub const TRANSFORMERS_WINDOW: usize = 4096;
 
-/// How a class's config.json turns on a sliding window (`sliding_window` in
-/// llama_config.rs reads it).
+/// How a class's config.json turns on a sliding window (hf_window.rs reads and writes it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Window {
     /// The class attends to the whole sequence.
@@ -43,6 +43,9 @@ pub enum Window {
     /// `sliding_window` (absent: [`TRANSFORMERS_WINDOW`]) where `use_sliding_window` or a "sliding_attention"
     /// among `layer_types` turns it on (Qwen2Config, Qwen3Config); written off.
     Switched,
+    /// `sliding_window` (absent: `keys`) on the layers `layer_types` names
+    /// "sliding_attention" (absent: all but every `full_every`th), Olmo3Config's.
+    Layers { keys: usize, full_every: usize },
 }
 
 /// What one transformers class fixes of a model, and the config.json keys it reads.
@@ -132,9 +135,11 @@ const QWEN3: HfClass = HfClass {
     ..LLAMA
 };
 
+/// Mistral: a Llama, and the class written for one with a sliding window on every layer
+/// (Mistral 7B v0.1's); those without one it builds too, but LLAMA, before it, names them.
 const MISTRAL: HfClass = HfClass {
     model_type: "mistral",
-    architecture: None,
+    architecture: Some("MistralForCausalLM"),
     biases: BiasKeys::Fixed(LinearBiases::NoBiases),
     window: Window::Count(Some(TRANSFORMERS_WINDOW)),
     ..LLAMA
@@ -232,10 +237,20 @@ const OLMO2: HfClass = HfClass {
     ..LLAMA
 };
 
-/// Every class read. The first written that builds a model names it; of those, only Phi-3
-/// builds what another does (a test checks it).
-pub const CLASSES: [&HfClass; 9] =
-    [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA, &OLMO2];
+/// OLMo 3: OLMo 2 with a sliding window of 4096 keys on three layers in four. Those without
+/// a window it builds too, but OLMO2, before it, names them.
+const OLMO3: HfClass = HfClass {
+    model_type: "olmo3",
+    architecture: Some("Olmo3ForCausalLM"),
+    family: "OLMo 3",
+    window: Window::Layers { keys: TRANSFORMERS_WINDOW, full_every: 4 },
+    ..OLMO2
+};
+
+/// Every class read. The first written that builds a model names it; of those, only
+/// Mistral, Phi-3 and OLMo 3 build what another does (a test checks it).
+pub const CLASSES: [&HfClass; 10] =
+    [&LLAMA, &QWEN2, &QWEN3, &MISTRAL, &PHI3, &NEMOTRON, &STABLELM, &GEMMA, &OLMO2, &OLMO3];
 
 /// Gemma's embedding multiplier for a width of `hidden`: sqrt(hidden_size), as the f32
 /// tensor transformers' GemmaModel holds.
@@ -276,6 +291,7 @@ impl HfClass {
             && (self.rotary_share.is_some() || rotary_dims.is_none())
             && a.embedding_multiplier == self.multiplies_embeddings.then(|| gemma_multiplier(c.hidden_size))
             && (!self.heads_fill_hidden || c.head_dim * c.num_attention_heads == c.hidden_size)
+            && hf_window::says(self.window, a.sliding_window)
     }
 }
 
@@ -295,6 +311,17 @@ impl LlamaConfig {
         let a = &self.arch;
         if self.hf_class().is_some() {
             return None;
+        }
+        if a.sliding_window.is_some() {
+            let unwindowed =
+                LlamaConfig { arch: Architecture { sliding_window: None, ..*a }, ..self.clone() };
+            if unwindowed.hf_class().is_some() {
+                return Some(
+                    "a sliding window on every layer is MistralForCausalLM's and Phi3ForCausalLM's, beside a Llama \
+                     without biases or QK-norm, and one on some layers Olmo3ForCausalLM's alone, beside OLMo 2's \
+                     norms",
+                );
+            }
         }
         if a.norm_placement == NormPlacement::Output
             || (a.qk_norm && a.qk_norm_span == QkNormSpan::Projection)

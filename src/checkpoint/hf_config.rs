@@ -200,7 +200,7 @@ mod tests {
         assert_eq!(
             err(&j.to_string()),
             "d/config.json: model_type is \"llama2\", pipetrain reads \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \
-             \"mistral\", \"phi3\", \"nemotron\", \"stablelm\", \"gemma\" and \"olmo2\""
+             \"mistral\", \"phi3\", \"nemotron\", \"stablelm\", \"gemma\", \"olmo2\" and \"olmo3\""
         );
         let mut j = cfg().to_json();
         j.as_object_mut().unwrap().remove("n_embd");

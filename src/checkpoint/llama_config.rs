@@ -6,9 +6,9 @@
 //! no biases is Qwen3's (`Qwen3ForCausalLM`). MistralForCausalLM's and Phi3ForCausalLM's
 //! config.json are read too, each as a Llama; a Llama that rotates part of each head is
 //! written as the Phi-3 it is. Phi-3's checkpoints hold q, k, v and gate, up fused, under
-//! pipetrain's own fused names (`shapes::split_fused`). A model with a sliding window reads
-//! as a Llama of at most the window's positions, over which the window is the whole
-//! sequence. Which class takes which model, and the keys each reads, is `hf_class.rs`.
+//! pipetrain's own fused names (`shapes::split_fused`). A sliding window reads and writes
+//! as `hf_window.rs` says. Which class takes which model, and the keys each reads, is
+//! `hf_class.rs`.
 //!
 //! A model no class builds (a LayerNorm, learned positions or a GELU MLP beside the Llama
 //! family's other choices) is written with `model_type: "pipetrain"` and Megatron's keys
@@ -23,7 +23,8 @@ use kernels::rope_frequencies::{
 use serde_json::{json, Map, Value};
 use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions, QkNormSpan};
 
-use super::hf_class::{gemma_multiplier, BiasKeys, HfClass, Window, LLAMA, TRANSFORMERS_WINDOW};
+use super::hf_class::{gemma_multiplier, BiasKeys, HfClass, LLAMA};
+use super::hf_window;
 use crate::config::Named;
 use crate::error::user_error;
 
@@ -108,9 +109,7 @@ impl LlamaConfig {
         for (key, _) in row.refused {
             extra.insert((*key).into(), json!(false));
         }
-        if row.window == Window::Switched {
-            extra.insert("use_sliding_window".into(), json!(false));
-        }
+        hf_window::write(extra, row, class.is_none(), a.sliding_window, self.num_hidden_layers);
         if class.is_none() {
             extra.insert("normalization".into(), json!(a.norm.name()));
             extra.insert("norm_placement".into(), json!(a.norm_placement.name()));
@@ -181,9 +180,10 @@ impl LlamaConfig {
                 return Err(bad(format!("{key} is true: {why}")));
             }
         }
-        // transformers 5 nests the base and the scaling in rope_parameters; earlier ones and
-        // most published checkpoints write rope_theta and rope_scaling beside the other keys.
-        let freqs = match obj.get("rope_parameters").filter(|v| !v.is_null()) {
+        // transformers 5 nests the base and the scaling in rope_parameters (OLMo 3's, once for
+        // each kind of layer); earlier ones and most published checkpoints write rope_theta and
+        // rope_scaling beside the other keys.
+        let freqs = match rope_parameters(obj).map_err(bad)? {
             Some(params) => RopeFrequencies {
                 base: params
                     .get("rope_theta")
@@ -238,8 +238,7 @@ impl LlamaConfig {
         if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
-        // A sliding window, where the model has one: a Llama of at most that many positions.
-        let window = sliding_window(obj, class.window).map_err(bad)?;
+        let window = hf_window::read(obj, class, pipetrain, int("num_hidden_layers")?).map_err(bad)?;
         let biases = match class.biases {
             BiasKeys::Fixed(biases) => biases,
             BiasKeys::NoneWithoutAttentionBias if flag("attention_bias", false)? => {
@@ -342,6 +341,7 @@ impl LlamaConfig {
             biases,
             qk_norm: class.qk_norm || (pipetrain && flag("qk_layernorm", false)?),
             qk_norm_span,
+            sliding_window: window.window(),
             tied_output: flag("tie_word_embeddings", class.tied_by_default)?,
             embedding_multiplier,
             init_std: float("initializer_range", 0.02)?,
@@ -367,60 +367,26 @@ impl LlamaConfig {
             num_attention_heads: heads,
             num_key_value_heads: kv,
             head_dim,
-            max_position_embeddings: int("max_position_embeddings")?.min(window.unwrap_or(usize::MAX)),
+            max_position_embeddings: window.positions(int("max_position_embeddings")?),
             hidden_dropout: float("hidden_dropout", 0.0)?,
             attention_dropout: float("attention_dropout", 0.0)?,
         })
     }
 }
 
-/// The sliding window of W keys a config.json turns on, None where every layer attends to
-/// the whole sequence. A query sees the W keys up to itself, so over at most W positions the
-/// window is the whole sequence: a model with one reads as a Llama of at most W positions
-/// (pipetrain's attention being full), exactly. How the class turns it on is its
-/// [`Window`]: Qwen2's and Qwen3's whichever layers it covers (Qwen2.5's and Qwen3's turn
-/// it off).
-fn sliding_window(obj: &Map<String, Value>, window: Window) -> Result<Option<usize>, String> {
-    let default = match window {
-        Window::Never => return Ok(None),
-        Window::Count(default) => default,
-        Window::Switched if qwen_slides(obj)? => Some(TRANSFORMERS_WINDOW),
-        Window::Switched => return Ok(None),
-    };
-    match obj.get("sliding_window") {
-        None => Ok(default),
-        Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64().filter(|&w| (1..=u32::MAX as u64).contains(&w)) {
-            Some(w) => Ok(Some(w as usize)),
-            None => Err(format!("sliding_window is {v}, not a count of positions")),
-        },
+/// transformers 5's rope_parameters, where config.json has them: Olmo3Config's hold one set
+/// for the windowed layers and one for the others, which pipetrain turns alike (the long
+/// releases' YaRN scales the others alone).
+fn rope_parameters(obj: &Map<String, Value>) -> Result<Option<&Value>, String> {
+    let Some(params) = obj.get("rope_parameters").filter(|v| !v.is_null()) else { return Ok(None) };
+    match (params.get("full_attention"), params.get("sliding_attention")) {
+        (None, None) => Ok(Some(params)),
+        (Some(full), Some(sliding)) if full == sliding => Ok(Some(full)),
+        _ => Err(format!(
+            "rope_parameters is {params}: the windowed and the full layers turn alike in pipetrain, so both need \
+             the same parameters"
+        )),
     }
-}
-
-/// Whether a Qwen2Config or Qwen3Config turns its sliding window on at some layer:
-/// `use_sliding_window`, or (transformers 5's record of the outcome) a "sliding_attention"
-/// among `layer_types`.
-fn qwen_slides(obj: &Map<String, Value>) -> Result<bool, String> {
-    let on = match obj.get("use_sliding_window") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(on)) => *on,
-        Some(v) => return Err(format!("use_sliding_window is {v}, not true or false")),
-    };
-    let Some(types) = obj.get("layer_types").filter(|v| !v.is_null()) else { return Ok(on) };
-    let list = types.as_array().ok_or_else(|| format!("layer_types is {types}, not a list"))?;
-    let mut slides = on;
-    for (i, t) in list.iter().enumerate() {
-        match t.as_str() {
-            Some("full_attention") => {}
-            Some("sliding_attention") => slides = true,
-            _ => {
-                return Err(format!(
-                    "layer_types[{i}] is {t}, not \"full_attention\" or \"sliding_attention\""
-                ))
-            }
-        }
-    }
-    Ok(slides)
 }
 
 /// The leading channels of each head of `hs` that the rotary embedding turns, None for all
@@ -527,6 +493,7 @@ pub fn decimal(x: f32) -> Value {
 mod tests {
     use super::*;
     use crate::checkpoint::hf_class::CLASSES;
+    use stages::SlidingWindow;
 
     fn llama() -> LlamaConfig {
         LlamaConfig {
@@ -754,14 +721,27 @@ mod tests {
             }
             parse(&j)
         };
-        // Mistral 7B v0.1's window of 4096 (absent: transformers' default), at 32768
-        // positions: a Llama of 4096, written back as one.
-        let v01 = LlamaConfig { max_position_embeddings: 4096, ..want.clone() };
+        // Mistral 7B v0.1's window of 4096 (absent: transformers' default) on every layer,
+        // at 32768 positions, written back as Mistral's.
+        let windowed = |keys| LlamaConfig {
+            arch: Architecture {
+                sliding_window: Some(SlidingWindow { keys, full_every: None }),
+                ..want.arch
+            },
+            ..want.clone()
+        };
+        let v01 = windowed(4096);
         assert_eq!(with(Some(json!(4096))).unwrap(), v01);
         assert_eq!(with(None).unwrap(), v01);
-        assert_eq!(parse(&v01.to_json()).unwrap(), v01);
-        // A window wider than the positions changes nothing.
-        assert_eq!(with(Some(json!(65536))).unwrap(), want);
+        let written = v01.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["architectures"][0], &written["sliding_window"]),
+            (&json!("mistral"), &json!("MistralForCausalLM"), &json!(4096))
+        );
+        assert_eq!(parse(&written).unwrap(), v01);
+        // A window wider than the positions is kept: at every length the model runs it is
+        // the whole sequence (`CausalMask::over`).
+        assert_eq!(with(Some(json!(65536))).unwrap(), windowed(65536));
         for bad in [json!(0), json!(-1), json!("4096")] {
             assert_eq!(
                 with(Some(bad.clone())).unwrap_err().to_string(),
@@ -878,10 +858,18 @@ mod tests {
             j[key] = value;
             parse(&j).unwrap_err().to_string()
         };
-        // Phi-3 mini's and medium's window: a Llama of at most its length.
+        // Phi-3 mini's and medium's window, on every layer: written back as Mistral's, a Llama
+        // with a window, and with a share of each head turning as Phi-3's.
         let mut mini = hub.clone();
         mini["sliding_window"] = json!(2047);
-        assert_eq!(parse(&mini).unwrap(), LlamaConfig { max_position_embeddings: 2047, ..want.clone() });
+        let window = Some(SlidingWindow { keys: 2047, full_every: None });
+        let windowed =
+            LlamaConfig { arch: Architecture { sliding_window: window, ..want.arch }, ..want.clone() };
+        assert_eq!(parse(&mini).unwrap(), windowed);
+        assert_eq!(windowed.to_json()["model_type"], "mistral");
+        mini["partial_rotary_factor"] = json!(0.75);
+        let written = parse(&mini).unwrap().to_json();
+        assert_eq!((&written["model_type"], &written["sliding_window"]), (&json!("phi3"), &json!(2047)));
         // Phi-4 mini turns three quarters of each head, in transformers 4's place or 5's.
         let three_quarters = |j: &Value| parse(j).map(|c| c.arch.positions);
         let turning =
@@ -1042,6 +1030,7 @@ mod tests {
                 biases: LinearBiases::NoBiases,
                 qk_norm: false,
                 qk_norm_span: QkNormSpan::Head,
+                sliding_window: None,
                 tied_output: false,
                 embedding_multiplier: None,
                 init_std: 0.0134,
@@ -1438,8 +1427,10 @@ mod tests {
     }
 
     #[test]
-    fn the_first_class_that_builds_a_model_names_it_and_only_phi3_overlaps() {
+    fn the_first_class_that_builds_a_model_names_it_and_only_mistral_phi3_and_olmo3_overlap() {
         let mut named: Vec<&str> = Vec::new();
+        let every = SlidingWindow { keys: 64, full_every: None };
+        let three_in_four = SlidingWindow { full_every: Some(4), ..every };
         let whole = Positions::Rotary(RopeFrequencies::plain(500000.0));
         let half =
             Positions::Rotary(RopeFrequencies { rotary_dims: Some(64), ..RopeFrequencies::plain(500000.0) });
@@ -1449,7 +1440,11 @@ mod tests {
             {
                 for biases in [LinearBiases::All, LinearBiases::QkvOnly, LinearBiases::NoBiases] {
                     for (zero_centered_gamma, qk_norm) in [(false, false), (true, false), (false, true)] {
-                        for (positions, olmo) in [(whole, false), (half, false), (whole, true)] {
+                        for ((positions, olmo), sliding_window) in
+                            [(whole, false), (half, false), (whole, true)]
+                                .into_iter()
+                                .flat_map(|p| [None, Some(every), Some(three_in_four)].map(|w| (p, w)))
+                        {
                             let (norm_placement, qk_norm_span) = match olmo {
                                 true => (NormPlacement::Output, QkNormSpan::Projection),
                                 false => (NormPlacement::Input, QkNormSpan::Head),
@@ -1464,6 +1459,7 @@ mod tests {
                                     qk_norm_span,
                                     biases,
                                     positions,
+                                    sliding_window,
                                     ..llama().arch
                                 },
                                 ..llama()
@@ -1476,8 +1472,12 @@ mod tests {
                                 .filter(|c| c.architecture.is_some() && c.builds(&m))
                                 .map(|c| c.model_type)
                                 .collect();
+                            // A Llama is Mistral's and Phi-3's too, a windowed one both, and
+                            // an OLMo 2 OLMo 3's.
+                            let overlaps: [&[&str]; 3] =
+                                [&["llama", "mistral", "phi3"], &["mistral", "phi3"], &["olmo2", "olmo3"]];
                             assert!(
-                                builders.len() <= 1 || builders == ["llama", "phi3"],
+                                builders.len() <= 1 || overlaps.contains(&&builders[..]),
                                 "{builders:?} all build {:?}",
                                 m.arch
                             );
@@ -1494,14 +1494,17 @@ mod tests {
                 }
             }
         }
-        // Llama's two bias settings and Nemotron's and StableLM's at either rotation; one
-        // each for the rest (OLMo 2 in its own order alone).
+        // Without a window: Llama's two bias settings and Nemotron's and StableLM's at either
+        // rotation; one each for the rest (OLMo 2 in its own order alone). With one on every
+        // layer: Mistral, Phi-3 turning part of each head, and OLMo 3; with one on three
+        // layers in four, OLMo 3 alone.
         named.sort();
         assert_eq!(
             named,
             [
-                "gemma", "llama", "llama", "nemotron", "nemotron", "nemotron", "nemotron", "olmo2", "phi3",
-                "qwen2", "qwen3", "stablelm", "stablelm", "stablelm", "stablelm"
+                "gemma", "llama", "llama", "mistral", "nemotron", "nemotron", "nemotron", "nemotron",
+                "olmo2", "olmo3", "olmo3", "phi3", "phi3", "qwen2", "qwen3", "stablelm", "stablelm",
+                "stablelm", "stablelm"
             ]
         );
     }

@@ -13,6 +13,7 @@
 
 mod hf_class;
 mod hf_config;
+mod hf_window;
 mod llama_config;
 mod load;
 mod manifest;

@@ -149,6 +149,8 @@ impl ModelConfig {
                     add_qkv_bias: a.biases == LinearBiases::QkvOnly,
                     qk_layernorm: a.qk_norm,
                     qk_norm_span: a.qk_norm_span,
+                    window_size: a.sliding_window.map(|w| [w.keys - 1, 0]),
+                    window_attn_skip_freq: a.sliding_window.and_then(|w| w.full_every),
                     ..run
                 }
             }

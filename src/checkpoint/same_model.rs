@@ -54,6 +54,12 @@ fn defining_values(c: &Config) -> Vec<(&'static str, String)> {
         ("disable_bias_linear", c.disable_bias_linear.to_string()),
         ("qk_layernorm", c.qk_layernorm.to_string()),
         ("qk_norm_span", c.qk_norm_span.name().to_string()),
+        ("window_size", c.window_size.map_or("none".into(), |[left, right]| format!("[{left}, {right}]"))),
+        // A period past the last layer leaves every layer windowed, as none does.
+        (
+            "window_attn_skip_freq",
+            c.window_attn_skip_freq.filter(|&n| n <= c.num_layers).map_or("none".into(), |n| n.to_string()),
+        ),
         ("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights.to_string()),
     ];
     if c.disable_bias_linear {
@@ -152,6 +158,19 @@ mod tests {
         let wide = Config { kv_channels: Some(8), ..llama.clone() };
         assert_eq!(refusal(&wide, &llama), "key `kv_channels`: ck holds a model with kv_channels 4, not 8");
         assert_eq!(refusal(&Config { kv_channels: Some(4), ..llama.clone() }, &llama), "the same model");
+        // A sliding window, and its period where it reaches a layer (of 2 here).
+        let windowed = Config { window_size: Some([3, 0]), ..llama.clone() };
+        assert_eq!(
+            refusal(&windowed, &llama),
+            "key `window_size`: ck holds a model with window_size none, not [3, 0]"
+        );
+        let every_fourth = Config { window_attn_skip_freq: Some(4), ..windowed.clone() };
+        assert_eq!(refusal(&every_fourth, &windowed), "the same model");
+        let every_second = Config { window_attn_skip_freq: Some(2), ..windowed.clone() };
+        assert_eq!(
+            refusal(&every_second, &windowed),
+            "key `window_attn_skip_freq`: ck holds a model with window_attn_skip_freq none, not 2"
+        );
         // Qwen3's QK-norm: the same parameters but two per block.
         let qwen3 = Config { qk_layernorm: true, ..llama.clone() };
         assert_eq!(

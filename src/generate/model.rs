@@ -115,7 +115,9 @@ impl Decoder {
             let qkv = dev.to_host(&block.decode_qkv(dev, &x, pos)); // [QKV]
             keys.extend_from_slice(&qkv[a..a + kv]);
             values.extend_from_slice(&qkv[a + kv..]);
-            let att = attend(&qkv[..a], keys, values, s.heads, s.kv_heads); // [A]
+            // A windowed layer's query sees the keys from its window's first on.
+            let first = s.arch.attention_mask(layer).first_key(pos) * kv;
+            let att = attend(&qkv[..a], &keys[first..], &values[first..], s.heads, s.kv_heads); // [A]
             let att = dev.from_host(&att, &[1, a], Category::Workspace); // [1,A]
             x = block.decode_rest(dev, &x, &att);
         }
@@ -136,8 +138,8 @@ impl Decoder {
     }
 }
 
-/// Causal attention of the newest position's query q [NH*HS] over the cached keys and values
-/// [positions, KV*HS] (its own included), per query head h, which reads key/value head
+/// Causal attention of the newest position's query q [NH*HS] over the keys and values it
+/// sees, [positions, KV*HS] of the cache (its own included), per query head h, which reads key/value head
 /// h / (NH/KV): softmax(q k^T / sqrt(HS)) v. Returns [NH*HS].
 fn attend(q: &[f32], keys: &[f32], values: &[f32], n_head: usize, n_kv: usize) -> Vec<f32> {
     let hs = q.len() / n_head;

@@ -9,7 +9,7 @@ use super::setup::Setup;
 use crate::config::DeviceKind;
 use crate::error::user_error;
 use kernels::{AttentionSaves, ChainedDq};
-use stages::flops::{block_flops, head_flops, Flops};
+use stages::flops::{blocks_flops, head_flops, typical_block_flops, Flops};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
 use stages::{Activation, ModelShape, NormPlacement, RecomputePolicy, TensorParallel};
@@ -48,14 +48,8 @@ pub struct Durations {
 fn chunk_flops(setup: &Setup, stage: usize, chunk: usize) -> Flops {
     let s = &setup.shape;
     let layout = setup.layout(stage, chunk);
-    let (block, blocks) = (block_flops(s), layout.blocks.len() as f64);
     let head = if layout.head { head_flops(s) } else { Flops::default() };
-    Flops {
-        forward: blocks * block.forward + head.forward,
-        backward_input: blocks * block.backward_input + head.backward_input,
-        backward_weight: blocks * block.backward_weight + head.backward_weight,
-    }
-    .per_rank(setup.tp)
+    (blocks_flops(s, layout.blocks.clone()) + head).per_rank(setup.tp)
 }
 
 /// Seconds of `collectives` among the t ranks of a layer on [B,T,C] activations: ring bytes
@@ -95,7 +89,8 @@ fn chunk_collective_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hard
 fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -> f64 {
     let (s, tp) = (&setup.shape, setup.tp);
     let blocks = setup.layout(stage, chunk).blocks.len();
-    let block = block_flops(s).per_rank(tp);
+    // A block's: where a window covers some layers and not others, their mean.
+    let block = typical_block_flops(s).per_rank(tp);
     let eb = setup.activation_bytes_per_element() as f64;
     let streamed =
         |elements: usize, split| 2.0 * tp.per_rank(elements, split) as f64 * eb / hw.achieved_bandwidth();
@@ -452,7 +447,7 @@ mod tests {
     fn model_times_are_flops_over_achieved_rate() {
         let s = setup(gpt2_small(4, "1f1b", 1, 8));
         let d = from_hardware(&s, &h100());
-        let block = block_flops(&s.shape);
+        let block = typical_block_flops(&s.shape);
         let rate = 989e12 * 0.5;
         assert_eq!(d.chunks[1].forward, 4.0 * block.forward / rate);
         assert_eq!(d.chunks[1].backward_weight, 4.0 * block.backward_weight / rate);
@@ -629,7 +624,7 @@ mod tests {
         let h100 = h100();
         let today = from_hardware(&setup(gpt2_small(4, "1f1b", 1, 8)), &h100);
         assert_eq!(from_hardware(&setup(with_tp(1, true)), &h100), today);
-        let block = block_flops(&setup(with_tp(4, false)).shape);
+        let block = typical_block_flops(&setup(with_tp(4, false)).shape);
         let rate = 989e12 * 0.5;
         // [1024, 768] fp32 activations; a ring moves 3/4 of them per all-gather among 4
         // GPUs of a node, at 80% of NVLink's 450 GB/s, 10 us per collective.

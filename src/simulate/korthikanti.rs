@@ -194,6 +194,7 @@ mod tests {
             biases: stages::LinearBiases::NoBiases,
             qk_norm: false,
             qk_norm_span: stages::QkNormSpan::Head,
+            sliding_window: None,
             tied_output: false,
             embedding_multiplier: None,
             init_std: 0.02,

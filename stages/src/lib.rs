@@ -24,7 +24,7 @@ pub use dist::{NamedTensor, TensorGroup};
 pub use layers::activation::Activation;
 pub use layers::norm::{Norm, NormPlacement};
 pub use layers::qk_norm::QkNormSpan;
-pub use model::{Architecture, DropoutProbs, LinearBiases, ModelShape, Naming, Positions};
+pub use model::{Architecture, DropoutProbs, LinearBiases, ModelShape, Naming, Positions, SlidingWindow};
 pub use offload::{ActivationOffload, OffloadModule};
 pub use optimizer_shard::OptimizerShard;
 pub use params::{ChunkLayout, Parameters};

@@ -9,7 +9,7 @@
 use crate::layers::activation::Activation;
 use crate::layers::norm::{Norm, NormPlacement};
 use crate::layers::qk_norm::QkNormSpan;
-use kernels::{AttentionSaves, DType, RopeFrequencies, WeightLayout};
+use kernels::{AttentionSaves, CausalMask, DType, RopeFrequencies, WeightLayout};
 
 /// How a token learns its position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,6 +20,23 @@ pub enum Positions {
     /// frequencies base^(-2i/hs) (Llama: base 10000, Llama 3: 500000), Llama 3.1's scaling
     /// on top where it is set.
     Rotary(RopeFrequencies),
+}
+
+/// A sliding window over the keys (Megatron's `window_size` and `window_attn_skip_freq`):
+/// each query of a windowed layer sees the `keys` keys up to itself, itself included
+/// (Hugging Face's `sliding_window`); with `full_every` N, every Nth layer counting from 1
+/// (the Nth, the 2Nth, ...) sees every key before it instead (OLMo 3's one in four, N = 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub keys: usize,
+    pub full_every: Option<usize>,
+}
+
+impl SlidingWindow {
+    /// Whether `layer` (global, from 0) is windowed.
+    pub fn windows(self, layer: usize) -> bool {
+        self.full_every.is_none_or(|n| !(layer + 1).is_multiple_of(n))
+    }
 }
 
 /// Which linear layers add a bias: Megatron's `disable_bias_linear` and `add_qkv_bias`.
@@ -69,6 +86,9 @@ pub struct Architecture {
     pub qk_norm: bool,
     /// What QK-norm spans, where the model has it: each head, or the whole projection.
     pub qk_norm_span: QkNormSpan,
+    /// A sliding window on some or all layers' attention; None: every query sees every key
+    /// before it.
+    pub sliding_window: Option<SlidingWindow>,
     /// The output layer is the token embedding (not `untie_embeddings_and_output_weights`).
     pub tied_output: bool,
     /// The token embedding's output is multiplied by this (Gemma's sqrt(hidden_size), in
@@ -101,6 +121,7 @@ impl Architecture {
         biases: LinearBiases::All,
         qk_norm: false,
         qk_norm_span: QkNormSpan::Head,
+        sliding_window: None,
         tied_output: true,
         embedding_multiplier: None,
         init_std: 0.02,
@@ -118,9 +139,18 @@ impl Architecture {
             biases: LinearBiases::NoBiases,
             qk_norm: false,
             qk_norm_span: QkNormSpan::Head,
+            sliding_window: None,
             tied_output: false,
             embedding_multiplier: None,
             init_std: 0.02,
+        }
+    }
+
+    /// The keys layer `layer` (global, from 0) attends to.
+    pub fn attention_mask(&self, layer: usize) -> CausalMask {
+        match self.sliding_window {
+            Some(w) if w.windows(layer) => CausalMask::Window(w.keys),
+            _ => CausalMask::Full,
         }
     }
 

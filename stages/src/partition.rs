@@ -2,7 +2,7 @@
 //! cost by default — the first virtual stage also runs the embedding, the last the final
 //! norm, LM head and loss — or given explicitly.
 
-use crate::flops::{block_flops, head_flops};
+use crate::flops::{head_flops, typical_block_flops};
 use crate::model::ModelShape;
 use crate::params::ChunkLayout;
 
@@ -21,7 +21,7 @@ pub fn balanced(s: &ModelShape, virtual_stages: usize) -> Result<Vec<usize>, Str
     if v == 0 || v > l + 1 || (v == l + 1 && l == 0) {
         return Err(format!("cannot split {l} layers over {v} pipeline stages (chunks)"));
     }
-    let block = block_flops(s).total();
+    let block = typical_block_flops(s).total();
     let head = head_flops(s).total();
     // The cheapest most-expensive stage of n blocks over k stages before the last, each
     // holding at least one (n >= k >= 1).
@@ -128,7 +128,7 @@ mod tests {
     /// most-expensive stage, the ties going to the fewest blocks of a stage counted from the
     /// last.
     fn by_dynamic_program(s: &ModelShape, v: usize) -> Vec<usize> {
-        let (l, block, head) = (s.num_layers, block_flops(s).total(), head_flops(s).total());
+        let (l, block, head) = (s.num_layers, typical_block_flops(s).total(), head_flops(s).total());
         let mut best = vec![vec![f64::INFINITY; l + 1]; v + 1];
         let mut choice = vec![vec![0usize; l + 1]; v + 1];
         best[0][0] = 0.0;

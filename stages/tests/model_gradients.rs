@@ -128,6 +128,21 @@ fn gradients_match_central_differences_with_the_norms_on_the_outputs() {
     check_gradients(ModelShape { arch: gpt2, ..SHAPE });
 }
 
+/// A sliding window of 3 keys over 8 positions, on both layers and on the first alone (a
+/// full layer every second: OLMo 3's pattern at its period of 2).
+#[test]
+fn gradients_match_central_differences_under_a_sliding_window() {
+    for full_every in [None, Some(2)] {
+        let sliding_window = Some(stages::SlidingWindow { keys: 3, full_every });
+        let arch = stages::Architecture {
+            sliding_window,
+            tied_output: true,
+            ..stages::Architecture::llama(1e4, 1e-6)
+        };
+        check_gradients(ModelShape { arch, kv_heads: 1, ..SHAPE });
+    }
+}
+
 fn check_gradients(s: ModelShape) {
     let dev = CpuDevice::new(2);
     let tokens: Vec<u32> = (0..TOKENS as u32).map(|i| (i * 5 + 1) % SHAPE.vocab as u32).collect();

@@ -18,9 +18,9 @@ Mistral 7B v0.3), rope_theta 1000000, rms_norm_eps 1e-5, an output layer of its 
 weights drawn as the Qwen2's are. Its sibling hf_mistral_nemo_tiny is Mistral Nemo in
 miniature: heads of 16 at a width of 32 over 4 heads (Nemo's 128 at 5120 over 32), so the
 attention's output (64 wide) is not the residual's width and o_proj is [32, 64]. And
-hf_mistral_v01_tiny is Mistral 7B v0.1 in miniature: a window of 12 keys at 16 positions
-(v0.1's 4096 at 32768), its losses over windows of 12 tokens, which the window covers:
-pipetrain reads it as a Llama of 12 positions.
+hf_mistral_v01_tiny is Mistral 7B v0.1 in miniature: a sliding window of 5 keys on every
+layer at 16 positions (v0.1's 4096 at 32768), its losses over sequences of 16 tokens, so
+that the window leaves out keys of most queries.
 """
 
 import os
@@ -69,8 +69,8 @@ def main() -> None:
     nemo = tiny_mistral(head_dim=16)
     assert nemo.model.layers[0].self_attn.o_proj.weight.shape == (32, 64)
     save(nemo, os.path.join(fixtures, "hf_mistral_nemo_tiny"), None, script="make_qwen2_mistral_fixtures.py")
-    v01 = tiny_mistral(sliding_window=12)
-    save(v01, os.path.join(fixtures, "hf_mistral_v01_tiny"), None, t=12, script="make_qwen2_mistral_fixtures.py")
+    v01 = tiny_mistral(sliding_window=5)
+    save(v01, os.path.join(fixtures, "hf_mistral_v01_tiny"), None, script="make_qwen2_mistral_fixtures.py")
 
 
 if __name__ == "__main__":

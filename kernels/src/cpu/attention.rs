@@ -1,5 +1,5 @@
 //! The causal grouped-query self-attention core, per (batch, query head h): S = Q_h K_g^T /
-//! sqrt(hs) under the causal mask, P = softmax(S) (saved to `att`), P' = dropout(P) (saved
+//! sqrt(hs) under the causal mask (or a sliding window's), P = softmax(S) (saved to `att`), P' = dropout(P) (saved
 //! to `dropped`), out_h = P' V_g, where g = h / (NH/KV) is the key/value head that h shares
 //! with the other query heads of its group (KV == NH: multi-head attention). Backward reads P
 //! (softmax) and P' (dV), and regenerates the mask for dP from its key.
@@ -10,12 +10,14 @@
 //! result does not depend on the thread count. A key/value head's dK and dV are its first
 //! query head's, plus each later one's in ascending order. The per-head products are
 //! single-threaded gemm calls on strided views of qkv, out and dqkv, taken in row blocks so
-//! that the masked upper triangle is (mostly) skipped.
+//! that the masked upper triangle, and under a window the keys before it, are (mostly)
+//! skipped.
 
 use super::disjoint::DisjointMut;
 use super::dropout::scale_by_mask;
 use super::math::{dot, exp, max, sum};
 use super::matmul::{gemm_strided, Strided};
+use crate::attention::CausalMask;
 use crate::dropout::DropoutSpec;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -24,7 +26,7 @@ use rayon::prelude::*;
 const BLOCK: usize = 64;
 
 /// qkv [B,T,(NH+2*KV)*hs], out [B,T,NH*hs], att [B,NH,T,T]: NH query heads, KV key/value
-/// heads (KV divides NH), head size hs.
+/// heads (KV divides NH), head size hs; the keys each query sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
     pub b: usize,
@@ -32,6 +34,7 @@ pub struct Dims {
     pub nh: usize,
     pub kv: usize,
     pub hs: usize,
+    pub mask: CausalMask,
 }
 
 impl Dims {
@@ -52,6 +55,11 @@ impl Dims {
     /// Query heads per key/value head.
     fn group(&self) -> usize {
         self.nh / self.kv
+    }
+
+    /// The keys query `i` sees, first_key..=i: the rest of its row is masked.
+    fn live(&self, i: usize) -> std::ops::RangeInclusive<usize> {
+        self.mask.first_key(i)..=i
     }
 }
 
@@ -187,21 +195,22 @@ fn head_forward(
     let scale = 1.0 / (hs as f32).sqrt();
     let none = Parallelism::None;
     for (i0, i1) in blocks(t) {
-        // att[i0..i1, 0..i1] = scale * Q[i0..i1] @ K[0..i1]^T
+        // att[i0..i1, j0..i1] = scale * Q[i0..i1] @ K[j0..i1]^T, j0 the block's first key
         // SAFETY: every view stays inside its slice; att is exclusively borrowed.
+        let j0 = d.mask.first_key(i0);
         unsafe {
-            let dst = Strided { ptr: att[i0 * t..].as_mut_ptr(), rs: t, cs: 1 };
-            let k_t = Strided { ptr: qkv[head.k..].as_ptr(), rs: 1, cs: c3 };
-            gemm_strided((i1 - i0, i1, hs), dst, at(qkv, head.q + i0 * c3, c3), k_t, false, scale, none);
+            let dst = Strided { ptr: att[i0 * t + j0..].as_mut_ptr(), rs: t, cs: 1 };
+            let k_t = Strided { ptr: qkv[head.k + j0 * c3..].as_ptr(), rs: 1, cs: c3 };
+            gemm_strided((i1 - i0, i1 - j0, hs), dst, at(qkv, head.q + i0 * c3, c3), k_t, false, scale, none);
         }
     }
     for (i, row) in att.chunks_exact_mut(t).enumerate() {
-        let (live, masked) = row.split_at_mut(i + 1);
+        let live = &mut row[d.live(i)];
         let row_max = max(live);
         live.iter_mut().for_each(|x| *x = exp(*x - row_max));
         let inv_sum = 1.0 / sum(live);
         live.iter_mut().for_each(|x| *x *= inv_sum);
-        masked.fill(0.0);
+        zero_outside(row, d.live(i));
     }
     let probs: &[f32] = match dropout {
         None => att,
@@ -212,22 +221,32 @@ fn head_forward(
     };
     let Some(out) = out else { return };
     for (i0, i1) in blocks(t) {
-        // out[i0..i1] = probs[i0..i1, 0..i1] @ V[0..i1]
+        // out[i0..i1] = probs[i0..i1, j0..i1] @ V[j0..i1]
         // SAFETY: this head alone writes its [T,hs] block of out; the reads stay in bounds.
+        let j0 = d.mask.first_key(i0);
         unsafe {
             let dst = Strided { ptr: out.ptr_at(head.o + i0 * d.out_width()), rs: d.out_width(), cs: 1 };
-            gemm_strided((i1 - i0, hs, i1), dst, at(probs, i0 * t, t), at(qkv, head.v, c3), false, 1.0, none);
+            let v = at(qkv, head.v + j0 * c3, c3);
+            gemm_strided((i1 - i0, hs, i1 - j0), dst, at(probs, i0 * t + j0, t), v, false, 1.0, none);
         }
     }
 }
 
-/// dropped [T,T] = att [T,T] * mask / (1 - p) on and below the diagonal, 0 above.
+/// Zeroes `row` outside the keys its query sees.
+fn zero_outside(row: &mut [f32], live: std::ops::RangeInclusive<usize>) {
+    row[..*live.start()].fill(0.0);
+    row[live.end() + 1..].fill(0.0);
+}
+
+/// dropped [T,T] = att [T,T] * mask / (1 - p) where a query sees the key, 0 elsewhere.
 fn drop_probs(d: Dims, head: &Head, att: &[f32], spec: &DropoutSpec, dropped: &mut [f32]) {
     for (i, (row, probs)) in dropped.chunks_exact_mut(d.t).zip(att.chunks_exact(d.t)).enumerate() {
-        let (live, masked) = row.split_at_mut(i + 1);
-        live.copy_from_slice(&probs[..=i]);
-        scale_by_mask(spec, head.mask_row(d, spec, i), live);
-        masked.fill(0.0);
+        let first = d.mask.first_key(i);
+        let live = &mut row[d.live(i)];
+        live.copy_from_slice(&probs[d.live(i)]);
+        // The mask's element index of key `first`: its row's plus the column.
+        scale_by_mask(spec, head.mask_row(d, spec, i) + first, live);
+        zero_outside(row, d.live(i));
     }
 }
 
@@ -286,48 +305,52 @@ fn head_backward(
         }
     };
     for (j0, j1) in blocks(t) {
-        // dV[j0..j1] = probs[j0..t, j0..j1]^T @ dout[j0..t] (rows above j0 are masked)
-        // dscores[i0..i1, 0..i1] = dout[i0..i1] @ V[0..i1]^T
+        // dV[j0..j1] = probs[j0..e, j0..j1]^T @ dout[j0..e], e the end of the queries that
+        // see those keys (rows above j0 are masked)
+        // dscores[j0..j1, k0..j1] = dout[j0..j1] @ V[k0..j1]^T, k0 the block's first key
         // SAFETY: this head alone writes its columns of dqkv (and its pair its dK and dV);
         // the reads stay in bounds.
+        let (e, k0) = (d.mask.queries_end(j1, t), d.mask.first_key(j0));
         unsafe {
             let dst = Strided { ptr: dv.add(j0 * rs), rs, cs: 1 };
             let probs_t = Strided { ptr: probs[j0 * t + j0..].as_ptr(), rs: 1, cs: t };
-            gemm_strided((j1 - j0, hs, t - j0), dst, probs_t, at(dout, head.o + j0 * c, c), false, 1.0, none);
-            let dst = Strided { ptr: dscores[j0 * t..].as_mut_ptr(), rs: t, cs: 1 };
-            let v_t = Strided { ptr: qkv[head.v..].as_ptr(), rs: 1, cs: c3 };
-            gemm_strided((j1 - j0, j1, hs), dst, at(dout, head.o + j0 * c, c), v_t, false, 1.0, none);
+            gemm_strided((j1 - j0, hs, e - j0), dst, probs_t, at(dout, head.o + j0 * c, c), false, 1.0, none);
+            let dst = Strided { ptr: dscores[j0 * t + k0..].as_mut_ptr(), rs: t, cs: 1 };
+            let v_t = Strided { ptr: qkv[head.v + k0 * c3..].as_ptr(), rs: 1, cs: c3 };
+            gemm_strided((j1 - j0, j1 - k0, hs), dst, at(dout, head.o + j0 * c, c), v_t, false, 1.0, none);
         }
     }
-    // Back through dropout, then softmax: dS = P * (dP - sum_j P dP); 0 above the diagonal.
+    // Back through dropout, then softmax: dS = P * (dP - sum_j P dP); 0 where masked.
     for (i, (row, p)) in dscores.chunks_exact_mut(t).zip(att.chunks_exact(t)).enumerate() {
-        let (live, masked) = row.split_at_mut(i + 1);
+        let first = d.mask.first_key(i);
+        let live = &mut row[d.live(i)];
         if let Some((spec, _)) = dropout {
-            scale_by_mask(spec, head.mask_row(d, spec, i), live);
+            scale_by_mask(spec, head.mask_row(d, spec, i) + first, live);
         }
-        let p = &p[..=i];
+        let p = &p[d.live(i)];
         let p_dp = dot(p, live);
         live.iter_mut().zip(p).for_each(|(x, &p)| *x = p * (*x - p_dp));
-        masked.fill(0.0);
+        zero_outside(row, d.live(i));
     }
     for (i0, i1) in blocks(t) {
-        // dQ[i0..i1] = scale * dS[i0..i1, 0..i1] @ K[0..i1]
-        // dK[i0..i1] = scale * dS[i0..t, i0..i1]^T @ Q[i0..t]
+        // dQ[i0..i1] = scale * dS[i0..i1, k0..i1] @ K[k0..i1]
+        // dK[i0..i1] = scale * dS[i0..e, i0..i1]^T @ Q[i0..e]
         // SAFETY: as above.
+        let (e, k0) = (d.mask.queries_end(i1, t), d.mask.first_key(i0));
         unsafe {
             let dst = Strided { ptr: dqkv.ptr_at(head.q + i0 * c3), rs: c3, cs: 1 };
             gemm_strided(
-                (i1 - i0, hs, i1),
+                (i1 - i0, hs, i1 - k0),
                 dst,
-                at(dscores, i0 * t, t),
-                at(qkv, head.k, c3),
+                at(dscores, i0 * t + k0, t),
+                at(qkv, head.k + k0 * c3, c3),
                 false,
                 scale,
                 none,
             );
             let dst = Strided { ptr: dk.add(i0 * rs), rs, cs: 1 };
             let ds_t = Strided { ptr: dscores[i0 * t + i0..].as_ptr(), rs: 1, cs: t };
-            gemm_strided((i1 - i0, hs, t - i0), dst, ds_t, at(qkv, head.q + i0 * c3, c3), false, scale, none);
+            gemm_strided((i1 - i0, hs, e - i0), dst, ds_t, at(qkv, head.q + i0 * c3, c3), false, scale, none);
         }
     }
     let Some(partials) = kv_partials else { return };
@@ -350,9 +373,12 @@ mod tests {
     use crate::philox;
 
     // T spans a full BLOCK and a partial one; 6 (batch, head) pairs in 2 groups.
-    const D: Dims = Dims { b: 2, t: 70, nh: 3, kv: 3, hs: 4 };
+    const D: Dims = Dims { b: 2, t: 70, nh: 3, kv: 3, hs: 4, mask: CausalMask::Full };
     // 6 query heads sharing 2 key/value heads, 3 query heads each.
-    const GQA: Dims = Dims { b: 2, t: 70, nh: 6, kv: 2, hs: 4 };
+    const GQA: Dims = Dims { b: 2, t: 70, nh: 6, kv: 2, hs: 4, mask: CausalMask::Full };
+    // A window of 13 keys: the second row block starts past its first keys, and the
+    // first block's keys reach past it.
+    const WINDOW: CausalMask = CausalMask::Window(13);
     const GROUPS: usize = 2;
     const SPEC: DropoutSpec = DropoutSpec {
         p: 0.3,
@@ -380,12 +406,13 @@ mod tests {
             let heads = [h, d.nh + g, d.nh + d.kv + g]; // q, k, v
             let x = |i: usize, part: usize, k: usize| qkv[(b * t + i) * w + heads[part] * hs + k];
             for i in 0..t {
-                let scores: Vec<f64> = (0..=i)
+                let first = d.mask.first_key(i);
+                let scores: Vec<f64> = (first..=i)
                     .map(|j| (0..hs).map(|k| x(i, 0, k) * x(j, 1, k)).sum::<f64>() / (hs as f64).sqrt())
                     .collect();
                 let m = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let total: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-                for (j, s) in scores.iter().enumerate() {
+                for (j, s) in (first..).zip(&scores) {
                     let p = (s - m).exp() / total;
                     let index = (bh * t + i) * t + j;
                     att[index] = p;
@@ -425,7 +452,7 @@ mod tests {
 
     #[test]
     fn forward_matches_f64_reference_with_and_without_dropout() {
-        for d in [D, GQA] {
+        for d in [D, GQA, Dims { mask: WINDOW, ..GQA }] {
             let qkv = random(1, d.b * d.t * d.qkv_width(), 2.0);
             for dropout in [None, Some(&SPEC)] {
                 let (out, att, dropped) = run_forward(&qkv, d, dropout);
@@ -449,8 +476,9 @@ mod tests {
                     GROUPS,
                 );
                 assert!(again == att && again_dropped == dropped, "recomputed probabilities differ");
-                let upper = (0..d.att_len()).filter(|&x| (x % d.t) > (x / d.t) % d.t);
-                assert!(upper.clone().all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
+                let (row, key) = (|x: usize| (x / d.t) % d.t, |x: usize| x % d.t);
+                let mut masked = (0..d.att_len()).filter(|&x| !d.live(row(x)).contains(&key(x)));
+                assert!(masked.all(|x| att[x] == 0.0), "masked probabilities must be exactly 0");
             }
         }
     }
@@ -459,7 +487,9 @@ mod tests {
     fn backward_matches_finite_differences_with_and_without_dropout() {
         // T over one BLOCK; the forward test covers the batch offsets. Multi-head, and 4 query
         // heads on 2 key/value heads.
-        for d in [Dims { b: 1, t: 67, nh: 2, kv: 2, hs: 4 }, Dims { b: 1, t: 67, nh: 4, kv: 2, hs: 4 }] {
+        let mha = Dims { b: 1, t: 67, nh: 2, kv: 2, hs: 4, mask: CausalMask::Full };
+        let gqa = Dims { nh: 4, ..mha };
+        for d in [mha, gqa, Dims { mask: WINDOW, ..gqa }] {
             let qkv = random(2, d.b * d.t * d.qkv_width(), 1.5);
             let w = random(3, d.b * d.t * d.out_width(), 1.0);
             // Every 7th component (7 is prime to the row lengths 24 and 32): all of q, k, v,
@@ -493,22 +523,28 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_is_multi_head_on_repeated_key_value_heads_bitwise() {
-        let mha = Dims { kv: GQA.nh, ..GQA };
-        let qkv = random(4, GQA.b * GQA.t * GQA.qkv_width(), 2.0);
-        let repeated = repeat_kv(&qkv, GQA);
-        let w = random(5, GQA.b * GQA.t * GQA.out_width(), 1.0);
+        for mask in [CausalMask::Full, WINDOW] {
+            gqa_is_mha_on_repeated_heads(Dims { mask, ..GQA });
+        }
+    }
+
+    fn gqa_is_mha_on_repeated_heads(gqa: Dims) {
+        let mha = Dims { kv: gqa.nh, ..gqa };
+        let qkv = random(4, gqa.b * gqa.t * gqa.qkv_width(), 2.0);
+        let repeated = repeat_kv(&qkv, gqa);
+        let w = random(5, gqa.b * gqa.t * gqa.out_width(), 1.0);
         for dropout in [None, Some(&SPEC)] {
             // The same masks: they are keyed per (batch, query head) in both.
-            assert!(run_forward(&qkv, GQA, dropout) == run_forward(&repeated, mha, dropout), "forward");
+            assert!(run_forward(&qkv, gqa, dropout) == run_forward(&repeated, mha, dropout), "forward");
             let (dqkv, dmha) =
-                (run_backward(&qkv, &w, GQA, dropout, 3), run_backward(&repeated, &w, mha, dropout, 3));
+                (run_backward(&qkv, &w, gqa, dropout, 3), run_backward(&repeated, &w, mha, dropout, 3));
             // dK and dV of a key/value head: its query heads' in ascending order, added in f32.
-            let (hs, group) = (GQA.hs, GQA.group());
+            let (hs, group) = (gqa.hs, gqa.group());
             let mut want = Vec::new();
             for row in dmha.chunks_exact(mha.qkv_width()) {
                 let head = |h: usize| &row[h * hs..][..hs];
-                want.extend_from_slice(&row[..GQA.nh * hs]);
-                for first in (GQA.nh..3 * GQA.nh).step_by(group) {
+                want.extend_from_slice(&row[..gqa.nh * hs]);
+                for first in (gqa.nh..3 * gqa.nh).step_by(group) {
                     let mut sum = head(first).to_vec();
                     for h in first + 1..first + group {
                         sum.iter_mut().zip(head(h)).for_each(|(s, &x)| *s += x);
@@ -524,9 +560,32 @@ mod tests {
     fn backward_is_the_same_for_any_number_of_groups() {
         let qkv = random(6, GQA.b * GQA.t * GQA.qkv_width(), 2.0);
         let w = random(7, GQA.b * GQA.t * GQA.out_width(), 1.0);
-        let one = run_backward(&qkv, &w, GQA, Some(&SPEC), 1);
-        for groups in [3, 4] {
-            assert!(run_backward(&qkv, &w, GQA, Some(&SPEC), groups) == one, "{groups} groups");
+        for d in [GQA, Dims { mask: WINDOW, ..GQA }] {
+            let one = run_backward(&qkv, &w, d, Some(&SPEC), 1);
+            for groups in [3, 4] {
+                assert!(run_backward(&qkv, &w, d, Some(&SPEC), groups) == one, "{groups} groups");
+            }
         }
+    }
+
+    /// A window of as many keys as the sequence has is the causal mask, bit for bit, and one
+    /// of fewer changes every row past it.
+    #[test]
+    fn a_window_as_long_as_the_sequence_is_the_causal_mask() {
+        let qkv = random(8, GQA.b * GQA.t * GQA.qkv_width(), 2.0);
+        let w = random(9, GQA.b * GQA.t * GQA.out_width(), 1.0);
+        let full = (run_forward(&qkv, GQA, Some(&SPEC)), run_backward(&qkv, &w, GQA, Some(&SPEC), 2));
+        let whole = Dims { mask: CausalMask::Window(GQA.t), ..GQA };
+        assert!(
+            (run_forward(&qkv, whole, Some(&SPEC)), run_backward(&qkv, &w, whole, Some(&SPEC), 2)) == full
+        );
+        let (out, _, _) = run_forward(&qkv, Dims { mask: CausalMask::Window(GQA.t - 1), ..GQA }, None);
+        let (want, _, _) = run_forward(&qkv, GQA, None);
+        let last_row = |o: &[f32]| o[(GQA.t - 1) * GQA.out_width()..][..GQA.out_width()].to_vec();
+        assert!(out[..(GQA.t - 1) * GQA.out_width()] == want[..(GQA.t - 1) * GQA.out_width()]);
+        assert!(
+            last_row(&out).iter().zip(last_row(&want)).all(|(a, b)| a != &b),
+            "the last row sees one key less"
+        );
     }
 }

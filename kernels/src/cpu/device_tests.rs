@@ -4,7 +4,7 @@
 
 use super::testutil::random;
 use super::CpuDevice;
-use crate::attention::AttentionSaved;
+use crate::attention::{AttentionSaved, CausalMask};
 use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::gate::Gate;
@@ -65,7 +65,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let mut y = z(&[B, T, C]);
     let mut saved = probabilities(z(&[B, NH, T, T]), z(&[B, NH, T, T]));
-    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, NH);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, NH, CausalMask::Full);
     keep(&y);
     let AttentionSaved::Probabilities { probs, dropped: Some(dropped) } = &saved else { unreachable!() };
     [probs, dropped].into_iter().for_each(&mut keep);
@@ -101,7 +101,7 @@ fn every_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     dev.matmul_backward_input(&mut dy, &dh, &w_fc, WeightLayout::OutIn);
     dev.matmul_backward_weight(&mut dw_fc, None, &dh, &y, WeightLayout::OutIn);
     let mut dqkv = z(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, NH);
+    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, NH, CausalMask::Full);
     let mut dln = z(&[N, C]);
     dev.matmul_backward_input(&mut dln, &dqkv, &w_qkv, WeightLayout::InOut);
     dev.matmul_backward_weight(&mut dw_qkv, Some(&mut db_qkv), &dqkv, &ln, WeightLayout::InOut);
@@ -177,11 +177,11 @@ fn op_scratch_is_counted_as_workspace_and_released() {
     let drop = spec(DropoutSite::AttentionProbs, 0.1);
     let ledger = dev.ledger();
     ledger.reset_peaks();
-    dev.attention_forward(Some(&mut y), &mut saved, Some(drop), &qkv, NH, NH);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(drop), &qkv, NH, NH, CausalMask::Full);
     // Forward writes straight into its outputs.
     assert_eq!(ledger.peak(Category::Workspace), 0);
     let mut dqkv = act(&[B, T, 3 * C]);
-    dev.attention_backward(&mut dqkv, &dout, &y, &qkv, &saved, Some(drop), NH, NH);
+    dev.attention_backward(&mut dqkv, &dout, &y, &qkv, &saved, Some(drop), NH, NH, CausalMask::Full);
     // One group per thread, each with dS [T,T].
     assert_eq!(ledger.peak(Category::Workspace), 2 * T * T * 4);
     assert_eq!(ledger.live(Category::Workspace), 0);
@@ -248,7 +248,7 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let attn_drop = spec(DropoutSite::AttentionProbs, 0.1);
     let mut y = z(&[B, T, C]);
     let mut saved = probabilities(z(&[B, NH, T, T]), z(&[B, NH, T, T]));
-    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, KV);
+    dev.attention_forward(Some(&mut y), &mut saved, Some(attn_drop), &qkv, NH, KV, CausalMask::Full);
     keep(&y);
     let w_fc = t(4, &[2 * F, C], 0.1);
     let (mut h, mut g) = (z(&[N, 2 * F]), z(&[N, F]));
@@ -260,7 +260,7 @@ fn every_llama_output(dev: &CpuDevice) -> Vec<Vec<f32>> {
     let (mut dh, mut dy) = (z(&[N, 2 * F]), t(6, &[N, C], 0.1));
     dev.glu_backward(&mut dh, &h, &dg, Gate::Silu);
     let mut dqkv = z(&[B, T, QKV]);
-    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, KV);
+    dev.attention_backward(&mut dqkv, &dy, &y, &qkv, &saved, Some(attn_drop), NH, KV, CausalMask::Full);
     dev.rope_backward(&mut dqkv, NH, KV, RopeFrequencies::plain(10_000.0));
     dev.matmul_backward_input(&mut dy, &dqkv, &w_qkv, WeightLayout::OutIn);
     let (mut dx, mut dnorm_w) = (z(&[B, T, C]), t(7, &[C], 0.1));
@@ -314,8 +314,20 @@ fn llama_op_scratch_is_counted_as_workspace_and_released() {
     assert_eq!(peak_after(&mut || dev.rmsnorm_forward(&mut dx, &mut rstd, &x, &w, 1e-6)), 0);
     // Grouped-query attention: a group per thread, each with dS [T,T] and the dK and dV
     // [T,hs] of the later query heads of a key/value head.
-    assert_eq!(peak_after(&mut || dev.attention_forward(Some(&mut y), &mut saved, None, &qkv, NH, KV)), 0);
-    let backward = &mut || dev.attention_backward(&mut dqkv, &y, &y, &qkv, &saved, None, NH, KV);
+    assert_eq!(
+        peak_after(&mut || dev.attention_forward(
+            Some(&mut y),
+            &mut saved,
+            None,
+            &qkv,
+            NH,
+            KV,
+            CausalMask::Full
+        )),
+        0
+    );
+    let backward =
+        &mut || dev.attention_backward(&mut dqkv, &y, &y, &qkv, &saved, None, NH, KV, CausalMask::Full);
     assert_eq!(peak_after(backward), 2 * (T * T + 2 * T * HS) * 4);
 }
 

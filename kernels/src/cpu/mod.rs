@@ -30,7 +30,7 @@ mod testutil;
 
 pub use peak::measure_matmul_peak;
 
-use crate::attention::AttentionSaved;
+use crate::attention::{AttentionSaved, CausalMask};
 use crate::backend::{
     matmul_backward_input_then_gelu, AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding,
     Gelu, Glu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SquaredRelu,
@@ -558,8 +558,9 @@ impl Attention for CpuDevice {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         dims: QkvDims,
+        mask: CausalMask,
     ) {
-        let dims = attention_dims(dims);
+        let dims = attention_dims(dims, mask);
         let (att, dropped) = saved_probabilities(saved, dims, dropout.is_some());
         let groups = self.threads().min(dims.b * dims.nh);
         let (out, att, qkv) = (out.map(|out| out.cpu_mut()), att.cpu_mut(), qkv.cpu());
@@ -576,8 +577,9 @@ impl Attention for CpuDevice {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         dims: QkvDims,
+        mask: CausalMask,
     ) {
-        let dims = attention_dims(dims);
+        let dims = attention_dims(dims, mask);
         let AttentionSaved::Probabilities { probs: att, dropped } = saved else {
             panic!("cpu: attention keeps probabilities, not {:?}", saved.kind())
         };
@@ -707,8 +709,8 @@ fn check_probabilities(probs: &Tensor, dropped: Option<&Tensor>, dims: attention
     }
 }
 
-fn attention_dims(d: QkvDims) -> attention::Dims {
-    attention::Dims { b: d.b, t: d.t, nh: d.nh, kv: d.kv, hs: d.hs }
+fn attention_dims(d: QkvDims, mask: CausalMask) -> attention::Dims {
+    attention::Dims { b: d.b, t: d.t, nh: d.nh, kv: d.kv, hs: d.hs, mask }
 }
 
 fn rope_dims(d: QkvDims) -> rope::Dims {

@@ -11,7 +11,7 @@ use super::gpu::{gpu, Gpu, GpuUse};
 use super::launch::per_pack;
 use super::scratch::Scratch;
 use super::tensor_table::KeptTable;
-use crate::attention::AttentionSaved;
+use crate::attention::{AttentionSaved, CausalMask};
 use crate::backend::{Attention, Buffers};
 use crate::counters::{Counters, DeviceCounters};
 use crate::device::{bf16_copy_len, Device};
@@ -638,7 +638,9 @@ impl Buffers for CudaDevice {
 }
 
 /// The attention core of what the layers keep for it (`AttentionSaves`): the fused kernels
-/// for a row log-sum-exp, the unfused core with cuBLAS for probabilities.
+/// for a row log-sum-exp, the unfused core with cuBLAS for probabilities. Every kernel
+/// attends to every key up to the query: a sliding window narrower than the sequence is the
+/// CPU's alone, and the trainer refuses it on this device.
 impl Attention for CudaDevice {
     fn attention_forward_impl(
         &self,
@@ -647,7 +649,9 @@ impl Attention for CudaDevice {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         dims: QkvDims,
+        mask: CausalMask,
     ) {
+        assert_eq!(mask, CausalMask::Full, "cuda: attention has no sliding window");
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
                 self.fused_attention_forward_op(out, lse, dropout, qkv, dims)
@@ -668,7 +672,9 @@ impl Attention for CudaDevice {
         saved: &AttentionSaved,
         dropout: Option<DropoutSpec>,
         dims: QkvDims,
+        mask: CausalMask,
     ) {
+        assert_eq!(mask, CausalMask::Full, "cuda: attention has no sliding window");
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
                 self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, dims)

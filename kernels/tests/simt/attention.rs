@@ -8,8 +8,8 @@ use crate::philox::dropout_mask;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_item, per_pack, per_row_warp};
 use kernels::{
-    AttentionSaved, AttentionSaves, Category, DType, Device, DropoutKey, DropoutSite, DropoutSpec,
-    WeightLayout,
+    AttentionSaved, AttentionSaves, Category, CausalMask, DType, Device, DropoutKey, DropoutSite,
+    DropoutSpec, WeightLayout,
 };
 
 /// qkv [B,T,C + 2*KV*hs]: NH query heads (C = NH*hs) on KV key/value heads.
@@ -61,9 +61,19 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
     let kind = AttentionSaves::Probabilities;
     let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv);
+    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv, CausalMask::Full);
     let mut dqkv = dev.zeros(&[b, t, d.width()], Category::Workspace);
-    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, d.kv);
+    dev.attention_backward(
+        &mut dqkv,
+        &put(dout, &[b, t, c]),
+        &out,
+        &tqkv,
+        &saved,
+        spec,
+        nh,
+        d.kv,
+        CausalMask::Full,
+    );
     let AttentionSaved::Probabilities { probs, dropped } = saved else {
         unreachable!("asked for probabilities")
     };

@@ -10,7 +10,7 @@
 
 use super::{Row, Verdict};
 use crate::config::Config;
-use kernels::{AttentionSaved, AttentionSaves, Category, Device, Tensor};
+use kernels::{AttentionSaved, AttentionSaves, Category, CausalMask, Device, Tensor};
 
 /// Calls timed per figure.
 const REPS: usize = 10;
@@ -97,10 +97,20 @@ pub fn seconds(dev: &dyn Device, saves: AttentionSaves, case: &Case) -> (f64, f6
     let mut saved =
         AttentionSaved::empty(dev, saves, [case.batch, case.heads, case.seq], false, Category::Workspace);
     let forward = |out: &mut Tensor, saved: &mut AttentionSaved| {
-        dev.attention_forward(Some(out), saved, None, &qkv, case.heads, case.kv_heads)
+        dev.attention_forward(Some(out), saved, None, &qkv, case.heads, case.kv_heads, CausalMask::Full)
     };
     let backward = |dqkv: &mut Tensor, out: &Tensor, saved: &AttentionSaved| {
-        dev.attention_backward(dqkv, &dout, out, &qkv, saved, None, case.heads, case.kv_heads)
+        dev.attention_backward(
+            dqkv,
+            &dout,
+            out,
+            &qkv,
+            saved,
+            None,
+            case.heads,
+            case.kv_heads,
+            CausalMask::Full,
+        )
     };
     forward(&mut out, &mut saved);
     backward(&mut dqkv, &out, &saved);

@@ -6,8 +6,8 @@
 
 use super::{Row, Verdict};
 use kernels::{
-    AdamWStep, AttentionSaved, AttentionSaves, Category, ClassifierGrad, Device, DropoutKey, DropoutSite,
-    DropoutSpec, SplitMix64, Tensor, WeightLayout,
+    AdamWStep, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, Device, DropoutKey,
+    DropoutSite, DropoutSpec, SplitMix64, Tensor, WeightLayout,
 };
 
 /// The tests' bound: fp32 against fp32, different summation orders.
@@ -194,7 +194,17 @@ fn ops() -> [(&'static str, Op); 21] {
             let (out, saved) = attention(d, kind, i, Some(spec));
             let mut dqkv = d.empty(&[s.b, s.t, 3 * s.c], Category::Workspace);
             let (dout, qkv) = (shaped(d, &i.y, &[s.b, s.t, s.c]), shaped(d, &i.qkv, &[s.b, s.t, 3 * s.c]));
-            d.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, Some(spec), s.heads, s.heads);
+            d.attention_backward(
+                &mut dqkv,
+                &dout,
+                &out,
+                &qkv,
+                &saved,
+                Some(spec),
+                s.heads,
+                s.heads,
+                CausalMask::Full,
+            );
             host(d, [dqkv])
         }),
         ("gelu forward and backward", |(d, _), i| {
@@ -316,7 +326,7 @@ fn attention(
     let mut out = d.empty(&[s.b, s.t, s.c], Category::Workspace);
     let mut saved = AttentionSaved::empty(d, kind, [s.b, s.heads, s.t], spec.is_some(), Category::Workspace);
     let qkv = shaped(d, &i.qkv, &[s.b, s.t, 3 * s.c]);
-    d.attention_forward(Some(&mut out), &mut saved, spec, &qkv, s.heads, s.heads);
+    d.attention_forward(Some(&mut out), &mut saved, spec, &qkv, s.heads, s.heads, CausalMask::Full);
     (out, saved)
 }
 

@@ -49,7 +49,9 @@ use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
 use crate::tensor_parallel::Shard;
-use kernels::{AttentionSaved, Category, Device, DropoutSite, DropoutSpec, HeadRange, Stopwatch, Tensor};
+use kernels::{
+    AttentionSaved, Category, CausalMask, Device, DropoutSite, DropoutSpec, HeadRange, Stopwatch, Tensor,
+};
 use std::sync::Arc;
 
 /// What a block's forward keeps for its backward (None: dropped, recomputed in backward).
@@ -132,6 +134,11 @@ impl Block<'_> {
             heads,
             kv_heads,
         })
+    }
+
+    /// The keys this block's queries attend to.
+    fn mask(&self) -> CausalMask {
+        self.s.arch.attention_mask(self.layer)
     }
 
     /// out = inp @ W (+ b) for matmul weight `weight`, in the model's weight layout.
@@ -276,7 +283,7 @@ impl Block<'_> {
         let att_dropped = att_saved.dropped_by(modules);
         let mut att = self.attention_saved(dev, att_drop, cat(att_saved)); // [B,NH,T,T] x 1|2, or [B,NH,T]
         let mut atty = act(&[b, t, a], cat(BlockTensor::AttOut)); // [B,T,A]
-        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads);
+        dev.attention_forward(Some(&mut atty), &mut att, att_drop, &qkv, heads, kv_heads, self.mask());
         let attproj_as = if on_inputs { Category::Workspace } else { cat(BlockTensor::AttProj) };
         let attproj = self.row_parallel(dev, tp, &atty, BlockParam::ProjWeight, attproj_as); // [B,T,C] | [R,C]
         let attention_residual = self.stream_dropout(dropout, DropoutSite::AttentionResidual);
@@ -428,12 +435,22 @@ impl Block<'_> {
         let att = acts.att.unwrap_or_else(|| {
             recompute.time(dev, || {
                 let mut att = self.attention_saved(dev, att_drop, Category::Workspace);
-                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, heads, kv_heads);
+                dev.attention_forward(None, &mut att, att_drop, &acts.qkv, heads, kv_heads, self.mask());
                 att
             })
         });
         let mut dqkv = ws(&[b, t, shard.qkv_width(s)]); // [B,T,QKV]
-        dev.attention_backward(&mut dqkv, &datty, &acts.atty, &acts.qkv, &att, att_drop, heads, kv_heads);
+        dev.attention_backward(
+            &mut dqkv,
+            &datty,
+            &acts.atty,
+            &acts.qkv,
+            &att,
+            att_drop,
+            heads,
+            kv_heads,
+            self.mask(),
+        );
         weight_grads.push(
             dev,
             grads,
