@@ -878,8 +878,7 @@ impl Config {
         Ok(())
     }
 
-    /// The sliding window's keys: causal, a skip frequency only beside a window, and on the
-    /// CPU wherever it is narrower than the sequence (the CUDA kernels have no window).
+    /// The sliding window's keys: causal, and a skip frequency only beside a window.
     fn validate_window(&self) -> Result<(), (&'static str, String)> {
         let Some([left, right]) = self.window_size else {
             return match self.window_attn_skip_freq {
@@ -897,16 +896,6 @@ impl Config {
             return Err((
                 "window_attn_skip_freq",
                 format!("{n} must be at least 2: every Nth layer sees every key, and the others the window"),
-            ));
-        }
-        if self.device == DeviceKind::Cuda && left + 1 < self.seq_length {
-            return Err((
-                "window_size",
-                format!(
-                    "[{left}, 0] narrower than seq_length {} needs device: cpu; the CUDA attention kernels see every \
-                     key",
-                    self.seq_length
-                ),
             ));
         }
         Ok(())
@@ -1323,19 +1312,12 @@ mod tests {
         assert_eq!(c.recompute_modules, Some(vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp]));
     }
 
-    /// A window is the CPU's where it leaves keys out: the CUDA kernels see every key, and
-    /// one as wide as the sequence changes nothing, so it runs there. Megatron's pair reads
-    /// as the window of left + 1 keys, every Nth layer full where the frequency says so.
+    /// Megatron's pair reads as the window of left + 1 keys, every Nth layer full where the
+    /// frequency says so.
     #[test]
-    fn a_window_narrower_than_the_sequence_runs_on_the_cpu() {
-        let cuda = "device: cuda\nseq_length: 64\nmax_position_embeddings: 64\n";
-        assert_eq!(
-            err_of(cuda, &[("--window-size", "62,0")]),
-            "command line: --window-size 62,0: [62, 0] narrower than seq_length 64 needs device: cpu; the CUDA \
-             attention kernels see every key"
-        );
-        let wide = load_text(cuda, &[("--window-size", "63,0"), ("--window-attn-skip-freq", "4")]).unwrap();
-        let window = wide.architecture().sliding_window;
+    fn window_size_is_megatrons_left_and_right() {
+        let windowed = load_text("", &[("--window-size", "63,0"), ("--window-attn-skip-freq", "4")]).unwrap();
+        let window = windowed.architecture().sliding_window;
         assert_eq!(window, Some(SlidingWindow { keys: 64, full_every: Some(4) }));
     }
 

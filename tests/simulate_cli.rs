@@ -749,6 +749,13 @@ fn qwen_mistral_nemo_phi_4_gemma_and_nemotron_configs_have_the_model_cards_param
             "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, no linear biases, QK-norm over \
              the projections, untied output layer",
         ),
+        // OLMo 3 7B: OLMo 2 7B's layers and vocabulary, so its count, with the window.
+        (
+            "olmo3-7b",
+            7_298_617_344,
+            "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, no linear biases, QK-norm over \
+             the projections, a window of 4096 keys but on every 4th layer, untied output layer",
+        ),
     ] {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
         let report = json_of(&cfg, &["--hardware", "h100-sxm"]);

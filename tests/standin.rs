@@ -341,6 +341,46 @@ fn olmo2_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo2), &dir, &[]);
 }
 
+/// OLMo 3: OLMo 2 above with a sliding window of 21 keys at 64 positions, every second
+/// layer seeing every key: the fused kernels skip the key tiles before the window, as the
+/// CPU does.
+#[test]
+fn olmo3_on_the_standin_is_the_cpu_within_1e_5() {
+    if !nvrtc("olmo3_on_the_standin_is_the_cpu_within_1e_5") {
+        return;
+    }
+    let dir = temp_dir("standin-olmo3");
+    let olmo3 = [
+        (
+            "disable_bias_linear: true",
+            "disable_bias_linear: true\nqk_layernorm: true\nqk_norm_span: projection\nnorm_placement: output\n\
+             window_size: [20, 0]\nwindow_attn_skip_freq: 2",
+        ),
+        ("num_query_groups: 2", "num_query_groups: 4"),
+    ];
+    assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo3), &dir, &[]);
+}
+
+/// A sliding window of 21 keys at heads of 128: the unfused core (fp32), whose softmax
+/// masks the keys before the window, within 1e-5 of the CPU; the tensor-core kernels
+/// (bf16), bitwise run to run and within 2e-2.
+#[test]
+fn a_window_at_heads_of_128_on_the_standin_is_the_cpu_in_fp32_and_near_it_in_bf16() {
+    if !nvrtc("a_window_at_heads_of_128_on_the_standin_is_the_cpu_in_fp32_and_near_it_in_bf16") {
+        return;
+    }
+    let dir = temp_dir("standin-window-128");
+    let cfg = llama_tiny(&dir, &HEADS_OF_128);
+    let window = ["--window-size", "20,0"];
+    let cpu = run(&cfg, &dir, "cpu", &[&window[..], &["--device", "cpu"]].concat());
+    let fp32 = run(&cfg, &dir, "fp32", &[&window[..], &["--device", "cuda"]].concat());
+    assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&fp32), 1e-5);
+    let bf16 = [&window[..], &["--device", "cuda", "--precision", "bf16"]].concat();
+    let (a, b) = (run(&cfg, &dir, "bf16-window-a", &bf16), run(&cfg, &dir, "bf16-window-b", &bf16));
+    assert_eq!(losses(&a), losses(&b), "bf16 run to run");
+    assert_within("cpu fp32 vs stand-in bf16", &loss_values(&cpu), &loss_values(&a), 2e-2);
+}
+
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
 /// attention's output 128 wide, the output projection [64, 128], on the stand-in as on the CPU.
 #[test]

@@ -1,6 +1,8 @@
 // Causal self-attention in tiles, forward and backward, with no [T, T] tensor: scores are
 // recomputed tile by tile, the softmax is taken online (a running maximum and sum per
-// query row), tiles wholly above the diagonal are skipped, and the dropout mask of the
+// query row), tiles wholly above the diagonal are skipped (and under a sliding window of
+// `window` keys, those wholly before it: query i sees keys j with i - window < j <= i;
+// window = T is the causal mask), and the dropout mask of the
 // probabilities is drawn from Philox inside the kernel at the CPU's element index
 // (bh * T + i) * T + j, so forward and backward see the CPU's mask bit for bit.
 //
@@ -82,8 +84,8 @@ __device__ __forceinline__ void load_tile(float* tile, Layout layout, const floa
 // the running maximum m, its own part of the sum l (over its key columns; the 16 lanes of
 // the row add theirs at the end) and dimensions tx + 16c of the output o.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
-    fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int KV, int hs, DropoutMask mask,
-                            int dropout) {
+    fused_attention_forward(float* out, float* lse, const float* qkv, int T, int NH, int KV, int hs, int window,
+                            DropoutMask mask, int dropout) {
     __shared__ float q[HS_MAX * TILE];   // [hs][TILE]: the query tile, transposed
     __shared__ float kp[HS_MAX * TILE];  // [hs][TILE]: the key tile, transposed; then P [TILE][TILE]
     __shared__ float v[TILE * HS_MAX];   // [TILE][hs]: the value tile
@@ -100,9 +102,11 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
         l[a] = 0.0f;
         for (int c = 0; c < MICRO; ++c) o[a][c] = 0.0f;
     }
-    // Key tiles up to the diagonal one: the rest are masked out. Every row meets key j0 <= i
-    // in each, so its maximum is finite from the first.
-    for (int j0 = 0; j0 <= i0; j0 += TILE) {
+    // Key tiles from the one holding the block's first row's first key up to the diagonal
+    // one: the rest are masked out. Under the causal mask every row meets key j0 <= i in
+    // each, so its maximum is finite from the first; under a window a row's first tiles may
+    // hold none of its keys, and it stays at -inf, with nothing to scale, until one does.
+    for (int j0 = max(0, i0 + 1 - window) / TILE * TILE; j0 <= i0; j0 += TILE) {
         __syncthreads();  // every thread is done with the previous tile's P and V
         load_tile(kp, TRANSPOSED, qkv + hd.k, hd.stride, j0, TILE, T, hs);
         load_tile(v, ROWS, qkv + hd.v, hd.stride, j0, TILE, T, hs);
@@ -123,16 +127,18 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
             const int i = i0 + ty + SIDE * a;
             float row_max = NEG_INF;
             for (int b = 0; b < MICRO; ++b) {
-                s[a][b] = j0 + tx + SIDE * b <= i ? scale * s[a][b] : NEG_INF;
+                const int j = j0 + tx + SIDE * b;
+                s[a][b] = j <= i && i - j < window ? scale * s[a][b] : NEG_INF;
                 row_max = fmaxf(row_max, s[a][b]);
             }
             const float m_new = fmaxf(m[a], warp_max(row_max, SIDE));
-            const float correction = expf(m[a] - m_new);
+            const float shift = m_new == NEG_INF ? 0.0f : m_new;  // no key yet: every weight 0
+            const float correction = expf(m[a] - shift);
             m[a] = m_new;
             l[a] *= correction;
             for (int c = 0; c < MICRO; ++c) o[a][c] *= correction;
             for (int b = 0; b < MICRO; ++b) {
-                s[a][b] = expf(s[a][b] - m_new);
+                s[a][b] = expf(s[a][b] - shift);
                 l[a] += s[a][b];
             }
         }
@@ -177,7 +183,8 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
 // takes query rows i0 + ty + 16a: keys tx + 16b of each key tile, dimensions tx + 16c of dq.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     fused_attention_backward_query(float* dqkv, float* delta, const float* qkv, const float* out, const float* dout,
-                                   const float* lse, int T, int NH, int KV, int hs, DropoutMask mask, int dropout) {
+                                   const float* lse, int T, int NH, int KV, int hs, int window, DropoutMask mask,
+                                   int dropout) {
     __shared__ float q[HS_MAX * TILE];        // [hs][TILE]: the query tile, transposed
     __shared__ float dy[HS_MAX * TILE];       // [hs][TILE]: dout's rows, transposed
     __shared__ float k[HS_MAX * KEYS_BACK];   // [hs][KEYS_BACK]: the key tile, transposed
@@ -204,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
         if (tx == 0 && i < T) delta[hd.bh * T + i] = D[a];
         row_lse[a] = i < T ? lse[hd.bh * T + i] : 0.0f;
     }
-    for (int j0 = 0; j0 < i0 + TILE && j0 < T; j0 += KEYS_BACK) {
+    for (int j0 = max(0, i0 + 1 - window) / KEYS_BACK * KEYS_BACK; j0 < i0 + TILE && j0 < T; j0 += KEYS_BACK) {
         __syncthreads();  // every thread is done with the previous key tile and its dS
         load_tile(k, TRANSPOSED, qkv + hd.k, hd.stride, j0, KEYS_BACK, T, hs);
         load_tile(vds, TRANSPOSED, qkv + hd.v, hd.stride, j0, KEYS_BACK, T, hs);
@@ -233,10 +240,11 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
                 for (int b = 0; b < 2; ++b)
                     dp[a][b] *= dropout_factor(mask, hd.bh, T, i0 + ty + SIDE * a, j0 + tx + SIDE * b);
         }
-        // s becomes dS, 0 above the diagonal (and so for keys past T).
+        // s becomes dS, 0 above the diagonal (and so for keys past T) and before the window.
         for (int a = 0; a < MICRO; ++a)
             for (int b = 0; b < 2; ++b) {
-                const bool below = j0 + tx + SIDE * b <= i0 + ty + SIDE * a;
+                const int i = i0 + ty + SIDE * a, j = j0 + tx + SIDE * b;
+                const bool below = j <= i && i - j < window;
                 s[a][b] = below ? expf(scale * s[a][b] - row_lse[a]) * (dp[a][b] - D[a]) : 0.0f;
             }
         __syncthreads();  // every thread is done reading the value tile, which dS overwrites
@@ -272,7 +280,8 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
 // query tile, dimensions tx + 16c of dk and dv.
 extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     fused_attention_backward_key_value(float* dqkv, const float* qkv, const float* dout, const float* lse,
-                                       const float* delta, int T, int NH, int KV, int hs, DropoutMask mask, int dropout) {
+                                       const float* delta, int T, int NH, int KV, int hs, int window, DropoutMask mask,
+                                       int dropout) {
     __shared__ float k[HS_MAX * TILE];             // [hs][TILE]: the key tile, transposed
     __shared__ float v[HS_MAX * TILE];             // [hs][TILE]: the value tile, transposed
     __shared__ float q[HS_MAX * QUERIES_BACK];     // [hs][QUERIES_BACK]: the query tile, transposed
@@ -290,7 +299,8 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
     float dk[MICRO][MICRO] = {}, dv[MICRO][MICRO] = {};
     for (int r = 0; r < NH / KV; ++r) {
         const Head hd = group_head(r, T, NH, KV, hs);
-        for (int i0 = j0; i0 < T; i0 += QUERIES_BACK) {
+        // Query tiles up to the last query that sees the block's last key.
+        for (int i0 = j0; i0 < T && i0 < j0 + TILE - 1 + window; i0 += QUERIES_BACK) {
             __syncthreads();  // every thread is done with the previous query tile, P' and dS
             load_tile(q, TRANSPOSED, qkv + hd.q, hd.stride, i0, QUERIES_BACK, T, hs);
             load_tile(dy, TRANSPOSED, dout + hd.io, C, i0, QUERIES_BACK, T, hs);
@@ -309,10 +319,11 @@ extern "C" __global__ void __launch_bounds__(SIDE * SIDE, BLOCKS_PER_SM)
             float keep[MICRO];
             for (int a = 0; a < MICRO; ++a)
                 keep[a] = dropout ? dropout_factor(mask, hd.bh, T, i, j0 + ty + SIDE * a) : 1.0f;
-            // P' and dS, 0 above the diagonal and for queries past T.
+            // P' and dS, 0 above the diagonal, past the window and for queries past T.
             const float lse_i = i < T ? lse[hd.bh * T + i] : 0.0f, delta_i = i < T ? delta[hd.bh * T + i] : 0.0f;
             for (int a = 0; a < MICRO; ++a) {
-                const bool below = j0 + ty + SIDE * a <= i && i < T;
+                const int j = j0 + ty + SIDE * a;
+                const bool below = j <= i && i - j < window && i < T;
                 const float p = below ? expf(scale * s[a] - lse_i) : 0.0f;
                 kept[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * keep[a];
                 ds[at(ty + SIDE * a, tx, QUERIES_BACK)] = p * (dp[a] * keep[a] - delta_i);

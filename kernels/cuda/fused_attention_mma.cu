@@ -1,6 +1,7 @@
 // Causal self-attention on tensor cores for `precision: bf16`: the fused kernels of
 // fused_attention.cu (the same arguments, with qkv, out, dout and dqkv stored as bf16; the
-// same contract: causal, online softmax, tiles above the diagonal skipped, lse = max +
+// same contract: causal (or a sliding window of `window` keys), online softmax, tiles
+// above the diagonal (and wholly before the window) skipped, lse = max +
 // log(sum), the CPU's Philox dropout mask drawn in the kernel at element (bh * T + i) * T
 // + j, no atomics on any value, deterministic) with every matrix product a warp's
 // mma.sync m16n8k16 in bf16 (mma.cuh), FlashAttention-2 style. The fp32 kernels spend
@@ -407,20 +408,21 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 __device__ __forceinline__ int acc_row(int e) { return threadIdx.x % WARP_SIZE / 4 + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x % 4) + e % 2; }
 
-// A warp's [16, STREAM] scores of a tile that crosses the diagonal or T, rows from r0 and
-// columns from c0: -inf where key j may not see query i, so that their exponentials are 0.
-// With queries in the rows (`transposed` false) that is j > i; rows past T are computed
-// and never stored. With queries in the columns (the key side), also i >= T, which would
-// otherwise add to every key's sums.
+// A warp's [16, STREAM] scores of a tile that crosses the diagonal, the window's edge or
+// T, rows from r0 and columns from c0: -inf where query i may not see key j, so that
+// their exponentials are 0. With queries in the rows (`transposed` false) that is j > i or
+// i - j >= window; rows past T are computed and never stored. With queries in the columns
+// (the key side), also i >= T, which would otherwise add to every key's sums.
 template <class S>
-__device__ __forceinline__ void mask_scores(float s[S::KTILES][4], int r0, int c0, int T, bool transposed) {
+__device__ __forceinline__ void mask_scores(float s[S::KTILES][4], int r0, int c0, int T, int window,
+                                            bool transposed) {
     #pragma unroll
     for (int n = 0; n < S::KTILES; ++n) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int row = r0 + acc_row(e), col = c0 + 8 * n + acc_col(e);
             const int i = transposed ? col : row, j = transposed ? row : col;
-            if (j > i || (transposed && i >= T)) s[n][e] = NEG_INF;
+            if (j > i || i - j >= window || (transposed && i >= T)) s[n][e] = NEG_INF;
         }
     }
 }
@@ -467,17 +469,19 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The arguments every kernel takes after its buffers.
-#define SHAPE_ARGS int T, int NH, int KV, int hs, DropoutMask mask, int dropout
-#define SHAPE T, NH, KV, hs, mask, dropout
+#define SHAPE_ARGS int T, int NH, int KV, int hs, int window, DropoutMask mask, int dropout
+#define SHAPE T, NH, KV, hs, window, mask, dropout
 
 // out [B, T, NH hs] (bf16) and lse [B * NH * T] (fp32) from qkv [B, T, (NH + 2 KV) hs]
 // (bf16), with k and v two buffers of staged key and value tiles (tile n in [n % 2]). Warp
 // w owns M row tiles of 16 queries, rows r0 = i0 + 16 M w .. + 16 M - 1 of the block's
 // 16 M WARPS; this lane keeps the running maximum m (log2 units), its part of the sum l
-// and the output o of its two rows g and g + 8 of each. Key tiles up to the block's last
-// row, of which a warp multiplies those up to its own: a tile wholly past its rows would
-// leave its sums as they are (every weight 0, the maximum unchanged), so skipping it
-// changes no bit, and every row's tiles are those a block of 64 rows takes.
+// and the output o of its two rows g and g + 8 of each. Key tiles from the one holding the
+// block's first row's first key (key 0 under the causal mask) up to the block's last row,
+// of which a warp multiplies those that hold a key of its rows: a tile wholly past its
+// rows, or wholly before their window, would leave its sums as they are (every weight 0,
+// the maximum unchanged), so skipping it changes no bit, and every row's tiles are those
+// a block of 64 rows takes.
 template <class S, int M>
 __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, float* lse, const bf16* qkv,
                                         SHAPE_ARGS) {
@@ -486,6 +490,7 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
     const bf16 *keys = qkv + hd.k, *values = qkv + hd.v;
     const int warp = threadIdx.x / WARP_SIZE, tile = gridDim.x - 1 - blockIdx.x;
     const int i0 = tile * 16 * M * WARPS, r0 = i0 + 16 * M * warp, tiles = (i0 + 16 * M * WARPS) / S::STREAM;
+    const int first = max(0, i0 + 1 - window) / S::STREAM;
     const float scale = LOG2E / sqrtf((float)hs);
 
     unsigned int q[M][S::STEPS][4] = {};  // the warp's [16 M, hs] queries, read once (zeros past hs)
@@ -499,18 +504,21 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
     #pragma unroll
     for (int m = 0; m < M; ++m) mx[m][0] = mx[m][1] = NEG_INF;
 
-    // The end of the warp's rows, read from lane 0 so that the compiler knows it is the same
-    // across the warp: the test of a tile against it is then a branch the whole warp takes,
-    // and ptxas does not wrap the quad's shuffles inside it in code that gathers diverged
-    // lanes (NVRTC 13.0). With one row tile a warp every tile holds keys of its rows.
+    // The end of the warp's rows and the first key its first row sees, read from lane 0 so
+    // that the compiler knows they are the same across the warp: the test of a tile against
+    // them is then a branch the whole warp takes, and ptxas does not wrap the quad's
+    // shuffles inside it in code that gathers diverged lanes (NVRTC 13.0). With one row
+    // tile a warp every tile before the window's holds keys of its rows.
     const int end = M == 1 ? T : __shfl_sync(FULL_MASK, r0 + 16 * M, 0);
+    const int begin = __shfl_sync(FULL_MASK, r0 + 1 - window, 0);
 
-    copy_tile<S>(k[0], keys, hd.stride, 0, T, hs);
-    copy_tile<S>(v[0], values, hd.stride, 0, T, hs);
+    copy_tile<S>(k[first % 2], keys, hd.stride, first * S::STREAM, T, hs);
+    copy_tile<S>(v[first % 2], values, hd.stride, first * S::STREAM, T, hs);
     copies_landed();
-    for (int n = 0; n < tiles; ++n) {
+    for (int n = first; n < tiles; ++n) {
         const int j0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
-        const bool mine = M == 1 || j0 < end;  // the tile holds a key some row of the warp sees
+        // The tile holds a key some row of the warp sees.
+        const bool mine = (M == 1 || j0 < end) && j0 + S::STREAM > begin;
         __syncthreads();  // tile n has landed, and every warp is done with tile n - 1's buffers
         if (next) {  // tile n + 1's keys and values, in flight under tile n's products
             copy_tile<S>(k[1 - cur], keys, hd.stride, j0 + S::STREAM, T, hs);
@@ -522,24 +530,28 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
             #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const int rows = r0 + 16 * m;
-                if (j0 + S::STREAM > rows) mask_scores<S>(s[m], rows, j0, T, false);  // crossing the diagonal
+                // Crossing the diagonal, or the window's edge.
+                if (j0 + S::STREAM > rows || rows + 16 - window > j0) mask_scores<S>(s[m], rows, j0, T, window, false);
                 // The rows' new maxima over the quad, in log2 units: the scores' maximum times
                 // scale, which is the maximum of the scaled scores (rounding keeps their order),
-                // one multiply a row where scaling each score took one an element. Key 0 is in
-                // the first tile and every row's, so a row's maximum is finite from the first
-                // tile (a later tile may mask a tile's rows whole: their maximum stays, and
-                // their exponentials are 0).
+                // one multiply a row where scaling each score took one an element. Under the
+                // causal mask key 0 is in the first tile and every row's, so a row's maximum is
+                // finite from the first tile (a later tile may mask a tile's rows whole: their
+                // maximum stays, and their exponentials are 0). Under a window a row may see
+                // no key of its first tiles: its maximum stays -inf, and its shift 0 leaves
+                // every weight 0 and its (zero) sums as they are.
                 float m_new[2] = {NEG_INF, NEG_INF};
                 #pragma unroll
                 for (int c = 0; c < S::KTILES; ++c) {
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) m_new[e / 2] = fmaxf(m_new[e / 2], s[m][c][e]);
                 }
-                float correction[2];
+                float correction[2], shift[2];
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     m_new[h] = fmaxf(mx[m][h], scale * quad_max(m_new[h]));
-                    correction[h] = exp2_ftz(mx[m][h] - m_new[h]);
+                    shift[h] = m_new[h] == NEG_INF ? 0.0f : m_new[h];
+                    correction[h] = exp2_ftz(mx[m][h] - shift[h]);
                     mx[m][h] = m_new[h];
                     l[m][h] *= correction[h];
                 }
@@ -549,7 +561,7 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
                 for (int c = 0; c < S::KTILES; ++c) {
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        s[m][c][e] = exp2_ftz(fmaf(s[m][c][e], scale, -mx[m][e / 2]));
+                        s[m][c][e] = exp2_ftz(fmaf(s[m][c][e], scale, -shift[e / 2]));
                         l[m][e / 2] += s[m][c][e];
                     }
                 }
@@ -617,6 +629,15 @@ __device__ __forceinline__ void delta_and_turns(float* delta, unsigned int* turn
         turns[(unsigned long long)gridDim.y * tiles + blockIdx.y / NH * KV + h / group] = 0;
 }
 
+// The lowest key tile (of ROWS keys) that query tile n (of STREAM queries) sees a key of:
+// the one whose last key, ROWS (t + 1) - 1, is at least the tile's first query's first,
+// n STREAM + 1 - window. 0 under the causal mask (window = T).
+template <class S>
+__device__ __forceinline__ int lowest_key_tile(int n, int window) {
+    const int x = n * S::STREAM - ROWS - window + 1;
+    return x < 0 ? 0 : x / ROWS + 1;
+}
+
 // The backward block's shared memory: two buffers of staged query tiles and one of output
 // gradients, its key tile, the query tiles' lse (log2 units) and delta in two buffers, and
 // its ticket. Tile n + 1's output gradients are staged after every warp is done with tile
@@ -633,8 +654,10 @@ struct alignas(16) KeySide {
 // dq's terms from the block's keys for query tile n of head hd, from dS^T staged in `ds`:
 // each warp's share of the tile (dq_terms) added to the partial sum of the key tiles
 // before. Query tile n's sum runs over the key tiles that see it, from the one holding its
-// queries (the diagonal's, n STREAM / ROWS) down to 0, each adding its terms to the sum of
-// those before; key tile 0's block rounds it to bf16 times 1 / sqrt(hs) into dqkv. The
+// queries (the diagonal's, n STREAM / ROWS) down to 0, or under a window to the lowest
+// whose last key the tile's first query sees (`lowest_key_tile`), each adding its terms to
+// the sum of those before; that lowest key tile's block rounds it to bf16 times
+// 1 / sqrt(hs) into dqkv. The
 // partial sums are a [STREAM, HS] fp32 tile for each query tile of each query head (in
 // global memory), in fragment order (warp, accumulator, lane: one 16-byte load a lane an
 // accumulator), handed on by turns (turns.cuh). The order of every sum is fixed whatever
@@ -642,7 +665,7 @@ struct alignas(16) KeySide {
 template <class S>
 __device__ __forceinline__ void add_dq(const unsigned int (*ds)[S::DS_WORDS], const Keys<S> keys,
                                        float4* partials, unsigned int* turns, bf16* dqkv, const Head& hd,
-                                       int key_tile, int n, int tiles, int T, int hs, float scale) {
+                                       int key_tile, int n, int tiles, int T, int hs, int window, float scale) {
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     // This warp's 16 queries of the tile and its first column tile.
     const int r = warp % S::QUERY_TILES, n0 = S::DQ_TILES * (warp / S::QUERY_TILES);
@@ -662,7 +685,7 @@ __device__ __forceinline__ void add_dq(const unsigned int (*ds)[S::DS_WORDS], co
             dq[d][3] = sum.w + dq[d][3];
         }
     }
-    if (key_tile == 0) {
+    if (key_tile == lowest_key_tile<S>(n, window)) {
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int i = n * S::STREAM + 16 * r + acc_row(2 * h);
@@ -680,7 +703,8 @@ __device__ __forceinline__ void add_dq(const unsigned int (*ds)[S::DS_WORDS], co
 // The backward's second launch, a block per key tile of a key/value head (blockIdx.y = b *
 // KV + g), after delta_and_turns: dv_j = sum_i P'_ij dout_i and dk_j = scale * sum_i dS_ij
 // q_i over the query tiles from the diagonal on, of each query head of the group in
-// ascending order, into dqkv (bf16), with P_ij = exp(s_ij - lse_i), dP_ij = keep_ij *
+// ascending order (up to the last query that sees the block's last key), into dqkv
+// (bf16), with P_ij = exp(s_ij - lse_i), dP_ij = keep_ij *
 // (dout_i . v_j) and dS_ij = P_ij (dP_ij - delta_i); and dq_i = scale * sum_j dS_ij k_j,
 // each query tile's summed over the key tiles' blocks in turn (add_dq). Warp w owns keys
 // j0 + 16w .. + 15 and works on the transposed products: S^T = k q^T and dP^T = v dout^T,
@@ -699,6 +723,8 @@ __device__ __forceinline__ void backward_key_value(KeySide<S>& sm, float4* parti
     unsigned int* tickets = turns + (unsigned long long)gridDim.y / KV * NH * tiles;
     const int key_tile = gridDim.x - 1 - (int)take_ticket(tickets + blockIdx.y, &sm.ticket);
     const int j0 = key_tile * ROWS, c0 = j0 + 16 * warp, first = j0 / S::STREAM;
+    // One past the last query tile holding a query that sees a key of the block.
+    const int last = min(tiles, (min(T, j0 + ROWS - 1 + window) + S::STREAM - 1) / S::STREAM);
     const float scale = 1.0f / sqrtf((float)hs), scale2 = LOG2E * scale;
 
     unsigned int v[S::STEPS][4] = {};  // the warp's values, read once (zeros past hs)
@@ -732,8 +758,8 @@ __device__ __forceinline__ void backward_key_value(KeySide<S>& sm, float4* parti
         store_stats(first % 2);
         stage_tile<S>(sm.q[first % 2], f, queries, hd.stride, first * S::STREAM, T, hs);
         stage_tile<S>(sm.dy, f, grads, C, first * S::STREAM, T, hs);
-        for (int n = first; n < tiles; ++n) {
-            const int i0 = n * S::STREAM, cur = n % 2, next = n + 1 < tiles;
+        for (int n = first; n < last; ++n) {
+            const int i0 = n * S::STREAM, cur = n % 2, next = n + 1 < last;
             __syncthreads();  // tile n is staged, and every warp is done with tile n - 1's buffers
             if (next) {
                 fetch_stats(i0 + S::STREAM);
@@ -747,8 +773,10 @@ __device__ __forceinline__ void backward_key_value(KeySide<S>& sm, float4* parti
                 store_stats(1 - cur);
                 store_tile<S>(sm.q[1 - cur], f);
             }
-            // The tiles crossing the diagonal, and the last if it runs past T.
-            if (i0 < j0 + ROWS || i0 + S::STREAM > T) mask_scores<S>(s, c0, i0, T, true);
+            // The tiles crossing the diagonal or the window's edge, and the last if it runs
+            // past T.
+            if (i0 < j0 + ROWS || i0 + S::STREAM - 1 - j0 >= window || i0 + S::STREAM > T)
+                mask_scores<S>(s, c0, i0, T, window, true);
             // P into s, transposed (row j, column i); zero where masked.
             #pragma unroll
             for (int c = 0; c < S::KTILES; ++c) {
@@ -785,7 +813,7 @@ __device__ __forceinline__ void backward_key_value(KeySide<S>& sm, float4* parti
                 ds[16 * warp + g + 8][4 * c + t] = pack_bf16(dp[c][2], dp[c][3]);
             }
             __syncthreads();  // dS^T is whole before any warp reads its columns
-            add_dq<S>(ds, sm.keys, partials, turns, dqkv, hd, key_tile, n, tiles, T, hs, scale);
+            add_dq<S>(ds, sm.keys, partials, turns, dqkv, hd, key_tile, n, tiles, T, hs, window, scale);
         }
     }
     #pragma unroll

@@ -124,6 +124,15 @@ impl CausalMask {
         }
     }
 
+    /// The most keys a query of a sequence of `t` sees: the window's, `t` under the causal
+    /// mask (the CUDA kernels' `window` argument).
+    pub fn keys(self, t: usize) -> usize {
+        match self.over(t) {
+            CausalMask::Full => t,
+            CausalMask::Window(w) => w,
+        }
+    }
+
     /// The first key query `i` sees.
     pub fn first_key(self, i: usize) -> usize {
         match self {

@@ -611,12 +611,13 @@ fn bf16_tensors_round_as_the_half_crate() {
 
 /// The GPU's attention core keeping `kind` against the CPU's, which keeps probabilities:
 /// out and dqkv, and P and P' (with the causal mask's zeros) where the GPU keeps them too.
-/// At `dims` = [B, T, C, NH, KV] (NH query heads of C / NH on KV key/value heads), within
-/// `tol`.
+/// At `dims` = [B, T, C, NH, KV] (NH query heads of C / NH on KV key/value heads), under
+/// `mask`, within `tol`.
 fn attention_case(
     gpu: &CudaDevice,
     kind: AttentionSaves,
     spec: Option<DropoutSpec>,
+    mask: CausalMask,
     dims: [usize; 5],
     tol: f64,
     rng: &mut SplitMix64,
@@ -628,10 +629,10 @@ fn attention_case(
         let qkv = put(dev, &qkv, &[b, t, width]);
         let mut out = act_zeros(dev, &[b, t, c]);
         let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, CausalMask::Full);
+        dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, mask);
         let mut dqkv = put(dev, &vec![f32::NAN; n * width], &[b, t, width]);
         let dout = put(dev, &dout, &[b, t, c]);
-        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv, CausalMask::Full);
+        dev.attention_backward(&mut dqkv, &dout, &out, &qkv, &saved, spec, nh, kv, mask);
         let probs = match &saved {
             AttentionSaved::Probabilities { probs, dropped } => {
                 [Some(probs), dropped.as_ref()].into_iter().flatten().map(|t| dev.to_host(t)).collect()
@@ -642,7 +643,7 @@ fn attention_case(
     };
     let (want, got) = (run(&cpu(), AttentionSaves::Probabilities), run(gpu, kind));
     let dropout = if spec.is_some() { "with dropout" } else { "without dropout" };
-    let case = format!("keeping {kind:?} {dropout}, {nh} query heads on {kv} key/value heads");
+    let case = format!("keeping {kind:?} {dropout}, {nh} query heads on {kv} key/value heads, {mask:?}");
     for (what, (g, w)) in ["out", "dqkv"].iter().zip(got.0.iter().zip(&want.0)) {
         assert_close(&format!("attention {what} {case}"), g, w, tol);
     }
@@ -651,7 +652,7 @@ fn attention_case(
             assert_close(&format!("attention {what} {case}"), g, w, tol);
         }
         let masked = |att: &[f32]| att.iter().map(|&p| p == 0.0).collect::<Vec<_>>();
-        assert_eq!(masked(&got.1[0]), masked(&want.1[0]), "the causal mask differs {case}");
+        assert_eq!(masked(&got.1[0]), masked(&want.1[0]), "the mask differs {case}");
     }
 }
 
@@ -663,11 +664,14 @@ fn attention_matches_with_and_without_dropout() {
     // above 64.
     // Multi-head, and grouped-query attention with two and four query heads a key/value head.
     assert_eq!(AttentionSaves::cuda(C / NH, DType::F32), AttentionSaves::RowLogSumExp);
+    // Each under the causal mask and a sliding window of 9 keys.
     for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
-        for kv in [NH, 2, 1] {
-            attention_case(&gpu, kind, None, [B, T, C, NH, kv], TOL, &mut rng);
+        for (kv, mask) in
+            [NH, 2, 1].into_iter().flat_map(|kv| [(kv, CausalMask::Full), (kv, CausalMask::Window(9))])
+        {
+            attention_case(&gpu, kind, None, mask, [B, T, C, NH, kv], TOL, &mut rng);
             let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
-            attention_case(&gpu, kind, spec, [B, T, C, NH, kv], TOL, &mut rng);
+            attention_case(&gpu, kind, spec, mask, [B, T, C, NH, kv], TOL, &mut rng);
         }
     }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
@@ -683,7 +687,7 @@ fn grouped_attention_at_head_size_128_matches() {
     assert_eq!(kind, AttentionSaves::Probabilities);
     let spec = Some(dropout(0.2, 3, DropoutSite::AttentionProbs));
     for spec in [None, spec] {
-        attention_case(&gpu, kind, spec, [1, 40, 512, 4, 2], TOL, &mut rng);
+        attention_case(&gpu, kind, spec, CausalMask::Full, [1, 40, 512, 4, 2], TOL, &mut rng);
     }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
@@ -709,8 +713,18 @@ fn bf16_attention_on_tensor_cores_is_close_to_fp32() {
     ];
     for dims in dims {
         assert_eq!(AttentionSaves::cuda(dims[2] / dims[3], DType::Bf16), AttentionSaves::RowLogSumExp);
-        attention_case(&gpu, AttentionSaves::RowLogSumExp, None, dims, 2e-2, &mut rng);
-        attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, dims, 2e-2, &mut rng);
+        attention_case(&gpu, AttentionSaves::RowLogSumExp, None, CausalMask::Full, dims, 2e-2, &mut rng);
+        attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, CausalMask::Full, dims, 2e-2, &mut rng);
+        // A sliding window of 20 keys: key tiles before it skipped, dq's chains ended early.
+        attention_case(
+            &gpu,
+            AttentionSaves::RowLogSumExp,
+            spec,
+            CausalMask::Window(20),
+            dims,
+            2e-2,
+            &mut rng,
+        );
     }
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
@@ -760,7 +774,15 @@ fn the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size() {
                 "{nh} on {kv}, run {run}: {differ} elements of dqkv differ from the first run's"
             );
         }
-        attention_case(&gpu, AttentionSaves::RowLogSumExp, spec, [2, t, c, nh, kv], 2e-2, &mut rng);
+        attention_case(
+            &gpu,
+            AttentionSaves::RowLogSumExp,
+            spec,
+            CausalMask::Full,
+            [2, t, c, nh, kv],
+            2e-2,
+            &mut rng,
+        );
     }
 }
 

@@ -8,8 +8,10 @@ use super::memory::stage_parameters;
 use super::setup::Setup;
 use crate::config::DeviceKind;
 use crate::error::user_error;
-use kernels::{AttentionSaves, ChainedDq};
-use stages::flops::{blocks_flops, head_flops, typical_block_flops, Flops};
+use kernels::{AttentionSaves, CausalMask, ChainedDq};
+use stages::flops::{
+    blocks_flops, head_flops, mask_counts, scored_area, typical_block_flops, window_mask, Flops,
+};
 use stages::saved::{BlockTensor, F32_BYTES};
 use stages::tensor_parallel::{Collective, LayerCollectives, Split};
 use stages::{Activation, ModelShape, NormPlacement, RecomputePolicy, TensorParallel};
@@ -174,20 +176,25 @@ fn unfused_epilogue_seconds(setup: &Setup, hw: &Hardware) -> [f64; 2] {
     [bias_adds, gelu_gradient].map(|bytes| bytes / hw.achieved_bandwidth())
 }
 
-/// FLOPs one block's backward adds beyond the model's count on one rank. The model counts
-/// the attention core's backward as four products of 2 B T^2 A each (dP, dv, dq and dk,
-/// full T x T as `stages::flops` counts the core). The fused kernels (device cuda) also
-/// rebuild S = q k^T tile by tile: one product more where one kernel takes the whole
-/// backward (bf16, `kernels::ChainedDq`), three more where the query side and the key side
-/// each compute S and dP (fp32).
-fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel) -> f64 {
-    let product = 2.0 * s.micro_batch as f64 * (s.seq_len * s.seq_len) as f64 * s.attention_width() as f64
-        / tp.size as f64;
-    match s.attention {
+/// FLOPs the backward of blocks `layers` adds beyond the model's count on one rank. The
+/// model counts the attention core's backward as four products of 2 B T^2 A each (dP, dv,
+/// dq and dk, full T x T as `stages::flops` counts the core, or its window's share). The
+/// fused kernels (device cuda) also rebuild S = q k^T tile by tile: one product more where
+/// one kernel takes the whole backward (bf16, `kernels::ChainedDq`), three more where the
+/// query side and the key side each compute S and dP (fp32).
+fn fused_backward_extra_flops(s: &ModelShape, tp: TensorParallel, layers: std::ops::Range<usize>) -> f64 {
+    let products = match s.attention {
         AttentionSaves::Probabilities => 0.0,
-        AttentionSaves::RowLogSumExp if ChainedDq::chains(s.activations) => product,
-        AttentionSaves::RowLogSumExp => 3.0 * product,
-    }
+        AttentionSaves::RowLogSumExp if ChainedDq::chains(s.activations) => 1.0,
+        AttentionSaves::RowLogSumExp => 3.0,
+    };
+    let extra = |mask| {
+        let product = 2.0 * s.micro_batch as f64 * scored_area(mask, s.seq_len) * s.attention_width() as f64
+            / tp.size as f64;
+        products * product
+    };
+    let (full, windowed) = mask_counts(s, layers);
+    full as f64 * extra(CausalMask::Full) + windowed as f64 * extra(window_mask(s))
 }
 
 /// Seconds of each stage's post-schedule phase on `hw`: the data-parallel gradient
@@ -282,8 +289,9 @@ pub(super) fn compute_durations(setup: &Setup, hw: &Hardware, data_parallel: Opt
         .map(|(r, c)| {
             let f = chunk_flops(setup, r, c);
             let [forward, backward_input, backward_weight] = chunk_collective_seconds(setup, r, c, hw);
-            let blocks = setup.layout(r, c).blocks.len() as f64;
-            let kernel_extra = blocks * fused_backward_extra_flops(&setup.shape, setup.tp);
+            let layout = setup.layout(r, c);
+            let blocks = layout.blocks.len() as f64;
+            let kernel_extra = fused_backward_extra_flops(&setup.shape, setup.tp, layout.blocks.clone());
             let [bias_adds, gelu_gradient] = unfused_epilogue_seconds(setup, hw).map(|t| blocks * t);
             OpTimes {
                 forward: f.forward / rate + forward + bias_adds,

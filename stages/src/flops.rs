@@ -64,12 +64,24 @@ pub fn full_block_flops(s: &ModelShape) -> Flops {
 
 /// A block under the model's window (every block's, where it has none).
 fn windowed_block_flops(s: &ModelShape) -> Flops {
-    block_flops(s, s.arch.sliding_window.map_or(CausalMask::Full, |w| CausalMask::Window(w.keys)))
+    block_flops(s, window_mask(s))
+}
+
+/// The mask of the model's windowed layers (Full where it has none).
+pub fn window_mask(s: &ModelShape) -> CausalMask {
+    s.arch.sliding_window.map_or(CausalMask::Full, |w| CausalMask::Window(w.keys))
+}
+
+/// How many of `layers` attend to every key, and how many under the model's window.
+pub fn mask_counts(s: &ModelShape, layers: std::ops::Range<usize>) -> (usize, usize) {
+    let count = layers.len();
+    let windowed = s.arch.sliding_window.map_or(0, |w| layers.filter(|&l| w.windows(l)).count());
+    (count - windowed, windowed)
 }
 
 /// The T x T products' area a mask counts over `t` positions: t^2, and under a window the
 /// share of it that the window's pairs are of the causal ones.
-fn scored_area(mask: CausalMask, t: usize) -> f64 {
+pub fn scored_area(mask: CausalMask, t: usize) -> f64 {
     match mask.over(t) {
         CausalMask::Full => (t * t) as f64,
         windowed => (t * t) as f64 * windowed.pairs(t) as f64 / CausalMask::Full.pairs(t) as f64,
@@ -79,9 +91,8 @@ fn scored_area(mask: CausalMask, t: usize) -> f64 {
 /// The blocks `layers` for one microbatch, in all: so many of the windowed kind and so many
 /// of the full, where a window covers some.
 pub fn blocks_flops(s: &ModelShape, layers: std::ops::Range<usize>) -> Flops {
-    let count = layers.len();
-    let windowed = s.arch.sliding_window.map_or(0, |w| layers.filter(|&l| w.windows(l)).count());
-    full_block_flops(s).scaled((count - windowed) as f64) + windowed_block_flops(s).scaled(windowed as f64)
+    let (full, windowed) = mask_counts(s, layers);
+    full_block_flops(s).scaled(full as f64) + windowed_block_flops(s).scaled(windowed as f64)
 }
 
 /// A block's FLOPs, the same for every layer but where a window covers some and not

@@ -294,6 +294,13 @@ impl ModelShape {
             (true, QkNormSpan::Head) => parts.push("QK-norm".into()),
             (true, QkNormSpan::Projection) => parts.push("QK-norm over the projections".into()),
         }
+        match a.sliding_window {
+            None => {}
+            Some(SlidingWindow { keys, full_every: None }) => parts.push(format!("a window of {keys} keys")),
+            Some(SlidingWindow { keys, full_every: Some(n) }) => {
+                parts.push(format!("a window of {keys} keys but on every {}", ordinal(n)))
+            }
+        }
         parts.push(if a.tied_output { "tied output layer" } else { "untied output layer" }.into());
         if let Some(m) = a.embedding_multiplier {
             parts.push(format!("embeddings x {m}"));
@@ -327,6 +334,18 @@ impl ModelShape {
 pub struct DropoutProbs {
     pub hidden: f32,
     pub attention: f32,
+}
+
+/// "2nd", "3rd", "4th", ...: the layer a window skips.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix} layer")
 }
 
 #[cfg(test)]
@@ -375,6 +394,15 @@ mod tests {
             ModelShape::GPT2_SMALL.describe_architecture(),
             "LayerNorm (eps 1e-5), learned positions, GELU, tied output layer"
         );
+        for (full_every, said) in
+            [(None, "a window of 4096 keys"), (Some(4), "a window of 4096 keys but on every 4th layer")]
+        {
+            let sliding_window = Some(SlidingWindow { keys: 4096, full_every });
+            let windowed = ModelShape { arch: Architecture { sliding_window, ..llama3.arch }, ..llama3 };
+            assert!(windowed
+                .describe_architecture()
+                .ends_with(&format!("no linear biases, {said}, untied output layer")));
+        }
         let half = RopeFrequencies { rotary_dims: Some(12), ..RopeFrequencies::plain(10000.0) };
         let partial =
             ModelShape { arch: Architecture { positions: Positions::Rotary(half), ..llama3.arch }, ..llama3 };

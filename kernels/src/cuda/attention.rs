@@ -19,6 +19,7 @@ use super::blas::GemmShape;
 use super::device::{assert_same_len, cu, cu_mut, int, CudaDevice};
 use super::launch::{per_item, per_row_warp};
 use super::scratch::Scratch;
+use crate::attention::CausalMask;
 use crate::dropout::DropoutSpec;
 use crate::shapes::QkvDims as Dims;
 use crate::tensor::Tensor;
@@ -140,6 +141,7 @@ impl CudaDevice {
         dropout: Option<(DropoutSpec, &mut Tensor)>,
         qkv: &Tensor,
         d: Dims,
+        mask: CausalMask,
     ) {
         assert_eq!(att.len(), att_len(d), "attention: att {att:?} for {d:?}");
         if let Some((_, dropped)) = &dropout {
@@ -151,8 +153,16 @@ impl CudaDevice {
         let [q, k, v] = self.split_qkv(qkv, d);
         // Scores straight into att, then the causal softmax in place.
         self.heads_gemm(d, Product::Scores, scale(d), &k, &q, cu_mut(att));
-        let (rows, t) = (d.query_rows() as u64, int(d.t));
-        launch!(self, "causal_softmax_forward", per_row_warp(d.query_rows()), cu_mut(att), &rows, &t);
+        let (rows, t, window) = (d.query_rows() as u64, int(d.t), int(mask.keys(d.t)));
+        launch!(
+            self,
+            "causal_softmax_forward",
+            per_row_warp(d.query_rows()),
+            cu_mut(att),
+            &rows,
+            &t,
+            &window
+        );
 
         let probs = match dropout {
             Some((spec, dropped)) => {
@@ -169,6 +179,7 @@ impl CudaDevice {
 
     /// dqkv [B,T,(NH+2*KV)*hs] (overwrite) from dout [B,T,NH*hs], qkv, and P and P' as
     /// forward saved them.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_backward_op(
         &self,
         dqkv: &mut Tensor,
@@ -177,6 +188,7 @@ impl CudaDevice {
         att: &Tensor,
         dropout: Option<(DropoutSpec, &Tensor)>,
         d: Dims,
+        mask: CausalMask,
     ) {
         assert_eq!(att.len(), att_len(d), "attention: att {att:?} for {d:?}");
         if let Some((_, dropped)) = &dropout {
@@ -200,8 +212,17 @@ impl CudaDevice {
         }
 
         // Through the softmax (in place: dP becomes dS), then S = scale * q k^T.
-        let (rows, t) = (d.query_rows() as u64, int(d.t));
-        launch!(self, "causal_softmax_backward", per_row_warp(d.query_rows()), &mut *dp, cu(att), &rows, &t);
+        let (rows, t, window) = (d.query_rows() as u64, int(d.t), int(mask.keys(d.t)));
+        launch!(
+            self,
+            "causal_softmax_backward",
+            per_row_warp(d.query_rows()),
+            &mut *dp,
+            cu(att),
+            &rows,
+            &t,
+            &window
+        );
         let mut dq = self.scratch::<f32>(d.out_len());
         self.heads_gemm(d, Product::ProbsTimes, scale(d), &k, &dp, &mut dq);
         let mut dk = self.scratch::<f32>(d.kv_len());

@@ -638,9 +638,7 @@ impl Buffers for CudaDevice {
 }
 
 /// The attention core of what the layers keep for it (`AttentionSaves`): the fused kernels
-/// for a row log-sum-exp, the unfused core with cuBLAS for probabilities. Every kernel
-/// attends to every key up to the query: a sliding window narrower than the sequence is the
-/// CPU's alone, and the trainer refuses it on this device.
+/// for a row log-sum-exp, the unfused core with cuBLAS for probabilities.
 impl Attention for CudaDevice {
     fn attention_forward_impl(
         &self,
@@ -651,14 +649,13 @@ impl Attention for CudaDevice {
         dims: QkvDims,
         mask: CausalMask,
     ) {
-        assert_eq!(mask, CausalMask::Full, "cuda: attention has no sliding window");
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_forward_op(out, lse, dropout, qkv, dims)
+                self.fused_attention_forward_op(out, lse, dropout, qkv, dims, mask)
             }
             AttentionSaved::Probabilities { probs, dropped } => {
                 let dropout = dropout.map(|spec| (spec, dropped.as_mut().expect("dropout has P' to fill")));
-                self.attention_forward_op(out, probs, dropout, qkv, dims)
+                self.attention_forward_op(out, probs, dropout, qkv, dims, mask)
             }
         }
     }
@@ -674,14 +671,13 @@ impl Attention for CudaDevice {
         dims: QkvDims,
         mask: CausalMask,
     ) {
-        assert_eq!(mask, CausalMask::Full, "cuda: attention has no sliding window");
         match saved {
             AttentionSaved::RowLogSumExp { lse } => {
-                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, dims)
+                self.fused_attention_backward_op(dqkv, dout, out, qkv, lse, dropout, dims, mask)
             }
             AttentionSaved::Probabilities { probs, dropped } => {
                 let dropout = dropout.map(|spec| (spec, dropped.as_ref().expect("dropout kept P'")));
-                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, dims)
+                self.attention_backward_op(dqkv, dout, qkv, probs, dropout, dims, mask)
             }
         }
     }

@@ -23,7 +23,7 @@ use super::launch::{
     per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile, per_attention_tile_bf16,
 };
 use super::pointwise::DropoutMask;
-use crate::attention::{attention_mma_compiled_head_size, ChainedDq};
+use crate::attention::{attention_mma_compiled_head_size, CausalMask, ChainedDq};
 use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::memory::Category;
@@ -102,9 +102,9 @@ impl CudaDevice {
         }
     }
 
-    /// The kernels' shape arguments: T, NH, KV, hs.
-    fn shape_args(d: Dims) -> [i32; 4] {
-        [int(d.t), int(d.nh), int(d.kv), int(d.hs)]
+    /// The kernels' shape arguments: T, NH, KV, hs, and the keys a query sees at most.
+    fn shape_args(d: Dims, mask: CausalMask) -> [i32; 5] {
+        [int(d.t), int(d.nh), int(d.kv), int(d.hs), int(mask.keys(d.t))]
     }
 
     /// out [B,T,NH*hs] (a scratch buffer when None) and lse [B,NH,T] from qkv
@@ -116,6 +116,7 @@ impl CudaDevice {
         dropout: Option<DropoutSpec>,
         qkv: &Tensor,
         d: Dims,
+        causal: CausalMask,
     ) {
         let rows = d.query_rows(); // of lse and delta
         assert_eq!(lse.len(), rows, "attention: lse {lse:?} for qkv {qkv:?}, {d:?}");
@@ -126,7 +127,7 @@ impl CudaDevice {
         };
         let kernels = Self::attention_kernels(same_dtype(&[out, qkv]), d.hs);
         let cfg = (kernels.forward_launch)(d.t, d.b * d.nh, d.hs);
-        let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
+        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout), Self::shape_args(d, causal));
         launch!(
             self,
             kernels.forward,
@@ -138,6 +139,7 @@ impl CudaDevice {
             &nh,
             &kv,
             &hs,
+            &window,
             &mask,
             &on
         );
@@ -155,6 +157,7 @@ impl CudaDevice {
         lse: &Tensor,
         dropout: Option<DropoutSpec>,
         d: Dims,
+        causal: CausalMask,
     ) {
         let rows = d.query_rows(); // of lse and delta
         assert_same_len(out, dout);
@@ -164,7 +167,7 @@ impl CudaDevice {
         let kernels = Self::attention_kernels(dtype, d.hs);
         let query_cfg = (kernels.backward_launch)(d.t, d.b * d.nh, d.hs);
         let key_value_cfg = (kernels.backward_launch)(d.t, d.b * d.kv, d.hs);
-        let ((mask, on), [t, nh, kv, hs]) = (mask(dropout), Self::shape_args(d));
+        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout), Self::shape_args(d, causal));
         let lse = cu(lse);
         match kernels.backward {
             Backward::TwoSided { query, key_value } => {
@@ -182,6 +185,7 @@ impl CudaDevice {
                     &nh,
                     &kv,
                     &hs,
+                    &window,
                     &mask,
                     &on,
                 );
@@ -198,6 +202,7 @@ impl CudaDevice {
                     &nh,
                     &kv,
                     &hs,
+                    &window,
                     &mask,
                     &on
                 );
@@ -234,6 +239,7 @@ impl CudaDevice {
                     &nh,
                     &kv,
                     &hs,
+                    &window,
                     &mask,
                     &on
                 );

@@ -12,7 +12,8 @@ use kernels::{
     DropoutSpec, WeightLayout,
 };
 
-/// qkv [B,T,C + 2*KV*hs]: NH query heads (C = NH*hs) on KV key/value heads.
+/// qkv [B,T,C + 2*KV*hs]: NH query heads (C = NH*hs) on KV key/value heads; the keys each
+/// query sees.
 #[derive(Clone, Copy, Debug)]
 pub struct Dims {
     pub b: usize,
@@ -20,9 +21,14 @@ pub struct Dims {
     pub c: usize,
     pub nh: usize,
     pub kv: usize,
+    pub mask: CausalMask,
 }
 
 impl Dims {
+    /// The kernels' `window` argument: the most keys a query sees.
+    pub fn window(&self) -> i32 {
+        self.mask.keys(self.t) as i32
+    }
     pub fn hs(&self) -> usize {
         self.c / self.nh
     }
@@ -61,19 +67,9 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
     let kind = AttentionSaves::Probabilities;
     let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
-    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv, CausalMask::Full);
+    dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv, d.mask);
     let mut dqkv = dev.zeros(&[b, t, d.width()], Category::Workspace);
-    dev.attention_backward(
-        &mut dqkv,
-        &put(dout, &[b, t, c]),
-        &out,
-        &tqkv,
-        &saved,
-        spec,
-        nh,
-        d.kv,
-        CausalMask::Full,
-    );
+    dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, d.kv, d.mask);
     let AttentionSaved::Probabilities { probs, dropped } = saved else {
         unreachable!("asked for probabilities")
     };
@@ -217,7 +213,7 @@ fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<
     run.launch(
         "causal_softmax_forward",
         per_row_warp(d.heads() * d.t),
-        &[att.into(), rows.into(), ti.into()],
+        &[att.into(), rows.into(), ti.into(), d.window().into()],
     );
     run.read(att);
     let att = f.attention.run(run)?.get::<f32>(att);
@@ -242,7 +238,7 @@ fn check(f: &Families, d: Dims, spec: Option<DropoutSpec>, seed: u64) -> Result<
     run.launch(
         "causal_softmax_backward",
         per_row_warp(d.heads() * d.t),
-        &[gdp.into(), gatt.into(), rows.into(), ti.into()],
+        &[gdp.into(), gatt.into(), rows.into(), ti.into(), d.window().into()],
     );
     run.read(gdp);
     let ds = f.attention.run(run)?.get::<f32>(gdp);
@@ -279,14 +275,19 @@ fn attention_kernels_match_the_cpu() {
     };
     // One sequence of GPT-2 124M (T = 1024, C = 768, 12 heads): B = 1 of the step's 4,
     // since the rows of the other sequences repeat the same work at larger offsets.
-    check(&f, Dims { b: 1, t: 1024, c: 768, nh: 12, kv: 12 }, Some(spec), 14).unwrap();
+    check(&f, Dims { b: 1, t: 1024, c: 768, nh: 12, kv: 12, mask: CausalMask::Full }, Some(spec), 14)
+        .unwrap();
     // T not a multiple of a warp, a head size of 24.
-    let odd = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4 };
+    let odd = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4, mask: CausalMask::Full };
     check(&f, odd, None, 15).unwrap();
     check(&f, odd, Some(spec), 16).unwrap();
     // Grouped-query attention, as the CUDA op runs it beyond the fused kernels' head sizes:
     // one sequence of a Llama 3 8B layer (hidden 4096, 32 query heads of 128 on 8 key/value
     // heads, T = 1024), and an odd one (8 query heads on 2, T = 70).
-    check(&f, Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8 }, Some(spec), 17).unwrap();
-    check(&f, Dims { b: 2, t: 70, c: 1024, nh: 8, kv: 2 }, None, 18).unwrap();
+    check(&f, Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8, mask: CausalMask::Full }, Some(spec), 17)
+        .unwrap();
+    check(&f, Dims { b: 2, t: 70, c: 1024, nh: 8, kv: 2, mask: CausalMask::Full }, None, 18).unwrap();
+    // A sliding window of 23 keys (Mistral's, OLMo 3's), at T = 70, with dropout.
+    check(&f, Dims { b: 2, t: 70, c: 1024, nh: 8, kv: 2, mask: CausalMask::Window(23) }, Some(spec), 19)
+        .unwrap();
 }

@@ -12,6 +12,7 @@ use crate::harness::{Family, Storage};
 use crate::rowwise::{bias_kernels, loss_mean, sum_of_squares};
 use kernels::cuda::launch::SUM_SQUARES_CHUNK;
 use kernels::cuda::sources::{HEADERS, SOURCES};
+use kernels::CausalMask;
 
 const BARRIER: &str = "__syncthreads();";
 
@@ -86,7 +87,7 @@ fn fused_attention_kernels(_: &Family, edited: &Family, seed: u64) -> Result<(),
 fn fused_attention_bf16(kernels: &Fused, one_tile: usize, edited: &Family, seed: u64) -> Result<(), String> {
     let heads: Vec<usize> = (0..GROUPED.heads()).collect();
     fused_attention(edited, kernels, GROUPED, &heads, Some(SPEC), seed)?;
-    let one_tile = Dims { b: 1, t: one_tile, c: 64, nh: 4, kv: 2 };
+    let one_tile = Dims { b: 1, t: one_tile, c: 64, nh: 4, kv: 2, mask: CausalMask::Full };
     let heads: Vec<usize> = (0..one_tile.heads()).collect();
     fused_attention(edited, kernels, one_tile, &heads, Some(SPEC), seed)
 }

@@ -10,7 +10,7 @@ use crate::philox::{dropout_mask, unused_dropout_mask};
 use cudarc::driver::LaunchConfig;
 use kernels::attention::{attention_mma_stream, ATTENTION_MMA_TILE};
 use kernels::cuda::launch::per_attention_tile;
-use kernels::{ChainedDq, DType, DropoutKey, DropoutSite, DropoutSpec};
+use kernels::{CausalMask, ChainedDq, DType, DropoutKey, DropoutSite, DropoutSpec};
 
 /// One family of the fused attention kernels: its file of kernels/cuda, its kernels, their
 /// launches (T, heads, hs: B * NH query heads, or B * KV key/value heads for the key side),
@@ -79,10 +79,10 @@ fn blocks(heads: &[usize], tiles: usize) -> Vec<u64> {
     heads.iter().flat_map(|&bh| (0..tiles).map(move |x| (bh * tiles + x) as u64)).collect()
 }
 
-/// A fused attention kernel's arguments: its buffers, then T, NH, KV, hs, the dropout mask
-/// and whether to apply it.
+/// A fused attention kernel's arguments: its buffers, then T, NH, KV, hs, the keys a query
+/// sees at most, the dropout mask and whether to apply it.
 pub fn kernel_args(bufs: &[Buf], d: Dims, mask: Arg, on: i32) -> Vec<Arg> {
-    let sizes = [d.t, d.nh, d.kv, d.hs()].map(|x| Arg::from(x as i32));
+    let sizes = [d.t, d.nh, d.kv, d.hs(), d.mask.keys(d.t)].map(|x| Arg::from(x as i32));
     bufs.iter().map(|&b| Arg::from(b)).chain(sizes).chain([mask, on.into()]).collect()
 }
 
@@ -195,8 +195,9 @@ pub fn fused_attention(
 
 /// The turns' counters after a chained backward: each head run's query tiles of `stream`
 /// rows, tile n handed on as many times as key tiles before the one holding its queries
-/// (of ATTENTION_MMA_TILE rows) add to its sum (key tile 0 ends it: n stream / 64 times),
-/// and each key/value head run has given out a ticket to each of its `key_tiles` blocks.
+/// (of ATTENTION_MMA_TILE rows) add to its sum (key tile 0 ends it, n stream / 64 times;
+/// under a window the lowest whose last key its first query sees), and each key/value
+/// head run has given out a ticket to each of its `key_tiles` blocks.
 fn chain_ended(
     turns: &[u32],
     d: Dims,
@@ -208,7 +209,10 @@ fn chain_ended(
     let tiles = d.t.div_ceil(stream);
     for &bh in heads {
         let got = &turns[bh * tiles..][..tiles];
-        let due: Vec<u32> = (0..tiles).map(|n| (n * stream / ATTENTION_MMA_TILE) as u32).collect();
+        let lowest =
+            |n: usize| (0..).find(|k| (k + 1) * ATTENTION_MMA_TILE > d.mask.first_key(n * stream)).unwrap();
+        let due: Vec<u32> =
+            (0..tiles).map(|n| (n * stream / ATTENTION_MMA_TILE - lowest(n)) as u32).collect();
         if got != due {
             return Err(format!("head {bh}: query tiles handed on {got:?} times, not {due:?}"));
         }
@@ -226,15 +230,15 @@ const KEY: DropoutKey =
     DropoutKey { seed: 99, step: 4, microbatch: 1, layer: 9, site: DropoutSite::AttentionProbs };
 
 /// Two odd heads: T = 37 ends inside a second tile, head size 24 below a warp.
-pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4 };
+pub const ODD: Dims = Dims { b: 2, t: 37, c: 96, nh: 4, kv: 4, mask: CausalMask::Full };
 pub const SPEC: DropoutSpec = DropoutSpec { p: 0.1, key: KEY, first: 0, heads: None };
 /// GPT-2's head size with T = 100: two tiles, the last partial, in both heads.
-pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2, kv: 2 };
+pub const TWO_TILES: Dims = Dims { b: 1, t: 100, c: 128, nh: 2, kv: 2, mask: CausalMask::Full };
 /// GPT-2 124M's step in full: B = 4, T = 1024, C = 768, 12 heads of 64.
-pub const GPT2: Dims = Dims { b: 4, t: 1024, c: 768, nh: 12, kv: 12 };
+pub const GPT2: Dims = Dims { b: 4, t: 1024, c: 768, nh: 12, kv: 12, mask: CausalMask::Full };
 /// Grouped-query attention: 8 query heads on 2 key/value heads (Llama 3's 4 a group) of 16,
 /// T = 77 ending inside a second tile of 64 (and a fifth of the fp32 key side's 16).
-pub const GROUPED: Dims = Dims { b: 2, t: 77, c: 128, nh: 8, kv: 2 };
+pub const GROUPED: Dims = Dims { b: 2, t: 77, c: 128, nh: 8, kv: 2, mask: CausalMask::Full };
 
 #[test]
 fn fused_attention_matches_the_cpu() {
@@ -250,4 +254,9 @@ fn fused_attention_matches_the_cpu() {
     let all: Vec<usize> = (0..GROUPED.heads()).collect();
     fused_attention(&family, &FP32, GROUPED, &all, None, 35).unwrap();
     fused_attention(&family, &FP32, GROUPED, &all, Some(SPEC), 36).unwrap();
+    // A sliding window of 21 keys at T = 150: three query tiles of 64, the third's first
+    // rows seeing none of the first key tile, a key side's last query tile short of T.
+    let windowed = Dims { t: 150, mask: CausalMask::Window(21), ..GROUPED };
+    let all: Vec<usize> = (0..windowed.heads()).collect();
+    fused_attention(&family, &FP32, windowed, &all, Some(SPEC), 37).unwrap();
 }

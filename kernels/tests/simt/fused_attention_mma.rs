@@ -13,6 +13,7 @@ use kernels::cuda::launch::{
     per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile_bf16,
 };
 use kernels::cuda::sources::SOURCES;
+use kernels::CausalMask;
 
 /// The kernels take their inputs as bf16, and the CPU takes the same bf16 values in f32, so
 /// what differs is the rounding inside the kernels: the probabilities P' (forward, and dv
@@ -67,7 +68,7 @@ pub const BF16_HS128: Fused = Fused {
 
 /// Every head of two odd sequences: T = 77 ends inside a second tile of 64, heads of 32
 /// take two k steps of 16.
-pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2, kv: 2 };
+pub const ODD: Dims = Dims { b: 2, t: 77, c: 64, nh: 2, kv: 2, mask: CausalMask::Full };
 
 #[test]
 fn fused_attention_mma_matches_the_cpu() {
@@ -82,12 +83,19 @@ fn fused_attention_mma_matches_the_cpu() {
     fused_attention(&family, &BF16, ODD, &all, None, 54).unwrap();
     fused_attention(&family, &BF16, ODD, &all, Some(SPEC), 55).unwrap();
     // The smallest head size, one k step: T = 37 inside one tile.
-    let small = Dims { b: 1, t: 37, c: 48, nh: 3, kv: 3 };
+    let small = Dims { b: 1, t: 37, c: 48, nh: 3, kv: 3, mask: CausalMask::Full };
     fused_attention(&family, &BF16, small, &[0, 1, 2], Some(SPEC), 56).unwrap();
     // Grouped-query attention, 4 query heads a key/value head, read in place.
     let all: Vec<usize> = (0..GROUPED.heads()).collect();
     fused_attention(&family, &BF16, GROUPED, &all, None, 59).unwrap();
     fused_attention(&family, &BF16, GROUPED, &all, Some(SPEC), 60).unwrap();
+    // Sliding windows at T = 300 (three blocks of 128 queries, the last partial): 70 keys,
+    // across a streamed tile's edge, and 20, within one, so that a warp's rows see no key
+    // of the block's first tile and some query tiles' dq chains end above key tile 0.
+    for (window, spec, seed) in [(70, Some(SPEC), 65), (20, None, 66)] {
+        let windowed = Dims { t: 300, mask: CausalMask::Window(window), ..GROUPED };
+        fused_attention(&family, &BF16, windowed, &all, spec, seed).unwrap();
+    }
 }
 
 #[test]
@@ -98,18 +106,22 @@ fn fused_attention_mma_at_head_size_128_matches_the_cpu() {
     // heads, T = 1024), of which the last group runs (query heads 28 to 31 and the key/value
     // head they share, the largest offsets): every group's blocks do the same work, and one
     // group's takes most of a minute to emulate.
-    let llama = Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8 };
+    let llama = Dims { b: 1, t: 1024, c: 4096, nh: 32, kv: 8, mask: CausalMask::Full };
     fused_attention(&family, &BF16_HS128, llama, &[28, 29, 30, 31], Some(SPEC), 61).unwrap();
     // Heads of 80 (a second run of 64 columns, partly past hs), 2 query heads a key/value
     // head, T = 77: a partial last tile of the block's 64 rows, of the forward's 64 streamed
     // and of the backward's 32.
-    let odd = Dims { b: 2, t: 77, c: 320, nh: 4, kv: 2 };
+    let odd = Dims { b: 2, t: 77, c: 320, nh: 4, kv: 2, mask: CausalMask::Full };
     let all: Vec<usize> = (0..odd.heads()).collect();
     fused_attention(&family, &BF16_HS128, odd, &all, None, 62).unwrap();
     fused_attention(&family, &BF16_HS128, odd, &all, Some(SPEC), 63).unwrap();
     // Multi-head at 128, T = 45: one block of rows, one streamed tile forward and two backward.
-    let multi = Dims { b: 1, t: 45, c: 256, nh: 2, kv: 2 };
+    let multi = Dims { b: 1, t: 45, c: 256, nh: 2, kv: 2, mask: CausalMask::Full };
     fused_attention(&family, &BF16_HS128, multi, &[0, 1], Some(SPEC), 64).unwrap();
+    // A sliding window of 45 keys at T = 200 on two query heads sharing a key/value head:
+    // the backward's query tiles of 32 end each key tile's stream early.
+    let windowed = Dims { b: 1, t: 200, c: 256, nh: 2, kv: 1, mask: CausalMask::Window(45) };
+    fused_attention(&family, &BF16_HS128, windowed, &[0, 1], Some(SPEC), 67).unwrap();
 }
 
 /// The forwards' output bit for bit where every step before its rounding is exact: with
@@ -169,7 +181,7 @@ fn fused_attention_mma_rounds_its_output_once() {
 fn the_forward_at_128_fails_a_launch_short_of_its_shared_memory() {
     let test = "the_forward_at_128_fails_a_launch_short_of_its_shared_memory";
     let Some(family) = Family::of(test, BF16_HS128.file) else { return };
-    let d = Dims { b: 1, t: 16, c: 16, nh: 1, kv: 1 };
+    let d = Dims { b: 1, t: 16, c: 16, nh: 1, kv: 1, mask: CausalMask::Full };
     let mut cfg = (BF16_HS128.forward_launch)(d.t, d.heads(), d.hs());
     assert_eq!(cfg.shared_mem_bytes, 69_632);
     cfg.shared_mem_bytes -= 16;

@@ -127,6 +127,10 @@ template <typename T>
 inline T min(T a, T b) {
     return b < a ? b : a;
 }
+template <typename T>
+inline T max(T a, T b) {
+    return a < b ? b : a;
+}
 
 namespace simt {
 
