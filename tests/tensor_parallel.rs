@@ -147,13 +147,16 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
     // OLMo 2's order: each norm on its projection's summed output (or on each rank's
     // sequence rows of it), the qkv projection reading the block's input gathered.
     let olmo2: &[(&str, &str)] = &[("norm-placement", "output"), ("qk-layernorm", "true")];
-    let models: [(&str, &[(&str, &str)]); 6] = [
+    // A sliding window on every second layer: each rank's heads under its layer's mask.
+    let window: &[(&str, &str)] = &[("window-size", "9,0"), ("window-attn-skip-freq", "2")];
+    let models: [(&str, &[(&str, &str)]); 7] = [
         ("qwen2", &[("add-qkv-bias", "true")]),
         ("wide-heads", &[("kv-channels", "16")]),
         ("qwen3", &[("qk-layernorm", "true")]),
         ("nemotron", nemotron),
         ("gemma", gemma),
         ("olmo2", olmo2),
+        ("window", window),
     ];
     for (name, extra) in models {
         let extra: Vec<_> = extra.iter().map(|(k, v)| (*k, v.to_string())).collect();

@@ -160,7 +160,7 @@ fn count(obj: &Map<String, Value>, default: Option<usize>) -> Result<Option<usiz
 fn layer_types(types: &Value, layers: usize) -> Result<Vec<bool>, String> {
     let list = types.as_array().ok_or_else(|| format!("layer_types is {types}, not a list"))?;
     if list.len() != layers {
-        return Err(format!("layer_types has {} entries for num_hidden_layers {layers}", list.len()));
+        return Err(format!("layer_types is {} long, not num_hidden_layers {layers}", list.len()));
     }
     list.iter().enumerate().map(|(i, t)| sliding(i, t)).collect()
 }

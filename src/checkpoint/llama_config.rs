@@ -1509,6 +1509,103 @@ mod tests {
         );
     }
 
+    /// OLMo 3 7B's geometry as transformers 5 writes Olmo3Config (per-kind rope_parameters,
+    /// layer_types three windowed in four): OLMo 2's layers with the window, written back as
+    /// itself. The long-context releases' YaRN on the full layers, and a layer_types no period
+    /// names (read as a model of the window's length), are not OLMo 3 at 8192.
+    #[test]
+    fn reads_olmo3_and_writes_it_back() {
+        let types: Vec<&str> =
+            (0..32).map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "sliding_attention" }).collect();
+        let rope = json!({"rope_type": "default", "rope_theta": 500000.0});
+        let hub = json!({
+            "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "attention_bias": false,
+            "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 32, "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-06, "sliding_window": 4096, "layer_types": types,
+            "rope_parameters": {"full_attention": rope, "sliding_attention": rope},
+            "tie_word_embeddings": false, "vocab_size": 100352
+        });
+        let got = parse(&hub).unwrap();
+        let a = got.arch;
+        assert_eq!(
+            (a.norm_placement, a.qk_norm, a.qk_norm_span, a.sliding_window),
+            (
+                NormPlacement::Output,
+                true,
+                QkNormSpan::Projection,
+                Some(SlidingWindow { keys: 4096, full_every: Some(4) })
+            )
+        );
+        assert_eq!(
+            (a.positions, got.max_position_embeddings),
+            (Positions::Rotary(RopeFrequencies::plain(5e5)), 8192)
+        );
+        let written = got.to_json();
+        assert_eq!((&written["model_type"], &written["layer_types"]), (&json!("olmo3"), &hub["layer_types"]));
+        assert_eq!(parse(&written).unwrap(), got);
+        // Without layer_types, Olmo3Config's default: the same.
+        let mut default = hub.clone();
+        default.as_object_mut().unwrap().remove("layer_types");
+        assert_eq!(parse(&default).unwrap(), got);
+        // YaRN on the full layers alone, in transformers 5's place and in 4's.
+        let mut yarn = hub.clone();
+        yarn["rope_parameters"]["full_attention"] =
+            json!({"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0});
+        assert!(parse(&yarn).unwrap_err().to_string().starts_with(
+            "d/config.json: rope_parameters is {\"full_attention\":{\"factor\":8.0,\"rope_theta\":500000.0,\"rope_type\":\"yarn\"}"
+        ));
+        let mut old = hub.clone();
+        old.as_object_mut().unwrap().remove("rope_parameters");
+        old["rope_theta"] = json!(500000.0);
+        old["rope_scaling"] = json!({"rope_type": "yarn", "factor": 8.0});
+        assert_eq!(
+            parse(&old).unwrap_err().to_string(),
+            "d/config.json: rope_scaling has rope_type \"yarn\"; pipetrain's rotary embedding is \"default\" or \
+             Llama 3.1's \"llama3\""
+        );
+        // Full layers first, then windowed (no period): a model of the window's length.
+        let mut qwen_like = hub.clone();
+        qwen_like["layer_types"] = json!((0..32)
+            .map(|i| if i < 4 { "full_attention" } else { "sliding_attention" })
+            .collect::<Vec<_>>());
+        let capped = parse(&qwen_like).unwrap();
+        assert_eq!((capped.arch.sliding_window, capped.max_position_embeddings), (None, 4096));
+        let mut short = hub;
+        short["layer_types"] = json!(["full_attention"]);
+        assert_eq!(
+            parse(&short).unwrap_err().to_string(),
+            "d/config.json: layer_types is 1 long, not num_hidden_layers 32"
+        );
+    }
+
+    /// A window on some layers of a Llama is no class's (OLMo 3's is on OLMo 2's layers): it is
+    /// written as pipetrain's own, Megatron's keys saying the window, and reads back.
+    #[test]
+    fn a_llama_windowed_on_some_layers_is_pipetrains_own() {
+        let window = Some(SlidingWindow { keys: 64, full_every: Some(4) });
+        let m = LlamaConfig { arch: Architecture { sliding_window: window, ..llama().arch }, ..llama() };
+        assert_eq!(
+            m.missing_in_transformers(),
+            Some(
+                "a sliding window on every layer is MistralForCausalLM's and Phi3ForCausalLM's, beside a Llama \
+                 without biases or QK-norm, and one on some layers Olmo3ForCausalLM's alone, beside OLMo 2's norms"
+            )
+        );
+        let written = m.to_json();
+        assert_eq!(
+            (&written["model_type"], &written["window_size"], &written["window_attn_skip_freq"]),
+            (&json!("pipetrain"), &json!([63, 0]), &json!(4))
+        );
+        assert_eq!(parse(&written).unwrap(), m);
+        let mut bad = written.clone();
+        bad["window_size"] = json!([63, 1]);
+        assert_eq!(
+            parse(&bad).unwrap_err().to_string(),
+            "d/config.json: window_size is [63,1], not [left, 0] with left a count of keys"
+        );
+    }
+
     #[test]
     fn each_model_type_names_its_class() {
         for class in CLASSES {
