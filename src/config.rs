@@ -886,6 +886,9 @@ impl Config {
                 None => Ok(()),
             };
         };
+        if left >= i32::MAX as usize {
+            return Err(("window_size", format!("[{left}, {right}]: left must be below {}", i32::MAX)));
+        }
         if right != 0 {
             return Err((
                 "window_size",

@@ -281,7 +281,7 @@ fn impossible_combinations_are_one_line() {
         &format!("{MODEL}train_data_path: {}\nvalid_data_path: {}\n", data.display(), data.display()),
     );
     let run = |extra: &[&str]| train(&cfg, &dir.join("run"), extra);
-    let cases: [(&[&str], &str); 29] = [
+    let cases: [(&[&str], &str); 30] = [
         (
             &["--window-size", "4,2"],
             "command line: --window-size 4,2: [4, 2]: the attention is causal, so no query sees a key after it; \
@@ -289,6 +289,10 @@ fn impossible_combinations_are_one_line() {
         ),
         (&["--window-size", "4"], "command line: --window-size 4: invalid length 1, expected an array of length 2"),
         (&["--window-attn-skip-freq", "4"], "command line: --window-attn-skip-freq 4: 4 needs window_size"),
+        (
+            &["--window-size", "2147483647,0"],
+            "command line: --window-size 2147483647,0: [2147483647, 0]: left must be below 2147483647",
+        ),
         (
             &["--window-size", "4,0", "--window-attn-skip-freq", "1"],
             "command line: --window-attn-skip-freq 1: 1 must be at least 2: every Nth layer sees every key, and \

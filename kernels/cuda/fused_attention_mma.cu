@@ -54,7 +54,7 @@
 // flight at once) before a product of tile n and stores them as loaded to the other buffer
 // (store_tile) after it. The barrier at the top of each tile both publishes the tile
 // staged during the previous one and retires the buffer the next will overwrite. Only
-// tiles that cross the diagonal (or T) are masked;
+// tiles that cross the diagonal (or T, or a window's edge) are masked;
 // the others take no per-element test. With dropout on, a lane draws its 32 elements' mask
 // bits in a loop of their own (kept); with it off nothing is drawn and no element tests a
 // bit.
@@ -508,7 +508,7 @@ __device__ __forceinline__ void forward(Tile<S> k[2], Tile<S> v[2], bf16* out, f
     // that the compiler knows they are the same across the warp: the test of a tile against
     // them is then a branch the whole warp takes, and ptxas does not wrap the quad's
     // shuffles inside it in code that gathers diverged lanes (NVRTC 13.0). With one row
-    // tile a warp every tile before the window's holds keys of its rows.
+    // tile a warp every tile up to the diagonal holds keys of its rows but under a window.
     const int end = M == 1 ? T : __shfl_sync(FULL_MASK, r0 + 16 * M, 0);
     const int begin = __shfl_sync(FULL_MASK, r0 + 1 - window, 0);
 
@@ -657,11 +657,10 @@ struct alignas(16) KeySide {
 // queries (the diagonal's, n STREAM / ROWS) down to 0, or under a window to the lowest
 // whose last key the tile's first query sees (`lowest_key_tile`), each adding its terms to
 // the sum of those before; that lowest key tile's block rounds it to bf16 times
-// 1 / sqrt(hs) into dqkv. The
-// partial sums are a [STREAM, HS] fp32 tile for each query tile of each query head (in
-// global memory), in fragment order (warp, accumulator, lane: one 16-byte load a lane an
-// accumulator), handed on by turns (turns.cuh). The order of every sum is fixed whatever
-// the timing, so dq is bitwise deterministic.
+// 1 / sqrt(hs) into dqkv. The partial sums are a [STREAM, HS] fp32 tile for each query
+// tile of each query head (in global memory), in fragment order (warp, accumulator, lane:
+// one 16-byte load a lane an accumulator), handed on by turns (turns.cuh). The order of
+// every sum is fixed whatever the timing, so dq is bitwise deterministic.
 template <class S>
 __device__ __forceinline__ void add_dq(const unsigned int (*ds)[S::DS_WORDS], const Keys<S> keys,
                                        float4* partials, unsigned int* turns, bf16* dqkv, const Head& hd,

@@ -602,9 +602,10 @@ pub trait Device:
     /// Causal grouped-query self-attention core, per query head h: P = softmax(Q_h K_g^T /
     /// sqrt(hs) + `mask`), P' = dropout(P), out_h = P' V_g, where g = h / (NH/KV) is
     /// the key/value head h shares (Hugging Face's repeat_kv; KV == NH is multi-head
-    /// attention); `mask` the causal one or a sliding window's. qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out [B,T,NH*hs],
-    /// unless None (a recompute of `saved` for backward). `saved` receives what backward
-    /// reads besides qkv and out, of the kind this backend keeps (see
+    /// attention); `mask` the causal one or a sliding window's (a window of T keys or more
+    /// runs as the causal mask). qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out
+    /// [B,T,NH*hs], unless None (a recompute of `saved` for backward). `saved` receives what
+    /// backward reads besides qkv and out, of the kind this backend keeps (see
     /// [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in
     /// the caller. The dropout mask, keyed per (batch, query head), is never stored: it is
     /// regenerated from its key.

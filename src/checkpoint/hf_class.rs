@@ -11,7 +11,8 @@
 use kernels::RopeFrequencies;
 use stages::{Activation, Architecture, LinearBiases, Norm, NormPlacement, Positions, QkNormSpan};
 
-use super::{hf_window, LlamaConfig};
+use super::hf_window::{Window, TRANSFORMERS_WINDOW};
+use super::LlamaConfig;
 
 /// How a class's config.json says which linear layers add a bias.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -26,26 +27,6 @@ pub enum BiasKeys {
     /// None; `attention_bias` would put them on q, k, v and o but not the MLP, which
     /// pipetrain cannot express, so it is refused (Qwen3Config, GemmaConfig).
     NoneWithoutAttentionBias,
-}
-
-/// The `sliding_window` transformers' MistralConfig, Qwen2Config and Qwen3Config take where
-/// config.json leaves it out.
-pub const TRANSFORMERS_WINDOW: usize = 4096;
-
-/// How a class's config.json turns on a sliding window (hf_window.rs reads and writes it).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Window {
-    /// The class attends to the whole sequence.
-    Never,
-    /// `sliding_window` is the window where it is a count, None where null, this where
-    /// absent (MistralConfig: 4096, Mistral 7B v0.1's; Phi3Config: none, Phi-4's).
-    Count(Option<usize>),
-    /// `sliding_window` (absent: [`TRANSFORMERS_WINDOW`]) where `use_sliding_window` or a "sliding_attention"
-    /// among `layer_types` turns it on (Qwen2Config, Qwen3Config); written off.
-    Switched,
-    /// `sliding_window` (absent: `keys`) on the layers `layer_types` names
-    /// "sliding_attention" (absent: all but every `full_every`th), Olmo3Config's.
-    Layers { keys: usize, full_every: usize },
 }
 
 /// What one transformers class fixes of a model, and the config.json keys it reads.
@@ -291,7 +272,7 @@ impl HfClass {
             && (self.rotary_share.is_some() || rotary_dims.is_none())
             && a.embedding_multiplier == self.multiplies_embeddings.then(|| gemma_multiplier(c.hidden_size))
             && (!self.heads_fill_hidden || c.head_dim * c.num_attention_heads == c.hidden_size)
-            && hf_window::says(self.window, a.sliding_window)
+            && self.window.says(a.sliding_window)
     }
 }
 

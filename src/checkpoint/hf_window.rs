@@ -14,7 +14,36 @@
 use serde_json::{json, Map, Value};
 use stages::SlidingWindow;
 
-use super::hf_class::{HfClass, Window, TRANSFORMERS_WINDOW};
+/// The `sliding_window` transformers' MistralConfig, Qwen2Config, Qwen3Config and Olmo3Config take where
+/// config.json leaves it out.
+pub const TRANSFORMERS_WINDOW: usize = 4096;
+
+/// How a class's config.json turns on a sliding window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Window {
+    /// The class attends to the whole sequence.
+    Never,
+    /// `sliding_window` is the window where it is a count, None where null, this where
+    /// absent (MistralConfig: 4096, Mistral 7B v0.1's; Phi3Config: none, Phi-4's).
+    Count(Option<usize>),
+    /// `sliding_window` (absent: [`TRANSFORMERS_WINDOW`]) where `use_sliding_window` or a "sliding_attention"
+    /// among `layer_types` turns it on (Qwen2Config, Qwen3Config); written off.
+    Switched,
+    /// `sliding_window` (absent: `keys`) on the layers `layer_types` names
+    /// "sliding_attention" (absent: all but every `full_every`th), Olmo3Config's.
+    Layers { keys: usize, full_every: usize },
+}
+
+impl Window {
+    /// Whether a class whose keys are these can say `w`.
+    pub fn says(self, w: Option<SlidingWindow>) -> bool {
+        match self {
+            Window::Never | Window::Switched => w.is_none(),
+            Window::Count(_) => w.is_none_or(|w| w.full_every.is_none()),
+            Window::Layers { .. } => true,
+        }
+    }
+}
 
 /// What a config.json's window makes of the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,21 +72,21 @@ impl WindowRead {
     }
 }
 
-/// The window of a config.json of class `class` (pipetrain's own model_type where
-/// `pipetrain`) over `layers` layers.
+/// The window of a config.json whose class says it as `window` (pipetrain's own model_type
+/// where `pipetrain`) over `layers` layers.
 pub fn read(
     obj: &Map<String, Value>,
-    class: &HfClass,
+    window: Window,
     pipetrain: bool,
     layers: usize,
 ) -> Result<WindowRead, String> {
     if pipetrain {
         return read_megatron(obj);
     }
-    let window = |w: Option<usize>| w.map_or(WindowRead::None, |keys| every_layer(keys, None));
-    match class.window {
+    let on_every_layer = |w: Option<usize>| w.map_or(WindowRead::None, |keys| windowed(keys, None));
+    match window {
         Window::Never => Ok(WindowRead::None),
-        Window::Count(default) => Ok(window(count(obj, default)?)),
+        Window::Count(default) => Ok(on_every_layer(count(obj, default)?)),
         Window::Switched if qwen_slides(obj)? => {
             Ok(count(obj, Some(TRANSFORMERS_WINDOW))?.map_or(WindowRead::None, WindowRead::Cap))
         }
@@ -70,21 +99,21 @@ pub fn read(
             };
             Ok(period(&sliding).map_or(WindowRead::Cap(keys), |full_every| match full_every {
                 Some(1) => WindowRead::None,
-                _ => every_layer(keys, full_every),
+                _ => windowed(keys, full_every),
             }))
         }
     }
 }
 
-fn every_layer(keys: usize, full_every: Option<usize>) -> WindowRead {
+fn windowed(keys: usize, full_every: Option<usize>) -> WindowRead {
     WindowRead::Window(SlidingWindow { keys, full_every })
 }
 
-/// The keys the class writes for `window` over `layers` layers, into `extra` (pipetrain's own
-/// model_type where `pipetrain`).
+/// The keys a class that says its window as `keys` writes for `window` over `layers` layers,
+/// into `extra` (pipetrain's own model_type where `pipetrain`).
 pub fn write(
     extra: &mut Map<String, Value>,
-    class: &HfClass,
+    keys: Window,
     pipetrain: bool,
     window: Option<SlidingWindow>,
     layers: usize,
@@ -96,7 +125,7 @@ pub fn write(
         }
         return;
     }
-    match class.window {
+    match keys {
         Window::Never => {}
         Window::Count(_) => {
             extra.insert("sliding_window".into(), json!(window.map(|w| w.keys)));
@@ -117,15 +146,6 @@ pub fn write(
     }
 }
 
-/// Whether a class whose keys are `window` can say `w`.
-pub fn says(window: Window, w: Option<SlidingWindow>) -> bool {
-    match window {
-        Window::Never | Window::Switched => w.is_none(),
-        Window::Count(_) => w.is_none_or(|w| w.full_every.is_none()),
-        Window::Layers { .. } => true,
-    }
-}
-
 /// Megatron's keys as pipetrain writes them: `window_size` [left, 0], `window_attn_skip_freq`.
 fn read_megatron(obj: &Map<String, Value>) -> Result<WindowRead, String> {
     let Some(size) = obj.get("window_size").filter(|v| !v.is_null()) else { return Ok(WindowRead::None) };
@@ -141,7 +161,7 @@ fn read_megatron(obj: &Map<String, Value>) -> Result<WindowRead, String> {
             None => return Err(format!("window_attn_skip_freq is {v}, not a count of layers of 2 or more")),
         },
     };
-    Ok(every_layer(left + 1, full_every))
+    Ok(windowed(left + 1, full_every))
 }
 
 /// `sliding_window`: a count of keys, None where null, `default` where absent.

@@ -109,7 +109,7 @@ impl LlamaConfig {
         for (key, _) in row.refused {
             extra.insert((*key).into(), json!(false));
         }
-        hf_window::write(extra, row, class.is_none(), a.sliding_window, self.num_hidden_layers);
+        hf_window::write(extra, row.window, class.is_none(), a.sliding_window, self.num_hidden_layers);
         if class.is_none() {
             extra.insert("normalization".into(), json!(a.norm.name()));
             extra.insert("norm_placement".into(), json!(a.norm_placement.name()));
@@ -238,7 +238,7 @@ impl LlamaConfig {
         if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(format!("num_key_value_heads {kv} does not divide num_attention_heads {heads}")));
         }
-        let window = hf_window::read(obj, class, pipetrain, int("num_hidden_layers")?).map_err(bad)?;
+        let window = hf_window::read(obj, class.window, pipetrain, int("num_hidden_layers")?).map_err(bad)?;
         let biases = match class.biases {
             BiasKeys::Fixed(biases) => biases,
             BiasKeys::NoneWithoutAttentionBias if flag("attention_bias", false)? => {

@@ -139,8 +139,8 @@ impl Decoder {
 }
 
 /// Causal attention of the newest position's query q [NH*HS] over the keys and values it
-/// sees, [positions, KV*HS] of the cache (its own included), per query head h, which reads key/value head
-/// h / (NH/KV): softmax(q k^T / sqrt(HS)) v. Returns [NH*HS].
+/// sees, [positions, KV*HS] of the cache (its own included), per query head h, which reads
+/// key/value head h / (NH/KV): softmax(q k^T / sqrt(HS)) v. Returns [NH*HS].
 fn attend(q: &[f32], keys: &[f32], values: &[f32], n_head: usize, n_kv: usize) -> Vec<f32> {
     let hs = q.len() / n_head;
     let (width, group) = (n_kv * hs, n_head / n_kv);

@@ -1,8 +1,9 @@
 //! The causal grouped-query self-attention core, per (batch, query head h): S = Q_h K_g^T /
-//! sqrt(hs) under the causal mask (or a sliding window's), P = softmax(S) (saved to `att`), P' = dropout(P) (saved
-//! to `dropped`), out_h = P' V_g, where g = h / (NH/KV) is the key/value head that h shares
-//! with the other query heads of its group (KV == NH: multi-head attention). Backward reads P
-//! (softmax) and P' (dV), and regenerates the mask for dP from its key.
+//! sqrt(hs) under the causal mask (or a sliding window's), P = softmax(S) (saved to `att`),
+//! P' = dropout(P) (saved to `dropped`), out_h = P' V_g, where g = h / (NH/KV) is the
+//! key/value head that h shares with the other query heads of its group (KV == NH:
+//! multi-head attention). Backward reads P (softmax) and P' (dV), and regenerates the mask
+//! for dP from its key.
 //!
 //! Forward cuts the (batch, query head) pairs, backward the (batch, key/value head) pairs
 //! with all their query heads, into one contiguous group per thread, each with its own
