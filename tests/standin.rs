@@ -753,19 +753,22 @@ fn bench_on_the_standin(what: &str, extra: &[&str]) -> String {
 
 /// `bench attention` times the bf16 attention core alone on the stand-in: a forward and a
 /// backward row for each of the stand-in's shapes and for the config's own (B = 2, T = 32,
-/// 4 heads of 16), in milliseconds of the emulator's CPU time.
+/// 4 heads of 16, under its window of 8 keys), in milliseconds of the emulator's CPU time.
 #[test]
 fn bench_attention_times_each_case_on_the_standin() {
     if !nvrtc("bench_attention_times_each_case_on_the_standin") {
         return;
     }
-    let table = bench_on_the_standin("attention", &[]);
+    let table = bench_on_the_standin("attention", &["--window-size", "7,0"]);
     let rows: Vec<&str> = table.lines().skip(2).collect();
     let checks: Vec<&str> = rows.iter().map(|r| r.split("  ").next().unwrap()).collect();
     let pair =
         |hs| [format!("attention forward, head size {hs}"), format!("attention backward, head size {hs}")];
     assert_eq!(checks, [pair(64), pair(128), pair(16)].concat(), "{table}");
-    assert!(rows[4].contains("B = 2, T = 32, 4 heads over 4 key/value heads of 16"), "{table}");
+    assert!(
+        rows[4].contains("B = 2, T = 32, 4 heads over 4 key/value heads of 16, a window of 8 keys"),
+        "{table}"
+    );
     assert!(rows
         .iter()
         .all(|r| r.contains(" ms ") && r.contains("the stand-in's CPU time under the emulator")));

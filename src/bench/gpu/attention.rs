@@ -3,8 +3,10 @@
 //! Llama's of 128 (Llama 3 8B's 32 query heads over 8 key/value heads), on the device the
 //! bench opens for bf16 (the tensor-core kernels). FLOPs count the causal half of the T x T
 //! scores, as FlashAttention's benchmarks do: the forward's two products are
-//! 4 * B * NH * (T^2 / 2) * hs, the backward 2.5 times that. Each figure is the median of
-//! `REPS` calls, each timed between two marks of the device's clock, after a warm-up call.
+//! 4 * B * NH * (T^2 / 2) * hs, the backward 2.5 times that; under a sliding window (the
+//! config's case of `bench attention`, its first layer's mask) the share of them its pairs
+//! are of the causal ones. Each figure is the median of `REPS` calls, each timed between
+//! two marks of the device's clock, after a warm-up call.
 //!
 //! On the CUDA stand-in the cases shrink and the times are its CPU's under the emulator.
 
@@ -23,18 +25,19 @@ pub struct Case {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_size: usize,
+    pub mask: CausalMask,
 }
 
 /// #21's shapes: GPT-2's layer, and Llama 3 8B's.
 pub const TARGET: [Case; 2] = [
-    Case { batch: 16, seq: 1024, heads: 12, kv_heads: 12, head_size: 64 },
-    Case { batch: 16, seq: 1024, heads: 32, kv_heads: 8, head_size: 128 },
+    Case { batch: 16, seq: 1024, heads: 12, kv_heads: 12, head_size: 64, mask: CausalMask::Full },
+    Case { batch: 16, seq: 1024, heads: 32, kv_heads: 8, head_size: 128, mask: CausalMask::Full },
 ];
 
 /// The same head sizes at sizes the stand-in's emulator runs in seconds.
 pub const STANDIN: [Case; 2] = [
-    Case { batch: 1, seq: 64, heads: 2, kv_heads: 2, head_size: 64 },
-    Case { batch: 1, seq: 64, heads: 4, kv_heads: 2, head_size: 128 },
+    Case { batch: 1, seq: 64, heads: 2, kv_heads: 2, head_size: 64, mask: CausalMask::Full },
+    Case { batch: 1, seq: 64, heads: 4, kv_heads: 2, head_size: 128, mask: CausalMask::Full },
 ];
 
 /// #21's targets, TFLOP/s forward and backward.
@@ -54,13 +57,15 @@ impl Case {
             heads: cfg.num_attention_heads,
             kv_heads: cfg.kv_heads(),
             head_size,
+            mask: cfg.architecture().attention_mask(0).over(cfg.seq_length),
         })
     }
 
-    /// FLOPs of one forward call over the causal half.
+    /// FLOPs of one forward call over the causal half, or a window's share of it.
     pub fn forward_flops(&self) -> f64 {
         let (b, t, nh, hs) = (self.batch as f64, self.seq as f64, self.heads as f64, self.head_size as f64);
-        4.0 * b * nh * (t * t / 2.0) * hs
+        let share = self.mask.pairs(self.seq) as f64 / CausalMask::Full.pairs(self.seq) as f64;
+        4.0 * b * nh * (t * t / 2.0) * share * hs
     }
 
     /// FLOPs of one backward call: 2.5 forwards.
@@ -69,8 +74,12 @@ impl Case {
     }
 
     fn describe(&self) -> String {
+        let window = match self.mask {
+            CausalMask::Full => String::new(),
+            CausalMask::Window(w) => format!(", a window of {w} keys"),
+        };
         format!(
-            "B = {}, T = {}, {} heads over {} key/value heads of {}",
+            "B = {}, T = {}, {} heads over {} key/value heads of {}{window}",
             self.batch, self.seq, self.heads, self.kv_heads, self.head_size
         )
     }
@@ -97,20 +106,10 @@ pub fn seconds(dev: &dyn Device, saves: AttentionSaves, case: &Case) -> (f64, f6
     let mut saved =
         AttentionSaved::empty(dev, saves, [case.batch, case.heads, case.seq], false, Category::Workspace);
     let forward = |out: &mut Tensor, saved: &mut AttentionSaved| {
-        dev.attention_forward(Some(out), saved, None, &qkv, case.heads, case.kv_heads, CausalMask::Full)
+        dev.attention_forward(Some(out), saved, None, &qkv, case.heads, case.kv_heads, case.mask)
     };
     let backward = |dqkv: &mut Tensor, out: &Tensor, saved: &AttentionSaved| {
-        dev.attention_backward(
-            dqkv,
-            &dout,
-            out,
-            &qkv,
-            saved,
-            None,
-            case.heads,
-            case.kv_heads,
-            CausalMask::Full,
-        )
+        dev.attention_backward(dqkv, &dout, out, &qkv, saved, None, case.heads, case.kv_heads, case.mask)
     };
     forward(&mut out, &mut saved);
     backward(&mut dqkv, &out, &saved);
@@ -168,6 +167,10 @@ mod tests {
         assert_eq!(TARGET[0].forward_flops(), 25_769_803_776.0);
         assert_eq!(TARGET[0].backward_flops(), 64_424_509_440.0);
         assert_eq!(TARGET[1].forward_flops(), 137_438_953_472.0);
+        // A window of 256 keys over 1024: (256 * 257 / 2 + 768 * 256) of 1024 * 1025 / 2 pairs.
+        let windowed = Case { mask: CausalMask::Window(256), ..TARGET[0] };
+        let share = (256.0 * 257.0 / 2.0 + 768.0 * 256.0) / (1024.0 * 1025.0 / 2.0);
+        assert!((windowed.forward_flops() / (TARGET[0].forward_flops() * share) - 1.0).abs() < 1e-12);
     }
 
     /// The rows time real calls on any device: on the CPU, the stand-in's shapes give a
