@@ -34,11 +34,13 @@ unsafe fn launch(forward: CUfunction, shared: u32) -> (CUresult, Vec<u16>, Vec<f
         let mut stream: CUstream = std::ptr::null_mut();
         ok(cuStreamCreate(&mut stream, 1));
         let (mut o, mut l, mut x) = (out, lse, qkv);
-        let (mut t, mut nh, mut kv, mut hs, mut dropout) = (T as i32, 1i32, 1i32, 16i32, 0i32);
+        // The causal mask: a window of T keys.
+        let (mut t, mut nh, mut kv, mut hs, mut window, mut dropout) =
+            (T as i32, 1i32, 1i32, 16i32, T as i32, 0i32);
         let mask_bytes =
-            cuda_standin::emulator::kernels().expect("the families load")[FORWARD].param_sizes[7];
+            cuda_standin::emulator::kernels().expect("the families load")[FORWARD].param_sizes[8];
         let mut mask = vec![0u8; mask_bytes];
-        let mut params: [*mut c_void; 9] = [
+        let mut params: [*mut c_void; 10] = [
             (&mut o as *mut u64).cast(),
             (&mut l as *mut u64).cast(),
             (&mut x as *mut u64).cast(),
@@ -46,6 +48,7 @@ unsafe fn launch(forward: CUfunction, shared: u32) -> (CUresult, Vec<u16>, Vec<f
             (&mut nh as *mut i32).cast(),
             (&mut kv as *mut i32).cast(),
             (&mut hs as *mut i32).cast(),
+            (&mut window as *mut i32).cast(),
             mask.as_mut_ptr().cast(),
             (&mut dropout as *mut i32).cast(),
         ];
