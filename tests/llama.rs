@@ -1,7 +1,7 @@
 //! The Llama family through Megatron's flags (Qwen2's `add_qkv_bias`, Qwen3's
 //! `qk_layernorm`, Nemotron's `apply_layernorm_1p`, `squared_relu` and `rotary_percent`,
-//! Gemma's `geglu` and `embedding_multiplier`, and OLMo 2's `norm_placement` and
-//! `qk_norm_span` among them):
+//! Gemma's `geglu` and `embedding_multiplier`, OLMo 2's `norm_placement` and
+//! `qk_norm_span`, and OLMo 3's `window_size` and `window_attn_skip_freq` among them):
 //! each flag alone
 //! and all together train, bitwise equal across every schedule, stage count and recompute
 //! policy, with the activation memory the model predicts; impossible combinations are one
