@@ -375,10 +375,16 @@ fn a_window_at_heads_of_128_on_the_standin_is_the_cpu_in_fp32_and_near_it_in_bf1
     let cpu = run(&cfg, &dir, "cpu", &[&window[..], &["--device", "cpu"]].concat());
     let fp32 = run(&cfg, &dir, "fp32", &[&window[..], &["--device", "cuda"]].concat());
     assert_within("cpu vs stand-in", &loss_values(&cpu), &loss_values(&fp32), 1e-5);
-    let bf16 = [&window[..], &["--device", "cuda", "--precision", "bf16"]].concat();
-    let (a, b) = (run(&cfg, &dir, "bf16-window-a", &bf16), run(&cfg, &dir, "bf16-window-b", &bf16));
+    assert_bf16_repeats_and_is_near(&cpu, &cfg, &dir, &window);
+}
+
+/// `cfg` with `extra` flags in bf16 on the stand-in: the same losses in two runs, each
+/// within 2e-2 of the CPU run `cpu` (`bench gpu`'s tolerance: bf16 keeps 8 significant bits).
+fn assert_bf16_repeats_and_is_near(cpu: &Path, cfg: &Path, dir: &Path, extra: &[&str]) {
+    let bf16 = [extra, &["--device", "cuda", "--precision", "bf16"]].concat();
+    let (a, b) = (run(cfg, dir, "bf16-a", &bf16), run(cfg, dir, "bf16-b", &bf16));
     assert_eq!(losses(&a), losses(&b), "bf16 run to run");
-    assert_within("cpu fp32 vs stand-in bf16", &loss_values(&cpu), &loss_values(&a), 2e-2);
+    assert_within("cpu fp32 vs stand-in bf16", &loss_values(cpu), &loss_values(&a), 2e-2);
 }
 
 /// Heads of 32 at llama-tiny.yaml's width of 64 over 4 heads (Mistral Nemo's shape): the
@@ -420,10 +426,7 @@ fn a_bf16_llama_with_heads_of_128_on_the_standin_is_deterministic_and_near_fp32(
     let dir = temp_dir("standin-llama-128-bf16");
     let cfg = llama_tiny(&dir, &HEADS_OF_128);
     let cpu = run(&cfg, &dir, "cpu", &["--device", "cpu"]);
-    let bf16 = ["--device", "cuda", "--precision", "bf16"];
-    let (a, b) = (run(&cfg, &dir, "bf16-a", &bf16), run(&cfg, &dir, "bf16-b", &bf16));
-    assert_eq!(losses(&a), losses(&b), "bf16 run to run");
-    assert_within("cpu fp32 vs stand-in bf16", &loss_values(&cpu), &loss_values(&a), 2e-2);
+    assert_bf16_repeats_and_is_near(&cpu, &cfg, &dir, &[]);
 }
 
 /// Two stages in threads share one stand-in GPU, each on its own stream: activations and

@@ -13,6 +13,7 @@
 use super::{Row, Verdict};
 use crate::config::Config;
 use kernels::{AttentionSaved, AttentionSaves, Category, CausalMask, Device, Tensor};
+use stages::flops::scored_area;
 
 /// Calls timed per figure.
 const REPS: usize = 10;
@@ -61,11 +62,11 @@ impl Case {
         })
     }
 
-    /// FLOPs of one forward call over the causal half, or a window's share of it.
+    /// FLOPs of one forward call over the causal half (of the T x T area `stages::flops`
+    /// counts, a window's share of it).
     pub fn forward_flops(&self) -> f64 {
-        let (b, t, nh, hs) = (self.batch as f64, self.seq as f64, self.heads as f64, self.head_size as f64);
-        let share = self.mask.pairs(self.seq) as f64 / CausalMask::Full.pairs(self.seq) as f64;
-        4.0 * b * nh * (t * t / 2.0) * share * hs
+        let (b, nh, hs) = (self.batch as f64, self.heads as f64, self.head_size as f64);
+        4.0 * b * nh * (scored_area(self.mask, self.seq) / 2.0) * hs
     }
 
     /// FLOPs of one backward call: 2.5 forwards.
