@@ -4,42 +4,52 @@
 // a column sum reduced in two fixed stages (per chunk of rows here, then `add_partials` in
 // bias.cu) so the result does not depend on scheduling.
 //
-// QK-norm (Qwen3's) is this norm in place on qkv, each query and key head a row: the bodies
-// find a row, its weight and a chunk's rows through `Dense` (the rows of [N, C]) or `Heads`
-// (QK-norm's), so both take the same arithmetic. Its weight gradients' chunks are of tokens.
+// QK-norm (Qwen3's, OLMo 2's) is this norm in place on qkv, each query and key head, or each
+// whole query and key projection, a row: the bodies find a row, its width, its weight and a
+// chunk's rows through `Dense` (the rows of [N, C]) or `QkRows` (QK-norm's), so both take the
+// same arithmetic. Its weight gradients' chunks are of tokens.
 //
 // Each kernel has a bf16-storage twin (NAME_bf16) for `precision: bf16` activations: one
 // body, the input, output and their gradients bf16; the weight, rstd and partial sums fp32,
 // the arithmetic fp32.
 #include "warp_row.cuh"
 
-// The rows of C a norm's kernels take, where each lies and its weight. A weight-gradient
+// The rows a norm's kernels take, where each lies, its width and its weight. A weight-gradient
 // chunk takes tokens, and a token's rows of weight `g` are `count(g)` consecutive rows from
-// `first(n, g)`, C apart.
+// `first(n, g)`, `columns(g)` wide and apart; weight g's partial sums start at column
+// `columns_before(g)` of each chunk.
 
 // The rows of [N, C], one a token, all of the one weight.
 struct Dense {
     const float* w;
     int C;
     __device__ unsigned long long offset(int row) const { return (unsigned long long)row * C; }
+    __device__ int width(int) const { return C; }
     __device__ const float* weight(int) const { return w; }
     __device__ int first(int n, int) const { return n; }
     __device__ int count(int) const { return 1; }
+    __device__ int columns(int) const { return C; }
+    __device__ int columns_before(int) const { return 0; }
 };
 
-// The query and key heads of qkv [N, (NH + 2 KV) C] (heads of C): token n's NH query heads
-// and then its KV key heads are rows n (NH + KV) + h, at n (NH + 2 KV) C + h C; its value
-// heads no row. Weight 0 (q_weight) is the query heads', weight 1 (k_weight) the key heads'.
-struct Heads {
+// The rows QK-norm normalises in qkv [N, (NQ CQ + 2 NK CK)] (kernels' QkNormRows): token n's
+// NQ query rows of CQ (its query heads, or its whole query projection) and then its NK key
+// rows of CK are rows n (NQ + NK) + h, from the token's start; its value side, NK CK wide, no
+// row. Weight 0 (q_weight, [CQ]) is the query rows', weight 1 (k_weight, [CK]) the key rows'.
+struct QkRows {
     const float *q_weight, *k_weight;
-    int nh, kv, C;
+    int nq, nk, cq, ck;
     __device__ unsigned long long offset(int row) const {
-        const int n = row / (nh + kv), h = row % (nh + kv);
-        return (unsigned long long)n * (nh + 2 * kv) * C + h * C;
+        const int n = row / (nq + nk), h = row % (nq + nk);
+        const int at = h < nq ? h * cq : nq * cq + (h - nq) * ck;
+        return (unsigned long long)n * (nq * cq + 2 * nk * ck) + at;
     }
-    __device__ const float* weight(int row) const { return row % (nh + kv) < nh ? q_weight : k_weight; }
-    __device__ int first(int n, int g) const { return n * (nh + kv) + (g == 0 ? 0 : nh); }
-    __device__ int count(int g) const { return g == 0 ? nh : kv; }
+    __device__ int width(int row) const { return row % (nq + nk) < nq ? cq : ck; }
+    __device__ const float* weight(int row) const { return row % (nq + nk) < nq ? q_weight : k_weight; }
+    __device__ int first(int n, int g) const { return n * (nq + nk) + (g == 0 ? 0 : nq); }
+    __device__ int count(int g) const { return g == 0 ? nq : nk; }
+    __device__ int columns(int g) const { return g == 0 ? cq : ck; }
+    __device__ int columns_before(int g) const { return g == 0 ? 0 : cq; }
 };
 
 // out = weight * (x * rstd) over N `rows`; rstd saved per row for backward. Two passes over
@@ -52,7 +62,7 @@ __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const 
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const int C = layout.C;
+    const int C = layout.width(row);
     const T* x = inp + layout.offset(row);
     T* y = out + layout.offset(row);
     const float* weight = layout.weight(row);
@@ -121,7 +131,7 @@ __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dr
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
-    const int C = layout.C;
+    const int C = layout.width(row);
     const unsigned long long at = layout.offset(row);
     // GradRow's row 0 of the buffers from this row on.
     const GradRow<T> rows(dinp + at, dresidual == nullptr ? nullptr : dresidual + at, dout + at, inp + at,
@@ -173,16 +183,17 @@ extern "C" __global__ void rmsnorm_residual_backward_input_bf16(bf16* dinp, cons
 
 // Stage one of dweight += sum_rows(dout * norm) for weight g = blockIdx.z of `layout`: block
 // (x, y, g) sums the rows of weight g of tokens [y * tokens_per_chunk, (y + 1) *
-// tokens_per_chunk), one column per thread, in token and then row order, into
-// partial_w [weights, chunks, C].
+// tokens_per_chunk), one column per thread, in token and then row order, into partial_w:
+// weight g's [chunks, columns(g)] from chunks * columns_before(g). The grid spans the widest
+// weight's columns.
 template <typename T, typename Rows>
 __device__ __forceinline__ void rmsnorm_backward_weight_partial_body(float* partial_w, const T* dout,
                                                                      const T* inp, const float* rstd, Rows layout,
                                                                      int N, int tokens_per_chunk) {
-    const int C = layout.C;
+    const int chunk = blockIdx.y, g = blockIdx.z;
+    const int C = layout.columns(g);
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int chunk = blockIdx.y, g = blockIdx.z;
     const int begin = chunk * tokens_per_chunk;
     const int end = min(N, begin + tokens_per_chunk);
     float w = 0.0f;
@@ -193,7 +204,7 @@ __device__ __forceinline__ void rmsnorm_backward_weight_partial_body(float* part
             w += to_float(dout[i]) * (to_float(inp[i]) * rstd[row]);
         }
     }
-    partial_w[((unsigned long long)g * gridDim.y + chunk) * C + c] = w;
+    partial_w[(unsigned long long)gridDim.y * layout.columns_before(g) + (unsigned long long)chunk * C + c] = w;
 }
 
 extern "C" __global__ void rmsnorm_backward_weight_partial(float* partial_w, const float* dout, const float* inp,
@@ -207,70 +218,72 @@ extern "C" __global__ void rmsnorm_backward_weight_partial_bf16(float* partial_w
     rmsnorm_backward_weight_partial_body(partial_w, dout, inp, rstd, Dense{nullptr, C}, N, rows_per_chunk);
 }
 
-// QK-norm in place on qkv [N, (NH + 2 KV) hs] (N tokens): each query head becomes
-// q_weight * (q * rstd), each key head k_weight * (k * rstd); rstd [N, NH + KV]. One warp a
-// head.
+// QK-norm in place on qkv (the rows of QkRows, N tokens): each query row becomes
+// q_weight * (q * rstd), each key row k_weight * (k * rstd); rstd [N, NQ + NK]. One warp a
+// row.
 template <typename T>
 __device__ __forceinline__ void qk_norm_forward_body(T* qkv, float* rstd, const float* q_weight,
-                                                     const float* k_weight, int N, int NH, int KV, int hs,
+                                                     const float* k_weight, int N, int NQ, int NK, int CQ, int CK,
                                                      float eps) {
-    rmsnorm_forward_body(qkv, rstd, (const T*)qkv, Heads{q_weight, k_weight, NH, KV, hs}, N * (NH + KV), eps);
+    const QkRows rows{q_weight, k_weight, NQ, NK, CQ, CK};
+    rmsnorm_forward_body(qkv, rstd, (const T*)qkv, rows, N * (NQ + NK), eps);
 }
 
 extern "C" __global__ void qk_norm_forward(float* qkv, float* rstd, const float* q_weight, const float* k_weight,
-                                           int N, int NH, int KV, int hs, float eps) {
-    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NH, KV, hs, eps);
+                                           int N, int NQ, int NK, int CQ, int CK, float eps) {
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, eps);
 }
 
 extern "C" __global__ void qk_norm_forward_bf16(bf16* qkv, float* rstd, const float* q_weight,
-                                                const float* k_weight, int N, int NH, int KV, int hs,
+                                                const float* k_weight, int N, int NQ, int NK, int CQ, int CK,
                                                 float eps) {
-    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NH, KV, hs, eps);
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, eps);
 }
 
-// QK-norm's input gradient in place on dqkv: its query and key heads, the gradient of the
+// QK-norm's input gradient in place on dqkv: its query and key rows, the gradient of the
 // forward's output, become that of its input `inp` (the qkv the forward normalised); the
 // value heads' are untouched. Run after the weight partial sums, which read dqkv first.
 template <typename T>
 __device__ __forceinline__ void qk_norm_backward_input_body(T* dqkv, const T* inp, const float* q_weight,
                                                             const float* k_weight, const float* rstd, int N,
-                                                            int NH, int KV, int hs) {
-    const Heads heads{q_weight, k_weight, NH, KV, hs};
-    rmsnorm_backward_input_body(dqkv, (const T*)nullptr, (const T*)dqkv, inp, heads, rstd, N * (NH + KV));
+                                                            int NQ, int NK, int CQ, int CK) {
+    const QkRows rows{q_weight, k_weight, NQ, NK, CQ, CK};
+    rmsnorm_backward_input_body(dqkv, (const T*)nullptr, (const T*)dqkv, inp, rows, rstd, N * (NQ + NK));
 }
 
 extern "C" __global__ void qk_norm_backward_input(float* dqkv, const float* inp, const float* q_weight,
-                                                  const float* k_weight, const float* rstd, int N, int NH, int KV,
-                                                  int hs) {
-    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NH, KV, hs);
+                                                  const float* k_weight, const float* rstd, int N, int NQ, int NK,
+                                                  int CQ, int CK) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NQ, NK, CQ, CK);
 }
 
 extern "C" __global__ void qk_norm_backward_input_bf16(bf16* dqkv, const bf16* inp, const float* q_weight,
-                                                       const float* k_weight, const float* rstd, int N, int NH,
-                                                       int KV, int hs) {
-    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NH, KV, hs);
+                                                       const float* k_weight, const float* rstd, int N, int NQ,
+                                                       int NK, int CQ, int CK) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NQ, NK, CQ, CK);
 }
 
-// Stage one of dq_weight and dk_weight += over N tokens: partial_w [2, chunks, hs], the query
-// heads' partial sums (blockIdx.z 0) and then the key heads' (1), from the dqkv the input
-// gradient then overwrites.
+// Stage one of dq_weight and dk_weight += over N tokens: partial_w, the query rows' partial
+// sums [chunks, CQ] (blockIdx.z 0) and then the key rows' [chunks, CK] (1), from the dqkv the
+// input gradient then overwrites.
 template <typename T>
 __device__ __forceinline__ void qk_norm_backward_weight_partial_body(float* partial_w, const T* dqkv,
                                                                      const T* inp, const float* rstd, int N,
-                                                                     int NH, int KV, int hs,
+                                                                     int NQ, int NK, int CQ, int CK,
                                                                      int tokens_per_chunk) {
-    const Heads heads{nullptr, nullptr, NH, KV, hs};
-    rmsnorm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, heads, N, tokens_per_chunk);
+    const QkRows rows{nullptr, nullptr, NQ, NK, CQ, CK};
+    rmsnorm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, rows, N, tokens_per_chunk);
 }
 
 extern "C" __global__ void qk_norm_backward_weight_partial(float* partial_w, const float* dqkv,
-                                                           const float* inp, const float* rstd, int N, int NH,
-                                                           int KV, int hs, int tokens_per_chunk) {
-    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NH, KV, hs, tokens_per_chunk);
+                                                           const float* inp, const float* rstd, int N, int NQ,
+                                                           int NK, int CQ, int CK, int tokens_per_chunk) {
+    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NQ, NK, CQ, CK, tokens_per_chunk);
 }
 
 extern "C" __global__ void qk_norm_backward_weight_partial_bf16(float* partial_w, const bf16* dqkv,
                                                                 const bf16* inp, const float* rstd, int N,
-                                                                int NH, int KV, int hs, int tokens_per_chunk) {
-    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NH, KV, hs, tokens_per_chunk);
+                                                                int NQ, int NK, int CQ, int CK,
+                                                                int tokens_per_chunk) {
+    qk_norm_backward_weight_partial_body(partial_w, dqkv, inp, rstd, N, NQ, NK, CQ, CK, tokens_per_chunk);
 }

@@ -12,6 +12,7 @@ use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::Category;
+use crate::qk_norm::QkNormRows;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{MatmulDims, QkvDims};
@@ -149,7 +150,7 @@ pub trait RmsNorm {
         qkv: &mut Tensor,
         rstd: &mut Tensor,
         weights: [&Tensor; 2],
-        dims: QkvDims,
+        rows: QkNormRows,
         eps: f32,
     );
     /// As [`crate::Device::qk_norm_backward`]: dweights and weights [q, k].
@@ -160,7 +161,7 @@ pub trait RmsNorm {
         inp: &Tensor,
         weights: [&Tensor; 2],
         rstd: &Tensor,
-        dims: QkvDims,
+        rows: QkNormRows,
     );
 }
 

@@ -32,6 +32,7 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
+use crate::qk_norm::QkNormSpan;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
@@ -504,11 +505,13 @@ pub trait Device:
         self.rmsnorm_backward_impl(dinp, Some(dresidual), dweight, dout, inp, weight, rstd);
     }
 
-    /// QK-norm (Qwen3's; Megatron's `qk_layernorm` with RMSNorm), in place on
-    /// qkv [B,T,(NH+2*KV)*hs]: each query head becomes q_weight [hs] * (q * rstd) and each key
-    /// head k_weight [hs] * (k * rstd), a head normalised as [`Device::rmsnorm_forward`]
-    /// normalises a row; the value heads untouched. rstd [B*T, NH+KV]: each token's query
-    /// heads', then its key heads'.
+    /// QK-norm (Qwen3's and OLMo 2's; Megatron's `qk_layernorm` with RMSNorm), in place on
+    /// qkv [B,T,(NH+2*KV)*hs]: each row `span` names (each query and key head, or each
+    /// token's whole query and whole key projection) becomes q_weight * (q * rstd) or
+    /// k_weight * (k * rstd), normalised as [`Device::rmsnorm_forward`] normalises a row; the
+    /// value heads untouched. The weights are [hs] each over heads, [NH*hs] and [KV*hs] over
+    /// the projections. rstd [B*T, rows a token]: each token's query rows', then its key
+    /// rows'.
     #[allow(clippy::too_many_arguments)]
     fn qk_norm_forward(
         &self,
@@ -518,14 +521,16 @@ pub trait Device:
         k_weight: &Tensor,
         n_head: usize,
         n_kv_head: usize,
+        span: QkNormSpan,
         eps: f32,
     ) {
-        let dims = qk_norm_dims(qkv, rstd, [q_weight, k_weight], n_head, n_kv_head);
-        self.qk_norm_forward_impl(qkv, rstd, [q_weight, k_weight], dims, eps);
+        let rows = qk_norm_dims(qkv, rstd, [q_weight, k_weight], n_head, n_kv_head, span);
+        self.qk_norm_forward_impl(qkv, rstd, [q_weight, k_weight], rows, eps);
     }
-    /// QK-norm's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: its query and key heads (the
+    /// QK-norm's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: its query and key rows (the
     /// gradient of the norm's output) become the gradient of its input `inp` (the q, k, v
-    /// forward normalised), the value heads untouched; dq_weight and dk_weight [hs] += .
+    /// forward normalised), the value heads untouched; dq_weight and dk_weight += , each as
+    /// wide as its weight.
     #[allow(clippy::too_many_arguments)]
     fn qk_norm_backward(
         &self,
@@ -538,11 +543,13 @@ pub trait Device:
         rstd: &Tensor,
         n_head: usize,
         n_kv_head: usize,
+        span: QkNormSpan,
     ) {
-        let dims = qk_norm_dims(inp, rstd, [q_weight, k_weight], n_head, n_kv_head);
+        let rows = qk_norm_dims(inp, rstd, [q_weight, k_weight], n_head, n_kv_head, span);
         assert_same_len(inp, dqkv);
-        assert!(dq_weight.len() == dims.hs && dk_weight.len() == dims.hs, "qk-norm: {} channels", dims.hs);
-        self.qk_norm_backward_impl(dqkv, [dq_weight, dk_weight], inp, [q_weight, k_weight], rstd, dims);
+        assert_same_len(q_weight, dq_weight);
+        assert_same_len(k_weight, dk_weight);
+        self.qk_norm_backward_impl(dqkv, [dq_weight, dk_weight], inp, [q_weight, k_weight], rstd, rows);
     }
 
     // ---- matmul --------------------------------------------------------------------

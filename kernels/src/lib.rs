@@ -24,6 +24,7 @@ pub mod dropout;
 pub mod gate;
 pub mod memory;
 pub mod philox;
+pub mod qk_norm;
 pub mod readout;
 pub mod rope_frequencies;
 pub mod shapes;
@@ -43,6 +44,7 @@ pub use device::{
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use gate::Gate;
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
+pub use qk_norm::{QkNormRows, QkNormSpan};
 pub use readout::{Readout, ReadoutStorage};
 pub use rope_frequencies::RopeFrequencies;
 pub use splitmix::SplitMix64;

@@ -3,6 +3,7 @@
 //! that does not fit is a bug in the caller: each check panics with the tensors it got.
 
 use crate::device::WeightLayout;
+use crate::qk_norm::{QkNormRows, QkNormSpan};
 use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::{rows_cols, Tensor};
 
@@ -88,18 +89,24 @@ pub(crate) fn qkv_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> QkvDims
     QkvDims { b, t, nh: n_head, kv: n_kv_head, hs: width / (n_head + 2 * n_kv_head) }
 }
 
-/// The sizes of QK-norm's qkv, checked against its rstd [B*T, NH+KV] and its two weights [hs].
+/// The rows QK-norm normalises in each token of qkv, checked against its rstd
+/// [B*T, rows a token] and its two weights [q_width] and [k_width].
 pub(crate) fn qk_norm_dims(
     qkv: &Tensor,
     rstd: &Tensor,
     weights: [&Tensor; 2],
     n_head: usize,
     n_kv_head: usize,
-) -> QkvDims {
+    span: QkNormSpan,
+) -> QkNormRows {
     let dims = qkv_dims(qkv, n_head, n_kv_head);
-    assert_eq!(rstd.len(), dims.b * dims.t * (n_head + n_kv_head), "qk-norm: rstd {rstd:?} for {qkv:?}");
-    assert!(weights.iter().all(|w| w.len() == dims.hs), "qk-norm: weights of {} channels", dims.hs);
-    dims
+    let (n, rows) = (dims.b * dims.t, span.rows(dims.nh, dims.kv, dims.hs));
+    assert_eq!(rstd.len(), n * rows.rows(), "qk-norm: rstd {rstd:?} for {qkv:?}");
+    assert!(
+        weights.iter().zip(rows.weight_widths()).all(|(w, width)| w.len() == width),
+        "qk-norm: weights {weights:?} for {rows:?}"
+    );
+    rows
 }
 
 /// The sizes of RoPE's qkv: as [`qkv_dims`], with an even head size (the rotated pairs).

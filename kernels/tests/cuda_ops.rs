@@ -10,7 +10,8 @@ use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, DType,
-    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, RopeFrequencies, SplitMix64, Tensor, WeightLayout,
+    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, QkNormSpan, RopeFrequencies, SplitMix64, Tensor,
+    WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -318,7 +319,8 @@ fn rmsnorm_matches() {
 
 /// QK-norm in place on 4 query heads sharing 2 key/value heads, at Qwen3's epsilon, in f32
 /// and then with bf16 activations, judged as `rmsnorm_matches`: heads of 24 (whole 128-bit
-/// runs in either storage) and of 10 (element by element). The value heads and their
+/// runs in either storage) and of 10 (element by element), each head normalised and then
+/// the whole projections (OLMo 2's; rows of 4 hs and 2 hs). The value heads and their
 /// gradients come through bit for bit.
 #[test]
 fn qk_norm_matches() {
@@ -326,17 +328,19 @@ fn qk_norm_matches() {
     let bf16 = bf16_gpu("qk_norm_matches");
     let mut rng = seeded("qk_norm");
     let kv = 2;
-    for hs in [C / NH, 10] {
+    for (hs, span) in [C / NH, 10].into_iter().flat_map(|hs| QkNormSpan::ALL.map(|span| (hs, span))) {
         let shape = [B, T, (NH + 2 * kv) * hs];
+        let r = span.rows(NH, kv, hs);
         let (x, dx) = (rng.uniform(N * shape[2], 2.0), rng.uniform(N * shape[2], 1.0));
-        let [wq, wk, dwq0, dwk0] = [(); 4].map(|()| rng.uniform(hs, 1.0));
+        let [wq, dwq0] = [(); 2].map(|()| rng.uniform(r.q_width, 1.0));
+        let [wk, dwk0] = [(); 2].map(|()| rng.uniform(r.k_width, 1.0));
         let run = |dev: &dyn Device, x: &[f32], dx: &[f32]| {
             let (mut qkv, inp, mut dqkv) = (put(dev, x, &shape), put(dev, x, &shape), put(dev, dx, &shape));
-            let (wq, wk) = (param(dev, &wq, &[hs]), param(dev, &wk, &[hs]));
-            let mut rstd = dev.zeros(&[N * (NH + kv)], Category::Workspace);
-            dev.qk_norm_forward(&mut qkv, &mut rstd, &wq, &wk, NH, kv, 1e-6);
-            let (mut dwq, mut dwk) = (grad(dev, &dwq0, &[hs]), grad(dev, &dwk0, &[hs]));
-            dev.qk_norm_backward(&mut dqkv, &mut dwq, &mut dwk, &inp, &wq, &wk, &rstd, NH, kv);
+            let (wq, wk) = (param(dev, &wq, &[r.q_width]), param(dev, &wk, &[r.k_width]));
+            let mut rstd = dev.zeros(&[N * r.rows()], Category::Workspace);
+            dev.qk_norm_forward(&mut qkv, &mut rstd, &wq, &wk, NH, kv, span, 1e-6);
+            let (mut dwq, mut dwk) = (grad(dev, &dwq0, &[r.q_width]), grad(dev, &dwk0, &[r.k_width]));
+            dev.qk_norm_backward(&mut dqkv, &mut dwq, &mut dwk, &inp, &wq, &wk, &rstd, NH, kv, span);
             [qkv, rstd, dqkv, dwq, dwk].map(|t| dev.to_host(&t))
         };
         let values = |qkv: &[f32]| -> Vec<f32> {
@@ -345,7 +349,7 @@ fn qk_norm_matches() {
         let names = ["out", "rstd", "dinp", "dq_weight", "dk_weight"];
         let (want, got) = (run(&cpu(), &x, &dx), run(&gpu, &x, &dx));
         for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
-            assert_close(&format!("{what} of heads of {hs}"), g, w, TOL);
+            assert_close(&format!("{what} of heads of {hs} over each {span:?}"), g, w, TOL);
         }
         assert_bitwise("value heads", &values(&got[0]), &values(&x));
         assert_bitwise("value heads' gradient", &values(&got[2]), &values(&dx));
@@ -356,7 +360,7 @@ fn qk_norm_matches() {
         for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
             let rounded = matches!(*what, "out" | "dinp");
             let tol = if rounded { 2f64.powi(-8) + TOL } else { TOL };
-            assert_close(&format!("bf16 {what} of heads of {hs}"), g, w, tol);
+            assert_close(&format!("bf16 {what} of heads of {hs} over each {span:?}"), g, w, tol);
         }
         assert_bitwise("bf16 value heads", &values(&got[0]), &values(&x));
         assert_bitwise("bf16 value heads' gradient", &values(&got[2]), &values(&dx));

@@ -21,9 +21,9 @@ pub mod tensor_parallel;
 
 pub use chunk::{ChunkStash, DeferredWeightGrads, ForwardOutput, Microbatch, Mode, ModelChunk};
 pub use dist::{NamedTensor, TensorGroup};
+pub use kernels::QkNormSpan;
 pub use layers::activation::Activation;
 pub use layers::norm::{Norm, NormPlacement};
-pub use layers::qk_norm::QkNormSpan;
 pub use model::{Architecture, DropoutProbs, LinearBiases, ModelShape, Naming, Positions, SlidingWindow};
 pub use offload::{ActivationOffload, OffloadModule};
 pub use optimizer_shard::OptimizerShard;

@@ -8,8 +8,7 @@
 
 use crate::layers::activation::Activation;
 use crate::layers::norm::{Norm, NormPlacement};
-use crate::layers::qk_norm::QkNormSpan;
-use kernels::{AttentionSaves, CausalMask, DType, RopeFrequencies, WeightLayout};
+use kernels::{AttentionSaves, CausalMask, DType, QkNormRows, QkNormSpan, RopeFrequencies, WeightLayout};
 
 /// How a token learns its position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -308,13 +307,9 @@ impl ModelShape {
         parts.join(", ")
     }
 
-    /// The query and key groups one QK-norm weight spans: (NH, KV) heads over each head,
-    /// (1, 1) over the whole projections (where NH = KV, three equal parts of the qkv row).
-    pub fn qk_norm_groups(&self) -> (usize, usize) {
-        match self.arch.qk_norm_span {
-            QkNormSpan::Head => (self.heads, self.kv_heads),
-            QkNormSpan::Projection => (1, 1),
-        }
+    /// The rows QK-norm normalises in each token's qkv, and its weights' widths.
+    pub fn qk_norm_rows(&self) -> QkNormRows {
+        self.arch.qk_norm_span.rows(self.heads, self.kv_heads, self.head_size())
     }
 
     /// Columns of the fused q, k, v projection: NH query heads, then KV key heads and KV

@@ -368,12 +368,8 @@ fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usi
     let (shape, init, decay, split) = match param {
         Norm1Weight | Norm2Weight => (vec![c], norm_weight_init(s), false, Split::Replicated),
         // [hs] over each head, [NH hs] and [KV hs] over the whole projections.
-        QNormWeight => {
-            (vec![s.head_size() * s.heads / s.qk_norm_groups().0], Init::Ones, false, Split::Replicated)
-        }
-        KNormWeight => {
-            (vec![s.head_size() * s.kv_heads / s.qk_norm_groups().1], Init::Ones, false, Split::Replicated)
-        }
+        QNormWeight => (vec![s.qk_norm_rows().q_width], Init::Ones, false, Split::Replicated),
+        KNormWeight => (vec![s.qk_norm_rows().k_width], Init::Ones, false, Split::Replicated),
         Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
         QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),
         QkvBias => (vec![qkv], Init::Zeros, false, Split::Interior),

@@ -114,10 +114,7 @@ impl BlockTensor {
             BlockTensor::Norm1Stats | BlockTensor::Norm2Stats => s.arch.norm.stats_per_row() * n,
             BlockTensor::QkNormIn | BlockTensor::QkNormStats if !s.arch.qk_norm => 0,
             BlockTensor::QkNormIn | BlockTensor::Qkv => n * s.qkv_width(),
-            BlockTensor::QkNormStats => {
-                let (q, k) = s.qk_norm_groups();
-                n * (q + k)
-            }
+            BlockTensor::QkNormStats => n * s.qk_norm_rows().rows(),
             BlockTensor::AttProbs | BlockTensor::AttDropped
                 if s.attention != AttentionSaves::Probabilities =>
             {

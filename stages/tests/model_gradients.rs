@@ -121,9 +121,11 @@ fn gradients_match_central_differences_with_the_norms_on_the_outputs() {
         ..stages::Architecture::llama(5e5, 1e-6)
     };
     check_gradients(ModelShape { arch: olmo, kv_heads: 1, head_dim: Some(12), ..SHAPE });
-    // OLMo 2's own QK-norm, over the whole projections.
+    // OLMo 2's own QK-norm, over the whole projections, as wide as each other and (OLMo 2
+    // 32B's grouped-query attention) a query projection twice the key projection.
     let projection = stages::Architecture { qk_norm_span: stages::QkNormSpan::Projection, ..olmo };
     check_gradients(ModelShape { arch: projection, head_dim: Some(12), ..SHAPE });
+    check_gradients(ModelShape { arch: projection, kv_heads: 1, head_dim: Some(12), ..SHAPE });
     let gpt2 = stages::Architecture { norm_placement: output, init_std: 0.5, ..SHAPE.arch };
     check_gradients(ModelShape { arch: gpt2, ..SHAPE });
 }

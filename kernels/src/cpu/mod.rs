@@ -40,6 +40,7 @@ use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
+use crate::qk_norm::QkNormRows;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{assert_same_len, MatmulDims, QkvDims};
@@ -458,12 +459,11 @@ impl RmsNorm for CpuDevice {
         qkv: &mut Tensor,
         rstd: &mut Tensor,
         weights: [&Tensor; 2],
-        dims: QkvDims,
+        rows: QkNormRows,
         eps: f32,
     ) {
-        let heads = rmsnorm_heads(dims);
         let weights = weights.map(Tensor::cpu);
-        self.pool.install(|| rmsnorm::heads_forward(qkv.cpu_mut(), rstd.cpu_mut(), weights, heads, eps));
+        self.pool.install(|| rmsnorm::heads_forward(qkv.cpu_mut(), rstd.cpu_mut(), weights, rows, eps));
     }
 
     fn qk_norm_backward_impl(
@@ -473,14 +473,13 @@ impl RmsNorm for CpuDevice {
         inp: &Tensor,
         weights: [&Tensor; 2],
         rstd: &Tensor,
-        dims: QkvDims,
+        rows: QkNormRows,
     ) {
-        let heads = rmsnorm_heads(dims);
-        let mut partials = self.workspace(rmsnorm::heads_partials_len(dims.b * dims.t, heads));
+        let mut partials = self.workspace(rmsnorm::heads_partials_len(inp.len() / rows.token_width(), rows));
         let (dweights, weights) = (dweights.map(|t| t.cpu_mut()), weights.map(Tensor::cpu));
         self.pool.install(|| {
             let (dqkv, inp, rstd) = (dqkv.cpu_mut(), inp.cpu(), rstd.cpu());
-            rmsnorm::heads_backward(dqkv, dweights, inp, weights, rstd, heads, partials.cpu_mut())
+            rmsnorm::heads_backward(dqkv, dweights, inp, weights, rstd, rows, partials.cpu_mut())
         });
     }
 }
@@ -715,9 +714,4 @@ fn attention_dims(d: QkvDims, mask: CausalMask) -> attention::Dims {
 
 fn rope_dims(d: QkvDims) -> rope::Dims {
     rope::Dims { t: d.t, nh: d.nh, kv: d.kv, hs: d.hs, first: 0 }
-}
-
-/// The heads QK-norm normalises in qkv of `dims`.
-fn rmsnorm_heads(dims: QkvDims) -> rmsnorm::Heads {
-    rmsnorm::Heads { nh: dims.nh, kv: dims.kv, hs: dims.hs }
 }

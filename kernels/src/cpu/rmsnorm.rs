@@ -2,6 +2,7 @@
 //! rstd = 1 / sqrt(mean(x^2) + eps), out = weight * (x * rstd).
 
 use super::math::{lane_sum3, sum_chunks_in_order};
+use crate::qk_norm::QkNormRows;
 use rayon::prelude::*;
 
 /// Rows per parallel task. In backward it is also the fixed chunk whose dweight partial
@@ -75,46 +76,21 @@ pub fn backward(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], saved: Save
     }
 }
 
-/// The query and key heads of qkv [N,(NH+2*KV)*hs] (N tokens): each token's NH query heads
-/// and then its KV key heads, hs values each, lie side by side at the row's start; its KV
-/// value heads follow, untouched.
-#[derive(Clone, Copy, Debug)]
-pub struct Heads {
-    pub nh: usize,
-    pub kv: usize,
-    pub hs: usize,
-}
-
-impl Heads {
-    /// A token's width in qkv.
-    fn width(&self) -> usize {
-        (self.nh + 2 * self.kv) * self.hs
-    }
-
-    /// Normalised rows per token: its query heads, then its key heads.
-    fn rows(&self) -> usize {
-        self.nh + self.kv
-    }
-
-    /// The weight of a token's head `h` (query heads first).
-    fn weight<'a>(&self, h: usize, weights: [&'a [f32]; 2]) -> &'a [f32] {
-        weights[usize::from(h >= self.nh)]
-    }
-}
-
-/// QK-norm, in place: each query head of qkv [N,(NH+2*KV)*hs] becomes
-/// q_weight [hs] * (q * rstd) and each key head k_weight [hs] * (k * rstd), every head its
-/// own row of [`forward`]'s arithmetic; rstd [N, NH+KV], the query heads' and then the key
-/// heads' of each token.
-pub fn heads_forward(qkv: &mut [f32], rstd: &mut [f32], weights: [&[f32]; 2], h: Heads, eps: f32) {
+/// QK-norm, in place: each row `r` names in each token of qkv [N, token width] (a query or
+/// key head, or a whole projection) becomes q_weight * (q * rstd) or k_weight * (k * rstd),
+/// every row its own row of [`forward`]'s arithmetic; rstd [N, rows a token], the query rows'
+/// and then the key rows' of each token.
+pub fn heads_forward(qkv: &mut [f32], rstd: &mut [f32], weights: [&[f32]; 2], r: QkNormRows, eps: f32) {
     if qkv.is_empty() {
         return;
     }
-    qkv.par_chunks_mut(h.width()).with_min_len(ROWS).zip(rstd.par_chunks_mut(h.rows())).for_each(
+    qkv.par_chunks_mut(r.token_width()).with_min_len(ROWS).zip(rstd.par_chunks_mut(r.rows())).for_each(
         |(token, rstd)| {
-            for ((head, x), rstd) in token.chunks_exact_mut(h.hs).take(h.rows()).enumerate().zip(rstd) {
+            for (row, rstd) in rstd.iter_mut().enumerate() {
+                let (at, width, weight) = r.row(row);
+                let x = &mut token[at..][..width];
                 let s = rstd_of(x, eps);
-                for (x, &w) in x.iter_mut().zip(h.weight(head, weights)) {
+                for (x, &w) in x.iter_mut().zip(weights[weight]) {
                     *x = w * (*x * s);
                 }
                 *rstd = s;
@@ -124,39 +100,39 @@ pub fn heads_forward(qkv: &mut [f32], rstd: &mut [f32], weights: [&[f32]; 2], h:
 }
 
 /// Scratch `heads_backward` needs: the two weights' partials per chunk of ROWS tokens.
-pub fn heads_partials_len(n: usize, h: Heads) -> usize {
-    n.div_ceil(ROWS) * 2 * h.hs
+pub fn heads_partials_len(n: usize, r: QkNormRows) -> usize {
+    n.div_ceil(ROWS) * (r.q_width + r.k_width)
 }
 
-/// QK-norm's backward, in place: dqkv's query and key heads (the gradient of
-/// [`heads_forward`]'s output) become the gradient of its input `inp` [N,(NH+2*KV)*hs],
-/// each head as [`backward`] computes a row, the value heads untouched;
-/// dweights [q, k] [hs] each += . `partials` is scratch of `heads_partials_len`.
+/// QK-norm's backward, in place: dqkv's query and key rows (the gradient of
+/// [`heads_forward`]'s output) become the gradient of its input `inp` [N, token width],
+/// each as [`backward`] computes a row, the value heads untouched;
+/// dweights [q, k] (as wide as the rows) += . `partials` is scratch of `heads_partials_len`.
 pub fn heads_backward(
     dqkv: &mut [f32],
     dweights: [&mut [f32]; 2],
     inp: &[f32],
     weights: [&[f32]; 2],
     rstd: &[f32],
-    h: Heads,
+    r: QkNormRows,
     partials: &mut [f32],
 ) {
-    let (hs, width) = (h.hs, h.width());
+    let (width, sums) = (r.token_width(), r.q_width + r.k_width);
     if dqkv.is_empty() {
         return;
     }
-    partials.par_chunks_mut(2 * hs).zip(dqkv.par_chunks_mut(ROWS * width)).enumerate().for_each(
+    partials.par_chunks_mut(sums).zip(dqkv.par_chunks_mut(ROWS * width)).enumerate().for_each(
         |(chunk, (pw, dqkv))| {
             pw.fill(0.0);
-            for (r, token) in dqkv.chunks_exact_mut(width).enumerate() {
-                let n = chunk * ROWS + r;
-                let heads = token.chunks_exact_mut(hs).take(h.rows()).enumerate();
-                for (head, d) in heads {
-                    let x = &inp[n * width + head * hs..][..hs];
-                    let (s, w) = (rstd[n * h.rows() + head], h.weight(head, weights));
-                    let pw = &mut pw[usize::from(head >= h.nh) * hs..][..hs];
+            for (t, token) in dqkv.chunks_exact_mut(width).enumerate() {
+                let n = chunk * ROWS + t;
+                for row in 0..r.rows() {
+                    let (at, c, weight) = r.row(row);
+                    let (d, x) = (&mut token[at..][..c], &inp[n * width + at..][..c]);
+                    let (s, w) = (rstd[n * r.rows() + row], weights[weight]);
+                    let pw = &mut pw[[0, r.q_width][weight]..][..c];
                     // As `backward`: dinp = (dnorm - norm * mean(dnorm * norm)) * rstd.
-                    let dnorm_norm_mean = lane_sum3(d, w, x, |d, w, x| d * w * (x * s)) / hs as f32;
+                    let dnorm_norm_mean = lane_sum3(d, w, x, |d, w, x| d * w * (x * s)) / c as f32;
                     for ((d, pw), (&x, &w)) in d.iter_mut().zip(pw).zip(x.iter().zip(w)) {
                         let norm = x * s;
                         *pw += *d * norm;
@@ -166,8 +142,8 @@ pub fn heads_backward(
             }
         },
     );
-    let totals = sum_chunks_in_order(partials, 2 * hs);
-    for (dweight, totals) in dweights.into_iter().zip(totals.chunks_exact(hs)) {
+    let (q_totals, k_totals) = sum_chunks_in_order(partials, sums).split_at(r.q_width);
+    for (dweight, totals) in dweights.into_iter().zip([q_totals, k_totals]) {
         for (dw, &total) in dweight.iter_mut().zip(totals) {
             *dw += total;
         }
@@ -178,6 +154,7 @@ pub fn heads_backward(
 mod tests {
     use super::*;
     use crate::cpu::testutil::{assert_close, finite_diff, random, to_f64, weighted_sum};
+    use crate::qk_norm::QkNormSpan;
 
     const N: usize = 71; // two full chunks of ROWS and a partial one
     const C: usize = 37; // two lane blocks of the reductions and a tail
@@ -247,74 +224,89 @@ mod tests {
     }
 
     /// qkv of 35 tokens (a full chunk of ROWS and a partial one) with 4 query heads and 2
-    /// key/value heads of 6, and the rows of its query heads and key heads gathered.
-    fn qkv_and_its_heads() -> (Vec<f32>, Heads, [Vec<f32>; 2]) {
-        let h = Heads { nh: 4, kv: 2, hs: 6 };
-        let qkv = random(7, 35 * h.width(), 2.0);
-        let gather = |first: usize, heads: usize| -> Vec<f32> {
-            qkv.chunks(h.width()).flat_map(|token| token[first * h.hs..][..heads * h.hs].to_vec()).collect()
-        };
-        let heads = [gather(0, h.nh), gather(h.nh, h.kv)];
-        (qkv, h, heads)
+    /// key/value heads of 6, QK-norm's rows over `span`, and the gathered rows of each
+    /// weight: [q, k].
+    fn qkv_and_its_rows(span: QkNormSpan) -> (Vec<f32>, QkNormRows, [Vec<f32>; 2]) {
+        let r = span.rows(4, 2, 6);
+        let qkv = random(7, 35 * r.token_width(), 2.0);
+        (qkv.clone(), r, [0, 1].map(|weight| gather(&qkv, r, weight)))
+    }
+
+    /// The rows of weight `weight` (0 q, 1 k) of each token of qkv, in token and row order.
+    fn gather(qkv: &[f32], r: QkNormRows, weight: usize) -> Vec<f32> {
+        let rows: Vec<_> = (0..r.rows()).map(|row| r.row(row)).filter(|&(.., w)| w == weight).collect();
+        qkv.chunks(r.token_width())
+            .flat_map(|token| rows.iter().flat_map(|&(at, c, _)| &token[at..][..c]))
+            .copied()
+            .collect()
+    }
+
+    /// The rstd of weight `weight`'s rows, in token and row order.
+    fn gather_rstd(rstd: &[f32], r: QkNormRows, weight: usize) -> Vec<f32> {
+        let range = [0..r.q_rows, r.q_rows..r.rows()][weight].clone();
+        rstd.chunks(r.rows()).flat_map(|token| &token[range.clone()]).copied().collect()
+    }
+
+    /// Each token's value heads.
+    fn values(qkv: &[f32], r: QkNormRows) -> Vec<f32> {
+        let start = r.q_rows * r.q_width + r.k_rows * r.k_width;
+        qkv.chunks(r.token_width()).flat_map(|token| &token[start..]).copied().collect()
     }
 
     #[test]
-    fn each_head_normalises_as_a_row_and_the_values_stay() {
-        let (mut qkv, h, [q, k]) = qkv_and_its_heads();
-        let before = qkv.clone();
-        let weights = [random(8, h.hs, 1.5), random(9, h.hs, 1.5)];
-        let mut rstd = vec![f32::NAN; 35 * h.rows()];
-        heads_forward(&mut qkv, &mut rstd, [&weights[0], &weights[1]], h, EPS);
-        // The same bits as `forward` over the gathered rows, each group with its weight.
-        for (rows, weight, first, heads) in [(&q, &weights[0], 0, h.nh), (&k, &weights[1], h.nh, h.kv)] {
-            let (mut want, mut want_rstd) = (vec![0.0; rows.len()], vec![0.0; rows.len() / h.hs]);
-            forward(&mut want, &mut want_rstd, rows, weight, EPS);
-            for (n, token) in qkv.chunks(h.width()).enumerate() {
-                assert_eq!(token[first * h.hs..][..heads * h.hs], want[n * heads * h.hs..][..heads * h.hs]);
-                assert_eq!(rstd[n * h.rows() + first..][..heads], want_rstd[n * heads..][..heads]);
+    fn each_row_normalises_as_a_row_and_the_values_stay() {
+        for span in QkNormSpan::ALL {
+            let (mut qkv, r, rows) = qkv_and_its_rows(span);
+            let before = qkv.clone();
+            let weights = r.weight_widths().map(|c| random(8 + c as u64, c, 1.5));
+            let mut rstd = vec![f32::NAN; 35 * r.rows()];
+            heads_forward(&mut qkv, &mut rstd, [&weights[0], &weights[1]], r, EPS);
+            // The same bits as `forward` over the gathered rows, each weight's rows with it.
+            for (weight, (rows, w)) in rows.iter().zip(&weights).enumerate() {
+                let (mut want, mut want_rstd) = (vec![0.0; rows.len()], vec![0.0; rows.len() / w.len()]);
+                forward(&mut want, &mut want_rstd, rows, w, EPS);
+                assert_eq!(gather(&qkv, r, weight), want, "{span:?} weight {weight}");
+                assert_eq!(gather_rstd(&rstd, r, weight), want_rstd, "{span:?} weight {weight}");
             }
+            assert_eq!(values(&qkv, r), values(&before, r), "{span:?}: the value heads are untouched");
         }
-        let values = |qkv: &[f32]| -> Vec<f32> {
-            qkv.chunks(h.width()).flat_map(|token| token[h.rows() * h.hs..].to_vec()).collect()
-        };
-        assert_eq!(values(&qkv), values(&before), "the value heads are untouched");
     }
 
     #[test]
-    fn each_head_backward_is_a_rows_and_the_weights_sum_every_head() {
-        let (inp, h, heads) = qkv_and_its_heads();
-        let weights = [random(8, h.hs, 1.5), random(9, h.hs, 1.5)];
-        let (mut out, mut rstd) = (inp.clone(), vec![0.0; 35 * h.rows()]);
-        heads_forward(&mut out, &mut rstd, [&weights[0], &weights[1]], h, EPS);
-        let dout = random(10, inp.len(), 1.0);
-        let mut dqkv = dout.clone();
-        let mut dweights = [vec![0.0; h.hs], vec![0.0; h.hs]];
-        let mut partials = vec![f32::NAN; heads_partials_len(35, h)];
-        let [dq, dk] = &mut dweights;
-        let weight_refs = [&weights[0][..], &weights[1][..]];
-        heads_backward(&mut dqkv, [dq, dk], &inp, weight_refs, &rstd, h, &mut partials);
-        let groups = [(0, h.nh), (h.nh, h.kv)];
-        for ((rows, weight), (dweight, (first, count))) in
-            heads.iter().zip(&weights).zip(dweights.iter().zip(groups))
-        {
-            let gathered = |t: &[f32]| -> Vec<f32> {
-                t.chunks(h.width()).flat_map(|token| token[first * h.hs..][..count * h.hs].to_vec()).collect()
-            };
-            let row_rstd: Vec<f32> =
-                rstd.chunks(h.rows()).flat_map(|token| token[first..][..count].to_vec()).collect();
-            let (mut want, mut want_dweight) = (vec![0.0; rows.len()], vec![0.0; h.hs]);
-            let mut scratch = vec![0.0; partials_len(rows.len() / h.hs, h.hs)];
-            let saved = Saved { inp: rows, weight, rstd: &row_rstd };
-            backward(&mut want, &mut want_dweight, &gathered(&dout), saved, &mut scratch);
-            assert_eq!(gathered(&dqkv), want, "each head's input gradient is a row's, bit for bit");
-            // The weight's column sums run over tokens, not rows, in chunks: the same sum
-            // in another order, within a few f32 roundings of 140 or 70 terms.
-            let want: Vec<f64> = to_f64(&want_dweight);
-            assert_close(dweight, &want, 1e-6, "dweight");
+    fn each_row_backward_is_a_rows_and_the_weights_sum_every_row() {
+        for span in QkNormSpan::ALL {
+            let (inp, r, rows) = qkv_and_its_rows(span);
+            let weights = r.weight_widths().map(|c| random(8 + c as u64, c, 1.5));
+            let (mut out, mut rstd) = (inp.clone(), vec![0.0; 35 * r.rows()]);
+            heads_forward(&mut out, &mut rstd, [&weights[0], &weights[1]], r, EPS);
+            let dout = random(10, inp.len(), 1.0);
+            let mut dqkv = dout.clone();
+            let mut dweights = r.weight_widths().map(|c| vec![0.0; c]);
+            let mut partials = vec![f32::NAN; heads_partials_len(35, r)];
+            let [dq, dk] = &mut dweights;
+            let weight_refs = [&weights[0][..], &weights[1][..]];
+            heads_backward(&mut dqkv, [dq, dk], &inp, weight_refs, &rstd, r, &mut partials);
+            for (weight, ((rows, w), dweight)) in rows.iter().zip(&weights).zip(&dweights).enumerate() {
+                let c = w.len();
+                let (mut want, mut want_dweight) = (vec![0.0; rows.len()], vec![0.0; c]);
+                let mut scratch = vec![0.0; partials_len(rows.len() / c, c)];
+                let row_rstd = gather_rstd(&rstd, r, weight);
+                let saved = Saved { inp: rows, weight: w, rstd: &row_rstd };
+                backward(&mut want, &mut want_dweight, &gather(&dout, r, weight), saved, &mut scratch);
+                assert_eq!(
+                    gather(&dqkv, r, weight),
+                    want,
+                    "{span:?}: each row's input gradient, bit for bit"
+                );
+                // The weight's column sums run over tokens, not rows, in chunks: the same sum
+                // in another order, within a few f32 roundings of at most 140 terms.
+                assert_close(dweight, &to_f64(&want_dweight), 1e-6, "dweight");
+            }
+            assert_eq!(
+                values(&dqkv, r),
+                values(&dout, r),
+                "{span:?}: the value heads' gradients are untouched"
+            );
         }
-        let values = |qkv: &[f32]| -> Vec<f32> {
-            qkv.chunks(h.width()).flat_map(|token| token[h.rows() * h.hs..].to_vec()).collect()
-        };
-        assert_eq!(values(&dqkv), values(&dout), "the value heads' gradients are untouched");
     }
 }

@@ -10,7 +10,7 @@ use super::launch::{
 };
 use super::sources::kernel_name;
 use crate::backend::{LayerNorm, RmsNorm};
-use crate::shapes::QkvDims;
+use crate::qk_norm::QkNormRows;
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, CudaView};
 
@@ -242,22 +242,24 @@ impl RmsNorm for CudaDevice {
         qkv: &mut Tensor,
         rstd: &mut Tensor,
         [q_weight, k_weight]: [&Tensor; 2],
-        d: QkvDims,
+        r: QkNormRows,
         eps: f32,
     ) {
-        let (n_i, nh_i, kv_i, hs_i) = (int(d.b * d.t), int(d.nh), int(d.kv), int(d.hs));
+        let n = qkv.len() / r.token_width();
+        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
         launch!(
             self,
             kernel_name("qk_norm_forward", qkv.dtype()),
-            per_row_warp(d.b * d.t * (d.nh + d.kv)),
+            per_row_warp(n * r.rows()),
             buf_mut(qkv),
             cu_mut(rstd),
             cu(q_weight),
             cu(k_weight),
             &n_i,
-            &nh_i,
-            &kv_i,
-            &hs_i,
+            &nq_i,
+            &nk_i,
+            &cq_i,
+            &ck_i,
             &eps
         );
     }
@@ -269,15 +271,15 @@ impl RmsNorm for CudaDevice {
         inp: &Tensor,
         [q_weight, k_weight]: [&Tensor; 2],
         rstd: &Tensor,
-        d: QkvDims,
+        r: QkNormRows,
     ) {
-        let n = d.b * d.t;
-        let (n_i, nh_i, kv_i, hs_i) = (int(n), int(d.nh), int(d.kv), int(d.hs));
+        let n = inp.len() / r.token_width();
+        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
         let dtype = same_dtype(&[dqkv, inp]);
         // The weights' partial sums first: they read dqkv, which the input gradient overwrites.
-        // Two sums: the query heads' weight's, then the key heads'.
-        let (cfg, chunks) = per_column_chunk_of_each(n, d.hs, 2);
-        let mut partial = self.scratch::<f32>(2 * chunks * d.hs);
+        // Two sums: the query rows' weight's, then the key rows', over the wider's columns.
+        let (cfg, chunks) = per_column_chunk_of_each(n, r.q_width.max(r.k_width), 2);
+        let mut partial = self.scratch::<f32>(chunks * (r.q_width + r.k_width));
         let tokens_per_chunk = ROWS_PER_CHUNK as i32;
         launch!(
             self,
@@ -288,27 +290,29 @@ impl RmsNorm for CudaDevice {
             buf(inp),
             cu(rstd),
             &n_i,
-            &nh_i,
-            &kv_i,
-            &hs_i,
+            &nq_i,
+            &nk_i,
+            &cq_i,
+            &ck_i,
             &tokens_per_chunk,
         );
-        let (q_partial, k_partial) = partial.split_at(chunks * d.hs);
-        self.add_partials(cu_mut(dq_weight), &q_partial, chunks, d.hs);
-        self.add_partials(cu_mut(dk_weight), &k_partial, chunks, d.hs);
+        let (q_partial, k_partial) = partial.split_at(chunks * r.q_width);
+        self.add_partials(cu_mut(dq_weight), &q_partial, chunks, r.q_width);
+        self.add_partials(cu_mut(dk_weight), &k_partial, chunks, r.k_width);
         launch!(
             self,
             kernel_name("qk_norm_backward_input", dtype),
-            per_row_warp(n * (d.nh + d.kv)),
+            per_row_warp(n * r.rows()),
             buf_mut(dqkv),
             buf(inp),
             cu(q_weight),
             cu(k_weight),
             cu(rstd),
             &n_i,
-            &nh_i,
-            &kv_i,
-            &hs_i
+            &nq_i,
+            &nk_i,
+            &cq_i,
+            &ck_i
         );
     }
 }

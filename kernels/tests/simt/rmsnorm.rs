@@ -6,7 +6,7 @@ use crate::harness::{bitwise, close, max_abs, Arg, Family, Rng, Run, Storage, To
 use crate::rowwise::add_partials;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_column_chunk, per_column_chunk_of_each, per_row_warp, ROWS_PER_CHUNK};
-use kernels::{Category, Device};
+use kernels::{Category, Device, QkNormRows, QkNormSpan};
 
 /// Llama-3-8B's width and its RMSNorm epsilon (`rms_norm_eps`).
 const C: usize = 4096;
@@ -102,18 +102,23 @@ fn rmsnorm_matches_the_cpu_in_f32_and_bf16() {
     }
 }
 
-/// QK-norm on qkv [B,T,(NH+2*KV)*hs].
+/// QK-norm on qkv [B,T,(NH+2*KV)*hs] over each head or the whole projections.
 struct Heads {
     b: usize,
     t: usize,
     nh: usize,
     kv: usize,
     hs: usize,
+    span: QkNormSpan,
 }
 
 impl Heads {
+    fn rows(&self) -> QkNormRows {
+        self.span.rows(self.nh, self.kv, self.hs)
+    }
+
     fn width(&self) -> usize {
-        (self.nh + 2 * self.kv) * self.hs
+        self.rows().token_width()
     }
 
     /// The value heads of each token of `qkv`, which QK-norm leaves as they are.
@@ -133,11 +138,13 @@ fn qk_norm(
     eps: f32,
     seed: u64,
 ) -> Result<(), String> {
-    let (n, rows, len) = (h.b * h.t, h.b * h.t * (h.nh + h.kv), h.b * h.t * h.width());
+    let r = h.rows();
+    let (n, rows, len) = (h.b * h.t, h.b * h.t * r.rows(), h.b * h.t * h.width());
     let mut rng = Rng::new(seed);
     let (qkv, dqkv) = (storage.round(rng.uniform(len, 2.0)), storage.round(rng.uniform(len, 1.0)));
-    let [wq, wk, dwq0, dwk0] = [(); 4].map(|()| rng.uniform(h.hs, 1.0));
-    let dims: [Arg; 4] = [n, h.nh, h.kv, h.hs].map(|x| (x as i32).into());
+    let [wq, dwq0] = [(); 2].map(|()| rng.uniform(r.q_width, 1.0));
+    let [wk, dwk0] = [(); 2].map(|()| rng.uniform(r.k_width, 1.0));
+    let dims: [Arg; 5] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(|x| (x as i32).into());
 
     let mut run = Run::new(seed);
     // gi: the input again, which the caller keeps for the backward while gq is normalised.
@@ -149,8 +156,8 @@ fn qk_norm(
     args.push(eps.into());
     run.launch(storage.kernel("qk_norm_forward"), per_row_warp(rows), &args);
     // As the op: the weights' partial sums first, from dqkv before it is overwritten.
-    let (cfg, chunks) = per_column_chunk_of_each(n, h.hs, 2);
-    let pw = run.buffer(&vec![f32::NAN; 2 * chunks * h.hs]);
+    let (cfg, chunks) = per_column_chunk_of_each(n, r.q_width.max(r.k_width), 2);
+    let pw = run.buffer(&vec![f32::NAN; chunks * (r.q_width + r.k_width)]);
     let mut args = vec![pw.into(), gd.into(), gi.into(), rstd.into()];
     args.extend(dims.clone());
     args.push((ROWS_PER_CHUNK as i32).into());
@@ -166,11 +173,11 @@ fn qk_norm(
     // Stage two, into each weight from its half of the partial sums.
     let mut run = Run::new(seed + 1);
     let partials = got.get::<f32>(pw);
-    let (pq, pk) = partials.split_at(chunks * h.hs);
+    let (pq, pk) = partials.split_at(chunks * r.q_width);
     let (dwq, dwk) = (run.buffer(&dwq0), run.buffer(&dwk0));
     let (pq, pk) = (run.buffer(pq), run.buffer(pk));
-    add_partials(&mut run, dwq, pq, chunks, h.hs);
-    add_partials(&mut run, dwk, pk, chunks, h.hs);
+    add_partials(&mut run, dwq, pq, chunks, r.q_width);
+    add_partials(&mut run, dwk, pk, chunks, r.k_width);
     run.read(dwq);
     run.read(dwk);
     let dweights = bias_family.run(run)?;
@@ -179,11 +186,14 @@ fn qk_norm(
     let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
     let shape = [h.b, h.t, h.width()];
     let (mut tq, ti, mut td) = (put(&qkv, &shape), put(&qkv, &shape), put(&dqkv, &shape));
-    let (tw, mut trstd) = ([put(&wq, &[h.hs]), put(&wk, &[h.hs])], dev.zeros(&[rows], Category::Workspace));
-    dev.qk_norm_forward(&mut tq, &mut trstd, &tw[0], &tw[1], h.nh, h.kv, eps);
-    let (mut tdwq, mut tdwk) = (put(&dwq0, &[h.hs]), put(&dwk0, &[h.hs]));
-    dev.qk_norm_backward(&mut td, &mut tdwq, &mut tdwk, &ti, &tw[0], &tw[1], &trstd, h.nh, h.kv);
-    let what = |part: &str| format!("qk-norm {part}, {} heads on {} of {} in {storage}", h.nh, h.kv, h.hs);
+    let (tw, mut trstd) =
+        ([put(&wq, &[r.q_width]), put(&wk, &[r.k_width])], dev.zeros(&[rows], Category::Workspace));
+    dev.qk_norm_forward(&mut tq, &mut trstd, &tw[0], &tw[1], h.nh, h.kv, h.span, eps);
+    let (mut tdwq, mut tdwk) = (put(&dwq0, &[r.q_width]), put(&dwk0, &[r.k_width]));
+    dev.qk_norm_backward(&mut td, &mut tdwq, &mut tdwk, &ti, &tw[0], &tw[1], &trstd, h.nh, h.kv, h.span);
+    let what = |part: &str| {
+        format!("qk-norm {part}, {} heads on {} of {} over each {:?} in {storage}", h.nh, h.kv, h.hs, h.span)
+    };
     // As `rmsnorm`: rstd and out elementwise, the input gradient and the weights' (sums of
     // either sign) against the largest magnitude.
     close(&what("rstd"), &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
@@ -212,14 +222,23 @@ fn qk_norm_matches_the_cpu_in_f32_and_bf16() {
         // Qwen3's heads of 128 and epsilon (`rms_norm_eps`), on 4 query heads sharing 2
         // key/value heads (Qwen3-8B has 32 on 8: the same code for each head's warp); 7
         // sequences of 19 tokens, two full chunks of the weights' column sums and a partial one.
-        let qwen3 = Heads { b: 7, t: 19, nh: 4, kv: 2, hs: 128 };
+        let qwen3 = Heads { b: 7, t: 19, nh: 4, kv: 2, hs: 128, span: QkNormSpan::Head };
         assert_eq!(qwen3.b * qwen3.t, 2 * ROWS_PER_CHUNK + 5);
         qk_norm(&family, &bias, storage, &qwen3, 1e-6, 31).unwrap();
         // Heads of 10, no multiple of a pack in either storage, so element by element; 148
         // heads ending inside a block of warps, and an epsilon that counts (as in `rmsnorm`).
-        qk_norm(&family, &bias, storage, &Heads { b: 1, t: 37, nh: 3, kv: 1, hs: 10 }, 0.5, 32).unwrap();
-        // OLMo 2's QK-norm over the whole projections: one query and one key "head" as
-        // wide as OLMo 2 1B's projections (16 heads of 128), each warp walking 2048 channels.
-        qk_norm(&family, &bias, storage, &Heads { b: 1, t: 9, nh: 1, kv: 1, hs: 2048 }, 1e-6, 33).unwrap();
+        let odd = Heads { b: 1, t: 37, nh: 3, kv: 1, hs: 10, span: QkNormSpan::Head };
+        qk_norm(&family, &bias, storage, &odd, 0.5, 32).unwrap();
+        // OLMo 2's QK-norm over the whole projections, as wide as OLMo 2 1B's (16 heads of
+        // 128 on 16), each warp walking 2048 channels.
+        let olmo2_1b = Heads { b: 1, t: 9, nh: 16, kv: 16, hs: 128, span: QkNormSpan::Projection };
+        qk_norm(&family, &bias, storage, &olmo2_1b, 1e-6, 33).unwrap();
+        // OLMo 2 32B's: 40 query heads of 128 on 8 key/value heads, a query row of 5120 and a
+        // key row of 1024, so the weight partial sums' grid spans columns the key side lacks.
+        let olmo2_32b = Heads { b: 1, t: 5, nh: 40, kv: 8, hs: 128, span: QkNormSpan::Projection };
+        qk_norm(&family, &bias, storage, &olmo2_32b, 1e-6, 34).unwrap();
+        // Odd widths over the projections: 3 heads of 10 on 1, rows of 30 and 10.
+        let odd = Heads { span: QkNormSpan::Projection, ..odd };
+        qk_norm(&family, &bias, storage, &odd, 0.5, 35).unwrap();
     }
 }

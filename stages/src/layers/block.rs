@@ -41,7 +41,7 @@
 use super::dropout_ctx::{dropout_backward_or_keep, dropout_or_keep, DropoutCtx};
 use super::norm::{NormLayer, NormPlacement, NormStats};
 use super::pair_mut;
-use super::qk_norm::{QkNorm, QkNormActs, QkNormSpan};
+use super::qk_norm::{QkNorm, QkNormActs};
 use super::weight_grads::{WeightGrad, WeightGrads};
 use crate::dist::TensorGroup;
 use crate::model::{ModelShape, Positions};
@@ -120,19 +120,16 @@ impl Block<'_> {
     }
 
     /// QK-norm over `heads` query and `kv_heads` key heads, where the model has it: over
-    /// each, or over the whole projections (one group each, whole under tensor parallelism
-    /// of 1, which the config asks for).
+    /// each, or over the whole projections (whole under tensor parallelism of 1, which the
+    /// config asks for).
     fn qk_norm(&self, heads: usize, kv_heads: usize) -> Option<QkNorm<'_>> {
-        let (heads, kv_heads) = match self.s.arch.qk_norm_span {
-            QkNormSpan::Head => (heads, kv_heads),
-            QkNormSpan::Projection => self.s.qk_norm_groups(),
-        };
         self.s.arch.qk_norm.then(|| QkNorm {
             q_weight: self.param(BlockParam::QNormWeight),
             k_weight: self.param(BlockParam::KNormWeight),
             eps: self.s.arch.norm_eps,
             heads,
             kv_heads,
+            span: self.s.arch.qk_norm_span,
         })
     }
 
