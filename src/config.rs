@@ -809,13 +809,6 @@ impl Config {
         if self.qk_norm_span == QkNormSpan::Projection {
             let why = if !self.qk_layernorm {
                 Some("needs qk_layernorm: true".to_string())
-            } else if self.kv_heads() != self.num_attention_heads {
-                Some(format!(
-                    "needs as many key/value heads as query heads, not {} for {}: pipetrain normalises the whole \
-                     projections as one head each, which grouped-query attention's unequal q and k are not",
-                    self.kv_heads(),
-                    self.num_attention_heads
-                ))
             } else if self.tensor_model_parallel_size > 1 {
                 Some(format!(
                     "needs tensor_model_parallel_size 1, not {}: a norm over the whole projection would span \

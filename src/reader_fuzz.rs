@@ -549,13 +549,14 @@ proptest! {
     }
 
     /// `read_checkpoint` over an OLMo 2 directory (the norms on the branches' outputs, QK-norm
-    /// over the whole projections, as many key/value heads as query heads), or an OLMo 3 one
-    /// (a sliding window besides, a layer in two full), with one to three changes to its
+    /// over the whole projections, 4 query heads on 2 key/value heads or on 4), or an OLMo 3
+    /// one (a sliding window besides, a layer in two full), with one to three changes to its
     /// config's keys, its model_type among them, or to its bytes.
     #[test]
     fn olmo2_and_olmo3_directories(
         mutations in proptest::collection::vec(mutation(HF_FILES.len(), LLAMA_KEYS), 1..4),
         windowed in any::<bool>(),
+        grouped in any::<bool>(),
     ) {
         use crate::checkpoint::testing::{llama, model};
         use crate::checkpoint::ModelConfig;
@@ -570,7 +571,9 @@ proptest! {
         }) else {
             unreachable!("a Llama-family config")
         };
-        olmo2.num_key_value_heads = olmo2.num_attention_heads;
+        if !grouped {
+            olmo2.num_key_value_heads = olmo2.num_attention_heads;
+        }
         let cfg = ModelConfig::Llama(olmo2);
         crate::checkpoint::write_safetensors(&dir.join("model.safetensors"), &model(&cfg, 1.0)).unwrap();
         let config = cfg.to_json();

@@ -203,9 +203,8 @@ const GEMMA: HfClass = HfClass {
     ..LLAMA
 };
 
-/// OLMo 2 (1B, 7B, 13B): the norms on the branches' outputs, QK-norm over the whole q and
-/// k projections, which pipetrain builds where there are as many key/value heads as query
-/// heads (not the 32B's grouped-query attention).
+/// OLMo 2 (1B, 7B, 13B, and 32B with grouped-query attention): the norms on the branches'
+/// outputs, QK-norm over the whole q and k projections.
 const OLMO2: HfClass = HfClass {
     model_type: "olmo2",
     architecture: Some("Olmo2ForCausalLM"),

@@ -314,12 +314,6 @@ impl LlamaConfig {
             }
             _ => class.qk_norm_span,
         };
-        if qk_norm_span == QkNormSpan::Projection && kv != heads {
-            return Err(bad(format!(
-                "num_key_value_heads is {kv} for {heads} query heads: pipetrain normalises q and k over the whole \
-                 projections only where they are as many"
-            )));
-        }
         let norm_placement = match obj.get("norm_placement").and_then(Value::as_str) {
             Some(name) if pipetrain => {
                 <NormPlacement as Named>::parse(name).map_err(|e| bad(format!("norm_placement: {e}")))?
@@ -493,6 +487,7 @@ pub fn decimal(x: f32) -> Value {
 mod tests {
     use super::*;
     use crate::checkpoint::hf_class::CLASSES;
+    use crate::checkpoint::{expected_shapes, ModelConfig};
     use stages::SlidingWindow;
 
     fn llama() -> LlamaConfig {
@@ -946,8 +941,9 @@ mod tests {
     /// turning; written back as NemotronForCausalLM's; the mixtures it cannot name refused.
     /// OLMo 2 1B's geometry (OLMo-2-0425-1B: 16 layers of 2048, 16 heads and as many
     /// key/value heads, an MLP of 8192), in Olmo2Config's keys: the norms on the branches'
-    /// outputs and QK-norm over the whole projections, written back as itself. Its 32B's
-    /// grouped-query attention and a bias on q, k, v and o are one line each.
+    /// outputs and QK-norm over the whole projections, written back as itself; and its 32B's
+    /// (OLMo-2-0325-32B: 64 layers of 5120, 40 heads on 8 key/value heads, an MLP of 27648),
+    /// whose q and k norms are 5120 and 1024 wide. A bias on q, k, v and o is one line.
     #[test]
     fn reads_olmo_2_and_writes_it_back() {
         let hub = json!({
@@ -987,10 +983,39 @@ mod tests {
             j[key] = value;
             parse(&j).unwrap_err().to_string()
         };
+        let mut hub_32b = hub.clone();
+        for (key, value) in [
+            ("hidden_size", 5120),
+            ("intermediate_size", 27648),
+            ("num_attention_heads", 40),
+            ("num_hidden_layers", 64),
+            ("num_key_value_heads", 8),
+        ] {
+            hub_32b[key] = json!(value);
+        }
+        let want_32b = LlamaConfig {
+            hidden_size: 5120,
+            intermediate_size: 27648,
+            num_hidden_layers: 64,
+            num_attention_heads: 40,
+            num_key_value_heads: 8,
+            ..want.clone()
+        };
+        let got_32b = parse(&hub_32b).unwrap();
+        assert_eq!(got_32b, want_32b);
+        let written = got_32b.to_json();
+        assert_eq!((&written["model_type"], &written["num_key_value_heads"]), (&json!("olmo2"), &json!(8)));
+        assert_eq!(parse(&written).unwrap(), got_32b);
+        let norms: Vec<_> = expected_shapes(&ModelConfig::Llama(got_32b))
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("model.layers.0.self_attn.") && name.contains("_norm"))
+            .collect();
         assert_eq!(
-            err("num_key_value_heads", json!(8)),
-            "d/config.json: num_key_value_heads is 8 for 16 query heads: pipetrain normalises q and k over the \
-             whole projections only where they are as many"
+            norms,
+            [
+                ("model.layers.0.self_attn.q_norm.weight".to_string(), vec![5120]),
+                ("model.layers.0.self_attn.k_norm.weight".to_string(), vec![1024])
+            ]
         );
         assert_eq!(
             err("attention_bias", json!(true)),
