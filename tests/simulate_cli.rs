@@ -749,12 +749,26 @@ fn qwen_mistral_nemo_phi_4_gemma_and_nemotron_configs_have_the_model_cards_param
             "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, no linear biases, QK-norm over \
              the projections, untied output layer",
         ),
+        // OLMo 2 32B: grouped-query attention under QK-norm over the projections.
+        (
+            "olmo2-32b",
+            32_234_279_936,
+            "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, 8 query groups, no linear \
+             biases, QK-norm over the projections, untied output layer",
+        ),
         // OLMo 3 7B: OLMo 2 7B's layers and vocabulary, so its count, with the window.
         (
             "olmo3-7b",
             7_298_617_344,
             "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, no linear biases, QK-norm over \
              the projections, a window of 4096 keys but on every 4th layer, untied output layer",
+        ),
+        // OLMo 3 32B: OLMo 2 32B's layers, so its count, with the window.
+        (
+            "olmo3-32b",
+            32_234_279_936,
+            "RMSNorm (eps 1e-6, on the branches' outputs), rope (base 500000), SwiGLU, 8 query groups, no linear \
+             biases, QK-norm over the projections, a window of 4096 keys but on every 4th layer, untied output layer",
         ),
     ] {
         let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("configs/{name}.yaml"));
