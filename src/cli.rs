@@ -42,7 +42,7 @@ pub enum Command {
     Simulate(crate::simulate::SimulateArgs),
     /// Tokenize text or JSONL into llm.c .bin token files (one or shards) or a Megatron indexed dataset.
     Tokenize(TokenizeArgs),
-    /// Export a checkpoint as a Hugging Face directory (config.json + model.safetensors) for GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.
+    /// Export a checkpoint as a Hugging Face directory (config.json + model.safetensors) in its model's transformers class (GPT2LMHeadModel, LlamaForCausalLM, Qwen2, Qwen3, Mistral, Phi-3, Nemotron, StableLM, Gemma, OLMo 2, OLMo 3), or model_type pipetrain where none builds it.
     Export(ExportArgs),
     /// Mean loss of a checkpoint over the first N non-overlapping windows of a token file.
     Eval(EvalArgs),
