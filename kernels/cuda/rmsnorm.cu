@@ -14,6 +14,21 @@
 // the arithmetic fp32.
 #include "warp_row.cuh"
 
+// The sum of x^2 over a row of C, every lane of the warp given it: the runs in order, each
+// lane's sum, then the warp's.
+template <typename Form, typename T>
+__device__ __forceinline__ float row_sum_squares(Form form, const T* x, int C, int lane) {
+    constexpr int RUN = Pack<T>::LEN;
+    float v[RUN];
+    float sq = 0.0f;
+    for_runs<RUN>(lane, C, [&](int c) {
+        load_run(form, v, x, c, C);
+        #pragma unroll
+        for (int k = 0; k < RUN; ++k) sq += v[k] * v[k];
+    });
+    return warp_sum(sq);
+}
+
 // The rows a norm's kernels take, where each lies, its width and its weight. A weight-gradient
 // chunk takes tokens, and a token's rows of weight `g` are `count(g)` consecutive rows from
 // `first(n, g)`, `columns(g)` wide and apart; weight g's partial sums start at column
@@ -54,10 +69,12 @@ struct QkRows {
 
 // out = weight * (x * rstd) over N `rows`; rstd saved per row for backward. Two passes over
 // the row in runs (warp_row.cuh), the second from L1. out may be inp (QK-norm's, in place):
-// a lane reads each run before it writes it, and no other lane touches that run.
+// a lane reads each run before it writes it, and no other lane touches that run. With
+// `parts` > 0 a row is 1/parts of a whole row cut across tensor ranks and rstd holds the
+// whole row's sum of squares on entry (the group's), so the first pass is that read.
 template <typename T, typename Rows>
 __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const T* inp, Rows layout, int N,
-                                                     float eps) {
+                                                     float eps, int parts = 0) {
     constexpr int RUN = Pack<T>::LEN;
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
@@ -69,13 +86,14 @@ __device__ __forceinline__ void rmsnorm_forward_body(T* out, float* rstd, const 
     const bool whole = C % RUN == 0 && aligned16(x) && aligned16(y) && aligned16(weight);
     with_whole(whole, [&](auto form) {
         float v[RUN];
-        float sq = 0.0f;
-        for_runs<RUN>(lane, C, [&](int c) {
-            load_run(form, v, x, c, C);
-            #pragma unroll
-            for (int k = 0; k < RUN; ++k) sq += v[k] * v[k];
-        });
-        const float s = 1.0f / sqrtf(warp_sum(sq) / C + eps);
+        float s;
+        if (parts == 0) {
+            s = 1.0f / sqrtf(row_sum_squares(form, x, C, lane) / C + eps);
+        } else {
+            // Lane 0 reads it and hands it round, before its own write below.
+            const float sum = __shfl_sync(FULL_MASK, lane == 0 ? rstd[row] : 0.0f, 0);
+            s = 1.0f / sqrtf(sum / (C * parts) + eps);
+        }
         for_runs<RUN>(lane, C, [&](int c) {
             float w[RUN];
             load_run(form, v, x, c, C);
@@ -120,13 +138,30 @@ extern "C" __global__ void rmsnorm_residual_forward_bf16(bf16* residual, bf16* o
     rmsnorm_residual_forward_body(residual, out, rstd, a, b, weight, N, C, eps);
 }
 
+// The sum of dnorm * norm over a GradRow, every lane of the warp given it.
+template <typename Form, typename T>
+__device__ __forceinline__ float row_dnorm_norm(Form form, const GradRow<T>& rows, float s, int lane) {
+    constexpr int RUN = Pack<T>::LEN;
+    float g[RUN], v[RUN], w[RUN];
+    float sum = 0.0f;
+    for_runs<RUN>(lane, rows.C, [&](int c) {
+        rows.load(form, c, g, v, w);
+        #pragma unroll
+        for (int k = 0; k < RUN; ++k) sum += g[k] * w[k] * (v[k] * s);
+    });
+    return warp_sum(sum);
+}
+
 // dinp (overwrite) = (dnorm - norm * mean(dnorm * norm)) * rstd, with norm = x * rstd and
 // dnorm = dout * weight: rstd's dependence on x gives the second term; plus dresidual where
 // it is non-null (the residual gradient folded in). Two passes over the row in runs
 // (warp_row.cuh). dinp may be dout (QK-norm's, in place), as out may be inp in the forward.
+// With `parts` > 0 a row is 1/parts of a whole row cut across tensor ranks, and the mean is
+// the whole row's sum in `dots` (the group's) over its width, not the first pass.
 template <typename T, typename Rows>
 __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dresidual, const T* dout,
-                                                            const T* inp, Rows layout, const float* rstd, int N) {
+                                                            const T* inp, Rows layout, const float* rstd, int N,
+                                                            const float* dots = nullptr, int parts = 0) {
     constexpr int RUN = Pack<T>::LEN;
     const int row = warp_row_index();
     const int lane = threadIdx.x % WARP_SIZE;
@@ -139,13 +174,8 @@ __device__ __forceinline__ void rmsnorm_backward_input_body(T* dinp, const T* dr
     with_whole(rows.whole, [&](auto form) {
         const float s = rstd[row];
         float g[RUN], v[RUN], w[RUN];
-        float sum_dnorm_norm = 0.0f;
-        for_runs<RUN>(lane, C, [&](int c) {
-            rows.load(form, c, g, v, w);
-            #pragma unroll
-            for (int k = 0; k < RUN; ++k) sum_dnorm_norm += g[k] * w[k] * (v[k] * s);
-        });
-        const float mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
+        const float mean_dnorm_norm =
+            parts == 0 ? row_dnorm_norm(form, rows, s, lane) / C : dots[row] / (C * parts);
         for_runs<RUN>(lane, C, [&](int c) {
             rows.load(form, c, g, v, w);
             #pragma unroll
@@ -220,47 +250,112 @@ extern "C" __global__ void rmsnorm_backward_weight_partial_bf16(float* partial_w
 
 // QK-norm in place on qkv (the rows of QkRows, N tokens): each query row becomes
 // q_weight * (q * rstd), each key row k_weight * (k * rstd); rstd [N, NQ + NK]. One warp a
-// row.
+// row. `parts` 0: whole rows; else each row 1/parts of a whole row cut across tensor ranks,
+// rstd holding the whole rows' sums of squares on entry.
 template <typename T>
 __device__ __forceinline__ void qk_norm_forward_body(T* qkv, float* rstd, const float* q_weight,
                                                      const float* k_weight, int N, int NQ, int NK, int CQ, int CK,
-                                                     float eps) {
+                                                     int parts, float eps) {
     const QkRows rows{q_weight, k_weight, NQ, NK, CQ, CK};
-    rmsnorm_forward_body(qkv, rstd, (const T*)qkv, rows, N * (NQ + NK), eps);
+    rmsnorm_forward_body(qkv, rstd, (const T*)qkv, rows, N * (NQ + NK), eps, parts);
 }
 
 extern "C" __global__ void qk_norm_forward(float* qkv, float* rstd, const float* q_weight, const float* k_weight,
-                                           int N, int NQ, int NK, int CQ, int CK, float eps) {
-    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, eps);
+                                           int N, int NQ, int NK, int CQ, int CK, int parts, float eps) {
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, parts, eps);
 }
 
 extern "C" __global__ void qk_norm_forward_bf16(bf16* qkv, float* rstd, const float* q_weight,
                                                 const float* k_weight, int N, int NQ, int NK, int CQ, int CK,
-                                                float eps) {
-    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, eps);
+                                                int parts, float eps) {
+    qk_norm_forward_body(qkv, rstd, q_weight, k_weight, N, NQ, NK, CQ, CK, parts, eps);
+}
+
+// Each row's sum of squares, sums [N, NQ + NK]: the forward's first half where rows are cut
+// across tensor ranks, for the group to sum. One warp a row, summing as the forward does.
+template <typename T>
+__device__ __forceinline__ void qk_norm_sum_squares_body(const T* qkv, float* sums, int N, int NQ, int NK, int CQ,
+                                                         int CK) {
+    const QkRows rows{nullptr, nullptr, NQ, NK, CQ, CK};
+    const int row = warp_row_index();
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N * (NQ + NK)) return;
+    const int C = rows.width(row);
+    const T* x = qkv + rows.offset(row);
+    with_whole(C % Pack<T>::LEN == 0 && aligned16(x), [&](auto form) {
+        const float sum = row_sum_squares(form, x, C, lane);
+        if (lane == 0) sums[row] = sum;
+    });
+}
+
+extern "C" __global__ void qk_norm_sum_squares(const float* qkv, float* sums, int N, int NQ, int NK, int CQ,
+                                               int CK) {
+    qk_norm_sum_squares_body(qkv, sums, N, NQ, NK, CQ, CK);
+}
+
+extern "C" __global__ void qk_norm_sum_squares_bf16(const bf16* qkv, float* sums, int N, int NQ, int NK, int CQ,
+                                                    int CK) {
+    qk_norm_sum_squares_body(qkv, sums, N, NQ, NK, CQ, CK);
 }
 
 // QK-norm's input gradient in place on dqkv: its query and key rows, the gradient of the
 // forward's output, become that of its input `inp` (the qkv the forward normalised); the
 // value heads' are untouched. Run after the weight partial sums, which read dqkv first.
+// `parts` 0: whole rows (`dots` unread); else each row 1/parts of a whole row, dots
+// [N, NQ + NK] the whole rows' sums of dnorm * norm (the group's).
 template <typename T>
 __device__ __forceinline__ void qk_norm_backward_input_body(T* dqkv, const T* inp, const float* q_weight,
-                                                            const float* k_weight, const float* rstd, int N,
-                                                            int NQ, int NK, int CQ, int CK) {
+                                                            const float* k_weight, const float* rstd,
+                                                            const float* dots, int N, int NQ, int NK, int CQ,
+                                                            int CK, int parts) {
     const QkRows rows{q_weight, k_weight, NQ, NK, CQ, CK};
-    rmsnorm_backward_input_body(dqkv, (const T*)nullptr, (const T*)dqkv, inp, rows, rstd, N * (NQ + NK));
+    rmsnorm_backward_input_body(dqkv, (const T*)nullptr, (const T*)dqkv, inp, rows, rstd, N * (NQ + NK), dots,
+                                parts);
 }
 
 extern "C" __global__ void qk_norm_backward_input(float* dqkv, const float* inp, const float* q_weight,
-                                                  const float* k_weight, const float* rstd, int N, int NQ, int NK,
-                                                  int CQ, int CK) {
-    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NQ, NK, CQ, CK);
+                                                  const float* k_weight, const float* rstd, const float* dots,
+                                                  int N, int NQ, int NK, int CQ, int CK, int parts) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, dots, N, NQ, NK, CQ, CK, parts);
 }
 
 extern "C" __global__ void qk_norm_backward_input_bf16(bf16* dqkv, const bf16* inp, const float* q_weight,
-                                                       const float* k_weight, const float* rstd, int N, int NQ,
-                                                       int NK, int CQ, int CK) {
-    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, N, NQ, NK, CQ, CK);
+                                                       const float* k_weight, const float* rstd, const float* dots,
+                                                       int N, int NQ, int NK, int CQ, int CK, int parts) {
+    qk_norm_backward_input_body(dqkv, inp, q_weight, k_weight, rstd, dots, N, NQ, NK, CQ, CK, parts);
+}
+
+// Each row's sum of dnorm * norm, dots [N, NQ + NK], from dqkv before the input gradient
+// overwrites it: the backward's first half where rows are cut across tensor ranks, for the
+// group to sum. One warp a row, summing as the whole row's backward does.
+template <typename T>
+__device__ __forceinline__ void qk_norm_backward_dots_body(const T* dqkv, const T* inp, const float* q_weight,
+                                                           const float* k_weight, const float* rstd, float* dots,
+                                                           int N, int NQ, int NK, int CQ, int CK) {
+    const QkRows layout{q_weight, k_weight, NQ, NK, CQ, CK};
+    const int row = warp_row_index();
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= N * (NQ + NK)) return;
+    const unsigned long long at = layout.offset(row);
+    // A GradRow that writes nothing: its dinp is dout, never stored to here.
+    const GradRow<T> rows(const_cast<T*>(dqkv) + at, nullptr, dqkv + at, inp + at, layout.weight(row), 0,
+                          layout.width(row));
+    with_whole(rows.whole, [&](auto form) {
+        const float sum = row_dnorm_norm(form, rows, rstd[row], lane);
+        if (lane == 0) dots[row] = sum;
+    });
+}
+
+extern "C" __global__ void qk_norm_backward_dots(const float* dqkv, const float* inp, const float* q_weight,
+                                                 const float* k_weight, const float* rstd, float* dots, int N,
+                                                 int NQ, int NK, int CQ, int CK) {
+    qk_norm_backward_dots_body(dqkv, inp, q_weight, k_weight, rstd, dots, N, NQ, NK, CQ, CK);
+}
+
+extern "C" __global__ void qk_norm_backward_dots_bf16(const bf16* dqkv, const bf16* inp, const float* q_weight,
+                                                      const float* k_weight, const float* rstd, float* dots, int N,
+                                                      int NQ, int NK, int CQ, int CK) {
+    qk_norm_backward_dots_body(dqkv, inp, q_weight, k_weight, rstd, dots, N, NQ, NK, CQ, CK);
 }
 
 // Stage one of dq_weight and dk_weight += over N tokens: partial_w, the query rows' partial

@@ -144,16 +144,24 @@ pub trait RmsNorm {
         weight: &Tensor,
         rstd: &Tensor,
     );
-    /// As [`crate::Device::qk_norm_forward`]: weights [q, k].
+    /// As [`crate::Device::qk_norm_forward`], or with `summed` (the parts of a row) as
+    /// [`crate::Device::qk_norm_forward_summed`], `rstd` then holding the group's sums of
+    /// squares on entry: weights [q, k].
     fn qk_norm_forward_impl(
         &self,
         qkv: &mut Tensor,
         rstd: &mut Tensor,
         weights: [&Tensor; 2],
         rows: QkNormRows,
+        summed: Option<usize>,
         eps: f32,
     );
-    /// As [`crate::Device::qk_norm_backward`]: dweights and weights [q, k].
+    /// As [`crate::Device::qk_norm_sum_squares`].
+    fn qk_norm_sum_squares_impl(&self, qkv: &Tensor, sums: &mut Tensor, rows: QkNormRows);
+    /// As [`crate::Device::qk_norm_backward`], or with `summed` (the group's dots and the
+    /// parts of a row) as [`crate::Device::qk_norm_backward_summed`]: dweights and weights
+    /// [q, k].
+    #[allow(clippy::too_many_arguments)]
     fn qk_norm_backward_impl(
         &self,
         dqkv: &mut Tensor,
@@ -161,6 +169,17 @@ pub trait RmsNorm {
         inp: &Tensor,
         weights: [&Tensor; 2],
         rstd: &Tensor,
+        rows: QkNormRows,
+        summed: Option<(&Tensor, usize)>,
+    );
+    /// As [`crate::Device::qk_norm_backward_dots`].
+    fn qk_norm_backward_dots_impl(
+        &self,
+        dqkv: &Tensor,
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        dots: &mut Tensor,
         rows: QkNormRows,
     );
 }

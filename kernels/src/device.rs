@@ -32,12 +32,12 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
-use crate::qk_norm::QkNormSpan;
+use crate::qk_norm::QkNormHeads;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
-    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_dims, qkv_dims, residual_rows,
-    rope_dims,
+    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_dims, qk_norm_rows, qkv_dims,
+    residual_rows, rope_dims,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
@@ -506,50 +506,99 @@ pub trait Device:
     }
 
     /// QK-norm (Qwen3's and OLMo 2's; Megatron's `qk_layernorm` with RMSNorm), in place on
-    /// qkv [B,T,(NH+2*KV)*hs]: each row `span` names (each query and key head, or each
+    /// qkv [B,T,(NH+2*KV)*hs]: each row `h.span` names (each query and key head, or each
     /// token's whole query and whole key projection) becomes q_weight * (q * rstd) or
     /// k_weight * (k * rstd), normalised as [`Device::rmsnorm_forward`] normalises a row; the
-    /// value heads untouched. The weights are [hs] each over heads, [NH*hs] and [KV*hs] over
-    /// the projections. rstd [B*T, rows a token]: each token's query rows', then its key
+    /// value heads untouched. `weights` [q, k] are [hs] each over heads, [NH*hs] and [KV*hs]
+    /// over the projections. rstd [B*T, rows a token]: each token's query rows', then its key
     /// rows'.
-    #[allow(clippy::too_many_arguments)]
     fn qk_norm_forward(
         &self,
         qkv: &mut Tensor,
         rstd: &mut Tensor,
-        q_weight: &Tensor,
-        k_weight: &Tensor,
-        n_head: usize,
-        n_kv_head: usize,
-        span: QkNormSpan,
+        weights: [&Tensor; 2],
+        h: QkNormHeads,
         eps: f32,
     ) {
-        let rows = qk_norm_dims(qkv, rstd, [q_weight, k_weight], n_head, n_kv_head, span);
-        self.qk_norm_forward_impl(qkv, rstd, [q_weight, k_weight], rows, eps);
+        let rows = qk_norm_dims(qkv, rstd, weights, h);
+        self.qk_norm_forward_impl(qkv, rstd, weights, rows, None, eps);
+    }
+    /// QK-norm's first half where each row of qkv is 1/parts of the whole (a whole
+    /// projection cut across a tensor-parallel group): sums [B*T, rows a token] = each
+    /// row's sum of squares, for the group to sum.
+    fn qk_norm_sum_squares(&self, qkv: &Tensor, sums: &mut Tensor, h: QkNormHeads) {
+        let rows = qk_norm_rows(qkv, sums, h);
+        self.qk_norm_sum_squares_impl(qkv, sums, rows);
+    }
+    /// Its second half: [`Device::qk_norm_forward`] with each row's statistic from `stats`,
+    /// the whole row's sum of squares (the group's sum of [`Device::qk_norm_sum_squares`]),
+    /// a row here being 1/`parts` of it; `stats` then holds the rstd.
+    fn qk_norm_forward_summed(
+        &self,
+        qkv: &mut Tensor,
+        stats: &mut Tensor,
+        weights: [&Tensor; 2],
+        h: QkNormHeads,
+        parts: usize,
+        eps: f32,
+    ) {
+        let rows = qk_norm_dims(qkv, stats, weights, h);
+        self.qk_norm_forward_impl(qkv, stats, weights, rows, Some(parts), eps);
     }
     /// QK-norm's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: its query and key rows (the
     /// gradient of the norm's output) become the gradient of its input `inp` (the q, k, v
-    /// forward normalised), the value heads untouched; dq_weight and dk_weight += , each as
-    /// wide as its weight.
-    #[allow(clippy::too_many_arguments)]
+    /// forward normalised), the value heads untouched; dweights [q, k] += , each as wide as
+    /// its weight.
     fn qk_norm_backward(
         &self,
         dqkv: &mut Tensor,
-        dq_weight: &mut Tensor,
-        dk_weight: &mut Tensor,
+        dweights: [&mut Tensor; 2],
         inp: &Tensor,
-        q_weight: &Tensor,
-        k_weight: &Tensor,
+        weights: [&Tensor; 2],
         rstd: &Tensor,
-        n_head: usize,
-        n_kv_head: usize,
-        span: QkNormSpan,
+        h: QkNormHeads,
     ) {
-        let rows = qk_norm_dims(inp, rstd, [q_weight, k_weight], n_head, n_kv_head, span);
+        let rows = qk_norm_dims(inp, rstd, weights, h);
         assert_same_len(inp, dqkv);
-        assert_same_len(q_weight, dq_weight);
-        assert_same_len(k_weight, dk_weight);
-        self.qk_norm_backward_impl(dqkv, [dq_weight, dk_weight], inp, [q_weight, k_weight], rstd, rows);
+        dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
+        self.qk_norm_backward_impl(dqkv, dweights, inp, weights, rstd, rows, None);
+    }
+    /// The backward's first half where each row is 1/parts of the whole: dots [B*T, rows a
+    /// token] = each row's sum of dnorm * norm (dnorm = dqkv * weight, norm = inp * rstd), for
+    /// the group to sum.
+    fn qk_norm_backward_dots(
+        &self,
+        dqkv: &Tensor,
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        dots: &mut Tensor,
+        h: QkNormHeads,
+    ) {
+        let rows = qk_norm_dims(inp, rstd, weights, h);
+        assert_same_len(inp, dqkv);
+        assert_same_len(rstd, dots);
+        self.qk_norm_backward_dots_impl(dqkv, inp, weights, rstd, dots, rows);
+    }
+    /// Its second half: [`Device::qk_norm_backward`] with each row's mean of dnorm * norm
+    /// from `dots`, the whole row's sum (the group's sum of
+    /// [`Device::qk_norm_backward_dots`]), a row here being 1/`parts` of it.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_backward_summed(
+        &self,
+        dqkv: &mut Tensor,
+        dweights: [&mut Tensor; 2],
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        (dots, parts): (&Tensor, usize),
+        h: QkNormHeads,
+    ) {
+        let rows = qk_norm_dims(inp, rstd, weights, h);
+        assert_same_len(inp, dqkv);
+        assert_same_len(rstd, dots);
+        dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
+        self.qk_norm_backward_impl(dqkv, dweights, inp, weights, rstd, rows, Some((dots, parts)));
     }
 
     // ---- matmul --------------------------------------------------------------------

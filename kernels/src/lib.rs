@@ -44,7 +44,7 @@ pub use device::{
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use gate::Gate;
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
-pub use qk_norm::{QkNormRows, QkNormSpan};
+pub use qk_norm::{QkNormHeads, QkNormRows, QkNormSpan};
 pub use readout::{Readout, ReadoutStorage};
 pub use rope_frequencies::RopeFrequencies;
 pub use splitmix::SplitMix64;

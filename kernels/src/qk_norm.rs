@@ -1,7 +1,9 @@
 //! QK-norm's geometry: the rows of the fused qkv [N,(NH+2*KV)*hs] it normalises, each head
 //! (Qwen3's, Megatron's `qk_layernorm`) or each token's whole query and whole key projection
 //! (OLMo 2's). Under grouped-query attention the two projections differ in width, so a
-//! query row and a key row need not be as wide.
+//! query row and a key row need not be as wide. Under tensor parallelism a whole projection
+//! is cut across the ranks, so its norm runs in two halves with the group's sum between
+//! them (`Device::qk_norm_sum_squares` and the `_summed` ops).
 
 /// What one QK-norm normalises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +35,15 @@ impl QkNormSpan {
             QkNormSpan::Projection => QkNormRows { q_rows: 1, q_width: nh * hs, k_rows: 1, k_width: kv * hs },
         }
     }
+}
+
+/// QK-norm on a rank's qkv [B,T,(NH+2*KV)*hs]: its NH query and KV key/value heads and the
+/// rows `span` names over them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkNormHeads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub span: QkNormSpan,
 }
 
 /// The rows QK-norm normalises in each token of qkv: `q_rows` rows of `q_width` from the

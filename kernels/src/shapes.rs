@@ -3,7 +3,7 @@
 //! that does not fit is a bug in the caller: each check panics with the tensors it got.
 
 use crate::device::WeightLayout;
-use crate::qk_norm::{QkNormRows, QkNormSpan};
+use crate::qk_norm::{QkNormHeads, QkNormRows};
 use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::{rows_cols, Tensor};
 
@@ -89,19 +89,23 @@ pub(crate) fn qkv_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize) -> QkvDims
     QkvDims { b, t, nh: n_head, kv: n_kv_head, hs: width / (n_head + 2 * n_kv_head) }
 }
 
-/// The rows QK-norm normalises in each token of qkv, checked against its rstd
-/// [B*T, rows a token] and its two weights [q_width] and [k_width].
+/// The rows QK-norm normalises in each token of qkv, checked against its per-row statistics
+/// `stats` [B*T, rows a token] (rstd, sums of squares or dots).
+pub(crate) fn qk_norm_rows(qkv: &Tensor, stats: &Tensor, h: QkNormHeads) -> QkNormRows {
+    let dims = qkv_dims(qkv, h.heads, h.kv_heads);
+    let rows = h.span.rows(dims.nh, dims.kv, dims.hs);
+    assert_eq!(stats.len(), dims.b * dims.t * rows.rows(), "qk-norm: statistics {stats:?} for {qkv:?}");
+    rows
+}
+
+/// As [`qk_norm_rows`], and its two weights checked: [q_width] and [k_width].
 pub(crate) fn qk_norm_dims(
     qkv: &Tensor,
-    rstd: &Tensor,
+    stats: &Tensor,
     weights: [&Tensor; 2],
-    n_head: usize,
-    n_kv_head: usize,
-    span: QkNormSpan,
+    h: QkNormHeads,
 ) -> QkNormRows {
-    let dims = qkv_dims(qkv, n_head, n_kv_head);
-    let (n, rows) = (dims.b * dims.t, span.rows(dims.nh, dims.kv, dims.hs));
-    assert_eq!(rstd.len(), n * rows.rows(), "qk-norm: rstd {rstd:?} for {qkv:?}");
+    let rows = qk_norm_rows(qkv, stats, h);
     assert!(
         weights.iter().zip(rows.weight_widths()).all(|(w, width)| w.len() == width),
         "qk-norm: weights {weights:?} for {rows:?}"

@@ -10,8 +10,8 @@ use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, DType,
-    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, QkNormSpan, RopeFrequencies, SplitMix64, Tensor,
-    WeightLayout,
+    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, QkNormHeads, QkNormSpan, RopeFrequencies, SplitMix64,
+    Tensor, WeightLayout,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -338,9 +338,10 @@ fn qk_norm_matches() {
             let (mut qkv, inp, mut dqkv) = (put(dev, x, &shape), put(dev, x, &shape), put(dev, dx, &shape));
             let (wq, wk) = (param(dev, &wq, &[r.q_width]), param(dev, &wk, &[r.k_width]));
             let mut rstd = dev.zeros(&[N * r.rows()], Category::Workspace);
-            dev.qk_norm_forward(&mut qkv, &mut rstd, &wq, &wk, NH, kv, span, 1e-6);
+            let h = QkNormHeads { heads: NH, kv_heads: kv, span };
+            dev.qk_norm_forward(&mut qkv, &mut rstd, [&wq, &wk], h, 1e-6);
             let (mut dwq, mut dwk) = (grad(dev, &dwq0, &[r.q_width]), grad(dev, &dwk0, &[r.k_width]));
-            dev.qk_norm_backward(&mut dqkv, &mut dwq, &mut dwk, &inp, &wq, &wk, &rstd, NH, kv, span);
+            dev.qk_norm_backward(&mut dqkv, [&mut dwq, &mut dwk], &inp, [&wq, &wk], &rstd, h);
             [qkv, rstd, dqkv, dwq, dwk].map(|t| dev.to_host(&t))
         };
         let values = |qkv: &[f32]| -> Vec<f32> {
@@ -364,6 +365,66 @@ fn qk_norm_matches() {
         }
         assert_bitwise("bf16 value heads", &values(&got[0]), &values(&x));
         assert_bitwise("bf16 value heads' gradient", &values(&got[2]), &values(&dx));
+    }
+}
+
+/// QK-norm over the whole projections in its two halves, as a rank of a tensor-parallel
+/// group of 2 runs it (the group's sums given as twice this rank's, the CPU's), in f32:
+/// each half against the CPU's, judged as `rmsnorm_matches`.
+#[test]
+fn qk_norm_halves_match() {
+    let Some(gpu) = gpu("qk_norm_halves_match") else { return };
+    let mut rng = seeded("qk_norm_halves");
+    let (kv, hs, parts) = (2, C / NH, 2);
+    let h = QkNormHeads { heads: NH, kv_heads: kv, span: QkNormSpan::Projection };
+    let r = h.span.rows(NH, kv, hs);
+    let shape = [B, T, r.token_width()];
+    let (x, dx) = (rng.uniform(N * shape[2], 2.0), rng.uniform(N * shape[2], 1.0));
+    let (wq, wk) = (rng.uniform(r.q_width, 1.0), rng.uniform(r.k_width, 1.0));
+    let stats = [N * r.rows()];
+    // The group's sums: this rank's twice, the CPU's, so both devices start each half alike.
+    let twice = |t: &Tensor, dev: &dyn Device| dev.to_host(t).iter().map(|v| 2.0 * v).collect::<Vec<f32>>();
+    let cpu = cpu();
+    let (group_sums, group_dots) = {
+        let (xs, ws) =
+            (put(&cpu, &x, &shape), [param(&cpu, &wq, &[r.q_width]), param(&cpu, &wk, &[r.k_width])]);
+        let mut sums = cpu.zeros(&stats, Category::Workspace);
+        cpu.qk_norm_sum_squares(&xs, &mut sums, h);
+        let (mut y, mut rstd) = (put(&cpu, &x, &shape), put(&cpu, &twice(&sums, &cpu), &stats));
+        cpu.qk_norm_forward_summed(&mut y, &mut rstd, [&ws[0], &ws[1]], h, parts, 1e-6);
+        let mut dots = cpu.zeros(&stats, Category::Workspace);
+        cpu.qk_norm_backward_dots(&put(&cpu, &dx, &shape), &xs, [&ws[0], &ws[1]], &rstd, &mut dots, h);
+        (twice(&sums, &cpu), twice(&dots, &cpu))
+    };
+    let run = |dev: &dyn Device| {
+        let (xs, ws) = (put(dev, &x, &shape), [param(dev, &wq, &[r.q_width]), param(dev, &wk, &[r.k_width])]);
+        let w = [&ws[0], &ws[1]];
+        let (mut sums, mut dots) =
+            (dev.zeros(&stats, Category::Workspace), dev.zeros(&stats, Category::Workspace));
+        dev.qk_norm_sum_squares(&xs, &mut sums, h);
+        let (mut y, mut rstd) = (put(dev, &x, &shape), put(dev, &group_sums, &stats));
+        dev.qk_norm_forward_summed(&mut y, &mut rstd, w, h, parts, 1e-6);
+        let mut d = put(dev, &dx, &shape);
+        dev.qk_norm_backward_dots(&d, &xs, w, &rstd, &mut dots, h);
+        let mut dw =
+            [grad(dev, &vec![0.0; r.q_width], &[r.q_width]), grad(dev, &vec![0.0; r.k_width], &[r.k_width])];
+        let [dq, dk] = &mut dw;
+        dev.qk_norm_backward_summed(
+            &mut d,
+            [dq, dk],
+            &xs,
+            w,
+            &rstd,
+            (&put(dev, &group_dots, &stats), parts),
+            h,
+        );
+        let [dwq, dwk] = dw;
+        [sums, y, rstd, dots, d, dwq, dwk].map(|t| dev.to_host(&t))
+    };
+    let names = ["sums of squares", "out", "rstd", "dots", "dinp", "dq_weight", "dk_weight"];
+    let (want, got) = (run(&cpu), run(&gpu));
+    for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+        assert_close(&format!("{what} over {parts} parts"), g, w, TOL);
     }
 }
 

@@ -137,7 +137,7 @@ pub fn statistics_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> usize
 }
 
 fn stored_bytes(s: &ModelShape, tp: TensorParallel, t: BlockTensor) -> usize {
-    tp.per_rank(t.elements(s), t.split()) * t.element_bytes(s)
+    tp.per_rank(t.elements(s), t.split(s)) * t.element_bytes(s)
 }
 
 /// What the fused attention core changes, at 16 bits: (the log-sum-exp it keeps and the

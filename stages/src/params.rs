@@ -11,7 +11,7 @@ use crate::layers::norm::NormPlacement;
 use crate::model::{ModelShape, Naming, Positions};
 use crate::optimizer_shard::OptimizerShard;
 use crate::tensor_parallel::{Cut, Shard, Split};
-use kernels::{Category, Device, Tensor};
+use kernels::{Category, Device, QkNormSpan, Tensor};
 use std::ops::Range;
 
 /// The part of the model a chunk holds: an optional embedding, a contiguous range of
@@ -125,8 +125,9 @@ pub enum Role {
 impl Role {
     /// A parameter every tensor-parallel rank holds whole but computes the gradient of over
     /// only its part of the layer, for the group to sum (Megatron's
-    /// `_allreduce_layernorm_grads`): QK-norm's weights, over its heads; a norm's weight or
-    /// bias, over its rows of the sequence, where `sequence` parallelism splits them.
+    /// `_allreduce_layernorm_grads`): QK-norm's weights, over its heads (where they are whole:
+    /// [`ParamSpec::grad_is_partial`]); a norm's weight or bias, over its rows of the
+    /// sequence, where `sequence` parallelism splits them.
     pub fn grad_is_partial(&self, sequence: bool) -> bool {
         use BlockParam::*;
         match self {
@@ -171,6 +172,13 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// Whether each tensor rank's gradient of this parameter covers only its part of the
+    /// layer, for the group to sum: a whole parameter whose role says so. A cut one's shards
+    /// are each their own rank's (QK-norm's weights over the whole projections).
+    pub fn grad_is_partial(&self, sequence: bool) -> bool {
+        self.split == Split::Replicated && self.role.grad_is_partial(sequence)
+    }
+
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
     }
@@ -200,7 +208,7 @@ impl ParamSpec {
     /// whole). Megatron's cuts: the embedding and output layer by vocabulary rows; q, k, v
     /// and the MLP's first projection (gate and up) by output columns, each part by its
     /// heads, groups or columns; the attention's and the MLP's output projections by input
-    /// columns. A weight's output axis is its second under GPT-2's Conv1D layout [in, out]
+    /// columns; QK-norm's weights over the whole projections by their heads' channels. A weight's output axis is its second under GPT-2's Conv1D layout [in, out]
     /// and its first under Llama's Linear layout [out, in].
     pub fn cut(&self, s: &ModelShape, shard: Shard) -> Option<Cut> {
         use BlockParam::*;
@@ -219,6 +227,8 @@ impl ParamSpec {
             Role::Block { param: Fc1Bias, .. } => (0, shard.fc1_ranges(s)),
             Role::Block { param: ProjWeight, .. } => (in_axis, shard.even(s.attention_width())),
             Role::Block { param: Fc2Weight, .. } => (in_axis, shard.even(s.ffn)),
+            Role::Block { param: QNormWeight, .. } => (0, shard.even(s.heads * s.head_size())),
+            Role::Block { param: KNormWeight, .. } => (0, shard.even(s.kv_heads * s.head_size())),
             role => unreachable!("{role:?} is declared split but has no cut"),
         };
         Some(Cut { axis, ranges })
@@ -353,6 +363,15 @@ pub fn chunk_param_specs(s: &ModelShape, layout: &ChunkLayout) -> Vec<ParamSpec>
     specs
 }
 
+/// QK-norm's weights: whole on every tensor rank over each head (each rank's gradient
+/// covering its heads, for the group to sum), cut with the heads over the whole projections.
+fn qk_norm_split(s: &ModelShape) -> Split {
+    match s.arch.qk_norm_span {
+        QkNormSpan::Head => Split::Replicated,
+        QkNormSpan::Projection => Split::Interior,
+    }
+}
+
 /// Parameter `param` of block `layer`: its shape in the model's weight layout, its init
 /// (the residual projections scaled by 1/sqrt(2 * layers)), and its names.
 fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usize) -> ParamSpec {
@@ -368,8 +387,8 @@ fn block_spec(s: &ModelShape, layer: usize, param: BlockParam, global_index: usi
     let (shape, init, decay, split) = match param {
         Norm1Weight | Norm2Weight => (vec![c], norm_weight_init(s), false, Split::Replicated),
         // [hs] over each head, [NH hs] and [KV hs] over the whole projections.
-        QNormWeight => (vec![s.qk_norm_rows().q_width], Init::Ones, false, Split::Replicated),
-        KNormWeight => (vec![s.qk_norm_rows().k_width], Init::Ones, false, Split::Replicated),
+        QNormWeight => (vec![s.qk_norm_rows().q_width], Init::Ones, false, qk_norm_split(s)),
+        KNormWeight => (vec![s.qk_norm_rows().k_width], Init::Ones, false, qk_norm_split(s)),
         Norm1Bias | Norm2Bias | ProjBias | Fc2Bias => (vec![c], Init::Zeros, false, Split::Replicated),
         QkvWeight => (matrix(c, qkv), Init::Normal(std), true, Split::Interior),
         QkvBias => (vec![qkv], Init::Zeros, false, Split::Interior),
@@ -820,7 +839,25 @@ mod tests {
         );
         let q_norm = &specs[3];
         assert_eq!((&q_norm.init, q_norm.decay, q_norm.split), (&Init::Ones, false, Split::Replicated));
-        assert!(q_norm.role.grad_is_partial(false), "each tensor rank's gradient covers its heads alone");
+        assert!(q_norm.grad_is_partial(false), "each tensor rank's gradient covers its heads alone");
+        // OLMo 2's, over the whole projections [NH hs] and [KV hs]: cut with the heads, rank 1
+        // of 2 holding channels 32..64 of q_norm and 16..32 of k_norm, its gradient its own.
+        let olmo2 = ModelShape { arch: Architecture { qk_norm_span: QkNormSpan::Projection, ..s.arch }, ..s };
+        let specs = model_param_specs(&olmo2);
+        let (q_norm, k_norm) = (&specs[3], &specs[4]);
+        let rank1 = Shard { size: 2, rank: 1, sequence: false };
+        assert_eq!((&q_norm.shape[..], &k_norm.shape[..]), (&[64][..], &[32][..]));
+        assert_eq!((q_norm.split, q_norm.grad_is_partial(false)), (Split::Interior, false));
+        assert_eq!(
+            q_norm.cut(&olmo2, rank1),
+            Some(Cut { axis: 0, ranges: std::iter::once(32..64).collect() })
+        );
+        assert_eq!(
+            k_norm.cut(&olmo2, rank1),
+            Some(Cut { axis: 0, ranges: std::iter::once(16..32).collect() })
+        );
+        let whole: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        assert_eq!(q_norm.shard_of(&olmo2, rank1, whole), (32..64).map(|i| i as f32).collect::<Vec<_>>());
         let norm1 = &specs[1];
         assert_eq!(norm1.name, "model.layers.0.input_layernorm.weight");
         assert_eq!((norm1.role.grad_is_partial(false), norm1.role.grad_is_partial(true)), (false, true));

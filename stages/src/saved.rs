@@ -15,7 +15,7 @@ use crate::layers::norm::NormPlacement;
 use crate::model::ModelShape;
 use crate::recompute::SelectiveModules;
 use crate::tensor_parallel::{Split, TensorParallel};
-use kernels::AttentionSaves;
+use kernels::{AttentionSaves, QkNormSpan};
 
 /// Every tensor a block's backward reads. Shapes with B batch, T seq, C hidden, F ffn, NH
 /// heads, QKV the fused projection's width ((NH + 2 KV) * hs), FC1 the MLP's first
@@ -146,9 +146,11 @@ impl BlockTensor {
 
     /// How Megatron lays this tensor out over tensor-parallel ranks: the attention and MLP
     /// interiors split by heads or columns; the LayerNorms' and residual's tensors are whole
-    /// on every rank, or split along the sequence with sequence parallelism.
-    pub fn split(self) -> Split {
+    /// on every rank, or split along the sequence with sequence parallelism. QK-norm's
+    /// statistics over the whole projections are the whole rows', two a token on every rank.
+    pub fn split(self, s: &ModelShape) -> Split {
         match self {
+            BlockTensor::QkNormStats if s.arch.qk_norm_span == QkNormSpan::Projection => Split::Replicated,
             BlockTensor::QkNormIn
             | BlockTensor::QkNormStats
             | BlockTensor::Qkv
@@ -217,7 +219,7 @@ pub fn kept_bytes(entries: &[(usize, usize)]) -> usize {
 /// The tensors one block keeps for one microbatch under `keep`, on one of `tp`'s ranks, each
 /// with its (elements, bytes per element).
 pub fn block_kept(s: &ModelShape, tp: TensorParallel, keep: BlockKeep) -> Vec<(BlockTensor, (usize, usize))> {
-    let entry = |t: BlockTensor| (t, (tp.per_rank(t.elements(s), t.split()), t.element_bytes(s)));
+    let entry = |t: BlockTensor| (t, (tp.per_rank(t.elements(s), t.split(s)), t.element_bytes(s)));
     match keep {
         BlockKeep::Stored(modules) => {
             BlockTensor::ALL.into_iter().filter(|t| !t.dropped_by(modules)).map(entry).collect()

@@ -194,14 +194,14 @@ impl Stage {
     }
 
     /// The gradients of whole parameters each tensor-parallel rank computes over its own
-    /// part of the layer ([`Role::grad_is_partial`]), for the group to sum; none at t = 1.
+    /// part of the layer ([`crate::params::ParamSpec::grad_is_partial`]), for the group to sum; none at t = 1.
     pub fn partial_grads_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
         self.chunks.iter_mut().filter(|c| c.shard.size > 1).flat_map(|c| {
             let (p, sequence) = (&mut c.params, c.shard.sequence);
             p.specs
                 .iter()
                 .zip(&mut p.grads)
-                .filter(move |(spec, _)| spec.role.grad_is_partial(sequence))
+                .filter(move |(spec, _)| spec.grad_is_partial(sequence))
                 .map(|(_, g)| g)
         })
     }

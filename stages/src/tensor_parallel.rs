@@ -116,7 +116,9 @@ impl TensorParallel {
 
     /// The head's forward, which runs its backward too: the vocab-parallel LM head's input
     /// gradient is all-reduced (with sequence parallelism its input is all-gathered and the
-    /// gradient reduce-scattered). The cross-entropy's [B,T] all-reduces are left out.
+    /// gradient reduce-scattered). The cross-entropy's [B,T] all-reduces are left out, as
+    /// are QK-norm's [B,T,2] over whole projections (a block's sums of squares forward and
+    /// dots backward): a latency each, no bandwidth to speak of.
     pub fn head_forward(&self) -> LayerCollectives {
         match (self.size, self.sequence) {
             (1, _) => LayerCollectives::default(),

@@ -460,10 +460,19 @@ impl RmsNorm for CpuDevice {
         rstd: &mut Tensor,
         weights: [&Tensor; 2],
         rows: QkNormRows,
+        summed: Option<usize>,
         eps: f32,
     ) {
         let weights = weights.map(Tensor::cpu);
-        self.pool.install(|| rmsnorm::heads_forward(qkv.cpu_mut(), rstd.cpu_mut(), weights, rows, eps));
+        let (qkv, rstd) = (qkv.cpu_mut(), rstd.cpu_mut());
+        self.pool.install(|| match summed {
+            None => rmsnorm::heads_forward(qkv, rstd, weights, rows, eps),
+            Some(parts) => rmsnorm::heads_forward_summed(qkv, rstd, weights, rows, parts, eps),
+        });
+    }
+
+    fn qk_norm_sum_squares_impl(&self, qkv: &Tensor, sums: &mut Tensor, rows: QkNormRows) {
+        self.pool.install(|| rmsnorm::heads_sum_squares(qkv.cpu(), sums.cpu_mut(), rows));
     }
 
     fn qk_norm_backward_impl(
@@ -474,13 +483,32 @@ impl RmsNorm for CpuDevice {
         weights: [&Tensor; 2],
         rstd: &Tensor,
         rows: QkNormRows,
+        summed: Option<(&Tensor, usize)>,
     ) {
         let mut partials = self.workspace(rmsnorm::heads_partials_len(inp.len() / rows.token_width(), rows));
         let (dweights, weights) = (dweights.map(|t| t.cpu_mut()), weights.map(Tensor::cpu));
-        self.pool.install(|| {
-            let (dqkv, inp, rstd) = (dqkv.cpu_mut(), inp.cpu(), rstd.cpu());
-            rmsnorm::heads_backward(dqkv, dweights, inp, weights, rstd, rows, partials.cpu_mut())
+        let saved = rmsnorm::HeadsSaved { inp: inp.cpu(), weights, rstd: rstd.cpu() };
+        let (dqkv, partials) = (dqkv.cpu_mut(), partials.cpu_mut());
+        self.pool.install(|| match summed {
+            None => rmsnorm::heads_backward(dqkv, dweights, saved, rows, partials),
+            Some((dots, parts)) => {
+                rmsnorm::heads_backward_summed(dqkv, dweights, saved, (dots.cpu(), parts), rows, partials)
+            }
         });
+    }
+
+    fn qk_norm_backward_dots_impl(
+        &self,
+        dqkv: &Tensor,
+        inp: &Tensor,
+        weights: [&Tensor; 2],
+        rstd: &Tensor,
+        dots: &mut Tensor,
+        rows: QkNormRows,
+    ) {
+        let saved =
+            rmsnorm::HeadsSaved { inp: inp.cpu(), weights: weights.map(Tensor::cpu), rstd: rstd.cpu() };
+        self.pool.install(|| rmsnorm::heads_backward_dots(dqkv.cpu(), saved, rows, dots.cpu_mut()));
     }
 }
 

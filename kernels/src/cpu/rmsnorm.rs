@@ -28,7 +28,17 @@ pub fn forward(out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32], e
 
 /// 1 / sqrt(mean(x^2) + eps) of one row.
 fn rstd_of(x: &[f32], eps: f32) -> f32 {
-    1.0 / (lane_sum3(x, x, x, |x, _, _| x * x) / x.len() as f32 + eps).sqrt()
+    rstd_from(sum_squares(x), x.len(), eps)
+}
+
+/// The sum of x^2 over one row.
+fn sum_squares(x: &[f32]) -> f32 {
+    lane_sum3(x, x, x, |x, _, _| x * x)
+}
+
+/// 1 / sqrt(mean(x^2) + eps) of a row of `width` whose squares sum to `sum`.
+fn rstd_from(sum: f32, width: usize, eps: f32) -> f32 {
+    1.0 / (sum / width as f32 + eps).sqrt()
 }
 
 /// What forward saved: inp [N,C], weight [C], rstd [N].
@@ -81,19 +91,61 @@ pub fn backward(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], saved: Save
 /// every row its own row of [`forward`]'s arithmetic; rstd [N, rows a token], the query rows'
 /// and then the key rows' of each token.
 pub fn heads_forward(qkv: &mut [f32], rstd: &mut [f32], weights: [&[f32]; 2], r: QkNormRows, eps: f32) {
+    normalize_rows(qkv, rstd, weights, r, |x, _| rstd_of(x, eps));
+}
+
+/// Each row's sum of squares, sums [N, rows a token]: the first half of QK-norm over rows
+/// cut across `parts` tensor ranks, which the group sums.
+pub fn heads_sum_squares(qkv: &[f32], sums: &mut [f32], r: QkNormRows) {
     if qkv.is_empty() {
         return;
     }
-    qkv.par_chunks_mut(r.token_width()).with_min_len(ROWS).zip(rstd.par_chunks_mut(r.rows())).for_each(
-        |(token, rstd)| {
-            for (row, rstd) in rstd.iter_mut().enumerate() {
+    qkv.par_chunks(r.token_width()).with_min_len(ROWS).zip(sums.par_chunks_mut(r.rows())).for_each(
+        |(token, sums)| {
+            for (row, sum) in sums.iter_mut().enumerate() {
+                let (at, width, _) = r.row(row);
+                *sum = sum_squares(&token[at..][..width]);
+            }
+        },
+    );
+}
+
+/// The second half: [`heads_forward`] with each row's statistic from `stats`, the sum of
+/// squares of the whole row (every part's, summed over the group), which becomes its rstd
+/// in place. A row here is 1/`parts` of the whole.
+pub fn heads_forward_summed(
+    qkv: &mut [f32],
+    stats: &mut [f32],
+    weights: [&[f32]; 2],
+    r: QkNormRows,
+    parts: usize,
+    eps: f32,
+) {
+    normalize_rows(qkv, stats, weights, r, |x, sum| rstd_from(sum, x.len() * parts, eps));
+}
+
+/// Each row x of qkv becomes weight * (x * s), s = rstd(x, its entry of `stats`), which
+/// then holds s.
+fn normalize_rows(
+    qkv: &mut [f32],
+    stats: &mut [f32],
+    weights: [&[f32]; 2],
+    r: QkNormRows,
+    rstd: impl Fn(&[f32], f32) -> f32 + Sync,
+) {
+    if qkv.is_empty() {
+        return;
+    }
+    qkv.par_chunks_mut(r.token_width()).with_min_len(ROWS).zip(stats.par_chunks_mut(r.rows())).for_each(
+        |(token, stats)| {
+            for (row, stat) in stats.iter_mut().enumerate() {
                 let (at, width, weight) = r.row(row);
                 let x = &mut token[at..][..width];
-                let s = rstd_of(x, eps);
+                let s = rstd(x, *stat);
                 for (x, &w) in x.iter_mut().zip(weights[weight]) {
                     *x = w * (*x * s);
                 }
-                *rstd = s;
+                *stat = s;
             }
         },
     );
@@ -104,18 +156,72 @@ pub fn heads_partials_len(n: usize, r: QkNormRows) -> usize {
     n.div_ceil(ROWS) * (r.q_width + r.k_width)
 }
 
+/// What QK-norm's backward reads: its input `inp` [N, token width], the weights [q, k] and
+/// the rstd [N, rows a token] forward wrote.
+#[derive(Clone, Copy)]
+pub struct HeadsSaved<'a> {
+    pub inp: &'a [f32],
+    pub weights: [&'a [f32]; 2],
+    pub rstd: &'a [f32],
+}
+
 /// QK-norm's backward, in place: dqkv's query and key rows (the gradient of
-/// [`heads_forward`]'s output) become the gradient of its input `inp` [N, token width],
-/// each as [`backward`] computes a row, the value heads untouched;
-/// dweights [q, k] (as wide as the rows) += . `partials` is scratch of `heads_partials_len`.
+/// [`heads_forward`]'s output) become the gradient of its input, each as [`backward`]
+/// computes a row, the value heads untouched; dweights [q, k] (as wide as the rows) += .
+/// `partials` is scratch of `heads_partials_len`.
 pub fn heads_backward(
     dqkv: &mut [f32],
     dweights: [&mut [f32]; 2],
-    inp: &[f32],
-    weights: [&[f32]; 2],
-    rstd: &[f32],
+    saved: HeadsSaved,
     r: QkNormRows,
     partials: &mut [f32],
+) {
+    backward_rows(dqkv, dweights, saved, r, partials, |_, d, w, x, s| {
+        lane_sum3(d, w, x, |d, w, x| d * w * (x * s)) / d.len() as f32
+    });
+}
+
+/// Each row's sum of dnorm * norm, dots [N, rows a token], from dqkv before the backward
+/// overwrites it: the first half of the backward over rows cut across tensor ranks, which
+/// the group sums.
+pub fn heads_backward_dots(dqkv: &[f32], saved: HeadsSaved, r: QkNormRows, dots: &mut [f32]) {
+    if dqkv.is_empty() {
+        return;
+    }
+    let width = r.token_width();
+    let tokens = dqkv.par_chunks(width).zip(saved.inp.par_chunks(width)).zip(saved.rstd.par_chunks(r.rows()));
+    tokens.with_min_len(ROWS).zip(dots.par_chunks_mut(r.rows())).for_each(|(((d, x), rstd), dots)| {
+        for (row, (dot, &s)) in dots.iter_mut().zip(rstd).enumerate() {
+            let (at, c, weight) = r.row(row);
+            let (d, x) = (&d[at..][..c], &x[at..][..c]);
+            *dot = lane_sum3(d, saved.weights[weight], x, |d, w, x| d * w * (x * s));
+        }
+    });
+}
+
+/// The second half: [`heads_backward`] with each row's mean of dnorm * norm from `dots`,
+/// the whole row's sum (every part's, summed over the group); a row here is 1/`parts` of
+/// the whole.
+pub fn heads_backward_summed(
+    dqkv: &mut [f32],
+    dweights: [&mut [f32]; 2],
+    saved: HeadsSaved,
+    (dots, parts): (&[f32], usize),
+    r: QkNormRows,
+    partials: &mut [f32],
+) {
+    backward_rows(dqkv, dweights, saved, r, partials, |i, d, _, _, _| dots[i] / (d.len() * parts) as f32);
+}
+
+/// The backward of each row, its mean of dnorm * norm from `mean` (of the row's index in
+/// rstd, and its d, w, x and s).
+fn backward_rows(
+    dqkv: &mut [f32],
+    dweights: [&mut [f32]; 2],
+    saved: HeadsSaved,
+    r: QkNormRows,
+    partials: &mut [f32],
+    mean: impl Fn(usize, &[f32], &[f32], &[f32], f32) -> f32 + Sync,
 ) {
     let (width, sums) = (r.token_width(), r.q_width + r.k_width);
     if dqkv.is_empty() {
@@ -128,11 +234,12 @@ pub fn heads_backward(
                 let n = chunk * ROWS + t;
                 for row in 0..r.rows() {
                     let (at, c, weight) = r.row(row);
-                    let (d, x) = (&mut token[at..][..c], &inp[n * width + at..][..c]);
-                    let (s, w) = (rstd[n * r.rows() + row], weights[weight]);
+                    let (d, x) = (&mut token[at..][..c], &saved.inp[n * width + at..][..c]);
+                    let i = n * r.rows() + row;
+                    let (s, w) = (saved.rstd[i], saved.weights[weight]);
                     let pw = &mut pw[[0, r.q_width][weight]..][..c];
                     // As `backward`: dinp = (dnorm - norm * mean(dnorm * norm)) * rstd.
-                    let dnorm_norm_mean = lane_sum3(d, w, x, |d, w, x| d * w * (x * s)) / c as f32;
+                    let dnorm_norm_mean = mean(i, d, w, x, s);
                     for ((d, pw), (&x, &w)) in d.iter_mut().zip(pw).zip(x.iter().zip(w)) {
                         let norm = x * s;
                         *pw += *d * norm;
@@ -285,7 +392,8 @@ mod tests {
             let mut partials = vec![f32::NAN; heads_partials_len(35, r)];
             let [dq, dk] = &mut dweights;
             let weight_refs = [&weights[0][..], &weights[1][..]];
-            heads_backward(&mut dqkv, [dq, dk], &inp, weight_refs, &rstd, r, &mut partials);
+            let saved = HeadsSaved { inp: &inp, weights: weight_refs, rstd: &rstd };
+            heads_backward(&mut dqkv, [dq, dk], saved, r, &mut partials);
             for (weight, ((rows, w), dweight)) in rows.iter().zip(&weights).zip(&dweights).enumerate() {
                 let c = w.len();
                 let (mut want, mut want_dweight) = (vec![0.0; rows.len()], vec![0.0; c]);
@@ -307,6 +415,93 @@ mod tests {
                 values(&dout, r),
                 "{span:?}: the value heads' gradients are untouched"
             );
+        }
+    }
+
+    /// The whole-projection norm over a tensor-parallel group, two halves a side: each
+    /// rank's sums of squares and dots summed over the ranks, then each rank's rows. At one
+    /// part it is the one-pass op's bits; cut in two (8 heads on 4 a token, 2 ranks of 4 on 2,
+    /// each rank's q, k and v the token's halves) it is the whole within f32 rounding.
+    #[test]
+    fn rows_cut_across_ranks_are_the_whole_rows_once_the_group_sums() {
+        let (nh, kv, hs, n) = (8, 4, 6, 35);
+        let whole = QkNormSpan::Projection.rows(nh, kv, hs);
+        let inp = random(11, n * whole.token_width(), 2.0);
+        let dout = random(12, inp.len(), 1.0);
+        let weights = whole.weight_widths().map(|c| random(13 + c as u64, c, 1.5));
+        let weight_refs = [&weights[0][..], &weights[1][..]];
+        // The one-pass op over whole rows.
+        let (mut out, mut rstd) = (inp.clone(), vec![0.0; n * whole.rows()]);
+        heads_forward(&mut out, &mut rstd, weight_refs, whole, EPS);
+        let (mut dinp, mut dweights) = (dout.clone(), whole.weight_widths().map(|c| vec![0.0; c]));
+        let mut partials = vec![0.0; heads_partials_len(n, whole)];
+        let [dq, dk] = &mut dweights;
+        let saved = HeadsSaved { inp: &inp, weights: weight_refs, rstd: &rstd };
+        heads_backward(&mut dinp, [dq, dk], saved, whole, &mut partials);
+
+        for parts in [1, 2] {
+            let r = QkNormSpan::Projection.rows(nh / parts, kv / parts, hs);
+            // Rank p's q, k and v of each token, and its slice of each weight.
+            let cut = |x: &[f32], p: usize| -> Vec<f32> {
+                let sides = [(0, nh * hs), (nh * hs, kv * hs), ((nh + kv) * hs, kv * hs)];
+                x.chunks(whole.token_width())
+                    .flat_map(|t| {
+                        sides.iter().flat_map(move |&(at, w)| &t[at + p * w / parts..][..w / parts])
+                    })
+                    .copied()
+                    .collect()
+            };
+            let slice = |w: &[f32], p: usize| w[p * w.len() / parts..][..w.len() / parts].to_vec();
+            // The group's sum of each rank's statistics, in rank order.
+            let group_sum = |each: &[Vec<f32>]| -> Vec<f32> {
+                (0..each[0].len()).map(|i| each.iter().fold(0.0, |acc, e| acc + e[i])).collect()
+            };
+            let xs: Vec<_> = (0..parts).map(|p| cut(&inp, p)).collect();
+            let ws: Vec<_> = (0..parts).map(|p| weights.each_ref().map(|w| slice(w, p))).collect();
+            let stats = group_sum(
+                &xs.iter()
+                    .map(|x| {
+                        let mut sums = vec![f32::NAN; n * r.rows()];
+                        heads_sum_squares(x, &mut sums, r);
+                        sums
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            let (mut ys, mut ss) = (xs.clone(), vec![stats; parts]);
+            for ((y, s), w) in ys.iter_mut().zip(&mut ss).zip(&ws) {
+                heads_forward_summed(y, s, [&w[0], &w[1]], r, parts, EPS);
+            }
+            let saved = |p: usize| HeadsSaved { inp: &xs[p], weights: [&ws[p][0], &ws[p][1]], rstd: &ss[p] };
+            let dots = group_sum(
+                &(0..parts)
+                    .map(|p| {
+                        let mut dots = vec![f32::NAN; n * r.rows()];
+                        heads_backward_dots(&cut(&dout, p), saved(p), r, &mut dots);
+                        dots
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            for p in 0..parts {
+                let (y, s) = (&ys[p], &ss[p]);
+                let mut d = cut(&dout, p);
+                let mut dw = ws[p].each_ref().map(|w| vec![0.0; w.len()]);
+                let mut partials = vec![f32::NAN; heads_partials_len(n, r)];
+                let [dq, dk] = &mut dw;
+                heads_backward_summed(&mut d, [dq, dk], saved(p), (&dots, parts), r, &mut partials);
+                let what = |t: &str| format!("{t}, rank {p} of {parts}");
+                if parts == 1 {
+                    assert_eq!((y, s, &d), (&out, &rstd, &dinp), "one part is the one-pass op, bit for bit");
+                    assert_eq!(dw, dweights);
+                    continue;
+                }
+                // Tolerance: the sums of squares and dots are summed in another order (two
+                // halves, then the halves), a few f32 roundings of 48 or 24 terms.
+                assert_close(y, &to_f64(&cut(&out, p)), 1e-6, &what("out"));
+                assert_close(&d, &to_f64(&cut(&dinp, p)), 1e-5, &what("dinp"));
+                for (dw, whole_dw) in dw.iter().zip(&dweights) {
+                    assert_close(dw, &to_f64(&slice(whole_dw, p)), 1e-5, &what("dweight"));
+                }
+            }
         }
     }
 }

@@ -243,10 +243,12 @@ impl RmsNorm for CudaDevice {
         rstd: &mut Tensor,
         [q_weight, k_weight]: [&Tensor; 2],
         r: QkNormRows,
+        summed: Option<usize>,
         eps: f32,
     ) {
         let n = qkv.len() / r.token_width();
-        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        let [n_i, nq_i, nk_i, cq_i, ck_i, parts_i] =
+            [n, r.q_rows, r.k_rows, r.q_width, r.k_width, summed.unwrap_or(0)].map(int);
         launch!(
             self,
             kernel_name("qk_norm_forward", qkv.dtype()),
@@ -260,7 +262,26 @@ impl RmsNorm for CudaDevice {
             &nk_i,
             &cq_i,
             &ck_i,
+            &parts_i,
             &eps
+        );
+    }
+
+    fn qk_norm_sum_squares_impl(&self, qkv: &Tensor, sums: &mut Tensor, r: QkNormRows) {
+        let n = qkv.len() / r.token_width();
+        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        let name = kernel_name("qk_norm_sum_squares", qkv.dtype());
+        launch!(
+            self,
+            name,
+            per_row_warp(n * r.rows()),
+            buf(qkv),
+            cu_mut(sums),
+            &n_i,
+            &nq_i,
+            &nk_i,
+            &cq_i,
+            &ck_i
         );
     }
 
@@ -272,6 +293,7 @@ impl RmsNorm for CudaDevice {
         [q_weight, k_weight]: [&Tensor; 2],
         rstd: &Tensor,
         r: QkNormRows,
+        summed: Option<(&Tensor, usize)>,
     ) {
         let n = inp.len() / r.token_width();
         let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
@@ -299,6 +321,9 @@ impl RmsNorm for CudaDevice {
         let (q_partial, k_partial) = partial.split_at(chunks * r.q_width);
         self.add_partials(cu_mut(dq_weight), &q_partial, chunks, r.q_width);
         self.add_partials(cu_mut(dk_weight), &k_partial, chunks, r.k_width);
+        // Whole rows read no dots: rstd stands in for the pointer.
+        let (dots, parts) = summed.unwrap_or((rstd, 0));
+        let parts_i = int(parts);
         launch!(
             self,
             kernel_name("qk_norm_backward_input", dtype),
@@ -308,6 +333,37 @@ impl RmsNorm for CudaDevice {
             cu(q_weight),
             cu(k_weight),
             cu(rstd),
+            cu(dots),
+            &n_i,
+            &nq_i,
+            &nk_i,
+            &cq_i,
+            &ck_i,
+            &parts_i
+        );
+    }
+
+    fn qk_norm_backward_dots_impl(
+        &self,
+        dqkv: &Tensor,
+        inp: &Tensor,
+        [q_weight, k_weight]: [&Tensor; 2],
+        rstd: &Tensor,
+        dots: &mut Tensor,
+        r: QkNormRows,
+    ) {
+        let n = inp.len() / r.token_width();
+        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        launch!(
+            self,
+            kernel_name("qk_norm_backward_dots", same_dtype(&[dqkv, inp])),
+            per_row_warp(n * r.rows()),
+            buf(dqkv),
+            buf(inp),
+            cu(q_weight),
+            cu(k_weight),
+            cu(rstd),
+            cu_mut(dots),
             &n_i,
             &nq_i,
             &nk_i,

@@ -6,7 +6,7 @@ use crate::harness::{bitwise, close, max_abs, Arg, Family, Rng, Run, Storage, To
 use crate::rowwise::add_partials;
 use kernels::cpu::CpuDevice;
 use kernels::cuda::launch::{per_column_chunk, per_column_chunk_of_each, per_row_warp, ROWS_PER_CHUNK};
-use kernels::{Category, Device, QkNormRows, QkNormSpan};
+use kernels::{Category, Device, QkNormHeads, QkNormRows, QkNormSpan};
 
 /// Llama-3-8B's width and its RMSNorm epsilon (`rms_norm_eps`).
 const C: usize = 4096;
@@ -113,6 +113,10 @@ struct Heads {
 }
 
 impl Heads {
+    fn heads(&self) -> QkNormHeads {
+        QkNormHeads { heads: self.nh, kv_heads: self.kv, span: self.span }
+    }
+
     fn rows(&self) -> QkNormRows {
         self.span.rows(self.nh, self.kv, self.hs)
     }
@@ -153,7 +157,7 @@ fn qk_norm(
     let (gwq, gwk, rstd) = (run.buffer(&wq), run.buffer(&wk), run.buffer(&vec![f32::NAN; rows]));
     let mut args = vec![gq.into(), rstd.into(), gwq.into(), gwk.into()];
     args.extend(dims.clone());
-    args.push(eps.into());
+    args.extend([0i32.into(), eps.into()]); // whole rows
     run.launch(storage.kernel("qk_norm_forward"), per_row_warp(rows), &args);
     // As the op: the weights' partial sums first, from dqkv before it is overwritten.
     let (cfg, chunks) = per_column_chunk_of_each(n, r.q_width.max(r.k_width), 2);
@@ -162,8 +166,10 @@ fn qk_norm(
     args.extend(dims.clone());
     args.push((ROWS_PER_CHUNK as i32).into());
     run.launch(storage.kernel("qk_norm_backward_weight_partial"), cfg, &args);
-    let mut args = vec![gd.into(), gi.into(), gwq.into(), gwk.into(), rstd.into()];
+    // Whole rows: the dots pointer (rstd) unread.
+    let mut args = vec![gd.into(), gi.into(), gwq.into(), gwk.into(), rstd.into(), rstd.into()];
     args.extend(dims);
+    args.push(0i32.into());
     run.launch(storage.kernel("qk_norm_backward_input"), per_row_warp(rows), &args);
     for buf in [gq, rstd, gd, pw] {
         run.read(buf);
@@ -188,9 +194,9 @@ fn qk_norm(
     let (mut tq, ti, mut td) = (put(&qkv, &shape), put(&qkv, &shape), put(&dqkv, &shape));
     let (tw, mut trstd) =
         ([put(&wq, &[r.q_width]), put(&wk, &[r.k_width])], dev.zeros(&[rows], Category::Workspace));
-    dev.qk_norm_forward(&mut tq, &mut trstd, &tw[0], &tw[1], h.nh, h.kv, h.span, eps);
+    dev.qk_norm_forward(&mut tq, &mut trstd, [&tw[0], &tw[1]], h.heads(), eps);
     let (mut tdwq, mut tdwk) = (put(&dwq0, &[r.q_width]), put(&dwk0, &[r.k_width]));
-    dev.qk_norm_backward(&mut td, &mut tdwq, &mut tdwk, &ti, &tw[0], &tw[1], &trstd, h.nh, h.kv, h.span);
+    dev.qk_norm_backward(&mut td, [&mut tdwq, &mut tdwk], &ti, [&tw[0], &tw[1]], &trstd, h.heads());
     let what = |part: &str| {
         format!("qk-norm {part}, {} heads on {} of {} over each {:?} in {storage}", h.nh, h.kv, h.hs, h.span)
     };
@@ -240,5 +246,131 @@ fn qk_norm_matches_the_cpu_in_f32_and_bf16() {
         // Odd widths over the projections: 3 heads of 10 on 1, rows of 30 and 10.
         let odd = Heads { span: QkNormSpan::Projection, ..odd };
         qk_norm(&family, &bias, storage, &odd, 0.5, 35).unwrap();
+    }
+}
+
+/// QK-norm's two halves where a row is one rank's part of a whole projection, qkv and dqkv
+/// in `storage`: each row's sum of squares, the forward from the group's sums over `parts`
+/// parts, each row's dots, and the input gradient from the group's dots, each kernel against
+/// the CPU's op on the same inputs (the group's sums given: the CPU's sums of squares and
+/// dots, times `parts`, as if every rank's part were this one's). At one part the halves
+/// are the one-pass kernels' bits.
+fn qk_norm_summed(
+    family: &Family,
+    storage: Storage,
+    h: &Heads,
+    parts: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let r = h.rows();
+    let (n, rows, len) = (h.b * h.t, h.b * h.t * r.rows(), h.b * h.t * h.width());
+    let eps = 1e-6;
+    let mut rng = Rng::new(seed);
+    let (qkv, dqkv) = (storage.round(rng.uniform(len, 2.0)), storage.round(rng.uniform(len, 1.0)));
+    let (wq, wk) = (rng.uniform(r.q_width, 1.0), rng.uniform(r.k_width, 1.0));
+    let dims: [Arg; 5] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(|x| (x as i32).into());
+
+    // The CPU's halves, and the group's sums and dots they give.
+    let dev = CpuDevice::new(2);
+    let put = |x: &[f32], shape: &[usize]| dev.from_host(x, shape, Category::Workspace);
+    let shape = [h.b, h.t, h.width()];
+    let (tw, stats_shape) = ([put(&wq, &[r.q_width]), put(&wk, &[r.k_width])], [rows]);
+    let tw = [&tw[0], &tw[1]];
+    let (ti, mut tsums) = (put(&qkv, &shape), dev.zeros(&stats_shape, Category::Workspace));
+    dev.qk_norm_sum_squares(&ti, &mut tsums, h.heads());
+    let group = |x: Vec<f32>| -> Vec<f32> { x.iter().map(|v| v * parts as f32).collect() };
+    let stats = group(dev.to_host(&tsums));
+    let (mut ty, mut trstd) = (put(&qkv, &shape), put(&stats, &stats_shape));
+    dev.qk_norm_forward_summed(&mut ty, &mut trstd, tw, h.heads(), parts, eps);
+    let (td, mut tdots) = (put(&dqkv, &shape), dev.zeros(&stats_shape, Category::Workspace));
+    dev.qk_norm_backward_dots(&td, &ti, tw, &trstd, &mut tdots, h.heads());
+    let dots = group(dev.to_host(&tdots));
+    let (mut tdinp, tgroup_dots) = (put(&dqkv, &shape), put(&dots, &stats_shape));
+    let mut tdw = r.weight_widths().map(|c| dev.zeros(&[c], Category::Workspace));
+    let [dq, dk] = &mut tdw;
+    dev.qk_norm_backward_summed(&mut tdinp, [dq, dk], &ti, tw, &trstd, (&tgroup_dots, parts), h.heads());
+
+    // The same on the device: each half from the CPU's group sums, so each kernel is judged
+    // alone.
+    let mut run = Run::new(seed);
+    let (gx, gy, gd) =
+        (storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &dqkv));
+    let (gwq, gwk) = (run.buffer(&wq), run.buffer(&wk));
+    let (sums, rstd) = (run.buffer(&vec![f32::NAN; rows]), run.buffer(&stats));
+    let (gdots, group_dots) = (run.buffer(&vec![f32::NAN; rows]), run.buffer(&dots));
+    let mut args = vec![gx.into(), sums.into()];
+    args.extend(dims.clone());
+    run.launch(storage.kernel("qk_norm_sum_squares"), per_row_warp(rows), &args);
+    let mut args = vec![gy.into(), rstd.into(), gwq.into(), gwk.into()];
+    args.extend(dims.clone());
+    args.extend([(parts as i32).into(), eps.into()]);
+    run.launch(storage.kernel("qk_norm_forward"), per_row_warp(rows), &args);
+    let mut args = vec![gd.into(), gx.into(), gwq.into(), gwk.into(), rstd.into(), gdots.into()];
+    args.extend(dims.clone());
+    run.launch(storage.kernel("qk_norm_backward_dots"), per_row_warp(rows), &args);
+    let mut args = vec![gd.into(), gx.into(), gwq.into(), gwk.into(), rstd.into(), group_dots.into()];
+    args.extend(dims.clone());
+    args.push((parts as i32).into());
+    run.launch(storage.kernel("qk_norm_backward_input"), per_row_warp(rows), &args);
+    for buf in [sums, gy, rstd, gdots, gd] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+
+    let what =
+        |part: &str| format!("qk-norm {part} over {parts} parts, {} heads on {} in {storage}", h.nh, h.kv);
+    let sums_tolerance = Tolerance::Close { rtol: 1e-5, floor: 0.0 };
+    close(&what("sums of squares"), &got.get(sums), &dev.to_host(&tsums), 1e-5, 0.0)?;
+    close(&what("rstd"), &got.get(rstd), &dev.to_host(&trstd), 1e-5, 0.0)?;
+    storage.check(&what("out"), &storage.read(&got, gy), &dev.to_host(&ty), sums_tolerance)?;
+    let want_dots = dev.to_host(&tdots);
+    close(&what("dots"), &got.get(gdots), &want_dots, 1e-5, max_abs(&want_dots))?;
+    let want = dev.to_host(&tdinp);
+    storage.check(
+        &what("dinp"),
+        &storage.read(&got, gd),
+        &want,
+        Tolerance::Close { rtol: 1e-5, floor: max_abs(&want) },
+    )?;
+    if parts > 1 {
+        return Ok(());
+    }
+    // One part: the one-pass kernels' bits, from the device's own sums.
+    let mut run = Run::new(seed + 1);
+    let (fused, split) = (storage.buffer(&mut run, &qkv), storage.buffer(&mut run, &qkv));
+    let (gwq, gwk) = (run.buffer(&wq), run.buffer(&wk));
+    let (fused_rstd, split_rstd) = (run.buffer(&vec![f32::NAN; rows]), run.buffer(&vec![f32::NAN; rows]));
+    let mut args = vec![split.into(), split_rstd.into()];
+    args.extend(dims.clone());
+    run.launch(storage.kernel("qk_norm_sum_squares"), per_row_warp(rows), &args);
+    for (buf, stats, parts) in [(fused, fused_rstd, 0i32), (split, split_rstd, 1)] {
+        let mut args = vec![buf.into(), stats.into(), gwq.into(), gwk.into()];
+        args.extend(dims.clone());
+        args.extend([parts.into(), eps.into()]);
+        run.launch(storage.kernel("qk_norm_forward"), per_row_warp(rows), &args);
+    }
+    for buf in [fused, split, fused_rstd, split_rstd] {
+        run.read(buf);
+    }
+    let got = family.run(run)?;
+    bitwise(&what("one-part rstd"), &got.get::<f32>(split_rstd), &got.get::<f32>(fused_rstd))?;
+    bitwise(&what("one-part out"), &storage.read(&got, split), &storage.read(&got, fused))
+}
+
+#[test]
+fn qk_norm_halves_across_ranks_match_the_cpu_in_f32_and_bf16() {
+    let test = "qk_norm_halves_across_ranks_match_the_cpu_in_f32_and_bf16";
+    let Some(family) = Family::of(test, "rmsnorm.cu") else {
+        return;
+    };
+    for storage in Storage::BOTH {
+        // OLMo 2 32B's projections at tensor parallelism 4: a rank's 10 query heads of 128
+        // on 2 key/value heads, rows of 1280 and 256; 37 tokens, ending inside a block.
+        let olmo2_32b_at_t4 = Heads { b: 1, t: 37, nh: 10, kv: 2, hs: 128, span: QkNormSpan::Projection };
+        qk_norm_summed(&family, storage, &olmo2_32b_at_t4, 4, 41).unwrap();
+        // Odd widths (rows of 30 and 10, element by element) at one part: the one-pass bits.
+        let odd = Heads { b: 1, t: 9, nh: 3, kv: 1, hs: 10, span: QkNormSpan::Projection };
+        qk_norm_summed(&family, storage, &odd, 1, 42).unwrap();
+        qk_norm_summed(&family, storage, &odd, 2, 43).unwrap();
     }
 }

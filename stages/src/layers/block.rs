@@ -49,6 +49,7 @@ use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
 use crate::tensor_parallel::Shard;
+use kernels::QkNormSpan;
 use kernels::{
     AttentionSaved, Category, CausalMask, Device, DropoutSite, DropoutSpec, HeadRange, Stopwatch, Tensor,
 };
@@ -120,9 +121,12 @@ impl Block<'_> {
     }
 
     /// QK-norm over `heads` query and `kv_heads` key heads, where the model has it: over
-    /// each, or over the whole projections (whole under tensor parallelism of 1, which the
-    /// config asks for).
+    /// each, or over the whole projections, cut across the tensor ranks.
     fn qk_norm(&self, heads: usize, kv_heads: usize) -> Option<QkNorm<'_>> {
+        let parts = match self.s.arch.qk_norm_span {
+            QkNormSpan::Head => 1,
+            QkNormSpan::Projection => self.shard.size,
+        };
         self.s.arch.qk_norm.then(|| QkNorm {
             q_weight: self.param(BlockParam::QNormWeight),
             k_weight: self.param(BlockParam::KNormWeight),
@@ -130,6 +134,7 @@ impl Block<'_> {
             heads,
             kv_heads,
             span: self.s.arch.qk_norm_span,
+            parts,
         })
     }
 
@@ -270,7 +275,7 @@ impl Block<'_> {
         self.linear(dev, &mut qkv, qkv_in_all.as_ref().unwrap_or(qkv_in), BlockParam::QkvWeight);
         drop(qkv_in_all);
         let qk_norm = self.qk_norm(heads, kv_heads).map(|norm| {
-            norm.forward(dev, &mut qkv, cat(BlockTensor::QkNormIn), cat(BlockTensor::QkNormStats))
+            norm.forward(dev, tp, &mut qkv, cat(BlockTensor::QkNormIn), cat(BlockTensor::QkNormStats))
         });
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_forward(&mut qkv, heads, kv_heads, freqs, 0);
@@ -462,7 +467,7 @@ impl Block<'_> {
         if let (Some(norm), Some(saved)) = (self.qk_norm(heads, kv_heads), acts.qk_norm) {
             let dweights =
                 pair_mut(grads, self.at.of(BlockParam::QNormWeight), self.at.of(BlockParam::KNormWeight));
-            norm.backward(dev, &mut dqkv, saved, dweights);
+            norm.backward(dev, tp, &mut dqkv, saved, dweights);
         }
         let dqkv = Arc::new(dqkv);
         let input = Arc::new(acts.input);
@@ -603,7 +608,7 @@ impl Block<'_> {
         let mut qkv = dev.empty_of(x.dtype(), &[1, 1, s.qkv_width()], Category::Workspace); // [1,1,QKV]
         self.linear(dev, &mut qkv, n1.as_ref().unwrap_or(x), BlockParam::QkvWeight);
         if let Some(norm) = self.qk_norm(s.heads, s.kv_heads) {
-            norm.normalize(dev, &mut qkv, Category::Workspace);
+            norm.normalize(dev, &mut TensorGroup::whole(), &mut qkv, Category::Workspace);
         }
         if let Positions::Rotary(freqs) = s.arch.positions {
             dev.rope_forward(&mut qkv, s.heads, s.kv_heads, freqs, position);

@@ -6,9 +6,13 @@
 //! al. 2023).
 //!
 //! The norm runs in place on the fused qkv [B,T,QKV], leaving the values alone; its backward
-//! reads the q, k, v from before it, which forward copies aside.
+//! reads the q, k, v from before it, which forward copies aside. Under tensor parallelism a
+//! rank holds its heads' part of each projection, so the norm over a whole projection takes
+//! the group's sum of each row's squares (forward) and of its dnorm * norm (backward): an
+//! all-reduce of [B,T,2] each way, where Megatron's qk_layernorm, per head, needs none.
 
-use kernels::{Category, Device, QkNormSpan, Tensor};
+use crate::dist::TensorGroup;
+use kernels::{Category, Device, QkNormHeads, QkNormSpan, Tensor};
 
 /// What QK-norm's backward reads.
 pub struct QkNormActs {
@@ -20,7 +24,9 @@ pub struct QkNormActs {
 }
 
 /// A block's QK-norm over `heads` query heads and `kv_heads` key heads (a shard's, under
-/// tensor parallelism), each or whole as `span` says.
+/// tensor parallelism), each or whole as `span` says. A row is 1/`parts` of the whole: a
+/// whole projection cut across a tensor-parallel group of `parts` ranks, whose norm runs in
+/// two halves with the group's sum between them (1 where rows are whole).
 pub struct QkNorm<'a> {
     pub q_weight: &'a Tensor,
     pub k_weight: &'a Tensor,
@@ -28,32 +34,55 @@ pub struct QkNorm<'a> {
     pub heads: usize,
     pub kv_heads: usize,
     pub span: QkNormSpan,
+    pub parts: usize,
 }
 
 impl QkNorm<'_> {
-    /// Normalises the query and key heads of qkv [B,T,QKV] in place; what the backward reads
+    fn of_heads(&self) -> QkNormHeads {
+        QkNormHeads { heads: self.heads, kv_heads: self.kv_heads, span: self.span }
+    }
+
+    fn weights(&self) -> [&Tensor; 2] {
+        [self.q_weight, self.k_weight]
+    }
+
+    /// Normalises the query and key rows of qkv [B,T,QKV] in place; what the backward reads
     /// is allocated under `keep_as` (the copy of the input) and `stats_as` (the statistics).
     pub fn forward(
         &self,
         dev: &dyn Device,
+        tp: &mut TensorGroup,
         qkv: &mut Tensor,
         keep_as: Category,
         stats_as: Category,
     ) -> QkNormActs {
         let mut input = dev.empty_of(qkv.dtype(), qkv.shape(), keep_as); // [B,T,QKV]
         dev.copy(&mut input, qkv);
-        let rstd = self.normalize(dev, qkv, stats_as);
+        let rstd = self.normalize(dev, tp, qkv, stats_as);
         QkNormActs { input, rstd }
     }
 
     /// Normalises the query and key rows of qkv [B,T,QKV] in place, keeping no input for a
     /// backward (inference); returns the statistics [B,T,rows], allocated under `stats_as`.
-    pub fn normalize(&self, dev: &dyn Device, qkv: &mut Tensor, stats_as: Category) -> Tensor {
+    pub fn normalize(
+        &self,
+        dev: &dyn Device,
+        tp: &mut TensorGroup,
+        qkv: &mut Tensor,
+        stats_as: Category,
+    ) -> Tensor {
         let tokens = &qkv.shape()[..qkv.shape().len() - 1];
         let rows = self.span.rows(self.heads, self.kv_heads, 1).rows(); // as many whatever their width
         let mut rstd = dev.empty(&[tokens, &[rows]].concat(), stats_as); // [B,T,rows]
-        let (q, k, span) = (self.q_weight, self.k_weight, self.span);
-        dev.qk_norm_forward(qkv, &mut rstd, q, k, self.heads, self.kv_heads, span, self.eps);
+        let (h, w) = (self.of_heads(), self.weights());
+        if self.parts == 1 {
+            dev.qk_norm_forward(qkv, &mut rstd, w, h, self.eps);
+        } else {
+            // The whole row's sum of squares is the group's sum of its parts'.
+            dev.qk_norm_sum_squares(qkv, &mut rstd, h);
+            tp.all_reduce(&mut rstd, dev);
+            dev.qk_norm_forward_summed(qkv, &mut rstd, w, h, self.parts, self.eps);
+        }
         rstd
     }
 
@@ -62,11 +91,20 @@ impl QkNorm<'_> {
     pub fn backward(
         &self,
         dev: &dyn Device,
+        tp: &mut TensorGroup,
         dqkv: &mut Tensor,
         acts: QkNormActs,
         (dq, dk): (&mut Tensor, &mut Tensor),
     ) {
-        let (q, k, span) = (self.q_weight, self.k_weight, self.span);
-        dev.qk_norm_backward(dqkv, dq, dk, &acts.input, q, k, &acts.rstd, self.heads, self.kv_heads, span);
+        let (h, w) = (self.of_heads(), self.weights());
+        if self.parts == 1 {
+            dev.qk_norm_backward(dqkv, [dq, dk], &acts.input, w, &acts.rstd, h);
+            return;
+        }
+        // The whole row's sum of dnorm * norm is the group's sum of its parts'.
+        let mut dots = dev.empty(acts.rstd.shape(), Category::Workspace); // [B,T,rows]
+        dev.qk_norm_backward_dots(dqkv, &acts.input, w, &acts.rstd, &mut dots, h);
+        tp.all_reduce(&mut dots, dev);
+        dev.qk_norm_backward_summed(dqkv, [dq, dk], &acts.input, w, &acts.rstd, (&dots, self.parts), h);
     }
 }
