@@ -806,21 +806,8 @@ impl Config {
                 ),
             ));
         }
-        if self.qk_norm_span == QkNormSpan::Projection {
-            let why = if !self.qk_layernorm {
-                Some("needs qk_layernorm: true".to_string())
-            } else if self.tensor_model_parallel_size > 1 {
-                Some(format!(
-                    "needs tensor_model_parallel_size 1, not {}: a norm over the whole projection would span \
-                     every rank's heads",
-                    self.tensor_model_parallel_size
-                ))
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(("qk_norm_span", format!("projection {why}")));
-            }
+        if self.qk_norm_span == QkNormSpan::Projection && !self.qk_layernorm {
+            return Err(("qk_norm_span", "projection needs qk_layernorm: true".into()));
         }
         self.validate_window()?;
         let rope = self.position_embedding_type == PositionEmbeddingType::Rope;
