@@ -169,6 +169,13 @@ fn llama_with_t_2_agrees_with_t_1_under_every_recompute_policy() {
         let t2 = run_small(&dir, &format!("{name}-t2-p2-sp"), &steps(&f));
         assert_within(&loss_values(&t2), &base, name);
         assert_memory_truth(&t2, name, 2);
+        if name == "olmo2" {
+            // A full recompute runs the norm's halves and their all-reduces again: the same
+            // bits.
+            let f = [f, full_recompute("uniform", "1")].concat();
+            let recomputed = run_small(&dir, "olmo2-t2-p2-sp-full", &steps(&f));
+            assert_eq!(loss_values(&recomputed), loss_values(&t2), "olmo2 under full recompute");
+        }
         if name == "qwen3" || name == "olmo2" {
             // Adam all but hides a gradient summed over half the heads from the losses;
             // the weights show it (each rank's alone moves them 6e-3 apart in 20 steps).

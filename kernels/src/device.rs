@@ -543,6 +543,7 @@ pub trait Device:
         eps: f32,
     ) {
         let rows = qk_norm_dims(qkv, stats, weights, h);
+        assert!(parts > 0, "qk-norm: a row of {parts} parts");
         self.qk_norm_forward_impl(qkv, stats, weights, rows, Some(parts), eps);
     }
     /// QK-norm's backward, in place on dqkv [B,T,(NH+2*KV)*hs]: its query and key rows (the
@@ -597,6 +598,7 @@ pub trait Device:
         let rows = qk_norm_dims(inp, rstd, weights, h);
         assert_same_len(inp, dqkv);
         assert_same_len(rstd, dots);
+        assert!(parts > 0, "qk-norm: a row of {parts} parts");
         dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
         self.qk_norm_backward_impl(dqkv, dweights, inp, weights, rstd, rows, Some((dots, parts)));
     }

@@ -49,9 +49,9 @@ use crate::params::{BlockIndices, BlockParam};
 use crate::recompute::SelectiveModules;
 use crate::saved::BlockTensor;
 use crate::tensor_parallel::Shard;
-use kernels::QkNormSpan;
 use kernels::{
-    AttentionSaved, Category, CausalMask, Device, DropoutSite, DropoutSpec, HeadRange, Stopwatch, Tensor,
+    AttentionSaved, Category, CausalMask, Device, DropoutSite, DropoutSpec, HeadRange, QkNormSpan, Stopwatch,
+    Tensor,
 };
 use std::sync::Arc;
 
