@@ -36,8 +36,8 @@ use crate::qk_norm::QkNormHeads;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
-    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_dims, qk_norm_rows, qkv_dims,
-    residual_rows, rope_dims,
+    assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_backward_dims, qk_norm_dims,
+    qk_norm_rows, qkv_dims, residual_rows, rope_dims,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::{Mark, Readings};
@@ -559,9 +559,7 @@ pub trait Device:
         rstd: &Tensor,
         h: QkNormHeads,
     ) {
-        let rows = qk_norm_dims(inp, rstd, weights, h);
-        assert_same_len(inp, dqkv);
-        dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
+        let rows = qk_norm_backward_dims(dqkv, dweights.each_ref().map(|d| &**d), inp, weights, rstd, h);
         self.qk_norm_backward_impl(dqkv, dweights, inp, weights, rstd, rows, None);
     }
     /// The backward's first half where each row is 1/parts of the whole: dots [B*T, rows a
@@ -595,11 +593,9 @@ pub trait Device:
         (dots, parts): (&Tensor, usize),
         h: QkNormHeads,
     ) {
-        let rows = qk_norm_dims(inp, rstd, weights, h);
-        assert_same_len(inp, dqkv);
+        let rows = qk_norm_backward_dims(dqkv, dweights.each_ref().map(|d| &**d), inp, weights, rstd, h);
         assert_same_len(rstd, dots);
         assert!(parts > 0, "qk-norm: a row of {parts} parts");
-        dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
         self.qk_norm_backward_impl(dqkv, dweights, inp, weights, rstd, rows, Some((dots, parts)));
     }
 

@@ -113,6 +113,22 @@ pub(crate) fn qk_norm_dims(
     rows
 }
 
+/// As [`qk_norm_dims`] for a backward: its gradient dqkv as long as the input, and each
+/// weight's gradient as its weight.
+pub(crate) fn qk_norm_backward_dims(
+    dqkv: &Tensor,
+    dweights: [&Tensor; 2],
+    inp: &Tensor,
+    weights: [&Tensor; 2],
+    rstd: &Tensor,
+    h: QkNormHeads,
+) -> QkNormRows {
+    let rows = qk_norm_dims(inp, rstd, weights, h);
+    assert_same_len(inp, dqkv);
+    dweights.iter().zip(weights).for_each(|(dw, w)| assert_same_len(w, dw));
+    rows
+}
+
 /// The sizes of RoPE's qkv: as [`qkv_dims`], with an even head size (the rotated pairs).
 pub(crate) fn rope_dims(qkv: &Tensor, n_head: usize, n_kv_head: usize, freqs: RopeFrequencies) -> QkvDims {
     let dims = qkv_dims(qkv, n_head, n_kv_head);

@@ -246,9 +246,8 @@ impl RmsNorm for CudaDevice {
         summed: Option<usize>,
         eps: f32,
     ) {
-        let n = qkv.len() / r.token_width();
-        let [n_i, nq_i, nk_i, cq_i, ck_i, parts_i] =
-            [n, r.q_rows, r.k_rows, r.q_width, r.k_width, summed.unwrap_or(0)].map(int);
+        let (n, [n_i, nq_i, nk_i, cq_i, ck_i]) = qk_rows_args(qkv, r);
+        let parts_i = int(summed.unwrap_or(0));
         launch!(
             self,
             kernel_name("qk_norm_forward", qkv.dtype()),
@@ -268,8 +267,7 @@ impl RmsNorm for CudaDevice {
     }
 
     fn qk_norm_sum_squares_impl(&self, qkv: &Tensor, sums: &mut Tensor, r: QkNormRows) {
-        let n = qkv.len() / r.token_width();
-        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        let (n, [n_i, nq_i, nk_i, cq_i, ck_i]) = qk_rows_args(qkv, r);
         let name = kernel_name("qk_norm_sum_squares", qkv.dtype());
         launch!(
             self,
@@ -295,8 +293,7 @@ impl RmsNorm for CudaDevice {
         r: QkNormRows,
         summed: Option<(&Tensor, usize)>,
     ) {
-        let n = inp.len() / r.token_width();
-        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        let (n, [n_i, nq_i, nk_i, cq_i, ck_i]) = qk_rows_args(inp, r);
         let dtype = same_dtype(&[dqkv, inp]);
         // The weights' partial sums first: they read dqkv, which the input gradient overwrites.
         // Two sums: the query rows' weight's, then the key rows', over the wider's columns.
@@ -352,8 +349,7 @@ impl RmsNorm for CudaDevice {
         dots: &mut Tensor,
         r: QkNormRows,
     ) {
-        let n = inp.len() / r.token_width();
-        let [n_i, nq_i, nk_i, cq_i, ck_i] = [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int);
+        let (n, [n_i, nq_i, nk_i, cq_i, ck_i]) = qk_rows_args(inp, r);
         launch!(
             self,
             kernel_name("qk_norm_backward_dots", same_dtype(&[dqkv, inp])),
@@ -371,6 +367,13 @@ impl RmsNorm for CudaDevice {
             &ck_i
         );
     }
+}
+
+/// The tokens N of qkv, and the QK-norm kernels' leading arguments N, NQ, NK, CQ, CK (the
+/// rows of `QkRows` in rmsnorm.cu).
+fn qk_rows_args(qkv: &Tensor, r: QkNormRows) -> (usize, [i32; 5]) {
+    let n = qkv.len() / r.token_width();
+    (n, [n, r.q_rows, r.k_rows, r.q_width, r.k_width].map(int))
 }
 
 impl CudaDevice {
