@@ -13,7 +13,6 @@ use kernels::cpu::math::{dot, exp, max, sum};
 use kernels::cpu::CpuDevice;
 use kernels::{Category, Device, Tensor, WeightLayout};
 use stages::layers::block::Block;
-use stages::layers::norm::NormLayer;
 use stages::params::{model_param_specs, BlockIndices, Role};
 use stages::{ModelShape, Shard};
 
@@ -129,7 +128,7 @@ impl Decoder {
     fn logits(&self, x: &Tensor) -> Vec<f32> {
         let (dev, s) = (&self.dev, &self.shape);
         let (w, b) = self.final_norm;
-        let norm = NormLayer::of(&s.arch, &self.values[w], b.map(|b| &self.values[b]));
+        let norm = s.arch.norm_layer(&self.values[w], b.map(|b| &self.values[b]));
         let mut normed = dev.empty(&[1, s.hidden], Category::Workspace); // [1,C]
         norm.forward(dev, &mut normed, x, Category::Workspace);
         let mut logits = dev.empty(&[1, s.vocab], Category::Workspace); // [1,V]

@@ -159,7 +159,8 @@ pub fn fused_core_bytes(s: &ModelShape, tp: TensorParallel, kept: Kept) -> (usiz
 mod tests {
     use super::*;
     use kernels::DType;
-    use stages::saved::{block_kept_bytes, BlockKeep};
+    use stages::recompute::BlockKeep;
+    use stages::saved::block_kept_bytes;
     use stages::{FullMethod, SelectiveModules};
 
     /// GPT-3 175B's layer at s = 2048, b = 1 (h = 12288, a = 96), with attention dropout,

@@ -41,7 +41,8 @@ use schedules::ChunkMemory;
 use stages::memory_model::{
     block_stash, deferred_weight_grad_bytes, param_elements, stash_bytes, static_bytes,
 };
-use stages::saved::{block_kept_bytes, BlockKeep, F32_BYTES};
+use stages::recompute::BlockKeep;
+use stages::saved::{block_kept_bytes, F32_BYTES};
 use stages::tensor_parallel::Split;
 use stages::{RecomputePolicy, SelectiveModules};
 

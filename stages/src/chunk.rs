@@ -16,8 +16,8 @@ use crate::layers::{embedding, head, pair_mut, DropoutCtx};
 use crate::model::{DropoutProbs, ModelShape};
 use crate::offload::ActivationOffload;
 use crate::params::{ChunkLayout, Parameters, Role};
-use crate::recompute::{RecomputePolicy, SelectiveModules};
-use crate::saved::{BlockKeep, BlockTensor};
+use crate::recompute::{BlockKeep, RecomputePolicy, SelectiveModules};
+use crate::saved::BlockTensor;
 use crate::tensor_parallel::Shard;
 use kernels::{Category, Device, Stopwatch, Tensor};
 use std::sync::Arc;
@@ -398,7 +398,7 @@ fn final_norm_indices(p: &Parameters) -> (usize, Option<usize>) {
 }
 
 fn final_norm<'a>(s: &ModelShape, values: &'a [Tensor], weight: usize, bias: Option<usize>) -> NormLayer<'a> {
-    NormLayer::of(&s.arch, &values[weight], bias.map(|b| &values[b]))
+    s.arch.norm_layer(&values[weight], bias.map(|b| &values[b]))
 }
 
 /// The weight gradients left for backward-weight, now accounted as activations: what W

@@ -7,8 +7,8 @@ use crate::model::ModelShape;
 use crate::offload::{ActivationOffload, OffloadModule};
 use crate::optimizer_shard::OptimizerShard;
 use crate::params::{chunk_param_specs, ChunkLayout, ParamSpec};
-use crate::recompute::RecomputePolicy;
-use crate::saved::{block_kept, block_kept_bytes, head_kept_bytes, kept_bytes, BlockKeep, F32_BYTES};
+use crate::recompute::{BlockKeep, RecomputePolicy};
+use crate::saved::{block_kept, block_kept_bytes, head_kept_bytes, kept_bytes, F32_BYTES};
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{bf16_copy_len, DType};
 

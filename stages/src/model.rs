@@ -7,8 +7,10 @@
 //! the memory model, and the layers themselves (`layers/`).
 
 use crate::layers::activation::Activation;
-use crate::layers::norm::{Norm, NormPlacement};
-use kernels::{AttentionSaves, CausalMask, DType, QkNormRows, QkNormSpan, RopeFrequencies, WeightLayout};
+use crate::layers::norm::{Norm, NormLayer, NormPlacement};
+use kernels::{
+    AttentionSaves, CausalMask, DType, QkNormRows, QkNormSpan, RopeFrequencies, Tensor, WeightLayout,
+};
 
 /// How a token learns its position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -150,6 +152,17 @@ impl Architecture {
         match self.sliding_window {
             Some(w) if w.windows(layer) => CausalMask::Window(w.keys),
             _ => CausalMask::Full,
+        }
+    }
+
+    /// A norm layer of this model over `weight` [C] and, for LayerNorm, `bias` [C].
+    pub fn norm_layer<'a>(&self, weight: &'a Tensor, bias: Option<&'a Tensor>) -> NormLayer<'a> {
+        NormLayer {
+            norm: self.norm,
+            eps: self.norm_eps,
+            weight,
+            bias,
+            zero_centered: self.zero_centered_gamma,
         }
     }
 

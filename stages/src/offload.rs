@@ -14,7 +14,8 @@
 //! time to finish.
 
 use crate::layers::norm::NormPlacement;
-use crate::saved::{BlockKeep, BlockTensor};
+use crate::recompute::BlockKeep;
+use crate::saved::BlockTensor;
 
 /// A module whose saved tensors offload: Megatron's names where Megatron has the module,
 /// `mlp_fc1`, `mlp_act` and `mlp_fc2` for a dense MLP's (Megatron names only its experts').

@@ -8,8 +8,6 @@
 //! - `selective`: every block drops the tensors of the chosen modules (attention core by
 //!   default) and recomputes them just before its backward.
 
-use crate::saved::BlockKeep;
-
 /// Which modules selective recompute drops.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SelectiveModules {
@@ -31,6 +29,16 @@ impl SelectiveModules {
             .map(|(_, n)| *n)
             .collect()
     }
+}
+
+/// How a block keeps its activations for one microbatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKeep {
+    /// Keeps every tensor except those the selective modules drop.
+    Stored(SelectiveModules),
+    /// Full recompute: keeps only its input, and only if it is the first block of its
+    /// recompute group (the others' inputs are recomputed too).
+    InputOnly { group_start: bool },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

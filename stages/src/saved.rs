@@ -13,7 +13,7 @@
 
 use crate::layers::norm::NormPlacement;
 use crate::model::ModelShape;
-use crate::recompute::SelectiveModules;
+use crate::recompute::{BlockKeep, SelectiveModules};
 use crate::tensor_parallel::{Split, TensorParallel};
 use kernels::{AttentionSaves, QkNormSpan};
 
@@ -194,16 +194,6 @@ impl BlockTensor {
             _ => false,
         }
     }
-}
-
-/// How a block keeps its activations for one microbatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockKeep {
-    /// Keeps every tensor except those the selective modules drop.
-    Stored(SelectiveModules),
-    /// Full recompute: keeps only its input, and only if it is the first block of its
-    /// recompute group (the others' inputs are recomputed too).
-    InputOnly { group_start: bool },
 }
 
 /// Bytes per f32 element: parameters, gradients, AdamW moments and the row statistics.

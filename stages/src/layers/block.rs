@@ -109,7 +109,7 @@ impl Block<'_> {
     }
 
     fn norm(&self, weight: BlockParam, bias: BlockParam) -> NormLayer<'_> {
-        NormLayer::of(&self.s.arch, self.param(weight), self.at.get(bias).map(|i| &self.w[i]))
+        self.s.arch.norm_layer(self.param(weight), self.at.get(bias).map(|i| &self.w[i]))
     }
 
     fn norm1(&self) -> NormLayer<'_> {

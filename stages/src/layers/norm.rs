@@ -5,7 +5,6 @@
 //! Adding a variant is its kernels (`kernels::Device`) and a case in each match of this
 //! file: the config parses it by [`Norm::name`].
 
-use crate::model::Architecture;
 use kernels::{Category, Device, Tensor};
 use std::fmt;
 
@@ -95,17 +94,6 @@ pub struct NormStats {
 }
 
 impl<'a> NormLayer<'a> {
-    /// A norm of the model `arch` describes, over `weight` and `bias`.
-    pub fn of(arch: &Architecture, weight: &'a Tensor, bias: Option<&'a Tensor>) -> NormLayer<'a> {
-        NormLayer {
-            norm: arch.norm,
-            eps: arch.norm_eps,
-            weight,
-            bias,
-            zero_centered: arch.zero_centered_gamma,
-        }
-    }
-
     /// The weight the kernels scale by, [C]: 1 + weight (f32, as transformers' LayerNorm1P
     /// and Transformer Engine's zero-centred gamma add it) into a workspace tensor where
     /// the weight is zero-centred, else the weight itself.
