@@ -7,7 +7,8 @@
 //! A value that does not parse is reported on standard error and the process exits: a
 //! test double that guesses would hide the mistake.
 
-use crate::stream::Stream;
+use crate::stream::{made_stream, Stream};
+use cudarc::driver::sys::CUstream;
 use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 
@@ -85,6 +86,12 @@ pub fn current() -> Option<&'static Context> {
 
 pub fn set_current(device: Option<usize>) {
     CURRENT.with(|c| c.set(device));
+}
+
+/// The stream a handle names: a null handle the current context's null stream, any other
+/// one a stream this library made. None for a null handle where no context is current.
+pub fn stream_of(handle: CUstream) -> Option<Arc<Stream>> {
+    made_stream(handle).or_else(|| current().map(|c| c.null_stream.clone()))
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! same time with nothing ordering them but events. A missing wait is therefore a real race
 //! here, as on a GPU.
 
-use crate::devices;
 use cudarc::driver::sys::CUstream;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -118,12 +117,12 @@ pub fn synchronize_device(device: usize) {
     }
 }
 
-/// The stream a handle names: the null handle (and CUDA's legacy and per-thread handles,
-/// 0x1 and 0x2) the current context's null stream, any other one a stream this library
-/// made with [`into_handle`]. None for the null handle where no context is current.
-pub fn from_handle(handle: CUstream) -> Option<Arc<Stream>> {
+/// The stream a handle this library made with [`into_handle`] names; None for CUDA's null
+/// stream handles (0, and the legacy and per-thread 0x1 and 0x2), whose stream is the
+/// current context's.
+pub fn made_stream(handle: CUstream) -> Option<Arc<Stream>> {
     if (handle as usize) <= 2 {
-        return devices::current().map(|c| c.null_stream.clone());
+        return None;
     }
     let raw = handle as *const Stream;
     // SAFETY: a handle above 2 came from `into_handle` and is live until `release_handle`

@@ -21,7 +21,7 @@ pub(crate) mod products;
 #[cfg(test)]
 mod tests;
 
-use crate::stream;
+use crate::devices;
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cublasStatus_t, cudaDataType_t,
     cudaStream_t,
@@ -72,7 +72,7 @@ pub unsafe extern "C" fn cublasCreate_v2(out: *mut cublasHandle_t) -> cublasStat
 pub unsafe extern "C" fn cublasDestroy_v2(h: cublasHandle_t) -> cublasStatus_t {
     // SAFETY: per the contract, a non-null `h` is a live `Box<Handle>`, not used again.
     status(unsafe { handle(h) }.map(|handle| {
-        if let Some(stream) = stream::from_handle(handle.stream) {
+        if let Some(stream) = devices::stream_of(handle.stream) {
             stream.synchronize();
         }
         drop(unsafe { Box::from_raw(handle as *mut Handle) });
@@ -96,7 +96,7 @@ pub unsafe extern "C" fn cublasSetStream_v2(h: cublasHandle_t, stream: cudaStrea
 unsafe fn enqueue(h: cublasHandle_t, products: Result<Products, cublasStatus_t>) -> cublasStatus_t {
     // SAFETY: per the contract.
     let stream = unsafe { handle(h) }.and_then(|handle| {
-        stream::from_handle(handle.stream).ok_or(cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED)
+        devices::stream_of(handle.stream).ok_or(cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED)
     });
     status(stream.and_then(|stream| {
         let products = products?;

@@ -3,8 +3,7 @@
 //! Every matrix below is written column by column, as cuBLAS stores it.
 
 use super::*;
-use crate::devices;
-use crate::stream::Stream;
+use crate::stream::{self, Stream};
 use cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
 const CUBLAS_GEMM_DEFAULT: cublasGemmAlgo_t = cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
 use cublasOperation_t::{CUBLAS_OP_C as C, CUBLAS_OP_N as N, CUBLAS_OP_T as T};

@@ -30,7 +30,7 @@ mod plan;
 mod tests;
 
 use crate::cublas::products::Element;
-use crate::stream;
+use crate::devices;
 use cudarc::cublas::sys as blas;
 use cudarc::cublaslt::sys::{
     cublasComputeType_t, cublasLtEpilogue_t, cublasLtHandle_t, cublasLtMatmulAlgo_t,
@@ -407,7 +407,7 @@ pub unsafe extern "C" fn cublasLtMatmul(
     let plan = unsafe { problem(h, desc, [a_layout, b_layout, c_layout, d_layout]) }
         // SAFETY: per the contract, the scalars are null or f32.
         .and_then(|problem| unsafe { problem.plan(addrs, alpha.cast(), beta.cast()) });
-    let stream = stream::from_handle(stream as CUstream).ok_or(cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED);
+    let stream = devices::stream_of(stream as CUstream).ok_or(cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED);
     status(plan.and_then(|plan| {
         let stream = stream?;
         if !plan.is_empty() {

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::cublas::{cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2, cublasSgemm_v2};
-use crate::stream::Stream;
+use crate::stream::{self, Stream};
 use cublasLtEpilogue_t::{
     CUBLASLT_EPILOGUE_BIAS as BIAS, CUBLASLT_EPILOGUE_DEFAULT as DEFAULT, CUBLASLT_EPILOGUE_DGELU as DGELU,
     CUBLASLT_EPILOGUE_GELU_AUX_BIAS,

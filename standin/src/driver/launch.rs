@@ -4,8 +4,8 @@
 
 use super::{current, refuse, status};
 use crate::devices;
+use crate::devices::stream_of;
 use crate::emulator::{self, Kernel};
-use crate::stream::from_handle;
 use cudarc::driver::sys::{CUfunction, CUmodule, CUresult, CUstream};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::Ordering;
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             &format!("{}: parameters must come as kernelParams", kernel.name),
         );
     }
-    let Some(s) = from_handle(stream) else { return CUresult::CUDA_ERROR_INVALID_HANDLE };
+    let Some(s) = stream_of(stream) else { return CUresult::CUDA_ERROR_INVALID_HANDLE };
     let copied = Params(
         kernel
             .param_sizes

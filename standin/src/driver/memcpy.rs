@@ -8,8 +8,9 @@
 //! - the synchronous copies wait for all the GPU's work first, then copy.
 
 use super::{current, status};
+use crate::devices::stream_of;
 use crate::memory;
-use crate::stream::{from_handle, synchronize_device, Stream};
+use crate::stream::{synchronize_device, Stream};
 use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use std::ffi::{c_uchar, c_void};
 use std::sync::Arc;
@@ -29,7 +30,7 @@ fn device_range(ptr: CUdeviceptr, bytes: usize) -> Result<(), CUresult> {
 }
 
 fn stream(handle: CUstream) -> Result<Arc<Stream>, CUresult> {
-    from_handle(handle).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    stream_of(handle).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 fn copy_job(dst: Addr, src: Addr, bytes: usize) -> Box<dyn FnOnce() + Send> {

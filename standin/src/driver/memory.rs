@@ -2,8 +2,8 @@
 //! memory pool cudarc configures.
 
 use super::{current, status};
+use crate::devices::stream_of;
 use crate::memory;
-use crate::stream::from_handle;
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream};
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -40,7 +40,7 @@ pub extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
 /// once), which any stream order allows.
 #[no_mangle]
 pub extern "C" fn cuMemAllocAsync(out: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
-    if from_handle(stream).is_none() {
+    if stream_of(stream).is_none() {
         return CUresult::CUDA_ERROR_INVALID_HANDLE;
     }
     status(allocate(out, bytes))
@@ -51,7 +51,7 @@ pub extern "C" fn cuMemAllocAsync(out: *mut CUdeviceptr, bytes: usize, stream: C
 /// after it may read NaN.
 #[no_mangle]
 pub extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    let Some(s) = from_handle(stream) else { return CUresult::CUDA_ERROR_INVALID_HANDLE };
+    let Some(s) = stream_of(stream) else { return CUresult::CUDA_ERROR_INVALID_HANDLE };
     if memory::device_of(ptr, 1).is_none() {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }

@@ -1,7 +1,8 @@
 //! Streams, events and host functions.
 
 use super::{current, status};
-use crate::stream::{from_handle, into_handle, release_handle, Event, NotReady, Stream};
+use crate::devices::stream_of;
+use crate::stream::{into_handle, release_handle, Event, NotReady, Stream};
 use cudarc::driver::sys::{CUevent, CUhostFn, CUresult, CUstream};
 use std::ffi::{c_float, c_int, c_uint, c_void};
 
@@ -41,7 +42,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
-    match from_handle(stream) {
+    match stream_of(stream) {
         Some(s) => {
             s.synchronize();
             CUresult::CUDA_SUCCESS
@@ -55,7 +56,7 @@ struct HostCall(unsafe extern "C" fn(*mut c_void), usize);
 
 #[no_mangle]
 pub extern "C" fn cuLaunchHostFunc(stream: CUstream, f: CUhostFn, data: *mut c_void) -> CUresult {
-    let (Some(s), Some(f)) = (from_handle(stream), f) else { return CUresult::CUDA_ERROR_INVALID_VALUE };
+    let (Some(s), Some(f)) = (stream_of(stream), f) else { return CUresult::CUDA_ERROR_INVALID_VALUE };
     let call = HostCall(f, data as usize);
     s.enqueue(Box::new(move || {
         let HostCall(f, data) = call;
@@ -96,7 +97,7 @@ pub unsafe extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: CUevent, stream: CUstream) -> CUresult {
-    let (Some(e), Some(s)) = (event(e), from_handle(stream)) else {
+    let (Some(e), Some(s)) = (event(e), stream_of(stream)) else {
         return CUresult::CUDA_ERROR_INVALID_HANDLE;
     };
     e.record(&s);
@@ -105,7 +106,7 @@ pub extern "C" fn cuEventRecord(e: CUevent, stream: CUstream) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(stream: CUstream, e: CUevent, _flags: c_uint) -> CUresult {
-    let (Some(s), Some(e)) = (from_handle(stream), event(e)) else {
+    let (Some(s), Some(e)) = (stream_of(stream), event(e)) else {
         return CUresult::CUDA_ERROR_INVALID_HANDLE;
     };
     e.make_wait(&s);

@@ -6,7 +6,7 @@ use super::comm::Comm;
 use super::group;
 use super::ops::{Op, What};
 use super::reduce;
-use crate::{memory, stream};
+use crate::{devices, memory};
 use cudarc::nccl::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -79,7 +79,7 @@ unsafe fn issue(
     if let Some(f) = comm.failure() {
         return group::refuse(f.code);
     }
-    let Some(stream) = stream::from_handle(stream as _) else {
+    let Some(stream) = devices::stream_of(stream as _) else {
         return refused(ncclInvalidArgument, format!("{name}: the null stream, with no current context"));
     };
     let Some(elem) = reduce::size_of(dtype) else {

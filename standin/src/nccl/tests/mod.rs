@@ -6,6 +6,7 @@ mod processes;
 mod threads;
 
 use super::api::*;
+use crate::devices;
 use crate::memory;
 use crate::stream::{self, Stream};
 use cudarc::driver::sys::CUstream;
@@ -66,7 +67,7 @@ impl Rank {
     }
 
     pub fn stream(&self) -> Arc<Stream> {
-        stream::from_handle(self.stream).expect("a live stream")
+        devices::stream_of(self.stream).expect("a live stream")
     }
 
     pub fn sync(&self) {
