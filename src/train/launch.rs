@@ -9,75 +9,18 @@
 //! 0 and exit 2 on every rank; any other failure (a timeout included) is printed by its
 //! rank, which then ends the job (`MPI_Abort`).
 
+use super::launcher::{launched, on_signal, STOP};
 use super::rank::Local;
 use super::worker::{self, RankSetup};
 use crate::cli::TrainArgs;
 use crate::config::Config;
-use crate::error::{is_user_error, user_error, Quiet};
+#[cfg(feature = "mpi")]
+use crate::error::Quiet;
+use crate::error::{is_user_error, user_error};
 use crate::plan;
 use stages::dist::{threads, DistError, Topology};
 use stages::runtime::{Fault, FaultInjection};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
-
-/// Set by Ctrl-C or SIGTERM: the run stops at the next step boundary, with a checkpoint.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// Milliseconds the last training step took on this process.
-static LAST_STEP_MS: AtomicU64 = AtomicU64::new(0);
-
-/// Records how long a step took, for the grace a signalled rank gets.
-pub fn note_step(seconds: f64) {
-    LAST_STEP_MS.store((seconds * 1e3) as u64, Ordering::Relaxed);
-}
-
-/// What a signal does. Without a launcher: stop at the next step boundary and save, however
-/// long the step takes. Under a launcher the same, but a launcher sends the same SIGTERM
-/// when it ends a job because a rank died, and then the survivors wait on a peer that will
-/// never answer: a rank that has not stopped within 5 s plus two steps exits on its own.
-fn on_signal() {
-    STOP.store(true, Ordering::SeqCst);
-    if launched().is_some_and(|(world, _)| world > 1) {
-        let grace = Duration::from_millis(5000 + 2 * LAST_STEP_MS.load(Ordering::Relaxed));
-        std::thread::sleep(grace);
-        crate::error::print_line(&format!(
-            "stopped by a signal; no step boundary within {grace:?} (a peer is gone)"
-        ));
-        std::process::exit(143);
-    }
-}
-
-/// What a launcher announced in the environment: (world size, this process's rank).
-pub fn launched() -> Option<(usize, usize)> {
-    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    [
-        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
-        ("PMI_SIZE", "PMI_RANK"),
-        ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),
-    ]
-    .iter()
-    .find_map(|(size, rank)| Some((var(size)?, var(rank)?)))
-}
-
-/// Under a launcher, only rank 0 reports a mistake every rank makes alike.
-pub fn quiet_unless_root(e: anyhow::Error) -> anyhow::Error {
-    match launched() {
-        Some((world, rank)) if world > 1 && rank != 0 && is_user_error(&e) => anyhow::Error::new(Quiet(2)),
-        _ => e,
-    }
-}
-
-/// The GPU of this process: its rank on this machine, as the launcher numbers them, modulo
-/// the GPUs there are (more ranks than GPUs share them, through the MPI transport).
-#[cfg(feature = "cuda")]
-pub fn local_gpu() -> usize {
-    let local: usize = ["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse().ok())
-        .unwrap_or(0);
-    local % kernels::cuda::gpu_count().max(1)
-}
 
 pub fn run(args: &TrainArgs, cfg: Config) -> anyhow::Result<()> {
     let _ = ctrlc::set_handler(on_signal);
@@ -208,7 +151,7 @@ fn fault_injection() -> anyhow::Result<Option<FaultInjection>> {
 
 #[cfg(not(feature = "mpi"))]
 fn processes(_args: &TrainArgs, _cfg: Config, world: usize) -> anyhow::Result<()> {
-    Err(quiet_unless_root(user_error(format!(
+    Err(super::launcher::quiet_unless_root(user_error(format!(
         "started as one of {world} ranks by mpirun or srun, but this binary was built without the `mpi` \
          feature; rebuild with `cargo build --release --features mpi`, or run it without a launcher"
     ))))
@@ -268,7 +211,12 @@ fn endpoints(
     topology: Topology,
 ) -> anyhow::Result<Endpoints> {
     if cfg.device == crate::config::DeviceKind::Cuda && mpi.local_ranks <= kernels::cuda::gpu_count() {
-        let (t, c) = stages::dist::nccl::endpoints(mpi, topology, local_gpu(), cfg.distributed_timeout())?;
+        let (t, c) = stages::dist::nccl::endpoints(
+            mpi,
+            topology,
+            super::launcher::local_gpu(),
+            cfg.distributed_timeout(),
+        )?;
         return Ok((Box::new(t), Box::new(c)));
     }
     let (t, c) = mpi.endpoints(topology, cfg.distributed_timeout());

@@ -3,6 +3,7 @@
 
 mod host_memory;
 mod launch;
+mod launcher;
 mod loss_chart;
 mod lr;
 #[cfg(test)]
@@ -30,24 +31,26 @@ use crate::error::user_error;
 pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<()> {
     if let Some(peak) = args.peak_flops.filter(|p| !(p.is_finite() && *p > 0.0)) {
         let why = format!("command line: --peak-flops {peak}: must be a number of FLOP/s > 0");
-        return Err(launch::quiet_unless_root(user_error(why)));
+        return Err(launcher::quiet_unless_root(user_error(why)));
     }
     if let Some(trace) = &args.trace {
-        crate::trace::check_trace_path(trace).map_err(launch::quiet_unless_root)?;
+        crate::trace::check_trace_path(trace).map_err(launcher::quiet_unless_root)?;
     }
-    let cfg = config::load(&args.config, overrides).map_err(launch::quiet_unless_root)?;
-    tensor_parallel_runs(&cfg).map_err(|(key, msg)| launch::quiet_unless_root(cfg.key_error(key, msg)))?;
+    let cfg = config::load(&args.config, overrides).map_err(launcher::quiet_unless_root)?;
+    tensor_parallel_runs(&cfg).map_err(|(key, msg)| launcher::quiet_unless_root(cfg.key_error(key, msg)))?;
     // bf16 activations have only the tensor-core attention kernels.
     if cfg.device == config::DeviceKind::Cuda && cfg.precision == config::Precision::Bf16 {
         if let Err(need) = cfg.tensor_core_head_size() {
-            return Err(launch::quiet_unless_root(
+            return Err(launcher::quiet_unless_root(
                 cfg.key_error("precision", format!("bf16 on cuda needs {need}")),
             ));
         }
     }
-    let one_rank = launch::launched().is_some_and(|(world, _)| world > 1);
+    let one_rank = launcher::launched().is_some_and(|(world, _)| world > 1);
     if let Some(short) = host_memory::shortfall(&cfg, one_rank)? {
-        return Err(launch::quiet_unless_root(cfg.key_error(cfg.offload_key(), host_memory::message(short))));
+        return Err(launcher::quiet_unless_root(
+            cfg.key_error(cfg.offload_key(), host_memory::message(short)),
+        ));
     }
     launch::run(args, cfg)
 }

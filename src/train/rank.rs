@@ -460,7 +460,7 @@ fn stage_device(cfg: &Config, local: Local) -> anyhow::Result<Arc<dyn Device>> {
 fn cuda_device(cfg: &Config, sole_rank: bool) -> anyhow::Result<Arc<dyn Device>> {
     use kernels::cuda::CudaDevice;
     let device_error = |e: String| cfg.key_error("device", format!("cuda: {e}"));
-    let ordinal = super::launch::local_gpu();
+    let ordinal = super::launcher::local_gpu();
     let device = if sole_rank { CudaDevice::sole(ordinal) } else { CudaDevice::new(ordinal) };
     let device = device.map_err(device_error)?;
     let device = device.with_matmul_precision(cfg.precision.matmul()).map_err(device_error)?;

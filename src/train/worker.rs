@@ -137,7 +137,7 @@ pub fn run(args: &TrainArgs, cfg: &Config, setup: RankSetup) -> anyhow::Result<(
         // Every rank stops at the same step boundary once any was asked to.
         interrupted = reports.iter().any(|r| r.stop);
         let step_s = t0.elapsed().as_secs_f64();
-        super::launch::note_step(step_s);
+        super::launcher::note_step(step_s);
         train_time += step_s;
         trained_steps += 1;
         let mut record =
