@@ -7,8 +7,6 @@
 //! each query row's scores, [B,NH,T], and recompute P tile by tile in backward, as
 //! FlashAttention does: no [T,T] tensor exists at any time.
 
-use crate::device::Device;
-use crate::memory::Category;
 use crate::tensor::{DType, Tensor};
 
 /// The largest head size the fp32 fused kernels take (`HS_MAX` in fused_attention.cu: the
@@ -183,8 +181,8 @@ impl AttentionSaves {
     }
 }
 
-/// The tensors themselves, filled by [`Device::attention_forward`] and read by
-/// [`Device::attention_backward`].
+/// The tensors themselves, filled by [`crate::Device::attention_forward`] and read by
+/// [`crate::Device::attention_backward`].
 pub enum AttentionSaved {
     Probabilities {
         /// P [B,NH,T,T]
@@ -199,29 +197,6 @@ pub enum AttentionSaved {
 }
 
 impl AttentionSaved {
-    /// Tensors of kind `kind` for B = `batch`, NH = `heads`, T = `seq_len`, allocated under
-    /// `category` with [`Device::empty`]: the forward writes every element.
-    pub fn empty(
-        dev: &dyn Device,
-        kind: AttentionSaves,
-        [batch, heads, seq_len]: [usize; 3],
-        dropout: bool,
-        category: Category,
-    ) -> AttentionSaved {
-        match kind {
-            AttentionSaves::Probabilities => {
-                let shape = [batch, heads, seq_len, seq_len];
-                AttentionSaved::Probabilities {
-                    probs: dev.empty(&shape, category),
-                    dropped: dropout.then(|| dev.empty(&shape, category)),
-                }
-            }
-            AttentionSaves::RowLogSumExp => {
-                AttentionSaved::RowLogSumExp { lse: dev.empty(&[batch, heads, seq_len], category) }
-            }
-        }
-    }
-
     pub fn kind(&self) -> AttentionSaves {
         match self {
             AttentionSaved::Probabilities { .. } => AttentionSaves::Probabilities,

@@ -8,10 +8,10 @@
 //! without `_impl`.
 
 use crate::attention::{AttentionSaved, CausalMask};
-use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::Category;
+use crate::op_args::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::qk_norm::QkNormRows;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;

@@ -23,7 +23,7 @@
 //! - Every op is deterministic: the same inputs give bitwise the same outputs whatever the
 //!   number of threads, so recompute, any stage count and any schedule agree to the bit.
 
-use crate::attention::{AttentionSaved, CausalMask};
+use crate::attention::{AttentionSaved, AttentionSaves, CausalMask};
 use crate::backend::{
     AdamW, Attention, Buffers, Classifier, Dropout, Elementwise, Embedding, Gelu, Glu, LayerNorm, Matmul,
     Readouts, RmsNorm, Rope, SquaredRelu,
@@ -32,6 +32,7 @@ use crate::counters::DeviceCounters;
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
+use crate::op_args::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::qk_norm::QkNormHeads;
 use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
@@ -40,86 +41,13 @@ use crate::shapes::{
     qk_norm_rows, qkv_dims, residual_rows, rope_dims,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
-use crate::timing::{Mark, Readings};
+use crate::timing::Clock;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// How a matmul weight is laid out in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightLayout {
-    /// `[IC, OC]`: Hugging Face GPT-2's Conv1D layout (`c_attn`, `c_proj`, `c_fc`).
-    InOut,
-    /// `[OC, IC]`: `nn.Linear` layout; the tied LM head uses the token embedding `[V, C]` so.
-    OutIn,
-}
-
-/// Hyper-parameters of one AdamW update.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWStep {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    /// Decoupled weight decay, of the tensors that decay ([`AdamWTensor::decay`]).
-    pub weight_decay: f32,
-    /// 1-based step number, for bias correction.
-    pub step: u32,
-    /// Multiplies the gradient before the update (global grad-norm clipping).
-    pub grad_scale: f32,
-}
-
-impl AdamWStep {
-    /// The constants of this step that every element shares, computed once on the host (in
-    /// f64 where they come from powers, as every backend computes them): `step_size` = lr /
-    /// (1 - beta1^t), `bias2_sqrt` = sqrt(1 - beta2^t), and `decay` = 1 - lr * wd.
-    pub fn constants(&self) -> AdamWConstants {
-        let t = i32::try_from(self.step).expect("adamw step fits in i32");
-        AdamWConstants {
-            step_size: (self.lr as f64 / (1.0 - (self.beta1 as f64).powi(t))) as f32,
-            bias2_sqrt: (1.0 - (self.beta2 as f64).powi(t)).sqrt() as f32,
-            decay: 1.0 - self.lr * self.weight_decay,
-        }
-    }
-}
-
-/// [`AdamWStep::constants`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWConstants {
-    pub step_size: f32,
-    pub bias2_sqrt: f32,
-    pub decay: f32,
-}
-
-/// One parameter's share of an AdamW step ([`Device::adamw_tensors`]): the elements
-/// `from..from + m.len()` of param and grad, whose moments m and v hold.
-pub struct AdamWTensor<'a> {
-    pub param: &'a mut Tensor,
-    pub grad: &'a Tensor,
-    pub m: &'a mut Tensor,
-    pub v: &'a mut Tensor,
-    pub from: usize,
-    /// Whether the step's weight decay applies: not to biases and norms.
-    pub decay: bool,
-}
-
-/// The backward half of [`Device::classifier`].
-pub struct ClassifierGrad<'a> {
-    /// s, multiplying dloss/dlogits: 1 / (B*T*microbatches) averages over the global batch.
-    pub scale: f32,
-    /// dloss/dinp [N,C], overwritten.
-    pub dinp: &'a mut Tensor,
-    /// The gradient of the output layer's weight [V,C]: the tied token embedding's, or the
-    /// untied output weight's; accumulated.
-    pub dweight: &'a mut Tensor,
-}
 
 /// The CUDA backend pads each row of logits to a multiple of this many columns: every row
 /// starts 512-byte aligned, and the GEMMs' leading dimensions are multiples of 128.
 pub const VOCAB_PADDING: usize = 128;
-
-/// The token id the embedding ops take for a token outside this tensor-parallel rank's
-/// shard of the vocabulary (Megatron's vocab-parallel embedding masks it to a zero row).
-pub const OTHER_SHARD: u32 = u32::MAX;
 
 /// The columns of a padded logits row for a vocabulary of `vocab` (GPT-2's 50257: 50304).
 pub fn padded_vocab(vocab: usize) -> usize {
@@ -167,6 +95,7 @@ pub trait Device:
     + Dropout
     + Classifier
     + AdamW
+    + Clock
 {
     /// Human-readable name, e.g. "cpu (4 threads)".
     fn name(&self) -> String;
@@ -653,6 +582,29 @@ pub trait Device:
     }
 
     // ---- attention core ------------------------------------------------------------
+    /// What the attention core of kind `kind` saves for B = `batch`, NH = `heads`, T =
+    /// `seq_len`, allocated under `category` with [`Device::empty`]: the forward writes every
+    /// element.
+    fn empty_attention_saved(
+        &self,
+        kind: AttentionSaves,
+        [batch, heads, seq_len]: [usize; 3],
+        dropout: bool,
+        category: Category,
+    ) -> AttentionSaved {
+        match kind {
+            AttentionSaves::Probabilities => {
+                let shape = [batch, heads, seq_len, seq_len];
+                AttentionSaved::Probabilities {
+                    probs: self.empty(&shape, category),
+                    dropped: dropout.then(|| self.empty(&shape, category)),
+                }
+            }
+            AttentionSaves::RowLogSumExp => {
+                AttentionSaved::RowLogSumExp { lse: self.empty(&[batch, heads, seq_len], category) }
+            }
+        }
+    }
     /// Causal grouped-query self-attention core, per query head h: P = softmax(Q_h K_g^T /
     /// sqrt(hs) + `mask`), P' = dropout(P), out_h = P' V_g, where g = h / (NH/KV) is
     /// the key/value head h shares (Hugging Face's repeat_kv; KV == NH is multi-head
@@ -660,7 +612,7 @@ pub trait Device:
     /// runs as the causal mask). qkv [B,T,(NH+2*KV)*hs] as the module docs lay it out; out
     /// [B,T,NH*hs], unless None (a recompute of `saved` for backward). `saved` receives what
     /// backward reads besides qkv and out, of the kind this backend keeps (see
-    /// [`AttentionSaves`](crate::AttentionSaves)); a kind the backend does not run is a bug in
+    /// [`AttentionSaves`]); a kind the backend does not run is a bug in
     /// the caller. The dropout mask, keyed per (batch, query head), is never stored: it is
     /// regenerated from its key.
     #[allow(clippy::too_many_arguments)]
@@ -800,17 +752,7 @@ pub trait Device:
         self.classifier_impl(losses, inp, weight, targets, grad, rows);
     }
 
-    // ---- timing and errors ---------------------------------------------------------
-    /// Restarts this device's clock at the point its issued work has reached; marks taken
-    /// before are forgotten.
-    fn clock_start(&self);
-    /// Marks the point this device's issued work has reached, without waiting for it: the
-    /// host clock on the CPU (an op is done when it returns), an event on the stream on CUDA.
-    fn clock_mark(&self) -> Mark;
-    /// Seconds from the clock's start to every mark since. CUDA waits here for the last
-    /// mark's work unless it is done: read after a step's readout (which every mark
-    /// precedes), timing adds no wait at all.
-    fn clock_read(&self) -> Readings;
+    // ---- errors --------------------------------------------------------------------
     /// An error this device recorded where none could be returned (CUDA: what cudarc keeps
     /// from frees and event bookkeeping), as one line, cleared once taken. None on the CPU.
     fn take_error(&self) -> Option<String>;

@@ -23,6 +23,7 @@ pub mod device;
 pub mod dropout;
 pub mod gate;
 pub mod memory;
+pub mod op_args;
 pub mod philox;
 pub mod qk_norm;
 pub mod readout;
@@ -37,16 +38,14 @@ pub use attention::{
     ATTENTION_MMA_MAX_HEAD_SIZE, FUSED_MAX_HEAD_SIZE,
 };
 pub use counters::DeviceCounters;
-pub use device::{
-    bf16_copy_len, cuda_fuses_gelu_backward, padded_vocab, AdamWConstants, AdamWStep, AdamWTensor,
-    ClassifierGrad, Device, WeightLayout, OTHER_SHARD, VOCAB_PADDING,
-};
+pub use device::{bf16_copy_len, cuda_fuses_gelu_backward, padded_vocab, Device, VOCAB_PADDING};
 pub use dropout::{DropoutKey, DropoutSite, DropoutSpec, HeadRange};
 pub use gate::Gate;
 pub use memory::{Category, MemoryLedger, MemorySnapshot, OutOfMemory};
+pub use op_args::{AdamWConstants, AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout, OTHER_SHARD};
 pub use qk_norm::{QkNormHeads, QkNormRows, QkNormSpan};
 pub use readout::{Readout, ReadoutStorage};
 pub use rope_frequencies::RopeFrequencies;
 pub use splitmix::SplitMix64;
 pub use tensor::{DType, Detached, Fence, Storage, Tensor};
-pub use timing::{Mark, Readings, Stopwatch};
+pub use timing::{Clock, Mark, Readings, Stopwatch};

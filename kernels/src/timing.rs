@@ -1,11 +1,10 @@
 //! Time as a device sees it. The trainer times its actions, its recompute and its optimizer
-//! by marking points in a device's work ([`crate::Device::clock_mark`]) and reading them all
-//! once, after the step's readout ([`crate::Device::clock_read`]). On the CPU a mark is the
+//! by marking points in a device's work ([`Clock::clock_mark`]) and reading them all
+//! once, after the step's readout ([`Clock::clock_read`]). On the CPU a mark is the
 //! host clock, since an op is done when it returns; on CUDA it is an event recorded on the
 //! device's stream, so marking never waits, and since the readout's sync follows every
 //! mark, reading them waits for nothing more.
 
-use crate::device::Device;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -85,6 +84,20 @@ impl HostClock {
     }
 }
 
+/// A device's clock: marks in its work, read all at once. Every [`crate::Device`] is one.
+pub trait Clock {
+    /// Restarts the clock at the point the device's issued work has reached; marks taken
+    /// before are forgotten.
+    fn clock_start(&self);
+    /// Marks the point the device's issued work has reached, without waiting for it: the
+    /// host clock on the CPU (an op is done when it returns), an event on the stream on CUDA.
+    fn clock_mark(&self) -> Mark;
+    /// Seconds from the clock's start to every mark since. CUDA waits here for the last
+    /// mark's work unless it is done: read after a step's readout (which every mark
+    /// precedes), timing adds no wait at all.
+    fn clock_read(&self) -> Readings;
+}
+
 /// Spans of a device's work, summed once its clock is read: the recompute time of a chunk.
 #[derive(Debug, Default)]
 pub struct Stopwatch {
@@ -95,7 +108,7 @@ pub struct Stopwatch {
 
 impl Stopwatch {
     /// Runs `f`, marking `dev`'s work before and after it.
-    pub fn time<T>(&mut self, dev: &dyn Device, f: impl FnOnce() -> T) -> T {
+    pub fn time<T>(&mut self, dev: &(impl Clock + ?Sized), f: impl FnOnce() -> T) -> T {
         let start = dev.clock_mark();
         let out = f();
         self.open.push((start, dev.clock_mark()));

@@ -693,7 +693,7 @@ fn attention_case(
     let run = |dev: &dyn Device, kind| {
         let qkv = put(dev, &qkv, &[b, t, width]);
         let mut out = act_zeros(dev, &[b, t, c]);
-        let mut saved = AttentionSaved::empty(dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
+        let mut saved = dev.empty_attention_saved(kind, [b, nh, t], spec.is_some(), Category::Workspace);
         dev.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, mask);
         let mut dqkv = put(dev, &vec![f32::NAN; n * width], &[b, t, width]);
         let dout = put(dev, &dout, &[b, t, c]);
@@ -823,7 +823,7 @@ fn the_chained_attention_backward_is_bitwise_run_to_run_at_gpt2_size() {
         let (qkv, dout) = (put(&gpu, &qkv, &[b, t, width]), put(&gpu, &dout, &[b, t, c]));
         let mut out = act_zeros(&gpu, &[b, t, c]);
         let mut saved =
-            AttentionSaved::empty(&gpu, AttentionSaves::RowLogSumExp, [b, nh, t], true, Category::Workspace);
+            gpu.empty_attention_saved(AttentionSaves::RowLogSumExp, [b, nh, t], true, Category::Workspace);
         gpu.attention_forward(Some(&mut out), &mut saved, spec, &qkv, nh, kv, CausalMask::Full);
         let backward = || {
             let mut dqkv = put(&gpu, &vec![f32::NAN; n * width], &[b, t, width]);
@@ -1362,8 +1362,7 @@ fn every_op_is_bitwise_repeatable() {
     let run = || {
         let qkv_t = put(&gpu, &qkv, &[B, T, 3 * C]);
         let mut out = gpu.zeros(&[B, T, C], Category::Workspace);
-        let mut saved = AttentionSaved::empty(
-            &gpu,
+        let mut saved = gpu.empty_attention_saved(
             AttentionSaves::cuda(C / NH, DType::F32),
             [B, NH, T],
             true,

@@ -1,7 +1,7 @@
 //! AdamW with PyTorch's semantics: decoupled weight decay, bias-corrected moments.
 
 use super::CHUNK;
-use crate::device::{AdamWConstants, AdamWStep};
+use crate::op_args::{AdamWConstants, AdamWStep};
 use rayon::prelude::*;
 
 /// One step on param [n] with grad [n] (times hp.grad_scale), moments m [n], v [n]:

@@ -5,10 +5,11 @@
 use super::testutil::random;
 use super::CpuDevice;
 use crate::attention::{AttentionSaved, CausalMask};
-use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
+use crate::device::Device;
 use crate::dropout::{DropoutKey, DropoutSite, DropoutSpec};
 use crate::gate::Gate;
 use crate::memory::Category;
+use crate::op_args::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::philox;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::Tensor;

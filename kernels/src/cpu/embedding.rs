@@ -2,7 +2,7 @@
 //! a RoPE model has none).
 
 use super::disjoint::DisjointMut;
-use crate::device::OTHER_SHARD;
+use crate::op_args::OTHER_SHARD;
 use rayon::prelude::*;
 
 /// Embedding rows per parallel task in forward.

@@ -1,7 +1,7 @@
 //! Matmul with the `gemm` crate, weights used in place through strides (no transposed
 //! copies), plus the bias add and the bias-gradient column sums.
 
-use crate::device::WeightLayout;
+use crate::op_args::WeightLayout;
 use gemm::Parallelism;
 use rayon::prelude::*;
 

@@ -36,16 +36,17 @@ use crate::backend::{
     Gelu, Glu, LayerNorm, Matmul, Readouts, RmsNorm, Rope, SquaredRelu,
 };
 use crate::counters::{Counters, DeviceCounters};
-use crate::device::{AdamWStep, AdamWTensor, ClassifierGrad, Device, WeightLayout};
+use crate::device::Device;
 use crate::dropout::DropoutSpec;
 use crate::gate::Gate;
 use crate::memory::{Category, MemoryLedger};
+use crate::op_args::{AdamWStep, AdamWTensor, ClassifierGrad, WeightLayout};
 use crate::qk_norm::QkNormRows;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{assert_same_len, MatmulDims, QkvDims};
 use crate::tensor::{rows_cols, DType, Detached, Fence, Storage, Tensor};
-use crate::timing::{HostClock, Mark, Readings};
+use crate::timing::{Clock, HostClock, Mark, Readings};
 use buffers::BufferCache;
 use rayon::ThreadPool;
 use std::ops::Range;
@@ -225,6 +226,14 @@ impl Device for CpuDevice {
         }
     }
 
+    fn take_error(&self) -> Option<String> {
+        None
+    }
+}
+
+// Each op's implementation: the shapes were checked by `Device` (crate::shapes).
+
+impl Clock for CpuDevice {
     fn clock_start(&self) {
         self.clock.start();
     }
@@ -236,13 +245,7 @@ impl Device for CpuDevice {
     fn clock_read(&self) -> Readings {
         self.clock.read()
     }
-
-    fn take_error(&self) -> Option<String> {
-        None
-    }
 }
-
-// Each op's implementation: the shapes were checked by `Device` (crate::shapes).
 
 impl Buffers for CpuDevice {
     fn from_host_of_impl(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor {

@@ -1,10 +1,11 @@
 //! AdamW over every parameter of a stage in one launch (`adamw.cu`), from a kept table of
 //! the tensors' addresses, lengths and weight decay (tensor_table.rs).
 
-use super::device::{cu, cu_mut, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::{per_table_chunk, ADAMW_CHUNK};
+use super::views::{cu, cu_mut};
 use crate::backend::AdamW;
-use crate::device::{AdamWStep, AdamWTensor};
+use crate::op_args::{AdamWStep, AdamWTensor};
 use crate::tensor::Storage;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
@@ -58,7 +59,7 @@ impl AdamW for CudaDevice {
         }
         debug_assert_eq!(records.len(), RECORD * lens.len());
         let c = hp.constants();
-        self.with_tensor_table(&self.adamw_table, records, &lens, ADAMW_CHUNK, |table| {
+        self.adamw_table.with((&self.arena, &self.stream), records, &lens, ADAMW_CHUNK, |table| {
             launch!(
                 self,
                 "adamw",

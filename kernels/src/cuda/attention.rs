@@ -15,10 +15,11 @@
 //!   dq  = dS k * scale      ProbsTimes (k, dS)
 //!   dk  = dS^T q * scale    ProbsTransposedTimes (q, dS)
 
-use super::blas::GemmShape;
-use super::device::{assert_same_len, cu, cu_mut, int, CudaDevice};
+use super::device::{assert_same_len, CudaDevice};
+use super::gemm_shape::GemmShape;
 use super::launch::{per_item, per_row_warp};
 use super::scratch::Scratch;
+use super::views::{cu, cu_mut, int};
 use crate::attention::CausalMask;
 use crate::dropout::DropoutSpec;
 use crate::shapes::QkvDims as Dims;

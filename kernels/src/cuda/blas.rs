@@ -2,40 +2,18 @@
 //! [R, C] matrix is a column-major [C, R] one, so each product is computed transposed,
 //! C^T = B^T A^T, which needs no copies, only the operands swapped and transpose flags.
 
-use super::blaslt::Epilogue;
-use super::device::{buf, buf_mut, cu, cu16, cu_mut, rows_cols, same_dtype, Buf, BufMut, CudaDevice};
+use super::blaslt::{Epilogue, Lt};
+use super::device::{rows_cols, CudaDevice};
+use super::gemm_shape::GemmShape;
+use super::views::{buf, buf_mut, cu, cu16, cu_mut, same_dtype, Buf, BufMut};
 use crate::backend::{matmul_backward_input_then_gelu, Matmul};
-use crate::device::WeightLayout;
+use crate::op_args::WeightLayout;
 use crate::shapes::MatmulDims;
 use crate::tensor::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use std::os::raw::{c_int, c_longlong};
-
-/// The arithmetic of the layer matmuls, and so the dtype of the activations they read
-/// ([`Device::activation_dtype`](crate::Device::activation_dtype)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatmulPrecision {
-    /// Full fp32 (cuBLAS's default math mode: no TF32), f32 activations.
-    Fp32,
-    /// bf16 activations and bf16 weight copies as operands, accumulated in fp32; the
-    /// weights themselves stay fp32 (the master copy the optimizer updates).
-    Bf16,
-}
-
-/// One column-major product C = alpha * op(A) op(B) + beta * C, op(X) = X^T where `t*`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct GemmShape {
-    pub ta: bool,
-    pub tb: bool,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub lda: usize,
-    pub ldb: usize,
-    pub ldc: usize,
-}
 
 fn op(transpose: bool) -> cublasOperation_t {
     if transpose {
@@ -221,6 +199,27 @@ impl CudaDevice {
             (DType::Bf16, c) => self.gemm_bf16(shape, beta, cu16(a), cu16(b), c),
             (DType::F32, BufMut::Bf16(_)) => panic!("cuda: an f32 product into a bf16 tensor"),
         }
+    }
+
+    /// [`Lt::gemm`] on this device's stream, where epilogue fusion is on
+    /// ([`CudaDevice::with_epilogue_fusion`]); false, having done nothing, where it is off
+    /// or cuBLASLt declines the problem.
+    fn fused_gemm(
+        &self,
+        shape: GemmShape,
+        dtype: DType,
+        a: Buf,
+        b: Buf,
+        c: BufMut,
+        epilogue: Epilogue,
+    ) -> bool {
+        self.epilogue_fusion && self.lt().gemm(&self.stream, shape, dtype, a, b, c, epilogue)
+    }
+
+    /// The cuBLASLt state, with this device's context current on the calling thread.
+    fn lt(&self) -> std::sync::MutexGuard<'_, Lt> {
+        self.gpu.ctx.bind_to_thread().unwrap_or_else(|e| panic!("cuda: cannot bind the context: {e:?}"));
+        self.lt.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cuBLAS handle, with this device's context current on the calling thread

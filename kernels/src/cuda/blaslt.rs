@@ -15,8 +15,8 @@
 //! with it, and a forward through cuBLASLt's GELU would give the kept activation and the
 //! recomputed one different bits.
 
-use super::blas::GemmShape;
-use super::device::{Buf, BufMut, CudaDevice};
+use super::gemm_shape::GemmShape;
+use super::views::{Buf, BufMut};
 use crate::device::cuda_fuses_gelu_backward;
 use crate::tensor::DType;
 use cudarc::cublaslt::result as lt;
@@ -144,13 +144,15 @@ fn address<'a>(buf: &Buf<'a>, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
     }
 }
 
-impl CudaDevice {
-    /// C = op(A) op(B) (column-major, beta 0) then `epilogue`, all on this device's
-    /// stream, A and B and C of `dtype`. Returns false, having done nothing, where the
-    /// fusion is off ([`CudaDevice::with_epilogue_fusion`]), an operand is not aligned as
-    /// cuBLASLt wants, or it has no algorithm for the problem: the caller runs it unfused.
-    pub(super) fn fused_gemm(
-        &self,
+impl Lt {
+    /// C = op(A) op(B) (column-major, beta 0) then `epilogue`, all on `stream`, A and B and
+    /// C of `dtype`, with the device's context current. Returns false, having done nothing,
+    /// where an operand is not aligned as cuBLASLt wants or it has no algorithm for the
+    /// problem: the caller runs it unfused.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(
+        &mut self,
+        stream: &CudaStream,
         shape: GemmShape,
         dtype: DType,
         a: Buf,
@@ -158,19 +160,16 @@ impl CudaDevice {
         c: BufMut,
         epilogue: Epilogue,
     ) -> bool {
-        if !self.epilogue_fusion {
-            return false;
-        }
         let bf16 = dtype == DType::Bf16;
         // The addresses, held for the call (their guards order other streams after it).
-        let (a_ptr, _a) = address(&a, &self.stream);
-        let (b_ptr, _b) = address(&b, &self.stream);
+        let (a_ptr, _a) = address(&a, stream);
+        let (b_ptr, _b) = address(&b, stream);
         let (c_ptr, _c) = match c {
-            BufMut::F32(s) => s.device_ptr_mut(&self.stream),
-            BufMut::Bf16(s) => s.device_ptr_mut(&self.stream),
+            BufMut::F32(s) => s.device_ptr_mut(stream),
+            BufMut::Bf16(s) => s.device_ptr_mut(stream),
         };
         let (vector_ptr, _vector) = match &epilogue {
-            Epilogue::Bias(vector) | Epilogue::GeluBackward(vector) => address(vector, &self.stream),
+            Epilogue::Bias(vector) | Epilogue::GeluBackward(vector) => address(vector, stream),
         };
         // cuBLASLt's algorithms assume 256-byte aligned matrices unless told otherwise and
         // read the bias and aux in 16-byte accesses. The arena's buffers are whole
@@ -179,9 +178,8 @@ impl CudaDevice {
             [a_ptr, b_ptr, c_ptr].iter().all(|p| p.is_multiple_of(256)) && vector_ptr.is_multiple_of(16);
         let aux_fits = !matches!(epilogue, Epilogue::GeluBackward(_)) || cuda_fuses_gelu_backward(shape.ldc);
         let problem = Problem { shape, bf16, epilogue: epilogue.kind() };
-        let mut lt = self.lt();
         // A problem cuBLASLt has refused is not asked again.
-        if !aligned || !aux_fits || lt.algos.get(&problem) == Some(&None) {
+        if !aligned || !aux_fits || self.algos.get(&problem) == Some(&None) {
             return false;
         }
 
@@ -210,14 +208,14 @@ impl CudaDevice {
             }
         }
 
-        let handle = lt.handle;
-        let workspace_len = lt.workspace.as_ref().map_or(0, CudaSlice::len);
-        let algo = *lt.algos.entry(problem).or_insert_with(|| heuristic(handle, &d, workspace_len));
+        let handle = self.handle;
+        let workspace_len = self.workspace.as_ref().map_or(0, CudaSlice::len);
+        let algo = *self.algos.entry(problem).or_insert_with(|| heuristic(handle, &d, workspace_len));
         let Some(algo) = algo else { return false };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let (workspace, _w) = match &mut lt.workspace {
+        let (workspace, _w) = match &mut self.workspace {
             Some(w) => {
-                let (ptr, guard) = w.device_ptr_mut(&self.stream);
+                let (ptr, guard) = w.device_ptr_mut(stream);
                 (ptr, Some(guard))
             }
             None => (0, None),
@@ -242,17 +240,11 @@ impl CudaDevice {
                 &algo,
                 workspace as *mut c_void,
                 workspace_len,
-                self.stream.cu_stream() as _,
+                stream.cu_stream() as _,
             )
         };
         check(status, &format!("matmul {shape:?}"));
         true
-    }
-
-    /// The cuBLASLt state, with this device's context current on the calling thread.
-    fn lt(&self) -> std::sync::MutexGuard<'_, Lt> {
-        self.gpu.ctx.bind_to_thread().unwrap_or_else(|e| panic!("cuda: cannot bind the context: {e:?}"));
-        self.lt.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -5,12 +5,14 @@
 //! the optimizer never see the padding); only the logits' rows are padded, and, under bf16,
 //! wte's bf16 copy. The logits are in the activations' dtype.
 
-use super::device::{buf_mut, cu_mut, int, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::per_row_block;
 use super::sources::kernel_name;
+use super::views::{buf_mut, cu_mut, int};
 use crate::backend::Classifier;
-use crate::device::{padded_vocab, ClassifierGrad, Device};
+use crate::device::{padded_vocab, Device};
 use crate::memory::Category;
+use crate::op_args::ClassifierGrad;
 use crate::tensor::Tensor;
 
 impl Classifier for CudaDevice {

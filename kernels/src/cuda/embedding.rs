@@ -3,9 +3,10 @@
 //! needs no atomics and sums in row order. The activation side (out, dout) is f32 or bf16;
 //! the tables and their gradients are f32.
 
-use super::device::{buf, buf_mut, cu, cu_mut, int, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::{per_item, per_pack, per_token, rows_by_token};
 use super::sources::kernel_name;
+use super::views::{buf, buf_mut, cu, cu_mut, int};
 use crate::backend::Embedding;
 use crate::tensor::Tensor;
 

@@ -18,11 +18,12 @@
 //! sums they hand on by turns ([`ChainedDq`] is that scratch). Five products a tile where
 //! the two sides make seven.
 
-use super::device::{assert_same_len, buf, buf_mut, cu, cu_mut, int, same_dtype, CudaDevice};
+use super::device::{assert_same_len, CudaDevice};
 use super::launch::{
     per_attention_forward_bf16, per_attention_forward_bf16_hs128, per_attention_tile, per_attention_tile_bf16,
 };
 use super::pointwise::DropoutMask;
+use super::views::{buf, buf_mut, cu, cu_mut, int, same_dtype};
 use crate::attention::{attention_mma_compiled_head_size, CausalMask, ChainedDq};
 use crate::device::Device;
 use crate::dropout::DropoutSpec;

@@ -7,7 +7,7 @@ use crate::attention::{
     attention_mma_fits, ATTENTION_MMA_FORWARD_HS128_SHARED, ATTENTION_MMA_FORWARD_ROWS, ATTENTION_MMA_K,
     ATTENTION_MMA_MAX_HEAD_SIZE, ATTENTION_MMA_TILE, FUSED_MAX_HEAD_SIZE,
 };
-use crate::device::OTHER_SHARD;
+use crate::op_args::OTHER_SHARD;
 use crate::tensor::DType;
 use cudarc::driver::LaunchConfig;
 

@@ -37,6 +37,7 @@ pub mod compile;
 mod device;
 mod embedding;
 mod fused_attention;
+mod gemm_shape;
 mod gpu;
 pub mod launch;
 mod offload;
@@ -47,7 +48,7 @@ mod rowwise;
 mod scratch;
 pub mod sources;
 mod tensor_table;
+mod views;
 
-pub use blas::MatmulPrecision;
-pub use device::CudaDevice;
+pub use device::{CudaDevice, MatmulPrecision};
 pub use gpu::gpu_count;

@@ -17,7 +17,8 @@
 //!   stream, in that order.
 
 use super::arena::{wait, FreeOnStream};
-use super::device::{cu, cu16, cu16_mut, cu_mut, CudaDevice};
+use super::device::CudaDevice;
+use super::views::{cu, cu16, cu16_mut, cu_mut};
 use crate::device::Device;
 use crate::memory::Category;
 use crate::tensor::{DType, Detached, Fence, Recycle, Storage, Tensor};

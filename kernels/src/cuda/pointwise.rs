@@ -3,9 +3,10 @@
 //! f32 tensors or, through the kernels' `_bf16` twins, on bf16 ones; and zeroing many f32
 //! tensors at once (zero.cu).
 
-use super::device::{buf, buf_mut, same_dtype, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::{per_pack, per_table_chunk, ZERO_CHUNK};
 use super::sources::kernel_name;
+use super::views::{buf, buf_mut, same_dtype};
 use crate::backend::{Dropout, Elementwise, Gelu, Glu, SquaredRelu};
 use crate::dropout::DropoutSpec;
 use crate::philox::{counter_base, drop_threshold, key_words};
@@ -173,7 +174,7 @@ impl CudaDevice {
                 ([address, n], write)
             })
             .unzip();
-        self.with_tensor_table(&self.zero_table, records.concat(), &lens, ZERO_CHUNK, |table| {
+        self.zero_table.with((&self.arena, &self.stream), records.concat(), &lens, ZERO_CHUNK, |table| {
             launch!(
                 self,
                 "zero_tensors",

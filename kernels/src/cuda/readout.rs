@@ -2,8 +2,9 @@
 //! microbatch's mean loss (`loss_mean.cu`) and every parameter gradient's sum of squares in
 //! one fused pass (`sum_squares.cu`), read back with one synchronisation.
 
-use super::device::{cu, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::{one_block, sum_squares, SUM_SQUARES_CHUNK};
+use super::views::cu;
 use crate::backend::Readouts;
 use crate::readout::{Readout, ReadoutStorage};
 use crate::tensor::Tensor;
@@ -41,21 +42,27 @@ impl Readouts for CudaDevice {
             .unzip();
         let lens: Vec<usize> = parts.iter().map(|(_, range)| range.len()).collect();
         let chunk = SUM_SQUARES_CHUNK as u64;
-        self.with_tensor_table(&self.norm_table, records.concat(), &lens, SUM_SQUARES_CHUNK, |table| {
-            let mut partial = self.scratch::<f64>(table.blocks);
-            let (one, two) = sum_squares(table.blocks, parts.len());
-            launch!(
-                self,
-                "sum_squares_chunks",
-                one,
-                &mut *partial,
-                &table.records,
-                &table.first,
-                &table.count,
-                &chunk
-            );
-            let mut target = slots(out).slice_mut(first..first + parts.len());
-            launch!(self, "sum_squares_totals", two, &mut target, &*partial, &table.first);
-        });
+        self.norm_table.with(
+            (&self.arena, &self.stream),
+            records.concat(),
+            &lens,
+            SUM_SQUARES_CHUNK,
+            |table| {
+                let mut partial = self.scratch::<f64>(table.blocks);
+                let (one, two) = sum_squares(table.blocks, parts.len());
+                launch!(
+                    self,
+                    "sum_squares_chunks",
+                    one,
+                    &mut *partial,
+                    &table.records,
+                    &table.first,
+                    &table.count,
+                    &chunk
+                );
+                let mut target = slots(out).slice_mut(first..first + parts.len());
+                launch!(self, "sum_squares_totals", two, &mut target, &*partial, &table.first);
+            },
+        );
     }
 }

@@ -3,9 +3,10 @@
 //! bf16, one thread per row and pack of rotated pairs:
 //! kernels/cuda/rope.cu.
 
-use super::device::{buf_mut, int, CudaDevice};
+use super::device::CudaDevice;
 use super::launch::per_rope_thread;
 use super::sources::kernel_name;
+use super::views::{buf_mut, int};
 use crate::backend::Rope;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::QkvDims;

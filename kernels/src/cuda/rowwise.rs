@@ -4,11 +4,12 @@
 //! gradients f32). Every reduction has a fixed shape (warp per row, fixed chunks of rows or
 //! elements, then one ordered pass), so results are bitwise repeatable.
 
-use super::device::{buf, buf_mut, cu, cu_mut, int, rows_cols, same_dtype, CudaDevice};
+use super::device::{rows_cols, CudaDevice};
 use super::launch::{
     per_column_chunk, per_column_chunk_of_each, per_column_tile, per_pack, per_row_warp, ROWS_PER_CHUNK,
 };
 use super::sources::kernel_name;
+use super::views::{buf, buf_mut, cu, cu_mut, int, same_dtype};
 use crate::backend::{LayerNorm, RmsNorm};
 use crate::qk_norm::QkNormRows;
 use crate::tensor::Tensor;

@@ -4,10 +4,10 @@
 //! stage's parameters and gradients never move, so a table is uploaded once and kept while
 //! the same records come back.
 
-use super::device::CudaDevice;
+use super::arena::Arena;
 use super::launch::first_blocks;
-use cudarc::driver::CudaSlice;
-use std::sync::Mutex;
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::sync::{Arc, Mutex};
 
 /// A table on the device. `key` is the host's copy of the records, to tell whether a later
 /// call passes the same tensors.
@@ -22,15 +22,17 @@ pub(super) struct TensorTable {
 }
 
 /// One kernel's kept table (a field of the device), or none yet.
-pub(super) type KeptTable = Mutex<Option<TensorTable>>;
+#[derive(Default)]
+pub(super) struct KeptTable(Mutex<Option<TensorTable>>);
 
-impl CudaDevice {
+impl KeptTable {
     /// `launch` with the table of `records` for tensors of `lens` elements in blocks of
-    /// `chunk`: `kept`'s where it holds the same records, else uploaded into it (a few KiB
-    /// per stage; like the compiled kernels, outside the ledger). At least one tensor.
-    pub(super) fn with_tensor_table(
+    /// `chunk`: the kept one where it holds the same records, else one uploaded on `stream`
+    /// and kept (a few KiB per stage; like the compiled kernels, outside the ledger). At
+    /// least one tensor.
+    pub(super) fn with(
         &self,
-        kept: &KeptTable,
+        (arena, stream): (&Arena, &Arc<CudaStream>),
         records: Vec<u64>,
         lens: &[usize],
         chunk: usize,
@@ -43,25 +45,24 @@ impl CudaDevice {
             records.len(),
             lens.len()
         );
-        let mut table = kept.lock().unwrap_or_else(|e| e.into_inner());
+        let upload = |data: &[u64]| {
+            let mut slice = arena.take::<u64>(stream, data.len());
+            stream
+                .memcpy_htod(data, &mut slice)
+                .unwrap_or_else(|e| panic!("cuda: cannot upload a table: {e:?}"));
+            slice
+        };
+        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if table.as_ref().is_none_or(|t| t.key != records) {
             let first = first_blocks(lens, chunk);
             *table = Some(TensorTable {
                 blocks: *first.last().expect("at least one entry") as usize,
-                records: self.upload_kept(&records),
-                first: self.upload_kept(&first),
+                records: upload(&records),
+                first: upload(&first),
                 count: i32::try_from(lens.len()).expect("fewer than 2^31 tensors"),
                 key: records,
             });
         }
         launch(table.as_ref().expect("set above"));
-    }
-
-    fn upload_kept(&self, data: &[u64]) -> CudaSlice<u64> {
-        let mut slice = self.arena.take::<u64>(&self.stream, data.len());
-        self.stream
-            .memcpy_htod(data, &mut slice)
-            .unwrap_or_else(|e| panic!("cuda: cannot upload a table: {e:?}"));
-        slice
     }
 }

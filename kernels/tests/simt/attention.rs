@@ -66,7 +66,7 @@ pub fn cpu_attention(d: Dims, spec: Option<DropoutSpec>, qkv: &[f32], dout: &[f3
     let tqkv = put(qkv, &[b, t, d.width()]);
     let mut out = dev.zeros(&[b, t, c], Category::Workspace);
     let kind = AttentionSaves::Probabilities;
-    let mut saved = AttentionSaved::empty(&dev, kind, [b, nh, t], spec.is_some(), Category::Workspace);
+    let mut saved = dev.empty_attention_saved(kind, [b, nh, t], spec.is_some(), Category::Workspace);
     dev.attention_forward(Some(&mut out), &mut saved, spec, &tqkv, nh, d.kv, d.mask);
     let mut dqkv = dev.zeros(&[b, t, d.width()], Category::Workspace);
     dev.attention_backward(&mut dqkv, &put(dout, &[b, t, c]), &out, &tqkv, &saved, spec, nh, d.kv, d.mask);

@@ -105,7 +105,7 @@ pub fn seconds(dev: &dyn Device, saves: AttentionSaves, case: &Case) -> (f64, f6
     let mut out = dev.empty_of(dtype, &case.shape(case.heads), Category::Workspace);
     let mut dqkv = dev.empty_of(dtype, qkv.shape(), Category::Workspace);
     let mut saved =
-        AttentionSaved::empty(dev, saves, [case.batch, case.heads, case.seq], false, Category::Workspace);
+        dev.empty_attention_saved(saves, [case.batch, case.heads, case.seq], false, Category::Workspace);
     let forward = |out: &mut Tensor, saved: &mut AttentionSaved| {
         dev.attention_forward(Some(out), saved, None, &qkv, case.heads, case.kv_heads, case.mask)
     };

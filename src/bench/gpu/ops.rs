@@ -324,7 +324,7 @@ fn attention(
 ) -> (Tensor, AttentionSaved) {
     let s = i.s;
     let mut out = d.empty(&[s.b, s.t, s.c], Category::Workspace);
-    let mut saved = AttentionSaved::empty(d, kind, [s.b, s.heads, s.t], spec.is_some(), Category::Workspace);
+    let mut saved = d.empty_attention_saved(kind, [s.b, s.heads, s.t], spec.is_some(), Category::Workspace);
     let qkv = shaped(d, &i.qkv, &[s.b, s.t, 3 * s.c]);
     d.attention_forward(Some(&mut out), &mut saved, spec, &qkv, s.heads, s.heads, CausalMask::Full);
     (out, saved)

@@ -667,6 +667,6 @@ impl Block<'_> {
     ) -> AttentionSaved {
         let s = self.s;
         let dims = [s.micro_batch, self.shard.heads(s), s.seq_len];
-        AttentionSaved::empty(dev, s.attention, dims, dropout.is_some(), category)
+        dev.empty_attention_saved(s.attention, dims, dropout.is_some(), category)
     }
 }
