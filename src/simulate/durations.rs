@@ -59,7 +59,7 @@ fn chunk_flops(setup: &Setup, stage: usize, chunk: usize) -> Flops {
 /// latency each.
 fn tensor_parallel_seconds(setup: &Setup, collectives: LayerCollectives, hw: &Hardware) -> f64 {
     let t = setup.tp.size;
-    let count = collectives.all_reduce + collectives.all_gather + collectives.reduce_scatter;
+    let count = collectives.count();
     let bytes = (setup.shape.tokens() * setup.shape.hidden * setup.activation_bytes_per_element()) as f64;
     collectives.ring_bytes(bytes, t) / hw.collective_bandwidth(1, t) + count as f64 * hw.link_latency
 }
@@ -77,8 +77,8 @@ fn chunk_collective_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hard
     let ends = if layout.embedding { seconds(tp.embedding_forward()) } else { 0.0 }
         + if layout.head { seconds(tp.head_forward()) } else { 0.0 };
     [
-        blocks * seconds(tp.block_forward()) + ends,
-        blocks * seconds(tp.block_backward_input()),
+        blocks * seconds(tp.block_forward(&setup.shape)) + ends,
+        blocks * seconds(tp.block_backward_input(&setup.shape)),
         blocks * seconds(tp.block_backward_weight()),
     ]
 }
@@ -102,7 +102,7 @@ fn recompute_seconds(setup: &Setup, stage: usize, chunk: usize, hw: &Hardware) -
             let segments = setup.policies[stage].segments(blocks);
             let recomputed: usize = segments.iter().filter(|g| g.recompute).map(|g| g.end - g.start).sum();
             let forward = block.forward / hw.achieved_flops()
-                + tensor_parallel_seconds(setup, tp.block_forward(), hw)
+                + tensor_parallel_seconds(setup, tp.block_forward(s), hw)
                 + unfused_epilogue_seconds(setup, hw)[0];
             let groups = segments.iter().filter(|g| g.recompute).count();
             let gather = LayerCollectives { all_gather: 1, ..Default::default() };

@@ -12,7 +12,8 @@
 //! The simulator models any t from these; the trainer runs one [`Shard`] per rank.
 
 use crate::model::ModelShape;
-use kernels::OTHER_SHARD;
+
+use kernels::{QkNormSpan, OTHER_SHARD};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -61,16 +62,26 @@ impl Collective {
     }
 }
 
-/// The collectives of one layer's pass on each rank, all on [B,T,C]-sized tensors.
+/// The collectives of one layer's pass on each rank: on [B,T,C]-sized tensors, and on
+/// per-token statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LayerCollectives {
     pub all_reduce: usize,
     pub all_gather: usize,
     pub reduce_scatter: usize,
+    /// All-reduces of per-token statistics: QK-norm's [B,T,2] where the ranks split the
+    /// projections it normalises. A latency each; their bytes are nothing beside the rest.
+    pub statistics: usize,
 }
 
 impl LayerCollectives {
-    /// Bytes one rank sends for them, each on a `bytes`-sized whole tensor.
+    /// Every collective of the pass, each a latency.
+    pub fn count(&self) -> usize {
+        self.all_reduce + self.all_gather + self.reduce_scatter + self.statistics
+    }
+
+    /// Bytes one rank sends for them, each [B,T,C] collective on a `bytes`-sized whole
+    /// tensor (the statistics' left out).
     pub fn ring_bytes(&self, bytes: f64, ranks: usize) -> f64 {
         self.all_reduce as f64 * Collective::AllReduce.ring_bytes(bytes, ranks)
             + self.all_gather as f64 * Collective::AllGather.ring_bytes(bytes, ranks)
@@ -95,13 +106,24 @@ impl TensorParallel {
     /// The collectives of one block's forward. Without sequence parallelism the attention's
     /// and the MLP's row-parallel outputs are all-reduced (Megatron's `g`); with it, each of
     /// the two is entered by an all-gather of the sequence shards and left by a
-    /// reduce-scatter. A full recompute runs the forward again, collectives included.
-    pub fn block_forward(&self) -> LayerCollectives {
+    /// reduce-scatter. QK-norm over whole projections, which the ranks split by heads, adds
+    /// the all-reduce of each token's sums of squares. A full recompute runs the forward
+    /// again, collectives included.
+    pub fn block_forward(&self, s: &ModelShape) -> LayerCollectives {
+        let statistics = usize::from(self.splits_qk_norm_rows(s));
         match (self.size, self.sequence) {
             (1, _) => LayerCollectives::default(),
-            (_, false) => LayerCollectives { all_reduce: 2, ..Default::default() },
-            (_, true) => LayerCollectives { all_gather: 2, reduce_scatter: 2, ..Default::default() },
+            (_, false) => LayerCollectives { all_reduce: 2, statistics, ..Default::default() },
+            (_, true) => {
+                LayerCollectives { all_gather: 2, reduce_scatter: 2, statistics, ..Default::default() }
+            }
         }
+    }
+
+    /// Whether each rank holds only part of QK-norm's rows: the norm spans whole
+    /// projections, and the ranks split the heads.
+    fn splits_qk_norm_rows(&self, s: &ModelShape) -> bool {
+        self.size > 1 && s.arch.qk_norm && s.arch.qk_norm_span == QkNormSpan::Projection
     }
 
     /// The vocab-parallel embedding's forward: each rank looks up its vocabulary rows and the
@@ -116,9 +138,8 @@ impl TensorParallel {
 
     /// The head's forward, which runs its backward too: the vocab-parallel LM head's input
     /// gradient is all-reduced (with sequence parallelism its input is all-gathered and the
-    /// gradient reduce-scattered). The cross-entropy's [B,T] all-reduces are left out, as
-    /// are QK-norm's [B,T,2] over whole projections (a block's sums of squares forward and
-    /// dots backward): a latency each, no bandwidth to speak of.
+    /// gradient reduce-scattered). The cross-entropy's gather of each row's statistics is
+    /// left out: one latency a microbatch.
     pub fn head_forward(&self) -> LayerCollectives {
         match (self.size, self.sequence) {
             (1, _) => LayerCollectives::default(),
@@ -128,13 +149,15 @@ impl TensorParallel {
     }
 
     /// The collectives of one block's input-gradient pass: each forward collective's
-    /// transpose (Megatron's `f`: all-reduce; all-gather <-> reduce-scatter).
-    pub fn block_backward_input(&self) -> LayerCollectives {
-        let f = self.block_forward();
+    /// transpose (Megatron's `f`: all-reduce; all-gather <-> reduce-scatter), and split
+    /// QK-norm's all-reduce of each token's sums of dnorm x norm.
+    pub fn block_backward_input(&self, s: &ModelShape) -> LayerCollectives {
+        let f = self.block_forward(s);
         LayerCollectives {
             all_reduce: f.all_reduce,
             all_gather: f.reduce_scatter,
             reduce_scatter: f.all_gather,
+            statistics: f.statistics,
         }
     }
 
@@ -303,6 +326,7 @@ impl Cut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Architecture;
 
     #[test]
     fn ring_bytes_are_megatrons() {
@@ -315,7 +339,8 @@ mod tests {
             TensorParallel { size: 8, sequence: false, distribute_saved: false },
             TensorParallel { size: 8, sequence: true, distribute_saved: false },
         );
-        assert_eq!(tp.block_forward().ring_bytes(800.0, 8), sp.block_forward().ring_bytes(800.0, 8));
+        let s = ModelShape::GPT2_SMALL;
+        assert_eq!(tp.block_forward(&s).ring_bytes(800.0, 8), sp.block_forward(&s).ring_bytes(800.0, 8));
     }
 
     /// Megatron's collectives per transformer layer (Korthikanti et al. 2022, section 4.2.2):
@@ -328,11 +353,13 @@ mod tests {
             all_reduce,
             all_gather,
             reduce_scatter,
+            statistics: 0,
         };
         let tp = TensorParallel { size: 8, sequence: false, distribute_saved: false };
         let sp = TensorParallel { sequence: true, ..tp };
+        let s = ModelShape::GPT2_SMALL;
         let passes =
-            |t: TensorParallel| [t.block_forward(), t.block_backward_input(), t.block_backward_weight()];
+            |t: TensorParallel| [t.block_forward(&s), t.block_backward_input(&s), t.block_backward_weight()];
         assert_eq!(passes(tp), [c(2, 0, 0), c(2, 0, 0), c(0, 0, 0)]);
         assert_eq!(passes(sp), [c(0, 2, 2), c(0, 2, 2), c(0, 2, 0)]);
         assert_eq!(passes(TensorParallel::NONE), [c(0, 0, 0); 3]);
@@ -342,6 +369,29 @@ mod tests {
         );
         assert_eq!([tp.embedding_forward(), tp.head_forward()], [c(1, 0, 0), c(1, 0, 0)]);
         assert_eq!([sp.embedding_forward(), sp.head_forward()], [c(0, 0, 1), c(0, 1, 1)]);
+    }
+
+    /// QK-norm over whole projections (OLMo 2's) adds one all-reduce of each token's
+    /// statistics to a block's forward and one to its input-gradient pass, where the ranks
+    /// split the heads; QK-norm over each head (Qwen3's) is whole on every rank.
+    #[test]
+    fn split_qk_norm_adds_an_all_reduce_of_statistics_each_way() {
+        let arch =
+            |span| Architecture { qk_norm: true, qk_norm_span: span, ..Architecture::llama(10000.0, 1e-6) };
+        let olmo2 = ModelShape { arch: arch(QkNormSpan::Projection), ..ModelShape::GPT2_SMALL };
+        let qwen3 = ModelShape { arch: arch(QkNormSpan::Head), ..ModelShape::GPT2_SMALL };
+        let tp = TensorParallel { size: 2, sequence: false, distribute_saved: false };
+        let sp = TensorParallel { sequence: true, ..tp };
+        let statistics = |t: TensorParallel, s: &ModelShape| {
+            [t.block_forward(s), t.block_backward_input(s), t.block_backward_weight()].map(|c| c.statistics)
+        };
+        assert_eq!(statistics(tp, &olmo2), [1, 1, 0]);
+        assert_eq!(statistics(sp, &olmo2), [1, 1, 0]);
+        assert_eq!(statistics(tp, &qwen3), [0, 0, 0]);
+        assert_eq!(statistics(TensorParallel::NONE, &olmo2), [0, 0, 0]);
+        let (with, without) = (tp.block_forward(&olmo2), tp.block_forward(&qwen3));
+        assert_eq!((with.count(), without.count()), (3, 2));
+        assert_eq!(with.ring_bytes(800.0, 2), without.ring_bytes(800.0, 2), "a latency, no bandwidth");
     }
 
     #[test]
