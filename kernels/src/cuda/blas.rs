@@ -201,19 +201,11 @@ impl CudaDevice {
         }
     }
 
-    /// [`Lt::gemm`] on this device's stream, where epilogue fusion is on
-    /// ([`CudaDevice::with_epilogue_fusion`]); false, having done nothing, where it is off
-    /// or cuBLASLt declines the problem.
-    fn fused_gemm(
-        &self,
-        shape: GemmShape,
-        dtype: DType,
-        a: Buf,
-        b: Buf,
-        c: BufMut,
-        epilogue: Epilogue,
-    ) -> bool {
-        self.epilogue_fusion && self.lt().gemm(&self.stream, shape, dtype, a, b, c, epilogue)
+    /// C = op(A) op(B) then `epilogue` through cuBLASLt on this device's stream, where
+    /// epilogue fusion is on ([`CudaDevice::with_epilogue_fusion`]); false, having done
+    /// nothing, where it is off or cuBLASLt declines the problem ([`Lt::gemm`]).
+    fn fused(&self, shape: GemmShape, dtype: DType, abc: (Buf, Buf, BufMut), epilogue: Epilogue) -> bool {
+        self.epilogue_fusion && self.lt().gemm(&self.stream, shape, dtype, abc, epilogue)
     }
 
     /// The cuBLASLt state, with this device's context current on the calling thread.
@@ -245,7 +237,7 @@ impl Matmul for CudaDevice {
         let shape = forward_shape(d, layout);
         if let Some(bias) = bias {
             let (a, b) = (operand(dtype, weight), operand(dtype, inp));
-            if self.fused_gemm(shape, dtype, a, b, buf_mut(out), Epilogue::Bias(operand(dtype, bias))) {
+            if self.fused(shape, dtype, (a, b, buf_mut(out)), Epilogue::Bias(operand(dtype, bias))) {
                 return;
             }
         }
@@ -283,7 +275,7 @@ impl Matmul for CudaDevice {
         let shape = backward_input_shape(d, layout);
         let (a, b) = (operand(dtype, weight), operand(dtype, dout));
         let epilogue = Epilogue::GeluBackward(buf(gelu_input));
-        if !self.fused_gemm(shape, dtype, a, b, buf_mut(dinp), epilogue) {
+        if !self.fused(shape, dtype, (a, b, buf_mut(dinp)), epilogue) {
             matmul_backward_input_then_gelu(self, dinp, dout, weight, layout, gelu_input, dims);
         }
     }

@@ -149,15 +149,12 @@ impl Lt {
     /// C of `dtype`, with the device's context current. Returns false, having done nothing,
     /// where an operand is not aligned as cuBLASLt wants or it has no algorithm for the
     /// problem: the caller runs it unfused.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(
         &mut self,
         stream: &CudaStream,
         shape: GemmShape,
         dtype: DType,
-        a: Buf,
-        b: Buf,
-        c: BufMut,
+        (a, b, c): (Buf, Buf, BufMut),
         epilogue: Epilogue,
     ) -> bool {
         let bf16 = dtype == DType::Bf16;
