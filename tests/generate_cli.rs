@@ -190,6 +190,9 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
     assert_eq!(std::fs::read(hf.join("tokenizer.json")).unwrap(), WORD_LEVEL.as_bytes());
     assert_eq!(std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap(), settings);
     assert_eq!(stdout_of(&from(&hf, &[])), text.as_bytes());
+    // config.json names the documents' end-of-text token, id 0 of this vocabulary, where
+    // GPT-2's own 50256 would not even be a token of it.
+    assert_eq!(special_tokens(&hf), (0.into(), 0.into()));
     // A tokenizer.json since moved away is said, and the export goes on without it.
     std::fs::rename(&tok, dir.join("moved.json")).unwrap();
     let o = export(&dir.join("hf2"));
@@ -203,6 +206,48 @@ fn the_text_is_the_tokenizer_the_data_was_made_with() {
         )
     );
     assert!(!dir.join("hf2/tokenizer.json").exists());
+    assert_eq!(
+        special_tokens(&dir.join("hf2")),
+        (50256.into(), 50256.into()),
+        "GPT-2's, as generate assumes"
+    );
+}
+
+/// An export's config.json's (bos_token_id, eos_token_id).
+fn special_tokens(hf: &std::path::Path) -> (Value, Value) {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    (config["bos_token_id"].clone(), config["eos_token_id"].clone())
+}
+
+/// transformers' generate stops at the eos its config.json names, else at its class's
+/// default (LlamaConfig's 2, here the byte "#"): an export names its tokenizer's. A Hugging
+/// Face directory's own config.json names them; a run's text without a known tokenizer
+/// names none.
+#[test]
+fn an_export_names_its_tokenizers_first_and_last_tokens_or_none() {
+    let dir = temp_dir("export-special-tokens");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf_llama_tiny_rope_llama3");
+    let export = |from: &std::path::Path, to: &str| {
+        let o =
+            bin().args(["export", "--checkpoint"]).arg(from).arg("--hf").arg(dir.join(to)).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        dir.join(to)
+    };
+    let hf = export(std::path::Path::new(fixture), "llama3");
+    assert_eq!(special_tokens(&hf), (95.into(), 95.into()));
+    assert_eq!(
+        std::fs::read(hf.join("tokenizer.json")).unwrap(),
+        std::fs::read(format!("{fixture}/tokenizer.json")).unwrap()
+    );
+    let run = run_small(
+        &dir,
+        "run",
+        &[flags(&llama_flags()), flags(&[("global-batch-size", "2".into())])].concat(),
+    );
+    let hf = export(&run, "synthetic");
+    assert_eq!(special_tokens(&hf), (Value::Null, Value::Null));
+    assert!(!hf.join("tokenizer.json").exists());
 }
 
 /// A run on data tiktoken's cl100k_base made exports the tokenizer.json that encodes as
@@ -250,6 +295,7 @@ fn an_export_of_a_tiktoken_run_carries_the_tokenizer_json_of_its_encoding() {
     tokenize(hf.join("tokenizer.json").to_str().unwrap(), &again);
     let tokens = |p: &std::path::Path| std::fs::read(p).unwrap()[1024..].to_vec();
     assert!(tokens(&again) == tokens(&data), "the exported tokenizer.json encodes otherwise");
+    assert_eq!(special_tokens(&hf), (100257.into(), 100257.into()), "cl100k_base's <|endoftext|>");
     let greedy = ["--max-new-tokens", "5", "--temperature", "0", "--prompt", "Emma Woodhouse, handsome"];
     let from = |ck: &std::path::Path| {
         stdout_of(&bin().arg("generate").arg("--checkpoint").arg(ck).args(greedy).output().unwrap())

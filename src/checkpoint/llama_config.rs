@@ -80,6 +80,12 @@ impl LlamaConfig {
             // No embedding row is padding: Phi3Config's default would name row 32000,
             // GemmaConfig's row 0.
             "pad_token_id": null,
+            // The text's first and last tokens are the tokenizer's, which the model does not
+            // know (an export names them where it knows the tokenizer): a class's default
+            // would stop generate at a token of another vocabulary (LlamaConfig's 2,
+            // Olmo2Config's 50279).
+            "bos_token_id": null,
+            "eos_token_id": null,
             "torch_dtype": "float32",
             "use_cache": true,
         });

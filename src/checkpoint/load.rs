@@ -13,7 +13,7 @@ use super::save::{
 use super::shapes::{check_layer_count, check_shapes, hf_shapes, specs, split_fused};
 use super::state::{check_optimizer, exp_avg_name, exp_avg_sq_name};
 use super::tensors::{check_finite, normalize_hf_names, read_safetensors};
-use super::{ModelConfig, NamedTensor, TokenizerFiles, TrainerState};
+use super::{ModelConfig, NamedTensor, SpecialTokens, TokenizerFiles, TrainerState};
 use crate::error::user_error;
 
 /// Hugging Face's list of a sharded model's files.
@@ -125,7 +125,7 @@ pub fn export_hf(
     checkpoint: &Checkpoint,
     out_dir: &Path,
     force: bool,
-    tokenizer: Option<&TokenizerFiles>,
+    (tokenizer, special): (Option<&TokenizerFiles>, Option<&SpecialTokens>),
 ) -> anyhow::Result<Vec<String>> {
     let shown = out_dir.display();
     if let Some(why) = checkpoint.config.missing_in_transformers() {
@@ -149,7 +149,8 @@ pub fn export_hf(
         }
     }
     fs::create_dir_all(out_dir).map_err(|e| user_error(format!("{shown}: cannot create: {e}")))?;
-    let mut files = write_model_files(out_dir, &checkpoint.config, &checkpoint.model, &mut |_| Ok(()))?;
+    let mut files =
+        write_model_files(out_dir, (&checkpoint.config, special), &checkpoint.model, &mut |_| Ok(()))?;
     let tokenizer_files = tokenizer.map(|t| [(TOKENIZER_FILE, &t.json), (TOKENIZER_CONFIG_FILE, &t.config)]);
     match tokenizer_files {
         Some(written) => {
@@ -299,25 +300,25 @@ mod tests {
         save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
         let ck = load_checkpoint(&run).unwrap();
         let out = run.join("hf");
-        export_hf(&ck, &out, false, None).unwrap();
+        export_hf(&ck, &out, false, (None, None)).unwrap();
         let back = load_checkpoint(&out).unwrap();
         assert_eq!((back.trainer, &back.config), (None, &cfg));
         assert_bitwise_eq(&back.model, &m);
 
-        let err = export_hf(&ck, &out, false, None).unwrap_err();
+        let err = export_hf(&ck, &out, false, (None, None)).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("{}: exists and is not empty; pass --force to overwrite", out.display())
         );
-        export_hf(&ck, &out, true, None).unwrap();
+        export_hf(&ck, &out, true, (None, None)).unwrap();
         let empty = run.join("empty");
         fs::create_dir(&empty).unwrap();
-        export_hf(&ck, &empty, false, None).unwrap();
+        export_hf(&ck, &empty, false, (None, None)).unwrap();
         // Not even --force writes over a training checkpoint (the one exported included) or a
         // run dir: the one would lose its manifest's trainer state, the other its latest.
         for (target, holds) in [(&ck.dir, STATE_FILE), (&run, CHECKPOINTS_DIR)] {
             let before = fs::read(ck.dir.join(MANIFEST_FILE)).unwrap();
-            let err = export_hf(&ck, target, true, None).unwrap_err();
+            let err = export_hf(&ck, target, true, (None, None)).unwrap_err();
             assert_eq!(
                 err.to_string(),
                 format!(
@@ -354,7 +355,7 @@ mod tests {
             save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
             let ck = load_checkpoint(&run).unwrap();
             let out = run.join("hf");
-            let err = export_hf(&ck, &out, false, None).unwrap_err().to_string();
+            let err = export_hf(&ck, &out, false, (None, None)).unwrap_err().to_string();
             assert_eq!(err, format!("{}: transformers has no class for this model ({why})", ck.dir.display()));
             assert!(!out.exists(), "nothing written");
         }
@@ -370,22 +371,32 @@ mod tests {
         save_checkpoint(&run, &cfg, &m, &state(3), &optimizer(&m)).unwrap();
         let ck = load_checkpoint(&run).unwrap();
         let out = run.join("hf");
-        let tokenizer = TokenizerFiles::as_is("{\"model\": {}}\n".into());
-        let files = export_hf(&ck, &out, false, Some(&tokenizer)).unwrap();
+        let tokenizer = TokenizerFiles::as_is(
+            "{\"model\": {}}
+"
+            .into(),
+        );
+        let special = SpecialTokens::end_of_text(7);
+        let files = export_hf(&ck, &out, false, (Some(&tokenizer), Some(&special))).unwrap();
         assert_eq!(files, [CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, MANIFEST_FILE]);
         assert_eq!(fs::read_to_string(out.join(TOKENIZER_FILE)).unwrap(), "{\"model\": {}}\n");
         assert_eq!(
             fs::read_to_string(out.join(TOKENIZER_CONFIG_FILE)).unwrap(),
             "{\"tokenizer_class\": \"PreTrainedTokenizerFast\"}\n"
         );
+        let config = || -> serde_json::Value {
+            serde_json::from_str(&fs::read_to_string(out.join(CONFIG_FILE)).unwrap()).unwrap()
+        };
+        assert_eq!((&config()["bos_token_id"], &config()["eos_token_id"]), (&7.into(), &7.into()));
         load_checkpoint(&out).unwrap();
         fs::write(out.join(TOKENIZER_FILE), "{}\n").unwrap();
         let err = load_checkpoint(&out).unwrap_err().to_string();
         let shown = out.join(TOKENIZER_FILE).display().to_string();
         assert!(err.starts_with(&format!("{shown}: sha256 ")), "{err}");
         assert!(err.ends_with("in manifest.sha256: the file is damaged"), "{err}");
-        let files = export_hf(&ck, &out, true, None).unwrap();
+        let files = export_hf(&ck, &out, true, (None, None)).unwrap();
         assert_eq!(files, [CONFIG_FILE, MODEL_FILE, MANIFEST_FILE]);
+        assert_eq!(config()["eos_token_id"], 50256, "GPT-2's own, without a tokenizer");
         assert!(!out.join(TOKENIZER_FILE).exists() && !out.join(TOKENIZER_CONFIG_FILE).exists());
         load_checkpoint(&out).unwrap();
     }

@@ -31,7 +31,10 @@ pub(crate) use load::read_checkpoint;
 pub use load::{export_hf, load_checkpoint, Checkpoint};
 pub use model_config::ModelConfig;
 pub use same_model::check_same_model;
-pub use save::{save_checkpoint, write_atomic, TokenizerFiles, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+pub use save::{
+    save_checkpoint, write_atomic, SpecialTokens, TokenizerFiles, CONFIG_FILE, TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+};
 pub use shapes::{check_shapes, expected_shapes};
 pub use state::{exp_avg_name, exp_avg_sq_name, TrainerState};
 pub use tensors::NamedTensor;

@@ -16,6 +16,7 @@ use super::shapes::{check_shapes, expected_shapes, specs, stack_fused};
 use super::state::check_optimizer;
 use super::tensors::write_safetensors;
 use super::{ModelConfig, NamedTensor, TrainerState};
+use serde_json::Value;
 
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const LATEST_FILE: &str = "latest";
@@ -32,6 +33,24 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 pub struct TokenizerFiles {
     pub json: String,
     pub config: String,
+}
+
+/// config.json's `bos_token_id` and `eos_token_id`, the text's first and last tokens: an
+/// id, a list of ids (Llama 3.1's several ends), or null. transformers' generate stops at
+/// the eos. They are the tokenizer's, so only an export that knows it names them; config.json
+/// otherwise names GPT-2's for GPT-2 and none for the other classes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecialTokens {
+    pub bos: Value,
+    pub eos: Value,
+}
+
+impl SpecialTokens {
+    /// One token that ends a document and so begins the next: tiktoken's `<|endoftext|>`,
+    /// or the end-of-text token a run's data was made with.
+    pub fn end_of_text(id: u32) -> SpecialTokens {
+        SpecialTokens { bos: Value::from(id), eos: Value::from(id) }
+    }
 }
 
 impl TokenizerFiles {
@@ -83,7 +102,7 @@ fn save_with_hook(
         fs::create_dir_all(&dir)?;
         remove_dir_if_present(&tmp)?;
         fs::create_dir(&tmp)?;
-        let mut files = write_model_files(&tmp, config, model, after_file)?;
+        let mut files = write_model_files(&tmp, (config, None), model, after_file)?;
         files.push((OPTIMIZER_FILE.into(), write_safetensors(&tmp.join(OPTIMIZER_FILE), optimizer)?));
         after_file(&tmp.join(OPTIMIZER_FILE))?;
         let state = serde_json::to_string_pretty(state)? + "\n";
@@ -108,15 +127,21 @@ fn save_with_hook(
 }
 
 /// `config.json` and `model.safetensors`: a directory `transformers` can load, the tensors
-/// under the names its class reads (Phi-3's fused). Returns each file's name and sha256,
-/// for the manifest.
+/// under the names its class reads (Phi-3's fused), config.json naming the tokenizer's
+/// `special` tokens where they are known. Returns each file's name and sha256, for the
+/// manifest.
 pub fn write_model_files(
     dir: &Path,
-    config: &ModelConfig,
+    (config, special): (&ModelConfig, Option<&SpecialTokens>),
     model: &[NamedTensor],
     after_file: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let json = serde_json::to_string_pretty(&config.to_json())? + "\n";
+    let mut value = config.to_json();
+    if let Some(t) = special {
+        value["bos_token_id"] = t.bos.clone();
+        value["eos_token_id"] = t.eos.clone();
+    }
+    let json = serde_json::to_string_pretty(&value)? + "\n";
     write_atomic(&dir.join(CONFIG_FILE), &json)?;
     after_file(&dir.join(CONFIG_FILE))?;
     let fused;
