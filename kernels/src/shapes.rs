@@ -2,7 +2,7 @@
 //! backend runs an op, and the sizes they derive, which the backends are handed. A shape
 //! that does not fit is a bug in the caller: each check panics with the tensors it got.
 
-use crate::op_args::WeightLayout;
+use crate::op_args::{WeightLayout, OTHER_SHARD};
 use crate::qk_norm::{QkNormHeads, QkNormRows};
 use crate::rope_frequencies::RopeFrequencies;
 use crate::tensor::{rows_cols, Tensor};
@@ -148,8 +148,7 @@ pub(crate) fn embedding_dims(act: &Tensor, tokens: &[u32], wte: &Tensor, wpe: Op
     assert_eq!(tokens.len(), b * t, "embedding: {} tokens for {act:?}", tokens.len());
     let (vocab, wte_c) = rows_cols(wte);
     assert_eq!(wte_c, c, "embedding: wte {wte:?} vs {act:?}");
-    if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab && tok != crate::op_args::OTHER_SHARD)
-    {
+    if let Some(bad) = tokens.iter().find(|&&tok| tok as usize >= vocab && tok != OTHER_SHARD) {
         panic!("token id {bad} is outside the vocabulary of {vocab}");
     }
     if let Some(wpe) = wpe {

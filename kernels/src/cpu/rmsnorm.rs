@@ -36,6 +36,12 @@ fn sum_squares(x: &[f32]) -> f32 {
     lane_sum3(x, x, x, |x, _, _| x * x)
 }
 
+/// The sum of dnorm * norm over one row (dnorm = dout * w, norm = x * rstd), whose mean
+/// rstd's dependence on x brings into the input gradient.
+fn dnorm_norm_sum(dout: &[f32], w: &[f32], x: &[f32], rstd: f32) -> f32 {
+    lane_sum3(dout, w, x, |d, w, x| d * w * (x * rstd))
+}
+
 /// 1 / sqrt(mean(x^2) + eps) of a row of `width` whose squares sum to `sum`.
 fn rstd_from(sum: f32, width: usize, eps: f32) -> f32 {
     1.0 / (sum / width as f32 + eps).sqrt()
@@ -70,7 +76,7 @@ pub fn backward(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], saved: Save
                 let (s, w) = (saved.rstd[n], saved.weight);
                 // dnorm = dout * w, norm = x * rstd; rstd's dependence on x gives the second
                 // term of dinp = (dnorm - norm * mean(dnorm * norm)) * rstd
-                let dnorm_norm_mean = lane_sum3(dout, w, x, |d, w, x| d * w * (x * s)) / c as f32;
+                let dnorm_norm_mean = dnorm_norm_sum(dout, w, x, s) / c as f32;
                 for ((di, pw), ((&x, &d), &w)) in
                     dinp.iter_mut().zip(pw.iter_mut()).zip(x.iter().zip(dout).zip(w))
                 {
@@ -177,7 +183,7 @@ pub fn heads_backward(
     partials: &mut [f32],
 ) {
     backward_rows(dqkv, dweights, saved, r, partials, |_, d, w, x, s| {
-        lane_sum3(d, w, x, |d, w, x| d * w * (x * s)) / d.len() as f32
+        dnorm_norm_sum(d, w, x, s) / d.len() as f32
     });
 }
 
@@ -194,7 +200,7 @@ pub fn heads_backward_dots(dqkv: &[f32], saved: HeadsSaved, r: QkNormRows, dots:
         for (row, (dot, &s)) in dots.iter_mut().zip(rstd).enumerate() {
             let (at, c, weight) = r.row(row);
             let (d, x) = (&d[at..][..c], &x[at..][..c]);
-            *dot = lane_sum3(d, saved.weights[weight], x, |d, w, x| d * w * (x * s));
+            *dot = dnorm_norm_sum(d, saved.weights[weight], x, s);
         }
     });
 }
