@@ -1,5 +1,6 @@
 // The fused classifier: softmax cross-entropy over the vocabulary and its gradient, one
-// block per row of logits [N, Vp]. A row's first V columns are the vocabulary; the rest is
+// block per row of logits [N, Vp]; and the same arithmetic split around a tensor-parallel
+// group's exchange, for a rank that holds a shard of the vocabulary (the vocab_shard kernels). A row's first V columns are the vocabulary; the rest is
 // padding (the CUDA device pads rows to a multiple of 128 columns), never read: it is never
 // predicted and never in the loss, and its gradient is written as zero.
 //
@@ -75,27 +76,19 @@ __device__ SoftmaxSum block_merge(SoftmaxSum v, float* max_scratch, float* sum_s
     return warp_merge(v);
 }
 
-// losses [N] = -log softmax(row)[target]; with write_grad, each row [Vp] becomes
-// grad_scale * (softmax - onehot(target)) over its V columns and 0 over its padding.
+// The SoftmaxSum of a row's first V columns, in every thread.
 //
 // Each thread takes the row a 128-bit pack at a time (common.cuh): whole packs of an aligned
-// row in one access, the vocabulary's last pack (V is rarely a multiple of the pack) element
-// by element, so the padding is never read. One bf16 at a time, the kernel moved 2 bytes a
+// row in one access, the row's last pack (V is rarely a multiple of the pack) element by
+// element, so nothing past V is read. One bf16 at a time, the classifier moved 2 bytes a
 // thread an access and took 7.6 ms of an H200's step at micro batch 32.
 template <typename T>
-__device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, const unsigned int* targets,
-                                                      int V, int Vp, int write_grad, float grad_scale) {
-    __shared__ float max_scratch[WARP_SIZE];
-    __shared__ float sum_scratch[WARP_SIZE];
+__device__ SoftmaxSum row_softmax_sum(const T* x, int V, bool aligned, float* max_scratch, float* sum_scratch) {
     constexpr int LEN = Pack<T>::LEN;
-    T* x = logits + (unsigned long long)blockIdx.x * Vp;
-    const bool aligned = aligned16(x);
-    const int target = targets[blockIdx.x], stride = blockDim.x * LEN, first = threadIdx.x * LEN;
-    // Packs below `whole` lie wholly in the vocabulary; the one from `whole` to V (when V is
-    // not a multiple of LEN) is its last, taken element by element, as are packs of the
-    // padding, which hold no logit.
+    const int stride = blockDim.x * LEN, first = threadIdx.x * LEN;
+    // Packs below `whole` lie wholly in the row; the one from `whole` to V (when V is not a
+    // multiple of LEN) is its last, taken element by element.
     const int whole = V / LEN * LEN;
-
     SoftmaxSum acc = {NEG_INF, 0.0f};
     float values[LEN];
     for (int j = first; j < whole; j += stride) {
@@ -109,19 +102,26 @@ __device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, 
         for (int k = 0; k < LEN; ++k) values[k] = whole + k < V ? to_float(x[whole + k]) : NEG_INF;
         acc = push_pack(acc, values);
     }
-    acc = block_merge(acc, max_scratch, sum_scratch);
+    return block_merge(acc, max_scratch, sum_scratch);
+}
 
-    // Every thread has read x[target] before any thread overwrites it below.
-    const float target_logit = to_float(x[target]);
-    __syncthreads();
-    if (threadIdx.x == 0) losses[blockIdx.x] = logf(acc.sum) - (target_logit - acc.max);
-    if (!write_grad) return;
-    // d/dlogit_j = s * softmax_j - s * [j == target]: s / sum * 2^(x log2(e) - max log2(e)),
-    // and at the target s less, written again by the thread whose pack holds it, after its
-    // pack: no element of a pack tests whether it is the target.
-    const float scale = grad_scale / acc.sum, shift = acc.max * LOG2E;
-    const auto grad = [&](float logit) { return exp2_ftz(fmaf(logit, LOG2E, -shift)) * scale; };
-    for (int j = first; j < Vp; j += stride) {
+// d/dlogit of the loss times grad_scale, less the target's onehot: grad_scale * softmax,
+// 2^(x log2(e) - max log2(e)) * grad_scale / sum.
+struct SoftmaxGrad {
+    float shift, scale;
+    __device__ SoftmaxGrad(SoftmaxSum row, float grad_scale) : shift(row.max * LOG2E), scale(grad_scale / row.sum) {}
+    __device__ __forceinline__ float operator()(float logit) const { return exp2_ftz(fmaf(logit, LOG2E, -shift)) * scale; }
+};
+
+// Overwrites row x [Vp] with grad over its first V columns and 0 over the rest (the
+// padding, never read). The target's onehot is the caller's: it is written again by the
+// thread whose pack holds it (owns_column), after its pack, so no element of a pack
+// tests whether it is the target.
+template <typename T>
+__device__ void write_softmax_grad(T* x, int V, int Vp, bool aligned, SoftmaxGrad grad) {
+    constexpr int LEN = Pack<T>::LEN;
+    const int stride = blockDim.x * LEN, whole = V / LEN * LEN;
+    for (int j = threadIdx.x * LEN; j < Vp; j += stride) {
         Pack<T> g;
         if (j < whole) {
             const Pack<T> p = load_pack(x, j, V, aligned);
@@ -133,7 +133,33 @@ __device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, 
         }
         store_pack(x, g, j, Vp, aligned && whole_pack<T>(j, Vp));
     }
-    if (target / LEN % blockDim.x == threadIdx.x) store(&x[target], grad(target_logit) - grad_scale);
+}
+
+// Whether this thread wrote the pack that holds column `column` in write_softmax_grad.
+template <typename T>
+__device__ __forceinline__ bool owns_column(unsigned int column) {
+    return column / Pack<T>::LEN % blockDim.x == threadIdx.x;
+}
+
+// losses [N] = -log softmax(row)[target]; with write_grad, each row [Vp] becomes
+// grad_scale * (softmax - onehot(target)) over its V columns and 0 over its padding.
+template <typename T>
+__device__ __forceinline__ void fused_classifier_body(float* losses, T* logits, const unsigned int* targets,
+                                                      int V, int Vp, int write_grad, float grad_scale) {
+    __shared__ float max_scratch[WARP_SIZE];
+    __shared__ float sum_scratch[WARP_SIZE];
+    T* x = logits + (unsigned long long)blockIdx.x * Vp;
+    const bool aligned = aligned16(x);
+    const unsigned int target = targets[blockIdx.x];
+    const SoftmaxSum row = row_softmax_sum(x, V, aligned, max_scratch, sum_scratch);
+    // Every thread has read x[target] before any thread overwrites it below.
+    const float target_logit = to_float(x[target]);
+    __syncthreads();
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(row.sum) - (target_logit - row.max);
+    if (!write_grad) return;
+    const SoftmaxGrad grad(row, grad_scale);
+    write_softmax_grad(x, V, Vp, aligned, grad);
+    if (owns_column<T>(target)) store(&x[target], grad(target_logit) - grad_scale);
 }
 
 extern "C" __global__ void fused_classifier(float* losses, float* logits, const unsigned int* targets,
@@ -144,4 +170,62 @@ extern "C" __global__ void fused_classifier(float* losses, float* logits, const 
 extern "C" __global__ void fused_classifier_bf16(float* losses, bf16* logits, const unsigned int* targets,
                                                  int V, int Vp, int write_grad, float grad_scale) {
     fused_classifier_body(losses, logits, targets, V, Vp, write_grad, grad_scale);
+}
+
+// ---- one tensor-parallel rank's shard of the vocabulary --------------------------------
+// Megatron's vocab_parallel_cross_entropy in two kernels around the group's exchange of
+// three floats a row (stages' layers/vocab_parallel.rs): a rank's logits [N, V/t] never
+// leave it. A target another rank's columns hold is OTHER_SHARD (kernels/src/op_args.rs).
+#define OTHER_SHARD 0xFFFFFFFFu
+
+// stats [N,3] = each row's max, its sum of exp(logit - max), and its target's logit (0 for
+// another shard's target).
+template <typename T>
+__device__ __forceinline__ void vocab_shard_stats_body(float* stats, const T* logits, const unsigned int* targets,
+                                                       int V) {
+    __shared__ float max_scratch[WARP_SIZE];
+    __shared__ float sum_scratch[WARP_SIZE];
+    const T* x = logits + (unsigned long long)blockIdx.x * V;
+    const SoftmaxSum row = row_softmax_sum(x, V, aligned16(x), max_scratch, sum_scratch);
+    if (threadIdx.x != 0) return;
+    const unsigned int target = targets[blockIdx.x];
+    float* s = stats + 3ull * blockIdx.x;
+    s[0] = row.max;
+    s[1] = row.sum;
+    s[2] = target == OTHER_SHARD ? 0.0f : to_float(x[target]);
+}
+
+// Each row of logits [N,V/t] becomes grad_scale * (softmax - onehot(target)) on the shard's
+// columns, the softmax the whole row's: rows [N,2] holds its max and its sum of exp below it.
+template <typename T>
+__device__ __forceinline__ void vocab_shard_dlogits_body(T* logits, const float* rows, const unsigned int* targets,
+                                                         int V, float grad_scale) {
+    T* x = logits + (unsigned long long)blockIdx.x * V;
+    const unsigned int target = targets[blockIdx.x];
+    const bool holds_target = target != OTHER_SHARD;
+    // Every thread has read x[target] before any thread overwrites it below.
+    const float target_logit = holds_target ? to_float(x[target]) : 0.0f;
+    __syncthreads();
+    const SoftmaxGrad grad({rows[2ull * blockIdx.x], rows[2ull * blockIdx.x + 1]}, grad_scale);
+    write_softmax_grad(x, V, V, aligned16(x), grad);
+    if (holds_target && owns_column<T>(target)) store(&x[target], grad(target_logit) - grad_scale);
+}
+
+extern "C" __global__ void vocab_shard_stats(float* stats, const float* logits, const unsigned int* targets, int V) {
+    vocab_shard_stats_body(stats, logits, targets, V);
+}
+
+extern "C" __global__ void vocab_shard_stats_bf16(float* stats, const bf16* logits, const unsigned int* targets,
+                                                  int V) {
+    vocab_shard_stats_body(stats, logits, targets, V);
+}
+
+extern "C" __global__ void vocab_shard_dlogits(float* logits, const float* rows, const unsigned int* targets, int V,
+                                               float grad_scale) {
+    vocab_shard_dlogits_body(logits, rows, targets, V, grad_scale);
+}
+
+extern "C" __global__ void vocab_shard_dlogits_bf16(bf16* logits, const float* rows, const unsigned int* targets,
+                                                    int V, float grad_scale) {
+    vocab_shard_dlogits_body(logits, rows, targets, V, grad_scale);
 }

@@ -303,6 +303,7 @@ pub trait Dropout {
 }
 
 /// `rows` is (N, V): N rows (losses and targets) over a vocabulary of V, every target below it.
+/// The vocab_shard ops are the classifier's loss split around a tensor-parallel exchange.
 pub trait Classifier {
     fn classifier_impl(
         &self,
@@ -312,6 +313,23 @@ pub trait Classifier {
         targets: &[u32],
         grad: Option<ClassifierGrad>,
         rows: (usize, usize),
+    );
+    /// `rows` is (N, V/t), checked by [`crate::Device::vocab_shard_stats`].
+    fn vocab_shard_stats_impl(
+        &self,
+        stats: &mut Tensor,
+        logits: &Tensor,
+        targets: &[u32],
+        rows: (usize, usize),
+    );
+    /// `dims` is (N, V/t), checked by [`crate::Device::vocab_shard_dlogits`].
+    fn vocab_shard_dlogits_impl(
+        &self,
+        logits: &mut Tensor,
+        rows: &Tensor,
+        targets: &[u32],
+        scale: f32,
+        dims: (usize, usize),
     );
 }
 

@@ -38,7 +38,7 @@ use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
     assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_backward_dims, qk_norm_dims,
-    qk_norm_rows, qkv_dims, residual_rows, rope_dims,
+    qk_norm_rows, qkv_dims, residual_rows, rope_dims, vocab_shard_rows,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::Clock;
@@ -750,6 +750,22 @@ pub trait Device:
     ) {
         let rows = classifier_rows(losses, inp, weight, targets);
         self.classifier_impl(losses, inp, weight, targets, grad, rows);
+    }
+    /// A tensor-parallel rank's half of [`Device::classifier`] before the group's exchange
+    /// (Megatron's `vocab_parallel_cross_entropy`), over its shard of the vocabulary: for
+    /// each row of logits [N, V/t], stats [N,3] (overwrite) = the row's max, its sum of
+    /// exp(logit - max), and its target's logit, 0 where `targets` [N] names [`OTHER_SHARD`]
+    /// (another rank's column). Three floats a row are all that crosses the group.
+    fn vocab_shard_stats(&self, stats: &mut Tensor, logits: &Tensor, targets: &[u32]) {
+        let rows = vocab_shard_rows(stats, 3, logits, targets);
+        self.vocab_shard_stats_impl(stats, logits, targets, rows);
+    }
+    /// The half after the exchange: logits [N, V/t] (overwrite) = scale * (softmax -
+    /// onehot(target)) on the shard's columns, the softmax the whole row's, from `rows` [N,2]:
+    /// the whole row's max and its sum of exp(logit - max).
+    fn vocab_shard_dlogits(&self, logits: &mut Tensor, rows: &Tensor, targets: &[u32], scale: f32) {
+        let dims = vocab_shard_rows(rows, 2, logits, targets);
+        self.vocab_shard_dlogits_impl(logits, rows, targets, scale, dims);
     }
 
     // ---- errors --------------------------------------------------------------------

@@ -5,7 +5,7 @@
 use crate::op_args::{WeightLayout, OTHER_SHARD};
 use crate::qk_norm::{QkNormHeads, QkNormRows};
 use crate::rope_frequencies::RopeFrequencies;
-use crate::tensor::{rows_cols, Tensor};
+use crate::tensor::{rows_cols, DType, Tensor};
 
 /// A matmul's sizes: inp [N,IC], out [N,OC].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +155,27 @@ pub(crate) fn embedding_dims(act: &Tensor, tokens: &[u32], wte: &Tensor, wpe: Op
         assert!(wpe.len() >= t * c && rows_cols(wpe).1 == c, "embedding: wpe {wpe:?} vs {act:?}");
     }
     [b, t, c]
+}
+
+/// N and V/t of a vocabulary shard's op ([`crate::Device::vocab_shard_stats`] and
+/// [`crate::Device::vocab_shard_dlogits`]): `per_row` [N, width] f32 beside logits [N, V/t],
+/// `targets` [N] each below V/t or [`OTHER_SHARD`].
+pub(crate) fn vocab_shard_rows(
+    per_row: &Tensor,
+    width: usize,
+    logits: &Tensor,
+    targets: &[u32],
+) -> (usize, usize) {
+    let (n, v) = rows_cols(logits);
+    assert!(
+        per_row.dtype() == DType::F32 && per_row.len() == n * width && targets.len() == n,
+        "vocab shard: {per_row:?} and {} targets for logits {logits:?} (want f32 [{n}, {width}])",
+        targets.len()
+    );
+    if let Some(bad) = targets.iter().find(|&&t| t as usize >= v && t != OTHER_SHARD) {
+        panic!("vocab shard: target {bad} outside a shard of {v}");
+    }
+    (n, v)
 }
 
 /// N and V of a classifier call: losses and targets have N entries, and every target is

@@ -11,7 +11,7 @@ use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, DType,
     Device, DropoutKey, DropoutSite, DropoutSpec, Gate, QkNormHeads, QkNormSpan, RopeFrequencies, SplitMix64,
-    Tensor, WeightLayout,
+    Tensor, WeightLayout, OTHER_SHARD,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -1207,6 +1207,57 @@ fn bf16_classifier_over_an_odd_vocabulary_is_close_to_fp32() {
     let Some(gpu) = bf16_gpu("bf16_classifier_over_an_odd_vocabulary_is_close_to_fp32") else { return };
     // bf16 operands, as bf16_matmul_is_close_to_fp32.
     classifier_case(&gpu, 1001, 2e-2);
+}
+
+/// A tensor-parallel rank's loss over its shard of `v` columns, GPU against CPU: the row
+/// statistics (another shard's targets give 0), then the dlogits from the whole rows' max
+/// and sum, here the shard's own made larger as another shard's columns would. The logits
+/// are what the GPU stores (bf16 on a bf16 GPU), so both sides read the same values and the
+/// f32 statistics agree within f32 rounding; the dlogits within `tol`.
+fn vocab_shard_case(gpu: &CudaDevice, v: usize, tol: f64) {
+    let mut rng = seeded("vocab_shard");
+    let mut targets = rng.below(N, v as u32);
+    targets.iter_mut().step_by(3).for_each(|t| *t = OTHER_SHARD);
+    let logits = gpu.to_host(&put(gpu, &rng.uniform(N * v, 4.0), &[N, v]));
+    let (stats, dlogits) = {
+        let run = |dev: &dyn Device| {
+            let l = put(dev, &logits, &[N, v]);
+            let mut stats = dev.empty(&[N, 3], Category::Workspace);
+            dev.vocab_shard_stats(&mut stats, &l, &targets);
+            dev.to_host(&stats)
+        };
+        let (want, got) = (run(&cpu()), run(gpu));
+        assert_close("vocab shard statistics", &got, &want, TOL);
+        let whole: Vec<f32> =
+            want.chunks(3).flat_map(|s| [s[0] + 0.5, s[1] * (-0.5f32).exp() + 1.5]).collect();
+        let run = |dev: &dyn Device| {
+            let mut l = put(dev, &logits, &[N, v]);
+            dev.vocab_shard_dlogits(
+                &mut l,
+                &dev.from_host(&whole, &[N, 2], Category::Workspace),
+                &targets,
+                0.25,
+            );
+            dev.to_host(&l)
+        };
+        (want, (run(&cpu()), run(gpu)))
+    };
+    let zeros = stats.chunks(3).zip(&targets).filter(|(s, &t)| t == OTHER_SHARD && s[2] == 0.0).count();
+    assert_eq!(zeros, targets.iter().filter(|&&t| t == OTHER_SHARD).count(), "other shards' target logits");
+    assert_close("vocab shard dlogits", &dlogits.1, &dlogits.0, tol);
+}
+
+#[test]
+fn vocab_shard_ops_match_the_cpu() {
+    let Some(gpu) = gpu("vocab_shard_ops_match_the_cpu") else { return };
+    vocab_shard_case(&gpu, 1001, TOL);
+}
+
+/// bf16 logits in, bf16 dlogits out (rounded once), the statistics f32.
+#[test]
+fn bf16_vocab_shard_ops_are_close_to_the_cpu() {
+    let Some(gpu) = bf16_gpu("bf16_vocab_shard_ops_are_close_to_the_cpu") else { return };
+    vocab_shard_case(&gpu, 1001, 1e-2);
 }
 
 fn adamw_step(step: u32) -> AdamWStep {

@@ -1,6 +1,9 @@
-//! Softmax cross-entropy over the vocabulary, fused with its gradient.
+//! Softmax cross-entropy over the vocabulary, fused with its gradient; and the same split
+//! around a tensor-parallel group's exchange, for a rank that holds a shard of the
+//! vocabulary (`shard_stats`, then `shard_dlogits`).
 
 use super::math::{exp, lane_sum3, max, sum};
+use crate::op_args::OTHER_SHARD;
 use rayon::prelude::*;
 
 /// losses [N] = -log softmax(logits [N,V])[targets [N]]. With `grad_scale` s, logits is
@@ -29,6 +32,42 @@ pub fn forward_backward(losses: &mut [f32], logits: &mut [f32], targets: &[u32],
                 let k = s / sum_exp;
                 row.iter_mut().for_each(|x| *x *= k);
                 row[target] -= s;
+            }
+        },
+    );
+}
+
+/// stats [N,3] = for each row of a shard's logits [N, V/t]: its max, its sum of
+/// exp(logit - max), and its target's logit, 0 for a target that is [`OTHER_SHARD`].
+pub fn shard_stats(stats: &mut [f32], logits: &[f32], targets: &[u32]) {
+    if targets.is_empty() {
+        return;
+    }
+    let v = logits.len() / targets.len();
+    stats.par_chunks_mut(3).zip(logits.par_chunks(v)).zip(targets.par_iter()).for_each(
+        |((stats, row), &target)| {
+            let row_max = max(row);
+            let sum_exp = lane_sum3(row, row, row, |x, _, _| exp(x - row_max));
+            let target_logit = if target == OTHER_SHARD { 0.0 } else { row[target as usize] };
+            stats.copy_from_slice(&[row_max, sum_exp, target_logit]);
+        },
+    );
+}
+
+/// Overwrites a shard's logits [N, V/t] with s * (softmax - onehot(target)) on its columns,
+/// the softmax the whole row's: `rows` [N,2] holds the whole row's max and its sum of
+/// exp(logit - max).
+pub fn shard_dlogits(logits: &mut [f32], rows: &[f32], targets: &[u32], s: f32) {
+    if targets.is_empty() {
+        return;
+    }
+    let v = logits.len() / targets.len();
+    logits.par_chunks_mut(v).zip(rows.par_chunks(2)).zip(targets.par_iter()).for_each(
+        |((row, whole), &target)| {
+            let (row_max, k) = (whole[0], s / whole[1]);
+            row.iter_mut().for_each(|x| *x = exp(*x - row_max) * k);
+            if target != OTHER_SHARD {
+                row[target as usize] -= s;
             }
         },
     );
@@ -81,5 +120,56 @@ mod tests {
         // Tolerance: 1e-5 of the largest gradient component.
         assert_close(&l, &fd, 1e-5, "dlogits");
         assert_close(&losses, &reference(&to_f64(&logits())), 1e-6, "losses with gradient");
+    }
+
+    /// A shard's rows, columns `cols` of each, and the targets as the shard numbers them.
+    fn shard(logits: &[f32], cols: std::ops::Range<usize>) -> (Vec<f32>, Vec<u32>) {
+        let rows = logits.chunks(V).flat_map(|row| row[cols.clone()].to_vec()).collect();
+        let targets = TARGETS.map(|t| match cols.contains(&(t as usize)) {
+            true => t - cols.start as u32,
+            false => OTHER_SHARD,
+        });
+        (rows, targets.to_vec())
+    }
+
+    /// The vocabulary cut in two shards (15 and 22 columns, so that both hold targets), each
+    /// row's statistics combined as the tensor-parallel group combines them: the loss is the
+    /// whole row's and each shard's dlogits are its columns of the whole row's, both against
+    /// the fused op within f32 rounding.
+    #[test]
+    fn two_shards_combine_to_the_whole_rows_loss_and_gradient() {
+        let (s, l) = (0.25, logits());
+        let (mut losses, mut want) = (vec![0.0; N], l.clone());
+        forward_backward(&mut losses, &mut want, &TARGETS, Some(s));
+        let halves = [shard(&l, 0..15), shard(&l, 15..V)];
+        let stats: Vec<Vec<f32>> = halves
+            .iter()
+            .map(|(rows, targets)| {
+                let mut stats = vec![f32::NAN; 3 * N];
+                shard_stats(&mut stats, rows, targets);
+                stats
+            })
+            .collect();
+        let mut whole = Vec::new();
+        for n in 0..N {
+            let [a, b] = [&stats[0][3 * n..3 * n + 3], &stats[1][3 * n..3 * n + 3]];
+            let m = a[0].max(b[0]);
+            let sum_exp = a[1] * (a[0] - m).exp() + b[1] * (b[0] - m).exp();
+            // Exactly one shard holds the target; the other reports 0.
+            assert!(a[2] == 0.0 || b[2] == 0.0, "row {n}: both shards report a target logit");
+            let loss = sum_exp.ln() - (a[2] + b[2] - m);
+            assert!((loss - losses[n]).abs() <= 1e-6 * losses[n].abs(), "row {n}: {loss} vs {}", losses[n]);
+            whole.extend([m, sum_exp]);
+        }
+        let got: Vec<Vec<f32>> = halves
+            .into_iter()
+            .map(|(mut rows, targets)| {
+                shard_dlogits(&mut rows, &whole, &targets, s);
+                rows
+            })
+            .collect();
+        let (left, right) = (shard(&want, 0..15).0, shard(&want, 15..V).0);
+        assert_close(&got[0], &to_f64(&left), 1e-6, "first shard's dlogits");
+        assert_close(&got[1], &to_f64(&right), 1e-6, "second shard's dlogits");
     }
 }

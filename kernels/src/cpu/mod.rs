@@ -703,6 +703,27 @@ impl Classifier for CpuDevice {
         self.matmul_backward_input(grad.dinp, &dlogits, weight, WeightLayout::OutIn);
         self.matmul_backward_weight(grad.dweight, None, &dlogits, inp, WeightLayout::OutIn);
     }
+
+    fn vocab_shard_stats_impl(
+        &self,
+        stats: &mut Tensor,
+        logits: &Tensor,
+        targets: &[u32],
+        _: (usize, usize),
+    ) {
+        self.pool.install(|| cross_entropy::shard_stats(stats.cpu_mut(), logits.cpu(), targets));
+    }
+
+    fn vocab_shard_dlogits_impl(
+        &self,
+        logits: &mut Tensor,
+        rows: &Tensor,
+        targets: &[u32],
+        scale: f32,
+        _: (usize, usize),
+    ) {
+        self.pool.install(|| cross_entropy::shard_dlogits(logits.cpu_mut(), rows.cpu(), targets, scale));
+    }
 }
 
 impl AdamW for CpuDevice {

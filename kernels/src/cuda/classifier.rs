@@ -8,7 +8,7 @@
 use super::device::CudaDevice;
 use super::launch::per_row_block;
 use super::sources::kernel_name;
-use super::views::{buf_mut, cu_mut, int};
+use super::views::{buf, buf_mut, cu, cu_mut, int};
 use crate::backend::Classifier;
 use crate::device::{padded_vocab, Device};
 use crate::memory::Category;
@@ -53,5 +53,36 @@ impl Classifier for CudaDevice {
         if let Some(grad) = grad {
             self.head_backward(grad.dinp, grad.dweight, &logits, inp, &weight);
         }
+    }
+
+    fn vocab_shard_stats_impl(
+        &self,
+        stats: &mut Tensor,
+        logits: &Tensor,
+        targets: &[u32],
+        (n, v): (usize, usize),
+    ) {
+        if n == 0 {
+            return;
+        }
+        let (targets, v) = (self.upload(targets), int(v));
+        let kernel = kernel_name("vocab_shard_stats", logits.dtype());
+        launch!(self, kernel, per_row_block(n), cu_mut(stats), buf(logits), &*targets, &v);
+    }
+
+    fn vocab_shard_dlogits_impl(
+        &self,
+        logits: &mut Tensor,
+        rows: &Tensor,
+        targets: &[u32],
+        scale: f32,
+        (n, v): (usize, usize),
+    ) {
+        if n == 0 {
+            return;
+        }
+        let (targets, v) = (self.upload(targets), int(v));
+        let kernel = kernel_name("vocab_shard_dlogits", logits.dtype());
+        launch!(self, kernel, per_row_block(n), buf_mut(logits), cu(rows), &*targets, &v, &scale);
     }
 }

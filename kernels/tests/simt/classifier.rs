@@ -4,12 +4,13 @@
 //! dlogits exactly zero, and the padding never read (fillings that would change or poison
 //! the losses if it were give the same bits). The bf16-storage twin the same way, its rows
 //! bf16 and the CPU given the logits rounded to bf16, its dlogits the rounding of the CPU's
-//! within the same tolerance.
+//! within the same tolerance. The vocab_shard kernels, a tensor-parallel rank's halves of
+//! the same loss, against the CPU's shard ops the same way, targets of other shards included.
 
 use crate::harness::{bitwise, close, Family, Rng, Run, Storage, Tolerance};
-use kernels::cpu::cross_entropy::forward_backward;
+use kernels::cpu::cross_entropy::{forward_backward, shard_dlogits, shard_stats};
 use kernels::cuda::launch::per_row_block;
-use kernels::padded_vocab;
+use kernels::{padded_vocab, OTHER_SHARD};
 
 /// GPT-2 124M's vocabulary.
 const V: usize = 50257;
@@ -131,6 +132,74 @@ fn fused_classifier_matches_the_cpu_at_odd_sizes_in_f32_and_bf16() {
     for storage in Storage::BOTH {
         for (n, v, seed) in [(5, 37, 8), (3, 256, 9), (9, 3000, 10)] {
             classifier(&family, storage, n, v, &FILLS, seed).unwrap();
+        }
+    }
+}
+
+/// A shard's kernels over n rows of v logits in `storage`, against the CPU's: the statistics
+/// (the max and the target's logit exact, the sum within f32 rounding), then the dlogits
+/// from whole rows whose max lies in another shard for the even rows and in this one for the
+/// odd. Targets: the last column, the first, another shard's, and random ones.
+pub fn vocab_shard(family: &Family, storage: Storage, n: usize, v: usize, seed: u64) -> Result<(), String> {
+    let what = |part: &str| format!("{part} in {storage} (a shard of {v} columns, {n} rows)");
+    let mut rng = Rng::new(seed);
+    let (logits, mut targets) = (storage.round(rng.uniform(n * v, 8.0)), rng.below(n, v as u32));
+    targets[0] = v as u32 - 1;
+    targets[1] = 0;
+    targets.iter_mut().skip(2).step_by(2).for_each(|t| *t = OTHER_SHARD);
+    let mut want_stats = vec![f32::NAN; 3 * n];
+    shard_stats(&mut want_stats, &logits, &targets);
+    let whole: Vec<f32> = want_stats
+        .chunks(3)
+        .enumerate()
+        .flat_map(|(i, s)| match i % 2 {
+            0 => [s[0] + 0.75, s[1] * (-0.75f32).exp() + 2.5],
+            _ => [s[0], s[1] + 1.25],
+        })
+        .collect();
+    let mut want = logits.clone();
+    let scale = 1.0 / 4096.0;
+    shard_dlogits(&mut want, &whole, &targets, scale);
+
+    let mut run = Run::new(seed);
+    let (l, t, stats, rows) = (
+        storage.buffer(&mut run, &logits),
+        run.buffer(&targets),
+        run.buffer(&vec![f32::NAN; 3 * n]),
+        run.buffer(&whole),
+    );
+    let v_i = v as i32;
+    run.launch(
+        storage.kernel("vocab_shard_stats"),
+        per_row_block(n),
+        &[stats.into(), l.into(), t.into(), v_i.into()],
+    );
+    run.read(stats);
+    run.launch(
+        storage.kernel("vocab_shard_dlogits"),
+        per_row_block(n),
+        &[l.into(), rows.into(), t.into(), v_i.into(), scale.into()],
+    );
+    run.read(l);
+    let got = family.run(run)?;
+    let got_stats = got.get::<f32>(stats);
+    let column = |xs: &[f32], k: usize| xs.chunks(3).map(|s| s[k]).collect::<Vec<f32>>();
+    bitwise(&what("row maxima"), &column(&got_stats, 0), &column(&want_stats, 0))?;
+    close(&what("sums of exponentials"), &column(&got_stats, 1), &column(&want_stats, 1), 1e-5, 0.0)?;
+    bitwise(&what("target logits"), &column(&got_stats, 2), &column(&want_stats, 2))?;
+    let dlogits = Tolerance::Close { rtol: 1e-5, floor: 0.0 };
+    storage.check(&what("dlogits"), &storage.read(&got, l), &want, dlogits)
+}
+
+#[test]
+fn vocab_shard_kernels_match_the_cpu_in_f32_and_bf16() {
+    let test = "vocab_shard_kernels_match_the_cpu_in_f32_and_bf16";
+    let Some(family) = Family::of(test, "classifier.cu") else { return };
+    // A shard below one block, one whose rows start unaligned (3001 columns), GPT-2's
+    // vocabulary of 50304 at t = 2 and Llama 3's of 128256 at t = 8.
+    for storage in Storage::BOTH {
+        for (n, v, seed) in [(5, 37, 11), (4, 3001, 12), (4, 25152, 13), (3, 16032, 14)] {
+            vocab_shard(&family, storage, n, v, seed).unwrap();
         }
     }
 }

@@ -6,89 +6,44 @@
 //! and its own columns of dloss/dlogits; its part of the input gradient is summed over the
 //! group.
 //!
-//! The statistics cross the host (the collective's bytes); the logits stay where they are
-//! computed. A device kernel for the row statistics is the step left for the GPU.
+//! The logits stay on the device: it computes the statistics ([`Device::vocab_shard_stats`])
+//! and, from the whole rows', the dlogits in place ([`Device::vocab_shard_dlogits`]). Only
+//! the statistics [N,3] and the whole rows' [N,2] cross the host, as the collective's bytes.
 
 use crate::dist::{Reader, TensorGroup, Writer};
-use kernels::{Category, ClassifierGrad, Device, Tensor, WeightLayout, OTHER_SHARD};
+use kernels::{Category, ClassifierGrad, Device, Tensor, WeightLayout};
 
-/// One rank's statistics of one row of its logits.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RowStats {
-    pub max: f32,
-    /// sum over the rank's columns of exp(logit - max)
-    pub sum_exp: f32,
-    /// The target's logit, 0 where another rank's columns hold the target.
-    pub target: f32,
-}
-
-/// The whole row's softmax, combined from every rank's [`RowStats`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RowSoftmax {
-    pub max: f32,
-    pub sum_exp: f32,
-    /// -log softmax(logits)[target]
-    pub loss: f32,
-}
-
-/// The statistics of each row of `logits` [N, V/t]; `targets` [N] numbered as this rank's
-/// columns, another rank's as [`OTHER_SHARD`].
-pub fn row_stats(logits: &[f32], targets: &[u32]) -> Vec<RowStats> {
-    let v = logits.len() / targets.len();
-    logits
-        .chunks_exact(v)
-        .zip(targets)
-        .map(|(row, &target)| {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum_exp = row.iter().map(|&x| (x - max).exp()).sum();
-            let target = if target == OTHER_SHARD { 0.0 } else { row[target as usize] };
-            RowStats { max, sum_exp, target }
-        })
-        .collect()
-}
-
-/// The whole rows from every member's statistics, combined in member order: the max of the
-/// maxima, each sum rescaled to it, the one target logit.
-pub fn combine(members: &[Vec<RowStats>]) -> Vec<RowSoftmax> {
-    (0..members[0].len())
-        .map(|n| {
-            let max = members.iter().map(|m| m[n].max).fold(f32::NEG_INFINITY, f32::max);
-            let sum_exp: f32 = members.iter().map(|m| m[n].sum_exp * (m[n].max - max).exp()).sum();
-            let target: f32 = members.iter().map(|m| m[n].target).sum();
-            RowSoftmax { max, sum_exp, loss: sum_exp.ln() - (target - max) }
-        })
-        .collect()
-}
-
-/// Overwrites `logits` [N, V/t] with scale * (softmax - onehot(target)) on this rank's
-/// columns: the gradient of scale * sum(losses).
-pub fn dlogits(logits: &mut [f32], rows: &[RowSoftmax], targets: &[u32], scale: f32) {
-    let v = logits.len() / targets.len();
-    for ((row, r), &target) in logits.chunks_exact_mut(v).zip(rows).zip(targets) {
-        let k = scale / r.sum_exp;
-        row.iter_mut().for_each(|x| *x = (*x - r.max).exp() * k);
-        if target != OTHER_SHARD {
-            row[target as usize] -= scale;
-        }
+/// The losses [N] and the whole rows' max and sum of exp(logit - max) [N,2], from every
+/// member's statistics [N,3] ([`Device::vocab_shard_stats`]), combined in member order: the
+/// max of the maxima, each sum rescaled to it, the one target logit (the others report 0).
+pub fn combine(members: &[Vec<f32>]) -> (Vec<f32>, Vec<f32>) {
+    let n = members[0].len() / 3;
+    let (mut losses, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(2 * n));
+    for i in 0..n {
+        let stat = |m: &Vec<f32>, k: usize| m[3 * i + k];
+        let max = members.iter().map(|m| stat(m, 0)).fold(f32::NEG_INFINITY, f32::max);
+        let sum_exp: f32 = members.iter().map(|m| stat(m, 1) * (stat(m, 0) - max).exp()).sum();
+        let target: f32 = members.iter().map(|m| stat(m, 2)).sum();
+        losses.push(sum_exp.ln() - (target - max));
+        rows.extend([max, sum_exp]);
     }
+    (losses, rows)
 }
 
-fn encode(stats: &[RowStats]) -> Vec<u8> {
-    let flat: Vec<f32> = stats.iter().flat_map(|r| [r.max, r.sum_exp, r.target]).collect();
+fn encode(stats: &[f32]) -> Vec<u8> {
     let mut w = Writer::default();
-    w.f32s(&flat);
+    w.f32s(stats);
     w.0
 }
 
-fn decode(bytes: &[u8]) -> Vec<RowStats> {
-    let flat = Reader(bytes).f32s().expect("the group's members encode their statistics alike");
-    flat.chunks_exact(3).map(|r| RowStats { max: r[0], sum_exp: r[1], target: r[2] }).collect()
+fn decode(bytes: &[u8]) -> Vec<f32> {
+    Reader(bytes).f32s().expect("the group's members encode their statistics alike")
 }
 
 /// [`Device::classifier`]'s contract over this rank's rows `weight` [V/t, C] of the output
 /// layer: losses [N] of the whole vocabulary; with `grad`, dinp [N,C] (overwrite: this rank's
-/// part, which the caller sums over the group) and dweight [V/t, C] += this rank's rows. `targets` [N] as this rank numbers
-/// its rows (another rank's as [`OTHER_SHARD`]).
+/// part, which the caller sums over the group) and dweight [V/t, C] += this rank's rows.
+/// `targets` [N] as this rank numbers its rows (another rank's as [`kernels::OTHER_SHARD`]).
 pub fn classifier(
     dev: &dyn Device,
     losses: &mut Tensor,
@@ -99,18 +54,18 @@ pub fn classifier(
     tp: &mut TensorGroup,
 ) {
     let (n, v) = (targets.len(), weight.shape()[0]);
-    let mut logits = dev.empty(&[n, v], Category::Workspace); // [N,V/t]
+    let mut logits = dev.empty_of(inp.dtype(), &[n, v], Category::Workspace); // [N,V/t]
     dev.matmul_forward(&mut logits, inp, weight, WeightLayout::OutIn, None);
-    let mut host = dev.to_host(&logits);
-    drop(logits);
-    let members: Vec<Vec<RowStats>> =
-        tp.all_gather(&encode(&row_stats(&host, targets))).iter().map(|b| decode(b)).collect();
-    let rows = combine(&members);
-    let row_losses: Vec<f32> = rows.iter().map(|r| r.loss).collect();
-    dev.copy(losses, &dev.from_host(&row_losses, losses.shape(), Category::Workspace));
+    let mut stats = dev.empty(&[n, 3], Category::Workspace); // [N,3]
+    dev.vocab_shard_stats(&mut stats, &logits, targets);
+    let members: Vec<Vec<f32>> =
+        tp.all_gather(&encode(&dev.to_host(&stats))).iter().map(|b| decode(b)).collect();
+    let (row_losses, rows) = combine(&members);
+    dev.write_at(losses, 0, &row_losses);
     let Some(grad) = grad else { return };
-    dlogits(&mut host, &rows, targets, grad.scale);
-    let dlogits = dev.from_host(&host, &[n, v], Category::Workspace); // [N,V/t]
+    let rows = dev.from_host(&rows, &[n, 2], Category::Workspace); // [N,2]
+    dev.vocab_shard_dlogits(&mut logits, &rows, targets, grad.scale);
+    let dlogits = logits; // [N,V/t], overwritten in place
     dev.matmul_backward_input(grad.dinp, &dlogits, weight, WeightLayout::OutIn);
     dev.matmul_backward_weight(grad.dweight, None, &dlogits, inp, WeightLayout::OutIn);
 }
@@ -118,11 +73,14 @@ pub fn classifier(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels::cpu::CpuDevice;
+    use kernels::OTHER_SHARD;
 
     /// Two shards' statistics combine to the whole row's loss and gradient: the loss of
     /// log-sum-exp over both halves, and each half's columns of the whole gradient.
     #[test]
     fn two_shards_give_the_whole_rows_loss_and_gradient() {
+        let dev = CpuDevice::new(1);
         // Two rows of 6 logits; targets 1 (first half) and 4 (second half).
         let logits = [0.5f32, 2.0, -1.0, 3.0, 0.25, 1.5, -2.0, 0.0, 1.0, 4.0, -0.5, 2.5];
         let targets = [1u32, 4];
@@ -131,7 +89,7 @@ mod tests {
             let grad: Vec<f64> = row.iter().map(|&x| (x as f64).exp() / lse.exp()).collect();
             (lse - row[t] as f64, grad)
         };
-        let half = |h: usize| -> (Vec<f32>, Vec<u32>) {
+        let half = |h: usize| -> (Tensor, Vec<u32>) {
             let cols: Vec<f32> = logits.chunks(6).flat_map(|r| r[3 * h..3 * h + 3].to_vec()).collect();
             let t = targets.map(|t| {
                 if (3 * h..3 * h + 3).contains(&(t as usize)) {
@@ -140,17 +98,27 @@ mod tests {
                     OTHER_SHARD
                 }
             });
-            (cols, t.to_vec())
+            (dev.from_host(&cols, &[2, 3], Category::Workspace), t.to_vec())
         };
-        let (h0, h1) = (half(0), half(1));
-        let rows = combine(&[row_stats(&h0.0, &h0.1), row_stats(&h1.0, &h1.1)]);
-        for (n, r) in rows.iter().enumerate() {
-            let (loss, _) = whole(&logits[6 * n..6 * n + 6], targets[n] as usize);
-            assert!((r.loss as f64 - loss).abs() < 1e-6, "row {n}: {} vs {loss}", r.loss);
+        let mut halves = [half(0), half(1)];
+        let stats: Vec<Vec<f32>> = halves
+            .iter()
+            .map(|(l, t)| {
+                let mut stats = dev.empty(&[2, 3], Category::Workspace);
+                dev.vocab_shard_stats(&mut stats, l, t);
+                dev.to_host(&stats)
+            })
+            .collect();
+        let (losses, rows) = combine(&stats);
+        for (n, loss) in losses.iter().enumerate() {
+            let (want, _) = whole(&logits[6 * n..6 * n + 6], targets[n] as usize);
+            assert!((*loss as f64 - want).abs() < 1e-6, "row {n}: {loss} vs {want}");
         }
-        let (mut d0, mut d1) = (h0.0.clone(), h1.0.clone());
-        dlogits(&mut d0, &rows, &h0.1, 0.5);
-        dlogits(&mut d1, &rows, &h1.1, 0.5);
+        let rows = dev.from_host(&rows, &[2, 2], Category::Workspace);
+        for (l, t) in &mut halves {
+            dev.vocab_shard_dlogits(l, &rows, t, 0.5);
+        }
+        let [d0, d1] = halves.map(|(l, _)| dev.to_host(&l));
         for n in 0..2 {
             let (_, mut grad) = whole(&logits[6 * n..6 * n + 6], targets[n] as usize);
             grad[targets[n] as usize] -= 1.0;
