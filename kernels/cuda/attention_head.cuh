@@ -35,10 +35,16 @@ __device__ __forceinline__ Head group_head(int r, int T, int NH, int KV, int hs)
     return query_head(b, g * (NH / KV) + r, T, NH, KV, hs);
 }
 
+// The (batch, head) pair of the whole layer's [B, NH, T, T] mask that head bh = b * NH + h
+// draws: b * total + first + h for a tensor-parallel rank's heads first.. of the layer's
+// total, bh itself for a layer's own ({1, 1, 0}). Invariant in every loop over a head's
+// elements, so computed once a head.
+__device__ __forceinline__ unsigned long long mask_head(const DropoutMask& mask, unsigned long long bh) {
+    return bh / mask.heads[0] * mask.heads[1] + mask.heads[2] + bh % mask.heads[0];
+}
+
 // The multiplier of element (i, j) of head bh's probabilities under dropout: 1 / (1 - p)
 // or 0 as the mask keeps or drops it. Called only when dropout is on.
 __device__ __forceinline__ float dropout_factor(const DropoutMask& mask, unsigned long long bh, int T, int i, int j) {
-    const unsigned long long index = (bh * T + i) * T + j;
-    const uint4 words = mask_block_words(mask, (unsigned int)(index / 4));
-    return mask_keeps(mask, uint4_word(words, (unsigned int)(index % 4))) ? mask.scale : 0.0f;
+    return mask_keeps_element(mask, (mask_head(mask, bh) * T + i) * T + j) ? mask.scale : 0.0f;
 }

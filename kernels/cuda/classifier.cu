@@ -202,13 +202,13 @@ __device__ __forceinline__ void vocab_shard_dlogits_body(T* logits, const float*
                                                          int V, float grad_scale) {
     T* x = logits + (unsigned long long)blockIdx.x * V;
     const unsigned int target = targets[blockIdx.x];
-    const bool holds_target = target != OTHER_SHARD;
-    // Every thread has read x[target] before any thread overwrites it below.
+    // Only the thread that writes the target's pack reads its logit, before it does: no
+    // barrier (the fused kernel's thread 0 needs the logit for the loss).
+    const bool holds_target = target != OTHER_SHARD && owns_column<T>(target);
     const float target_logit = holds_target ? to_float(x[target]) : 0.0f;
-    __syncthreads();
     const SoftmaxGrad grad({rows[2ull * blockIdx.x], rows[2ull * blockIdx.x + 1]}, grad_scale);
     write_softmax_grad(x, V, V, aligned16(x), grad);
-    if (holds_target && owns_column<T>(target)) store(&x[target], grad(target_logit) - grad_scale);
+    if (holds_target) store(&x[target], grad(target_logit) - grad_scale);
 }
 
 extern "C" __global__ void vocab_shard_stats(float* stats, const float* logits, const unsigned int* targets, int V) {

@@ -7,6 +7,8 @@
 #include "common.cuh"
 #include "philox.cuh"
 
+// Element i of the tensor is element mask.first + i of the mask (a sequence-parallel rank's
+// rows start there).
 template <typename T>
 __device__ __forceinline__ void dropout_apply_body(T* out, const T* inp, unsigned long long n,
                                                    const DropoutMask& mask) {
@@ -14,12 +16,23 @@ __device__ __forceinline__ void dropout_apply_body(T* out, const T* inp, unsigne
     if (i >= n) return;
     const bool vector = whole_pack<T>(i, n) && aligned16(out) && aligned16(inp);
     Pack<T> p = load_pack(inp, i, n, vector);
-    // A pack starts at a multiple of 4, so its groups of four are whole Philox calls.
-    for (int g = 0; g < Pack<T>::LEN / 4; ++g) {
-        const uint4 words = mask_block_words(mask, (unsigned int)(i / 4 + g));
-        for (int k = 0; k < 4; ++k) {
-            const float factor = mask_keeps(mask, uint4_word(words, k)) ? mask.scale : 0.0f;
-            store(&p.x[4 * g + k], to_float(p.x[4 * g + k]) * factor);
+    const unsigned long long index = mask.first + i;
+    if (index % 4 == 0) {
+        // A pack starts at a multiple of 4, and so does its mask: its groups of four are
+        // whole Philox calls.
+        for (int g = 0; g < Pack<T>::LEN / 4; ++g) {
+            const uint4 words = mask_block_words(mask, (unsigned int)(index / 4 + g));
+            for (int k = 0; k < 4; ++k) {
+                const float factor = mask_keeps(mask, uint4_word(words, k)) ? mask.scale : 0.0f;
+                store(&p.x[4 * g + k], to_float(p.x[4 * g + k]) * factor);
+            }
+        }
+    } else {
+        // A part from a mask element that is not a multiple of 4 (rows of a width that is
+        // not): each element its own call, four times the draws.
+        for (int k = 0; k < Pack<T>::LEN; ++k) {
+            const float factor = mask_keeps_element(mask, index + k) ? mask.scale : 0.0f;
+            store(&p.x[k], to_float(p.x[k]) * factor);
         }
     }
     store_pack(out, p, i, n, vector);

@@ -27,14 +27,22 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
     return c;
 }
 
-// One dropout mask, as the Rust side packs it (kernels/src/cuda/dropout.rs): the counter
+// One dropout mask, as the Rust side packs it (kernels/src/cuda/pointwise.rs): the counter
 // words that do not depend on the element index, the key words, the drop threshold and
-// the 1 / (1 - p) scale of the kept elements. The layout matches the #[repr(C)] struct.
+// the 1 / (1 - p) scale of the kept elements; and where a tensor-parallel rank's part lies
+// in the whole tensor's mask. The layout matches the #[repr(C)] struct.
 struct DropoutMask {
     unsigned int counter[3];  // microbatch, step, layer * 4 + site
     unsigned int key[2];      // seed lo, seed hi
     unsigned long long threshold;
     float scale;
+    // The mask element of an elementwise dropout's first element: where a sequence-parallel
+    // rank's rows begin in the whole tensor (0 otherwise).
+    unsigned long long first;
+    // An attention's heads: the rank's own query heads a batch row (heads[0]) among the
+    // layer's heads[1], from heads[2]; {1, 1, 0} for a layer's own heads (attention_head.cuh's
+    // mask_head).
+    unsigned int heads[3];
 };
 
 // The four random words covering elements 4*block .. 4*block+3 of the mask.
@@ -50,4 +58,10 @@ __device__ __forceinline__ unsigned int uint4_word(uint4 w, unsigned int i) {
 // Whether the random word of an element keeps it.
 __device__ __forceinline__ bool mask_keeps(const DropoutMask& m, unsigned int word) {
     return (unsigned long long)word >= m.threshold;
+}
+
+// Whether the mask keeps element `index`: one Philox call for one element, where a caller
+// cannot take the four words of a block together.
+__device__ __forceinline__ bool mask_keeps_element(const DropoutMask& m, unsigned long long index) {
+    return mask_keeps(m, uint4_word(mask_block_words(m, (unsigned int)(index / 4)), (unsigned int)(index % 4)));
 }

@@ -10,8 +10,8 @@ use kernels::cuda::sources::KernelSource;
 use kernels::cuda::{CudaDevice, MatmulPrecision};
 use kernels::{
     AdamWStep, AdamWTensor, AttentionSaved, AttentionSaves, Category, CausalMask, ClassifierGrad, DType,
-    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, QkNormHeads, QkNormSpan, RopeFrequencies, SplitMix64,
-    Tensor, WeightLayout, OTHER_SHARD,
+    Device, DropoutKey, DropoutSite, DropoutSpec, Gate, HeadRange, QkNormHeads, QkNormSpan, RopeFrequencies,
+    SplitMix64, Tensor, WeightLayout, OTHER_SHARD,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -742,6 +742,23 @@ fn attention_matches_with_and_without_dropout() {
     assert_eq!(gpu.ledger().live(Category::Workspace), 0, "scratch outlived the ops");
 }
 
+/// A tensor-parallel rank's heads draw the whole layer's dropout mask: here NH heads from
+/// head 3 of 2 NH + 1 (each batch row's heads consecutive among the layer's, the batch rows
+/// not), through the fused core and the unfused one, multi-head and grouped. A GPU that drew
+/// its own heads' mask would differ from the CPU in P' and everything after it.
+#[test]
+fn attention_dropout_of_a_ranks_heads_draws_the_layers_mask() {
+    let Some(gpu) = gpu("attention_dropout_of_a_ranks_heads_draws_the_layers_mask") else { return };
+    let mut rng = seeded("attention heads");
+    let heads = Some(HeadRange { first: 3, total: 2 * NH + 1 });
+    let spec = Some(DropoutSpec { heads, ..dropout(0.2, 3, DropoutSite::AttentionProbs) });
+    for kind in [AttentionSaves::RowLogSumExp, AttentionSaves::Probabilities] {
+        for kv in [NH, 2] {
+            attention_case(&gpu, kind, spec, CausalMask::Full, [B, T, C, NH, kv], TOL, &mut rng);
+        }
+    }
+}
+
 /// Llama's head size of 128, above the fp32 fused kernels', through the unfused core: 4
 /// query heads on 2 key/value heads at T = 40.
 #[test]
@@ -1145,7 +1162,12 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
     let mut rng = seeded("dropout");
     let n = 100_003; // not a multiple of 4: the last Philox block is partial
     let (x, dout) = (rng.uniform(n, 1.0), rng.uniform(n, 1.0));
-    for spec in [dropout(0.1, 5, DropoutSite::MlpResidual), dropout(0.5, 0, DropoutSite::Embedding)] {
+    // A layer's whole tensor, and a sequence-parallel rank's rows from mask elements that
+    // are and are not a multiple of Philox's block of 4.
+    let residual = dropout(0.1, 5, DropoutSite::MlpResidual);
+    let from = |first| DropoutSpec { first, ..residual };
+    for spec in [residual, dropout(0.5, 0, DropoutSite::Embedding), from(4 * 100_003), from(100_003 * 3 + 2)]
+    {
         let run = |dev: &dyn Device| {
             let mut out = dev.zeros(&[n], Category::Workspace);
             dev.dropout_forward(&mut out, &put(dev, &x, &[n]), spec);
@@ -1158,7 +1180,9 @@ fn dropout_draws_the_cpus_mask_bit_for_bit() {
         assert_bitwise("dropout backward", &got[1], &want[1]);
         // An input the draw keeps is nonzero out unless it was zero in (uniform draws can
         // be exactly 0).
-        let kept = (0..n).filter(|&i| kernels::philox::keep(&spec.key, i, spec.p) && x[i] != 0.0).count();
+        let kept = (0..n)
+            .filter(|&i| kernels::philox::keep(&spec.key, spec.first + i, spec.p) && x[i] != 0.0)
+            .count();
         assert_eq!(got[0].iter().filter(|&&y| y != 0.0).count(), kept, "kept elements");
     }
 }

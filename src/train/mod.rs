@@ -57,8 +57,7 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
 
 /// What the trainer's tensor parallelism does not run yet, beyond the divisibility rules
 /// the config and `simulate` share: the vocabulary must split evenly (no padding), and the
-/// CUDA device waits for its turn (its dropout kernels draw whole tensors' masks only, and
-/// sequence parallelism's gathers would cross the host).
+/// CUDA device waits for its turn (sequence parallelism's gathers would cross the host).
 fn tensor_parallel_runs(cfg: &config::Config) -> Result<(), (&'static str, String)> {
     let t = cfg.tensor_model_parallel_size;
     if t == 1 {

@@ -18,6 +18,7 @@
 use super::device::{assert_same_len, CudaDevice};
 use super::gemm_shape::GemmShape;
 use super::launch::{per_item, per_row_warp};
+use super::pointwise::DropoutMask;
 use super::scratch::Scratch;
 use super::views::{cu, cu_mut, int};
 use crate::attention::CausalMask;
@@ -25,10 +26,25 @@ use crate::dropout::DropoutSpec;
 use crate::shapes::QkvDims as Dims;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
+use std::ops::Range;
 
 /// The elements of the probabilities P (or P'), [B,NH,T,T].
 fn att_len(d: Dims) -> usize {
     d.query_rows() * d.t
+}
+
+/// The runs of P [B,NH,T,T] that are runs of the layer's dropout mask too, each with the
+/// mask that draws it: the whole tensor for a layer's own heads; for a tensor-parallel
+/// rank's, each batch row's NH heads, consecutive among the layer's from `first` of `total`.
+fn mask_runs(spec: &DropoutSpec, d: Dims) -> Vec<(Range<usize>, DropoutMask)> {
+    let Some(heads) = spec.heads else { return vec![(0..att_len(d), DropoutMask::new(spec))] };
+    let (head, row) = (d.t * d.t, d.nh * d.t * d.t);
+    (0..d.b)
+        .map(|b| {
+            let first = (b * heads.total + heads.first) * head;
+            (b * row..(b + 1) * row, DropoutMask::new(&DropoutSpec { first, heads: None, ..*spec }))
+        })
+        .collect()
 }
 
 /// The scores' scale, 1/sqrt(hs).
@@ -167,7 +183,7 @@ impl CudaDevice {
 
         let probs = match dropout {
             Some((spec, dropped)) => {
-                self.dropout_slices(cu_mut(dropped), cu(att), att_len(d), &spec);
+                self.dropout_runs(cu_mut(dropped), cu(att), &mask_runs(&spec, d));
                 &*dropped
             }
             None => &*att,
@@ -209,7 +225,7 @@ impl CudaDevice {
         let probs = dropout.map_or(att, |(_, dropped)| dropped);
         self.heads_gemm(d, Product::ProbsTransposedTimes, 1.0, &dy, cu(probs), &mut dv);
         if let Some((spec, _)) = &dropout {
-            self.dropout_inplace(&mut dp, att_len(d), spec);
+            self.dropout_runs_inplace(&mut dp, &mask_runs(spec, d));
         }
 
         // Through the softmax (in place: dP becomes dS), then S = scale * q k^T.

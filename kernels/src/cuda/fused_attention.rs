@@ -32,10 +32,11 @@ use crate::shapes::QkvDims as Dims;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::LaunchConfig;
 
-/// The mask argument and whether the kernels apply it (without dropout it is not read).
-fn mask(dropout: Option<DropoutSpec>) -> (DropoutMask, i32) {
+/// The mask argument of `nh` query heads a batch row and whether the kernels apply it
+/// (without dropout it is not read).
+fn mask(dropout: Option<DropoutSpec>, nh: usize) -> (DropoutMask, i32) {
     match dropout {
-        Some(spec) => (DropoutMask::new(&spec), 1),
+        Some(spec) => (DropoutMask::of_heads(&spec, nh), 1),
         None => (DropoutMask::UNUSED, 0),
     }
 }
@@ -128,7 +129,7 @@ impl CudaDevice {
         };
         let kernels = Self::attention_kernels(same_dtype(&[out, qkv]), d.hs);
         let cfg = (kernels.forward_launch)(d.t, d.b * d.nh, d.hs);
-        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout), Self::shape_args(d, causal));
+        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout, d.nh), Self::shape_args(d, causal));
         launch!(
             self,
             kernels.forward,
@@ -168,7 +169,7 @@ impl CudaDevice {
         let kernels = Self::attention_kernels(dtype, d.hs);
         let query_cfg = (kernels.backward_launch)(d.t, d.b * d.nh, d.hs);
         let key_value_cfg = (kernels.backward_launch)(d.t, d.b * d.kv, d.hs);
-        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout), Self::shape_args(d, causal));
+        let ((mask, on), [t, nh, kv, hs, window]) = (mask(dropout, d.nh), Self::shape_args(d, causal));
         let lse = cu(lse);
         match kernels.backward {
             Backward::TwoSided { query, key_value } => {

@@ -13,6 +13,7 @@ use crate::philox::{counter_base, drop_threshold, key_words};
 use crate::tensor::{Storage, Tensor};
 use crate::{DType, Gate};
 use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr};
+use std::ops::Range;
 
 /// One dropout mask as the kernels take it: `DropoutMask` in kernels/cuda/philox.cuh, field
 /// for field (repr(C) pads both the same way).
@@ -23,6 +24,11 @@ pub(super) struct DropoutMask {
     key: [u32; 2],
     threshold: u64,
     scale: f32,
+    /// The mask element of the tensor's first ([`DropoutSpec::first`]).
+    first: u64,
+    /// An attention's query heads: [own a batch row, the layer's, the first own one's index
+    /// among them] ([`DropoutSpec::heads`]); [1, 1, 0] for a layer's own.
+    heads: [u32; 3],
 }
 
 // SAFETY: plain old data with the C layout of the kernel parameter.
@@ -30,21 +36,34 @@ unsafe impl DeviceRepr for DropoutMask {}
 
 impl DropoutMask {
     /// The argument of a kernel told not to apply dropout, which never reads it.
-    pub const UNUSED: DropoutMask = DropoutMask { counter: [0; 3], key: [0; 2], threshold: 0, scale: 1.0 };
+    pub const UNUSED: DropoutMask =
+        DropoutMask { counter: [0; 3], key: [0; 2], threshold: 0, scale: 1.0, first: 0, heads: [1, 1, 0] };
 
-    /// The counter, key and threshold of kernels/src/philox.rs, so the GPU draws the CPU's
-    /// mask; kept elements are scaled by 1 / (1 - p).
+    /// An elementwise dropout's mask from element `spec.first`: the counter, key and
+    /// threshold of kernels/src/philox.rs, so the GPU draws the CPU's mask; kept elements
+    /// are scaled by 1 / (1 - p).
     pub fn new(spec: &DropoutSpec) -> Self {
-        // Nothing the trainer runs on CUDA shards a dropout's tensor (tensor parallelism
-        // runs on the CPU so far): the kernels draw from element 0, for the tensor's own heads.
-        assert_eq!(spec.first, 0, "cuda: dropout from mask element {} (a sequence shard's)", spec.first);
-        assert_eq!(spec.heads, None, "cuda: attention dropout of a tensor-parallel rank's heads");
+        assert_eq!(spec.heads, None, "cuda: an elementwise dropout keyed by attention heads");
         DropoutMask {
             counter: counter_base(&spec.key),
             key: key_words(spec.key.seed),
             threshold: drop_threshold(spec.p),
             scale: 1.0 / (1.0 - spec.p),
+            first: spec.first as u64,
+            heads: [1, 1, 0],
         }
+    }
+
+    /// The mask of an attention's probabilities over `nh` query heads a batch row, which
+    /// the fused kernels index by (batch, head, query, key): a tensor-parallel rank's heads
+    /// draw the whole layer's ([`DropoutSpec::heads`]).
+    pub fn of_heads(spec: &DropoutSpec, nh: usize) -> Self {
+        assert_eq!(spec.first, 0, "cuda: attention dropout keyed from mask element {}", spec.first);
+        let heads = match spec.heads {
+            Some(r) => [nh, r.total, r.first].map(|x| u32::try_from(x).expect("attention heads fit 32 bits")),
+            None => [1, 1, 0],
+        };
+        DropoutMask { heads, ..DropoutMask::new(&DropoutSpec { heads: None, ..*spec }) }
     }
 }
 
@@ -131,22 +150,28 @@ impl Dropout for CudaDevice {
 }
 
 impl CudaDevice {
-    /// The first `len` elements of out = inp * mask: the unfused attention's probabilities
-    /// (f32, as that path is).
-    pub(super) fn dropout_slices(
+    /// out = inp * mask over each run of elements with its mask: the unfused attention's
+    /// probabilities (f32, as that path is).
+    pub(super) fn dropout_runs(
         &self,
         out: &mut CudaSlice<f32>,
         inp: &CudaSlice<f32>,
-        len: usize,
-        spec: &DropoutSpec,
+        runs: &[(Range<usize>, DropoutMask)],
     ) {
-        let (n, mask) = (len as u64, DropoutMask::new(spec));
-        launch!(self, "dropout_apply", per_pack(len, DType::F32), out, inp, &n, &mask);
+        for (run, mask) in runs {
+            let n = run.len() as u64;
+            let (mut out, inp) = (out.slice_mut(run.clone()), inp.slice(run.clone()));
+            launch!(self, "dropout_apply", per_pack(run.len(), DType::F32), &mut out, &inp, &n, mask);
+        }
     }
 
-    pub(super) fn dropout_inplace(&self, x: &mut CudaSlice<f32>, len: usize, spec: &DropoutSpec) {
-        let (n, mask) = (len as u64, DropoutMask::new(spec));
-        launch!(self, "dropout_apply_inplace", per_pack(len, DType::F32), x, &n, &mask);
+    /// x *= mask over each run of elements with its mask, in place.
+    pub(super) fn dropout_runs_inplace(&self, x: &mut CudaSlice<f32>, runs: &[(Range<usize>, DropoutMask)]) {
+        for (run, mask) in runs {
+            let n = run.len() as u64;
+            let mut x = x.slice_mut(run.clone());
+            launch!(self, "dropout_apply_inplace", per_pack(run.len(), DType::F32), &mut x, &n, mask);
+        }
     }
 }
 

@@ -6,15 +6,19 @@ use kernels::cuda::launch::per_item;
 use kernels::philox::{block_words, counter_base, drop_threshold, key_words};
 use kernels::{DropoutKey, DropoutSite, DropoutSpec};
 
-/// `DropoutMask` of philox.cuh, field for field with its C layout (padding after the key
-/// and after the scale).
+/// `DropoutMask` of philox.cuh, field for field with its C layout (padding after the key,
+/// after the scale and at the end), for an elementwise dropout from `spec.first` or a
+/// layer's own attention heads.
 fn dropout_mask_bytes(spec: &DropoutSpec) -> Vec<u8> {
+    assert_eq!(spec.heads, None, "the harness keys the fused attentions' masks by their own heads");
     let mut bytes = Vec::new();
     let words = counter_base(&spec.key).into_iter().chain(key_words(spec.key.seed));
     words.chain([0]).for_each(|w| w.put(&mut bytes));
     drop_threshold(spec.p).put(&mut bytes);
     (1.0 / (1.0 - spec.p)).put(&mut bytes);
     0u32.put(&mut bytes);
+    (spec.first as u64).put(&mut bytes);
+    [1u32, 1, 0, 0].into_iter().for_each(|w| w.put(&mut bytes));
     bytes
 }
 
@@ -24,18 +28,21 @@ pub fn dropout_mask(spec: &DropoutSpec) -> Arg {
 }
 
 /// The mask argument the device passes a kernel told not to apply dropout
-/// (`DropoutMask::UNUSED`): zero words, threshold 0, scale 1.
+/// (`DropoutMask::UNUSED`): zero words, threshold 0, scale 1, from element 0 of its own heads.
 pub fn unused_dropout_mask() -> Arg {
     let mut bytes = Vec::new();
     [0u32; 6].into_iter().for_each(|w| w.put(&mut bytes));
     0u64.put(&mut bytes);
     1.0f32.put(&mut bytes);
     0u32.put(&mut bytes);
+    0u64.put(&mut bytes);
+    [1u32, 1, 0, 0].into_iter().for_each(|w| w.put(&mut bytes));
     Arg::Value(bytes)
 }
 
 /// One thread per case: the random word of element `indices[i]` under `masks[i]`, and
-/// whether the mask keeps it, as the dropout kernels draw them.
+/// whether the mask keeps it, as the dropout kernels draw them (from the block's words, and
+/// element by element: both must keep it).
 const PROBE: &str = r#"
 #include "philox.cuh"
 extern "C" __global__ void probe(unsigned int* out, const DropoutMask* masks, const unsigned long long* indices,
@@ -45,7 +52,7 @@ extern "C" __global__ void probe(unsigned int* out, const DropoutMask* masks, co
     const uint4 words = mask_block_words(masks[i], (unsigned int)(indices[i] / 4));
     const unsigned int word = uint4_word(words, (unsigned int)(indices[i] % 4));
     out[2 * i] = word;
-    out[2 * i + 1] = mask_keeps(masks[i], word) ? 1 : 0;
+    out[2 * i + 1] = mask_keeps(masks[i], word) && mask_keeps_element(masks[i], indices[i]) ? 1 : 0;
 }
 "#;
 
