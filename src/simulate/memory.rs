@@ -17,7 +17,7 @@
 //!   largest block's),
 //!   two [B,T,C] residual-branch temporaries, and the [B,T,C] output being sent; on the
 //!   head's chunk, the head's forward-and-backward: ln_f's output [B,T,C] and the
-//!   logits, which become dlogits, [B,T,V] (padded on CUDA), both in the activations'
+//!   logits, which become dlogits, [B,T,V] (padded on CUDA at t = 1), both in the activations'
 //!   element size;
 //! * recompute: what one recompute step rebuilds — a full-recompute group's blocks with all
 //!   their tensors, or one block's selectively dropped tensors;
@@ -364,6 +364,24 @@ mod tests {
             let (a, b) = (chunk_memory(&cpu, r, 0), chunk_memory(&cuda, r, 0));
             assert_eq!(a.forward_working_bytes, b.forward_working_bytes, "stage {r}");
         }
+    }
+
+    /// A tensor-parallel rank's logits are its shard of the vocabulary, never padded
+    /// (`vocab_parallel.rs`): at t = 2 over 50258 columns (50304 if padded) the CUDA head
+    /// works with the CPU's bytes, 25129 columns a token.
+    #[test]
+    fn a_tensor_parallel_ranks_logits_are_not_padded() {
+        let t2 = |device| {
+            let cfg =
+                Config { vocab_size: 50258, tensor_model_parallel_size: 2, ..gpt2_small(4, "1f1b", 1, 8) };
+            setup(Config { device, ..cfg })
+        };
+        let (cpu, cuda) = (t2(crate::config::DeviceKind::Cpu), t2(crate::config::DeviceKind::Cuda));
+        assert_eq!(cuda.logits_columns(), 50258);
+        assert_eq!(
+            chunk_memory(&cpu, 3, 0).forward_working_bytes,
+            chunk_memory(&cuda, 3, 0).forward_working_bytes
+        );
     }
 
     /// On CUDA, fc2's input gradient through GELU is one cuBLASLt product: backward-input

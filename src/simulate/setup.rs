@@ -116,9 +116,10 @@ impl Setup {
     }
 
     /// Columns of a row of the head's logits: the vocabulary, padded on CUDA as its device
-    /// pads them ([`kernels::padded_vocab`]); the CPU keeps V.
+    /// pads them ([`kernels::padded_vocab`]); the CPU keeps V, and so does a
+    /// tensor-parallel rank's shard of it (split by t after this, never padded).
     pub fn logits_columns(&self) -> usize {
-        if self.cfg.device == DeviceKind::Cuda {
+        if self.cfg.device == DeviceKind::Cuda && self.tp.size == 1 {
             kernels::padded_vocab(self.shape.vocab)
         } else {
             self.shape.vocab
