@@ -359,6 +359,45 @@ fn olmo3_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo3), &dir, &[]);
 }
 
+/// Tensor parallelism on the stand-in, t = 2 without sequence parallelism, dropout 0.1 on
+/// the attention and the residuals, so that every rank draws its part of each layer's
+/// masks (its heads' of the attention's, the whole tensor's of the residuals'):
+/// - OLMo 3's block (QK-norm over the whole projection, its sums over the group; a sliding
+///   window; grouped query heads; the untied head's vocabulary-parallel loss) within 1e-5
+///   of the CPU's t = 2; over NCCL, two processes on two GPUs, bitwise the threads run; in
+///   bf16, bitwise run to run and within 2e-2 of the CPU;
+/// - GPT-2's (LayerNorm, biases, the tied embedding, learned positions on tensor rank 0) at
+///   t = 2 x p = 2 within 1e-5 of the CPU.
+#[test]
+fn tensor_parallelism_on_the_standin_is_the_cpus_and_over_nccl_the_same_bits() {
+    if !nvrtc("tensor_parallelism_on_the_standin_is_the_cpus_and_over_nccl_the_same_bits") {
+        return;
+    }
+    let dir = temp_dir("standin-tp");
+    let t2 = ["--tensor-model-parallel-size", "2", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"];
+    let olmo3 = llama_tiny(
+        &dir,
+        &[(
+            "disable_bias_linear: true",
+            "disable_bias_linear: true\nqk_layernorm: true\nqk_norm_span: projection\nnorm_placement: output\n\
+             window_size: [20, 0]\nwindow_attn_skip_freq: 2",
+        )],
+    );
+    let cpu = run(&olmo3, &dir, "olmo3-cpu", &[&t2[..], &["--device", "cpu"]].concat());
+    let on_gpu = [&t2[..], &["--device", "cuda"]].concat();
+    let gpu = run(&olmo3, &dir, "olmo3-gpu", &on_gpu);
+    assert_within("t = 2, cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+    if let Some(nccl) = run_mpi(2, &olmo3, &dir, "olmo3-nccl", &on_gpu) {
+        assert_eq!(losses(&nccl), losses(&gpu), "t = 2 over NCCL vs threads");
+    }
+    assert_bf16_repeats_and_is_near(&cpu, &olmo3, &dir, &t2);
+    let gpt2 = tiny(&dir);
+    let t2p2 = [&t2[..], &["--pipeline-model-parallel-size", "2"]].concat();
+    let cpu = run(&gpt2, &dir, "gpt2-cpu", &[&t2p2[..], &["--device", "cpu"]].concat());
+    let gpu = run(&gpt2, &dir, "gpt2-gpu", &[&t2p2[..], &["--device", "cuda"]].concat());
+    assert_within("t = 2 x p = 2, cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
+}
+
 /// A sliding window of 21 keys at heads of 128: the unfused core (fp32), whose softmax
 /// masks the keys before the window, within 1e-5 of the CPU; the tensor-core kernels
 /// (bf16), bitwise run to run and within 2e-2.
