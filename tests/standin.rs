@@ -359,15 +359,18 @@ fn olmo3_on_the_standin_is_the_cpu_within_1e_5() {
     assert_cuda_is_the_cpu(&llama_tiny(&dir, &olmo3), &dir, &[]);
 }
 
-/// Tensor parallelism on the stand-in, t = 2 without sequence parallelism, dropout 0.1 on
-/// the attention and the residuals, so that every rank draws its part of each layer's
-/// masks (its heads' of the attention's, the whole tensor's of the residuals'):
+/// Tensor parallelism on the stand-in at t = 2, dropout 0.1 on the attention and the
+/// residuals, so that every rank draws its part of each layer's masks (its heads' of the
+/// attention's, its rows' of the residuals' under sequence parallelism):
 /// - OLMo 3's block (QK-norm over the whole projection, its sums over the group; a sliding
 ///   window; grouped query heads; the untied head's vocabulary-parallel loss) within 1e-5
-///   of the CPU's t = 2; over NCCL, two processes on two GPUs, bitwise the threads run; in
-///   bf16, bitwise run to run and within 2e-2 of the CPU;
-/// - GPT-2's (LayerNorm, biases, the tied embedding, learned positions on tensor rank 0) at
-///   t = 2 x p = 2 within 1e-5 of the CPU.
+///   of the CPU's t = 2;
+/// - the same bits with sequence parallelism (its all-gathers and row cuts on the device),
+///   in threads and over NCCL (two processes on two GPUs), and with full recompute's saved
+///   inputs distributed over the group;
+/// - in bf16, bitwise run to run, with sequence parallelism too, and within 2e-2 of the CPU;
+/// - GPT-2's block (LayerNorm, biases, the tied embedding, learned positions on tensor rank
+///   0) at t = 2 x p = 2 within 1e-5 of the CPU.
 #[test]
 fn tensor_parallelism_on_the_standin_is_the_cpus_and_over_nccl_the_same_bits() {
     if !nvrtc("tensor_parallelism_on_the_standin_is_the_cpus_and_over_nccl_the_same_bits") {
@@ -387,10 +390,21 @@ fn tensor_parallelism_on_the_standin_is_the_cpus_and_over_nccl_the_same_bits() {
     let on_gpu = [&t2[..], &["--device", "cuda"]].concat();
     let gpu = run(&olmo3, &dir, "olmo3-gpu", &on_gpu);
     assert_within("t = 2, cpu vs stand-in", &loss_values(&cpu), &loss_values(&gpu), 1e-5);
-    if let Some(nccl) = run_mpi(2, &olmo3, &dir, "olmo3-nccl", &on_gpu) {
-        assert_eq!(losses(&nccl), losses(&gpu), "t = 2 over NCCL vs threads");
+    let sequence = [&on_gpu[..], &["--sequence-parallel", "true"]].concat();
+    let gpu_sequence = run(&olmo3, &dir, "olmo3-gpu-sequence", &sequence);
+    assert_eq!(losses(&gpu_sequence), losses(&gpu), "sequence parallelism, threads");
+    if let Some(nccl) = run_mpi(2, &olmo3, &dir, "olmo3-nccl-sequence", &sequence) {
+        assert_eq!(losses(&nccl), losses(&gpu), "sequence parallelism over NCCL");
     }
+    let full =
+        ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"];
+    let distributed = [&on_gpu[..], &full[..], &["--distribute-saved-activations", "true"]].concat();
+    let gpu_distributed = run(&olmo3, &dir, "olmo3-gpu-distributed", &distributed);
+    assert_eq!(losses(&gpu_distributed), losses(&gpu), "distributed saved activations");
     assert_bf16_repeats_and_is_near(&cpu, &olmo3, &dir, &t2);
+    let bf16_sequence = [&sequence[..], &["--precision", "bf16"]].concat();
+    let bf16_sequence = run(&olmo3, &dir, "olmo3-bf16-sequence", &bf16_sequence);
+    assert_eq!(losses(&bf16_sequence), losses(&dir.join("bf16-a")), "bf16 with sequence parallelism");
     let gpt2 = tiny(&dir);
     let t2p2 = [&t2[..], &["--pipeline-model-parallel-size", "2"]].concat();
     let cpu = run(&gpt2, &dir, "gpt2-cpu", &[&t2p2[..], &["--device", "cpu"]].concat());

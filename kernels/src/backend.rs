@@ -25,8 +25,8 @@ pub trait Buffers {
     /// [`Device::from_host_of`](crate::Device::from_host_of) is.)
     #[allow(clippy::wrong_self_convention)]
     fn from_host_of_impl(&self, dtype: DType, data: &[f32], shape: &[usize], category: Category) -> Tensor;
-    /// dst and src have as many elements.
-    fn copy_impl(&self, dst: &mut Tensor, src: &Tensor);
+    /// dst[at..at + part.len()] = src[part], of one dtype, both ranges within their tensors.
+    fn copy_impl(&self, dst: &mut Tensor, at: usize, src: &Tensor, part: Range<usize>);
     /// t is f32 and holds `from + data.len()` elements.
     fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]);
     /// t is on the device; it becomes its copy in the host ledger, as activations.

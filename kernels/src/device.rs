@@ -161,7 +161,16 @@ pub trait Device:
     /// dst = src (same number of elements and dtype).
     fn copy(&self, dst: &mut Tensor, src: &Tensor) {
         assert_same_len(dst, src);
-        self.copy_impl(dst, src);
+        self.copy_impl(dst, 0, src, 0..src.len());
+    }
+    /// dst[at..at + part.len()] = src[part], of one dtype, on the device: a part of a tensor
+    /// into its place in the whole, or out of it (a sequence-parallel rank's rows).
+    fn copy_part(&self, dst: &mut Tensor, at: usize, src: &Tensor, part: Range<usize>) {
+        assert!(
+            dst.dtype() == src.dtype() && part.end <= src.len() && at + part.len() <= dst.len(),
+            "copy_part: {src:?}[{part:?}] into {dst:?} at {at}"
+        );
+        self.copy_impl(dst, at, src, part);
     }
     /// t[from..from + data.len()] = data, uploaded in place (t f32: a parameter, a gradient).
     fn write_at(&self, t: &mut Tensor, from: usize, data: &[f32]) {

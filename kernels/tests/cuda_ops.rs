@@ -1156,6 +1156,24 @@ fn glu_matches() {
     }
 }
 
+/// A range of one tensor into a place in another, on the fp32 GPU and the bf16 one (whose
+/// activations are bf16, moved as they are): exactly those elements change, to the source's.
+#[test]
+fn copy_part_moves_a_range_and_nothing_else() {
+    for gpu in [
+        gpu("copy_part_moves_a_range_and_nothing_else"),
+        bf16_gpu("copy_part_moves_a_range_and_nothing_else"),
+    ] {
+        let Some(gpu) = gpu else { return };
+        let (src, dst): (Vec<f32>, Vec<f32>) = ((0..37).map(|i| i as f32).collect(), vec![-1.0; 29]);
+        let mut d = put(&gpu, &dst, &[29]);
+        gpu.copy_part(&mut d, 3, &put(&gpu, &src, &[37]), 10..25);
+        let want: Vec<f32> =
+            (0..29).map(|i| if (3..18).contains(&i) { (i + 7) as f32 } else { -1.0 }).collect();
+        assert_bitwise(&format!("copy_part ({:?})", gpu.activation_dtype()), &gpu.to_host(&d), &want);
+    }
+}
+
 #[test]
 fn dropout_draws_the_cpus_mask_bit_for_bit() {
     let Some(gpu) = gpu("dropout_draws_the_cpus_mask_bit_for_bit") else { return };

@@ -56,33 +56,14 @@ pub fn run(args: &TrainArgs, overrides: &[(String, String)]) -> anyhow::Result<(
 }
 
 /// What the trainer's tensor parallelism does not run yet, beyond the divisibility rules
-/// the config and `simulate` share: the vocabulary must split evenly (no padding), and on
-/// the CUDA device neither sequence parallelism nor distributed saves, whose all-gathers
-/// and row cuts go through the host (`stages::dist::TensorGroup`): a GPU would wait on
-/// PCIe for every layer's input.
+/// the config and `simulate` share: the vocabulary must split evenly (no padding).
 fn tensor_parallel_runs(cfg: &config::Config) -> Result<(), (&'static str, String)> {
     let t = cfg.tensor_model_parallel_size;
-    if t == 1 {
-        return Ok(());
-    }
     if !cfg.vocab_size.is_multiple_of(t) {
         return Err((
             "vocab_size",
             format!("{}: tensor_model_parallel_size {t} does not divide it", cfg.vocab_size),
         ));
-    }
-    if cfg.device == config::DeviceKind::Cuda {
-        let gathers = [
-            ("sequence_parallel", cfg.sequence_parallel),
-            ("distribute_saved_activations", cfg.distribute_saved_activations),
-        ];
-        if let Some((key, _)) = gathers.into_iter().find(|&(_, on)| on) {
-            return Err((
-                key,
-                "true: its all-gathers cross the host, which the trainer allows on device: cpu only so far"
-                    .to_string(),
-            ));
-        }
     }
     Ok(())
 }

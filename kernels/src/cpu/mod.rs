@@ -255,8 +255,9 @@ impl Buffers for CpuDevice {
         self.tensor(shape, buffer, category)
     }
 
-    fn copy_impl(&self, dst: &mut Tensor, src: &Tensor) {
-        self.pool.install(|| elementwise::copy(dst.cpu_mut(), src.cpu()));
+    fn copy_impl(&self, dst: &mut Tensor, at: usize, src: &Tensor, part: Range<usize>) {
+        let dst = &mut dst.cpu_mut()[at..at + part.len()];
+        self.pool.install(|| elementwise::copy(dst, &src.cpu()[part]));
     }
 
     fn write_at_impl(&self, t: &mut Tensor, from: usize, data: &[f32]) {
@@ -272,7 +273,7 @@ impl Buffers for CpuDevice {
 
     fn reload_impl(&self, t: &mut Tensor, category: Category) {
         let mut out = self.empty(t.shape(), category);
-        self.copy_impl(&mut out, t);
+        self.copy(&mut out, t);
         *t = out;
     }
 }

@@ -513,15 +513,20 @@ impl Buffers for CudaDevice {
         t
     }
 
-    fn copy_impl(&self, dst: &mut Tensor, src: &Tensor) {
-        if src.is_empty() {
+    fn copy_impl(&self, dst: &mut Tensor, at: usize, src: &Tensor, part: Range<usize>) {
+        if part.is_empty() {
             return;
         }
+        let into = at..at + part.len();
         let copied = match same_dtype(&[dst, src]) {
-            DType::F32 => self.stream.memcpy_dtod(cu(src), cu_mut(dst)),
-            DType::Bf16 => self.stream.memcpy_dtod(cu16(src), cu16_mut(dst)),
+            DType::F32 => {
+                self.stream.memcpy_dtod(&cu(src).slice(part.clone()), &mut cu_mut(dst).slice_mut(into))
+            }
+            DType::Bf16 => {
+                self.stream.memcpy_dtod(&cu16(src).slice(part.clone()), &mut cu16_mut(dst).slice_mut(into))
+            }
         };
-        copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}: {e:?}"));
+        copied.unwrap_or_else(|e| panic!("cuda: cannot copy {src:?}[{part:?}]: {e:?}"));
         self.refresh_bf16_copy(dst);
     }
 

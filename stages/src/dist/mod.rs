@@ -24,7 +24,7 @@ mod tensor_group;
 pub mod threads;
 mod wire;
 
-use kernels::{Device, Tensor};
+use kernels::{Category, Device, Tensor};
 use schedules::{Payload, Placement};
 use std::time::{Duration, Instant};
 
@@ -248,6 +248,23 @@ pub trait Collective: Send {
         let part = dev.to_host_part(t, member_part(t.len(), members.len(), me));
         let whole = self.all_gather_parts(group, &part)?;
         dev.write_at(t, 0, &whole);
+        Ok(())
+    }
+    /// Makes activation `t` whole on every member from each member's part ([`member_part`]
+    /// of its elements, which this member has written), in member order: sequence
+    /// parallelism's all-gather, and distributed saves'. By default through the host: the
+    /// part downloaded, gathered as f32, the whole uploaded in `t`'s dtype. The threads and
+    /// NCCL backends move the parts on the device.
+    fn all_gather_activation(
+        &mut self,
+        group: Group,
+        t: &mut Tensor,
+        dev: &dyn Device,
+    ) -> Result<(), DistError> {
+        let (members, me) = self.topology().members_and_place(group, self.rank());
+        let part = dev.to_host_part(t, member_part(t.len(), members.len(), me));
+        let whole = self.all_gather_parts(group, &part)?;
+        dev.copy(t, &dev.from_host_of(t.dtype(), &whole, t.shape(), Category::Workspace));
         Ok(())
     }
     /// Leaves in `t`, at this member's part ([`member_part`]), that part of the members'

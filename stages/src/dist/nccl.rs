@@ -142,13 +142,14 @@ fn bytes_mut(t: &mut Tensor) -> CudaViewMut<'_, u8> {
     view.expect("nccl: a tensor NCCL writes is on a GPU")
 }
 
-/// Broadcasts elements `part` of parameter `t` from member `root` of `comm` into every
-/// member's `t`: a plain tensor's elements; a parameter's bf16 copy, and its fp32 master
+/// Broadcasts elements `part` of `t` from member `root` of `comm` into every member's `t`:
+/// a plain tensor's elements (f32 or bf16); a parameter's bf16 copy, and its fp32 master
 /// where the master is whole (a master sharded to the member's own part takes no other).
 fn broadcast_part(comm: &Comm, t: &mut Tensor, part: Range<usize>, root: i32) -> Result<(), DistError> {
     let len = t.len();
     match t.storage_mut() {
         Storage::Cuda(s) => broadcast_range(comm, s, part, root),
+        Storage::CudaBf16(s) => broadcast_range(comm, s, part, root),
         Storage::CudaMaster { master, bf16, part: held } => {
             if held.len() == len {
                 broadcast_range(comm, master, part.clone(), root)?;
@@ -246,6 +247,24 @@ impl NcclCollective {
         peers.dedup();
         peers
     }
+
+    /// Each member broadcasts its part ([`member_part`]) of `t` into every member's, in
+    /// place, on the GPU (one NCCL group): no arithmetic, so the bits are the host gather's.
+    fn gather_by_broadcasts(&self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
+        let comm = self.sums.get(&group).expect("a communicator for each of this rank's groups");
+        let n = comm.world_size();
+        if n == 1 {
+            return Ok(());
+        }
+        comm_after_device(comm, dev)?;
+        {
+            let _group = comm.group();
+            for root in 0..n {
+                broadcast_part(comm, t, member_part(t.len(), n, root), root as i32)?;
+            }
+        }
+        device_after_comm(comm, dev)
+    }
 }
 
 impl Collective for NcclCollective {
@@ -302,22 +321,17 @@ impl Collective for NcclCollective {
         Ok(())
     }
 
-    /// Each member broadcasts its part of the parameter into every member's, in place, on
-    /// the GPU (one NCCL group): no arithmetic, so the bits are the host gather's.
     fn all_gather_param(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
-        let comm = self.sums.get(&group).expect("a communicator for each of this rank's groups");
-        let n = comm.world_size();
-        if n == 1 {
-            return Ok(());
-        }
-        comm_after_device(comm, dev)?;
-        {
-            let _group = comm.group();
-            for root in 0..n {
-                broadcast_part(comm, t, member_part(t.len(), n, root), root as i32)?;
-            }
-        }
-        device_after_comm(comm, dev)
+        self.gather_by_broadcasts(group, t, dev)
+    }
+
+    fn all_gather_activation(
+        &mut self,
+        group: Group,
+        t: &mut Tensor,
+        dev: &dyn Device,
+    ) -> Result<(), DistError> {
+        self.gather_by_broadcasts(group, t, dev)
     }
 
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {

@@ -5,8 +5,9 @@
 //! loss's row statistics, and that of distributed saved activations.
 //!
 //! The reduce-scatter is [`Collective::reduce_scatter_sum`]: under MPI each rank receives
-//! only its rows' parts; the threads backend sums the whole tensor on the device. The rows
-//! are then cut out through the host ([`own_part`]).
+//! only its rows' parts; the threads and NCCL backends sum the whole tensor on the device.
+//! The rows are then cut out on the device ([`own_part`]). The all-gathers move on the
+//! device too, but under MPI, whose bytes cross the host.
 //!
 //! A layer cannot stop halfway through its arithmetic to return an error, so a failed
 //! collective is kept, as a device keeps its asynchronous errors: every later one is
@@ -14,7 +15,7 @@
 //! ([`TensorGroup::take_error`]) and ends the step with it. Whatever the skipped
 //! collectives leave in their tensors is never read.
 
-use super::{Collective, DistError, Group};
+use super::{member_part, Collective, DistError, Group};
 use kernels::{Category, Device, Tensor};
 use std::ops::Range;
 
@@ -42,19 +43,24 @@ impl<'a> TensorGroup<'a> {
     }
 
     /// The whole tensor of `shape` from every member's part, concatenated in tensor rank
-    /// order (sequence parallelism's all-gather, and distributed saves'), as workspace.
+    /// order (sequence parallelism's all-gather, and distributed saves'), as workspace: this
+    /// member's part copied into its place, the others' gathered into theirs
+    /// ([`Collective::all_gather_activation`]).
     pub fn all_gather_parts(&mut self, part: &Tensor, dev: &dyn Device, shape: &[usize]) -> Tensor {
-        let host = dev.to_host(part);
-        let mut whole = match self.collective.as_deref_mut() {
-            None => host,
-            Some(_) if self.error.is_some() => Vec::new(),
-            Some(c) => c.all_gather_parts(Group::Tensor, &host).unwrap_or_else(|e| {
-                self.error = Some(e);
-                Vec::new()
-            }),
+        let mut whole = dev.empty_of(part.dtype(), shape, Category::Workspace);
+        let Some(c) = self.collective.as_deref_mut() else {
+            dev.copy(&mut whole, part);
+            return whole;
         };
-        whole.resize(shape.iter().product(), 0.0); // after a failed gather: never read
-        dev.from_host_of(part.dtype(), &whole, shape, Category::Workspace)
+        let (members, me) = c.topology().members_and_place(Group::Tensor, c.rank());
+        let mine = member_part(whole.len(), members.len(), me);
+        assert_eq!(mine.len(), part.len(), "all-gather: {part:?} is not this member's part of {shape:?}");
+        dev.copy_part(&mut whole, mine.start, part, 0..part.len());
+        if self.error.is_none() {
+            // After a failure, whatever `whole` holds: never read.
+            self.error = c.all_gather_activation(Group::Tensor, &mut whole, dev).err();
+        }
+        whole
     }
 
     /// This rank's rows `rows` [R, C] of the group's sum of `whole` [N, C] (sequence
@@ -106,7 +112,7 @@ impl<'a> TensorGroup<'a> {
 }
 
 /// Elements `elements` of `whole`, as a new tensor of `shape` under `category`: a rank's
-/// part of a tensor the group holds whole.
+/// part of a tensor the group holds whole, copied on the device.
 pub fn own_part(
     dev: &dyn Device,
     whole: &Tensor,
@@ -114,6 +120,8 @@ pub fn own_part(
     shape: &[usize],
     category: Category,
 ) -> Tensor {
-    let host = dev.to_host(whole);
-    dev.from_host_of(whole.dtype(), &host[elements], shape, category)
+    let mut part = dev.empty_of(whole.dtype(), shape, category);
+    assert_eq!(part.len(), elements.len(), "own_part: {elements:?} of {whole:?} as {shape:?}");
+    dev.copy_part(&mut part, 0, whole, elements);
+    part
 }

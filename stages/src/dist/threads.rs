@@ -8,7 +8,7 @@
 //! included), fail every peer still waiting on it with `PeerStopped`; a peer that neither
 //! answers nor stops (a hung thread) fails a waiting rank with `Timeout`.
 
-use super::{Collective, DistError, Group, Message, Topology, Transport};
+use super::{member_part, Collective, DistError, Group, Message, Topology, Transport};
 use kernels::{Category, Detached, Device, Tensor};
 use schedules::Payload;
 use std::collections::{HashMap, HashSet};
@@ -263,6 +263,39 @@ impl Collective for ThreadsCollective {
         Ok(())
     }
 
+    /// Each member posts a copy of its part for each other member, which adopts it and
+    /// copies it into place: on the device, as the all-reduce's copies move.
+    fn all_gather_activation(
+        &mut self,
+        group: Group,
+        t: &mut Tensor,
+        dev: &dyn Device,
+    ) -> Result<(), DistError> {
+        let (members, me) = self.topology.members_and_place(group, self.rank);
+        let n = members.len();
+        if n == 1 {
+            return Ok(());
+        }
+        let mine = member_part(t.len(), n, me);
+        let copies = (0..n)
+            .map(|k| {
+                (k != me).then(|| {
+                    let mut copy = dev.empty_of(t.dtype(), &[mine.len()], Category::Workspace);
+                    dev.copy_part(&mut copy, 0, t, mine.clone());
+                    copy.detach(dev.fence())
+                })
+            })
+            .collect();
+        let parts = self.round("all-gather", group, Part::Tensors(Mutex::new(copies)))?;
+        for (k, p) in parts.iter().enumerate().filter(|&(k, _)| k != me) {
+            let Part::Tensors(copies) = p else { unreachable!("a gather round") };
+            let copy = copies.lock().unwrap_or_else(|e| e.into_inner())[me].take();
+            let theirs = dev.adopt(copy.expect("each copy is taken once"), Category::Workspace);
+            dev.copy_part(t, member_part(t.len(), n, k).start, &theirs, 0..theirs.len());
+        }
+        Ok(())
+    }
+
     fn gather(&mut self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, DistError> {
         let all = self.all_gather(Group::World, bytes)?;
         Ok((self.rank == 0).then_some(all))
@@ -365,6 +398,38 @@ mod tests {
         let lens: Vec<usize> = results.iter().map(Vec::len).collect();
         assert_eq!(lens, [2, 2, 3]);
         assert_eq!(results.concat(), want);
+    }
+
+    /// Three members, seven elements, each having written its member part (2, 2 and 3
+    /// elements) of a tensor whose other elements are NaN: each gets the whole, with no
+    /// download and nothing left in its ledger but its tensor.
+    #[test]
+    fn all_gather_places_each_members_part_on_the_device() {
+        let topology =
+            Topology { tensor: 3, pipeline: 1, data: 1, placement: schedules::Placement::Interleaved };
+        let whole: Vec<f32> = (0..7).map(|i| i as f32 * 1.5 - 2.0).collect();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = world(topology, 1, MINUTE)
+                .into_iter()
+                .map(|(_, mut c)| {
+                    let whole = &whole;
+                    s.spawn(move || {
+                        let dev = CpuDevice::new(1);
+                        let mine = super::super::member_part(7, 3, c.rank());
+                        let mut t = dev.from_host(&[f32::NAN; 7], &[7], Category::Activations);
+                        dev.write_at(&mut t, mine.start, &whole[mine]);
+                        let before = dev.counters();
+                        c.all_gather_activation(Group::Tensor, &mut t, &dev).unwrap();
+                        let syncs = dev.counters().host_syncs - before.host_syncs;
+                        (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, got) in results.into_iter().enumerate() {
+            assert_eq!(got, (whole.clone(), 0, 28), "rank {rank}");
+        }
     }
 
     #[test]
