@@ -211,6 +211,25 @@ __device__ __forceinline__ void vocab_shard_dlogits_body(T* logits, const float*
     if (holds_target) store(&x[target], grad(target_logit) - grad_scale);
 }
 
+// losses [N] and rows [N,2] (each whole row's max and its sum of exp(logit - max)) from the
+// group's statistics stats [members, N, 3], every rank's vocab_shard_stats in rank order,
+// combined in that order: the max of the maxima, each sum rescaled to it, the one target
+// logit (the others are 0). One thread a row.
+extern "C" __global__ void vocab_shard_combine(float* losses, float* rows, const float* stats, int N, int members) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    float max = NEG_INF, sum = 0.0f, target = 0.0f;
+    for (int k = 0; k < members; ++k) max = fmaxf(max, stats[3ull * ((unsigned long long)k * N + n)]);
+    for (int k = 0; k < members; ++k) {
+        const float* s = stats + 3ull * ((unsigned long long)k * N + n);
+        sum += s[1] * expf(s[0] - max);
+        target += s[2];
+    }
+    losses[n] = logf(sum) - (target - max);
+    rows[2ull * n] = max;
+    rows[2ull * n + 1] = sum;
+}
+
 extern "C" __global__ void vocab_shard_stats(float* stats, const float* logits, const unsigned int* targets, int V) {
     vocab_shard_stats_body(stats, logits, targets, V);
 }

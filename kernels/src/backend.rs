@@ -322,6 +322,14 @@ pub trait Classifier {
         targets: &[u32],
         rows: (usize, usize),
     );
+    /// `dims` is (N, t), checked by [`crate::Device::vocab_shard_combine`].
+    fn vocab_shard_combine_impl(
+        &self,
+        losses: &mut Tensor,
+        rows: &mut Tensor,
+        stats: &Tensor,
+        dims: (usize, usize),
+    );
     /// `dims` is (N, V/t), checked by [`crate::Device::vocab_shard_dlogits`].
     fn vocab_shard_dlogits_impl(
         &self,

@@ -38,7 +38,7 @@ use crate::readout::Readout;
 use crate::rope_frequencies::RopeFrequencies;
 use crate::shapes::{
     assert_same_len, classifier_rows, embedding_dims, matmul_dims, qk_norm_backward_dims, qk_norm_dims,
-    qk_norm_rows, qkv_dims, residual_rows, rope_dims, vocab_shard_rows,
+    qk_norm_rows, qkv_dims, residual_rows, rope_dims, vocab_shard_members, vocab_shard_rows,
 };
 use crate::tensor::{rows_cols, DType, Detached, Fence, Tensor};
 use crate::timing::Clock;
@@ -768,6 +768,18 @@ pub trait Device:
     fn vocab_shard_stats(&self, stats: &mut Tensor, logits: &Tensor, targets: &[u32]) {
         let rows = vocab_shard_rows(stats, 3, logits, targets);
         self.vocab_shard_stats_impl(stats, logits, targets, rows);
+    }
+    /// The exchange's result: from every rank's statistics, gathered as stats [t, N, 3] in
+    /// tensor rank order, losses [N] (overwrite) of the whole vocabulary and rows [N,2]
+    /// (overwrite), each whole row's max and sum of exp(logit - max), combined in rank order
+    /// (the max of the maxima, each sum rescaled to it, the one target logit). On the device,
+    /// so that the loss takes no host sync.
+    fn vocab_shard_combine(&self, losses: &mut Tensor, rows: &mut Tensor, stats: &Tensor) {
+        if losses.is_empty() {
+            return;
+        }
+        let dims = vocab_shard_members(losses, rows, stats);
+        self.vocab_shard_combine_impl(losses, rows, stats, dims);
     }
     /// The half after the exchange: logits [N, V/t] (overwrite) = scale * (softmax -
     /// onehot(target)) on the shard's columns, the softmax the whole row's, from `rows` [N,2]:

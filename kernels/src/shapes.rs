@@ -178,6 +178,18 @@ pub(crate) fn vocab_shard_rows(
     (n, v)
 }
 
+/// N and t of [`crate::Device::vocab_shard_combine`]: losses [N], rows [N,2] and stats
+/// [t, N, 3], all f32.
+pub(crate) fn vocab_shard_members(losses: &Tensor, rows: &Tensor, stats: &Tensor) -> (usize, usize) {
+    let n = losses.len();
+    let all_f32 = [losses, rows, stats].iter().all(|t| t.dtype() == DType::F32);
+    assert!(
+        all_f32 && rows.len() == 2 * n && n > 0 && stats.len().is_multiple_of(3 * n),
+        "vocab shard combine: losses {losses:?}, rows {rows:?}, stats {stats:?} (want f32 [N], [N,2], [t,N,3])"
+    );
+    (n, stats.len() / (3 * n))
+}
+
 /// N and V of a classifier call: losses and targets have N entries, and every target is
 /// below V.
 pub(crate) fn classifier_rows(

@@ -1252,8 +1252,8 @@ fn bf16_classifier_over_an_odd_vocabulary_is_close_to_fp32() {
 }
 
 /// A tensor-parallel rank's loss over its shard of `v` columns, GPU against CPU: the row
-/// statistics (another shard's targets give 0), then the dlogits from the whole rows' max
-/// and sum, here the shard's own made larger as another shard's columns would. The logits
+/// statistics (another shard's targets give 0), their combination with a second shard's
+/// (the losses and the whole rows' max and sum), then the dlogits from the whole rows. The logits
 /// are what the GPU stores (bf16 on a bf16 GPU), so both sides read the same values and the
 /// f32 statistics agree within f32 rounding; the dlogits within `tol`.
 fn vocab_shard_case(gpu: &CudaDevice, v: usize, tol: f64) {
@@ -1270,13 +1270,28 @@ fn vocab_shard_case(gpu: &CudaDevice, v: usize, tol: f64) {
         };
         let (want, got) = (run(&cpu()), run(gpu));
         assert_close("vocab shard statistics", &got, &want, TOL);
-        let whole: Vec<f32> =
-            want.chunks(3).flat_map(|s| [s[0] + 0.5, s[1] * (-0.5f32).exp() + 1.5]).collect();
+        // The group of this shard and another whose rows reach higher, holding no target.
+        let other: Vec<f32> = want.chunks(3).flat_map(|s| [s[0] + 0.5, s[1] * 1.5, 0.0]).collect();
+        let group = [want.clone(), other].concat();
+        let run = |dev: &dyn Device| {
+            let (mut losses, mut rows) =
+                (dev.empty(&[N], Category::Workspace), dev.empty(&[N, 2], Category::Workspace));
+            dev.vocab_shard_combine(
+                &mut losses,
+                &mut rows,
+                &dev.from_host(&group, &[2, N, 3], Category::Workspace),
+            );
+            [losses, rows].map(|t| dev.to_host(&t))
+        };
+        let (want_whole, got_whole) = (run(&cpu()), run(gpu));
+        assert_close("vocab shard losses", &got_whole[0], &want_whole[0], TOL);
+        assert_close("whole rows", &got_whole[1], &want_whole[1], TOL);
+        let whole = &want_whole[1];
         let run = |dev: &dyn Device| {
             let mut l = put(dev, &logits, &[N, v]);
             dev.vocab_shard_dlogits(
                 &mut l,
-                &dev.from_host(&whole, &[N, 2], Category::Workspace),
+                &dev.from_host(whole, &[N, 2], Category::Workspace),
                 &targets,
                 0.25,
             );

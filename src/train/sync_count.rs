@@ -29,11 +29,13 @@ fn small_vocabulary_tokens(name: &str) -> TokenData {
 }
 
 /// Every rank's device counts over `steps` training steps after a first one and its update, on `device`
-/// at `precision`, under `schedule` with p = 2, m = 4, dropout on and `recompute`.
+/// at `precision`, under `schedule` with p = 2, m = 4, dropout on and `recompute`; over t
+/// `tensor` ranks a stage, with sequence parallelism where t > 1.
 fn counts_after_the_first_step(
     (device, precision): (&str, &str),
     schedule: &str,
     recompute: &str,
+    tensor: usize,
     steps: usize,
 ) -> Vec<DeviceCounters> {
     let data = small_vocabulary_tokens(&format!("sync-count-{device}-{precision}"));
@@ -47,6 +49,8 @@ fn counts_after_the_first_step(
         micro_batch_size: 2,
         global_batch_size: 8,
         pipeline_model_parallel_size: 2,
+        tensor_model_parallel_size: tensor,
+        sequence_parallel: tensor > 1,
         pipeline_schedule: schedule.parse().unwrap(),
         virtual_pipeline_model_parallel_size: (schedule == "interleaved-1f1b").then_some(2),
         recompute_granularity: Some(Named::parse(recompute).unwrap()),
@@ -83,8 +87,10 @@ fn counts_after_the_first_step(
     ranks.iter().zip(before).map(|(r, before)| r.stage.device.counters() - before).collect()
 }
 
-/// Five schedules with recompute on `device` at a precision: one host sync and one zero
-/// fill per step per rank, and no allocation after the first step.
+/// Five schedules with recompute on `device` at a precision, and one with t = 2 and
+/// sequence parallelism (whose gathers, reduce-scatters and vocabulary-parallel loss stay on
+/// the device): one host sync and one zero fill per step per rank, and no allocation after
+/// the first step.
 fn assert_once_per_step(device: (&str, &str)) {
     let steps = 3;
     let once_per_step =
@@ -97,12 +103,14 @@ fn assert_once_per_step(device: (&str, &str)) {
         ("zb-v", "full"),
     ] {
         // Every rank's counts at once, so a failure shows them all.
-        let counts = counts_after_the_first_step(device, schedule, recompute, steps);
+        let counts = counts_after_the_first_step(device, schedule, recompute, 1, steps);
         assert_eq!(
             counts, [once_per_step; 2],
             "{device:?}: {schedule}, recompute {recompute}, ranks 0 and 1, {steps} steps"
         );
     }
+    let counts = counts_after_the_first_step(device, "1f1b", "selective", 2, steps);
+    assert_eq!(counts, [once_per_step; 4], "{device:?}: t = 2 x p = 2, ranks 0 to 3, {steps} steps");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Softmax cross-entropy over the vocabulary, fused with its gradient; and the same split
 //! around a tensor-parallel group's exchange, for a rank that holds a shard of the
-//! vocabulary (`shard_stats`, then `shard_dlogits`).
+//! vocabulary (`shard_stats`, the group's `shard_combine` of every rank's, then
+//! `shard_dlogits`).
 
 use super::math::{exp, lane_sum3, max, sum};
 use crate::op_args::OTHER_SHARD;
@@ -52,6 +53,23 @@ pub fn shard_stats(stats: &mut [f32], logits: &[f32], targets: &[u32]) {
             stats.copy_from_slice(&[row_max, sum_exp, target_logit]);
         },
     );
+}
+
+/// The whole rows from the group's statistics `stats` [t, N, 3] (every rank's
+/// [`shard_stats`], in rank order), combined in rank order: the max of the maxima, each sum
+/// rescaled to it, the one target logit (the others report 0). losses [N] = log(sum) -
+/// (target - max); rows [N,2] = (max, sum), what [`shard_dlogits`] takes.
+pub fn shard_combine(losses: &mut [f32], rows: &mut [f32], stats: &[f32]) {
+    let n = losses.len();
+    let members: Vec<&[f32]> = stats.chunks(3 * n.max(1)).collect();
+    for (i, (loss, row)) in losses.iter_mut().zip(rows.chunks_mut(2)).enumerate() {
+        let stat = |m: &[f32], k: usize| m[3 * i + k];
+        let max = members.iter().map(|m| stat(m, 0)).fold(f32::NEG_INFINITY, f32::max);
+        let sum_exp: f32 = members.iter().map(|m| stat(m, 1) * (stat(m, 0) - max).exp()).sum();
+        let target: f32 = members.iter().map(|m| stat(m, 2)).sum();
+        *loss = sum_exp.ln() - (target - max);
+        row.copy_from_slice(&[max, sum_exp]);
+    }
 }
 
 /// Overwrites a shard's logits [N, V/t] with s * (softmax - onehot(target)) on its columns,
@@ -132,10 +150,10 @@ mod tests {
         (rows, targets.to_vec())
     }
 
-    /// The vocabulary cut in two shards (15 and 22 columns, so that both hold targets), each
-    /// row's statistics combined as the tensor-parallel group combines them: the loss is the
-    /// whole row's and each shard's dlogits are its columns of the whole row's, both against
-    /// the fused op within f32 rounding.
+    /// The vocabulary cut in two shards (15 and 22 columns, so that both hold targets), their
+    /// statistics combined in rank order: the loss is the whole row's and each shard's
+    /// dlogits are its columns of the whole row's, both against the fused op within f32
+    /// rounding.
     #[test]
     fn two_shards_combine_to_the_whole_rows_loss_and_gradient() {
         let (s, l) = (0.25, logits());
@@ -150,16 +168,14 @@ mod tests {
                 stats
             })
             .collect();
-        let mut whole = Vec::new();
+        let (mut combined, mut whole) = (vec![f32::NAN; N], vec![f32::NAN; 2 * N]);
+        shard_combine(&mut combined, &mut whole, &stats.concat());
         for n in 0..N {
-            let [a, b] = [&stats[0][3 * n..3 * n + 3], &stats[1][3 * n..3 * n + 3]];
-            let m = a[0].max(b[0]);
-            let sum_exp = a[1] * (a[0] - m).exp() + b[1] * (b[0] - m).exp();
             // Exactly one shard holds the target; the other reports 0.
-            assert!(a[2] == 0.0 || b[2] == 0.0, "row {n}: both shards report a target logit");
-            let loss = sum_exp.ln() - (a[2] + b[2] - m);
-            assert!((loss - losses[n]).abs() <= 1e-6 * losses[n].abs(), "row {n}: {loss} vs {}", losses[n]);
-            whole.extend([m, sum_exp]);
+            let targets = [stats[0][3 * n + 2], stats[1][3 * n + 2]];
+            assert!(targets.contains(&0.0), "row {n}: both shards report a target logit");
+            let (loss, want) = (combined[n], losses[n]);
+            assert!((loss - want).abs() <= 1e-6 * want.abs(), "row {n}: {loss} vs {want}");
         }
         let got: Vec<Vec<f32>> = halves
             .into_iter()

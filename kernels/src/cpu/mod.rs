@@ -715,6 +715,16 @@ impl Classifier for CpuDevice {
         self.pool.install(|| cross_entropy::shard_stats(stats.cpu_mut(), logits.cpu(), targets));
     }
 
+    fn vocab_shard_combine_impl(
+        &self,
+        losses: &mut Tensor,
+        rows: &mut Tensor,
+        stats: &Tensor,
+        _: (usize, usize),
+    ) {
+        cross_entropy::shard_combine(losses.cpu_mut(), rows.cpu_mut(), stats.cpu());
+    }
+
     fn vocab_shard_dlogits_impl(
         &self,
         logits: &mut Tensor,

@@ -6,7 +6,7 @@
 //! wte's bf16 copy. The logits are in the activations' dtype.
 
 use super::device::CudaDevice;
-use super::launch::per_row_block;
+use super::launch::{per_item, per_row_block};
 use super::sources::kernel_name;
 use super::views::{buf, buf_mut, cu, cu_mut, int};
 use crate::backend::Classifier;
@@ -68,6 +68,26 @@ impl Classifier for CudaDevice {
         let (targets, v) = (self.upload(targets), int(v));
         let kernel = kernel_name("vocab_shard_stats", logits.dtype());
         launch!(self, kernel, per_row_block(n), cu_mut(stats), buf(logits), &*targets, &v);
+    }
+
+    fn vocab_shard_combine_impl(
+        &self,
+        losses: &mut Tensor,
+        rows: &mut Tensor,
+        stats: &Tensor,
+        (n, members): (usize, usize),
+    ) {
+        let (n_i, members) = (int(n), int(members));
+        launch!(
+            self,
+            "vocab_shard_combine",
+            per_item(n),
+            cu_mut(losses),
+            cu_mut(rows),
+            cu(stats),
+            &n_i,
+            &members
+        );
     }
 
     fn vocab_shard_dlogits_impl(

@@ -8,8 +8,8 @@
 //! the same loss, against the CPU's shard ops the same way, targets of other shards included.
 
 use crate::harness::{bitwise, close, Family, Rng, Run, Storage, Tolerance};
-use kernels::cpu::cross_entropy::{forward_backward, shard_dlogits, shard_stats};
-use kernels::cuda::launch::per_row_block;
+use kernels::cpu::cross_entropy::{forward_backward, shard_combine, shard_dlogits, shard_stats};
+use kernels::cuda::launch::{per_item, per_row_block};
 use kernels::{padded_vocab, OTHER_SHARD};
 
 /// GPT-2 124M's vocabulary.
@@ -201,5 +201,53 @@ fn vocab_shard_kernels_match_the_cpu_in_f32_and_bf16() {
         for (n, v, seed) in [(5, 37, 11), (4, 3001, 12), (4, 25152, 13), (3, 16032, 14)] {
             vocab_shard(&family, storage, n, v, seed).unwrap();
         }
+    }
+}
+
+/// The group's statistics combined: `members` ranks' rows of [`shard_stats`] for n rows of
+/// logits of each rank's 700 columns, one rank holding each row's target, through the kernel
+/// and the CPU: the maxima exact, the sums and losses within f32 rounding (the GPU's expf
+/// is not the host's libm).
+fn vocab_shard_combine(family: &Family, members: usize, n: usize, seed: u64) -> Result<(), String> {
+    let what = |part: &str| format!("{part} ({members} ranks, {n} rows)");
+    let mut rng = Rng::new(seed);
+    let v = 700;
+    let targets = rng.below(n, (members * v) as u32);
+    let stats: Vec<f32> = (0..members)
+        .flat_map(|k| {
+            let logits = rng.uniform(n * v, 6.0 + k as f32);
+            let mine: Vec<u32> = targets
+                .iter()
+                .map(|&t| if t as usize / v == k { t % v as u32 } else { OTHER_SHARD })
+                .collect();
+            let mut stats = vec![f32::NAN; 3 * n];
+            shard_stats(&mut stats, &logits, &mine);
+            stats
+        })
+        .collect();
+    let (mut want_losses, mut want_rows) = (vec![f32::NAN; n], vec![f32::NAN; 2 * n]);
+    shard_combine(&mut want_losses, &mut want_rows, &stats);
+    let mut run = Run::new(seed);
+    let (losses, rows, s) =
+        (run.buffer(&vec![f32::NAN; n]), run.buffer(&vec![f32::NAN; 2 * n]), run.buffer(&stats));
+    let args = [losses.into(), rows.into(), s.into(), (n as i32).into(), (members as i32).into()];
+    run.launch("vocab_shard_combine", per_item(n), &args);
+    run.read(losses);
+    run.read(rows);
+    let got = family.run(run)?;
+    let (got_rows, got_losses) = (got.get::<f32>(rows), got.get::<f32>(losses));
+    let column = |xs: &[f32], k: usize| xs.chunks(2).map(|r| r[k]).collect::<Vec<f32>>();
+    bitwise(&what("row maxima"), &column(&got_rows, 0), &column(&want_rows, 0))?;
+    close(&what("sums of exponentials"), &column(&got_rows, 1), &column(&want_rows, 1), 1e-6, 0.0)?;
+    close(&what("losses"), &got_losses, &want_losses, 1e-6, 0.0)
+}
+
+#[test]
+fn vocab_shard_combine_matches_the_cpu() {
+    let test = "vocab_shard_combine_matches_the_cpu";
+    let Some(family) = Family::of(test, "classifier.cu") else { return };
+    // Two ranks over a block and a part of one; eight over a few rows.
+    for (members, n, seed) in [(2, 300, 15), (8, 5, 16)] {
+        vocab_shard_combine(&family, members, n, seed).unwrap();
     }
 }

@@ -38,7 +38,7 @@ impl<'a> TensorGroup<'a> {
     }
 
     /// t, the group's ranks.
-    fn size(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.collective.as_deref().map_or(1, |c| c.topology().tensor)
     }
 
@@ -90,19 +90,6 @@ impl<'a> TensorGroup<'a> {
         if let (Some(c), None) = (self.collective.as_deref_mut(), &self.error) {
             self.error = c.all_reduce_sum(Group::Tensor, t, dev).err();
         }
-    }
-
-    /// Every member's bytes, in tensor rank order. After a failure, `bytes` stands in for
-    /// each member's (never read: the action ends in the error).
-    pub fn all_gather(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
-        let size = self.size();
-        if let (Some(c), None) = (self.collective.as_deref_mut(), &self.error) {
-            match c.all_gather(Group::Tensor, bytes) {
-                Ok(all) => return all,
-                Err(e) => self.error = Some(e),
-            }
-        }
-        vec![bytes.to_vec(); size]
     }
 
     /// The failure of a collective since the last call, if one failed.

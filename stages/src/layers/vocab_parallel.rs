@@ -6,39 +6,13 @@
 //! and its own columns of dloss/dlogits; its part of the input gradient is summed over the
 //! group.
 //!
-//! The logits stay on the device: it computes the statistics ([`Device::vocab_shard_stats`])
-//! and, from the whole rows', the dlogits in place ([`Device::vocab_shard_dlogits`]). Only
-//! the statistics [N,3] and the whole rows' [N,2] cross the host, as the collective's bytes.
+//! Everything stays on the device: the statistics ([`Device::vocab_shard_stats`]), their
+//! all-gather over the group ([t, N, 3], as sequence parallelism's rows are gathered), the
+//! whole rows' combined in rank order ([`Device::vocab_shard_combine`]) and, from them, the
+//! dlogits in place ([`Device::vocab_shard_dlogits`]): no host sync (MPI's bytes excepted).
 
-use crate::dist::{Reader, TensorGroup, Writer};
+use crate::dist::TensorGroup;
 use kernels::{Category, ClassifierGrad, Device, Tensor, WeightLayout};
-
-/// The losses [N] and the whole rows' max and sum of exp(logit - max) [N,2], from every
-/// member's statistics [N,3] ([`Device::vocab_shard_stats`]), combined in member order: the
-/// max of the maxima, each sum rescaled to it, the one target logit (the others report 0).
-pub fn combine(members: &[Vec<f32>]) -> (Vec<f32>, Vec<f32>) {
-    let n = members[0].len() / 3;
-    let (mut losses, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(2 * n));
-    for i in 0..n {
-        let stat = |m: &Vec<f32>, k: usize| m[3 * i + k];
-        let max = members.iter().map(|m| stat(m, 0)).fold(f32::NEG_INFINITY, f32::max);
-        let sum_exp: f32 = members.iter().map(|m| stat(m, 1) * (stat(m, 0) - max).exp()).sum();
-        let target: f32 = members.iter().map(|m| stat(m, 2)).sum();
-        losses.push(sum_exp.ln() - (target - max));
-        rows.extend([max, sum_exp]);
-    }
-    (losses, rows)
-}
-
-fn encode(stats: &[f32]) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.f32s(stats);
-    w.0
-}
-
-fn decode(bytes: &[u8]) -> Vec<f32> {
-    Reader(bytes).f32s().expect("the group's members encode their statistics alike")
-}
 
 /// [`Device::classifier`]'s contract over this rank's rows `weight` [V/t, C] of the output
 /// layer: losses [N] of the whole vocabulary; with `grad`, dinp [N,C] (overwrite: this rank's
@@ -58,12 +32,10 @@ pub fn classifier(
     dev.matmul_forward(&mut logits, inp, weight, WeightLayout::OutIn, None);
     let mut stats = dev.empty(&[n, 3], Category::Workspace); // [N,3]
     dev.vocab_shard_stats(&mut stats, &logits, targets);
-    let members: Vec<Vec<f32>> =
-        tp.all_gather(&encode(&dev.to_host(&stats))).iter().map(|b| decode(b)).collect();
-    let (row_losses, rows) = combine(&members);
-    dev.write_at(losses, 0, &row_losses);
+    let members = tp.all_gather_parts(&stats, dev, &[tp.size(), n, 3]); // [t,N,3]
+    let mut rows = dev.empty(&[n, 2], Category::Workspace); // [N,2]
+    dev.vocab_shard_combine(losses, &mut rows, &members);
     let Some(grad) = grad else { return };
-    let rows = dev.from_host(&rows, &[n, 2], Category::Workspace); // [N,2]
     dev.vocab_shard_dlogits(&mut logits, &rows, targets, grad.scale);
     let dlogits = logits; // [N,V/t], overwritten in place
     dev.matmul_backward_input(grad.dinp, &dlogits, weight, WeightLayout::OutIn);
@@ -109,12 +81,14 @@ mod tests {
                 dev.to_host(&stats)
             })
             .collect();
-        let (losses, rows) = combine(&stats);
-        for (n, loss) in losses.iter().enumerate() {
+        let stats = dev.from_host(&stats.concat(), &[2, 2, 3], Category::Workspace);
+        let mut losses = dev.empty(&[2], Category::Workspace);
+        let mut rows = dev.empty(&[2, 2], Category::Workspace);
+        dev.vocab_shard_combine(&mut losses, &mut rows, &stats);
+        for (n, loss) in dev.to_host(&losses).iter().enumerate() {
             let (want, _) = whole(&logits[6 * n..6 * n + 6], targets[n] as usize);
             assert!((*loss as f64 - want).abs() < 1e-6, "row {n}: {loss} vs {want}");
         }
-        let rows = dev.from_host(&rows, &[2, 2], Category::Workspace);
         for (l, t) in &mut halves {
             dev.vocab_shard_dlogits(l, &rows, t, 0.5);
         }
