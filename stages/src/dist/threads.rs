@@ -125,6 +125,14 @@ enum Part {
     Parts(Vec<Vec<u8>>),
 }
 
+/// The copy another member posted in `part` for member `me` ([`ThreadsCollective::post_copies`]),
+/// adopted by `dev`.
+fn take_copy(part: &Part, me: usize, dev: &dyn Device) -> Tensor {
+    let Part::Tensors(copies) = part else { unreachable!("a round of device copies") };
+    let copy = copies.lock().unwrap_or_else(|e| e.into_inner())[me].take();
+    dev.adopt(copy.expect("each copy is taken once"), Category::Workspace)
+}
+
 /// One group's rendezvous.
 struct Board {
     /// Rounds completed.
@@ -163,6 +171,21 @@ pub struct ThreadsCollective {
 }
 
 impl ThreadsCollective {
+    /// A round of `group` in which this member posts, for each other member, a device copy
+    /// that `copy` makes: the tensors cross as the transport's do, without a download. Take
+    /// each other member's copy for this one from its part with [`take_copy`].
+    fn post_copies(
+        &self,
+        op: &str,
+        group: Group,
+        dev: &dyn Device,
+        copy: impl Fn() -> Tensor,
+    ) -> Result<Arc<Vec<Part>>, DistError> {
+        let (members, me) = self.topology.members_and_place(group, self.rank);
+        let copies = (0..members.len()).map(|k| (k != me).then(|| copy().detach(dev.fence()))).collect();
+        self.round(op, group, Part::Tensors(Mutex::new(copies)))
+    }
+
     /// Posts `part` to the current round of `group` and waits for the round to complete;
     /// `op` names the collective for a timeout.
     fn round(&self, op: &str, group: Group, part: Part) -> Result<Arc<Vec<Part>>, DistError> {
@@ -228,28 +251,19 @@ impl Collective for ThreadsCollective {
             .collect())
     }
 
-    /// The members' tensors cross as the transport's do, device buffers handed over without
-    /// a download, and each member adds them on its device in member order: no host sync.
+    /// The members' tensors cross as device copies ([`ThreadsCollective::post_copies`]), and
+    /// each member adds them on its device in member order: no host sync.
     fn all_reduce_sum(&mut self, group: Group, t: &mut Tensor, dev: &dyn Device) -> Result<(), DistError> {
         let (members, me) = self.topology.members_and_place(group, self.rank);
         if members.len() == 1 {
             return Ok(());
         }
-        let copies = (0..members.len())
-            .map(|k| {
-                (k != me).then(|| {
-                    let mut copy = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
-                    dev.copy(&mut copy, t);
-                    copy.detach(dev.fence())
-                })
-            })
-            .collect();
-        let parts = self.round("all-reduce", group, Part::Tensors(Mutex::new(copies)))?;
-        let mut theirs = parts.iter().enumerate().map(|(k, p)| {
-            let Part::Tensors(copies) = p else { unreachable!("a reduce round") };
-            let mine = (k != me).then(|| copies.lock().unwrap_or_else(|e| e.into_inner())[me].take());
-            mine.map(|copy| dev.adopt(copy.expect("each copy is taken once"), Category::Workspace))
-        });
+        let parts = self.post_copies("all-reduce", group, dev, || {
+            let mut copy = dev.empty_of(t.dtype(), t.shape(), Category::Workspace);
+            dev.copy(&mut copy, t);
+            copy
+        })?;
+        let mut theirs = parts.iter().enumerate().map(|(k, p)| (k != me).then(|| take_copy(p, me, dev)));
         // ((t0 + t1) + t2) + ..., as `sum_in_order` adds: member 0 adds into its own tensor,
         // the others into member 0's copy, then keep the sum.
         let Some(mut sum) = theirs.next().expect("a group has members") else {
@@ -263,8 +277,8 @@ impl Collective for ThreadsCollective {
         Ok(())
     }
 
-    /// Each member posts a copy of its part for each other member, which adopts it and
-    /// copies it into place: on the device, as the all-reduce's copies move.
+    /// Each member posts a copy of its part for each other member, which copies it into
+    /// place: on the device, as the all-reduce's copies move.
     fn all_gather_activation(
         &mut self,
         group: Group,
@@ -277,20 +291,13 @@ impl Collective for ThreadsCollective {
             return Ok(());
         }
         let mine = member_part(t.len(), n, me);
-        let copies = (0..n)
-            .map(|k| {
-                (k != me).then(|| {
-                    let mut copy = dev.empty_of(t.dtype(), &[mine.len()], Category::Workspace);
-                    dev.copy_part(&mut copy, 0, t, mine.clone());
-                    copy.detach(dev.fence())
-                })
-            })
-            .collect();
-        let parts = self.round("all-gather", group, Part::Tensors(Mutex::new(copies)))?;
+        let parts = self.post_copies("all-gather", group, dev, || {
+            let mut copy = dev.empty_of(t.dtype(), &[mine.len()], Category::Workspace);
+            dev.copy_part(&mut copy, 0, t, mine.clone());
+            copy
+        })?;
         for (k, p) in parts.iter().enumerate().filter(|&(k, _)| k != me) {
-            let Part::Tensors(copies) = p else { unreachable!("a gather round") };
-            let copy = copies.lock().unwrap_or_else(|e| e.into_inner())[me].take();
-            let theirs = dev.adopt(copy.expect("each copy is taken once"), Category::Workspace);
+            let theirs = take_copy(p, me, dev);
             dev.copy_part(t, member_part(t.len(), n, k).start, &theirs, 0..theirs.len());
         }
         Ok(())
@@ -341,6 +348,16 @@ mod tests {
         assert_eq!(db.ledger().live(Category::Transfer), 12);
     }
 
+    /// `f` on every member of a world of `topology`, each in a thread of its own; the
+    /// results in rank order.
+    fn on_every_member<R: Send>(topology: Topology, f: impl Fn(ThreadsCollective) -> R + Sync) -> Vec<R> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> =
+                world(topology, 1, MINUTE).into_iter().map(|(_, c)| s.spawn(|| f(c))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// Three members whose sum depends on the order of the additions: every member gets
     /// `sum_in_order`'s bits, with no download and nothing left in its ledger but its tensor.
     #[test]
@@ -349,21 +366,13 @@ mod tests {
             Topology { tensor: 1, pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
         let parts = [[1.0e8f32, 1.0], [-1.0e8, 1.0e8], [1.0, -1.0e8]];
         let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1, MINUTE)
-                .into_iter()
-                .map(|(_, mut c)| {
-                    s.spawn(move || {
-                        let dev = CpuDevice::new(1);
-                        let mut t = dev.from_host(&parts[c.rank()], &[2], Category::Gradients);
-                        let before = dev.counters();
-                        c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
-                        let syncs = dev.counters().host_syncs - before.host_syncs;
-                        (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<_> = on_every_member(topology, |mut c| {
+            let dev = CpuDevice::new(1);
+            let mut t = dev.from_host(&parts[c.rank()], &[2], Category::Gradients);
+            let before = dev.counters();
+            c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
+            let syncs = dev.counters().host_syncs - before.host_syncs;
+            (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
         });
         assert_eq!(want, vec![1.0, 0.0], "the order matters for these parts");
         for (rank, (sum, syncs, live)) in results.into_iter().enumerate() {
@@ -380,20 +389,11 @@ mod tests {
         let parts: [Vec<f32>; 3] = [1.0e8, -1.0e8, 1.0]
             .map(|x: f32| (0..7).map(|i| if i % 2 == 0 { x } else { -x + i as f32 }).collect());
         let want = super::super::sum_in_order(parts.iter().map(|p| &p[..]));
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1, MINUTE)
-                .into_iter()
-                .map(|(_, mut c)| {
-                    let parts = &parts;
-                    s.spawn(move || {
-                        let dev = CpuDevice::new(1);
-                        let mut t = dev.from_host(&parts[c.rank()], &[7], Category::Gradients);
-                        c.reduce_scatter_sum(Group::DataParallel, &mut t, &dev).unwrap();
-                        dev.to_host(&t)[super::super::member_part(7, 3, c.rank())].to_vec()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<_> = on_every_member(topology, |mut c| {
+            let dev = CpuDevice::new(1);
+            let mut t = dev.from_host(&parts[c.rank()], &[7], Category::Gradients);
+            c.reduce_scatter_sum(Group::DataParallel, &mut t, &dev).unwrap();
+            dev.to_host(&t)[super::super::member_part(7, 3, c.rank())].to_vec()
         });
         let lens: Vec<usize> = results.iter().map(Vec::len).collect();
         assert_eq!(lens, [2, 2, 3]);
@@ -408,24 +408,15 @@ mod tests {
         let topology =
             Topology { tensor: 3, pipeline: 1, data: 1, placement: schedules::Placement::Interleaved };
         let whole: Vec<f32> = (0..7).map(|i| i as f32 * 1.5 - 2.0).collect();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1, MINUTE)
-                .into_iter()
-                .map(|(_, mut c)| {
-                    let whole = &whole;
-                    s.spawn(move || {
-                        let dev = CpuDevice::new(1);
-                        let mine = super::super::member_part(7, 3, c.rank());
-                        let mut t = dev.from_host(&[f32::NAN; 7], &[7], Category::Activations);
-                        dev.write_at(&mut t, mine.start, &whole[mine]);
-                        let before = dev.counters();
-                        c.all_gather_activation(Group::Tensor, &mut t, &dev).unwrap();
-                        let syncs = dev.counters().host_syncs - before.host_syncs;
-                        (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<_> = on_every_member(topology, |mut c| {
+            let dev = CpuDevice::new(1);
+            let mine = super::super::member_part(7, 3, c.rank());
+            let mut t = dev.from_host(&[f32::NAN; 7], &[7], Category::Activations);
+            dev.write_at(&mut t, mine.start, &whole[mine]);
+            let before = dev.counters();
+            c.all_gather_activation(Group::Tensor, &mut t, &dev).unwrap();
+            let syncs = dev.counters().host_syncs - before.host_syncs;
+            (t.cpu().to_vec(), syncs, dev.ledger().live_bytes())
         });
         for (rank, got) in results.into_iter().enumerate() {
             assert_eq!(got, (whole.clone(), 0, 28), "rank {rank}");
@@ -436,27 +427,18 @@ mod tests {
     fn collectives_agree_and_a_stopped_member_fails_its_peers() {
         let topology =
             Topology { tensor: 1, pipeline: 1, data: 3, placement: schedules::Placement::Interleaved };
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = world(topology, 1, MINUTE)
-                .into_iter()
-                .map(|(_, mut c)| {
-                    s.spawn(move || {
-                        let dev = CpuDevice::new(1);
-                        let r = c.rank() as f32;
-                        let mut t = dev.from_host(&[r, 10.0 * r], &[2], Category::Gradients);
-                        c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
-                        let names = c.all_gather(Group::World, format!("r{}", c.rank()).as_bytes()).unwrap();
-                        let part =
-                            c.scatter((c.rank() == 0).then(|| vec![vec![7], vec![8], vec![9]])).unwrap();
-                        if c.rank() == 1 {
-                            return Err(DistError::Protocol("rank 1 leaves".into()));
-                        }
-                        let after = c.all_gather(Group::World, b"x");
-                        Ok((t.cpu().to_vec(), names, part, after))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<_> = on_every_member(topology, |mut c| {
+            let dev = CpuDevice::new(1);
+            let r = c.rank() as f32;
+            let mut t = dev.from_host(&[r, 10.0 * r], &[2], Category::Gradients);
+            c.all_reduce_sum(Group::DataParallel, &mut t, &dev).unwrap();
+            let names = c.all_gather(Group::World, format!("r{}", c.rank()).as_bytes()).unwrap();
+            let part = c.scatter((c.rank() == 0).then(|| vec![vec![7], vec![8], vec![9]])).unwrap();
+            if c.rank() == 1 {
+                return Err(DistError::Protocol("rank 1 leaves".into()));
+            }
+            let after = c.all_gather(Group::World, b"x");
+            Ok((t.cpu().to_vec(), names, part, after))
         });
         for (rank, r) in results.into_iter().enumerate() {
             if rank == 1 {
